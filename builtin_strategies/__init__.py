@@ -1,0 +1,80 @@
+"""genkit's built-in plugin: strategies, logits processors, candidate generators and streamers.
+
+Registered at start-up through the same hooks as any pack. Every item is given as a
+``"module:attr"`` string so that discovery imports no torch; the module is imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from genkit.hookspecs import hookimpl
+
+from . import fields as F
+
+_S = "builtin_strategies"
+
+
+def _is_greedy(config: Any) -> bool:
+    return config.num_beams == 1 and not config.do_sample
+
+
+def _is_sample(config: Any) -> bool:
+    return config.num_beams == 1 and bool(config.do_sample)
+
+
+@hookimpl
+def register_strategies(register: Callable[..., None]) -> None:
+    register("greedy", f"{_S}.decoding:greedy_search", applies=_is_greedy, priority=0,
+             description="Greedy search: the most likely token at each step.")
+    register("sample", f"{_S}.decoding:sample", applies=_is_sample, priority=0,
+             description="Multinomial sampling from the processed distribution.")
+
+
+# (name, factory attribute, fields, order) in transformers' processor order
+_PROCESSORS: tuple[tuple[str, str, tuple[Any, ...], int], ...] = (
+    ("sequence_bias", "make_sequence_bias", (F.SEQUENCE_BIAS,), 20),
+    ("encoder_repetition_penalty", "make_encoder_repetition_penalty", (F.ENCODER_REPETITION_PENALTY,), 30),
+    ("repetition_penalty", "make_repetition_penalty", (F.REPETITION_PENALTY,), 40),
+    ("no_repeat_ngram", "make_no_repeat_ngram", (F.NO_REPEAT_NGRAM_SIZE,), 50),
+    ("encoder_no_repeat_ngram", "make_encoder_no_repeat_ngram", (F.ENCODER_NO_REPEAT_NGRAM_SIZE,), 60),
+    ("bad_words", "make_bad_words", (F.BAD_WORDS_IDS,), 70),
+    ("min_length", "make_min_length", (), 80),
+    ("min_new_tokens", "make_min_new_tokens", (), 90),
+    ("prefix_allowed_tokens", "make_prefix_allowed_tokens", (), 100),
+    ("forced_bos", "make_forced_bos", (F.FORCED_BOS,), 110),
+    ("forced_eos", "make_forced_eos", (F.FORCED_EOS,), 120),
+    ("remove_invalid_values", "make_remove_invalid_values", (F.REMOVE_INVALID,), 130),
+    ("exponential_decay_length_penalty", "make_exponential_decay_length_penalty", (F.DECAY,), 140),
+    ("suppress_tokens", "make_suppress_tokens", (F.SUPPRESS,), 150),
+    ("begin_suppress_tokens", "make_begin_suppress_tokens", (F.BEGIN_SUPPRESS,), 160),
+    ("temperature", "make_temperature", (F.TEMPERATURE,), 200),
+    ("top_h", "make_top_h", (F.TOP_H,), 205),
+    ("top_k", "make_top_k", (F.TOP_K,), 210),
+    ("top_p", "make_top_p", (F.TOP_P,), 220),
+    ("min_p", "make_min_p", (F.MIN_P,), 230),
+    ("typical_p", "make_typical_p", (F.TYPICAL_P,), 240),
+    ("epsilon_cutoff", "make_epsilon_cutoff", (F.EPSILON_CUTOFF,), 250),
+    ("eta_cutoff", "make_eta_cutoff", (F.ETA_CUTOFF,), 260),
+    ("renormalize_logits", "make_renormalize", (F.RENORMALIZE_LOGITS,), 1000),
+)
+
+
+@hookimpl
+def register_logits_processors(register: Callable[..., None]) -> None:
+    for name, factory, fields, order in _PROCESSORS:
+        register(name, f"{_S}.processor_factories:{factory}", fields=fields, order=order)
+
+
+@hookimpl
+def register_candidate_generators(register: Callable[..., None]) -> None:
+    return None
+
+
+@hookimpl
+def register_streamers(register: Callable[..., None]) -> None:
+    register("text", f"{_S}.streamers:TextStreamer", description="Print decoded text to stdout as it arrives.")
+    register("iterator", f"{_S}.streamers:TextIteratorStreamer",
+             description="Iterate over decoded text from another thread.")
+    register("async_iterator", f"{_S}.streamers:AsyncTextIteratorStreamer",
+             description="Async-iterate over decoded text.")

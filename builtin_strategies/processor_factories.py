@@ -1,0 +1,166 @@
+"""Factories that build the built-in logits processors from a ``GenerationConfig``.
+
+Each ``make_*(config, ctx)`` returns a processor, or ``None`` when the config leaves it off. The
+conditions mirror transformers so that the same config builds the same processors in the same
+order (the order is the registry's ``order``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genkit.generation.processing import ProcessorContext
+
+from . import logits_process as lp
+
+
+def _min_tokens_to_keep(config: Any, ctx: ProcessorContext) -> int:
+    # beam sampling keeps at least one non-EOS token per beam
+    if config.num_beams > 1:
+        return len(ctx.eos_token_ids) + 1 if ctx.eos_token_ids else 2
+    return 1
+
+
+def make_sequence_bias(config: Any, ctx: ProcessorContext) -> Any:
+    return lp.SequenceBiasLogitsProcessor(config.sequence_bias) if config.sequence_bias is not None else None
+
+
+def make_encoder_repetition_penalty(config: Any, ctx: ProcessorContext) -> Any:
+    if config.encoder_repetition_penalty == 1.0 or ctx.input_ids is None:
+        return None
+    return lp.EncoderRepetitionPenaltyLogitsProcessor(config.encoder_repetition_penalty, ctx.input_ids)
+
+
+def make_repetition_penalty(config: Any, ctx: ProcessorContext) -> Any:
+    if config.repetition_penalty == 1.0:
+        return None
+    mask = ctx.attention_mask
+    padding = (mask != 0).int().argmax(dim=1) if mask is not None else None
+    return lp.RepetitionPenaltyLogitsProcessor(config.repetition_penalty, prompt_ignore_length=padding)
+
+
+def make_no_repeat_ngram(config: Any, ctx: ProcessorContext) -> Any:
+    n = config.no_repeat_ngram_size
+    return lp.NoRepeatNGramLogitsProcessor(n) if n and n > 0 else None
+
+
+def make_encoder_no_repeat_ngram(config: Any, ctx: ProcessorContext) -> Any:
+    n = config.encoder_no_repeat_ngram_size
+    if not n or ctx.input_ids is None:
+        return None
+    return lp.EncoderNoRepeatNGramLogitsProcessor(n, ctx.input_ids)
+
+
+def make_bad_words(config: Any, ctx: ProcessorContext) -> Any:
+    if config.bad_words_ids is None:
+        return None
+    return lp.NoBadWordsLogitsProcessor(config.bad_words_ids, ctx.eos_token_ids)
+
+
+def make_min_length(config: Any, ctx: ProcessorContext) -> Any:
+    if not ctx.eos_token_ids or not config.min_length or config.min_length <= 0:
+        return None
+    return lp.MinLengthLogitsProcessor(config.min_length, ctx.eos_token_ids)
+
+
+def make_min_new_tokens(config: Any, ctx: ProcessorContext) -> Any:
+    # min_new_tokens is folded into min_length by generate(); this covers direct use of the config
+    return None
+
+
+def make_prefix_allowed_tokens(config: Any, ctx: ProcessorContext) -> Any:
+    if ctx.prefix_allowed_tokens_fn is None:
+        return None
+    return lp.PrefixConstrainedLogitsProcessor(ctx.prefix_allowed_tokens_fn, config.num_beams)
+
+
+def make_forced_bos(config: Any, ctx: ProcessorContext) -> Any:
+    if config.forced_bos_token_id is None:
+        return None
+    return lp.ForcedBOSTokenLogitsProcessor(config.forced_bos_token_id)
+
+
+def make_forced_eos(config: Any, ctx: ProcessorContext) -> Any:
+    if config.forced_eos_token_id is None:
+        return None
+    return lp.ForcedEOSTokenLogitsProcessor(config.max_length, config.forced_eos_token_id)
+
+
+def make_remove_invalid_values(config: Any, ctx: ProcessorContext) -> Any:
+    return lp.InfNanRemoveLogitsProcessor() if config.remove_invalid_values else None
+
+
+def make_exponential_decay_length_penalty(config: Any, ctx: ProcessorContext) -> Any:
+    decay = config.exponential_decay_length_penalty
+    if decay is None or not ctx.eos_token_ids:
+        return None
+    return lp.ExponentialDecayLengthPenalty(tuple(decay), ctx.eos_token_ids, ctx.input_ids_seq_length)
+
+
+def make_suppress_tokens(config: Any, ctx: ProcessorContext) -> Any:
+    if config.suppress_tokens is None:
+        return None
+    return lp.SuppressTokensLogitsProcessor(config.suppress_tokens)
+
+
+def make_begin_suppress_tokens(config: Any, ctx: ProcessorContext) -> Any:
+    if config.begin_suppress_tokens is None:
+        return None
+    begin_index = ctx.input_ids_seq_length
+    if config.forced_bos_token_id is not None:
+        begin_index += 1
+    return lp.SuppressTokensAtBeginLogitsProcessor(config.begin_suppress_tokens, begin_index)
+
+
+# -- warpers: only when sampling ---------------------------------------------------------------
+
+def make_temperature(config: Any, ctx: ProcessorContext) -> Any:
+    if not config.do_sample or config.temperature == 1.0:
+        return None
+    return lp.TemperatureLogitsWarper(config.temperature)
+
+
+def make_top_h(config: Any, ctx: ProcessorContext) -> Any:
+    if not config.do_sample or config.top_h is None:
+        return None
+    return lp.TopHLogitsWarper(config.top_h)
+
+
+def make_top_k(config: Any, ctx: ProcessorContext) -> Any:
+    if not config.do_sample or not config.top_k:
+        return None
+    return lp.TopKLogitsWarper(config.top_k, min_tokens_to_keep=_min_tokens_to_keep(config, ctx))
+
+
+def make_top_p(config: Any, ctx: ProcessorContext) -> Any:
+    if not config.do_sample or config.top_p >= 1.0:
+        return None
+    return lp.TopPLogitsWarper(config.top_p, min_tokens_to_keep=_min_tokens_to_keep(config, ctx))
+
+
+def make_min_p(config: Any, ctx: ProcessorContext) -> Any:
+    if not config.do_sample or config.min_p is None:
+        return None
+    return lp.MinPLogitsWarper(config.min_p, min_tokens_to_keep=_min_tokens_to_keep(config, ctx))
+
+
+def make_typical_p(config: Any, ctx: ProcessorContext) -> Any:
+    if not config.do_sample or config.typical_p >= 1.0:
+        return None
+    return lp.TypicalLogitsWarper(config.typical_p, min_tokens_to_keep=_min_tokens_to_keep(config, ctx))
+
+
+def make_epsilon_cutoff(config: Any, ctx: ProcessorContext) -> Any:
+    if not config.do_sample or not (0.0 < config.epsilon_cutoff < 1.0):
+        return None
+    return lp.EpsilonLogitsWarper(config.epsilon_cutoff, min_tokens_to_keep=_min_tokens_to_keep(config, ctx))
+
+
+def make_eta_cutoff(config: Any, ctx: ProcessorContext) -> Any:
+    if not config.do_sample or not (0.0 < config.eta_cutoff < 1.0):
+        return None
+    return lp.EtaLogitsWarper(config.eta_cutoff, min_tokens_to_keep=_min_tokens_to_keep(config, ctx))
+
+
+def make_renormalize(config: Any, ctx: ProcessorContext) -> Any:
+    return lp.LogitNormalization() if config.renormalize_logits else None

@@ -1,0 +1,90 @@
+"""genkit: text generation for PyTorch language models, every decoding strategy a plugin.
+
+``import genkit`` is cheap: torch-heavy names are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> "module:attr"
+_LAZY = {
+    "GenerationConfig": "genkit.config:GenerationConfig",
+    "generate": "genkit.generation.api:generate",
+    "GenerationMixin": "genkit.generation.mixin:GenerationMixin",
+    "GenerateDecoderOnlyOutput": "genkit.generation.outputs:GenerateDecoderOnlyOutput",
+    "GenerateBeamDecoderOnlyOutput": "genkit.generation.outputs:GenerateBeamDecoderOnlyOutput",
+    "compute_transition_scores": "genkit.generation.outputs:compute_transition_scores",
+    "LogitsProcessor": "genkit.generation.processing:LogitsProcessor",
+    "LogitsProcessorList": "genkit.generation.processing:LogitsProcessorList",
+    "StoppingCriteria": "genkit.generation.processing:StoppingCriteria",
+    "StoppingCriteriaList": "genkit.generation.processing:StoppingCriteriaList",
+    "ProcessorContext": "genkit.generation.processing:ProcessorContext",
+    "FieldSpec": "genkit.plugins:FieldSpec",
+    "hookimpl": "genkit.hookspecs:hookimpl",
+    "get_registry": "genkit.plugins:get_registry",
+    "register_plugin": "genkit.plugins:register_plugin",
+    "load_model": "genkit.models.loading:load_model",
+    "load_tokenizer": "genkit.tokenizer:load_tokenizer",
+    "ModelConfig": "genkit.models.base:ModelConfig",
+    "KVCache": "genkit.models.cache:KVCache",
+    "LlamaForCausalLM": "genkit.models.llama:LlamaForCausalLM",
+    # built-in processors, criteria and streamers under their transformers names
+    "MaxLengthCriteria": "builtin_strategies.stopping:MaxLengthCriteria",
+    "MaxTimeCriteria": "builtin_strategies.stopping:MaxTimeCriteria",
+    "EosTokenCriteria": "builtin_strategies.stopping:EosTokenCriteria",
+    "StopStringCriteria": "builtin_strategies.stop_strings:StopStringCriteria",
+    "TextStreamer": "builtin_strategies.streamers:TextStreamer",
+    "TextIteratorStreamer": "builtin_strategies.streamers:TextIteratorStreamer",
+    "AsyncTextIteratorStreamer": "builtin_strategies.streamers:AsyncTextIteratorStreamer",
+    "BaseStreamer": "builtin_strategies.streamers:BaseStreamer",
+}
+
+_PROCESSOR_NAMES = (
+    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
+    "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper", "RepetitionPenaltyLogitsProcessor",
+    "EncoderRepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor",
+    "EncoderNoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor", "SequenceBiasLogitsProcessor",
+    "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "PrefixConstrainedLogitsProcessor",
+    "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor", "InfNanRemoveLogitsProcessor",
+    "ExponentialDecayLengthPenalty", "SuppressTokensLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor",
+    "LogitNormalization",
+)
+for _name in _PROCESSOR_NAMES:
+    _LAZY[_name] = f"builtin_strategies.logits_process:{_name}"
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'genkit' has no attribute {name!r}")
+    module_name, _, attr = target.partition(":")
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .config import GenerationConfig
+    from .generation.api import generate
+    from .generation.mixin import GenerationMixin
+    from .generation.outputs import (
+        GenerateBeamDecoderOnlyOutput,
+        GenerateDecoderOnlyOutput,
+        compute_transition_scores,
+    )
+    from .generation.processing import (
+        LogitsProcessor,
+        LogitsProcessorList,
+        StoppingCriteria,
+        StoppingCriteriaList,
+    )

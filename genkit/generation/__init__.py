@@ -1,0 +1,1 @@
+"""The generation core: inputs, processors, stopping criteria, outputs and ``generate``."""

@@ -1,0 +1,82 @@
+"""What ``generate(..., return_dict_in_generate=True)`` returns, and transition scores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Iterator
+
+import torch
+
+
+class _Output:
+    """Attribute access plus transformers-style ``out["sequences"]`` and iteration over set fields."""
+
+    def __getitem__(self, key: str | int) -> Any:
+        if isinstance(key, int):
+            return self.to_tuple()[key]
+        return getattr(self, key)
+
+    def keys(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]  # type: ignore[arg-type]
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, k) for k in self.keys())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+
+@dataclass
+class GenerateDecoderOnlyOutput(_Output):
+    sequences: torch.LongTensor
+    scores: tuple[torch.FloatTensor, ...] | None = None
+    logits: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[Any, ...] | None = None
+    hidden_states: tuple[tuple[torch.FloatTensor, ...], ...] | None = None
+    past_key_values: Any = None
+
+
+@dataclass
+class GenerateBeamDecoderOnlyOutput(_Output):
+    sequences: torch.LongTensor
+    sequences_scores: torch.FloatTensor | None = None
+    scores: tuple[torch.FloatTensor, ...] | None = None
+    logits: tuple[torch.FloatTensor, ...] | None = None
+    beam_indices: torch.LongTensor | None = None
+    attentions: tuple[Any, ...] | None = None
+    hidden_states: tuple[tuple[torch.FloatTensor, ...], ...] | None = None
+    past_key_values: Any = None
+
+
+def compute_transition_scores(
+    sequences: torch.Tensor,
+    scores: tuple[torch.Tensor, ...],
+    beam_indices: torch.Tensor | None = None,
+    normalize_logits: bool = False,
+) -> torch.Tensor:
+    """Score of each generated token: ``(batch, generated_length)``.
+
+    ``scores`` are the per-step processed scores from ``output_scores=True``; with beam search
+    pass ``beam_indices`` so each row follows its beam's history. ``normalize_logits`` applies a
+    log-softmax first (for scores that are raw logits).
+    """
+    if not scores:
+        raise ValueError("`scores` is empty: generate with output_scores=True and return_dict_in_generate=True")
+    steps = len(scores)
+    stacked = torch.stack(scores, dim=0)  # (steps, batch*beams, vocab)
+    if beam_indices is None:
+        beam_indices = torch.arange(stacked.shape[1], device=sequences.device).view(-1, 1).expand(-1, steps)
+    stacked = stacked.reshape(steps, -1, stacked.shape[-1])
+    if normalize_logits:
+        stacked = torch.log_softmax(stacked.float(), dim=-1)
+    beam_indices = beam_indices[:, :steps]
+    beam_indices_mask = beam_indices < 0
+    max_beam_length = int((1 - beam_indices_mask.long()).sum(-1).max())
+    beam_indices = beam_indices.clone()[:, :max_beam_length]
+    beam_indices_mask = beam_indices_mask[:, :max_beam_length]
+    beam_indices[beam_indices_mask] = 0
+    tokens = sequences[:, sequences.shape[-1] - max_beam_length:]
+    step_idx = torch.arange(max_beam_length, device=stacked.device)[None, :].expand_as(beam_indices)
+    out = stacked[step_idx, beam_indices.to(stacked.device), tokens.to(stacked.device)]
+    out = out.masked_fill(beam_indices_mask.to(out.device), 0.0)
+    return out

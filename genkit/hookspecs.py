@@ -1,0 +1,55 @@
+"""Hook specifications: the four ways a plugin adds to genkit.
+
+Each hook receives a ``register`` callable; a plugin calls it once per item it contributes.
+See ``docs/hooks.md`` for every signature with a runnable example.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("genkit")
+hookimpl = pluggy.HookimplMarker("genkit")
+
+
+@hookspec
+def register_strategies(register: Callable[..., None]) -> None:
+    """Register decoding strategies.
+
+    ``register(name, decode, *, applies=None, priority=0, description="")`` where ``decode`` is
+    ``decode(model, input_ids, *, logits_processor, stopping_criteria, generation_config, streamer,
+    **model_kwargs)`` (or a ``"module:attr"`` string imported on first use) and ``applies(config)``
+    tells whether the strategy handles a configuration; the highest priority that applies wins.
+    """
+
+
+@hookspec
+def register_logits_processors(register: Callable[..., None]) -> None:
+    """Register logits processors and warpers.
+
+    ``register(name, factory, *, fields=(), order=0, description="")`` where
+    ``factory(config, context)`` returns a processor instance or ``None`` when the config leaves it
+    off, and ``fields`` is a sequence of :class:`genkit.plugins.FieldSpec` that become legal
+    ``GenerationConfig`` keys.
+    """
+
+
+@hookspec
+def register_candidate_generators(register: Callable[..., None]) -> None:
+    """Register draft sources for assisted decoding.
+
+    ``register(name, factory, *, description="")`` where ``factory(model, config, **kwargs)``
+    returns an object with ``get_candidates(input_ids)`` and
+    ``update_candidate_strategy(input_ids, scores, num_matches)``.
+    """
+
+
+@hookspec
+def register_streamers(register: Callable[..., None]) -> None:
+    """Register named streamers.
+
+    ``register(name, factory, *, description="")`` where ``factory(tokenizer=None, **kwargs)``
+    returns an object with ``put(token_ids)`` and ``end()``.
+    """

@@ -1,0 +1,1 @@
+"""Native models (Llama family, GPT-2), their cache, loading, and the transformers adapter."""

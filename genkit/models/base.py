@@ -1,0 +1,82 @@
+"""What every native model shares: its config object, its output type and the base class."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..generation.mixin import GenerationMixin
+
+
+class ModelConfig:
+    """A model's ``config.json`` as attributes (the fields transformers' configs use)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.__dict__.update(kwargs)
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__"):
+            raise AttributeError(key)
+        return None  # absent fields read as None, like optional fields of transformers' configs
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.__dict__.get(key, default)
+        return default if value is None else value
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike[str]) -> "ModelConfig":
+        with open(path, encoding="utf-8") as fh:
+            return cls(**json.load(fh))
+
+    def __repr__(self) -> str:
+        return f"ModelConfig({json.dumps(self.__dict__, default=str, sort_keys=True)})"
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor
+    past_key_values: Any = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+    def __getitem__(self, key: str) -> Any:  # dict-style access, as on transformers' outputs
+        return getattr(self, key)
+
+
+class GenkitModel(nn.Module, GenerationMixin):
+    """Base class of native models: ``config``, ``generation_config``, ``device``, ``dtype``."""
+
+    config: ModelConfig
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        from ..config import GenerationConfig
+
+        self.generation_config = GenerationConfig.from_model_config(config)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits from a hidden state of any layer (final norm + LM head), for DoLa and early exit."""
+        raise NotImplementedError
+
+    def new_cache(self, max_length: int = 0) -> Any:
+        """An empty cache with room for ``max_length`` positions."""
+        from .cache import KVCache
+
+        return KVCache(self.config.num_hidden_layers, capacity=max_length)

@@ -1,0 +1,114 @@
+"""The key/value cache of genkit's native models.
+
+One preallocated buffer per layer, grown by doubling, written in place: a decode step costs one
+slice copy per layer and no concatenation. Supports what the strategies need: ``crop(n)``
+(speculative rollback), ``reorder(index)`` (beam search), ``select(index)`` and
+``repeat_interleave(n)`` (batch pruning and expansion).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Per-layer key/value buffers of shape ``(batch, kv_heads, capacity, head_dim)``."""
+
+    def __init__(self, num_layers: int, capacity: int = 0) -> None:
+        self.num_layers = num_layers
+        self.capacity_hint = capacity
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.lengths = [0] * num_layers
+
+    # -- writing ----------------------------------------------------------------------------
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k``/``v`` (``batch, heads, new, dim``) and return views of the whole layer."""
+        start = self.lengths[layer]
+        end = start + k.shape[2]
+        kbuf = self.keys[layer]
+        if kbuf is None or end > kbuf.shape[2] or kbuf.shape[0] != k.shape[0]:
+            kbuf, vbuf = self._grow(layer, k, end)
+        else:
+            vbuf = self.values[layer]
+            assert vbuf is not None
+        kbuf[:, :, start:end] = k
+        vbuf[:, :, start:end] = v
+        self.lengths[layer] = end
+        return kbuf[:, :, :end], vbuf[:, :, :end]
+
+    def _grow(self, layer: int, k: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        old_k, old_v = self.keys[layer], self.values[layer]
+        cap = max(needed, self.capacity_hint, 64)
+        if old_k is not None:
+            cap = max(cap, 2 * old_k.shape[2])
+        shape = (k.shape[0], k.shape[1], cap, k.shape[3])
+        new_k = torch.empty(shape, dtype=k.dtype, device=k.device)
+        new_v = torch.empty(shape, dtype=k.dtype, device=k.device)
+        n = self.lengths[layer]
+        if old_k is not None and n:
+            assert old_v is not None
+            new_k[:, :, :n] = old_k[:, :, :n]
+            new_v[:, :, :n] = old_v[:, :, :n]
+        self.keys[layer], self.values[layer] = new_k, new_v
+        return new_k, new_v
+
+    # -- reading ----------------------------------------------------------------------------
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.lengths[layer]
+
+    def __len__(self) -> int:
+        return self.num_layers
+
+    @property
+    def seq_length(self) -> int:
+        return self.lengths[0]
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.keys[i], self.values[i]
+        if k is None or v is None:
+            raise IndexError(f"cache layer {i} is empty")
+        n = self.lengths[i]
+        return k[:, :, :n], v[:, :, :n]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layer(i)
+
+    # -- editing ----------------------------------------------------------------------------
+    def crop(self, max_length: int) -> None:
+        """Keep the first ``max_length`` positions (negative: drop that many from the end)."""
+        for i in range(self.num_layers):
+            n = max_length if max_length >= 0 else self.lengths[i] + max_length
+            if n < 0:
+                raise ValueError(f"cannot crop the cache to {max_length}: it holds {self.lengths[i]} positions")
+            self.lengths[i] = min(self.lengths[i], n)
+
+    def _map(self, fn) -> None:  # type: ignore[no-untyped-def]
+        for i in range(self.num_layers):
+            if self.keys[i] is not None:
+                n = self.lengths[i]
+                self.keys[i] = fn(self.keys[i][:, :, :n]).contiguous()  # type: ignore[index]
+                self.values[i] = fn(self.values[i][:, :, :n]).contiguous()  # type: ignore[index]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Reorder batch rows (beam search): row ``i`` becomes old row ``index[i]``."""
+        for i in range(self.num_layers):
+            k, v = self.keys[i], self.values[i]
+            if k is not None and v is not None:
+                idx = index.to(k.device)
+                self.keys[i] = k.index_select(0, idx)
+                self.values[i] = v.index_select(0, idx)
+
+    reorder_cache = reorder
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows in ``index``."""
+        self.reorder(index)
+
+    batch_select_indices = select
+
+    def repeat_interleave(self, repeats: int) -> None:
+        """Repeat each batch row ``repeats`` times (expanding prompts to beams or samples)."""
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    batch_repeat_interleave = repeat_interleave
