@@ -173,9 +173,11 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
 
 def _special_tokens(model: Any, config: GenerationConfig) -> list[int]:
     mc = getattr(model, "config", None)
-    for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
-        if getattr(config, name) is None and mc is not None and getattr(mc, name, None) is not None:
-            object.__setattr__(config, name, getattr(mc, name))
+    if not isinstance(getattr(model, "generation_config", None), GenerationConfig) and mc is not None:
+        # no generation config of its own: the special tokens come from the model config
+        for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+            if getattr(config, name) is None and getattr(mc, name, None) is not None:
+                object.__setattr__(config, name, getattr(mc, name))
     eos = config.eos_token_id
     eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
     if config.pad_token_id is None and eos_ids:
