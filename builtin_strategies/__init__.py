@@ -29,6 +29,8 @@ def register_strategies(register: Callable[..., None]) -> None:
              description="Greedy search: the most likely token at each step.")
     register("sample", f"{_S}.decoding:sample", applies=_is_sample, priority=0,
              description="Multinomial sampling from the processed distribution.")
+    register("assisted", f"{_S}.assisted:assisted_decoding", applies=f"{_S}.assisted:applies", priority=10,
+             description="Assisted/speculative decoding: a candidate generator drafts, the model verifies.")
 
 
 # (name, factory attribute, fields, order) in transformers' processor order
@@ -68,7 +70,10 @@ def register_logits_processors(register: Callable[..., None]) -> None:
 
 @hookimpl
 def register_candidate_generators(register: Callable[..., None]) -> None:
-    return None
+    register("prompt_lookup", f"{_S}.candidates:prompt_lookup",
+             description="N-gram lookup in the prompt and the generated text (prompt lookup decoding).")
+    register("draft_model", f"{_S}.candidates:draft_model",
+             description="A smaller assistant model drafts with its own cache (speculative decoding).")
 
 
 @hookimpl

@@ -120,6 +120,11 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("target_lookbehind", 10, lambda v: _is_int(v) and v >= 1, "an int >= 1"),
     _F("assistant_ensemble_weight", None),
     _F("speculation_type", None),
+    _F("candidate_generator", None, lambda v: isinstance(v, str) and bool(v),
+       "the name of a registered candidate generator (see `genkit list`) or None",
+       "Draft source for the assisted strategy, e.g. \"prompt_lookup\", \"draft_model\" or a pack's."),
+    _F("candidate_generator_kwargs", None, lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+       "a dict of keyword arguments (str keys) for the candidate generator's factory, or None"),
 )
 
 

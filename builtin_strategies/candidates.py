@@ -1,0 +1,203 @@
+"""Built-in candidate generators for assisted (speculative) decoding.
+
+A candidate generator proposes tokens that the target model then verifies in one forward pass:
+
+- ``get_candidates(input_ids) -> (candidate_ids, candidate_logits | None)``: ``candidate_ids`` is
+  ``input_ids`` followed by the proposed tokens, shape ``(batch, cur_len + k)``; ``candidate_logits``
+  is ``(batch, k, vocab)`` — the draft's scores for each proposed token, needed for the speculative
+  sampling acceptance rule — or ``None`` when the source has no distribution (n-gram lookup).
+- ``update_candidate_strategy(input_ids, scores, num_matches)``: told after each verification how
+  many proposed tokens the target accepted, so the generator can adapt.
+
+Factories have the signature ``factory(model, config, **kwargs)``. The assisted strategy passes the
+context keywords ``assistant_model`` and ``logits_processor`` plus the user's
+``candidate_generator_kwargs``; a factory takes what it needs and must accept the rest as
+``**kwargs``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger("genkit.candidates")
+
+__all__ = ["PromptLookupCandidateGenerator", "DraftModelCandidateGenerator", "prompt_lookup", "draft_model"]
+
+
+class PromptLookupCandidateGenerator:
+    """Drafts by n-gram lookup in the sequence itself (prompt lookup decoding).
+
+    The last ``n`` tokens (``n`` from ``max_matching_ngram_size`` down to 1) are searched for
+    earlier in the sequence; the tokens that followed the most recent earlier match become the
+    candidates, at most ``num_output_tokens`` of them.
+    """
+
+    def __init__(self, num_output_tokens: int = 10, max_matching_ngram_size: int = 2,
+                 eos_token_ids: list[int] | None = None) -> None:
+        if not isinstance(num_output_tokens, int) or num_output_tokens < 1:
+            raise ValueError(f"`prompt_lookup_num_tokens` must be an int >= 1; got {num_output_tokens!r}")
+        if not isinstance(max_matching_ngram_size, int) or max_matching_ngram_size < 1:
+            raise ValueError(f"`max_matching_ngram_size` must be an int >= 1; got {max_matching_ngram_size!r}")
+        self.num_output_tokens = num_output_tokens
+        self.max_matching_ngram_size = max_matching_ngram_size
+        self.eos_token_ids = set(eos_token_ids or ())
+
+    def get_candidates(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if input_ids.shape[0] != 1:
+            raise ValueError("prompt lookup drafting supports batch size 1")
+        seq = input_ids[0]
+        length = seq.shape[0]
+        for n in range(min(self.max_matching_ngram_size, length - 1), 0, -1):
+            tail = seq[length - n:]
+            # every window of n tokens that starts before the tail itself
+            windows = seq[:-1].unfold(0, n, 1) if length - 1 >= n else seq.new_empty((0, n))
+            hits = (windows == tail).all(dim=1).nonzero().flatten()
+            # a window must be followed by at least one token inside the sequence
+            hits = hits[hits + n < length]
+            for start in reversed(hits.tolist()):  # the most recent match first
+                begin = start + n
+                proposal = seq[begin:begin + self.num_output_tokens]
+                if proposal.numel() == 0:
+                    continue
+                # stop the draft at an EOS token (kept: the target may well agree)
+                ids = proposal.tolist()
+                for i, t in enumerate(ids):
+                    if t in self.eos_token_ids:
+                        proposal = proposal[:i + 1]
+                        break
+                return torch.cat([input_ids, proposal[None]], dim=1), None
+        return input_ids, None
+
+    def update_candidate_strategy(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: int) -> None:
+        return None
+
+
+class DraftModelCandidateGenerator:
+    """Drafts with a smaller assistant model that keeps its own cache.
+
+    ``num_assistant_tokens`` tokens are drafted per round. With the ``"heuristic"`` schedules the
+    number grows by 2 after a round in which every draft token was accepted and shrinks by 1
+    (not below 1) otherwise. Drafting stops early when the assistant's probability for its own
+    choice falls below ``assistant_confidence_threshold`` (0 disables). The draft sees the same
+    logits processors as the target. When ``do_sample`` is set it samples from its processed
+    distribution; its scores are returned either way, so the strategy can apply the speculative
+    sampling acceptance rule.
+    """
+
+    def __init__(self, assistant_model: Any, *, num_assistant_tokens: int = 20,
+                 schedule: str = "constant", confidence_threshold: float = 0.0, do_sample: bool = False,
+                 logits_processor: Any = None) -> None:
+        if assistant_model is None:
+            raise ValueError("the `draft_model` candidate generator needs `assistant_model=` in generate()")
+        if schedule not in ("constant", "heuristic", "heuristic_transient"):
+            raise ValueError(
+                '`num_assistant_tokens_schedule` must be "constant", "heuristic" or "heuristic_transient"; '
+                f"got {schedule!r}"
+            )
+        self.model = assistant_model
+        self.num_assistant_tokens = int(num_assistant_tokens)
+        self.schedule = schedule
+        self.confidence_threshold = float(confidence_threshold)
+        self.do_sample = do_sample
+        self.logits_processor = logits_processor
+        self.cache: Any = assistant_model.new_cache() if hasattr(assistant_model, "new_cache") else None
+        self._seen = 0  # tokens of the sequence the assistant cache holds
+        self._last: torch.Tensor | None = None  # the sequence of the last draft
+        self._pending_logits: torch.Tensor | None = None  # assistant logits after the last seen token
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.model(ids, past_key_values=self.cache, use_cache=self.cache is not None, logits_to_keep=1)
+        if self.cache is None:
+            return out.logits[:, -1, :].float()
+        self.cache = out.past_key_values if out.past_key_values is not None else self.cache
+        return out.logits[:, -1, :].float()
+
+    def get_candidates(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if input_ids.shape[0] != 1:
+            raise ValueError("draft-model drafting supports batch size 1")
+        k = self.num_assistant_tokens
+        if k < 1:
+            return input_ids, None
+        if self.cache is not None:
+            # roll the assistant back to what is still valid, then feed what it has not seen
+            keep = min(self._seen, input_ids.shape[1] - 1)
+            if self._last is not None and keep > 0:
+                n = min(keep, self._last.shape[1])
+                differ = (self._last[0, :n] != input_ids[0, :n]).nonzero()
+                if differ.numel():
+                    keep = int(differ[0, 0])
+            if self.cache.get_seq_length() > keep:
+                self.cache.crop(keep)
+            logits = self._forward(input_ids[:, keep:])
+        else:
+            logits = self._forward(input_ids)
+        seq = input_ids
+        drafted: list[torch.Tensor] = []
+        scores_out: list[torch.Tensor] = []
+        for i in range(k):
+            scores = self.logits_processor(seq, logits) if self.logits_processor is not None else logits
+            probs = torch.softmax(scores, dim=-1)
+            if self.do_sample:
+                token = torch.multinomial(probs, num_samples=1)
+            else:
+                token = scores.argmax(dim=-1, keepdim=True)
+            drafted.append(token)
+            scores_out.append(scores)
+            seq = torch.cat([seq, token], dim=1)
+            if self.confidence_threshold > 0 and i < k - 1 \
+                    and float(probs.gather(1, token).min()) < self.confidence_threshold:
+                break
+            if i < k - 1:
+                logits = self._forward(token if self.cache is not None else seq)
+        self._seen = seq.shape[1] - 1  # the cache holds everything but the last draft token
+        self._last = seq
+        return seq, torch.stack(scores_out, dim=1)
+
+    def update_candidate_strategy(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: int) -> None:
+        if self.schedule in ("heuristic", "heuristic_transient"):
+            if num_matches >= self.num_assistant_tokens:
+                self.num_assistant_tokens += 2
+            else:
+                self.num_assistant_tokens = max(1, self.num_assistant_tokens - 1)
+
+
+def prompt_lookup(model: Any, config: Any, **kwargs: Any) -> PromptLookupCandidateGenerator:
+    """Factory of the ``"prompt_lookup"`` candidate generator.
+
+    Reads ``prompt_lookup_num_tokens`` (default 10) and ``max_matching_ngram_size`` (default 2)
+    from the config; ``num_output_tokens`` / ``max_matching_ngram_size`` keywords override them.
+    """
+    eos = config.eos_token_id
+    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    return PromptLookupCandidateGenerator(
+        num_output_tokens=kwargs.get("num_output_tokens", config.prompt_lookup_num_tokens or 10),
+        max_matching_ngram_size=kwargs.get("max_matching_ngram_size", config.max_matching_ngram_size or 2),
+        eos_token_ids=eos_ids,
+    )
+
+
+def draft_model(model: Any, config: Any, *, assistant_model: Any = None, logits_processor: Any = None,
+                **kwargs: Any) -> DraftModelCandidateGenerator:
+    """Factory of the ``"draft_model"`` candidate generator (the assistant model drafts).
+
+    Reads ``num_assistant_tokens``, ``num_assistant_tokens_schedule``,
+    ``assistant_confidence_threshold`` and ``do_sample`` from the config.
+    """
+    if getattr(model, "config", None) is not None and getattr(assistant_model, "config", None) is not None:
+        tv, av = model.config.vocab_size, assistant_model.config.vocab_size
+        if tv is not None and av is not None and tv != av:
+            raise ValueError(
+                f"`assistant_model` must share the target's vocabulary: vocab_size {av} vs the target's {tv}"
+            )
+    threshold = config.assistant_confidence_threshold
+    return DraftModelCandidateGenerator(
+        assistant_model,
+        num_assistant_tokens=kwargs.get("num_assistant_tokens", config.num_assistant_tokens),
+        schedule=config.num_assistant_tokens_schedule,
+        confidence_threshold=kwargs.get("confidence_threshold", threshold),
+        do_sample=bool(config.do_sample),
+        logits_processor=logits_processor,
+    )
