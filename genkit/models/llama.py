@@ -24,6 +24,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # no casts: six small ops beat F.rms_norm's CPU path here
+            ms = (x * x).sum(-1, keepdim=True).mul_(1.0 / x.shape[-1]).add_(self.eps).rsqrt_()
+            return self.weight * (x * ms)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -66,6 +69,36 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+_ROTATIONS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _rotation(head_dim: int, like: torch.Tensor) -> torch.Tensor:
+    """``R`` with ``x @ R == cat(x2, x1)`` (the halves swapped): rotate_half without a copy dance."""
+    key = (head_dim, like.dtype, like.device)
+    r = _ROTATIONS.get(key)
+    if r is None:
+        half = head_dim // 2
+        r = torch.zeros(head_dim, head_dim, dtype=like.dtype, device=like.device)
+        idx = torch.arange(half)
+        r[idx + half, idx] = 1.0
+        r[idx, idx + half] = 1.0
+        _ROTATIONS[key] = r
+    return r
+
+
+def _fused_weight(linears: tuple[nn.Linear, ...], store: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several projections of the same input, rebuilt whenever a
+    source parameter is replaced or modified in place (loading, ``.to()``)."""
+    key = tuple((lin.weight.data_ptr(), lin.weight._version) for lin in linears)
+    if store.get("key") != key:
+        store["w"] = torch.cat([lin.weight for lin in linears], dim=0)
+        biases = [lin.bias for lin in linears]
+        store["b"] = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else lin.weight.new_zeros(lin.weight.shape[0]) for b, lin in zip(biases, linears)])
+        store["key"] = key
+    return store["w"], store["b"]  # type: ignore[return-value]
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -80,14 +113,18 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bool(config.get("attention_bias", False)))
 
+        self._fused: dict[str, object] = {}
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: KVCache | None) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        w, bias = _fused_weight((self.q_proj, self.k_proj, self.v_proj), self._fused)
+        nq, nkv = self.num_heads, self.num_kv_heads
+        qkv = F.linear(x, w, bias).view(b, t, nq + 2 * nkv, self.head_dim).transpose(1, 2)
+        qk = qkv[:, : nq + nkv]
+        # rotary embedding on q and k at once; sin carries the sign of rotate_half
+        qk = qk * cos + torch.matmul(qk, _rotation(self.head_dim, qk)) * sin
+        q, k, v = qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:]
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         is_causal = mask is None and t > 1
@@ -106,9 +143,12 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        self._fused: dict[str, object] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        w, bias = _fused_weight((self.gate_proj, self.up_proj), self._fused)
+        gate, up = F.linear(x, w, bias).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -163,21 +203,47 @@ class LlamaForCausalLM(GenkitModel):
         super().__init__(config)
         self.model = LlamaInner(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.get("tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         head_dim = config.get("head_dim", config.hidden_size // config.num_attention_heads)
         inv_freq, self.attention_scaling = rope_inv_freq(config, head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    def tie_weights(self) -> None:
+        """Share the input embedding with the LM head when the config says so."""
+        if self.config.get("tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def reset_buffers(self) -> None:
+        """Recompute the non-persistent rope buffer (after building the model on the meta device)."""
+        head_dim = self.config.get("head_dim", self.config.hidden_size // self.config.num_attention_heads)
+        inv_freq, self.attention_scaling = rope_inv_freq(self.config, head_dim)
+        self.inv_freq = inv_freq.to(self.lm_head.weight.device)
+
     def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.model.norm(hidden))
 
-    def rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.attention_scaling).to(dtype)[:, None]
-        sin = (emb.sin() * self.attention_scaling).to(dtype)[:, None]
-        return cos, sin
+    def _rope_table(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed-sin tables for positions ``0..n-1`` (grown by doubling, cached)."""
+        table = getattr(self, "_rope_cache", None)
+        if table is None or table[0].shape[0] < n or table[0].dtype != dtype or table[0].device != self.inv_freq.device:
+            size = max(n, 2 * table[0].shape[0] if table is not None else 0, 256)
+            pos = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)
+            freqs = pos[:, None] * self.inv_freq[None, :]
+            cos = (torch.cat((freqs, freqs), dim=-1).cos() * self.attention_scaling).to(dtype)
+            s = freqs.sin() * self.attention_scaling
+            sin = torch.cat((-s, s), dim=-1).to(dtype)  # rotate_half(x) * sin == roll(x) * signed sin
+            table = (cos, sin)
+            self._rope_cache = table
+        return table
+
+    def rope(self, position_ids: torch.Tensor | None, dtype: torch.dtype, start: int = 0, length: int = 0
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin shaped to broadcast over ``(batch, heads, seq, head_dim)``."""
+        if position_ids is None:
+            cos, sin = self._rope_table(start + length, dtype)
+            return cos[start:start + length], sin[start:start + length]
+        cos, sin = self._rope_table(int(position_ids.max()) + 1, dtype)
+        return cos[position_ids][:, None], sin[position_ids][:, None]
 
     def forward(
         self,
@@ -201,14 +267,10 @@ class LlamaForCausalLM(GenkitModel):
         if cache is None and use_cache:
             cache = self.new_cache()
         past_len = cache.get_seq_length() if cache is not None else 0
-        if position_ids is None:
-            if attention_mask is not None and not bool(attention_mask.all()):
-                pos = attention_mask.long().cumsum(-1) - 1
-                pos = pos.masked_fill(attention_mask == 0, 1)
-                position_ids = pos[:, -t:]
-            else:
-                position_ids = torch.arange(past_len, past_len + t, device=inputs_embeds.device)[None].expand(b, t)
-        cos, sin = self.rope(position_ids, inputs_embeds.dtype)
+        if position_ids is None and attention_mask is not None and not bool(attention_mask.all()):
+            pos = attention_mask.long().cumsum(-1) - 1
+            position_ids = pos.masked_fill(attention_mask == 0, 1)[:, -t:]
+        cos, sin = self.rope(position_ids, inputs_embeds.dtype, past_len, t)
         mask = build_attention_mask(attention_mask, t, past_len, inputs_embeds.device)
         x = inputs_embeds
         hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
