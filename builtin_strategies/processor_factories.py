@@ -7,11 +7,14 @@ order (the order is the registry's ``order``).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from genkit.generation.processing import ProcessorContext
 
 from . import logits_process as lp
+
+logger = logging.getLogger("genkit.processors")
 
 
 def _min_tokens_to_keep(config: Any, ctx: ProcessorContext) -> int:
@@ -26,7 +29,10 @@ def make_sequence_bias(config: Any, ctx: ProcessorContext) -> Any:
 
 
 def make_encoder_repetition_penalty(config: Any, ctx: ProcessorContext) -> Any:
-    if config.encoder_repetition_penalty == 1.0 or ctx.input_ids is None:
+    if config.encoder_repetition_penalty == 1.0:
+        return None
+    if ctx.input_ids is None or ctx.input_ids.dim() != 2 or bool((ctx.input_ids < 0).any()):
+        logger.warning("`encoder_repetition_penalty` needs `input_ids`; ignoring it")
         return None
     return lp.EncoderRepetitionPenaltyLogitsProcessor(config.encoder_repetition_penalty, ctx.input_ids)
 
@@ -46,7 +52,10 @@ def make_no_repeat_ngram(config: Any, ctx: ProcessorContext) -> Any:
 
 def make_encoder_no_repeat_ngram(config: Any, ctx: ProcessorContext) -> Any:
     n = config.encoder_no_repeat_ngram_size
-    if not n or ctx.input_ids is None:
+    if not n:
+        return None
+    if ctx.input_ids is None or ctx.input_ids.dim() != 2 or bool((ctx.input_ids < 0).any()):
+        logger.warning("`encoder_no_repeat_ngram_size` needs `input_ids`; ignoring it")
         return None
     return lp.EncoderNoRepeatNGramLogitsProcessor(n, ctx.input_ids)
 
@@ -57,15 +66,26 @@ def make_bad_words(config: Any, ctx: ProcessorContext) -> Any:
     return lp.NoBadWordsLogitsProcessor(config.bad_words_ids, ctx.eos_token_ids)
 
 
+def _folded_min_length(config: Any, ctx: ProcessorContext) -> bool:
+    """generate() folds ``min_new_tokens`` into ``min_length``; the min-new-tokens processor
+    already covers that value, so the min-length one is not built for it a second time."""
+    return (config.min_new_tokens is not None and config.min_new_tokens > 0
+            and config.min_length == ctx.input_ids_seq_length + config.min_new_tokens)
+
+
 def make_min_length(config: Any, ctx: ProcessorContext) -> Any:
     if not ctx.eos_token_ids or not config.min_length or config.min_length <= 0:
         return None
-    return lp.MinLengthLogitsProcessor(config.min_length, ctx.eos_token_ids)
+    if _folded_min_length(config, ctx):
+        return None
+    return lp.MinLengthLogitsProcessor(config.min_length, ctx.eos_token_ids, device=ctx.device)
 
 
 def make_min_new_tokens(config: Any, ctx: ProcessorContext) -> Any:
-    # min_new_tokens is folded into min_length by generate(); this covers direct use of the config
-    return None
+    if not ctx.eos_token_ids or not config.min_new_tokens or config.min_new_tokens <= 0:
+        return None
+    return lp.MinNewTokensLengthLogitsProcessor(ctx.input_ids_seq_length, config.min_new_tokens,
+                                                ctx.eos_token_ids, device=ctx.device)
 
 
 def make_prefix_allowed_tokens(config: Any, ctx: ProcessorContext) -> Any:
@@ -83,7 +103,7 @@ def make_forced_bos(config: Any, ctx: ProcessorContext) -> Any:
 def make_forced_eos(config: Any, ctx: ProcessorContext) -> Any:
     if config.forced_eos_token_id is None:
         return None
-    return lp.ForcedEOSTokenLogitsProcessor(config.max_length, config.forced_eos_token_id)
+    return lp.ForcedEOSTokenLogitsProcessor(config.max_length, config.forced_eos_token_id, device=ctx.device)
 
 
 def make_remove_invalid_values(config: Any, ctx: ProcessorContext) -> Any:
@@ -100,16 +120,17 @@ def make_exponential_decay_length_penalty(config: Any, ctx: ProcessorContext) ->
 def make_suppress_tokens(config: Any, ctx: ProcessorContext) -> Any:
     if config.suppress_tokens is None:
         return None
-    return lp.SuppressTokensLogitsProcessor(config.suppress_tokens)
+    return lp.SuppressTokensLogitsProcessor(config.suppress_tokens, device=ctx.device)
 
 
 def make_begin_suppress_tokens(config: Any, ctx: ProcessorContext) -> Any:
     if config.begin_suppress_tokens is None:
         return None
     begin_index = ctx.input_ids_seq_length
-    if config.forced_bos_token_id is not None:
+    # a forced BOS only shifts the first free step when the prompt is the single start token
+    if ctx.input_ids_seq_length <= 1 and config.forced_bos_token_id is not None:
         begin_index += 1
-    return lp.SuppressTokensAtBeginLogitsProcessor(config.begin_suppress_tokens, begin_index)
+    return lp.SuppressTokensAtBeginLogitsProcessor(config.begin_suppress_tokens, begin_index, device=ctx.device)
 
 
 # -- warpers: only when sampling ---------------------------------------------------------------
@@ -159,7 +180,8 @@ def make_epsilon_cutoff(config: Any, ctx: ProcessorContext) -> Any:
 def make_eta_cutoff(config: Any, ctx: ProcessorContext) -> Any:
     if not config.do_sample or not (0.0 < config.eta_cutoff < 1.0):
         return None
-    return lp.EtaLogitsWarper(config.eta_cutoff, min_tokens_to_keep=_min_tokens_to_keep(config, ctx))
+    return lp.EtaLogitsWarper(config.eta_cutoff, min_tokens_to_keep=_min_tokens_to_keep(config, ctx),
+                              device=ctx.device)
 
 
 def make_renormalize(config: Any, ctx: ProcessorContext) -> Any:

@@ -1,23 +1,55 @@
-"""Stopping criteria built from the config: max length, max time, EOS, stop strings."""
+"""Stopping criteria built from the config: max length, max time, EOS, stop strings.
+
+The decoding loop handles ``MaxLengthCriteria`` and ``EosTokenCriteria`` inline (as tensor ops on
+its own buffers); every other criterion is called once per step with the sequences so far.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import time
+from numbers import Integral, Real
 from typing import Any
 
 import torch
 
 from genkit.generation.processing import StoppingCriteria
 
+logger = logging.getLogger("genkit.stopping")
+
+__all__ = ["EosTokenCriteria", "MaxLengthCriteria", "MaxTimeCriteria", "build_stopping_criteria"]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
 
 class MaxLengthCriteria(StoppingCriteria):
-    """Done once the sequence holds ``max_length`` tokens (prompt included)."""
+    """Done once the sequence holds ``max_length`` tokens (prompt included).
 
-    def __init__(self, max_length: int) -> None:
-        self.max_length = max_length
+    ``max_position_embeddings``: when given, a warning is logged once the sequence grows past
+    the model's trained context.
+    """
+
+    def __init__(self, max_length: int, max_position_embeddings: int | None = None) -> None:
+        if not _is_int(max_length) or max_length < 1:
+            raise ValueError(f"`max_length` must be an int >= 1; got {max_length!r}.")
+        if max_position_embeddings is not None and (not _is_int(max_position_embeddings)
+                                                    or max_position_embeddings < 1):
+            raise ValueError(f"`max_position_embeddings` must be an int >= 1 or None; got {max_position_embeddings!r}.")
+        self.max_length = int(max_length)
+        self.max_position_embeddings = max_position_embeddings
+        self._warned = False
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
-        done = input_ids.shape[-1] >= self.max_length
+        cur = input_ids.shape[-1]
+        done = cur >= self.max_length
+        if (not done and not self._warned and self.max_position_embeddings is not None
+                and cur > self.max_position_embeddings):
+            self._warned = True
+            logger.warning("the sequence (%d tokens) is longer than the model's max_position_embeddings (%d); "
+                           "expect degraded output", cur, self.max_position_embeddings)
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
@@ -25,8 +57,10 @@ class MaxTimeCriteria(StoppingCriteria):
     """Done once ``max_time`` seconds have passed since ``initial_timestamp`` (default: creation)."""
 
     def __init__(self, max_time: float, initial_timestamp: float | None = None) -> None:
-        self.max_time = max_time
-        self.initial_timestamp = time.time() if initial_timestamp is None else initial_timestamp
+        if not isinstance(max_time, Real) or isinstance(max_time, bool) or not max_time > 0 or math.isnan(max_time):
+            raise ValueError(f"`max_time` must be a number of seconds > 0; got {max_time!r}.")
+        self.max_time = float(max_time)
+        self.initial_timestamp = time.time() if initial_timestamp is None else float(initial_timestamp)
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
         done = time.time() - self.initial_timestamp > self.max_time
@@ -34,20 +68,29 @@ class MaxTimeCriteria(StoppingCriteria):
 
 
 class EosTokenCriteria(StoppingCriteria):
-    """Done where the last token is one of the EOS ids."""
+    """Done where the last token is one of the EOS ids (one id, a list, or a 1-D tensor)."""
 
     def __init__(self, eos_token_id: int | list[int] | torch.Tensor) -> None:
         if not isinstance(eos_token_id, torch.Tensor):
-            eos_token_id = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
-        self.eos_token_id = eos_token_id
+            ids = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
+            if not isinstance(ids, (list, tuple)) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
+                raise ValueError(
+                    f"`eos_token_id` must be a token id >= 0, a non-empty list of ids or a 1-D tensor; got {eos_token_id!r}."
+                )
+            eos_token_id = torch.tensor([int(i) for i in ids], dtype=torch.long)
+        elif eos_token_id.dtype.is_floating_point or eos_token_id.dtype == torch.bool:
+            raise ValueError(f"`eos_token_id` must hold integer token ids; got dtype {eos_token_id.dtype}.")
+        self.eos_token_id = eos_token_id.reshape(-1).long()
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
         eos = self.eos_token_id.to(input_ids.device)
         return torch.isin(input_ids[:, -1], eos)
 
 
-def build_stopping_criteria(config: Any, eos_ids: list[int], tokenizer: Any = None) -> list[StoppingCriteria]:
-    criteria: list[StoppingCriteria] = [MaxLengthCriteria(config.max_length)]
+def build_stopping_criteria(config: Any, eos_ids: list[int], tokenizer: Any = None,
+                            max_position_embeddings: int | None = None) -> list[StoppingCriteria]:
+    """The criteria a config asks for, in transformers' order: length, time, stop strings, EOS."""
+    criteria: list[StoppingCriteria] = [MaxLengthCriteria(config.max_length, max_position_embeddings)]
     if config.max_time is not None:
         criteria.append(MaxTimeCriteria(config.max_time))
     if config.stop_strings is not None:
