@@ -65,7 +65,8 @@ def generate(
                 )
                 forwarded = {k: v for k, v in forwarded.items() if v is not None}
                 forwarded.update(kwargs)
-                return recipe.generate(model, **forwarded)
+                with torch.no_grad():
+                    return recipe.generate(model, **forwarded)
             known = ", ".join(sorted(registry.items["strategy"]))
             raise ValueError(
                 f"`custom_generate`={ref!r} is not a registered strategy ({known}), an existing local "
@@ -99,18 +100,23 @@ def generate(
         extra["negative_prompt_ids"] = negative_prompt_ids
         extra["negative_prompt_attention_mask"] = negative_prompt_attention_mask
     try:
-        result = decode(
-            model, prepared.input_ids, logits_processor=prepared.logits_processor,
-            stopping_criteria=prepared.stopping_criteria, generation_config=config,
-            streamer=prepared.streamer, **prepared.model_kwargs, **extra,
-        )
+        # inference mode: no autograd bookkeeping on any of the loop's many small ops
+        with torch.inference_mode():
+            result = decode(
+                model, prepared.input_ids, logits_processor=prepared.logits_processor,
+                stopping_criteria=prepared.stopping_criteria, generation_config=config,
+                streamer=prepared.streamer, **prepared.model_kwargs, **extra,
+            )
     finally:
         if prepared.streamer is not None:
             prepared.streamer.end()
     if callable(custom_generate):
         return result
-    if not config.return_dict_in_generate and hasattr(result, "sequences"):
-        return result.sequences
+    if hasattr(result, "sequences"):
+        # a normal tensor, so callers may edit it in place outside inference mode
+        result.sequences = result.sequences.clone()
+        if not config.return_dict_in_generate:
+            return result.sequences
     return result
 
 

@@ -27,6 +27,11 @@ class KVCache:
         start = self.lengths[layer]
         end = start + k.shape[2]
         kbuf = self.keys[layer]
+        if kbuf is not None and kbuf.is_inference() and not torch.is_inference_mode_enabled():
+            # filled inside generate() (inference mode); continue outside it on ordinary copies
+            self.keys = [t.clone() if t is not None else None for t in self.keys]
+            self.values = [t.clone() if t is not None else None for t in self.values]
+            kbuf = self.keys[layer]
         if kbuf is None or end > kbuf.shape[2] or kbuf.shape[0] != k.shape[0]:
             kbuf, vbuf = self._grow(layer, k, end)
         else:

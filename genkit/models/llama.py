@@ -89,6 +89,11 @@ def _rotation(head_dim: int, like: torch.Tensor) -> torch.Tensor:
 def _fused_weight(linears: tuple[nn.Linear, ...], store: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One weight (and bias) for several projections of the same input, rebuilt whenever a
     source parameter is replaced or modified in place (loading, ``.to()``)."""
+    if torch.is_grad_enabled():  # training: concatenate on the fly so gradients reach each projection
+        biases = [lin.bias for lin in linears]
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else lin.weight.new_zeros(lin.weight.shape[0]) for b, lin in zip(biases, linears)])
+        return torch.cat([lin.weight for lin in linears], dim=0), bias
     key = tuple((lin.weight.data_ptr(), lin.weight._version) for lin in linears)
     if store.get("key") != key:
         store["w"] = torch.cat([lin.weight for lin in linears], dim=0)
@@ -120,7 +125,11 @@ class LlamaAttention(nn.Module):
         b, t, _ = x.shape
         w, bias = _fused_weight((self.q_proj, self.k_proj, self.v_proj), self._fused)
         nq, nkv = self.num_heads, self.num_kv_heads
-        qkv = F.linear(x, w, bias).view(b, t, nq + 2 * nkv, self.head_dim).transpose(1, 2)
+        qkv = F.linear(x, w, bias)
+        if t == 1:  # decode step: (b, 1, H*d) is already (b, H, 1, d) in memory
+            qkv = qkv.view(b, nq + 2 * nkv, 1, self.head_dim)
+        else:
+            qkv = qkv.view(b, t, nq + 2 * nkv, self.head_dim).transpose(1, 2)
         qk = qkv[:, : nq + nkv]
         # rotary embedding on q and k at once; sin carries the sign of rotate_half
         qk = qk * cos + torch.matmul(qk, _rotation(self.head_dim, qk)) * sin
@@ -132,7 +141,8 @@ class LlamaAttention(nn.Module):
             q, k, v, attn_mask=mask, is_causal=is_causal,
             enable_gqa=self.num_kv_heads != self.num_heads,
         )
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        out = out.reshape(b, 1, -1) if t == 1 else out.transpose(1, 2).reshape(b, t, -1)
+        return F.linear(out, self.o_proj.weight, self.o_proj.bias)
 
 
 class LlamaMLP(nn.Module):
@@ -148,7 +158,7 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, bias = _fused_weight((self.gate_proj, self.up_proj), self._fused)
         gate, up = F.linear(x, w, bias).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return F.linear(F.silu(gate) * up, self.down_proj.weight, self.down_proj.bias)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -218,6 +228,7 @@ class LlamaForCausalLM(GenkitModel):
         head_dim = self.config.get("head_dim", self.config.hidden_size // self.config.num_attention_heads)
         inv_freq, self.attention_scaling = rope_inv_freq(self.config, head_dim)
         self.inv_freq = inv_freq.to(self.lm_head.weight.device)
+        self._rope_cache = None
 
     def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.model.norm(hidden))
