@@ -1,0 +1,116 @@
+"""Recipes: decoding code published in the ``custom_generate`` layout (a Hub repo or a local folder).
+
+:func:`load_recipe` runs the loader steps in order, each only after the one before has passed:
+resolve → trust gate → fetch (custom_generate/** + README.md only) → validate (AST, import rules)
+→ requirements → import through :mod:`sandbox` under a private, content-addressed name.
+See docs/recipes.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import (
+    RecipeFetchError,
+    RecipeImportError,
+    RecipeNotFoundError,
+    RecipeTrustError,
+    RecipeValidationError,
+    RequirementsError,
+    RequirementsFormatError,
+)
+
+logger = logging.getLogger("genkit.recipes")
+
+__all__ = [
+    "Recipe", "RecipeFetchError", "RecipeImportError", "RecipeNotFoundError", "RecipeTrustError",
+    "RecipeValidationError", "RequirementsError", "RequirementsFormatError", "load_recipe",
+]
+
+_announced: set[tuple[str, str, str]] = set()
+_announce_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A loaded recipe. ``generate(model, **kwargs)`` is the recipe's own function, unwrapped."""
+
+    ref: str
+    path: Path
+    commit: str | None
+    generate: Callable[..., Any]
+    module: Any = field(repr=False)
+    content_hash: str = ""
+    repo_id: str | None = None
+    revision: str | None = None
+    trusted_by: str = ""
+    findings: tuple[Any, ...] = ()
+
+    def __call__(self, model: Any, **kwargs: Any) -> Any:
+        return self.generate(model, **kwargs)
+
+
+def load_recipe(ref: str | os.PathLike[str], *, trust_remote_code: bool | None = None,
+                revision: str | None = None) -> Recipe:
+    """Load a recipe from a local folder (containing ``custom_generate/generate.py``) or a Hub repo
+    ``'org/repo'`` / ``'org/repo@revision'`` (branch, tag or 40-hex commit sha).
+
+    Hub recipes need ``trust_remote_code=True`` or a matching trusted-repos setting; without it
+    :class:`RecipeTrustError` is raised before any recipe file is requested or written. Local
+    folders run without it unless ``GENKIT_TRUST_LOCAL_RECIPES=0``. Structural problems raise
+    :class:`RecipeValidationError` (a ValueError) listing file:line, unmet requirements one
+    :class:`RequirementsError` (an ImportError), Hub failures :class:`RecipeFetchError`.
+    """
+    from sandbox import import_tree, scan_tree
+
+    from .fetch import fetch
+    from .requirements import ensure_requirements
+    from .resolve import parse_ref, resolve_commit, storage_folder
+    from .trust import check_trust
+    from .validate import validate
+
+    parsed = parse_ref(ref, revision)  # 1. resolve
+    if parsed.kind == "local":
+        trusted_by = check_trust(parsed, None, trust_remote_code)  # 2. trust gate
+        assert parsed.path is not None
+        label = f"local recipe {parsed.path}"
+        tree = scan_tree(parsed.path)  # 3. (read) + 4. validate
+        commit = None
+    else:
+        assert parsed.repo_id is not None
+        commit = resolve_commit(parsed)
+        trusted_by = check_trust(parsed, commit, trust_remote_code)  # 2. nothing fetched before this
+        label = f"Hub recipe {parsed.repo_id}@{commit}"
+        snapshot, outside = fetch(parsed, commit)  # 3.
+        tree = scan_tree(snapshot, link_roots=(storage_folder(parsed.repo_id) / "blobs",), outside_names=outside)
+    checked = validate(tree, label)  # 4.
+    requirements = tree.files.get("requirements.txt")
+    if requirements is not None:  # 5.
+        try:
+            text = requirements.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequirementsFormatError(f"{label}: custom_generate/requirements.txt is not UTF-8 text") from exc
+        ensure_requirements(text, label)
+    if checked.findings and parsed.kind == "hub":
+        logger.info("%s uses: %s", label, "; ".join(str(f) for f in checked.findings))
+    module = import_tree(tree, "generate", label)  # 6.
+    generate = getattr(module, "generate", None)
+    if not callable(generate):
+        raise RecipeValidationError([], where=f"{label}: custom_generate/generate.py did not define a callable "
+                                    "`generate` after import")
+    if parsed.kind == "hub" and not parsed.pinned:
+        key = (parsed.repo_id or "", parsed.revision, commit or "")
+        with _announce_lock:
+            if key not in _announced:
+                _announced.add(key)
+                logger.warning("running recipe %s at revision %r = commit %s; pin it with custom_generate='%s@%s'",
+                               parsed.repo_id, parsed.revision, commit, parsed.repo_id, commit)
+    return Recipe(ref=os.fspath(ref), path=tree.root, commit=commit, generate=generate, module=module,
+                  content_hash=tree.content_hash, repo_id=parsed.repo_id, revision=parsed.revision
+                  if parsed.kind == "hub" else None, trusted_by=trusted_by, findings=tuple(checked.findings))

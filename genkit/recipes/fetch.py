@@ -1,0 +1,193 @@
+"""Step 3: fetch ``custom_generate/**`` and ``README.md`` of one commit into the ordinary Hub cache.
+
+Before anything is downloaded the file listing is checked (path traversal, odd names, oversized
+files are refused without fetching them). After the download every file is compared with the
+listing (size and git blob id) so a truncated transfer never passes for a recipe. A manifest in
+``$GENKIT_HOME/recipes/`` records a verified snapshot so later loads make no request for files,
+and offline mode (``HF_HUB_OFFLINE=1``) works from the cache alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from genkit.fileutil import atomic_write_text
+from sandbox.tree import FOLDER, MAX_FILE_BYTES, check_relpath
+
+from .errors import RecipeFetchError, RecipeNotFoundError
+from .hub import api, with_retries
+from .resolve import SHA_RE, RecipeRef, storage_folder
+from .settings import genkit_home, hub_cache_dir, hub_endpoint, hub_offline, hub_timeout
+
+logger = logging.getLogger("genkit.recipes")
+
+ALLOW_PATTERNS = [f"{FOLDER}/*", "README.md"]
+
+
+def git_blob_oid(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\x00" % len(data) + data).hexdigest()
+
+
+def wanted(path: str) -> bool:
+    return path == "README.md" or path.startswith(f"{FOLDER}/")
+
+
+def manifest_path(repo_id: str, commit: str) -> Path:
+    return genkit_home() / "recipes" / "manifests" / repo_id.replace("/", "--") / f"{commit}.json"
+
+
+def lock_path(repo_id: str, commit: str) -> Path:
+    return genkit_home() / "locks" / f"{repo_id.replace('/', '--')}--{commit}.lock"
+
+
+def _snapshot(repo_id: str, commit: str) -> Path:
+    return storage_folder(repo_id) / "snapshots" / commit
+
+
+def _verified(snapshot: Path, files: dict[str, dict[str, Any]]) -> bool:
+    for rel, meta in files.items():
+        path = snapshot / rel
+        if not path.is_file() or path.stat().st_size != meta["size"]:
+            return False
+    return True
+
+
+def list_files(repo_id: str, commit: str) -> dict[str, dict[str, Any]]:
+    """``{path: {"size", "oid"}}`` for every file of the commit (one tree request, retried)."""
+    from huggingface_hub.hf_api import RepoFile
+
+    entries = with_retries("listing files of", repo_id,
+                           lambda: list(api().list_repo_tree(repo_id, revision=commit, recursive=True)))
+    return {e.path: {"size": e.size, "oid": e.blob_id, "lfs": e.lfs is not None}
+            for e in entries if isinstance(e, RepoFile)}
+
+
+def check_listing(repo_id: str, listing: dict[str, dict[str, Any]]) -> None:
+    """Refuse odd paths and oversized recipe files before downloading anything."""
+    from sandbox.errors import Problem, SandboxError
+
+    problems = []
+    for path, meta in sorted(listing.items()):
+        if not wanted(path):
+            continue
+        why = check_relpath(path)
+        if why:
+            problems.append(Problem(path, None, why))
+        elif meta["size"] > MAX_FILE_BYTES:
+            problems.append(Problem(path, None, f"file is {meta['size']} bytes, over the {MAX_FILE_BYTES}-byte "
+                                    "limit for recipe files (not downloaded)"))
+    if f"{FOLDER}/generate.py" not in listing and not problems:
+        problems.append(Problem(f"{FOLDER}/generate.py", None, f"missing: the repo {repo_id} has no "
+                                f"{FOLDER}/generate.py, so it is not a recipe"))
+    if problems:
+        raise SandboxError(problems, where=f"Hub recipe {repo_id}")
+
+
+def fetch(ref: RecipeRef, commit: str) -> tuple[Path, frozenset[str]]:
+    """Download (or find in the cache) the recipe files of ``commit``; returns (snapshot folder,
+    names that sit next to custom_generate/ in the repo)."""
+    from filelock import FileLock
+
+    assert ref.repo_id is not None
+    repo_id = ref.repo_id
+    lock = lock_path(repo_id, commit)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock)):
+        mpath = manifest_path(repo_id, commit)
+        manifest = _read_manifest(mpath)
+        snapshot = _snapshot(repo_id, commit)
+        if manifest is not None and _verified(snapshot, manifest["files"]):
+            logger.debug("recipe %s@%s found in the cache", repo_id, commit)
+            _write_ref(ref, commit)
+            return snapshot, frozenset(manifest["outside_names"])
+        if hub_offline():
+            return _offline(repo_id, commit)
+        listing = list_files(repo_id, commit)
+        check_listing(repo_id, listing)
+        files = {p: m for p, m in listing.items() if wanted(p)}
+        outside = frozenset(p.split("/")[0].removesuffix(".py") for p in listing
+                            if not wanted(p) and not p.startswith("."))
+        folder = Path(with_retries("downloading recipe files of", repo_id, lambda: _download(repo_id, commit, files)))
+        manifest = {"repo_id": repo_id, "commit": commit, "endpoint": hub_endpoint(), "files": files,
+                    "outside_names": sorted(outside)}
+        atomic_write_text(mpath, json.dumps(manifest, indent=1, sort_keys=True))
+        _write_ref(ref, commit)
+        return folder, outside
+
+
+def _download(repo_id: str, commit: str, files: dict[str, dict[str, Any]]) -> str:
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download(repo_id, revision=commit, allow_patterns=ALLOW_PATTERNS,
+                               cache_dir=str(hub_cache_dir()), endpoint=hub_endpoint(),
+                               etag_timeout=hub_timeout())
+    bad = []
+    for rel, meta in files.items():
+        path = Path(folder) / rel
+        data = path.read_bytes() if path.is_file() else None
+        if data is None or len(data) != meta["size"] or (not meta.get("lfs") and git_blob_oid(data) != meta["oid"]):
+            bad.append(rel)
+            _discard(path)
+    if bad:
+        raise OSError(f"Consistency check failed: downloaded {', '.join(bad)} do not match the Hub listing")
+    return folder
+
+
+def _discard(path: Path) -> None:
+    """Remove a corrupt snapshot entry and the blob behind it so the next try downloads it again."""
+    try:
+        if path.is_symlink():
+            blob = Path(os.path.realpath(path))
+            path.unlink()
+            if blob.is_file():
+                blob.unlink()
+        elif path.exists():
+            path.unlink()
+    except OSError:
+        pass
+
+
+def _offline(repo_id: str, commit: str) -> tuple[Path, frozenset[str]]:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(repo_id, revision=commit, allow_patterns=ALLOW_PATTERNS,
+                                   cache_dir=str(hub_cache_dir()), local_files_only=True)
+    except (LocalEntryNotFoundError, OSError) as exc:
+        raise RecipeNotFoundError(f"offline mode (HF_HUB_OFFLINE=1) and the recipe {repo_id}@{commit} is not "
+                                  f"(completely) in the Hub cache {hub_cache_dir()}: {exc}") from exc
+    logger.warning("recipe %s@%s taken from the Hub cache without a genkit manifest; sibling-import checks use "
+                   "no listing", repo_id, commit)
+    return Path(folder), frozenset()
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        return None
+    return data
+
+
+def _write_ref(ref: RecipeRef, commit: str) -> None:
+    """Record branch/tag -> commit in the cache's refs/ (what offline mode reads)."""
+    if SHA_RE.fullmatch(ref.revision):
+        return
+    path = storage_folder(ref.repo_id or "") / "refs" / ref.revision
+    try:
+        if path.is_file() and path.read_text() == commit:
+            return
+        atomic_write_text(path, commit)
+    except OSError as exc:  # a read-only cache still works online
+        logger.debug("could not record %s -> %s: %s", path, commit, exc)
+
+
+__all__ = ["ALLOW_PATTERNS", "RecipeFetchError", "check_listing", "fetch", "list_files", "manifest_path"]

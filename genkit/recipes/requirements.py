@@ -1,0 +1,145 @@
+"""Step 5: check ``custom_generate/requirements.txt`` against the installed distributions (PEP 508).
+
+Accepted lines: ``name``, ``name>=1,<2``, ``name[extra]>=1``, ``name>=1; python_version >= "3.10"``,
+comments (``#``, whole-line or trailing) and blank lines. Refused with the line number: malformed
+requirements, URL requirements (``name @ https://…``, ``git+https://…``) and pip options
+(``-r``, ``-e``, ``--index-url`` …) — a recipe cannot make genkit install or fetch anything.
+All unmet lines are reported together in one ``ImportError``: ``name>=x (installed: y)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+
+from packaging.markers import default_environment
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from .errors import RequirementsError, RequirementsFormatError
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int
+    text: str
+    requirement: Requirement
+
+
+@dataclass(frozen=True)
+class Status:
+    """One requirement line and what is installed: ``ok`` False means unmet."""
+
+    line: Line
+    installed: str | None
+    ok: bool
+    skipped: bool = False  # marker does not apply here
+    detail: str = ""
+
+    def __str__(self) -> str:
+        req = self.line.requirement
+        shown = f"{req.name}{'[' + ','.join(sorted(req.extras)) + ']' if req.extras else ''}{req.specifier}"
+        return f"{shown} (installed: {self.installed or 'not installed'}{self.detail})"
+
+
+def parse_requirements(text: str, source: str = "custom_generate/requirements.txt") -> list[Line]:
+    """Parse the file; raise :class:`RequirementsFormatError` naming the first bad line(s)."""
+    lines: list[Line] = []
+    errors: list[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        body = stripped.split(" #", 1)[0].split("\t#", 1)[0].strip()
+        where = f"{source}:{number}: {stripped!r}"
+        if body.startswith("-"):
+            errors.append(f"{where}: pip options (-r, -e, -c, --index-url, ...) are not allowed in a recipe's "
+                          "requirements; list package names with version specifiers only")
+            continue
+        if "://" in body or body.startswith(("git+", "hg+", "svn+", "bzr+", "file:")):
+            errors.append(f"{where}: URL requirements are not allowed; name a released package with a "
+                          "version specifier (e.g. 'numpy>=1.24')")
+            continue
+        try:
+            req = Requirement(body)
+        except InvalidRequirement as exc:
+            errors.append(f"{where}: not a valid PEP 508 requirement ({exc})")
+            continue
+        if req.url:
+            errors.append(f"{where}: URL requirements are not allowed")
+            continue
+        lines.append(Line(number, stripped, req))
+    if errors:
+        raise RequirementsFormatError("cannot accept the recipe's requirements:\n  " + "\n  ".join(errors))
+    return lines
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _satisfies(req: Requirement, version: str) -> bool:
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return req.specifier.contains(version, prereleases=True)
+
+
+def _extras_unmet(req: Requirement) -> list[str]:
+    """Requirements that ``req``'s extras pull in and that are not satisfied."""
+    unmet = []
+    try:
+        requires = metadata.requires(req.name) or []
+    except metadata.PackageNotFoundError:
+        return []
+    for extra in sorted(req.extras):
+        for spec in requires:
+            try:
+                dep = Requirement(spec)
+            except InvalidRequirement:
+                continue
+            if dep.marker is None or not dep.marker.evaluate({**default_environment(), "extra": extra}):
+                continue
+            if dep.marker.evaluate({**default_environment(), "extra": ""}):
+                continue  # not specific to the extra
+            have = _installed(dep.name)
+            if have is None or not _satisfies(dep, have):
+                unmet.append(f"{dep.name}{dep.specifier} for extra [{extra}] (installed: {have or 'not installed'})")
+    return unmet
+
+
+def check_requirements(text: str, source: str = "custom_generate/requirements.txt") -> list[Status]:
+    """The status of every line (lines whose marker does not apply are ``skipped``)."""
+    out = []
+    for line in parse_requirements(text, source):
+        req = line.requirement
+        if req.marker is not None and not req.marker.evaluate():
+            out.append(Status(line, _installed(req.name), True, skipped=True))
+            continue
+        have = _installed(req.name)
+        ok = have is not None and _satisfies(req, have)
+        detail = ""
+        if ok and req.extras:
+            missing = _extras_unmet(req)
+            if missing:
+                ok, detail = False, "; needs " + ", ".join(missing)
+        out.append(Status(line, have, ok, detail=detail))
+    return out
+
+
+def ensure_requirements(text: str, label: str, source: str = "custom_generate/requirements.txt") -> list[Status]:
+    """Raise one :class:`RequirementsError` listing every unmet line; return the statuses otherwise."""
+    statuses = check_requirements(text, source)
+    unmet = [s for s in statuses if not s.ok]
+    if unmet:
+        names = " ".join(f"'{canonicalize_name(s.line.requirement.name)}{s.line.requirement.specifier}'" for s in unmet)
+        raise RequirementsError(
+            f"{label} needs packages that are missing or too old ({source}):\n  "
+            + "\n  ".join(str(s) for s in unmet) + f"\nInstall them, e.g. pip install {names}"
+        )
+    return statuses

@@ -1,0 +1,124 @@
+"""Step 4: structural checks on a scanned recipe, by reading its AST (nothing is executed):
+``custom_generate/generate.py`` defines ``generate`` whose first parameter is ``model``; import
+rules from :mod:`sandbox`; README front matter (for ``genkit check`` / ``publish``)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+from sandbox import Finding, Problem, SandboxError, SourceTree, audit_tree, check_source
+from sandbox.tree import FOLDER
+
+FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
+TAG = "custom_generate"
+
+
+@dataclass(frozen=True)
+class Checked:
+    tree: SourceTree
+    parsed: dict[str, ast.Module]
+    findings: list[Finding]
+
+
+def _generate_def(parsed: dict[str, ast.Module], rel: str, seen: set[str]) -> tuple[ast.AST | None, str]:
+    """The node that binds ``generate`` at the top of ``rel`` (following ``from .x import generate``)."""
+    module = parsed.get(rel)
+    if module is None or rel in seen:
+        return None, rel
+    seen.add(rel)
+    found: tuple[ast.AST | None, str] = (None, rel)
+    for node in module.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "generate":
+            found = (node, rel)
+        elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            for alias in node.names:
+                if (alias.asname or alias.name) == "generate" and alias.name == "generate":
+                    target = node.module.replace(".", "/") + ".py"
+                    sub, where = _generate_def(parsed, target, seen)
+                    found = (sub, where) if sub is not None else (node, rel)
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "generate" for t in node.targets):
+            found = (node, rel)
+    return found
+
+
+def signature_problems(parsed: dict[str, ast.Module], files: dict[str, bytes]) -> list[Problem]:
+    path = f"{FOLDER}/generate.py"
+    if "generate.py" not in files:
+        return [Problem(path, None, "missing: a recipe's entry point is custom_generate/generate.py")]
+    if "generate.py" not in parsed:
+        return []  # syntax error already reported
+    node, where = _generate_def(parsed, "generate.py", set())
+    if node is None:
+        return [Problem(path, None, "defines no top-level function `generate(model, **kwargs)`")]
+    if isinstance(node, ast.AsyncFunctionDef):
+        return [Problem(f"{FOLDER}/{where}", node.lineno, "`generate` must be a plain function, not async")]
+    if not isinstance(node, ast.FunctionDef):
+        return [Problem(f"{FOLDER}/{where}", getattr(node, "lineno", None),
+                        "`generate` must be defined with `def generate(model, ...)` so its signature can be checked "
+                        "without running the recipe")]
+    positional = node.args.posonlyargs + node.args.args
+    if not positional or positional[0].arg != "model":
+        got = positional[0].arg if positional else ("*" + node.args.vararg.arg if node.args.vararg else "nothing")
+        return [Problem(f"{FOLDER}/{where}", node.lineno,
+                        f"the first parameter of generate() must be `model`; found {got}")]
+    return []
+
+
+def validate(tree: SourceTree, label: str) -> Checked:
+    """All structural problems in one :class:`SandboxError`, or the parsed tree + audit findings."""
+    parsed, problems = check_source(tree)
+    problems = signature_problems(parsed, tree.files) + problems
+    if problems:
+        raise SandboxError(problems, where=label)
+    return Checked(tree, parsed, audit_tree(tree, parsed))
+
+
+def readme_problems(text: str | None) -> list[str]:
+    """What is wrong with a recipe README (front matter with the ``custom_generate`` tag)."""
+    if text is None:
+        return ["README.md is missing; it should start with front matter carrying `tags: [custom_generate]`"]
+    meta = front_matter(text)
+    if meta is None:
+        return ["README.md has no YAML front matter (--- ... ---) with `tags: [custom_generate]`"]
+    tags = meta.get("tags") or []
+    if isinstance(tags, str):
+        tags = [tags]
+    if TAG not in tags:
+        return ["README.md front matter does not carry the `custom_generate` tag"]
+    return []
+
+
+def front_matter(text: str) -> dict | None:
+    """The README's YAML front matter as a dict, or None when it has none or it is not a mapping."""
+    import yaml
+
+    m = FRONT_MATTER.match(text)
+    if not m:
+        return None
+    try:
+        data = yaml.safe_load(m.group(1)) or {}
+    except yaml.YAMLError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def with_tag(text: str | None, title: str = "Recipe") -> str:
+    """``text`` with ``custom_generate`` added to its front-matter tags (front matter created if absent)."""
+    import yaml
+
+    if text is None:
+        text = f"# {title}\n"
+    m = FRONT_MATTER.match(text)
+    meta = front_matter(text) if m else {}
+    if meta is None:
+        meta = {}
+    tags = meta.get("tags") or []
+    if isinstance(tags, str):
+        tags = [tags]
+    if TAG in tags and m:
+        return text
+    meta["tags"] = list(tags) + [TAG]
+    body = text[m.end():] if m else text
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False).strip() + "\n---\n" + body

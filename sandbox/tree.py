@@ -1,0 +1,195 @@
+"""Collect a recipe's ``custom_generate/`` files into memory, rejecting odd names, links that leave
+the folder, compiled or binary code and oversized files, and hash the result.
+
+Everything that is later compiled and run comes from the bytes read here, so what was checked is
+exactly what runs (no window for the files to change in between).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import Problem, SandboxError
+
+FOLDER = "custom_generate"
+MAX_FILE_BYTES = 1_000_000
+MAX_TOTAL_BYTES = 8_000_000
+MAX_FILES = 256
+MAX_DEPTH = 8
+COMPILED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".dll", ".dylib", ".pyx", ".pxd")
+SKIPPED_DIRS = ("__pycache__",)
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class SourceTree:
+    """The files of ``root/custom_generate`` (posix paths relative to that folder -> bytes)."""
+
+    root: Path
+    files: dict[str, bytes]
+    content_hash: str
+    outside_names: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def folder(self) -> Path:
+        return self.root / FOLDER
+
+    def modules(self) -> dict[str, str]:
+        """Dotted module name (relative to the recipe package) -> file; packages map to __init__.py."""
+        out: dict[str, str] = {}
+        for rel in self.files:
+            if not rel.endswith(".py"):
+                continue
+            parts = rel[:-3].split("/")
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = rel
+        return out
+
+    def packages(self) -> set[str]:
+        """Dotted names of every sub-folder (importable as a package, with or without __init__.py)."""
+        out: set[str] = set()
+        for rel in self.files:
+            parts = rel.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                out.add(".".join(parts[:i]))
+        return out
+
+    def top_level_names(self) -> set[str]:
+        """Names a module or package at the top of custom_generate/ would be imported by."""
+        names = {m.split(".")[0] for m in self.modules() if m}
+        names |= {p.split(".")[0] for p in self.packages()}
+        return names
+
+    def display(self, rel: str) -> str:
+        return f"{FOLDER}/{rel}"
+
+
+def content_hash(files: dict[str, bytes]) -> str:
+    """sha256 over the sorted (path, sha256(content)) pairs."""
+    h = hashlib.sha256(b"genkit-recipe-v1\n")
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0" + hashlib.sha256(files[rel]).digest() + b"\n")
+    return h.hexdigest()
+
+
+def check_name(name: str) -> str | None:
+    """Why a single path component is refused, or None when it is fine."""
+    if not name.isascii():
+        return f"file name {name!r} is not ASCII"
+    if ".." in name or not _NAME.fullmatch(name):
+        return f"file name {name!r} is not allowed (letters, digits, '_', '-', '.', no '..')"
+    return None
+
+
+def check_relpath(rel: str) -> str | None:
+    """Why a repo-relative posix path is refused (traversal, odd components), or None."""
+    if rel.startswith("/") or "\\" in rel:
+        return f"path {rel!r} is not a relative posix path"
+    for part in rel.split("/"):
+        if part in ("", ".", ".."):
+            return f"path {rel!r} leaves or escapes its folder"
+        why = check_name(part)
+        if why:
+            return why
+    return None
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def scan_tree(root: str | os.PathLike[str], *, link_roots: tuple[str | os.PathLike[str], ...] = (),
+              outside_names: frozenset[str] | None = None, max_file_bytes: int = MAX_FILE_BYTES,
+              max_total_bytes: int = MAX_TOTAL_BYTES) -> SourceTree:
+    """Read ``root/custom_generate/**`` into memory after checking every entry.
+
+    ``link_roots``: extra folders that symlinks may point into (the Hub cache's ``blobs/``).
+    ``outside_names``: names of the files and folders next to custom_generate/ (computed from
+    ``root`` when None) for the sibling-import check. Raises :class:`SandboxError` listing every
+    problem found.
+    """
+    root = Path(os.path.abspath(os.fspath(root)))
+    folder = root / FOLDER
+    problems: list[Problem] = []
+    if folder.is_symlink() or not folder.is_dir():
+        raise SandboxError([Problem(FOLDER, None, "missing: a recipe needs a custom_generate/ folder "
+                                    "with generate.py")], where=f"recipe at {root}")
+    real_folder = os.path.realpath(folder)
+    allowed = [real_folder] + [os.path.realpath(p) for p in link_roots]
+    files: dict[str, bytes] = {}
+    total = 0
+
+    def walk(directory: Path, rel_dir: str, depth: int) -> None:
+        nonlocal total
+        if depth > MAX_DEPTH:
+            problems.append(Problem(f"{FOLDER}/{rel_dir}", None, f"folders nested deeper than {MAX_DEPTH}"))
+            return
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            rel = f"{rel_dir}{entry.name}"
+            shown = f"{FOLDER}/{rel}"
+            if entry.is_dir(follow_symlinks=False) and entry.name in SKIPPED_DIRS:
+                continue
+            why = check_name(entry.name)
+            if why:
+                problems.append(Problem(shown, None, why))
+                continue
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if not any(_within(target, a) for a in allowed):
+                    problems.append(Problem(shown, None, f"symlink leaves custom_generate/ (points to {target})"))
+                    continue
+                if os.path.isdir(target):
+                    problems.append(Problem(shown, None, "symlinks to folders are not allowed"))
+                    continue
+            st = os.stat(entry.path)
+            if stat.S_ISDIR(st.st_mode):
+                walk(Path(entry.path), rel + "/", depth + 1)
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                problems.append(Problem(shown, None, "not a regular file"))
+                continue
+            if entry.name.endswith(COMPILED_SUFFIXES):
+                problems.append(Problem(shown, None, "compiled or native code is not allowed in a recipe; "
+                                        "ship Python source"))
+                continue
+            if st.st_size > max_file_bytes:
+                problems.append(Problem(shown, None, f"file is {st.st_size} bytes, over the {max_file_bytes}-byte "
+                                        "limit for recipe files"))
+                continue
+            if len(files) >= MAX_FILES:
+                problems.append(Problem(shown, None, f"more than {MAX_FILES} files in custom_generate/"))
+                continue
+            data = Path(entry.path).read_bytes()
+            total += len(data)
+            if total > max_total_bytes:
+                problems.append(Problem(shown, None, f"custom_generate/ holds more than {max_total_bytes} bytes"))
+                continue
+            if entry.name.endswith(".py"):
+                if not _MODULE.fullmatch(entry.name[:-3]):
+                    problems.append(Problem(shown, None, f"{entry.name!r} is not an importable module name"))
+                    continue
+                if b"\x00" in data:
+                    problems.append(Problem(shown, None, "binary content (NUL bytes) in a Python file"))
+                    continue
+                try:
+                    data.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    problems.append(Problem(shown, None, f"not UTF-8 text (byte {exc.start})"))
+                    continue
+            files[rel] = data
+
+    walk(folder, "", 0)
+    if problems:
+        raise SandboxError(problems, where=f"recipe at {root}")
+    if outside_names is None:
+        outside_names = frozenset(
+            (n.removesuffix(".py")) for n in os.listdir(root) if n != FOLDER
+        )
+    return SourceTree(root, files, content_hash(files), frozenset(outside_names))
