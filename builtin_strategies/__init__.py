@@ -31,6 +31,17 @@ def register_strategies(register: Callable[..., None]) -> None:
              description="Multinomial sampling from the processed distribution.")
     register("assisted", f"{_S}.assisted:assisted_decoding", applies=f"{_S}.assisted:applies", priority=10,
              description="Assisted/speculative decoding: a candidate generator drafts, the model verifies.")
+    # beam family (builtin_strategies/beam_*.py): the most specific selector has the highest priority
+    register("beam_search", f"{_S}.beam_search:beam_search", applies=f"{_S}.beam_select:is_beam_search",
+             priority=10, description="Beam search: keep the num_beams best hypotheses at each step.")
+    register("beam_sample", f"{_S}.beam_search:beam_sample", applies=f"{_S}.beam_select:is_beam_sample",
+             priority=10, description="Beam-search multinomial sampling.")
+    register("group_beam_search", f"{_S}.beam_diverse:group_beam_search",
+             applies=f"{_S}.beam_select:is_group_beam_search", priority=20,
+             description="Diverse (group) beam search with a Hamming diversity penalty.")
+    register("constrained_beam_search", f"{_S}.beam_constraints:constrained_beam_search",
+             applies=f"{_S}.beam_select:is_constrained_beam_search", priority=30,
+             description="Constrained beam search: force_words_ids phrases and disjunctive sets.")
 
 
 # (name, factory attribute, fields, order) in transformers' processor order

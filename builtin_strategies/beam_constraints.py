@@ -1,0 +1,304 @@
+"""Constrained beam search: ``force_words_ids`` phrases and disjunctive sets.
+
+``force_words_ids`` is a list of constraints. A constraint is either a phrase, a list of token ids
+(``[5, 6, 7]``: these tokens must appear consecutively), or a disjunctive set, a list of phrases
+(``[[5, 6], [9]]``: at least one of them must appear). A hypothesis is *complete* once every
+constraint appears in its generated tokens; only complete hypotheses may finish on EOS.
+
+Each step, per prompt:
+
+1. the candidates are the usual best ``2 * num_beams`` continuations over all beams, each live
+   beam's own two best continuations, and, for every live beam, the next token of every unmet constraint alternative (starting it or continuing a
+   partial match that ends the beam), so a constraint can always make progress;
+2. each candidate gets a *bank*: how many constraint tokens it has fulfilled (a met constraint
+   counts its longest alternative's length, an unmet one its longest partial match at the end);
+3. the next ``num_beams`` running beams are taken round-robin across banks, most progressed bank
+   first and best score first within a bank (Hokamp & Liu 2017, Post & Vilar 2018's grid beam
+   search in its bank form), so hypotheses that made progress on the constraints are not crowded
+   out by unconstrained ones with better scores;
+4. complete candidates that end (EOS or max length) join the finished set with the length
+   penalty of beam search; incomplete ones that end are set aside and only used if a prompt
+   reaches ``max_length`` with fewer complete hypotheses than ``num_return_sequences`` (then a
+   warning is logged).
+
+Complete running candidates take up to ``max(num_return_sequences, ceil(num_beams / 2))`` running
+slots first (best score first), so enough complete hypotheses survive to be returned; the other
+slots are filled by the bank round-robin.
+
+Constraint state is derived from the tokens with tensor ops over all candidates; candidate
+selection loops over the prompts of the batch (the bank round-robin is sequential by nature).
+transformers 5.x moved this strategy to a Hub recipe; genkit ships it built in.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput
+from genkit.generation.processing import StoppingCriteriaList
+
+from .beam_search import BeamRunner, build_output, check_no_streamer, output_fill_value
+from .decoding import _split_criteria
+
+logger = logging.getLogger("genkit.beam")
+
+_NEG = -1.0e9
+
+
+def parse_force_words_ids(force_words_ids: Any, vocab_size: int | None = None) -> list[list[list[int]]]:
+    """Normalise ``force_words_ids`` to constraints -> alternatives -> token ids.
+
+    A list of ints is a phrase; a list of lists of ints is a disjunctive set.
+    """
+    accepted = ("`force_words_ids` must be a non-empty list of constraints, each a phrase (non-empty list of "
+                "token ids, e.g. [5, 6]) or a disjunctive set (non-empty list of phrases, e.g. [[5, 6], [9]])")
+    if not isinstance(force_words_ids, (list, tuple)) or not force_words_ids:
+        raise ValueError(f"{accepted}; got {force_words_ids!r}")
+
+    def phrase(p: Any) -> list[int]:
+        if not isinstance(p, (list, tuple)) or not p or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                                for t in p):
+            raise ValueError(f"{accepted}; got the phrase {p!r}")
+        for t in p:
+            if t < 0 or (vocab_size is not None and t >= vocab_size):
+                raise ValueError(f"`force_words_ids` holds token id {t}, outside the vocabulary [0, {vocab_size})")
+        return [int(t) for t in p]
+
+    out = []
+    for c in force_words_ids:
+        if isinstance(c, (list, tuple)) and c and all(isinstance(x, (list, tuple)) for x in c):
+            out.append([phrase(p) for p in c])
+        else:
+            out.append([phrase(c)])
+    return out
+
+
+class ConstraintState:
+    """Constraint progress of many hypotheses at once, computed from their generated tokens."""
+
+    def __init__(self, constraints: list[list[list[int]]], device: torch.device) -> None:
+        self.constraints = constraints
+        self.alts = [(ci, torch.tensor(a, device=device)) for ci, c in enumerate(constraints) for a in c]
+        self.weight = [max(len(a) for a in c) for c in constraints]
+
+    def evaluate(self, gen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For generated tokens ``gen`` ``(n, g)``: ``met`` ``(n, C)`` bool, ``bank`` ``(n,)``,
+        ``next_tok`` ``(n, A)`` (next token of each alternative) and ``next_ok`` ``(n, A)``
+        (that alternative belongs to an unmet constraint)."""
+        n, g = gen.shape
+        n_con = len(self.constraints)
+        met = torch.zeros((n, n_con), dtype=torch.bool, device=gen.device)
+        partial = torch.zeros((n, n_con), dtype=torch.long, device=gen.device)
+        progress = []
+        for ci, alt in self.alts:
+            m = alt.numel()
+            if g >= m:
+                met[:, ci] |= (gen.unfold(1, m, 1) == alt).all(dim=-1).any(dim=-1)
+            prog = torch.zeros(n, dtype=torch.long, device=gen.device)
+            for k in range(min(m - 1, g), 0, -1):  # longest partial match at the end first
+                hit = (gen[:, g - k:] == alt[:k]).all(dim=-1) & (prog == 0)
+                prog = torch.where(hit, torch.full_like(prog, k), prog)
+            partial[:, ci] = torch.maximum(partial[:, ci], prog)
+            progress.append(prog)
+        weight = torch.tensor(self.weight, device=gen.device)
+        bank = torch.where(met, weight, partial).sum(dim=1)
+        prog_all = torch.stack(progress, dim=1)  # (n, A)
+        alt_con = torch.tensor([ci for ci, _ in self.alts], device=gen.device)
+        next_tok = torch.stack([alt[prog_all[:, j].clamp(max=alt.numel() - 1)] for j, (_, alt) in enumerate(self.alts)],
+                               dim=1)
+        next_ok = ~met[:, alt_con]
+        return met, bank, next_tok, next_ok
+
+
+def constrained_beam_search(
+    model: Any,
+    input_ids: torch.Tensor,
+    *,
+    logits_processor: Any,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: Any,
+    streamer: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    past_key_values: Any = None,
+    use_cache: bool = True,
+    position_ids: torch.Tensor | None = None,
+    **unused: Any,
+) -> GenerateBeamDecoderOnlyOutput:
+    """Beam search whose returned hypotheses contain every ``force_words_ids`` constraint."""
+    check_no_streamer(streamer, "constrained beam search")
+    if unused:
+        raise ValueError(f"unexpected model inputs for constrained beam search: {sorted(unused)}")
+    cfg = generation_config
+    if cfg.force_words_ids is None:
+        raise ValueError("constrained beam search needs `force_words_ids` (phrases or disjunctive sets)")
+    if cfg.do_sample:
+        raise ValueError("`force_words_ids` (constrained beam search) needs do_sample=False.")
+    beams = int(cfg.num_beams)
+    if beams < 2:
+        raise ValueError(f"constrained beam search needs `num_beams` > 1; got {beams}")
+    n_return = int(cfg.num_return_sequences)
+    if n_return > beams:
+        raise ValueError(f"`num_return_sequences` ({n_return}) must be <= `num_beams` ({beams}).")
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    constraints = parse_force_words_ids(cfg.force_words_ids, vocab_size)
+    batch, prompt_len = input_ids.shape
+    device = input_ids.device
+    max_length = stopping_criteria.max_length or cfg.max_length
+    others, eos = _split_criteria(stopping_criteria)
+    if eos is not None:
+        eos = eos.to(device)
+    use_cache = bool(use_cache and cfg.use_cache)
+    lp_exp = float(cfg.length_penalty)
+    state = ConstraintState(constraints, device)
+    reserved = max(n_return, (beams + 1) // 2)  # running slots complete hypotheses take first
+
+    n_gen = max_length - prompt_len
+    seqs = torch.full((batch, beams, max_length), output_fill_value(cfg, eos), dtype=torch.long, device=device)
+    seqs[:, :, :prompt_len] = input_ids[:, None, :]
+    run_scores = torch.full((batch, beams), _NEG, device=device)
+    run_scores[:, 0] = 0.0
+    bidx = torch.full((batch, beams, n_gen), -1, dtype=torch.long, device=device)
+    # finished pool per prompt: lists of (key, score, seq, bidx); key ranks complete before incomplete
+    pools: list[list[tuple[float, float, torch.Tensor, torch.Tensor]]] = [[] for _ in range(batch)]
+    fallback: list[list[tuple[float, float, torch.Tensor, torch.Tensor]]] = [[] for _ in range(batch)]
+
+    runner = BeamRunner(model, input_ids, beams, max_length, attention_mask=attention_mask,
+                        past_key_values=past_key_values, use_cache=use_cache, position_ids=position_ids,
+                        want_hidden=bool(cfg.output_hidden_states))
+    want_scores, want_logits, want_hidden = bool(cfg.output_scores), bool(cfg.output_logits), \
+        bool(cfg.output_hidden_states)
+    scores_out: list[torch.Tensor] = []
+    logits_out: list[torch.Tensor] = []
+    hidden_out: list[Any] = []
+    logits, hidden = runner.first_logits, runner.first_hidden
+    cur = prompt_len
+    while True:
+        if want_logits:
+            logits_out.append(logits.clone())
+        if want_hidden:
+            hidden_out.append(hidden)
+        flat_ids = seqs[:, :, :cur].reshape(batch * beams, cur)
+        log_probs = logits_processor(flat_ids, torch.log_softmax(logits, dim=-1))
+        if want_scores:
+            scores_out.append(log_probs.clone())
+        vocab = log_probs.shape[-1]
+        total = log_probs.view(batch, beams, vocab) + run_scores[:, :, None]
+        _, _, adv_tok, adv_ok = state.evaluate(flat_ids[:, prompt_len:])
+        adv_tok, adv_ok = adv_tok.view(batch, beams, -1), adv_ok.view(batch, beams, -1)
+        last = cur + 1 >= max_length
+
+        new_seqs, new_scores, new_bidx, parents = [], [], [], []
+        for b in range(batch):
+            live = run_scores[b] > _NEG / 2
+            top = torch.topk(total[b].view(-1), min(2 * beams, beams * vocab)).indices
+            rows = torch.arange(beams, device=device)[:, None] * vocab
+            own = (rows + torch.topk(total[b], min(2, vocab), dim=1).indices)[live]  # each beam's own best
+            forced = (rows + adv_tok[b])[live[:, None] & adv_ok[b]]
+            flat = torch.unique(torch.cat((top, own.view(-1), forced)))
+            parent, tok = flat // vocab, flat % vocab
+            score = total[b].view(-1)[flat]
+            keep = score > _NEG / 2
+            parent, tok, score = parent[keep], tok[keep], score[keep]
+            cand = seqs[b, parent, :].clone()
+            cand[:, cur] = tok
+            cand_bidx = bidx[b, parent, :].clone()
+            cand_bidx[:, cur - prompt_len] = parent + b * beams
+            met, bank, _, _ = state.evaluate(cand[:, prompt_len:cur + 1])
+            complete = met.all(dim=1)
+            hit = torch.full_like(complete, last)
+            if eos is not None:
+                hit |= torch.isin(tok, eos)
+            if others:
+                hit |= StoppingCriteriaList(others)(cand[:, :cur + 1], None)
+            normed = score / float(cur + 1 - prompt_len) ** lp_exp
+            for i in torch.nonzero(hit).view(-1).tolist():
+                entry = (float(normed[i]), float(normed[i]), cand[i], cand_bidx[i])
+                (pools[b] if bool(complete[i]) else fallback[b]).append(entry)
+            pools[b] = sorted(pools[b], key=lambda e: -e[0])[:beams]
+            fallback[b] = sorted(fallback[b], key=lambda e: -e[0])[:beams]
+            # running: round-robin over banks (most progressed first), best score first in a bank
+            run = torch.nonzero(~hit).view(-1)
+            chosen = _select_running(bank[run], score[run], complete[run], beams, reserved)
+            chosen = run[chosen]
+            n_ch = chosen.numel()
+            s = torch.full((beams,), _NEG, device=device)
+            sq = seqs[b].clone()
+            bi = bidx[b].clone()
+            par = torch.full((beams,), b * beams, dtype=torch.long, device=device)
+            if n_ch:
+                s[:n_ch] = score[chosen]
+                sq[:n_ch] = cand[chosen]
+                bi[:n_ch] = cand_bidx[chosen]
+                par[:n_ch] = parent[chosen] + b * beams
+            new_seqs.append(sq)
+            new_scores.append(s)
+            new_bidx.append(bi)
+            parents.append(par)
+        seqs, run_scores, bidx = torch.stack(new_seqs), torch.stack(new_scores), torch.stack(new_bidx)
+        cur += 1
+        if last or _all_done(pools, run_scores, beams, cfg.early_stopping, lp_exp, cur, prompt_len, max_length):
+            break
+        logits, hidden = runner.next_logits(seqs[:, :, :cur].reshape(batch * beams, cur), torch.cat(parents))
+
+    out_seqs = torch.full((batch, beams, max_length), output_fill_value(cfg, eos), dtype=torch.long, device=device)
+    out_scores = torch.full((batch, beams), _NEG, device=device)
+    out_bidx = torch.full((batch, beams, n_gen), -1, dtype=torch.long, device=device)
+    for b in range(batch):
+        chosen = pools[b][:beams]
+        if len(chosen) < n_return:
+            logger.warning("constrained beam search: prompt %d reached max_length with %d hypotheses that satisfy "
+                           "every constraint; filling with incomplete ones (raise max_new_tokens)", b, len(chosen))
+            chosen = chosen + fallback[b][:beams - len(chosen)]
+        for j, (_, sc, sq, bi) in enumerate(chosen):
+            out_seqs[b, j], out_scores[b, j], out_bidx[b, j] = sq, sc, bi
+    return build_output(out_seqs, out_scores, out_bidx, n_return, prompt_len, cfg, scores_out, logits_out,
+                        hidden_out, runner.cache if use_cache else None)
+
+
+def _select_running(bank: torch.Tensor, score: torch.Tensor, complete: torch.Tensor, k: int,
+                    reserved: int) -> torch.Tensor:
+    """Complete candidates (best first) take up to ``reserved`` slots; the rest go round-robin."""
+    comp = torch.nonzero(complete).view(-1)
+    comp = comp[torch.argsort(score[comp], descending=True, stable=True)][:reserved]
+    rest_mask = torch.ones_like(complete)
+    rest_mask[comp] = False
+    rest = torch.nonzero(rest_mask).view(-1)
+    picked = rest[_round_robin(bank[rest], score[rest], k - comp.numel())]
+    return torch.cat((comp, picked))
+
+
+def _round_robin(bank: torch.Tensor, score: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of ``k`` candidates: the best of each bank (highest bank first), then the second
+    best of each, and so on."""
+    if bank.numel() == 0:
+        return bank.new_zeros(0)
+    order = torch.argsort(score, descending=True, stable=True)
+    order = order[torch.argsort(bank[order], descending=True, stable=True)]  # by bank, then score
+    b_sorted = bank[order]
+    # rank of each candidate inside its bank
+    first = torch.ones_like(b_sorted, dtype=torch.bool)
+    first[1:] = b_sorted[1:] != b_sorted[:-1]
+    start = torch.cummax(torch.where(first, torch.arange(len(b_sorted), device=bank.device), 0), dim=0).values
+    rank = torch.arange(len(b_sorted), device=bank.device) - start
+    # round-robin: rank first, then bank (descending) -- stable sort keeps bank order within a rank
+    rr = torch.argsort(rank, stable=True)
+    return order[rr][:k]
+
+
+def _all_done(pools: list[list[Any]], run_scores: torch.Tensor, beams: int, early_stopping: Any, lp_exp: float,
+              cur: int, prompt_len: int, max_length: int) -> bool:
+    for b, pool in enumerate(pools):
+        best = float(run_scores[b].max())
+        if best <= _NEG / 2:
+            continue  # no live beam left for this prompt
+        if len(pool) < beams:
+            return False
+        if early_stopping is True:
+            continue
+        length = (max_length if early_stopping == "never" and lp_exp > 0 else cur) - prompt_len
+        if best / float(length) ** lp_exp > pool[-1][0]:
+            return False
+    return True
