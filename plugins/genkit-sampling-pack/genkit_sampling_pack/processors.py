@@ -110,7 +110,7 @@ class XTCLogitsWarper(LogitsProcessor):
         roll = torch.rand(batch, generator=self.generator, device="cpu").to(scores.device)
         act = roll < self.probability
         probs = torch.softmax(scores.float(), dim=-1)
-        top = probs >= self.threshold
+        top = (probs >= self.threshold) & (probs > 0)  # tokens already removed are never "top"
         act = act & (top.sum(dim=-1) >= 2)
         if not bool(act.any()):
             return scores
