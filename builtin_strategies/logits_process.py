@@ -136,7 +136,7 @@ def _softmax_entropy(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     """(log-probs, probs, entropy per row ``(batch,)``); tokens at -inf contribute nothing."""
     logp = torch.log_softmax(scores, dim=-1)
     p = logp.exp()
-    entropy = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+    entropy = -(logp.clamp(min=torch.finfo(logp.dtype).min) * p).sum(-1)
     return logp, p, entropy
 
 
@@ -312,8 +312,12 @@ class TopHLogitsWarper(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         n = min(self.top_n, scores.shape[-1])
         best, idx = torch.topk(scores, n, dim=-1)
-        logp, p, entropy = _softmax_entropy(best)
-        terms = torch.where(p > 0, -p * logp, torch.zeros_like(p))
+        p = best.softmax(dim=-1)
+        lognorm = (best - best.logsumexp(dim=-1, keepdim=True)).clamp(min=torch.finfo(best.dtype).min)
+        entropy = -(lognorm * p).sum(-1)
+        # per-token terms from log(p) (not the log-softmax) so that, at top_h=1, the last
+        # cumulative term lands on the same side of the threshold as transformers'
+        terms = torch.where(p > 0, -p * torch.log(p), torch.zeros_like(p))
         keep_best = terms.cumsum(dim=-1) <= (self.top_h * entropy)[:, None]
         keep_best[:, 0] = True
         keep = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, idx, keep_best)
