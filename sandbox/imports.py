@@ -41,7 +41,7 @@ def parse_all(tree: SourceTree) -> tuple[dict[str, ast.Module], list[Problem]]:
             parsed[rel] = ast.parse(data.decode("utf-8"), filename=tree.display(rel))
         except SyntaxError as exc:
             problems.append(Problem(tree.display(rel), exc.lineno, f"syntax error: {exc.msg}"))
-        except ValueError as exc:  # e.g. source with null bytes that slipped through
+        except ValueError as exc:  # null bytes or bad UTF-8 (UnicodeDecodeError) that slipped through
             problems.append(Problem(tree.display(rel), None, f"cannot parse: {exc}"))
     return parsed, problems
 

@@ -1,0 +1,93 @@
+"""``genkit check``: everything a recipe must pass before it is published — structure, signature,
+import rules, requirements, README front matter — then a smoke run on a tiny random model."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandbox import Finding, SandboxError, scan_tree
+
+from .errors import RequirementsError, RequirementsFormatError
+from .requirements import Status, check_requirements
+from .validate import readme_problems, validate
+
+
+@dataclass
+class CheckReport:
+    """What ``check_recipe`` found; ``ok`` when there are no errors (warnings do not block)."""
+
+    path: Path
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    requirements: list[Status] = field(default_factory=list)
+    smoke: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def render(self) -> str:
+        lines = [f"recipe {self.path}: {'OK' if self.ok else 'FAILED'}"]
+        lines += [f"  error: {e}" for e in self.errors]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        lines += [f"  requirement: {s}{' [skipped: marker]' if s.skipped else ''}" for s in self.requirements]
+        lines += [f"  audit: {f}" for f in self.findings]
+        if self.smoke:
+            lines.append(f"  smoke run: {self.smoke}")
+        return "\n".join(lines)
+
+
+def check_recipe(path: str | os.PathLike[str], *, smoke: bool = True) -> CheckReport:
+    """Check a local recipe folder; the smoke run happens only when every static check passed."""
+    root = Path(os.path.abspath(os.fspath(path)))
+    report = CheckReport(root)
+    if not root.is_dir():
+        report.errors.append(f"{root} is not a folder")
+        return report
+    try:
+        tree = scan_tree(root)
+        checked = validate(tree, f"recipe {root}")
+        report.findings = checked.findings
+    except SandboxError as exc:
+        report.errors += [str(p) for p in exc.problems]
+        return report
+    req = tree.files.get("requirements.txt")
+    if req is None:
+        report.warnings.append("custom_generate/requirements.txt is missing (fine if the recipe needs only genkit)")
+    else:
+        try:
+            report.requirements = check_requirements(req.decode("utf-8", "replace"))
+            report.errors += [f"unmet requirement: {s}" for s in report.requirements if not s.ok]
+        except RequirementsFormatError as exc:
+            report.errors.append(str(exc))
+    readme = root / "README.md"
+    report.warnings += readme_problems(readme.read_text("utf-8", "replace") if readme.is_file() else None)
+    if smoke and report.ok:
+        report.smoke = _smoke(root, report)
+    return report
+
+
+def _smoke(root: Path, report: CheckReport) -> str:
+    import torch
+
+    from ..generation.api import generate
+    from ..models.tiny import tiny_llama
+
+    model = tiny_llama(seed=0)
+    ids = torch.tensor([[1, 17, 42, 7]])
+    try:
+        out: Any = generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), custom_generate=str(root),
+                            trust_remote_code=True, max_new_tokens=4)
+    except (RequirementsError, SandboxError) as exc:
+        report.errors.append(str(exc))
+        return "not run"
+    except Exception as exc:  # noqa: BLE001 - a recipe may raise anything; report it
+        report.errors.append(f"smoke run on genkit.models.tiny.tiny_llama raised {type(exc).__name__}: {exc}")
+        return "failed"
+    seq = getattr(out, "sequences", out)
+    shape = tuple(seq.shape) if isinstance(seq, torch.Tensor) else None
+    return f"returned {type(out).__name__}" + (f" with sequences of shape {shape}" if shape else "")
