@@ -26,9 +26,10 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
@@ -172,7 +173,7 @@ class HubState:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "HubServer"
+    server: HubServer
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
@@ -394,7 +395,8 @@ class _Handler(BaseHTTPRequestHandler):
         url = f"{self.server.endpoint}/{prefix}{repo_id}"
         if self.state.repo(repo_id, repo_type) is not None:
             return self._json(409, {"error": "You already created this repo", "url": url})
-        self.state.create_repo(repo_id, repo_type, bool(req.get("private")))
+        private = bool(req.get("private")) or req.get("visibility") in ("private", "protected")
+        self.state.create_repo(repo_id, repo_type, private)
         return self._json(200, {"url": url, "name": repo_id})
 
     def _commit(self, repo: Repo, branch: str, body: bytes) -> None:
@@ -461,7 +463,7 @@ class HubServer(ThreadingHTTPServer):
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["state"], name)
 
-    def start(self) -> "HubServer":
+    def start(self) -> HubServer:
         self._thread = threading.Thread(target=self.serve_forever, name="hub-server", daemon=True)
         self._thread.start()
         return self
@@ -492,6 +494,11 @@ def point_client_at(endpoint: str, hf_home: str, monkeypatch: pytest.MonkeyPatch
                         }.items():
         if hasattr(constants, name):
             monkeypatch.setattr(constants, name, value)
+    # the module-level HfApi behind huggingface_hub.file_exists & co. froze its endpoint at import
+    from huggingface_hub import hf_api
+
+    if getattr(hf_api, "api", None) is not None:
+        monkeypatch.setattr(hf_api.api, "endpoint", endpoint)
 
 
 @pytest.fixture
@@ -508,3 +515,23 @@ def hub_server(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubSe
         yield server
     finally:
         server.stop()
+
+
+def write_recipe(root: Any, files: dict[str, str | bytes], readme: str | None = None) -> Any:
+    """Write a recipe folder: ``files`` maps paths relative to ``root`` to contents; a README with
+    the custom_generate tag is added unless ``readme`` says otherwise ('' for none)."""
+    from pathlib import Path
+
+    root = Path(root)
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data, encoding="utf-8")
+    if readme is None:
+        readme = "---\ntags:\n  - custom_generate\n---\n\n# test recipe\n\nA recipe used by the tests.\n"
+    if readme:
+        (root / "README.md").write_text(readme, encoding="utf-8")
+    return root

@@ -34,7 +34,6 @@ def not_found(exc: BaseException) -> bool:
 
 def transient(exc: BaseException) -> bool:
     """Worth another try: server errors, rate limits, timeouts, dropped or truncated transfers."""
-    import httpx
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     if not_found(exc):
@@ -42,9 +41,24 @@ def transient(exc: BaseException) -> bool:
     if isinstance(exc, HfHubHTTPError):
         status = _status(exc)
         return status is None or status >= 500 or status == 429
-    if isinstance(exc, (httpx.TransportError, LocalEntryNotFoundError, TimeoutError, ConnectionError)):
+    if isinstance(exc, (*_transport_errors(), LocalEntryNotFoundError, TimeoutError, ConnectionError)):
         return True
     return isinstance(exc, OSError) and "onsistency check" in str(exc)
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP library's transport errors (huggingface_hub 2.x uses ``httpx2``, 1.x ``httpx``)."""
+    out: list[type[BaseException]] = []
+    for name in ("httpx2", "httpx", "requests"):
+        try:
+            module = __import__(name)
+        except ImportError:
+            continue
+        for attr in ("TransportError", "ConnectionError", "Timeout"):
+            cls = getattr(module, attr, None) or getattr(getattr(module, "exceptions", None), attr, None)
+            if isinstance(cls, type) and issubclass(cls, BaseException):
+                out.append(cls)
+    return tuple(out)
 
 
 def with_retries(what: str, repo_id: str, fn: Callable[[], T]) -> T:
