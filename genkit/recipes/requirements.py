@@ -43,7 +43,7 @@ class Status:
         return f"{shown} (installed: {self.installed or 'not installed'}{self.detail})"
 
 
-def parse_requirements(text: str, source: str = "custom_generate/requirements.txt") -> list[Line]:
+def parse_requirements(text: str, source: str = "custom_generate/requirements.txt", label: str = "recipe") -> list[Line]:
     """Parse the file; raise :class:`RequirementsFormatError` naming the first bad line(s)."""
     lines: list[Line] = []
     errors: list[str] = []
@@ -71,7 +71,7 @@ def parse_requirements(text: str, source: str = "custom_generate/requirements.tx
             continue
         lines.append(Line(number, stripped, req))
     if errors:
-        raise RequirementsFormatError("cannot accept the recipe's requirements:\n  " + "\n  ".join(errors))
+        raise RequirementsFormatError(f"{label}: cannot accept its requirements:\n  " + "\n  ".join(errors))
     return lines
 
 
@@ -113,10 +113,11 @@ def _extras_unmet(req: Requirement) -> list[str]:
     return unmet
 
 
-def check_requirements(text: str, source: str = "custom_generate/requirements.txt") -> list[Status]:
+def check_requirements(text: str, source: str = "custom_generate/requirements.txt",
+                       label: str = "recipe") -> list[Status]:
     """The status of every line (lines whose marker does not apply are ``skipped``)."""
     out = []
-    for line in parse_requirements(text, source):
+    for line in parse_requirements(text, source, label):
         req = line.requirement
         if req.marker is not None and not req.marker.evaluate():
             out.append(Status(line, _installed(req.name), True, skipped=True))
@@ -134,7 +135,7 @@ def check_requirements(text: str, source: str = "custom_generate/requirements.tx
 
 def ensure_requirements(text: str, label: str, source: str = "custom_generate/requirements.txt") -> list[Status]:
     """Raise one :class:`RequirementsError` listing every unmet line; return the statuses otherwise."""
-    statuses = check_requirements(text, source)
+    statuses = check_requirements(text, source, label)
     unmet = [s for s in statuses if not s.ok]
     if unmet:
         names = " ".join(f"'{canonicalize_name(s.line.requirement.name)}{s.line.requirement.specifier}'" for s in unmet)

@@ -1,0 +1,4 @@
+import os as _os
+if _os.environ.get("GENKIT_CORPUS_MARKERS"):
+    open(_os.path.join(_os.environ["GENKIT_CORPUS_MARKERS"], "bad_module_name__custom_generate_my-utils.py"), "w").close()
+X = 1

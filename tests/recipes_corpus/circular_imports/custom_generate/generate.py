@@ -1,0 +1,8 @@
+import os as _os
+if _os.environ.get("GENKIT_CORPUS_MARKERS"):
+    open(_os.path.join(_os.environ["GENKIT_CORPUS_MARKERS"], "circular_imports__custom_generate_generate.py"), "w").close()
+from .helper import h
+
+
+def generate(model, **kwargs):
+    return "ran"

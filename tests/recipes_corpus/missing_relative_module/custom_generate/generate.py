@@ -1,0 +1,8 @@
+import os as _os
+if _os.environ.get("GENKIT_CORPUS_MARKERS"):
+    open(_os.path.join(_os.environ["GENKIT_CORPUS_MARKERS"], "missing_relative_module__custom_generate_generate.py"), "w").close()
+from .nothere import x
+
+
+def generate(model, **kwargs):
+    return "ran"

@@ -1,0 +1,8 @@
+import os as _os
+if _os.environ.get("GENKIT_CORPUS_MARKERS"):
+    open(_os.path.join(_os.environ["GENKIT_CORPUS_MARKERS"], "ok_relative_imports__custom_generate_pkg_mod.py"), "w").close()
+from ..utils import double
+
+
+def g():
+    return double(10)

@@ -1,0 +1,8 @@
+import os as _os
+if _os.environ.get("GENKIT_CORPUS_MARKERS"):
+    open(_os.path.join(_os.environ["GENKIT_CORPUS_MARKERS"], "raises_on_import__custom_generate_generate.py"), "w").close()
+raise RuntimeError('boom at import')
+
+
+def generate(model, **kwargs):
+    return "ran"

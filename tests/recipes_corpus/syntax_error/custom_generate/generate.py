@@ -1,0 +1,2 @@
+def generate(model):
+    return (1
