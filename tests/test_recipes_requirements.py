@@ -1,0 +1,52 @@
+"""requirements.txt checking with packaging (PEP 508)."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import pytest
+
+from genkit.recipes.errors import RequirementsError, RequirementsFormatError
+from genkit.recipes.requirements import check_requirements, ensure_requirements, parse_requirements
+
+TORCH = metadata.version("torch")
+PACKAGING = metadata.version("packaging")
+
+
+def test_specifier_sets_markers_extras_and_comments():
+    text = ("# header comment\n\ntorch>=2.0,<100  # inline\npackaging!=0.1\n"
+            "huggingface_hub[torch]>=0.30\nnot-here>=1 ; python_version < '3'\n")
+    statuses = check_requirements(text)
+    assert [s.line.number for s in statuses] == [3, 4, 5, 6]
+    assert all(s.ok for s in statuses)
+    assert statuses[-1].skipped and statuses[-1].installed is None
+    assert str(statuses[0]) == f"torch<100,>=2.0 (installed: {TORCH})"
+
+
+def test_all_unmet_lines_in_one_import_error():
+    with pytest.raises(RequirementsError) as err:
+        ensure_requirements("torch>=999\nnot-a-real-package-xyz>=1.0\npackaging>=1\nhuggingface_hub[oauth]>=0.1\n",
+                            "recipe X")
+    text = str(err.value)
+    assert isinstance(err.value, ImportError)
+    assert f"torch>=999 (installed: {TORCH})" in text
+    assert "not-a-real-package-xyz>=1.0 (installed: not installed)" in text
+    assert "huggingface_hub[oauth]>=0.1" in text and "authlib>=1.8.0 for extra [oauth]" in text
+    assert "packaging" not in text.split("Install")[0]
+    assert text.startswith("recipe X needs packages")
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("-r other.txt", "pip options"), ("--index-url https://x/simple", "pip options"), ("-e .", "pip options"),
+    ("pkg @ https://example.com/p.whl", "URL requirements"), ("git+https://github.com/a/b", "URL requirements"),
+    ("file:///tmp/x", "URL requirements"), ("torch>>=2", "not a valid PEP 508"), ("torch[", "not a valid PEP 508"),
+])
+def test_bad_lines_are_named(line, why):
+    with pytest.raises(RequirementsFormatError) as err:
+        parse_requirements(f"torch\n{line}\n", label="my recipe")
+    assert f"custom_generate/requirements.txt:2: {line!r}: " in str(err.value) and why in str(err.value)
+    assert str(err.value).startswith("my recipe:")
+
+
+def test_prereleases_count_as_installed_versions():
+    assert check_requirements(f"packaging=={PACKAGING}\n")[0].ok
