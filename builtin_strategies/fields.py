@@ -25,16 +25,38 @@ def _id_lists(v: Any) -> bool:
             and all(isinstance(s, (list, tuple)) and len(s) > 0 and _ids(s) for s in v))
 
 
+def parse_bias_key(key: Any) -> Any:
+    """A ``sequence_bias`` dict key: a tuple of ids, or its string form ``"(1, 2)"`` as
+    transformers writes it in ``generation_config.json``."""
+    if isinstance(key, str):
+        import ast
+
+        try:
+            value = ast.literal_eval(key.strip())
+        except (ValueError, SyntaxError):
+            return key
+        if isinstance(value, int):
+            value = (value,)
+        return tuple(value) if isinstance(value, (tuple, list)) else key
+    return key
+
+
 def _sequence_bias(v: Any) -> bool:
     if isinstance(v, dict):
-        items = list(v.items())
+        items = [(parse_bias_key(k), b) for k, b in v.items()]
+        if not all(isinstance(k, tuple) for k, _ in items):
+            return False
     elif isinstance(v, (list, tuple)):
         items = [tuple(x) for x in v]
-        if not all(len(x) == 2 for x in items):
+        if not all(len(x) == 2 and isinstance(x[0], (list, tuple)) for x in items):
             return False
     else:
         return False
-    return all(_ids(list(k)) and len(k) > 0 and _num(b) for k, b in items)
+    return len(items) > 0 and all(_ids(list(k)) and len(k) > 0 and _num(b) for k, b in items)
+
+
+def _temperature(v: Any) -> bool:
+    return _num(v) and 0 <= v < float("inf")
 
 
 def _decay(v: Any) -> bool:
@@ -42,7 +64,7 @@ def _decay(v: Any) -> bool:
             and _num(v[1]) and v[1] > 1.0)
 
 
-TEMPERATURE = FieldSpec("temperature", 1.0, lambda v: _num(v) and v >= 0, "a number >= 0 (> 0 when sampling)")
+TEMPERATURE = FieldSpec("temperature", 1.0, _temperature, "a finite number >= 0 (> 0 when sampling)")
 TOP_K = FieldSpec("top_k", 50, lambda v: _int(v) and v >= 0, "an int >= 0 (0 disables)")
 TOP_P = FieldSpec("top_p", 1.0, lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1]")
 MIN_P = FieldSpec("min_p", None, lambda v: _num(v) and 0 <= v <= 1, "a number in [0, 1] or None")
@@ -70,7 +92,8 @@ SUPPRESS = FieldSpec("suppress_tokens", None, lambda v: _ids(v) and len(v) > 0, 
 BEGIN_SUPPRESS = FieldSpec("begin_suppress_tokens", None, lambda v: _ids(v) and len(v) > 0,
                            "a list of token ids >= 0 or None")
 SEQUENCE_BIAS = FieldSpec("sequence_bias", None, _sequence_bias,
-                          "a dict {tuple of token ids: bias} or a list of [list of token ids, bias] pairs, or None")
+                          "a non-empty dict {tuple of token ids: bias} or a non-empty list of [list of token ids, bias] "
+                          "pairs, or None")
 
 ALL = (TEMPERATURE, TOP_K, TOP_P, MIN_P, TOP_H, TYPICAL_P, EPSILON_CUTOFF, ETA_CUTOFF, REPETITION_PENALTY,
        ENCODER_REPETITION_PENALTY, NO_REPEAT_NGRAM_SIZE, ENCODER_NO_REPEAT_NGRAM_SIZE, BAD_WORDS_IDS,

@@ -440,7 +440,9 @@ class SequenceBiasLogitsProcessor(LogitsProcessor):
         accepted = ("a non-empty dict {tuple of token ids >= 0: bias} or a non-empty list of "
                     "[list of token ids >= 0, bias] pairs")
         if isinstance(sequence_bias, dict):
-            items = list(sequence_bias.items())
+            from .fields import parse_bias_key
+
+            items = [(parse_bias_key(k), b) for k, b in sequence_bias.items()]
             if not all(isinstance(k, tuple) for k, _ in items):
                 raise _bad(name, accepted, sequence_bias)
         elif isinstance(sequence_bias, list):
