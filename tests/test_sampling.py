@@ -103,3 +103,24 @@ def test_transition_scores_match_transformers_greedy_and_sampling(tiny_pair, tin
 def test_compute_transition_scores_needs_scores(tiny_model):
     with pytest.raises(ValueError, match="output_scores"):
         genkit.compute_transition_scores(IDS, ())
+
+
+def test_user_processor_runs_before_the_warpers_like_transformers(tiny_pair):
+    """A user's extra processor is applied before top-k / temperature, as in transformers."""
+    hf, ours = tiny_pair
+
+    class Boost(genkit.LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            out = scores.clone()
+            out[:, 77] += 50.0  # a token outside the model's top-5: kept only if applied before top_k
+            return out
+
+    ids = torch.tensor([[1, 10, 20, 30]])
+    torch.manual_seed(0)
+    ref = hf.generate(ids, do_sample=True, top_k=5, temperature=0.9, max_new_tokens=6, pad_token_id=0,
+                      eos_token_id=None, logits_processor=transformers.LogitsProcessorList([Boost()]))
+    torch.manual_seed(0)
+    got = ours.generate(ids, do_sample=True, top_k=5, temperature=0.9, max_new_tokens=6, eos_token_id=None,
+                        logits_processor=[Boost()])
+    assert torch.equal(got, ref)
+    assert (got[0, 4:] == 77).all()

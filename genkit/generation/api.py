@@ -16,6 +16,9 @@ from .processing import LogitsProcessorList, ProcessorContext, StoppingCriteriaL
 logger = logging.getLogger("genkit.generation")
 
 # keyword arguments that go to the model / loop rather than into the GenerationConfig
+# registry order from which logits processors count as sampling warpers (temperature is 200)
+WARPER_ORDER = 200
+
 MODEL_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "tokenizer"}
 
 
@@ -259,11 +262,19 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, tokenizer=model_kwargs.get("tokenizer"), model=model,
     )
     built = []
+    first_warper = None
     for item in get_registry().processors():
         proc = item.load()(config, ctx)
         if proc is not None:
+            if first_warper is None and item.order >= WARPER_ORDER:
+                first_warper = len(built)
             built.append(proc)
-    processors = LogitsProcessorList(merge_lists(built, logits_processor, "logits processor", logger))
+    merged = merge_lists(built, logits_processor, "logits processor", logger)
+    if first_warper is not None and len(merged) > len(built):
+        # as in transformers, the user's extra processors run before the sampling warpers
+        # (registry order >= WARPER_ORDER) and the final renormalisation
+        merged = merged[:first_warper] + merged[len(built):] + merged[first_warper:len(built)]
+    processors = LogitsProcessorList(merged)
 
     from builtin_strategies.stopping import build_stopping_criteria
 
