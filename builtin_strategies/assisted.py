@@ -32,7 +32,7 @@ from .stopping import EosTokenCriteria, MaxLengthCriteria
 
 logger = logging.getLogger("genkit.assisted")
 
-__all__ = ["assisted_decoding", "applies", "build_candidate_generator"]
+__all__ = ["applies", "assisted_decoding", "build_candidate_generator"]
 
 
 def applies(config: Any) -> bool:
@@ -184,10 +184,8 @@ def assisted_decoding(
             appended += 1
             if streamer is not None:
                 streamer.put(seqs.new_tensor([tok]).cpu())
-            if tok in eos_set or seqs.shape[1] >= max_length:
-                done = True
-            elif others and bool(StoppingCriteriaList(others)(seqs, new_scores[appended - 1]).all()):
-                done = True
+            done = (tok in eos_set or seqs.shape[1] >= max_length
+                    or (bool(others) and bool(StoppingCriteriaList(others)(seqs, new_scores[appended - 1]).all())))
             if done:
                 break
 

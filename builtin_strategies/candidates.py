@@ -24,7 +24,7 @@ import torch
 
 logger = logging.getLogger("genkit.candidates")
 
-__all__ = ["PromptLookupCandidateGenerator", "DraftModelCandidateGenerator", "prompt_lookup", "draft_model"]
+__all__ = ["DraftModelCandidateGenerator", "PromptLookupCandidateGenerator", "draft_model", "prompt_lookup"]
 
 
 class PromptLookupCandidateGenerator:

@@ -75,8 +75,8 @@ def test_prompt_lookup_equals_greedy(target, seed):
 def test_draft_model_equals_greedy_and_saves_passes(target, draft):
     ids = _repetitive_prompt(3)
     greedy = genkit.generate(target, ids, max_new_tokens=32)
-    for kwargs in (dict(num_assistant_tokens=4), dict(num_assistant_tokens=3,
-                                                      num_assistant_tokens_schedule="heuristic")):
+    for kwargs in ({"num_assistant_tokens": 4},
+                   {"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "heuristic"}):
         out = genkit.generate(target, ids, max_new_tokens=32, assistant_model=draft, **kwargs)
         assert torch.equal(out, greedy), kwargs
     # the target itself as assistant: every draft is accepted, so the target runs far fewer passes
@@ -92,7 +92,7 @@ def test_draft_model_equals_greedy_and_saves_passes(target, draft):
 
 def test_processors_apply_per_position(target, draft):
     ids = _repetitive_prompt(4)
-    kwargs = dict(max_new_tokens=30, repetition_penalty=1.4, no_repeat_ngram_size=3)
+    kwargs = {"max_new_tokens": 30, "repetition_penalty": 1.4, "no_repeat_ngram_size": 3}
     greedy = genkit.generate(target, ids, **kwargs)
     assert torch.equal(genkit.generate(target, ids, prompt_lookup_num_tokens=5, **kwargs), greedy)
     assert torch.equal(genkit.generate(target, ids, assistant_model=draft, num_assistant_tokens=4, **kwargs), greedy)
@@ -122,7 +122,7 @@ def test_scores_streamer_and_dict_output_match_greedy(target):
     for a, b in zip(out.logits, ref.logits):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert rec.puts[0] == ids[0].tolist()
-    assert sum(rec.puts[1:], []) == out.sequences[0, ids.shape[1]:].tolist()
+    assert [t for put in rec.puts[1:] for t in put] == out.sequences[0, ids.shape[1]:].tolist()
     assert rec.ended == 1
 
 

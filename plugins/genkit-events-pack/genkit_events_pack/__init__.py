@@ -6,7 +6,7 @@ load on first use.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from genkit.hookspecs import hookimpl
 

@@ -19,7 +19,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 __all__ = ["JsonlStreamer", "make_jsonl_streamer"]
 
@@ -56,7 +57,7 @@ class JsonlStreamer:
             return None
         try:
             return self.tokenizer.decode([token_id])
-        except Exception:  # a tokenizer that cannot decode a lone id: leave the text out
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode a lone id: leave the text out
             return None
 
     def put(self, value: Any) -> None:

@@ -22,11 +22,12 @@ import hashlib
 import json
 import os
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-__all__ = ["NgramIndex", "NgramCorpusCandidateGenerator", "ngram_corpus"]
+__all__ = ["NgramCorpusCandidateGenerator", "NgramIndex", "ngram_corpus"]
 
 
 class NgramIndex:
@@ -130,7 +131,7 @@ def _as_token_docs(corpus: Any, tokenizer: Any) -> list[list[int]]:
     return docs
 
 
-_INDEX_CACHE: "OrderedDict[tuple[str, int, int], NgramIndex]" = OrderedDict()
+_INDEX_CACHE: OrderedDict[tuple[str, int, int], NgramIndex] = OrderedDict()
 _INDEX_CACHE_SIZE = 4
 
 

@@ -7,8 +7,9 @@ imported on first use.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from numbers import Integral, Real
-from typing import Any, Callable
+from typing import Any
 
 from genkit.hookspecs import hookimpl
 from genkit.plugins import FieldSpec

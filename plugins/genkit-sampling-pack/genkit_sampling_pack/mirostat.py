@@ -57,7 +57,7 @@ def mirostat_decode(
     cfg = generation_config
     tau = 5.0 if cfg.mirostat_tau is None else float(cfg.mirostat_tau)
     eta = float(cfg.mirostat_eta)
-    batch, prompt_len = input_ids.shape
+    batch = input_ids.shape[0]
     device = input_ids.device
     max_length = stopping_criteria.max_length or cfg.max_length
     eos = cfg.eos_token_id

@@ -15,13 +15,14 @@ two tokens clear the threshold.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from genkit.generation.processing import LogitsProcessor, ProcessorContext
 
-__all__ = ["DRYLogitsProcessor", "XTCLogitsWarper", "make_dry", "make_xtc", "make_nothing"]
+__all__ = ["DRYLogitsProcessor", "XTCLogitsWarper", "make_dry", "make_nothing", "make_xtc"]
 
 # match lengths are capped so the exponent stays finite and the scan stays linear in practice
 MAX_MATCH_LENGTH = 64
@@ -139,4 +140,3 @@ def make_xtc(config: Any, ctx: ProcessorContext) -> XTCLogitsWarper | None:
 
 def make_nothing(config: Any, ctx: ProcessorContext) -> None:
     """The Mirostat fields' owner builds no processor: the strategy reads them."""
-    return None
