@@ -197,6 +197,7 @@ def test_persistent_errors_name_the_repo_and_leave_no_module(hub_server, tmp_pat
     with pytest.raises(RecipeFetchError, match=r"org/broken.*after 2 attempts"):
         load_recipe("org/broken", trust_remote_code=True)
     hub_server.state.faults.clear()
+    monkeypatch.setenv("GENKIT_HUB_RETRIES", "1")  # huggingface_hub itself resumes 5 times, 1 s apart
     hub_server.state.truncate_next(100, match=r"GET .*/resolve/.*generate\.py")
     with pytest.raises(RecipeFetchError, match="org/broken"):
         load_recipe("org/broken", trust_remote_code=True)
