@@ -1,7 +1,14 @@
-"""``load_model``: native models from a local HF-format folder (Hub ids and GGUF: see below)."""
+"""``load_model``: native models from a Hub id, a local HF-format folder, a ``.gguf`` file, or the
+demo-model alias.
+
+Errors name what is wrong: the missing or unreadable file, the tensor whose shape does not match,
+the architecture genkit does not know.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from typing import Any
 
@@ -9,34 +16,245 @@ import torch
 
 from .base import GenkitModel, ModelConfig
 
-ARCHITECTURES = {"LlamaForCausalLM": "genkit.models.llama:LlamaForCausalLM",
-                 "MistralForCausalLM": "genkit.models.llama:LlamaForCausalLM",
-                 "Qwen2ForCausalLM": "genkit.models.llama:LlamaForCausalLM"}
+logger = logging.getLogger("genkit.models")
+
+# config.json "architectures[0]" -> "module:class"
+ARCHITECTURES = {
+    "LlamaForCausalLM": "genkit.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "genkit.models.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "genkit.models.llama:LlamaForCausalLM",
+    "GPT2LMHeadModel": "genkit.models.gpt2:GPT2LMHeadModel",
+}
+# config.json "model_type" -> architecture, for configs without "architectures"
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "gpt2": "GPT2LMHeadModel"}
+
+WEIGHT_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MODEL_FILE_PATTERNS = ["config.json", "generation_config.json", WEIGHT_FILE, INDEX_FILE,
+                       "model-*-of-*.safetensors"]
+TOKENIZER_FILE_PATTERNS = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "chat_template.jinja", "chat_template.json"]
+RECIPE_ENTRY = "custom_generate/generate.py"
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(dtype: torch.dtype | str | None, config: ModelConfig | None = None) -> torch.dtype:
+    """A torch dtype from a dtype, a name ("float32", "bfloat16", "float16") or "auto"/None.
+
+    None and "auto" use the checkpoint's ``dtype`` / ``torch_dtype`` from config.json (float32
+    when it has none).
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"`dtype`={dtype} is not supported; accepted: float32, bfloat16, float16, 'auto'")
+        return dtype
+    if dtype is None or dtype == "auto":
+        saved = None if config is None else (config.dtype or config.torch_dtype)
+        return _DTYPES.get(str(saved), torch.float32) if saved else torch.float32
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(f"`dtype`={dtype!r} is not supported; accepted: float32, bfloat16, float16, 'auto'")
+
+
+def _looks_like_hub_id(ref: str) -> bool:
+    parts = ref.split("/")
+    return len(parts) == 2 and all(parts) and not ref.startswith((".", "/", "~")) and not os.path.exists(ref)
+
+
+def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = None,
+                         tokenizer_only: bool = False) -> str:
+    """A local path for ``ref``: a folder or a ``.gguf`` file, downloading from the Hub if needed.
+
+    A Hub download fetches only the files a model needs (config, weights, generation config,
+    tokenizer files), or only the tokenizer files when ``tokenizer_only``.
+    """
+    from .demo import DEMO_ALIASES, ensure_demo_model
+
+    ref = os.fspath(ref)
+    if ref.lower() in DEMO_ALIASES:
+        return ensure_demo_model()
+    path = os.path.expanduser(ref)
+    if os.path.isfile(path):
+        if path.endswith(".gguf"):
+            return path
+        raise ValueError(f"{path} is a file but not a .gguf; pass a model folder, a .gguf file or a Hub id")
+    if os.path.isdir(path):
+        return path
+    if _looks_like_hub_id(ref):
+        from huggingface_hub import snapshot_download
+
+        patterns = TOKENIZER_FILE_PATTERNS if tokenizer_only else MODEL_FILE_PATTERNS + TOKENIZER_FILE_PATTERNS
+        logger.info("fetching %s from the Hub (%s)", ref, "tokenizer files" if tokenizer_only else "model files")
+        return snapshot_download(ref, revision=revision, allow_patterns=patterns)
+    raise FileNotFoundError(
+        f"model {ref!r} not found: pass an existing folder, a .gguf file, a Hub id 'org/name', "
+        f"or the demo alias {sorted(DEMO_ALIASES)[0]!r}"
+    )
+
+
+def architecture_class(config: ModelConfig, where: str = "config.json") -> type[GenkitModel]:
+    """The native class for a config's ``architectures[0]`` (or ``model_type``)."""
+    from ..plugins import resolve
+
+    archs = config.architectures or ([MODEL_TYPES[config.model_type]] if config.model_type in MODEL_TYPES else None)
+    if not archs:
+        raise ValueError(f"{where}: no 'architectures' and unknown model_type {config.model_type!r}; "
+                         f"supported architectures: {', '.join(sorted(ARCHITECTURES))}")
+    arch = archs[0]
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{where}: unknown architecture {arch!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
+    return resolve(ARCHITECTURES[arch])
+
+
+def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
+    """Every tensor of ``model.safetensors``, or of the shards listed in the index file."""
+    from safetensors.torch import load_file
+
+    single = os.path.join(folder, WEIGHT_FILE)
+    index = os.path.join(folder, INDEX_FILE)
+    if os.path.isfile(single):
+        files = [single]
+    elif os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as fh:
+                weight_map = json.load(fh)["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"{index}: not a valid safetensors index ({exc})") from exc
+        files = [os.path.join(folder, f) for f in sorted(set(weight_map.values()))]
+    else:
+        raise FileNotFoundError(f"no weights in {folder}: expected {WEIGHT_FILE} or {INDEX_FILE}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        if not os.path.isfile(f):
+            raise FileNotFoundError(f"weights file {f} is missing (listed in {INDEX_FILE})")
+        try:
+            state.update(load_file(f))
+        except Exception as exc:
+            raise ValueError(f"weights file {f} is corrupt or not a safetensors file ({exc})") from exc
+    return state
+
+
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype,
+                where: str = "") -> GenkitModel:
+    """Instantiate the config's architecture and load ``state`` into it, checking names and shapes."""
+    cls = architecture_class(config, os.path.join(where, "config.json") if where else "config.json")
+    with torch.device("meta"):
+        model = cls(config)
+    model.to_empty(device="cpu")
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    params = dict(model.named_parameters(remove_duplicate=False))
+    buffers = dict(model.named_buffers())
+    persistent = set(model.state_dict())
+    targets = {**params, **{k: v for k, v in buffers.items() if k in persistent}}
+    by_id: dict[int, list[str]] = {}
+    for name, p in params.items():
+        by_id.setdefault(id(p), []).append(name)
+    twins = {name: names for names in by_id.values() if len(names) > 1 for name in names}
+    # a tied tensor (e.g. the LM head sharing the embedding) may appear under any one of its names
+    missing = [k for k in targets if k not in state and not any(t in state for t in twins.get(k, ()))]
+    if missing:
+        raise ValueError(f"{where or 'checkpoint'}: missing tensors {missing[:8]}"
+                         f"{' ...' if len(missing) > 8 else ''} for {type(model).__name__}")
+    unexpected = [k for k in state if k not in targets]
+    if unexpected:
+        logger.warning("%s: ignoring %d tensors the model does not use: %s", where or "checkpoint",
+                       len(unexpected), unexpected[:8])
+    for name, tensor in state.items():
+        if name in targets and tuple(tensor.shape) != tuple(targets[name].shape):
+            raise ValueError(f"{where or 'checkpoint'}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                             f"but the config implies {tuple(targets[name].shape)}")
+    with torch.no_grad():
+        for name, target in targets.items():
+            if name in state:
+                target.copy_(state[name])
+    model = model.to(dtype)
+    if hasattr(model, "reset_buffers"):
+        model.reset_buffers()  # float32 rope frequencies, whatever the weights' dtype
+    return model.eval()
 
 
 def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: torch.dtype | str | None = None,
                device: str | torch.device | None = None, trust_remote_code: bool | None = None) -> GenkitModel:
-    """Load a native model from a local folder holding config.json and model.safetensors."""
-    from safetensors.torch import load_file
+    """Load a native model.
 
-    from ..plugins import resolve
+    Args:
+        ref: a local folder in Hugging Face format (``config.json`` + ``model.safetensors`` or
+            sharded safetensors with ``model.safetensors.index.json``), a ``.gguf`` file (needs the
+            ``gguf`` extra), a Hub id ``"org/name"``, or ``"smollm2"`` (the demo model).
+        revision: Hub branch, tag or commit.
+        dtype: float32, bfloat16, float16 (torch dtype or name), or None/"auto" for the checkpoint's.
+        device: where to put the model ("cpu", "cuda", ...).
+        trust_remote_code: when True and the repo/folder ships ``custom_generate/generate.py``,
+            ``model.generate`` runs that recipe.
+    """
+    source = resolve_model_source(ref, revision=revision)
+    if source.endswith(".gguf"):
+        from .gguf import read_gguf
 
-    folder = os.fspath(ref)
-    config = ModelConfig.from_json_file(os.path.join(folder, "config.json"))
-    arch = (config.architectures or ["LlamaForCausalLM"])[0]
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {arch!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
-    cls = resolve(ARCHITECTURES[arch])
-    model = cls(config)
-    state = load_file(os.path.join(folder, "model.safetensors"))
-    model.load_state_dict(state, strict=False)
-    gen_path = os.path.join(folder, "generation_config.json")
-    if os.path.isfile(gen_path):
-        from ..config import GenerationConfig
+        contents = read_gguf(source)
+        config = ModelConfig(**contents.config)
+        model = build_model(config, contents.state_dict, parse_dtype(dtype, config), where=source)
+    else:
+        cfg_path = os.path.join(source, "config.json")
+        if not os.path.isfile(cfg_path):
+            raise FileNotFoundError(f"no config.json in {source}")
+        try:
+            config = ModelConfig.from_json_file(cfg_path)
+        except ValueError as exc:
+            raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from exc
+        architecture_class(config, cfg_path)  # fail on an unknown architecture before reading weights
+        state = read_safetensors(source)
+        model = build_model(config, state, parse_dtype(dtype, config), where=source)
+        if os.path.isfile(os.path.join(source, "generation_config.json")):
+            from ..config import GenerationConfig
 
-        model.generation_config = GenerationConfig.from_pretrained(folder)
-    if dtype is not None:
-        model = model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+            model.generation_config = GenerationConfig.from_pretrained(source)
+    config.name_or_path = os.fspath(ref)
     if device is not None:
         model = model.to(device)
-    return model.eval()
+    _attach_recipe(model, os.fspath(ref), source, revision, trust_remote_code)
+    return model
+
+
+def _has_recipe(ref: str, source: str, revision: str | None) -> bool:
+    if os.path.isdir(source) and os.path.isfile(os.path.join(source, RECIPE_ENTRY)):
+        return True
+    if os.path.isdir(os.path.expanduser(ref)) or not _looks_like_hub_id(ref):
+        return False
+    from huggingface_hub import file_exists
+
+    try:
+        return bool(file_exists(ref, RECIPE_ENTRY, revision=revision))
+    except Exception as exc:  # the Hub not answering must not stop loading the model
+        logger.warning("could not check %s for %s: %s", ref, RECIPE_ENTRY, exc)
+        return False
+
+
+def _attach_recipe(model: GenkitModel, ref: str, source: str, revision: str | None,
+                   trust_remote_code: bool | None) -> None:
+    """Bind the repo's ``custom_generate`` recipe as ``model.generate`` (trusted repos only)."""
+    if trust_remote_code is not True:
+        if os.path.isdir(source) and os.path.isfile(os.path.join(source, RECIPE_ENTRY)):
+            logger.warning("%s ships %s; pass trust_remote_code=True to use it as model.generate", ref,
+                           RECIPE_ENTRY)
+        return
+    if not _has_recipe(ref, source, revision):
+        return
+    from ..recipes import load_recipe
+
+    recipe_ref = ref if _looks_like_hub_id(ref) else source
+    recipe = load_recipe(recipe_ref, trust_remote_code=True, revision=revision)
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            kwargs["inputs"] = args[0] if len(args) == 1 else args
+        return recipe.generate(model, **kwargs)
+
+    generate.__doc__ = f"generate() from the recipe in {ref}/custom_generate"
+    model.generate = generate  # type: ignore[method-assign]
+    model.custom_generate_recipe = recipe

@@ -1,0 +1,166 @@
+"""Driving a transformers ``PreTrainedModel`` with genkit's strategies.
+
+``wrap_transformers_model(model)`` returns an object with genkit's model protocol (see
+``docs/models.md``): callable with transformers' keyword arguments, ``config``,
+``generation_config`` (a genkit :class:`~genkit.GenerationConfig` built from the model's own),
+``device``, ``dtype``, ``new_cache()`` and ``lm_head_logits()``. Its cache is a transformers
+``DynamicCache`` that also speaks genkit's cache protocol (``crop(n)`` keeps ``n`` positions,
+``reorder``, ``select``, ``repeat_interleave``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger("genkit.models.adapter")
+
+_CACHE_CLASS: type | None = None
+
+
+def genkit_dynamic_cache_class() -> type:
+    """A ``transformers.DynamicCache`` subclass with genkit's cache methods (built on first use)."""
+    global _CACHE_CLASS
+    if _CACHE_CLASS is not None:
+        return _CACHE_CLASS
+    from transformers import DynamicCache
+
+    class GenkitDynamicCache(DynamicCache):
+        """transformers' DynamicCache with genkit's cache protocol on top."""
+
+        def crop(self, max_length: int) -> None:  # type: ignore[override]
+            """Keep the first ``max_length`` positions (negative: drop that many from the end)."""
+            length = self.get_seq_length()
+            keep = max_length if max_length >= 0 else length + max_length
+            if keep < 0:
+                raise ValueError(f"cannot crop the cache to {max_length}: it holds {length} positions")
+            if keep < length:
+                super().crop(keep - length)
+
+        def reorder(self, index: torch.Tensor) -> None:
+            """Row ``i`` becomes old row ``index[i]`` (beam search)."""
+            self.reorder_cache(index)
+
+        def select(self, index: torch.Tensor) -> None:
+            """Keep only the batch rows in ``index``."""
+            self.batch_select_indices(index)
+
+        def repeat_interleave(self, repeats: int) -> None:
+            """Repeat each batch row ``repeats`` times."""
+            self.batch_repeat_interleave(repeats)
+
+        @property
+        def seq_length(self) -> int:
+            return self.get_seq_length()
+
+    _CACHE_CLASS = GenkitDynamicCache
+    return GenkitDynamicCache
+
+
+def _final_norm(model: Any) -> Any:
+    """The final normalisation layer of a transformers causal LM, or None."""
+    base = getattr(model, "base_model", model)
+    for name in ("norm", "ln_f", "final_layernorm", "final_layer_norm"):
+        layer = getattr(base, name, None)
+        if isinstance(layer, torch.nn.Module):
+            return layer
+    return None
+
+
+class TransformersModelAdapter:
+    """A transformers causal LM seen through genkit's model protocol.
+
+    Attributes not defined here (``named_parameters``, ``get_input_embeddings``...) are read from
+    the wrapped model, available as ``.hf_model``.
+    """
+
+    _genkit_protocol = True
+
+    def __init__(self, model: Any) -> None:
+        from ..config import GenerationConfig, _field_table
+
+        self.hf_model = model
+        self.config = model.config
+        hf_gen = getattr(model, "generation_config", None)
+        diff = hf_gen.to_diff_dict() if hf_gen is not None else {}
+        table = _field_table()
+        kept = {k: v for k, v in diff.items() if k in table and not k.startswith("_")}
+        dropped = sorted(k for k in diff if k not in kept and not k.startswith("_") and k != "transformers_version")
+        if dropped:
+            logger.debug("generation_config fields genkit does not know, ignored: %s", dropped)
+        self.generation_config = GenerationConfig(**kept)
+
+    # -- protocol -----------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.hf_model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.hf_model.dtype
+
+    def new_cache(self, max_length: int = 0) -> Any:
+        """An empty ``DynamicCache`` (with genkit's cache methods) for this model."""
+        return genkit_dynamic_cache_class()(config=self.hf_model.config)
+
+    def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits from any layer's hidden state: final norm, then the LM head."""
+        norm = _final_norm(self.hf_model)
+        if norm is not None:
+            hidden = norm(hidden)
+        return self.hf_model.get_output_embeddings()(hidden)
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool = True,
+        output_hidden_states: bool = False,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Any,
+    ) -> Any:
+        if position_ids is None and attention_mask is not None and not bool(attention_mask.all()):
+            # left padding: positions count real tokens only (what transformers' generate does)
+            t = input_ids.shape[1] if input_ids is not None else kwargs["inputs_embeds"].shape[1]
+            pos = attention_mask.long().cumsum(-1) - 1
+            position_ids = pos.masked_fill(attention_mask == 0, 1)[:, -t:]
+        if past_key_values is None and use_cache:
+            past_key_values = self.new_cache()
+        return self.hf_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            past_key_values=past_key_values, use_cache=use_cache, output_hidden_states=output_hidden_states,
+            logits_to_keep=logits_to_keep, return_dict=True, **kwargs,
+        )
+
+    forward = __call__
+
+    def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """``genkit.generate`` on the wrapped model."""
+        from ..generation.api import generate
+
+        return generate(self, inputs, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "hf_model":  # not set yet (during unpickling)
+            raise AttributeError(name)
+        return getattr(self.hf_model, name)
+
+    def __repr__(self) -> str:
+        return f"TransformersModelAdapter({type(self.hf_model).__name__})"
+
+
+def wrap_transformers_model(model: Any) -> TransformersModelAdapter:
+    """Wrap a transformers ``PreTrainedModel`` (a causal LM) in genkit's model protocol."""
+    if isinstance(model, TransformersModelAdapter):
+        return model
+    if not callable(model) or not hasattr(model, "config"):
+        raise ValueError(f"`model` must be a transformers PreTrainedModel; got {type(model).__name__}")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(f"{type(model).__name__} is an encoder-decoder model; genkit drives decoder-only "
+                         "causal LMs")
+    return TransformersModelAdapter(model)

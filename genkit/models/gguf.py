@@ -1,0 +1,185 @@
+"""Reading llama.cpp GGUF files: config, dequantized weights under transformers' names, tokenizer.
+
+Needs the ``gguf`` extra (``pip install 'genkit-lm[gguf]'``). Quantized tensors are dequantized
+with the ``gguf`` package to float32; the rows of the Q and K projections, which llama.cpp's
+converter interleaves for its rope kernel, are put back in the order transformers' checkpoints use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+logger = logging.getLogger("genkit.models.gguf")
+
+# GGUF architecture -> (model_type, HF architecture class name, permute Q/K rows)
+GGUF_ARCHITECTURES: dict[str, tuple[str, str, bool]] = {
+    "llama": ("llama", "LlamaForCausalLM", True),
+    "mistral": ("mistral", "MistralForCausalLM", True),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
+}
+
+# metadata key suffix (after "<arch>.") -> config.json key
+_CONFIG_KEYS = {
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "embedding_length": "hidden_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "rope.freq_base": "rope_theta",
+    "vocab_size": "vocab_size",
+}
+
+# per-layer GGUF tensor name -> transformers name (within model.layers.N.)
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+
+
+@dataclass
+class GGUFContents:
+    """What a GGUF file holds, in transformers' vocabulary."""
+
+    config: dict[str, Any]
+    state_dict: dict[str, torch.Tensor] = field(default_factory=dict)
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+
+
+def _require_gguf() -> Any:
+    try:
+        import gguf
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("reading .gguf files needs the `gguf` package: pip install 'genkit-lm[gguf]'") from exc
+    return gguf
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def unpermute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's rope permutation of Q/K projection rows (``(out, in)`` or a bias ``(out,)``).
+
+    llama.cpp stores, per head, the rows in interleaved pairs (0, half, 1, half+1, ...); transformers
+    keeps the two halves as blocks.
+    """
+    out = weight.shape[0]
+    rest = weight.shape[1:]
+    return weight.reshape(n_heads, out // n_heads // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
+
+
+def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
+    """The ``config.json`` dict a GGUF describes, and the open reader."""
+    gguf = _require_gguf()
+    path = os.fspath(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:
+        raise ValueError(f"{path}: not a readable GGUF file ({exc})") from exc
+    arch = _field(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"{path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
+        )
+    model_type, hf_arch, _ = GGUF_ARCHITECTURES[arch]
+    config: dict[str, Any] = {"model_type": model_type, "architectures": [hf_arch]}
+    for suffix, key in _CONFIG_KEYS.items():
+        value = _field(reader, f"{arch}.{suffix}")
+        if value is not None:
+            config[key] = value
+    if "vocab_size" not in config:
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        if tokens is not None:
+            config["vocab_size"] = len(tokens.data)
+    rope_dim = _field(reader, f"{arch}.rope.dimension_count")
+    heads = config.get("num_attention_heads")
+    if rope_dim is not None and heads and rope_dim != config["hidden_size"] // heads:
+        config["head_dim"] = int(rope_dim)
+    names = {t.name for t in reader.tensors}
+    config["tie_word_embeddings"] = "output.weight" not in names
+    if model_type == "qwen2":
+        config["attention_bias"] = True
+    for key, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                      ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):
+        value = _field(reader, f"tokenizer.ggml.{meta}")
+        if value is not None:
+            config[key] = int(value)
+    config.setdefault("num_key_value_heads", config.get("num_attention_heads"))
+    config["torch_dtype"] = "float32"
+    return config, reader
+
+
+def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True) -> GGUFContents:
+    """Config, float32 state dict (transformers' names) and tokenizer metadata of a GGUF file."""
+    gguf = _require_gguf()
+    path = os.fspath(path)
+    config, reader = read_gguf_config(path)
+    arch = _field(reader, "general.architecture")
+    permute = GGUF_ARCHITECTURES[arch][2]
+    state: dict[str, torch.Tensor] = {}
+    if tensors:
+        for t in reader.tensors:
+            name = _hf_name(t.name)
+            if name is None:
+                raise ValueError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
+            try:
+                array = gguf.quants.dequantize(t.data, t.tensor_type)
+            except NotImplementedError as exc:
+                raise ValueError(f"{path}: tensor {t.name!r} uses quantization {t.tensor_type.name}, "
+                                 "which the installed gguf package cannot dequantize") from exc
+            shape = tuple(int(d) for d in reversed(t.shape))
+            tensor = torch.from_numpy(array.reshape(shape).astype("float32", copy=False).copy())
+            if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
+                tensor = unpermute_qk(tensor, config["num_attention_heads"])
+            elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
+                tensor = unpermute_qk(tensor, config["num_key_value_heads"])
+            state[name] = tensor
+    return GGUFContents(config=config, state_dict=state, tokenizer=read_gguf_tokenizer(reader))
+
+
+def _hf_name(name: str) -> str | None:
+    m = _LAYER_RE.match(name)
+    if m:
+        inner = _LAYER_TENSORS.get(m.group(2))
+        return None if inner is None else f"model.layers.{m.group(1)}.{inner}.{m.group(3)}"
+    base, _, kind = name.rpartition(".")
+    target = _GLOBAL_TENSORS.get(base)
+    return None if target is None else f"{target}.{kind}"
+
+
+def read_gguf_tokenizer(reader: Any) -> dict[str, Any]:
+    """The tokenizer metadata (llama.cpp key names without the ``tokenizer.ggml.`` prefix)."""
+    out: dict[str, Any] = {}
+    for key in ("model", "pre", "tokens", "token_type", "merges", "scores", "bos_token_id", "eos_token_id",
+                "unknown_token_id", "padding_token_id", "add_bos_token", "add_eos_token", "add_space_prefix"):
+        value = _field(reader, f"tokenizer.ggml.{key}")
+        if value is not None:
+            out[key] = value
+    template = _field(reader, "tokenizer.chat_template")
+    if template is not None:
+        out["chat_template"] = template
+    return out

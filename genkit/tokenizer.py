@@ -1,0 +1,473 @@
+"""``genkit.load_tokenizer``: a small tokenizer on top of the ``tokenizers`` library.
+
+It reads a folder or Hub repo holding ``tokenizer.json`` (+ ``tokenizer_config.json`` and
+``special_tokens_map.json``), or a ``.gguf`` file's tokenizer metadata, and offers the part of
+transformers' tokenizer API that generation needs: ``__call__`` with padding / truncation /
+``return_tensors="pt"``, ``decode`` / ``batch_decode``, the special token ids, ``get_vocab`` and
+``convert_ids_to_tokens`` (for stop strings), and ``apply_chat_template`` (jinja2).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from functools import lru_cache
+from typing import Any, Iterable, Sequence
+
+logger = logging.getLogger("genkit.tokenizer")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "chat_template.json")
+_SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+class BatchEncoding(dict):
+    """The tokenizer's output: a dict (``input_ids``, ``attention_mask``) with attribute access."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def to(self, device: Any) -> "BatchEncoding":
+        """Move every tensor to ``device`` (in place) and return self."""
+        for k, v in self.items():
+            if hasattr(v, "to"):
+                self[k] = v.to(device)
+        return self
+
+
+def _token_content(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return value.get("content")
+    return str(value)
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` with transformers-style conveniences.
+
+    Args:
+        backend: the ``tokenizers.Tokenizer`` that does the work.
+        config: ``tokenizer_config.json`` contents (special tokens, ``chat_template``,
+            ``padding_side``, ``model_max_length``...).
+        name_or_path: where it came from, for messages.
+    """
+
+    def __init__(self, backend: Any, config: dict[str, Any] | None = None, name_or_path: str = "") -> None:
+        self._tokenizer = backend
+        self.init_config = dict(config or {})
+        self.name_or_path = name_or_path
+        cfg = self.init_config
+        for name in _SPECIAL_NAMES:
+            setattr(self, name, _token_content(cfg.get(name)))
+        self.padding_side: str = cfg.get("padding_side", "right")
+        self.truncation_side: str = cfg.get("truncation_side", "right")
+        self.model_max_length: int | None = cfg.get("model_max_length")
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: use "default"
+            named = {t["name"]: t["template"] for t in template}
+            template = named.get("default", next(iter(named.values()), None))
+        self.chat_template: str | None = template
+        # ids added to the vocabulary as special (control) tokens
+        self._special_ids = {tok_id for tok_id, tok in self._tokenizer.get_added_tokens_decoder().items()
+                             if tok.special}
+        for name in _SPECIAL_NAMES:
+            tok = getattr(self, name)
+            if tok is not None and self._tokenizer.token_to_id(tok) is not None:
+                self._special_ids.add(self._tokenizer.token_to_id(tok))
+
+    # -- special tokens ---------------------------------------------------------------------
+    def _id(self, token: str | None) -> int | None:
+        return None if token is None else self._tokenizer.token_to_id(token)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._id(self.bos_token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._id(self.eos_token)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._id(self.pad_token)
+
+    @property
+    def unk_token_id(self) -> int | None:
+        return self._id(self.unk_token)
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return sorted(self._special_ids)
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        return [self._tokenizer.id_to_token(i) for i in self.all_special_ids]
+
+    @property
+    def backend_tokenizer(self) -> Any:
+        return self._tokenizer
+
+    # -- vocabulary -------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=False)
+
+    def __len__(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def get_vocab(self) -> dict[str, int]:
+        """Token string -> id, added tokens included."""
+        return self._tokenizer.get_vocab(with_added_tokens=True)
+
+    def convert_ids_to_tokens(self, ids: int | Iterable[int], skip_special_tokens: bool = False) -> Any:
+        """Token strings (in the vocabulary's own spelling, e.g. ``Ġ`` for a byte-level space)."""
+        if isinstance(ids, int) or (hasattr(ids, "dim") and ids.dim() == 0):  # type: ignore[union-attr]
+            return self._tokenizer.id_to_token(int(ids))  # type: ignore[arg-type]
+        return [self._tokenizer.id_to_token(int(i)) for i in ids
+                if not (skip_special_tokens and int(i) in self._special_ids)]
+
+    def convert_tokens_to_ids(self, tokens: str | Iterable[str]) -> Any:
+        if isinstance(tokens, str):
+            return self._tokenizer.token_to_id(tokens)
+        return [self._tokenizer.token_to_id(t) for t in tokens]
+
+    # -- encoding ---------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of one string."""
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).tokens
+
+    def __call__(
+        self,
+        text: str | Sequence[str],
+        *,
+        padding: bool | str = False,
+        padding_side: str | None = None,
+        truncation: bool | str = False,
+        max_length: int | None = None,
+        add_special_tokens: bool = True,
+        return_tensors: str | None = None,
+        return_attention_mask: bool = True,
+    ) -> BatchEncoding:
+        """Encode a string or a list of strings.
+
+        Args:
+            padding: False / "do_not_pad", True / "longest", or "max_length" (needs ``max_length``).
+            padding_side: "left" or "right"; defaults to ``self.padding_side``. Decoder-only
+                generation needs "left".
+            truncation: cut sequences longer than ``max_length`` (on ``self.truncation_side``).
+            return_tensors: None (lists) or "pt" (torch tensors; a batch of unequal lengths needs padding).
+        """
+        single = isinstance(text, str)
+        if not single and not (isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text)):
+            raise ValueError("`text` must be a string or a list of strings")
+        texts = [text] if single else list(text)
+        if padding is True:
+            padding = "longest"
+        if padding is False:
+            padding = "do_not_pad"
+        if padding not in ("longest", "max_length", "do_not_pad"):
+            raise ValueError(f"`padding`={padding!r} is not valid; accepted: True, False, 'longest', "
+                             "'max_length', 'do_not_pad'")
+        side = padding_side or self.padding_side
+        if side not in ("left", "right"):
+            raise ValueError(f"`padding_side`={side!r} is not valid; accepted: 'left', 'right'")
+        if return_tensors not in (None, "pt"):
+            raise ValueError(f"`return_tensors`={return_tensors!r} is not supported; accepted: None, 'pt'")
+        if truncation and truncation != "do_not_truncate":
+            limit = max_length if max_length is not None else self.model_max_length
+            if limit is None:
+                raise ValueError("`truncation=True` needs `max_length` (or the tokenizer's model_max_length)")
+        else:
+            limit = None
+
+        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+        ids = [e.ids for e in encodings]
+        if limit is not None:
+            ids = [x[-limit:] if self.truncation_side == "left" else x[:limit] for x in ids]
+        masks = [[1] * len(x) for x in ids]
+        if padding != "do_not_pad":
+            if padding == "max_length":
+                if max_length is None:
+                    raise ValueError("`padding='max_length'` needs `max_length`")
+                target = max_length
+            else:
+                target = max((len(x) for x in ids), default=0)
+            pad_id = self.pad_token_id
+            if pad_id is None and any(len(x) < target for x in ids):
+                raise ValueError("this tokenizer has no pad token; set `tokenizer.pad_token` "
+                                 "(e.g. to its eos_token) before padding")
+            for i, x in enumerate(ids):
+                n = target - len(x)
+                if n > 0:
+                    if side == "left":
+                        ids[i] = [pad_id] * n + x
+                        masks[i] = [0] * n + masks[i]
+                    else:
+                        ids[i] = x + [pad_id] * n
+                        masks[i] = masks[i] + [0] * n
+        out = BatchEncoding()
+        if return_tensors == "pt":
+            import torch
+
+            if len({len(x) for x in ids}) > 1:
+                raise ValueError("sequences have different lengths; pass `padding=True` to return a tensor")
+            out["input_ids"] = torch.tensor(ids, dtype=torch.long)
+            if return_attention_mask:
+                out["attention_mask"] = torch.tensor(masks, dtype=torch.long)
+        else:
+            out["input_ids"] = ids[0] if single else ids
+            if return_attention_mask:
+                out["attention_mask"] = masks[0] if single else masks
+        return out
+
+    # -- decoding ---------------------------------------------------------------------------
+    @staticmethod
+    def _as_list(ids: Any) -> list[int]:
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        if isinstance(ids, int):
+            return [ids]
+        return [int(i) for i in ids]
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> str:
+        """Text of a sequence of ids (a list, a 1-D tensor, or a single id)."""
+        return self._tokenizer.decode(self._as_list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, sequences: Any, skip_special_tokens: bool = False, **kwargs: Any) -> list[str]:
+        """Texts of a batch (a list of lists or a 2-D tensor)."""
+        if hasattr(sequences, "tolist"):
+            sequences = sequences.tolist()
+        return self._tokenizer.decode_batch([self._as_list(s) for s in sequences],
+                                            skip_special_tokens=skip_special_tokens)
+
+    # -- chat -------------------------------------------------------------------------------
+    def apply_chat_template(
+        self,
+        conversation: list[dict[str, Any]],
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = False,
+        tokenize: bool = True,
+        return_tensors: str | None = None,
+        return_dict: bool = True,
+        continue_final_message: bool = False,
+        **template_kwargs: Any,
+    ) -> Any:
+        """Render ``conversation`` (a list of ``{"role", "content"}``) with the model's chat template.
+
+        Returns the prompt text when ``tokenize=False``; otherwise a :class:`BatchEncoding`
+        (``return_dict=True``, the default, as in transformers 5) or the list of ids. The template
+        adds the special tokens it needs, so none are added on top.
+        """
+        template = chat_template or self.chat_template
+        if template is None:
+            raise ValueError(f"the tokenizer {self.name_or_path or ''} has no chat template; pass `chat_template=`")
+        if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
+            raise ValueError("`conversation` must be a list of {'role': ..., 'content': ...} dicts")
+        special = {name: getattr(self, name) for name in _SPECIAL_NAMES}
+        text = _compile_template(template).render(
+            messages=conversation, add_generation_prompt=add_generation_prompt, **special, **template_kwargs
+        )
+        if continue_final_message and conversation:
+            final = conversation[-1].get("content")
+            if isinstance(final, str) and final.strip() and final.strip() in text:
+                text = text[: text.rindex(final.strip()) + len(final.strip())]
+        if not tokenize:
+            return text
+        enc = self(text, add_special_tokens=False, return_tensors=return_tensors)
+        return enc if return_dict else enc["input_ids"]
+
+    # -- saving -----------------------------------------------------------------------------
+    def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
+        """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``folder`` (atomically)."""
+        from .fileutil import atomic_write_text
+
+        folder = os.fspath(folder)
+        atomic_write_text(os.path.join(folder, "tokenizer.json"), self._tokenizer.to_str())
+        cfg = dict(self.init_config)
+        for name in _SPECIAL_NAMES:
+            cfg[name] = getattr(self, name)
+        cfg["padding_side"] = self.padding_side
+        if self.chat_template is not None:
+            cfg["chat_template"] = self.chat_template
+        cfg.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+        atomic_write_text(os.path.join(folder, "tokenizer_config.json"), json.dumps(cfg, indent=2, ensure_ascii=False))
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(name_or_path={self.name_or_path!r}, vocab_size={len(self)}, "
+                f"bos={self.bos_token!r}, eos={self.eos_token!r}, pad={self.pad_token!r})")
+
+
+@lru_cache(maxsize=16)
+def _compile_template(template: str) -> Any:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        from jinja2.exceptions import TemplateError
+
+        raise TemplateError(message)
+
+    def tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+        return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)
+
+
+# -- loading ----------------------------------------------------------------------------------
+def _read_json(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def tokenizer_from_folder(folder: str | os.PathLike[str]) -> Tokenizer:
+    """A tokenizer from a folder holding ``tokenizer.json`` (transformers' fast tokenizer format)."""
+    from tokenizers import Tokenizer as Backend
+
+    folder = os.fspath(folder)
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no tokenizer.json in {folder}; genkit reads fast-tokenizer folders "
+                                "(tokenizer.json) and .gguf files")
+    try:
+        backend = Backend.from_file(path)
+    except Exception as exc:
+        raise ValueError(f"{path}: cannot be read as a tokenizers file ({exc})") from exc
+    config = _read_json(os.path.join(folder, "special_tokens_map.json"))
+    config.update(_read_json(os.path.join(folder, "tokenizer_config.json")))
+    jinja = os.path.join(folder, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as fh:
+            config["chat_template"] = fh.read()
+    elif "chat_template" not in config:
+        tpl = _read_json(os.path.join(folder, "chat_template.json")).get("chat_template")
+        if tpl is not None:
+            config["chat_template"] = tpl
+    return Tokenizer(backend, config, name_or_path=folder)
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+# llama.cpp pre-tokenizer names -> split regex, for byte-level vocabularies that do not use GPT-2's
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GGUF_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
+               "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
+
+
+def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -> Tokenizer:
+    """Build the tokenizer a GGUF's ``tokenizer.ggml.*`` metadata describes (byte-level BPE).
+
+    ``meta`` is :func:`genkit.models.gguf.read_gguf_tokenizer`'s dict. Control tokens (type 3)
+    become special added tokens and user-defined ones (type 4) plain added tokens, so they are
+    matched whole; the split regex follows ``tokenizer.ggml.pre``.
+    """
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+    from tokenizers import Tokenizer as Backend
+
+    kind = meta.get("model")
+    if kind != "gpt2":
+        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported; accepted: 'gpt2' (byte-level BPE)")
+    tokens: list[str] = list(meta["tokens"])
+    alphabet = set(bytes_to_unicode().values())
+    table = bytes_to_unicode()
+    vocab = {}
+    for i, tok in enumerate(tokens):
+        spelled = tok if set(tok) <= alphabet else "".join(table[b] for b in tok.encode("utf-8"))
+        vocab.setdefault(spelled, i)
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("merges", [])]
+    backend = Backend(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    split = GGUF_SPLITS.get(meta.get("pre", ""))
+    if split is None:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    backend.decoder = decoders.ByteLevel()
+    types = list(meta.get("token_type") or [])
+    control = [AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types)
+               if ty == 3 and set(t) <= alphabet]
+    if control:
+        backend.add_special_tokens(control)
+    user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
+            if ty == 4 and t in vocab]
+    if user:
+        backend.add_tokens(user)
+
+    def tok(key: str) -> str | None:
+        i = meta.get(key)
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+    config: dict[str, Any] = {"bos_token": tok("bos_token_id"), "eos_token": tok("eos_token_id"),
+                              "unk_token": tok("unknown_token_id"), "pad_token": tok("padding_token_id"),
+                              "add_bos_token": bool(meta.get("add_bos_token", False)),
+                              "add_eos_token": bool(meta.get("add_eos_token", False))}
+    if meta.get("chat_template"):
+        config["chat_template"] = meta["chat_template"]
+    single, specials = "$A", []
+    if config["add_bos_token"] and config["bos_token"] is not None:
+        single = f"{config['bos_token']} {single}"
+        specials.append((config["bos_token"], vocab.get(config["bos_token"], tokens.index(config["bos_token"]))))
+    if config["add_eos_token"] and config["eos_token"] is not None:
+        single = f"{single} {config['eos_token']}"
+        specials.append((config["eos_token"], vocab.get(config["eos_token"], tokens.index(config["eos_token"]))))
+    pair = single.replace("$A", "$A $B:1") if specials else "$A $B:1"
+    backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+    return Tokenizer(backend, config, name_or_path=name_or_path)
+
+
+def tokenizer_from_gguf(path: str | os.PathLike[str]) -> Tokenizer:
+    """The tokenizer stored in a ``.gguf`` file's metadata."""
+    from .models.gguf import _require_gguf, read_gguf_tokenizer
+
+    gguf = _require_gguf()
+    path = os.fspath(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:
+        raise ValueError(f"{path}: not a readable GGUF file ({exc})") from exc
+    return tokenizer_from_gguf_metadata(read_gguf_tokenizer(reader), name_or_path=path)
+
+
+def load_tokenizer(ref: str | os.PathLike[str], revision: str | None = None) -> Tokenizer:
+    """Load a tokenizer from a local folder, a ``.gguf`` file, a Hub id, or a demo-model alias.
+
+    Args:
+        ref: folder with ``tokenizer.json``; path to a ``.gguf``; ``"org/name"`` on the Hub (only
+            the tokenizer files are fetched); or ``"smollm2"`` (the demo model, see docs/models.md).
+        revision: Hub branch, tag or commit.
+    """
+    from .models.loading import resolve_model_source
+
+    source = resolve_model_source(ref, revision=revision, tokenizer_only=True)
+    if source.endswith(".gguf"):
+        return tokenizer_from_gguf(source)
+    return tokenizer_from_folder(source)

@@ -1,0 +1,178 @@
+"""Native models vs transformers on the same weights (saved by transformers' save_pretrained).
+
+Tiny random Llama (GQA, tied and untied), Qwen2 (q/k/v bias), Mistral, Llama-3 rope scaling and
+GPT-2 (Conv1D weights): logits with padding and with incremental decoding through the cache, and
+64-token greedy generations.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import genkit
+
+transformers = pytest.importorskip("transformers")
+
+COMMON = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+              pad_token_id=0, initializer_range=0.1)
+
+CONFIGS = {
+    "llama_gqa_untied": lambda: transformers.LlamaConfig(**COMMON, num_key_value_heads=2, tie_word_embeddings=False),
+    "llama_gqa_tied": lambda: transformers.LlamaConfig(**COMMON, num_key_value_heads=1, tie_word_embeddings=True,
+                                                       rms_norm_eps=1e-5, rope_theta=500000.0),
+    "llama3_rope": lambda: transformers.LlamaConfig(
+        **COMMON, num_key_value_heads=2, rope_parameters=dict(
+            rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+            original_max_position_embeddings=32)),
+    "qwen2": lambda: transformers.Qwen2Config(**COMMON, num_key_value_heads=2, tie_word_embeddings=False),
+    "mistral": lambda: transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=None),
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=160, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                            bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                            initializer_range=0.1),
+}
+
+
+def _hf_class(cfg):
+    return {"gpt2": transformers.GPT2LMHeadModel}.get(cfg.model_type, transformers.AutoModelForCausalLM)
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def pair(request, tmp_path_factory):
+    torch.manual_seed(1234)
+    cfg = CONFIGS[request.param]()
+    cls = _hf_class(cfg)
+    hf = (cls(cfg) if cls is not transformers.AutoModelForCausalLM else cls.from_config(cfg)).eval()
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    ours = genkit.load_model(path)
+    return request.param, hf, ours
+
+
+def _padded_batch():
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, 160, (3, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding
+    mask[2, :9] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    return ids, mask
+
+
+def _positions(mask):
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+
+
+def test_tied_weights_follow_config(pair):
+    name, hf, ours = pair
+    emb = ours.transformer.wte.weight if name == "gpt2" else ours.model.embed_tokens.weight
+    assert (ours.lm_head.weight.data_ptr() == emb.data_ptr()) == bool(hf.config.tie_word_embeddings)
+
+
+def test_logits_match_with_padding(pair):
+    name, hf, ours = pair
+    ids, mask = _padded_batch()
+    pos = _positions(mask)
+    ref = hf(ids, attention_mask=mask, position_ids=pos).logits
+    out = ours(ids, attention_mask=mask).logits  # positions derived from the mask
+    real = mask.bool()
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out[real], ref[real], atol=1e-4, rtol=0)
+    # logits_to_keep=1 gives the last position only
+    last = ours(ids, attention_mask=mask, logits_to_keep=1).logits
+    assert last.shape == (3, 1, ref.shape[-1])
+    torch.testing.assert_close(last[:, 0], ref[:, -1], atol=1e-4, rtol=0)
+
+
+def test_incremental_decoding_matches_full_forward(pair):
+    name, hf, ours = pair
+    ids, mask = _padded_batch()
+    g = torch.Generator().manual_seed(3)
+    extra = torch.randint(3, 160, (3, 6), generator=g)
+    full_ids = torch.cat([ids, extra], 1)
+    full_mask = torch.cat([mask, torch.ones_like(extra)], 1)
+    ref = hf(full_ids, attention_mask=full_mask, position_ids=_positions(full_mask)).logits
+
+    cache = ours.new_cache(32)
+    out = ours(ids, attention_mask=mask, past_key_values=cache)
+    steps = [out.logits[:, -1]]
+    for i in range(extra.shape[1]):
+        n = ids.shape[1] + i + 1
+        out = ours(full_ids[:, n - 1:n], attention_mask=full_mask[:, :n], past_key_values=out.past_key_values,
+                   position_ids=_positions(full_mask[:, :n])[:, -1:])
+        steps.append(out.logits[:, -1])
+    assert cache.get_seq_length() == full_ids.shape[1]
+    got = torch.stack(steps, 1)
+    torch.testing.assert_close(got, ref[:, ids.shape[1] - 1:], atol=1e-4, rtol=0)
+
+
+def test_hidden_states_match(pair):
+    name, hf, ours = pair
+    ids = torch.tensor([[1, 5, 9, 33, 70, 101]])
+    ref = hf(ids, output_hidden_states=True).hidden_states
+    out = ours(ids, output_hidden_states=True).hidden_states
+    assert len(out) == len(ref) == ours.config.num_hidden_layers + 1
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_greedy_64_tokens_identical(pair):
+    name, hf, ours = pair
+    prompt = torch.tensor([[1, 17, 42, 99, 5, 23]])
+    ref = hf.generate(prompt, do_sample=False, max_new_tokens=64, min_new_tokens=64)
+    out = ours.generate(prompt, max_new_tokens=64, min_new_tokens=64)
+    assert out.shape == (1, 70)
+    assert torch.equal(out, ref)
+
+
+def test_greedy_64_tokens_identical_left_padded(pair):
+    name, hf, ours = pair
+    ids, mask = _padded_batch()
+    ref = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=64, min_new_tokens=64)
+    out = ours.generate(ids, attention_mask=mask, max_new_tokens=64, min_new_tokens=64)
+    assert torch.equal(out, ref)
+
+
+def test_lm_head_logits_is_norm_then_head(pair):
+    name, hf, ours = pair
+    ids = torch.tensor([[1, 5, 9, 33]])
+    out = ours(ids, output_hidden_states=True)
+    # hidden_states[-1] is already normalised (as in transformers): run the last layer by hand on
+    # its input and check that lm_head_logits (final norm + head) of its output gives the logits
+    layers = ours.transformer.h if name == "gpt2" else ours.model.layers
+    x = out.hidden_states[-2]
+    mask = None
+    if name == "gpt2":
+        last = layers[-1](x, mask, None)
+    else:
+        cos, sin = ours.rope(None, x.dtype, 0, x.shape[1])
+        last = layers[-1](x, cos, sin, mask, None)
+    torch.testing.assert_close(ours.lm_head_logits(last), out.logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_loads_and_generates(tmp_path, dtype):
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(CONFIGS["llama_gqa_untied"]()).eval()
+    hf.save_pretrained(tmp_path)
+    ours = genkit.load_model(tmp_path, dtype=dtype)
+    assert ours.dtype == dtype and ours.inv_freq.dtype == torch.float32
+    ref = genkit.load_model(tmp_path, dtype="float32")
+    ids = torch.tensor([[1, 17, 42, 99]])
+    a = ours(ids).logits.float()
+    b = ref(ids).logits
+    assert torch.allclose(a, b, atol=0.1), (a - b).abs().max()
+    out = ours.generate(ids, max_new_tokens=5, eos_token_id=None)
+    assert out.shape == (1, 9)
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(CONFIGS["llama_gqa_untied"]()).eval()
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert "model.safetensors.index.json" in files and "model.safetensors" not in files
+    ours = genkit.load_model(tmp_path)
+    ids = torch.tensor([[1, 17, 42, 99]])
+    torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
