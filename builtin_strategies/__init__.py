@@ -23,13 +23,20 @@ def _is_sample(config: Any) -> bool:
     return config.num_beams == 1 and bool(config.do_sample)
 
 
+def _is_assisted(config: Any) -> bool:
+    """An assistant model, prompt lookup or a named candidate generator, with a single beam."""
+    return config.num_beams == 1 and (getattr(config, "_assistant_model", None) is not None
+                                      or config.prompt_lookup_num_tokens is not None
+                                      or config.candidate_generator is not None)
+
+
 @hookimpl
 def register_strategies(register: Callable[..., None]) -> None:
     register("greedy", f"{_S}.decoding:greedy_search", applies=_is_greedy, priority=0,
              description="Greedy search: the most likely token at each step.")
     register("sample", f"{_S}.decoding:sample", applies=_is_sample, priority=0,
              description="Multinomial sampling from the processed distribution.")
-    register("assisted", f"{_S}.assisted:assisted_decoding", applies=f"{_S}.assisted:applies", priority=10,
+    register("assisted", f"{_S}.assisted:assisted_decoding", applies=_is_assisted, priority=10,
              description="Assisted/speculative decoding: a candidate generator drafts, the model verifies.")
     # beam family (builtin_strategies/beam_*.py): the most specific selector has the highest priority
     register("beam_search", f"{_S}.beam_search:beam_search", applies=f"{_S}.beam_select:is_beam_search",

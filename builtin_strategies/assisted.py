@@ -37,12 +37,10 @@ __all__ = ["applies", "assisted_decoding", "build_candidate_generator"]
 
 def applies(config: Any) -> bool:
     """Selector: an assistant model, ``prompt_lookup_num_tokens`` or ``candidate_generator`` is set
-    (single-beam decoding only)."""
-    if config.num_beams != 1:
-        return False
-    return (getattr(config, "_assistant_model", None) is not None
-            or config.prompt_lookup_num_tokens is not None
-            or config.candidate_generator is not None)
+    (single-beam decoding only). The registry uses the torch-free copy in ``builtin_strategies``."""
+    from . import _is_assisted
+
+    return _is_assisted(config)
 
 
 def build_candidate_generator(model: Any, config: Any, *, assistant_model: Any = None,
