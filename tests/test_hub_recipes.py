@@ -149,6 +149,7 @@ def test_without_trust_nothing_is_requested_or_written(hub_server, tmp_path, mon
     assert "trust_remote_code=True" in msg and "GENKIT_TRUSTED_REPOS" in msg and "genkit inspect" in msg
     assert hub_server.state.requested(".py") == []
     assert hub_server.state.file_requests() == []
+    assert hub_server.state.log == []  # refused before a single request
     assert _snapshot_files(_cache()) == cache_before  # nothing written to the cache
     assert not (_cache() / "models--org--untrusted").exists()
 
@@ -158,8 +159,10 @@ def test_without_trust_nothing_is_requested_or_written(hub_server, tmp_path, mon
     with pytest.raises(RecipeTrustError):
         load_recipe("org/untrusted", trust_remote_code=False)
     monkeypatch.setenv("GENKIT_TRUSTED_REPOS", "org/untrusted@" + "0" * 40)
+    hub_server.state.log.clear()
     with pytest.raises(RecipeTrustError, match="trust_remote_code=True"):
-        load_recipe("org/untrusted")
+        load_recipe("org/untrusted")  # the name matches, so the commit is resolved, but it is not the pinned one
+    assert [p for _, p in hub_server.state.log] == ["/api/models/org/untrusted/revision/main"]
     commit = hub_server.state.repo("org/untrusted").branches["main"]
     monkeypatch.delenv("GENKIT_TRUSTED_REPOS")
     home = Path(os.environ["GENKIT_HOME"])

@@ -72,7 +72,7 @@ def load_recipe(ref: str | os.PathLike[str], *, trust_remote_code: bool | None =
     from .fetch import fetch
     from .requirements import ensure_requirements
     from .resolve import parse_ref, resolve_commit, storage_folder
-    from .trust import check_trust
+    from .trust import check_trust, could_be_trusted
     from .validate import validate
 
     parsed = parse_ref(ref, revision)  # 1. resolve
@@ -84,6 +84,8 @@ def load_recipe(ref: str | os.PathLike[str], *, trust_remote_code: bool | None =
         commit = None
     else:
         assert parsed.repo_id is not None
+        if not could_be_trusted(parsed, trust_remote_code):  # refuse before any request at all
+            check_trust(parsed, parsed.revision if parsed.pinned else None, trust_remote_code)
         commit = resolve_commit(parsed)
         trusted_by = check_trust(parsed, commit, trust_remote_code)  # 2. nothing fetched before this
         label = f"Hub recipe {parsed.repo_id}@{commit}"

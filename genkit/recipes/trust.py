@@ -23,6 +23,16 @@ def matching_pattern(repo_id: str, commit: str | None) -> str | None:
     return None
 
 
+def could_be_trusted(ref: RecipeRef, trust_remote_code: bool | None) -> bool:
+    """Whether trust is possible before the commit is known (so an untrusted Hub recipe is refused
+    without a single request): the flag is True, or a trusted-repos pattern names the repo."""
+    if trust_remote_code is True or ref.kind == "local":
+        return True
+    if trust_remote_code is False:
+        return False
+    return any(fnmatch.fnmatchcase(ref.repo_id or "", p.partition("@")[0]) for p in trusted_repos())
+
+
 def check_trust(ref: RecipeRef, commit: str | None, trust_remote_code: bool | None) -> str:
     """Return why the recipe may run, or raise :class:`RecipeTrustError` saying how to give trust."""
     if trust_remote_code is not None and not isinstance(trust_remote_code, bool):
@@ -45,9 +55,9 @@ def check_trust(ref: RecipeRef, commit: str | None, trust_remote_code: bool | No
     pattern = None if trust_remote_code is False else matching_pattern(ref.repo_id or "", commit)
     if pattern:
         return f"trusted-repos entry {pattern!r}"
-    pin = f"{ref.repo_id}@{commit}" if commit else ref.ref
+    pin = f"{ref.repo_id}@{commit}" if commit else f"{ref.repo_id}@<sha>"
     raise RecipeTrustError(
-        f"the Hub recipe {ref.ref!r} (commit {commit}) runs Python code from that repo on this machine, so it "
+        f"the Hub recipe {ref.ref!r}{f' (commit {commit})' if commit else ''} runs Python code from that repo on this machine, so it "
         "needs your explicit trust. Read it first (`genkit inspect " + ref.ref + "`), then either pass "
         f"trust_remote_code=True, or add the repo to your trusted repos: GENKIT_TRUSTED_REPOS='{ref.repo_id}' "
         f"(globs like '{(ref.repo_id or 'org/x').split('/')[0]}/*' work; '{pin}' trusts only this commit) or "
