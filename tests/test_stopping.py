@@ -188,3 +188,16 @@ def test_eos_per_row_finishing_pads_finished_rows(tiny_pair):
     got = ours.generate(ids3, attention_mask=mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=0)
     assert torch.equal(got, ref)
     assert (got[0, 9:] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "metaspace"])
+def test_genkit_tokenizer_gives_the_same_token_bytes_and_matches(kind):
+    """genkit's own Tokenizer (no convert_tokens_to_string) works for stop strings too."""
+    from genkit.tokenizer import Tokenizer
+
+    hf_tok = _train(kind)
+    ours = Tokenizer(hf_tok.backend_tokenizer)
+    assert token_bytes(ours) == token_bytes(hf_tok)
+    pool = torch.tensor(_relevant_ids(hf_tok, STOPS))
+    x = pool[torch.randint(0, len(pool), (64, 6), generator=torch.Generator().manual_seed(5))]
+    assert torch.equal(StopStringCriteria(ours, STOPS)(x), StopStringCriteria(hf_tok, STOPS)(x))
