@@ -9,16 +9,26 @@ import torch
 ENDINGS = (".", "!", "?", "。", "!", "?")
 
 
+_CACHE: dict[int, tuple[Any, list[int]]] = {}
+
+
 def sentence_end_token_ids(tokenizer: Any) -> list[int]:
-    """Ids of the tokenizer's tokens whose text ends a sentence (empty without a tokenizer)."""
+    """Ids of the tokenizer's tokens whose text ends a sentence (empty without a tokenizer);
+    computed once per tokenizer object."""
     if tokenizer is None:
         return []
+    hit = _CACHE.get(id(tokenizer))
+    if hit is not None and hit[0] is tokenizer:
+        return hit[1]
     size = getattr(tokenizer, "vocab_size", None) or len(tokenizer)
-    out = []
-    for token_id in range(size):
-        text = tokenizer.decode([token_id]).strip()
-        if text and text.endswith(ENDINGS) and not text.endswith("..."):
-            out.append(token_id)
+    ids = [[token_id] for token_id in range(size)]
+    if hasattr(tokenizer, "batch_decode"):
+        texts = tokenizer.batch_decode(ids)
+    else:
+        texts = [tokenizer.decode(one) for one in ids]
+    out = [token_id for token_id, text in enumerate(texts)
+           if text.strip().endswith(ENDINGS) and not text.strip().endswith("...")]
+    _CACHE[id(tokenizer)] = (tokenizer, out)
     return out
 
 
