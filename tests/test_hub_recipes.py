@@ -191,6 +191,10 @@ def test_timeouts_are_retried(hub_server, tmp_path, monkeypatch):
     assert time.time() - t0 < 30
     revision_calls = [p for _, p in hub_server.state.log if "/revision/" in p]
     assert len(revision_calls) >= 2
+    monkeypatch.setenv("GENKIT_HUB_RETRIES", "2")
+    hub_server.state.delay_next(100, 1.5, match=r"/revision/")
+    with pytest.raises(RecipeFetchError, match=r"org/slow.*after 2 attempts.*Timeout"):
+        load_recipe("org/slow", trust_remote_code=True)
 
 
 def test_persistent_errors_name_the_repo_and_leave_no_module(hub_server, tmp_path, monkeypatch):

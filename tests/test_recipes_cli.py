@@ -137,8 +137,10 @@ def test_local_recipe_forwarding_and_no_recursion(tmp_path, tiny_model):
     assert streamer_calls[-1] == "end" and "put" in streamer_calls
 
 
-def test_cli_help_does_not_import_torch():
-    code = ("import sys; from genkit.cli import build_parser; build_parser().parse_args(['check', 'x']); "
+def test_recipe_commands_do_not_import_torch_until_run():
+    code = ("import argparse, sys; import genkit.cli.recipe_cmds as m; p = argparse.ArgumentParser(); "
+            "m.add_parser(p.add_subparsers()); p.parse_args(['inspect', 'org/x']); "
+            "import genkit.recipes, genkit.recipes.inspection, genkit.recipes.publish, sandbox; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
