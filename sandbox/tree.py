@@ -83,7 +83,7 @@ def check_name(name: str) -> str | None:
     """Why a single path component is refused, or None when it is fine."""
     if not name.isascii():
         return f"file name {name!r} is not ASCII"
-    if ".." in name or not _NAME.fullmatch(name):
+    if ".." in name or not _NAME.fullmatch(name.removeprefix(".")):
         return f"file name {name!r} is not allowed (letters, digits, '_', '-', '.', no '..')"
     return None
 
@@ -140,6 +140,8 @@ def scan_tree(root: str | os.PathLike[str], *, link_roots: tuple[str | os.PathLi
             if why:
                 problems.append(Problem(shown, None, why))
                 continue
+            if entry.name.startswith("."):
+                continue  # dot-files (.gitkeep, .DS_Store) are neither read nor importable
             if entry.is_symlink():
                 target = os.path.realpath(entry.path)
                 if not any(_within(target, a) for a in allowed):

@@ -21,7 +21,8 @@ def _tree(tmp_path: Path, files: dict[str, str | bytes], **kw):
 def test_scan_reads_files_hashes_content_and_skips_pycache(tmp_path):
     tree = _tree(tmp_path, {"custom_generate/generate.py": "def generate(model):\n    pass\n",
                             "custom_generate/__pycache__/generate.cpython-311.pyc": b"\x00junk",
-                            "custom_generate/data/table.json": "{}", "notes.txt": "x"})
+                            "custom_generate/data/table.json": "{}", "notes.txt": "x",
+                            "custom_generate/.DS_Store": b"\x00\x01", "custom_generate/.cache/x.bin": b"\x00"})
     assert sorted(tree.files) == ["data/table.json", "generate.py"]
     assert tree.outside_names == frozenset({"notes.txt"})
     again = scan_tree(tmp_path)

@@ -104,8 +104,8 @@ def load_recipe(ref: str | os.PathLike[str], *, trust_remote_code: bool | None =
     module = import_tree(tree, "generate", label)  # 6.
     generate = getattr(module, "generate", None)
     if not callable(generate):
-        raise RecipeValidationError([], where=f"{label}: custom_generate/generate.py did not define a callable "
-                                    "`generate` after import")
+        raise RecipeImportError(f"{label}: custom_generate/generate.py did not leave a callable `generate` after "
+                                "it was imported")
     if parsed.kind == "hub" and not parsed.pinned:
         key = (parsed.repo_id or "", parsed.revision, commit or "")
         with _announce_lock:
