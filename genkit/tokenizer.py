@@ -402,7 +402,8 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -
         spelled = tok if set(tok) <= alphabet else "".join(table[b] for b in tok.encode("utf-8"))
         vocab.setdefault(spelled, i)
     merges = [tuple(m.split(" ", 1)) for m in meta.get("merges", [])]
-    backend = Backend(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    backend = Backend(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False,
+                                 continuing_subword_prefix="", end_of_word_suffix=""))
     split = GGUF_SPLITS.get(meta.get("pre", ""))
     if split is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
