@@ -459,10 +459,6 @@ class HubServer(ThreadingHTTPServer):
         self.endpoint = f"http://127.0.0.1:{self.server_address[1]}"
         self._thread: threading.Thread | None = None
 
-    # convenience pass-throughs
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["state"], name)
-
     def start(self) -> HubServer:
         self._thread = threading.Thread(target=self.serve_forever, name="hub-server", daemon=True)
         self._thread.start()
