@@ -47,7 +47,7 @@ def demo_paths() -> tuple[str, str]:
     return gguf, folder
 
 
-def load(engine: str, gguf: str, folder: str):  # noqa: ANN201
+def load(engine: str, gguf: str, folder: str):
     if engine == "transformers":
         import transformers
 
@@ -134,8 +134,9 @@ def main() -> None:
         child_rss(args.rss_child, args.threads)
         return
     torch.set_num_threads(args.threads)
-    import genkit
     import transformers
+
+    import genkit
 
     gguf, folder = demo_paths()
     tok = genkit.load_tokenizer(folder)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 logger = logging.getLogger("genkit.tokenizer")
 
@@ -31,7 +32,7 @@ class BatchEncoding(dict):
         except KeyError:
             raise AttributeError(key) from None
 
-    def to(self, device: Any) -> "BatchEncoding":
+    def to(self, device: Any) -> BatchEncoding:
         """Move every tensor to ``device`` (in place) and return self."""
         for k, v in self.items():
             if hasattr(v, "to"):

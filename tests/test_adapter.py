@@ -44,8 +44,8 @@ def test_left_padded_batch_matches_transformers_generate(hf_models, name):
 def test_sampling_with_processors_matches_transformers(hf_models):
     hf = hf_models["llama"]
     ids = torch.tensor([[1, 10, 20, 30, 40]])
-    kw = dict(do_sample=True, top_k=20, top_p=0.9, temperature=0.7, max_new_tokens=20, min_new_tokens=20,
-              repetition_penalty=1.3)
+    kw = {"do_sample": True, "top_k": 20, "top_p": 0.9, "temperature": 0.7, "max_new_tokens": 20, "min_new_tokens": 20,
+              "repetition_penalty": 1.3}
     torch.manual_seed(5)
     ref = hf.generate(ids, **kw)
     torch.manual_seed(5)

@@ -14,18 +14,18 @@ import genkit
 
 transformers = pytest.importorskip("transformers")
 
-COMMON = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
-              pad_token_id=0, initializer_range=0.1)
+COMMON = {"vocab_size": 160, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2,
+              "pad_token_id": 0, "initializer_range": 0.1}
 
 CONFIGS = {
     "llama_gqa_untied": lambda: transformers.LlamaConfig(**COMMON, num_key_value_heads=2, tie_word_embeddings=False),
     "llama_gqa_tied": lambda: transformers.LlamaConfig(**COMMON, num_key_value_heads=1, tie_word_embeddings=True,
                                                        rms_norm_eps=1e-5, rope_theta=500000.0),
     "llama3_rope": lambda: transformers.LlamaConfig(
-        **COMMON, num_key_value_heads=2, rope_parameters=dict(
-            rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-            original_max_position_embeddings=32)),
+        **COMMON, num_key_value_heads=2, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32}),
     "qwen2": lambda: transformers.Qwen2Config(**COMMON, num_key_value_heads=2, tie_word_embeddings=False),
     "mistral": lambda: transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=None),
     "gpt2": lambda: transformers.GPT2Config(vocab_size=160, n_embd=64, n_layer=2, n_head=4, n_positions=256,
@@ -71,7 +71,7 @@ def test_tied_weights_follow_config(pair):
 
 
 def test_logits_match_with_padding(pair):
-    name, hf, ours = pair
+    _name, hf, ours = pair
     ids, mask = _padded_batch()
     pos = _positions(mask)
     ref = hf(ids, attention_mask=mask, position_ids=pos).logits
@@ -86,7 +86,7 @@ def test_logits_match_with_padding(pair):
 
 
 def test_incremental_decoding_matches_full_forward(pair):
-    name, hf, ours = pair
+    _name, hf, ours = pair
     ids, mask = _padded_batch()
     g = torch.Generator().manual_seed(3)
     extra = torch.randint(3, 160, (3, 6), generator=g)
@@ -108,7 +108,7 @@ def test_incremental_decoding_matches_full_forward(pair):
 
 
 def test_hidden_states_match(pair):
-    name, hf, ours = pair
+    _name, hf, ours = pair
     ids = torch.tensor([[1, 5, 9, 33, 70, 101]])
     ref = hf(ids, output_hidden_states=True).hidden_states
     out = ours(ids, output_hidden_states=True).hidden_states
@@ -118,7 +118,7 @@ def test_hidden_states_match(pair):
 
 
 def test_greedy_64_tokens_identical(pair):
-    name, hf, ours = pair
+    _name, hf, ours = pair
     prompt = torch.tensor([[1, 17, 42, 99, 5, 23]])
     ref = hf.generate(prompt, do_sample=False, max_new_tokens=64, min_new_tokens=64)
     out = ours.generate(prompt, max_new_tokens=64, min_new_tokens=64)
@@ -127,7 +127,7 @@ def test_greedy_64_tokens_identical(pair):
 
 
 def test_greedy_64_tokens_identical_left_padded(pair):
-    name, hf, ours = pair
+    _name, hf, ours = pair
     ids, mask = _padded_batch()
     ref = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=64, min_new_tokens=64)
     out = ours.generate(ids, attention_mask=mask, max_new_tokens=64, min_new_tokens=64)
@@ -135,7 +135,7 @@ def test_greedy_64_tokens_identical_left_padded(pair):
 
 
 def test_lm_head_logits_is_norm_then_head(pair):
-    name, hf, ours = pair
+    name, _hf, ours = pair
     ids = torch.tensor([[1, 5, 9, 33]])
     out = ours(ids, output_hidden_states=True)
     # hidden_states[-1] is already normalised (as in transformers): run the last layer by hand on

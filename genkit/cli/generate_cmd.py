@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t1
     sequences = out.sequences if hasattr(out, "sequences") else out
     if not isinstance(sequences, torch.Tensor):
-        raise RuntimeError(f"generation returned {type(out).__name__}, not token ids")
+        raise RuntimeError(f"generation returned {type(out).__name__}, not token ids")  # noqa: TRY004
     new = sequences[0, enc["input_ids"].shape[1]:]
     if streamer is None:
         print(tokenizer.decode(new, skip_special_tokens=True))

@@ -32,7 +32,7 @@ class ModelConfig:
         return dict(self.__dict__)
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike[str]) -> "ModelConfig":
+    def from_json_file(cls, path: str | os.PathLike[str]) -> ModelConfig:
         with open(path, encoding="utf-8") as fh:
             return cls(**json.load(fh))
 

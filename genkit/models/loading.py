@@ -92,7 +92,7 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
         return snapshot_download(ref, revision=revision, allow_patterns=patterns)
     raise FileNotFoundError(
         f"model {ref!r} not found: pass an existing folder, a .gguf file, a Hub id 'org/name', "
-        f"or the demo alias {sorted(DEMO_ALIASES)[0]!r}"
+        f"or the demo alias {min(DEMO_ALIASES)!r}"
     )
 
 
@@ -230,7 +230,7 @@ def _has_recipe(ref: str, source: str, revision: str | None) -> bool:
 
     try:
         return bool(file_exists(ref, RECIPE_ENTRY, revision=revision))
-    except Exception as exc:  # the Hub not answering must not stop loading the model
+    except Exception as exc:  # noqa: BLE001 - the Hub not answering must not stop loading the model
         logger.warning("could not check %s for %s: %s", ref, RECIPE_ENTRY, exc)
         return False
 
