@@ -161,6 +161,17 @@ def _penalise(scores: torch.Tensor, penalty: float) -> torch.Tensor:
     return torch.where(scores < 0, scores * penalty, scores / penalty)
 
 
+def _penalise_tokens(scores: torch.Tensor, token_ids: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Penalise, once each, the tokens listed per row in ``token_ids`` (ids >= vocab are ignored).
+
+    Works on the listed positions only (gather / scatter into a spare last column for the
+    ignored ids) rather than on the whole vocabulary."""
+    vocab = scores.shape[-1]
+    ids = token_ids.clamp(min=0, max=vocab)
+    padded = torch.nn.functional.pad(scores, (0, 1))
+    return padded.scatter(1, ids, _penalise(padded.gather(1, ids), penalty))[:, :vocab]
+
+
 def _ngram_bans(history: torch.Tensor, context: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
     """``(batch, vocab)`` bool: tokens that would complete an n-gram of ``history`` whose first
     ``n - 1`` tokens equal the last ``n - 1`` tokens of ``context`` (row-aligned)."""
@@ -361,8 +372,7 @@ class RepetitionPenaltyLogitsProcessor(LogitsProcessor):
             input_ids = input_ids.masked_fill(positions[None, :] < ignore[:, None], vocab)
         elif ignore:
             input_ids = input_ids[:, ignore:]
-        seen = _seen_mask(input_ids, vocab)
-        return torch.where(seen, _penalise(scores, self.penalty), scores)
+        return _penalise_tokens(scores, input_ids, self.penalty)
 
 
 class EncoderRepetitionPenaltyLogitsProcessor(LogitsProcessor):
@@ -381,8 +391,7 @@ class EncoderRepetitionPenaltyLogitsProcessor(LogitsProcessor):
         enc = self.encoder_input_ids.to(scores.device)
         if scores.shape[0] > enc.shape[0]:
             enc = enc.repeat_interleave(scores.shape[0] // enc.shape[0], dim=0)
-        seen = _seen_mask(enc, scores.shape[-1])
-        return torch.where(seen, _penalise(scores, self.penalty), scores)
+        return _penalise_tokens(scores, enc, self.penalty)
 
 
 class NoRepeatNGramLogitsProcessor(LogitsProcessor):
