@@ -24,6 +24,16 @@ pytest.importorskip("gguf")
 ROOT = Path(__file__).resolve().parent.parent / ".cache" / "genkit-tests"
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread per test process: with pytest -n 2 on 2 cores, more threads than cores
+    make every small op wait on descheduled OpenMP workers (10x slower decoding)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory):
     """Paths of the demo GGUF and of its converted folder (fetched and converted once)."""

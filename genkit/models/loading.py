@@ -75,9 +75,9 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
     from .demo import DEMO_ALIASES, ensure_demo_model
 
     ref = os.fspath(ref)
-    if ref.lower() in DEMO_ALIASES:
-        return ensure_demo_model()
     path = os.path.expanduser(ref)
+    if ref.lower() in DEMO_ALIASES and not os.path.exists(path):
+        return ensure_demo_model()
     if os.path.isfile(path):
         if path.endswith(".gguf"):
             return path
@@ -139,12 +139,13 @@ def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
 
 
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype,
-                where: str = "") -> GenkitModel:
+                where: str = "", device: str | torch.device | None = None) -> GenkitModel:
     """Instantiate the config's architecture and load ``state`` into it, checking names and shapes."""
     cls = architecture_class(config, os.path.join(where, "config.json") if where else "config.json")
     with torch.device("meta"):
         model = cls(config)
-    model.to_empty(device="cpu")
+    # allocate once, in the target dtype and on the target device, then copy the tensors in
+    model = model.to(dtype).to_empty(device=device if device is not None else "cpu")
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -172,7 +173,6 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torc
         for name, target in targets.items():
             if name in state:
                 target.copy_(state[name])
-    model = model.to(dtype)
     if hasattr(model, "reset_buffers"):
         model.reset_buffers()  # float32 rope frequencies, whatever the weights' dtype
     return model.eval()
@@ -198,7 +198,7 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
 
         contents = read_gguf(source)
         config = ModelConfig(**contents.config)
-        model = build_model(config, contents.state_dict, parse_dtype(dtype, config), where=source)
+        model = build_model(config, contents.state_dict, parse_dtype(dtype, config), where=source, device=device)
     else:
         cfg_path = os.path.join(source, "config.json")
         if not os.path.isfile(cfg_path):
@@ -209,14 +209,12 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
             raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from exc
         architecture_class(config, cfg_path)  # fail on an unknown architecture before reading weights
         state = read_safetensors(source)
-        model = build_model(config, state, parse_dtype(dtype, config), where=source)
+        model = build_model(config, state, parse_dtype(dtype, config), where=source, device=device)
         if os.path.isfile(os.path.join(source, "generation_config.json")):
             from ..config import GenerationConfig
 
             model.generation_config = GenerationConfig.from_pretrained(source)
     config.name_or_path = os.fspath(ref)
-    if device is not None:
-        model = model.to(device)
     _attach_recipe(model, os.fspath(ref), source, revision, trust_remote_code)
     return model
 
