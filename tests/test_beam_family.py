@@ -9,7 +9,7 @@ import genkit
 from genkit.generation.outputs import compute_transition_scores
 
 PROMPT = torch.tensor([[1, 5, 9, 33, 70]])
-DICT = dict(return_dict_in_generate=True, output_scores=True)
+DICT = {"return_dict_in_generate": True, "output_scores": True}
 
 
 def _contains(seq: list[int], phrase: list[int]) -> bool:
@@ -26,11 +26,11 @@ def _rebuilt(out, length_penalty=1.0):
 # strategy selection and refusals
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kw,name", [
-    (dict(num_beams=3), "beam_search"),
-    (dict(num_beams=3, do_sample=True), "beam_sample"),
-    (dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.0), "group_beam_search"),
-    (dict(num_beams=3, force_words_ids=[[5]]), "constrained_beam_search"),
-    (dict(num_beams=4, num_beam_groups=2, force_words_ids=[[5]]), "constrained_beam_search"),
+    ({"num_beams": 3}, "beam_search"),
+    ({"num_beams": 3, "do_sample": True}, "beam_sample"),
+    ({"num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 1.0}, "group_beam_search"),
+    ({"num_beams": 3, "force_words_ids": [[5]]}, "constrained_beam_search"),
+    ({"num_beams": 4, "num_beam_groups": 2, "force_words_ids": [[5]]}, "constrained_beam_search"),
 ])
 def test_strategy_selection(kw, name):
     assert genkit.GenerationConfig(**kw).get_generation_mode() == name
@@ -47,8 +47,8 @@ def test_streamer_with_beams_is_refused(tiny_model):
         def end(self):
             self.ended = True
 
-    for kw in (dict(num_beams=2), dict(num_beams=2, do_sample=True),
-               dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.0), dict(num_beams=2, force_words_ids=[[7]])):
+    for kw in ({"num_beams": 2}, {"num_beams": 2, "do_sample": True},
+               {"num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 1.0}, {"num_beams": 2, "force_words_ids": [[7]]}):
         streamer = Collect()
         with pytest.raises(ValueError, match="`streamer` cannot be used with .*num_beams > 1"):
             genkit.generate(tiny_model, PROMPT, max_new_tokens=4, streamer=streamer, **kw)
@@ -56,14 +56,14 @@ def test_streamer_with_beams_is_refused(tiny_model):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(num_beams=2, num_return_sequences=3), r"`num_return_sequences` \(3\) must be <= `num_beams` \(2\)"),
-    (dict(num_beams=4, num_beam_groups=3), r"`num_beams` \(4\) must be divisible by `num_beam_groups` \(3\)"),
-    (dict(num_beams=4, num_beam_groups=2, do_sample=True), "requires do_sample=False"),
-    (dict(num_beams=2, force_words_ids=[[5]], do_sample=True), "needs num_beams > 1 and do_sample=False"),
-    (dict(num_beams=2, early_stopping="sometimes"), "early_stopping"),
-    (dict(num_beams=2, force_words_ids=[[5, "x"]]), "`force_words_ids` must be"),
-    (dict(num_beams=2, force_words_ids=[[]]), "`force_words_ids` must be"),
-    (dict(num_beams=2, force_words_ids=[[5000]]), r"token id 5000, outside the vocabulary \[0, 128\)"),
+    ({"num_beams": 2, "num_return_sequences": 3}, r"`num_return_sequences` \(3\) must be <= `num_beams` \(2\)"),
+    ({"num_beams": 4, "num_beam_groups": 3}, r"`num_beams` \(4\) must be divisible by `num_beam_groups` \(3\)"),
+    ({"num_beams": 4, "num_beam_groups": 2, "do_sample": True}, "requires do_sample=False"),
+    ({"num_beams": 2, "force_words_ids": [[5]], "do_sample": True}, "needs num_beams > 1 and do_sample=False"),
+    ({"num_beams": 2, "early_stopping": "sometimes"}, "early_stopping"),
+    ({"num_beams": 2, "force_words_ids": [[5, "x"]]}, "`force_words_ids` must be"),
+    ({"num_beams": 2, "force_words_ids": [[]]}, "`force_words_ids` must be"),
+    ({"num_beams": 2, "force_words_ids": [[5000]]}, r"token id 5000, outside the vocabulary \[0, 128\)"),
 ])
 def test_invalid_combinations(tiny_model, kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -102,7 +102,7 @@ def test_beam_sample_seeded_and_matches_transformers(tiny_pair):
 
 
 def test_beam_sample_explores_where_beam_search_does_not(tiny_model):
-    kw = dict(num_beams=3, max_new_tokens=6, eos_token_id=None)
+    kw = {"num_beams": 3, "max_new_tokens": 6, "eos_token_id": None}
     beam = {tuple(genkit.generate(tiny_model, PROMPT, **kw)[0].tolist()) for _ in range(3)}
     assert len(beam) == 1
     sampled = set()

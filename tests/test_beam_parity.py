@@ -50,23 +50,23 @@ def eos_ids(tiny_pair):
 
 
 CONFIGS = [
-    dict(num_beams=2, max_new_tokens=8),
-    dict(num_beams=3, max_new_tokens=10),
-    dict(num_beams=4, max_new_tokens=12),
-    dict(num_beams=5, max_new_tokens=9),
-    dict(num_beams=6, max_new_tokens=7),
-    dict(num_beams=4, max_new_tokens=12, num_return_sequences=4),
-    dict(num_beams=5, max_new_tokens=10, num_return_sequences=2),
-    dict(num_beams=3, max_new_tokens=12, length_penalty=0.0),
-    dict(num_beams=4, max_new_tokens=12, length_penalty=2.0, num_return_sequences=3),
-    dict(num_beams=4, max_new_tokens=12, length_penalty=-1.0, num_return_sequences=2),
-    dict(num_beams=4, max_new_tokens=10, early_stopping=True),
-    dict(num_beams=4, max_new_tokens=10, early_stopping="never", length_penalty=1.5),
-    dict(num_beams=3, max_new_tokens=10, early_stopping="never", length_penalty=-0.5),
-    dict(num_beams=2, max_length=15),
-    dict(num_beams=4, max_new_tokens=10, repetition_penalty=1.3),
-    dict(num_beams=4, max_new_tokens=10, no_repeat_ngram_size=2, num_return_sequences=2),
-    dict(num_beams=3, max_new_tokens=10, use_cache=False),
+    {"num_beams": 2, "max_new_tokens": 8},
+    {"num_beams": 3, "max_new_tokens": 10},
+    {"num_beams": 4, "max_new_tokens": 12},
+    {"num_beams": 5, "max_new_tokens": 9},
+    {"num_beams": 6, "max_new_tokens": 7},
+    {"num_beams": 4, "max_new_tokens": 12, "num_return_sequences": 4},
+    {"num_beams": 5, "max_new_tokens": 10, "num_return_sequences": 2},
+    {"num_beams": 3, "max_new_tokens": 12, "length_penalty": 0.0},
+    {"num_beams": 4, "max_new_tokens": 12, "length_penalty": 2.0, "num_return_sequences": 3},
+    {"num_beams": 4, "max_new_tokens": 12, "length_penalty": -1.0, "num_return_sequences": 2},
+    {"num_beams": 4, "max_new_tokens": 10, "early_stopping": True},
+    {"num_beams": 4, "max_new_tokens": 10, "early_stopping": "never", "length_penalty": 1.5},
+    {"num_beams": 3, "max_new_tokens": 10, "early_stopping": "never", "length_penalty": -0.5},
+    {"num_beams": 2, "max_length": 15},
+    {"num_beams": 4, "max_new_tokens": 10, "repetition_penalty": 1.3},
+    {"num_beams": 4, "max_new_tokens": 10, "no_repeat_ngram_size": 2, "num_return_sequences": 2},
+    {"num_beams": 3, "max_new_tokens": 10, "use_cache": False},
 ]
 
 
@@ -77,14 +77,14 @@ def test_beam_search_matches_transformers(tiny_pair, kw):
 
 
 EOS_CONFIGS = [
-    dict(num_beams=2, max_new_tokens=12),
-    dict(num_beams=4, max_new_tokens=12, num_return_sequences=4),
-    dict(num_beams=4, max_new_tokens=12, early_stopping=True, num_return_sequences=2),
-    dict(num_beams=4, max_new_tokens=12, early_stopping="never", length_penalty=2.0, num_return_sequences=3),
-    dict(num_beams=5, max_new_tokens=12, length_penalty=0.0, num_return_sequences=5),
-    dict(num_beams=3, max_new_tokens=12, length_penalty=-2.0, num_return_sequences=3),
-    dict(num_beams=6, max_new_tokens=10, two_eos=True, num_return_sequences=6),
-    dict(num_beams=3, max_new_tokens=12, min_new_tokens=4),
+    {"num_beams": 2, "max_new_tokens": 12},
+    {"num_beams": 4, "max_new_tokens": 12, "num_return_sequences": 4},
+    {"num_beams": 4, "max_new_tokens": 12, "early_stopping": True, "num_return_sequences": 2},
+    {"num_beams": 4, "max_new_tokens": 12, "early_stopping": "never", "length_penalty": 2.0, "num_return_sequences": 3},
+    {"num_beams": 5, "max_new_tokens": 12, "length_penalty": 0.0, "num_return_sequences": 5},
+    {"num_beams": 3, "max_new_tokens": 12, "length_penalty": -2.0, "num_return_sequences": 3},
+    {"num_beams": 6, "max_new_tokens": 10, "two_eos": True, "num_return_sequences": 6},
+    {"num_beams": 3, "max_new_tokens": 12, "min_new_tokens": 4},
 ]
 
 
@@ -104,9 +104,9 @@ def test_beam_search_with_eos_matches_transformers(tiny_pair, eos_ids, kw):
 def test_left_padded_batch_matches_transformers(tiny_pair, eos_ids):
     ids = torch.tensor([[0, 0, 0, 1, 5, 9, 33], [1, 7, 8, 9, 10, 11, 12], [0, 1, 44, 45, 46, 47, 48]])
     mask = (ids != 0).long()
-    for kw in (dict(num_beams=3, max_new_tokens=9, num_return_sequences=2),
-               dict(num_beams=4, max_new_tokens=10, eos_token_id=eos_ids[0], num_return_sequences=3,
-                    length_penalty=0.7)):
+    for kw in ({"num_beams": 3, "max_new_tokens": 9, "num_return_sequences": 2},
+               {"num_beams": 4, "max_new_tokens": 10, "eos_token_id": eos_ids[0], "num_return_sequences": 3,
+                    "length_penalty": 0.7}):
         kw.setdefault("eos_token_id", None)
         ref, got = _run_both(tiny_pair, ids, attention_mask=mask, pad_token_id=0, **kw)
         _assert_same(ref, got, kw.get("length_penalty", 1.0))
@@ -114,8 +114,8 @@ def test_left_padded_batch_matches_transformers(tiny_pair, eos_ids):
 
 def test_logits_and_scores_outputs_match(tiny_pair):
     hf, ours = tiny_pair
-    kw = dict(num_beams=3, max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_scores=True,
-              output_logits=True, eos_token_id=None, pad_token_id=0)
+    kw = {"num_beams": 3, "max_new_tokens": 6, "do_sample": False, "return_dict_in_generate": True, "output_scores": True,
+              "output_logits": True, "eos_token_id": None, "pad_token_id": 0}
     ref = hf.generate(PROMPT, **kw)
     got = genkit.generate(ours, PROMPT, **kw)
     for a, b in zip(got.logits, ref.logits):
