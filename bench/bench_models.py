@@ -11,7 +11,7 @@ Engines:
 EOS is disabled so every run produces exactly the requested number of tokens.
 Peak RSS is measured per engine in a child process (load + workload B).
 
-    python bench/bench_models.py --threads 2 --rounds 3
+    python bench/bench_models.py --threads 1 --rounds 5
 """
 
 from __future__ import annotations
@@ -112,6 +112,15 @@ def run_workload(engine: str, model, ids, mask, new: int, sample: bool) -> float
     return elapsed
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM; unlike ru_maxrss it does not inherit the parent's)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def child_rss(engine: str, threads: int) -> None:
     torch.set_num_threads(threads)
     import genkit
@@ -121,12 +130,12 @@ def child_rss(engine: str, threads: int) -> None:
     model = load("transformers" if engine == "transformers" else "genkit", gguf, folder)
     ids, mask = inputs(tok, batch=True)
     run_workload(engine, model, ids, mask, 64, True)
-    print(json.dumps({"engine": engine, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"engine": engine, "peak_rss_mb": peak_rss_mb()}))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every engine")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every engine")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per workload (after one warm-up)")
     ap.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -134,6 +143,7 @@ def main() -> None:
         child_rss(args.rss_child, args.threads)
         return
     torch.set_num_threads(args.threads)
+    load_start = f"{os.getloadavg()[0]:.2f}"
     import transformers
 
     import genkit
@@ -156,6 +166,7 @@ def main() -> None:
         tokens = ids.shape[0] * new
         results[wname] = {e: tokens / statistics.median(t) for e, t in times.items()}
         results[wname].update({f"{e}_s": statistics.median(t) for e, t in times.items()})
+        results[wname].update({f"{e}_min_s": min(t) for e, t in times.items()})
     del models
     rss = {}
     for e in ("genkit", "transformers"):
@@ -164,12 +175,15 @@ def main() -> None:
         rss[e] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_mb"]
 
     print(f"SmolLM2-135M-Instruct fp32 CPU, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"threads={args.threads}, rounds={args.rounds} (median)")
+          f"threads={args.threads}, rounds={args.rounds} (median; best-of in brackets), "
+          f"load average at start/end: {load_start} / {os.getloadavg()[0]:.2f}")
     print(f"{'workload':<20} {'genkit tok/s':>13} {'bare tok/s':>11} {'HF tok/s':>9} {'genkit/HF':>10} "
           f"{'genkit time/bare':>17}")
     for wname, r in results.items():
         print(f"{wname:<20} {r['genkit']:>13.1f} {r['bare']:>11.1f} {r['transformers']:>9.1f} "
-              f"{r['genkit'] / r['transformers']:>9.2f}x {r['genkit_s'] / r['bare_s']:>16.3f}x")
+              f"{r['genkit'] / r['transformers']:>9.2f}x {r['genkit_s'] / r['bare_s']:>16.3f}x   "
+              f"[best-of: genkit/HF {r['transformers_min_s'] / r['genkit_min_s']:.2f}x, "
+              f"genkit/bare time {r['genkit_min_s'] / r['bare_min_s']:.3f}x]")
     print(f"peak RSS (load + batch-8 sampling, separate processes): genkit {rss['genkit']:.0f} MB, "
           f"transformers {rss['transformers']:.0f} MB")
     print(json.dumps({"results": results, "peak_rss_mb": rss}))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -110,10 +111,52 @@ def architecture_class(config: ModelConfig, where: str = "config.json") -> type[
     return resolve(ARCHITECTURES[arch])
 
 
-def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
-    """Every tensor of ``model.safetensors``, or of the shards listed in the index file."""
-    from safetensors.torch import load_file
+class SafetensorsState(Mapping[str, torch.Tensor]):
+    """The tensors of one or more safetensors files, read one at a time on access.
 
+    Loading copies each tensor straight into the model's parameter and drops it, so the peak
+    memory is the model plus one tensor, not the model plus the whole checkpoint.
+    """
+
+    def __init__(self, files: list[str]) -> None:
+        from safetensors import safe_open
+
+        self._handles: dict[str, Any] = {}
+        self._where: dict[str, str] = {}
+        for f in files:
+            if not os.path.isfile(f):
+                raise FileNotFoundError(f"weights file {f} is missing (listed in {INDEX_FILE})")
+            try:
+                handle = safe_open(f, framework="pt")
+                names = list(handle.keys())
+            except Exception as exc:
+                raise ValueError(f"weights file {f} is corrupt or not a safetensors file ({exc})") from exc
+            self._handles[f] = handle
+            for name in names:
+                self._where[name] = f
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        f = self._where[name]
+        try:
+            return self._handles[f].get_tensor(name)
+        except Exception as exc:
+            raise ValueError(f"weights file {f} is corrupt: cannot read tensor {name!r} ({exc})") from exc
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handles[self._where[name]].get_slice(name).get_shape())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+
+def read_safetensors(folder: str) -> SafetensorsState:
+    """The tensors of ``model.safetensors``, or of the shards listed in the index file (read lazily)."""
     single = os.path.join(folder, WEIGHT_FILE)
     index = os.path.join(folder, INDEX_FILE)
     if os.path.isfile(single):
@@ -127,18 +170,15 @@ def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
         files = [os.path.join(folder, f) for f in sorted(set(weight_map.values()))]
     else:
         raise FileNotFoundError(f"no weights in {folder}: expected {WEIGHT_FILE} or {INDEX_FILE}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        if not os.path.isfile(f):
-            raise FileNotFoundError(f"weights file {f} is missing (listed in {INDEX_FILE})")
-        try:
-            state.update(load_file(f))
-        except Exception as exc:
-            raise ValueError(f"weights file {f} is corrupt or not a safetensors file ({exc})") from exc
-    return state
+    return SafetensorsState(files)
 
 
-def build_model(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype,
+def _shape(state: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
+    shape = getattr(state, "shape", None)
+    return shape(name) if callable(shape) else tuple(state[name].shape)
+
+
+def build_model(config: ModelConfig, state: Mapping[str, torch.Tensor], dtype: torch.dtype,
                 where: str = "", device: str | torch.device | None = None) -> GenkitModel:
     """Instantiate the config's architecture and load ``state`` into it, checking names and shapes."""
     cls = architecture_class(config, os.path.join(where, "config.json") if where else "config.json")
@@ -165,9 +205,9 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torc
     if unexpected:
         logger.warning("%s: ignoring %d tensors the model does not use: %s", where or "checkpoint",
                        len(unexpected), unexpected[:8])
-    for name, tensor in state.items():
-        if name in targets and tuple(tensor.shape) != tuple(targets[name].shape):
-            raise ValueError(f"{where or 'checkpoint'}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+    for name in state:
+        if name in targets and _shape(state, name) != tuple(targets[name].shape):
+            raise ValueError(f"{where or 'checkpoint'}: tensor {name!r} has shape {_shape(state, name)}, "
                              f"but the config implies {tuple(targets[name].shape)}")
     with torch.no_grad():
         for name, target in targets.items():
