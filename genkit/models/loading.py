@@ -111,48 +111,80 @@ def architecture_class(config: ModelConfig, where: str = "config.json") -> type[
     return resolve(ARCHITECTURES[arch])
 
 
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
+
+
 class SafetensorsState(Mapping[str, torch.Tensor]):
     """The tensors of one or more safetensors files, read one at a time on access.
 
-    Loading copies each tensor straight into the model's parameter and drops it, so the peak
-    memory is the model plus one tensor, not the model plus the whole checkpoint.
+    Only the JSON headers are read up front (and checked: offsets inside the file, known dtypes,
+    sizes that match the shapes). Each tensor is then read with a plain file read when it is
+    asked for, so loading a model costs the model plus one tensor -- no memory map of the whole
+    checkpoint, no second copy of it.
     """
 
     def __init__(self, files: list[str]) -> None:
-        from safetensors import safe_open
-
-        self._handles: dict[str, Any] = {}
-        self._where: dict[str, str] = {}
+        self._entries: dict[str, tuple[str, torch.dtype, tuple[int, ...], int, int]] = {}
         for f in files:
             if not os.path.isfile(f):
                 raise FileNotFoundError(f"weights file {f} is missing (listed in {INDEX_FILE})")
             try:
-                handle = safe_open(f, framework="pt")
-                names = list(handle.keys())
-            except Exception as exc:
+                self._read_header(f)
+            except (ValueError, KeyError, TypeError, OSError) as exc:
                 raise ValueError(f"weights file {f} is corrupt or not a safetensors file ({exc})") from exc
-            self._handles[f] = handle
-            for name in names:
-                self._where[name] = f
+
+    def _read_header(self, path: str) -> None:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise ValueError("file shorter than the 8-byte header length")
+            n = int.from_bytes(head, "little")
+            if n <= 0 or 8 + n > size:
+                raise ValueError(f"header length {n} does not fit in a file of {size} bytes")
+            header = json.loads(fh.read(n).decode("utf-8"))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")  # noqa: TRY004 - a corrupt file, not a bad argument
+        base = 8 + n
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = _ST_DTYPES.get(info["dtype"])
+            if dtype is None:
+                raise ValueError(f"tensor {name!r} has unsupported dtype {info['dtype']!r}")
+            shape = tuple(int(d) for d in info["shape"])
+            begin, end = (int(x) for x in info["data_offsets"])
+            numel = 1
+            for d in shape:
+                numel *= d
+            if end - begin != numel * dtype.itemsize or begin < 0 or base + end > size:
+                raise ValueError(f"tensor {name!r}: bytes {begin}..{end} do not match shape {shape} "
+                                 f"or lie beyond the end of the file ({size} bytes; truncated?)")
+            self._entries[name] = (path, dtype, shape, base + begin, end - begin)
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        f = self._where[name]
-        try:
-            return self._handles[f].get_tensor(name)
-        except Exception as exc:
-            raise ValueError(f"weights file {f} is corrupt: cannot read tensor {name!r} ({exc})") from exc
+        path, dtype, shape, offset, nbytes = self._entries[name]
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            got = fh.readinto(buf.numpy()) if nbytes else 0
+        if got != nbytes:
+            raise ValueError(f"weights file {path} is corrupt: tensor {name!r} is cut short")
+        return buf.view(dtype).reshape(shape)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handles[self._where[name]].get_slice(name).get_shape())
+        return self._entries[name][2]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._where)
+        return iter(self._entries)
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._entries)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._where
+        return name in self._entries
 
 
 def read_safetensors(folder: str) -> SafetensorsState:
