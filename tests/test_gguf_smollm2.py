@@ -195,3 +195,26 @@ def test_cli_rejects_bad_options(demo, monkeypatch, capsys):
     assert "--max-new-tokens must be >= 1" in capsys.readouterr().err
     assert main(["generate", "--model", "no/such/thing", "--prompt", "x"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_cli_generate_with_a_local_recipe_and_chat(demo, monkeypatch, capsys, tmp_path):
+    from genkit.cli import main
+
+    recipe = tmp_path / "recipe"
+    (recipe / "custom_generate").mkdir(parents=True)
+    (recipe / "custom_generate" / "generate.py").write_text(
+        "import genkit\n\n\n"
+        "def generate(model, input_ids=None, **kwargs):\n"
+        "    kwargs['max_new_tokens'] = 4  # the recipe decides the length\n"
+        "    return genkit.generate(model, input_ids, **kwargs)\n")
+    (recipe / "README.md").write_text("---\ntags:\n- custom_generate\n---\n\nFour tokens, always.\n")
+    monkeypatch.setenv("GENKIT_HOME", demo["home"])
+    assert main(["generate", "--model", "smollm2", "--chat", "--prompt", "Name a colour.", "--max-new-tokens", "30",
+                 "--custom-generate", str(recipe)]) == 0
+    printed = capsys.readouterr().out
+    model, tok = genkit.load_model(demo["folder"]), genkit.load_tokenizer(demo["folder"])
+    enc = tok.apply_chat_template([{"role": "user", "content": "Name a colour."}], add_generation_prompt=True,
+                                  return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=4)
+    assert out.shape[1] == enc["input_ids"].shape[1] + 4
+    assert printed == tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True) + "\n"
