@@ -102,3 +102,24 @@ def test_generate_method_and_native_passthrough(hf_models, tiny_model):
                        hf_models["gpt2"].generate(ids, do_sample=False, max_new_tokens=5, min_new_tokens=5))
     with pytest.raises(ValueError, match="must be a transformers PreTrainedModel"):
         wrap_transformers_model(object())
+
+
+@pytest.mark.parametrize("kw", [{"num_beams": 3}, {"num_beams": 4, "num_return_sequences": 2},
+                                {"do_sample": True, "num_return_sequences": 3}], ids=["beams", "beams_nrs", "sample_nrs"])
+def test_beam_search_and_expansion_use_the_mapped_cache(hf_models, kw):
+    """Beam search reorders the DynamicCache; num_return_sequences expands it."""
+    hf = hf_models["llama"]
+    ids = torch.tensor([[0, 0, 10, 20, 30], [1, 7, 8, 9, 10]])
+    mask = (ids != 0).long()
+    torch.manual_seed(0)
+    ref = hf.generate(ids, attention_mask=mask, max_new_tokens=12, min_new_tokens=12, **kw)
+    torch.manual_seed(0)
+    out = genkit.generate(hf, ids, attention_mask=mask, max_new_tokens=12, min_new_tokens=12, **kw)
+    assert torch.equal(out, ref)
+
+
+def test_prompt_lookup_decoding_crops_the_mapped_cache(hf_models):
+    hf = hf_models["llama"]
+    ids = torch.tensor([[1, 7, 8, 9, 10, 7, 8, 9, 10, 7, 8]])
+    ref = hf.generate(ids, max_new_tokens=16, prompt_lookup_num_tokens=3)
+    assert torch.equal(genkit.generate(hf, ids, max_new_tokens=16, prompt_lookup_num_tokens=3), ref)
