@@ -156,3 +156,11 @@ def test_cropped_cache_continues_like_a_fresh_forward(tiny_pair):
     cache.crop(4)  # speculative rollback: drop the last 3 positions
     out = model(ids[:, 4:], past_key_values=cache).logits
     torch.testing.assert_close(out, model(ids, use_cache=False).logits[:, 4:], atol=1e-5, rtol=0)
+
+
+def test_unsupported_activation_is_named(folder):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["hidden_act"] = "gelu"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"hidden_act 'gelu' is not supported for LlamaForCausalLM; accepted: 'silu'"):
+        genkit.load_model(folder)
