@@ -218,3 +218,13 @@ def test_cli_generate_with_a_local_recipe_and_chat(demo, monkeypatch, capsys, tm
     out = model.generate(**enc, max_new_tokens=4)
     assert out.shape[1] == enc["input_ids"].shape[1] + 4
     assert printed == tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True) + "\n"
+
+
+def test_stop_strings_work_with_the_tokenizer(demo, tokenizer):
+    model = genkit.load_model(demo["folder"])
+    enc = tokenizer("The capital of France is", return_tensors="pt")
+    full = model.generate(**enc, max_new_tokens=20, min_new_tokens=20)
+    stopped = model.generate(**enc, max_new_tokens=20, stop_strings=[" Paris"], tokenizer=tokenizer)
+    text = tokenizer.decode(stopped[0])
+    assert text.endswith(" Paris") and stopped.shape[1] < full.shape[1]
+    assert torch.equal(stopped[0], full[0, :stopped.shape[1]])
