@@ -9,6 +9,7 @@ bash scripts/setup.sh
 . .venv/bin/activate
 if [ "$#" -eq 0 ]; then
   set -- --model smollm2 --chat --stream --max-new-tokens 96 \
+    --custom-generate docs/examples/demo_recipe --set max_sentences=3 \
     --prompt "Explain in three sentences why the sky is blue."
 fi
 exec genkit generate "$@"

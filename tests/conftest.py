@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one thread per xdist worker: two workers on two cores must not oversubscribe them
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
