@@ -28,7 +28,7 @@ import torch
 from genkit.generation.outputs import GenerateDecoderOnlyOutput
 from genkit.generation.processing import StoppingCriteriaList
 
-from .stopping import EosTokenCriteria, MaxLengthCriteria
+from .decoding import _split_criteria
 
 logger = logging.getLogger("genkit.assisted")
 
@@ -73,18 +73,6 @@ def build_candidate_generator(model: Any, config: Any, *, assistant_model: Any =
             raise TypeError(f"candidate generator {name!r} returned {type(generator).__name__}, "
                             f"which has no `{method}` method")
     return generator
-
-
-def _split_criteria(criteria: StoppingCriteriaList) -> tuple[list[Any], torch.Tensor | None]:
-    others, eos = [], []
-    for c in criteria:
-        if type(c) is MaxLengthCriteria:
-            continue
-        if type(c) is EosTokenCriteria:
-            eos.append(c.eos_token_id.view(-1))
-            continue
-        others.append(c)
-    return others, (torch.cat(eos) if eos else None)
 
 
 def assisted_decoding(
