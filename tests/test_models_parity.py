@@ -28,6 +28,10 @@ CONFIGS = {
             "original_max_position_embeddings": 32}),
     "qwen2": lambda: transformers.Qwen2Config(**COMMON, num_key_value_heads=2, tie_word_embeddings=False),
     "mistral": lambda: transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=None),
+    # sliding-window attention: every layer (Mistral), layers from max_window_layers on (Qwen2)
+    "mistral_window": lambda: transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=5),
+    "qwen2_window": lambda: transformers.Qwen2Config(**COMMON, num_key_value_heads=2, use_sliding_window=True,
+                                                     sliding_window=5, max_window_layers=1),
     "gpt2": lambda: transformers.GPT2Config(vocab_size=160, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                             bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                             initializer_range=0.1),
@@ -176,3 +180,65 @@ def test_sharded_checkpoint_loads(tmp_path):
     ours = genkit.load_model(tmp_path)
     ids = torch.tensor([[1, 17, 42, 99]])
     torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+
+
+LLAMA_FAMILY = [name for name in sorted(CONFIGS) if name != "gpt2"]
+
+
+@pytest.mark.parametrize("name", LLAMA_FAMILY)
+def test_inference_path_matches_module_path(name, tmp_path):
+    """Without grad, the Llama family runs prepared (fused, norm-folded) weights; with grad, the modules."""
+    torch.manual_seed(1234)
+    cfg = CONFIGS[name]()
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    ours = genkit.load_model(tmp_path)
+    ids, mask = _padded_batch()
+    real = mask.bool()
+    module_cache = ours.new_cache()
+    with torch.enable_grad():  # grad enabled: the modules run (the test session runs under no_grad)
+        ref = ours(ids, attention_mask=mask, past_key_values=module_cache).logits
+    assert module_cache.prepared is None
+    with torch.inference_mode():
+        cache = ours.new_cache(16)
+        got = ours(ids[:, :8], attention_mask=mask[:, :8], past_key_values=cache).logits
+        assert cache.prepared is not None and cache.prepared[1] is not None  # the inference path ran
+        steps = [got]
+        for n in range(9, 13):
+            steps.append(ours(ids[:, n - 1:n], attention_mask=mask[:, :n], past_key_values=cache,
+                              position_ids=_positions(mask[:, :n])[:, -1:]).logits)
+    got = torch.cat(steps, 1)
+    torch.testing.assert_close(got[real], ref[real].detach(), atol=1e-5, rtol=0)
+
+
+def test_inference_path_follows_weight_edits_and_hooks(tmp_path):
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(CONFIGS["llama_gqa_untied"]()).save_pretrained(tmp_path)
+    ours = genkit.load_model(tmp_path)
+    prompt = torch.tensor([[1, 17, 42, 99, 5, 23]])
+    before = ours.generate(prompt, max_new_tokens=12, min_new_tokens=12)
+    with torch.no_grad():  # edit weights in place: the prepared copies must follow
+        ours.model.layers[1].mlp.down_proj.weight.mul_(-3.0)
+        ours.model.layers[0].input_layernorm.weight.add_(0.5)
+    after = ours.generate(prompt, max_new_tokens=12, min_new_tokens=12)
+    assert not torch.equal(before, after)
+    ref = prompt  # the same greedy decode through the modules (grad enabled, no cache)
+    with torch.enable_grad():
+        for _ in range(12):
+            nxt = ours(ref, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+            ref = torch.cat([ref, nxt], 1)
+    assert torch.equal(after, ref)
+
+    calls = []
+    handle = ours.model.layers[0].mlp.register_forward_hook(lambda mod, args, out: calls.append(out.shape))
+    try:
+        hooked = ours.generate(prompt, max_new_tokens=5, min_new_tokens=5)
+    finally:
+        handle.remove()
+    assert len(calls) == 5  # a hook makes generation run the modules: prompt + 4 decode steps
+    assert torch.equal(hooked, after[:, :11])
+
+    # training after generate(): tables and caches built in inference mode must not leak into autograd
+    with torch.enable_grad():
+        ours.model.layers[0].self_attn.q_proj.weight.requires_grad_(True)
+        ours(after).logits.sum().backward()
+    assert ours.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0

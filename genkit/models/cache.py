@@ -20,6 +20,7 @@ class KVCache:
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.lengths = [0] * num_layers
+        self.prepared: tuple[object, object] | None = None  # (model, its inference weights) for this cache
 
     # -- writing ----------------------------------------------------------------------------
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ from torch import nn
 
 from .base import CausalLMOutput, GenkitModel, ModelConfig
 from .cache import KVCache
+from .llama_infer import has_hooks, prepare_layers, rms_norm, run_layers, weights_key
 
 
 class RMSNorm(nn.Module):
@@ -24,13 +25,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # no casts: six small ops beat F.rms_norm's CPU path here
-            ms = (x * x).sum(-1, keepdim=True).mul_(1.0 / x.shape[-1]).add_(self.eps).rsqrt_()
-            return self.weight * (x * ms)
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(config: ModelConfig, head_dim: int) -> tuple[torch.Tensor, float]:
@@ -64,44 +59,9 @@ def rope_inv_freq(config: ModelConfig, head_dim: int) -> tuple[torch.Tensor, flo
     )
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
+def swap_halves(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-_ROTATIONS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
-
-
-def _rotation(head_dim: int, like: torch.Tensor) -> torch.Tensor:
-    """``R`` with ``x @ R == cat(x2, x1)`` (the halves swapped): rotate_half without a copy dance."""
-    key = (head_dim, like.dtype, like.device)
-    r = _ROTATIONS.get(key)
-    if r is None:
-        half = head_dim // 2
-        r = torch.zeros(head_dim, head_dim, dtype=like.dtype, device=like.device)
-        idx = torch.arange(half)
-        r[idx + half, idx] = 1.0
-        r[idx, idx + half] = 1.0
-        _ROTATIONS[key] = r
-    return r
-
-
-def _fused_weight(linears: tuple[nn.Linear, ...], store: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) for several projections of the same input, rebuilt whenever a
-    source parameter is replaced or modified in place (loading, ``.to()``)."""
-    if torch.is_grad_enabled():  # training: concatenate on the fly so gradients reach each projection
-        biases = [lin.bias for lin in linears]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else lin.weight.new_zeros(lin.weight.shape[0]) for b, lin in zip(biases, linears)])
-        return torch.cat([lin.weight for lin in linears], dim=0), bias
-    key = tuple((lin.weight.data_ptr(), lin.weight._version) for lin in linears)
-    if store.get("key") != key:
-        store["w"] = torch.cat([lin.weight for lin in linears], dim=0)
-        biases = [lin.bias for lin in linears]
-        store["b"] = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else lin.weight.new_zeros(lin.weight.shape[0]) for b, lin in zip(biases, linears)])
-        store["key"] = key
-    return store["w"], store["b"]  # type: ignore[return-value]
+    return torch.cat((x2, x1), dim=-1)
 
 
 class LlamaAttention(nn.Module):
@@ -118,31 +78,20 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bool(config.get("attention_bias", False)))
 
-        self._fused: dict[str, object] = {}
-
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: KVCache | None) -> torch.Tensor:
         b, t, _ = x.shape
-        w, bias = _fused_weight((self.q_proj, self.k_proj, self.v_proj), self._fused)
-        nq, nkv = self.num_heads, self.num_kv_heads
-        qkv = F.linear(x, w, bias)
-        if t == 1:  # decode step: (b, 1, H*d) is already (b, H, 1, d) in memory
-            qkv = qkv.view(b, nq + 2 * nkv, 1, self.head_dim)
-        else:
-            qkv = qkv.view(b, t, nq + 2 * nkv, self.head_dim).transpose(1, 2)
-        qk = qkv[:, : nq + nkv]
-        # rotary embedding on q and k at once; sin carries the sign of rotate_half
-        qk = qk * cos + torch.matmul(qk, _rotation(self.head_dim, qk)) * sin
-        q, k, v = qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:]
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        # sin carries rotate_half's sign, so rotate_half(x) * sin == swap_halves(x) * signed sin
+        q = q * cos + swap_halves(q) * sin
+        k = k * cos + swap_halves(k) * sin
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        is_causal = mask is None and t > 1
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal,
-            enable_gqa=self.num_kv_heads != self.num_heads,
-        )
-        out = out.reshape(b, 1, -1) if t == 1 else out.transpose(1, 2).reshape(b, t, -1)
-        return F.linear(out, self.o_proj.weight, self.o_proj.bias)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and t > 1,
+                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class LlamaMLP(nn.Module):
@@ -153,12 +102,9 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
-        self._fused: dict[str, object] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, bias = _fused_weight((self.gate_proj, self.up_proj), self._fused)
-        gate, up = F.linear(x, w, bias).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj.weight, self.down_proj.bias)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -185,25 +131,46 @@ class LlamaInner(nn.Module):
 
 
 def build_attention_mask(attention_mask: torch.Tensor | None, q_len: int, past_len: int,
-                         device: torch.device) -> torch.Tensor | None:
+                         device: torch.device, window: int | None = None) -> torch.Tensor | None:
     """Boolean SDPA mask ``(batch, 1, q_len, past_len + q_len)``, or None when causal alone will do.
 
-    A query position whose every key is padding may still attend to itself, so padded rows never
-    produce NaN (their outputs are never read).
+    ``window``: sliding-window attention (Mistral, Qwen2), a query sees only the ``window`` most
+    recent positions, itself included. A query position whose every key is padding may still
+    attend to itself, so padded rows never produce NaN (their outputs are never read).
     """
     kv_len = past_len + q_len
-    if attention_mask is None or bool(attention_mask.all()):
-        if q_len == 1 or past_len == 0:
-            return None  # decode step, or plain causal prefill
-        q_pos = torch.arange(past_len, kv_len, device=device)[:, None]
-        return (torch.arange(kv_len, device=device)[None, :] <= q_pos)[None, None]
-    am = attention_mask[:, -kv_len:].to(device=device, dtype=torch.bool)
+    no_padding = attention_mask is None or bool(attention_mask.all())
+    if window is not None and kv_len <= window:
+        window = None  # the window covers everything
+    if no_padding and window is None and (q_len == 1 or past_len == 0):
+        return None  # decode step, or plain causal prefill
     q_pos = torch.arange(past_len, kv_len, device=device)[:, None]
     k_pos = torch.arange(kv_len, device=device)[None, :]
-    causal = k_pos <= q_pos  # (q, k)
-    mask = causal[None] & am[:, None, :]  # (b, q, k)
-    mask = mask | (k_pos == q_pos)[None]
+    allowed = k_pos <= q_pos  # (q, k)
+    if window is not None:
+        allowed = allowed & (k_pos > q_pos - window)
+    if no_padding:
+        return allowed[None, None]
+    assert attention_mask is not None
+    am = attention_mask[:, -kv_len:].to(device=device, dtype=torch.bool)
+    mask = (allowed[None] & am[:, None, :]) | (k_pos == q_pos)[None]  # (b, q, k)
     return mask[:, None]
+
+
+def layer_windows(config: ModelConfig) -> list[int | None]:
+    """Each layer's sliding-window size (None: full attention), read as transformers reads it."""
+    n = config.num_hidden_layers
+    window = config.sliding_window
+    if config.model_type == "qwen2" and config.use_sliding_window is False:
+        window = None
+    if not window:
+        return [None] * n
+    if config.layer_types:
+        return [int(window) if kind == "sliding_attention" else None for kind in config.layer_types]
+    if config.model_type == "qwen2":
+        first = int(config.get("max_window_layers", 28))
+        return [int(window) if i >= first else None for i in range(n)]
+    return [int(window)] * n
 
 
 class LlamaForCausalLM(GenkitModel):
@@ -217,6 +184,8 @@ class LlamaForCausalLM(GenkitModel):
         head_dim = config.get("head_dim", config.hidden_size // config.num_attention_heads)
         inv_freq, self.attention_scaling = rope_inv_freq(config, head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.windows = layer_windows(config)
+        self._prepared: tuple[tuple[Any, ...], Any] | None = None
 
     def tie_weights(self) -> None:
         """Share the input embedding with the LM head when the config says so."""
@@ -236,7 +205,8 @@ class LlamaForCausalLM(GenkitModel):
     def _rope_table(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed-sin tables for positions ``0..n-1`` (grown by doubling, cached)."""
         table = getattr(self, "_rope_cache", None)
-        if table is None or table[0].shape[0] < n or table[0].dtype != dtype or table[0].device != self.inv_freq.device:
+        if (table is None or table[0].shape[0] < n or table[0].dtype != dtype or table[0].device != self.inv_freq.device
+                or (table[0].is_inference() and not torch.is_inference_mode_enabled())):  # built by generate()
             size = max(n, 2 * table[0].shape[0] if table is not None else 0, 256)
             pos = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)
             freqs = pos[:, None] * self.inv_freq[None, :]
@@ -256,6 +226,25 @@ class LlamaForCausalLM(GenkitModel):
         cos, sin = self._rope_table(int(position_ids.max()) + 1, dtype)
         return cos[position_ids][:, None], sin[position_ids][:, None]
 
+    def _inference_weights(self, cache: KVCache | None, past_len: int) -> Any:
+        """Prepared weights for the plain inference path, or None for the module path (hooks, adapters).
+
+        Checked when a cache starts and then kept on the cache: later steps on it skip the check.
+        """
+        if cache is not None and past_len > 0 and cache.prepared is not None and cache.prepared[0] is self:
+            return cache.prepared[1]
+        layers = self.model.layers
+        prepared = None
+        if not has_hooks(list(layers.modules())):
+            key = weights_key(layers)
+            if self._prepared is None or self._prepared[0] != key:
+                self._prepared = None  # free the old copies before building new ones
+                self._prepared = (key, prepare_layers(layers, self.windows))
+            prepared = self._prepared[1]
+        if cache is not None:
+            cache.prepared = (self, prepared)
+        return prepared
+
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -273,7 +262,7 @@ class LlamaForCausalLM(GenkitModel):
             if input_ids is None:
                 raise ValueError("pass `input_ids` or `inputs_embeds`")
             inputs_embeds = self.model.embed_tokens(input_ids)
-        b, t, _ = inputs_embeds.shape
+        t = inputs_embeds.shape[1]
         cache = past_key_values
         if cache is None and use_cache:
             cache = self.new_cache()
@@ -282,13 +271,18 @@ class LlamaForCausalLM(GenkitModel):
             pos = attention_mask.long().cumsum(-1) - 1
             position_ids = pos.masked_fill(attention_mask == 0, 1)[:, -t:]
         cos, sin = self.rope(position_ids, inputs_embeds.dtype, past_len, t)
-        mask = build_attention_mask(attention_mask, t, past_len, inputs_embeds.device)
-        x = inputs_embeds
+        masks = {w: build_attention_mask(attention_mask, t, past_len, inputs_embeds.device, w)
+                 for w in set(self.windows)}
         hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
-        for layer in self.model.layers:
-            if hidden is not None:
-                hidden.append(x)
-            x = layer(x, cos, sin, mask, cache)
+        prepared = None if torch.is_grad_enabled() else self._inference_weights(cache, past_len)
+        if prepared is not None:
+            x = run_layers(prepared, inputs_embeds, cos, sin, masks, cache, hidden)
+        else:
+            x = inputs_embeds
+            for layer, window in zip(self.model.layers, self.windows):
+                if hidden is not None:
+                    hidden.append(x)
+                x = layer(x, cos, sin, masks[window], cache)
         x = self.model.norm(x)
         if hidden is not None:
             hidden.append(x)

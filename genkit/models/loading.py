@@ -112,10 +112,6 @@ def architecture_class(config: ModelConfig, where: str = "config.json") -> type[
         act = config.hidden_act or "silu"
         if act not in ("silu", "swish"):
             raise ValueError(f"{where}: hidden_act {act!r} is not supported for {arch}; accepted: 'silu'")
-        window = config.sliding_window if (config.use_sliding_window is not False) else None
-        if window and int(window) < int(config.max_position_embeddings or 0):
-            logger.warning("%s: sliding_window=%s is not applied by genkit's attention; outputs match the "
-                           "reference only up to %s tokens", where, window, window)
     return resolve(ARCHITECTURES[arch])
 
 
