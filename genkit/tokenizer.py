@@ -382,23 +382,42 @@ GGUF_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": 
                "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
 
 
-def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -> Tokenizer:
-    """Build the tokenizer a GGUF's ``tokenizer.ggml.*`` metadata describes (byte-level BPE).
+# llama.cpp token types (tokenizer.ggml.token_type): 1 normal, 2 unknown, 3 control, 4 user-defined,
+# 5 unused, 6 byte
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+GGUF_TOKENIZER_MODELS = ("gpt2", "llama")
 
-    ``meta`` is :func:`genkit.models.gguf.read_gguf_tokenizer`'s dict. Control tokens (type 3)
-    become special added tokens and user-defined ones (type 4) plain added tokens, so they are
-    matched whole; the split regex follows ``tokenizer.ggml.pre``.
+
+def sentencepiece_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str, str]]:
+    """BPE merges implied by a SentencePiece BPE vocabulary, best first.
+
+    A SentencePiece BPE model (and llama.cpp's ``llama`` tokenizer) merges, at each step, the
+    adjacent pair whose concatenation is the vocabulary piece of highest score. Every split of a
+    piece into two vocabulary pieces is therefore a merge ranked by that piece's score; ties go to
+    the longer left part, then the longer right part (the order transformers' GGUF converter uses,
+    so both build the same tokenizer).
     """
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+    vocab = {tok: i for i, tok in enumerate(tokens)}  # a duplicated piece keeps its last id, as in llama.cpp
+    score_of = dict(zip(tokens, (float(s) for s in scores)))
+    ranked: list[tuple[float, str, str]] = []
+    for piece, score in score_of.items():
+        splits = [(piece[:k], piece[k:]) for k in range(1, len(piece))
+                  if piece[:k] in vocab and piece[k:] in vocab]
+        splits.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+        ranked.extend((score, left, right) for left, right in splits)
+    # stable sort, best first: equal keys keep the order above
+    ranked.sort(key=lambda m: (m[0], len(m[1]), len(m[2])), reverse=True)
+    return [(left, right) for _, left, right in ranked]
+
+
+def _byte_level_backend(meta: dict[str, Any], tokens: list[str]) -> tuple[Any, dict[str, int]]:
+    """GPT-2-style byte-level BPE (``tokenizer.ggml.model == "gpt2"``): vocabulary and merges."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as Backend
 
-    kind = meta.get("model")
-    if kind != "gpt2":
-        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported; accepted: 'gpt2' (byte-level BPE)")
-    tokens: list[str] = list(meta["tokens"])
-    alphabet = set(bytes_to_unicode().values())
     table = bytes_to_unicode()
-    vocab = {}
+    alphabet = set(table.values())
+    vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         spelled = tok if set(tok) <= alphabet else "".join(table[b] for b in tok.encode("utf-8"))
         vocab.setdefault(spelled, i)
@@ -414,15 +433,75 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     backend.decoder = decoders.ByteLevel()
-    types = list(meta.get("token_type") or [])
-    control = [AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types)
-               if ty == 3 and set(t) <= alphabet]
-    if control:
-        backend.add_special_tokens(control)
-    user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
-            if ty == 4 and t in vocab]
-    if user:
-        backend.add_tokens(user)
+    return backend, vocab
+
+
+def _sentencepiece_backend(meta: dict[str, Any], tokens: list[str]) -> tuple[Any, dict[str, int]]:
+    """SentencePiece BPE with byte fallback (``tokenizer.ggml.model == "llama"``).
+
+    Spaces are spelled ``▁`` and one ``▁`` is put in front of the text (unless
+    ``add_space_prefix`` is false); the merges come from ``tokenizer.ggml.merges`` when the file
+    has them, else from the scores (:func:`sentencepiece_merges`); a character missing from the
+    vocabulary becomes its UTF-8 bytes as ``<0xNN>`` tokens. Decoding turns ``▁`` back into spaces,
+    bytes back into characters, and drops the one leading space the prefix added.
+    """
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    if meta.get("merges"):
+        merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
+    else:
+        scores = list(meta.get("scores") or [])
+        if len(scores) != len(tokens):
+            raise ValueError(f"GGUF tokenizer: `tokenizer.ggml.scores` has {len(scores)} entries for "
+                             f"{len(tokens)} tokens; a 'llama' vocabulary needs one score per token")
+        merges = sentencepiece_merges(tokens, scores)
+    unk_id = meta.get("unknown_token_id")
+    unk = tokens[int(unk_id)] if unk_id is not None and 0 <= int(unk_id) < len(tokens) else None
+    backend = Backend(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    prefix = bool(meta.get("add_space_prefix", True))
+    # "first": the prefix goes before the text, not again after a special token inside it
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
+                                                     prepend_scheme="first" if prefix else "never", split=False)
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    backend.decoder = decoders.Sequence(steps)
+    return backend, vocab
+
+
+def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -> Tokenizer:
+    """Build the tokenizer a GGUF's ``tokenizer.ggml.*`` metadata describes.
+
+    ``meta`` is :func:`genkit.models.gguf.read_gguf_tokenizer`'s dict. ``tokenizer.ggml.model``
+    picks the kind: ``"gpt2"`` (byte-level BPE; the split regex follows ``tokenizer.ggml.pre``) or
+    ``"llama"`` (SentencePiece BPE with byte fallback: Llama 1/2, Mistral, TinyLlama...). Control
+    tokens (type 3) and the bos/eos/unk/pad tokens become special added tokens and user-defined ones
+    (type 4) plain added tokens, so they are matched whole. BOS/EOS are added as
+    ``add_bos_token``/``add_eos_token`` say (for ``"llama"`` BOS is added when the file does not say,
+    as llama.cpp does).
+    """
+    from tokenizers import AddedToken, processors
+
+    kind = meta.get("model")
+    if kind not in GGUF_TOKENIZER_MODELS:
+        raise ValueError(f"`tokenizer.ggml.model`: GGUF tokenizer model {kind!r} is not supported; accepted: "
+                         "'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE with byte fallback)")
+    if not meta.get("tokens"):
+        raise ValueError("GGUF tokenizer: the file has no `tokenizer.ggml.tokens`")
+    tokens: list[str] = [str(t) for t in meta["tokens"]]
+    if kind == "gpt2":
+        backend, vocab = _byte_level_backend(meta, tokens)
+        spelled = set(bytes_to_unicode().values())
+
+        def usable(t: str) -> bool:  # a control token outside the byte alphabet is a mislabel
+            return set(t) <= spelled
+    else:
+        backend, vocab = _sentencepiece_backend(meta, tokens)
+
+        def usable(t: str) -> bool:
+            return True
 
     def tok(key: str) -> str | None:
         i = meta.get(key)
@@ -430,10 +509,22 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -
 
     config: dict[str, Any] = {"bos_token": tok("bos_token_id"), "eos_token": tok("eos_token_id"),
                               "unk_token": tok("unknown_token_id"), "pad_token": tok("padding_token_id"),
-                              "add_bos_token": bool(meta.get("add_bos_token", False)),
+                              "add_bos_token": bool(meta.get("add_bos_token", kind == "llama")),
                               "add_eos_token": bool(meta.get("add_eos_token", False))}
     if meta.get("chat_template"):
         config["chat_template"] = meta["chat_template"]
+
+    types = list(meta.get("token_type") or [])
+    control = [t for t, ty in zip(tokens, types) if ty == _GGUF_CONTROL and usable(t)]
+    if kind == "llama":  # the named special tokens too (``<unk>`` is typed UNKNOWN, not CONTROL)
+        control += [config[n] for n in _SPECIAL_NAMES if config[n] is not None and config[n] not in control]
+    if control:
+        backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+    user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
+            if ty == _GGUF_USER_DEFINED and t in vocab]
+    if user:
+        backend.add_tokens(user)
+
     single, specials = "$A", []
     if config["add_bos_token"] and config["bos_token"] is not None:
         single = f"{config['bos_token']} {single}"
