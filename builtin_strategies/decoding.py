@@ -87,6 +87,7 @@ def decode_loop(
     logits_out: list[torch.Tensor] = []
     hidden_out: list[Any] = []
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+    may_finish_early = eos is not None or bool(others)
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
@@ -94,7 +95,7 @@ def decode_loop(
     out = model(input_ids, attention_mask=attention_mask if padded else None, position_ids=position_ids,
                 past_key_values=cache, use_cache=use_cache, output_hidden_states=want_hidden, logits_to_keep=1)
     while True:
-        logits = out.logits[:, -1, :].to(dtype=torch.float32, copy=True)
+        logits = out.logits[:, -1, :].float()  # a fresh tensor each step: processors may edit it in place
         if want_hidden:
             hidden_out.append(out.hidden_states)
         if want_logits:
@@ -117,7 +118,7 @@ def decode_loop(
             unfinished = unfinished & ~torch.isin(next_tokens, eos)
         if others:
             unfinished = unfinished & ~StoppingCriteriaList(others)(seqs[:, :cur], scores)
-        if cur >= max_length or not bool(unfinished.any()):
+        if cur >= max_length or (may_finish_early and not bool(unfinished.any())):
             break
         if use_cache:
             step_ids = seqs[:, cur - 1:cur]

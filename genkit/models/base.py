@@ -40,6 +40,14 @@ class ModelConfig:
         return f"ModelConfig({json.dumps(self.__dict__, default=str, sort_keys=True)})"
 
 
+def positions_from_mask(attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
+    """Position ids of the last ``q_len`` tokens of a left-padded batch (None when nothing is padded)."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.masked_fill(attention_mask == 0, 1)[:, -q_len:]
+
+
 @dataclass
 class CausalLMOutput:
     logits: torch.Tensor
@@ -74,6 +82,33 @@ class GenkitModel(nn.Module, GenerationMixin):
     def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits from a hidden state of any layer (final norm + LM head), for DoLa and early exit."""
         raise NotImplementedError
+
+    def start_forward(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
+                      past_key_values: Any, use_cache: bool, embed: nn.Module) -> tuple[torch.Tensor, Any, int]:
+        """The common start of ``forward``: embeddings, the cache (a new one when none is passed) and
+        the number of positions it already holds."""
+        if inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError("pass `input_ids` or `inputs_embeds`")
+            inputs_embeds = embed(input_ids)
+        cache = past_key_values
+        if cache is None and use_cache:
+            cache = self.new_cache()
+        return inputs_embeds, cache, cache.get_seq_length() if cache is not None else 0
+
+    def finish_forward(self, x: torch.Tensor, hidden: list[torch.Tensor] | None, logits_to_keep: int | torch.Tensor,
+                       cache: Any, use_cache: bool) -> CausalLMOutput:
+        """The common end of ``forward``: ``x`` is the final-normed hidden state; logits for the kept
+        positions only (``logits_to_keep``: the last N, or an index tensor)."""
+        if hidden is not None:
+            hidden.append(x)
+        if isinstance(logits_to_keep, int):
+            if logits_to_keep > 0:
+                x = x[:, -logits_to_keep:]
+        else:
+            x = x[:, logits_to_keep]
+        return CausalLMOutput(logits=self.lm_head(x), past_key_values=cache if use_cache else None,
+                              hidden_states=tuple(hidden) if hidden is not None else None)
 
     def new_cache(self, max_length: int = 0) -> Any:
         """An empty cache with room for ``max_length`` positions."""

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import CausalLMOutput, GenkitModel, ModelConfig
+from .base import CausalLMOutput, GenkitModel, ModelConfig, positions_from_mask
 from .cache import KVCache
 from .llama import build_attention_mask
 
@@ -142,21 +142,13 @@ class GPT2LMHeadModel(GenkitModel):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> CausalLMOutput:
-        if inputs_embeds is None:
-            if input_ids is None:
-                raise ValueError("pass `input_ids` or `inputs_embeds`")
-            inputs_embeds = self.transformer.wte(input_ids)
+        inputs_embeds, cache, past_len = self.start_forward(input_ids, inputs_embeds, past_key_values, use_cache,
+                                                            self.transformer.wte)
         b, t, _ = inputs_embeds.shape
-        cache = past_key_values
-        if cache is None and use_cache:
-            cache = self.new_cache()
-        past_len = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
-            if attention_mask is not None and not bool(attention_mask.all()):
-                pos = attention_mask.long().cumsum(-1) - 1
-                position_ids = pos.masked_fill(attention_mask == 0, 1)[:, -t:]
-            else:
-                position_ids = torch.arange(past_len, past_len + t, device=inputs_embeds.device)[None].expand(b, t)
+            position_ids = positions_from_mask(attention_mask, t)
+        if position_ids is None:
+            position_ids = torch.arange(past_len, past_len + t, device=inputs_embeds.device)[None].expand(b, t)
         x = inputs_embeds + self.transformer.wpe(position_ids)
         mask = build_attention_mask(attention_mask, t, past_len, inputs_embeds.device)
         hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
@@ -164,14 +156,4 @@ class GPT2LMHeadModel(GenkitModel):
             if hidden is not None:
                 hidden.append(x)
             x = block(x, mask, cache)
-        x = self.transformer.ln_f(x)
-        if hidden is not None:
-            hidden.append(x)
-        if isinstance(logits_to_keep, int):
-            if logits_to_keep > 0:
-                x = x[:, -logits_to_keep:]
-        else:
-            x = x[:, logits_to_keep]
-        logits = self.lm_head(x)
-        return CausalLMOutput(logits=logits, past_key_values=cache if use_cache else None,
-                              hidden_states=tuple(hidden) if hidden is not None else None)
+        return self.finish_forward(self.transformer.ln_f(x), hidden, logits_to_keep, cache, use_cache)

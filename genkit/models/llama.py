@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import CausalLMOutput, GenkitModel, ModelConfig
+from .base import CausalLMOutput, GenkitModel, ModelConfig, positions_from_mask
 from .cache import KVCache
 from .llama_infer import has_hooks, prepare_layers, rms_norm, run_layers, weights_key
 
@@ -258,18 +258,11 @@ class LlamaForCausalLM(GenkitModel):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> CausalLMOutput:
-        if inputs_embeds is None:
-            if input_ids is None:
-                raise ValueError("pass `input_ids` or `inputs_embeds`")
-            inputs_embeds = self.model.embed_tokens(input_ids)
+        inputs_embeds, cache, past_len = self.start_forward(input_ids, inputs_embeds, past_key_values, use_cache,
+                                                            self.model.embed_tokens)
         t = inputs_embeds.shape[1]
-        cache = past_key_values
-        if cache is None and use_cache:
-            cache = self.new_cache()
-        past_len = cache.get_seq_length() if cache is not None else 0
-        if position_ids is None and attention_mask is not None and not bool(attention_mask.all()):
-            pos = attention_mask.long().cumsum(-1) - 1
-            position_ids = pos.masked_fill(attention_mask == 0, 1)[:, -t:]
+        if position_ids is None:
+            position_ids = positions_from_mask(attention_mask, t)
         cos, sin = self.rope(position_ids, inputs_embeds.dtype, past_len, t)
         masks = {w: build_attention_mask(attention_mask, t, past_len, inputs_embeds.device, w)
                  for w in set(self.windows)}
@@ -283,14 +276,4 @@ class LlamaForCausalLM(GenkitModel):
                 if hidden is not None:
                     hidden.append(x)
                 x = layer(x, cos, sin, masks[window], cache)
-        x = self.model.norm(x)
-        if hidden is not None:
-            hidden.append(x)
-        if isinstance(logits_to_keep, int):
-            if logits_to_keep > 0:
-                x = x[:, -logits_to_keep:]
-        else:
-            x = x[:, logits_to_keep]
-        logits = self.lm_head(x)
-        return CausalLMOutput(logits=logits, past_key_values=cache if use_cache else None,
-                              hidden_states=tuple(hidden) if hidden is not None else None)
+        return self.finish_forward(self.model.norm(x), hidden, logits_to_keep, cache, use_cache)
