@@ -6,7 +6,8 @@ Registered at start-up through the same hooks as any pack. Every item is given a
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from genkit.hookspecs import hookimpl
 

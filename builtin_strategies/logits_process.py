@@ -574,8 +574,11 @@ class PrefixConstrainedLogitsProcessor(LogitsProcessor):
     """Allow only the tokens ``prefix_allowed_tokens_fn(batch_id, row_ids)`` returns.
 
     The callback runs once per row per step (it is user Python); the mask is applied in one op.
-    If every beam of a prompt has only -inf among its allowed tokens, the allowed tokens get 0
-    so that generation can go on.
+    Each call's rows are prompt-major, ``num_beams`` rows per prompt, and row ``r`` belongs to
+    prompt ``r // num_beams``; diverse beam search calls the processors on one group of beams at
+    a time, so for it ``num_beams`` is the beams of one group (``num_beams // num_beam_groups``).
+    If every beam of a prompt in the call has only -inf among its allowed tokens, the allowed
+    tokens get 0 so that generation can go on.
     """
 
     def __init__(self, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], list[int]], num_beams: int) -> None:
@@ -587,6 +590,12 @@ class PrefixConstrainedLogitsProcessor(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         beams = self._num_beams
+        if input_ids.shape[0] % beams:
+            raise ValueError(
+                f"PrefixConstrainedLogitsProcessor was built for {beams} beams per prompt but called on "
+                f"{input_ids.shape[0]} rows, not a multiple of {beams}: build it with the beams of one call "
+                "(num_beams, or num_beams // num_beam_groups for diverse beam search)"
+            )
         rows: list[int] = []
         cols: list[int] = []
         for row in range(input_ids.shape[0]):

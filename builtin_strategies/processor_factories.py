@@ -13,6 +13,7 @@ from typing import Any
 from genkit.generation.processing import ProcessorContext
 
 from . import logits_process as lp
+from .beam_select import is_constrained_beam_search
 
 logger = logging.getLogger("genkit.processors")
 
@@ -91,7 +92,17 @@ def make_min_new_tokens(config: Any, ctx: ProcessorContext) -> Any:
 def make_prefix_allowed_tokens(config: Any, ctx: ProcessorContext) -> Any:
     if ctx.prefix_allowed_tokens_fn is None:
         return None
-    return lp.PrefixConstrainedLogitsProcessor(ctx.prefix_allowed_tokens_fn, config.num_beams)
+    return lp.PrefixConstrainedLogitsProcessor(ctx.prefix_allowed_tokens_fn, _beams_per_call(config))
+
+
+def _beams_per_call(config: Any) -> int:
+    """Rows of one prompt in one call of the processors: diverse beam search calls them on one
+    group's beams at a time (``num_beams // num_beam_groups`` per prompt, as transformers 4.x built
+    this processor); every other strategy, constrained beam search included, on all the beams."""
+    groups = int(config.num_beam_groups)
+    if groups > 1 and not is_constrained_beam_search(config):
+        return int(config.num_beams) // groups
+    return int(config.num_beams)
 
 
 def make_forced_bos(config: Any, ctx: ProcessorContext) -> Any:

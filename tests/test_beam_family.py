@@ -183,6 +183,64 @@ def test_hamming_penalty_hand_checked(tiny_model, penalty):
     assert by_group[1][1] == pytest.approx(float(expected1[t1]), abs=1e-5)
 
 
+# prefix_allowed_tokens_fn with groups: each group's rows keep their own prompt's batch id
+_PREFIX_PROMPTS = torch.tensor([[1, 5, 9, 33, 70], [1, 8, 2, 90, 11]])
+_PREFIX_ALLOWED = {0: list(range(10, 30)), 1: list(range(60, 80))}
+
+
+def _recording_prefix_fn(calls):
+    def fn(batch_id, input_ids):
+        calls.append((batch_id, tuple(input_ids.tolist())))
+        return _PREFIX_ALLOWED[batch_id]
+    return fn
+
+
+@pytest.mark.parametrize("batch", [2, 1])
+def test_prefix_allowed_tokens_with_beam_groups_keeps_batch_ids(tiny_model, batch):
+    ids = _PREFIX_PROMPTS[:batch]
+    prompt_len, beams, steps = ids.shape[1], 4, 6
+    calls: list[tuple[int, tuple[int, ...]]] = []
+    out = genkit.generate(tiny_model, ids, num_beams=beams, num_beam_groups=2, diversity_penalty=1.0,
+                          num_return_sequences=beams, max_new_tokens=steps, eos_token_id=None,
+                          prefix_allowed_tokens_fn=_recording_prefix_fn(calls), **DICT)
+    assert out.sequences.shape == (batch * beams, prompt_len + steps)
+    for i, row in enumerate(out.sequences.tolist()):
+        b = i // beams
+        assert row[:prompt_len] == ids[b].tolist()
+        assert set(row[prompt_len:]) <= set(_PREFIX_ALLOWED[b]), (b, row)
+    # the callback saw each row under its own prompt's batch id, once per beam per step
+    assert sorted({b for b, _ in calls}) == list(range(batch))
+    for b in range(batch):
+        assert sum(1 for cb, _ in calls if cb == b) == beams * steps
+    for b, row in calls:
+        assert list(row[:prompt_len]) == ids[b].tolist(), (b, row)
+        assert set(row[prompt_len:]) <= set(_PREFIX_ALLOWED[b]), (b, row)
+    assert bool(torch.isfinite(out.sequences_scores).all())
+
+
+def test_prefix_allowed_tokens_with_beam_groups_matches_transformers(tiny_pair):
+    """transformers 5.x runs diverse beam search only as a Hub recipe (not reachable offline), so
+    the reference is its beam search: with ``diversity_penalty=0`` every group of ``k`` beams is a
+    beam search with ``k`` beams, and each must give transformers' hypotheses for every prompt."""
+    hf, ours = tiny_pair
+    ids = _PREFIX_PROMPTS
+    kw = dict(max_new_tokens=7, eos_token_id=None, pad_token_id=0, do_sample=False, **DICT)
+    ref = hf.generate(ids, num_beams=2, num_return_sequences=2, prefix_allowed_tokens_fn=_recording_prefix_fn([]),
+                      **kw)
+    got = genkit.generate(ours, ids, num_beams=4, num_beam_groups=2, diversity_penalty=0.0, num_return_sequences=4,
+                          prefix_allowed_tokens_fn=_recording_prefix_fn([]), **kw)
+    ref_seqs = ref.sequences.view(2, 2, -1)
+    got_seqs = got.sequences.view(2, 4, -1)
+    got_scores = got.sequences_scores.view(2, 4)
+    for b in range(2):
+        # two identical groups: each hypothesis of transformers' comes back twice, best first
+        for j in range(2):
+            for k in (2 * j, 2 * j + 1):
+                assert got_seqs[b, k].tolist() == ref_seqs[b, j].tolist(), (b, j, got_seqs[b], ref_seqs[b])
+                torch.testing.assert_close(got_scores[b, k], ref.sequences_scores[2 * b + j], rtol=1e-4, atol=1e-4)
+        assert set(got_seqs[b, :, ids.shape[1]:].reshape(-1).tolist()) <= set(_PREFIX_ALLOWED[b])
+
+
 # ---------------------------------------------------------------------------------------------
 # constrained beam search
 # ---------------------------------------------------------------------------------------------
