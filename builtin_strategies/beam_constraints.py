@@ -38,14 +38,11 @@ from typing import Any
 import torch
 
 from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput
-from genkit.generation.processing import StoppingCriteriaList
 
-from .beam_search import BeamRunner, build_output, check_no_streamer, output_fill_value
-from .decoding import _split_criteria
+from .beam_common import NEG, BeamRun, beam_inputs, candidate_hits, extend
+from .loop_state import sequence_buffer
 
 logger = logging.getLogger("genkit.beam")
-
-_NEG = -1.0e9
 
 
 def parse_force_words_ids(force_words_ids: Any, vocab_size: int | None = None) -> list[list[list[int]]]:
@@ -113,25 +110,11 @@ class ConstraintState:
         return met, bank, next_tok, next_ok
 
 
-def constrained_beam_search(
-    model: Any,
-    input_ids: torch.Tensor,
-    *,
-    logits_processor: Any,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: Any,
-    streamer: Any = None,
-    attention_mask: torch.Tensor | None = None,
-    past_key_values: Any = None,
-    use_cache: bool = True,
-    position_ids: torch.Tensor | None = None,
-    **unused: Any,
-) -> GenerateBeamDecoderOnlyOutput:
-    """Beam search whose returned hypotheses contain every ``force_words_ids`` constraint."""
-    check_no_streamer(streamer, "constrained beam search")
-    if unused:
-        raise ValueError(f"unexpected model inputs for constrained beam search: {sorted(unused)}")
-    cfg = generation_config
+def constrained_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateBeamDecoderOnlyOutput:
+    """Beam search whose returned hypotheses contain every ``force_words_ids`` constraint. ``kwargs``
+    is the strategy call (see ``loop_state.read_inputs``)."""
+    inp = beam_inputs("constrained beam search", model, input_ids, kwargs)
+    cfg = inp.config
     if cfg.force_words_ids is None:
         raise ValueError("constrained beam search needs `force_words_ids` (phrases or disjunctive sets)")
     if cfg.do_sample:
@@ -139,51 +122,28 @@ def constrained_beam_search(
     beams = int(cfg.num_beams)
     if beams < 2:
         raise ValueError(f"constrained beam search needs `num_beams` > 1; got {beams}")
-    n_return = int(cfg.num_return_sequences)
-    if n_return > beams:
-        raise ValueError(f"`num_return_sequences` ({n_return}) must be <= `num_beams` ({beams}).")
     vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
     constraints = parse_force_words_ids(cfg.force_words_ids, vocab_size)
-    batch, prompt_len = input_ids.shape
-    device = input_ids.device
-    max_length = stopping_criteria.max_length or cfg.max_length
-    others, eos = _split_criteria(stopping_criteria)
-    if eos is not None:
-        eos = eos.to(device)
-    use_cache = bool(use_cache and cfg.use_cache)
+    run = BeamRun(inp, beams)
+    n_return = run.n_return
+    batch, prompt_len, max_length, device, eos = inp.batch, inp.prompt_len, inp.max_length, inp.device, inp.eos
     lp_exp = float(cfg.length_penalty)
     state = ConstraintState(constraints, device)
     reserved = max(n_return, (beams + 1) // 2)  # running slots complete hypotheses take first
-
     n_gen = max_length - prompt_len
-    seqs = torch.full((batch, beams, max_length), output_fill_value(cfg, eos), dtype=torch.long, device=device)
-    seqs[:, :, :prompt_len] = input_ids[:, None, :]
-    run_scores = torch.full((batch, beams), _NEG, device=device)
+    seqs = sequence_buffer(input_ids, max_length, run.fill, beams)
+    run_scores = torch.full((batch, beams), NEG, device=device)
     run_scores[:, 0] = 0.0
     bidx = torch.full((batch, beams, n_gen), -1, dtype=torch.long, device=device)
     # finished pool per prompt: lists of (key, score, seq, bidx); key ranks complete before incomplete
     pools: list[list[tuple[float, float, torch.Tensor, torch.Tensor]]] = [[] for _ in range(batch)]
     fallback: list[list[tuple[float, float, torch.Tensor, torch.Tensor]]] = [[] for _ in range(batch)]
 
-    runner = BeamRunner(model, input_ids, beams, max_length, attention_mask=attention_mask,
-                        past_key_values=past_key_values, use_cache=use_cache, position_ids=position_ids,
-                        want_hidden=bool(cfg.output_hidden_states))
-    want_scores, want_logits, want_hidden = bool(cfg.output_scores), bool(cfg.output_logits), \
-        bool(cfg.output_hidden_states)
-    scores_out: list[torch.Tensor] = []
-    logits_out: list[torch.Tensor] = []
-    hidden_out: list[Any] = []
-    logits, hidden = runner.first_logits, runner.first_hidden
     cur = prompt_len
     while True:
-        if want_logits:
-            logits_out.append(logits.clone())
-        if want_hidden:
-            hidden_out.append(hidden)
         flat_ids = seqs[:, :, :cur].reshape(batch * beams, cur)
-        log_probs = logits_processor(flat_ids, torch.log_softmax(logits, dim=-1))
-        if want_scores:
-            scores_out.append(log_probs.clone())
+        log_probs = inp.logits_processor(flat_ids, run.log_probs())
+        run.outputs.processed(log_probs, copy=True)
         vocab = log_probs.shape[-1]
         total = log_probs.view(batch, beams, vocab) + run_scores[:, :, None]
         _, _, adv_tok, adv_ok = state.evaluate(flat_ids[:, prompt_len:])
@@ -192,7 +152,7 @@ def constrained_beam_search(
 
         new_seqs, new_scores, new_bidx, parents = [], [], [], []
         for b in range(batch):
-            live = run_scores[b] > _NEG / 2
+            live = run_scores[b] > NEG / 2
             top = torch.topk(total[b].view(-1), min(2 * beams, beams * vocab)).indices
             rows = torch.arange(beams, device=device)[:, None] * vocab
             own = (rows + torch.topk(total[b], min(2, vocab), dim=1).indices)[live]  # each beam's own best
@@ -200,19 +160,14 @@ def constrained_beam_search(
             flat = torch.unique(torch.cat((top, own.view(-1), forced)))
             parent, tok = flat // vocab, flat % vocab
             score = total[b].view(-1)[flat]
-            keep = score > _NEG / 2
+            keep = score > NEG / 2
             parent, tok, score = parent[keep], tok[keep], score[keep]
-            cand = seqs[b, parent, :].clone()
-            cand[:, cur] = tok
-            cand_bidx = bidx[b, parent, :].clone()
-            cand_bidx[:, cur - prompt_len] = parent + b * beams
+            cand, cand_bidx = extend(seqs[b:b + 1], bidx[b:b + 1], parent[None], tok[None], parent[None] + b * beams,
+                                     cur, prompt_len)
+            cand, cand_bidx = cand[0], cand_bidx[0]
             met, bank, _, _ = state.evaluate(cand[:, prompt_len:cur + 1])
             complete = met.all(dim=1)
-            hit = torch.full_like(complete, last)
-            if eos is not None:
-                hit |= torch.isin(tok, eos)
-            if others:
-                hit |= StoppingCriteriaList(others)(cand[:, :cur + 1], None)
+            hit = candidate_hits(tok, cand, cur, max_length, eos, inp.others)
             normed = score / float(cur + 1 - prompt_len) ** lp_exp
             for i in torch.nonzero(hit).view(-1).tolist():
                 entry = (float(normed[i]), float(normed[i]), cand[i], cand_bidx[i])
@@ -220,11 +175,11 @@ def constrained_beam_search(
             pools[b] = sorted(pools[b], key=lambda e: -e[0])[:beams]
             fallback[b] = sorted(fallback[b], key=lambda e: -e[0])[:beams]
             # running: round-robin over banks (most progressed first), best score first in a bank
-            run = torch.nonzero(~hit).view(-1)
-            chosen = _select_running(bank[run], score[run], complete[run], beams, reserved)
-            chosen = run[chosen]
+            run_idx = torch.nonzero(~hit).view(-1)
+            chosen = _select_running(bank[run_idx], score[run_idx], complete[run_idx], beams, reserved)
+            chosen = run_idx[chosen]
             n_ch = chosen.numel()
-            s = torch.full((beams,), _NEG, device=device)
+            s = torch.full((beams,), NEG, device=device)
             sq = seqs[b].clone()
             bi = bidx[b].clone()
             par = torch.full((beams,), b * beams, dtype=torch.long, device=device)
@@ -241,21 +196,21 @@ def constrained_beam_search(
         cur += 1
         if last or _all_done(pools, run_scores, beams, cfg.early_stopping, lp_exp, cur, prompt_len, max_length):
             break
-        logits, hidden = runner.next_logits(seqs[:, :, :cur].reshape(batch * beams, cur), torch.cat(parents))
+        run.forward(seqs[:, :, :cur].reshape(batch * beams, cur), torch.cat(parents))
 
-    out_seqs = torch.full((batch, beams, max_length), output_fill_value(cfg, eos), dtype=torch.long, device=device)
-    out_scores = torch.full((batch, beams), _NEG, device=device)
+    out_seqs = sequence_buffer(input_ids, max_length, run.fill, beams)
+    out_scores = torch.full((batch, beams), NEG, device=device)
     out_bidx = torch.full((batch, beams, n_gen), -1, dtype=torch.long, device=device)
     for b in range(batch):
-        chosen = pools[b][:beams]
-        if len(chosen) < n_return:
+        chosen_entries = pools[b][:beams]
+        if len(chosen_entries) < n_return:
             logger.warning("constrained beam search: prompt %d reached max_length with %d hypotheses that satisfy "
-                           "every constraint; filling with incomplete ones (raise max_new_tokens)", b, len(chosen))
-            chosen = chosen + fallback[b][:beams - len(chosen)]
-        for j, (_, sc, sq, bi) in enumerate(chosen):
+                           "every constraint; filling with incomplete ones (raise max_new_tokens)", b,
+                           len(chosen_entries))
+            chosen_entries = chosen_entries + fallback[b][:beams - len(chosen_entries)]
+        for j, (_, sc, sq, bi) in enumerate(chosen_entries):
             out_seqs[b, j], out_scores[b, j], out_bidx[b, j] = sq, sc, bi
-    return build_output(out_seqs, out_scores, out_bidx, n_return, prompt_len, cfg, scores_out, logits_out,
-                        hidden_out, runner.cache if use_cache else None)
+    return run.output(out_seqs, out_scores, out_bidx)
 
 
 def _select_running(bank: torch.Tensor, score: torch.Tensor, complete: torch.Tensor, k: int,
@@ -292,7 +247,7 @@ def _all_done(pools: list[list[Any]], run_scores: torch.Tensor, beams: int, earl
               cur: int, prompt_len: int, max_length: int) -> bool:
     for b, pool in enumerate(pools):
         best = float(run_scores[b].max())
-        if best <= _NEG / 2:
+        if best <= NEG / 2:
             continue  # no live beam left for this prompt
         if len(pool) < beams:
             return False

@@ -20,10 +20,9 @@ from typing import Any
 import torch
 
 from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput
-from genkit.generation.processing import StoppingCriteriaList
 
-from .beam_search import BeamRunner, BeamTracker, build_output, check_no_streamer, output_fill_value
-from .decoding import _split_criteria
+from .beam_common import BeamRun, beam_inputs, take
+from .beam_search import BeamTracker
 
 
 def hamming_penalty(log_probs: torch.Tensor, picked_counts: torch.Tensor, diversity_penalty: float) -> torch.Tensor:
@@ -34,80 +33,44 @@ def hamming_penalty(log_probs: torch.Tensor, picked_counts: torch.Tensor, divers
     return log_probs - diversity_penalty * picked_counts[:, None, :].to(log_probs.dtype)
 
 
-def group_beam_search(
-    model: Any,
-    input_ids: torch.Tensor,
-    *,
-    logits_processor: Any,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: Any,
-    streamer: Any = None,
-    attention_mask: torch.Tensor | None = None,
-    past_key_values: Any = None,
-    use_cache: bool = True,
-    position_ids: torch.Tensor | None = None,
-    **unused: Any,
-) -> GenerateBeamDecoderOnlyOutput:
-    """Diverse beam search over ``num_beam_groups`` groups; see the module docstring."""
-    check_no_streamer(streamer, "diverse beam search")
-    if unused:
-        raise ValueError(f"unexpected model inputs for diverse beam search: {sorted(unused)}")
-    cfg = generation_config
+def group_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateBeamDecoderOnlyOutput:
+    """Diverse beam search over ``num_beam_groups`` groups; see the module docstring. ``kwargs`` is
+    the strategy call (see ``loop_state.read_inputs``)."""
+    inp = beam_inputs("diverse beam search", model, input_ids, kwargs)
+    cfg = inp.config
     beams, groups = int(cfg.num_beams), int(cfg.num_beam_groups)
     if groups < 1 or beams % groups != 0:
         raise ValueError(f"`num_beams` ({beams}) must be divisible by `num_beam_groups` ({groups}).")
     if cfg.do_sample:
         raise ValueError("diverse beam search (`num_beam_groups` > 1) requires do_sample=False.")
-    n_return = int(cfg.num_return_sequences)
-    if n_return > beams:
-        raise ValueError(f"`num_return_sequences` ({n_return}) must be <= `num_beams` ({beams}).")
+    run = BeamRun(inp, beams)
     per_group = beams // groups
     penalty = float(cfg.diversity_penalty)
-    batch, prompt_len = input_ids.shape
-    device = input_ids.device
-    max_length = stopping_criteria.max_length or cfg.max_length
-    others, eos = _split_criteria(stopping_criteria)
-    if eos is not None:
-        eos = eos.to(device)
-    use_cache = bool(use_cache and cfg.use_cache)
-    fill = output_fill_value(cfg, eos)
-    n_eos = 0 if eos is None else eos.numel()
-    base = torch.arange(batch, device=device) * beams
-    trackers = [BeamTracker(input_ids, per_group, max_length, fill, n_eos, cfg.length_penalty, cfg.early_stopping,
-                            base + g * per_group) for g in range(groups)]
-    runner = BeamRunner(model, input_ids, beams, max_length, attention_mask=attention_mask,
-                        past_key_values=past_key_values, use_cache=use_cache, position_ids=position_ids,
-                        want_hidden=bool(cfg.output_hidden_states))
-    want_scores, want_logits, want_hidden = bool(cfg.output_scores), bool(cfg.output_logits), \
-        bool(cfg.output_hidden_states)
-    scores_out: list[torch.Tensor] = []
-    logits_out: list[torch.Tensor] = []
-    hidden_out: list[Any] = []
+    batch = inp.batch
+    base = torch.arange(batch, device=inp.device) * beams
+    trackers = [BeamTracker(input_ids, per_group, inp.max_length, run.fill, run.n_eos, cfg.length_penalty,
+                            cfg.early_stopping, base + g * per_group) for g in range(groups)]
 
-    logits, hidden = runner.first_logits, runner.first_hidden
-    cur = prompt_len
+    cur = inp.prompt_len
     while True:
-        if want_logits:
-            logits_out.append(logits.clone())
-        if want_hidden:
-            hidden_out.append(hidden)
-        vocab = logits.shape[-1]
-        log_probs_all = torch.log_softmax(logits, dim=-1).view(batch, groups, per_group, vocab)
-        step_scores = torch.empty_like(log_probs_all) if want_scores else None
-        counts = torch.zeros((batch, vocab), dtype=torch.long, device=device)
+        log_probs_all = run.log_probs()
+        vocab = log_probs_all.shape[-1]
+        log_probs_all = log_probs_all.view(batch, groups, per_group, vocab)
+        step_scores = torch.empty_like(log_probs_all) if run.outputs.want_scores else None
+        counts = torch.zeros((batch, vocab), dtype=torch.long, device=inp.device)
         parents, tokens = [], []
         for g, tracker in enumerate(trackers):
             lp = hamming_penalty(log_probs_all[:, g], counts, penalty)
-            lp = logits_processor(tracker.running_ids(cur), lp.reshape(batch * per_group, vocab))
+            lp = inp.logits_processor(tracker.running_ids(cur), lp.reshape(batch * per_group, vocab))
             lp = lp.view(batch, per_group, vocab)
             if step_scores is not None:
                 step_scores[:, g] = lp
-            tok, par = tracker.step(lp, cur, False, eos, others)
+            tok, par = tracker.step(lp, cur, False, inp.eos, inp.others)
             counts.scatter_add_(1, tok, torch.ones_like(tok))
             tokens.append(tok)
             parents.append(par)
         if step_scores is not None:
-            scores_out.append(step_scores.view(batch * beams, vocab))
+            run.outputs.processed(step_scores.view(batch * beams, vocab))
         cur += 1
         flags = []
         for tracker in trackers:
@@ -116,20 +79,15 @@ def group_beam_search(
         if trackers[0].all_hit or not bool(torch.stack(flags).any()):
             break
         seqs_flat = torch.stack([t.seqs[:, :, :cur] for t in trackers], dim=1).reshape(batch * beams, cur)
-        logits, hidden = runner.next_logits(seqs_flat, torch.stack(parents, dim=1).reshape(-1))
+        run.forward(seqs_flat, torch.stack(parents, dim=1).reshape(-1))
 
     if groups == 1:
-        seqs, seq_scores, bidx = trackers[0].finished()
-    else:
-        seqs = torch.cat([t.fin_seqs for t in trackers], dim=1)
-        seq_scores = torch.cat([t.fin_scores for t in trackers], dim=1)
-        bidx = torch.cat([t.fin_bidx for t in trackers], dim=1)
-        # rank only real hypotheses: an unfilled slot of one group never outranks a finished one
-        done = torch.cat([t.fin_done for t in trackers], dim=1)
-        key = torch.where(done, seq_scores, torch.full_like(seq_scores, -float("inf")))
-        order = torch.sort(key, dim=1, descending=True, stable=True).indices
-        seq_scores = seq_scores.gather(1, order)
-        seqs = seqs.gather(1, order[:, :, None].expand(-1, -1, seqs.shape[-1]))
-        bidx = bidx.gather(1, order[:, :, None].expand(-1, -1, bidx.shape[-1]))
-    return build_output(seqs, seq_scores, bidx, n_return, prompt_len, cfg, scores_out, logits_out, hidden_out,
-                        runner.cache if use_cache else None)
+        return run.output(*trackers[0].finished())
+    seqs = torch.cat([t.fin_seqs for t in trackers], dim=1)
+    seq_scores = torch.cat([t.fin_scores for t in trackers], dim=1)
+    bidx = torch.cat([t.fin_bidx for t in trackers], dim=1)
+    # rank only real hypotheses: an unfilled slot of one group never outranks a finished one
+    done = torch.cat([t.fin_done for t in trackers], dim=1)
+    key = torch.where(done, seq_scores, torch.full_like(seq_scores, -float("inf")))
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices
+    return run.output(take(seqs, order), seq_scores.gather(1, order), take(bidx, order))

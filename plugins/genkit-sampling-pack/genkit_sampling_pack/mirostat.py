@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from builtin_strategies.loop_state import mask_buffer, open_cache, read_inputs, sequence_buffer
 from genkit.generation.outputs import GenerateDecoderOnlyOutput
-from genkit.generation.processing import StoppingCriteriaList
 
 __all__ = ["mirostat_decode", "mirostat_step"]
 
@@ -37,69 +37,57 @@ def mirostat_step(scores: torch.Tensor, mu: torch.Tensor, tau: float, eta: float
     return tokens, mu - eta * (observed - tau), truncated
 
 
-def mirostat_decode(
-    model: Any,
-    input_ids: torch.Tensor,
-    *,
-    logits_processor: Any,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: Any,
-    streamer: Any = None,
-    attention_mask: torch.Tensor | None = None,
-    past_key_values: Any = None,
-    use_cache: bool = True,
-    **unused: Any,
-) -> GenerateDecoderOnlyOutput:
+def mirostat_decode(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateDecoderOnlyOutput:
     """Generate with Mirostat v2 (reads ``mirostat_tau`` — default 5.0 when unset — and
-    ``mirostat_eta`` from the config). Batched; left padding via ``attention_mask``."""
-    if unused:
-        raise ValueError(f"unexpected model inputs for the mirostat strategy: {sorted(unused)}")
-    cfg = generation_config
+    ``mirostat_eta`` from the config). Batched; left padding via ``attention_mask``.
+
+    ``kwargs`` is the strategy call (``logits_processor``, ``stopping_criteria``,
+    ``generation_config``, ``streamer`` and the model inputs), read once by genkit's ``read_inputs``.
+    """
+    inp = read_inputs("the mirostat strategy", model, input_ids, **kwargs)
+    if inp.position_ids is not None:
+        raise ValueError("unexpected model inputs for the mirostat strategy: ['position_ids']")
+    cfg, streamer, use_cache, max_length = inp.config, inp.streamer, inp.use_cache, inp.max_length
     tau = 5.0 if cfg.mirostat_tau is None else float(cfg.mirostat_tau)
     eta = float(cfg.mirostat_eta)
-    batch = input_ids.shape[0]
-    device = input_ids.device
-    max_length = stopping_criteria.max_length or cfg.max_length
     eos = cfg.eos_token_id
     eos_ids = torch.tensor([] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
-                           dtype=torch.long, device=device)
+                           dtype=torch.long, device=inp.device)
     pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
-    use_cache = use_cache and cfg.use_cache
 
-    seqs = input_ids
-    mask = attention_mask if attention_mask is not None and not bool(attention_mask.all()) else None
-    cache = past_key_values
-    if cache is None and use_cache and hasattr(model, "new_cache"):
-        cache = model.new_cache(max_length)
-    mu = torch.full((batch,), 2.0 * tau, device=device)
-    unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+    seqs = sequence_buffer(input_ids, max_length, pad_id)
+    mask, _ = mask_buffer(inp.attention_mask, max_length)  # positions: the model derives them from the mask
+    cache = open_cache(model, inp.past_key_values, use_cache, max_length)
+    mu = torch.full((inp.batch,), 2.0 * tau, device=inp.device)
+    unfinished = torch.ones(inp.batch, dtype=torch.bool, device=inp.device)
     scores_out: list[torch.Tensor] = []
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
-    out = model(seqs, attention_mask=mask, past_key_values=cache, use_cache=use_cache, logits_to_keep=1)
+    cur = inp.prompt_len
+    out = model(input_ids, attention_mask=None if mask is None else mask[:, :cur], past_key_values=cache,
+                use_cache=use_cache, logits_to_keep=1)
     while True:
-        scores = logits_processor(seqs, out.logits[:, -1, :].float())
+        scores = inp.logits_processor(seqs[:, :cur], out.logits[:, -1, :].float())
         tokens, new_mu, truncated = mirostat_step(scores, mu, tau, eta)
         mu = torch.where(unfinished, new_mu, mu)
         tokens = torch.where(unfinished, tokens, torch.full_like(tokens, pad_id))
         if cfg.output_scores:
             scores_out.append(truncated)
-        seqs = torch.cat([seqs, tokens[:, None]], dim=1)
-        if mask is not None:
-            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
+        seqs[:, cur] = tokens
+        cur += 1
         if streamer is not None:
             streamer.put(tokens.cpu())
         if eos_ids.numel():
             unfinished = unfinished & ~torch.isin(tokens, eos_ids)
-        unfinished = unfinished & ~stopping_criteria(seqs, scores)
-        if seqs.shape[1] >= max_length or not bool(unfinished.any()):
+        unfinished = unfinished & ~inp.stopping_criteria(seqs[:, :cur], scores)
+        if cur >= max_length or not bool(unfinished.any()):
             break
-        step = seqs[:, -1:] if use_cache else seqs
-        out = model(step, attention_mask=mask, past_key_values=cache if use_cache else None,
-                    use_cache=use_cache, logits_to_keep=1)
+        step = seqs[:, cur - 1:cur] if use_cache else seqs[:, :cur]
+        out = model(step, attention_mask=None if mask is None else mask[:, :cur],
+                    past_key_values=cache if use_cache else None, use_cache=use_cache, logits_to_keep=1)
     return GenerateDecoderOnlyOutput(
-        sequences=seqs,
+        sequences=seqs[:, :cur],
         scores=tuple(scores_out) if cfg.output_scores else None,
         past_key_values=cache if use_cache else None,
     )
