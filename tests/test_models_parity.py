@@ -219,6 +219,7 @@ def test_inference_path_follows_weight_edits_and_hooks(tmp_path):
     with torch.no_grad():  # edit weights in place: the prepared copies must follow
         ours.model.layers[1].mlp.down_proj.weight.mul_(-3.0)
         ours.model.layers[0].input_layernorm.weight.add_(0.5)
+        ours.model.layers[0].self_attn.k_proj.weight.mul_(2.0)  # a view into the fused q/k/v storage
     after = ours.generate(prompt, max_new_tokens=12, min_new_tokens=12)
     assert not torch.equal(before, after)
     ref = prompt  # the same greedy decode through the modules (grad enabled, no cache)
@@ -242,3 +243,24 @@ def test_inference_path_follows_weight_edits_and_hooks(tmp_path):
         ours.model.layers[0].self_attn.q_proj.weight.requires_grad_(True)
         ours(after).logits.sum().backward()
     assert ours.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_inference_layout_shares_storage_and_keeps_values(tmp_path):
+    """The inference path fuses q/k/v and gate/up into shared storages the parameters become views of:
+    no weight is held twice, and every parameter keeps its values."""
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(CONFIGS["qwen2"]()).save_pretrained(tmp_path)
+    ours = genkit.load_model(tmp_path)
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    ours.generate(torch.tensor([[1, 5, 9]]), max_new_tokens=3)
+    after = ours.state_dict()
+    assert before.keys() == after.keys()
+    for k, v in before.items():
+        assert torch.equal(after[k], v), k
+    attn = ours.model.layers[0].self_attn
+    storage = attn.q_proj.weight.untyped_storage().data_ptr()
+    assert attn.k_proj.weight.untyped_storage().data_ptr() == storage
+    assert attn.v_proj.bias.untyped_storage().data_ptr() == attn.q_proj.bias.untyped_storage().data_ptr()
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in ours.parameters()}
+    assert sum(storages.values()) == sum(p.numel() * p.element_size() for p in ours.parameters())
+    assert attn.o_proj.weight.stride() == (1, attn.o_proj.weight.shape[0])  # column-major on the CPU

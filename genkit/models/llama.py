@@ -15,7 +15,7 @@ from torch import nn
 
 from .base import CausalLMOutput, GenkitModel, ModelConfig, positions_from_mask
 from .cache import KVCache
-from .llama_infer import has_hooks, prepare_layers, rms_norm, run_layers, weights_key
+from .llama_infer import has_hooks, lay_out, prepare_layers, rms_norm, run_layers, weights_key
 
 
 class RMSNorm(nn.Module):
@@ -236,10 +236,11 @@ class LlamaForCausalLM(GenkitModel):
         layers = self.model.layers
         prepared = None
         if not has_hooks(list(layers.modules())):
-            key = weights_key(layers)
-            if self._prepared is None or self._prepared[0] != key:
-                self._prepared = None  # free the old copies before building new ones
-                self._prepared = (key, prepare_layers(layers, self.windows))
+            if self._prepared is None or self._prepared[0] != weights_key(layers):
+                prepared = prepare_layers(layers, self.windows)
+                with torch.no_grad(), torch.inference_mode(False):
+                    lay_out(self.lm_head.weight)
+                self._prepared = (weights_key(layers), prepared)
             prepared = self._prepared[1]
         if cache is not None:
             cache.prepared = (self, prepared)

@@ -1,15 +1,19 @@
-"""The Llama family's inference path: the decoder layers as one plain function over prepared weights.
+"""The Llama family's inference path: the decoder layers as one plain function over laid-out weights.
 
 Under ``torch.no_grad`` / ``torch.inference_mode``, with no module hooks, ``LlamaForCausalLM``
-runs its layers through :func:`run_layers` instead of calling its ``nn.Module`` tree. The weights
-are prepared once (:func:`prepare_layers`): the q/k/v projections become one matrix, gate/up
-another, and in float32 the RMSNorm weight is folded into the projection that follows it
-(``W @ (g * x) == (W * g) @ x``). The prepared weights are checked against the parameters'
-storage and version counters when a cache starts, and then reused for every step on that cache.
+runs its layers through :func:`run_layers` instead of calling its ``nn.Module`` tree. Before the
+first such call, :func:`prepare_layers` lays the weights out for it, in place and without copies
+left behind: the q/k/v projections of a layer share one storage, gate/up another, and the
+parameters become views of those storages (so an in-place edit of a parameter is an edit of the
+fused matrix). On the CPU every linear weight is stored column-major (``(in, out)`` in memory): a
+batch-1 decode step is a chain of matrix-vector products bound by memory bandwidth, and BLAS
+streams that layout about 1.4x faster. The prepared weights are checked against the parameters'
+identity, storage and version counters when a cache starts, and then kept for every step on that
+cache.
 
-On a small model a decode step is dominated by per-op and per-call overhead, not arithmetic; this
-path cuts a 2-layer, 64-wide step by about a third. The module path stays the reference (training,
-hooks) and both give the same logits (tested).
+On a small model a decode step is dominated by per-call overhead, not arithmetic; this path cuts
+a 2-layer, 64-wide step by about a third. The module path stays the reference (training, hooks)
+and both give the same logits (tested).
 """
 
 from __future__ import annotations
@@ -25,12 +29,12 @@ from torch.nn.modules import module as _module_state
 class PreparedLayer(NamedTuple):
     wqkv: torch.Tensor
     bqkv: torch.Tensor | None
-    norm1: torch.Tensor | None  # None: folded into wqkv
+    norm1: torch.Tensor
     wo: torch.Tensor
     bo: torch.Tensor | None
     wgu: torch.Tensor
     bgu: torch.Tensor | None
-    norm2: torch.Tensor | None  # None: folded into wgu
+    norm2: torch.Tensor
     wd: torch.Tensor
     bd: torch.Tensor | None
     eps: float
@@ -51,11 +55,34 @@ def rotation_matrix(head_dim: int, like: torch.Tensor) -> torch.Tensor:
     return r
 
 
-def _cat_bias(linears: tuple[nn.Linear, ...]) -> torch.Tensor | None:
-    if all(lin.bias is None for lin in linears):
-        return None
-    return torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0])
-                      for lin in linears])
+def _column_major(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu"
+
+
+def lay_out(weight: torch.Tensor) -> None:
+    """Store one ``(out, in)`` weight column-major on the CPU (same values, same Parameter object)."""
+    if _column_major(weight) and weight.dim() == 2 and weight.stride() != (1, weight.shape[0]):
+        weight.data = weight.detach().t().contiguous().t()
+
+
+def fuse(linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One ``(sum of outs, in)`` weight (and bias) whose row blocks the linears' parameters become views of."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    if _column_major(weight):
+        weight = weight.t().contiguous().t()
+    bias = None
+    if any(lin.bias is not None for lin in linears):
+        bias = torch.cat([lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0])
+                          for lin in linears])
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight.data = weight[start:start + n]
+        if lin.bias is not None:
+            assert bias is not None
+            lin.bias.data = bias[start:start + n]
+        start += n
+    return weight, bias
 
 
 def has_hooks(modules: list[nn.Module]) -> bool:
@@ -66,35 +93,34 @@ def has_hooks(modules: list[nn.Module]) -> bool:
 
 
 def prepare_layers(layers: nn.ModuleList, windows: list[int | None]) -> list[PreparedLayer] | None:
-    """Fused, norm-folded weights per layer; None when a submodule was replaced (e.g. by an adapter)."""
+    """Lay out each layer's weights (see the module docstring) and list them; None when a submodule was
+    replaced (e.g. by an adapter), which leaves the model to its modules."""
     from .llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, RMSNorm
 
+    for layer in layers:
+        if type(layer) is not LlamaDecoderLayer:
+            return None
+        attn, mlp = layer.self_attn, layer.mlp
+        if (type(attn) is not LlamaAttention or type(mlp) is not LlamaMLP
+                or type(layer.input_layernorm) is not RMSNorm or type(layer.post_attention_layernorm) is not RMSNorm):
+            return None
+        lins = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if any(type(lin) is not nn.Linear for lin in lins):
+            return None
     prepared = []
-    with torch.no_grad():
+    # plain tensors even when the first call comes from inside generate(): the parameters keep them
+    with torch.no_grad(), torch.inference_mode(False):
         for layer, window in zip(layers, windows):
-            if type(layer) is not LlamaDecoderLayer:
-                return None
             attn, mlp = layer.self_attn, layer.mlp
-            ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-            if (type(attn) is not LlamaAttention or type(mlp) is not LlamaMLP or type(ln1) is not RMSNorm
-                    or type(ln2) is not RMSNorm):
-                return None
-            qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
-            gu = (mlp.gate_proj, mlp.up_proj)
-            if any(type(lin) is not nn.Linear for lin in (*qkv, *gu, attn.o_proj, mlp.down_proj)):
-                return None
-            wqkv = torch.cat([lin.weight for lin in qkv])
-            wgu = torch.cat([lin.weight for lin in gu])
-            norm1: torch.Tensor | None = ln1.weight
-            norm2: torch.Tensor | None = ln2.weight
-            if wqkv.dtype == torch.float32:  # lower precisions keep transformers' cast order instead
-                wqkv.mul_(ln1.weight)
-                wgu.mul_(ln2.weight)
-                norm1 = norm2 = None
+            wqkv, bqkv = fuse((attn.q_proj, attn.k_proj, attn.v_proj))
+            wgu, bgu = fuse((mlp.gate_proj, mlp.up_proj))
+            lay_out(attn.o_proj.weight)
+            lay_out(mlp.down_proj.weight)
             prepared.append(PreparedLayer(
-                wqkv, _cat_bias(qkv), norm1, attn.o_proj.weight, attn.o_proj.bias, wgu, _cat_bias(gu), norm2,
-                mlp.down_proj.weight, mlp.down_proj.bias, ln1.eps, attn.num_heads, attn.num_kv_heads,
-                attn.head_dim, window, rotation_matrix(attn.head_dim, wqkv)))
+                wqkv, bqkv, layer.input_layernorm.weight, attn.o_proj.weight, attn.o_proj.bias, wgu, bgu,
+                layer.post_attention_layernorm.weight, mlp.down_proj.weight, mlp.down_proj.bias,
+                layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim, window,
+                rotation_matrix(attn.head_dim, wqkv)))
     return prepared
 
 
@@ -103,12 +129,10 @@ def weights_key(layers: nn.ModuleList) -> tuple[Any, ...]:
     return tuple((id(p), p.data_ptr(), p._version) for p in layers.parameters())
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm as transformers computes it (in float32 for lower precisions); ``weight=None`` when it was
-    folded into the next matrix."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as transformers computes it (in float32 for lower precisions)."""
     if x.dtype == torch.float32:
-        h = x * (x * x).mean(-1, keepdim=True).add_(eps).rsqrt_()
-        return h if weight is None else weight * h
+        return weight * (x * (x * x).mean(-1, keepdim=True).add_(eps).rsqrt_())
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
