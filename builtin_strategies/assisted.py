@@ -28,7 +28,7 @@ import torch
 from genkit.generation.outputs import GenerateDecoderOnlyOutput
 from genkit.generation.processing import StoppingCriteriaList
 
-from .decoding import _split_criteria
+from .loop_state import mask_buffer, open_cache, split_criteria
 
 logger = logging.getLogger("genkit.assisted")
 
@@ -93,7 +93,7 @@ def assisted_decoding(
     if unused:
         raise ValueError(f"unexpected model inputs for the assisted strategy: {sorted(unused)}")
     cfg = generation_config
-    batch, prompt_len = input_ids.shape
+    batch = input_ids.shape[0]
     if batch != 1:
         raise ValueError(f"assisted decoding supports batch size 1; got input_ids with batch size {batch}")
     if not (use_cache and cfg.use_cache):
@@ -101,20 +101,13 @@ def assisted_decoding(
     device = input_ids.device
     do_sample = bool(cfg.do_sample)
     max_length = stopping_criteria.max_length or cfg.max_length
-    others, eos = _split_criteria(stopping_criteria)
+    others, eos = split_criteria(stopping_criteria)
     eos_set = set(eos.tolist()) if eos is not None else set()
     generator = build_candidate_generator(model, cfg, assistant_model=assistant_model,
                                           logits_processor=logits_processor)
 
-    padded = attention_mask is not None and not bool(attention_mask.all())
-    mask_buf = None
-    if padded:
-        assert attention_mask is not None
-        mask_buf = torch.ones((1, max_length), dtype=attention_mask.dtype, device=device)
-        mask_buf[:, :prompt_len] = attention_mask
-    cache = past_key_values
-    if cache is None and hasattr(model, "new_cache"):
-        cache = model.new_cache(max_length)
+    mask_buf, _ = mask_buffer(attention_mask, max_length)
+    cache = open_cache(model, past_key_values, True, max_length)
     past = cache.get_seq_length() if cache is not None else 0
 
     want_scores, want_logits = cfg.output_scores, bool(cfg.output_logits)

@@ -14,7 +14,7 @@ import torch
 from genkit.generation.outputs import GenerateDecoderOnlyOutput
 from genkit.generation.processing import StoppingCriteriaList
 
-from .stopping import EosTokenCriteria, MaxLengthCriteria
+from .loop_state import StepOutputs, mask_buffer, open_cache, read_inputs, sequence_buffer
 
 
 def greedy_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateDecoderOnlyOutput:
@@ -27,82 +27,31 @@ def sample(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateDecode
     return decode_loop(model, input_ids, do_sample=True, **kwargs)
 
 
-def _split_criteria(criteria: StoppingCriteriaList) -> tuple[list[Any], torch.Tensor | None]:
-    """Built-in max-length and EOS criteria are handled inline; return the others and EOS ids."""
-    others, eos = [], []
-    for c in criteria:
-        if type(c) is MaxLengthCriteria:
-            continue
-        if type(c) is EosTokenCriteria:
-            eos.append(c.eos_token_id.view(-1))
-            continue
-        others.append(c)
-    return others, (torch.cat(eos) if eos else None)
-
-
-def decode_loop(
-    model: Any,
-    input_ids: torch.Tensor,
-    *,
-    logits_processor: Any,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: Any,
-    streamer: Any = None,
-    do_sample: bool,
-    attention_mask: torch.Tensor | None = None,
-    past_key_values: Any = None,
-    use_cache: bool = True,
-    position_ids: torch.Tensor | None = None,
-    **unused: Any,
-) -> GenerateDecoderOnlyOutput:
-    if unused:
-        raise ValueError(f"unexpected model inputs for this strategy: {sorted(unused)}")
-    cfg = generation_config
-    batch, prompt_len = input_ids.shape
-    device = input_ids.device
-    max_length = stopping_criteria.max_length or cfg.max_length
-    use_cache = use_cache and cfg.use_cache
-    others, eos = _split_criteria(stopping_criteria)
-    if eos is not None:
-        eos = eos.to(device)
+def decode_loop(model: Any, input_ids: torch.Tensor, *, do_sample: bool, **kwargs: Any) -> GenerateDecoderOnlyOutput:
+    run = read_inputs("this strategy", model, input_ids, **kwargs)
+    cfg, eos, others, max_length = run.config, run.eos, run.others, run.max_length
+    logits_processor, streamer, use_cache = run.logits_processor, run.streamer, run.use_cache
+    prompt_len = run.prompt_len
     pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
-
-    seqs = torch.empty((batch, max_length), dtype=torch.long, device=device)
-    seqs[:, :prompt_len] = input_ids
-    padded = attention_mask is not None and not bool(attention_mask.all())
-    mask_buf = None
-    next_pos = None
-    if padded:
-        assert attention_mask is not None
-        mask_buf = torch.ones((batch, max_length), dtype=attention_mask.dtype, device=device)
-        mask_buf[:, :prompt_len] = attention_mask
-        next_pos = attention_mask.sum(-1, keepdim=True)  # (batch, 1): position of the next token
-    cache = past_key_values
-    if cache is None and use_cache and hasattr(model, "new_cache"):
-        cache = model.new_cache(max_length)
-
-    want_scores, want_logits = cfg.output_scores, bool(cfg.output_logits)
-    want_hidden = cfg.output_hidden_states
-    scores_out: list[torch.Tensor] = []
-    logits_out: list[torch.Tensor] = []
-    hidden_out: list[Any] = []
-    unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+    seqs = sequence_buffer(input_ids, max_length, pad_id)
+    mask_buf, next_pos = mask_buffer(run.attention_mask, max_length)
+    cache = open_cache(model, run.past_key_values, use_cache, max_length)
+    record = StepOutputs(cfg)
+    unfinished = torch.ones(run.batch, dtype=torch.bool, device=run.device)
     may_finish_early = eos is not None or bool(others)
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
     cur = prompt_len
-    out = model(input_ids, attention_mask=attention_mask if padded else None, position_ids=position_ids,
-                past_key_values=cache, use_cache=use_cache, output_hidden_states=want_hidden, logits_to_keep=1)
+    want_hidden = record.want_hidden
+    out = model(input_ids, attention_mask=run.attention_mask if mask_buf is not None else None,
+                position_ids=run.position_ids, past_key_values=cache, use_cache=use_cache,
+                output_hidden_states=want_hidden, logits_to_keep=1)
     while True:
         logits = out.logits[:, -1, :].float()  # a fresh tensor each step: processors may edit it in place
-        if want_hidden:
-            hidden_out.append(out.hidden_states)
-        if want_logits:
-            logits_out.append(logits.clone())
+        record.model_step(logits, out.hidden_states)
         scores = logits_processor(seqs[:, :cur], logits)
-        if want_scores:
-            scores_out.append(scores)
+        record.processed(scores)
         if do_sample:
             probs = torch.softmax(scores, dim=-1)
             next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
@@ -133,10 +82,5 @@ def decode_loop(
             out = model(seqs[:, :cur], attention_mask=mask_buf[:, :cur] if mask_buf is not None else None,
                         use_cache=False, output_hidden_states=want_hidden, logits_to_keep=1)
 
-    return GenerateDecoderOnlyOutput(
-        sequences=seqs[:, :cur],
-        scores=tuple(scores_out) if want_scores else None,
-        logits=tuple(logits_out) if want_logits else None,
-        hidden_states=tuple(hidden_out) if want_hidden else None,
-        past_key_values=cache if use_cache else None,
-    )
+    return GenerateDecoderOnlyOutput(sequences=seqs[:, :cur], past_key_values=cache if use_cache else None,
+                                     **record.as_tuples())

@@ -9,7 +9,8 @@ into the EOS ids handled inline and the others. The helpers below size the buffe
 of each row's next token) and the cache. :class:`StepOutputs` keeps the per-step tensors that
 ``output_scores`` / ``output_logits`` / ``output_hidden_states`` ask for.
 
-Used by the beam strategies and by packs (Mirostat in ``genkit-sampling-pack``).
+Used by greedy search and sampling, assisted decoding, the beam strategies and by packs (Mirostat
+in ``genkit-sampling-pack``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,21 @@ import torch
 
 from genkit.generation.processing import StoppingCriteriaList
 
-from .decoding import _split_criteria
+from .stopping import EosTokenCriteria, MaxLengthCriteria
+
+
+def split_criteria(criteria: StoppingCriteriaList) -> tuple[list[Any], torch.Tensor | None]:
+    """Built-in max-length and EOS criteria are handled inline by the loops; return the others and
+    the EOS ids."""
+    others, eos = [], []
+    for c in criteria:
+        if type(c) is MaxLengthCriteria:
+            continue
+        if type(c) is EosTokenCriteria:
+            eos.append(c.eos_token_id.view(-1))
+            continue
+        others.append(c)
+    return others, (torch.cat(eos) if eos else None)
 
 
 @dataclass
@@ -67,7 +82,7 @@ def read_inputs(
     cfg = generation_config
     batch, prompt_len = input_ids.shape
     device = input_ids.device
-    others, eos = _split_criteria(stopping_criteria)
+    others, eos = split_criteria(stopping_criteria)
     return LoopInputs(
         model=model, input_ids=input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
         config=cfg, streamer=streamer, attention_mask=attention_mask, past_key_values=past_key_values,
