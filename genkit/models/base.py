@@ -83,23 +83,42 @@ class GenkitModel(nn.Module, GenerationMixin):
         """Logits from a hidden state of any layer (final norm + LM head), for DoLa and early exit."""
         raise NotImplementedError
 
-    def start_forward(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
-                      past_key_values: Any, use_cache: bool, embed: nn.Module) -> tuple[torch.Tensor, Any, int]:
-        """The common start of ``forward``: embeddings, the cache (a new one when none is passed) and
-        the number of positions it already holds."""
+    def input_embeddings(self) -> nn.Module:
+        """The token embedding module."""
+        raise NotImplementedError
+
+    def decoder(self, x: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+                cache: Any, past_len: int, hidden: list[torch.Tensor] | None) -> torch.Tensor:
+        """Run the decoder stack on embeddings ``x`` (appending each layer's input to ``hidden``) and
+        return the final-normed hidden state."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool = True,
+        output_hidden_states: bool = False,
+        logits_to_keep: int | torch.Tensor = 0,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> CausalLMOutput:
+        """transformers' calling convention (see docs/models.md, "The model protocol")."""
         if inputs_embeds is None:
             if input_ids is None:
                 raise ValueError("pass `input_ids` or `inputs_embeds`")
-            inputs_embeds = embed(input_ids)
+            inputs_embeds = self.input_embeddings()(input_ids)
         cache = past_key_values
         if cache is None and use_cache:
             cache = self.new_cache()
-        return inputs_embeds, cache, cache.get_seq_length() if cache is not None else 0
-
-    def finish_forward(self, x: torch.Tensor, hidden: list[torch.Tensor] | None, logits_to_keep: int | torch.Tensor,
-                       cache: Any, use_cache: bool) -> CausalLMOutput:
-        """The common end of ``forward``: ``x`` is the final-normed hidden state; logits for the kept
-        positions only (``logits_to_keep``: the last N, or an index tensor)."""
+        past_len = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = positions_from_mask(attention_mask, inputs_embeds.shape[1])
+        hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
+        x = self.decoder(inputs_embeds, attention_mask, position_ids, cache, past_len, hidden)
         if hidden is not None:
             hidden.append(x)
         if isinstance(logits_to_keep, int):

@@ -7,13 +7,11 @@ they are.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import CausalLMOutput, GenkitModel, ModelConfig, positions_from_mask
+from .base import GenkitModel, ModelConfig
 from .cache import KVCache
 from .llama import build_attention_mask
 
@@ -129,31 +127,18 @@ class GPT2LMHeadModel(GenkitModel):
     def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.transformer.ln_f(hidden))
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        *,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        past_key_values: KVCache | None = None,
-        use_cache: bool = True,
-        output_hidden_states: bool = False,
-        logits_to_keep: int | torch.Tensor = 0,
-        inputs_embeds: torch.Tensor | None = None,
-        **kwargs: Any,
-    ) -> CausalLMOutput:
-        inputs_embeds, cache, past_len = self.start_forward(input_ids, inputs_embeds, past_key_values, use_cache,
-                                                            self.transformer.wte)
-        b, t, _ = inputs_embeds.shape
+    def input_embeddings(self) -> nn.Module:
+        return self.transformer.wte
+
+    def decoder(self, x: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+                cache: KVCache | None, past_len: int, hidden: list[torch.Tensor] | None) -> torch.Tensor:
+        b, t, _ = x.shape
         if position_ids is None:
-            position_ids = positions_from_mask(attention_mask, t)
-        if position_ids is None:
-            position_ids = torch.arange(past_len, past_len + t, device=inputs_embeds.device)[None].expand(b, t)
-        x = inputs_embeds + self.transformer.wpe(position_ids)
-        mask = build_attention_mask(attention_mask, t, past_len, inputs_embeds.device)
-        hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
+            position_ids = torch.arange(past_len, past_len + t, device=x.device)[None].expand(b, t)
+        x = x + self.transformer.wpe(position_ids)
+        mask = build_attention_mask(attention_mask, t, past_len, x.device)
         for block in self.transformer.h:
             if hidden is not None:
                 hidden.append(x)
             x = block(x, mask, cache)
-        return self.finish_forward(self.transformer.ln_f(x), hidden, logits_to_keep, cache, use_cache)
+        return self.transformer.ln_f(x)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import CausalLMOutput, GenkitModel, ModelConfig, positions_from_mask
+from .base import GenkitModel, ModelConfig
 from .cache import KVCache
 from .llama_infer import has_hooks, lay_out, prepare_layers, rms_norm, run_layers, weights_key
 
@@ -246,35 +246,20 @@ class LlamaForCausalLM(GenkitModel):
             cache.prepared = (self, prepared)
         return prepared
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        *,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        past_key_values: KVCache | None = None,
-        use_cache: bool = True,
-        output_hidden_states: bool = False,
-        logits_to_keep: int | torch.Tensor = 0,
-        inputs_embeds: torch.Tensor | None = None,
-        **kwargs: Any,
-    ) -> CausalLMOutput:
-        inputs_embeds, cache, past_len = self.start_forward(input_ids, inputs_embeds, past_key_values, use_cache,
-                                                            self.model.embed_tokens)
-        t = inputs_embeds.shape[1]
-        if position_ids is None:
-            position_ids = positions_from_mask(attention_mask, t)
-        cos, sin = self.rope(position_ids, inputs_embeds.dtype, past_len, t)
-        masks = {w: build_attention_mask(attention_mask, t, past_len, inputs_embeds.device, w)
-                 for w in set(self.windows)}
-        hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
+    def input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def decoder(self, x: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+                cache: KVCache | None, past_len: int, hidden: list[torch.Tensor] | None) -> torch.Tensor:
+        t = x.shape[1]
+        cos, sin = self.rope(position_ids, x.dtype, past_len, t)
+        masks = {w: build_attention_mask(attention_mask, t, past_len, x.device, w) for w in set(self.windows)}
         prepared = None if torch.is_grad_enabled() else self._inference_weights(cache, past_len)
         if prepared is not None:
-            x = run_layers(prepared, inputs_embeds, cos, sin, masks, cache, hidden)
+            x = run_layers(prepared, x, cos, sin, masks, cache, hidden)
         else:
-            x = inputs_embeds
             for layer, window in zip(self.model.layers, self.windows):
                 if hidden is not None:
                     hidden.append(x)
                 x = layer(x, cos, sin, masks[window], cache)
-        return self.finish_forward(self.model.norm(x), hidden, logits_to_keep, cache, use_cache)
+        return self.model.norm(x)
