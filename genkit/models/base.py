@@ -93,6 +93,10 @@ class GenkitModel(nn.Module, GenerationMixin):
         return the final-normed hidden state."""
         raise NotImplementedError
 
+    def output_logits(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
+        """The LM head on the final-normed hidden state of the kept positions."""
+        return self.lm_head(x)
+
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -126,7 +130,7 @@ class GenkitModel(nn.Module, GenerationMixin):
                 x = x[:, -logits_to_keep:]
         else:
             x = x[:, logits_to_keep]
-        return CausalLMOutput(logits=self.lm_head(x), past_key_values=cache if use_cache else None,
+        return CausalLMOutput(logits=self.output_logits(x, cache), past_key_values=cache if use_cache else None,
                               hidden_states=tuple(hidden) if hidden is not None else None)
 
     def new_cache(self, max_length: int = 0) -> Any:

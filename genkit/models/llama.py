@@ -15,7 +15,7 @@ from torch import nn
 
 from .base import GenkitModel, ModelConfig
 from .cache import KVCache
-from .llama_infer import has_hooks, lay_out, prepare_layers, rms_norm, run_layers, weights_key
+from .llama_infer import PreparedModel, has_hooks, linear, prepare_layers, rms_norm, run_layers, weights_key
 
 
 class RMSNorm(nn.Module):
@@ -176,6 +176,11 @@ def layer_windows(config: ModelConfig) -> list[int | None]:
 class LlamaForCausalLM(GenkitModel):
     """A Llama-family causal LM with transformers' calling convention."""
 
+    #: oneDNN-packed copies of the linear weights for the inference path (see docs/models.md):
+    #: None packs float32 CPU models whose matrices are big enough to gain and whose copies stay
+    #: under 2 GiB; True always packs (float32 CPU); False never does.
+    cpu_weight_packing: bool | None = None
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.model = LlamaInner(config)
@@ -185,7 +190,7 @@ class LlamaForCausalLM(GenkitModel):
         inv_freq, self.attention_scaling = rope_inv_freq(config, head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.windows = layer_windows(config)
-        self._prepared: tuple[tuple[Any, ...], Any] | None = None
+        self._prepared: tuple[tuple[Any, ...], PreparedModel | None] | None = None
 
     def tie_weights(self) -> None:
         """Share the input embedding with the LM head when the config says so."""
@@ -226,25 +231,32 @@ class LlamaForCausalLM(GenkitModel):
         cos, sin = self._rope_table(int(position_ids.max()) + 1, dtype)
         return cos[position_ids][:, None], sin[position_ids][:, None]
 
-    def _inference_weights(self, cache: KVCache | None, past_len: int) -> Any:
+    def _inference_weights(self, cache: KVCache | None, past_len: int) -> PreparedModel | None:
         """Prepared weights for the plain inference path, or None for the module path (hooks, adapters).
 
         Checked when a cache starts and then kept on the cache: later steps on it skip the check.
         """
         if cache is not None and past_len > 0 and cache.prepared is not None and cache.prepared[0] is self:
-            return cache.prepared[1]
+            return cache.prepared[1]  # type: ignore[return-value]
         layers = self.model.layers
         prepared = None
-        if not has_hooks(list(layers.modules())):
-            if self._prepared is None or self._prepared[0] != weights_key(layers):
-                prepared = prepare_layers(layers, self.windows)
-                with torch.no_grad(), torch.inference_mode(False):
-                    lay_out(self.lm_head.weight)
-                self._prepared = (weights_key(layers), prepared)
+        if not has_hooks([*layers.modules(), self.lm_head]):
+            key = (self.cpu_weight_packing, weights_key([layers, self.lm_head]))
+            if self._prepared is None or self._prepared[0] != key:
+                self._prepared = None  # drop old packed copies first
+                prepared = prepare_layers(layers, self.windows, self.lm_head, self.cpu_weight_packing)
+                # laying out changed the parameters' storage: key what they are now
+                self._prepared = ((self.cpu_weight_packing, weights_key([layers, self.lm_head])), prepared)
             prepared = self._prepared[1]
         if cache is not None:
             cache.prepared = (self, prepared)
         return prepared
+
+    def output_logits(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        prepared = cache.prepared if cache is not None and not torch.is_grad_enabled() else None
+        if prepared is not None and prepared[0] is self and prepared[1] is not None and prepared[1].head is not None:
+            return linear(x, prepared[1].head, None, True)
+        return self.lm_head(x)
 
     def input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens

@@ -18,12 +18,21 @@ and both give the same logits (tested).
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_state
+
+logger = logging.getLogger("genkit.models")
+
+# below ~128K weights the fixed cost of a packed call (~10 us) outweighs its faster kernel
+PACK_MIN_ELEMENTS = 1 << 17
+# automatic packing keeps a second copy of the packed weights: only for models up to this size
+PACK_MAX_BYTES = 2 << 30
 
 
 class PreparedLayer(NamedTuple):
@@ -43,6 +52,49 @@ class PreparedLayer(NamedTuple):
     head_dim: int
     window: int | None
     rotation: torch.Tensor
+    packed: bool  # wqkv, wo, wgu, wd are oneDNN-packed copies (see pack())
+
+
+class PreparedModel(NamedTuple):
+    layers: list[PreparedLayer]
+    head: torch.Tensor | None  # packed LM head weight, or None to call ``lm_head``
+
+
+@functools.cache
+def packing_available() -> bool:
+    """Whether this torch build can pack linear weights for oneDNN (x86 and most CPU builds)."""
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4))
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 4), packed, None, "none", [], "")
+        return bool(torch.equal(out, torch.full((1, 4), 4.0)))
+    except Exception as exc:  # noqa: BLE001 - any failure means: not available
+        logger.debug("oneDNN weight packing unavailable: %s", exc)
+        return False
+
+
+def packing_wanted(weights: list[torch.Tensor], setting: bool | None) -> bool:
+    """Pack (``setting``: True forces, False refuses, None decides) float32 CPU weights when the
+    kernels exist, every matrix is big enough to gain and the copies stay under PACK_MAX_BYTES."""
+    if setting is False or not weights:
+        return False
+    if any(w.device.type != "cpu" or w.dtype != torch.float32 for w in weights) or not packing_available():
+        return False
+    if setting is None:
+        too_small = min(w.numel() for w in weights) < PACK_MIN_ELEMENTS
+        return not too_small and sum(w.numel() * w.element_size() for w in weights) <= PACK_MAX_BYTES
+    return True
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """A oneDNN-packed copy of an ``(out, in)`` weight: its small-batch matrix products run 1.5-3x
+    faster than BLAS on the plain layout (batch-1 decode, beams)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
+    if packed:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
 
 
 def rotation_matrix(head_dim: int, like: torch.Tensor) -> torch.Tensor:
@@ -92,9 +144,11 @@ def has_hooks(modules: list[nn.Module]) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
-def prepare_layers(layers: nn.ModuleList, windows: list[int | None]) -> list[PreparedLayer] | None:
-    """Lay out each layer's weights (see the module docstring) and list them; None when a submodule was
-    replaced (e.g. by an adapter), which leaves the model to its modules."""
+def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn.Linear,
+                   packing: bool | None) -> PreparedModel | None:
+    """Lay out each layer's weights (see the module docstring), pack them when wanted, and list
+    them; None when a submodule was replaced (e.g. by an adapter), which leaves the model to its
+    modules."""
     from .llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, RMSNorm
 
     for layer in layers:
@@ -110,23 +164,39 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None]) -> list[Pre
     prepared = []
     # plain tensors even when the first call comes from inside generate(): the parameters keep them
     with torch.no_grad(), torch.inference_mode(False):
-        for layer, window in zip(layers, windows):
+        fused = []
+        for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
             wqkv, bqkv = fuse((attn.q_proj, attn.k_proj, attn.v_proj))
             wgu, bgu = fuse((mlp.gate_proj, mlp.up_proj))
             lay_out(attn.o_proj.weight)
             lay_out(mlp.down_proj.weight)
+            fused.append((wqkv, bqkv, wgu, bgu))
+        lay_out(lm_head.weight)
+        matrices = [w for (wqkv, _, wgu, _), layer in zip(fused, layers)
+                    for w in (wqkv, layer.self_attn.o_proj.weight, wgu, layer.mlp.down_proj.weight)]
+        packed = packing_wanted(matrices, packing)
+        if packed:
+            logger.info("packing %d linear weights for oneDNN (%.0f MB)", len(matrices) + 1,
+                        sum(w.numel() * w.element_size() for w in [*matrices, lm_head.weight]) / 2**20)
+        for layer, window, (wqkv, bqkv, wgu, bgu) in zip(layers, windows, fused):
+            attn, mlp = layer.self_attn, layer.mlp
+            wo, wd = attn.o_proj.weight, mlp.down_proj.weight
+            rotation = rotation_matrix(attn.head_dim, wqkv)
+            if packed:
+                wqkv, wo, wgu, wd = pack(wqkv), pack(wo), pack(wgu), pack(wd)
             prepared.append(PreparedLayer(
-                wqkv, bqkv, layer.input_layernorm.weight, attn.o_proj.weight, attn.o_proj.bias, wgu, bgu,
-                layer.post_attention_layernorm.weight, mlp.down_proj.weight, mlp.down_proj.bias,
+                wqkv, bqkv, layer.input_layernorm.weight, wo, attn.o_proj.bias, wgu, bgu,
+                layer.post_attention_layernorm.weight, wd, mlp.down_proj.bias,
                 layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim, window,
-                rotation_matrix(attn.head_dim, wqkv)))
-    return prepared
+                rotation, packed))
+        head = pack(lm_head.weight) if packed and lm_head.bias is None else None
+    return PreparedModel(prepared, head)
 
 
-def weights_key(layers: nn.ModuleList) -> tuple[Any, ...]:
-    """Identity of every layer parameter's current storage and contents."""
-    return tuple((id(p), p.data_ptr(), p._version) for p in layers.parameters())
+def weights_key(modules: list[nn.Module]) -> tuple[Any, ...]:
+    """Identity of every parameter's current storage and contents."""
+    return tuple((id(p), p.data_ptr(), p._version) for m in modules for p in m.parameters())
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -138,16 +208,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
-def run_layers(prepared: list[PreparedLayer], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                masks: dict[int | None, torch.Tensor | None], cache: Any,
                hidden: list[torch.Tensor] | None) -> torch.Tensor:
     """All decoder layers on ``x`` (batch, seq, hidden); fills ``hidden`` with each layer's input."""
     b, t, _ = x.shape
-    for i, p in enumerate(prepared):
+    for i, p in enumerate(prepared.layers):
         if hidden is not None:
             hidden.append(x)
         nq, nkv = p.num_heads, p.num_kv_heads
-        qkv = F.linear(rms_norm(x, p.norm1, p.eps), p.wqkv, p.bqkv)
+        qkv = linear(rms_norm(x, p.norm1, p.eps), p.wqkv, p.bqkv, p.packed)
         if t == 1:  # decode step: (b, 1, H*d) is already (b, H, 1, d) in memory
             qkv = qkv.view(b, nq + 2 * nkv, 1, p.head_dim)
         else:
@@ -161,7 +231,7 @@ def run_layers(prepared: list[PreparedLayer], x: torch.Tensor, cos: torch.Tensor
         out = F.scaled_dot_product_attention(qk[:, :nq], k, v, attn_mask=mask, is_causal=mask is None and t > 1,
                                              enable_gqa=nkv != nq)
         out = out.reshape(b, 1, -1) if t == 1 else out.transpose(1, 2).reshape(b, t, -1)
-        x = x + F.linear(out, p.wo, p.bo)
-        gate, up = F.linear(rms_norm(x, p.norm2, p.eps), p.wgu, p.bgu).chunk(2, dim=-1)
-        x = x + F.linear(F.silu(gate).mul_(up), p.wd, p.bd)
+        x = x + linear(out, p.wo, p.bo, p.packed)
+        gate, up = linear(rms_norm(x, p.norm2, p.eps), p.wgu, p.bgu, p.packed).chunk(2, dim=-1)
+        x = x + linear(F.silu(gate).mul_(up), p.wd, p.bd, p.packed)
     return x
