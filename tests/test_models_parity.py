@@ -139,7 +139,7 @@ def test_greedy_64_tokens_identical_with_packed_weights(pair):
     try:
         out = ours.generate(ids, attention_mask=mask, max_new_tokens=64, min_new_tokens=64)
         if name != "gpt2":
-            assert ours._prepared[1].layers[0].packed is packing_available()
+            assert ours.weights_packed is packing_available()
             assert (ours._prepared[1].head is not None) is packing_available()
     finally:
         ours.cpu_weight_packing = None

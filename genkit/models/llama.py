@@ -252,6 +252,12 @@ class LlamaForCausalLM(GenkitModel):
             cache.prepared = (self, prepared)
         return prepared
 
+    @property
+    def weights_packed(self) -> bool:
+        """Whether the inference path runs on oneDNN-packed weights (decided at the last cache start)."""
+        prepared = self._prepared[1] if self._prepared is not None else None
+        return bool(prepared is not None and prepared.layers and prepared.layers[0].packed)
+
     def output_logits(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         prepared = cache.prepared if cache is not None and not torch.is_grad_enabled() else None
         if prepared is not None and prepared[0] is self and prepared[1] is not None and prepared[1].head is not None:
