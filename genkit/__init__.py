@@ -73,18 +73,20 @@ def __dir__() -> list[str]:
     return __all__
 
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .config import GenerationConfig
-    from .generation.api import generate
-    from .generation.mixin import GenerationMixin
+if TYPE_CHECKING:  # pragma: no cover  (re-exports for type checkers; at run time __getattr__ loads them)
+    from .config import GenerationConfig as GenerationConfig
+    from .generation.api import generate as generate
+    from .generation.mixin import GenerationMixin as GenerationMixin
     from .generation.outputs import (
-        GenerateBeamDecoderOnlyOutput,
-        GenerateDecoderOnlyOutput,
-        compute_transition_scores,
+        GenerateBeamDecoderOnlyOutput as GenerateBeamDecoderOnlyOutput,
     )
-    from .generation.processing import (
-        LogitsProcessor,
-        LogitsProcessorList,
-        StoppingCriteria,
-        StoppingCriteriaList,
+    from .generation.outputs import (
+        GenerateDecoderOnlyOutput as GenerateDecoderOnlyOutput,
     )
+    from .generation.outputs import (
+        compute_transition_scores as compute_transition_scores,
+    )
+    from .generation.processing import LogitsProcessor as LogitsProcessor
+    from .generation.processing import LogitsProcessorList as LogitsProcessorList
+    from .generation.processing import StoppingCriteria as StoppingCriteria
+    from .generation.processing import StoppingCriteriaList as StoppingCriteriaList

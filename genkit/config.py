@@ -197,7 +197,7 @@ class GenerationConfig:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def copy(self) -> "GenerationConfig":
+    def copy(self) -> GenerationConfig:
         return copy.deepcopy(self)
 
     # -- update / validate ----------------------------------------------------------------
@@ -255,7 +255,7 @@ class GenerationConfig:
         return config
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike[str]) -> "GenerationConfig":
+    def from_json_file(cls, path: str | os.PathLike[str]) -> GenerationConfig:
         with open(path, encoding="utf-8") as fh:
             try:
                 data = json.load(fh)
@@ -321,7 +321,7 @@ class GenerationConfig:
         return path
 
     @classmethod
-    def from_model_config(cls, model_config: Any) -> "GenerationConfig":
+    def from_model_config(cls, model_config: Any) -> GenerationConfig:
         """Build from a model config (dict or object): special token ids and generation fields."""
         data = model_config if isinstance(model_config, dict) else dict(vars(model_config))
         table = _field_table()

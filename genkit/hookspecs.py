@@ -6,7 +6,7 @@ See ``docs/hooks.md`` for every signature with a runnable example.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pluggy
 

@@ -15,8 +15,9 @@ import importlib
 import logging
 import os
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import pluggy
 

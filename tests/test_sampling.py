@@ -9,7 +9,7 @@ import torch
 import genkit
 
 transformers = pytest.importorskip("transformers")
-from transformers.generation import logits_process as T
+from transformers.generation import logits_process as T  # noqa: E402 (after the importorskip)
 
 IDS = torch.tensor([[1, 10, 20, 30, 40]])
 IDS3 = torch.tensor([[0, 0, 10, 20, 30], [1, 7, 8, 9, 10], [0, 4, 5, 6, 7]])
