@@ -139,7 +139,7 @@ def fuse(linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | N
 
 def has_hooks(modules: list[nn.Module]) -> bool:
     """True when any forward hook (global or on one of ``modules``) would be skipped by the plain path."""
-    if _module_state._global_forward_hooks or _module_state._global_forward_pre_hooks:
+    if getattr(_module_state, "_global_forward_hooks", None) or getattr(_module_state, "_global_forward_pre_hooks", None):
         return True
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
