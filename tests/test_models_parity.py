@@ -258,6 +258,15 @@ def test_inference_path_follows_weight_edits_and_hooks(tmp_path):
         handle.remove()
     assert len(calls) == 5  # a hook makes generation run the modules: prompt + 4 decode steps
     assert torch.equal(hooked, after[:, :11])
+    seen = []
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: seen.append(type(mod).__name__))
+    try:
+        hooked = ours.generate(prompt, max_new_tokens=2, min_new_tokens=2)
+    finally:
+        handle.remove()
+    assert seen.count("LlamaDecoderLayer") == 2 * 2  # a global hook also sees every layer call
+    assert torch.equal(hooked, after[:, :8])
 
     # training after generate(): tables and caches built in inference mode must not leak into autograd
     with torch.enable_grad():
