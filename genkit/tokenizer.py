@@ -539,15 +539,9 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -
 
 def tokenizer_from_gguf(path: str | os.PathLike[str]) -> Tokenizer:
     """The tokenizer stored in a ``.gguf`` file's metadata."""
-    from .models.gguf import _require_gguf, read_gguf_tokenizer
+    from .models.gguf import open_gguf, read_gguf_tokenizer
 
-    gguf = _require_gguf()
-    path = os.fspath(path)
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:
-        raise ValueError(f"{path}: not a readable GGUF file ({exc})") from exc
-    return tokenizer_from_gguf_metadata(read_gguf_tokenizer(reader), name_or_path=path)
+    return tokenizer_from_gguf_metadata(read_gguf_tokenizer(open_gguf(path)), name_or_path=os.fspath(path))
 
 
 def load_tokenizer(ref: str | os.PathLike[str], revision: str | None = None) -> Tokenizer:

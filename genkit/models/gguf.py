@@ -92,14 +92,19 @@ def unpermute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     return weight.reshape(n_heads, out // n_heads // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
 
 
+def open_gguf(path: str | os.PathLike[str]) -> Any:
+    """A ``gguf.GGUFReader`` on ``path``; a ValueError naming the file when it cannot be read."""
+    gguf = _require_gguf()
+    try:
+        return gguf.GGUFReader(os.fspath(path))
+    except Exception as exc:
+        raise ValueError(f"{os.fspath(path)}: not a readable GGUF file ({exc})") from exc
+
+
 def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
     """The ``config.json`` dict a GGUF describes, and the open reader."""
-    gguf = _require_gguf()
     path = os.fspath(path)
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:
-        raise ValueError(f"{path}: not a readable GGUF file ({exc})") from exc
+    reader = open_gguf(path)
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(
