@@ -13,6 +13,7 @@ import torch
 
 import genkit
 from genkit.generation.outputs import compute_transition_scores
+from genkit.models.llama_infer import packing_available
 
 PROMPT = torch.tensor([[1, 5, 9, 33, 70]])
 
@@ -124,3 +125,18 @@ def test_logits_and_scores_outputs_match(tiny_pair):
         finite = torch.isfinite(b)
         assert torch.equal(finite, torch.isfinite(a))
         torch.testing.assert_close(a[finite], b[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_left_padded_batch_with_packed_weights_matches_transformers(tiny_pair, eos_ids):
+    """The same with oneDNN-packed weights (as bigger float32 models get by default)."""
+    hf, ours = tiny_pair
+    ids = torch.tensor([[0, 0, 0, 1, 5, 9, 33], [1, 7, 8, 9, 10, 11, 12], [0, 1, 44, 45, 46, 47, 48]])
+    mask = (ids != 0).long()
+    ours.cpu_weight_packing = True
+    try:
+        ref, got = _run_both(tiny_pair, ids, attention_mask=mask, pad_token_id=0, num_beams=4, max_new_tokens=10,
+                             eos_token_id=eos_ids[0], num_return_sequences=2)
+        assert ours.weights_packed is packing_available()
+    finally:
+        ours.cpu_weight_packing = None
+    _assert_same(ref, got)
