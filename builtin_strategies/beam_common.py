@@ -23,7 +23,7 @@ import torch
 from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput
 from genkit.generation.processing import StoppingCriteriaList
 
-from .loop_state import LoopInputs, StepOutputs, mask_buffer, open_cache, read_inputs
+from .loop_state import LoopInputs, StepOutputs, mask_buffer, open_cache, read_inputs, uncached_prompt
 
 NEG = -1.0e9  # score given to slots that must not be chosen (finite, so sums stay ordered)
 
@@ -93,8 +93,9 @@ class BeamRunner:
         self.mask_buf, self.next_pos = mask_buffer(attention_mask, max_length, beams)
         cache = open_cache(model, past_key_values, use_cache, max_length)
         self.use_cache = use_cache
-        out = model(input_ids, attention_mask=attention_mask if self.mask_buf is not None else None,
-                    position_ids=position_ids, past_key_values=cache, use_cache=use_cache,
+        first_ids, first_pos = uncached_prompt(input_ids, cache if use_cache else None, position_ids)
+        out = model(first_ids, attention_mask=attention_mask if self.mask_buf is not None else None,
+                    position_ids=first_pos, past_key_values=cache, use_cache=use_cache,
                     output_hidden_states=want_hidden, logits_to_keep=1)
         if use_cache:
             cache = out.past_key_values if out.past_key_values is not None else cache

@@ -14,7 +14,7 @@ import torch
 from genkit.generation.outputs import GenerateDecoderOnlyOutput
 from genkit.generation.processing import StoppingCriteriaList
 
-from .loop_state import StepOutputs, mask_buffer, open_cache, read_inputs, sequence_buffer
+from .loop_state import StepOutputs, mask_buffer, open_cache, read_inputs, sequence_buffer, uncached_prompt
 
 
 def greedy_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateDecoderOnlyOutput:
@@ -44,8 +44,9 @@ def decode_loop(model: Any, input_ids: torch.Tensor, *, do_sample: bool, **kwarg
 
     cur = prompt_len
     want_hidden = record.want_hidden
-    out = model(input_ids, attention_mask=run.attention_mask if mask_buf is not None else None,
-                position_ids=run.position_ids, past_key_values=cache, use_cache=use_cache,
+    first_ids, first_pos = uncached_prompt(input_ids, cache if use_cache else None, run.position_ids)
+    out = model(first_ids, attention_mask=run.attention_mask if mask_buf is not None else None,
+                position_ids=first_pos, past_key_values=cache, use_cache=use_cache,
                 output_hidden_states=want_hidden, logits_to_keep=1)
     while True:
         logits = out.logits[:, -1, :].float()  # a fresh tensor each step: processors may edit it in place

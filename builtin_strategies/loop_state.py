@@ -123,6 +123,19 @@ def open_cache(model: Any, past_key_values: Any, use_cache: bool, max_length: in
     return past_key_values
 
 
+def uncached_prompt(input_ids: torch.Tensor, cache: Any,
+                    position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The prompt tokens (and their position ids) that a passed-in cache does not hold yet: with a
+    cached prefix (``past_key_values=copy.deepcopy(prompt_cache)``) only the rest is fed."""
+    held = cache.get_seq_length() if cache is not None else 0
+    if not held:
+        return input_ids, position_ids
+    if held >= input_ids.shape[1]:
+        raise ValueError(f"`past_key_values` already holds {held} positions but `input_ids` has {input_ids.shape[1]} "
+                         "tokens: pass the whole prompt, cached prefix included, with at least one token more")
+    return input_ids[:, held:], (position_ids[:, held:] if position_ids is not None else None)
+
+
 class StepOutputs:
     """Per-step tensors kept for the output when the config asks for them."""
 

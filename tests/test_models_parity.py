@@ -294,3 +294,55 @@ def test_inference_layout_shares_storage_and_keeps_values(tmp_path):
     storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in ours.parameters()}
     assert sum(storages.values()) == sum(p.numel() * p.element_size() for p in ours.parameters())
     assert attn.o_proj.weight.stride() == (1, attn.o_proj.weight.shape[0])  # column-major on the CPU
+
+
+def test_packed_model_and_cache_can_be_copied_and_saved(tmp_path):
+    """deepcopy / torch.save of a model with packed weights, and the prompt-cache reuse recipe of
+    transformers' docs (``past_key_values=copy.deepcopy(prompt_cache)``)."""
+    import copy
+    import io
+
+    from genkit.models.tiny import tiny_llama
+
+    model = tiny_llama(seed=3)
+    model.cpu_weight_packing = True
+    prompt = torch.tensor([[1, 5, 9, 17]])
+    ref = model.generate(prompt, max_new_tokens=6)
+    assert model.weights_packed is packing_available()
+
+    twin = copy.deepcopy(model)
+    assert torch.equal(twin.generate(prompt, max_new_tokens=6), ref)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    assert torch.equal(torch.load(buf, weights_only=False).generate(prompt, max_new_tokens=6), ref)
+
+    prompt_cache = model.new_cache(32)
+    with torch.no_grad():
+        model(prompt[:, :3], past_key_values=prompt_cache)
+    for _ in range(2):  # the same cached prefix twice, each time on a copy
+        out = model.generate(prompt, past_key_values=copy.deepcopy(prompt_cache), max_new_tokens=6)
+        assert torch.equal(out, ref)
+    assert prompt_cache.get_seq_length() == 3
+
+
+def test_prompt_cache_reuse_matches_transformers(pair):
+    """transformers' docs recipe: prefill a shared prefix once, then generate from copies of that cache."""
+    import copy
+
+    _name, hf, ours = pair
+    prefix = torch.tensor([[1, 17, 42, 99]])
+    prompt = torch.cat([prefix, torch.tensor([[5, 23]])], 1)
+    hf_cache = transformers.DynamicCache(config=hf.config)
+    hf(prefix, past_key_values=hf_cache)
+    ref = hf.generate(prompt, past_key_values=copy.deepcopy(hf_cache), do_sample=False, max_new_tokens=20,
+                      min_new_tokens=20)
+    cache = ours.new_cache()
+    ours(prefix, past_key_values=cache)
+    out = ours.generate(prompt, past_key_values=copy.deepcopy(cache), max_new_tokens=20, min_new_tokens=20)
+    assert torch.equal(out, ref)
+    assert torch.equal(out, ours.generate(prompt, max_new_tokens=20, min_new_tokens=20))
+    beams = ours.generate(prompt, past_key_values=copy.deepcopy(cache), num_beams=3, max_new_tokens=8)
+    assert torch.equal(beams, ours.generate(prompt, num_beams=3, max_new_tokens=8))
+    with pytest.raises(ValueError, match=r"`past_key_values` already holds 4 positions but `input_ids` has 4"):
+        ours.generate(prefix, past_key_values=copy.deepcopy(cache), max_new_tokens=2)

@@ -22,6 +22,11 @@ class KVCache:
         self.lengths = [0] * num_layers
         self.prepared: tuple[object, object] | None = None  # (model, its inference weights) for this cache
 
+    def __getstate__(self) -> dict[str, object]:
+        # copies and pickles leave the model's prepared weights behind (oneDNN-packed tensors cannot
+        # be copied); the model checks them again on the copy's first use
+        return {**self.__dict__, "prepared": None}
+
     # -- writing ----------------------------------------------------------------------------
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``k``/``v`` (``batch, heads, new, dim``) and return views of the whole layer."""

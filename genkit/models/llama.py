@@ -252,6 +252,11 @@ class LlamaForCausalLM(GenkitModel):
             cache.prepared = (self, prepared)
         return prepared
 
+    def __getstate__(self) -> dict[str, Any]:
+        # deepcopy / torch.save(model) leave the prepared weights behind (oneDNN-packed tensors
+        # cannot be copied or pickled); they are rebuilt on first use
+        return {**super().__getstate__(), "_prepared": None}
+
     @property
     def weights_packed(self) -> bool:
         """Whether the inference path runs on oneDNN-packed weights (decided at the last cache start)."""
