@@ -1,5 +1,5 @@
 """The python examples of docs/api.md (GenerationConfig, processors, stopping criteria,
-streamers) run as written."""
+streamers, prompt-cache reuse) run as written."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("tokenizers")
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "api.md"
-SECTIONS = ("GenerationConfig", "Logits processors", "Stopping criteria", "Streamers")
+SECTIONS = ("GenerationConfig", "Logits processors", "Stopping criteria", "Streamers", "Reusing a prompt cache")
 
 
 def _blocks() -> list[tuple[str, str]]:
