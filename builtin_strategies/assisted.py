@@ -28,7 +28,7 @@ import torch
 from genkit.generation.outputs import GenerateDecoderOnlyOutput
 from genkit.generation.processing import StoppingCriteriaList
 
-from .loop_state import mask_buffer, open_cache, split_criteria
+from .loop_state import mask_buffer, open_cache, read_inputs
 
 logger = logging.getLogger("genkit.assisted")
 
@@ -75,33 +75,20 @@ def build_candidate_generator(model: Any, config: Any, *, assistant_model: Any =
     return generator
 
 
-def assisted_decoding(
-    model: Any,
-    input_ids: torch.Tensor,
-    *,
-    logits_processor: Any,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: Any,
-    streamer: Any = None,
-    assistant_model: Any = None,
-    attention_mask: torch.Tensor | None = None,
-    past_key_values: Any = None,
-    use_cache: bool = True,
-    **unused: Any,
-) -> GenerateDecoderOnlyOutput:
+def assisted_decoding(model: Any, input_ids: torch.Tensor, *, assistant_model: Any = None,
+                      **kwargs: Any) -> GenerateDecoderOnlyOutput:
     """Generate with drafts from a candidate generator, verified by ``model`` (see module doc)."""
-    if unused:
-        raise ValueError(f"unexpected model inputs for the assisted strategy: {sorted(unused)}")
-    cfg = generation_config
-    batch = input_ids.shape[0]
-    if batch != 1:
-        raise ValueError(f"assisted decoding supports batch size 1; got input_ids with batch size {batch}")
-    if not (use_cache and cfg.use_cache):
+    run = read_inputs("the assisted strategy", model, input_ids, **kwargs)
+    if run.position_ids is not None:
+        raise ValueError("unexpected model inputs for the assisted strategy: ['position_ids']")
+    cfg, logits_processor, streamer, max_length = run.config, run.logits_processor, run.streamer, run.max_length
+    attention_mask, past_key_values, others, eos = run.attention_mask, run.past_key_values, run.others, run.eos
+    if run.batch != 1:
+        raise ValueError(f"assisted decoding supports batch size 1; got input_ids with batch size {run.batch}")
+    if not run.use_cache:
         raise ValueError("assisted decoding needs the target's cache: `use_cache` must be True")
-    device = input_ids.device
+    device = run.device
     do_sample = bool(cfg.do_sample)
-    max_length = stopping_criteria.max_length or cfg.max_length
-    others, eos = split_criteria(stopping_criteria)
     eos_set = set(eos.tolist()) if eos is not None else set()
     generator = build_candidate_generator(model, cfg, assistant_model=assistant_model,
                                           logits_processor=logits_processor)
