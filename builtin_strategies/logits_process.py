@@ -362,12 +362,13 @@ class RepetitionPenaltyLogitsProcessor(LogitsProcessor):
         vocab = scores.shape[-1]
         ignore = self.prompt_ignore_length
         if isinstance(ignore, torch.Tensor):
-            if ignore.shape[0] != input_ids.shape[0]:
-                raise ValueError(
-                    f"`prompt_ignore_length` has {ignore.shape[0]} rows but the batch has {input_ids.shape[0]}"
-                )
+            rows = input_ids.shape[0]
+            if rows % ignore.shape[0]:
+                raise ValueError(f"`prompt_ignore_length` has {ignore.shape[0]} rows but the batch has {rows}")
             ignore = ignore.to(input_ids.device)
             self.prompt_ignore_length = ignore
+            if rows != ignore.shape[0]:  # beams: each prompt's rows follow one another
+                ignore = ignore.repeat_interleave(rows // ignore.shape[0])
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)
             input_ids = input_ids.masked_fill(positions[None, :] < ignore[:, None], vocab)
         elif ignore:

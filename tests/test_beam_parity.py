@@ -140,3 +140,18 @@ def test_left_padded_batch_with_packed_weights_matches_transformers(tiny_pair, e
     finally:
         ours.cpu_weight_packing = None
     _assert_same(ref, got)
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.7])
+def test_left_padded_batch_with_repetition_penalty_matches_transformers(tiny_pair, penalty):
+    """The repetition penalty skips each row's left padding; with beams it sees ``num_beams`` rows per
+    prompt (and diverse beam search one group's beams per call), which must not be refused."""
+    _, ours = tiny_pair
+    ids = torch.tensor([[0, 0, 0, 1, 5, 9, 33], [1, 7, 8, 9, 10, 11, 12], [0, 1, 44, 45, 46, 47, 48]])
+    mask = (ids != 0).long()
+    ref, got = _run_both(tiny_pair, ids, attention_mask=mask, pad_token_id=0, num_beams=3, max_new_tokens=9,
+                         eos_token_id=None, num_return_sequences=2, repetition_penalty=penalty)
+    _assert_same(ref, got)
+    diverse = genkit.generate(ours, ids, attention_mask=mask, pad_token_id=0, num_beams=4, num_beam_groups=2,
+                              diversity_penalty=1.0, max_new_tokens=6, eos_token_id=None, repetition_penalty=penalty)
+    assert diverse.shape == (3, ids.shape[1] + 6)
