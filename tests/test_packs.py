@@ -207,6 +207,17 @@ res["mirostat_reproducible"] = runs[0] == runs[1]
 res["mirostat_len"] = len(runs[0][0]) - ids.shape[1]
 res["mirostat_selector_equals_name"] = selected.sequences.tolist() == runs[0]
 res["mirostat_scores"] = len(selected.scores)
+# a passed cache that holds a prefix of the (left-padded) prompt: only the rest is fed
+import copy
+prompt_cache = m.new_cache()
+with torch.no_grad():
+    m(pad[:, :5], attention_mask=mask[:, :5], past_key_values=prompt_cache)
+    try:
+        cached = genkit.generate(m, pad, attention_mask=mask, past_key_values=copy.deepcopy(prompt_cache),
+                                 max_new_tokens=12, mirostat_tau=0.001, mirostat_eta=0.1)
+        res["mirostat_prompt_cache_is_greedy"] = torch.equal(cached, greedy_pad)
+    except RuntimeError as e:
+        res["mirostat_prompt_cache_is_greedy"] = repr(e)
 
 from genkit_sampling_pack.mirostat import mirostat_step
 torch.manual_seed(0)
@@ -277,6 +288,7 @@ def test_mirostat_strategy(sampling_results):
     assert r["mirostat_tiny_tau_is_greedy"] is True
     assert r["mirostat_reproducible"] is True and r["mirostat_len"] == 20
     assert r["mirostat_selector_equals_name"] is True and r["mirostat_scores"] == 20
+    assert r["mirostat_prompt_cache_is_greedy"] is True
     for tau, mean in r["mirostat_mean_surprise"].items():
         assert abs(mean - float(tau)) < 0.2, (tau, mean)
 

@@ -15,7 +15,13 @@ from typing import Any
 
 import torch
 
-from builtin_strategies.loop_state import mask_buffer, open_cache, read_inputs, sequence_buffer
+from builtin_strategies.loop_state import (
+    mask_buffer,
+    open_cache,
+    read_inputs,
+    sequence_buffer,
+    uncached_prompt,
+)
 from genkit.generation.outputs import GenerateDecoderOnlyOutput
 
 __all__ = ["mirostat_decode", "mirostat_step"]
@@ -65,7 +71,8 @@ def mirostat_decode(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gener
         streamer.put(input_ids.cpu())
 
     cur = inp.prompt_len
-    out = model(input_ids, attention_mask=None if mask is None else mask[:, :cur], past_key_values=cache,
+    first_ids, _ = uncached_prompt(input_ids, cache if use_cache else None, None)  # a passed cache may hold a prefix
+    out = model(first_ids, attention_mask=None if mask is None else mask[:, :cur], past_key_values=cache,
                 use_cache=use_cache, logits_to_keep=1)
     while True:
         scores = inp.logits_processor(seqs[:, :cur], out.logits[:, -1, :].float())
