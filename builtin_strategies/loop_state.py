@@ -116,9 +116,12 @@ def mask_buffer(attention_mask: torch.Tensor | None, max_length: int,
 
 
 def open_cache(model: Any, past_key_values: Any, use_cache: bool, max_length: int) -> Any:
-    """The cache a loop runs with: the one passed in, else a new one sized for ``max_length``
-    when the model makes its own (``model.new_cache``), else ``None``."""
-    if past_key_values is None and use_cache and hasattr(model, "new_cache"):
+    """The cache a loop runs with: ``None`` with ``use_cache=False`` (a passed cache is left
+    untouched: the loop re-runs the whole sequence each step), else the one passed in, else a new
+    one sized for ``max_length`` when the model makes its own (``model.new_cache``), else ``None``."""
+    if not use_cache:
+        return None
+    if past_key_values is None and hasattr(model, "new_cache"):
         return model.new_cache(max_length)
     return past_key_values
 

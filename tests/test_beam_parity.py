@@ -155,3 +155,18 @@ def test_left_padded_batch_with_repetition_penalty_matches_transformers(tiny_pai
     diverse = genkit.generate(ours, ids, attention_mask=mask, pad_token_id=0, num_beams=4, num_beam_groups=2,
                               diversity_penalty=1.0, max_new_tokens=6, eos_token_id=None, repetition_penalty=penalty)
     assert diverse.shape == (3, ids.shape[1] + 6)
+
+
+def test_prompt_cache_with_use_cache_false_is_left_alone(tiny_pair):
+    """Beam search with ``use_cache=False`` and a passed ``past_key_values`` re-runs the whole
+    left-padded prompt and leaves that cache untouched."""
+    hf, ours = tiny_pair
+    ids = torch.tensor([[0, 0, 0, 1, 5, 9, 33], [1, 7, 8, 9, 10, 11, 12], [0, 1, 44, 45, 46, 47, 48]])
+    mask = (ids != 0).long()
+    kw = dict(num_beams=3, max_new_tokens=6, eos_token_id=None, pad_token_id=0, use_cache=False)
+    ref = hf.generate(ids, attention_mask=mask, do_sample=False, **kw)
+    prompt_cache = ours.new_cache()
+    ours(ids[:, :4], attention_mask=mask[:, :4], past_key_values=prompt_cache)
+    got = genkit.generate(ours, ids, attention_mask=mask, past_key_values=prompt_cache, **kw)
+    assert torch.equal(got, ref)
+    assert prompt_cache.get_seq_length() == 4

@@ -115,3 +115,19 @@ def test_processor_order_and_conditions_match_transformers(tiny_pair):
     ref = hf._get_logits_processor(generation_config=gc, input_ids_seq_length=IDS3.shape[1],
                                    encoder_input_ids=IDS3, device="cpu", model_kwargs={"attention_mask": MASK3})
     assert ours_types == [type(p).__name__ for p in ref]
+
+
+def test_prompt_cache_with_use_cache_false_is_left_alone(tiny_pair):
+    """``use_cache=False`` with a passed ``past_key_values``: the loop re-runs the whole left-padded
+    prompt without touching that cache (it used to run the prompt through it: wrong tokens, or a
+    size error on a padded batch)."""
+    hf, ours = tiny_pair
+    ref = hf.generate(IDS3, attention_mask=MASK3, do_sample=False, max_new_tokens=8, pad_token_id=0,
+                      eos_token_id=None)
+    for kw in ({}, {"do_sample": True, "top_k": 1}):
+        prompt_cache = ours.new_cache()
+        ours(IDS3[:, :3], attention_mask=MASK3[:, :3], past_key_values=prompt_cache)
+        got = ours.generate(IDS3, attention_mask=MASK3, past_key_values=prompt_cache, use_cache=False,
+                            max_new_tokens=8, eos_token_id=None, **kw)
+        assert torch.equal(got, ref), kw
+        assert prompt_cache.get_seq_length() == 3
