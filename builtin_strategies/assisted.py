@@ -28,7 +28,7 @@ import torch
 from genkit.generation.outputs import GenerateDecoderOnlyOutput
 from genkit.generation.processing import StoppingCriteriaList
 
-from .loop_state import mask_buffer, open_cache, read_inputs
+from .loop_state import mask_buffer, open_cache, read_inputs, uncached_prompt
 
 logger = logging.getLogger("genkit.assisted")
 
@@ -95,6 +95,7 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, *, assistant_model: A
 
     mask_buf, _ = mask_buffer(attention_mask, max_length)
     cache = open_cache(model, past_key_values, True, max_length)
+    uncached_prompt(input_ids, cache, None)  # refuses a passed cache that already holds the whole prompt
     past = cache.get_seq_length() if cache is not None else 0
 
     want_scores, want_logits = cfg.output_scores, bool(cfg.output_logits)

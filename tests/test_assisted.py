@@ -216,3 +216,22 @@ def test_matches_transformers_prompt_lookup(tiny_pair):
                       pad_token_id=0)
     out = genkit.generate(ours, ids, attention_mask=mask, max_new_tokens=25, prompt_lookup_num_tokens=5)
     assert out.tolist() == ref.tolist()
+
+
+def test_prompt_cache_reuse(target, draft):
+    """A passed cache holding a prefix of the prompt (docs/api.md, "Reusing a prompt cache"): the
+    output equals plain greedy; a cache holding the whole prompt is refused as by the other strategies."""
+    import copy
+
+    ids = _repetitive_prompt(11)
+    prompt_cache = target.new_cache()
+    target(ids[:, :12], past_key_values=prompt_cache)
+    greedy = genkit.generate(target, ids, max_new_tokens=12)
+    for kw in ({"prompt_lookup_num_tokens": 3}, {"assistant_model": draft}):
+        got = genkit.generate(target, ids, past_key_values=copy.deepcopy(prompt_cache), max_new_tokens=12, **kw)
+        assert torch.equal(got, greedy), kw
+    full = target.new_cache()
+    target(ids, past_key_values=full)
+    for kw in ({"prompt_lookup_num_tokens": 3}, {"assistant_model": draft}):
+        with pytest.raises(ValueError, match=r"`past_key_values` already holds 25 positions but `input_ids` has 25"):
+            genkit.generate(target, ids, past_key_values=copy.deepcopy(full), max_new_tokens=4, **kw)
