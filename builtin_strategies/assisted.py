@@ -163,19 +163,26 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, *, assistant_model: A
             break
         # the cache must hold everything but the newest token
         past = seqs.shape[1] - 1
-        if cache is not None:
-            cache.crop(past)
+        _crop_to(cache, past)
         generator.update_candidate_strategy(seqs, torch.stack(new_scores, dim=1), n_matches)
 
     logger.debug("assisted decoding: %d rounds, %d drafted, %d accepted", rounds, drafted_total, accepted_total)
-    if cache is not None:
-        cache.crop(seqs.shape[1] - 1)
+    _crop_to(cache, seqs.shape[1] - 1)
     return GenerateDecoderOnlyOutput(
         sequences=seqs,
         scores=tuple(scores_out) if want_scores else None,
         logits=tuple(logits_out) if want_logits else None,
         past_key_values=cache,
     )
+
+
+def _crop_to(cache: Any, keep: int) -> None:
+    """Drop the cached positions after the first ``keep``. By a negative count: genkit's caches read
+    ``crop(n)`` as "keep n" but also take "-n: drop n", and a plain transformers ``DynamicCache``
+    (a passed prompt cache) takes only the latter."""
+    drop = cache.get_seq_length() - keep if cache is not None else 0
+    if drop > 0:
+        cache.crop(-drop)
 
 
 def _speculative_accept(candidates: torch.Tensor, candidate_logits: torch.Tensor | None,

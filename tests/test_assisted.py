@@ -235,3 +235,23 @@ def test_prompt_cache_reuse(target, draft):
     for kw in ({"prompt_lookup_num_tokens": 3}, {"assistant_model": draft}):
         with pytest.raises(ValueError, match=r"`past_key_values` already holds 25 positions but `input_ids` has 25"):
             genkit.generate(target, ids, past_key_values=copy.deepcopy(full), max_new_tokens=4, **kw)
+
+
+def test_prompt_cache_reuse_with_a_transformers_model_and_cache(tiny_pair):
+    """transformers' recipe on a transformers model: the prefix is prefilled into a plain
+    ``DynamicCache`` (whose ``crop`` takes the number of positions to remove, not to keep)."""
+    import copy
+
+    import transformers
+
+    hf, _ = tiny_pair
+    ids = _repetitive_prompt(12)
+    prompt_cache = transformers.DynamicCache(config=hf.config)
+    hf(ids[:, :12], past_key_values=prompt_cache)
+    greedy = hf.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
+    for kw in ({"prompt_lookup_num_tokens": 3}, {"assistant_model": tiny_llama(seed=1)}):
+        cache = copy.deepcopy(prompt_cache)
+        out = genkit.generate(hf, ids, past_key_values=cache, max_new_tokens=12, eos_token_id=None,
+                              return_dict_in_generate=True, **kw)
+        assert torch.equal(out.sequences, greedy), kw
+        assert out.past_key_values.get_seq_length() == greedy.shape[1] - 1
