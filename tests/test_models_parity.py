@@ -346,3 +346,96 @@ def test_prompt_cache_reuse_matches_transformers(pair):
     assert torch.equal(beams, ours.generate(prompt, num_beams=3, max_new_tokens=8))
     with pytest.raises(ValueError, match=r"`past_key_values` already holds 4 positions but `input_ids` has 4"):
         ours.generate(prefix, past_key_values=copy.deepcopy(cache), max_new_tokens=2)
+
+
+def test_compiled_model_runs_its_modules(tmp_path):
+    """torch.compile (inductor) of a Llama-family model: preparing the inference path edits parameters
+    in place and inductor cannot lower oneDNN-packed weights, so compiled calls run the modules."""
+    import shutil
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("inductor needs a C++ compiler")
+    from genkit.models.tiny import tiny_llama
+
+    torch._dynamo.reset()
+    model = tiny_llama(seed=1)
+    model.cpu_weight_packing = True
+    ids = torch.tensor([[1, 17, 42, 99, 5, 23]])
+    with torch.enable_grad():
+        ref = model(ids, use_cache=False).logits.detach()
+    model.generate(ids, max_new_tokens=2)  # eager: weights laid out (and packed where oneDNN is)
+    compiled = torch.compile(model)
+    torch.testing.assert_close(compiled(ids).logits, ref, atol=1e-5, rtol=0)
+    cache = model.new_cache()
+    model(ids[:, :5], past_key_values=cache)  # an eager prefill: the cache holds the packed LM head
+    step = compiled(ids[:, 5:], past_key_values=cache).logits
+    torch.testing.assert_close(step[:, -1], ref[:, -1], atol=1e-5, rtol=0)
+
+
+def test_dtype_conversion_releases_prepared_weights():
+    """.half() / .to() after a generation: the old fused and packed weights are not kept alive, and a
+    no-op .to() keeps the prepared weights."""
+    import gc
+    import weakref
+
+    from genkit.models.tiny import tiny_llama
+
+    model = tiny_llama(seed=1)
+    model.cpu_weight_packing = True
+    prompt = torch.tensor([[1, 17, 42, 99]])
+    model.generate(prompt, max_new_tokens=2)
+    prepared = model._prepared
+    model.float()  # nothing changes: nothing to rebuild
+    assert model._prepared is prepared
+    old = [weakref.ref(t) for t in (prepared[1].layers[0].wqkv, prepared[1].layers[0].wgu)]
+    del prepared
+    model.to(torch.bfloat16)
+    gc.collect()
+    assert all(r() is None for r in old)
+    with torch.enable_grad():
+        ref = model(prompt, use_cache=False).logits.detach()
+    torch.testing.assert_close(model(prompt).logits, ref, atol=0.05, rtol=0)
+
+
+@pytest.mark.parametrize("model_type,left_out", [("qwen2", "use_sliding_window"), ("mistral", "sliding_window")])
+def test_sliding_window_fields_left_out_read_as_transformers_defaults(tmp_path, model_type, left_out):
+    """A config.json without ``use_sliding_window`` (Qwen2: False, no window) or without
+    ``sliding_window`` (Mistral: 4096) means what transformers' config classes default it to."""
+    import json
+
+    from genkit.models.llama import layer_windows
+
+    torch.manual_seed(0)
+    if model_type == "qwen2":
+        cfg = transformers.Qwen2Config(**COMMON, num_key_value_heads=2, use_sliding_window=True, sliding_window=5,
+                                       max_window_layers=1)
+    else:
+        cfg = transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=5)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop(left_out)
+    config.pop("layer_types", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ours = genkit.load_model(tmp_path)
+    n = hf.config.num_hidden_layers
+    layer_types = getattr(hf.config, "layer_types", None) or ["sliding_attention"] * n
+    expected = [hf.config.sliding_window if kind == "sliding_attention" else None for kind in layer_types]
+    assert layer_windows(ours.config) == ours.windows == expected
+    ids = torch.randint(3, 160, (1, 20), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+
+
+def test_model_built_in_inference_mode_generates():
+    """Parameters made under torch.inference_mode have no version counter: such a model runs its
+    modules (it used to fail with 'Inference tensors do not track version counter')."""
+    from genkit.models.tiny import tiny_llama
+
+    prompt = torch.tensor([[1, 17, 42, 99, 5, 23]])
+    ref = tiny_llama(seed=1).generate(prompt, max_new_tokens=8, min_new_tokens=8)
+    with torch.inference_mode():
+        model = tiny_llama(seed=1)
+    model.cpu_weight_packing = True
+    assert torch.equal(model.generate(prompt, max_new_tokens=8, min_new_tokens=8), ref)
+    with torch.inference_mode():
+        assert torch.equal(model.generate(prompt, max_new_tokens=8, min_new_tokens=8), ref)

@@ -161,8 +161,10 @@ def layer_windows(config: ModelConfig) -> list[int | None]:
     """Each layer's sliding-window size (None: full attention), read as transformers reads it."""
     n = config.num_hidden_layers
     window = config.sliding_window
-    if config.model_type == "qwen2" and config.use_sliding_window is False:
-        window = None
+    if config.model_type == "mistral" and "sliding_window" not in config.to_dict():
+        window = 4096  # MistralConfig's default when config.json does not name one
+    if config.model_type == "qwen2" and not config.use_sliding_window:
+        window = None  # Qwen2Config's use_sliding_window defaults to False
     if not window:
         return [None] * n
     if config.layer_types:
@@ -171,6 +173,13 @@ def layer_windows(config: ModelConfig) -> list[int | None]:
         first = int(config.get("max_window_layers", 28))
         return [int(window) if i >= first else None for i in range(n)]
     return [int(window)] * n
+
+
+def _module_path() -> bool:
+    """Whether to run the modules rather than the inference path: with autograd on (training), and
+    under ``torch.compile`` (preparing edits parameters in place, and inductor cannot lower the
+    oneDNN-packed weights)."""
+    return torch.is_grad_enabled() or torch.compiler.is_compiling()
 
 
 class LlamaForCausalLM(GenkitModel):
@@ -240,7 +249,10 @@ class LlamaForCausalLM(GenkitModel):
             return cache.prepared[1]  # type: ignore[return-value]
         layers = self.model.layers
         prepared = None
-        if not has_hooks([*layers.modules(), self.lm_head]):
+        # parameters made under torch.inference_mode (a model built or loaded there) have no version
+        # counter to key them by and cannot be laid out in place: such a model runs its modules
+        made_in_inference_mode = any(p.is_inference() for m in (layers, self.lm_head) for p in m.parameters())
+        if not has_hooks([*layers.modules(), self.lm_head]) and not made_in_inference_mode:
             key = (self.cpu_weight_packing, weights_key([layers, self.lm_head]))
             if self._prepared is None or self._prepared[0] != key:
                 self._prepared = None  # drop old packed copies first
@@ -251,6 +263,16 @@ class LlamaForCausalLM(GenkitModel):
         if cache is not None:
             cache.prepared = (self, prepared)
         return prepared
+
+    def _apply(self, fn: Any, recurse: bool = True) -> LlamaForCausalLM:
+        # .to() / .half() / .cuda(): prepared weights of the old dtype or device (fused storages,
+        # packed copies) must not stay alive until the next generation
+        out = super()._apply(fn, recurse)
+        if self._prepared is not None:
+            storages = [(id(p), p.data_ptr()) for m in (self.model.layers, self.lm_head) for p in m.parameters()]
+            if storages != [entry[:2] for entry in self._prepared[0][1]]:
+                self._prepared = None
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         # deepcopy / torch.save(model) leave the prepared weights behind (oneDNN-packed tensors
@@ -264,7 +286,7 @@ class LlamaForCausalLM(GenkitModel):
         return bool(prepared is not None and prepared.layers and prepared.layers[0].packed)
 
     def output_logits(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        prepared = cache.prepared if cache is not None and not torch.is_grad_enabled() else None
+        prepared = cache.prepared if cache is not None and not _module_path() else None
         if prepared is not None and prepared[0] is self and prepared[1] is not None and prepared[1].head is not None:
             return linear(x, prepared[1].head, None, True)
         return self.lm_head(x)
@@ -277,7 +299,7 @@ class LlamaForCausalLM(GenkitModel):
         t = x.shape[1]
         cos, sin = self.rope(position_ids, x.dtype, past_len, t)
         masks = {w: build_attention_mask(attention_mask, t, past_len, x.device, w) for w in set(self.windows)}
-        prepared = None if torch.is_grad_enabled() else self._inference_weights(cache, past_len)
+        prepared = None if _module_path() else self._inference_weights(cache, past_len)
         if prepared is not None:
             x = run_layers(prepared, x, cos, sin, masks, cache, hidden)
         else:
