@@ -49,10 +49,12 @@ def decode_loop(model: Any, input_ids: torch.Tensor, *, do_sample: bool, **kwarg
                 position_ids=first_pos, past_key_values=cache, use_cache=use_cache,
                 output_hidden_states=want_hidden, logits_to_keep=1)
     while True:
-        logits = out.logits[:, -1, :].float()  # a fresh tensor each step: processors may edit it in place
+        logits = out.logits[:, -1, :].float()  # a view of the model's output when it is float32 already
         record.model_step(logits, out.hidden_states)
         scores = logits_processor(seqs[:, :cur], logits)
-        record.processed(scores)
+        # kept scores must not hold the model's output (all positions when a model ignores
+        # logits_to_keep; a buffer the next forward overwrites when a model reuses one)
+        record.processed(scores, copy=scores.untyped_storage().data_ptr() == out.logits.untyped_storage().data_ptr())
         if do_sample:
             probs = torch.softmax(scores, dim=-1)
             next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)

@@ -131,3 +131,41 @@ def test_prompt_cache_with_use_cache_false_is_left_alone(tiny_pair):
                             max_new_tokens=8, eos_token_id=None, **kw)
         assert torch.equal(got, ref), kw
         assert prompt_cache.get_seq_length() == 3
+
+
+class _ReusedLogitsBuffer:
+    """A protocol model that returns every position's logits (it ignores ``logits_to_keep``) in one
+    output buffer that each forward overwrites, as CUDA-graph replays do."""
+
+    _genkit_protocol = True
+
+    def __init__(self, model):
+        self.model = model
+        self.buf = None
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, logits_to_keep=0, **kwargs):
+        out = self.model(*args, **kwargs)
+        if self.buf is None or self.buf.shape != out.logits.shape:
+            self.buf = torch.empty_like(out.logits)
+        out.logits = self.buf.copy_(out.logits)
+        return out
+
+
+@pytest.mark.parametrize("kw", [{}, {"do_sample": True, "top_k": 0}], ids=["greedy", "sample"])
+def test_kept_scores_do_not_hold_the_model_output(tiny_pair, kw):
+    """``output_scores`` without processors: each kept score is its own ``(batch, vocab)`` tensor,
+    not a view of the model's output (stale once the next forward reuses the buffer, and holding
+    the logits of every prompt position)."""
+    _, ours = tiny_pair
+    args = dict(max_new_tokens=5, eos_token_id=None, return_dict_in_generate=True, output_scores=True, **kw)
+    torch.manual_seed(0)
+    ref = ours.generate(IDS3, attention_mask=MASK3, **args)
+    torch.manual_seed(0)
+    got = genkit.generate(_ReusedLogitsBuffer(ours), IDS3, attention_mask=MASK3, **args)
+    assert torch.equal(got.sequences, ref.sequences)
+    for a, b in zip(got.scores, ref.scores):
+        torch.testing.assert_close(a, b)  # (the LM head on all positions: last-bit differences)
+        assert a.untyped_storage().nbytes() == a.numel() * a.element_size()
