@@ -30,11 +30,12 @@ NEG = -1.0e9  # score given to slots that must not be chosen (finite, so sums st
 
 def output_fill_value(config: Any, eos: torch.Tensor | None) -> int:
     """Token written after a finished hypothesis: transformers' choice (the pad id when it is set and
-    non-zero, else the first EOS id), so padded outputs compare equal."""
+    non-zero, else the first EOS id; -1 without EOS ids, where only other stopping criteria end a
+    hypothesis early), so padded outputs compare equal."""
+    if eos is None or not eos.numel():
+        return -1
     pad = config.pad_token_id
-    if eos is not None and eos.numel():
-        return int(pad) if pad else int(eos.view(-1)[0])
-    return int(pad) if pad is not None else 0
+    return int(pad) if pad else int(eos.view(-1)[0])
 
 
 def check_no_streamer(streamer: Any, name: str) -> None:

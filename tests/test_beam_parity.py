@@ -170,3 +170,24 @@ def test_prompt_cache_with_use_cache_false_is_left_alone(tiny_pair):
     got = genkit.generate(ours, ids, attention_mask=mask, past_key_values=prompt_cache, **kw)
     assert torch.equal(got, ref)
     assert prompt_cache.get_seq_length() == 4
+
+
+@pytest.mark.parametrize("pad", [0, 5])
+def test_custom_stopping_criterion_without_eos_matches_transformers(tiny_pair, pad):
+    """Without EOS ids, a hypothesis ended early by another stopping criterion is filled with -1
+    after its end, whatever the pad id (transformers' fill value)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class StopSecondPrompt(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return (input_ids[:, 0] == 1) & (input_ids.shape[1] >= 10)
+
+    hf, ours = tiny_pair
+    ids = torch.tensor([[0, 0, 0, 1, 5, 9, 33], [1, 7, 8, 9, 10, 11, 12], [0, 1, 44, 45, 46, 47, 48]])
+    mask = (ids != 0).long()
+    kw = dict(num_beams=2, max_new_tokens=6, eos_token_id=None, pad_token_id=pad)
+    ref = hf.generate(ids, attention_mask=mask, do_sample=False, stopping_criteria=StoppingCriteriaList(
+        [StopSecondPrompt()]), **kw)
+    got = genkit.generate(ours, ids, attention_mask=mask, stopping_criteria=[StopSecondPrompt()], **kw)
+    assert torch.equal(got, ref)
+    assert got[1, 10:].tolist() == [-1, -1, -1]
