@@ -222,7 +222,7 @@ def test_inference_path_matches_module_path(name, packing, tmp_path):
         got = ours(ids[:, :8], attention_mask=mask[:, :8], past_key_values=cache).logits
         assert cache.prepared is not None and cache.prepared[1] is not None  # the inference path ran
         # tiny matrices are packed only when forced (a packed call costs more than it gains there)
-        assert cache.prepared[1].layers[0].packed is (packing is True and packing_available())
+        assert cache.prepared[1]().layers[0].packed is (packing is True and packing_available())
         steps = [got]
         for n in range(9, 13):
             steps.append(ours(ids[:, n - 1:n], attention_mask=mask[:, :n], past_key_values=cache,
@@ -439,3 +439,33 @@ def test_model_built_in_inference_mode_generates():
     assert torch.equal(model.generate(prompt, max_new_tokens=8, min_new_tokens=8), ref)
     with torch.inference_mode():
         assert torch.equal(model.generate(prompt, max_new_tokens=8, min_new_tokens=8), ref)
+
+
+def test_kept_caches_do_not_keep_rebuilt_weights():
+    """A cache kept after its generation (``return_dict_in_generate``: ``past_key_values``) must not keep
+    the model alive, nor its prepared weights once they are rebuilt (a weight edit, e.g. a training
+    step between generations): that held a model-sized copy per kept output."""
+    import gc
+    import weakref
+
+    from genkit.models.tiny import tiny_llama
+
+    model = tiny_llama(seed=1)
+    model.cpu_weight_packing = True
+    prompt = torch.tensor([[1, 17, 42, 99]])
+    out = model.generate(prompt, max_new_tokens=3, min_new_tokens=3, return_dict_in_generate=True)
+    seq, kept = out.sequences, out.past_key_values  # kept holds seq[:, :-1]
+    old = weakref.ref(model._prepared[1].layers[0].wgu)  # the fused (or packed) gate/up weight
+    with torch.no_grad():  # two in-place edits that cancel out: the weights are rebuilt
+        model.model.layers[0].mlp.up_proj.weight.mul_(2.0)
+        model.model.layers[0].mlp.up_proj.weight.div_(2.0)
+    model.generate(prompt, max_new_tokens=3)
+    gc.collect()
+    assert old() is None  # the kept cache does not hold the old copies
+    # the kept cache still works: its next step checks the weights again and uses the current ones
+    step = model(seq[:, -1:], past_key_values=kept).logits[:, -1]
+    torch.testing.assert_close(step, model(seq, use_cache=False).logits[:, -1], atol=1e-5, rtol=0)
+    twin = weakref.ref(model)
+    del model, out
+    gc.collect()
+    assert twin() is None  # nor the model

@@ -20,7 +20,8 @@ class KVCache:
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.lengths = [0] * num_layers
-        self.prepared: tuple[object, object] | None = None  # (model, its inference weights) for this cache
+        # weak references to (the model, its inference weights or None) this cache started with
+        self.prepared: tuple[object, object] | None = None
 
     def __getstate__(self) -> dict[str, object]:
         # copies and pickles leave the model's prepared weights behind (oneDNN-packed tensors cannot

@@ -7,6 +7,7 @@ safetensors files load as they are.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -245,8 +246,10 @@ class LlamaForCausalLM(GenkitModel):
 
         Checked when a cache starts and then kept on the cache: later steps on it skip the check.
         """
-        if cache is not None and past_len > 0 and cache.prepared is not None and cache.prepared[0] is self:
-            return cache.prepared[1]  # type: ignore[return-value]
+        if cache is not None and past_len > 0:
+            kept, prepared = self._weights_on(cache)
+            if kept:
+                return prepared
         layers = self.model.layers
         prepared = None
         # parameters made under torch.inference_mode (a model built or loaded there) have no version
@@ -260,9 +263,19 @@ class LlamaForCausalLM(GenkitModel):
                 # laying out changed the parameters' storage: key what they are now
                 self._prepared = ((self.cpu_weight_packing, weights_key([layers, self.lm_head])), prepared)
             prepared = self._prepared[1]
-        if cache is not None:
-            cache.prepared = (self, prepared)
+        if cache is not None:  # weakly: a kept cache keeps neither the model nor weights rebuilt since
+            cache.prepared = (weakref.ref(self), None if prepared is None else weakref.ref(prepared))
         return prepared
+
+    def _weights_on(self, cache: KVCache) -> tuple[bool, PreparedModel | None]:
+        """(True, the prepared weights ``cache`` started with, or None for the module path); (False,
+        None) when it did not start on this model or its weights have been rebuilt since."""
+        if cache.prepared is None or cache.prepared[0]() is not self:
+            return False, None
+        if cache.prepared[1] is None:
+            return True, None
+        prepared = cache.prepared[1]()
+        return prepared is not None, prepared
 
     def _apply(self, fn: Any, recurse: bool = True) -> LlamaForCausalLM:
         # .to() / .half() / .cuda(): prepared weights of the old dtype or device (fused storages,
@@ -286,9 +299,9 @@ class LlamaForCausalLM(GenkitModel):
         return bool(prepared is not None and prepared.layers and prepared.layers[0].packed)
 
     def output_logits(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        prepared = cache.prepared if cache is not None and not _module_path() else None
-        if prepared is not None and prepared[0] is self and prepared[1] is not None and prepared[1].head is not None:
-            return linear(x, prepared[1].head, None, True)
+        prepared = self._weights_on(cache)[1] if cache is not None and not _module_path() else None
+        if prepared is not None and prepared.head is not None:
+            return linear(x, prepared.head, None, True)
         return self.lm_head(x)
 
     def input_embeddings(self) -> nn.Module:

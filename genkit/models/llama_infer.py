@@ -55,9 +55,15 @@ class PreparedLayer(NamedTuple):
     packed: bool  # wqkv, wo, wgu, wd are oneDNN-packed copies (see pack())
 
 
-class PreparedModel(NamedTuple):
-    layers: list[PreparedLayer]
-    head: torch.Tensor | None  # packed LM head weight, or None to call ``lm_head``
+class PreparedModel:
+    """Every layer's prepared weights and the packed LM head weight (None: call ``lm_head``). The
+    model holds it; a cache refers to it weakly, so weights rebuilt since stay alive for no cache."""
+
+    __slots__ = ("__weakref__", "head", "layers")
+
+    def __init__(self, layers: list[PreparedLayer], head: torch.Tensor | None) -> None:
+        self.layers = layers
+        self.head = head
 
 
 @functools.cache
