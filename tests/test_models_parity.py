@@ -469,3 +469,28 @@ def test_kept_caches_do_not_keep_rebuilt_weights():
     del model, out
     gc.collect()
     assert twin() is None  # nor the model
+
+
+def test_submodule_replaced_after_a_generation_runs():
+    """Wrapping or replacing a layer's submodule (activation steering without hooks) after a generation
+    leaves the parameters as they were: the model must still notice and run its modules."""
+    from genkit.models.tiny import tiny_llama
+
+    class Silenced(torch.nn.Module):  # no parameters of its own
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.inner(x) * 0.0
+
+    prompt = torch.tensor([[1, 17, 42, 99, 5, 23]])
+    model, fresh = tiny_llama(seed=1), tiny_llama(seed=1)
+    model.generate(prompt, max_new_tokens=4)
+    for m in (model, fresh):
+        m.model.layers[1].mlp = Silenced(m.model.layers[1].mlp)
+    out = model.generate(prompt, max_new_tokens=6, min_new_tokens=6)
+    assert model.model.layers[1].mlp.calls == 6  # prompt + 5 decode steps
+    assert torch.equal(out, fresh.generate(prompt, max_new_tokens=6, min_new_tokens=6))

@@ -283,7 +283,8 @@ class LlamaForCausalLM(GenkitModel):
         out = super()._apply(fn, recurse)
         if self._prepared is not None:
             storages = [(id(p), p.data_ptr()) for m in (self.model.layers, self.lm_head) for p in m.parameters()]
-            if storages != [entry[:2] for entry in self._prepared[0][1]]:
+            _packing, (_tree, params) = self._prepared[0]
+            if storages != [entry[:2] for entry in params]:
                 self._prepared = None
         return out
 

@@ -201,8 +201,10 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
 
 
 def weights_key(modules: list[nn.Module]) -> tuple[Any, ...]:
-    """Identity of every parameter's current storage and contents."""
-    return tuple((id(p), p.data_ptr(), p._version) for m in modules for p in m.parameters())
+    """Identity of the module trees (a submodule replaced or wrapped) and of every parameter's current
+    storage and contents."""
+    tree = tuple((id(sub), type(sub)) for m in modules for sub in m.modules())
+    return tree, tuple((id(p), p.data_ptr(), p._version) for m in modules for p in m.parameters())
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
