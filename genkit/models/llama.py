@@ -288,6 +288,22 @@ class LlamaForCausalLM(GenkitModel):
                 self._prepared = None
         return out
 
+    def _contiguous_for_training(self) -> None:
+        """Give trainable parameters their own contiguous storage again (autograd on after a generation).
+
+        Fused optimizers (``fused=True`` on the CPU) step a parameter, its gradient and its state as
+        flat memory: with the inference layout's strides their updates land on the wrong elements.
+        """
+        params = [p for m in (self.model.layers, self.lm_head) for p in m.parameters()]
+        if not any(p.requires_grad for p in params):
+            return
+        laid_out = [p for p in params if not p.is_contiguous()]
+        with torch.no_grad():
+            for p in laid_out:
+                p.data = p.data.contiguous()
+        if laid_out:
+            self._prepared = None
+
     def __getstate__(self) -> dict[str, Any]:
         # deepcopy / torch.save(model) leave the prepared weights behind (oneDNN-packed tensors
         # cannot be copied or pickled); they are rebuilt on first use
@@ -313,6 +329,8 @@ class LlamaForCausalLM(GenkitModel):
         t = x.shape[1]
         cos, sin = self.rope(position_ids, x.dtype, past_len, t)
         masks = {w: build_attention_mask(attention_mask, t, past_len, x.device, w) for w in set(self.windows)}
+        if torch.is_grad_enabled() and self._prepared is not None:
+            self._contiguous_for_training()
         prepared = None if _module_path() else self._inference_weights(cache, past_len)
         if prepared is not None:
             x = run_layers(prepared, x, cos, sin, masks, cache, hidden)
