@@ -370,6 +370,11 @@ def test_compiled_model_runs_its_modules(tmp_path):
     model(ids[:, :5], past_key_values=cache)  # an eager prefill: the cache holds the packed LM head
     step = compiled(ids[:, 5:], past_key_values=cache).logits
     torch.testing.assert_close(step[:, -1], ref[:, -1], atol=1e-5, rtol=0)
+    with torch.enable_grad():  # compiled training step after a generation (the layout is undone eagerly)
+        model.generate(ids, max_new_tokens=2)
+        logits = compiled(ids, use_cache=False).logits
+        logits.sum().backward()
+    torch.testing.assert_close(logits.detach(), ref, atol=1e-5, rtol=0)
 
 
 def test_dtype_conversion_releases_prepared_weights():

@@ -288,6 +288,7 @@ class LlamaForCausalLM(GenkitModel):
                 self._prepared = None
         return out
 
+    @torch.compiler.disable  # edits parameters in place: never traced
     def _contiguous_for_training(self) -> None:
         """Give trainable parameters their own contiguous storage again (autograd on after a generation).
 
