@@ -525,3 +525,33 @@ def test_fused_optimizer_training_around_a_generation():
     with torch.enable_grad():
         ref = model(prompt, use_cache=False).logits.detach()
     torch.testing.assert_close(model(prompt).logits, ref, atol=1e-5, rtol=0)
+
+
+def test_hook_registered_between_generations_on_one_cache_runs():
+    """A chat that continues one cache across generate() calls: a forward hook registered between two
+    turns (activation steering) must run on the next turn, though the cache was checked at its start."""
+    from genkit.models.tiny import tiny_llama
+
+    model = tiny_llama(seed=1)
+    cache = model.new_cache()
+    first = model.generate(torch.tensor([[1, 17, 42, 99]]), past_key_values=cache, max_new_tokens=3,
+                           min_new_tokens=3)
+    calls = []
+
+    def steer(module, args, out):
+        calls.append(out.shape)
+        return out + 0.5
+
+    handle = model.model.layers[0].mlp.register_forward_hook(steer)
+    try:
+        turn = torch.cat([first, torch.tensor([[5, 6]])], 1)
+        out = model.generate(turn, past_key_values=cache, max_new_tokens=4, min_new_tokens=4)
+        assert len(calls) == 4  # the new prompt tokens + 3 decode steps
+        # the same turn on a fresh cache (prefix unsteered, as in the kept cache): the modules all along
+        fresh = model.new_cache()
+        handle.remove()
+        model(first[:, :-1], past_key_values=fresh)
+        handle = model.model.layers[0].mlp.register_forward_hook(steer)
+        assert torch.equal(out, model.generate(turn, past_key_values=fresh, max_new_tokens=4, min_new_tokens=4))
+    finally:
+        handle.remove()

@@ -20,7 +20,8 @@ class KVCache:
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.lengths = [0] * num_layers
-        # weak references to (the model, its inference weights or None) this cache started with
+        # weak references to the model and its inference weights (or None) this cache started with,
+        # and the hook-handle count then
         self.prepared: tuple[object, object] | None = None
 
     def __getstate__(self) -> dict[str, object]:

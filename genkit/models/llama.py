@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from .base import GenkitModel, ModelConfig
 from .cache import KVCache
@@ -264,13 +265,17 @@ class LlamaForCausalLM(GenkitModel):
                 self._prepared = ((self.cpu_weight_packing, weights_key([layers, self.lm_head])), prepared)
             prepared = self._prepared[1]
         if cache is not None:  # weakly: a kept cache keeps neither the model nor weights rebuilt since
-            cache.prepared = (weakref.ref(self), None if prepared is None else weakref.ref(prepared))
+            cache.prepared = (weakref.ref(self), None if prepared is None else weakref.ref(prepared),
+                              RemovableHandle.next_id)
         return prepared
 
     def _weights_on(self, cache: KVCache) -> tuple[bool, PreparedModel | None]:
         """(True, the prepared weights ``cache`` started with, or None for the module path); (False,
-        None) when it did not start on this model or its weights have been rebuilt since."""
-        if cache.prepared is None or cache.prepared[0]() is not self:
+        None) when it did not start on this model, its weights have been rebuilt since, or a hook
+        has been registered since (every registration numbers a new handle: e.g. between two
+        generations that continue one cache)."""
+        if (cache.prepared is None or cache.prepared[0]() is not self
+                or cache.prepared[2] != RemovableHandle.next_id):
             return False, None
         if cache.prepared[1] is None:
             return True, None
