@@ -555,3 +555,21 @@ def test_hook_registered_between_generations_on_one_cache_runs():
         assert torch.equal(out, model.generate(turn, past_key_values=fresh, max_new_tokens=4, min_new_tokens=4))
     finally:
         handle.remove()
+
+
+def test_prompt_cache_with_several_sequences_per_prompt(tmp_path):
+    """num_return_sequences > 1 on a batch of 2 with a prompt cache: the cache is expanded like the prompts."""
+    import copy
+
+    from genkit.models.tiny import tiny_llama
+
+    model = tiny_llama(seed=4)
+    prefix = torch.tensor([[1, 17, 42], [1, 8, 9]])
+    prompt = torch.cat([prefix, torch.tensor([[5, 23], [6, 7]])], 1)
+    cache = model.new_cache()
+    model(prefix, past_key_values=cache)
+    kw = {"do_sample": True, "top_k": 1, "num_return_sequences": 3, "max_new_tokens": 6}
+    out = model.generate(prompt, past_key_values=copy.deepcopy(cache), **kw)
+    ref = model.generate(prompt, **kw)
+    assert out.shape == (6, 11)
+    assert torch.equal(out, ref)

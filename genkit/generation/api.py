@@ -249,8 +249,13 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     n = config.num_return_sequences
     if n > 1 and config.num_beams == 1:
         input_ids = input_ids.repeat_interleave(n, dim=0)
-        if "attention_mask" in model_kwargs:
-            model_kwargs["attention_mask"] = model_kwargs["attention_mask"].repeat_interleave(n, dim=0)
+        for key in ("attention_mask", "position_ids"):
+            if model_kwargs.get(key) is not None:
+                model_kwargs[key] = model_kwargs[key].repeat_interleave(n, dim=0)
+        cache = model_kwargs.get("past_key_values")
+        if cache is not None and cache.get_seq_length() > 0:  # a prompt cache: one row per sequence too
+            expand = getattr(cache, "repeat_interleave", None) or getattr(cache, "batch_repeat_interleave")
+            expand(n)
 
     # streamer
     if isinstance(streamer, str):
