@@ -72,10 +72,11 @@ def sentencepiece_vocab() -> tuple[list[str], list[float], list[int]]:
 
 
 def write_tiny_llama_gguf(path, *, model="llama", add_bos=None, add_eos=None, add_space_prefix=None,
-                          with_merges=False, pad_id=None, seed=0) -> list[str]:
-    """A tiny random Llama (one layer, hidden 16) under llama.cpp's tensor names, with the vocabulary."""
+                          with_merges=False, pad_id=None, seed=0, arch="llama") -> list[str]:
+    """A tiny random Llama (one layer, hidden 16) under llama.cpp's tensor names, with the vocabulary
+    (``arch="qwen2"``: with q/k/v biases, as Qwen2 files have)."""
     tokens, scores, types = sentencepiece_vocab()
-    w = gguf.GGUFWriter(str(path), arch="llama")
+    w = gguf.GGUFWriter(str(path), arch=arch)
     w.add_block_count(1)
     w.add_context_length(128)
     w.add_embedding_length(16)
@@ -116,6 +117,10 @@ def write_tiny_llama_gguf(path, *, model="llama", add_bos=None, add_eos=None, ad
     tensor("blk.0.attn_q.weight", hidden, hidden)
     tensor("blk.0.attn_k.weight", kv, hidden)
     tensor("blk.0.attn_v.weight", kv, hidden)
+    if arch == "qwen2":
+        tensor("blk.0.attn_q.bias", hidden)
+        tensor("blk.0.attn_k.bias", kv)
+        tensor("blk.0.attn_v.bias", kv)
     tensor("blk.0.attn_output.weight", hidden, hidden)
     tensor("blk.0.ffn_gate.weight", ffn, hidden)
     tensor("blk.0.ffn_up.weight", ffn, hidden)
@@ -310,6 +315,18 @@ def test_tiny_llama_gguf_generates_like_transformers(gguf_dir, tokenizers_pair):
         out = model.generate(**enc, max_new_tokens=16, min_new_tokens=16)
         assert torch.equal(out, ref), prompt
         assert isinstance(ours_tok.decode(out[0], skip_special_tokens=True), str)
+
+
+def test_tiny_qwen2_gguf_generates_like_transformers(tmp_path, tokenizers_pair):
+    """A Qwen2 GGUF: q/k/v biases, and no o_proj bias (none is stored)."""
+    write_tiny_llama_gguf(tmp_path / "qwen2.gguf", arch="qwen2", seed=5)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="qwen2.gguf").eval()
+    model = genkit.load_model(tmp_path / "qwen2.gguf")
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    assert model.model.layers[0].self_attn.o_proj.bias is None
+    enc = tokenizers_pair[0]("the quick brown fox", return_tensors="pt")
+    ref = hf.generate(**enc, do_sample=False, max_new_tokens=16, min_new_tokens=16)
+    assert torch.equal(model.generate(**enc, max_new_tokens=16, min_new_tokens=16), ref)
 
 
 def test_unsupported_tokenizer_model_names_the_field_and_the_accepted_values(tmp_path):

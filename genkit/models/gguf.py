@@ -126,8 +126,8 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
         config["head_dim"] = int(rope_dim)
     names = {t.name for t in reader.tensors}
     config["tie_word_embeddings"] = "output.weight" not in names
-    if model_type == "qwen2":
-        config["attention_bias"] = True
+    # Qwen2's q/k/v biases follow from model_type (as in transformers' Qwen2 config);
+    # attention_bias would also ask for an o_proj bias, which Qwen2 files do not have
     for key, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):
         value = _field(reader, f"tokenizer.ggml.{meta}")
