@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .base import positions_from_mask
+
 logger = logging.getLogger("genkit.models.adapter")
 
 _CACHE_CLASS: type | None = None
@@ -124,11 +126,10 @@ class TransformersModelAdapter:
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Any,
     ) -> Any:
-        if position_ids is None and attention_mask is not None and not bool(attention_mask.all()):
+        if position_ids is None:
             # left padding: positions count real tokens only (what transformers' generate does)
             t = input_ids.shape[1] if input_ids is not None else kwargs["inputs_embeds"].shape[1]
-            pos = attention_mask.long().cumsum(-1) - 1
-            position_ids = pos.masked_fill(attention_mask == 0, 1)[:, -t:]
+            position_ids = positions_from_mask(attention_mask, t)
         if past_key_values is None and use_cache:
             past_key_values = self.new_cache()
         return self.hf_model(
