@@ -2,14 +2,15 @@
 
 Under ``torch.no_grad`` / ``torch.inference_mode``, with no module hooks, ``LlamaForCausalLM``
 runs its layers through :func:`run_layers` instead of calling its ``nn.Module`` tree. Before the
-first such call, :func:`prepare_layers` lays the weights out for it, in place and without copies
-left behind: the q/k/v projections of a layer share one storage, gate/up another, and the
-parameters become views of those storages (so an in-place edit of a parameter is an edit of the
-fused matrix). On the CPU every linear weight is stored column-major (``(in, out)`` in memory): a
-batch-1 decode step is a chain of matrix-vector products bound by memory bandwidth, and BLAS
-streams that layout about 1.4x faster. The prepared weights are checked against the parameters'
-identity, storage and version counters when a cache starts, and then kept for every step on that
-cache.
+first such call, :func:`prepare_layers` lays the weights out for it, in place: the q/k/v
+projections of a layer share one storage, gate/up another, and the parameters become views of
+those storages (so an in-place edit of a parameter is an edit of the fused matrix). On the CPU
+every linear weight is stored column-major (``(in, out)`` in memory): a batch-1 decode step is a
+chain of matrix-vector products bound by memory bandwidth, and BLAS streams that layout about 1.4x
+faster. Float32 CPU models with big enough matrices also get oneDNN-packed copies of the weights
+(:func:`pack`), the one place this path holds weights twice. The prepared weights are checked
+against the module tree and the parameters' identity, storage and version counters when a cache
+starts, and then kept for every step on that cache.
 
 On a small model a decode step is dominated by per-call overhead, not arithmetic; this path cuts
 a 2-layer, 64-wide step by about a third. The module path stays the reference (training, hooks)
@@ -185,10 +186,13 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
         if packed:
             logger.info("packing %d linear weights for oneDNN (%.0f MB)", len(matrices) + 1,
                         sum(w.numel() * w.element_size() for w in [*matrices, lm_head.weight]) / 2**20)
+        rotations: dict[int, torch.Tensor] = {}  # one per head size, shared by the layers
         for layer, window, (wqkv, bqkv, wgu, bgu) in zip(layers, windows, fused):
             attn, mlp = layer.self_attn, layer.mlp
             wo, wd = attn.o_proj.weight, mlp.down_proj.weight
-            rotation = rotation_matrix(attn.head_dim, wqkv)
+            if attn.head_dim not in rotations:
+                rotations[attn.head_dim] = rotation_matrix(attn.head_dim, wqkv)
+            rotation = rotations[attn.head_dim]
             if packed:
                 wqkv, wo, wgu, wd = pack(wqkv), pack(wo), pack(wgu), pack(wd)
             prepared.append(PreparedLayer(
