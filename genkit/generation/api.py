@@ -254,8 +254,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
                 model_kwargs[key] = model_kwargs[key].repeat_interleave(n, dim=0)
         cache = model_kwargs.get("past_key_values")
         if cache is not None and cache.get_seq_length() > 0:  # a prompt cache: one row per sequence too
-            expand = getattr(cache, "repeat_interleave", None) or getattr(cache, "batch_repeat_interleave")
-            expand(n)
+            cache.batch_repeat_interleave(n)  # the name genkit's KVCache and transformers' caches share
 
     # streamer
     if isinstance(streamer, str):

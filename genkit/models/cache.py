@@ -8,6 +8,8 @@ slice copy per layer and no concatenation. Supports what the strategies need: ``
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -22,7 +24,7 @@ class KVCache:
         self.lengths = [0] * num_layers
         # weak references to the model and its inference weights (or None) this cache started with,
         # and the hook-handle count then
-        self.prepared: tuple[object, object] | None = None
+        self.prepared: tuple[Any, Any, int] | None = None
 
     def __getstate__(self) -> dict[str, object]:
         # copies and pickles leave the model's prepared weights behind (oneDNN-packed tensors cannot
