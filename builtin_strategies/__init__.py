@@ -13,7 +13,7 @@ from genkit.hookspecs import hookimpl
 
 from . import fields as F
 
-_S = "builtin_strategies"
+_S = "genkit.builtin_strategies"
 
 
 def _is_greedy(config: Any) -> bool:

@@ -33,14 +33,14 @@ _LAZY = {
     "KVCache": "genkit.models.cache:KVCache",
     "LlamaForCausalLM": "genkit.models.llama:LlamaForCausalLM",
     # built-in processors, criteria and streamers under their transformers names
-    "MaxLengthCriteria": "builtin_strategies.stopping:MaxLengthCriteria",
-    "MaxTimeCriteria": "builtin_strategies.stopping:MaxTimeCriteria",
-    "EosTokenCriteria": "builtin_strategies.stopping:EosTokenCriteria",
-    "StopStringCriteria": "builtin_strategies.stop_strings:StopStringCriteria",
-    "TextStreamer": "builtin_strategies.streamers:TextStreamer",
-    "TextIteratorStreamer": "builtin_strategies.streamers:TextIteratorStreamer",
-    "AsyncTextIteratorStreamer": "builtin_strategies.streamers:AsyncTextIteratorStreamer",
-    "BaseStreamer": "builtin_strategies.streamers:BaseStreamer",
+    "MaxLengthCriteria": "genkit.builtin_strategies.stopping:MaxLengthCriteria",
+    "MaxTimeCriteria": "genkit.builtin_strategies.stopping:MaxTimeCriteria",
+    "EosTokenCriteria": "genkit.builtin_strategies.stopping:EosTokenCriteria",
+    "StopStringCriteria": "genkit.builtin_strategies.stop_strings:StopStringCriteria",
+    "TextStreamer": "genkit.builtin_strategies.streamers:TextStreamer",
+    "TextIteratorStreamer": "genkit.builtin_strategies.streamers:TextIteratorStreamer",
+    "AsyncTextIteratorStreamer": "genkit.builtin_strategies.streamers:AsyncTextIteratorStreamer",
+    "BaseStreamer": "genkit.builtin_strategies.streamers:BaseStreamer",
 }
 
 _PROCESSOR_NAMES = (
@@ -54,7 +54,7 @@ _PROCESSOR_NAMES = (
     "LogitNormalization",
 )
 for _name in _PROCESSOR_NAMES:
-    _LAZY[_name] = f"builtin_strategies.logits_process:{_name}"
+    _LAZY[_name] = f"genkit.builtin_strategies.logits_process:{_name}"
 
 __all__ = sorted(_LAZY) + ["__version__"]
 

@@ -244,7 +244,7 @@ def build_registry(extra_plugins: Iterable[tuple[Any, Origin]] = ()) -> Registry
     registry = Registry()
     loaded: list[tuple[Any, Origin]] = []
 
-    import builtin_strategies
+    from genkit import builtin_strategies
 
     pm.register(builtin_strategies, name="builtin")
     loaded.append((builtin_strategies, Origin("builtin", "builtin")))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import genkit
-from builtin_strategies.assisted import _speculative_accept
-from builtin_strategies.candidates import PromptLookupCandidateGenerator
+from genkit.builtin_strategies.assisted import _speculative_accept
+from genkit.builtin_strategies.candidates import PromptLookupCandidateGenerator
 from genkit.models.tiny import tiny_llama
 
 

@@ -177,7 +177,7 @@ def test_transformers_sequence_bias_dict_file_loads_in_genkit(tmp_path):
     ref = transformers.GenerationConfig(sequence_bias={(4, 5): 2.0, (6,): -1.0})
     ref.save_pretrained(tmp_path)
     ours = GenerationConfig.from_pretrained(tmp_path)
-    from builtin_strategies.logits_process import SequenceBiasLogitsProcessor
+    from genkit.builtin_strategies.logits_process import SequenceBiasLogitsProcessor
 
     assert SequenceBiasLogitsProcessor(ours.sequence_bias).sequence_bias == {(4, 5): 2.0, (6,): -1.0}
 

@@ -13,8 +13,8 @@ from test_packs import REPO, install_packs, pack_env
 PROBE = r'''
 import json, sys
 HEAVY = ["torch", "genkit_sampling_pack.processors", "genkit_sampling_pack.mirostat", "genkit_events_pack.jsonl",
-         "genkit_events_pack.ngram", "builtin_strategies.assisted", "builtin_strategies.candidates",
-         "builtin_strategies.decoding"]
+         "genkit_events_pack.ngram", "genkit.builtin_strategies.assisted", "genkit.builtin_strategies.candidates",
+         "genkit.builtin_strategies.decoding"]
 def loaded():
     return [m for m in HEAVY if m in sys.modules]
 steps = {}
@@ -64,12 +64,12 @@ def test_discovery_and_config_import_no_torch(steps):
 
 
 def test_pack_modules_load_on_first_use(steps):
-    assert "torch" in steps["greedy"] and "builtin_strategies.decoding" in steps["greedy"]
+    assert "torch" in steps["greedy"] and "genkit.builtin_strategies.decoding" in steps["greedy"]
     # the processors module holds all of the pack's processor factories, so the first generation
     # that builds processors imports it; the strategy and the drafting modules wait for their use
     assert "genkit_sampling_pack.mirostat" not in steps["dry"]
     assert "genkit_sampling_pack.mirostat" in steps["mirostat"]
     assert "genkit_events_pack.ngram" not in steps["mirostat"]
-    assert "builtin_strategies.assisted" not in steps["mirostat"]
-    assert {"genkit_events_pack.ngram", "builtin_strategies.assisted"} <= set(steps["ngram"])
+    assert "genkit.builtin_strategies.assisted" not in steps["mirostat"]
+    assert {"genkit_events_pack.ngram", "genkit.builtin_strategies.assisted"} <= set(steps["ngram"])
     assert "genkit_events_pack.jsonl" not in steps["ngram"]

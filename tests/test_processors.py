@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import genkit
-from builtin_strategies import logits_process as G
+from genkit.builtin_strategies import logits_process as G
 
 T = pytest.importorskip("transformers.generation.logits_process")
 

@@ -140,7 +140,7 @@ def test_local_recipe_forwarding_and_no_recursion(tmp_path, tiny_model):
 def test_recipe_commands_do_not_import_torch_until_run():
     code = ("import argparse, sys; import genkit.cli.recipe_cmds as m; p = argparse.ArgumentParser(); "
             "m.add_parser(p.add_subparsers()); p.parse_args(['inspect', 'org/x']); "
-            "import genkit.recipes, genkit.recipes.inspection, genkit.recipes.publish, sandbox; "
+            "import genkit.recipes, genkit.recipes.inspection, genkit.recipes.publish, genkit.sandbox; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

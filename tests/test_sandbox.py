@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from hub_server import write_recipe
 
-import sandbox
-from sandbox import SandboxError, audit_sources, check_source, import_tree, scan_tree
+import genkit.sandbox as sandbox
+from genkit.sandbox import SandboxError, audit_sources, check_source, import_tree, scan_tree
 
 
 def _tree(tmp_path: Path, files: dict[str, str | bytes], **kw):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import genkit
-from builtin_strategies.stop_strings import StopStringCriteria, token_bytes
-from builtin_strategies.stopping import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
+from genkit.builtin_strategies.stop_strings import StopStringCriteria, token_bytes
+from genkit.builtin_strategies.stopping import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

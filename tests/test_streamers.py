@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import genkit
-from builtin_strategies.streamers import (
+from genkit.builtin_strategies.streamers import (
     AsyncTextIteratorStreamer,
     BaseStreamer,
     TextIteratorStreamer,

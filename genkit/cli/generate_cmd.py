@@ -107,7 +107,7 @@ class _PrintStreamer:
 def make_streamer(tokenizer: Any) -> Any:
     """A streamer printing the generated text (not the prompt) to stdout as it comes."""
     try:
-        from builtin_strategies.streamers import TextStreamer
+        from genkit.builtin_strategies.streamers import TextStreamer
     except ImportError:
         return _PrintStreamer(tokenizer, sys.stdout)
     return TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)

@@ -281,7 +281,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
         merged = merged[:first_warper] + merged[len(built):] + merged[first_warper:len(built)]
     processors = LogitsProcessorList(merged)
 
-    from builtin_strategies.stopping import build_stopping_criteria
+    from genkit.builtin_strategies.stopping import build_stopping_criteria
 
     criteria = StoppingCriteriaList(
         merge_lists(build_stopping_criteria(config, eos_ids, model_kwargs.get("tokenizer")), stopping_criteria,

@@ -67,7 +67,7 @@ def load_recipe(ref: str | os.PathLike[str], *, trust_remote_code: bool | None =
     :class:`RecipeValidationError` (a ValueError) listing file:line, unmet requirements one
     :class:`RequirementsError` (an ImportError), Hub failures :class:`RecipeFetchError`.
     """
-    from sandbox import import_tree, scan_tree
+    from genkit.sandbox import import_tree, scan_tree
 
     from .fetch import fetch
     from .requirements import ensure_requirements

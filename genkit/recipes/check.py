@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox import Finding, SandboxError, scan_tree
+from genkit.sandbox import Finding, SandboxError, scan_tree
 
 from .errors import RequirementsError, RequirementsFormatError
 from .requirements import Status, check_requirements

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandbox.errors import RecipeImportError, SandboxError
+from genkit.sandbox.errors import RecipeImportError, SandboxError
 
 #: a recipe's files break a structural or import rule (raised before any of its code runs)
 RecipeValidationError = SandboxError

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from genkit.fileutil import atomic_write_text
-from sandbox.tree import FOLDER, MAX_FILE_BYTES, check_relpath
+from genkit.sandbox.tree import FOLDER, MAX_FILE_BYTES, check_relpath
 
 from .errors import RecipeFetchError, RecipeNotFoundError
 from .hub import api, with_retries
@@ -69,7 +69,7 @@ def list_files(repo_id: str, commit: str) -> dict[str, dict[str, Any]]:
 
 def check_listing(repo_id: str, listing: dict[str, dict[str, Any]]) -> None:
     """Refuse odd paths and oversized recipe files before downloading anything."""
-    from sandbox.errors import Problem, SandboxError
+    from genkit.sandbox.errors import Problem, SandboxError
 
     problems = []
     for path, meta in sorted(listing.items()):

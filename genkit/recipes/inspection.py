@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox import (
+from genkit.sandbox import (
     Finding,
     Problem,
     SandboxError,
@@ -23,7 +23,7 @@ from sandbox import (
     content_hash,
     scan_tree,
 )
-from sandbox.tree import FOLDER, MAX_FILE_BYTES, check_relpath
+from genkit.sandbox.tree import FOLDER, MAX_FILE_BYTES, check_relpath
 
 from .requirements import Status, check_requirements
 from .validate import front_matter, readme_problems, signature_problems

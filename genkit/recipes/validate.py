@@ -8,8 +8,8 @@ import ast
 import re
 from dataclasses import dataclass
 
-from sandbox import Finding, Problem, SandboxError, SourceTree, audit_tree, check_source
-from sandbox.tree import FOLDER
+from genkit.sandbox import Finding, Problem, SandboxError, SourceTree, audit_tree, check_source
+from genkit.sandbox.tree import FOLDER
 
 FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 TAG = "custom_generate"

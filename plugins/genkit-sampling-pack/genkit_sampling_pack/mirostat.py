@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from builtin_strategies.loop_state import (
+from genkit.builtin_strategies.loop_state import (
     mask_buffer,
     open_cache,
     read_inputs,
