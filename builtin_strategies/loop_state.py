@@ -20,23 +20,7 @@ from typing import Any
 
 import torch
 
-from genkit.generation.processing import StoppingCriteriaList
-
-from .stopping import EosTokenCriteria, MaxLengthCriteria
-
-
-def split_criteria(criteria: StoppingCriteriaList) -> tuple[list[Any], torch.Tensor | None]:
-    """Built-in max-length and EOS criteria are handled inline by the loops; return the others and
-    the EOS ids."""
-    others, eos = [], []
-    for c in criteria:
-        if type(c) is MaxLengthCriteria:
-            continue
-        if type(c) is EosTokenCriteria:
-            eos.append(c.eos_token_id.view(-1))
-            continue
-        others.append(c)
-    return others, (torch.cat(eos) if eos else None)
+from genkit.strategy import StrategyCall
 
 
 @dataclass
@@ -46,7 +30,7 @@ class LoopInputs:
     model: Any
     input_ids: torch.Tensor
     logits_processor: Any
-    stopping_criteria: StoppingCriteriaList
+    stopping_criteria: Any
     config: Any
     streamer: Any
     attention_mask: torch.Tensor | None
@@ -61,34 +45,15 @@ class LoopInputs:
     eos: torch.Tensor | None  # EOS ids of the EOS criteria, on ``device``
 
 
-def read_inputs(
-    name: str,
-    model: Any,
-    input_ids: torch.Tensor,
-    *,
-    logits_processor: Any,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: Any,
-    streamer: Any = None,
-    attention_mask: torch.Tensor | None = None,
-    past_key_values: Any = None,
-    use_cache: bool = True,
-    position_ids: torch.Tensor | None = None,
-    **unused: Any,
-) -> LoopInputs:
+def read_inputs(name: str, model: Any, input_ids: torch.Tensor, **kwargs: Any) -> LoopInputs:
     """Read a strategy call; ``name`` names the strategy in the error for unknown model inputs."""
-    if unused:
-        raise ValueError(f"unexpected model inputs for {name}: {sorted(unused)}")
-    cfg = generation_config
-    batch, prompt_len = input_ids.shape
-    device = input_ids.device
-    others, eos = split_criteria(stopping_criteria)
+    call = StrategyCall.from_kwargs(name, model, input_ids, **kwargs)
     return LoopInputs(
-        model=model, input_ids=input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-        config=cfg, streamer=streamer, attention_mask=attention_mask, past_key_values=past_key_values,
-        use_cache=bool(use_cache and cfg.use_cache), position_ids=position_ids, batch=batch, prompt_len=prompt_len,
-        device=device, max_length=stopping_criteria.max_length or cfg.max_length, others=others,
-        eos=None if eos is None else eos.to(device),
+        model=model, input_ids=input_ids, logits_processor=call.logits_processor, stopping_criteria=call.stop,
+        config=call.config, streamer=call.streamer, attention_mask=call.attention_mask,
+        past_key_values=call.past_key_values, use_cache=call.use_cache, position_ids=call.position_ids,
+        batch=call.batch, prompt_len=call.prompt_len, device=call.device, max_length=call.max_length,
+        others=list(call.stop.criteria), eos=call.stop.eos,
     )
 
 

@@ -1,7 +1,9 @@
 """Stopping criteria built from the config: max length, max time, EOS, stop strings.
 
-The decoding loop handles ``MaxLengthCriteria`` and ``EosTokenCriteria`` inline (as tensor ops on
-its own buffers); every other criterion is called once per step with the sequences so far.
+``generate`` keeps max length and the EOS ids as data (``genkit.strategy.StopConditions``), which
+the loops check as tensor ops; :func:`config_criteria` builds the others (time, stop strings), which
+are called once per step with the sequences so far. ``MaxLengthCriteria`` and ``EosTokenCriteria``
+are the same conditions as objects, for callers that want a ``StoppingCriteriaList``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from genkit.generation.processing import StoppingCriteria
 
 logger = logging.getLogger("genkit.stopping")
 
-__all__ = ["EosTokenCriteria", "MaxLengthCriteria", "MaxTimeCriteria", "build_stopping_criteria"]
+__all__ = ["EosTokenCriteria", "MaxLengthCriteria", "MaxTimeCriteria", "build_stopping_criteria", "config_criteria"]
 
 
 def _is_int(v: Any) -> bool:
@@ -91,6 +93,15 @@ def build_stopping_criteria(config: Any, eos_ids: list[int], tokenizer: Any = No
                             max_position_embeddings: int | None = None) -> list[StoppingCriteria]:
     """The criteria a config asks for, in transformers' order: length, time, stop strings, EOS."""
     criteria: list[StoppingCriteria] = [MaxLengthCriteria(config.max_length, max_position_embeddings)]
+    criteria.extend(config_criteria(config, tokenizer))
+    if eos_ids:
+        criteria.append(EosTokenCriteria(eos_ids))
+    return criteria
+
+
+def config_criteria(config: Any, tokenizer: Any = None) -> list[StoppingCriteria]:
+    """The criteria a config asks for besides max length and EOS: time, then stop strings."""
+    criteria: list[StoppingCriteria] = []
     if config.max_time is not None:
         criteria.append(MaxTimeCriteria(config.max_time))
     if config.stop_strings is not None:
@@ -99,6 +110,4 @@ def build_stopping_criteria(config: Any, eos_ids: list[int], tokenizer: Any = No
         from .stop_strings import StopStringCriteria
 
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
-    if eos_ids:
-        criteria.append(EosTokenCriteria(eos_ids))
     return criteria

@@ -16,6 +16,7 @@ import os
 from numbers import Integral, Real
 from typing import Any
 
+from .errors import ConfigError
 from .plugins import FieldSpec, get_registry
 
 logger = logging.getLogger("genkit.config")
@@ -135,10 +136,10 @@ def _field_table() -> dict[str, FieldSpec]:
     return table
 
 
-def unknown_key_error(key: str, known: Any, what: str = "GenerationConfig field") -> ValueError:
+def unknown_key_error(key: str, known: Any, what: str = "GenerationConfig field") -> ConfigError:
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     hint = f" Did you mean `{close[0]}`?" if close else ""
-    return ValueError(f"`{key}` is not a {what}.{hint}")
+    return ConfigError(f"`{key}` is not a {what}.{hint}")
 
 
 class GenerationConfig:

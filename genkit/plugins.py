@@ -22,15 +22,12 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
+from .errors import ConfigError, PluginError, UnknownItemError
 
 logger = logging.getLogger("genkit.plugins")
 
 ENTRY_POINT_GROUP = "genkit"
 KINDS = ("strategy", "logits_processor", "candidate_generator", "streamer")
-
-
-class PluginError(RuntimeError):
-    """A plugin could not be loaded or registered an invalid item."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +80,7 @@ class FieldSpec:
         except Exception:  # a check that cannot even look at the value rejects it
             ok = False
         if not ok:
-            raise ValueError(
+            raise ConfigError(
                 f"`{self.name}` must be {self.accepted or 'a valid value'}; got {value!r}."
             )
 
@@ -186,7 +183,7 @@ class Registry:
             return self.items[kind][name]
         except KeyError:
             known = ", ".join(sorted(self.items[kind])) or "none"
-            raise ValueError(
+            raise UnknownItemError(
                 f"unknown {kind.replace('_', ' ')} {name!r}; registered: {known}"
             ) from None
 
@@ -200,7 +197,7 @@ class Registry:
         for item in self.strategies():
             if item.matches(config):
                 return item
-        raise ValueError("no registered strategy applies to this generation config")
+        raise ConfigError("no registered strategy applies to this generation config")
 
 
 def _plugin_info(origin: Origin) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from genkit.errors import RecipeError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -19,7 +21,7 @@ class Problem:
         return f"{where}: {self.message}"
 
 
-class SandboxError(ValueError):
+class SandboxError(RecipeError, ValueError):
     """The recipe's files break a rule checked before any of its code runs."""
 
     def __init__(self, problems: list[Problem], where: str = "recipe") -> None:
@@ -29,5 +31,5 @@ class SandboxError(ValueError):
         super().__init__(f"{where} was rejected before any of its code ran:\n{lines}")
 
 
-class RecipeImportError(ImportError):
+class RecipeImportError(RecipeError, ImportError):
     """Importing the recipe's modules raised (the recipe's own module-level code failed)."""

@@ -10,6 +10,7 @@ import logging
 import sys
 
 from .. import __version__
+from ..errors import GenkitError
 
 # modules that contribute sub-commands, in help order
 COMMAND_MODULES = (
@@ -50,6 +51,6 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, FileNotFoundError, ImportError, PermissionError, RuntimeError) as exc:
+    except (GenkitError, ValueError, FileNotFoundError, ImportError, PermissionError, RuntimeError) as exc:
         print(f"genkit: error: {exc}", file=sys.stderr)
         return 2

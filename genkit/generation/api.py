@@ -1,4 +1,4 @@
-"""``genkit.generate``: prepare inputs, merge the config, build processors and stopping criteria
+"""``genkit.generate``: prepare inputs, merge the config, build processors and stop conditions
 through the registry, pick a strategy (or a recipe), run it."""
 
 from __future__ import annotations
@@ -6,27 +6,24 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..config import GenerationConfig, unknown_key_error
+from ..errors import ConfigError, UnknownItemError
 from ..plugins import get_registry
-from .processing import LogitsProcessorList, ProcessorContext, StoppingCriteriaList, merge_lists
+from ..strategy import StopConditions, StreamerOnce
+from .processing import LogitsProcessorList, ProcessorContext, merge_lists
 
 logger = logging.getLogger("genkit.generation")
 
-# keyword arguments that go to the model / loop rather than into the GenerationConfig
 # registry order from which logits processors count as sampling warpers (temperature is 200)
 WARPER_ORDER = 200
 
+# keyword arguments that go to the model / loop rather than into the GenerationConfig
 MODEL_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "tokenizer"}
-
-
-def _looks_like_hub_id(ref: str) -> bool:
-    base = ref.split("@", 1)[0]
-    parts = base.split("/")
-    return len(parts) == 2 and all(parts) and not base.startswith((".", "/", "~"))
 
 
 def generate(
@@ -51,77 +48,102 @@ def generate(
     with the strategy signature.
     """
     model = _as_protocol_model(model)
-
-    # 1. recipes (Hub or local folder): forward every argument except the two that chose it
-    if isinstance(custom_generate, (str, os.PathLike)):
-        ref = os.fspath(custom_generate)
-        registry = get_registry()
-        if ref not in registry.items["strategy"]:
-            if os.path.isdir(ref) or _looks_like_hub_id(ref):
-                from ..recipes import load_recipe
-
-                recipe = load_recipe(ref, trust_remote_code=trust_remote_code)
-                forwarded = dict(
-                    inputs=inputs, generation_config=generation_config, logits_processor=logits_processor,
-                    stopping_criteria=stopping_criteria, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-                    assistant_model=assistant_model, streamer=streamer, negative_prompt_ids=negative_prompt_ids,
-                    negative_prompt_attention_mask=negative_prompt_attention_mask,
-                )
-                forwarded = {k: v for k, v in forwarded.items() if v is not None}
-                forwarded.update(kwargs)
-                with torch.no_grad():
-                    return recipe.generate(model, **forwarded)
-            known = ", ".join(sorted(registry.items["strategy"]))
-            raise ValueError(
-                f"`custom_generate`={ref!r} is not a registered strategy ({known}), an existing local "
-                "folder, or a Hub id of the form 'org/repo[@revision]'"
-            )
-    elif custom_generate is not None and not callable(custom_generate):
-        raise ValueError(
-            "`custom_generate` must be a strategy name, a local folder, a Hub id 'org/repo[@revision]', "
-            f"or a callable; got {type(custom_generate).__name__}"
+    recipe = _recipe_for(custom_generate, trust_remote_code)
+    if recipe is not None:  # every argument except the two that chose the recipe
+        forwarded = dict(
+            inputs=inputs, generation_config=generation_config, logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+            assistant_model=assistant_model, streamer=streamer, negative_prompt_ids=negative_prompt_ids,
+            negative_prompt_attention_mask=negative_prompt_attention_mask,
         )
+        with torch.no_grad():
+            return recipe.generate(model, **{k: v for k, v in forwarded.items() if v is not None}, **kwargs)
 
     prepared = prepare(model, inputs, generation_config, logits_processor, stopping_criteria,
                        prefix_allowed_tokens_fn, streamer, kwargs)
-    config = prepared.config
-
-    if callable(custom_generate):
-        decode = custom_generate
-        strategy_name = getattr(custom_generate, "__name__", "callable")
-    else:
-        registry = get_registry()
-        item = (registry.get("strategy", custom_generate) if isinstance(custom_generate, str)
-                else registry.select_strategy(_with_assistant(config, assistant_model)))
-        decode = item.load()
-        strategy_name = item.name
-    logger.debug("generating with strategy %s", strategy_name)
-
+    decode = _pick_strategy(custom_generate, prepared.config, assistant_model)
     extra: dict[str, Any] = {}
     if assistant_model is not None:
         extra["assistant_model"] = _as_protocol_model(assistant_model)
     if negative_prompt_ids is not None:
         extra["negative_prompt_ids"] = negative_prompt_ids
         extra["negative_prompt_attention_mask"] = negative_prompt_attention_mask
+    result = _run_strategy(decode, model, prepared, extra)
+    if callable(custom_generate):
+        return result
+    return _finish_output(result, prepared.config)
+
+
+def _recipe_for(custom_generate: Any, trust_remote_code: bool | None) -> Any:
+    """The recipe ``custom_generate`` names (a Hub id or a local folder), or ``None`` when it names
+    a registered strategy, is a callable, or is not given."""
+    if custom_generate is None or callable(custom_generate) and not isinstance(custom_generate, os.PathLike):
+        return None
+    if not isinstance(custom_generate, (str, os.PathLike)):
+        raise ConfigError(
+            "`custom_generate` must be a strategy name, a local folder, a Hub id 'org/repo[@revision]', "
+            f"or a callable; got {type(custom_generate).__name__}"
+        )
+    ref = os.fspath(custom_generate)
+    strategies = get_registry().items["strategy"]
+    if ref in strategies:
+        return None
+    if os.path.isdir(ref) or _looks_like_hub_id(ref):
+        from ..recipes import load_recipe
+
+        return load_recipe(ref, trust_remote_code=trust_remote_code)
+    raise UnknownItemError(
+        f"`custom_generate`={ref!r} is not a registered strategy ({', '.join(sorted(strategies))}), an existing "
+        "local folder, or a Hub id of the form 'org/repo[@revision]'"
+    )
+
+
+def _looks_like_hub_id(ref: str) -> bool:
+    base = ref.split("@", 1)[0]
+    parts = base.split("/")
+    return len(parts) == 2 and all(parts) and not base.startswith((".", "/", "~"))
+
+
+def _pick_strategy(custom_generate: Any, config: GenerationConfig, assistant_model: Any) -> Callable[..., Any]:
+    """The decode function: the callable given, the strategy named, or the registry's choice."""
+    if callable(custom_generate):
+        logger.debug("generating with callable %s", getattr(custom_generate, "__name__", custom_generate))
+        return custom_generate  # type: ignore[no-any-return]
+    registry = get_registry()
+    item = (registry.get("strategy", os.fspath(custom_generate)) if custom_generate is not None
+            else registry.select_strategy(_with_assistant(config, assistant_model)))
+    logger.debug("generating with strategy %s", item.name)
+    return item.load()  # type: ignore[no-any-return]
+
+
+def _run_strategy(decode: Callable[..., Any], model: Any, prepared: Prepared, extra: dict[str, Any]) -> Any:
+    """Call the strategy in inference mode; the streamer is ended on every exit path."""
     try:
         # inference mode: no autograd bookkeeping on any of the loop's many small ops
         with torch.inference_mode():
-            result = decode(
+            return decode(
                 model, prepared.input_ids, logits_processor=prepared.logits_processor,
-                stopping_criteria=prepared.stopping_criteria, generation_config=config,
+                stopping_criteria=prepared.stopping_criteria, generation_config=prepared.config,
                 streamer=prepared.streamer, **prepared.model_kwargs, **extra,
             )
     finally:
         if prepared.streamer is not None:
             prepared.streamer.end()
-    if callable(custom_generate):
+
+
+def _finish_output(result: Any, config: GenerationConfig) -> Any:
+    """Sequences as a normal tensor (editable outside inference mode), the caller's own cache type
+    back, and the bare tensor unless ``return_dict_in_generate``."""
+    if not hasattr(result, "sequences"):
         return result
-    if hasattr(result, "sequences"):
-        # a normal tensor, so callers may edit it in place outside inference mode
-        result.sequences = result.sequences.clone()
-        if not config.return_dict_in_generate:
-            return result.sequences
-    return result
+    result.sequences = result.sequences.clone()
+    cache = getattr(result, "past_key_values", None)
+    if cache is not None:
+        from ..models.adapter import TransformersCache
+
+        if isinstance(cache, TransformersCache):
+            result.past_key_values = cache.cache
+    return result if config.return_dict_in_generate else result.sequences
 
 
 def _with_assistant(config: GenerationConfig, assistant_model: Any) -> GenerationConfig:
@@ -145,17 +167,16 @@ def _as_protocol_model(model: Any) -> Any:
     return model
 
 
+@dataclass
 class Prepared:
     """Everything a strategy receives."""
 
-    def __init__(self, input_ids: torch.Tensor, config: GenerationConfig, logits_processor: LogitsProcessorList,
-                 stopping_criteria: StoppingCriteriaList, streamer: Any, model_kwargs: dict[str, Any]) -> None:
-        self.input_ids = input_ids
-        self.config = config
-        self.logits_processor = logits_processor
-        self.stopping_criteria = stopping_criteria
-        self.streamer = streamer
-        self.model_kwargs = model_kwargs
+    input_ids: torch.Tensor
+    config: GenerationConfig
+    logits_processor: LogitsProcessorList
+    stopping_criteria: StopConditions
+    streamer: Any
+    model_kwargs: dict[str, Any]
 
 
 def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs: dict[str, Any]) -> tuple[
@@ -165,7 +186,7 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
     config = base.copy() if isinstance(base, GenerationConfig) else GenerationConfig()
     if generation_config is not None:
         if not isinstance(generation_config, GenerationConfig):
-            raise ValueError(
+            raise ConfigError(
                 f"`generation_config` must be a genkit.GenerationConfig; got {type(generation_config).__name__}"
             )
         config.update(**generation_config.to_diff_dict())
@@ -198,73 +219,118 @@ def _special_tokens(model: Any, config: GenerationConfig) -> list[int]:
 def prepare(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
             logits_processor: list[Any] | None, stopping_criteria: list[Any] | None,
             prefix_allowed_tokens_fn: Any, streamer: Any, kwargs: dict[str, Any]) -> Prepared:
-    """Inputs, config, processors and stopping criteria for a strategy."""
+    """Inputs, config, processors and stop conditions for a strategy, in named steps."""
     kwargs = dict(kwargs)
     if "input_ids" in kwargs:
         if inputs is not None:
-            raise ValueError("pass the prompt once: either `inputs` or `input_ids`, not both")
+            raise ConfigError("pass the prompt once: either `inputs` or `input_ids`, not both")
         inputs = kwargs.pop("input_ids")
     config, model_kwargs = merge_config(model, generation_config, kwargs)
     eos_ids = _special_tokens(model, config)
-    device = getattr(model, "device", torch.device("cpu"))
+    input_ids = _prompt_ids(inputs, config, getattr(model, "device", torch.device("cpu")))
+    _attention_mask(input_ids, config, eos_ids, model_kwargs)
+    _adapt_cache(model_kwargs)
+    _set_lengths(config, input_ids.shape[1])
+    input_ids = _expand_to_sequences(input_ids, config, model_kwargs)
+    tokenizer = model_kwargs.pop("tokenizer", None)
+    processors = _build_processors(model, config, input_ids, eos_ids, model_kwargs, logits_processor,
+                                   prefix_allowed_tokens_fn, tokenizer)
+    stop = _build_stop_conditions(config, eos_ids, tokenizer, stopping_criteria, input_ids.device)
+    return Prepared(input_ids, config, processors, stop, _open_streamer(streamer, tokenizer), model_kwargs)
 
-    # inputs
+
+def _prompt_ids(inputs: torch.Tensor | None, config: GenerationConfig, device: torch.device) -> torch.Tensor:
+    """The prompt as a ``(batch, length)`` long tensor on the model's device; no prompt starts from
+    ``bos_token_id`` (as in transformers); an empty one is an error (transformers fails obscurely)."""
     if inputs is None:
         if config.bos_token_id is None:
-            raise ValueError("no `input_ids` given and no `bos_token_id` to start from; pass a prompt")
-        inputs = torch.full((1, 1), config.bos_token_id, dtype=torch.long, device=device)
+            raise ConfigError("no `input_ids` given and no `bos_token_id` to start from; pass a prompt")
+        return torch.full((1, 1), config.bos_token_id, dtype=torch.long, device=device)
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
-        raise ValueError("`input_ids` must be a 2-D LongTensor (batch, sequence_length)")
+        raise ConfigError("`input_ids` must be a 2-D LongTensor (batch, sequence_length)")
     if inputs.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
-        raise ValueError(f"`input_ids` must hold integer token ids; got dtype {inputs.dtype}")
-    input_ids = inputs.to(device=device, dtype=torch.long)
-    batch, input_len = input_ids.shape
-    attention_mask = model_kwargs.get("attention_mask")
-    if attention_mask is None and config.pad_token_id is not None and config.pad_token_id not in eos_ids \
-            and bool((input_ids == config.pad_token_id).any()):
-        attention_mask = (input_ids != config.pad_token_id).long()
-    if attention_mask is not None:
-        if attention_mask.shape != input_ids.shape:
-            raise ValueError(
-                f"`attention_mask` shape {tuple(attention_mask.shape)} must match `input_ids` {tuple(input_ids.shape)}"
-            )
-        attention_mask = attention_mask.to(device=device, dtype=torch.long)
-        if batch > 1 and bool((attention_mask[:, -1] == 0).any()):
-            logger.warning("a row of the batch is right-padded; decoder-only models need left padding "
-                           "(tokenizer padding_side='left') for correct results")
-        model_kwargs["attention_mask"] = attention_mask
+        raise ConfigError(f"`input_ids` must hold integer token ids; got dtype {inputs.dtype}")
+    if inputs.shape[1] == 0:
+        raise ConfigError(
+            f"the prompt is empty: `input_ids` has shape {tuple(inputs.shape)} (no tokens). Pass at least one "
+            "token, or pass no prompt (inputs=None) to start from `bos_token_id`"
+        )
+    return inputs.to(device=device, dtype=torch.long)
 
-    # lengths
+
+def _attention_mask(input_ids: torch.Tensor, config: GenerationConfig, eos_ids: list[int],
+                    model_kwargs: dict[str, Any]) -> None:
+    """Check the caller's mask, or infer one from pad tokens in the prompt (left padding)."""
+    attention_mask = model_kwargs.get("attention_mask")
+    pad = config.pad_token_id
+    if attention_mask is None and pad is not None and pad not in eos_ids and bool((input_ids == pad).any()):
+        attention_mask = (input_ids != pad).long()
+    if attention_mask is None:
+        return
+    if attention_mask.shape != input_ids.shape:
+        raise ConfigError(
+            f"`attention_mask` shape {tuple(attention_mask.shape)} must match `input_ids` {tuple(input_ids.shape)}"
+        )
+    attention_mask = attention_mask.to(device=input_ids.device, dtype=torch.long)
+    if input_ids.shape[0] > 1 and bool((attention_mask[:, -1] == 0).any()):
+        logger.warning("a row of the batch is right-padded; decoder-only models need left padding "
+                       "(tokenizer padding_side='left') for correct results")
+    model_kwargs["attention_mask"] = attention_mask
+
+
+def _adapt_cache(model_kwargs: dict[str, Any]) -> None:
+    """A transformers cache passed as ``past_key_values`` is adapted to genkit's cache protocol here,
+    once (``genkit.models.adapter.as_genkit_cache``)."""
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None:
+        from ..models.adapter import as_genkit_cache
+
+        model_kwargs["past_key_values"] = as_genkit_cache(cache)
+
+
+def _set_lengths(config: GenerationConfig, input_len: int) -> None:
+    """``max_length`` and ``min_length`` from the ``*_new_tokens`` settings and the prompt length."""
     if config.max_new_tokens is not None:
         object.__setattr__(config, "max_length", input_len + config.max_new_tokens)
     elif config.max_length <= input_len:
-        raise ValueError(
+        raise ConfigError(
             f"`max_length` ({config.max_length}) must be larger than the input length ({input_len}); "
             "set `max_new_tokens` to the number of tokens to generate"
         )
     if config.min_new_tokens is not None:
         object.__setattr__(config, "min_length", max(config.min_length, input_len + config.min_new_tokens))
 
-    # more sequences per prompt
+
+def _expand_to_sequences(input_ids: torch.Tensor, config: GenerationConfig,
+                         model_kwargs: dict[str, Any]) -> torch.Tensor:
+    """``num_return_sequences`` > 1 without beams: one row per sequence (a prompt cache too)."""
     n = config.num_return_sequences
-    if n > 1 and config.num_beams == 1:
-        input_ids = input_ids.repeat_interleave(n, dim=0)
-        for key in ("attention_mask", "position_ids"):
-            if model_kwargs.get(key) is not None:
-                model_kwargs[key] = model_kwargs[key].repeat_interleave(n, dim=0)
-        cache = model_kwargs.get("past_key_values")
-        if cache is not None and cache.get_seq_length() > 0:  # a prompt cache: one row per sequence too
-            cache.batch_repeat_interleave(n)  # the name genkit's KVCache and transformers' caches share
+    if n <= 1 or config.num_beams != 1:
+        return input_ids
+    for key in ("attention_mask", "position_ids"):
+        if model_kwargs.get(key) is not None:
+            model_kwargs[key] = model_kwargs[key].repeat_interleave(n, dim=0)
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and cache.get_seq_length() > 0:
+        cache.repeat_interleave(n)
+    return input_ids.repeat_interleave(n, dim=0)
 
-    # streamer
+
+def _open_streamer(streamer: Any, tokenizer: Any) -> Any:
+    """A registered streamer name becomes an instance; ``end()`` reaches the streamer once."""
     if isinstance(streamer, str):
-        streamer = get_registry().get("streamer", streamer).load()(tokenizer=model_kwargs.get("tokenizer"))
+        streamer = get_registry().get("streamer", streamer).load()(tokenizer=tokenizer)
+    return StreamerOnce.wrap(streamer)
 
-    # processors through the registry, then the user's
+
+def _build_processors(model: Any, config: GenerationConfig, input_ids: torch.Tensor, eos_ids: list[int],
+                      model_kwargs: dict[str, Any], user: list[Any] | None, prefix_allowed_tokens_fn: Any,
+                      tokenizer: Any) -> LogitsProcessorList:
+    """The registry's processors for this config, then the user's (before the sampling warpers)."""
     ctx = ProcessorContext(
-        input_ids_seq_length=input_len, eos_token_ids=eos_ids, device=input_ids.device,
+        input_ids_seq_length=input_ids.shape[1], eos_token_ids=eos_ids, device=input_ids.device,
         attention_mask=model_kwargs.get("attention_mask"), input_ids=input_ids,
-        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, tokenizer=model_kwargs.get("tokenizer"), model=model,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, tokenizer=tokenizer, model=model,
     )
     built = []
     first_warper = None
@@ -274,18 +340,20 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
             if first_warper is None and item.order >= WARPER_ORDER:
                 first_warper = len(built)
             built.append(proc)
-    merged = merge_lists(built, logits_processor, "logits processor", logger)
+    merged = merge_lists(built, user, "logits processor", logger)
     if first_warper is not None and len(merged) > len(built):
         # as in transformers, the user's extra processors run before the sampling warpers
         # (registry order >= WARPER_ORDER) and the final renormalisation
         merged = merged[:first_warper] + merged[len(built):] + merged[first_warper:len(built)]
-    processors = LogitsProcessorList(merged)
+    return LogitsProcessorList(merged)
 
-    from genkit.builtin_strategies.stopping import build_stopping_criteria
 
-    criteria = StoppingCriteriaList(
-        merge_lists(build_stopping_criteria(config, eos_ids, model_kwargs.get("tokenizer")), stopping_criteria,
-                    "stopping criterion", logger)
-    )
-    model_kwargs.pop("tokenizer", None)
-    return Prepared(input_ids, config, processors, criteria, streamer, model_kwargs)
+def _build_stop_conditions(config: GenerationConfig, eos_ids: list[int], tokenizer: Any, user: list[Any] | None,
+                           device: torch.device) -> StopConditions:
+    """Max length and EOS ids as data; the config's other criteria (time, stop strings) and the
+    user's are called at every step."""
+    from genkit.builtin_strategies.stopping import config_criteria
+
+    criteria = merge_lists(config_criteria(config, tokenizer), user, "stopping criterion", logger)
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=device) if eos_ids else None
+    return StopConditions(max_length=int(config.max_length), eos=eos, criteria=tuple(criteria))

@@ -4,8 +4,8 @@
 ``docs/models.md``): callable with transformers' keyword arguments, ``config``,
 ``generation_config`` (a genkit :class:`~genkit.GenerationConfig` built from the model's own),
 ``device``, ``dtype``, ``new_cache()`` and ``lm_head_logits()``. Its cache is a transformers
-``DynamicCache`` that also speaks genkit's cache protocol (``crop(n)`` keeps ``n`` positions,
-``reorder``, ``select``, ``repeat_interleave``).
+``DynamicCache`` adapted, once, to genkit's cache protocol by :class:`TransformersCache`
+(``crop(n)`` keeps ``n`` positions, ``reorder``, ``select``, ``repeat_interleave``).
 """
 
 from __future__ import annotations
@@ -19,46 +19,55 @@ from .base import positions_from_mask
 
 logger = logging.getLogger("genkit.models.adapter")
 
-_CACHE_CLASS: type | None = None
+class TransformersCache:
+    """A transformers cache (``DynamicCache`` and friends) seen through genkit's cache protocol
+    (:class:`genkit.protocols.Cache`). It wraps the cache rather than subclassing it, so each name
+    keeps one meaning: ``crop(n)`` here keeps ``n`` positions, as on genkit's own caches, while
+    transformers' ``DynamicCache.crop(n)`` removes ``n``. The adapter hands the wrapped cache
+    (:attr:`cache`) to the model; other attributes are read from it."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return int(self.cache.get_seq_length(layer))
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first ``max_length`` positions (negative: drop that many from the end)."""
+        length = self.get_seq_length()
+        keep = max_length if max_length >= 0 else length + max_length
+        if keep < 0:
+            raise ValueError(f"cannot crop the cache to {max_length}: it holds {length} positions")
+        if keep < length:
+            self.cache.crop(keep - length)  # transformers: a negative count removes that many
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Row ``i`` becomes old row ``index[i]`` (beam search)."""
+        self.cache.reorder_cache(index)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows in ``index``."""
+        self.cache.batch_select_indices(index)
+
+    def repeat_interleave(self, repeats: int) -> None:
+        """Repeat each batch row ``repeats`` times."""
+        self.cache.batch_repeat_interleave(repeats)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "cache":  # not set yet (during unpickling)
+            raise AttributeError(name)
+        return getattr(self.cache, name)
+
+    def __repr__(self) -> str:
+        return f"TransformersCache({type(self.cache).__name__}, {self.get_seq_length()} positions)"
 
 
-def genkit_dynamic_cache_class() -> type:
-    """A ``transformers.DynamicCache`` subclass with genkit's cache methods (built on first use)."""
-    global _CACHE_CLASS
-    if _CACHE_CLASS is not None:
-        return _CACHE_CLASS
-    from transformers import DynamicCache
-
-    class GenkitDynamicCache(DynamicCache):
-        """transformers' DynamicCache with genkit's cache protocol on top."""
-
-        def crop(self, max_length: int) -> None:  # type: ignore[override]
-            """Keep the first ``max_length`` positions (negative: drop that many from the end)."""
-            length = self.get_seq_length()
-            keep = max_length if max_length >= 0 else length + max_length
-            if keep < 0:
-                raise ValueError(f"cannot crop the cache to {max_length}: it holds {length} positions")
-            if keep < length:
-                super().crop(keep - length)
-
-        def reorder(self, index: torch.Tensor) -> None:
-            """Row ``i`` becomes old row ``index[i]`` (beam search)."""
-            self.reorder_cache(index)
-
-        def select(self, index: torch.Tensor) -> None:
-            """Keep only the batch rows in ``index``."""
-            self.batch_select_indices(index)
-
-        def repeat_interleave(self, repeats: int) -> None:
-            """Repeat each batch row ``repeats`` times."""
-            self.batch_repeat_interleave(repeats)
-
-        @property
-        def seq_length(self) -> int:
-            return self.get_seq_length()
-
-    _CACHE_CLASS = GenkitDynamicCache
-    return GenkitDynamicCache
+def as_genkit_cache(cache: Any) -> Any:
+    """The boundary: a transformers cache is wrapped in :class:`TransformersCache`; genkit's own
+    caches (and wrapped ones) pass through."""
+    if not isinstance(cache, TransformersCache) and type(cache).__module__.startswith("transformers."):
+        return TransformersCache(cache)
+    return cache
 
 
 def _final_norm(model: Any) -> Any:
@@ -103,9 +112,11 @@ class TransformersModelAdapter:
     def dtype(self) -> torch.dtype:
         return self.hf_model.dtype
 
-    def new_cache(self, max_length: int = 0) -> Any:
-        """An empty ``DynamicCache`` (with genkit's cache methods) for this model."""
-        return genkit_dynamic_cache_class()(config=self.hf_model.config)
+    def new_cache(self, max_length: int = 0) -> TransformersCache:
+        """An empty ``DynamicCache`` for this model, in genkit's cache protocol."""
+        from transformers import DynamicCache
+
+        return TransformersCache(DynamicCache(config=self.hf_model.config))
 
     def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits from any layer's hidden state: final norm, then the LM head."""
@@ -132,11 +143,15 @@ class TransformersModelAdapter:
             position_ids = positions_from_mask(attention_mask, t)
         if past_key_values is None and use_cache:
             past_key_values = self.new_cache()
-        return self.hf_model(
+        cache = as_genkit_cache(past_key_values)
+        out = self.hf_model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=past_key_values, use_cache=use_cache, output_hidden_states=output_hidden_states,
-            logits_to_keep=logits_to_keep, return_dict=True, **kwargs,
+            past_key_values=cache.cache if isinstance(cache, TransformersCache) else cache, use_cache=use_cache,
+            output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep, return_dict=True, **kwargs,
         )
+        if use_cache and cache is not None:
+            out.past_key_values = cache  # the caller's cache object, in genkit's protocol
+        return out
 
     forward = __call__
 

@@ -114,16 +114,12 @@ class KVCache:
                 self.keys[i] = k.index_select(0, idx)
                 self.values[i] = v.index_select(0, idx)
 
-    reorder_cache = reorder
 
     def select(self, index: torch.Tensor) -> None:
         """Keep only the batch rows in ``index``."""
         self.reorder(index)
 
-    batch_select_indices = select
 
     def repeat_interleave(self, repeats: int) -> None:
         """Repeat each batch row ``repeats`` times (expanding prompts to beams or samples)."""
         self._map(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    batch_repeat_interleave = repeat_interleave

@@ -10,6 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import RecipeError
 from .check import CheckReport, check_recipe
 from .hub import api, with_retries
 from .resolve import REPO_RE
@@ -29,7 +30,7 @@ class Published:
     report: CheckReport
 
 
-class RecipeCheckFailed(ValueError):
+class RecipeCheckFailed(RecipeError, ValueError):
     """``genkit check`` found errors, so nothing was uploaded."""
 
 

@@ -1,0 +1,196 @@
+"""The model side of a decoding loop: cache, attention mask, positions and the token history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from genkit.errors import ConfigError, NotSupportedError
+
+from .call import StrategyCall
+
+__all__ = ["Stepper"]
+
+
+class Stepper:
+    """Runs the model for a strategy. It owns the running sequences (``rows, max_length`` buffer),
+    the cache, the attention mask of a left-padded batch and the positions of new tokens.
+
+    >>> stepper = Stepper(call)                       # doctest: +SKIP
+    >>> logits = stepper.prefill()                    # (rows, vocab), float32, last position
+    >>> logits = stepper.step(next_tokens)            # append one token per row, run it
+    >>> logits = stepper.step(next_tokens, rows=idx)  # beam search: continue rows ``idx`` first
+
+    ``rows_per_prompt`` expands each prompt to that many rows after the prefill (beam search: the
+    prompt is run once, then the cache is repeated). ``output_hidden_states`` keeps the hidden
+    states of the last forward in :attr:`hidden_states`. With ``use_cache=False`` every forward
+    re-runs the whole sequence (a passed cache is left untouched).
+
+    A step may also be split in two: :meth:`push` appends tokens (and reorders rows), :meth:`forward`
+    runs whatever the cache does not hold yet. :meth:`crop` rolls back (speculative decoding).
+    """
+
+    def __init__(self, call: StrategyCall, *, rows_per_prompt: int = 1, output_hidden_states: bool = False) -> None:
+        if rows_per_prompt < 1:
+            raise ConfigError(f"`rows_per_prompt` must be >= 1; got {rows_per_prompt}")
+        self.call = call
+        self.model = call.model
+        self.use_cache = call.use_cache
+        self.output_hidden_states = output_hidden_states
+        self.rows_per_prompt = rows_per_prompt
+        self.max_length = call.max_length
+        self.hidden_states: tuple[torch.Tensor, ...] | None = None
+        rows = call.batch * rows_per_prompt
+        self.ids = torch.full((rows, self.max_length), call.pad_token_id, dtype=torch.long, device=call.device)
+        self.ids[:, :call.prompt_len] = call.input_ids.repeat_interleave(rows_per_prompt, dim=0)
+        self.length = call.prompt_len
+        self._fed = 0  # leading tokens of the history whose keys/values the cache holds
+        self.mask, self._shift = _mask_buffer(call.attention_mask, self.max_length, rows_per_prompt)
+        self.cache = _open_cache(call) if self.use_cache else None
+
+    # -- reading -------------------------------------------------------------------------------
+    @property
+    def sequences(self) -> torch.Tensor:
+        """The running sequences ``(rows, length)`` (a view of the buffer)."""
+        return self.ids[:, :self.length]
+
+    @property
+    def rows(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def pending(self) -> int:
+        """Tokens of the history that the next :meth:`forward` runs."""
+        return self.length - self._fed if self.use_cache else self.length
+
+    # -- running -------------------------------------------------------------------------------
+    def prefill(self, *, num_layers: int | None = None) -> torch.Tensor:
+        """Run the prompt (only the part a passed-in cache lacks); return the last position's
+        logits ``(rows, vocab)`` in float32, expanded to ``rows_per_prompt`` rows per prompt."""
+        call = self.call
+        ids, pos = call.input_ids, call.position_ids
+        if self.cache is not None:
+            held = self.cache.get_seq_length()
+            if held >= call.prompt_len:
+                raise ConfigError(
+                    f"`past_key_values` already holds {held} positions but `input_ids` has {call.prompt_len} "
+                    "tokens: pass the whole prompt, cached prefix included, with at least one token more")
+            ids = ids[:, held:]
+            pos = pos[:, held:] if pos is not None else None
+        out = self._run(ids, attention_mask=call.attention_mask if self.mask is not None else None,
+                        position_ids=pos, keep=1, num_layers=num_layers)
+        self._fed = self.length
+        logits = out.logits[:, -1, :].float()
+        n = self.rows_per_prompt
+        if n > 1:
+            if self.cache is not None:
+                self.cache.repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+            if self.hidden_states is not None:
+                self.hidden_states = tuple(h.repeat_interleave(n, dim=0) for h in self.hidden_states)
+        return logits
+
+    def push(self, tokens: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Append ``tokens`` (``(rows,)`` one per row, or ``(rows, k)``) to the sequences; with
+        ``rows``, first continue from those rows (row ``i`` becomes old row ``rows[i]``: the
+        sequences, the cache, the mask and the positions follow)."""
+        if rows is not None:
+            self._reorder(rows)
+        k = 1 if tokens.dim() == 1 else int(tokens.shape[1])
+        if self.length + k > self.max_length:
+            raise ConfigError(f"cannot append {k} tokens: the sequences hold {self.length} of max_length "
+                              f"{self.max_length}")
+        if k == 1:
+            self.ids[:, self.length] = tokens.view(-1)
+        else:
+            self.ids[:, self.length:self.length + k] = tokens
+        self.length += k
+
+    def forward(self, keep: int | None = None, *, num_layers: int | None = None) -> torch.Tensor:
+        """Run the tokens the cache does not hold yet (all of them without a cache). Returns the
+        float32 logits of the last position ``(rows, vocab)``, or of the last ``keep`` positions
+        ``(rows, keep, vocab)`` when ``keep`` is given."""
+        n = self.length
+        mask = self.mask[:, :n] if self.mask is not None else None
+        want = 1 if keep is None else keep
+        if not self.use_cache:
+            out = self._run(self.ids[:, :n], attention_mask=mask, position_ids=None, keep=want, num_layers=num_layers)
+        else:
+            start = self._fed
+            pos = None
+            if self._shift is not None:
+                pos = torch.arange(start, n, device=self.ids.device)[None, :] - self._shift
+            out = self._run(self.ids[:, start:n], attention_mask=mask, position_ids=pos, keep=want,
+                            num_layers=num_layers)
+            self._fed = n
+        if keep is None:
+            return out.logits[:, -1, :].float()
+        return out.logits[:, -keep:, :].float()
+
+    def step(self, tokens: torch.Tensor, rows: torch.Tensor | None = None, *,
+             num_layers: int | None = None) -> torch.Tensor:
+        """:meth:`push` then :meth:`forward`: logits ``(rows, vocab)`` after one token per row, or
+        ``(rows, k, vocab)`` (one per new token) for ``tokens`` of shape ``(rows, k)``."""
+        self.push(tokens, rows)
+        return self.forward(None if tokens.dim() == 1 else int(tokens.shape[1]), num_layers=num_layers)
+
+    def crop(self, length: int) -> None:
+        """Roll back to the first ``length`` tokens (the cache keeps at most that many positions)."""
+        if not 0 < length <= self.length:
+            raise ConfigError(f"cannot crop to {length} tokens: the sequences hold {self.length}")
+        self.length = length
+        if self._fed > length:
+            self._fed = length
+            if self.cache is not None:
+                self.cache.crop(length)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _reorder(self, rows: torch.Tensor) -> None:
+        n = self.length
+        self.ids[:, :n] = self.ids[rows, :n]
+        if self.cache is not None:
+            self.cache.reorder(rows)
+        if self.mask is not None and self._shift is not None:
+            self.mask = self.mask.index_select(0, rows)
+            self._shift = self._shift.index_select(0, rows)
+
+    def _run(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+             keep: int, num_layers: int | None) -> Any:
+        kwargs: dict[str, Any] = {}
+        if num_layers is not None:
+            if not getattr(self.model, "supports_partial_depth", False):
+                raise NotSupportedError(
+                    f"partial depth (num_layers={num_layers}) is not supported by {type(self.model).__name__}: "
+                    "its forward cannot stop after the first layers")
+            kwargs["num_layers"] = num_layers
+        out = self.model(ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=self.cache, use_cache=self.use_cache,
+                         output_hidden_states=self.output_hidden_states, logits_to_keep=keep, **kwargs)
+        if self.use_cache and out.past_key_values is not None:
+            self.cache = out.past_key_values
+        self.hidden_states = out.hidden_states if self.output_hidden_states else None
+        return out
+
+
+def _mask_buffer(attention_mask: torch.Tensor | None, max_length: int,
+                 repeats: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """For a left-padded batch: the mask for ``max_length`` tokens (ones after the prompt) and
+    each row's number of pad tokens ``(rows, 1)`` (position = index - pads). ``(None, None)``
+    when nothing is padded (the model then needs no mask)."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None, None
+    rows, prompt_len = attention_mask.shape
+    buf = torch.ones((rows * repeats, max_length), dtype=attention_mask.dtype, device=attention_mask.device)
+    buf[:, :prompt_len] = attention_mask.repeat_interleave(repeats, dim=0)
+    pads = prompt_len - attention_mask.sum(-1, keepdim=True)
+    return buf, pads.repeat_interleave(repeats, dim=0)
+
+
+def _open_cache(call: StrategyCall) -> Any:
+    """The passed-in cache, else a new one sized for ``max_length`` when the model makes its own
+    (``model.new_cache``), else ``None`` (the model then returns one from its first forward)."""
+    if call.past_key_values is not None:
+        return call.past_key_values
+    new_cache = getattr(call.model, "new_cache", None)
+    return new_cache(call.max_length) if new_cache is not None else None
