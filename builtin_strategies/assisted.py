@@ -25,10 +25,14 @@ from typing import Any
 
 import torch
 
-from genkit.generation.outputs import GenerateDecoderOnlyOutput
-from genkit.generation.processing import StoppingCriteriaList
-
-from .loop_state import mask_buffer, open_cache, read_inputs, uncached_prompt
+from genkit.strategy import (
+    ConfigError,
+    FinishTracker,
+    GenerateDecoderOnlyOutput,
+    StepOutputs,
+    Stepper,
+    StrategyCall,
+)
 
 logger = logging.getLogger("genkit.assisted")
 
@@ -75,114 +79,85 @@ def build_candidate_generator(model: Any, config: Any, *, assistant_model: Any =
     return generator
 
 
-def assisted_decoding(model: Any, input_ids: torch.Tensor, *, assistant_model: Any = None,
-                      **kwargs: Any) -> GenerateDecoderOnlyOutput:
+def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateDecoderOnlyOutput:
     """Generate with drafts from a candidate generator, verified by ``model`` (see module doc)."""
-    run = read_inputs("the assisted strategy", model, input_ids, **kwargs)
-    if run.position_ids is not None:
-        raise ValueError("unexpected model inputs for the assisted strategy: ['position_ids']")
-    cfg, logits_processor, streamer, max_length = run.config, run.logits_processor, run.streamer, run.max_length
-    attention_mask, past_key_values, others, eos = run.attention_mask, run.past_key_values, run.others, run.eos
-    if run.batch != 1:
-        raise ValueError(f"assisted decoding supports batch size 1; got input_ids with batch size {run.batch}")
-    if not run.use_cache:
-        raise ValueError("assisted decoding needs the target's cache: `use_cache` must be True")
-    device = run.device
-    do_sample = bool(cfg.do_sample)
-    eos_set = set(eos.tolist()) if eos is not None else set()
-    generator = build_candidate_generator(model, cfg, assistant_model=assistant_model,
-                                          logits_processor=logits_processor)
-
-    mask_buf, _ = mask_buffer(attention_mask, max_length)
-    cache = open_cache(model, past_key_values, True, max_length)
-    uncached_prompt(input_ids, cache, None)  # refuses a passed cache that already holds the whole prompt
-    past = cache.get_seq_length() if cache is not None else 0
-
-    want_scores, want_logits = cfg.output_scores, bool(cfg.output_logits)
-    scores_out: list[torch.Tensor] = []
-    logits_out: list[torch.Tensor] = []
-    seqs = input_ids
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
+    call = StrategyCall.from_kwargs("the assisted strategy", model, input_ids, accept=("assistant_model",), **kwargs)
+    call.refuse("position_ids")
+    if call.batch != 1:
+        raise ConfigError(f"assisted decoding supports batch size 1; got input_ids with batch size {call.batch}")
+    if not call.use_cache:
+        raise ConfigError("assisted decoding needs the target's cache: `use_cache` must be True")
+    generator = build_candidate_generator(model, call.config, assistant_model=call.extras["assistant_model"],
+                                          logits_processor=call.logits_processor)
+    stepper = Stepper(call)  # refuses a passed cache that already holds the whole prompt
+    record = StepOutputs(call.config)
     rounds = drafted_total = accepted_total = 0
-
-    done = False
-    while not done:
-        cur = seqs.shape[1]
-        candidate_ids, candidate_logits = generator.get_candidates(seqs)
-        candidate_ids = candidate_ids.to(device)
-        k = candidate_ids.shape[1] - cur
-        room = max_length - cur - 1  # the round always adds one token of the target's own
-        if k > room:
-            candidate_ids = candidate_ids[:, :cur + room]
-            if candidate_logits is not None:
-                candidate_logits = candidate_logits[:, :room]
-            k = room
-        candidates = candidate_ids[:, cur:]
-
-        # one target pass over the tokens the cache lacks plus the candidates
-        feed = candidate_ids[:, past:]
-        mask = mask_buf[:, :cur + k] if mask_buf is not None else None
-        out = model(feed, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=k + 1)
-        if out.past_key_values is not None:
-            cache = out.past_key_values
-        logits = out.logits[:, -(k + 1):, :].float()
-
-        # processors position by position, on the prefix each position would see
-        new_scores = [logits_processor(candidate_ids[:, :cur + i], logits[:, i].clone()) for i in range(k + 1)]
-
-        if do_sample:
-            n_matches, next_token = _speculative_accept(candidates, candidate_logits, new_scores)
-        else:
-            chosen = torch.stack([s.argmax(dim=-1) for s in new_scores], dim=1)  # (1, k + 1)
-            agree = (chosen[0, :k] == candidates[0]).long()
-            n_matches = int(agree.cumprod(0).sum()) if k else 0
-            next_token = int(chosen[0, n_matches])
-        new_tokens = candidates[0, :n_matches].tolist() + [next_token]
-
-        # append one at a time, checking the stopping criteria as plain decoding would
-        appended = 0
-        for tok in new_tokens:
-            seqs = torch.cat([seqs, seqs.new_tensor([[tok]])], dim=1)
-            if want_scores:
-                scores_out.append(new_scores[appended])
-            if want_logits:
-                logits_out.append(logits[:, appended].clone())
-            appended += 1
-            if streamer is not None:
-                streamer.put(seqs.new_tensor([tok]).cpu())
-            done = (tok in eos_set or seqs.shape[1] >= max_length
-                    or (bool(others) and bool(StoppingCriteriaList(others)(seqs, new_scores[appended - 1]).all())))
-            if done:
-                break
-
-        rounds += 1
-        drafted_total += k
-        accepted_total += min(n_matches, appended)
-        if done:
-            break
-        # the cache must hold everything but the newest token
-        past = seqs.shape[1] - 1
-        _crop_to(cache, past)
-        generator.update_candidate_strategy(seqs, torch.stack(new_scores, dim=1), n_matches)
-
+    with FinishTracker(call) as finish:
+        done = False
+        while not done:
+            cur = stepper.length
+            candidates, candidate_logits = _draft(generator, stepper.sequences, call.max_length - cur - 1)
+            k = candidates.shape[1]
+            if k:
+                stepper.push(candidates)
+            # one target pass over the tokens the cache lacks plus the candidates
+            logits = stepper.forward(keep=k + 1)
+            # processors position by position, on the prefix each position would see
+            new_scores = [call.logits_processor(stepper.ids[:, :cur + i], logits[:, i].clone()) for i in range(k + 1)]
+            n_matches, next_token = _verify(candidates, candidate_logits, new_scores, bool(call.config.do_sample))
+            kept, done = _accept(stepper, finish, candidates[:, :n_matches], next_token, new_scores, cur)
+            for i in range(kept):
+                record.model_step(logits[:, i], None)
+                record.processed(new_scores[i])
+            rounds += 1
+            drafted_total += k
+            accepted_total += min(n_matches, kept)
+            if not done:
+                generator.update_candidate_strategy(stepper.sequences, torch.stack(new_scores, dim=1), n_matches)
     logger.debug("assisted decoding: %d rounds, %d drafted, %d accepted", rounds, drafted_total, accepted_total)
-    _crop_to(cache, seqs.shape[1] - 1)
-    return GenerateDecoderOnlyOutput(
-        sequences=seqs,
-        scores=tuple(scores_out) if want_scores else None,
-        logits=tuple(logits_out) if want_logits else None,
-        past_key_values=cache,
-    )
+    out = record.as_tuples()
+    return GenerateDecoderOnlyOutput(sequences=stepper.sequences, scores=out["scores"], logits=out["logits"],
+                                     past_key_values=stepper.cache)
 
 
-def _crop_to(cache: Any, keep: int) -> None:
-    """Drop the cached positions after the first ``keep``. By a negative count: genkit's caches read
-    ``crop(n)`` as "keep n" but also take "-n: drop n", and a plain transformers ``DynamicCache``
-    (a passed prompt cache) takes only the latter."""
-    drop = cache.get_seq_length() - keep if cache is not None else 0
-    if drop > 0:
-        cache.crop(-drop)
+def _draft(generator: Any, seqs: torch.Tensor, room: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """At most ``room`` drafted tokens ``(1, k)`` after ``seqs`` and their draft logits (or None)."""
+    candidate_ids, candidate_logits = generator.get_candidates(seqs)
+    candidates = candidate_ids[:, seqs.shape[1]:].to(seqs.device)
+    if candidates.shape[1] > room:
+        candidates = candidates[:, :room]
+        if candidate_logits is not None:
+            candidate_logits = candidate_logits[:, :room]
+    return candidates, candidate_logits
+
+
+def _verify(candidates: torch.Tensor, candidate_logits: torch.Tensor | None, new_scores: list[torch.Tensor],
+            do_sample: bool) -> tuple[int, int]:
+    """How many candidates the target accepts, and its own next token after them."""
+    if do_sample:
+        return _speculative_accept(candidates, candidate_logits, new_scores)
+    k = candidates.shape[1]
+    chosen = torch.stack([s.argmax(dim=-1) for s in new_scores], dim=1)  # (1, k + 1)
+    agree = (chosen[0, :k] == candidates[0]).long()
+    n_matches = int(agree.cumprod(0).sum()) if k else 0
+    return n_matches, int(chosen[0, n_matches])
+
+
+def _accept(stepper: Stepper, finish: FinishTracker, accepted: torch.Tensor, next_token: int,
+            new_scores: list[torch.Tensor], cur: int) -> tuple[int, bool]:
+    """Keep the ``accepted`` candidates ``(1, n)`` (already in the sequences, after ``cur`` tokens)
+    and the target's ``next_token``, checking the stop conditions after each token as plain decoding
+    would. Returns (tokens kept, done). The cache keeps every kept token but the newest."""
+    n = accepted.shape[1]
+    for i in range(n):
+        if finish.update(stepper.ids[:, :cur + i + 1], new_scores[i], accepted[:, i]):
+            stepper.crop(cur + i)
+            stepper.push(accepted[:, i])
+            return i + 1, True
+    stepper.crop(cur + n)
+    token = accepted.new_tensor([next_token])
+    stepper.push(token)
+    return n + 1, finish.update(stepper.sequences, new_scores[n], token)
 
 
 def _speculative_accept(candidates: torch.Tensor, candidate_logits: torch.Tensor | None,

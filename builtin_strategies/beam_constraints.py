@@ -39,8 +39,7 @@ import torch
 
 from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput
 
-from .beam_common import NEG, BeamRun, beam_inputs, candidate_hits, extend
-from .loop_state import sequence_buffer
+from .beam_common import NEG, BeamRun, beam_call, extend, sequence_buffer
 
 logger = logging.getLogger("genkit.beam")
 
@@ -112,9 +111,9 @@ class ConstraintState:
 
 def constrained_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateBeamDecoderOnlyOutput:
     """Beam search whose returned hypotheses contain every ``force_words_ids`` constraint. ``kwargs``
-    is the strategy call (see ``loop_state.read_inputs``)."""
-    inp = beam_inputs("constrained beam search", model, input_ids, kwargs)
-    cfg = inp.config
+    is the strategy call (``genkit.strategy.StrategyCall``)."""
+    call = beam_call("constrained beam search", model, input_ids, kwargs)
+    cfg = call.config
     if cfg.force_words_ids is None:
         raise ValueError("constrained beam search needs `force_words_ids` (phrases or disjunctive sets)")
     if cfg.do_sample:
@@ -124,9 +123,9 @@ def constrained_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) 
         raise ValueError(f"constrained beam search needs `num_beams` > 1; got {beams}")
     vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
     constraints = parse_force_words_ids(cfg.force_words_ids, vocab_size)
-    run = BeamRun(inp, beams)
+    run = BeamRun(call, beams)
     n_return = run.n_return
-    batch, prompt_len, max_length, device, eos = inp.batch, inp.prompt_len, inp.max_length, inp.device, inp.eos
+    batch, prompt_len, max_length, device = call.batch, call.prompt_len, call.max_length, call.device
     lp_exp = float(cfg.length_penalty)
     state = ConstraintState(constraints, device)
     reserved = max(n_return, (beams + 1) // 2)  # running slots complete hypotheses take first
@@ -142,7 +141,7 @@ def constrained_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) 
     cur = prompt_len
     while True:
         flat_ids = seqs[:, :, :cur].reshape(batch * beams, cur)
-        log_probs = inp.logits_processor(flat_ids, run.log_probs())
+        log_probs = call.logits_processor(flat_ids, run.log_probs())
         run.outputs.processed(log_probs, copy=True)
         vocab = log_probs.shape[-1]
         total = log_probs.view(batch, beams, vocab) + run_scores[:, :, None]
@@ -167,7 +166,7 @@ def constrained_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) 
             cand, cand_bidx = cand[0], cand_bidx[0]
             met, bank, _, _ = state.evaluate(cand[:, prompt_len:cur + 1])
             complete = met.all(dim=1)
-            hit = candidate_hits(tok, cand, cur, max_length, eos, inp.others)
+            hit = run.hits(tok, cand, cur)
             normed = score / float(cur + 1 - prompt_len) ** lp_exp
             for i in torch.nonzero(hit).view(-1).tolist():
                 entry = (float(normed[i]), float(normed[i]), cand[i], cand_bidx[i])
@@ -196,7 +195,7 @@ def constrained_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) 
         cur += 1
         if last or _all_done(pools, run_scores, beams, cfg.early_stopping, lp_exp, cur, prompt_len, max_length):
             break
-        run.forward(seqs[:, :, :cur].reshape(batch * beams, cur), torch.cat(parents))
+        run.forward(seqs[:, :, cur - 1], torch.cat(parents))
 
     out_seqs = sequence_buffer(input_ids, max_length, run.fill, beams)
     out_scores = torch.full((batch, beams), NEG, device=device)

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput
+from genkit.strategy import ConfigError, GenerateBeamDecoderOnlyOutput
 
-from .beam_common import BeamRun, beam_inputs, take
+from .beam_common import BeamRun, beam_call, take
 from .beam_search import BeamTracker
 
 
@@ -35,37 +35,37 @@ def hamming_penalty(log_probs: torch.Tensor, picked_counts: torch.Tensor, divers
 
 def group_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateBeamDecoderOnlyOutput:
     """Diverse beam search over ``num_beam_groups`` groups; see the module docstring. ``kwargs`` is
-    the strategy call (see ``loop_state.read_inputs``)."""
-    inp = beam_inputs("diverse beam search", model, input_ids, kwargs)
-    cfg = inp.config
+    the strategy call (``genkit.strategy.StrategyCall``)."""
+    call = beam_call("diverse beam search", model, input_ids, kwargs)
+    cfg = call.config
     beams, groups = int(cfg.num_beams), int(cfg.num_beam_groups)
     if groups < 1 or beams % groups != 0:
-        raise ValueError(f"`num_beams` ({beams}) must be divisible by `num_beam_groups` ({groups}).")
+        raise ConfigError(f"`num_beams` ({beams}) must be divisible by `num_beam_groups` ({groups}).")
     if cfg.do_sample:
-        raise ValueError("diverse beam search (`num_beam_groups` > 1) requires do_sample=False.")
-    run = BeamRun(inp, beams)
+        raise ConfigError("diverse beam search (`num_beam_groups` > 1) requires do_sample=False.")
+    run = BeamRun(call, beams)
     per_group = beams // groups
     penalty = float(cfg.diversity_penalty)
-    batch = inp.batch
-    base = torch.arange(batch, device=inp.device) * beams
-    trackers = [BeamTracker(input_ids, per_group, inp.max_length, run.fill, run.n_eos, cfg.length_penalty,
+    batch = call.batch
+    base = torch.arange(batch, device=call.device) * beams
+    trackers = [BeamTracker(input_ids, per_group, call.max_length, run.fill, run.n_eos, cfg.length_penalty,
                             cfg.early_stopping, base + g * per_group) for g in range(groups)]
 
-    cur = inp.prompt_len
+    cur = call.prompt_len
     while True:
         log_probs_all = run.log_probs()
         vocab = log_probs_all.shape[-1]
         log_probs_all = log_probs_all.view(batch, groups, per_group, vocab)
         step_scores = torch.empty_like(log_probs_all) if run.outputs.want_scores else None
-        counts = torch.zeros((batch, vocab), dtype=torch.long, device=inp.device)
+        counts = torch.zeros((batch, vocab), dtype=torch.long, device=call.device)
         parents, tokens = [], []
         for g, tracker in enumerate(trackers):
             lp = hamming_penalty(log_probs_all[:, g], counts, penalty)
-            lp = inp.logits_processor(tracker.running_ids(cur), lp.reshape(batch * per_group, vocab))
+            lp = call.logits_processor(tracker.running_ids(cur), lp.reshape(batch * per_group, vocab))
             lp = lp.view(batch, per_group, vocab)
             if step_scores is not None:
                 step_scores[:, g] = lp
-            tok, par = tracker.step(lp, cur, False, inp.eos, inp.others)
+            tok, par = tracker.step(lp, cur, False, run.hits)
             counts.scatter_add_(1, tok, torch.ones_like(tok))
             tokens.append(tok)
             parents.append(par)
@@ -78,8 +78,7 @@ def group_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
             flags.append(tracker.open_flag())
         if trackers[0].all_hit or not bool(torch.stack(flags).any()):
             break
-        seqs_flat = torch.stack([t.seqs[:, :, :cur] for t in trackers], dim=1).reshape(batch * beams, cur)
-        run.forward(seqs_flat, torch.stack(parents, dim=1).reshape(-1))
+        run.forward(torch.stack(tokens, dim=1), torch.stack(parents, dim=1))
 
     if groups == 1:
         return run.output(*trackers[0].finished())

@@ -24,14 +24,14 @@ with ``cache.reorder(index)``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput
+from genkit.strategy import ConfigError, GenerateBeamDecoderOnlyOutput
 
-from .beam_common import NEG, BeamRun, beam_inputs, candidate_hits, extend, take
-from .loop_state import sequence_buffer
+from .beam_common import NEG, BeamRun, beam_call, extend, sequence_buffer, take
 
 logger = logging.getLogger("genkit.beam")
 
@@ -71,10 +71,11 @@ class BeamTracker:
         """Running sequences as the model batch sees them: ``(batch * beams, cur_len)``."""
         return self.seqs[:, :, :cur_len].reshape(self.batch * self.beams, cur_len)
 
-    def step(self, log_probs: torch.Tensor, cur_len: int, do_sample: bool, eos: torch.Tensor | None,
-             other_criteria: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, log_probs: torch.Tensor, cur_len: int, do_sample: bool,
+             hits_of: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Advance by one token from processed ``log_probs`` ``(batch, beams, vocab)``.
 
+        ``hits_of(tokens, cand_seqs, cur_len)`` tells which candidates end (``BeamRun.hits``).
         Returns ``(next_tokens, parent_rows)``, both ``(batch, beams)``: the last token of each new
         running beam and the flat model row it continues (for the cache reorder).
         """
@@ -90,7 +91,7 @@ class BeamTracker:
         tokens = picked % vocab
         parent_rows = parent + self.row_base
         cand_seqs, cand_bidx = extend(self.seqs, self.bidx, parent, tokens, parent_rows, cur_len, self.prompt_len)
-        hits = candidate_hits(tokens, cand_seqs, cur_len, self.max_length, eos, other_criteria)
+        hits = hits_of(tokens, cand_seqs, cur_len)
         self.all_hit = cur_len + 1 >= self.max_length
         self.hits = hits
 
@@ -155,23 +156,23 @@ def beam_sample(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateB
 
 def beam_decode(model: Any, input_ids: torch.Tensor, *, do_sample: bool, **kwargs: Any) -> GenerateBeamDecoderOnlyOutput:
     """The beam loop behind ``beam_search`` and ``beam_sample``; ``input_ids`` is ``(batch, prompt)``
-    (not yet expanded to the beams); ``kwargs`` is the strategy call (see ``loop_state.read_inputs``)."""
+    (not yet expanded to the beams); ``kwargs`` is the strategy call (``genkit.strategy.StrategyCall``)."""
     name = "beam sampling" if do_sample else "beam search"
-    inp = beam_inputs(name, model, input_ids, kwargs)
-    beams = int(inp.config.num_beams)
+    call = beam_call(name, model, input_ids, kwargs)
+    beams = int(call.config.num_beams)
     if beams < 1:
-        raise ValueError(f"`num_beams` must be >= 1 for {name}; got {beams}")
-    run = BeamRun(inp, beams)
-    tracker = BeamTracker(input_ids, beams, inp.max_length, run.fill, run.n_eos, inp.config.length_penalty,
-                          inp.config.early_stopping, torch.arange(inp.batch, device=inp.device) * beams)
-    cur = inp.prompt_len
+        raise ConfigError(f"`num_beams` must be >= 1 for {name}; got {beams}")
+    run = BeamRun(call, beams)
+    tracker = BeamTracker(input_ids, beams, call.max_length, run.fill, run.n_eos, call.config.length_penalty,
+                          call.config.early_stopping, torch.arange(call.batch, device=call.device) * beams)
+    cur = call.prompt_len
     while True:
-        log_probs = inp.logits_processor(tracker.running_ids(cur), run.log_probs())
+        log_probs = call.logits_processor(run.stepper.sequences, run.log_probs())
         run.outputs.processed(log_probs, copy=True)
-        _, parents = tracker.step(log_probs.view(inp.batch, beams, -1), cur, do_sample, inp.eos, inp.others)
+        tokens, parents = tracker.step(log_probs.view(call.batch, beams, -1), cur, do_sample, run.hits)
         cur += 1
         tracker.update_stop(cur)
         if tracker.all_hit or not bool(tracker.open_flag()):
             break
-        run.forward(tracker.running_ids(cur), parents.view(-1))
+        run.forward(tokens, parents)
     return run.output(*tracker.finished())

@@ -45,9 +45,15 @@ class Stepper:
         self.ids = torch.full((rows, self.max_length), call.pad_token_id, dtype=torch.long, device=call.device)
         self.ids[:, :call.prompt_len] = call.input_ids.repeat_interleave(rows_per_prompt, dim=0)
         self.length = call.prompt_len
-        self._fed = 0  # leading tokens of the history whose keys/values the cache holds
         self.mask, self._shift = _mask_buffer(call.attention_mask, self.max_length, rows_per_prompt)
         self.cache = _open_cache(call) if self.use_cache else None
+        # leading tokens of the history whose keys/values the cache holds (a passed prompt cache
+        # may hold a prefix; the rest of the prompt is run by the first forward)
+        self._fed = self.cache.get_seq_length() if self.cache is not None else 0
+        if self._fed >= call.prompt_len:
+            raise ConfigError(
+                f"`past_key_values` already holds {self._fed} positions but `input_ids` has {call.prompt_len} "
+                "tokens: pass the whole prompt, cached prefix included, with at least one token more")
 
     # -- reading -------------------------------------------------------------------------------
     @property
@@ -69,15 +75,12 @@ class Stepper:
         """Run the prompt (only the part a passed-in cache lacks); return the last position's
         logits ``(rows, vocab)`` in float32, expanded to ``rows_per_prompt`` rows per prompt."""
         call = self.call
-        ids, pos = call.input_ids, call.position_ids
-        if self.cache is not None:
-            held = self.cache.get_seq_length()
-            if held >= call.prompt_len:
-                raise ConfigError(
-                    f"`past_key_values` already holds {held} positions but `input_ids` has {call.prompt_len} "
-                    "tokens: pass the whole prompt, cached prefix included, with at least one token more")
-            ids = ids[:, held:]
-            pos = pos[:, held:] if pos is not None else None
+        if self.length != call.prompt_len:
+            raise ConfigError("prefill() runs the prompt once, before any token is pushed")
+        held = self._fed
+        ids, pos = call.input_ids[:, held:], call.position_ids
+        if pos is not None:
+            pos = pos[:, held:]
         out = self._run(ids, attention_mask=call.attention_mask if self.mask is not None else None,
                         position_ids=pos, keep=1, num_layers=num_layers)
         self._fed = self.length
@@ -119,7 +122,9 @@ class Stepper:
         else:
             start = self._fed
             pos = None
-            if self._shift is not None:
+            if self._shift is not None and start >= self.call.prompt_len:
+                # generated tokens of a left-padded batch: index minus the row's pad count (prompt
+                # tokens get theirs from the mask, in the model)
                 pos = torch.arange(start, n, device=self.ids.device)[None, :] - self._shift
             out = self._run(self.ids[:, start:n], attention_mask=mask, position_ids=pos, keep=want,
                             num_layers=num_layers)
@@ -136,7 +141,8 @@ class Stepper:
         return self.forward(None if tokens.dim() == 1 else int(tokens.shape[1]), num_layers=num_layers)
 
     def crop(self, length: int) -> None:
-        """Roll back to the first ``length`` tokens (the cache keeps at most that many positions)."""
+        """Roll back to the first ``length`` tokens (the cache keeps at most that many positions;
+        whatever it lacks is run by the next :meth:`forward`)."""
         if not 0 < length <= self.length:
             raise ConfigError(f"cannot crop to {length} tokens: the sequences hold {self.length}")
         self.length = length
