@@ -113,7 +113,7 @@ def test_plugins_lists_packs_with_versions_hooks_items(pack_site):
     assert by_name["sampling"]["version"] == "0.1.0"
     assert by_name["sampling"]["hooks"] == ["register_strategies", "register_logits_processors"]
     assert by_name["sampling"]["items"] == {"strategy": ["mirostat"],
-                                            "logits_processor": ["dry", "mirostat_settings", "xtc"]}
+                                            "logits_processor": ["dry", "xtc"]}
     assert by_name["events"]["items"] == {"candidate_generator": ["ngram_corpus"], "streamer": ["jsonl"]}
     assert "assisted" in by_name["builtin"]["items"]["strategy"]
     assert by_name["builtin"]["items"]["candidate_generator"] == ["draft_model", "prompt_lookup"]

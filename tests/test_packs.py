@@ -243,7 +243,7 @@ def sampling_results(pack_site):
 def test_sampling_pack_registers_with_origin(sampling_results):
     r = sampling_results
     assert r["items"]["strategy"] == ["mirostat"]
-    assert r["items"]["logits_processor"] == ["dry", "mirostat_settings", "xtc"]
+    assert r["items"]["logits_processor"] == ["dry", "xtc"]
     assert r["origins"] == ["genkit-sampling-pack@0.1.0 (sampling)"]
 
 

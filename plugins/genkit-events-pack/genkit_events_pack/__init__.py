@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from genkit.hookspecs import hookimpl
+from genkit import hookimpl
 
 __version__ = "0.1.0"
 

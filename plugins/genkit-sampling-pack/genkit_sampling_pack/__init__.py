@@ -11,8 +11,7 @@ from collections.abc import Callable
 from numbers import Integral, Real
 from typing import Any
 
-from genkit.hookspecs import hookimpl
-from genkit.plugins import FieldSpec
+from genkit import FieldSpec, hookimpl
 
 __version__ = "0.1.0"
 
@@ -72,12 +71,11 @@ def register_logits_processors(register: Callable[..., None]) -> None:
              description="DRY ('don't repeat yourself') penalty on tokens that would extend a repeated sequence.")
     register("xtc", f"{_M}.processors:make_xtc", fields=XTC_FIELDS, order=270,
              description="XTC ('exclude top choices'): sometimes drop all but the least likely of the top tokens.")
-    # Mirostat's knobs are read by the strategy; a processor entry is where a pack declares fields.
-    register("mirostat_settings", f"{_M}.processors:make_nothing", fields=MIROSTAT_FIELDS, order=10_000,
-             description="Declares mirostat_tau / mirostat_eta for the mirostat strategy (builds no processor).")
 
 
 @hookimpl
 def register_strategies(register: Callable[..., None]) -> None:
+    # Mirostat's knobs belong to the strategy that reads them: any registered item may own fields
     register("mirostat", f"{_M}.mirostat:mirostat_decode", applies=f"{_M}:uses_mirostat", priority=5,
+             fields=MIROSTAT_FIELDS,
              description="Mirostat v2: sampling that steers the surprise of each token towards mirostat_tau.")

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from genkit.generation.processing import LogitsProcessor, ProcessorContext
+from genkit import LogitsProcessor, ProcessorContext
 
-__all__ = ["DRYLogitsProcessor", "XTCLogitsWarper", "make_dry", "make_nothing", "make_xtc"]
+__all__ = ["DRYLogitsProcessor", "XTCLogitsWarper", "make_dry", "make_xtc"]
 
 # match lengths are capped so the exponent stays finite and the scan stays linear in practice
 MAX_MATCH_LENGTH = 64
@@ -136,7 +136,3 @@ def make_xtc(config: Any, ctx: ProcessorContext) -> XTCLogitsWarper | None:
     if not config.do_sample or not config.xtc_probability:
         return None
     return XTCLogitsWarper(config.xtc_probability, config.xtc_threshold)
-
-
-def make_nothing(config: Any, ctx: ProcessorContext) -> None:
-    """The Mirostat fields' owner builds no processor: the strategy reads them."""

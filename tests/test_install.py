@@ -1,0 +1,108 @@
+"""One installed namespace: the wheel holds one top-level import name, ``genkit`` (the built-ins and
+the sandbox are ``genkit.builtin_strategies`` and ``genkit.sandbox``), so a user's own
+``sandbox.py`` or ``sandbox/`` in the working directory no longer breaks genkit."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+from hub_server import write_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _top_level_names(site: Path) -> set[str]:
+    """Import names a folder on sys.path provides (packages, modules, extension modules)."""
+    names = set()
+    for entry in site.iterdir():
+        if entry.name.endswith((".dist-info", ".pth")) or entry.name == "__pycache__":
+            continue
+        names.add(entry.name.split(".")[0])
+    return names
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built from a copy of the source tree (the checkout stays clean)."""
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for name in ("genkit", "builtin_strategies", "sandbox"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path_factory.mktemp("dist")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(out), str(src)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    (whl,) = out.glob("genkit_lm-*.whl")
+    return whl
+
+
+def test_the_wheel_has_one_top_level_package(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        tops = {name.split("/")[0] for name in zf.namelist()}
+    assert tops == {"genkit", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    for module in ("genkit/strategy/__init__.py", "genkit/protocols.py", "genkit/errors.py",
+                   "genkit/builtin_strategies/decoding.py", "genkit/sandbox/importer.py"):
+        assert module in names
+
+
+def test_installing_into_a_fresh_venv_adds_only_genkit(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    before = _top_level_names(site)
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
+                           "-q", str(wheel)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert _top_level_names(site) - before == {"genkit"}
+    # the dependencies (torch, pluggy, ...) come from this environment, after the venv's own site
+    (site / "zz_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    check = textwrap.dedent("""
+        import torch, genkit, genkit.strategy, genkit.sandbox, genkit.builtin_strategies
+        from genkit.models.tiny import tiny_llama
+        out = genkit.generate(tiny_llama(), torch.tensor([[1, 5, 6]]), max_new_tokens=3)
+        print(genkit.__file__, genkit.sandbox.__file__, tuple(out.shape))
+    """)
+    proc = subprocess.run([str(py), "-c", check], capture_output=True, text=True, timeout=300, check=False,
+                          cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin", "GENKIT_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert proc.returncode == 0, proc.stderr
+    genkit_file, sandbox_file, shape = proc.stdout.split(maxsplit=2)
+    assert genkit_file.startswith(str(site)) and sandbox_file.startswith(str(site / "genkit" / "sandbox"))
+    assert shape.strip() == "(1, 6)"
+
+
+RECIPE_RUN = """
+import genkit
+from genkit.recipes import load_recipe
+print(load_recipe({path!r}).generate(None, greeting="hi"))
+"""
+
+
+@pytest.mark.parametrize("layout", ["module", "package"])
+def test_a_users_own_sandbox_in_the_cwd_does_not_break_genkit(tmp_path, layout):
+    work = tmp_path / "project"
+    work.mkdir()
+    boom = 'raise RuntimeError("the user\'s own sandbox module was imported")\n'
+    if layout == "module":
+        (work / "sandbox.py").write_text(boom)
+    else:
+        (work / "sandbox").mkdir()
+        (work / "sandbox" / "__init__.py").write_text(boom)
+    (work / "builtin_strategies.py").write_text(boom.replace("sandbox", "builtin_strategies"))
+    recipe = write_recipe(tmp_path / "recipe", {
+        "custom_generate/generate.py": "def generate(model, **kwargs):\n    return 'recipe says ' + kwargs['greeting']\n"})
+    proc = subprocess.run([sys.executable, "-c", RECIPE_RUN.format(path=str(recipe))], cwd=str(work),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "recipe says hi"
