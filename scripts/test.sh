@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The test command: installs everything into .venv, then runs the whole suite.
+# The test command: installs everything into .venv, lints (ruff), type-checks (mypy, strict on
+# genkit.strategy and genkit.protocols; see [tool.mypy] in pyproject.toml), then runs the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+ruff check .
+mypy
 exec python -m pytest -n 2 -q "$@"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from genkit.errors import ConfigError, NotSupportedError
+from genkit.protocols import ModelOutput
 
 from .call import StrategyCall
 
@@ -162,7 +163,7 @@ class Stepper:
             self._shift = self._shift.index_select(0, rows)
 
     def _run(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-             keep: int, num_layers: int | None) -> Any:
+             keep: int, num_layers: int | None) -> ModelOutput:
         kwargs: dict[str, Any] = {}
         if num_layers is not None:
             if not getattr(self.model, "supports_partial_depth", False):
@@ -176,7 +177,7 @@ class Stepper:
         if self.use_cache and out.past_key_values is not None:
             self.cache = out.past_key_values
         self.hidden_states = out.hidden_states if self.output_hidden_states else None
-        return out
+        return cast(ModelOutput, out)
 
 
 def _mask_buffer(attention_mask: torch.Tensor | None, max_length: int,
