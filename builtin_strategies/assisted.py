@@ -20,6 +20,7 @@ decoding would. Batch size 1 (as in transformers).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -48,12 +49,13 @@ def applies(config: Any) -> bool:
 
 
 def build_candidate_generator(model: Any, config: Any, *, assistant_model: Any = None,
-                              logits_processor: Any = None) -> Any:
+                              logits_processor: Any = None, tokenizer: Any = None) -> Any:
     """The candidate generator the config asks for.
 
     ``candidate_generator`` (a registered name) wins; otherwise an assistant model means
     ``"draft_model"`` and ``prompt_lookup_num_tokens`` means ``"prompt_lookup"``. The user's
-    ``candidate_generator_kwargs`` go to the factory as keywords.
+    ``candidate_generator_kwargs`` go to the factory as keywords; the ``tokenizer=`` given to
+    ``generate`` goes too (as ``tokenizer``) unless those kwargs name one, for a factory that takes it.
     """
     from genkit.plugins import get_registry
 
@@ -70,6 +72,8 @@ def build_candidate_generator(model: Any, config: Any, *, assistant_model: Any =
             )
     factory = get_registry().get("candidate_generator", name).load()
     user_kwargs = dict(config.candidate_generator_kwargs or {})
+    if tokenizer is not None and "tokenizer" not in user_kwargs and _takes_keyword(factory, "tokenizer"):
+        user_kwargs["tokenizer"] = tokenizer
     generator = factory(model, config, assistant_model=assistant_model, logits_processor=logits_processor,
                         **user_kwargs)
     for method in ("get_candidates", "update_candidate_strategy"):
@@ -77,6 +81,16 @@ def build_candidate_generator(model: Any, config: Any, *, assistant_model: Any =
             raise TypeError(f"candidate generator {name!r} returned {type(generator).__name__}, "
                             f"which has no `{method}` method")
     return generator
+
+
+def _takes_keyword(factory: Any, name: str) -> bool:
+    """Whether ``factory`` names the keyword parameter ``name`` (``**kwargs`` does not count: a
+    factory may refuse keywords it does not know)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
 def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateDecoderOnlyOutput:
@@ -88,7 +102,7 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
     if not call.use_cache:
         raise ConfigError("assisted decoding needs the target's cache: `use_cache` must be True")
     generator = build_candidate_generator(model, call.config, assistant_model=call.extras["assistant_model"],
-                                          logits_processor=call.logits_processor)
+                                          logits_processor=call.logits_processor, tokenizer=call.tokenizer)
     stepper = Stepper(call)  # refuses a passed cache that already holds the whole prompt
     record = StepOutputs(call.config)
     rounds = drafted_total = accepted_total = 0

@@ -9,12 +9,16 @@ Each error also keeps the builtin base a caller would catch without knowing genk
     │   └── NotSupportedError               a valid request this model / strategy cannot serve
     ├── UnknownItemError (ValueError)       no registered strategy/processor/... of that name
     ├── PluginError (RuntimeError)          a plugin failed to load or registered something invalid
+    ├── ModelLoadError (OSError)            a model or tokenizer could not be found, fetched or read
     └── RecipeError                         root of the recipe loader's errors (genkit.recipes.errors)
 """
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "GenkitError", "NotSupportedError", "PluginError", "RecipeError", "UnknownItemError"]
+__all__ = [
+    "ConfigError", "GenkitError", "ModelLoadError", "NotSupportedError", "PluginError", "RecipeError",
+    "UnknownItemError",
+]
 
 
 class GenkitError(Exception):
@@ -35,6 +39,10 @@ class UnknownItemError(GenkitError, ValueError):
 
 class PluginError(GenkitError, RuntimeError):
     """A plugin could not be loaded or registered an invalid item."""
+
+
+class ModelLoadError(GenkitError, OSError):
+    """A model or tokenizer could not be found, fetched (offline, no such repo) or read (truncated file)."""
 
 
 class RecipeError(GenkitError):

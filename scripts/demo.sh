@@ -5,11 +5,12 @@
 # With arguments, they are passed to `genkit generate` instead of the default demo ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh gguf
+[ "${GENKIT_SETUP_DRY_RUN:-0}" = 1 ] && exit 0
 . .venv/bin/activate
 if [ "$#" -eq 0 ]; then
   set -- --model smollm2 --chat --stream --max-new-tokens 96 \
-    --custom-generate docs/examples/demo_recipe --set max_sentences=3 \
+    --custom-generate docs/examples/demo_recipe --set max_sentences=3 --seed 0 \
     --prompt "Explain in three sentences why the sky is blue."
 fi
 exec genkit generate "$@"

@@ -3,7 +3,8 @@
 # genkit.strategy and genkit.protocols; see [tool.mypy] in pyproject.toml), then runs the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh dev
+[ "${GENKIT_SETUP_DRY_RUN:-0}" = 1 ] && exit 0
 . .venv/bin/activate
 ruff check .
 mypy

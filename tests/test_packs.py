@@ -355,12 +355,18 @@ with torch.no_grad():
     res["text_roundtrip"] = CharTok().encode(text) == [((ord(ch) % 125) + 3) for ch in text]
     by_text = genkit.generate(m, ids, max_new_tokens=16, candidate_generator="ngram_corpus",
                               candidate_generator_kwargs={"corpus": [text], "tokenizer": CharTok()})
+    c = Counter(m)
+    by_generate_tokenizer = genkit.generate(m, ids, max_new_tokens=16, candidate_generator="ngram_corpus",
+                                            tokenizer=CharTok(),  # generate's own tokenizer= encodes the texts
+                                            candidate_generator_kwargs={"corpus": [text], "num_tokens": 8})
+    c.h.remove()
+    res["ngram_generate_tokenizer_calls"] = c.calls
     jl = os.path.join(tmp, "corpus.jsonl")
     with open(jl, "w") as fh:
         fh.write(json.dumps([5, 6, 7]) + "\n" + json.dumps(cont) + "\n")
     by_file = genkit.generate(m, ids, max_new_tokens=16, candidate_generator="ngram_corpus",
                               candidate_generator_kwargs={"corpus_file": jl})
-res["ngram_equal"] = [torch.equal(x, greedy) for x in (good, junk, by_text, by_file)]
+res["ngram_equal"] = [torch.equal(x, greedy) for x in (good, junk, by_text, by_file, by_generate_tokenizer)]
 errs = {}
 for kw in ({"corpus": [[1, 2]], "bogus": 1}, {}, {"corpus": ["text"]}, {"corpus": [[1, 2]], "num_tokens": 0},
            {"corpus_file": os.path.join(tmp, "missing.txt")}):
@@ -409,8 +415,10 @@ def test_jsonl_streamer_by_name(events_results):
 
 def test_ngram_corpus_drafting(events_results):
     r = events_results
-    assert r["ngram_equal"] == [True, True, True, True]
+    assert r["ngram_equal"] == [True, True, True, True, True]
     assert r["ngram_calls"] <= 4  # 16 tokens drafted 8 at a time from the corpus: few target passes
+    # a text corpus encoded with the tokenizer= given to generate() drafts as well as token ids do
+    assert r["ngram_generate_tokenizer_calls"] <= 4
     assert r["text_roundtrip"] is True
     e = r["errors"]
     assert e[0] == ("unknown `candidate_generator_kwargs` for ngram_corpus: ['bogus']; accepted: corpus, "

@@ -8,6 +8,7 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 
 from .. import __version__
 from ..errors import GenkitError
@@ -36,13 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.add_parser(sub)
+    for command in sub.choices.values():  # -v works after the sub-command too: genkit generate -v ...
+        command.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0,
+                             help="more log output and tracebacks on errors (-vv for debug)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
+    verbose = args.verbose + getattr(args, "sub_verbose", 0)
+    level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
         parser.print_help()
@@ -51,6 +56,23 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except (GenkitError, ValueError, FileNotFoundError, ImportError, PermissionError, RuntimeError) as exc:
-        print(f"genkit: error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:  # noqa: BLE001 - every error a user can cause is one line; -v adds the traceback
+        return report_error(exc, verbose)
+
+
+def report_error(exc: BaseException, verbose: int) -> int:
+    """Print ``exc`` as one line (``genkit: error: ...``), with the traceback first under ``-v``.
+
+    genkit's own errors (:class:`~genkit.errors.GenkitError`) and the builtin errors bad input
+    causes (``ValueError``, ``OSError``, ``ImportError``) exit with 2; anything else is a bug in
+    genkit or a plugin: still one line, exit 1, and a hint to rerun with ``-v``.
+    """
+    if verbose:
+        traceback.print_exception(exc, file=sys.stderr)
+    text = str(exc).strip() or type(exc).__name__
+    user_error = isinstance(exc, (GenkitError, ValueError, OSError, ImportError))
+    if not user_error:
+        text = f"{type(exc).__name__}: {text}"
+    hint = "" if verbose else " (run with -v for the traceback)"
+    print(f"genkit: error: {text}" + ("" if user_error else hint), file=sys.stderr)
+    return 2 if user_error else 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -40,6 +41,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens when sampling")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling probability mass")
     p.add_argument("--seed", type=int, default=None, help="random seed (for sampling)")
+    p.add_argument("--num-beams", type=int, default=None, help="beam search with this many beams")
+    p.add_argument("--num-return-sequences", type=int, default=None,
+                   help="sequences to return (all are printed, numbered)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "auto"],
                    help="weights dtype (default: the checkpoint's)")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: cpu)")
@@ -65,6 +69,12 @@ def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if args.do_sample:
         kwargs["do_sample"] = True
+    for name in ("num_beams", "num_return_sequences"):
+        value = getattr(args, name, None)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {value}")
+            kwargs[name] = value
     for name in ("temperature", "top_k", "top_p"):
         value = getattr(args, name)
         if value is not None:
@@ -113,19 +123,81 @@ def make_streamer(tokenizer: Any) -> Any:
     return TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
 
 
+def check_device(name: str | None) -> None:
+    """Refuse a ``--device`` this torch build cannot use, naming the devices it can."""
+    if name is None:
+        return
+    import torch
+
+    available = ["cpu"]
+    if torch.cuda.is_available():
+        available += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        available.append("mps")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {name!r} is not a device name; available here: {', '.join(available)}") from None
+    ok = device.type == "cpu" or (
+        device.type == "cuda" and torch.cuda.is_available()
+        and (device.index is None or device.index < torch.cuda.device_count())
+    ) or (device.type == "mps" and "mps" in available)
+    if not ok:
+        why = " (this torch build has no CUDA support)" if device.type == "cuda" and not torch.backends.cuda.is_built() \
+            else ""
+        raise ValueError(f"--device {name!r} is not available{why}; available here: {', '.join(available)}")
+
+
+def check_generation_options(kwargs: dict[str, Any], custom_generate: str | None) -> None:
+    """Validate the generation options before the model loads (seconds earlier than generate would).
+
+    Without a recipe every option must be a generation parameter; a recipe may take options of its
+    own (``--set max_sentences=3``), so only the ones that are config fields are checked."""
+    from genkit.config import GenerationConfig
+    from genkit.generation.api import merge_config
+
+    recipe = custom_generate is not None and not _is_strategy_name(custom_generate)
+    if recipe:
+        GenerationConfig().update(**kwargs)
+    else:
+        merge_config(None, None, kwargs)
+
+
+def _is_strategy_name(ref: str) -> bool:
+    from genkit.plugins import get_registry
+
+    return ref in get_registry().items["strategy"]
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     import genkit
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt and not args.chat:
+        raise ValueError("--prompt is empty: give the text to continue (or use --chat, whose template "
+                         "adds the model's own start tokens)")
     kwargs = generation_kwargs(args)
+    n = int(kwargs.get("num_return_sequences", 1))
+    if args.stream and n > 1:
+        raise ValueError(f"--stream prints one sequence; it cannot be combined with num_return_sequences={n}")
+    check_device(args.device)
+    check_generation_options(kwargs, args.custom_generate)
+    if args.custom_generate is not None and _looks_like_folder(args.custom_generate) \
+            and not os.path.isdir(args.custom_generate):
+        raise ValueError(f"--custom-generate: the recipe folder {args.custom_generate!r} does not exist")
     if args.seed is not None:
         torch.manual_seed(args.seed)
+    from .progress import install_stage_bars
+
+    bars = install_stage_bars()
     t0 = time.perf_counter()
     model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
                               trust_remote_code=True if args.trust_remote_code else None)
     tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
+    if bars is not None:
+        bars.close()
     logger.info("loaded %s in %.1fs", args.model, time.perf_counter() - t0)
 
     if args.chat:
@@ -148,8 +220,19 @@ def run(args: argparse.Namespace) -> int:
     sequences = out.sequences if hasattr(out, "sequences") else out
     if not isinstance(sequences, torch.Tensor):
         raise RuntimeError(f"generation returned {type(out).__name__}, not token ids")  # noqa: TRY004
-    new = sequences[0, enc["input_ids"].shape[1]:]
+    new = sequences[:, enc["input_ids"].shape[1]:]
     if streamer is None:
-        print(tokenizer.decode(new, skip_special_tokens=True))
+        texts = [tokenizer.decode(row, skip_special_tokens=True) for row in new]
+        if len(texts) == 1:
+            print(texts[0])
+        else:
+            for i, text in enumerate(texts, 1):
+                print(f"[{i}] {text}")
     logger.info("%d new tokens in %.2fs (%.1f tokens/s)", new.numel(), elapsed, new.numel() / max(elapsed, 1e-9))
     return 0
+
+
+def _looks_like_folder(ref: str) -> bool:
+    """``--custom-generate`` written as a path rather than a strategy name or a Hub id."""
+    base = ref.split("@", 1)[0]
+    return base.startswith((".", "/", "~")) or base.count("/") >= 2 or os.path.exists(base)

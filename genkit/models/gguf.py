@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from ..errors import ModelLoadError
 
 logger = logging.getLogger("genkit.models.gguf")
 
@@ -92,13 +95,44 @@ def unpermute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     return weight.reshape(n_heads, out // n_heads // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
 
 
-def open_gguf(path: str | os.PathLike[str]) -> Any:
-    """A ``gguf.GGUFReader`` on ``path``; a ValueError naming the file when it cannot be read."""
+class TruncatedGGUFError(ModelLoadError, ValueError):
+    """The file ends before the data its header describes."""
+
+
+def _checked_reader_class() -> Any:
+    """``gguf.GGUFReader`` whose reads past the end of the file raise :class:`TruncatedGGUFError`
+    (the plain reader slices the memory map short and fails later with a numpy shape message)."""
     gguf = _require_gguf()
+
+    class CheckedReader(gguf.GGUFReader):  # type: ignore[misc, name-defined]
+        def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
+            import numpy as np
+
+            end = int(offset) + int(np.dtype(dtype).itemsize) * int(count)
+            if end > len(self.data):
+                raise TruncatedGGUFError(f"the file is truncated: {len(self.data)} bytes, but its header describes "
+                                         f"data up to byte {end} at least")
+            return super()._get(offset, dtype, count, override_order)
+
+    return CheckedReader
+
+
+def open_gguf(path: str | os.PathLike[str]) -> Any:
+    """A ``gguf.GGUFReader`` on ``path``; a ValueError naming the file when it cannot be read, and
+    a :class:`TruncatedGGUFError` (expected vs actual size) when the file is cut short."""
+    reader_class = _checked_reader_class()
+    path = os.fspath(path)
     try:
-        return gguf.GGUFReader(os.fspath(path))
+        reader = reader_class(path)
+    except TruncatedGGUFError as exc:
+        raise TruncatedGGUFError(f"{path}: {exc} (an interrupted download or copy?)") from None
     except Exception as exc:
-        raise ValueError(f"{os.fspath(path)}: not a readable GGUF file ({exc})") from exc
+        raise ValueError(f"{path}: not a readable GGUF file ({exc})") from exc
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > len(reader.data):
+        raise TruncatedGGUFError(f"{path}: the file is truncated: {len(reader.data)} bytes, but its tensors need "
+                                 f"{end} bytes (an interrupted download or copy?)")
+    return reader
 
 
 def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
@@ -138,8 +172,11 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
     return config, reader
 
 
-def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True) -> GGUFContents:
-    """Config, float32 state dict (transformers' names) and tokenizer metadata of a GGUF file."""
+def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True,
+              on_tensor: Callable[[int, int], None] | None = None) -> GGUFContents:
+    """Config, float32 state dict (transformers' names) and tokenizer metadata of a GGUF file.
+
+    ``on_tensor(done, total)`` is called after each tensor is read (progress reporting)."""
     gguf = _require_gguf()
     path = os.fspath(path)
     config, reader = read_gguf_config(path)
@@ -163,6 +200,8 @@ def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True) -> GGUFCont
             elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
                 tensor = unpermute_qk(tensor, config["num_key_value_heads"])
             state[name] = tensor
+            if on_tensor is not None:
+                on_tensor(len(state), len(reader.tensors))
     return GGUFContents(config=config, state_dict=state, tokenizer=read_gguf_tokenizer(reader))
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ModelLoadError
 from .base import GenkitModel, ModelConfig
 
 logger = logging.getLogger("genkit.models")
@@ -90,11 +91,39 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
 
         patterns = TOKENIZER_FILE_PATTERNS if tokenizer_only else MODEL_FILE_PATTERNS + TOKENIZER_FILE_PATTERNS
         logger.info("fetching %s from the Hub (%s)", ref, "tokenizer files" if tokenizer_only else "model files")
-        return snapshot_download(ref, revision=revision, allow_patterns=patterns)
+        try:
+            return snapshot_download(ref, revision=revision, allow_patterns=patterns)
+        except Exception as exc:
+            raise hub_fetch_error(ref, revision, exc) from exc
     raise FileNotFoundError(
         f"model {ref!r} not found: pass an existing folder, a .gguf file, a Hub id 'org/name', "
         f"or the demo alias {min(DEMO_ALIASES)!r}"
     )
+
+
+def hub_fetch_error(ref: str, revision: str | None, exc: Exception) -> ModelLoadError:
+    """A one-line error for a Hub model that could not be fetched: offline, missing repo or revision."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    where = f"model {ref!r}" + (f" at revision {revision!r}" if revision else "")
+    if isinstance(exc, RevisionNotFoundError):
+        why = "the Hub repo has no such revision"
+    elif isinstance(exc, GatedRepoError):
+        why = "the Hub repo is gated: accept its terms on the Hub and log in (`hf auth login`)"
+    elif isinstance(exc, RepositoryNotFoundError):
+        why = "no such Hub repo (or it is private and you are not logged in); check the id"
+    elif isinstance(exc, LocalEntryNotFoundError) or constants.HF_HUB_OFFLINE:
+        why = ("the Hub cannot be reached (this machine is offline or HF_HUB_OFFLINE=1) and the model is not in "
+               "the local Hub cache; connect and retry, or pass a local folder or .gguf file")
+    else:
+        why = f"fetching it from the Hub failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    return ModelLoadError(f"could not load {where}: {why}")
 
 
 def architecture_class(config: ModelConfig, where: str = "config.json") -> type[GenkitModel]:

@@ -107,6 +107,9 @@ class StrategyCall:
     extras: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     #: the strategy's name as errors show it
     name: str = "this strategy"
+    #: the ``tokenizer=`` passed to ``generate`` (``None`` when none was), for strategies and
+    #: candidate generators that work with text (e.g. a corpus of texts to draft from)
+    tokenizer: Any = None
 
     @classmethod
     def from_kwargs(cls, strategy: str, model: Any, input_ids: torch.Tensor, /, *,
@@ -121,6 +124,7 @@ class StrategyCall:
             raise ConfigError(f"{strategy} was called without `{exc.args[0]}`; a strategy receives "
                               "logits_processor, stopping_criteria and generation_config") from None
         streamer = kwargs.pop("streamer", None)
+        tokenizer = kwargs.pop("tokenizer", None)
         inputs = {k: kwargs.pop(k) for k in MODEL_INPUTS if k in kwargs}
         extras = {k: kwargs.pop(k, None) for k in accept}
         if kwargs:
@@ -132,7 +136,7 @@ class StrategyCall:
             attention_mask=inputs.get("attention_mask"), past_key_values=inputs.get("past_key_values"),
             position_ids=inputs.get("position_ids"),
             use_cache=bool(inputs.get("use_cache", True) and config.use_cache),
-            extras=MappingProxyType(extras), name=strategy,
+            extras=MappingProxyType(extras), name=strategy, tokenizer=tokenizer,
         )
 
     # -- derived ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ Use it with ``candidate_generator="ngram_corpus"`` and ``candidate_generator_kwa
 - ``corpus_file``: a path instead — ``.jsonl`` lines are token-id lists or ``{"text": ...}``;
   other files are read as one text per line;
 - ``tokenizer``: needed for texts — an object with ``encode`` or a name/path for
-  ``genkit.load_tokenizer``;
+  ``genkit.load_tokenizer``; defaults to the ``tokenizer=`` passed to ``generate()``;
 - ``num_tokens`` (default ``prompt_lookup_num_tokens`` or 10), ``max_ngram_size`` (default
   ``max_matching_ngram_size`` or 3), ``min_ngram_size`` (default 1).
 """
