@@ -1,7 +1,10 @@
 """Hook specifications: the four ways a plugin adds to genkit.
 
-Each hook receives a ``register`` callable; a plugin calls it once per item it contributes.
-See ``docs/hooks.md`` for every signature with a runnable example.
+Each hook receives a ``register`` callable; a plugin calls it once per item it contributes. Each
+hook is called once through the plugin manager (so ``tryfirst``, hook wrappers and call monitoring
+work); every ``register`` also takes ``fields=`` (``GenerationConfig`` fields the item owns). A new
+hook is one hookspec here plus one entry in ``genkit.plugins.KIND_TABLE``. See ``docs/hooks.md``
+for every signature with a runnable example.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ hookimpl = pluggy.HookimplMarker("genkit")
 def register_strategies(register: Callable[..., None]) -> None:
     """Register decoding strategies.
 
-    ``register(name, decode, *, applies=None, priority=0, description="")`` where ``decode`` is
+    ``register(name, decode, *, applies=None, priority=0, fields=(), description="")`` where ``decode`` is
     ``decode(model, input_ids, *, logits_processor, stopping_criteria, generation_config, streamer,
     **model_kwargs)`` (or a ``"module:attr"`` string imported on first use) and ``applies(config)``
-    tells whether the strategy handles a configuration; the highest priority that applies wins.
+    tells whether the strategy handles a configuration; the highest priority that applies wins (two
+    that apply with the same priority are an error). Write the loop with ``genkit.strategy``.
     """
 
 
@@ -40,7 +44,7 @@ def register_logits_processors(register: Callable[..., None]) -> None:
 def register_candidate_generators(register: Callable[..., None]) -> None:
     """Register draft sources for assisted decoding.
 
-    ``register(name, factory, *, description="")`` where ``factory(model, config, **kwargs)``
+    ``register(name, factory, *, fields=(), description="")`` where ``factory(model, config, **kwargs)``
     returns an object with ``get_candidates(input_ids)`` and
     ``update_candidate_strategy(input_ids, scores, num_matches)``.
     """
@@ -50,6 +54,6 @@ def register_candidate_generators(register: Callable[..., None]) -> None:
 def register_streamers(register: Callable[..., None]) -> None:
     """Register named streamers.
 
-    ``register(name, factory, *, description="")`` where ``factory(tokenizer=None, **kwargs)``
+    ``register(name, factory, *, fields=(), description="")`` where ``factory(tokenizer=None, **kwargs)``
     returns an object with ``put(token_ids)`` and ``end()``.
     """

@@ -164,16 +164,19 @@ class Stepper:
 
     def _run(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
              keep: int, num_layers: int | None) -> ModelOutput:
-        kwargs: dict[str, Any] = {}
-        if num_layers is not None:
+        if num_layers is None:
+            out = self.model(ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=self.cache, use_cache=self.use_cache,
+                             output_hidden_states=self.output_hidden_states, logits_to_keep=keep)
+        else:
             if not getattr(self.model, "supports_partial_depth", False):
                 raise NotSupportedError(
                     f"partial depth (num_layers={num_layers}) is not supported by {type(self.model).__name__}: "
                     "its forward cannot stop after the first layers")
-            kwargs["num_layers"] = num_layers
-        out = self.model(ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=self.cache, use_cache=self.use_cache,
-                         output_hidden_states=self.output_hidden_states, logits_to_keep=keep, **kwargs)
+            out = self.model(ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=self.cache, use_cache=self.use_cache,
+                             output_hidden_states=self.output_hidden_states, logits_to_keep=keep,
+                             num_layers=num_layers)
         if self.use_cache and out.past_key_values is not None:
             self.cache = out.past_key_values
         self.hidden_states = out.hidden_states if self.output_hidden_states else None
