@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import logging
 import sys
 import threading
 import types
@@ -19,6 +20,8 @@ from typing import Any
 
 from .errors import RecipeImportError
 from .tree import SourceTree
+
+logger = logging.getLogger("genkit.sandbox")
 
 PREFIX = "_genkit_recipe_"
 _lock = threading.RLock()
@@ -42,11 +45,12 @@ class _SourceLoader(importlib.abc.Loader):
         if self.rel is None:
             return
         filename = str(self.tree.folder / self.rel)
-        code = compile(self.tree.files[self.rel], filename, "exec", dont_inherit=True)
+        # compile the checked text, never the bytes (Python would obey a `# coding:` line in bytes)
+        code = compile(self.tree.source(self.rel), filename, "exec", dont_inherit=True)
         exec(code, module.__dict__)  # noqa: S102 - the trusted, checked recipe code
 
     def get_source(self, fullname: str) -> str | None:
-        return None if self.rel is None else self.tree.files[self.rel].decode("utf-8")
+        return None if self.rel is None else self.tree.source(self.rel)
 
 
 class _RecipeFinder(importlib.abc.MetaPathFinder):
@@ -110,18 +114,33 @@ def import_tree(tree: SourceTree, entry: str = "generate", label: str = "recipe"
             return cached
         _install()
         _finder.trees[name] = tree
+        path_before, meta_before = list(sys.path), list(sys.meta_path)
         try:
             importlib.import_module(name)
             module = importlib.import_module(f"{name}.{entry}")
         except BaseException as exc:
+            _undo_import_system_changes(label, path_before, meta_before)
             _purge(name)
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise RecipeImportError(
                 f"{label}: importing custom_generate/{entry}.py failed: {type(exc).__name__}: {exc}"
             ) from exc
+        _undo_import_system_changes(label, path_before, meta_before)
         _loaded[f"{name}.{entry}"] = module
         return module
+
+
+def _undo_import_system_changes(label: str, path_before: list[Any], meta_before: list[Any]) -> None:
+    """A recipe may not change where Python imports from: restore ``sys.path`` and
+    ``sys.meta_path`` as they were before its import, with a warning naming what it changed."""
+    for name, current, before in (("sys.path", sys.path, path_before), ("sys.meta_path", sys.meta_path, meta_before)):
+        if current != before:
+            added = [x for x in current if x not in before]
+            removed = [x for x in before if x not in current]
+            current[:] = before
+            logger.warning("%s changed %s while being imported (added %s, removed %s); the change was undone",
+                           label, name, added or "nothing", removed or "nothing")
 
 
 def loaded_modules() -> dict[str, types.ModuleType]:

@@ -38,7 +38,7 @@ def parse_all(tree: SourceTree) -> tuple[dict[str, ast.Module], list[Problem]]:
         if not rel.endswith(".py"):
             continue
         try:
-            parsed[rel] = ast.parse(data.decode("utf-8"), filename=tree.display(rel))
+            parsed[rel] = ast.parse(tree.source(rel), filename=tree.display(rel))
         except SyntaxError as exc:
             problems.append(Problem(tree.display(rel), exc.lineno, f"syntax error: {exc.msg}"))
         except ValueError as exc:  # null bytes or bad UTF-8 (UnicodeDecodeError) that slipped through

@@ -70,6 +70,38 @@ class SourceTree:
     def display(self, rel: str) -> str:
         return f"{FOLDER}/{rel}"
 
+    def source(self, rel: str) -> str:
+        """The text of a ``.py`` file, decoded once from the bytes read: UTF-8, a leading BOM dropped.
+
+        Everything that parses, audits or compiles recipe code uses this text (never the bytes, whose
+        ``# coding:`` line Python would obey when compiling), so what is checked is what runs."""
+        return decode_source(self.files[rel])
+
+
+def decode_source(data: bytes) -> str:
+    """UTF-8 text of a recipe source file without its BOM (scan_tree has checked that it decodes)."""
+    return data.decode("utf-8").removeprefix("\ufeff")
+
+
+# PEP 263: an encoding declaration is a comment matching this on line 1 or 2
+_CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+_UTF8_NAMES = {"utf-8", "utf8", "utf_8", "u8", "utf", "cp65001", "utf-8-sig", "utf_8_sig"}
+
+
+def encoding_declaration_problem(text: str) -> str | None:
+    """Why the text's ``# coding:`` declaration is refused (``None`` when absent or UTF-8)."""
+    for line in text.splitlines()[:2]:
+        match = _CODING.match(line)
+        if match:
+            name = match.group(1).lower()
+            if name in _UTF8_NAMES or name.replace("-", "_") in _UTF8_NAMES:
+                return None
+            return (f"encoding declaration {match.group(1)!r}: recipe files must be UTF-8 (genkit checks and runs "
+                    "the UTF-8 text, so another declared encoding would make them differ)")
+        if line.strip() and not line.lstrip().startswith("#"):
+            return None  # the declaration must come before any code
+    return None
+
 
 def content_hash(files: dict[str, bytes]) -> str:
     """sha256 over the sorted (path, sha256(content)) pairs."""
@@ -181,9 +213,13 @@ def scan_tree(root: str | os.PathLike[str], *, link_roots: tuple[str | os.PathLi
                     problems.append(Problem(shown, None, "binary content (NUL bytes) in a Python file"))
                     continue
                 try:
-                    data.decode("utf-8")
+                    text = decode_source(data)
                 except UnicodeDecodeError as exc:
                     problems.append(Problem(shown, None, f"not UTF-8 text (byte {exc.start})"))
+                    continue
+                refused = encoding_declaration_problem(text)
+                if refused:
+                    problems.append(Problem(shown, 1, refused))
                     continue
             files[rel] = data
 

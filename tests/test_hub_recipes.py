@@ -300,7 +300,7 @@ def test_cli_inspect_hub_reads_without_writing(hub_server, tmp_path, capsys):
     assert "custom_generate/generate.py:1: [process] import subprocess" in out
     assert "custom_generate/generate.py:5: [dynamic code] call eval()" in out
     assert "custom_generate/util.py:4: [deserialization] call pickle.loads()" in out
-    assert "UNMET not-a-real-package-xyz>=1.0 (installed: not installed)" in out
+    assert "UNMET not-a-real-package-xyz>=1.0 (installed: None)" in out
     assert not (_cache() / "models--org--risky").exists()  # nothing written, nothing imported
     assert {k for k in sys.modules if k.startswith("_genkit_recipe_")} == before
     assert cli(["inspect", "org/risky", "--json"]) == 0

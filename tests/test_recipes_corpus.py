@@ -64,7 +64,7 @@ CASES: dict[str, tuple[type[Exception], str, bool]] = {
     "requirements_index_url": (RequirementsFormatError, r"requirements.txt:1: '--index-url .*pip options", False),
     "requirements_malformed": (RequirementsFormatError, r"requirements.txt:1: 'torch>>=2': not a valid PEP 508",
                                False),
-    "requirements_unmet": (RequirementsError, (r"not-a-real-package-xyz>=1.0 \(installed: not installed\)\n  "
+    "requirements_unmet": (RequirementsError, (r"not-a-real-package-xyz>=1.0 \(installed: None\)\n"
                                               r"torch>=999 \(installed: \d"), False),
     "bad_module_name": (RecipeValidationError, r"custom_generate/my-utils.py: 'my-utils.py' is not an importable",
                         False),

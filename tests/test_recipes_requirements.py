@@ -30,10 +30,25 @@ def test_all_unmet_lines_in_one_import_error():
     text = str(err.value)
     assert isinstance(err.value, ImportError)
     assert f"torch>=999 (installed: {TORCH})" in text
-    assert "not-a-real-package-xyz>=1.0 (installed: not installed)" in text
+    assert "not-a-real-package-xyz>=1.0 (installed: None)" in text
     assert "huggingface_hub[oauth]>=0.1" in text and "authlib>=1.8.0 for extra [oauth]" in text
-    assert "packaging" not in text.split("Install")[0]
-    assert text.startswith("recipe X needs packages")
+    assert "packaging" not in text.split("install them")[0]
+    # as transformers' docs show it: the first line, then one line per unmet requirement
+    lines = text.splitlines()
+    assert lines[0] == "Missing requirements in your local environment for `recipe X`:"
+    assert lines[1] == f"torch>=999 (installed: {TORCH})"
+    assert lines[2] == "not-a-real-package-xyz>=1.0 (installed: None)"
+    # the install hint is shell-quoted (a specifier like >=999 would redirect output unquoted)
+    assert lines[-1].endswith("install them with: pip install 'torch>=999' 'not-a-real-package-xyz>=1.0' "
+                              "'huggingface-hub[oauth]>=0.1')")
+
+
+def test_requirements_error_reads_as_transformers_docs():
+    with pytest.raises(ImportError) as err:
+        ensure_requirements("foo\nbar==0.0.0\ntorch>=99.0\n", "Hub recipe org/repo@abc", name="org/repo")
+    assert str(err.value).splitlines()[:4] == [
+        "Missing requirements in your local environment for `org/repo`:",
+        "foo (installed: None)", "bar==0.0.0 (installed: None)", f"torch>=99.0 (installed: {TORCH})"]
 
 
 @pytest.mark.parametrize(("line", "why"), [

@@ -26,6 +26,8 @@ def add_parser(subparsers: Any) -> None:
                                           "genkit.models.tiny.tiny_llama. Exit status 1 when anything failed.")
     p.add_argument("path", metavar="PATH")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke run")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow the smoke run where local recipes need trust (GENKIT_TRUST_LOCAL_RECIPES=0)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_check)
 
@@ -65,7 +67,7 @@ def cmd_new(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from ..recipes.check import check_recipe
 
-    report = check_recipe(args.path, smoke=not args.no_smoke)
+    report = check_recipe(args.path, smoke=not args.no_smoke, trust_remote_code=args.trust_remote_code)
     if args.json:
         print(json.dumps({"path": str(report.path), "ok": report.ok, "errors": report.errors,
                           "warnings": report.warnings, "audit": [str(f) for f in report.findings],

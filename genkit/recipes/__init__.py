@@ -98,7 +98,7 @@ def load_recipe(ref: str | os.PathLike[str], *, trust_remote_code: bool | None =
             text = requirements.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise RequirementsFormatError(f"{label}: custom_generate/requirements.txt is not UTF-8 text") from exc
-        ensure_requirements(text, label)
+        ensure_requirements(text, label, name=parsed.repo_id or str(parsed.path))
     if checked.findings and parsed.kind == "hub":
         logger.info("%s uses: %s", label, "; ".join(str(f) for f in checked.findings))
     module = import_tree(tree, "generate", label)  # 6.

@@ -12,6 +12,7 @@ from genkit.sandbox import Finding, SandboxError, scan_tree
 
 from .errors import RequirementsError, RequirementsFormatError
 from .requirements import Status, check_requirements
+from .settings import local_recipes_need_trust
 from .validate import readme_problems, validate
 
 
@@ -41,8 +42,10 @@ class CheckReport:
         return "\n".join(lines)
 
 
-def check_recipe(path: str | os.PathLike[str], *, smoke: bool = True) -> CheckReport:
-    """Check a local recipe folder; the smoke run happens only when every static check passed."""
+def check_recipe(path: str | os.PathLike[str], *, smoke: bool = True, trust_remote_code: bool = False) -> CheckReport:
+    """Check a local recipe folder; the smoke run happens only when every static check passed and,
+    when local recipes need trust (``GENKIT_TRUST_LOCAL_RECIPES=0`` or the settings file), only with
+    ``trust_remote_code=True``."""
     root = Path(os.path.abspath(os.fspath(path)))
     report = CheckReport(root)
     if not root.is_dir():
@@ -67,7 +70,13 @@ def check_recipe(path: str | os.PathLike[str], *, smoke: bool = True) -> CheckRe
     readme = root / "README.md"
     report.warnings += readme_problems(readme.read_text("utf-8", "replace") if readme.is_file() else None)
     if smoke and report.ok:
-        report.smoke = _smoke(root, report)
+        if local_recipes_need_trust() and not trust_remote_code:
+            report.warnings.append("smoke run skipped: local recipes need trust here (GENKIT_TRUST_LOCAL_RECIPES or "
+                                   "\"trust_local_recipes\" in settings.json); read the code, then pass "
+                                   "--trust-remote-code to run it")
+            report.smoke = "not run (needs trust)"
+        else:
+            report.smoke = _smoke(root, report)
     return report
 
 

@@ -21,7 +21,7 @@ from genkit.sandbox.tree import FOLDER, MAX_FILE_BYTES, check_relpath
 
 from .errors import RecipeFetchError, RecipeNotFoundError
 from .hub import api, with_retries
-from .resolve import SHA_RE, RecipeRef, storage_folder
+from .resolve import SHA_RE, RecipeRef, check_revision, storage_folder
 from .settings import genkit_home, hub_cache_dir, hub_endpoint, hub_offline, hub_timeout
 
 logger = logging.getLogger("genkit.recipes")
@@ -181,7 +181,14 @@ def _write_ref(ref: RecipeRef, commit: str) -> None:
     """Record branch/tag -> commit in the cache's refs/ (what offline mode reads)."""
     if SHA_RE.fullmatch(ref.revision):
         return
-    path = storage_folder(ref.repo_id or "") / "refs" / ref.revision
+    check_revision(ref.revision)
+    if not SHA_RE.fullmatch(commit):
+        raise RecipeFetchError(f"refusing to record {commit!r} as the commit of {ref.repo_id}@{ref.revision}: "
+                               "not a 40-hex sha")
+    refs = storage_folder(ref.repo_id or "") / "refs"
+    path = refs / ref.revision
+    if not os.path.realpath(path).startswith(os.path.realpath(refs) + os.sep):
+        raise RecipeFetchError(f"revision {ref.revision!r} would write outside the Hub cache's refs/ folder")
     try:
         if path.is_file() and path.read_text() == commit:
             return

@@ -9,6 +9,7 @@ All unmet lines are reported together in one ``ImportError``: ``name>=x (install
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -40,7 +41,7 @@ class Status:
     def __str__(self) -> str:
         req = self.line.requirement
         shown = f"{req.name}{'[' + ','.join(sorted(req.extras)) + ']' if req.extras else ''}{req.specifier}"
-        return f"{shown} (installed: {self.installed or 'not installed'}{self.detail})"
+        return f"{shown} (installed: {self.installed}{self.detail})"
 
 
 def parse_requirements(text: str, source: str = "custom_generate/requirements.txt", label: str = "recipe") -> list[Line]:
@@ -109,7 +110,7 @@ def _extras_unmet(req: Requirement) -> list[str]:
                 continue  # not specific to the extra
             have = _installed(dep.name)
             if have is None or not _satisfies(dep, have):
-                unmet.append(f"{dep.name}{dep.specifier} for extra [{extra}] (installed: {have or 'not installed'})")
+                unmet.append(f"{dep.name}{dep.specifier} for extra [{extra}] (installed: {have})")
     return unmet
 
 
@@ -133,14 +134,22 @@ def check_requirements(text: str, source: str = "custom_generate/requirements.tx
     return out
 
 
-def ensure_requirements(text: str, label: str, source: str = "custom_generate/requirements.txt") -> list[Status]:
-    """Raise one :class:`RequirementsError` listing every unmet line; return the statuses otherwise."""
+def ensure_requirements(text: str, label: str, source: str = "custom_generate/requirements.txt",
+                        name: str | None = None) -> list[Status]:
+    """Raise one :class:`RequirementsError` listing every unmet line; return the statuses otherwise.
+
+    The message reads as transformers' does: ``Missing requirements in your local environment for
+    `NAME`:`` then one ``requirement (installed: version or None)`` line per unmet requirement, then
+    a shell-quoted ``pip install`` command that installs them."""
     statuses = check_requirements(text, source, label)
     unmet = [s for s in statuses if not s.ok]
     if unmet:
-        names = " ".join(f"'{canonicalize_name(s.line.requirement.name)}{s.line.requirement.specifier}'" for s in unmet)
+        wanted = [f"{canonicalize_name(s.line.requirement.name)}"
+                  f"{'[' + ','.join(sorted(s.line.requirement.extras)) + ']' if s.line.requirement.extras else ''}"
+                  f"{s.line.requirement.specifier}" for s in unmet]
         raise RequirementsError(
-            f"{label} needs packages that are missing or too old ({source}):\n  "
-            + "\n  ".join(str(s) for s in unmet) + f"\nInstall them, e.g. pip install {names}"
+            f"Missing requirements in your local environment for `{name or label}`:\n"
+            + "\n".join(str(s) for s in unmet)
+            + f"\n(from {source} of {label}; install them with: {shlex.join(['pip', 'install', *wanted])})"
         )
     return statuses

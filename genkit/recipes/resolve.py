@@ -34,6 +34,31 @@ class RecipeRef:
         return bool(SHA_RE.fullmatch(self.revision))
 
 
+MAX_REVISION_LENGTH = 255
+_REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+
+
+def check_revision(revision: str, what: str = "revision") -> str:
+    """``revision`` if it is a 40-hex commit sha or a valid git ref name (``git check-ref-format``
+    rules: no ``..``, ``//``, ``@{``, control characters, spaces or ``~^:?*[\\``; no component
+    starting with ``.`` or ending in ``.lock``; not ``@``; no leading/trailing ``/`` or trailing ``.``);
+    otherwise a ``ValueError`` naming it. Checked before any path is built from a revision."""
+    if not isinstance(revision, str) or not revision:
+        raise ValueError(f"{what} must be a non-empty branch, tag or 40-hex commit sha; got {revision!r}")
+    if SHA_RE.fullmatch(revision):
+        return revision
+    bad = (
+        len(revision) > MAX_REVISION_LENGTH or _REF_FORBIDDEN.search(revision) or ".." in revision
+        or "//" in revision or "@{" in revision or revision == "@" or revision.startswith("/")
+        or revision.endswith(("/", ".")) or any(p.startswith(".") or p.endswith(".lock") for p in revision.split("/"))
+    )
+    if bad:
+        raise ValueError(f"{what} {revision!r} is not a valid git revision: use a branch or tag name (git ref "
+                         f"rules: no '..', spaces, control characters or any of ~^:?*[\\; at most "
+                         f"{MAX_REVISION_LENGTH} characters) or a 40-hex commit sha")
+    return revision
+
+
 def parse_ref(ref: str | os.PathLike[str], revision: str | None = None) -> RecipeRef:
     """A local folder holding ``custom_generate/``, or ``org/repo`` / ``org/repo@revision``."""
     if not isinstance(ref, (str, os.PathLike)):
@@ -50,7 +75,8 @@ def parse_ref(ref: str | os.PathLike[str], revision: str | None = None) -> Recip
         if at and revision is not None and revision != rev:
             raise ValueError(f"recipe reference {text!r} names revision {rev!r} but `revision`={revision!r} was "
                              "also given; pass one")
-        return RecipeRef(text, "hub", repo_id=base, revision=rev or revision or "main")
+        chosen = check_revision(rev or revision or "main", f"the revision of {base!r}")
+        return RecipeRef(text, "hub", repo_id=base, revision=chosen)
     if os.sep in text or text.startswith((".", "~")) or (os.altsep and os.altsep in text):
         raise RecipeNotFoundError(f"no recipe folder at {text!r} (it does not exist or is not a folder)")
     raise ValueError(f"recipe reference {text!r} is neither an existing folder nor a Hub id "
@@ -69,9 +95,18 @@ def resolve_commit(ref: RecipeRef) -> str:
     if ref.pinned:
         return ref.revision
     if hub_offline():
-        ref_file = storage_folder(ref.repo_id) / "refs" / ref.revision
+        check_revision(ref.revision)
+        refs = storage_folder(ref.repo_id) / "refs"
+        ref_file = refs / ref.revision
+        if not os.path.realpath(ref_file).startswith(os.path.realpath(refs) + os.sep):
+            raise RecipeNotFoundError(f"revision {ref.revision!r} of {ref.repo_id!r} leaves the Hub cache's refs/ "
+                                      "folder (a symlink?); refusing it")
         if ref_file.is_file():
-            return ref_file.read_text().strip()
+            sha = ref_file.read_text(encoding="ascii", errors="replace").strip()
+            if not SHA_RE.fullmatch(sha):
+                raise RecipeNotFoundError(f"the Hub cache's ref file {ref_file} does not hold a 40-hex commit sha; "
+                                          "refusing it (delete it and load the recipe once online)")
+            return sha
         raise RecipeNotFoundError(
             f"offline mode (HF_HUB_OFFLINE=1) and revision {ref.revision!r} of {ref.repo_id!r} is not in the Hub "
             f"cache {hub_cache_dir()}; load it once online or pin a cached commit 'org/repo@<sha>'"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -42,25 +43,51 @@ def load_settings() -> dict[str, Any]:
     return data
 
 
+_PATTERN_PART = r"[A-Za-z0-9._*?\[\]!-]+"
+_TRUSTED_PATTERN = re.compile(rf"({_PATTERN_PART})/({_PATTERN_PART})(?:@([0-9a-f]{{40}}))?")
+_PATTERN_RULE = ("'org/name' (globs like 'org/*' allowed) or 'org/name@<40-hex commit sha>' (that commit only); "
+                 "an empty or partial pin like 'org/name@' is refused")
+
+
+def _checked_patterns(patterns: list[str], where: str) -> list[str]:
+    for pattern in patterns:
+        match = _TRUSTED_PATTERN.fullmatch(pattern)
+        if not match or match.group(1) == "*" and match.group(2) == "*":
+            raise ValueError(f"{where}: trusted-repos entry {pattern!r} is not accepted; each entry is {_PATTERN_RULE}"
+                             + ("; '*/*' would trust every repo" if match else ""))
+    return patterns
+
+
 def trusted_repos() -> list[str]:
     """Trusted-repo patterns from ``GENKIT_TRUSTED_REPOS`` and ``settings.json`` (``org/*``, ``org/repo``,
-    ``org/repo@<sha>``)."""
+    ``org/repo@<sha>``). Any other entry is an error naming where it came from (fail closed)."""
     env = os.environ.get("GENKIT_TRUSTED_REPOS", "")
-    patterns = [p for p in env.replace(",", " ").split() if p]
+    patterns = _checked_patterns([p for p in env.replace(",", " ").split() if p], "GENKIT_TRUSTED_REPOS")
     listed = load_settings().get("trusted_repos", [])
+    where = f"`trusted_repos` in {genkit_home() / 'settings.json'}"
     if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
-        raise ValueError("`trusted_repos` in genkit settings.json must be a list of strings like 'org/*'")
-    return patterns + listed
+        raise ValueError(f"{where} must be a list of strings, each {_PATTERN_RULE}")
+    return patterns + _checked_patterns(listed, where)
 
 
 def local_recipes_need_trust() -> bool:
-    """True when ``GENKIT_TRUST_LOCAL_RECIPES=0`` or settings.json has ``"trust_local_recipes": false``."""
+    """True when ``GENKIT_TRUST_LOCAL_RECIPES`` is false (0/false/no/off) or settings.json has
+    ``"trust_local_recipes": false``. Any other value is an error naming the setting (fail closed)."""
     env = os.environ.get("GENKIT_TRUST_LOCAL_RECIPES")
-    if env is not None and env.strip().lower() in _FALSE:
-        return True
-    if env is not None and env.strip().lower() in _TRUE:
-        return False
-    return load_settings().get("trust_local_recipes", True) is False
+    if env is not None:
+        value = env.strip().lower()
+        if value in _FALSE:
+            return True
+        if value in _TRUE:
+            return False
+        raise ValueError(f"GENKIT_TRUST_LOCAL_RECIPES={env!r} is not accepted; use one of "
+                         f"{', '.join(sorted(_TRUE))} (trust local recipe folders) or {', '.join(sorted(_FALSE))} "
+                         "(they need trust_remote_code=True)")
+    setting = load_settings().get("trust_local_recipes", True)
+    if not isinstance(setting, bool):
+        raise ValueError(f"`trust_local_recipes` in {genkit_home() / 'settings.json'} must be true or false; "
+                         f"got {setting!r}")
+    return setting is False
 
 
 def hub_endpoint() -> str:

@@ -1,0 +1,243 @@
+# ruff: noqa: F811 - the hub_server fixture is imported, then requested by name
+"""Hostile recipes and hostile settings against the loader (issue #11), classes 1, 2, 3 and 7:
+what is checked is what runs (encodings), revisions validated before any path is built, trust
+settings that fail closed, shell-quoted hints, and recipes that change the import system.
+
+Hub cases go through the real huggingface_hub client against tests/hub_server.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hub_server import hub_server, write_recipe  # noqa: F401
+
+import genkit
+from genkit.cli import main as cli
+from genkit.recipes import RecipeNotFoundError, RecipeTrustError, RecipeValidationError, load_recipe
+from genkit.recipes.check import check_recipe
+
+PLAIN = "def generate(model, inputs=None, **kwargs):\n    return 'plain'\n"
+
+# 'x = 1' as the UTF-8 text every check sees; in UTF-7, the comment's '+AAo-...' decodes to a newline
+# followed by code, which Python would run if it compiled the bytes and obeyed the declaration
+UTF7_HIDDEN = (b"# -*- coding: utf-7 -*-\n"
+               b"def generate(model, inputs=None, **kwargs):\n"
+               b"    return 'checked'  # +AAoAIAAgACAAIAByAGUAdAB1AHIAbgAgACcAaABpAGQAZABlAG4AJw-\n")
+
+
+def _recipe(tmp_path: Path, name: str, generate: str | bytes, **more: str | bytes) -> Path:
+    files: dict[str, str | bytes] = {"custom_generate/generate.py": generate}
+    files.update({f"custom_generate/{k}": v for k, v in more.items()})
+    return write_recipe(tmp_path / name, files)
+
+
+def _cache() -> Path:
+    return Path(os.environ["HF_HUB_CACHE"])
+
+
+# -- class 1: the text checked is the text executed ----------------------------------------------
+@pytest.mark.parametrize("coding", [b"utf-7", b"latin-1", b"utf-16", b"cp1252"])
+def test_non_utf8_encoding_declaration_is_refused(tmp_path, coding):
+    src = UTF7_HIDDEN.replace(b"utf-7", coding)
+    root = _recipe(tmp_path, "enc", src)
+    with pytest.raises(RecipeValidationError, match=rf"generate.py:1: encoding declaration '{coding.decode()}'"):
+        load_recipe(str(root))
+
+
+def test_encoding_declaration_in_a_helper_module_is_refused(tmp_path):
+    root = _recipe(tmp_path, "helper", "from .util import X\n" + PLAIN,
+                   **{"util.py": b"# vim: set fileencoding=utf-7 :\nX = 1\n"})
+    with pytest.raises(RecipeValidationError, match=r"util.py:1: encoding declaration 'utf-7'"):
+        load_recipe(str(root))
+
+
+@pytest.mark.parametrize("decl", [b"# -*- coding: utf-8 -*-\n", b"#!/usr/bin/env python\n# coding=utf8\n", b""])
+def test_utf8_declarations_and_a_bom_are_accepted(tmp_path, tiny_model, decl):
+    for bom in (b"", b"\xef\xbb\xbf"):
+        root = _recipe(tmp_path, f"ok{len(decl)}{len(bom)}", bom + decl + PLAIN.encode())
+        assert genkit.generate(tiny_model, torch.tensor([[1, 2]]), custom_generate=str(root)) == "plain"
+
+
+def test_a_declaration_after_code_is_not_a_declaration(tmp_path, tiny_model):
+    # PEP 263 only reads lines 1-2; a 'coding: utf-7' comment on line 3 is a plain comment
+    root = _recipe(tmp_path, "late", b"X = 1\n\n# coding: utf-7\n" + PLAIN.encode())
+    assert genkit.generate(tiny_model, torch.tensor([[1, 2]]), custom_generate=str(root)) == "plain"
+
+
+def test_hub_recipe_with_utf7_declaration_is_refused_before_import(hub_server, tiny_model):
+    hub_server.state.commit("org/utf7", {"custom_generate/generate.py": UTF7_HIDDEN,
+                                         "README.md": "---\ntags: [custom_generate]\n---\n"})
+    before = {k for k in sys.modules if k.startswith("_genkit_recipe_")}
+    with pytest.raises(RecipeValidationError, match="encoding declaration 'utf-7'"):
+        genkit.generate(tiny_model, torch.tensor([[1, 2]]), custom_generate="org/utf7", trust_remote_code=True)
+    assert {k for k in sys.modules if k.startswith("_genkit_recipe_")} == before
+
+
+# -- class 2: revisions are validated before any path is built -----------------------------------
+BAD_REVISIONS = ["../../x", "..", "a/../../b", "refs/../../../etc", "/abs", "x/", "a//b", ".hidden", "x.lock",
+                 "a b", "a\tb", "a:b", "a~1", "a^", "a?", "a*", "a[0]", "a\\b", "@", "x@{1}", "x.", "\x00x",
+                 "v" * 300]
+
+
+@pytest.mark.parametrize("rev", BAD_REVISIONS)
+def test_bad_revisions_are_refused_before_any_request(hub_server, rev):
+    with pytest.raises(ValueError, match="is not a valid git revision|must be a non-empty"):
+        load_recipe(f"org/r@{rev}", trust_remote_code=True)
+    with pytest.raises(ValueError, match="is not a valid git revision|must be a non-empty"):
+        load_recipe("org/r", revision=rev, trust_remote_code=True)
+    assert hub_server.state.requested() == [] or all("/api/agent" in p for _, p in hub_server.state.requested())
+    assert not _cache().exists() or not any(_cache().rglob("*x*"))
+
+
+def test_offline_ref_file_must_hold_a_sha(hub_server, tmp_path, monkeypatch):
+    # an attacker-writable ref file pointing at a folder of their own is not followed
+    store = _cache() / "models--org--off"
+    (store / "refs").mkdir(parents=True)
+    (store / "refs" / "main").write_text("../../../../" + str(tmp_path / "evil"))
+    evil = _recipe(tmp_path, "evil", "def generate(model, **kw):\n    return 'evil'\n")
+    assert evil.is_dir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RecipeNotFoundError, match="does not hold a 40-hex commit sha"):
+        load_recipe("org/off", trust_remote_code=True)
+
+
+def test_offline_ref_file_symlinked_out_of_refs_is_refused(hub_server, tmp_path, monkeypatch):
+    store = _cache() / "models--org--off2"
+    (store / "refs").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "main").write_text("a" * 40)
+    os.symlink(outside, store / "refs" / "dev")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RecipeNotFoundError, match="leaves the Hub cache's refs/ folder"):
+        load_recipe("org/off2@dev/main", trust_remote_code=True)
+
+
+def test_branch_names_with_slashes_still_work(hub_server, tiny_model, tmp_path):
+    sha = hub_server.state.commit("org/br", {"custom_generate/generate.py": PLAIN,
+                                             "README.md": "---\ntags: [custom_generate]\n---\n"},
+                                  branch="feature/x")
+    recipe = load_recipe("org/br@feature/x", trust_remote_code=True)
+    assert recipe.commit == sha
+    assert (_cache() / "models--org--br" / "refs" / "feature" / "x").read_text() == sha
+
+
+# -- class 3: trust settings fail closed ---------------------------------------------------------
+@pytest.mark.parametrize("value", ["org/r@", "org/r@main", "org/r@abc123", "org", "org/r/x", "*/*", "org/r@" + "A" * 40,
+                                   "org/r@@" + "a" * 40])
+def test_bad_trusted_repos_entries_are_errors(hub_server, monkeypatch, value):
+    monkeypatch.setenv("GENKIT_TRUSTED_REPOS", value)
+    with pytest.raises(ValueError, match="GENKIT_TRUSTED_REPOS: trusted-repos entry " + re.escape(repr(value))
+                       + " is not accepted"):
+        load_recipe("org/r")
+    monkeypatch.delenv("GENKIT_TRUSTED_REPOS")
+    settings = Path(os.environ["GENKIT_HOME"]) / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps({"trusted_repos": [value]}))
+    with pytest.raises(ValueError, match=r"`trusted_repos` in .*settings.json: trusted-repos entry"):
+        load_recipe("org/r")
+    assert hub_server.state.file_requests() == []
+
+
+def test_empty_pin_no_longer_trusts_every_commit(hub_server, monkeypatch):
+    hub_server.state.commit("org/pin", {"custom_generate/generate.py": PLAIN,
+                                        "README.md": "---\ntags: [custom_generate]\n---\n"})
+    monkeypatch.setenv("GENKIT_TRUSTED_REPOS", "org/pin@")
+    with pytest.raises(ValueError, match="an empty or partial pin like 'org/name@' is refused"):
+        load_recipe("org/pin")
+    assert hub_server.state.file_requests() == []
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "", "tru", "O"])
+def test_unknown_local_trust_values_are_errors(tmp_path, monkeypatch, value):
+    root = _recipe(tmp_path, "local", PLAIN)
+    monkeypatch.setenv("GENKIT_TRUST_LOCAL_RECIPES", value)
+    with pytest.raises(ValueError, match=rf"GENKIT_TRUST_LOCAL_RECIPES={value!r} is not accepted; use one of 1, on, "
+                                         "true, yes .* or 0, false, no, off"):
+        load_recipe(str(root))
+
+
+@pytest.mark.parametrize("value", ["no", 0, "false", None, [False]])
+def test_non_boolean_trust_local_recipes_setting_is_an_error(tmp_path, monkeypatch, value):
+    root = _recipe(tmp_path, "local", PLAIN)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "settings.json").write_text(json.dumps({"trust_local_recipes": value}))
+    monkeypatch.setenv("GENKIT_HOME", str(home))
+    monkeypatch.delenv("GENKIT_TRUST_LOCAL_RECIPES", raising=False)
+    with pytest.raises(ValueError, match=r"`trust_local_recipes` in .*settings.json must be true or false"):
+        load_recipe(str(root))
+
+
+def test_check_honours_local_trust_before_its_smoke_run(tmp_path, monkeypatch):
+    marker = tmp_path / "ran"
+    root = _recipe(tmp_path, "smoke", f"open({str(marker)!r}, 'w').close()\n" + PLAIN)
+    monkeypatch.setenv("GENKIT_TRUST_LOCAL_RECIPES", "0")
+    report = check_recipe(root)
+    assert report.smoke == "not run (needs trust)" and not marker.exists()
+    assert any("--trust-remote-code" in w for w in report.warnings)
+    trusted = check_recipe(root, trust_remote_code=True)
+    assert marker.exists() and trusted.smoke.startswith("returned")
+
+
+def test_check_cli_flag_gives_the_smoke_run_trust(tmp_path, monkeypatch, capsys):
+    marker = tmp_path / "ran"
+    root = _recipe(tmp_path, "smoke", f"open({str(marker)!r}, 'w').close()\n" + PLAIN)
+    monkeypatch.setenv("GENKIT_TRUST_LOCAL_RECIPES", "0")
+    cli(["check", str(root)])
+    assert not marker.exists() and "smoke run skipped" in capsys.readouterr().out
+    cli(["check", str(root), "--trust-remote-code"])
+    assert marker.exists()
+
+
+def test_untrusted_local_recipe_writes_and_runs_nothing(tmp_path, monkeypatch):
+    marker = tmp_path / "ran"
+    root = _recipe(tmp_path, "strict", f"open({str(marker)!r}, 'w').close()\n" + PLAIN)
+    monkeypatch.setenv("GENKIT_TRUST_LOCAL_RECIPES", "off")
+    with pytest.raises(RecipeTrustError):
+        load_recipe(str(root))
+    assert not marker.exists()
+
+
+# -- class 7: the install hint is shell-quoted; the import system is restored ------------------
+def test_install_hint_is_shell_quoted(tmp_path):
+    root = _recipe(tmp_path, "req", PLAIN, **{"requirements.txt": "not-a-real-package-xyz>=1.0\ntorch>=999\n"})
+    with pytest.raises(ImportError) as err:
+        load_recipe(str(root))
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"Missing requirements in your local environment for `{root}`:"
+    assert lines[-1].endswith("install them with: pip install 'not-a-real-package-xyz>=1.0' 'torch>=999')")
+
+
+@pytest.mark.parametrize("change", [
+    "import sys\nsys.path.insert(0, '/tmp/evil-site')\n",
+    "import sys\nsys.path.append('/tmp/evil-site')\n",
+    "import sys\nsys.path[:] = []\n",
+    "import sys\nclass F:\n    def find_spec(self, *a):\n        return None\nsys.meta_path.insert(0, F())\n",
+    "import sys\nsys.meta_path.pop()\n",
+])
+def test_import_system_changes_are_undone_with_a_warning(tmp_path, tiny_model, caplog, change):
+    path, meta = list(sys.path), list(sys.meta_path)
+    root = _recipe(tmp_path, "sys", change + PLAIN)
+    with caplog.at_level(logging.WARNING, logger="genkit.sandbox"):
+        assert genkit.generate(tiny_model, torch.tensor([[1, 2]]), custom_generate=str(root)) == "plain"
+    assert sys.path == path
+    assert sys.meta_path[-len(meta):] == meta and len(sys.meta_path) == len(meta) + (sys.meta_path[0] not in meta)
+    assert any("while being imported" in r.getMessage() and "the change was undone" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_import_system_restored_when_the_import_fails(tmp_path):
+    path = list(sys.path)
+    root = _recipe(tmp_path, "boom", "import sys\nsys.path.insert(0, '/tmp/evil')\nraise RuntimeError('boom')\n"
+                   + PLAIN)
+    with pytest.raises(ImportError, match="boom"):
+        load_recipe(str(root))
+    assert sys.path == path
