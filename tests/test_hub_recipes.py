@@ -23,6 +23,7 @@ from genkit.recipes import (
     RecipeNotFoundError,
     RecipeTrustError,
     RecipeValidationError,
+    clear_cache,
     load_recipe,
 )
 
@@ -159,6 +160,7 @@ def test_without_trust_nothing_is_requested_or_written(hub_server, tmp_path, mon
     with pytest.raises(RecipeTrustError):
         load_recipe("org/untrusted", trust_remote_code=False)
     monkeypatch.setenv("GENKIT_TRUSTED_REPOS", "org/untrusted@" + "0" * 40)
+    clear_cache()  # forget the resolution of 'main' the loads above made (reused for 60 s otherwise)
     hub_server.state.log.clear()
     with pytest.raises(RecipeTrustError, match="trust_remote_code=True"):
         load_recipe("org/untrusted")  # the name matches, so the commit is resolved, but it is not the pinned one
@@ -192,6 +194,7 @@ def test_timeouts_are_retried(hub_server, tmp_path, monkeypatch):
     revision_calls = [p for _, p in hub_server.state.log if "/revision/" in p]
     assert len(revision_calls) >= 2
     monkeypatch.setenv("GENKIT_HUB_RETRIES", "2")
+    monkeypatch.setenv("GENKIT_RECIPE_RESOLVE_INTERVAL", "0")  # resolve 'main' again now (not in 60 s)
     hub_server.state.delay_next(100, 1.5, match=r"/revision/")
     with pytest.raises(RecipeFetchError, match=r"org/slow.*after 2 attempts.*Timeout"):
         load_recipe("org/slow", trust_remote_code=True)

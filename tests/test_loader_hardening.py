@@ -241,3 +241,63 @@ def test_import_system_restored_when_the_import_fails(tmp_path):
     with pytest.raises(ImportError, match="boom"):
         load_recipe(str(root))
     assert sys.path == path
+
+
+# -- no network per call ---------------------------------------------------------------------------
+def test_a_recipe_called_in_a_loop_asks_the_hub_at_most_twice(hub_server, tiny_model, monkeypatch):
+    sha = hub_server.state.commit("org/loop", {"custom_generate/generate.py": PLAIN,
+                                               "README.md": "---\ntags: [custom_generate]\n---\n"})
+    ids = torch.tensor([[1, 2]])
+    assert genkit.generate(tiny_model, ids, custom_generate="org/loop", trust_remote_code=True) == "plain"
+    hub_server.state.log.clear()
+    for _ in range(100):
+        assert genkit.generate(tiny_model, ids, custom_generate="org/loop", trust_remote_code=True) == "plain"
+    assert len(hub_server.state.log) <= 2
+    # trust is still checked on every call
+    with pytest.raises(RecipeTrustError):
+        genkit.generate(tiny_model, ids, custom_generate="org/loop")
+    # with the interval at 0 each call re-resolves 'main' (one request) but fetches nothing again
+    monkeypatch.setenv("GENKIT_RECIPE_RESOLVE_INTERVAL", "0")
+    hub_server.state.log.clear()
+    for _ in range(3):
+        assert load_recipe("org/loop", trust_remote_code=True).commit == sha
+    assert [p for _, p in hub_server.state.log] == ["/api/models/org/loop/revision/main"] * 3
+    # a new commit on the branch is picked up at the next resolution
+    new = hub_server.state.commit("org/loop", {"custom_generate/generate.py": PLAIN.replace("plain", "new")})
+    assert load_recipe("org/loop", trust_remote_code=True).commit == new
+    assert genkit.generate(tiny_model, ids, custom_generate="org/loop", trust_remote_code=True) == "new"
+
+
+def test_offline_calls_make_no_requests(hub_server, tiny_model, monkeypatch):
+    hub_server.state.commit("org/offl", {"custom_generate/generate.py": PLAIN,
+                                         "README.md": "---\ntags: [custom_generate]\n---\n"})
+    ids = torch.tensor([[1, 2]])
+    genkit.generate(tiny_model, ids, custom_generate="org/offl", trust_remote_code=True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("GENKIT_RECIPE_RESOLVE_INTERVAL", "0")
+    hub_server.state.log.clear()
+    for _ in range(5):
+        assert genkit.generate(tiny_model, ids, custom_generate="org/offl", trust_remote_code=True) == "plain"
+    assert hub_server.state.log == []
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "nan"])
+def test_bad_resolve_interval_is_an_error(hub_server, monkeypatch, value):
+    hub_server.state.commit("org/iv", {"custom_generate/generate.py": PLAIN})
+    monkeypatch.setenv("GENKIT_RECIPE_RESOLVE_INTERVAL", value)
+    with pytest.raises(ValueError, match=rf"GENKIT_RECIPE_RESOLVE_INTERVAL='{value}' is not accepted"):
+        load_recipe("org/iv", trust_remote_code=True)
+
+
+# -- class 8: a relative folder that also reads as a Hub id -------------------------------------
+def test_local_folder_named_like_a_hub_id_wins_and_says_so(tmp_path, tiny_model, monkeypatch, caplog):
+    write_recipe(tmp_path / "org" / "repo", {"custom_generate/generate.py": PLAIN})
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="genkit.recipes"):
+        assert genkit.generate(tiny_model, torch.tensor([[1, 2]]), custom_generate="org/repo") == "plain"
+    msgs = [r.getMessage() for r in caplog.records if "both a local folder" in r.getMessage()]
+    assert msgs and "using the local folder" in msgs[0] and "'org/repo@main' for the Hub repo" in msgs[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="genkit.recipes"):
+        genkit.generate(tiny_model, torch.tensor([[1, 2]]), custom_generate="./org/repo")
+    assert not [r for r in caplog.records if "both a local folder" in r.getMessage()]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ logger = logging.getLogger("genkit.recipes")
 
 __all__ = [
     "Recipe", "RecipeFetchError", "RecipeImportError", "RecipeNotFoundError", "RecipeTrustError",
-    "RecipeValidationError", "RequirementsError", "RequirementsFormatError", "load_recipe",
+    "RecipeValidationError", "RequirementsError", "RequirementsFormatError", "clear_cache", "load_recipe",
 ]
 
 _announced: set[tuple[str, str, str]] = set()
@@ -86,8 +87,11 @@ def load_recipe(ref: str | os.PathLike[str], *, trust_remote_code: bool | None =
         assert parsed.repo_id is not None
         if not could_be_trusted(parsed, trust_remote_code):  # refuse before any request at all
             check_trust(parsed, parsed.revision if parsed.pinned else None, trust_remote_code)
-        commit = resolve_commit(parsed)
+        commit = _commit_of(parsed, resolve_commit)
         trusted_by = check_trust(parsed, commit, trust_remote_code)  # 2. nothing fetched before this
+        cached = _hub_recipes.get(_cache_key(parsed, commit))
+        if cached is not None:  # this commit was fetched, checked and imported in this process already
+            return replace(cached, ref=os.fspath(ref), revision=parsed.revision, trusted_by=trusted_by)
         label = f"Hub recipe {parsed.repo_id}@{commit}"
         snapshot, outside = fetch(parsed, commit)  # 3.
         tree = scan_tree(snapshot, link_roots=(storage_folder(parsed.repo_id) / "blobs",), outside_names=outside)
@@ -113,6 +117,64 @@ def load_recipe(ref: str | os.PathLike[str], *, trust_remote_code: bool | None =
                 _announced.add(key)
                 logger.warning("running recipe %s at revision %r = commit %s; pin it with custom_generate='%s@%s'",
                                parsed.repo_id, parsed.revision, commit, parsed.repo_id, commit)
-    return Recipe(ref=os.fspath(ref), path=tree.root, commit=commit, generate=generate, module=module,
-                  content_hash=tree.content_hash, repo_id=parsed.repo_id, revision=parsed.revision
-                  if parsed.kind == "hub" else None, trusted_by=trusted_by, findings=tuple(checked.findings))
+    recipe = Recipe(ref=os.fspath(ref), path=tree.root, commit=commit, generate=generate, module=module,
+                    content_hash=tree.content_hash, repo_id=parsed.repo_id, revision=parsed.revision
+                    if parsed.kind == "hub" else None, trusted_by=trusted_by, findings=tuple(checked.findings))
+    if parsed.kind == "hub" and commit is not None:
+        with _cache_lock:
+            _hub_recipes[_cache_key(parsed, commit)] = recipe
+    return recipe
+
+
+# -- no network per call: loaded Hub recipes by (repo, commit); unpinned revisions re-resolved at
+# most once per GENKIT_RECIPE_RESOLVE_INTERVAL seconds (default 60; 0 = every call)
+_hub_recipes: dict[tuple[str, ...], Recipe] = {}
+_resolved: dict[tuple[str, ...], tuple[str, float]] = {}
+_cache_lock = threading.Lock()
+DEFAULT_RESOLVE_INTERVAL = 60.0
+
+
+def resolve_interval() -> float:
+    """Seconds a branch or tag -> commit resolution is reused (``GENKIT_RECIPE_RESOLVE_INTERVAL``)."""
+    raw = os.environ.get("GENKIT_RECIPE_RESOLVE_INTERVAL")
+    if raw is None:
+        return DEFAULT_RESOLVE_INTERVAL
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"GENKIT_RECIPE_RESOLVE_INTERVAL={raw!r} is not accepted; use a number of seconds >= 0")
+    return value
+
+
+def _commit_of(parsed: Any, resolve_commit: Callable[[Any], str]) -> str:
+    """The commit of a Hub reference: a pinned sha as is; a branch or tag resolved again only when its
+    last resolution is older than :func:`resolve_interval` (offline resolution reads the cache)."""
+    interval = resolve_interval()
+    if parsed.pinned:
+        return str(parsed.revision)
+    key = _cache_key(parsed, parsed.revision)
+    now = time.monotonic()
+    with _cache_lock:
+        hit = _resolved.get(key)
+    if hit is not None and now - hit[1] < interval:
+        return hit[0]
+    commit = resolve_commit(parsed)
+    with _cache_lock:
+        _resolved[key] = (commit, now)
+    return commit
+
+
+def _cache_key(parsed: Any, rev: str) -> tuple[str, ...]:
+    """A Hub (endpoint + cache folder), a repo and a revision: recipes of two Hubs never mix."""
+    from .settings import hub_cache_dir, hub_endpoint
+
+    return (hub_endpoint(), str(hub_cache_dir()), parsed.repo_id or "", rev)
+
+
+def clear_cache() -> None:
+    """Forget loaded Hub recipes and revision resolutions (the next load asks the Hub again)."""
+    with _cache_lock:
+        _hub_recipes.clear()
+        _resolved.clear()

@@ -67,6 +67,11 @@ def parse_ref(ref: str | os.PathLike[str], revision: str | None = None) -> Recip
     if os.path.isdir(text):
         if revision is not None:
             raise ValueError(f"`revision` applies to Hub recipes only; {text!r} is a local folder")
+        if REPO_RE.fullmatch(text) and not text.startswith((".", "/", "~")):
+            # transformers' precedence: an existing local folder wins over the Hub repo of that name
+            logger.warning("recipe %r is both a local folder (%s) and a Hub id; using the local folder. Pass "
+                           "'%s@main' for the Hub repo, or './%s' to name the folder without this warning",
+                           text, os.path.abspath(text), text, text)
         return RecipeRef(text, "local", path=Path(os.path.abspath(text)))
     base, at, rev = text.partition("@")
     if REPO_RE.fullmatch(base) and ".." not in base and not text.startswith((".", "/", "~")):
