@@ -39,11 +39,13 @@ def decode_loop(call: StrategyCall, *, do_sample: bool) -> GenerateDecoderOnlyOu
     processors = call.logits_processor
     with FinishTracker(call) as finish:
         logits = stepper.prefill()
+        recording = record.want_logits or record.want_hidden or record.want_scores
         while True:
-            record.model_step(logits, stepper.hidden_states)
+            if recording:
+                record.model_step(logits, stepper.hidden_states)
             scores = processors(stepper.sequences, logits)
-            # kept scores must not share the model's output buffer (a model may reuse it)
-            record.processed(scores, copy=scores.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr())
+            if recording:  # kept scores must not share the model's output buffer (a model may reuse it)
+                record.processed(scores, copy=scores.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr())
             tokens = finish.pad(choose_tokens(scores, do_sample))
             stepper.push(tokens)
             if finish.update(stepper.sequences, scores, tokens):

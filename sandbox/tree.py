@@ -111,8 +111,14 @@ def content_hash(files: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
+MAX_NAME_LENGTH = 100  # characters of one path component (file systems stop at 255 bytes)
+MAX_PATH_LENGTH = 512
+
+
 def check_name(name: str) -> str | None:
     """Why a single path component is refused, or None when it is fine."""
+    if len(name) > MAX_NAME_LENGTH:
+        return f"file name {name[:40]!r}... is {len(name)} characters long, over the {MAX_NAME_LENGTH}-character limit"
     if not name.isascii():
         return f"file name {name!r} is not ASCII"
     if ".." in name or not _NAME.fullmatch(name.removeprefix(".")):
@@ -124,6 +130,8 @@ def check_relpath(rel: str) -> str | None:
     """Why a repo-relative posix path is refused (traversal, odd components), or None."""
     if rel.startswith("/") or "\\" in rel:
         return f"path {rel!r} is not a relative posix path"
+    if len(rel) > MAX_PATH_LENGTH:
+        return f"path {rel[:60]!r}... is {len(rel)} characters long, over the {MAX_PATH_LENGTH}-character limit"
     for part in rel.split("/"):
         if part in ("", ".", ".."):
             return f"path {rel!r} leaves or escapes its folder"

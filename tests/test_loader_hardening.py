@@ -301,3 +301,91 @@ def test_local_folder_named_like_a_hub_id_wins_and_says_so(tmp_path, tiny_model,
     with caplog.at_level(logging.WARNING, logger="genkit.recipes"):
         genkit.generate(tiny_model, torch.tensor([[1, 2]]), custom_generate="./org/repo")
     assert not [r for r in caplog.records if "both a local folder" in r.getMessage()]
+
+
+# -- class 4: the cache is re-verified against the commit's listing on every load --------------------
+def _hub_recipe(hub_server, repo: str, **files: str) -> str:
+    content = {"custom_generate/generate.py": PLAIN, "README.md": "---\ntags: [custom_generate]\n---\n"}
+    content.update({f"custom_generate/{k}": v for k, v in files.items()})
+    return hub_server.state.commit(repo, content)
+
+
+def test_tampered_cache_is_downloaded_again_online_and_refused_offline(hub_server, tiny_model, monkeypatch):
+    from genkit.recipes import clear_cache
+
+    sha = _hub_recipe(hub_server, "org/tamper")
+    load_recipe(f"org/tamper@{sha}", trust_remote_code=True)
+    cached = _cache() / "models--org--tamper" / "snapshots" / sha / "custom_generate" / "generate.py"
+    evil = PLAIN.replace("'plain'", "'evil'")  # same length: a size check alone would not see it
+    os.chmod(os.path.realpath(cached), 0o644)
+    Path(os.path.realpath(cached)).write_text(evil)
+    clear_cache()  # a new process, as far as the loader can tell
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RecipeNotFoundError, match=r"does not match the commit's listing .*custom_generate/generate.py"):
+        load_recipe(f"org/tamper@{sha}", trust_remote_code=True)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    ids = torch.tensor([[1, 2]])
+    assert genkit.generate(tiny_model, ids, custom_generate=f"org/tamper@{sha}", trust_remote_code=True) == "plain"
+    assert cached.read_text() == PLAIN
+
+
+def test_files_not_in_the_commit_are_not_importable(hub_server, tiny_model, monkeypatch, caplog):
+    from genkit.recipes import clear_cache
+
+    sha = _hub_recipe(hub_server, "org/extra")
+    load_recipe(f"org/extra@{sha}", trust_remote_code=True)
+    folder = _cache() / "models--org--extra" / "snapshots" / sha / "custom_generate"
+    (folder / "generate.py").unlink()  # a planted generate.py replaces the commit's; a helper sits beside it
+    (folder / "generate.py").write_text("from .planted import X\n" + PLAIN.replace("'plain'", "X"))
+    (folder / "planted.py").write_text("X = 'planted'\n")
+    clear_cache()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RecipeNotFoundError):
+        load_recipe(f"org/extra@{sha}", trust_remote_code=True)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with caplog.at_level(logging.WARNING, logger="genkit.recipes"):
+        out = genkit.generate(tiny_model, torch.tensor([[1, 2]]), custom_generate=f"org/extra@{sha}",
+                              trust_remote_code=True)
+    assert out == "plain" and not (folder / "planted.py").exists()
+    assert any("planted.py" in r.getMessage() and "not in the commit's listing" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_planted_file_alone_is_refused_offline_and_removed_online(hub_server, monkeypatch):
+    from genkit.recipes import clear_cache
+
+    sha = _hub_recipe(hub_server, "org/plant")
+    load_recipe(f"org/plant@{sha}", trust_remote_code=True)
+    folder = _cache() / "models--org--plant" / "snapshots" / sha / "custom_generate"
+    (folder / "sub").mkdir()
+    (folder / "sub" / "x.py").write_text("Y = 1\n")
+    clear_cache()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RecipeNotFoundError, match=r"holds files the commit does not: custom_generate/sub/x.py"):
+        load_recipe(f"org/plant@{sha}", trust_remote_code=True)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    load_recipe(f"org/plant@{sha}", trust_remote_code=True)
+    assert not (folder / "sub" / "x.py").exists()
+
+
+# -- class 5: limits are enforced from the listing, before anything is downloaded -------------------
+@pytest.mark.parametrize(("files", "why"), [
+    ({f"m{i}.py": "X = 1\n" for i in range(300)}, r"the listing has 30\d recipe files, over the 256-file limit"),
+    ({f"big{i}.txt": "x" * 999_000 for i in range(9)}, r"hold \d+ bytes, over the 8000000-byte limit"),
+    ({"a" * 300 + ".py": "X = 1\n"}, r"is 303 characters long, over the 100-character limit"),
+    ({"/".join(["d" * 90] * 6) + "/x.py": "X = 1\n"}, r"characters long, over the 512-character limit"),
+])
+def test_limits_are_checked_from_the_listing(hub_server, files, why):
+    _hub_recipe(hub_server, "org/big", **files)
+    hub_server.state.log.clear()
+    with pytest.raises(RecipeValidationError, match=why):
+        load_recipe("org/big", trust_remote_code=True)
+    assert hub_server.state.file_requests() == []
+    assert not (_cache() / "models--org--big" / "snapshots").exists()
+
+
+def test_overlong_local_file_name_is_a_recipe_error(tmp_path):
+    root = _recipe(tmp_path, "long", PLAIN)
+    (root / "custom_generate" / ("b" * 200 + ".py")).write_text("X = 1\n")  # 204 bytes: ext4 and tmpfs allow 255
+    with pytest.raises(RecipeValidationError, match="over the 100-character limit"):
+        load_recipe(str(root))

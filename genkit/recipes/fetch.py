@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from genkit.fileutil import atomic_write_text
-from genkit.sandbox.tree import FOLDER, MAX_FILE_BYTES, check_relpath
+from genkit.sandbox.tree import FOLDER, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, check_relpath
 
 from .errors import RecipeFetchError, RecipeNotFoundError
 from .hub import api, with_retries
@@ -49,12 +49,54 @@ def _snapshot(repo_id: str, commit: str) -> Path:
     return storage_folder(repo_id) / "snapshots" / commit
 
 
-def _verified(snapshot: Path, files: dict[str, dict[str, Any]]) -> bool:
-    for rel, meta in files.items():
-        path = snapshot / rel
-        if not path.is_file() or path.stat().st_size != meta["size"]:
-            return False
-    return True
+def _matches(data: bytes | None, meta: dict[str, Any]) -> bool:
+    """Whether ``data`` is the file the listing describes: size and git blob id (sha256 for LFS files)."""
+    if data is None or len(data) != meta["size"]:
+        return False
+    if meta.get("lfs"):
+        return bool(meta.get("sha256")) and hashlib.sha256(data).hexdigest() == meta["sha256"]
+    return git_blob_oid(data) == meta["oid"]
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except OSError:
+        return None
+
+
+def mismatched(snapshot: Path, files: dict[str, dict[str, Any]]) -> list[str]:
+    """The listed files whose cached copy is missing or differs from the listing (re-hashed on every
+    load: a recipe is a few KB of source)."""
+    return sorted(rel for rel, meta in files.items() if not _matches(_read(snapshot / rel), meta))
+
+
+def unlisted(snapshot: Path, files: dict[str, dict[str, Any]]) -> list[str]:
+    """Files under the snapshot's custom_generate/ that the commit's listing does not have."""
+    base = snapshot / FOLDER
+    out = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            rel = Path(os.path.relpath(os.path.join(dirpath, name), snapshot)).as_posix()
+            if not name.startswith(".") and rel not in files:
+                out.append(rel)
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    return sorted(out)
+
+
+def _drop_unlisted(snapshot: Path, files: dict[str, dict[str, Any]], repo_id: str, commit: str) -> None:
+    """Online: remove files the commit does not contain from its snapshot (with a warning); offline:
+    refuse the snapshot, since nothing can say which files are the commit's."""
+    extra = unlisted(snapshot, files)
+    if not extra:
+        return
+    if hub_offline():
+        raise RecipeNotFoundError(f"the Hub cache's copy of {repo_id}@{commit} holds files the commit does not: "
+                                  f"{', '.join(extra)}; refusing it offline (delete {snapshot} or load it online)")
+    logger.warning("removed %s from the cached snapshot of %s@%s: not in the commit's listing", ", ".join(extra),
+                   repo_id, commit)
+    for rel in extra:
+        _discard(snapshot / rel)
 
 
 def list_files(repo_id: str, commit: str) -> dict[str, dict[str, Any]]:
@@ -63,7 +105,8 @@ def list_files(repo_id: str, commit: str) -> dict[str, dict[str, Any]]:
 
     entries = with_retries("listing files of", repo_id,
                            lambda: list(api().list_repo_tree(repo_id, revision=commit, recursive=True)))
-    return {e.path: {"size": e.size, "oid": e.blob_id, "lfs": e.lfs is not None}
+    return {e.path: {"size": e.size, "oid": e.blob_id, "lfs": e.lfs is not None,
+                     "sha256": e.lfs.sha256 if e.lfs is not None else None}
             for e in entries if isinstance(e, RepoFile)}
 
 
@@ -72,15 +115,27 @@ def check_listing(repo_id: str, listing: dict[str, dict[str, Any]]) -> None:
     from genkit.sandbox.errors import Problem, SandboxError
 
     problems = []
+    count = total = 0
     for path, meta in sorted(listing.items()):
         if not wanted(path):
             continue
         why = check_relpath(path)
+        size = meta.get("size")
         if why:
             problems.append(Problem(path, None, why))
-        elif meta["size"] > MAX_FILE_BYTES:
-            problems.append(Problem(path, None, f"file is {meta['size']} bytes, over the {MAX_FILE_BYTES}-byte "
+        elif not isinstance(size, int) or size < 0:
+            problems.append(Problem(path, None, f"the listing gives no valid size ({size!r}); not downloaded"))
+        elif size > MAX_FILE_BYTES:
+            problems.append(Problem(path, None, f"file is {size} bytes, over the {MAX_FILE_BYTES}-byte "
                                     "limit for recipe files (not downloaded)"))
+        else:
+            count, total = count + 1, total + size
+    if count > MAX_FILES + 1:  # + README.md
+        problems.append(Problem(FOLDER, None, f"the listing has {count} recipe files, over the {MAX_FILES}-file "
+                                "limit (nothing downloaded)"))
+    if total > MAX_TOTAL_BYTES:
+        problems.append(Problem(FOLDER, None, f"the listing's recipe files hold {total} bytes, over the "
+                                f"{MAX_TOTAL_BYTES}-byte limit (nothing downloaded)"))
     if f"{FOLDER}/generate.py" not in listing and not problems:
         problems.append(Problem(f"{FOLDER}/generate.py", None, f"missing: the repo {repo_id} has no "
                                 f"{FOLDER}/generate.py, so it is not a recipe"))
@@ -101,10 +156,22 @@ def fetch(ref: RecipeRef, commit: str) -> tuple[Path, frozenset[str]]:
         mpath = manifest_path(repo_id, commit)
         manifest = _read_manifest(mpath)
         snapshot = _snapshot(repo_id, commit)
-        if manifest is not None and _verified(snapshot, manifest["files"]):
-            logger.debug("recipe %s@%s found in the cache", repo_id, commit)
-            _write_ref(ref, commit)
-            return snapshot, frozenset(manifest["outside_names"])
+        if manifest is not None:
+            bad = mismatched(snapshot, manifest["files"])
+            if not bad:
+                _drop_unlisted(snapshot, manifest["files"], repo_id, commit)
+                logger.debug("recipe %s@%s found in the cache (content re-verified)", repo_id, commit)
+                _write_ref(ref, commit)
+                return snapshot, frozenset(manifest["outside_names"])
+            if hub_offline():
+                raise RecipeNotFoundError(
+                    f"the Hub cache's copy of {repo_id}@{commit} does not match the commit's listing recorded when "
+                    f"it was fetched ({', '.join(bad)} missing or changed); refusing it offline (load it online "
+                    "to download it again)")
+            logger.warning("cached files of %s@%s do not match the commit's listing (%s); downloading them again",
+                           repo_id, commit, ", ".join(bad))
+            for rel in bad:
+                _discard(snapshot / rel)
         if hub_offline():
             return _offline(repo_id, commit)
         listing = list_files(repo_id, commit)
@@ -113,6 +180,7 @@ def fetch(ref: RecipeRef, commit: str) -> tuple[Path, frozenset[str]]:
         outside = frozenset(p.split("/")[0].removesuffix(".py") for p in listing
                             if not wanted(p) and not p.startswith("."))
         folder = Path(with_retries("downloading recipe files of", repo_id, lambda: _download(repo_id, commit, files)))
+        _drop_unlisted(folder, files, repo_id, commit)
         manifest = {"repo_id": repo_id, "commit": commit, "endpoint": hub_endpoint(), "files": files,
                     "outside_names": sorted(outside)}
         atomic_write_text(mpath, json.dumps(manifest, indent=1, sort_keys=True))
@@ -126,13 +194,9 @@ def _download(repo_id: str, commit: str, files: dict[str, dict[str, Any]]) -> st
     folder = snapshot_download(repo_id, revision=commit, allow_patterns=ALLOW_PATTERNS,
                                cache_dir=str(hub_cache_dir()), endpoint=hub_endpoint(),
                                etag_timeout=hub_timeout())
-    bad = []
-    for rel, meta in files.items():
-        path = Path(folder) / rel
-        data = path.read_bytes() if path.is_file() else None
-        if data is None or len(data) != meta["size"] or (not meta.get("lfs") and git_blob_oid(data) != meta["oid"]):
-            bad.append(rel)
-            _discard(path)
+    bad = mismatched(Path(folder), files)
+    for rel in bad:
+        _discard(Path(folder) / rel)
     if bad:
         raise OSError(f"Consistency check failed: downloaded {', '.join(bad)} do not match the Hub listing")
     return folder
