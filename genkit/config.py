@@ -129,6 +129,70 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
 )
 
 
+# Fields transformers writes into generation_config.json that genkit cannot honour yet. A config
+# may hold them (so such files load and save unchanged), but generate() refuses any value other than
+# the ones listed as "off" with a NotSupportedError naming the field: none is accepted and ignored.
+# One line per field, naming what implements it; a feature that lands deletes its lines.
+NOT_SUPPORTED: dict[str, str] = {
+    "penalty_alpha": "contrastive search (issue 13)",
+    "low_memory": "contrastive search's low-memory mode (issue 13)",
+    "dola_layers": "DoLa decoding (issue 13)",
+    "assistant_early_exit": "self-speculative early-exit decoding (issue 13)",
+    "guidance_scale": "classifier-free guidance (issue 19)",
+    "watermarking_config": "watermarking (issue 19)",
+    "assistant_lookbehind": "universal assisted decoding with a different tokenizer (issue 19)",
+    "target_lookbehind": "universal assisted decoding with a different tokenizer (issue 19)",
+    "continuous_batching_config": "continuous batching (issue 14)",
+    "prefill_chunk_size": "chunked prefill, part of continuous batching (issue 14)",
+    "cache_config": "quantized or offloaded caches",
+    "use_mtp": "multi-token-prediction heads",
+    "token_healing": "token healing",
+    "output_attentions": "attention weights in the output (genkit's attention kernels do not materialise them)",
+    "assistant_ensemble_weight": "ensembles of target and assistant logits",
+    "speculation_type": "speculation types other than genkit's candidate generators",
+}
+
+# values of those fields that mean "off" (besides the field's default)
+_OFF_VALUES: dict[str, tuple[Any, ...]] = {"guidance_scale": (1, 1.0), "low_memory": (False,)}
+
+# Fields accepted with no effect on what genkit generates (documented in docs/api.md, "Fields"):
+# genkit's cache is always preallocated for max_length, generate does not compile, models are
+# decoder-only, and is_assistant only marks a model as someone's assistant.
+NO_EFFECT: dict[str, str] = {
+    "cache_implementation": "genkit's cache is always preallocated for the whole generation; the output is the same",
+    "max_cache_len": "the cache is sized for max_length",
+    "compile_config": "generate does not torch.compile the model",
+    "disable_compile": "generate does not torch.compile the model",
+    "decoder_start_token_id": "encoder-decoder models only; genkit's models are decoder-only",
+    "is_assistant": "a marker transformers sets on assistant models",
+}
+
+
+def unsupported_fields(config: Any) -> dict[str, Any]:
+    """The fields of :data:`NOT_SUPPORTED` that ``config`` sets to something other than "off"."""
+    table = _field_table()
+    out = {}
+    for name in NOT_SUPPORTED:
+        value = getattr(config, name, None)
+        spec = table.get(name)
+        default = spec.default if spec is not None else None
+        if value is None or value == default or value in _OFF_VALUES.get(name, ()):
+            continue
+        out[name] = value
+    return out
+
+
+def check_supported(config: Any) -> None:
+    """Raise :class:`~genkit.errors.NotSupportedError` naming every field set that genkit cannot honour yet."""
+    from .errors import NotSupportedError
+
+    found = unsupported_fields(config)
+    if found:
+        parts = [f"`{k}`={v!r} ({NOT_SUPPORTED[k]})" for k, v in found.items()]
+        raise NotSupportedError("not supported by genkit yet: " + "; ".join(parts) + ". Leave these fields unset "
+                                "(genkit never ignores a setting silently); see docs/api.md, 'Fields'.")
+
+
 def _field_table() -> dict[str, FieldSpec]:
     table = {f.name: f for f in CORE_FIELDS}
     for name, (spec, _origin) in get_registry().fields.items():

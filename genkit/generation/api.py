@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..config import GenerationConfig, unknown_key_error
+from ..config import GenerationConfig, check_supported, unknown_key_error
 from ..errors import ConfigError, UnknownItemError
 from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
@@ -210,6 +210,7 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
 
         raise unknown_key_error(key, list(_field_table()) + sorted(MODEL_KWARGS),
                                 what="generation parameter (GenerationConfig field or model input)")
+    check_supported(config)
     return config, model_kwargs
 
 
