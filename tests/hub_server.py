@@ -7,7 +7,7 @@ commits; file oids are real git blob sha1s, commit shas are derived from the con
 consistent but not git's.
 
 Every request is recorded in ``server.log`` (method, path) so tests can assert what was asked for.
-Faults can be injected for retry tests: ``fail_next``, ``delay_next``, ``truncate_next``.
+Faults can be injected for retry tests: ``fail_next``, ``delay_next``, ``truncate_next``, ``oversize_next``.
 
 Use it from a test file with::
 
@@ -69,7 +69,7 @@ class Repo:
 
 @dataclass
 class Fault:
-    kind: str  # "status" | "delay" | "truncate"
+    kind: str  # "status" | "delay" | "truncate" | "oversize"
     remaining: int
     match: Callable[[str, str], bool]
     status: int = 500
@@ -150,11 +150,16 @@ class HubState:
         """Send only half the body (with the full Content-Length) of the next ``n`` matching GETs."""
         self.faults.append(Fault("truncate", n, self._matcher(match)))
 
+    def oversize_next(self, n: int, extra: int = 10_000_000, match: str | None = None) -> None:
+        """Send ``extra`` more bytes than the file has (a body longer than its listing, with a
+        Content-Length to match) on the next ``n`` matching GETs of a file."""
+        self.faults.append(Fault("oversize", n, self._matcher(match), status=extra))
+
     def take_fault(self, method: str, path: str) -> Fault | None:
         with self.lock:
             for fault in self.faults:
                 if fault.remaining > 0 and fault.match(method, path):
-                    if fault.kind == "truncate" and method != "GET":
+                    if fault.kind in ("truncate", "oversize") and method != "GET":
                         continue
                     fault.remaining -= 1
                     return fault
@@ -230,6 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body() if method in ("POST", "PUT") else b""
         fault = self.state.take_fault(method, path)
         self._truncate = False
+        self._oversize = 0
         if fault is not None:
             if fault.kind == "status":
                 self._error(fault.status, None, f"injected {fault.status}", head=method == "HEAD")
@@ -238,6 +244,8 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(fault.seconds)
             if fault.kind == "truncate":
                 self._truncate = True
+            if fault.kind == "oversize":
+                self._oversize = fault.status
         try:
             self._route(method, path, body)
         except (BrokenPipeError, ConnectionResetError):
@@ -374,7 +382,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, "EntryNotFound", f"{filename} does not exist at {rev}", head=head)
         etag = hashlib.sha256(data).hexdigest() if len(data) > LFS_THRESHOLD else git_blob_oid(data)
         headers = {"X-Repo-Commit": commit.sha, "ETag": f'"{etag}"', "Accept-Ranges": "bytes"}
-        status, payload = 200, data
+        status, payload = 200, data + b"#" * self._oversize
         rng = self.headers.get("Range")
         m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "")
         if m:

@@ -389,3 +389,46 @@ def test_overlong_local_file_name_is_a_recipe_error(tmp_path):
     (root / "custom_generate" / ("b" * 200 + ".py")).write_text("X = 1\n")  # 204 bytes: ext4 and tmpfs allow 255
     with pytest.raises(RecipeValidationError, match="over the 100-character limit"):
         load_recipe(str(root))
+
+
+# -- class 6: `genkit inspect` bounds what it reads and parses ---------------------------------------
+ALIAS_BOMB = ("---\ntags: [custom_generate]\na: &a [x,x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
+              "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\n"
+              "e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\n"
+              "g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f,*f]\nh: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g,*g]\n"
+              "i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h,*h]\ntags2: *i\n---\n# bomb\n")
+
+
+def test_yaml_alias_bomb_in_front_matter_does_not_matter(hub_server, tmp_path, capsys):
+    from genkit.recipes.validate import front_matter
+
+    assert len(ALIAS_BOMB) < 700
+    assert front_matter(ALIAS_BOMB) is None  # aliases are refused, not expanded
+    assert front_matter("---\ntags: [custom_generate]\n---\n") == {"tags": ["custom_generate"]}
+    hub_server.state.commit("org/bomb", {"custom_generate/generate.py": PLAIN, "README.md": ALIAS_BOMB})
+    assert cli(["inspect", "org/bomb"]) == 0
+    out = capsys.readouterr().out
+    assert "README.md has no YAML front matter" in out and len(out) < 20_000
+    local = write_recipe(tmp_path / "bomb", {"custom_generate/generate.py": PLAIN}, readme=ALIAS_BOMB)
+    assert cli(["inspect", str(local)]) == 0
+    assert len(capsys.readouterr().out) < 20_000
+
+
+def test_inspect_stops_reading_a_body_longer_than_listed(hub_server):
+    from genkit.recipes.inspection import inspect_recipe
+
+    hub_server.state.commit("org/long", {"custom_generate/generate.py": PLAIN,
+                                         "README.md": "---\ntags: [custom_generate]\n---\n"})
+    hub_server.state.oversize_next(1, extra=50_000_000, match=r"generate\.py")
+    with pytest.raises(RecipeValidationError, match="the Hub sent more than the .* bytes its listing gives"):
+        inspect_recipe("org/long")
+
+
+def test_inspect_does_not_read_an_oversized_readme(hub_server, capsys):
+    hub_server.state.commit("org/bigreadme", {"custom_generate/generate.py": PLAIN,
+                                              "README.md": "---\ntags: [custom_generate]\n---\n" + "x" * 400_000})
+    hub_server.state.log.clear()
+    assert cli(["inspect", "org/bigreadme"]) == 0
+    out = capsys.readouterr().out
+    assert "README.md: 400032 bytes, over the 256000-byte limit (not read)" in out and "README.md is missing" not in out
+    assert not [p for _, p in hub_server.state.log if p.endswith("/README.md")]

@@ -89,7 +89,10 @@ def inspect_recipe(ref: str, revision: str | None = None) -> Inspection:
         assert parsed.path is not None
         result = Inspection(ref, None)
         readme = parsed.path / "README.md"
-        text = readme.read_text("utf-8", "replace") if readme.is_file() else None
+        text = None
+        if readme.is_file():
+            with open(readme, "rb") as fh:  # bounded: a local README can be any size too
+                text = fh.read(MAX_README_BYTES).decode("utf-8", "replace")
         result.readme_meta, result.summary = (front_matter(text) if text else None), _summary(text)
         result.problems += readme_problems(text)
         try:
@@ -103,9 +106,16 @@ def inspect_recipe(ref: str, revision: str | None = None) -> Inspection:
     return _inspect_hub(parsed, resolve_commit(parsed))
 
 
-def _read(repo_id: str, commit: str, path: str) -> bytes:
+MAX_README_BYTES = 256_000
+
+
+def _read(repo_id: str, commit: str, path: str, size: int) -> bytes:
+    """The file's bytes, streamed and cut off at the ``size`` its listing gives: a server that sends
+    more (a body longer than listed) gets an error, not unbounded memory."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    from genkit.sandbox.errors import Problem, SandboxError
 
     from .hub import with_retries
     from .settings import hub_endpoint, hub_timeout
@@ -113,9 +123,19 @@ def _read(repo_id: str, commit: str, path: str) -> bytes:
     url = hf_hub_url(repo_id, path, revision=commit, endpoint=hub_endpoint())
 
     def get() -> bytes:
-        response = get_session().get(url, headers=build_hf_headers(), timeout=hub_timeout(), follow_redirects=True)
-        hf_raise_for_status(response)
-        return response.content
+        with get_session().stream("GET", url, headers=build_hf_headers(), timeout=hub_timeout(),
+                                  follow_redirects=True) as response:
+            if response.status_code >= 400:
+                response.read()
+                hf_raise_for_status(response)
+            chunks, total = [], 0
+            for chunk in response.iter_bytes():
+                total += len(chunk)
+                if total > size:
+                    raise SandboxError([Problem(path, None, f"the Hub sent more than the {size} bytes its listing "
+                                                            "gives; not read further")], where=f"Hub recipe {repo_id}")
+                chunks.append(chunk)
+            return b"".join(chunks)
 
     return with_retries(f"reading {path} of", repo_id, get)
 
@@ -127,9 +147,16 @@ def _inspect_hub(parsed: Any, commit: str) -> Inspection:
     result = Inspection(parsed.ref, commit)
     listing = list_files(repo_id, commit)
     result.files = [(p, m["size"]) for p, m in sorted(listing.items())]
-    readme = _read(repo_id, commit, "README.md").decode("utf-8", "replace") if "README.md" in listing else None
+    readme = None
+    if "README.md" in listing:
+        size = listing["README.md"]["size"]
+        if not isinstance(size, int) or not 0 <= size <= MAX_README_BYTES:
+            result.problems.append(f"README.md: {size} bytes, over the {MAX_README_BYTES}-byte limit (not read)")
+        else:
+            readme = _read(repo_id, commit, "README.md", size).decode("utf-8", "replace")
     result.readme_meta, result.summary = (front_matter(readme) if readme else None), _summary(readme)
-    result.problems += readme_problems(readme)
+    if readme is not None or "README.md" not in listing:
+        result.problems += readme_problems(readme)
     files: dict[str, bytes] = {}
     problems: list[Problem] = []
     for path, meta in sorted(listing.items()):
@@ -144,7 +171,7 @@ def _inspect_hub(parsed: Any, commit: str) -> Inspection:
             continue
         rel = path[len(FOLDER) + 1:]
         if rel.endswith(".py") or rel == "requirements.txt":
-            data = _read(repo_id, commit, path)
+            data = _read(repo_id, commit, path, meta["size"])
             if rel.endswith(".py") and (b"\x00" in data):
                 problems.append(Problem(path, None, "binary content in a Python file"))
                 continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from genkit.sandbox import Finding, Problem, SandboxError, SourceTree, audit_tree, check_source
 from genkit.sandbox.tree import FOLDER
@@ -90,15 +91,36 @@ def readme_problems(text: str | None) -> list[str]:
     return []
 
 
+MAX_FRONT_MATTER_BYTES = 64_000
+
+
+def _safe_loader() -> type:
+    """A ``yaml.SafeLoader`` that refuses aliases (``*name``): a few hundred bytes of nested aliases
+    (an "alias bomb") build a structure that is tiny in memory but expands exponentially when it is
+    walked or printed. README front matter has no use for them."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):  # type: ignore[misc]
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(None, None, "YAML aliases are not allowed in README front matter",
+                                                  event.start_mark)
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
+
+
 def front_matter(text: str) -> dict | None:
-    """The README's YAML front matter as a dict, or None when it has none or it is not a mapping."""
+    """The README's YAML front matter as a dict, or None when it has none, it is not a mapping, it
+    is over :data:`MAX_FRONT_MATTER_BYTES`, or it uses YAML aliases."""
     import yaml
 
     m = FRONT_MATTER.match(text)
-    if not m:
+    if not m or len(m.group(1).encode("utf-8", "replace")) > MAX_FRONT_MATTER_BYTES:
         return None
     try:
-        data = yaml.safe_load(m.group(1)) or {}
+        data = yaml.load(m.group(1), Loader=_safe_loader()) or {}  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError:
         return None
     return data if isinstance(data, dict) else None
