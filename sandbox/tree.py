@@ -145,6 +145,37 @@ def _within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+def _check_size_before_reading(folder: Path, root: Path, max_total_bytes: int) -> None:
+    """File count and total bytes of ``folder`` from ``stat`` alone, refused before any file is read
+    (a folder of a million files, or of many-GB files, costs no memory)."""
+    count = total = 0
+    stack = [(str(folder), 0)]
+    while stack:
+        directory, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            continue  # the walk reports it
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue  # the walk reports it
+        for entry in entries:
+            if entry.name.startswith(".") or entry.name in SKIPPED_DIRS:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                stack.append((entry.path, depth + 1))
+                continue
+            count += 1
+            try:
+                total += entry.stat(follow_symlinks=True).st_size
+            except OSError:
+                pass
+            if count > MAX_FILES or total > max_total_bytes:
+                what = (f"more than {MAX_FILES} files" if count > MAX_FILES
+                        else f"more than {max_total_bytes} bytes")
+                raise SandboxError([Problem(FOLDER, None, f"custom_generate/ holds {what} (nothing was read)")],
+                                   where=f"recipe at {root}")
+
+
 def scan_tree(root: str | os.PathLike[str], *, link_roots: tuple[str | os.PathLike[str], ...] = (),
               outside_names: frozenset[str] | None = None, max_file_bytes: int = MAX_FILE_BYTES,
               max_total_bytes: int = MAX_TOTAL_BYTES) -> SourceTree:
@@ -163,6 +194,7 @@ def scan_tree(root: str | os.PathLike[str], *, link_roots: tuple[str | os.PathLi
                                     "with generate.py")], where=f"recipe at {root}")
     real_folder = os.path.realpath(folder)
     allowed = [real_folder] + [os.path.realpath(p) for p in link_roots]
+    _check_size_before_reading(folder, root, max_total_bytes)
     files: dict[str, bytes] = {}
     total = 0
 

@@ -432,3 +432,16 @@ def test_inspect_does_not_read_an_oversized_readme(hub_server, capsys):
     out = capsys.readouterr().out
     assert "README.md: 400032 bytes, over the 256000-byte limit (not read)" in out and "README.md is missing" not in out
     assert not [p for _, p in hub_server.state.log if p.endswith("/README.md")]
+
+
+def test_local_folder_limits_are_checked_before_reading(tmp_path):
+    root = _recipe(tmp_path, "many", PLAIN)
+    for i in range(300):
+        (root / "custom_generate" / f"m{i}.txt").write_text("x")
+    with pytest.raises(RecipeValidationError, match=r"custom_generate/ holds more than 256 files \(nothing was read\)"):
+        load_recipe(str(root))
+    big = _recipe(tmp_path, "big", PLAIN)
+    with open(big / "custom_generate" / "blob.bin", "wb") as fh:
+        fh.truncate(9_000_000)  # sparse: 9 MB listed, nothing on disk
+    with pytest.raises(RecipeValidationError, match=r"holds more than 8000000 bytes \(nothing was read\)"):
+        load_recipe(str(big))
