@@ -445,3 +445,22 @@ def test_local_folder_limits_are_checked_before_reading(tmp_path):
         fh.truncate(9_000_000)  # sparse: 9 MB listed, nothing on disk
     with pytest.raises(RecipeValidationError, match=r"holds more than 8000000 bytes \(nothing was read\)"):
         load_recipe(str(big))
+
+
+def test_offline_snapshot_without_a_verified_listing_is_refused(hub_server, monkeypatch):
+    from huggingface_hub import snapshot_download
+
+    sha = _hub_recipe(hub_server, "org/nolist")
+    # the files are in the Hub cache, put there by another tool, not by genkit's fetch
+    snapshot_download("org/nolist", revision=sha, cache_dir=str(_cache()))
+    assert (_cache() / "models--org--nolist" / "snapshots" / sha / "custom_generate" / "generate.py").is_file()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RecipeNotFoundError, match="was not fetched by genkit .* no verified listing"):
+        load_recipe(f"org/nolist@{sha}", trust_remote_code=True)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    load_recipe(f"org/nolist@{sha}", trust_remote_code=True)  # online: listed, checked, recorded
+    from genkit.recipes import clear_cache
+
+    clear_cache()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert load_recipe(f"org/nolist@{sha}", trust_remote_code=True).commit == sha

@@ -217,18 +217,15 @@ def _discard(path: Path) -> None:
 
 
 def _offline(repo_id: str, commit: str) -> tuple[Path, frozenset[str]]:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        folder = snapshot_download(repo_id, revision=commit, allow_patterns=ALLOW_PATTERNS,
-                                   cache_dir=str(hub_cache_dir()), local_files_only=True)
-    except (LocalEntryNotFoundError, OSError) as exc:
-        raise RecipeNotFoundError(f"offline mode (HF_HUB_OFFLINE=1) and the recipe {repo_id}@{commit} is not "
-                                  f"(completely) in the Hub cache {hub_cache_dir()}: {exc}") from exc
-    logger.warning("recipe %s@%s taken from the Hub cache without a genkit manifest; sibling-import checks use "
-                   "no listing", repo_id, commit)
-    return Path(folder), frozenset()
+    """Offline with no verified listing of this commit: refuse (fail closed). Files in the Hub cache
+    that genkit did not fetch and check against the commit's listing (``hf download``, a copied
+    cache) cannot be told apart from files someone put there."""
+    where = _snapshot(repo_id, commit)
+    state = "is in the Hub cache but was not fetched by genkit" if where.is_dir() else "is not in the Hub cache"
+    raise RecipeNotFoundError(
+        f"offline mode (HF_HUB_OFFLINE=1) and the recipe {repo_id}@{commit} {state} {hub_cache_dir()}, so there "
+        "is no verified listing of its files; load it once online (genkit records the commit's listing and "
+        "checks the cached files against it on every later load)")
 
 
 def _read_manifest(path: Path) -> dict[str, Any] | None:
