@@ -85,6 +85,8 @@ class HubState:
         self.faults: list[Fault] = []
         self.lock = threading.RLock()
         self._counter = 0
+        # path -> fields that replace the truth in every tree listing (a misbehaving server)
+        self.listing_overrides: dict[str, dict[str, Any]] = {}
 
     # ---- repo helpers for tests -------------------------------------------------------------
     def create_repo(self, repo_id: str, repo_type: str = "model", private: bool = False) -> Repo:
@@ -367,6 +369,7 @@ class _Handler(BaseHTTPRequestHandler):
             entry: dict[str, Any] = {"type": "file", "path": path, "size": len(data), "oid": git_blob_oid(data)}
             if len(data) > LFS_THRESHOLD:
                 entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            entry.update(self.state.listing_overrides.get(path, {}))  # a server whose listing lies
             entries[path] = entry
         return list(entries.values())
 

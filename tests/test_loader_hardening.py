@@ -464,3 +464,17 @@ def test_offline_snapshot_without_a_verified_listing_is_refused(hub_server, monk
     clear_cache()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert load_recipe(f"org/nolist@{sha}", trust_remote_code=True).commit == sha
+
+
+@pytest.mark.parametrize("lie", [{"oid": "0" * 40}, {"size": 10}])
+def test_a_listing_that_does_not_match_the_served_files_is_refused(hub_server, monkeypatch, lie):
+    from genkit.recipes import RecipeFetchError
+
+    hub_server.state.commit("org/liar", {"custom_generate/generate.py": PLAIN,
+                                         "README.md": "---\ntags: [custom_generate]\n---\n"})
+    hub_server.state.listing_overrides["custom_generate/generate.py"] = lie
+    monkeypatch.setenv("GENKIT_HUB_RETRIES", "2")
+    before = {k for k in sys.modules if k.startswith("_genkit_recipe_")}
+    with pytest.raises((RecipeFetchError, RecipeValidationError), match="do not match the Hub listing|Consistency"):
+        load_recipe("org/liar", trust_remote_code=True)
+    assert {k for k in sys.modules if k.startswith("_genkit_recipe_")} == before
