@@ -30,7 +30,7 @@ def make_sequence_bias(config: Any, ctx: ProcessorContext) -> Any:
 
 
 def make_encoder_repetition_penalty(config: Any, ctx: ProcessorContext) -> Any:
-    if config.encoder_repetition_penalty == 1.0:
+    if config.encoder_repetition_penalty in (None, 1.0):  # None: off, as in transformers 5
         return None
     if ctx.input_ids is None or ctx.input_ids.dim() != 2 or bool((ctx.input_ids < 0).any()):
         logger.warning("`encoder_repetition_penalty` needs `input_ids`; ignoring it")
@@ -39,7 +39,7 @@ def make_encoder_repetition_penalty(config: Any, ctx: ProcessorContext) -> Any:
 
 
 def make_repetition_penalty(config: Any, ctx: ProcessorContext) -> Any:
-    if config.repetition_penalty == 1.0:
+    if config.repetition_penalty in (None, 1.0):
         return None
     mask = ctx.attention_mask
     padding = (mask != 0).int().argmax(dim=1) if mask is not None else None
@@ -147,7 +147,7 @@ def make_begin_suppress_tokens(config: Any, ctx: ProcessorContext) -> Any:
 # -- warpers: only when sampling ---------------------------------------------------------------
 
 def make_temperature(config: Any, ctx: ProcessorContext) -> Any:
-    if not config.do_sample or config.temperature == 1.0:
+    if not config.do_sample or config.temperature in (None, 1.0):
         return None
     return lp.TemperatureLogitsWarper(config.temperature)
 
@@ -165,7 +165,7 @@ def make_top_k(config: Any, ctx: ProcessorContext) -> Any:
 
 
 def make_top_p(config: Any, ctx: ProcessorContext) -> Any:
-    if not config.do_sample or config.top_p >= 1.0:
+    if not config.do_sample or config.top_p is None or config.top_p >= 1.0:
         return None
     return lp.TopPLogitsWarper(config.top_p, min_tokens_to_keep=_min_tokens_to_keep(config, ctx))
 
@@ -177,19 +177,19 @@ def make_min_p(config: Any, ctx: ProcessorContext) -> Any:
 
 
 def make_typical_p(config: Any, ctx: ProcessorContext) -> Any:
-    if not config.do_sample or config.typical_p >= 1.0:
+    if not config.do_sample or config.typical_p is None or config.typical_p >= 1.0:
         return None
     return lp.TypicalLogitsWarper(config.typical_p, min_tokens_to_keep=_min_tokens_to_keep(config, ctx))
 
 
 def make_epsilon_cutoff(config: Any, ctx: ProcessorContext) -> Any:
-    if not config.do_sample or not (0.0 < config.epsilon_cutoff < 1.0):
+    if not config.do_sample or config.epsilon_cutoff is None or not (0.0 < config.epsilon_cutoff < 1.0):
         return None
     return lp.EpsilonLogitsWarper(config.epsilon_cutoff, min_tokens_to_keep=_min_tokens_to_keep(config, ctx))
 
 
 def make_eta_cutoff(config: Any, ctx: ProcessorContext) -> Any:
-    if not config.do_sample or not (0.0 < config.eta_cutoff < 1.0):
+    if not config.do_sample or config.eta_cutoff is None or not (0.0 < config.eta_cutoff < 1.0):
         return None
     return lp.EtaLogitsWarper(config.eta_cutoff, min_tokens_to_keep=_min_tokens_to_keep(config, ctx),
                               device=ctx.device)
