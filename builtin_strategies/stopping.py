@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from genkit.errors import ConfigError
 from genkit.generation.processing import StoppingCriteria
 
 logger = logging.getLogger("genkit.stopping")
@@ -87,6 +88,41 @@ class EosTokenCriteria(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
         eos = self.eos_token_id.to(input_ids.device)
         return torch.isin(input_ids[:, -1], eos)
+
+
+class ConfidenceCriteria(StoppingCriteria):
+    """Stop when the model gave the last token of row 0 a probability below
+    ``assistant_confidence_threshold`` (a draft model's confidence; ``scores`` is the tuple of
+    per-step scores and its last entry is used). Returns a plain ``bool``, as transformers' does."""
+
+    def __init__(self, assistant_confidence_threshold: float) -> None:
+        value = assistant_confidence_threshold
+        if isinstance(value, bool) or not isinstance(value, Real) or not 0 <= value <= 1:
+            raise ConfigError(f"`assistant_confidence_threshold` must be a number in [0, 1]; got {value!r}")
+        self.assistant_confidence_threshold = value
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> bool:  # type: ignore[override]
+        probs = scores[-1].softmax(-1)
+        return bool(probs[0, input_ids[0, -1]].item() < self.assistant_confidence_threshold)
+
+
+def validate_stopping_criteria(stopping_criteria: Any, max_length: int) -> Any:
+    """A copy of ``stopping_criteria`` that stops at ``max_length``: a ``MaxLengthCriteria`` is
+    added when there is none, and a ``UserWarning`` says so when one with another length is there
+    (it is kept), as in transformers."""
+    import copy
+    import warnings
+
+    from genkit.generation.processing import StoppingCriteriaList
+
+    criteria = StoppingCriteriaList(copy.deepcopy(list(stopping_criteria)))
+    current = criteria.max_length
+    if current is not None and current != max_length:
+        warnings.warn("You set different `max_length` for stopping criteria and `max_length` parameter", UserWarning,
+                      stacklevel=2)
+    elif current is None:
+        criteria.append(MaxLengthCriteria(max_length=max_length))
+    return criteria
 
 
 def build_stopping_criteria(config: Any, eos_ids: list[int], tokenizer: Any = None,

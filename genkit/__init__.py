@@ -36,6 +36,8 @@ _LAZY = {
     "MaxLengthCriteria": "genkit.builtin_strategies.stopping:MaxLengthCriteria",
     "MaxTimeCriteria": "genkit.builtin_strategies.stopping:MaxTimeCriteria",
     "EosTokenCriteria": "genkit.builtin_strategies.stopping:EosTokenCriteria",
+    "ConfidenceCriteria": "genkit.builtin_strategies.stopping:ConfidenceCriteria",
+    "validate_stopping_criteria": "genkit.builtin_strategies.stopping:validate_stopping_criteria",
     "StopStringCriteria": "genkit.builtin_strategies.stop_strings:StopStringCriteria",
     "TextStreamer": "genkit.builtin_strategies.streamers:TextStreamer",
     "TextIteratorStreamer": "genkit.builtin_strategies.streamers:TextIteratorStreamer",
