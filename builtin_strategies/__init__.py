@@ -31,6 +31,21 @@ def _is_assisted(config: Any) -> bool:
                                       or config.candidate_generator is not None)
 
 
+def _is_contrastive(config: Any) -> bool:
+    """``penalty_alpha`` > 0 with ``top_k`` > 1 candidates, greedy, one beam (as in transformers)."""
+    alpha, top_k = config.penalty_alpha, config.top_k
+    return (config.num_beams == 1 and not config.do_sample and alpha is not None and alpha > 0
+            and top_k is not None and top_k > 1)
+
+
+def _is_dola(config: Any) -> bool:
+    return config.num_beams == 1 and config.dola_layers is not None
+
+
+def _is_early_exit(config: Any) -> bool:
+    return config.num_beams == 1 and config.assistant_early_exit is not None
+
+
 @hookimpl
 def register_strategies(register: Callable[..., None]) -> None:
     register("greedy", f"{_S}.decoding:greedy_search", applies=_is_greedy, priority=0,
@@ -50,6 +65,13 @@ def register_strategies(register: Callable[..., None]) -> None:
     register("constrained_beam_search", f"{_S}.beam_constraints:constrained_beam_search",
              applies=f"{_S}.beam_select:is_constrained_beam_search", priority=30,
              description="Constrained beam search: force_words_ids phrases and disjunctive sets.")
+    # above "assisted": an assistant_model given with them is refused rather than winning silently
+    register("contrastive_search", f"{_S}.contrastive:contrastive_search", applies=_is_contrastive, priority=12,
+             description="Contrastive search: top_k candidates re-ranked by a degeneration penalty (penalty_alpha).")
+    register("dola_generation", f"{_S}.dola:dola_decoding", applies=_is_dola, priority=13,
+             description="DoLa: contrast the final layer with premature layers (dola_layers).")
+    register("assisted_early_exit", f"{_S}.early_exit:assisted_early_exit", applies=_is_early_exit, priority=15,
+             description="Self-speculative decoding: the first assistant_early_exit layers draft, the model verifies.")
 
 
 # (name, factory attribute, fields, order) in transformers' processor order

@@ -37,7 +37,7 @@ from genkit.strategy import (
 
 logger = logging.getLogger("genkit.assisted")
 
-__all__ = ["applies", "assisted_decoding", "build_candidate_generator"]
+__all__ = ["applies", "assisted_decoding", "build_candidate_generator", "verify_round"]
 
 
 def applies(config: Any) -> bool:
@@ -114,15 +114,8 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
             k = candidates.shape[1]
             if k:
                 stepper.push(candidates)
-            # one target pass over the tokens the cache lacks plus the candidates
-            logits = stepper.forward(keep=k + 1)
-            # processors position by position, on the prefix each position would see
-            new_scores = [call.logits_processor(stepper.ids[:, :cur + i], logits[:, i].clone()) for i in range(k + 1)]
-            n_matches, next_token = _verify(candidates, candidate_logits, new_scores, bool(call.config.do_sample))
-            kept, done = _accept(stepper, finish, candidates[:, :n_matches], next_token, new_scores, cur)
-            for i in range(kept):
-                record.model_step(logits[:, i], None)
-                record.processed(new_scores[i])
+            n_matches, kept, done, new_scores = verify_round(call, stepper, finish, record, candidates,
+                                                             candidate_logits, cur)
             rounds += 1
             drafted_total += k
             accepted_total += min(n_matches, kept)
@@ -132,6 +125,24 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
     out = record.as_tuples()
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, scores=out["scores"], logits=out["logits"],
                                      past_key_values=stepper.cache)
+
+
+def verify_round(call: StrategyCall, stepper: Stepper, finish: FinishTracker, record: StepOutputs,
+                 candidates: torch.Tensor, candidate_logits: torch.Tensor | None,
+                 cur: int) -> tuple[int, int, bool, list[torch.Tensor]]:
+    """One target pass over the tokens the cache lacks, ending with the ``k`` candidates ``(1, k)``
+    already pushed after ``cur`` tokens; keep the accepted candidates and the target's own next token.
+    Returns (candidates accepted, tokens kept, done, the ``k + 1`` processed score rows)."""
+    k = candidates.shape[1]
+    logits = stepper.forward(keep=k + 1)
+    # processors position by position, on the prefix each position would see
+    new_scores = [call.logits_processor(stepper.ids[:, :cur + i], logits[:, i].clone()) for i in range(k + 1)]
+    n_matches, next_token = _verify(candidates, candidate_logits, new_scores, bool(call.config.do_sample))
+    kept, done = _accept(stepper, finish, candidates[:, :n_matches], next_token, new_scores, cur)
+    for i in range(kept):
+        record.model_step(logits[:, i], None)
+        record.processed(new_scores[i])
+    return n_matches, kept, done, new_scores
 
 
 def _draft(generator: Any, seqs: torch.Tensor, room: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -91,7 +91,7 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("compile_config", None),
     _F("disable_compile", None),
     _F("continuous_batching_config", None),
-    _F("low_memory", None),
+    _F("low_memory", None, _is_bool, "True, False or None"),
     _F("prefill_chunk_size", None, lambda v: _is_int(v) and v >= 1, "an int >= 1 or None"),
     _F("token_healing", False, _is_bool, "True or False"),
     _F("guidance_scale", None, lambda v: _is_num(v) and v >= 0, "a number >= 0 or None"),
@@ -134,10 +134,6 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
 # the ones listed as "off" with a NotSupportedError naming the field: none is accepted and ignored.
 # One line per field, naming what implements it; a feature that lands deletes its lines.
 NOT_SUPPORTED: dict[str, str] = {
-    "penalty_alpha": "contrastive search (issue 13)",
-    "low_memory": "contrastive search's low-memory mode (issue 13)",
-    "dola_layers": "DoLa decoding (issue 13)",
-    "assistant_early_exit": "self-speculative early-exit decoding (issue 13)",
     "guidance_scale": "classifier-free guidance (issue 19)",
     "watermarking_config": "watermarking (issue 19)",
     "assistant_lookbehind": "universal assisted decoding with a different tokenizer (issue 19)",
@@ -153,7 +149,7 @@ NOT_SUPPORTED: dict[str, str] = {
 }
 
 # values of those fields that mean "off" (besides the field's default)
-_OFF_VALUES: dict[str, tuple[Any, ...]] = {"guidance_scale": (1, 1.0), "low_memory": (False,)}
+_OFF_VALUES: dict[str, tuple[Any, ...]] = {"guidance_scale": (1, 1.0)}
 
 # Fields accepted with no effect on what genkit generates (documented in docs/api.md, "Fields"):
 # genkit's cache is always preallocated for max_length, generate does not compile, models are
@@ -441,8 +437,32 @@ def _check_combinations(c: GenerationConfig) -> None:
         )
     if c.force_words_ids is not None and (c.do_sample or c.num_beams == 1):
         raise ValueError("`force_words_ids` (constrained beam search) needs num_beams > 1 and do_sample=False.")
+    _check_layer_strategies(c)
     if c.early_stopping not in (True, False, "never"):
         raise ValueError(f'`early_stopping` must be True, False or "never"; got {c.early_stopping!r}.')
+
+
+def _check_layer_strategies(c: GenerationConfig) -> None:
+    """Contrastive search, DoLa and early exit: each needs its companion settings, and none of them
+    combines with beams, with each other or with a draft source (one would be ignored)."""
+    contrastive = c.penalty_alpha is not None and c.penalty_alpha > 0
+    if contrastive and not (_is_int(c.top_k) and c.top_k > 1):
+        raise ConfigError(f"`penalty_alpha` > 0 (contrastive search) needs `top_k` > 1 candidates per step; got "
+                          f"top_k={c.top_k!r}. Set top_k (e.g. 4), or penalty_alpha=None for greedy search.")
+    if contrastive and (c.do_sample or c.num_beams != 1):
+        raise ConfigError("`penalty_alpha` (contrastive search) is deterministic and single-beam: it needs "
+                          f"do_sample=False and num_beams=1; got do_sample={c.do_sample!r}, num_beams={c.num_beams!r}.")
+    if c.low_memory and not contrastive:
+        raise ConfigError("`low_memory=True` only changes contrastive search (penalty_alpha > 0, top_k > 1); "
+                          "accepted otherwise: False or None.")
+    chosen = [name for name, on in (("penalty_alpha", contrastive), ("dola_layers", c.dola_layers is not None),
+                                    ("assistant_early_exit", c.assistant_early_exit is not None)) if on]
+    drafts = [n for n in ("prompt_lookup_num_tokens", "candidate_generator") if getattr(c, n) is not None]
+    if len(chosen) > 1 or (chosen and drafts):
+        raise ConfigError(f"{' and '.join(f'`{n}`' for n in chosen + drafts)} select different strategies; set one "
+                          "of them.")
+    if chosen and c.num_beams != 1:
+        raise ConfigError(f"`{chosen[0]}` works with num_beams=1; got num_beams={c.num_beams!r}.")
 
 
 def _minor_issues(c: GenerationConfig, table: dict[str, FieldSpec]) -> list[str]:

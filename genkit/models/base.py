@@ -63,6 +63,9 @@ class GenkitModel(nn.Module, GenerationMixin):
     """Base class of native models: ``config``, ``generation_config``, ``device``, ``dtype``."""
 
     config: ModelConfig
+    #: whether ``forward`` takes ``num_layers=`` (run the first layers only, then the final norm and
+    #: the LM head: early exit). The cache then holds the new positions in those layers only.
+    supports_partial_depth: bool = False
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -82,6 +85,14 @@ class GenkitModel(nn.Module, GenerationMixin):
     def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits from a hidden state of any layer (final norm + LM head), for DoLa and early exit."""
         raise NotImplementedError
+
+    def get_input_embeddings(self) -> nn.Module:
+        """The token embedding module, under transformers' name."""
+        return self.input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        """The LM head alone (no final norm), under transformers' name (DoLa contrasts raw layers with it)."""
+        return self.lm_head  # type: ignore[no-any-return]
 
     def input_embeddings(self) -> nn.Module:
         """The token embedding module."""
@@ -108,9 +119,14 @@ class GenkitModel(nn.Module, GenerationMixin):
         output_hidden_states: bool = False,
         logits_to_keep: int | torch.Tensor = 0,
         inputs_embeds: torch.Tensor | None = None,
+        num_layers: int | None = None,
         **kwargs: Any,
     ) -> CausalLMOutput:
-        """transformers' calling convention (see docs/models.md, "The model protocol")."""
+        """transformers' calling convention (see docs/models.md, "The model protocol").
+
+        ``num_layers`` (models with :attr:`supports_partial_depth`): run only the first that many
+        decoder layers; the logits are the final norm and LM head on their output."""
+        depth = self._partial_depth(num_layers)
         if inputs_embeds is None:
             if input_ids is None:
                 raise ValueError("pass `input_ids` or `inputs_embeds`")
@@ -122,7 +138,10 @@ class GenkitModel(nn.Module, GenerationMixin):
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask, inputs_embeds.shape[1])
         hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
-        x = self.decoder(inputs_embeds, attention_mask, position_ids, cache, past_len, hidden)
+        if depth is None:
+            x = self.decoder(inputs_embeds, attention_mask, position_ids, cache, past_len, hidden)
+        else:
+            x = self.decoder(inputs_embeds, attention_mask, position_ids, cache, past_len, hidden, num_layers=depth)
         if hidden is not None:
             hidden.append(x)
         if isinstance(logits_to_keep, int):
@@ -132,6 +151,19 @@ class GenkitModel(nn.Module, GenerationMixin):
             x = x[:, logits_to_keep]
         return CausalLMOutput(logits=self.output_logits(x, cache), past_key_values=cache if use_cache else None,
                               hidden_states=tuple(hidden) if hidden is not None else None)
+
+    def _partial_depth(self, num_layers: int | None) -> int | None:
+        """``num_layers`` checked against the model (None when it asks for every layer)."""
+        if num_layers is None:
+            return None
+        from ..errors import ConfigError, NotSupportedError
+
+        if not self.supports_partial_depth:
+            raise NotSupportedError(f"{type(self).__name__} does not support partial depth (`num_layers=`)")
+        total = int(self.config.num_hidden_layers)
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= total:
+            raise ConfigError(f"`num_layers` must be an int from 1 to {total} (the model's layers); got {num_layers!r}")
+        return None if num_layers == total else num_layers
 
     def new_cache(self, max_length: int = 0) -> Any:
         """An empty cache with room for ``max_length`` positions."""

@@ -109,6 +109,8 @@ class GPT2Inner(nn.Module):
 class GPT2LMHeadModel(GenkitModel):
     """GPT-2 with transformers' calling convention (``num_hidden_layers`` = ``n_layer``)."""
 
+    supports_partial_depth = True
+
     def __init__(self, config: ModelConfig) -> None:
         if config.num_hidden_layers is None:
             config.num_hidden_layers = config.n_layer
@@ -131,13 +133,14 @@ class GPT2LMHeadModel(GenkitModel):
         return self.transformer.wte
 
     def decoder(self, x: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-                cache: KVCache | None, past_len: int, hidden: list[torch.Tensor] | None) -> torch.Tensor:
+                cache: KVCache | None, past_len: int, hidden: list[torch.Tensor] | None,
+                num_layers: int | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + t, device=x.device)[None].expand(b, t)
         x = x + self.transformer.wpe(position_ids)
         mask = build_attention_mask(attention_mask, t, past_len, x.device)
-        for block in self.transformer.h:
+        for block in self.transformer.h if num_layers is None else self.transformer.h[:num_layers]:
             if hidden is not None:
                 hidden.append(x)
             x = block(x, mask, cache)

@@ -191,6 +191,7 @@ class LlamaForCausalLM(GenkitModel):
     #: None packs float32 CPU models whose matrices are big enough to gain and whose copies stay
     #: under 2 GiB; True always packs (float32 CPU); False never does.
     cpu_weight_packing: bool | None = None
+    supports_partial_depth = True
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -331,7 +332,8 @@ class LlamaForCausalLM(GenkitModel):
         return self.model.embed_tokens
 
     def decoder(self, x: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-                cache: KVCache | None, past_len: int, hidden: list[torch.Tensor] | None) -> torch.Tensor:
+                cache: KVCache | None, past_len: int, hidden: list[torch.Tensor] | None,
+                num_layers: int | None = None) -> torch.Tensor:
         t = x.shape[1]
         cos, sin = self.rope(position_ids, x.dtype, past_len, t)
         masks = {w: build_attention_mask(attention_mask, t, past_len, x.device, w) for w in set(self.windows)}
@@ -339,9 +341,10 @@ class LlamaForCausalLM(GenkitModel):
             self._contiguous_for_training()
         prepared = None if _module_path() else self._inference_weights(cache, past_len)
         if prepared is not None:
-            x = run_layers(prepared, x, cos, sin, masks, cache, hidden)
+            x = run_layers(prepared, x, cos, sin, masks, cache, hidden, num_layers)
         else:
-            for layer, window in zip(self.model.layers, self.windows):
+            layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
+            for layer, window in zip(layers, self.windows):
                 if hidden is not None:
                     hidden.append(x)
                 x = layer(x, cos, sin, masks[window], cache)

@@ -222,10 +222,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                masks: dict[int | None, torch.Tensor | None], cache: Any,
-               hidden: list[torch.Tensor] | None) -> torch.Tensor:
-    """All decoder layers on ``x`` (batch, seq, hidden); fills ``hidden`` with each layer's input."""
+               hidden: list[torch.Tensor] | None, num_layers: int | None = None) -> torch.Tensor:
+    """The decoder layers (the first ``num_layers``, or all) on ``x`` (batch, seq, hidden); fills
+    ``hidden`` with each layer's input."""
     b, t, _ = x.shape
-    for i, p in enumerate(prepared.layers):
+    for i, p in enumerate(prepared.layers[:num_layers]):
         if hidden is not None:
             hidden.append(x)
         nq, nkv = p.num_heads, p.num_kv_heads

@@ -30,6 +30,12 @@ class Stepper:
 
     A step may also be split in two: :meth:`push` appends tokens (and reorders rows), :meth:`forward`
     runs whatever the cache does not hold yet. :meth:`crop` rolls back (speculative decoding).
+
+    Partial depth (``num_layers=k`` on a model with ``supports_partial_depth``) writes the new
+    positions into the first ``k`` layers of the same cache. The stepper remembers how far those
+    layers got: forwards at the same depth continue from there, and a forward at another depth (the
+    full model verifying a draft) first drops what only the shallow layers hold and runs those
+    positions again, so every layer it runs sees every position.
     """
 
     def __init__(self, call: StrategyCall, *, rows_per_prompt: int = 1, output_hidden_states: bool = False) -> None:
@@ -51,6 +57,8 @@ class Stepper:
         # leading tokens of the history whose keys/values the cache holds (a passed prompt cache
         # may hold a prefix; the rest of the prompt is run by the first forward)
         self._fed = self.cache.get_seq_length() if self.cache is not None else 0
+        # (depth, positions) when a partial-depth forward left the first `depth` layers ahead of the rest
+        self._shallow: tuple[int, int] | None = None
         if self._fed >= call.prompt_len:
             raise ConfigError(
                 f"`past_key_values` already holds {self._fed} positions but `input_ids` has {call.prompt_len} "
@@ -84,7 +92,7 @@ class Stepper:
             pos = pos[:, held:]
         out = self._run(ids, attention_mask=call.attention_mask if self.mask is not None else None,
                         position_ids=pos, keep=1, num_layers=num_layers)
-        self._fed = self.length
+        self._held(self.length, num_layers)
         logits = out.logits[:, -1, :].float()
         n = self.rows_per_prompt
         if n > 1:
@@ -121,7 +129,7 @@ class Stepper:
         if not self.use_cache:
             out = self._run(self.ids[:, :n], attention_mask=mask, position_ids=None, keep=want, num_layers=num_layers)
         else:
-            start = self._fed
+            start = self._start(num_layers)
             pos = None
             if self._shift is not None and start >= self.call.prompt_len:
                 # generated tokens of a left-padded batch: index minus the row's pad count (prompt
@@ -129,7 +137,7 @@ class Stepper:
                 pos = torch.arange(start, n, device=self.ids.device)[None, :] - self._shift
             out = self._run(self.ids[:, start:n], attention_mask=mask, position_ids=pos, keep=want,
                             num_layers=num_layers)
-            self._fed = n
+            self._held(n, num_layers)
         if keep is None:
             return out.logits[:, -1, :].float()
         return out.logits[:, -keep:, :].float()
@@ -147,12 +155,34 @@ class Stepper:
         if not 0 < length <= self.length:
             raise ConfigError(f"cannot crop to {length} tokens: the sequences hold {self.length}")
         self.length = length
-        if self._fed > length:
-            self._fed = length
-            if self.cache is not None:
-                self.cache.crop(length)
+        held = self._shallow[1] if self._shallow is not None else self._fed
+        if held > length and self.cache is not None:
+            self.cache.crop(length)
+        self._fed = min(self._fed, length)
+        if self._shallow is not None:
+            depth, ahead = self._shallow
+            self._shallow = (depth, min(ahead, length)) if min(ahead, length) > self._fed else None
 
     # -- internals -----------------------------------------------------------------------------
+    def _start(self, num_layers: int | None) -> int:
+        """The first position a cached forward at this depth runs. Positions that only a shallower
+        (or another partial) depth holds are dropped from the cache first."""
+        if self._shallow is not None:
+            depth, ahead = self._shallow
+            if depth == num_layers:
+                return ahead
+            if self.cache is not None:
+                self.cache.crop(self._fed)
+            self._shallow = None
+        return self._fed
+
+    def _held(self, n: int, num_layers: int | None) -> None:
+        """After a cached forward up to position ``n`` at depth ``num_layers`` (None: every layer)."""
+        if num_layers is None:
+            self._fed, self._shallow = n, None
+        else:
+            self._shallow = (num_layers, n)
+
     def _reorder(self, rows: torch.Tensor) -> None:
         n = self.length
         self.ids[:, :n] = self.ids[rows, :n]

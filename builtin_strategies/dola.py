@@ -1,0 +1,124 @@
+"""DoLa: Decoding by Contrasting Layers (Chuang et al., ICLR 2024).
+
+Each step contrasts the final layer's next-token log-probabilities with those of an earlier
+("premature") layer read through the LM head, and picks from their difference:
+
+1. candidate premature layers from ``dola_layers``: ``"low"`` is ``range(start, N // 2, 2)`` and
+   ``"high"`` is ``range(N // 2, N, 2)`` for an ``N``-layer model (``range(start, 20, 2)`` and
+   ``range(N - 20, N, 2)`` above 40 layers), where ``start`` skips the word embeddings (layer 0)
+   when they are tied to the LM head (2, or 1 for a 2-layer model); a list names layers itself
+   (0 = the embeddings, ``N - 1`` = the input of the last layer);
+2. with several candidates, the one whose distribution is furthest from the final layer's
+   (Jensen-Shannon divergence, averaged over the batch) is the premature layer;
+3. tokens whose final-layer probability is below a tenth of the most likely one's are dropped; the
+   rest score ``log p_final - log p_premature``;
+4. the logits processors (``repetition_penalty=1.2`` is recommended) and greedy or sampled choice.
+
+As in transformers 4.x's native implementation, whose outputs the tests compare with token for
+token, a premature layer's hidden state goes through the LM head as it is (no final norm).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from genkit.strategy import (
+    ConfigError,
+    FinishTracker,
+    GenerateDecoderOnlyOutput,
+    StepOutputs,
+    Stepper,
+    StrategyCall,
+    choose_tokens,
+)
+
+__all__ = ["candidate_layers", "contrast", "dola_decoding"]
+
+
+def dola_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateDecoderOnlyOutput:
+    """DoLa decoding with the config's ``dola_layers`` (greedy, or sampling with ``do_sample``)."""
+    call = StrategyCall.from_kwargs("DoLa decoding", model, input_ids, **kwargs)
+    layers = candidate_layers(call.config.dola_layers, model)
+    head = model.get_output_embeddings()
+    do_sample = bool(call.config.do_sample)
+    record = StepOutputs(call.config)
+    stepper = Stepper(call, output_hidden_states=True)
+    with FinishTracker(call) as finish:
+        logits = stepper.prefill()
+        while True:
+            hidden = stepper.hidden_states
+            assert hidden is not None
+            premature = head(torch.stack([hidden[i][:, -1, :] for i in layers]))  # (layers, rows, vocab)
+            record.model_step(logits, hidden)
+            scores = call.logits_processor(stepper.sequences, contrast(layers, premature, logits))
+            record.processed(scores)
+            tokens = finish.pad(choose_tokens(scores, do_sample))
+            stepper.push(tokens)
+            if finish.update(stepper.sequences, scores, tokens):
+                break
+            logits = stepper.forward()
+    return GenerateDecoderOnlyOutput(sequences=stepper.sequences, past_key_values=stepper.cache,
+                                     **record.as_tuples())
+
+
+def candidate_layers(dola_layers: Any, model: Any) -> list[int]:
+    """The premature layers ``dola_layers`` means for ``model`` (see the module docstring)."""
+    total = int(model.config.num_hidden_layers)
+    if isinstance(dola_layers, list):
+        bad = [i for i in dola_layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < total]
+        if bad or not dola_layers:
+            what = f"names {bad}" if bad else "is empty"
+            raise ConfigError(
+                f"`dola_layers` {what}: this model has {total} layers, so premature layers are 0 (the word "
+                f"embeddings) to {total - 1}; {total} is the final layer DoLa contrasts them with. Accepted: "
+                '"low", "high", or a non-empty list of those indices')
+        return list(dola_layers)
+    if dola_layers not in ("low", "high"):
+        raise ConfigError(f'`dola_layers` must be "low", "high" or a list of layer indices; got {dola_layers!r}')
+    if not _tied(model):
+        start = 0
+    else:  # the embeddings read through their own transpose say nothing: skip them
+        start = 2 if total > 2 else (1 if total == 2 else 0)
+    if dola_layers == "low":
+        if start == total // 2:
+            return [start]
+        return list(range(start, total // 2, 2)) if total <= 40 else list(range(start, 20, 2))
+    return list(range(total // 2, total, 2)) if total <= 40 else list(range(total - 20, total, 2))
+
+
+def _tied(model: Any) -> bool:
+    """Whether the LM head is the word embedding matrix (the config's flag, else the weights themselves)."""
+    flag = getattr(model.config, "tie_word_embeddings", None)
+    if flag is not None:
+        return bool(flag)
+    return model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def contrast(layers: list[int], premature: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+    """Next-token scores ``(rows, vocab)`` from the final logits and the premature layers' logits
+    ``(len(layers), rows, vocab)``."""
+    if len(layers) == 1:
+        return _relative_top_difference(final, premature[0])
+    mature = F.softmax(final, dim=-1)
+    early = F.softmax(premature, dim=-1)
+    average = 0.5 * (mature[None, :, :] + early)
+    kl_final = F.kl_div(F.log_softmax(final, dim=-1)[None, :, :], average, reduction="none").mean(-1)
+    kl_early = F.kl_div(F.log_softmax(premature, dim=-1), average, reduction="none").mean(-1)
+    divergence = (0.5 * (kl_final + kl_early)).mean(-1)  # (layers,): one premature layer for the batch
+    return _relative_top_difference(final, premature[int(divergence.argmax().item())])
+
+
+def _relative_top_difference(final: torch.Tensor, base: torch.Tensor, relative_top: float = 0.1) -> torch.Tensor:
+    """``log p_final - log p_base`` over the tokens whose final probability is at least
+    ``relative_top`` times the highest; ``-inf`` elsewhere."""
+    final_logp = final.log_softmax(dim=-1)
+    base_logp = base.log_softmax(dim=-1)
+    threshold = (final_logp.max(dim=-1).values + math.log(relative_top)).unsqueeze(-1)
+    dropped = final_logp < threshold
+    base_logp[dropped] = -1e-3
+    final_logp[dropped] = -float("inf")
+    return final_logp - base_logp
