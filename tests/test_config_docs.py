@@ -60,7 +60,6 @@ def test_every_field_is_documented_as_implemented_unsupported_or_without_effect(
 
 
 UNSUPPORTED_VALUES = {
-    "penalty_alpha": 0.6, "low_memory": True, "dola_layers": "high", "assistant_early_exit": 1,
     "guidance_scale": 1.5, "watermarking_config": {"bias": 2.5}, "assistant_lookbehind": 5, "target_lookbehind": 5,
     "continuous_batching_config": {"block_size": 32}, "prefill_chunk_size": 16, "cache_config": {"backend": "quanto"},
     "use_mtp": True, "token_healing": True, "output_attentions": True, "assistant_ensemble_weight": 0.5,
@@ -99,6 +98,7 @@ def test_off_values_and_no_effect_fields_generate_as_without_them():
 
     model, ids = tiny_llama(seed=0), torch.tensor([[1, 2, 3]])
     plain = genkit.generate(model, ids, max_new_tokens=4)
-    for extra in ({"guidance_scale": 1.0}, {"low_memory": False}, {"cache_implementation": "static"},
+    for extra in ({"guidance_scale": 1.0}, {"low_memory": False}, {"low_memory": None}, {"penalty_alpha": 0.0},
+                  {"cache_implementation": "static"},
                   {"max_cache_len": 64}, {"disable_compile": True}, {"is_assistant": True}):
         assert torch.equal(genkit.generate(model, ids, max_new_tokens=4, **extra), plain), extra
