@@ -98,6 +98,9 @@ def register_candidate_generators(register: Callable[..., None]) -> None:
              description="N-gram lookup in the prompt and the generated text (prompt lookup decoding).")
     register("draft_model", f"{_S}.candidates:draft_model",
              description="A smaller assistant model drafts with its own cache (speculative decoding).")
+    register("universal_assisted", f"{_S}.candidates_universal:universal_assisted",
+             description="An assistant model with its own tokenizer drafts; drafts are re-encoded as text "
+                         "(universal assisted decoding).")
 
 
 @hookimpl

@@ -153,8 +153,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "low_memory": "contrastive search's low-memory mode (issue 13)",
     "dola_layers": "DoLa decoding (issue 13)",
     "assistant_early_exit": "self-speculative early-exit decoding (issue 13)",
-    "assistant_lookbehind": "universal assisted decoding with a different tokenizer (issue 19)",
-    "target_lookbehind": "universal assisted decoding with a different tokenizer (issue 19)",
     "continuous_batching_config": "continuous batching (issue 14)",
     "prefill_chunk_size": "chunked prefill, part of continuous batching (issue 14)",
     "cache_config": "quantized or offloaded caches",

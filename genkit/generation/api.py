@@ -23,7 +23,7 @@ logger = logging.getLogger("genkit.generation")
 WARPER_ORDER = 200
 
 # keyword arguments that go to the model / loop rather than into the GenerationConfig
-MODEL_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "tokenizer"}
+MODEL_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "tokenizer", "assistant_tokenizer"}
 
 
 def generate(
@@ -69,12 +69,25 @@ def generate(
     extra: dict[str, Any] = {}
     if assistant_model is not None:
         extra["assistant_model"] = _as_protocol_model(assistant_model)
+    _check_assistant_tokenizer(prepared, assistant_model)
     if prepared.tokenizer is not None:
         extra["tokenizer"] = prepared.tokenizer
     result = _run_strategy(decode, model, prepared, extra)
     if callable(custom_generate):
         return result
     return _finish_output(result, prepared.config)
+
+
+def _check_assistant_tokenizer(prepared: Prepared, assistant_model: Any) -> None:
+    """``assistant_tokenizer=`` (universal assisted decoding) needs an assistant and the target's tokenizer."""
+    if prepared.model_kwargs.get("assistant_tokenizer") is None:
+        prepared.model_kwargs.pop("assistant_tokenizer", None)
+        return
+    if assistant_model is None:
+        raise ConfigError("`assistant_tokenizer` is the tokenizer of `assistant_model`: pass `assistant_model=` too")
+    if prepared.tokenizer is None:
+        raise ConfigError("`assistant_tokenizer` needs `tokenizer=` (the target model's tokenizer) too: drafts are "
+                          "re-encoded from text")
 
 
 def _recipe_for(custom_generate: Any, trust_remote_code: bool | None) -> Any:
