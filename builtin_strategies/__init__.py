@@ -76,6 +76,8 @@ def register_strategies(register: Callable[..., None]) -> None:
 
 # (name, factory attribute, fields, order) in transformers' processor order
 _PROCESSORS: tuple[tuple[str, str, tuple[Any, ...], int], ...] = (
+    # classifier-free guidance first: it turns the model's logits into log-probabilities
+    ("guidance", "guidance:make_guidance", (), 10),
     ("sequence_bias", "make_sequence_bias", (F.SEQUENCE_BIAS,), 20),
     ("encoder_repetition_penalty", "make_encoder_repetition_penalty", (F.ENCODER_REPETITION_PENALTY,), 30),
     ("repetition_penalty", "make_repetition_penalty", (F.REPETITION_PENALTY,), 40),
@@ -99,6 +101,8 @@ _PROCESSORS: tuple[tuple[str, str, tuple[Any, ...], int], ...] = (
     ("typical_p", "make_typical_p", (F.TYPICAL_P,), 240),
     ("epsilon_cutoff", "make_epsilon_cutoff", (F.EPSILON_CUTOFF,), 250),
     ("eta_cutoff", "make_eta_cutoff", (F.ETA_CUTOFF,), 260),
+    # after every other processor and warper (transformers #34630), before the renormalisation
+    ("watermark", "watermark:make_watermark", (), 900),
     ("renormalize_logits", "make_renormalize", (F.RENORMALIZE_LOGITS,), 1000),
 )
 
@@ -106,7 +110,8 @@ _PROCESSORS: tuple[tuple[str, str, tuple[Any, ...], int], ...] = (
 @hookimpl
 def register_logits_processors(register: Callable[..., None]) -> None:
     for name, factory, fields, order in _PROCESSORS:
-        register(name, f"{_S}.processor_factories:{factory}", fields=fields, order=order)
+        target = f"{_S}.{factory}" if ":" in factory else f"{_S}.processor_factories:{factory}"
+        register(name, target, fields=fields, order=order)
 
 
 @hookimpl
@@ -115,6 +120,9 @@ def register_candidate_generators(register: Callable[..., None]) -> None:
              description="N-gram lookup in the prompt and the generated text (prompt lookup decoding).")
     register("draft_model", f"{_S}.candidates:draft_model",
              description="A smaller assistant model drafts with its own cache (speculative decoding).")
+    register("universal_assisted", f"{_S}.candidates_universal:universal_assisted",
+             description="An assistant model with its own tokenizer drafts; drafts are re-encoded as text "
+                         "(universal assisted decoding).")
 
 
 @hookimpl

@@ -49,22 +49,29 @@ def applies(config: Any) -> bool:
 
 
 def build_candidate_generator(model: Any, config: Any, *, assistant_model: Any = None,
-                              logits_processor: Any = None, tokenizer: Any = None) -> Any:
+                              logits_processor: Any = None, tokenizer: Any = None,
+                              assistant_tokenizer: Any = None) -> Any:
     """The candidate generator the config asks for.
 
-    ``candidate_generator`` (a registered name) wins; otherwise an assistant model means
-    ``"draft_model"`` and ``prompt_lookup_num_tokens`` means ``"prompt_lookup"``. The user's
-    ``candidate_generator_kwargs`` go to the factory as keywords; the ``tokenizer=`` given to
-    ``generate`` goes too (as ``tokenizer``) unless those kwargs name one, for a factory that takes it.
+    ``candidate_generator`` (a registered name) wins; otherwise ``prompt_lookup_num_tokens`` means
+    ``"prompt_lookup"`` (even with an assistant model, as in transformers 5: the assistant is then
+    unused, and a warning says so), an assistant model with ``assistant_tokenizer`` means
+    ``"universal_assisted"`` and an assistant model alone ``"draft_model"``. The user's
+    ``candidate_generator_kwargs`` go to the factory as keywords; the ``tokenizer=`` and
+    ``assistant_tokenizer=`` given to ``generate`` go too unless those kwargs name them, for a
+    factory that takes them.
     """
     from genkit.plugins import get_registry
 
     name = config.candidate_generator
     if name is None:
-        if assistant_model is not None:
-            name = "draft_model"
-        elif config.prompt_lookup_num_tokens is not None:
+        if config.prompt_lookup_num_tokens is not None:
             name = "prompt_lookup"
+            if assistant_model is not None:
+                logger.warning("`prompt_lookup_num_tokens` is set: drafts come from prompt lookup and "
+                               "`assistant_model` is not used (as in transformers 5)")
+        elif assistant_model is not None:
+            name = "universal_assisted" if assistant_tokenizer is not None else "draft_model"
         else:
             raise ValueError(
                 "assisted decoding needs a draft source: pass `assistant_model=`, set "
@@ -72,8 +79,9 @@ def build_candidate_generator(model: Any, config: Any, *, assistant_model: Any =
             )
     factory = get_registry().get("candidate_generator", name).load()
     user_kwargs = dict(config.candidate_generator_kwargs or {})
-    if tokenizer is not None and "tokenizer" not in user_kwargs and _takes_keyword(factory, "tokenizer"):
-        user_kwargs["tokenizer"] = tokenizer
+    for key, value in (("tokenizer", tokenizer), ("assistant_tokenizer", assistant_tokenizer)):
+        if value is not None and key not in user_kwargs and _takes_keyword(factory, key):
+            user_kwargs[key] = value
     generator = factory(model, config, assistant_model=assistant_model, logits_processor=logits_processor,
                         **user_kwargs)
     for method in ("get_candidates", "update_candidate_strategy"):
@@ -95,16 +103,19 @@ def _takes_keyword(factory: Any, name: str) -> bool:
 
 def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateDecoderOnlyOutput:
     """Generate with drafts from a candidate generator, verified by ``model`` (see module doc)."""
-    call = StrategyCall.from_kwargs("the assisted strategy", model, input_ids, accept=("assistant_model",), **kwargs)
+    call = StrategyCall.from_kwargs("the assisted strategy", model, input_ids,
+                                    accept=("assistant_model", "assistant_tokenizer"), **kwargs)
     call.refuse("position_ids")
     if call.batch != 1:
         raise ConfigError(f"assisted decoding supports batch size 1; got input_ids with batch size {call.batch}")
     if not call.use_cache:
         raise ConfigError("assisted decoding needs the target's cache: `use_cache` must be True")
     generator = build_candidate_generator(model, call.config, assistant_model=call.extras["assistant_model"],
-                                          logits_processor=call.logits_processor, tokenizer=call.tokenizer)
-    stepper = Stepper(call)  # refuses a passed cache that already holds the whole prompt
+                                          logits_processor=call.logits_processor, tokenizer=call.tokenizer,
+                                          assistant_tokenizer=call.extras["assistant_tokenizer"])
     record = StepOutputs(call.config)
+    # refuses a passed cache that already holds the whole prompt
+    stepper = Stepper(call, output_hidden_states=record.want_hidden)
     rounds = drafted_total = accepted_total = 0
     with FinishTracker(call) as finish:
         done = False
@@ -115,7 +126,7 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
             if k:
                 stepper.push(candidates)
             n_matches, kept, done, new_scores = verify_round(call, stepper, finish, record, candidates,
-                                                             candidate_logits, cur)
+                                                             candidate_logits, cur, first_round=rounds == 0)
             rounds += 1
             drafted_total += k
             accepted_total += min(n_matches, kept)
@@ -124,23 +135,37 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
     logger.debug("assisted decoding: %d rounds, %d drafted, %d accepted", rounds, drafted_total, accepted_total)
     out = record.as_tuples()
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, scores=out["scores"], logits=out["logits"],
-                                     past_key_values=stepper.cache)
+                                     hidden_states=out.get("hidden_states"), past_key_values=stepper.cache)
+
+
+def _hidden_for(hidden: tuple[torch.Tensor, ...] | None, index: int, *,
+                whole_prompt: bool) -> tuple[torch.Tensor, ...] | None:
+    """Each layer's hidden state at position ``index`` of the last forward's input (the position
+    whose logits chose a token), as plain decoding records it: for the first token, every prompt
+    position up to it (``whole_prompt``); one position after that."""
+    if hidden is None:
+        return None
+    if whole_prompt:
+        return tuple(h[:, :index + 1] for h in hidden)
+    return tuple(h[:, index:index + 1] for h in hidden)
 
 
 def verify_round(call: StrategyCall, stepper: Stepper, finish: FinishTracker, record: StepOutputs,
                  candidates: torch.Tensor, candidate_logits: torch.Tensor | None,
-                 cur: int) -> tuple[int, int, bool, list[torch.Tensor]]:
+                 cur: int, *, first_round: bool = False) -> tuple[int, int, bool, list[torch.Tensor]]:
     """One target pass over the tokens the cache lacks, ending with the ``k`` candidates ``(1, k)``
     already pushed after ``cur`` tokens; keep the accepted candidates and the target's own next token.
     Returns (candidates accepted, tokens kept, done, the ``k + 1`` processed score rows)."""
     k = candidates.shape[1]
+    fed_from = stepper.length - stepper.pending
     logits = stepper.forward(keep=k + 1)
     # processors position by position, on the prefix each position would see
     new_scores = [call.logits_processor(stepper.ids[:, :cur + i], logits[:, i].clone()) for i in range(k + 1)]
     n_matches, next_token = _verify(candidates, candidate_logits, new_scores, bool(call.config.do_sample))
     kept, done = _accept(stepper, finish, candidates[:, :n_matches], next_token, new_scores, cur)
     for i in range(kept):
-        record.model_step(logits[:, i], None)
+        record.model_step(logits[:, i], _hidden_for(stepper.hidden_states, cur - 1 + i - fed_from,
+                                                    whole_prompt=first_round and i == 0))
         record.processed(new_scores[i])
     return n_matches, kept, done, new_scores
 

@@ -24,7 +24,8 @@ import torch
 
 logger = logging.getLogger("genkit.candidates")
 
-__all__ = ["DraftModelCandidateGenerator", "PromptLookupCandidateGenerator", "draft_model", "prompt_lookup"]
+__all__ = ["DraftModelCandidateGenerator", "PromptLookupCandidateGenerator", "adapted_threshold", "draft_model",
+           "prompt_lookup"]
 
 
 class PromptLookupCandidateGenerator:
@@ -81,7 +82,11 @@ class DraftModelCandidateGenerator:
     ``num_assistant_tokens`` tokens are drafted per round. With the ``"heuristic"`` schedules the
     number grows by 2 after a round in which every draft token was accepted and shrinks by 1
     (not below 1) otherwise. Drafting stops early when the assistant's probability for its own
-    choice falls below ``assistant_confidence_threshold`` (0 disables). The draft sees the same
+    choice falls below ``assistant_confidence_threshold`` (0 disables). With ``adaptive_threshold``
+    (the default, as transformers does when scikit-learn is installed) that threshold is re-chosen
+    after every round from the drafts seen so far: the one on their ROC curve (draft probability
+    vs. accepted) that minimises ``false positive rate + 3 * false negative rate``
+    (:func:`adapted_threshold`; no scikit-learn needed). The draft sees the same
     logits processors as the target. When ``do_sample`` is set it samples from its processed
     distribution; its scores are returned either way, so the strategy can apply the speculative
     sampling acceptance rule.
@@ -89,7 +94,7 @@ class DraftModelCandidateGenerator:
 
     def __init__(self, assistant_model: Any, *, num_assistant_tokens: int = 20,
                  schedule: str = "constant", confidence_threshold: float = 0.0, do_sample: bool = False,
-                 logits_processor: Any = None) -> None:
+                 logits_processor: Any = None, adaptive_threshold: bool = True) -> None:
         if assistant_model is None:
             raise ValueError("the `draft_model` candidate generator needs `assistant_model=` in generate()")
         if schedule not in ("constant", "heuristic", "heuristic_transient"):
@@ -101,6 +106,9 @@ class DraftModelCandidateGenerator:
         self.num_assistant_tokens = int(num_assistant_tokens)
         self.schedule = schedule
         self.confidence_threshold = float(confidence_threshold)
+        self.adaptive_threshold = adaptive_threshold and self.confidence_threshold > 0
+        self._probs: list[float] = []  # the assistant's probability of each drafted token
+        self._matches: list[int] = []  # 1 where the target accepted it, 0 for the first rejected one
         self.do_sample = do_sample
         self.logits_processor = logits_processor
         self.cache: Any = assistant_model.new_cache() if hasattr(assistant_model, "new_cache") else None
@@ -146,6 +154,8 @@ class DraftModelCandidateGenerator:
                 token = scores.argmax(dim=-1, keepdim=True)
             drafted.append(token)
             scores_out.append(scores)
+            if self.adaptive_threshold:
+                self._probs.append(float(probs.gather(1, token).min()))
             seq = torch.cat([seq, token], dim=1)
             if self.confidence_threshold > 0 and i < k - 1 \
                     and float(probs.gather(1, token).min()) < self.confidence_threshold:
@@ -162,6 +172,35 @@ class DraftModelCandidateGenerator:
                 self.num_assistant_tokens += 2
             else:
                 self.num_assistant_tokens = max(1, self.num_assistant_tokens - 1)
+        if self.adaptive_threshold:
+            # the accepted drafts are 1s, the first rejected one a 0; later drafts were never judged
+            self._matches.extend([1] * num_matches)
+            if len(self._probs) > len(self._matches):
+                self._matches.append(0)
+            del self._probs[len(self._matches):]
+            if len(self._probs) > 5 and 0 in self._matches and 1 in self._matches:
+                self.confidence_threshold = adapted_threshold(self._probs, self._matches)
+
+
+def adapted_threshold(probs: list[float], matches: list[int]) -> float:
+    """The draft-probability threshold that minimises ``fpr + 3 * fnr`` on the ROC curve of
+    ``probs`` (scores) against ``matches`` (labels): transformers' rule, computed as
+    ``sklearn.metrics.roc_curve`` does (thresholds at the distinct scores, highest first, after
+    ``inf``; the first of equal costs wins)."""
+    positives = sum(matches)
+    negatives = len(matches) - positives
+    pairs = sorted(zip(probs, matches), key=lambda pm: -pm[0])
+    best_cost, best = 3.0, float("inf")  # the threshold inf: nothing predicted positive (fpr 0, fnr 1)
+    tp = fp = 0
+    for k, (p, m) in enumerate(pairs):
+        tp += m
+        fp += 1 - m
+        if k + 1 < len(pairs) and pairs[k + 1][0] == p:
+            continue  # one point per distinct score
+        cost = fp / negatives + 3 * (1 - tp / positives)
+        if cost < best_cost:
+            best_cost, best = cost, p
+    return best
 
 
 def prompt_lookup(model: Any, config: Any, **kwargs: Any) -> PromptLookupCandidateGenerator:
@@ -190,7 +229,9 @@ def draft_model(model: Any, config: Any, *, assistant_model: Any = None, logits_
         tv, av = model.config.vocab_size, assistant_model.config.vocab_size
         if tv is not None and av is not None and tv != av:
             raise ValueError(
-                f"`assistant_model` must share the target's vocabulary: vocab_size {av} vs the target's {tv}"
+                f"`assistant_model` has another vocabulary (vocab_size {av} vs the target's {tv}): pass "
+                "`tokenizer=` (the target's) and `assistant_tokenizer=` (the assistant's) for universal assisted "
+                "decoding"
             )
     threshold = config.assistant_confidence_threshold
     return DraftModelCandidateGenerator(

@@ -43,6 +43,12 @@ _LAZY = {
     "TextIteratorStreamer": "genkit.builtin_strategies.streamers:TextIteratorStreamer",
     "AsyncTextIteratorStreamer": "genkit.builtin_strategies.streamers:AsyncTextIteratorStreamer",
     "BaseStreamer": "genkit.builtin_strategies.streamers:BaseStreamer",
+    "WatermarkingConfig": "genkit.watermarking:WatermarkingConfig",
+    "WatermarkDetector": "genkit.watermarking:WatermarkDetector",
+    "WatermarkDetectorOutput": "genkit.watermarking:WatermarkDetectorOutput",
+    "WatermarkLogitsProcessor": "genkit.builtin_strategies.watermark:WatermarkLogitsProcessor",
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor":
+        "genkit.builtin_strategies.guidance:UnbatchedClassifierFreeGuidanceLogitsProcessor",
 }
 
 _PROCESSOR_NAMES = (

@@ -55,8 +55,20 @@ def _str_or_strs(v: Any) -> bool:
     return isinstance(v, (list, tuple)) and len(v) > 0 and all(isinstance(s, str) and s for s in v)
 
 
-def _F(name: str, default: Any, check: Any = None, accepted: str = "", doc: str = "") -> FieldSpec:
-    return FieldSpec(name, default, check, accepted, doc)
+def _F(name: str, default: Any, check: Any = None, accepted: str = "", doc: str = "", coerce: Any = None) -> FieldSpec:
+    return FieldSpec(name, default, check, accepted, doc, coerce)
+
+
+def _watermarking_config(v: Any) -> bool:
+    from .watermarking import is_watermarking_config
+
+    return is_watermarking_config(v)
+
+
+def _as_watermarking_config(v: Any) -> Any:
+    from .watermarking import as_watermarking_config
+
+    return as_watermarking_config(v)
 
 
 # Fields the core owns. Processor fields (temperature, top_k, ...) are declared by the built-in
@@ -94,8 +106,11 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("low_memory", None, _is_bool, "True, False or None"),
     _F("prefill_chunk_size", None, lambda v: _is_int(v) and v >= 1, "an int >= 1 or None"),
     _F("token_healing", False, _is_bool, "True or False"),
-    _F("guidance_scale", None, lambda v: _is_num(v) and v >= 0, "a number >= 0 or None"),
-    _F("watermarking_config", None),
+    _F("guidance_scale", None, lambda v: _is_num(v) and 0 <= v < float("inf"),
+       "a finite number >= 0 (1 turns classifier-free guidance off) or None"),
+    _F("watermarking_config", None, _watermarking_config,
+       "a genkit.WatermarkingConfig, a dict of its keys, or another watermark config object "
+       "(construct_processor, to_dict, validate), or None", coerce=_as_watermarking_config),
     _F("num_return_sequences", 1, lambda v: _is_int(v) and v >= 1, "an int >= 1"),
     # outputs
     _F("output_attentions", False, _is_bool, "True or False"),
@@ -134,10 +149,6 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
 # the ones listed as "off" with a NotSupportedError naming the field: none is accepted and ignored.
 # One line per field, naming what implements it; a feature that lands deletes its lines.
 NOT_SUPPORTED: dict[str, str] = {
-    "guidance_scale": "classifier-free guidance (issue 19)",
-    "watermarking_config": "watermarking (issue 19)",
-    "assistant_lookbehind": "universal assisted decoding with a different tokenizer (issue 19)",
-    "target_lookbehind": "universal assisted decoding with a different tokenizer (issue 19)",
     "continuous_batching_config": "continuous batching (issue 14)",
     "prefill_chunk_size": "chunked prefill, part of continuous batching (issue 14)",
     "cache_config": "quantized or offloaded caches",
@@ -149,7 +160,7 @@ NOT_SUPPORTED: dict[str, str] = {
 }
 
 # values of those fields that mean "off" (besides the field's default)
-_OFF_VALUES: dict[str, tuple[Any, ...]] = {"guidance_scale": (1, 1.0)}
+_OFF_VALUES: dict[str, tuple[Any, ...]] = {}
 
 # Fields accepted with no effect on what genkit generates (documented in docs/api.md, "Fields"):
 # genkit's cache is always preallocated for max_length, generate does not compile, models are
@@ -219,8 +230,11 @@ class GenerationConfig:
 
     # -- attribute guard: a misspelt attribute assignment is an error, not a silent no-op -----
     def __setattr__(self, key: str, value: Any) -> None:
-        if not key.startswith("_") and key not in _field_table():
-            raise unknown_key_error(key, _field_table())
+        if not key.startswith("_"):
+            table = _field_table()
+            if key not in table:
+                raise unknown_key_error(key, table)
+            value = _coerced(table[key], value)
         object.__setattr__(self, key, value)
 
     def __getattr__(self, key: str) -> Any:
@@ -268,7 +282,7 @@ class GenerationConfig:
         unused = {k: v for k, v in kwargs.items() if k not in table}
         for key, value in kwargs.items():
             if key in table:
-                object.__setattr__(self, key, value)
+                object.__setattr__(self, key, _coerced(table[key], value))
         self.validate()
         return unused
 
@@ -398,7 +412,16 @@ class GenerationConfig:
         return cls(**good)
 
 
+def _coerced(spec: FieldSpec, value: Any) -> Any:
+    """``value`` as the field holds it (a field's ``coerce``, e.g. a dict to a WatermarkingConfig)."""
+    if spec.coerce is None or value is None:
+        return value
+    return spec.coerce(value)
+
+
 def _jsonable(v: Any) -> Any:
+    if callable(getattr(v, "to_dict", None)) and not isinstance(v, (dict, list, tuple)):
+        return _jsonable(v.to_dict())
     if isinstance(v, dict):
         return {str(k): _jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):

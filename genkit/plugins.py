@@ -68,7 +68,9 @@ class FieldSpec:
     """A ``GenerationConfig`` field that a plugin owns.
 
     ``check(value) -> bool`` tells whether a value is acceptable; ``accepted`` describes the
-    accepted values in words and appears in the error message.
+    accepted values in words and appears in the error message. ``coerce(value) -> value``, when
+    given, turns a value as it is written in ``generation_config.json`` (e.g. a dict) into the
+    object the field holds, when the field is set; it may raise ``ConfigError`` naming the field.
     """
 
     name: str
@@ -76,6 +78,7 @@ class FieldSpec:
     check: Callable[[Any], bool] | None = None
     accepted: str = ""
     doc: str = ""
+    coerce: Callable[[Any], Any] | None = None
 
     def validate(self, value: Any) -> None:
         if value is None or value == self.default or self.check is None:

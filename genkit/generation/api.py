@@ -23,7 +23,7 @@ logger = logging.getLogger("genkit.generation")
 WARPER_ORDER = 200
 
 # keyword arguments that go to the model / loop rather than into the GenerationConfig
-MODEL_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "tokenizer"}
+MODEL_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "tokenizer", "assistant_tokenizer"}
 
 
 def generate(
@@ -59,21 +59,35 @@ def generate(
         with torch.no_grad():
             return recipe.generate(model, **{k: v for k, v in forwarded.items() if v is not None}, **kwargs)
 
+    # the negative prompt is the classifier-free guidance processor's input (ProcessorContext.extras)
+    negative = {"negative_prompt_ids": negative_prompt_ids,
+                "negative_prompt_attention_mask": negative_prompt_attention_mask}
     prepared = prepare(model, inputs, generation_config, logits_processor, stopping_criteria,
-                       prefix_allowed_tokens_fn, streamer, kwargs)
+                       prefix_allowed_tokens_fn, streamer, kwargs,
+                       processor_inputs={k: v for k, v in negative.items() if v is not None})
     decode = _pick_strategy(custom_generate, prepared.config, assistant_model)
     extra: dict[str, Any] = {}
     if assistant_model is not None:
         extra["assistant_model"] = _as_protocol_model(assistant_model)
-    if negative_prompt_ids is not None:
-        extra["negative_prompt_ids"] = negative_prompt_ids
-        extra["negative_prompt_attention_mask"] = negative_prompt_attention_mask
+    _check_assistant_tokenizer(prepared, assistant_model)
     if prepared.tokenizer is not None:
         extra["tokenizer"] = prepared.tokenizer
     result = _run_strategy(decode, model, prepared, extra)
     if callable(custom_generate):
         return result
     return _finish_output(result, prepared.config)
+
+
+def _check_assistant_tokenizer(prepared: Prepared, assistant_model: Any) -> None:
+    """``assistant_tokenizer=`` (universal assisted decoding) needs an assistant and the target's tokenizer."""
+    if prepared.model_kwargs.get("assistant_tokenizer") is None:
+        prepared.model_kwargs.pop("assistant_tokenizer", None)
+        return
+    if assistant_model is None:
+        raise ConfigError("`assistant_tokenizer` is the tokenizer of `assistant_model`: pass `assistant_model=` too")
+    if prepared.tokenizer is None:
+        raise ConfigError("`assistant_tokenizer` needs `tokenizer=` (the target model's tokenizer) too: drafts are "
+                          "re-encoded from text")
 
 
 def _recipe_for(custom_generate: Any, trust_remote_code: bool | None) -> Any:
@@ -230,8 +244,11 @@ def _special_tokens(model: Any, config: GenerationConfig) -> list[int]:
 
 def prepare(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
             logits_processor: list[Any] | None, stopping_criteria: list[Any] | None,
-            prefix_allowed_tokens_fn: Any, streamer: Any, kwargs: dict[str, Any]) -> Prepared:
-    """Inputs, config, processors and stop conditions for a strategy, in named steps."""
+            prefix_allowed_tokens_fn: Any, streamer: Any, kwargs: dict[str, Any], *,
+            processor_inputs: dict[str, Any] | None = None) -> Prepared:
+    """Inputs, config, processors and stop conditions for a strategy, in named steps.
+    ``processor_inputs`` (e.g. ``negative_prompt_ids``) reach the processor factories as
+    ``ProcessorContext.extras``."""
     kwargs = dict(kwargs)
     if "input_ids" in kwargs:
         if inputs is not None:
@@ -246,7 +263,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     input_ids = _expand_to_sequences(input_ids, config, model_kwargs)
     tokenizer = model_kwargs.pop("tokenizer", None)
     processors = _build_processors(model, config, input_ids, eos_ids, model_kwargs, logits_processor,
-                                   prefix_allowed_tokens_fn, tokenizer)
+                                   prefix_allowed_tokens_fn, tokenizer, processor_inputs or {})
     stop = _build_stop_conditions(config, eos_ids, tokenizer, stopping_criteria, input_ids.device)
     return Prepared(input_ids, config, processors, stop, _open_streamer(streamer, tokenizer), model_kwargs, tokenizer)
 
@@ -337,12 +354,13 @@ def _open_streamer(streamer: Any, tokenizer: Any) -> Any:
 
 def _build_processors(model: Any, config: GenerationConfig, input_ids: torch.Tensor, eos_ids: list[int],
                       model_kwargs: dict[str, Any], user: list[Any] | None, prefix_allowed_tokens_fn: Any,
-                      tokenizer: Any) -> LogitsProcessorList:
+                      tokenizer: Any, extras: dict[str, Any] | None = None) -> LogitsProcessorList:
     """The registry's processors for this config, then the user's (before the sampling warpers)."""
     ctx = ProcessorContext(
         input_ids_seq_length=input_ids.shape[1], eos_token_ids=eos_ids, device=input_ids.device,
         attention_mask=model_kwargs.get("attention_mask"), input_ids=input_ids,
         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, tokenizer=tokenizer, model=model,
+        extras=dict(extras or {}),
     )
     built = []
     first_warper = None
