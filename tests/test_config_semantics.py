@@ -14,20 +14,12 @@ import torch
 
 import genkit
 from genkit import GenerationConfig
-from genkit.config import _WARNED, _field_table, default_values
+from genkit.config import _field_table, default_values
 
 transformers = pytest.importorskip("transformers")
 
 IDS = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
 MASK = (IDS != 0).long()
-
-
-@pytest.fixture
-def fresh_warnings():
-    """Warnings are logged once per process; forget the ones earlier tests logged."""
-    _WARNED.clear()
-    yield
-    _WARNED.clear()
 
 
 def _config_warnings(caplog) -> list[str]:
@@ -134,7 +126,7 @@ def _sampling_model(tiny_model):
     return tiny_model
 
 
-def test_greedy_call_on_a_sampling_model_logs_nothing(tiny_model, caplog, fresh_warnings):
+def test_greedy_call_on_a_sampling_model_logs_nothing(tiny_model, caplog):
     model = _sampling_model(tiny_model)
     with caplog.at_level(logging.WARNING, logger="genkit.config"):
         for _ in range(2):
@@ -142,7 +134,7 @@ def test_greedy_call_on_a_sampling_model_logs_nothing(tiny_model, caplog, fresh_
     assert _config_warnings(caplog) == []
 
 
-def test_a_flag_the_caller_sets_is_warned_about_once(tiny_model, caplog, fresh_warnings):
+def test_a_flag_the_caller_sets_is_warned_about_once(tiny_model, caplog):
     with caplog.at_level(logging.WARNING, logger="genkit.config"):
         for _ in range(3):
             tiny_model.generate(IDS[:1], max_new_tokens=3, temperature=0.5)
@@ -169,7 +161,7 @@ def _flagged(err: Exception) -> set[str]:
     return set(re.findall(r"^- `(\w+)`", str(err), flags=re.MULTILINE))
 
 
-@pytest.mark.parametrize(("kw", "user_set"), PROVENANCE, ids=[f"{sorted(k)}-{u}" for k, u in PROVENANCE])
+@pytest.mark.parametrize(("kw", "user_set"), PROVENANCE, ids=[f"{sorted(k)}-{None if u is None else sorted(u)}" for k, u in PROVENANCE])
 def test_flags_warned_about_are_transformers_flags(kw, user_set):
     expected: set[str] = set()
     try:
@@ -184,7 +176,7 @@ def test_flags_warned_about_are_transformers_flags(kw, user_set):
     assert got == expected
 
 
-def test_validate_warns_about_output_flags_without_return_dict(caplog, fresh_warnings):
+def test_validate_warns_about_output_flags_without_return_dict(caplog):
     with caplog.at_level(logging.WARNING, logger="genkit.config"):
         GenerationConfig(output_scores=True).validate()
     assert any("`output_scores`" in m and "return_dict_in_generate" in m for m in _config_warnings(caplog))
@@ -204,7 +196,7 @@ def test_save_pretrained_refuses_an_inconsistent_config_and_writes_nothing(tmp_p
     assert not target.exists()
 
 
-def test_a_loaded_config_saved_unchanged_is_only_warned_about(tmp_path, caplog, fresh_warnings):
+def test_a_loaded_config_saved_unchanged_is_only_warned_about(tmp_path, caplog):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "generation_config.json").write_text(json.dumps({"temperature": 0.5}))
     with caplog.at_level(logging.WARNING, logger="genkit.config"):
@@ -229,7 +221,7 @@ def test_unknown_keys_are_kept_written_and_read_by_transformers(tmp_path):
     assert GenerationConfig.from_pretrained(tmp_path).foo == "bar"
 
 
-def test_a_key_close_to_a_field_warns_did_you_mean(caplog, fresh_warnings):
+def test_a_key_close_to_a_field_warns_did_you_mean(caplog):
     with caplog.at_level(logging.WARNING, logger="genkit.config"):
         c = GenerationConfig(temprature=0.3)
         c.max_new_tokns = 5
@@ -303,3 +295,44 @@ def test_update_options_as_in_transformers(options):
     for name in ("top_k", "top_p", "note"):
         assert getattr(ours, name) == getattr(ref, name), name
     assert getattr(ours, "extra", None) == getattr(ref, "extra", None)
+
+
+# -- an honest config (issue 10, item 7): a plugin that declares an unsupported field implements it --
+
+def test_a_field_declared_by_a_plugin_counts_as_implemented(tiny_model):
+    from genkit.errors import NotSupportedError
+    from genkit.plugins import FieldSpec, register_plugin, reset_registry
+
+    with pytest.raises(NotSupportedError, match="`token_healing`=True"):
+        tiny_model.generate(IDS[:1], max_new_tokens=2, token_healing=True)
+    seen = []
+
+    class Healing:
+        @genkit.hookimpl
+        def register_logits_processors(self, register):
+            def make(config, ctx):
+                seen.append(config.token_healing)
+
+            register("token_healing_demo", make, fields=[FieldSpec("token_healing", False, lambda v: isinstance(
+                v, bool), "True or False")], order=10)
+
+    reset_registry()
+    try:
+        register_plugin(Healing(), name="healing")
+        tiny_model.generate(IDS[:1], max_new_tokens=2, token_healing=True)
+        assert seen == [True]
+    finally:
+        reset_registry()
+    with pytest.raises(NotSupportedError):
+        tiny_model.generate(IDS[:1], max_new_tokens=2, token_healing=True)
+
+
+def test_unsupported_values_say_what_to_use_instead(tiny_model):
+    from genkit.errors import NotSupportedError
+
+    with pytest.raises(NotSupportedError, match=r"`cache_implementation`='quantized' \(a quantized KV cache"):
+        tiny_model.generate(IDS[:1], max_new_tokens=2, cache_implementation="quantized")
+    with pytest.raises(NotSupportedError, match="pick a draft source with candidate_generator="):
+        tiny_model.generate(IDS[:1], max_new_tokens=2, speculation_type="tree")
+    out = tiny_model.generate(IDS[:1], max_new_tokens=2, cache_implementation="offloaded")  # no effect
+    assert torch.equal(out, tiny_model.generate(IDS[:1], max_new_tokens=2))
