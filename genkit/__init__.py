@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 # public name -> "module:attr"
 _LAZY = {
     "GenerationConfig": "genkit.config:GenerationConfig",
+    "GenerationMode": "genkit.generation_mode:GenerationMode",
+    "set_seed": "genkit.seed:set_seed",
     "generate": "genkit.generation.api:generate",
     "GenerationMixin": "genkit.generation.mixin:GenerationMixin",
     "GenerateDecoderOnlyOutput": "genkit.generation.outputs:GenerateDecoderOnlyOutput",
@@ -98,3 +100,5 @@ if TYPE_CHECKING:  # pragma: no cover  (re-exports for type checkers; at run tim
     from .generation.processing import LogitsProcessorList as LogitsProcessorList
     from .generation.processing import StoppingCriteria as StoppingCriteria
     from .generation.processing import StoppingCriteriaList as StoppingCriteriaList
+    from .generation_mode import GenerationMode as GenerationMode
+    from .seed import set_seed as set_seed

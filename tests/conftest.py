@@ -18,6 +18,16 @@ def _no_grad():
         yield
 
 
+@pytest.fixture(autouse=True)
+def _fresh_warn_once():
+    """genkit logs some warnings once per process (genkit.config.warn_once): every test starts
+    with none logged, so what it sees does not depend on the tests that ran before it."""
+    from genkit.config import _WARNED
+
+    _WARNED.clear()
+    yield
+
+
 @pytest.fixture
 def tiny_model():
     from genkit.models.tiny import tiny_llama

@@ -37,6 +37,10 @@ import pytest
 LFS_THRESHOLD = 10 * 1024 * 1024  # files larger than this are sent through LFS
 
 
+# the user the test token belongs to: a repo created without an organization lands in its namespace
+USER = "genkit-tester"
+
+
 def git_blob_oid(data: bytes) -> str:
     """The git blob sha1 of ``data`` (what the Hub reports as a file's ``oid``)."""
     return hashlib.sha1(b"blob %d\x00" % len(data) + data).hexdigest()
@@ -400,7 +404,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _create_repo(self, req: dict[str, Any]) -> None:
         name, org = req.get("name"), req.get("organization")
-        repo_id = f"{org}/{name}" if org else name
+        repo_id = f"{org}/{name}" if org else f"{USER}/{name}"  # a bare name: the token's user, as on the Hub
         repo_type = req.get("type") or "model"
         prefix = "" if repo_type == "model" else f"{repo_type}s/"
         url = f"{self.server.endpoint}/{prefix}{repo_id}"

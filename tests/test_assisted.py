@@ -136,11 +136,12 @@ def test_left_padded_prompt(target):
 
 
 def test_selection_and_candidate_generator_field(target):
-    assert genkit.GenerationConfig(prompt_lookup_num_tokens=3).get_generation_mode() == "assisted"
-    assert genkit.GenerationConfig(candidate_generator="prompt_lookup").get_generation_mode() == "assisted"
-    assert genkit.GenerationConfig().get_generation_mode(assistant_model=target) == "assisted"
-    assert genkit.GenerationConfig().get_generation_mode() == "greedy"
-    assert genkit.GenerationConfig(num_beams=2, prompt_lookup_num_tokens=3).get_generation_mode() != "assisted"
+    assisted = genkit.GenerationMode.ASSISTED_GENERATION
+    assert genkit.GenerationConfig(prompt_lookup_num_tokens=3).get_generation_mode() == assisted
+    assert genkit.GenerationConfig(candidate_generator="prompt_lookup").get_generation_mode() == assisted
+    assert genkit.GenerationConfig().get_generation_mode(assistant_model=target) == assisted
+    assert genkit.GenerationConfig().get_generation_mode() == "greedy_search"
+    assert genkit.GenerationConfig(num_beams=2, prompt_lookup_num_tokens=3).get_generation_mode() != assisted
     ids = _repetitive_prompt(8)
     by_name = genkit.generate(target, ids, max_new_tokens=12, candidate_generator="prompt_lookup",
                               candidate_generator_kwargs={"num_output_tokens": 3})

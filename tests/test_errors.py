@@ -20,8 +20,8 @@ def test_config_errors(tiny_model):
                                           r"`max_new_tokens`\?") as err:
         genkit.generate(tiny_model, ids, max_new_tokenz=3)
     assert isinstance(err.value, ValueError) and isinstance(err.value, GenkitError)
-    with pytest.raises(ConfigError, match="`dry_bse` is not a GenerationConfig field"):
-        genkit.GenerationConfig(dry_bse=1)
+    with pytest.raises(ConfigError, match="`dry_bse` is not a generation parameter"):
+        genkit.generate(tiny_model, ids, dry_bse=1)
 
 
 def test_unknown_item_errors(tiny_model):

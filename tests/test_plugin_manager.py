@@ -161,10 +161,10 @@ def test_equal_priorities_that_both_apply_are_an_error_naming_both():
     reg = build_registry([(Twins(), Origin("twins", "runtime"))])
     with pytest.raises(PluginError, match=r"strategy selection is ambiguous: 'twin_.' \(runtime twins\) and 'twin_.' "
                                           r"\(runtime twins\) both apply .* with priority 50") as err:
-        reg.select_strategy(genkit.GenerationConfig(top_k=7))
+        reg.select_strategy(genkit.GenerationConfig(top_k=7).with_defaults())
     assert isinstance(err.value, GenkitError)
-    assert reg.select_strategy(genkit.GenerationConfig(top_k=9)).name == "single"
-    assert reg.select_strategy(genkit.GenerationConfig()).name == "greedy"
+    assert reg.select_strategy(genkit.GenerationConfig(top_k=9).with_defaults()).name == "single"
+    assert reg.select_strategy(genkit.GenerationConfig().with_defaults()).name == "greedy"
 
 
 def test_builtin_selectors_have_no_ties():
@@ -175,7 +175,7 @@ def test_builtin_selectors_have_no_ties():
             for groups in (1, 2):
                 for force in (None, [[5]]):
                     for lookup in (None, 3):
-                        cfg = genkit.GenerationConfig()
+                        cfg = genkit.GenerationConfig().with_defaults()
                         for k, v in dict(num_beams=beams, do_sample=sample, num_beam_groups=groups,
                                          force_words_ids=force, prompt_lookup_num_tokens=lookup).items():
                             object.__setattr__(cfg, k, v)

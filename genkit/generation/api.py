@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..config import GenerationConfig, check_supported, unknown_key_error
+from ..config import GenerationConfig, check_supported, merge_for_generate, resolve_lengths, unknown_key_error
 from ..errors import ConfigError, UnknownItemError
 from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
@@ -206,23 +206,16 @@ class Prepared:
 
 def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs: dict[str, Any]) -> tuple[
         GenerationConfig, dict[str, Any]]:
-    """model's generation_config < ``generation_config`` < kwargs. Returns (config, model kwargs)."""
+    """generation_config < model's generation_config (what it leaves unset) < defaults < kwargs
+    (``genkit.config.merge_for_generate``). Returns (config, model kwargs)."""
     base = getattr(model, "generation_config", None)
-    config = base.copy() if isinstance(base, GenerationConfig) else GenerationConfig()
-    if generation_config is not None:
-        if not isinstance(generation_config, GenerationConfig):
-            raise ConfigError(
-                f"`generation_config` must be a genkit.GenerationConfig; got {type(generation_config).__name__}"
-            )
-        config.update(**generation_config.to_diff_dict())
-    cfg_kwargs = {k: v for k, v in kwargs.items() if k not in MODEL_KWARGS}
-    model_kwargs = {k: v for k, v in kwargs.items() if k in MODEL_KWARGS}
-    unused = config.update(**cfg_kwargs)
-    if unused:
-        key = next(iter(unused))
+    config, rest = merge_for_generate(base if isinstance(base, GenerationConfig) else None, generation_config, kwargs)
+    model_kwargs = {k: v for k, v in rest.items() if k in MODEL_KWARGS}
+    unknown = [k for k in rest if k not in MODEL_KWARGS]
+    if unknown:
         from ..config import _field_table
 
-        raise unknown_key_error(key, list(_field_table()) + sorted(MODEL_KWARGS),
+        raise unknown_key_error(unknown[0], list(_field_table()) + sorted(MODEL_KWARGS),
                                 what="generation parameter (GenerationConfig field or model input)")
     check_supported(config)
     return config, model_kwargs
@@ -259,7 +252,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     input_ids = _prompt_ids(inputs, config, getattr(model, "device", torch.device("cpu")))
     _attention_mask(input_ids, config, eos_ids, model_kwargs)
     _adapt_cache(model_kwargs)
-    _set_lengths(config, input_ids.shape[1])
+    _set_lengths(model, config, input_ids.shape[1])
     input_ids = _expand_to_sequences(input_ids, config, model_kwargs)
     tokenizer = model_kwargs.pop("tokenizer", None)
     processors = _build_processors(model, config, input_ids, eos_ids, model_kwargs, logits_processor,
@@ -317,17 +310,10 @@ def _adapt_cache(model_kwargs: dict[str, Any]) -> None:
         model_kwargs["past_key_values"] = as_genkit_cache(cache)
 
 
-def _set_lengths(config: GenerationConfig, input_len: int) -> None:
-    """``max_length`` and ``min_length`` from the ``*_new_tokens`` settings and the prompt length."""
-    if config.max_new_tokens is not None:
-        object.__setattr__(config, "max_length", input_len + config.max_new_tokens)
-    elif config.max_length <= input_len:
-        raise ConfigError(
-            f"`max_length` ({config.max_length}) must be larger than the input length ({input_len}); "
-            "set `max_new_tokens` to the number of tokens to generate"
-        )
-    if config.min_new_tokens is not None:
-        object.__setattr__(config, "min_length", max(config.min_length, input_len + config.min_new_tokens))
+def _set_lengths(model: Any, config: GenerationConfig, input_len: int) -> None:
+    """``max_length`` and ``min_length`` from the ``*_new_tokens`` settings and the prompt length
+    (``genkit.config.resolve_lengths``, transformers 5's rules)."""
+    resolve_lengths(config, input_len, getattr(getattr(model, "config", None), "max_position_embeddings", None))
 
 
 def _expand_to_sequences(input_ids: torch.Tensor, config: GenerationConfig,
