@@ -92,28 +92,41 @@ def readme_problems(text: str | None) -> list[str]:
 
 
 MAX_FRONT_MATTER_BYTES = 64_000
+MAX_FRONT_MATTER_DEPTH = 32
 
 
 def _safe_loader() -> type:
-    """A ``yaml.SafeLoader`` that refuses aliases (``*name``): a few hundred bytes of nested aliases
-    (an "alias bomb") build a structure that is tiny in memory but expands exponentially when it is
-    walked or printed. README front matter has no use for them."""
+    """A ``yaml.SafeLoader`` that refuses aliases (``*name``) and nesting deeper than
+    :data:`MAX_FRONT_MATTER_DEPTH`: a few hundred bytes of nested aliases (an "alias bomb") build a
+    structure that is tiny in memory but expands exponentially when it is walked or printed, and a
+    few KB of ``[[[[...`` exhaust the recursion of PyYAML's composer and of anything that walks the
+    result (``json.dumps``). README front matter has no use for either."""
     import yaml
 
-    class NoAliasLoader(yaml.SafeLoader):  # type: ignore[misc]
+    class BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]
+        depth = 0
+
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
                 raise yaml.composer.ComposerError(None, None, "YAML aliases are not allowed in README front matter",
                                                   event.start_mark)
-            return super().compose_node(parent, index)
+            if self.depth >= MAX_FRONT_MATTER_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"README front matter is nested deeper than "
+                                                  f"{MAX_FRONT_MATTER_DEPTH} levels", self.peek_event().start_mark)
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
 
-    return NoAliasLoader
+    return BoundedLoader
 
 
 def front_matter(text: str) -> dict | None:
     """The README's YAML front matter as a dict, or None when it has none, it is not a mapping, it
-    is over :data:`MAX_FRONT_MATTER_BYTES`, or it uses YAML aliases."""
+    is over :data:`MAX_FRONT_MATTER_BYTES`, it uses YAML aliases or it is nested deeper than
+    :data:`MAX_FRONT_MATTER_DEPTH`."""
     import yaml
 
     m = FRONT_MATTER.match(text)
@@ -121,7 +134,7 @@ def front_matter(text: str) -> dict | None:
         return None
     try:
         data = yaml.load(m.group(1), Loader=_safe_loader()) or {}  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
