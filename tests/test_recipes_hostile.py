@@ -265,3 +265,31 @@ def test_a_persistent_hash_mismatch_is_a_fetch_error(hub_server, monkeypatch):
     with pytest.raises(RecipeFetchError, match=r"custom_generate/generate.py .*does not match the Hub listing"):
         load_recipe("org/lie", trust_remote_code=True)
     assert len(_file_gets(hub_server, "generate.py")) == 2
+
+
+# -- front matter of odd shapes: inspect and check report it, never crash --------------------------
+@pytest.mark.parametrize("meta", ["tags: 5", "tags: {a: 1}", "2024-01-01: x\ntags: [custom_generate]",
+                                  "tags: [custom_generate]\nblob: !!binary aGVsbG8=", "tags: [1, custom_generate]"])
+def test_front_matter_of_any_shape_is_reported_not_a_crash(hub_server, tmp_path, capsys, meta):
+    readme = f"---\n{meta}\n---\n# odd\n"
+    hub_server.state.commit("org/shape", {"custom_generate/generate.py": PLAIN, "README.md": readme})
+    assert cli(["inspect", "org/shape", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    tagged = "custom_generate" in meta and "tags: {" not in meta
+    assert any("`tags` must be a list" in p for p in out["problems"]) == (meta in ("tags: 5", "tags: {a: 1}"))
+    assert (not any("README.md" in p for p in out["problems"])) == tagged
+    local = write_recipe(tmp_path / "shape", {"custom_generate/generate.py": PLAIN}, readme=readme)
+    assert check_recipe(local, smoke=False).ok
+
+
+# -- a listing with a file where another listed path needs a folder --------------------------------
+def test_a_listing_with_a_file_where_a_folder_is_needed_is_refused(hub_server):
+    _hub_recipe(hub_server, "org/clash", **{"pkg/mod.py": "X = 1\n"})
+    # the server also lists `custom_generate/pkg` as a file (git cannot; a lying server can)
+    repo = hub_server.state.repo("org/clash")
+    head = repo.branches["main"]
+    repo.commits[head].files["custom_generate/pkg"] = b"X = 2\n"
+    hub_server.state.log.clear()
+    with pytest.raises(RecipeValidationError, match="a file where this path needs a folder"):
+        load_recipe("org/clash", trust_remote_code=True)
+    assert not hub_server.state.file_requests()

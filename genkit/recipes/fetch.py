@@ -136,6 +136,11 @@ def list_files(repo_id: str, commit: str) -> Listing:
             for e in entries if isinstance(e, RepoFile) and isinstance(e.path, str)}
 
 
+def _parents(path: str) -> set[str]:
+    parts = path.split("/")
+    return {"/".join(parts[:i]) for i in range(1, len(parts))}
+
+
 def _valid_size(size: Any) -> bool:
     return isinstance(size, int) and not isinstance(size, bool) and size >= 0
 
@@ -174,6 +179,11 @@ def listing_problems(repo_id: str, listing: Listing) -> list[Any]:
                                     "limit for recipe files (not downloaded)"))
         else:
             count, total = count + 1, total + size
+    paths = {p for p in listing if wanted(p)}
+    for path in sorted(paths):
+        if any(path.startswith(other + "/") for other in _parents(path) & paths):
+            problems.append(Problem(path, None, "the listing has a file where this path needs a folder; not "
+                                    "downloaded"))
     if count > MAX_FILES + 1:  # + README.md
         problems.append(Problem(FOLDER, None, f"the listing has {count} recipe files, over the {MAX_FILES}-file "
                                 "limit (nothing downloaded)"))

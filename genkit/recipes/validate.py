@@ -83,12 +83,23 @@ def readme_problems(text: str | None) -> list[str]:
     meta = front_matter(text)
     if meta is None:
         return ["README.md has no YAML front matter (--- ... ---) with `tags: [custom_generate]`"]
-    tags = meta.get("tags") or []
-    if isinstance(tags, str):
-        tags = [tags]
+    tags = _tags(meta)
+    if tags is None:
+        return [f"README.md front matter: `tags` must be a list of names; got {type(meta.get('tags')).__name__}"]
     if TAG not in tags:
         return ["README.md front matter does not carry the `custom_generate` tag"]
     return []
+
+
+def _tags(meta: dict) -> list[str] | None:
+    """The front matter's tags as a list of strings (a single string is one tag); None when they
+    are something else (a number, a mapping)."""
+    tags = meta.get("tags") or []
+    if isinstance(tags, str):
+        return [tags]
+    if not isinstance(tags, list):
+        return None
+    return [str(t) for t in tags]
 
 
 MAX_FRONT_MATTER_BYTES = 64_000
@@ -136,7 +147,19 @@ def front_matter(text: str) -> dict | None:
         data = yaml.load(m.group(1), Loader=_safe_loader()) or {}  # noqa: S506 - a SafeLoader subclass
     except (yaml.YAMLError, RecursionError):
         return None
-    return data if isinstance(data, dict) else None
+    return _plain(data) if isinstance(data, dict) else None
+
+
+def _plain(value: Any) -> Any:
+    """The parsed front matter with only JSON types: mapping keys as strings, dates and binary
+    values as their text (``genkit inspect --json`` prints it; depth is bounded by the loader)."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    return str(value)
 
 
 def with_tag(text: str | None, title: str = "Recipe") -> str:
@@ -149,11 +172,9 @@ def with_tag(text: str | None, title: str = "Recipe") -> str:
     meta = front_matter(text) if m else {}
     if meta is None:
         meta = {}
-    tags = meta.get("tags") or []
-    if isinstance(tags, str):
-        tags = [tags]
+    tags = _tags(meta) or []
     if TAG in tags and m:
         return text
-    meta["tags"] = list(tags) + [TAG]
+    meta["tags"] = tags + [TAG]
     body = text[m.end():] if m else text
     return "---\n" + yaml.safe_dump(meta, sort_keys=False).strip() + "\n---\n" + body
