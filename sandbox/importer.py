@@ -114,33 +114,55 @@ def import_tree(tree: SourceTree, entry: str = "generate", label: str = "recipe"
             return cached
         _install()
         _finder.trees[name] = tree
-        path_before, meta_before = list(sys.path), list(sys.meta_path)
+        before = _import_system()
         try:
             importlib.import_module(name)
             module = importlib.import_module(f"{name}.{entry}")
         except BaseException as exc:
-            _undo_import_system_changes(label, path_before, meta_before)
+            _undo_import_system_changes(label, before)
             _purge(name)
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise RecipeImportError(
                 f"{label}: importing custom_generate/{entry}.py failed: {type(exc).__name__}: {exc}"
             ) from exc
-        _undo_import_system_changes(label, path_before, meta_before)
+        _undo_import_system_changes(label, before)
         _loaded[f"{name}.{entry}"] = module
         return module
 
 
-def _undo_import_system_changes(label: str, path_before: list[Any], meta_before: list[Any]) -> None:
-    """A recipe may not change where Python imports from: restore ``sys.path`` and
-    ``sys.meta_path`` as they were before its import, with a warning naming what it changed."""
-    for name, current, before in (("sys.path", sys.path, path_before), ("sys.meta_path", sys.meta_path, meta_before)):
-        if current != before:
-            added = [x for x in current if x not in before]
-            removed = [x for x in before if x not in current]
-            current[:] = before
-            logger.warning("%s changed %s while being imported (added %s, removed %s); the change was undone",
-                           label, name, added or "nothing", removed or "nothing")
+_IMPORT_LISTS = ("path", "meta_path", "path_hooks")
+
+
+def _import_system() -> dict[str, tuple[Any, list[Any]]]:
+    """The lists Python imports through (the objects and their items), and the importer cache."""
+    state: dict[str, tuple[Any, list[Any]]] = {n: (getattr(sys, n), list(getattr(sys, n))) for n in _IMPORT_LISTS}
+    state["path_importer_cache"] = (sys.path_importer_cache, [])
+    return state
+
+
+def _undo_import_system_changes(label: str, before: dict[str, tuple[Any, list[Any]]]) -> None:
+    """A recipe may not change where Python imports from: restore ``sys.path``, ``sys.meta_path`` and
+    ``sys.path_hooks`` as they were before its import (the same list objects with the same items,
+    also when the recipe rebound the names to new objects) and the ``sys.path_importer_cache``
+    object, with a warning naming what it changed."""
+    for name, (obj, items) in before.items():
+        current = getattr(sys, name, None)
+        rebound = current is not obj
+        if rebound:
+            setattr(sys, name, obj)
+        if name == "path_importer_cache":
+            if rebound:
+                logger.warning("%s replaced sys.%s while being imported; the change was undone", label, name)
+            continue
+        now = list(current) if isinstance(current, (list, tuple)) else []
+        if rebound or list(obj) != items:
+            added = [x for x in now if x not in items]
+            removed = [x for x in items if x not in now]
+            obj[:] = items
+            logger.warning("%s changed sys.%s while being imported (%sadded %s, removed %s); the change was undone",
+                           label, name, "rebound it, " if rebound else "", added or "nothing",
+                           removed or "nothing")
 
 
 def loaded_modules() -> dict[str, types.ModuleType]:

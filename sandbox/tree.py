@@ -85,12 +85,13 @@ def decode_source(data: bytes) -> str:
 
 # PEP 263: an encoding declaration is a comment matching this on line 1 or 2
 _CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+_PYTHON_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _UTF8_NAMES = {"utf-8", "utf8", "utf_8", "u8", "utf", "cp65001", "utf-8-sig", "utf_8_sig"}
 
 
 def encoding_declaration_problem(text: str) -> str | None:
     """Why the text's ``# coding:`` declaration is refused (``None`` when absent or UTF-8)."""
-    for line in text.splitlines()[:2]:
+    for line in _PYTHON_LINE_BREAK.split(text, maxsplit=2)[:2]:  # Python's lines, not str.splitlines()'s
         match = _CODING.match(line)
         if match:
             name = match.group(1).lower()
@@ -230,8 +231,7 @@ def scan_tree(root: str | os.PathLike[str], *, link_roots: tuple[str | os.PathLi
                 problems.append(Problem(shown, None, "not a regular file"))
                 continue
             if entry.name.endswith(COMPILED_SUFFIXES):
-                problems.append(Problem(shown, None, "compiled or native code is not allowed in a recipe; "
-                                        "ship Python source"))
+                problems.append(Problem(shown, None, COMPILED_PROBLEM))
                 continue
             if st.st_size > max_file_bytes:
                 problems.append(Problem(shown, None, f"file is {st.st_size} bytes, over the {max_file_bytes}-byte "
@@ -240,27 +240,18 @@ def scan_tree(root: str | os.PathLike[str], *, link_roots: tuple[str | os.PathLi
             if len(files) >= MAX_FILES:
                 problems.append(Problem(shown, None, f"more than {MAX_FILES} files in custom_generate/"))
                 continue
-            data = Path(entry.path).read_bytes()
+            with open(entry.path, "rb") as fh:  # bounded: the file may have grown since its stat
+                data = fh.read(max_file_bytes + 1)
             total += len(data)
-            if total > max_total_bytes:
-                problems.append(Problem(shown, None, f"custom_generate/ holds more than {max_total_bytes} bytes"))
+            if len(data) > max_file_bytes or total > max_total_bytes:
+                problems.append(Problem(shown, None, f"custom_generate/ holds more than {max_total_bytes} bytes"
+                                        if total > max_total_bytes else f"file is over the {max_file_bytes}-byte "
+                                        "limit for recipe files"))
                 continue
-            if entry.name.endswith(".py"):
-                if not _MODULE.fullmatch(entry.name[:-3]):
-                    problems.append(Problem(shown, None, f"{entry.name!r} is not an importable module name"))
-                    continue
-                if b"\x00" in data:
-                    problems.append(Problem(shown, None, "binary content (NUL bytes) in a Python file"))
-                    continue
-                try:
-                    text = decode_source(data)
-                except UnicodeDecodeError as exc:
-                    problems.append(Problem(shown, None, f"not UTF-8 text (byte {exc.start})"))
-                    continue
-                refused = encoding_declaration_problem(text)
-                if refused:
-                    problems.append(Problem(shown, 1, refused))
-                    continue
+            why = content_problem(rel, data)
+            if why:
+                problems.append(Problem(shown, why[0], why[1]))
+                continue
             files[rel] = data
 
     walk(folder, "", 0)
@@ -271,3 +262,65 @@ def scan_tree(root: str | os.PathLike[str], *, link_roots: tuple[str | os.PathLi
             (n.removesuffix(".py")) for n in os.listdir(root) if n != FOLDER
         )
     return SourceTree(root, files, content_hash(files), frozenset(outside_names))
+
+
+COMPILED_PROBLEM = "compiled or native code is not allowed in a recipe; ship Python source"
+
+
+def content_problem(rel: str, data: bytes) -> tuple[int | None, str] | None:
+    """(line, why) when the file ``rel`` (relative to custom_generate/) with content ``data`` is
+    refused: a ``.py`` file must have an importable name and be UTF-8 text without NUL bytes or a
+    non-UTF-8 encoding declaration. The same rule for a folder on disk and for files in memory."""
+    name = rel.rsplit("/", 1)[-1]
+    if not name.endswith(".py"):
+        return None
+    if not _MODULE.fullmatch(name[:-3]):
+        return None, f"{name!r} is not an importable module name"
+    if b"\x00" in data:
+        return None, "binary content (NUL bytes) in a Python file"
+    try:
+        text = decode_source(data)
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 text (byte {exc.start})"
+    refused = encoding_declaration_problem(text)
+    return (1, refused) if refused else None
+
+
+def tree_from_files(root: str | os.PathLike[str], files: dict[str, bytes], outside_names: frozenset[str], *,
+                    where: str, strict: bool = True) -> tuple[SourceTree, list[Problem]]:
+    """A :class:`SourceTree` from files already in memory (``custom_generate/``-relative posix path ->
+    bytes, e.g. a Hub commit's files), under the same rules as :func:`scan_tree`: names, compiled
+    code, limits, UTF-8 and encoding declarations. Dot-files and ``__pycache__/`` are left out, as on
+    disk. ``strict``: raise :class:`SandboxError` listing every problem; otherwise return the tree
+    of the acceptable files and the problems."""
+    problems: list[Problem] = []
+    kept: dict[str, bytes] = {}
+    total = 0
+    for rel, data in sorted(files.items()):
+        shown = f"{FOLDER}/{rel}"
+        why = check_relpath(rel)
+        if why:
+            problems.append(Problem(shown, None, why))
+            continue
+        parts = rel.split("/")
+        if any(p.startswith(".") for p in parts) or any(p in SKIPPED_DIRS for p in parts[:-1]):
+            continue
+        if len(parts) > MAX_DEPTH + 1:
+            problems.append(Problem(shown, None, f"folders nested deeper than {MAX_DEPTH}"))
+            continue
+        if rel.endswith(COMPILED_SUFFIXES):
+            problems.append(Problem(shown, None, COMPILED_PROBLEM))
+            continue
+        total += len(data)
+        if len(data) > MAX_FILE_BYTES or total > MAX_TOTAL_BYTES or len(kept) >= MAX_FILES:
+            problems.append(Problem(shown, None, f"over the limits for recipe files ({MAX_FILES} files, "
+                                    f"{MAX_FILE_BYTES} bytes each, {MAX_TOTAL_BYTES} in all)"))
+            continue
+        content = content_problem(rel, data)
+        if content:
+            problems.append(Problem(shown, content[0], content[1]))
+            continue
+        kept[rel] = data
+    if problems and strict:
+        raise SandboxError(problems, where=where)
+    return SourceTree(Path(os.fspath(root)), kept, content_hash(kept), frozenset(outside_names)), problems

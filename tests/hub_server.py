@@ -8,6 +8,10 @@ consistent but not git's.
 
 Every request is recorded in ``server.log`` (method, path) so tests can assert what was asked for.
 Faults can be injected for retry tests: ``fail_next``, ``delay_next``, ``truncate_next``, ``oversize_next``.
+A misbehaving server for hostile tests: ``listing_overrides`` (a listing that lies about a file),
+``late_files`` (files that appear in listings and downloads only after the first listing),
+``any_revision`` (every revision name answered with the default branch). ``sent`` records the body
+bytes each GET of a file really delivered before the client stopped reading.
 
 Use it from a test file with::
 
@@ -64,8 +68,10 @@ class Repo:
     commits: dict[str, Commit] = field(default_factory=dict)
     lfs: dict[str, bytes] = field(default_factory=dict)  # sha256 -> bytes
 
-    def resolve(self, rev: str) -> Commit | None:
+    def resolve(self, rev: str, any_revision: bool = False) -> Commit | None:
         sha = self.branches.get(rev) or self.tags.get(rev)
+        if sha is None and any_revision:
+            sha = self.branches.get("main")
         if sha is None and re.fullmatch(r"[0-9a-f]{40}", rev):
             sha = rev
         return self.commits.get(sha) if sha else None
@@ -91,6 +97,13 @@ class HubState:
         self._counter = 0
         # path -> fields that replace the truth in every tree listing (a misbehaving server)
         self.listing_overrides: dict[str, dict[str, Any]] = {}
+        # path -> bytes served (listed and downloadable) only after the first tree listing was answered
+        self.late_files: dict[str, bytes] = {}
+        self.tree_requests = 0
+        # answer any revision name (even one a client should never send) with the default branch
+        self.any_revision = False
+        # (path, body bytes delivered) per GET of a file
+        self.sent: list[tuple[str, int]] = []
 
     # ---- repo helpers for tests -------------------------------------------------------------
     def create_repo(self, repo_id: str, repo_type: str = "model", private: bool = False) -> Repo:
@@ -211,7 +224,8 @@ class _Handler(BaseHTTPRequestHandler):
         return b""
 
     def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              content_type: str = "application/json", head: bool = False, truncate: bool = False) -> None:
+              content_type: str = "application/json", head: bool = False, truncate: bool = False,
+              record: str | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         for k, v in (headers or {}).items():
@@ -222,9 +236,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
-        if not head:
-            self.wfile.write(body[: len(body) // 2] if truncate else body)
+        if head:
+            return
+        body = body[: len(body) // 2] if truncate else body
+        sent = 0
+        try:  # in pieces, so a client that stops reading is seen (and `sent` says how much it took)
+            for start in range(0, len(body), 1 << 16):
+                self.wfile.write(body[start:start + (1 << 16)])
+                sent += min(1 << 16, len(body) - start)
             self.wfile.flush()
+        finally:
+            if record is not None:
+                with self.state.lock:
+                    self.state.sent.append((record, sent))
 
     def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None, head: bool = False) -> None:
         self._send(status, json.dumps(obj).encode(), headers, head=head)
@@ -315,16 +339,20 @@ class _Handler(BaseHTTPRequestHandler):
         parts = rest.split("/", 1) if rest else [""]
         action, arg = parts[0], unquote(parts[1]) if len(parts) > 1 else ""
         if method == "GET" and action in ("", "revision"):
-            commit = repo.resolve(arg or "main")
+            commit = repo.resolve(arg or "main", self.state.any_revision)
             if commit is None:
                 return self._error(404, "RevisionNotFound", f"Invalid rev id: {arg}")
             return self._json(200, self._info(repo, commit))
         if method == "GET" and action == "tree":
             rev, _, sub = arg.partition("/")
-            commit = repo.resolve(unquote(rev))
+            commit = repo.resolve(unquote(rev), self.state.any_revision)
             if commit is None:
                 return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
-            return self._json(200, self._tree(commit, sub, query.get("recursive", ["false"])[0] in ("true", "True", "1")))
+            with self.state.lock:
+                self.state.tree_requests += 1
+                late = self.state.tree_requests > 1
+            listing = self._tree(commit, sub, query.get("recursive", ["false"])[0] in ("true", "True", "1"), late)
+            return self._json(200, listing)
         if method == "GET" and action == "refs":
             return self._json(200, {"branches": [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": s}
                                                  for b, s in repo.branches.items()],
@@ -355,11 +383,14 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(200, {})
         return self._error(404, None, f"no route for {method} /api/.../{rest}")
 
-    def _tree(self, commit: Commit, sub: str, recursive: bool) -> list[dict[str, Any]]:
+    def _files(self, commit: Commit, late: bool) -> dict[str, bytes]:
+        return {**commit.files, **self.state.late_files} if late else commit.files
+
+    def _tree(self, commit: Commit, sub: str, recursive: bool, late: bool = False) -> list[dict[str, Any]]:
         sub = sub.strip("/")
         prefix = f"{sub}/" if sub else ""
         entries: dict[str, dict[str, Any]] = {}
-        for path, data in sorted(commit.files.items()):
+        for path, data in sorted(self._files(commit, late).items()):
             if not path.startswith(prefix):
                 continue
             rel = path[len(prefix):]
@@ -381,10 +412,10 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self._repo_or_404(repo_type, repo_id, head)
         if repo is None:
             return
-        commit = repo.resolve(rev)
+        commit = repo.resolve(rev, self.state.any_revision)
         if commit is None:
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head=head)
-        data = commit.files.get(filename)
+        data = self._files(commit, self.state.tree_requests > 0).get(filename)
         if data is None:
             return self._error(404, "EntryNotFound", f"{filename} does not exist at {rev}", head=head)
         etag = hashlib.sha256(data).hexdigest() if len(data) > LFS_THRESHOLD else git_blob_oid(data)
@@ -400,7 +431,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers["Content-Range"] = f"bytes {start}-{start + len(payload) - 1}/{len(data)}"
         headers["Content-Length"] = str(len(payload))
         self._send(status, payload, headers, content_type="application/octet-stream", head=head,
-                   truncate=self._truncate)
+                   truncate=self._truncate, record=None if head else filename)
 
     def _create_repo(self, req: dict[str, Any]) -> None:
         name, org = req.get("name"), req.get("organization")

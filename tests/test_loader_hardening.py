@@ -475,6 +475,7 @@ def test_a_listing_that_does_not_match_the_served_files_is_refused(hub_server, m
     hub_server.state.listing_overrides["custom_generate/generate.py"] = lie
     monkeypatch.setenv("GENKIT_HUB_RETRIES", "2")
     before = {k for k in sys.modules if k.startswith("_genkit_recipe_")}
-    with pytest.raises((RecipeFetchError, RecipeValidationError), match="do not match the Hub listing|Consistency"):
+    with pytest.raises((RecipeFetchError, RecipeValidationError),
+                       match="does not match the Hub listing|Consistency|sent more than the 10 bytes its listing"):
         load_recipe("org/liar", trust_remote_code=True)
     assert {k for k in sys.modules if k.startswith("_genkit_recipe_")} == before

@@ -1,9 +1,10 @@
 """Recipes: decoding code published in the ``custom_generate`` layout (a Hub repo or a local folder).
 
-:func:`load_recipe` runs the loader steps in order, each only after the one before has passed:
-resolve → trust gate → fetch (custom_generate/** + README.md only) → validate (AST, import rules)
-→ requirements → import through :mod:`sandbox` under a private, content-addressed name.
-See docs/recipes.md.
+:func:`load_recipe` runs the loader steps of :mod:`genkit.recipes.pipeline` in order, each only
+after the one before has passed: resolve → trust gate → fetch (the listed custom_generate/** and
+README.md only, verified) → validate (AST, import rules) → requirements → import through
+:mod:`genkit.sandbox` under a private, content-addressed name. ``genkit check`` and ``genkit
+inspect`` use the same steps. See docs/recipes.md.
 """
 
 from __future__ import annotations
@@ -68,48 +69,21 @@ def load_recipe(ref: str | os.PathLike[str], *, trust_remote_code: bool | None =
     :class:`RecipeValidationError` (a ValueError) listing file:line, unmet requirements one
     :class:`RequirementsError` (an ImportError), Hub failures :class:`RecipeFetchError`.
     """
-    from genkit.sandbox import import_tree, scan_tree
+    from . import pipeline
 
-    from .fetch import fetch
-    from .requirements import ensure_requirements
-    from .resolve import parse_ref, resolve_commit, storage_folder
-    from .trust import check_trust, could_be_trusted
-    from .validate import validate
-
-    parsed = parse_ref(ref, revision)  # 1. resolve
-    if parsed.kind == "local":
-        trusted_by = check_trust(parsed, None, trust_remote_code)  # 2. trust gate
-        assert parsed.path is not None
-        label = f"local recipe {parsed.path}"
-        tree = scan_tree(parsed.path)  # 3. (read) + 4. validate
-        commit = None
-    else:
-        assert parsed.repo_id is not None
-        if not could_be_trusted(parsed, trust_remote_code):  # refuse before any request at all
-            check_trust(parsed, parsed.revision if parsed.pinned else None, trust_remote_code)
-        commit = _commit_of(parsed, resolve_commit)
-        trusted_by = check_trust(parsed, commit, trust_remote_code)  # 2. nothing fetched before this
+    parsed, commit = pipeline.resolve(ref, revision, trust_remote_code=trust_remote_code, needs_trust=True)  # 1.
+    trusted_by = pipeline.gate(parsed, commit, trust_remote_code)  # 2. nothing fetched before this
+    if commit is not None:
         cached = _hub_recipes.get(_cache_key(parsed, commit))
         if cached is not None:  # this commit was fetched, checked and imported in this process already
             return replace(cached, ref=os.fspath(ref), revision=parsed.revision, trusted_by=trusted_by)
-        label = f"Hub recipe {parsed.repo_id}@{commit}"
-        snapshot, outside = fetch(parsed, commit)  # 3.
-        tree = scan_tree(snapshot, link_roots=(storage_folder(parsed.repo_id) / "blobs",), outside_names=outside)
-    checked = validate(tree, label)  # 4.
-    requirements = tree.files.get("requirements.txt")
-    if requirements is not None:  # 5.
-        try:
-            text = requirements.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise RequirementsFormatError(f"{label}: custom_generate/requirements.txt is not UTF-8 text") from exc
-        ensure_requirements(text, label, name=parsed.repo_id or str(parsed.path))
+    source = pipeline.read(parsed, commit)  # 3. fetch: only the listed files, verified, bounded
+    checked = pipeline.validate(source)  # 4.
+    pipeline.requirements(source, enforce=True)  # 5.
     if checked.findings and parsed.kind == "hub":
-        logger.info("%s uses: %s", label, "; ".join(str(f) for f in checked.findings))
-    module = import_tree(tree, "generate", label)  # 6.
-    generate = getattr(module, "generate", None)
-    if not callable(generate):
-        raise RecipeImportError(f"{label}: custom_generate/generate.py did not leave a callable `generate` after "
-                                "it was imported")
+        logger.info("%s uses: %s", source.label, "; ".join(str(f) for f in checked.findings))
+    module, generate = pipeline.import_generate(source)  # 6.
+    tree = source.tree
     if parsed.kind == "hub" and not parsed.pinned:
         key = (parsed.repo_id or "", parsed.revision, commit or "")
         with _announce_lock:

@@ -8,12 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from genkit.sandbox import Finding, SandboxError, scan_tree
+from genkit.sandbox import Finding, SandboxError
 
-from .errors import RequirementsError, RequirementsFormatError
-from .requirements import Status, check_requirements
-from .settings import local_recipes_need_trust
-from .validate import readme_problems, validate
+from .errors import RequirementsError
+from .requirements import Status
+from .validate import readme_problems
 
 
 @dataclass
@@ -43,34 +42,37 @@ class CheckReport:
 
 
 def check_recipe(path: str | os.PathLike[str], *, smoke: bool = True, trust_remote_code: bool = False) -> CheckReport:
-    """Check a local recipe folder; the smoke run happens only when every static check passed and,
-    when local recipes need trust (``GENKIT_TRUST_LOCAL_RECIPES=0`` or the settings file), only with
-    ``trust_remote_code=True``."""
+    """Check a local recipe folder with the loader's own steps (:mod:`genkit.recipes.pipeline`),
+    collecting problems instead of raising; the smoke run happens only when every static check
+    passed and the trust gate lets the folder run: when local recipes need trust
+    (``GENKIT_TRUST_LOCAL_RECIPES=0`` or the settings file), only with ``trust_remote_code=True``."""
+    from . import pipeline
+    from .errors import RecipeTrustError
+
     root = Path(os.path.abspath(os.fspath(path)))
     report = CheckReport(root)
     if not root.is_dir():
         report.errors.append(f"{root} is not a folder")
         return report
-    try:
-        tree = scan_tree(root)
-        checked = validate(tree, f"recipe {root}")
-        report.findings = checked.findings
-    except SandboxError as exc:
-        report.errors += [str(p) for p in exc.problems]
+    parsed, _ = pipeline.resolve(root)
+    source = pipeline.read(parsed, None, strict=False)
+    if source.problems:
+        report.errors += [str(p) for p in source.problems]
         return report
-    req = tree.files.get("requirements.txt")
-    if req is None:
+    checked = pipeline.validate(source, strict=False)
+    report.findings = checked.findings
+    if checked.problems:
+        report.errors += [str(p) for p in checked.problems]
+        return report
+    if "requirements.txt" not in source.tree.files:
         report.warnings.append("custom_generate/requirements.txt is missing (fine if the recipe needs only genkit)")
-    else:
-        try:
-            report.requirements = check_requirements(req.decode("utf-8", "replace"))
-            report.errors += [f"unmet requirement: {s}" for s in report.requirements if not s.ok]
-        except RequirementsFormatError as exc:
-            report.errors.append(str(exc))
-    readme = root / "README.md"
-    report.warnings += readme_problems(readme.read_text("utf-8", "replace") if readme.is_file() else None)
+    report.requirements, errors = pipeline.requirements(source, enforce=False)
+    report.errors += errors + [f"unmet requirement: {s}" for s in report.requirements if not s.ok]
+    report.warnings += readme_problems(source.readme)
     if smoke and report.ok:
-        if local_recipes_need_trust() and not trust_remote_code:
+        try:
+            pipeline.gate(parsed, None, True if trust_remote_code else None)
+        except RecipeTrustError:
             report.warnings.append("smoke run skipped: local recipes need trust here (GENKIT_TRUST_LOCAL_RECIPES or "
                                    "\"trust_local_recipes\" in settings.json); read the code, then pass "
                                    "--trust-remote-code to run it")

@@ -1,10 +1,13 @@
 """Step 3: fetch ``custom_generate/**`` and ``README.md`` of one commit into the ordinary Hub cache.
 
-Before anything is downloaded the file listing is checked (path traversal, odd names, oversized
-files are refused without fetching them). After the download every file is compared with the
-listing (size and git blob id) so a truncated transfer never passes for a recipe. A manifest in
-``$GENKIT_HOME/recipes/`` records a verified snapshot so later loads make no request for files,
-and offline mode (``HF_HUB_OFFLINE=1``) works from the cache alone.
+One file listing per commit is asked for (the tree endpoint) and checked before anything is
+downloaded: odd paths, sizes that are not sizes, too many files, too many bytes. Then exactly the
+listed files are read, each streamed and cut off at its listed size (a longer body is refused, a
+shorter one read again), and compared with the listing's hash (git blob id; sha256 for LFS) before
+it is written. The listing is kept in a manifest under ``$GENKIT_HOME/recipes/``; every later load
+re-reads the cached files (bounded by their listed sizes) and re-hashes them against it, so the
+bytes that are checked and imported are exactly the commit's. Nothing outside the Hub cache is
+ever read, written or deleted: a symlink planted in the cache is replaced, never followed.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ import hashlib
 import json
 import logging
 import os
+import re
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from genkit.fileutil import atomic_write_text
+from genkit.fileutil import atomic_write_bytes, atomic_write_text
 from genkit.sandbox.tree import FOLDER, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, check_relpath
 
 from .errors import RecipeFetchError, RecipeNotFoundError
@@ -27,6 +33,7 @@ from .settings import genkit_home, hub_cache_dir, hub_endpoint, hub_offline, hub
 logger = logging.getLogger("genkit.recipes")
 
 ALLOW_PATTERNS = [f"{FOLDER}/*", "README.md"]
+Listing = dict[str, dict[str, Any]]
 
 
 def git_blob_oid(data: bytes) -> str:
@@ -49,7 +56,7 @@ def _snapshot(repo_id: str, commit: str) -> Path:
     return storage_folder(repo_id) / "snapshots" / commit
 
 
-def _matches(data: bytes | None, meta: dict[str, Any]) -> bool:
+def matches(data: bytes | None, meta: dict[str, Any]) -> bool:
     """Whether ``data`` is the file the listing describes: size and git blob id (sha256 for LFS files)."""
     if data is None or len(data) != meta["size"]:
         return False
@@ -58,22 +65,39 @@ def _matches(data: bytes | None, meta: dict[str, Any]) -> bool:
     return git_blob_oid(data) == meta["oid"]
 
 
-def _read(path: Path) -> bytes | None:
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` resolves inside ``folder`` with no symlinked folder on the way."""
+    real = os.path.realpath(path.parent)
+    expected = os.path.join(os.path.realpath(folder), os.path.relpath(path.parent, folder))
+    return real == os.path.normpath(expected)
+
+
+def _cached(snapshot: Path, rel: str, meta: dict[str, Any], blobs: Path) -> bytes | None:
+    """The cached bytes of a listed file when they are exactly the listed file; None otherwise
+    (missing, a link out of the repo's blobs, not a regular file, another size: not even read)."""
+    path = snapshot / rel
     try:
-        return path.read_bytes() if path.is_file() else None
+        if not _inside(path, snapshot):
+            return None
+        if path.is_symlink():
+            target = os.path.realpath(path)
+            if not target.startswith(os.path.realpath(blobs) + os.sep):
+                return None
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != meta["size"]:
+            return None
+        with open(path, "rb") as fh:
+            data = fh.read(meta["size"] + 1)
     except OSError:
         return None
+    return data if matches(data, meta) else None
 
 
-def mismatched(snapshot: Path, files: dict[str, dict[str, Any]]) -> list[str]:
-    """The listed files whose cached copy is missing or differs from the listing (re-hashed on every
-    load: a recipe is a few KB of source)."""
-    return sorted(rel for rel, meta in files.items() if not _matches(_read(snapshot / rel), meta))
-
-
-def unlisted(snapshot: Path, files: dict[str, dict[str, Any]]) -> list[str]:
-    """Files under the snapshot's custom_generate/ that the commit's listing does not have."""
+def unlisted(snapshot: Path, files: Listing) -> list[str]:
+    """Entries under the snapshot's custom_generate/ that the commit's listing does not have."""
     base = snapshot / FOLDER
+    if base.is_symlink() or (os.path.lexists(base) and not base.is_dir()):
+        return [FOLDER]  # never walked through: it may point anywhere
     out = []
     for dirpath, dirnames, filenames in os.walk(base):
         for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
@@ -84,9 +108,10 @@ def unlisted(snapshot: Path, files: dict[str, dict[str, Any]]) -> list[str]:
     return sorted(out)
 
 
-def _drop_unlisted(snapshot: Path, files: dict[str, dict[str, Any]], repo_id: str, commit: str) -> None:
-    """Online: remove files the commit does not contain from its snapshot (with a warning); offline:
-    refuse the snapshot, since nothing can say which files are the commit's."""
+def _drop_unlisted(snapshot: Path, files: Listing, repo_id: str, commit: str) -> None:
+    """Online: remove entries the commit does not contain from its snapshot (with a warning); offline:
+    refuse the snapshot, since nothing can say which files are the commit's. (What is imported comes
+    from the listed files only; this keeps the cache honest for other tools too.)"""
     extra = unlisted(snapshot, files)
     if not extra:
         return
@@ -99,20 +124,41 @@ def _drop_unlisted(snapshot: Path, files: dict[str, dict[str, Any]], repo_id: st
         _discard(snapshot / rel)
 
 
-def list_files(repo_id: str, commit: str) -> dict[str, dict[str, Any]]:
-    """``{path: {"size", "oid"}}`` for every file of the commit (one tree request, retried)."""
+def list_files(repo_id: str, commit: str) -> Listing:
+    """``{path: {"size", "oid", "lfs", "sha256"}}`` for every file of the commit (one tree request,
+    retried). Sizes are kept as the server sent them; :func:`check_listing` refuses bad ones."""
     from huggingface_hub.hf_api import RepoFile
 
     entries = with_retries("listing files of", repo_id,
                            lambda: list(api().list_repo_tree(repo_id, revision=commit, recursive=True)))
     return {e.path: {"size": e.size, "oid": e.blob_id, "lfs": e.lfs is not None,
                      "sha256": e.lfs.sha256 if e.lfs is not None else None}
-            for e in entries if isinstance(e, RepoFile)}
+            for e in entries if isinstance(e, RepoFile) and isinstance(e.path, str)}
 
 
-def check_listing(repo_id: str, listing: dict[str, dict[str, Any]]) -> None:
-    """Refuse odd paths and oversized recipe files before downloading anything."""
-    from genkit.sandbox.errors import Problem, SandboxError
+def _parents(path: str) -> set[str]:
+    parts = path.split("/")
+    return {"/".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def _valid_size(size: Any) -> bool:
+    return isinstance(size, int) and not isinstance(size, bool) and size >= 0
+
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def _valid_hash(meta: dict[str, Any]) -> bool:
+    if meta.get("lfs") is True:
+        return isinstance(meta.get("sha256"), str) and bool(_SHA256_RE.fullmatch(meta["sha256"]))
+    return meta.get("lfs") is False and isinstance(meta.get("oid"), str) and bool(SHA_RE.fullmatch(meta["oid"]))
+
+
+def listing_problems(repo_id: str, listing: Listing) -> list[Any]:
+    """Why the recipe files of a listing are refused before anything is downloaded: odd paths,
+    sizes that are not sizes, hashes that are not hashes, a file over the per-file limit, too many
+    files or bytes in all, no ``custom_generate/generate.py``."""
+    from genkit.sandbox.errors import Problem
 
     problems = []
     count = total = 0
@@ -123,13 +169,21 @@ def check_listing(repo_id: str, listing: dict[str, dict[str, Any]]) -> None:
         size = meta.get("size")
         if why:
             problems.append(Problem(path, None, why))
-        elif not isinstance(size, int) or size < 0:
+        elif not _valid_size(size):
             problems.append(Problem(path, None, f"the listing gives no valid size ({size!r}); not downloaded"))
+        elif not _valid_hash(meta):
+            problems.append(Problem(path, None, "the listing gives no valid hash (git blob id, or sha256 for an LFS "
+                                    "file); not downloaded"))
         elif size > MAX_FILE_BYTES:
             problems.append(Problem(path, None, f"file is {size} bytes, over the {MAX_FILE_BYTES}-byte "
                                     "limit for recipe files (not downloaded)"))
         else:
             count, total = count + 1, total + size
+    paths = {p for p in listing if wanted(p)}
+    for path in sorted(paths):
+        if any(path.startswith(other + "/") for other in _parents(path) & paths):
+            problems.append(Problem(path, None, "the listing has a file where this path needs a folder; not "
+                                    "downloaded"))
     if count > MAX_FILES + 1:  # + README.md
         problems.append(Problem(FOLDER, None, f"the listing has {count} recipe files, over the {MAX_FILES}-file "
                                 "limit (nothing downloaded)"))
@@ -139,30 +193,95 @@ def check_listing(repo_id: str, listing: dict[str, dict[str, Any]]) -> None:
     if f"{FOLDER}/generate.py" not in listing and not problems:
         problems.append(Problem(f"{FOLDER}/generate.py", None, f"missing: the repo {repo_id} has no "
                                 f"{FOLDER}/generate.py, so it is not a recipe"))
+    return problems
+
+
+def check_listing(repo_id: str, listing: Listing) -> None:
+    """Refuse odd paths and oversized recipe files before downloading anything."""
+    from genkit.sandbox.errors import SandboxError
+
+    problems = listing_problems(repo_id, listing)
     if problems:
         raise SandboxError(problems, where=f"Hub recipe {repo_id}")
 
 
-def fetch(ref: RecipeRef, commit: str) -> tuple[Path, frozenset[str]]:
-    """Download (or find in the cache) the recipe files of ``commit``; returns (snapshot folder,
-    names that sit next to custom_generate/ in the repo)."""
+def read_listed(repo_id: str, commit: str, path: str, meta: dict[str, Any]) -> bytes:
+    """One listed file of a commit, through the Hub client's session, streamed and cut off at its
+    listed size, then compared with the listing's hash. A body longer than listed is refused at
+    once (:class:`RecipeValidationError`); a short or different one is read again (it may be a
+    dropped transfer) and ends as :class:`RecipeFetchError` naming the file."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    from genkit.sandbox.errors import Problem, SandboxError
+
+    size = meta["size"]
+    url = hf_hub_url(repo_id, path, revision=commit, endpoint=hub_endpoint())
+
+    def get() -> bytes:
+        with get_session().stream("GET", url, headers=build_hf_headers(), timeout=hub_timeout(),
+                                  follow_redirects=True) as response:
+            if response.status_code >= 400:
+                response.read()
+                hf_raise_for_status(response)
+            chunks, total = [], 0
+            for chunk in response.iter_bytes():
+                total += len(chunk)
+                if total > size:
+                    raise SandboxError([Problem(path, None, f"the Hub sent more than the {size} bytes its listing "
+                                                            "gives; not read further")], where=f"Hub recipe {repo_id}")
+                chunks.append(chunk)
+        data = b"".join(chunks)
+        if not matches(data, meta):
+            raise OSError(f"Consistency check failed: {path} ({len(data)} bytes read) does not match the Hub listing "
+                          f"({size} bytes, {'sha256 ' + str(meta.get('sha256')) if meta.get('lfs') else 'blob ' + str(meta.get('oid'))})")
+        return data
+
+    return with_retries(f"downloading {path} of", repo_id, get)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """The verified files of one commit: ``files`` maps repo paths (``custom_generate/...``,
+    ``README.md``) to the bytes that match the commit's listing; ``snapshot`` is where they are
+    cached; ``outside`` the names next to custom_generate/ in the repo."""
+
+    snapshot: Path
+    files: dict[str, bytes]
+    outside: frozenset[str]
+
+    def recipe_files(self) -> dict[str, bytes]:
+        """The files under custom_generate/, relative to it."""
+        prefix = f"{FOLDER}/"
+        return {p[len(prefix):]: d for p, d in self.files.items() if p.startswith(prefix)}
+
+
+def fetch(ref: RecipeRef, commit: str) -> Fetched:
+    """The recipe files of ``commit``, verified against its listing: from the cache when every cached
+    file matches the manifest kept from the first fetch, else downloaded (online only)."""
     from filelock import FileLock
 
     assert ref.repo_id is not None
     repo_id = ref.repo_id
+    if not SHA_RE.fullmatch(commit):
+        raise RecipeFetchError(f"refusing {commit!r} as the commit of {repo_id}: not a 40-hex sha")
     lock = lock_path(repo_id, commit)
     lock.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(lock)):
         mpath = manifest_path(repo_id, commit)
-        manifest = _read_manifest(mpath)
+        manifest = _read_manifest(mpath, repo_id)
         snapshot = _snapshot(repo_id, commit)
+        blobs = storage_folder(repo_id) / "blobs"
         if manifest is not None:
-            bad = mismatched(snapshot, manifest["files"])
+            listing: Listing = manifest["files"]
+            outside = frozenset(manifest["outside_names"])
+            cached = {rel: _cached(snapshot, rel, meta, blobs) for rel, meta in listing.items()}
+            bad = sorted(rel for rel, data in cached.items() if data is None)
             if not bad:
-                _drop_unlisted(snapshot, manifest["files"], repo_id, commit)
+                _drop_unlisted(snapshot, listing, repo_id, commit)
                 logger.debug("recipe %s@%s found in the cache (content re-verified)", repo_id, commit)
                 _write_ref(ref, commit)
-                return snapshot, frozenset(manifest["outside_names"])
+                return Fetched(snapshot, {rel: d for rel, d in cached.items() if d is not None}, outside)
             if hub_offline():
                 raise RecipeNotFoundError(
                     f"the Hub cache's copy of {repo_id}@{commit} does not match the commit's listing recorded when "
@@ -170,53 +289,66 @@ def fetch(ref: RecipeRef, commit: str) -> tuple[Path, frozenset[str]]:
                     "to download it again)")
             logger.warning("cached files of %s@%s do not match the commit's listing (%s); downloading them again",
                            repo_id, commit, ", ".join(bad))
-            for rel in bad:
-                _discard(snapshot / rel)
-        if hub_offline():
-            return _offline(repo_id, commit)
-        listing = list_files(repo_id, commit)
-        check_listing(repo_id, listing)
-        files = {p: m for p, m in listing.items() if wanted(p)}
-        outside = frozenset(p.split("/")[0].removesuffix(".py") for p in listing
-                            if not wanted(p) and not p.startswith("."))
-        folder = Path(with_retries("downloading recipe files of", repo_id, lambda: _download(repo_id, commit, files)))
-        _drop_unlisted(folder, files, repo_id, commit)
-        manifest = {"repo_id": repo_id, "commit": commit, "endpoint": hub_endpoint(), "files": files,
+        else:
+            if hub_offline():
+                _offline(repo_id, commit)
+            full = list_files(repo_id, commit)
+            check_listing(repo_id, full)
+            listing = {p: m for p, m in full.items() if wanted(p)}
+            outside = frozenset(p.split("/")[0].removesuffix(".py") for p in full
+                                if not wanted(p) and not p.startswith("."))
+        files: dict[str, bytes] = {}
+        for rel, meta in sorted(listing.items()):
+            data = _cached(snapshot, rel, meta, blobs)
+            if data is None:
+                data = read_listed(repo_id, commit, rel, meta)
+                _store(snapshot, rel, data)
+            files[rel] = data
+        _drop_unlisted(snapshot, listing, repo_id, commit)
+        manifest = {"repo_id": repo_id, "commit": commit, "endpoint": hub_endpoint(), "files": listing,
                     "outside_names": sorted(outside)}
         atomic_write_text(mpath, json.dumps(manifest, indent=1, sort_keys=True))
         _write_ref(ref, commit)
-        return folder, outside
+        return Fetched(snapshot, files, outside)
 
 
-def _download(repo_id: str, commit: str, files: dict[str, dict[str, Any]]) -> str:
-    from huggingface_hub import snapshot_download
-
-    folder = snapshot_download(repo_id, revision=commit, allow_patterns=ALLOW_PATTERNS,
-                               cache_dir=str(hub_cache_dir()), endpoint=hub_endpoint(),
-                               etag_timeout=hub_timeout())
-    bad = mismatched(Path(folder), files)
-    for rel in bad:
-        _discard(Path(folder) / rel)
-    if bad:
-        raise OSError(f"Consistency check failed: downloaded {', '.join(bad)} do not match the Hub listing")
-    return folder
+def _store(snapshot: Path, rel: str, data: bytes) -> None:
+    """Write a verified file into the snapshot as a regular file, replacing whatever entry is there
+    (a planted symlink is unlinked, never followed). The repo's cache folders above the snapshot
+    must be real folders; a symlink at or below the snapshot is replaced by a real folder, so the
+    write cannot land outside the cache."""
+    root = hub_cache_dir()
+    current = root
+    for part in Path(os.path.relpath(snapshot / rel, root)).parts[:-1]:
+        current = current / part
+        if current.is_symlink() or (os.path.lexists(current) and not current.is_dir()):
+            if not (current == snapshot or snapshot in current.parents):
+                raise RecipeFetchError(f"the Hub cache folder {current} is a symlink or not a folder; refusing to "
+                                       "write through it (delete it and load the recipe again)")
+            logger.warning("replacing %s in the Hub cache: not a real folder of the snapshot", current)
+            current.unlink()
+    path = snapshot / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.is_dir():
+        _discard(path)
+    atomic_write_bytes(path, data)
 
 
 def _discard(path: Path) -> None:
-    """Remove a corrupt snapshot entry and the blob behind it so the next try downloads it again."""
+    """Remove a snapshot entry that is not the commit's: the entry itself (a symlink is unlinked,
+    never what it points to; a folder only when it is empty of listed files, i.e. removed whole)."""
     try:
-        if path.is_symlink():
-            blob = Path(os.path.realpath(path))
+        if path.is_symlink() or path.is_file():
             path.unlink()
-            if blob.is_file():
-                blob.unlink()
-        elif path.exists():
-            path.unlink()
-    except OSError:
-        pass
+        elif path.is_dir():
+            import shutil
+
+            shutil.rmtree(path)  # rmtree never follows symlinks inside it
+    except OSError as exc:
+        logger.warning("could not remove %s from the Hub cache: %s", path, exc)
 
 
-def _offline(repo_id: str, commit: str) -> tuple[Path, frozenset[str]]:
+def _offline(repo_id: str, commit: str) -> None:
     """Offline with no verified listing of this commit: refuse (fail closed). Files in the Hub cache
     that genkit did not fetch and check against the commit's listing (``hf download``, a copied
     cache) cannot be told apart from files someone put there."""
@@ -228,12 +360,20 @@ def _offline(repo_id: str, commit: str) -> tuple[Path, frozenset[str]]:
         "checks the cached files against it on every later load)")
 
 
-def _read_manifest(path: Path) -> dict[str, Any] | None:
+def _read_manifest(path: Path, repo_id: str) -> dict[str, Any] | None:
+    """The manifest kept from the first fetch, or None when it is missing or not a valid listing
+    of recipe files (then the commit is listed again: online only)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        return None
+    files, outside = data["files"], data.get("outside_names")
+    if (not all(isinstance(p, str) and wanted(p) and isinstance(m, dict) for p, m in files.items())
+            or not isinstance(outside, list) or not all(isinstance(n, str) for n in outside)
+            or listing_problems(repo_id, files)):
+        logger.warning("ignoring the recipe manifest %s: it is not a valid listing of recipe files", path)
         return None
     return data
 
@@ -258,4 +398,5 @@ def _write_ref(ref: RecipeRef, commit: str) -> None:
         logger.debug("could not record %s -> %s: %s", path, commit, exc)
 
 
-__all__ = ["ALLOW_PATTERNS", "RecipeFetchError", "check_listing", "fetch", "list_files", "manifest_path"]
+__all__ = ["ALLOW_PATTERNS", "Fetched", "RecipeFetchError", "check_listing", "fetch", "list_files", "listing_problems",
+           "manifest_path", "read_listed"]

@@ -35,7 +35,15 @@ class RecipeRef:
 
 
 MAX_REVISION_LENGTH = 255
-_REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+_REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f-\x9f~^:?*\[\\]")
+
+
+def _utf8_length(text: str) -> int:
+    """Bytes of ``text`` in UTF-8 (a file name's limit is in bytes); lone surrogates count as too long."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return MAX_REVISION_LENGTH + 1
 
 
 def check_revision(revision: str, what: str = "revision") -> str:
@@ -48,14 +56,14 @@ def check_revision(revision: str, what: str = "revision") -> str:
     if SHA_RE.fullmatch(revision):
         return revision
     bad = (
-        len(revision) > MAX_REVISION_LENGTH or _REF_FORBIDDEN.search(revision) or ".." in revision
+        _utf8_length(revision) > MAX_REVISION_LENGTH or _REF_FORBIDDEN.search(revision) or ".." in revision
         or "//" in revision or "@{" in revision or revision == "@" or revision.startswith("/")
         or revision.endswith(("/", ".")) or any(p.startswith(".") or p.endswith(".lock") for p in revision.split("/"))
     )
     if bad:
         raise ValueError(f"{what} {revision!r} is not a valid git revision: use a branch or tag name (git ref "
                          f"rules: no '..', spaces, control characters or any of ~^:?*[\\; at most "
-                         f"{MAX_REVISION_LENGTH} characters) or a 40-hex commit sha")
+                         f"{MAX_REVISION_LENGTH} bytes in UTF-8) or a 40-hex commit sha")
     return revision
 
 

@@ -83,37 +83,61 @@ def readme_problems(text: str | None) -> list[str]:
     meta = front_matter(text)
     if meta is None:
         return ["README.md has no YAML front matter (--- ... ---) with `tags: [custom_generate]`"]
-    tags = meta.get("tags") or []
-    if isinstance(tags, str):
-        tags = [tags]
+    tags = _tags(meta)
+    if tags is None:
+        return [f"README.md front matter: `tags` must be a list of names; got {type(meta.get('tags')).__name__}"]
     if TAG not in tags:
         return ["README.md front matter does not carry the `custom_generate` tag"]
     return []
 
 
+def _tags(meta: dict) -> list[str] | None:
+    """The front matter's tags as a list of strings (a single string is one tag); None when they
+    are something else (a number, a mapping)."""
+    tags = meta.get("tags") or []
+    if isinstance(tags, str):
+        return [tags]
+    if not isinstance(tags, list):
+        return None
+    return [str(t) for t in tags]
+
+
 MAX_FRONT_MATTER_BYTES = 64_000
+MAX_FRONT_MATTER_DEPTH = 32
 
 
 def _safe_loader() -> type:
-    """A ``yaml.SafeLoader`` that refuses aliases (``*name``): a few hundred bytes of nested aliases
-    (an "alias bomb") build a structure that is tiny in memory but expands exponentially when it is
-    walked or printed. README front matter has no use for them."""
+    """A ``yaml.SafeLoader`` that refuses aliases (``*name``) and nesting deeper than
+    :data:`MAX_FRONT_MATTER_DEPTH`: a few hundred bytes of nested aliases (an "alias bomb") build a
+    structure that is tiny in memory but expands exponentially when it is walked or printed, and a
+    few KB of ``[[[[...`` exhaust the recursion of PyYAML's composer and of anything that walks the
+    result (``json.dumps``). README front matter has no use for either."""
     import yaml
 
-    class NoAliasLoader(yaml.SafeLoader):  # type: ignore[misc]
+    class BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]
+        depth = 0
+
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
                 raise yaml.composer.ComposerError(None, None, "YAML aliases are not allowed in README front matter",
                                                   event.start_mark)
-            return super().compose_node(parent, index)
+            if self.depth >= MAX_FRONT_MATTER_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"README front matter is nested deeper than "
+                                                  f"{MAX_FRONT_MATTER_DEPTH} levels", self.peek_event().start_mark)
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
 
-    return NoAliasLoader
+    return BoundedLoader
 
 
 def front_matter(text: str) -> dict | None:
     """The README's YAML front matter as a dict, or None when it has none, it is not a mapping, it
-    is over :data:`MAX_FRONT_MATTER_BYTES`, or it uses YAML aliases."""
+    is over :data:`MAX_FRONT_MATTER_BYTES`, it uses YAML aliases or it is nested deeper than
+    :data:`MAX_FRONT_MATTER_DEPTH`."""
     import yaml
 
     m = FRONT_MATTER.match(text)
@@ -121,9 +145,21 @@ def front_matter(text: str) -> dict | None:
         return None
     try:
         data = yaml.load(m.group(1), Loader=_safe_loader()) or {}  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         return None
-    return data if isinstance(data, dict) else None
+    return _plain(data) if isinstance(data, dict) else None
+
+
+def _plain(value: Any) -> Any:
+    """The parsed front matter with only JSON types: mapping keys as strings, dates and binary
+    values as their text (``genkit inspect --json`` prints it; depth is bounded by the loader)."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    return str(value)
 
 
 def with_tag(text: str | None, title: str = "Recipe") -> str:
@@ -136,11 +172,9 @@ def with_tag(text: str | None, title: str = "Recipe") -> str:
     meta = front_matter(text) if m else {}
     if meta is None:
         meta = {}
-    tags = meta.get("tags") or []
-    if isinstance(tags, str):
-        tags = [tags]
+    tags = _tags(meta) or []
     if TAG in tags and m:
         return text
-    meta["tags"] = list(tags) + [TAG]
+    meta["tags"] = tags + [TAG]
     body = text[m.end():] if m else text
     return "---\n" + yaml.safe_dump(meta, sort_keys=False).strip() + "\n---\n" + body
