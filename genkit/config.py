@@ -313,7 +313,7 @@ class GenerationConfig:
             kwargs.pop(key, None)
         for key, value in kwargs.items():
             if key in table:
-                d[key] = value
+                d[key] = _coerced(table[key], value)
             elif not self._from_model_config:  # a model config's other attributes are no generation entries
                 self._set_custom(key, value, table)
         self.validate(user_set_attributes=user_set)

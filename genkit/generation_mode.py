@@ -55,6 +55,7 @@ STRATEGY_MODES: dict[str, GenerationMode] = {
     "contrastive": GenerationMode.CONTRASTIVE_SEARCH,
     "dola": GenerationMode.DOLA_GENERATION,
     "dola_generation": GenerationMode.DOLA_GENERATION,
+    "assisted_early_exit": GenerationMode.ASSISTED_GENERATION,  # transformers' mode for assistant_early_exit
 }
 
 

@@ -224,7 +224,7 @@ def test_the_draft_models_confidence_threshold_adapts_and_stays_lossless(tiny_pa
     out = genkit.generate(ours, ids, max_new_tokens=40, eos_token_id=None, assistant_model=assistant,
                           num_assistant_tokens=6)
     assert torch.equal(out, plain)
-    config = genkit.GenerationConfig(num_assistant_tokens=6)
+    config = genkit.GenerationConfig(num_assistant_tokens=6).with_defaults()  # as generate passes it
     generator = build_candidate_generator(ours, config, assistant_model=assistant)
     assert generator.adaptive_threshold and generator.confidence_threshold == 0.4
     seq = ids
@@ -238,6 +238,6 @@ def test_the_draft_models_confidence_threshold_adapts_and_stays_lossless(tiny_pa
     assert len(generator._probs) == len(generator._matches)
     if 0 in generator._matches and 1 in generator._matches and len(generator._probs) > 5:
         assert generator.confidence_threshold == adapted_threshold(generator._probs, generator._matches)
-    no_adapt = build_candidate_generator(ours, genkit.GenerationConfig(assistant_confidence_threshold=0.0),
+    no_adapt = build_candidate_generator(ours, genkit.GenerationConfig(assistant_confidence_threshold=0.0).with_defaults(),
                                          assistant_model=assistant)
     assert not no_adapt.adaptive_threshold

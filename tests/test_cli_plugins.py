@@ -116,7 +116,7 @@ def test_plugins_lists_packs_with_versions_hooks_items(pack_site):
                                             "logits_processor": ["dry", "xtc"]}
     assert by_name["events"]["items"] == {"candidate_generator": ["ngram_corpus"], "streamer": ["jsonl"]}
     assert "assisted" in by_name["builtin"]["items"]["strategy"]
-    assert by_name["builtin"]["items"]["candidate_generator"] == ["draft_model", "prompt_lookup"]
+    assert by_name["builtin"]["items"]["candidate_generator"] == ["draft_model", "prompt_lookup", "universal_assisted"]
     assert report["failed"] == []
     text = genkit_cli("plugins", paths=(pack_site,)).stdout
     assert "sampling  (genkit-sampling-pack@0.1.0)" in text

@@ -160,7 +160,7 @@ def test_penalty_alpha_with_sampling_or_beams_is_refused():
 
 def test_penalty_alpha_zero_is_greedy_search():
     ids = torch.tensor([[1, 2, 3]])
-    assert genkit.GenerationConfig(penalty_alpha=0.0, top_k=4).get_generation_mode() == "greedy"
+    assert genkit.GenerationConfig(penalty_alpha=0.0, top_k=4).get_generation_mode() == "greedy_search"
     assert torch.equal(genkit.generate(_tiny(), ids, max_new_tokens=5, penalty_alpha=0.0),
                        genkit.generate(_tiny(), ids, max_new_tokens=5))
 

@@ -131,7 +131,9 @@ def test_equals_greedy_with_eos_and_min_tokens(pair, caplog, prompt):
 def test_outputs_and_registry(pair):
     _, ours = pair
     ids = torch.tensor([PROMPTS[0]])
-    assert genkit.GenerationConfig(assistant_early_exit=2).get_generation_mode() == "assisted_early_exit"
+    config = genkit.GenerationConfig(assistant_early_exit=2)
+    assert config.get_generation_mode() == genkit.GenerationMode.ASSISTED_GENERATION  # as transformers reports it
+    assert config.strategy_name() == "assisted_early_exit"
     out = genkit.generate(ours, ids, max_new_tokens=12, eos_token_id=None, assistant_early_exit=2,
                           return_dict_in_generate=True, output_scores=True, output_logits=True)
     plain = genkit.generate(ours, ids, max_new_tokens=12, eos_token_id=None, return_dict_in_generate=True,

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -69,12 +70,23 @@ def test_inspect_reads_only_what_its_one_listing_names(hub_server):
 
 
 # -- bodies longer than listed: reading stops at the listed size, for load as for inspect ----------
+def _sent_after_hang_up(hub_server, suffix, wait=10.0):
+    """The bytes the server got out before the client hung up (its thread records them when its
+    next write fails, which can come after the client has already raised)."""
+    deadline = time.monotonic() + wait
+    while True:
+        sent = [n for p, n in hub_server.state.sent if p.endswith(suffix)]
+        if sent or time.monotonic() > deadline:
+            return sent
+        time.sleep(0.02)
+
+
 def test_load_stops_reading_a_body_longer_than_listed(hub_server):
     sha = _hub_recipe(hub_server, "org/long")
     hub_server.state.oversize_next(5, extra=60_000_000, match=r"generate\.py")
     with pytest.raises(RecipeValidationError, match=r"the Hub sent more than the \d+ bytes its listing gives"):
         load_recipe(f"org/long@{sha}", trust_remote_code=True)
-    sent = [n for p, n in hub_server.state.sent if p.endswith("generate.py")]
+    sent = _sent_after_hang_up(hub_server, "generate.py")
     assert sent and max(sent) < 30_000_000  # the client hung up; it did not take the 60 MB
     snapshot = _cache() / "models--org--long" / "snapshots" / sha
     assert not snapshot.exists() or not any(p.is_file() for p in snapshot.rglob("*.py"))
