@@ -164,7 +164,7 @@ class WatermarkingConfig(BaseWatermarkingConfig):
         return WatermarkLogitsProcessor(vocab_size=vocab_size, device=device, **self.to_dict())
 
 
-def registered_watermark_configs() -> list[type]:
+def registered_watermark_configs() -> list[type[BaseWatermarkingConfig]]:
     """The watermark config classes registered through the ``register_watermarks`` hook
     (built-ins first: genkit's :class:`WatermarkingConfig`, then the packs')."""
     from .plugins import get_registry
@@ -178,7 +178,7 @@ def as_watermarking_config(value: Any) -> Any:
     as transformers reads ``generation_config.json``); a config object passes through."""
     if not isinstance(value, dict):
         return value
-    best: type = WatermarkingConfig
+    best: type[BaseWatermarkingConfig] = WatermarkingConfig
     best_hits = 0
     for cls in registered_watermark_configs():
         hits = len(set(value) & set(watermark_config_keys(cls)))

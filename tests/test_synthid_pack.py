@@ -207,7 +207,11 @@ def test_smollm2_watermarked_samples_score_higher_than_plain_ones(pack):
 
 
 def test_bayesian_detector_equals_transformers_on_the_same_weights(pack):
-    from genkit_synthid_pack.detector import BayesianDetectorConfig, BayesianDetectorModel, SynthIDTextWatermarkDetector
+    from genkit_synthid_pack.detector import (
+        BayesianDetectorConfig,
+        BayesianDetectorModel,
+        SynthIDTextWatermarkDetector,
+    )
 
     torch.manual_seed(0)
     theirs = TW.BayesianDetectorModel(TW.BayesianDetectorConfig(watermarking_depth=len(KEYS))).eval()

@@ -127,7 +127,7 @@ class SynthIDTextWatermarkLogitsProcessor(LogitsProcessor):
         log_probs = torch.log(probs)
         return torch.where(torch.isfinite(log_probs), log_probs, torch.finfo(log_probs.dtype).min)
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         self._check_input_ids_shape(input_ids)
         batch_size, vocab_size = scores.shape
         if self.debug_mode:
