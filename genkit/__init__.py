@@ -30,6 +30,7 @@ _LAZY = {
     "get_registry": "genkit.plugins:get_registry",
     "register_plugin": "genkit.plugins:register_plugin",
     "load_model": "genkit.models.loading:load_model",
+    "quantize": "genkit.models.quant:quantize",
     "load_tokenizer": "genkit.tokenizer:load_tokenizer",
     "ModelConfig": "genkit.models.base:ModelConfig",
     "KVCache": "genkit.models.cache:KVCache",

@@ -777,6 +777,8 @@ def _minor_issues(c: GenerationConfig, table: dict[str, FieldSpec], user_set: se
     if c.do_sample is not True:
         for name, off in _SAMPLING_FLAGS:
             value = getattr(c, name, None)
+            if name == "top_k" and c.penalty_alpha:  # contrastive search's candidates per step
+                continue
             if name in table and value is not None and value != off and _should_warn("do_sample", name, user_set):
                 issues.append(f"`{name}` is set to {value!r} but `do_sample` is not True, so it has no effect "
                               f"(set do_sample=True or unset `{name}`).")

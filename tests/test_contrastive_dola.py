@@ -204,3 +204,17 @@ def test_contrastive_search_needs_the_cache():
 def test_dola_without_cache_gives_the_same_tokens():
     case = CASES["dola-llama8_untied-b3-1-3-5"]
     assert _sequences(_generate(case, use_cache=False)) == case["sequences"]
+
+
+def test_contrastive_search_does_not_warn_that_top_k_needs_sampling(caplog):
+    """top_k is contrastive search's number of candidates, not a sampling knob (no warning, as in
+    transformers); without penalty_alpha the same call warns."""
+    import logging
+
+    ids = torch.tensor([[1, 2, 3]])
+    with caplog.at_level(logging.WARNING, logger="genkit.config"):
+        genkit.generate(_tiny(), ids, max_new_tokens=3, penalty_alpha=0.6, top_k=4)
+    assert not [r for r in caplog.records if "`top_k`" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="genkit.config"):
+        genkit.generate(_tiny(), ids, max_new_tokens=3, top_k=4)
+    assert [r for r in caplog.records if "`top_k` is set to 4 but `do_sample` is not True" in r.getMessage()]

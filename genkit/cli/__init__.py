@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "genkit.cli.generate_cmd",
     "genkit.cli.recipe_cmds",
     "genkit.cli.plugin_cmds",
+    "genkit.cli.serve_cmd",
 )
 
 

@@ -67,6 +67,9 @@ class GGUFContents:
     config: dict[str, Any]
     state_dict: dict[str, torch.Tensor] = field(default_factory=dict)
     tokenizer: dict[str, Any] = field(default_factory=dict)
+    #: tensors kept quantized (``read_gguf(..., keep_quantized=...)``): name -> (GGUF type name,
+    #: raw blocks, torch shape), with the Q/K rows already in transformers' order
+    quantized: dict[str, tuple[str, Any, tuple[int, ...]]] = field(default_factory=dict)
 
 
 def _require_gguf() -> Any:
@@ -114,7 +117,22 @@ def _checked_reader_class() -> Any:
                                          f"data up to byte {end} at least")
             return super()._get(offset, dtype, count, override_order)
 
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            known = {int(t) for t in gguf.GGMLQuantizationType}
+            for f in fields:  # name the tensor whose type this gguf package does not know
+                _, name, _, _, raw_type, _ = f.parts
+                if int(raw_type[0]) not in known:
+                    raise UnknownGGUFTypeError(
+                        f"tensor {bytes(name).decode('utf-8', 'replace')!r} has GGUF tensor type "
+                        f"{int(raw_type[0])}, which the installed gguf package does not know (a newer "
+                        "quantization format? upgrading `gguf` may help)")
+            super()._build_tensors(start_offs, fields)
+
     return CheckedReader
+
+
+class UnknownGGUFTypeError(ModelLoadError, ValueError):
+    """A tensor's GGUF type is not one the installed ``gguf`` package knows."""
 
 
 def open_gguf(path: str | os.PathLike[str]) -> Any:
@@ -126,6 +144,8 @@ def open_gguf(path: str | os.PathLike[str]) -> Any:
         reader = reader_class(path)
     except TruncatedGGUFError as exc:
         raise TruncatedGGUFError(f"{path}: {exc} (an interrupted download or copy?)") from None
+    except UnknownGGUFTypeError as exc:
+        raise UnknownGGUFTypeError(f"{path}: {exc}") from None
     except Exception as exc:
         raise ValueError(f"{path}: not a readable GGUF file ({exc})") from exc
     end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
@@ -173,27 +193,37 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
 
 
 def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True,
-              on_tensor: Callable[[int, int], None] | None = None) -> GGUFContents:
+              on_tensor: Callable[[int, int], None] | None = None,
+              keep_quantized: frozenset[str] = frozenset()) -> GGUFContents:
     """Config, float32 state dict (transformers' names) and tokenizer metadata of a GGUF file.
 
-    ``on_tensor(done, total)`` is called after each tensor is read (progress reporting)."""
+    Tensors whose GGUF type is in ``keep_quantized`` (e.g. ``{"Q4_1", "Q8_0"}``) are not
+    de-quantized: their raw blocks go to ``contents.quantized``. ``on_tensor(done, total)`` is
+    called after each tensor is read (progress reporting)."""
     gguf = _require_gguf()
     path = os.fspath(path)
     config, reader = read_gguf_config(path)
     arch = _field(reader, "general.architecture")
     permute = GGUF_ARCHITECTURES[arch][2]
     state: dict[str, torch.Tensor] = {}
+    contents_quantized: dict[str, tuple[str, Any, tuple[int, ...]]] = {}
     if tensors:
         for t in reader.tensors:
             name = _hf_name(t.name)
             if name is None:
                 raise ValueError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
+            shape = tuple(int(d) for d in reversed(t.shape))
+            if t.tensor_type.name in keep_quantized and len(shape) == 2:
+                contents_quantized[name] = (t.tensor_type.name, _rows_in_hf_order(t.data, name, config, permute),
+                                            shape)
+                if on_tensor is not None:
+                    on_tensor(len(state) + len(contents_quantized), len(reader.tensors))
+                continue
             try:
                 array = gguf.quants.dequantize(t.data, t.tensor_type)
             except NotImplementedError as exc:
                 raise ValueError(f"{path}: tensor {t.name!r} uses quantization {t.tensor_type.name}, "
                                  "which the installed gguf package cannot dequantize") from exc
-            shape = tuple(int(d) for d in reversed(t.shape))
             tensor = torch.from_numpy(array.reshape(shape).astype("float32", copy=False).copy())
             if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
                 tensor = unpermute_qk(tensor, config["num_attention_heads"])
@@ -201,8 +231,22 @@ def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True,
                 tensor = unpermute_qk(tensor, config["num_key_value_heads"])
             state[name] = tensor
             if on_tensor is not None:
-                on_tensor(len(state), len(reader.tensors))
-    return GGUFContents(config=config, state_dict=state, tokenizer=read_gguf_tokenizer(reader))
+                on_tensor(len(state) + len(contents_quantized), len(reader.tensors))
+    return GGUFContents(config=config, state_dict=state, tokenizer=read_gguf_tokenizer(reader),
+                        quantized=contents_quantized)
+
+
+def _rows_in_hf_order(data: Any, name: str, config: dict[str, Any], permute: bool) -> Any:
+    """The raw blocks of a quantized 2-D tensor (one row of blocks per output row), with the Q/K
+    projection rows put back in transformers' order (a row permutation: blocks stay intact)."""
+    import numpy as np
+
+    rows = np.asarray(data)
+    if permute and name.endswith("q_proj.weight"):
+        return unpermute_qk(torch.from_numpy(np.array(rows)), config["num_attention_heads"]).numpy()
+    if permute and name.endswith("k_proj.weight"):
+        return unpermute_qk(torch.from_numpy(np.array(rows)), config["num_key_value_heads"]).numpy()
+    return rows
 
 
 def _hf_name(name: str) -> str | None:

@@ -213,7 +213,7 @@ class LlamaForCausalLM(GenkitModel):
         """Recompute the non-persistent rope buffer (after building the model on the meta device)."""
         head_dim = self.config.get("head_dim", self.config.hidden_size // self.config.num_attention_heads)
         inv_freq, self.attention_scaling = rope_inv_freq(self.config, head_dim)
-        self.inv_freq = inv_freq.to(self.lm_head.weight.device)
+        self.inv_freq = inv_freq.to(self.device)
         self._rope_cache = None
 
     def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_state
 
+from .quant import Int4Linear
+
 logger = logging.getLogger("genkit.models")
 
 # below ~128K weights the fixed cost of a packed call (~10 us) outweighs its faster kernel
@@ -37,15 +39,15 @@ PACK_MAX_BYTES = 2 << 30
 
 
 class PreparedLayer(NamedTuple):
-    wqkv: torch.Tensor
+    wqkv: Any  # a weight tensor, or an Int4Linear
     bqkv: torch.Tensor | None
     norm1: torch.Tensor
-    wo: torch.Tensor
+    wo: Any  # a weight tensor, or an Int4Linear
     bo: torch.Tensor | None
-    wgu: torch.Tensor
+    wgu: Any  # a weight tensor, or an Int4Linear
     bgu: torch.Tensor | None
     norm2: torch.Tensor
-    wd: torch.Tensor
+    wd: Any  # a weight tensor, or an Int4Linear
     bd: torch.Tensor | None
     eps: float
     num_heads: int
@@ -98,7 +100,9 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
+    if type(weight) is Int4Linear:  # quantized: the layer runs its own kernel
+        return weight(x) if bias is None else weight(x) + bias
     if packed:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -166,8 +170,14 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
                 or type(layer.input_layernorm) is not RMSNorm or type(layer.post_attention_layernorm) is not RMSNorm):
             return None
         lins = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if all(type(lin) is Int4Linear for lin in lins):
+            continue
         if any(type(lin) is not nn.Linear for lin in lins):
             return None
+    if all(type(layer.self_attn.q_proj) is Int4Linear for layer in layers):
+        return _prepare_quantized(layers, windows)
+    if any(type(layer.self_attn.q_proj) is Int4Linear for layer in layers):
+        return None
     prepared = []
     # plain tensors even when the first call comes from inside generate(): the parameters keep them
     with torch.no_grad(), torch.inference_mode(False):
@@ -202,6 +212,32 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
                 rotation, packed))
         head = pack(lm_head.weight) if packed and lm_head.bias is None else None
     return PreparedModel(prepared, head)
+
+
+def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None]) -> PreparedModel | None:
+    """The prepared layers of a model whose projections are :class:`Int4Linear` (q/k/v and
+    gate/up fused into one int4 layer each; the LM head runs as its module); None (the module
+    path) when the sizes do not allow fusing."""
+    from .llama import LlamaDecoderLayer
+
+    prepared = []
+    rotations: dict[int, torch.Tensor] = {}
+    with torch.no_grad(), torch.inference_mode(False):
+        for layer, window in zip(layers, windows):
+            assert isinstance(layer, LlamaDecoderLayer)
+            attn, mlp = layer.self_attn, layer.mlp
+            norm = layer.input_layernorm.weight
+            if attn.head_dim not in rotations:
+                rotations[attn.head_dim] = rotation_matrix(attn.head_dim, norm)
+            wqkv = Int4Linear.fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            wgu = Int4Linear.fuse([mlp.gate_proj, mlp.up_proj])
+            if wqkv is None or wgu is None:
+                return None
+            prepared.append(PreparedLayer(
+                wqkv, None, norm, attn.o_proj, None, wgu, None, layer.post_attention_layernorm.weight,
+                mlp.down_proj, None, layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                window, rotations[attn.head_dim], False))
+    return PreparedModel(prepared, None)
 
 
 def weights_key(modules: list[nn.Module]) -> tuple[Any, ...]:

@@ -244,11 +244,14 @@ def _shape(state: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
 
 
 def build_model(config: ModelConfig, state: Mapping[str, torch.Tensor], dtype: torch.dtype,
-                where: str = "", device: str | torch.device | None = None) -> GenkitModel:
-    """Instantiate the config's architecture and load ``state`` into it, checking names and shapes."""
-    cls = architecture_class(config, os.path.join(where, "config.json") if where else "config.json")
-    with torch.device("meta"):
-        model = cls(config)
+                where: str = "", device: str | torch.device | None = None,
+                model: GenkitModel | None = None) -> GenkitModel:
+    """Instantiate the config's architecture (or take ``model``, built on the meta device) and load
+    ``state`` into it, checking names and shapes."""
+    if model is None:
+        cls = architecture_class(config, os.path.join(where, "config.json") if where else "config.json")
+        with torch.device("meta"):
+            model = cls(config)
     # allocate once, in the target dtype and on the target device, then copy the tensors in
     model = model.to(dtype).to_empty(device=device if device is not None else "cpu")
     if hasattr(model, "tie_weights"):
@@ -284,7 +287,8 @@ def build_model(config: ModelConfig, state: Mapping[str, torch.Tensor], dtype: t
 
 
 def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: torch.dtype | str | None = None,
-               device: str | torch.device | None = None, trust_remote_code: bool | None = None) -> GenkitModel:
+               device: str | torch.device | None = None, trust_remote_code: bool | None = None,
+               dequantize: bool = False) -> GenkitModel:
     """Load a native model.
 
     Args:
@@ -296,14 +300,26 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
         device: where to put the model ("cpu", "cuda", ...).
         trust_remote_code: when True and the repo/folder ships ``custom_generate/generate.py``,
             ``model.generate`` runs that recipe.
+        dequantize: GGUF only. False (the default) keeps Q4_0, Q4_1, Q4_K and Q8_0 tensors quantized
+            and runs them with int4 weight-only CPU kernels (see docs/models.md, "Quantized
+            weights"); True de-quantizes every tensor to ``dtype`` (the float path). On a GPU, or
+            when torch lacks the kernels, GGUF files are de-quantized.
     """
+    if not isinstance(dequantize, bool):
+        raise ValueError(f"`dequantize` must be True or False; got {dequantize!r}")
     source = resolve_model_source(ref, revision=revision)
     if source.endswith(".gguf"):
         from .gguf import read_gguf
 
-        contents = read_gguf(source)
+        keep = frozenset() if dequantize or not _quantized_kernels_for(device) else _kernel_types()
+        contents = read_gguf(source, keep_quantized=keep)
         config = ModelConfig(**contents.config)
-        model = build_model(config, contents.state_dict, parse_dtype(dtype, config), where=source, device=device)
+        if contents.quantized:
+            from .gguf_quantized import build_quantized_model
+
+            model = build_quantized_model(config, contents, parse_dtype(dtype, config), where=source)
+        else:
+            model = build_model(config, contents.state_dict, parse_dtype(dtype, config), where=source, device=device)
     else:
         cfg_path = os.path.join(source, "config.json")
         if not os.path.isfile(cfg_path):
@@ -322,6 +338,21 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
     config.name_or_path = os.fspath(ref)
     _attach_recipe(model, os.fspath(ref), source, revision, trust_remote_code)
     return model
+
+
+def _kernel_types() -> frozenset[str]:
+    from .gguf_quantized import KERNEL_TYPES
+
+    return KERNEL_TYPES
+
+
+def _quantized_kernels_for(device: str | torch.device | None) -> bool:
+    """Whether GGUF tensors can stay quantized on ``device`` (the int4 kernels are CPU kernels)."""
+    if device is not None and torch.device(device).type != "cpu":
+        return False
+    from .quant import kernel_available
+
+    return kernel_available()
 
 
 def _has_recipe(ref: str, source: str, revision: str | None) -> bool:

@@ -1,0 +1,144 @@
+"""Quantized GGUF on the CPU: genkit's int4 kernels against llama.cpp, on the same file, same run.
+
+Batch-1 greedy decode tokens/s after a 12-token prompt, on ``SmolLM2-135M-Instruct.Q4_1.gguf``
+(the demo model's file), 1 and 2 threads: genkit with the file's tensors kept quantized
+(``load_model(path)``), genkit de-quantized to float32 (``dequantize=True``), and llama.cpp
+(``llama-cpp-python``, which must be installed in a separate venv: give its python with
+``--llama-python``; it is never a genkit dependency). Decode time is the time of a generation of
+``N + 1`` tokens minus that of 1 token (the prompt's prefill), best of ``--repeats``.
+
+Also: batch-8 sampling and 4-beam search, quantized against float32; and bfloat16 against float32 on
+the converted safetensors folder.
+
+Build llama.cpp's binding once (about 10 minutes on 2 cores):
+``python -m venv /tmp/llamacpp && CMAKE_ARGS="-DGGML_NATIVE=ON" /tmp/llamacpp/bin/pip install
+llama-cpp-python==0.3.36``
+
+Run: ``python bench/bench_quantized.py --llama-python /tmp/llamacpp/bin/python``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+import genkit
+from genkit.models.demo import demo_gguf_path, genkit_home
+
+PROMPT = "Write a short story about a robot who learns to paint. Once upon a"
+
+LLAMA_CPP = r"""
+import json, sys, time
+from llama_cpp import Llama
+path, threads, new, repeats, ids = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])
+llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=512, n_batch=64, verbose=False)
+def run(n):
+    llm.reset()
+    out = []
+    t = time.perf_counter()
+    for tok in llm.generate(ids, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+        out.append(tok)
+        if len(out) == n:
+            break
+    return time.perf_counter() - t, out
+run(8)
+best, tokens = float("inf"), None
+for _ in range(repeats):
+    t_full, out = run(new + 1)
+    t_one, _ = run(1)
+    best = min(best, t_full - t_one)
+    tokens = out
+print(json.dumps({"decode_s": best, "tokens": tokens}))
+"""
+
+
+def _genkit_decode(model: Any, ids: torch.Tensor, new: int, repeats: int) -> tuple[float, list[int]]:
+    kw = {"max_new_tokens": 1, "eos_token_id": None, "pad_token_id": 0}
+    model.generate(ids, **{**kw, "max_new_tokens": 8})
+    best, tokens = float("inf"), []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = model.generate(ids, **{**kw, "max_new_tokens": new + 1})
+        t_full = time.perf_counter() - t
+        t = time.perf_counter()
+        model.generate(ids, **kw)
+        t_one = time.perf_counter() - t
+        best = min(best, t_full - t_one)
+        tokens = out[0, ids.shape[1]:].tolist()
+    return best, tokens
+
+
+def _timed(fn: Any, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--llama-python", help="python of a venv with llama-cpp-python (skipped if not given)")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", default="1,2")
+    args = parser.parse_args()
+    path = demo_gguf_path(f"{genkit_home()}/bench-gguf")
+    tok = genkit.load_tokenizer(path)
+    ids = tok([PROMPT], return_tensors="pt")["input_ids"][:, :12]
+    quantized = genkit.load_model(path)
+    dense = genkit.load_model(path, dequantize=True)
+    new = args.new_tokens
+    print(f"{path}: batch-1 greedy decode, {ids.shape[1]}-token prompt, {new} new tokens, best of {args.repeats}; "
+          f"torch {torch.__version__}\n")
+    print("| threads | engine | tok/s | vs llama.cpp | same tokens as llama.cpp |\n|---|---|---|---|---|")
+    for threads in [int(t) for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        ref = None
+        if args.llama_python:
+            out = subprocess.run([args.llama_python, "-c", LLAMA_CPP, path, str(threads), str(new), str(args.repeats),
+                                  json.dumps(ids[0].tolist())], capture_output=True, text=True, check=True)
+            ref = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"| {threads} | llama.cpp | {new / ref['decode_s']:.1f} | 1.00x | |")
+        for name, model in (("genkit Q4_1 (int4 kernels)", quantized), ("genkit float32 (de-quantized)", dense)):
+            secs, tokens = _genkit_decode(model, ids, new, args.repeats)
+            ratio = f"{ref['decode_s'] / secs:.2f}x" if ref else "-"
+            same = "-" if ref is None else _same(tokens, ref["tokens"][:new])
+            print(f"| {threads} | {name} | {new / secs:.1f} | {ratio} | {same} |")
+
+    torch.set_num_threads(max(int(t) for t in args.threads.split(",")))
+    print("\n| workload | Q4_1 quantized s | float32 s | speed-up |\n|---|---|---|---|")
+    prompts = tok([PROMPT] * 8, return_tensors="pt")
+    workloads = {
+        "batch 8, sampling, 64 new tokens": lambda m: (torch.manual_seed(0), m.generate(
+            **prompts, do_sample=True, max_new_tokens=64, eos_token_id=None)),
+        "4 beams, 64 new tokens": lambda m: m.generate(ids, num_beams=4, max_new_tokens=64, eos_token_id=None),
+    }
+    for name, work in workloads.items():
+        tq = _timed(lambda w=work: w(quantized), args.repeats)
+        tf = _timed(lambda w=work: w(dense), args.repeats)
+        print(f"| {name} | {tq:.2f} | {tf:.2f} | {tf / tq:.2f}x |")
+
+    folder = genkit.models.demo.ensure_demo_model()
+    print("\n| safetensors folder, batch-1 greedy decode | tok/s |\n|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        model = genkit.load_model(folder, dtype=dtype)
+        secs, _ = _genkit_decode(model, ids, new, args.repeats)
+        print(f"| {str(dtype).replace('torch.', '')} | {new / secs:.1f} |")
+
+
+def _same(a: list[int], b: list[int]) -> str:
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return "yes" if n is None and len(a) == len(b) else f"first {n} tokens"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

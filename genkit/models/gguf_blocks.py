@@ -1,0 +1,88 @@
+"""GGUF quantized blocks decoded into int4 parts (:class:`genkit.models.quant.Int4Part`) without
+de-quantizing: the codes stay 4-bit, with one float scale and offset per group of 32 weights.
+Checked against the ``gguf`` package's own de-quantization in tests/test_quantized.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .quant import GROUP, Int4Part, QuantizedEmbedding
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)[..., 0]
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """16 bytes -> 32 codes: the low nibbles are weights 0-15, the high ones 16-31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _q4_0(blocks: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    d = _f16(blocks[..., 0:2])
+    return [(_nibbles(blocks[..., 2:18]), d, -8.0 * d)]
+
+
+def _q4_1(blocks: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    return [(_nibbles(blocks[..., 4:20]), _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4]))]
+
+
+def _q8_0(blocks: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    d = _f16(blocks[..., 0:2])
+    q = np.ascontiguousarray(blocks[..., 2:34]).view(np.int8)
+    lo = q.view(np.uint8) & 0x0F
+    hi = (q >> 4) + np.int8(8)  # q = 16 * (hi - 8) + lo, hi - 8 in [-8, 7]
+    return [(lo, d, np.zeros_like(d)), (hi.view(np.uint8), 16.0 * d, -128.0 * d)]
+
+
+def _q4_k(blocks: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """256-weight super-blocks: float16 ``d`` and ``dmin``, 8 six-bit (scale, min) pairs, 128 bytes
+    of codes; sub-block ``j``'s weights are ``d * sc_j * q - dmin * m_j``."""
+    d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
+    s = blocks[..., 4:16].astype(np.int32)
+    sc = np.empty(s.shape[:-1] + (8,), dtype=np.int32)
+    mn = np.empty_like(sc)
+    sc[..., :4], mn[..., :4] = s[..., 0:4] & 63, s[..., 4:8] & 63
+    sc[..., 4:] = (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    qs = blocks[..., 16:144].reshape(*blocks.shape[:-1], 4, 32)
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=-2).reshape(*blocks.shape[:-1], 8, 32)
+    scale = d[..., None] * sc
+    minimum = -dmin[..., None] * mn
+    n = blocks.shape[:-1]
+    return [(codes.reshape(*n[:-1], n[-1] * 8, 32), scale.reshape(*n[:-1], -1), minimum.reshape(*n[:-1], -1))]
+
+
+# GGUF type name -> (weights per block, bytes per block, decoder into int4 parts)
+GGUF_INT4_TYPES: dict[str, tuple[int, int, Any]] = {
+    "Q4_0": (32, 18, _q4_0),
+    "Q4_1": (32, 20, _q4_1),
+    "Q8_0": (32, 34, _q8_0),
+    "Q4_K": (256, 144, _q4_k),
+}
+
+
+def int4_parts_from_gguf(type_name: str, data: np.ndarray, shape: tuple[int, int]) -> list[Int4Part]:
+    """The int4 parts of a GGUF tensor of ``type_name`` with torch shape ``(out, in)``, from its raw
+    blocks ``data`` (uint8, as the gguf reader exposes them)."""
+    per_block, nbytes, decode = GGUF_INT4_TYPES[type_name]
+    out, k = shape
+    blocks = np.asarray(data, dtype=np.uint8).reshape(out, k // per_block, nbytes)
+    parts = []
+    for q, scale, minimum in decode(blocks):
+        parts.append(Int4Part(torch.from_numpy(np.ascontiguousarray(q.reshape(out, k))),
+                              torch.from_numpy(np.ascontiguousarray(scale.reshape(out, k // GROUP))),
+                              torch.from_numpy(np.ascontiguousarray(minimum.reshape(out, k // GROUP)))))
+    return parts
+
+
+def q8_0_embedding(data: np.ndarray, shape: tuple[int, int], dtype: torch.dtype) -> QuantizedEmbedding:
+    """An embedding table from GGUF ``Q8_0`` blocks, kept as int8 codes and scales."""
+    rows, k = shape
+    blocks = np.asarray(data, dtype=np.uint8).reshape(rows, k // GROUP, 34)
+    codes = blocks[..., 2:34].view(np.int8).reshape(rows, k)
+    return QuantizedEmbedding(torch.from_numpy(np.ascontiguousarray(codes)),
+                              torch.from_numpy(_f16(blocks[..., 0:2])), dtype)

@@ -1,0 +1,245 @@
+"""Weight-only low-bit linear layers for the CPU: GGUF blocks run as they are stored.
+
+A GGUF block of 32 weights with a scale and an offset (``Q4_0``: ``d * (q - 8)``, ``Q4_1``:
+``d * q + m``, and each 32-weight sub-block of ``Q4_K``) is exactly one group of torch's int4
+weight-only kernel (``torch.ops.aten._weight_int4pack_mm_for_cpu``), which computes
+``(q - 8) * scale + zero`` per group of ``group_size`` weights along the input dimension. So those
+tensors keep their 4-bit codes and per-group scales; nothing is de-quantized. ``Q8_0`` (an int8
+code per weight, one scale per 32) is split exactly into two 4-bit halves: ``q = 16 * hi + lo``,
+run as two int4 products whose sum is the int8 product.
+
+The kernel takes bfloat16 activations and scales (float32 activations fall back to a slow
+reference path in torch), so an :class:`Int4Linear` converts its input to bfloat16 and its output
+back to the input's dtype. Precision: bfloat16 keeps 8 significant bits of each activation, and the
+per-group scales lose the low 3 bits of GGUF's float16; llama.cpp itself rounds activations to
+8-bit blocks for its quantized dot products. The tests bound the difference to the de-quantized
+float32 model (see tests/test_quantized.py).
+
+``genkit.quantize(model, "int8" | "int4")`` quantizes the linear layers of any native model the
+same way (weight-only, symmetric groups of 32 for int4's zero point at ``-8 * scale``; int8 as two
+int4 halves).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+logger = logging.getLogger("genkit.models")
+
+GROUP = 32  # GGUF's block size for Q4_0/Q4_1/Q8_0 and Q4_K's sub-blocks
+ACT_DTYPE = torch.bfloat16
+_MIN_ROWS = 16  # the packing kernel needs out_features divisible by 16
+_PACK_TILE = 64  # ... and lays rows out in tiles of 64 (packed layers concatenate at tile borders)
+PACK_CHUNK = 16 * _PACK_TILE  # rows decoded and packed at a time
+_PACK_CHUNK = PACK_CHUNK
+
+__all__ = ["Int4Linear", "Int4Part", "QuantizedEmbedding", "WithBias", "kernel_available", "quantize"]
+
+
+def kernel_available() -> bool:
+    """Whether this torch build has the CPU int4 weight-only kernels."""
+    try:
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.zeros(16, 64, dtype=torch.int32), 2)
+        sz = torch.zeros(2, 16, 2, dtype=ACT_DTYPE)
+        torch.ops.aten._weight_int4pack_mm_for_cpu(torch.zeros(1, 64, dtype=ACT_DTYPE), packed, GROUP, sz)
+        return True
+    except (RuntimeError, AttributeError) as exc:
+        logger.debug("int4 weight-only kernels unavailable: %s", exc)
+        return False
+
+
+class Int4Part:
+    """One int4 weight-only matrix: codes ``q`` in [0, 15] with ``w = scale * q + minimum`` per
+    group of ``GROUP`` input weights (``q``: ``(out, in)``, ``scale``/``minimum``: ``(out, in / GROUP)``)."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> None:
+        self.q, self.scale, self.minimum = q, scale, minimum
+
+    def rows(self, index: Any) -> Int4Part:
+        return Int4Part(self.q[index], self.scale[index], self.minimum[index])
+
+    def dense(self) -> torch.Tensor:
+        """The float32 weight these codes stand for (a reference; the layers never build it)."""
+        out, k = self.q.shape
+        w = self.q.float().reshape(out, k // GROUP, GROUP) * self.scale.float()[..., None] + self.minimum.float()[..., None]
+        return w.reshape(out, k)
+
+
+def part_rows(parts: list[Int4Part], start: int, stop: int) -> list[Int4Part]:
+    return [p.rows(slice(start, stop)) for p in parts]
+
+
+class Int4Linear(nn.Module):
+    """A bias-free linear layer whose weight is a sum of int4 parts (one for 4-bit formats, two for
+    8-bit ones), run by torch's int4 weight-only CPU kernel. ``(…, in) -> (…, out)``."""
+
+    def __init__(self, in_features: int, out_features: int, parts: list[Int4Part] | None = None, source: str = "",
+                 row_chunks: Iterable[list[Int4Part]] | None = None) -> None:
+        """``parts`` (the whole matrix), or ``row_chunks``: the parts of consecutive blocks of rows
+        (each a multiple of 64 rows but the last), so that a big matrix is never decoded at once."""
+        super().__init__()
+        if out_features % _MIN_ROWS or in_features % GROUP:
+            raise ValueError(f"int4 kernels need out_features divisible by {_MIN_ROWS} and in_features by {GROUP}; "
+                             f"got ({out_features}, {in_features})")
+        self.in_features, self.out_features, self.source = in_features, out_features, source
+        if row_chunks is None:
+            assert parts is not None
+            row_chunks = (part_rows(parts, start, start + _PACK_CHUNK) for start in range(0, out_features, _PACK_CHUNK))
+        packed: list[list[torch.Tensor]] = []
+        scales: list[list[torch.Tensor]] = []
+        for chunk in row_chunks:
+            for i, part in enumerate(chunk):
+                if i == len(packed):
+                    packed.append([])
+                    scales.append([])
+                packed[i].append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(part.q.to(torch.int32), 2))
+                zero = part.minimum.float() + 8 * part.scale.float()  # the kernel subtracts 8 from each code
+                scales[i].append(torch.stack([part.scale.float(), zero], dim=-1).transpose(0, 1).to(ACT_DTYPE))
+        for i in range(len(packed)):
+            self.register_buffer(f"packed{i}", torch.cat(packed[i]))
+            self.register_buffer(f"scales{i}", torch.cat(scales[i], dim=1).contiguous())
+        if sum(p.shape[0] for p in packed[0]) != out_features:
+            raise ValueError(f"int4 parts hold {sum(p.shape[0] for p in packed[0])} rows; expected {out_features}")
+        self.num_parts = len(packed)
+        self._parts = [(getattr(self, f"packed{i}"), getattr(self, f"scales{i}")) for i in range(self.num_parts)]
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Int4Linear:
+        out = super()._apply(fn, recurse)
+        self._parts = [(getattr(self, f"packed{i}"), getattr(self, f"scales{i}")) for i in range(self.num_parts)]
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, self.in_features)
+        if flat.dtype != ACT_DTYPE:
+            flat = flat.to(ACT_DTYPE)
+        out = None
+        for packed, sz in self._parts:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, packed, GROUP, sz)
+            out = y if out is None else out.add_(y)
+        assert out is not None
+        return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    @staticmethod
+    def fuse(layers: list[Int4Linear]) -> Int4Linear | None:
+        """One layer computing the concatenation of the layers' outputs, or None when the packed
+        layout does not allow it (it packs rows in tiles of 64: every layer but the last needs a
+        multiple of 64 outputs)."""
+        first = layers[0]
+        if any(lay.out_features % _PACK_TILE for lay in layers[:-1]):
+            return None
+        fused = Int4Linear.__new__(Int4Linear)
+        nn.Module.__init__(fused)
+        fused.in_features, fused.source = first.in_features, "+".join(lay.source for lay in layers)
+        fused.out_features = sum(lay.out_features for lay in layers)
+        if any(lay.num_parts != first.num_parts or lay.in_features != first.in_features for lay in layers):
+            raise ValueError("fused int4 layers need the same input size and number of parts")
+        for i in range(first.num_parts):
+            fused.register_buffer(f"packed{i}", torch.cat([getattr(lay, f"packed{i}") for lay in layers]))
+            fused.register_buffer(f"scales{i}", torch.cat([getattr(lay, f"scales{i}") for lay in layers], dim=1))
+        fused.num_parts = first.num_parts
+        fused._parts = [(getattr(fused, f"packed{i}"), getattr(fused, f"scales{i}")) for i in range(first.num_parts)]
+        return fused
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, parts={self.num_parts}"
+
+
+class QuantizedEmbedding(nn.Module):
+    """An embedding table kept as int8 codes with one float scale per 32 values (GGUF ``Q8_0``);
+    rows are de-quantized when looked up."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = codes.shape
+        self.register_buffer("codes", codes.to(torch.int8).contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        q = self.codes[ids].float().unflatten(-1, (-1, GROUP))
+        return (q * self.scales[ids][..., None]).flatten(-2).to(self.dtype)
+
+
+# -- quantizing a float model --------------------------------------------------------------------------
+
+def _int4_symmetric(weight: torch.Tensor) -> Int4Part:
+    """Round-to-nearest int4 per group of 32: ``w ~ scale * (q - 8)``, ``scale = max|w| / 7``."""
+    out, k = weight.shape
+    g = weight.detach().float().reshape(out, k // GROUP, GROUP)
+    scale = g.abs().amax(-1).clamp_min(1e-12) / 7.0
+    q = torch.clamp(torch.round(g / scale[..., None]) + 8, 0, 15).to(torch.uint8).reshape(out, k)
+    return Int4Part(q, scale, -8.0 * scale)
+
+
+def _int8_symmetric(weight: torch.Tensor) -> list[Int4Part]:
+    """Round-to-nearest int8 per group of 32 (``scale = max|w| / 127``), as two exact int4 halves."""
+    out, k = weight.shape
+    g = weight.detach().float().reshape(out, k // GROUP, GROUP)
+    scale = g.abs().amax(-1).clamp_min(1e-12) / 127.0
+    q = torch.clamp(torch.round(g / scale[..., None]), -128, 127).to(torch.int16).reshape(out, k)
+    lo, hi = q & 0x0F, q >> 4
+    return [Int4Part(lo.to(torch.uint8), scale, torch.zeros_like(scale)),
+            Int4Part((hi + 8).to(torch.uint8), 16.0 * scale, -128.0 * scale)]
+
+
+QUANTIZE_MODES = ("int8", "int4")
+
+
+def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
+    """Quantize the linear layers of a native genkit model in place (weight-only) and return it.
+
+    ``mode``: ``"int8"`` (8-bit codes, one scale per 32 weights; near-lossless) or ``"int4"``
+    (4-bit, one scale per 32; about 4x less memory than bfloat16, with a measurable loss). The
+    decoder layers' q/k/v/o and MLP projections and the LM head are quantized; embeddings and
+    norms stay as they are. Layers whose sizes the kernel cannot take (output rows not a multiple
+    of 16, inputs not a multiple of 32) are left in floating point, with a log line.
+    """
+    if mode not in QUANTIZE_MODES:
+        raise ValueError(f"`mode` must be one of {', '.join(repr(m) for m in QUANTIZE_MODES)}; got {mode!r}")
+    if not kernel_available():
+        raise RuntimeError("this torch build has no CPU int4 weight-only kernels; quantize needs them")
+    from .base import GenkitModel
+
+    if not isinstance(model, GenkitModel):
+        raise TypeError(f"quantize takes a native genkit model (genkit.load_model); got {type(model).__name__}")
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ValueError("quantize runs on CPU models; the int4 kernels are CPU kernels")
+    targets = [(name, mod) for name, mod in model.named_modules()
+               if isinstance(mod, nn.Linear) and type(mod) is nn.Linear]
+    skipped = []
+    with torch.no_grad():
+        for name, lin in targets:
+            out, k = lin.weight.shape
+            if out % _MIN_ROWS or k % GROUP:
+                skipped.append(name)
+                continue
+            parts = [_int4_symmetric(lin.weight)] if mode == "int4" else _int8_symmetric(lin.weight)
+            layer: nn.Module = Int4Linear(k, out, parts, source=name)
+            if lin.bias is not None:
+                layer = WithBias(layer, lin.bias.detach().clone())
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, layer)
+    if skipped:
+        logger.info("quantize: %d linear layers left in floating point (sizes): %s", len(skipped), skipped[:4])
+    model._prepared = None  # type: ignore[attr-defined]
+    model.quantization = mode  # type: ignore[attr-defined]
+    return model
+
+
+class WithBias(nn.Module):
+    """An int4 layer plus a float bias."""
+
+    def __init__(self, inner: Int4Linear, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) + self.bias.to(x.dtype)

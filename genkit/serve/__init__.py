@@ -1,0 +1,30 @@
+"""``genkit serve``: an OpenAI-compatible HTTP server (needs the ``serve`` extra: Starlette and
+uvicorn). See docs/serve.md. Nothing here is imported by ``import genkit``."""
+
+from __future__ import annotations
+
+from .engine import GenerateEngine, Request, RequestStream, TokenEvent
+
+__all__ = ["GenerateEngine", "Request", "RequestStream", "TokenEvent", "build_app"]
+
+
+def build_app(model: str | object, *, tokenizer: object | None = None, model_name: str | None = None,
+              trust_remote_code: bool = False, engine: object | None = None) -> object:
+    """The ASGI app serving ``model`` (a loaded model, or anything ``genkit.load_model`` takes)."""
+    import genkit
+
+    from .app import ServerState, create_app
+
+    if isinstance(model, str):
+        name = model_name or model
+        tokenizer = tokenizer or genkit.load_tokenizer(model)
+        model = genkit.load_model(model)
+    else:
+        name = model_name or str(getattr(getattr(model, "config", None), "name_or_path", "") or "model")
+    if tokenizer is None:
+        raise ValueError("`tokenizer` is needed with a loaded model")
+    engine = engine or GenerateEngine(model, tokenizer)
+    state = ServerState(model, tokenizer, engine, name, trust_remote_code=trust_remote_code)
+    app = create_app(state)
+    app.state.genkit = state
+    return app

