@@ -7,13 +7,14 @@ on the tiny model and on SmolLM2; the config's JSON round trip and validation.""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
-from test_packs import MARK, install_packs, pack_env
+from test_packs import MARK, REPO, install_packs, pack_env
 
 import genkit
 from genkit.errors import ConfigError
@@ -323,3 +324,15 @@ def test_without_the_pack_a_synthid_dict_is_refused_naming_the_key():
     proc = subprocess.run([sys.executable, "-c", code], env=pack_env(None), capture_output=True, text=True,
                           timeout=120, check=True)
     assert "`watermarking_config` has an unknown key `keys`" in proc.stdout
+
+
+def test_the_packs_md_example_runs(pack_site):
+    """The runnable example of docs/packs.md, section 10, with the pack installed."""
+    text = (REPO / "docs" / "packs.md").read_text(encoding="utf-8")
+    section = text.split("## 10. A watermark pack: SynthID text", 1)[1]
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL) if not b.startswith("# file:")]
+    assert len(blocks) == 1
+    proc = subprocess.run([sys.executable, "-c", blocks[0]], env=pack_env(pack_site), capture_output=True,
+                          text=True, timeout=300, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "watermarked" in proc.stdout and "plain" in proc.stdout
