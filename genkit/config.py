@@ -136,7 +136,8 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("compile_config", None, _compile_config, "a genkit.CompileConfig (or a dict of its keys) or None; it has "
        "no effect in genkit", coerce=_as_compile_config),
     _F("disable_compile", None),
-    _F("continuous_batching_config", None),
+    _F("continuous_batching_config", None, lambda v: isinstance(v, dict) or callable(getattr(v, "to_dict", None)),
+       "a genkit.ContinuousBatchingConfig, a dict of its keys, or None"),
     _F("low_memory", None, _is_bool, "True, False or None"),
     _F("prefill_chunk_size", None, lambda v: _is_int(v) and v >= 1, "an int >= 1 or None"),
     _F("token_healing", False, _is_bool, "True or False"),
@@ -183,8 +184,6 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
 # the ones listed as "off" with a NotSupportedError naming the field: none is accepted and ignored.
 # One line per field, naming what implements it; a feature that lands deletes its lines.
 NOT_SUPPORTED: dict[str, str] = {
-    "continuous_batching_config": "continuous batching (issue 14)",
-    "prefill_chunk_size": "chunked prefill, part of continuous batching (issue 14)",
     "cache_config": "quantized or offloaded caches (no issue yet); leave it unset, genkit preallocates its cache",
     "use_mtp": "multi-token-prediction heads (no issue yet); use assistant_model= or prompt_lookup_num_tokens=",
     "token_healing": "token healing (no issue yet)",
@@ -198,7 +197,8 @@ NOT_SUPPORTED: dict[str, str] = {
 # values of a field that genkit cannot honour yet although the field itself works
 _NOT_SUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     "cache_implementation": {"quantized": "a quantized KV cache (no issue yet)",
-                             "paged": "the paged cache of continuous batching (issue 14)"},
+                             "paged": "the paged cache of continuous batching, which generate() does not run: use "
+                                      "model.generate_batch() or model.init_continuous_batching()"},
 }
 
 # values of those fields that mean "off" (besides the field's default)
@@ -215,6 +215,10 @@ NO_EFFECT: dict[str, str] = {
     "disable_compile": "generate does not torch.compile the model",
     "decoder_start_token_id": "encoder-decoder models only; genkit's models are decoder-only",
     "is_assistant": "a marker transformers sets on assistant models",
+    "continuous_batching_config": "configures generate_batch and init_continuous_batching (docs/continuous_batching.md); "
+                                  "generate runs without it",
+    "prefill_chunk_size": "the prompt chunk of generate_batch and init_continuous_batching; generate computes a "
+                          "prompt in one pass",
 }
 
 

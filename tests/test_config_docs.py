@@ -61,7 +61,7 @@ def test_every_field_is_documented_as_implemented_unsupported_or_without_effect(
 
 
 UNSUPPORTED_VALUES = {
-    "continuous_batching_config": {"block_size": 32}, "prefill_chunk_size": 16, "cache_config": {"backend": "quanto"},
+    "cache_config": {"backend": "quanto"},
     "use_mtp": True, "token_healing": True, "output_attentions": True, "assistant_ensemble_weight": 0.5,
     "speculation_type": "tree",
 }

@@ -93,6 +93,10 @@ def _greedy(reference, ids, n):
     return tok.decode(new, skip_special_tokens=True), new, finish
 
 
+def test_the_server_batches_continuously(server):
+    assert _metrics(server)["genkit_cache_blocks"] > 0  # the continuous batching engine's paged cache
+
+
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == ["smollm2"]
     assert json.loads(_get(server["base"] + "/health")[1]) == {"status": "ok"}
@@ -264,6 +268,10 @@ def test_a_client_that_disconnects_cancels_its_request(server):
     assert m["genkit_requests_cancelled"] == before["genkit_requests_cancelled"] + 1
     assert m["genkit_requests_running"] == 0
     assert m["genkit_generated_tokens_total"] - before["genkit_generated_tokens_total"] < 1000  # it stopped early
+    deadline = time.monotonic() + 10  # its cache blocks are free again (the dispatcher samples the count)
+    while _metrics(server)["genkit_cache_free_blocks"] != m["genkit_cache_blocks"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metrics(server)["genkit_cache_free_blocks"] == m["genkit_cache_blocks"] > 0
 
 
 def test_sigterm_shuts_down_cleanly(demo_folder):

@@ -23,7 +23,10 @@ def build_app(model: str | object, *, tokenizer: object | None = None, model_nam
         name = model_name or str(getattr(getattr(model, "config", None), "name_or_path", "") or "model")
     if tokenizer is None:
         raise ValueError("`tokenizer` is needed with a loaded model")
-    engine = engine or GenerateEngine(model, tokenizer)
+    if engine is None:
+        from .engines import make_engine
+
+        engine = make_engine(model, tokenizer)
     state = ServerState(model, tokenizer, engine, name, trust_remote_code=trust_remote_code)
     app = create_app(state)
     app.state.genkit = state

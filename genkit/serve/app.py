@@ -69,6 +69,13 @@ def create_app(state: ServerState) -> Starlette:
 
     async def metrics(request: HTTPRequest) -> Response:
         stats = state.engine.stats
+        fallback = getattr(state.engine, "fallback", None)
+        if fallback is not None:  # requests the continuous engine handed to generate count too
+            merged = type(stats)(**vars(stats))
+            for name, value in vars(fallback.stats).items():
+                if not name.startswith("cache_"):
+                    setattr(merged, name, getattr(merged, name) + value)
+            stats = merged
         lines = [f"genkit_{name} {value}" for name, value in vars(stats).items()]
         return PlainTextResponse("\n".join(lines) + "\n")
 
@@ -276,6 +283,7 @@ async def _sse(parsed: ParsedRequest, stream: RequestStream, state: ServerState)
         completed = True
         yield b"data: [DONE]\n\n"
     finally:
+        logger.debug("request %s: stream closed (%s)", parsed.id, "completed" if completed else "client left")
         if completed:
             stream.release()
         else:

@@ -60,18 +60,23 @@ class RequestStream:
         self.client_cancelled = False  # the client left before the end (counted in the metrics)
         self.started = threading.Event()
         self.finished_at: float | None = None
+        self.on_cancel: Any = None  # set by an engine that must act at once (continuous batching)
 
     def push(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
     def cancel(self) -> None:
         """The client went away: stop, and count the request as cancelled."""
         self.client_cancelled = True
-        self.cancelled.set()
+        self.release()
 
     def release(self) -> None:
         """The client has all it wants (a stop string, every choice finished): stop generating."""
-        self.cancelled.set()
+        if not self.cancelled.is_set():
+            self.cancelled.set()
+            if self.on_cancel is not None:
+                self.on_cancel()
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -96,6 +101,8 @@ class EngineStats:
     requests_failed: int = 0
     prompt_tokens_total: int = 0
     generated_tokens_total: int = 0
+    cache_free_blocks: int = 0
+    cache_blocks: int = 0
 
 
 class _Stop:

