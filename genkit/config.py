@@ -196,16 +196,15 @@ NOT_SUPPORTED: dict[str, str] = {
 
 # values of a field that genkit cannot honour yet although the field itself works
 _NOT_SUPPORTED_VALUES: dict[str, dict[Any, str]] = {
-    "cache_implementation": {"quantized": "a quantized KV cache (no issue yet)",
-                             "paged": "the paged cache of continuous batching, which generate() does not run: use "
-                                      "model.generate_batch() or model.init_continuous_batching()"},
+    "cache_implementation": {"quantized": "a quantized KV cache (no issue yet)"},
 }
 
 # values of those fields that mean "off" (besides the field's default)
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {}
 
 # Fields accepted with no effect on what genkit generates (documented in docs/api.md, "Fields"):
-# (cache_implementation: every value but "quantized" and "paged", see _NOT_SUPPORTED_VALUES)
+# (cache_implementation: every value but "quantized", see _NOT_SUPPORTED_VALUES; "paged" switches
+# generate to continuous batching, genkit/continuous/paged_generate.py)
 # genkit's cache is always preallocated for max_length, generate does not compile, models are
 # decoder-only, and is_assistant only marks a model as someone's assistant.
 NO_EFFECT: dict[str, str] = {
