@@ -106,3 +106,17 @@ def test_a_users_own_sandbox_in_the_cwd_does_not_break_genkit(tmp_path, layout):
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "recipe says hi"
+
+
+def test_every_genkit_package_is_listed_for_the_wheel():
+    """A package folder under genkit/ missing from [tool.setuptools] packages would be left out of
+    the wheel (the editable install in the tests would still find it)."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    block = re.search(r"^packages = \[(.*?)\]", (root / "pyproject.toml").read_text(), re.S | re.M)
+    assert block is not None
+    listed = set(re.findall(r'"([\w.]+)"', block.group(1)))
+    found = {"genkit." + ".".join(p.parent.relative_to(root / "genkit").parts)
+             for p in (root / "genkit").rglob("__init__.py") if p.parent != root / "genkit"}
+    assert found <= listed, sorted(found - listed)
