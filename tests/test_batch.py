@@ -160,3 +160,31 @@ def test_cli_batch(tmp_path, tiny_hf_dir, capsys):
     assert [r["token_ids"] for r in out] == [_reference(model, tok, r["prompt"], 3) for r in rows]
     assert main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "o2.jsonl"), "--engine", "ray"]) == 2
     assert "--engine ray is not implemented yet" in capsys.readouterr().err
+
+
+def test_messages_rows_use_the_chat_template(tmp_path):
+    from genkit.tokenizer import Tokenizer
+
+    template = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}echo{% endif %}"
+    tok = Tokenizer(_raw_tokenizer(), {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                                       "chat_template": template})
+    model = tiny_llama(seed=0)
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": 7, "messages": [{"role": "user", "content": "alpha"}]})
+                                       + "\n" + json.dumps({"id": 8, "messages": "alpha"}) + "\n")
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", LocalEngine(model, tok, {"max_new_tokens": 3}))
+    (row,) = _read(tmp_path / "out.jsonl")
+    assert row["id"] == "7" and row["token_ids"] == _reference(model, tok, "alpha echo", 3)
+    (error,) = _read(tmp_path / "out.jsonl.errors.jsonl")
+    assert error["id"] == "8" and "`messages` must be a non-empty list" in error["error"]
+    assert summary.bad == 1
+
+
+def test_docs_example_runs():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "batch.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "docs/batch.md", "exec"), {"__name__": "__docs__"})

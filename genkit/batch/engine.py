@@ -55,7 +55,7 @@ class LocalEngine:
     def encode(self, row: BatchRow) -> list[int]:
         if row.messages is not None:
             ids = self.tokenizer.apply_chat_template(row.messages, add_generation_prompt=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) else ids
+            ids = ids if isinstance(ids, (list, torch.Tensor)) else ids["input_ids"]
         else:
             ids = self.tokenizer(row.prompt)["input_ids"]
         if isinstance(ids, torch.Tensor):
