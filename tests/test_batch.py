@@ -141,14 +141,18 @@ def test_bad_rows_go_to_the_errors_file(tmp_path, tokenizer):
     assert (summary.rows_read, summary.written, summary.bad) == (12, 6, 6)
 
 
-def test_cli_batch(tmp_path, tiny_hf_dir, capsys):
-    from genkit.cli import main
-
-    folder = tmp_path / "model"
+def _model_folder(tiny_hf_dir, folder):
     shutil.copytree(tiny_hf_dir, folder)
     _raw_tokenizer().save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
                                                               "unk_token": "<unk>"}))
+    return folder
+
+
+def test_cli_batch(tmp_path, tiny_hf_dir, capsys):
+    from genkit.cli import main
+
+    folder = _model_folder(tiny_hf_dir, tmp_path / "model")
     rows = _write_rows(tmp_path / "in.jsonl", 6, extra=["nope"])
     rc = main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--model", str(folder),
                "--max-new-tokens", "3", "--batch-size", "4"])
@@ -158,8 +162,8 @@ def test_cli_batch(tmp_path, tiny_hf_dir, capsys):
     model, tok = genkit.load_model(str(folder)), genkit.load_tokenizer(str(folder))
     out = _read(tmp_path / "out.jsonl")
     assert [r["token_ids"] for r in out] == [_reference(model, tok, r["prompt"], 3) for r in rows]
-    assert main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "o2.jsonl"), "--engine", "ray"]) == 2
-    assert "--engine ray is not implemented yet" in capsys.readouterr().err
+    assert main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "o2.jsonl"), "--workers", "0"]) == 2
+    assert "--workers must be >= 1; got 0" in capsys.readouterr().err
 
 
 def test_messages_rows_use_the_chat_template(tmp_path):

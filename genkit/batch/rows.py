@@ -45,6 +45,11 @@ def parse_row(line_no: int, text: str) -> BatchRow | BadRow:
         return BadRow(line_no, None, f"not a JSON object: {exc}")
     if not isinstance(data, dict):
         return BadRow(line_no, None, f"not a JSON object: {type(data).__name__}")
+    return parse_record(line_no, data)
+
+
+def parse_record(line_no: int, data: dict[str, Any]) -> BatchRow | BadRow:
+    """A row from a decoded record (a JSON object, or a row of a Ray dataset)."""
     rid = data.get("id", line_no)
     if not isinstance(rid, (str, int)) or isinstance(rid, bool):
         return BadRow(line_no, None, f"`id` must be a string or an int; got {rid!r}")

@@ -28,6 +28,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--model", "-m", default=DEFAULT_MODEL,
                    help=f"model folder, .gguf file, Hub id 'org/name', or 'smollm2' (default: {DEFAULT_MODEL})")
     p.add_argument("--engine", default="local", choices=ENGINES, help="where to run (default: local)")
+    p.add_argument("--workers", type=int, default=1, help="Ray actors, one model each (--engine ray; default: 1)")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join (--engine ray): 'auto' or ray://host:port (default: a local Ray)")
     p.add_argument("--batch-size", type=int, default=16, help="rows per generate call (default: 16)")
     p.add_argument("--chunk-size", type=int, default=256, help="rows per committed output chunk (default: 256)")
     p.add_argument("--custom-generate", metavar="REF", default=None,
@@ -42,13 +45,10 @@ def run(args: argparse.Namespace) -> int:
 
     import genkit
     from genkit.batch import LocalEngine, run_batch
-    from genkit.errors import NotSupportedError
 
     from .generate_cmd import check_device, check_generation_options, generation_kwargs
 
-    if args.engine == "ray":
-        raise NotSupportedError("--engine ray is not implemented yet; use --engine local (the default)")
-    for name in ("batch_size", "chunk_size"):
+    for name in ("batch_size", "chunk_size", "workers"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     kwargs = generation_kwargs(args)
@@ -56,11 +56,20 @@ def run(args: argparse.Namespace) -> int:
     check_generation_options(kwargs, args.custom_generate)
     if args.seed is not None:
         torch.manual_seed(args.seed)
-    model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
-                              trust_remote_code=True if args.trust_remote_code else None)
-    tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
-    engine = LocalEngine(model, tokenizer, kwargs, batch_size=args.batch_size, custom_generate=args.custom_generate,
-                         trust_remote_code=True if args.trust_remote_code else None)
+    trust = True if args.trust_remote_code else None
+    engine: Any
+    if args.engine == "ray":
+        from genkit.ray import RayEngine
+
+        engine = RayEngine(args.model, kwargs, batch_size=args.batch_size, workers=args.workers,
+                           address=args.ray_address, custom_generate=args.custom_generate, trust_remote_code=trust,
+                           revision=args.revision, dtype=args.dtype, device=args.device)
+    else:
+        model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
+                                  trust_remote_code=trust)
+        tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
+        engine = LocalEngine(model, tokenizer, kwargs, batch_size=args.batch_size,
+                             custom_generate=args.custom_generate, trust_remote_code=trust)
     from tqdm.auto import tqdm
 
     bar = tqdm(desc="genkit batch", unit="row", file=sys.stderr, disable=not sys.stderr.isatty())
