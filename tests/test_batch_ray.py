@@ -5,11 +5,10 @@ mid-job; resume."""
 from __future__ import annotations
 
 import json
-import threading
-import time
-
 import os
 import signal
+import threading
+import time
 
 import pytest
 import ray

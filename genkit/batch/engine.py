@@ -79,6 +79,7 @@ class LocalEngine:
         for items in groups.values():
             for start in range(0, len(items), self.batch_size):
                 chunk = items[start:start + self.batch_size]
+                outs: list[Any]
                 try:
                     outs = self._generate([ids for _, _, ids in chunk], {**self.kwargs, **chunk[0][1].settings})
                 except Exception as exc:  # noqa: BLE001 - find the rows that fail, one by one

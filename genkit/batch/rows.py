@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 ROW_KEYS = ("id", "prompt", "messages")
@@ -84,7 +84,7 @@ def check_settings(settings: dict[str, Any]) -> str | None:
     return None
 
 
-def read_jsonl(path: str | Path) -> Iterator[BatchRow | BadRow]:
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[BatchRow | BadRow]:
     """Every non-blank line of ``path`` as a row or a bad row; a repeated id is a bad row."""
     seen: set[str] = set()
     with open(path, encoding="utf-8") as f:

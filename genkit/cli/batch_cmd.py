@@ -61,6 +61,14 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "ray":
         from genkit.ray import RayEngine
 
+        if args.ray_address is None:
+            import os
+
+            import ray
+
+            if not ray.is_initialized():
+                ray.init(num_cpus=os.cpu_count(), log_to_driver=False)
+
         engine = RayEngine(args.model, kwargs, batch_size=args.batch_size, workers=args.workers,
                            address=args.ray_address, custom_generate=args.custom_generate, trust_remote_code=trust,
                            revision=args.revision, dtype=args.dtype, device=args.device)
