@@ -132,3 +132,9 @@ def register_streamers(register: Callable[..., None]) -> None:
              description="Iterate over decoded text from another thread.")
     register("async_iterator", f"{_S}.streamers:AsyncTextIteratorStreamer",
              description="Async-iterate over decoded text.")
+
+
+@hookimpl
+def register_watermarks(register: Callable[..., None]) -> None:
+    register("greenlist", "genkit.watermarking:WatermarkingConfig",
+             description="The green-list watermark of Kirchenbauer et al. (transformers' WatermarkingConfig).")

@@ -44,6 +44,7 @@ def dola_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Generat
     call = StrategyCall.from_kwargs("DoLa decoding", model, input_ids, **kwargs)
     layers = candidate_layers(call.config.dola_layers, model)
     head = model.get_output_embeddings()
+    project = getattr(model, "output_logits", None)
     do_sample = bool(call.config.do_sample)
     record = StepOutputs(call.config)
     stepper = Stepper(call, output_hidden_states=True)
@@ -52,7 +53,10 @@ def dola_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Generat
         while True:
             hidden = stepper.hidden_states
             assert hidden is not None
-            premature = head(torch.stack([hidden[i][:, -1, :] for i in layers]))  # (layers, rows, vocab)
+            stacked = torch.stack([hidden[i][:, -1, :] for i in layers])
+            # (layers, rows, vocab): one product reads the head's weights once for every layer; a
+            # native model's output_logits uses its packed head
+            premature = project(stacked, stepper.cache) if project is not None else head(stacked)
             record.model_step(logits, hidden)
             scores = call.logits_processor(stepper.sequences, contrast(layers, premature, logits))
             record.processed(scores)

@@ -29,7 +29,45 @@ from genkit.generation.processing import LogitsProcessor, ProcessorContext
 
 logger = logging.getLogger("genkit.guidance")
 
-__all__ = ["UnbatchedClassifierFreeGuidanceLogitsProcessor", "make_guidance"]
+__all__ = ["ClassifierFreeGuidanceLogitsProcessor", "UnbatchedClassifierFreeGuidanceLogitsProcessor",
+           "make_guidance"]
+
+
+def _check_scale(guidance_scale: Any) -> float:
+    if isinstance(guidance_scale, bool) or not isinstance(guidance_scale, (int, float)) or not guidance_scale > 1:
+        raise ConfigError(f"`guidance_scale` must be a number > 1 for ClassifierFreeGuidanceLogitsProcessor; got "
+                          f"{guidance_scale!r}")
+    return float(guidance_scale)
+
+
+class ClassifierFreeGuidanceLogitsProcessor(LogitsProcessor):
+    """Classifier-free guidance on a doubled batch (transformers' ``ClassifierFreeGuidanceLogitsProcessor``).
+
+    The caller runs the conditional and the unconditional inputs as one batch: ``scores`` has
+    ``2 * batch`` rows, the conditional ones first, and ``input_ids`` the ``batch`` conditional
+    rows. The result has ``batch`` rows::
+
+        uncond + (cond - uncond) * guidance_scale
+
+    (raw logits, not log-probabilities, as in transformers). ``generate(guidance_scale=...)`` does not
+    use this class: it uses :class:`UnbatchedClassifierFreeGuidanceLogitsProcessor`, which runs the
+    unconditional branch itself; this one is for loops that batch both branches (as transformers'
+    MusicGen does).
+
+    Args:
+        guidance_scale: a number > 1.
+    """
+
+    def __init__(self, guidance_scale: float) -> None:
+        self.guidance_scale = _check_scale(guidance_scale)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if scores.shape[0] != 2 * input_ids.shape[0]:
+            raise ConfigError(
+                "`scores` must have twice the batch size of `input_ids` (the conditional rows first, then the "
+                f"unconditional rows); got {scores.shape[0]} rows of scores for {input_ids.shape[0]} rows of input_ids")
+        cond, uncond = scores.split(scores.shape[0] // 2, dim=0)
+        return uncond + (cond - uncond) * self.guidance_scale
 
 
 class UnbatchedClassifierFreeGuidanceLogitsProcessor(LogitsProcessor):

@@ -51,9 +51,13 @@ _LAZY = {
     "AsyncTextIteratorStreamer": "genkit.builtin_strategies.streamers:AsyncTextIteratorStreamer",
     "BaseStreamer": "genkit.builtin_strategies.streamers:BaseStreamer",
     "WatermarkingConfig": "genkit.watermarking:WatermarkingConfig",
+    "BaseWatermarkingConfig": "genkit.watermarking:BaseWatermarkingConfig",
+    "CompileConfig": "genkit.compile_config:CompileConfig",
     "WatermarkDetector": "genkit.watermarking:WatermarkDetector",
     "WatermarkDetectorOutput": "genkit.watermarking:WatermarkDetectorOutput",
     "WatermarkLogitsProcessor": "genkit.builtin_strategies.watermark:WatermarkLogitsProcessor",
+    "ClassifierFreeGuidanceLogitsProcessor":
+        "genkit.builtin_strategies.guidance:ClassifierFreeGuidanceLogitsProcessor",
     "UnbatchedClassifierFreeGuidanceLogitsProcessor":
         "genkit.builtin_strategies.guidance:UnbatchedClassifierFreeGuidanceLogitsProcessor",
 }

@@ -89,6 +89,18 @@ def _as_watermarking_config(v: Any) -> Any:
     return as_watermarking_config(v)
 
 
+def _compile_config(v: Any) -> bool:
+    from .compile_config import CompileConfig
+
+    return isinstance(v, CompileConfig)
+
+
+def _as_compile_config(v: Any) -> Any:
+    from .compile_config import as_compile_config
+
+    return as_compile_config(v)
+
+
 # Fields the core owns, with their global defaults (the value generate uses when neither the call
 # nor the model's generation config sets one). Processor fields (temperature, top_k, ...) are
 # declared by the built-in processors in ``builtin_strategies.fields`` through the registry, like a
@@ -121,7 +133,8 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("cache_config", None),
     _F("max_cache_len", None, lambda v: _is_int(v) and v >= 1, "an int >= 1 or None"),
     _F("use_mtp", None),
-    _F("compile_config", None),
+    _F("compile_config", None, _compile_config, "a genkit.CompileConfig (or a dict of its keys) or None; it has "
+       "no effect in genkit", coerce=_as_compile_config),
     _F("disable_compile", None),
     _F("continuous_batching_config", None, lambda v: isinstance(v, dict) or callable(getattr(v, "to_dict", None)),
        "a genkit.ContinuousBatchingConfig, a dict of its keys, or None"),
@@ -183,16 +196,15 @@ NOT_SUPPORTED: dict[str, str] = {
 
 # values of a field that genkit cannot honour yet although the field itself works
 _NOT_SUPPORTED_VALUES: dict[str, dict[Any, str]] = {
-    "cache_implementation": {"quantized": "a quantized KV cache (no issue yet)",
-                             "paged": "the paged cache of continuous batching, which generate() does not run: use "
-                                      "model.generate_batch() or model.init_continuous_batching()"},
+    "cache_implementation": {"quantized": "a quantized KV cache (no issue yet)"},
 }
 
 # values of those fields that mean "off" (besides the field's default)
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {}
 
 # Fields accepted with no effect on what genkit generates (documented in docs/api.md, "Fields"):
-# (cache_implementation: every value but "quantized" and "paged", see _NOT_SUPPORTED_VALUES)
+# (cache_implementation: every value but "quantized", see _NOT_SUPPORTED_VALUES; "paged" switches
+# generate to continuous batching, genkit/continuous/paged_generate.py)
 # genkit's cache is always preallocated for max_length, generate does not compile, models are
 # decoder-only, and is_assistant only marks a model as someone's assistant.
 NO_EFFECT: dict[str, str] = {

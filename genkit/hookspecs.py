@@ -1,4 +1,4 @@
-"""Hook specifications: the four ways a plugin adds to genkit.
+"""Hook specifications: the five ways a plugin adds to genkit.
 
 Each hook receives a ``register`` callable; a plugin calls it once per item it contributes. Each
 hook is called once through the plugin manager (so ``tryfirst``, hook wrappers and call monitoring
@@ -56,4 +56,15 @@ def register_streamers(register: Callable[..., None]) -> None:
 
     ``register(name, factory, *, fields=(), description="")`` where ``factory(tokenizer=None, **kwargs)``
     returns an object with ``put(token_ids)`` and ``end()``.
+    """
+
+
+@hookspec
+def register_watermarks(register: Callable[..., None]) -> None:
+    """Register watermark schemes.
+
+    ``register(name, config_class, *, description="")`` where ``config_class`` (or a ``"module:attr"``
+    string) is a :class:`genkit.BaseWatermarkingConfig` subclass: an instance passed as
+    ``watermarking_config=`` builds the scheme's logits processor, and a ``watermarking_config`` dict
+    (e.g. read from ``generation_config.json``) becomes the registered class that has its keys.
     """

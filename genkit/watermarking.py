@@ -10,19 +10,24 @@ size and device type (the green lists come from ``torch.randperm`` on that devic
 
 The processor itself is :class:`genkit.builtin_strategies.watermark.WatermarkLogitsProcessor`.
 A watermark config is any object with ``construct_processor(vocab_size, device)``, ``to_dict()``
-and ``validate()``, so a pack can ship another scheme (see ``plugins/genkit-synthid-pack``).
+and ``validate()`` (:class:`BaseWatermarkingConfig` is the base class, as in transformers), so a
+pack can ship another scheme (see ``plugins/genkit-synthid-pack``). Packs register their config
+classes with the ``register_watermarks`` hook, so a ``watermarking_config`` dict read from
+``generation_config.json`` becomes the config class whose keys it holds.
 
 This module does not import torch at import time (``GenerationConfig`` uses it).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import json
 import logging
 import math
 import os
+from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -32,7 +37,8 @@ from .errors import ConfigError
 
 logger = logging.getLogger("genkit.watermarking")
 
-__all__ = ["WatermarkDetector", "WatermarkDetectorOutput", "WatermarkingConfig", "as_watermarking_config"]
+__all__ = ["BaseWatermarkingConfig", "WatermarkDetector", "WatermarkDetectorOutput", "WatermarkingConfig",
+           "as_watermarking_config", "watermark_config_keys"]
 
 SEEDING_SCHEMES = ("lefthash", "selfhash")
 
@@ -45,8 +51,75 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
+def watermark_config_keys(cls: type) -> tuple[str, ...]:
+    """The keys of a watermark config class: its dataclass fields, else its ``__init__`` parameters."""
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls) if not f.name.startswith("_"))
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters.values()  # type: ignore[misc]
+    return tuple(p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
 @dataclass
-class WatermarkingConfig:
+class BaseWatermarkingConfig(ABC):
+    """Base class of watermark configs (transformers' ``BaseWatermarkingConfig``).
+
+    A subclass is a dataclass whose fields are the keys written to ``generation_config.json``; it
+    implements :meth:`validate` (raise :class:`~genkit.errors.ConfigError` naming the key) and
+    :meth:`construct_processor`. The dict/JSON methods below come for free; :meth:`from_dict`
+    refuses unknown keys with the closest name.
+    """
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """Build from a dict (``generation_config.json``'s ``watermarking_config``); ``kwargs`` override."""
+        data = {**config_dict, **kwargs}
+        known = watermark_config_keys(cls)
+        for key in data:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+                hint = f" Did you mean `{close[0]}`?" if close else ""
+                raise ConfigError(f"`watermarking_config` has an unknown key `{key}`; the keys of "
+                                  f"{cls.__name__} are {', '.join(sorted(known))}.{hint}")
+        try:
+            return cls(**data)
+        except TypeError as exc:  # a required key is missing
+            raise ConfigError(f"`watermarking_config` ({cls.__name__}): {exc}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys and values, as transformers writes them."""
+        return {k: copy.deepcopy(v) for k, v in vars(self).items() if not k.startswith("_")}
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def to_json_file(self, json_file_path: str | os.PathLike[str]) -> None:
+        with open(json_file_path, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    def update(self, **kwargs: Any) -> None:
+        """Set the given keys (unknown keys are an error naming them), then validate."""
+        for key, value in kwargs.items():
+            if key not in watermark_config_keys(type(self)):
+                raise ConfigError(f"`watermarking_config` has no key `{key}`")
+            setattr(self, key, value)
+        self.validate()
+
+    def __iter__(self) -> Any:
+        yield from self.to_dict().items()
+
+    @abstractmethod
+    def validate(self) -> None:
+        """Raise :class:`~genkit.errors.ConfigError` naming the first bad key."""
+
+    @abstractmethod
+    def construct_processor(self, vocab_size: int, device: Any) -> Any:
+        """The logits processor that applies this watermark."""
+
+
+@dataclass
+class WatermarkingConfig(BaseWatermarkingConfig):
     """Settings of the green-list watermark (transformers' ``WatermarkingConfig``).
 
     Args:
@@ -84,41 +157,6 @@ class WatermarkingConfig:
             if not ok:
                 raise ConfigError(f"`watermarking_config.{key}` must be {accepted}; got {getattr(self, key)!r}")
 
-    # -- dict / json (as transformers writes it in generation_config.json) ----------------------
-    @classmethod
-    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> WatermarkingConfig:
-        """Build from a dict (``generation_config.json``'s ``watermarking_config``); ``kwargs`` override."""
-        data = {**config_dict, **kwargs}
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in data:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
-                hint = f" Did you mean `{close[0]}`?" if close else ""
-                raise ConfigError(f"`watermarking_config` has an unknown key `{key}`; the keys are "
-                                  f"{', '.join(sorted(known))}.{hint}")
-        return cls(**data)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json_string(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    def to_json_file(self, json_file_path: str | os.PathLike[str]) -> None:
-        with open(json_file_path, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-
-    def update(self, **kwargs: Any) -> None:
-        """Set the given keys (unknown keys are an error naming them), then validate."""
-        for key, value in kwargs.items():
-            if not hasattr(self, key):
-                raise ConfigError(f"`watermarking_config` has no key `{key}`")
-            setattr(self, key, value)
-        self.validate()
-
-    def __iter__(self) -> Any:
-        yield from self.to_dict().items()
-
     def construct_processor(self, vocab_size: int, device: Any) -> Any:
         """The logits processor that applies this watermark."""
         from .builtin_strategies.watermark import WatermarkLogitsProcessor
@@ -126,12 +164,28 @@ class WatermarkingConfig:
         return WatermarkLogitsProcessor(vocab_size=vocab_size, device=device, **self.to_dict())
 
 
+def registered_watermark_configs() -> list[type[BaseWatermarkingConfig]]:
+    """The watermark config classes registered through the ``register_watermarks`` hook
+    (built-ins first: genkit's :class:`WatermarkingConfig`, then the packs')."""
+    from .plugins import get_registry
+
+    return [item.load() for item in get_registry().items["watermark"].values()]
+
+
 def as_watermarking_config(value: Any) -> Any:
-    """The ``watermarking_config`` field's value: a dict becomes a :class:`WatermarkingConfig`
-    (as transformers reads ``generation_config.json``); a config object passes through."""
-    if isinstance(value, dict):
-        return WatermarkingConfig.from_dict(value)
-    return value
+    """The ``watermarking_config`` field's value: a dict becomes the registered watermark config
+    class that has the most of its keys (:class:`WatermarkingConfig` for an empty dict or a tie,
+    as transformers reads ``generation_config.json``); a config object passes through."""
+    if not isinstance(value, dict):
+        return value
+    best: type[BaseWatermarkingConfig] = WatermarkingConfig
+    best_hits = 0
+    for cls in registered_watermark_configs():
+        hits = len(set(value) & set(watermark_config_keys(cls)))
+        if hits > best_hits:
+            best, best_hits = cls, hits
+    logger.debug("watermarking_config dict read as %s", best.__name__)
+    return best.from_dict(value)
 
 
 def is_watermarking_config(value: Any) -> bool:

@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("tokenizers")
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "api.md"
-SECTIONS = ("GenerationConfig", "Logits processors", "Stopping criteria", "Streamers", "Reusing a prompt cache")
+SECTIONS = ("GenerationConfig", "Logits processors", "Guidance, watermark and compile configs", "Stopping criteria",
+            "Streamers", "Reusing a prompt cache")
 
 
 def _blocks() -> list[tuple[str, str]]:

@@ -271,3 +271,44 @@ def test_the_smollm2_demo_model(tmp_path):
     for out, p in zip(results.values(), prompts):
         ref = m.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False)[0, len(p):].tolist()
         assert out.generated_tokens == ref
+
+
+def test_generate_with_paged_cache_switches_to_continuous_batching(model):
+    """``cache_implementation="paged"``: each row without its padding is one request; the sequences
+    come back as generate returns them."""
+    ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])
+    mask = (ids != 0).long()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=5, cache_implementation="paged",
+                         eos_token_id=None, pad_token_id=0)
+    assert out[0].tolist() == [0, 0, 5, 6, 7] + _greedy(model, [5, 6, 7], 5)
+    assert out[1].tolist() == [3, 4, 5, 6, 7] + _greedy(model, [3, 4, 5, 6, 7], 5)
+    config = genkit.GenerationConfig(max_new_tokens=3, eos_token_id=None, cache_implementation="paged")
+    assert genkit.generate(model, ids[1:], generation_config=config)[0].tolist() == \
+        [3, 4, 5, 6, 7] + _greedy(model, [3, 4, 5, 6, 7], 3)
+    with pytest.raises(genkit.errors.NotSupportedError, match="`streamer` is not supported with"):
+        model.generate(ids, max_new_tokens=2, cache_implementation="paged", streamer=object())
+
+
+def test_transformers_model_runs_its_own_generate_batch_with_the_same_tokens(tiny_pair):
+    """genkit.generate_batch on a transformers model (bare or through genkit's adapter) hands over to
+    transformers' engine; genkit's engine on the same weights gives the same tokens."""
+    from genkit.models.adapter import wrap_transformers_model
+
+    hf, ours = tiny_pair
+    prompts = _prompts(4, seed=12, low=2, high=12)
+    theirs = genkit.generate_batch(hf, prompts, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    adapted = genkit.generate_batch(wrap_transformers_model(hf), prompts, max_new_tokens=6, eos_token_id=None)
+    mine = genkit.generate_batch(ours, prompts, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    assert list(theirs) == list(mine) == list(adapted)
+    tokens = [r.generated_tokens for r in mine.values()]
+    assert [r.generated_tokens for r in theirs.values()] == tokens == [r.generated_tokens for r in adapted.values()]
+    with pytest.raises(genkit.errors.NotSupportedError, match="transformers.ContinuousBatchingConfig"):
+        genkit.generate_batch(hf, prompts, continuous_batching_config=ContinuousBatchingConfig())
+    manager = genkit.init_continuous_batching(hf, genkit.GenerationConfig(max_new_tokens=6, eos_token_id=None))
+    manager.start()
+    try:
+        rid = manager.add_request(prompts[0])
+        assert manager.get_result(rid, timeout=60).generated_tokens == tokens[0]
+    finally:
+        manager.stop(block=True, timeout=30)
+    assert not manager.is_running()

@@ -26,3 +26,15 @@ def test_every_strategy_section_has_an_example_and_they_run(capsys):
     assert float(marked_z[0]) > 4
     assert float(namespace["detector"](namespace["plain"], return_dict=True).z_score[0]) < 4
     assert namespace["counts"]["full_passes"] <= 20
+
+
+def test_the_continuous_batching_examples_run(capsys):
+    doc = DOC.parent / "continuous_batching.md"
+    namespace: dict = {}
+    for lang, code in FENCE.findall(doc.read_text(encoding="utf-8")):
+        if lang == "python":
+            exec(compile(code, str(doc), "exec"), namespace)  # noqa: S102 - our own docs
+    results = namespace["results"]
+    assert list(results) == ["req_0", "req_1", "req_2"]
+    assert all(o.status.name == "FINISHED" for o in results.values())
+    assert "req_0 FINISHED" in capsys.readouterr().out

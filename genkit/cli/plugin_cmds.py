@@ -19,6 +19,7 @@ KIND_LABELS = {
     "logits_processor": "processor",
     "candidate_generator": "candidate generator",
     "streamer": "streamer",
+    "watermark": "watermark",
 }
 
 
@@ -30,7 +31,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plugins)
 
-    p = subparsers.add_parser("list", help="list every strategy, processor, candidate generator and streamer",
+    p = subparsers.add_parser("list", help="list every strategy, processor, candidate generator, streamer and watermark",
                               description="List every registered item with its origin: built-in, pack@version, "
                                           "or a Hub recipe found in the local Hugging Face cache.")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..errors import NotSupportedError
 from .config import ContinuousBatchingConfig
 from .manager import ContinuousBatchingManager
 from .requests import GenerationOutput
+from .transformers_models import hf_generate_batch, hf_init_continuous_batching, transformers_model
 
 logger = logging.getLogger("genkit.continuous")
 
@@ -18,7 +20,13 @@ def init_continuous_batching(model: Any, generation_config: Any = None, manual_e
                              max_queue_size: int = 0,
                              continuous_batching_config: ContinuousBatchingConfig | None = None) -> ContinuousBatchingManager:
     """A :class:`ContinuousBatchingManager` for ``model`` (not started: call ``start()`` or use it
-    as a context manager)."""
+    as a context manager). A transformers model gets its own manager (transformers 5's), with the
+    settings translated."""
+    hf = transformers_model(model)
+    if hf is not None:
+        if manual_eviction:
+            raise NotSupportedError("`manual_eviction` is not supported on a transformers model's manager")
+        return hf_init_continuous_batching(hf, generation_config, continuous_batching_config, max_queue_size)
     return ContinuousBatchingManager(model, generation_config, manual_eviction=manual_eviction,
                                      max_queue_size=max_queue_size,
                                      continuous_batching_config=continuous_batching_config)
@@ -30,11 +38,16 @@ def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any =
     """Generate for every prompt in ``inputs`` with continuous batching; returns
     ``{request_id: GenerationOutput}`` (ids ``req_0``, ``req_1``… in input order). ``kwargs`` are
     generation fields for every request (``max_new_tokens``, ``do_sample``, …). A request that
-    fails has ``status`` FAILED and an ``error``; the others are unaffected."""
+    fails has ``status`` FAILED and an ``error``; the others are unaffected. A transformers model
+    runs its own ``generate_batch`` (transformers 5's), with the settings translated."""
     if not isinstance(inputs, (list, tuple)):
         raise TypeError(f"`inputs` must be a list of token id lists; got {type(inputs).__name__}")
     if not inputs:
         return {}
+    hf = transformers_model(model)
+    if hf is not None:  # transformers' own engine, same result structure
+        return hf_generate_batch(hf, [list(x) for x in inputs], generation_config, continuous_batching_config,
+                                 record_timestamps, progress_bar, kwargs)
     bar = None
     if progress_bar:
         from tqdm.auto import tqdm

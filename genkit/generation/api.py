@@ -47,6 +47,14 @@ def generate(
     ``trust_remote_code=True``), a local recipe folder, a registered strategy name, or a callable
     with the strategy signature.
     """
+    from ..continuous.paged_generate import paged_generate, wants_paged
+
+    if wants_paged(generation_config, kwargs) and custom_generate is None:  # transformers' switch to CB
+        return paged_generate(model, inputs, generation_config, dict(
+            logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model, streamer=streamer,
+            negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
+        ), kwargs)
     model = _as_protocol_model(model)
     recipe = _recipe_for(custom_generate, trust_remote_code)
     if recipe is not None:  # every argument except the two that chose the recipe

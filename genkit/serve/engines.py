@@ -3,7 +3,7 @@
 :class:`ContinuousEngine` hands each request's ``n`` choices to a
 :class:`~genkit.continuous.ContinuousBatchingManager` as streaming requests, and a dispatcher
 thread routes the manager's outputs to the requests' streams. A request it cannot run (beam
-search, a recipe or a strategy by name, log-probabilities with alternatives) goes to the
+search, a recipe or a strategy by name, log-probabilities) goes to the
 :class:`~genkit.serve.engine.GenerateEngine` beside it, one at a time.
 """
 
@@ -54,7 +54,7 @@ class ContinuousEngine:
     def runs(request: Request) -> bool:
         kw = request.generate_kwargs
         return (request.logprobs is None and "custom_generate" not in kw and kw.get("num_beams") in (None, 1)
-                and not kw.get("stop_strings") and "assistant_model" not in kw)
+                and "assistant_model" not in kw)
 
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> RequestStream:
         if not self.runs(request):
@@ -62,6 +62,7 @@ class ContinuousEngine:
         stream = RequestStream(request, loop)
         kwargs = dict(request.generate_kwargs)
         max_new = kwargs.pop("max_new_tokens", None)
+        kwargs.pop("stop_strings", None)  # the server cuts the text and releases the request there
         rids = [f"srv{next(self._ids)}" for _ in range(request.n)]
         with self._lock:
             self.stats.requests_total += 1

@@ -1,0 +1,110 @@
+"""``genkit serve`` under load: throughput and time to first token with 1, 8 and 32 concurrent
+streaming clients on SmolLM2-135M (float32), greedy, 64 new tokens per request.
+
+The server runs in a subprocess on 127.0.0.1 (the continuous batching engine); each client is a
+thread with the ``openai`` client that sends ``--requests-per-client`` streaming completions one
+after the other. Time to first token is measured from sending the request to the first text
+chunk; throughput is the completion tokens of all requests (the ``usage`` of a non-streaming
+check) over the wall time of the round.
+
+Run: ``python bench/bench_serve.py [--model smollm2] [--requests-per-client 2]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,", "def fibonacci(n):",
+           "The three most important inventions of the twentieth century are"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(base: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the server exited")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError("the server did not start")
+
+
+def round_(client: object, clients: int, per_client: int, new: int) -> tuple[list[float], float, int]:
+    ttfts: list[float] = []
+    tokens = [0]
+    lock = threading.Lock()
+
+    def run(worker: int) -> None:
+        for j in range(per_client):
+            prompt = PROMPTS[(worker + j) % len(PROMPTS)]
+            t = time.perf_counter()
+            first = None
+            n = 0
+            for chunk in client.completions.create(model="m", prompt=prompt, max_tokens=new,  # type: ignore[attr-defined]
+                                                   temperature=0, stream=True,
+                                                   stream_options={"include_usage": True}):
+                if chunk.choices and chunk.choices[0].text and first is None:
+                    first = time.perf_counter() - t
+                if chunk.usage is not None:
+                    n = chunk.usage.completion_tokens
+            with lock:
+                ttfts.append(first if first is not None else float("nan"))
+                tokens[0] += n
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return ttfts, time.perf_counter() - start, tokens[0]
+
+
+def main() -> None:
+    import openai
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "genkit", "serve", "--model", args.model, "--model-name", "m",
+                             "--port", str(port)], env={**os.environ}, text=True)
+    try:
+        _wait(base, proc)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+        round_(client, 1, 1, 8)  # warm-up
+        print(f"genkit serve --model {args.model}: streaming completions, greedy, {args.new_tokens} new tokens, "
+              f"{args.requests_per_client} requests per client\n")
+        print("| concurrent clients | requests | tokens/s | TTFT p50 s | TTFT p99 s |\n|---|---|---|---|---|")
+        for clients in (1, 8, 32):
+            ttfts, wall, tokens = round_(client, clients, args.requests_per_client, args.new_tokens)
+            ttfts.sort()
+            p99 = ttfts[min(len(ttfts) - 1, int(round(0.99 * (len(ttfts) - 1))))]
+            print(f"| {clients} | {len(ttfts)} | {tokens / wall:.1f} | {statistics.median(ttfts):.3f} | {p99:.3f} |",
+                  flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()

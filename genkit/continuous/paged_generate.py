@@ -1,0 +1,56 @@
+"""``generate(..., cache_implementation="paged")``: a batch through continuous batching, as
+transformers 5 switches it (each row without its left padding is one request)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, GenkitError, NotSupportedError
+
+
+def wants_paged(generation_config: Any, kwargs: dict[str, Any]) -> bool:
+    if "cache_implementation" in kwargs:
+        return kwargs["cache_implementation"] == "paged"
+    return getattr(generation_config, "cache_implementation", None) == "paged"
+
+
+def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: Any, refused: dict[str, Any],
+                   kwargs: dict[str, Any]) -> torch.Tensor:
+    """The sequences ``(batch, longest)``: each prompt row as given, then its tokens, right-padded
+    with ``pad_token_id`` (as ``generate`` pads rows that finished early)."""
+    from .api import generate_batch
+
+    given = [name for name, value in refused.items() if value is not None]
+    if given:
+        raise NotSupportedError(f"`{given[0]}` is not supported with cache_implementation=\"paged\" (continuous "
+                                "batching); drop it or use another cache_implementation")
+    kwargs = dict(kwargs)
+    kwargs.pop("cache_implementation", None)
+    if inputs is None:
+        inputs = kwargs.pop("input_ids", None)
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() not in (1, 2):
+        raise ConfigError("cache_implementation=\"paged\" needs `input_ids` as a 1-D or 2-D LongTensor")
+    ids = inputs[None] if inputs.dim() == 1 else inputs
+    mask = kwargs.pop("attention_mask", None)
+    if kwargs.get("return_dict_in_generate"):
+        raise NotSupportedError("`return_dict_in_generate` is not supported with cache_implementation=\"paged\"")
+    rows = [row[m.bool()].tolist() if mask is not None else row.tolist() for row, m in
+            zip(ids, mask if mask is not None else ids)]
+    config = generation_config
+    if config is not None and getattr(config, "cache_implementation", None) == "paged":
+        config = config.copy() if hasattr(config, "copy") else config
+        object.__setattr__(config, "cache_implementation", None)
+    out = generate_batch(model, rows, config, **kwargs)
+    failed = [r for r in out.values() if r.error is not None]
+    if failed:
+        raise GenkitError(f"request {failed[0].request_id} failed: {failed[0].error}")
+    pad = kwargs.get("pad_token_id")
+    if pad is None:
+        pad = getattr(config, "pad_token_id", None) if config is not None else None
+    if pad is None:
+        pad = getattr(model.generation_config, "pad_token_id", None) or model.config.get("pad_token_id") or 0
+    seqs = [row.tolist() + r.generated_tokens for row, r in zip(ids, out.values())]
+    width = max(map(len, seqs))
+    return torch.tensor([s + [pad] * (width - len(s)) for s in seqs], dtype=torch.long, device=ids.device)

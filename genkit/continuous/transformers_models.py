@@ -1,0 +1,83 @@
+"""Continuous batching on transformers models: genkit's ``generate_batch`` /
+``init_continuous_batching`` hand over to the model's own (transformers 5's ``ContinuousMixin``),
+with the settings translated; genkit's engine runs genkit's native models only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError, NotSupportedError
+from .config import ContinuousBatchingConfig
+
+
+def transformers_model(model: Any) -> Any:
+    """The transformers model behind ``model`` (itself, or the one genkit's adapter wraps), or None."""
+    inner = getattr(model, "hf_model", None) if getattr(model, "_genkit_protocol", False) else model
+    if inner is not None and type(inner).__module__.startswith("transformers.") and hasattr(inner, "generate_batch"):
+        return inner
+    return None
+
+
+def hf_generation_config(model: Any, generation_config: Any, kwargs: dict[str, Any]) -> Any:
+    """A transformers ``GenerationConfig``: the given one (a genkit config translated field by
+    field) or the model's, with ``kwargs`` applied; a setting transformers does not know is an error."""
+    import transformers
+
+    if generation_config is None:
+        config = transformers.GenerationConfig(**model.generation_config.to_diff_dict())
+    elif isinstance(generation_config, transformers.GenerationConfig):
+        config = transformers.GenerationConfig(**generation_config.to_diff_dict())
+    else:
+        config = transformers.GenerationConfig(**{k: v for k, v in generation_config.to_dict().items()
+                                                  if v is not None})
+    unused = config.update(**kwargs)
+    if unused:
+        raise ConfigError("unknown generation setting(s) for a transformers model's continuous batching: "
+                          + ", ".join(sorted(unused)))
+    return config
+
+
+def hf_cb_config(continuous_batching_config: Any, positions: int) -> Any:
+    """The transformers ``ContinuousBatchingConfig`` to use: the caller's, or one sized like genkit's
+    own (``positions`` cache positions in genkit's block size, genkit's step budget): left to itself,
+    transformers sizes its cache from the free memory, which on a CPU takes tens of seconds."""
+    import transformers
+
+    if isinstance(continuous_batching_config, ContinuousBatchingConfig):
+        raise NotSupportedError("a transformers model runs its own continuous batching: pass a "
+                                "transformers.ContinuousBatchingConfig (or none), not genkit's")
+    if continuous_batching_config is not None:
+        return continuous_batching_config
+    ours = ContinuousBatchingConfig()
+    return transformers.ContinuousBatchingConfig(page_size=ours.block_size,
+                                                 num_blocks=-(-positions // ours.block_size),
+                                                 max_batch_tokens=ours.max_batch_tokens)
+
+
+def workload_positions(inputs: list[list[int]], config: Any) -> int:
+    """Cache positions for a whole job: every prompt plus its new tokens, at most 8192 (but at least
+    the longest request)."""
+    new = int(getattr(config, "max_new_tokens", None) or getattr(config, "max_length", None) or 20)
+    lengths = [len(p) for p in inputs]
+    return max(max(lengths) + new, min(sum(lengths) + len(lengths) * new, 8192))
+
+
+def hf_generate_batch(model: Any, inputs: list[list[int]], generation_config: Any, continuous_batching_config: Any,
+                      record_timestamps: bool, progress_bar: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
+    kwargs = dict(kwargs)
+    max_new = kwargs.pop("max_new_tokens", None)
+    config = hf_generation_config(model, generation_config, kwargs)
+    if max_new is not None:
+        config.max_new_tokens = max_new
+    cb = hf_cb_config(continuous_batching_config, workload_positions(inputs, config))
+    return dict(model.generate_batch(inputs, generation_config=config, continuous_batching_config=cb,
+                                     record_timestamps=record_timestamps, progress_bar=progress_bar))
+
+
+def hf_init_continuous_batching(model: Any, generation_config: Any, continuous_batching_config: Any,
+                                max_queue_size: int) -> Any:
+    cb = hf_cb_config(continuous_batching_config, 8192)
+    if max_queue_size:
+        cb.max_queue_size = max_queue_size
+    return model.init_continuous_batching(generation_config=hf_generation_config(model, generation_config, {}),
+                                          continuous_batching_config=cb)
