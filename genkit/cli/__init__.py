@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "genkit.cli.recipe_cmds",
     "genkit.cli.plugin_cmds",
     "genkit.cli.serve_cmd",
+    "genkit.cli.batch_cmd",
 )
 
 

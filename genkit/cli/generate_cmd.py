@@ -35,6 +35,12 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--stream", action="store_true", help="print the text as it is generated")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
+    add_generation_options(p)
+    p.set_defaults(func=run)
+
+
+def add_generation_options(p: Any) -> None:
+    """The generation options shared by ``genkit generate`` and ``genkit batch``."""
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default: 64)")
     p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature")
@@ -50,7 +56,6 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--revision", default=None, help="Hub revision of --model")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any other generation parameter, e.g. --set repetition_penalty=1.2 (repeatable)")
-    p.set_defaults(func=run)
 
 
 def _parse_value(text: str) -> Any:

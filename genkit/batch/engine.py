@@ -1,0 +1,126 @@
+"""Batch engines: what turns a list of rows into output rows.
+
+An engine is any object with ``run(rows) -> list[dict | BadRow]`` (one entry per row, in order):
+the job (:mod:`genkit.batch.job`) reads, skips, chunks and writes; the engine only generates.
+:class:`LocalEngine` runs ``genkit.generate`` in one process on left-padded batches of rows that
+share their settings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Protocol
+
+import torch
+
+from .rows import BadRow, BatchRow
+
+logger = logging.getLogger("genkit.batch")
+
+
+class BatchEngine(Protocol):
+    def run(self, rows: list[BatchRow]) -> list[dict[str, Any] | BadRow]: ...
+
+
+def _ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    return {int(value)} if isinstance(value, int) else {int(v) for v in value}
+
+
+class LocalEngine:
+    """``genkit.generate`` on left-padded batches of up to ``batch_size`` rows with the same settings.
+
+    ``generation_kwargs`` apply to every row (a row's own fields override them); ``custom_generate``
+    and ``trust_remote_code`` reach ``generate`` as they are, so a recipe obeys the trust rules."""
+
+    def __init__(self, model: Any, tokenizer: Any, generation_kwargs: dict[str, Any] | None = None,
+                 batch_size: int = 16, custom_generate: Any = None, trust_remote_code: bool | None = None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"`batch_size` must be >= 1; got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.kwargs = dict(generation_kwargs or {})
+        self.batch_size = batch_size
+        self.extra: dict[str, Any] = {}
+        if custom_generate is not None:
+            self.extra = {"custom_generate": custom_generate, "trust_remote_code": trust_remote_code}
+        pad = getattr(tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = model.config.get("pad_token_id") if hasattr(model.config, "get") else None
+        eos = _ids(getattr(model.generation_config, "eos_token_id", None))
+        self.pad = int(pad if pad is not None else (min(eos) if eos else 0))
+
+    def encode(self, row: BatchRow) -> list[int]:
+        if row.messages is not None:
+            ids = self.tokenizer.apply_chat_template(row.messages, add_generation_prompt=True)
+            ids = ids if isinstance(ids, (list, torch.Tensor)) else ids["input_ids"]
+        else:
+            ids = self.tokenizer(row.prompt)["input_ids"]
+        if isinstance(ids, torch.Tensor):
+            ids = ids.reshape(-1).tolist()
+        ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)
+        if not ids:
+            raise ValueError("the prompt encodes to no tokens")
+        return ids
+
+    def run(self, rows: list[BatchRow]) -> list[dict[str, Any] | BadRow]:
+        results: dict[int, dict[str, Any] | BadRow] = {}
+        groups: dict[str, list[tuple[int, BatchRow, list[int]]]] = {}
+        for i, row in enumerate(rows):
+            try:
+                ids = self.encode(row)
+            except Exception as exc:  # noqa: BLE001 - the row's error
+                results[i] = BadRow(row.line, row.id, f"cannot encode the prompt: {exc}")
+                continue
+            key = json.dumps({**self.kwargs, **row.settings}, sort_keys=True, default=str)
+            groups.setdefault(key, []).append((i, row, ids))
+        for items in groups.values():
+            for start in range(0, len(items), self.batch_size):
+                chunk = items[start:start + self.batch_size]
+                outs: list[Any]
+                try:
+                    outs = self._generate([ids for _, _, ids in chunk], {**self.kwargs, **chunk[0][1].settings})
+                except Exception as exc:  # noqa: BLE001 - find the rows that fail, one by one
+                    logger.warning("a batch of %d rows failed (%s); running them one by one", len(chunk), exc)
+                    outs = []
+                    for _, row, ids in chunk:
+                        try:
+                            outs.append(self._generate([ids], {**self.kwargs, **row.settings})[0])
+                        except Exception as row_exc:  # noqa: BLE001
+                            outs.append(BadRow(row.line, row.id, f"generation failed: {row_exc}"))
+                for (i, row, ids), out in zip(chunk, outs):
+                    results[i] = out if isinstance(out, BadRow) else self._row(row, ids, out)
+        return [results[i] for i in range(len(rows))]
+
+    def _generate(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> list[tuple[list[int], bool]]:
+        """Each prompt's new tokens (through the first EOS) and whether an EOS ended it."""
+        import genkit
+
+        if int(kwargs.get("num_return_sequences") or 1) != 1:
+            raise ValueError("`num_return_sequences` must be 1 in a batch job (one output row per input row)")
+        width = max(map(len, prompts))
+        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.model.device)
+        out = genkit.generate(self.model, input_ids=ids, attention_mask=mask, **{"pad_token_id": self.pad, **kwargs},
+                              **self.extra)
+        sequences = out.sequences if hasattr(out, "sequences") else out
+        eos = _ids(kwargs["eos_token_id"]) if "eos_token_id" in kwargs else \
+            _ids(getattr(self.model.generation_config, "eos_token_id", None))
+        results = []
+        for row in sequences[:, width:].tolist():
+            cut = next((k for k, t in enumerate(row) if t in eos), None)
+            results.append((row[:cut + 1], True) if cut is not None else (row, False))
+        return results
+
+    def _row(self, row: BatchRow, prompt: list[int], out: tuple[list[int], bool]) -> dict[str, Any]:
+        tokens, stopped = out
+        return {
+            "id": row.id,
+            "text": self.tokenizer.decode(tokens, skip_special_tokens=True),
+            "token_ids": tokens,
+            "finish_reason": "stop" if stopped else "length",
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
+                      "total_tokens": len(prompt) + len(tokens)},
+        }

@@ -1,0 +1,93 @@
+"""``genkit batch INPUT OUTPUT``: generate for every row of a JSONL file (see docs/batch.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .generate_cmd import DEFAULT_MODEL, add_generation_options
+
+ENGINES = ("local", "ray")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "batch",
+        help="generate for every row of a JSONL file",
+        description=(
+            "Read rows {\"id\": ..., \"prompt\": ...} or {\"id\": ..., \"messages\": [...]} (plus any per-row "
+            "generation fields) from INPUT and write {\"id\", \"text\", \"token_ids\", \"finish_reason\", \"usage\"} "
+            "rows to OUTPUT, in committed chunks: re-running with the same OUTPUT skips the ids already written. "
+            "Bad rows go to OUTPUT.errors.jsonl and do not stop the job."
+        ),
+    )
+    p.add_argument("input", help="input JSONL file")
+    p.add_argument("output", help="output JSONL file (resumed when it exists)")
+    p.add_argument("--model", "-m", default=DEFAULT_MODEL,
+                   help=f"model folder, .gguf file, Hub id 'org/name', or 'smollm2' (default: {DEFAULT_MODEL})")
+    p.add_argument("--engine", default="local", choices=ENGINES, help="where to run (default: local)")
+    p.add_argument("--workers", type=int, default=1, help="Ray actors, one model each (--engine ray; default: 1)")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join (--engine ray): 'auto' or ray://host:port (default: a local Ray)")
+    p.add_argument("--batch-size", type=int, default=16, help="rows per generate call (default: 16)")
+    p.add_argument("--chunk-size", type=int, default=256, help="rows per committed output chunk (default: 256)")
+    p.add_argument("--custom-generate", metavar="REF", default=None,
+                   help="a recipe (local folder or Hub 'org/repo[@rev]') or a registered strategy name")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow running a Hub recipe's code")
+    add_generation_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    import genkit
+    from genkit.batch import LocalEngine, run_batch
+
+    from .generate_cmd import check_device, check_generation_options, generation_kwargs
+
+    for name in ("batch_size", "chunk_size", "workers"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    kwargs = generation_kwargs(args)
+    check_device(args.device)
+    check_generation_options(kwargs, args.custom_generate)
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    trust = True if args.trust_remote_code else None
+    engine: Any
+    if args.engine == "ray":
+        from genkit.ray import RayEngine
+
+        if args.ray_address is None:
+            import os
+
+            import ray
+
+            if not ray.is_initialized():
+                ray.init(num_cpus=os.cpu_count(), log_to_driver=False)
+
+        engine = RayEngine(args.model, kwargs, batch_size=args.batch_size, workers=args.workers,
+                           address=args.ray_address, custom_generate=args.custom_generate, trust_remote_code=trust,
+                           revision=args.revision, dtype=args.dtype, device=args.device)
+    else:
+        model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
+                                  trust_remote_code=trust)
+        tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
+        engine = LocalEngine(model, tokenizer, kwargs, batch_size=args.batch_size,
+                             custom_generate=args.custom_generate, trust_remote_code=trust)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(desc="genkit batch", unit="row", file=sys.stderr, disable=not sys.stderr.isatty())
+
+    def progress(summary: Any) -> None:
+        bar.update(summary.written + summary.bad - bar.n)
+        bar.set_postfix(rows_s=f"{summary.rows_per_s:.1f}", tokens_s=f"{summary.tokens_per_s:.1f}")
+
+    with torch.inference_mode():
+        summary = run_batch(args.input, args.output, engine, chunk_size=args.chunk_size, progress=progress)
+    bar.close()
+    print(json.dumps(summary.to_dict()), file=sys.stderr)
+    return 0

@@ -1,0 +1,154 @@
+"""``genkit.ray``: batch generation on Ray Data (the ``ray`` extra: ``pip install 'genkit-lm[ray]'``).
+
+:class:`Generator` is a callable class for ``Dataset.map_batches``: each actor loads the model and
+the tokenizer once, then turns batches of rows (``id``, ``prompt`` or ``messages``, optional
+generation fields) into output rows (``id``, ``text``, ``token_ids``, ``finish_reason``, ``usage``,
+``error``)::
+
+    import ray, genkit.ray
+    ds = ray.data.read_json("prompts.jsonl")
+    out = ds.map_batches(genkit.ray.Generator, fn_constructor_kwargs={"model": "smollm2",
+                         "generation_kwargs": {"max_new_tokens": 64}}, concurrency=2, batch_size=16)
+    out.write_json("out/")
+
+:class:`RayEngine` is the engine of ``genkit batch --engine ray``: each chunk of the job is one
+Ray Data run through an actor pool, so the job keeps its committed chunks and its resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from .batch.engine import LocalEngine
+from .batch.rows import BadRow, BatchRow, parse_record
+
+logger = logging.getLogger("genkit.ray")
+
+OUTPUT_COLUMNS = ("id", "text", "token_ids", "finish_reason", "usage", "error", "line")
+
+
+def _python(value: Any) -> Any:
+    """A plain Python value from what Ray hands a batch (numpy scalars and arrays)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, float) and value != value:  # NaN: a missing value in a pandas batch
+        return None
+    return value
+
+
+class Generator:
+    """Generation for ``map_batches`` (one model per actor, loaded once; see the module docstring).
+
+    Args: ``model`` (a loaded model, or anything ``genkit.load_model`` takes), ``tokenizer`` (loaded,
+    a reference, or None: the model's), ``generation_kwargs`` (for every row; a row's own fields
+    override them), ``batch_size`` (rows per ``generate`` call), ``custom_generate`` and
+    ``trust_remote_code`` (passed to ``generate``: a recipe obeys the trust rules on every worker),
+    ``revision``, ``dtype``, ``device`` (for loading).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any = None, generation_kwargs: dict[str, Any] | None = None,
+                 batch_size: int = 16, custom_generate: Any = None, trust_remote_code: bool | None = None,
+                 revision: str | None = None, dtype: str | None = None, device: str | None = None) -> None:
+        import genkit
+
+        if isinstance(model, str):
+            model_ref = model
+            model = genkit.load_model(model_ref, revision=revision, dtype=dtype, device=device,
+                                      trust_remote_code=trust_remote_code)
+            if tokenizer is None:
+                tokenizer = model_ref
+        if isinstance(tokenizer, str):
+            tokenizer = genkit.load_tokenizer(tokenizer, revision=revision)
+        if tokenizer is None:
+            raise ValueError("`tokenizer` is needed when `model` is a loaded model")
+        self.engine = LocalEngine(model, tokenizer, generation_kwargs, batch_size=batch_size,
+                                  custom_generate=custom_generate, trust_remote_code=trust_remote_code)
+
+    def __call__(self, batch: Any) -> dict[str, list[Any]]:
+        import torch
+
+        columns = {k: list(batch[k]) for k in batch} if not hasattr(batch, "to_dict") else \
+            {k: list(v) for k, v in batch.to_dict("list").items()}
+        n = len(next(iter(columns.values()))) if columns else 0
+        rows: list[BatchRow] = []
+        out: list[dict[str, Any] | BadRow | None] = [None] * n
+        index: list[int] = []
+        for i in range(n):
+            record = {k: _python(v[i]) for k, v in columns.items()}
+            line = int(record.pop("_line", None) or i + 1)
+            settings = record.pop("_settings", None)
+            if settings:
+                record.update(json.loads(settings))
+            if isinstance(record.get("messages"), str):
+                record["messages"] = json.loads(record["messages"])
+            record = {k: v for k, v in record.items() if v is not None}
+            row = parse_record(line, record)
+            if isinstance(row, BadRow):
+                out[i] = row
+            else:
+                rows.append(row)
+                index.append(i)
+        with torch.inference_mode():
+            for i, result in zip(index, self.engine.run(rows)):
+                out[i] = result
+        result_columns: dict[str, list[Any]] = {c: [] for c in OUTPUT_COLUMNS}
+        lines = [r.line for r in rows]
+        for i, item in enumerate(out):
+            assert item is not None
+            if isinstance(item, BadRow):
+                values = {"id": item.id, "error": item.error, "line": item.line}
+            else:
+                values = {**item, "usage": json.dumps(item["usage"]), "error": None,
+                          "line": lines[index.index(i)]}
+            for c in OUTPUT_COLUMNS:
+                result_columns[c].append(values.get(c))
+        return result_columns
+
+
+class RayEngine:
+    """The engine of ``genkit batch --engine ray``: each chunk runs on Ray Data with ``workers``
+    actors (one model each); ``address`` is passed to ``ray.init`` when Ray is not yet initialised
+    (``"auto"``: an existing cluster)."""
+
+    def __init__(self, model: str, generation_kwargs: dict[str, Any] | None = None, batch_size: int = 16,
+                 workers: int = 1, address: str | None = None, tokenizer: str | None = None,
+                 custom_generate: Any = None, trust_remote_code: bool | None = None, **load_kwargs: Any) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise ImportError("--engine ray needs Ray Data: pip install 'genkit-lm[ray]'") from exc
+        if workers < 1:
+            raise ValueError(f"`workers` must be >= 1; got {workers}")
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False)
+        self.workers = workers
+        self.batch_size = batch_size
+        self.constructor = {"model": model, "tokenizer": tokenizer, "generation_kwargs": generation_kwargs,
+                            "batch_size": batch_size, "custom_generate": custom_generate,
+                            "trust_remote_code": trust_remote_code, **load_kwargs}
+
+    def run(self, rows: list[BatchRow]) -> list[dict[str, Any] | BadRow]:
+        import ray.data
+
+        if not rows:
+            return []
+        items = [{"_line": r.line, "id": r.id, "prompt": r.prompt,
+                  "messages": json.dumps(r.messages) if r.messages is not None else None,
+                  "_settings": json.dumps(r.settings)} for r in rows]
+        ds = ray.data.from_items(items).map_batches(
+            Generator, fn_constructor_kwargs=self.constructor, concurrency=self.workers,
+            batch_size=self.batch_size, batch_format="pandas")
+        by_id = {str(r["id"]): r for r in ds.take_all()}
+        results: list[dict[str, Any] | BadRow] = []
+        for row in rows:
+            got = by_id.get(row.id)
+            if got is None:
+                results.append(BadRow(row.line, row.id, "the Ray job returned no result for this row"))
+            elif got.get("error"):
+                results.append(BadRow(row.line, row.id, str(got["error"])))
+            else:
+                results.append({"id": row.id, "text": got["text"], "token_ids": [int(t) for t in got["token_ids"]],
+                                "finish_reason": got["finish_reason"], "usage": json.loads(got["usage"])})
+        return results

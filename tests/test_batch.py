@@ -1,0 +1,194 @@
+"""``genkit batch`` (issue 17, local engine): output equal to ``generate``, committed chunks and
+resume, bad rows reported in an errors file, the command line."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+import torch
+
+import genkit
+from genkit.batch import LocalEngine, run_batch
+from genkit.models.tiny import tiny_llama
+
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+         "quebec romeo sierra tango").split()
+SPECIALS = ["<unk>", "<s>", "</s>"]  # pad, bos, eos of the tiny model
+
+
+def _raw_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    raw = Tokenizer(models.WordLevel({t: i for i, t in enumerate(SPECIALS + WORDS)}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    raw.decoder = decoders.WordPiece()
+    raw.add_special_tokens(SPECIALS)
+    return raw
+
+
+@pytest.fixture
+def tokenizer():
+    from genkit.tokenizer import Tokenizer
+
+    return Tokenizer(_raw_tokenizer(), {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+
+
+def _write_rows(path, n: int, seed: int = 0, extra: list[str] | None = None) -> list[dict]:
+    rng = random.Random(seed)
+    rows = [{"id": f"r{i}", "prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12)))}
+            for i in range(n)]
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+        for line in extra or []:
+            f.write(line + "\n")
+    return rows
+
+
+def _read(path) -> list[dict]:
+    return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+
+
+def _reference(model, tokenizer, prompt: str, new: int) -> list[int]:
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+    out = genkit.generate(model, ids, max_new_tokens=new)[0, ids.shape[1]:].tolist()
+    return out[: out.index(2) + 1] if 2 in out else out
+
+
+def test_local_engine_output_equals_generate(tmp_path, tokenizer):
+    model = tiny_llama(seed=0)
+    rows = _write_rows(tmp_path / "in.jsonl", 40)
+    engine = LocalEngine(model, tokenizer, {"max_new_tokens": 6}, batch_size=8)
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine, chunk_size=16)
+    out = _read(tmp_path / "out.jsonl")
+    assert [r["id"] for r in out] == [r["id"] for r in rows]  # every id once, in order
+    for src, got in zip(rows, out):
+        ref = _reference(model, tokenizer, src["prompt"], 6)
+        assert got["token_ids"] == ref
+        assert got["finish_reason"] == ("stop" if ref and ref[-1] == 2 else "length")
+        assert got["text"] == tokenizer.decode(ref, skip_special_tokens=True)
+        n_prompt = len(tokenizer(src["prompt"])["input_ids"])
+        assert got["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": len(ref),
+                                "total_tokens": n_prompt + len(ref)}
+    assert (summary.rows_read, summary.written, summary.skipped, summary.bad) == (40, 40, 0, 0)
+    assert summary.new_tokens == sum(len(r["token_ids"]) for r in out)
+    assert not (tmp_path / "out.jsonl.parts").exists() and not (tmp_path / "out.jsonl.errors.jsonl").exists()
+
+
+class _Crash(Exception):
+    pass
+
+
+class _Counting:
+    """An engine that records the rows it is given, and can crash after some chunks."""
+
+    def __init__(self, inner, crash_after: int | None = None) -> None:
+        self.inner, self.crash_after, self.seen, self.calls = inner, crash_after, [], 0
+
+    def run(self, rows):
+        if self.crash_after is not None and self.calls == self.crash_after:
+            raise _Crash("killed mid-job")
+        self.calls += 1
+        self.seen.extend(r.id for r in rows)
+        return self.inner.run(rows)
+
+
+def test_resume_after_a_crash_writes_only_the_missing_rows(tmp_path, tokenizer):
+    model = tiny_llama(seed=0)
+    rows = _write_rows(tmp_path / "in.jsonl", 50, seed=1)
+    engine = LocalEngine(model, tokenizer, {"max_new_tokens": 4}, batch_size=10)
+    crashing = _Counting(engine, crash_after=2)
+    with pytest.raises(_Crash):
+        run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", crashing, chunk_size=10)
+    # two chunks committed, nothing half-written
+    parts = sorted((tmp_path / "out.jsonl.parts").glob("*"))
+    assert [p.name for p in parts] == ["part-000000.jsonl", "part-000001.jsonl"]
+    assert sum(len(_read(p)) for p in parts) == 20
+    again = _Counting(engine)
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", again, chunk_size=10)
+    assert again.seen == [r["id"] for r in rows[20:]]
+    assert (summary.skipped, summary.written) == (20, 30)
+    resumed = _read(tmp_path / "out.jsonl")
+    run_batch(tmp_path / "in.jsonl", tmp_path / "straight.jsonl", engine, chunk_size=50)
+    assert resumed == _read(tmp_path / "straight.jsonl")
+    # a third run with everything done generates nothing
+    idle = _Counting(engine)
+    assert run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", idle).skipped == 50 and idle.seen == []
+
+
+def test_bad_rows_go_to_the_errors_file(tmp_path, tokenizer):
+    model = tiny_llama(seed=0)
+    extra = ['{"id": "no-prompt"}', "this is not json", '{"id": "bad-k", "prompt": "alpha", "top_k": -1}',
+             '{"id": "r0", "prompt": "bravo"}', '{"id": "empty", "prompt": ""}', '[1, 2]',
+             '{"id": "own", "prompt": "alpha bravo", "max_new_tokens": 2}']
+    rows = _write_rows(tmp_path / "in.jsonl", 5, extra=extra)
+    engine = LocalEngine(model, tokenizer, {"max_new_tokens": 5}, batch_size=4)
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)
+    out = _read(tmp_path / "out.jsonl")
+    assert [r["id"] for r in out] == [r["id"] for r in rows] + ["own"]
+    assert out[-1]["token_ids"] == _reference(model, tokenizer, "alpha bravo", 2)  # a row's own field
+    errors = {e["line"]: e for e in _read(tmp_path / "out.jsonl.errors.jsonl")}
+    assert sorted(errors) == [6, 7, 8, 9, 10, 11]
+    assert errors[6]["id"] == "no-prompt" and "neither `prompt` nor `messages`" in errors[6]["error"]
+    assert errors[7]["id"] is None and "not a JSON object" in errors[7]["error"]
+    assert errors[8]["id"] == "bad-k" and "top_k" in errors[8]["error"]
+    assert "duplicate id 'r0'" in errors[9]["error"]
+    assert "non-empty string" in errors[10]["error"]
+    assert "not a JSON object" in errors[11]["error"]
+    assert (summary.rows_read, summary.written, summary.bad) == (12, 6, 6)
+
+
+def _model_folder(tiny_hf_dir, folder):
+    shutil.copytree(tiny_hf_dir, folder)
+    _raw_tokenizer().save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                              "unk_token": "<unk>"}))
+    return folder
+
+
+def test_cli_batch(tmp_path, tiny_hf_dir, capsys):
+    from genkit.cli import main
+
+    folder = _model_folder(tiny_hf_dir, tmp_path / "model")
+    rows = _write_rows(tmp_path / "in.jsonl", 6, extra=["nope"])
+    rc = main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--model", str(folder),
+               "--max-new-tokens", "3", "--batch-size", "4"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert (summary["written"], summary["bad"]) == (6, 1)
+    model, tok = genkit.load_model(str(folder)), genkit.load_tokenizer(str(folder))
+    out = _read(tmp_path / "out.jsonl")
+    assert [r["token_ids"] for r in out] == [_reference(model, tok, r["prompt"], 3) for r in rows]
+    assert main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "o2.jsonl"), "--workers", "0"]) == 2
+    assert "--workers must be >= 1; got 0" in capsys.readouterr().err
+
+
+def test_messages_rows_use_the_chat_template(tmp_path):
+    from genkit.tokenizer import Tokenizer
+
+    template = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}echo{% endif %}"
+    tok = Tokenizer(_raw_tokenizer(), {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                                       "chat_template": template})
+    model = tiny_llama(seed=0)
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": 7, "messages": [{"role": "user", "content": "alpha"}]})
+                                       + "\n" + json.dumps({"id": 8, "messages": "alpha"}) + "\n")
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", LocalEngine(model, tok, {"max_new_tokens": 3}))
+    (row,) = _read(tmp_path / "out.jsonl")
+    assert row["id"] == "7" and row["token_ids"] == _reference(model, tok, "alpha echo", 3)
+    (error,) = _read(tmp_path / "out.jsonl.errors.jsonl")
+    assert error["id"] == "8" and "`messages` must be a non-empty list" in error["error"]
+    assert summary.bad == 1
+
+
+def test_docs_example_runs():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "batch.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "docs/batch.md", "exec"), {"__name__": "__docs__"})
