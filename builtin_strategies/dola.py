@@ -107,12 +107,13 @@ def contrast(layers: list[int], premature: torch.Tensor, final: torch.Tensor) ->
     ``(len(layers), rows, vocab)``."""
     if len(layers) == 1:
         return _relative_top_difference(final, premature[0])
-    mature = F.softmax(final, dim=-1)
-    early = F.softmax(premature, dim=-1)
-    average = 0.5 * (mature[None, :, :] + early)
-    kl_final = F.kl_div(F.log_softmax(final, dim=-1)[None, :, :], average, reduction="none").mean(-1)
-    kl_early = F.kl_div(F.log_softmax(premature, dim=-1), average, reduction="none").mean(-1)
-    divergence = (0.5 * (kl_final + kl_early)).mean(-1)  # (layers,): one premature layer for the batch
+    # transformers' Jensen-Shannon score: the mean of kl_div(log p, m) for p = final and premature,
+    # kl_div(x, m) = m * (log m - x), with m their average; in one pass over the vocabulary
+    final_logp = F.log_softmax(final, dim=-1)[None, :, :]
+    early_logp = F.log_softmax(premature, dim=-1)
+    average = 0.5 * (final_logp.exp() + early_logp.exp())
+    terms = torch.xlogy(average, average).sub_(average * (0.5 * (final_logp + early_logp)))
+    divergence = terms.mean(-1).mean(-1)  # (layers,): one premature layer for the batch
     return _relative_top_difference(final, premature[int(divergence.argmax().item())])
 
 
