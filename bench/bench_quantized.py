@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -30,6 +31,9 @@ import torch
 
 import genkit
 from genkit.models.demo import demo_gguf_path, genkit_home
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_core import _time  # noqa: E402  (best-of-n timing, shared by the benches)
 
 PROMPT = "Write a short story about a robot who learns to paint. Once upon a"
 
@@ -74,16 +78,6 @@ def _genkit_decode(model: Any, ids: torch.Tensor, new: int, repeats: int) -> tup
     return best, tokens
 
 
-def _timed(fn: Any, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-python", help="python of a venv with llama-cpp-python (skipped if not given)")
@@ -123,8 +117,8 @@ def main() -> None:
         "4 beams, 64 new tokens": lambda m: m.generate(ids, num_beams=4, max_new_tokens=64, eos_token_id=None),
     }
     for name, work in workloads.items():
-        tq = _timed(lambda w=work: w(quantized), args.repeats)
-        tf = _timed(lambda w=work: w(dense), args.repeats)
+        tq = _time(lambda w=work: w(quantized), args.repeats)
+        tf = _time(lambda w=work: w(dense), args.repeats)
         print(f"| {name} | {tq:.2f} | {tf:.2f} | {tf / tq:.2f}x |")
 
     folder = genkit.models.demo.ensure_demo_model()

@@ -36,7 +36,6 @@ ACT_DTYPE = torch.bfloat16
 _MIN_ROWS = 16  # the packing kernel needs out_features divisible by 16
 _PACK_TILE = 64  # ... and lays rows out in tiles of 64 (packed layers concatenate at tile borders)
 PACK_CHUNK = 16 * _PACK_TILE  # rows decoded and packed at a time
-_PACK_CHUNK = PACK_CHUNK
 
 __all__ = ["Int4Linear", "Int4Part", "QuantizedEmbedding", "WithBias", "kernel_available", "quantize"]
 
@@ -89,7 +88,7 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features, self.source = in_features, out_features, source
         if row_chunks is None:
             assert parts is not None
-            row_chunks = (part_rows(parts, start, start + _PACK_CHUNK) for start in range(0, out_features, _PACK_CHUNK))
+            row_chunks = (part_rows(parts, start, start + PACK_CHUNK) for start in range(0, out_features, PACK_CHUNK))
         packed: list[list[torch.Tensor]] = []
         scales: list[list[torch.Tensor]] = []
         for chunk in row_chunks:

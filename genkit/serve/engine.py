@@ -14,7 +14,6 @@ import itertools
 import logging
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,8 +57,6 @@ class RequestStream:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.cancelled = threading.Event()  # stop generating (the client left, or needs no more)
         self.client_cancelled = False  # the client left before the end (counted in the metrics)
-        self.started = threading.Event()
-        self.finished_at: float | None = None
         self.on_cancel: Any = None  # set by an engine that must act at once (continuous batching)
 
     def push(self, item: Any) -> None:
@@ -220,7 +217,6 @@ class GenerateEngine:
                 continue
             with self._lock:
                 self.stats.requests_running += 1
-            stream.started.set()
             try:
                 self._generate(stream)
                 stream.push(None)
@@ -230,7 +226,6 @@ class GenerateEngine:
                     self.stats.requests_failed += 1
                 stream.push(exc)
             finally:
-                stream.finished_at = time.monotonic()
                 with self._lock:
                     self.stats.requests_running -= 1
                     self.stats.requests_cancelled += stream.client_cancelled

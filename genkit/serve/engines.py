@@ -27,7 +27,6 @@ class ContinuousEngine:
 
     def __init__(self, model: Any, tokenizer: Any, *, scheduler: str | None = None,
                  max_batch_tokens: int | None = None) -> None:
-        from genkit.config import GenerationConfig
         from genkit.continuous import ContinuousBatchingConfig
 
         cb = {}
@@ -44,7 +43,6 @@ class ContinuousEngine:
         self._open: dict[int, list[bool]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._config = GenerationConfig
         self.manager.start()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._dispatch, name="genkit-serve-dispatch", daemon=True)
@@ -80,7 +78,6 @@ class ContinuousEngine:
             seed = None if request.seed is None else request.seed + i
             self.manager.add_request(request.prompt_ids, request_id=rid, max_new_tokens=max_new, streaming=True,
                                      **({"seed": seed} if seed is not None else {}), **kwargs)
-        stream.started.set()
         return stream
 
     def _dispatch(self) -> None:
@@ -120,7 +117,6 @@ class ContinuousEngine:
                     self.stats.requests_running -= 1
                     self.stats.requests_cancelled += stream.client_cancelled
                     self.stats.requests_failed += failed
-                    stream.finished_at = None
             if failed:
                 stream.push(ValueError(out.error))
             elif not any(still):
