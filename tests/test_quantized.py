@@ -33,6 +33,7 @@ from genkit.models.gguf_blocks import GGUF_INT4_TYPES, int4_parts_from_gguf  # n
 
 ROOT = Path(__file__).resolve().parent.parent / ".cache" / "genkit-tests"  # shared with test_gguf_smollm2
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="torch build without CPU int4 kernels")
+KERNELS = ["blocks", "torch"]  # genkit's block kernel (built by the C compiler CI has) and torch's int4 kernel
 
 
 def _random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -60,30 +61,59 @@ def test_block_decoders_give_the_gguf_packages_weights(type_name):
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("type_name", sorted(GGUF_INT4_TYPES))
-def test_int4_linear_matches_its_float_weight(type_name):
+def test_int4_linear_matches_its_float_weight(type_name, kernel):
     rows, cols = 64, 256
     parts = int4_parts_from_gguf(type_name, _random_blocks(type_name, rows, cols, seed=1), (rows, cols))
-    layer = Int4Linear(cols, rows, parts)
+    layer = Int4Linear(cols, rows, parts, kernel=kernel)
+    assert layer.kernel == kernel
     dense = sum(p.dense() for p in parts)
     x = torch.randn(3, 5, cols)
     want = x @ dense.t()
     got = layer(x)
     assert got.shape == (3, 5, rows) and got.dtype == torch.float32
-    # bfloat16 scales and activations: ~2**-8 relative per term (see the module docstring)
+    # bfloat16 scales and activations, or int8 activations: ~2**-8 relative per term (module docstring)
     assert (got - want).abs().max() <= 2e-2 * want.abs().max()
+    if kernel == "blocks":  # exactly the product of float16 scales and int8-rounded activations
+        half = [Int4Part(p.q, p.scale.half().float(), p.minimum.half().float()) for p in parts]
+        exact = rounded_activations(x) @ sum(p.dense() for p in half).t()
+        torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
 
 
-def _layers(*sizes):
-    parts = [int4_parts_from_gguf("Q4_1", _random_blocks("Q4_1", n, 128, seed=n), (n, 128)) for n in sizes]
-    return [Int4Linear(128, p[0].q.shape[0], p) for p in parts]
+def rounded_activations(x: torch.Tensor) -> torch.Tensor:
+    """The block kernel's view of ``x``: each block of 32 values rounded to int8 steps of max|x| / 127."""
+    g = x.reshape(*x.shape[:-1], -1, 32)
+    step = g.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(g / torch.where(step > 0, step, 1)).clamp(-128, 127) * step).reshape(x.shape)
 
 
-def test_fused_layers_equal_the_layers_side_by_side():
-    layers = _layers(64, 128, 48)
+def logit_tolerance(model) -> float:
+    """Allowed max |logit difference| / max |logit| against the float model. torch's kernel: bfloat16
+    activations and scales (see the module docstring), measured under 1%. The block kernel rounds
+    activations to int8 per block of 32 (an error up to 1/254 of each block's largest value, as
+    llama.cpp does): through the two layers and head of these random models that measures up to
+    4.1% of the largest logit (0.35% on SmolLM2, whose logits are large)."""
+    kernels = {m.kernel for m in model.modules() if isinstance(m, Int4Linear)}
+    return 0.06 if "blocks" in kernels else 0.02
+
+
+def _layers(*sizes, kernel="auto", qtype="Q4_1"):
+    parts = [int4_parts_from_gguf(qtype, _random_blocks(qtype, n, 128, seed=n), (n, 128)) for n in sizes]
+    return [Int4Linear(128, p[0].q.shape[0], p, kernel=kernel) for p in parts]
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fused_layers_equal_the_layers_side_by_side(kernel, qtype):
+    layers = _layers(64, 128, 48, kernel=kernel, qtype=qtype)
     x = torch.randn(2, 128)
     assert torch.equal(Int4Linear.fuse(layers)(x), torch.cat([lay(x) for lay in layers], dim=-1))
-    assert Int4Linear.fuse(_layers(32, 16, 48)) is None  # packed tiles of 64 rows do not line up
+    odd = _layers(32, 16, 48, kernel=kernel, qtype=qtype)
+    if kernel == "torch":
+        assert Int4Linear.fuse(odd) is None  # torch packs rows in tiles of 64: these do not line up
+    else:  # the block kernel's panels are 16 rows
+        assert torch.equal(Int4Linear.fuse(odd)(x), torch.cat([lay(x) for lay in odd], dim=-1))
 
 
 def test_shapes_the_kernel_cannot_take_are_refused():
@@ -160,7 +190,7 @@ def test_a_quantized_gguf_runs_quantized_and_matches_its_float_version(tmp_path,
     assert type(q.lm_head) is Int4Linear if (embed == "Q8_0" or not tied) else type(q.lm_head) is torch.nn.Linear
     assert type(f.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     lq, lf = q(IDS, attention_mask=MASK).logits, f(IDS, attention_mask=MASK).logits
-    assert (lq - lf).abs().max() <= 2e-2 * lf.abs().max()
+    assert (lq - lf).abs().max() <= logit_tolerance(q) * lf.abs().max()
     out_q = q.generate(IDS, attention_mask=MASK, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
     out_f = f.generate(IDS, attention_mask=MASK, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
     _same_or_near_tie(f, out_q, out_f, MASK)
@@ -277,7 +307,7 @@ def test_quantize_a_float_model(mode, levels):
     assert sum(type(m) is Int4Linear for m in q.modules()) == 2 * 7 + 1
     lr, lq = rounded(IDS, attention_mask=MASK).logits, q(IDS, attention_mask=MASK).logits
     rel = float((lr - lq).abs().max() / lr.abs().max())
-    assert rel <= 0.03, rel
+    assert rel <= logit_tolerance(q), rel
     assert genkit.quantize is quantize
 
 

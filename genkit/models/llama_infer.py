@@ -62,11 +62,12 @@ class PreparedModel:
     """Every layer's prepared weights and the packed LM head weight (None: call ``lm_head``). The
     model holds it; a cache refers to it weakly, so weights rebuilt since stay alive for no cache."""
 
-    __slots__ = ("__weakref__", "head", "layers")
+    __slots__ = ("__weakref__", "decoder", "head", "layers")
 
-    def __init__(self, layers: list[PreparedLayer], head: torch.Tensor | None) -> None:
+    def __init__(self, layers: list[PreparedLayer], head: torch.Tensor | None, decoder: Any = None) -> None:
         self.layers = layers
         self.head = head
+        self.decoder = decoder  # a BlockDecoder: batch-1 decode steps in one kernel call (quantized models)
 
 
 @functools.cache
@@ -101,8 +102,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
-    if type(weight) is Int4Linear:  # quantized: the layer runs its own kernel
-        return weight(x) if bias is None else weight(x) + bias
+    if type(weight) is Int4Linear:  # quantized: the layer runs its own kernel (no hooks on this path)
+        return weight.forward(x) if bias is None else weight.forward(x) + bias
     if packed:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -237,7 +238,9 @@ def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None]) -> Prep
                 wqkv, None, norm, attn.o_proj, None, wgu, None, layer.post_attention_layernorm.weight,
                 mlp.down_proj, None, layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim,
                 window, rotations[attn.head_dim], False))
-    return PreparedModel(prepared, None)
+    from .block_decode import BlockDecoder
+
+    return PreparedModel(prepared, None, BlockDecoder.build(prepared))
 
 
 def weights_key(modules: list[nn.Module]) -> tuple[Any, ...]:
@@ -262,6 +265,10 @@ def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin:
     """The decoder layers (the first ``num_layers``, or all) on ``x`` (batch, seq, hidden); fills
     ``hidden`` with each layer's input."""
     b, t, _ = x.shape
+    if t == 1 and b == 1 and hidden is None and prepared.decoder is not None:
+        out = prepared.decoder(x, cos, sin, masks, cache, num_layers)
+        if out is not None:
+            return out
     for i, p in enumerate(prepared.layers[:num_layers]):
         if hidden is not None:
             hidden.append(x)

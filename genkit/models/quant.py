@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import block_kernel
+
 logger = logging.getLogger("genkit.models")
 
 GROUP = 32  # GGUF's block size for Q4_0/Q4_1/Q8_0 and Q4_K's sub-blocks
@@ -36,6 +38,7 @@ ACT_DTYPE = torch.bfloat16
 _MIN_ROWS = 16  # the packing kernel needs out_features divisible by 16
 _PACK_TILE = 64  # ... and lays rows out in tiles of 64 (packed layers concatenate at tile borders)
 PACK_CHUNK = 16 * _PACK_TILE  # rows decoded and packed at a time
+KERNELS = ("auto", "blocks", "torch")
 
 __all__ = ["Int4Linear", "Int4Part", "QuantizedEmbedding", "WithBias", "kernel_available", "quantize"]
 
@@ -69,6 +72,26 @@ class Int4Part:
         return w.reshape(out, k)
 
 
+def _block_codes(parts: list[Int4Part], source: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """``(codes, scale, minimum, bits)`` of one weight for the block kernel: a single 4-bit part, or
+    an 8-bit weight split as ``lo`` (scale ``d``, offset 0) plus ``hi`` (scale ``16 d``): its code
+    ``16 * hi + lo`` with scale ``d`` and ``hi``'s offset."""
+    if len(parts) == 1:
+        p = parts[0]
+        codes, scale, minimum, bits = p.q, p.scale, p.minimum, 4
+    elif (len(parts) == 2 and not bool(parts[0].minimum.any())
+          and torch.equal(parts[1].scale.float(), 16.0 * parts[0].scale.float())):
+        lo, hi = parts
+        codes = (hi.q.to(torch.int32) * 16 + lo.q.to(torch.int32)).to(torch.uint8)
+        scale, minimum, bits = lo.scale, hi.minimum, 8
+    else:
+        raise ValueError(f"{source or 'int4 layer'}: {len(parts)} int4 parts do not form a 4- or 8-bit weight")
+    if not block_kernel.fits_float16(scale, minimum):
+        raise ValueError(f"{source or 'int4 layer'}: scales overflow float16, which the block kernel stores; "
+                         "set GENKIT_BLOCK_KERNEL=0 to use torch's int4 kernel")
+    return codes, scale, minimum, bits
+
+
 def part_rows(parts: list[Int4Part], start: int, stop: int) -> list[Int4Part]:
     return [p.rows(slice(start, stop)) for p in parts]
 
@@ -78,10 +101,15 @@ class Int4Linear(nn.Module):
     8-bit ones), run by torch's int4 weight-only CPU kernel. ``(…, in) -> (…, out)``."""
 
     def __init__(self, in_features: int, out_features: int, parts: list[Int4Part] | None = None, source: str = "",
-                 row_chunks: Iterable[list[Int4Part]] | None = None) -> None:
+                 row_chunks: Iterable[list[Int4Part]] | None = None, kernel: str = "auto") -> None:
         """``parts`` (the whole matrix), or ``row_chunks``: the parts of consecutive blocks of rows
-        (each a multiple of 64 rows but the last), so that a big matrix is never decoded at once."""
+        (each a multiple of 64 rows but the last), so that a big matrix is never decoded at once.
+
+        ``kernel``: ``"blocks"`` (genkit's block kernel, :mod:`genkit.models.block_kernel`),
+        ``"torch"`` (torch's int4 kernel) or ``"auto"`` (the block kernel where it can be built)."""
         super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"`kernel` must be one of {', '.join(repr(k) for k in KERNELS)}; got {kernel!r}")
         if out_features % _MIN_ROWS or in_features % GROUP:
             raise ValueError(f"int4 kernels need out_features divisible by {_MIN_ROWS} and in_features by {GROUP}; "
                              f"got ({out_features}, {in_features})")
@@ -89,6 +117,14 @@ class Int4Linear(nn.Module):
         if row_chunks is None:
             assert parts is not None
             row_chunks = (part_rows(parts, start, start + PACK_CHUNK) for start in range(0, out_features, PACK_CHUNK))
+        if kernel == "blocks" and not block_kernel.available():
+            raise RuntimeError("the block kernel is not available (no C compiler, or GENKIT_BLOCK_KERNEL=0)")
+        self.kernel = "blocks" if kernel == "blocks" or (kernel == "auto" and block_kernel.available()) else "torch"
+        self.bits = 4
+        self._parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if self.kernel == "blocks":
+            self._pack_blocks(row_chunks)
+            return
         packed: list[list[torch.Tensor]] = []
         scales: list[list[torch.Tensor]] = []
         for chunk in row_chunks:
@@ -107,14 +143,36 @@ class Int4Linear(nn.Module):
         self.num_parts = len(packed)
         self._parts = [(getattr(self, f"packed{i}"), getattr(self, f"scales{i}")) for i in range(self.num_parts)]
 
+    def _pack_blocks(self, row_chunks: Iterable[list[Int4Part]]) -> None:
+        """Store the rows in the block kernel's layout: one 4-bit part as it is, an 8-bit weight's
+        two halves joined back into one 8-bit code per weight."""
+        chunks, bits = [], None
+        for chunk in row_chunks:
+            codes, scale, minimum, chunk_bits = _block_codes(chunk, self.source)
+            if bits is not None and chunk_bits != bits:
+                raise ValueError(f"{self.source or 'int4 layer'}: row chunks mix {bits}- and {chunk_bits}-bit codes")
+            bits = chunk_bits
+            chunks.append(block_kernel.pack(codes, scale, minimum, chunk_bits))
+        blocks = torch.cat(chunks)
+        if blocks.shape[0] * block_kernel.ROWS != self.out_features:
+            raise ValueError(f"int4 parts hold {blocks.shape[0] * block_kernel.ROWS} rows; expected {self.out_features}")
+        self.register_buffer("blocks", blocks)
+        self.bits = int(bits or 4)
+        self.num_parts = 1
+
     def _apply(self, fn: Any, recurse: bool = True) -> Int4Linear:
         out = super()._apply(fn, recurse)
+        if self.kernel == "blocks":
+            return out
         self._parts = [(getattr(self, f"packed{i}"), getattr(self, f"scales{i}")) for i in range(self.num_parts)]
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, self.in_features)
+        if self.kernel == "blocks":
+            y = block_kernel.matmul(flat, self.blocks, self.bits, self.out_features)
+            return (y if x.dtype == torch.float32 else y.to(x.dtype)).view(*shape[:-1], self.out_features)
         if flat.dtype != ACT_DTYPE:
             flat = flat.to(ACT_DTYPE)
         out = None
@@ -130,23 +188,29 @@ class Int4Linear(nn.Module):
         layout does not allow it (it packs rows in tiles of 64: every layer but the last needs a
         multiple of 64 outputs)."""
         first = layers[0]
-        if any(lay.out_features % _PACK_TILE for lay in layers[:-1]):
+        if any(lay.num_parts != first.num_parts or lay.in_features != first.in_features or lay.kernel != first.kernel
+               or lay.bits != first.bits for lay in layers):
+            raise ValueError("fused int4 layers need the same input size, kernel and number of parts")
+        if first.kernel == "torch" and any(lay.out_features % _PACK_TILE for lay in layers[:-1]):
             return None
         fused = Int4Linear.__new__(Int4Linear)
         nn.Module.__init__(fused)
         fused.in_features, fused.source = first.in_features, "+".join(lay.source for lay in layers)
         fused.out_features = sum(lay.out_features for lay in layers)
-        if any(lay.num_parts != first.num_parts or lay.in_features != first.in_features for lay in layers):
-            raise ValueError("fused int4 layers need the same input size and number of parts")
+        fused.kernel, fused.bits, fused.num_parts = first.kernel, first.bits, first.num_parts
+        fused._parts = []
+        if first.kernel == "blocks":
+            fused.register_buffer("blocks", torch.cat([lay.blocks for lay in layers]))
+            return fused
         for i in range(first.num_parts):
             fused.register_buffer(f"packed{i}", torch.cat([getattr(lay, f"packed{i}") for lay in layers]))
             fused.register_buffer(f"scales{i}", torch.cat([getattr(lay, f"scales{i}") for lay in layers], dim=1))
-        fused.num_parts = first.num_parts
         fused._parts = [(getattr(fused, f"packed{i}"), getattr(fused, f"scales{i}")) for i in range(first.num_parts)]
         return fused
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, parts={self.num_parts}"
+        detail = f"bits={self.bits}" if self.kernel == "blocks" else f"parts={self.num_parts}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}, {detail}"
 
 
 class QuantizedEmbedding(nn.Module):
@@ -201,8 +265,8 @@ def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
     """
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"`mode` must be one of {', '.join(repr(m) for m in QUANTIZE_MODES)}; got {mode!r}")
-    if not kernel_available():
-        raise RuntimeError("this torch build has no CPU int4 weight-only kernels; quantize needs them")
+    if not kernel_available() and not block_kernel.available():
+        raise RuntimeError("quantize needs the block kernel (a C compiler) or a torch build with CPU int4 kernels")
     from .base import GenkitModel
 
     if not isinstance(model, GenkitModel):

@@ -1,0 +1,105 @@
+"""Batch-1 decode steps in one call to the block kernel (:mod:`genkit.models.block_kernel`).
+
+For a model whose projections all run on the block kernel, a one-token step of one sequence is
+mostly fixed cost: some sixty small torch operations per layer around four products. The kernel's
+``gk_decode`` runs the same steps as :func:`genkit.models.llama_infer.run_layers` (RMSNorm, fused
+q/k/v, rotary embedding, the key/value cache write, grouped attention, o projection, fused
+gate/up with SiLU, down projection) for all layers in one call, writing into genkit's
+:class:`~genkit.models.cache.KVCache` buffers in place. Anything else (a batch, a prompt, a
+padding mask, a sliding window, hidden states asked for, a cache of another kind or without room)
+takes the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import torch
+
+from . import block_kernel
+from .cache import KVCache
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("wqkv", ctypes.c_void_p), ("wo", ctypes.c_void_p), ("wgu", ctypes.c_void_p),
+                ("wd", ctypes.c_void_p), ("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p),
+                ("bits_qkv", ctypes.c_int), ("bits_o", ctypes.c_int), ("bits_gu", ctypes.c_int),
+                ("bits_d", ctypes.c_int), ("num_heads", ctypes.c_int), ("num_kv_heads", ctypes.c_int),
+                ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int), ("eps", ctypes.c_float)]
+
+
+class BlockDecoder:
+    """The decoder layers of a prepared quantized model as one ``gk_decode`` call per token."""
+
+    def __init__(self, layers: list[Any]) -> None:
+        self.layers = layers  # keeps the weights (and so the pointers below) alive
+        self.hidden = int(layers[0].norm1.shape[0])
+        self.head_dim = int(layers[0].head_dim)
+        self.table = (_Layer * len(layers))(*[
+            _Layer(p.wqkv.blocks.data_ptr(), p.wo.blocks.data_ptr(), p.wgu.blocks.data_ptr(), p.wd.blocks.data_ptr(),
+                   p.norm1.data_ptr(), p.norm2.data_ptr(), p.wqkv.bits, p.wo.bits, p.wgu.bits, p.wd.bits,
+                   p.num_heads, p.num_kv_heads, p.head_dim, p.wd.in_features, p.eps)
+            for p in layers])
+        self.pointers = tuple(t.data_ptr() for p in layers for t in (p.wqkv.blocks, p.wo.blocks, p.wgu.blocks,
+                                                                       p.wd.blocks, p.norm1, p.norm2))
+
+    @staticmethod
+    def build(layers: list[Any]) -> BlockDecoder | None:
+        """A decoder for these prepared layers, or None when they do not all fit the kernel."""
+        from .quant import Int4Linear
+
+        if not layers or not block_kernel.available():
+            return None
+        hidden = layers[0].norm1.shape[0]
+        for p in layers:
+            weights = (p.wqkv, p.wo, p.wgu, p.wd)
+            if any(type(w) is not Int4Linear or w.kernel != "blocks" for w in weights):
+                return None
+            if any(b is not None for b in (p.bqkv, p.bo, p.bgu, p.bd)) or p.window is not None or p.packed:
+                return None
+            if any(n.dtype != torch.float32 or not n.is_contiguous() or n.shape != (hidden,)
+                   for n in (p.norm1, p.norm2)):
+                return None
+            if p.head_dim != layers[0].head_dim or p.head_dim % 2 or p.head_dim > 512 or p.num_heads % p.num_kv_heads:
+                return None
+            if p.wqkv.out_features != (p.num_heads + 2 * p.num_kv_heads) * p.head_dim or p.wgu.out_features != 2 * \
+                    p.wd.in_features or p.wo.in_features != p.num_heads * p.head_dim:
+                return None
+        return BlockDecoder(layers)
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, masks: dict[Any, Any], cache: Any,
+                 num_layers: int | None) -> torch.Tensor | None:
+        """``x`` after the first ``num_layers`` layers (all when None), or None: take the torch path."""
+        if type(cache) is not KVCache or x.shape != (1, 1, self.hidden) or x.dtype != torch.float32:
+            return None
+        if any(m is not None for m in masks.values()) or torch.is_grad_enabled() and x.requires_grad:
+            return None
+        n = len(self.layers) if num_layers is None else num_layers
+        pos = cache.lengths[0]
+        keys, values = cache.keys[:n], cache.values[:n]
+        first = keys[0]
+        if first is None or pos >= first.shape[2] or first.shape[0] != 1:
+            return None
+        inference = torch.is_inference_mode_enabled()
+        for i, (k, v) in enumerate(zip(keys, values)):
+            if (k is None or v is None or cache.lengths[i] != pos or k.shape != first.shape or v.shape != first.shape
+                    or k.dtype != torch.float32 or not (k.is_contiguous() and v.is_contiguous())
+                    or (k.is_inference() and not inference)):
+                return None
+        cos, sin = cos.reshape(-1), sin.reshape(-1)
+        if cos.shape[0] != self.head_dim or sin.shape[0] != self.head_dim:
+            return None
+        cos = cos if cos.dtype == torch.float32 and cos.is_contiguous() else cos.float().contiguous()
+        sin = sin if sin.dtype == torch.float32 and sin.is_contiguous() else sin.float().contiguous()
+        out = x.clone()
+        karr = (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys])
+        varr = (ctypes.c_void_p * n)(*[v.data_ptr() for v in values])
+        rc = block_kernel.library().gk_decode(n, self.table, out.data_ptr(), self.hidden, cos.data_ptr(),
+                                              sin.data_ptr(), pos, karr, varr, first.shape[2],
+                                              torch.get_num_threads())
+        if rc:
+            raise MemoryError("the block kernel could not allocate its scratch memory")
+        for i in range(n):
+            cache.lengths[i] = pos + 1
+        return out

@@ -1,0 +1,345 @@
+/* genkit block kernels: y = x @ W^T for weights kept in GGUF-style blocks of 32.
+ *
+ * Each group of 32 weights of an output row is w = d * u + m with an unsigned code u (4-bit:
+ * 0..15, or 8-bit: 0..255) and float16 d, m. Activations are written as two int8 digits per
+ * block of 32: x ~ dx * q1 + (dx / 254) * q2, the second digit rounding what the first left over
+ * (llama.cpp keeps only the first; two digits make the products as exact as the float16 scales,
+ * at the cost of twice the integer work, which is cheap next to reading the weights). A block's
+ * contribution is
+ *     d * (dx * sum(u * q1) + dx2 * sum(u * q2)) + m * (dx * sum(q1) + dx2 * sum(q2))
+ * and each integer sum is one AVX-512 VNNI instruction per 64 products.
+ *
+ * Layout (written by genkit/models/block_linear.py): rows in panels of 16; per panel, per block,
+ *   4-bit: 4 chunks of 64 bytes; byte 4r+j of chunk c holds row r's code 8c+j (low nibble) and
+ *          8c+4+j (high nibble); then 16 float16 d, then 16 float16 m       (320 bytes)
+ *   8-bit: 8 chunks of 64 bytes; byte 4r+j of chunk c holds row r's code 4c+j;
+ *          then 16 float16 d, then 16 float16 m                               (576 bytes)
+ * so a panel's 16 dot products are 16 lanes of one register and need no horizontal sums.
+ *
+ * Built on first use by the machine's C compiler with -march=native; without AVX-512 VNNI the
+ * same layout runs through the portable loops at the bottom.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define GK_VNNI 1
+#include <immintrin.h>
+#endif
+
+#define GK_ROWS 16
+#define GK_GROUP 32
+#define GK_MT 4
+
+int gk_block_bytes(int bits) { return bits == 4 ? 320 : 576; }
+
+int gk_simd(void) {
+#ifdef GK_VNNI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {  /* subnormal */
+            float f = ldexpf((float)man, -24);
+            return sign ? -f : f;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* x (M, K) float32 -> two int8 digits q1, q2 per value; per block the scale dx (q2's is dx / 254)
+ * and sx = dx * sum(q1) + dx / 254 * sum(q2). */
+static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, float *dx, float *sx) {
+    int nb = K / GK_GROUP;
+    for (int m = 0; m < M; m++) {
+        for (int b = 0; b < nb; b++) {
+            size_t off = (size_t)m * K + (size_t)b * GK_GROUP;
+            const float *xb = x + off;
+            float amax = 0.0f;
+            for (int j = 0; j < GK_GROUP; j++) amax = fmaxf(amax, fabsf(xb[j]));
+            float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f, id2 = 254.0f * id;
+            int s1 = 0, s2 = 0;
+            for (int j = 0; j < GK_GROUP; j++) {
+                float v = nearbyintf(xb[j] * id);
+                v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+                float r = nearbyintf((xb[j] - v * d) * id2);
+                r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+                q1[off + j] = (int8_t)v;
+                q2[off + j] = (int8_t)r;
+                s1 += (int)v;
+                s2 += (int)r;
+            }
+            dx[(size_t)m * nb + b] = d;
+            sx[(size_t)m * nb + b] = d * (float)s1 + (d / 254.0f) * (float)s2;
+        }
+    }
+}
+
+#ifdef GK_VNNI
+static inline __attribute__((always_inline)) void panel_vnni(
+        int bits, const uint8_t *w, int nb, const int8_t *q, const int8_t *q2, const float *dx, const float *sx,
+        int K, int MT, float *y, int ldy) {
+    __m512 acc[GK_MT], accm[GK_MT];
+    for (int i = 0; i < MT; i++) {
+        acc[i] = _mm512_setzero_ps();
+        accm[i] = _mm512_setzero_ps();
+    }
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const int bb = bits == 4 ? 320 : 576, cb = bits == 4 ? 256 : 512;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        __m512i isum[GK_MT], isum2[GK_MT];
+        for (int i = 0; i < MT; i++) {
+            isum[i] = _mm512_setzero_si512();
+            isum2[i] = _mm512_setzero_si512();
+        }
+        if (bits == 4) {
+            for (int c = 0; c < 4; c++) {
+                __m512i p = _mm512_loadu_si512((const void *)(wb + 64 * c));
+                __m512i lo = _mm512_and_si512(p, low);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+                for (int i = 0; i < MT; i++) {
+                    size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 8 * c;
+                    int32_t a0, a1, r0, r1;
+                    memcpy(&a0, q + off, 4);
+                    memcpy(&a1, q + off + 4, 4);
+                    memcpy(&r0, q2 + off, 4);
+                    memcpy(&r1, q2 + off + 4, 4);
+                    isum[i] = _mm512_dpbusd_epi32(isum[i], lo, _mm512_set1_epi32(a0));
+                    isum[i] = _mm512_dpbusd_epi32(isum[i], hi, _mm512_set1_epi32(a1));
+                    isum2[i] = _mm512_dpbusd_epi32(isum2[i], lo, _mm512_set1_epi32(r0));
+                    isum2[i] = _mm512_dpbusd_epi32(isum2[i], hi, _mm512_set1_epi32(r1));
+                }
+            }
+        } else {
+            for (int c = 0; c < 8; c++) {
+                __m512i p = _mm512_loadu_si512((const void *)(wb + 64 * c));
+                for (int i = 0; i < MT; i++) {
+                    size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
+                    int32_t a, r;
+                    memcpy(&a, q + off, 4);
+                    memcpy(&r, q2 + off, 4);
+                    isum[i] = _mm512_dpbusd_epi32(isum[i], p, _mm512_set1_epi32(a));
+                    isum2[i] = _mm512_dpbusd_epi32(isum2[i], p, _mm512_set1_epi32(r));
+                }
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb + 32)));
+        for (int i = 0; i < MT; i++) {
+            float xd = dx[(size_t)i * nb + b];
+            __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(xd));
+            __m512 scale2 = _mm512_mul_ps(d, _mm512_set1_ps(xd / 254.0f));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), scale, acc[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum2[i]), scale2, acc[i]);
+            accm[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)i * nb + b]), accm[i]);
+        }
+    }
+    for (int i = 0; i < MT; i++) _mm512_storeu_ps(y + (size_t)i * ldy, _mm512_add_ps(acc[i], accm[i]));
+}
+#endif
+
+__attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, int nb, const int8_t *q,
+                                                   const int8_t *q2, const float *dx, const float *sx, int K,
+                                                   int MT, float *y, int ldy) {
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    for (int i = 0; i < MT; i++) {
+        float acc[GK_ROWS] = {0};
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *wb = w + (size_t)b * bb;
+            const int8_t *xq = q + (size_t)i * K + (size_t)b * GK_GROUP;
+            const int8_t *xr = q2 + (size_t)i * K + (size_t)b * GK_GROUP;
+            int32_t isum[GK_ROWS] = {0}, isum2[GK_ROWS] = {0};
+            for (int r = 0; r < GK_ROWS; r++) {
+                for (int k = 0; k < GK_GROUP; k++) {
+                    int code;
+                    if (bits == 4) {
+                        int c = k / 8, j = k % 8;
+                        uint8_t byte = wb[64 * c + 4 * r + (j & 3)];
+                        code = j < 4 ? (byte & 0x0F) : (byte >> 4);
+                    } else {
+                        code = wb[64 * (k / 4) + 4 * r + (k % 4)];
+                    }
+                    isum[r] += code * (int)xq[k];
+                    isum2[r] += code * (int)xr[k];
+                }
+            }
+            const uint16_t *dh = (const uint16_t *)(wb + cb), *mh = dh + GK_ROWS;
+            float xd = dx[(size_t)i * nb + b], xs = sx[(size_t)i * nb + b];
+            for (int r = 0; r < GK_ROWS; r++) {
+                uint16_t dr, mr;
+                memcpy(&dr, dh + r, 2);
+                memcpy(&mr, mh + r, 2);
+                float dw = f16_to_f32(dr);
+                acc[r] += (float)isum[r] * (dw * xd) + (float)isum2[r] * (dw * (xd / 254.0f)) + f16_to_f32(mr) * xs;
+            }
+        }
+        for (int r = 0; r < GK_ROWS; r++) y[(size_t)i * ldy + r] = acc[r];
+    }
+}
+
+/* y (M, N) = x (M, K) @ W^T; W in the block layout above (N a multiple of 16, K of 32).
+ * Returns 0, or -1 when the scratch memory cannot be had. */
+int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads) {
+    int nb = K / GK_GROUP, panels = N / GK_ROWS;
+    size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
+    int8_t *q = (int8_t *)malloc(2 * (size_t)M * K + 2 * sizeof(float) * (size_t)M * nb + 64);
+    if (q == NULL) return -1;
+    int8_t *q2 = q + (size_t)M * K;
+    float *dx = (float *)(((uintptr_t)(q2 + (size_t)M * K) + 63) & ~(uintptr_t)63);
+    float *sx = dx + (size_t)M * nb;
+    quantize_rows(x, M, K, q, q2, dx, sx);
+    if (threads < 1) threads = 1;
+    if (threads > panels) threads = panels;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int p = 0; p < panels; p++) {
+        const uint8_t *wp = w + (size_t)p * panel_bytes;
+        for (int m0 = 0; m0 < M; m0 += GK_MT) {
+            int mt = M - m0 < GK_MT ? M - m0 : GK_MT;
+            const int8_t *qm = q + (size_t)m0 * K, *rm = q2 + (size_t)m0 * K;
+            const float *dm = dx + (size_t)m0 * nb, *sm = sx + (size_t)m0 * nb;
+            float *ym = y + (size_t)m0 * N + (size_t)p * GK_ROWS;
+#ifdef GK_VNNI
+            if (bits == 4) {
+                switch (mt) {
+                    case 1: panel_vnni(4, wp, nb, qm, rm, dm, sm, K, 1, ym, N); break;
+                    case 2: panel_vnni(4, wp, nb, qm, rm, dm, sm, K, 2, ym, N); break;
+                    case 3: panel_vnni(4, wp, nb, qm, rm, dm, sm, K, 3, ym, N); break;
+                    default: panel_vnni(4, wp, nb, qm, rm, dm, sm, K, 4, ym, N); break;
+                }
+            } else {
+                switch (mt) {
+                    case 1: panel_vnni(8, wp, nb, qm, rm, dm, sm, K, 1, ym, N); break;
+                    case 2: panel_vnni(8, wp, nb, qm, rm, dm, sm, K, 2, ym, N); break;
+                    case 3: panel_vnni(8, wp, nb, qm, rm, dm, sm, K, 3, ym, N); break;
+                    default: panel_vnni(8, wp, nb, qm, rm, dm, sm, K, 4, ym, N); break;
+                }
+            }
+#else
+            panel_portable(bits, wp, nb, qm, rm, dm, sm, K, mt, ym, N);
+#endif
+        }
+    }
+    free(q);
+    return 0;
+}
+
+/* ---- one batch-1 decode step through Llama decoder layers whose projections are block weights ----
+ * The same computation as genkit/models/llama_infer.py:run_layers for one token: RMSNorm, fused
+ * q/k/v, rotary embedding (x * cos + swap_halves(x) * sin, the sin table carrying the sign), the
+ * key/value written into the cache at `pos`, attention over positions 0..pos (grouped heads),
+ * o projection, RMSNorm, fused gate/up, silu(gate) * up, down projection; residual adds in place. */
+typedef struct {
+    const uint8_t *wqkv, *wo, *wgu, *wd;
+    const float *norm1, *norm2;
+    int bits_qkv, bits_o, bits_gu, bits_d;
+    int num_heads, num_kv_heads, head_dim, intermediate;
+    float eps;
+} gk_layer;
+
+static void rms_norm(const float *x, const float *w, float eps, int n, float *out) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += x[i] * x[i];
+    float r = 1.0f / sqrtf(s / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+static void rope(float *v, const float *cos_, const float *sin_, int d) {
+    int half = d / 2;
+    float tmp[512];
+    memcpy(tmp, v, sizeof(float) * d);
+    for (int i = 0; i < d; i++) v[i] = tmp[i] * cos_[i] + tmp[i < half ? i + half : i - half] * sin_[i];
+}
+
+static inline float dot(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+int gk_decode(int num_layers, const gk_layer *layers, float *x, int hidden, const float *cos_,
+              const float *sin_, int pos, float *const *kcache, float *const *vcache, int capacity,
+              int threads) {
+    int maxq = 0, maxi = 0;
+    for (int l = 0; l < num_layers; l++) {
+        const gk_layer *L = &layers[l];
+        int nqkv = (L->num_heads + 2 * L->num_kv_heads) * L->head_dim;
+        if (nqkv > maxq) maxq = nqkv;
+        if (L->intermediate > maxi) maxi = L->intermediate;
+        if (L->head_dim > 512 || L->head_dim % 2) return -2;
+    }
+    int heads_max = 0;
+    for (int l = 0; l < num_layers; l++) if (layers[l].num_heads > heads_max) heads_max = layers[l].num_heads;
+    size_t need = (size_t)hidden * 2 + maxq + (size_t)maxq + 2 * (size_t)maxi + maxi
+                  + (size_t)heads_max * (pos + 1);
+    float *buf = (float *)malloc(sizeof(float) * need);
+    if (buf == NULL) return -1;
+    float *h = buf, *tmp = h + hidden, *qkv = tmp + hidden, *att = qkv + maxq, *gu = att + maxq,
+          *act = gu + 2 * (size_t)maxi, *scores = act + maxi;
+    for (int l = 0; l < num_layers; l++) {
+        const gk_layer *L = &layers[l];
+        int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, inter = L->intermediate;
+        int nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
+        rms_norm(x, L->norm1, L->eps, hidden, h);
+        if (gk_matmul(L->bits_qkv, L->wqkv, h, qkv, 1, nqkv, hidden, threads)) { free(buf); return -1; }
+        for (int i = 0; i < nq + nkv; i++) rope(qkv + (size_t)i * d, cos_, sin_, d);
+        float *kc = kcache[l], *vc = vcache[l];
+        for (int j = 0; j < nkv; j++) {
+            memcpy(kc + ((size_t)j * capacity + pos) * d, qkv + (size_t)(nq + j) * d, sizeof(float) * d);
+            memcpy(vc + ((size_t)j * capacity + pos) * d, qkv + (size_t)(nq + nkv + j) * d, sizeof(float) * d);
+        }
+        float scale = 1.0f / sqrtf((float)d);
+        int nthreads = threads < nq ? threads : nq;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int i = 0; i < nq; i++) {
+            const float *q = qkv + (size_t)i * d;
+            const float *kh = kc + (size_t)(i / group) * capacity * d, *vh = vc + (size_t)(i / group) * capacity * d;
+            float *s = scores + (size_t)i * (pos + 1), *o = att + (size_t)i * d;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int t = 0; t <= pos; t++) {
+                s[t] = dot(q, kh + (size_t)t * d, d) * scale;
+                if (s[t] > mx) mx = s[t];
+            }
+            for (int t = 0; t <= pos; t++) {
+                s[t] = expf(s[t] - mx);
+                sum += s[t];
+            }
+            float inv = 1.0f / sum;
+            for (int e = 0; e < d; e++) o[e] = 0.0f;
+            for (int t = 0; t <= pos; t++) {
+                float p = s[t] * inv;
+                const float *vt = vh + (size_t)t * d;
+                for (int e = 0; e < d; e++) o[e] += p * vt[e];
+            }
+        }
+        if (gk_matmul(L->bits_o, L->wo, att, tmp, 1, hidden, nq * d, threads)) { free(buf); return -1; }
+        for (int i = 0; i < hidden; i++) x[i] += tmp[i];
+        rms_norm(x, L->norm2, L->eps, hidden, h);
+        if (gk_matmul(L->bits_gu, L->wgu, h, gu, 1, 2 * inter, hidden, threads)) { free(buf); return -1; }
+        for (int i = 0; i < inter; i++) {
+            float g = gu[i];
+            act[i] = g / (1.0f + expf(-g)) * gu[inter + i];
+        }
+        if (gk_matmul(L->bits_d, L->wd, act, tmp, 1, hidden, inter, threads)) { free(buf); return -1; }
+        for (int i = 0; i < hidden; i++) x[i] += tmp[i];
+    }
+    free(buf);
+    return 0;
+}

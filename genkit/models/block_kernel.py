@@ -1,0 +1,171 @@
+"""The block kernel: a small C library (``block_kernel.c``) for products with weights kept in
+GGUF-style blocks of 32, built on first use by the machine's C compiler and loaded with ctypes.
+
+It is built with ``-march=native``: on a CPU with AVX-512 VNNI the dot products are one
+instruction per 64 weights (as in llama.cpp); elsewhere the same layout runs through portable C
+loops. The library is cached under ``$GENKIT_HOME/kernels/`` (default ``~/.cache/genkit``), keyed
+by the source, the compiler and the CPU, and written atomically. Without a compiler (or with
+``GENKIT_BLOCK_KERNEL=0``) quantized layers use torch's int4 kernels instead.
+
+The product it computes: each group of 32 weights of an output row is ``d * u + m`` (codes ``u``
+of 4 or 8 bits, float16 ``d`` and ``m``) and activations are rounded to int8 per block of 32
+(``x ~ dx * qx``), so ``y = sum(d * dx * (u . qx) + m * dx * sum(qx))``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger("genkit.models")
+
+ROWS = 16  # rows per panel
+GROUP = 32  # weights per block
+SOURCE = Path(__file__).with_name("block_kernel.c")
+ENV_SWITCH = "GENKIT_BLOCK_KERNEL"
+
+_lib: Any = None
+_tried = False
+
+
+def block_bytes(bits: int) -> int:
+    """Bytes per panel-block (16 rows x 32 weights, with their scales)."""
+    return (ROWS * GROUP * bits) // 8 + 4 * ROWS
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    exe = shutil.which(str(cc).split()[0])
+    return exe
+
+
+def _cpu_key() -> str:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(("flags", "model name", "Features")):
+                    flags += line
+                if line.strip() == "":
+                    break
+    except OSError:
+        flags = platform.processor()
+    return flags
+
+
+def _cache_dir() -> Path:
+    from .demo import genkit_home
+
+    return Path(genkit_home()) / "kernels"
+
+
+def _build(cc: str) -> Path:
+    source = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
+    flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall"]
+    key = hashlib.sha256(source + version.encode() + _cpu_key().encode() + " ".join(flags).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"genkit_blocks-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+        out = Path(tmp) / target.name
+        proc = subprocess.run([cc, *flags, str(SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building the block kernel with {cc} failed:\n{proc.stderr[-2000:]}")
+        os.replace(out, target)  # atomic: another process sees the whole library or none
+    logger.info("built the block kernel: %s", target)
+    return target
+
+
+def library() -> Any:
+    """The loaded kernel library, or None when it cannot be had (no compiler, switched off)."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        logger.info("block kernel switched off by %s", ENV_SWITCH)
+        return None
+    cc = _compiler()
+    if cc is None:
+        logger.info("no C compiler found; quantized layers use torch's int4 kernels")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(cc)))
+    except (OSError, RuntimeError) as exc:
+        logger.warning("block kernel unavailable, quantized layers use torch's int4 kernels: %s", exc)
+        return None
+    lib.gk_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.gk_matmul.restype = ctypes.c_int
+    lib.gk_simd.restype = ctypes.c_int
+    lib.gk_decode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                              ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                              ctypes.c_int]
+    lib.gk_decode.restype = ctypes.c_int
+    _lib = lib
+    return lib
+
+
+def available() -> bool:
+    """Whether the block kernel is built and loaded (see the module docstring)."""
+    return library() is not None
+
+
+def simd() -> bool:
+    """Whether the loaded kernel uses AVX-512 VNNI (False: the portable loops)."""
+    lib = library()
+    return bool(lib is not None and lib.gk_simd())
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, bits: int) -> torch.Tensor:
+    """Weights ``scale * codes + minimum`` (per group of 32 along the input) in the kernel's layout:
+    ``(rows / 16, in / 32, block_bytes(bits))`` uint8. ``codes``: ``(rows, in)`` in ``[0, 2**bits)``;
+    ``scale``/``minimum``: ``(rows, in / 32)``, stored as float16."""
+    rows, k = codes.shape
+    panels, nb = rows // ROWS, k // GROUP
+    u = codes.to(torch.uint8)
+    if bits == 4:
+        # k = 32 b + 8 c + 4 h + j -> byte (c, r, j): low nibble h = 0, high nibble h = 1
+        g = u.reshape(panels, ROWS, nb, 4, 2, 4).permute(0, 2, 3, 4, 1, 5)
+        body = (g[:, :, :, 0] | (g[:, :, :, 1] << 4)).reshape(panels, nb, 256)
+    elif bits == 8:
+        body = u.reshape(panels, ROWS, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(panels, nb, 512)
+    else:
+        raise ValueError(f"`bits` must be 4 or 8; got {bits}")
+
+    def half(t: torch.Tensor) -> torch.Tensor:
+        h = t.float().reshape(panels, ROWS, nb).permute(0, 2, 1).to(torch.float16).contiguous()
+        return h.view(torch.uint8).reshape(panels, nb, 2 * ROWS)
+
+    return torch.cat([body, half(scale), half(minimum)], dim=-1).contiguous()
+
+
+def fits_float16(*tensors: torch.Tensor) -> bool:
+    """Whether scales/offsets survive float16 storage (finite, no overflow)."""
+    return all(bool(torch.isfinite(t.float().to(torch.float16)).all()) for t in tensors)
+
+
+def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
+    """``x (M, K) @ W^T`` for ``W`` packed by :func:`pack`; float32 in and out."""
+    fn = _lib.gk_matmul if _lib is not None else library().gk_matmul
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.float().contiguous()
+    m, k = x.shape
+    y = torch.empty(m, out_features, dtype=torch.float32)
+    if m and fn(bits, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, out_features, k, torch.get_num_threads()):
+        raise MemoryError("the block kernel could not allocate its scratch memory")
+    return y
