@@ -5,7 +5,8 @@ It is built with ``-march=native``: on a CPU with AVX-512 VNNI the dot products 
 instruction per 64 weights (as in llama.cpp); elsewhere the same layout runs through portable C
 loops. The library is cached under ``$GENKIT_HOME/kernels/`` (default ``~/.cache/genkit``), keyed
 by the source, the compiler and the CPU, and written atomically. Without a compiler (or with
-``GENKIT_BLOCK_KERNEL=0``) quantized layers use torch's int4 kernels instead.
+``GENKIT_BLOCK_KERNEL=0``) quantized layers use torch's int4 kernels instead;
+``GENKIT_BLOCK_KERNEL=portable`` builds the portable loops only (for tests and odd CPUs).
 
 The product it computes: each group of 32 weights of an output row is ``d * u + m`` (codes ``u``
 of 4 or 8 bits, float16 ``d`` and ``m``) and activations are rounded to int8 per block of 32
@@ -70,10 +71,10 @@ def _cache_dir() -> Path:
     return Path(genkit_home()) / "kernels"
 
 
-def _build(cc: str) -> Path:
+def _build(cc: str, portable: bool = False) -> Path:
     source = SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall"]
+    flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall"] + ([] if portable else ["-march=native"])
     key = hashlib.sha256(source + version.encode() + _cpu_key().encode() + " ".join(flags).encode()).hexdigest()[:16]
     target = _cache_dir() / f"genkit_blocks-{key}.so"
     if target.exists():
@@ -96,15 +97,18 @@ def library() -> Any:
     if _tried:
         return _lib
     _tried = True
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    setting = os.environ.get(ENV_SWITCH, "1").strip().lower()
+    if setting in ("0", "false", "no", "off"):
         logger.info("block kernel switched off by %s", ENV_SWITCH)
         return None
+    if setting not in ("", "1", "true", "yes", "on", "portable"):
+        raise ValueError(f"{ENV_SWITCH} must be one of '0', '1', 'portable'; got {setting!r}")
     cc = _compiler()
     if cc is None:
         logger.info("no C compiler found; quantized layers use torch's int4 kernels")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(cc)))
+        lib = ctypes.CDLL(str(_build(cc, portable=setting == "portable")))
     except (OSError, RuntimeError) as exc:
         logger.warning("block kernel unavailable, quantized layers use torch's int4 kernels: %s", exc)
         return None

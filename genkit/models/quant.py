@@ -1,23 +1,22 @@
 """Weight-only low-bit linear layers for the CPU: GGUF blocks run as they are stored.
 
-A GGUF block of 32 weights with a scale and an offset (``Q4_0``: ``d * (q - 8)``, ``Q4_1``:
-``d * q + m``, and each 32-weight sub-block of ``Q4_K``) is exactly one group of torch's int4
-weight-only kernel (``torch.ops.aten._weight_int4pack_mm_for_cpu``), which computes
-``(q - 8) * scale + zero`` per group of ``group_size`` weights along the input dimension. So those
-tensors keep their 4-bit codes and per-group scales; nothing is de-quantized. ``Q8_0`` (an int8
-code per weight, one scale per 32) is split exactly into two 4-bit halves: ``q = 16 * hi + lo``,
-run as two int4 products whose sum is the int8 product.
+Each group of 32 weights of an output row is ``scale * q + minimum`` with a 4-bit code ``q``
+(GGUF ``Q4_0``: ``d * (q - 8)``, ``Q4_1``: ``d * q + m``, each 32-weight sub-block of ``Q4_K``), or
+an 8-bit one (``Q8_0``, held as two exact 4-bit halves ``q = 16 * hi + lo`` in :class:`Int4Part`
+form). :class:`Int4Linear` runs them on one of two kernels:
 
-The kernel takes bfloat16 activations and scales (float32 activations fall back to a slow
-reference path in torch), so an :class:`Int4Linear` converts its input to bfloat16 and its output
-back to the input's dtype. Precision: bfloat16 keeps 8 significant bits of each activation, and the
-per-group scales lose the low 3 bits of GGUF's float16; llama.cpp itself rounds activations to
-8-bit blocks for its quantized dot products. The tests bound the difference to the de-quantized
-float32 model (see tests/test_quantized.py).
+- ``"blocks"`` (the default where a C compiler is found): genkit's block kernel
+  (:mod:`genkit.models.block_kernel`), which keeps the codes in GGUF-style blocks with float16
+  scales and rounds activations to two int8 digits, so its products are as exact as the float16
+  scales (see that module);
+- ``"torch"``: torch's int4 weight-only kernel (``torch.ops.aten._weight_int4pack_mm_for_cpu``),
+  one group of which is exactly one GGUF block, computing ``(q - 8) * scale + zero``; it takes
+  bfloat16 activations and scales (8 significant bits; GGUF stores float16), and 8-bit weights run
+  as two int4 products.
 
 ``genkit.quantize(model, "int8" | "int4")`` quantizes the linear layers of any native model the
-same way (weight-only, symmetric groups of 32 for int4's zero point at ``-8 * scale``; int8 as two
-int4 halves).
+same way (weight-only, symmetric groups of 32 with float16 scales; int4's zero point at
+``-8 * scale``; int8 as two int4 halves).
 """
 
 from __future__ import annotations
@@ -231,11 +230,16 @@ class QuantizedEmbedding(nn.Module):
 
 # -- quantizing a float model --------------------------------------------------------------------------
 
+def _float16_scale(scale: torch.Tensor) -> torch.Tensor:
+    """Scales as float16 stores them (as GGUF does; the block kernel keeps them so), in float32."""
+    return scale.clamp(2.0 ** -24, 65504.0).to(torch.float16).float()
+
+
 def _int4_symmetric(weight: torch.Tensor) -> Int4Part:
     """Round-to-nearest int4 per group of 32: ``w ~ scale * (q - 8)``, ``scale = max|w| / 7``."""
     out, k = weight.shape
     g = weight.detach().float().reshape(out, k // GROUP, GROUP)
-    scale = g.abs().amax(-1).clamp_min(1e-12) / 7.0
+    scale = _float16_scale(g.abs().amax(-1) / 7.0)
     q = torch.clamp(torch.round(g / scale[..., None]) + 8, 0, 15).to(torch.uint8).reshape(out, k)
     return Int4Part(q, scale, -8.0 * scale)
 
@@ -244,7 +248,7 @@ def _int8_symmetric(weight: torch.Tensor) -> list[Int4Part]:
     """Round-to-nearest int8 per group of 32 (``scale = max|w| / 127``), as two exact int4 halves."""
     out, k = weight.shape
     g = weight.detach().float().reshape(out, k // GROUP, GROUP)
-    scale = g.abs().amax(-1).clamp_min(1e-12) / 127.0
+    scale = _float16_scale(g.abs().amax(-1) / 127.0)
     q = torch.clamp(torch.round(g / scale[..., None]), -128, 127).to(torch.int16).reshape(out, k)
     lo, hi = q & 0x0F, q >> 4
     return [Int4Part(lo.to(torch.uint8), scale, torch.zeros_like(scale)),

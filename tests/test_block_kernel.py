@@ -1,0 +1,194 @@
+"""genkit's block kernel (genkit/models/block_kernel.c): products on GGUF-style blocks, its build
+and cache, its portable loops, its switch, and batch-1 decode steps in one call
+(genkit/models/block_decode.py) against the torch path they replace."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_quantized import IDS, MASK, write_quantized_gguf
+
+import genkit
+from genkit.models import block_kernel
+from genkit.models.block_decode import BlockDecoder
+from genkit.models.llama_infer import run_layers
+from genkit.models.quant import Int4Linear, Int4Part
+
+pytestmark = pytest.mark.skipif(not block_kernel.available(), reason="no C compiler for the block kernel")
+
+
+def _weight(bits: int, rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 2 ** bits, (rows, cols), generator=g, dtype=torch.uint8)
+    scale = (torch.rand(rows, cols // 32, generator=g) * 0.02).half().float()
+    minimum = (-torch.rand(rows, cols // 32, generator=g) * 0.1 * (2 ** bits / 16)).half().float()
+    return codes, scale, minimum
+
+
+def _dense(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    rows, cols = codes.shape
+    return (codes.float().reshape(rows, -1, 32) * scale[..., None] + minimum[..., None]).reshape(rows, cols)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 9])
+def test_the_product_equals_the_float_product(bits, m):
+    """Every row tile (1-4 activation rows at a time, then the rest): the float product of the
+    float16 scales and the activations, to the two int8 digits' precision (1/64,516 of each
+    block's largest activation)."""
+    codes, scale, minimum = _weight(bits, 48, 256, seed=bits + m)
+    x = torch.randn(m, 256) * torch.linspace(0.1, 10, 256)  # blocks of very different magnitudes
+    got = block_kernel.matmul(x, block_kernel.pack(codes, scale, minimum, bits), bits, 48)
+    want = x @ _dense(codes, scale, minimum).t()
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+def test_pack_refuses_other_widths():
+    codes, scale, minimum = _weight(4, 16, 32)
+    with pytest.raises(ValueError, match=r"`bits` must be 4 or 8; got 6"):
+        block_kernel.pack(codes, scale, minimum, 6)
+
+
+def test_an_int8_weight_runs_as_one_8_bit_code_per_weight():
+    codes, scale, minimum = _weight(8, 32, 64, seed=3)
+    signed = codes.to(torch.int16) - 128  # as _q8_0 splits it: q = 16 * (hi - 8) + lo
+    lo, hi = (signed & 0x0F).to(torch.uint8), ((signed >> 4) + 8).to(torch.uint8)
+    d = scale
+    layer = Int4Linear(64, 32, [Int4Part(lo, d, torch.zeros_like(d)), Int4Part(hi, 16 * d, -128 * d)], kernel="blocks")
+    assert layer.bits == 8 and layer.blocks.shape == (2, 2, block_kernel.block_bytes(8))
+    x = torch.randn(2, 64)
+    want = x @ (signed.float().reshape(32, 2, 32) * d[..., None]).reshape(32, 64).t()
+    assert (layer(x) - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+def _run(code: str, env: dict[str, str], *args: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+PRODUCT = """
+import json, sys, torch
+from genkit.models import block_kernel as bk
+g = torch.Generator().manual_seed(0)
+out = {}
+for bits in (4, 8):
+    codes = torch.randint(0, 2 ** bits, (64, 128), generator=g, dtype=torch.uint8)
+    scale, minimum = torch.rand(64, 4, generator=g) / 50, -torch.rand(64, 4, generator=g) / 10
+    x = torch.randn(5, 128, generator=g)
+    out[bits] = bk.matmul(x, bk.pack(codes, scale, minimum, bits), bits, 64).tolist()
+print(json.dumps({"simd": bk.simd(), "out": out}))
+"""
+
+
+def test_the_portable_loops_agree_with_the_vector_kernel(tmp_path):
+    """The portable build (what a CPU without AVX-512 VNNI runs) computes the same products; the
+    library lands in the cache folder, written whole (no build folder left behind)."""
+    native = json.loads(_run(PRODUCT, {"GENKIT_HOME": str(tmp_path)}))
+    portable = json.loads(_run(PRODUCT, {"GENKIT_HOME": str(tmp_path), "GENKIT_BLOCK_KERNEL": "portable"}))
+    assert portable["simd"] is False
+    for bits in ("4", "8"):
+        a, b = torch.tensor(native["out"][bits]), torch.tensor(portable["out"][bits])
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    built = sorted(p.name for p in (tmp_path / "kernels").iterdir())
+    assert len(built) == 2 and all(n.startswith("genkit_blocks-") and n.endswith(".so") for n in built), built
+    again = json.loads(_run(PRODUCT, {"GENKIT_HOME": str(tmp_path)}))  # cached: same library, same numbers
+    assert again == native and sorted(p.name for p in (tmp_path / "kernels").iterdir()) == built
+
+
+def test_the_switch_turns_the_kernel_off_or_names_its_values(tmp_path):
+    path = tmp_path / "q.gguf"
+    write_quantized_gguf(path, "Q4_1")
+    code = ("import sys, genkit\nm = genkit.load_model(sys.argv[1])\n"
+            "print(m.model.layers[0].self_attn.q_proj.kernel)")
+    assert _run(code, {"GENKIT_BLOCK_KERNEL": "0"}, str(path)) == "torch"
+    assert _run(code, {"GENKIT_BLOCK_KERNEL": "1"}, str(path)) == "blocks"
+    bad = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                         env={**os.environ, "GENKIT_BLOCK_KERNEL": "fast"}, timeout=300)
+    assert bad.returncode != 0
+    assert "GENKIT_BLOCK_KERNEL must be one of '0', '1', 'portable'; got 'fast'" in bad.stderr
+
+
+# -- batch-1 decode steps in one call -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    path = Path(tmp_path_factory.mktemp("blocks")) / "q.gguf"
+    write_quantized_gguf(path, "Q4_1")
+    model = genkit.load_model(path)
+    with torch.no_grad():
+        model(IDS[:1])  # prepares the inference weights
+    return model
+
+
+def _prefilled(model, ids):
+    with torch.no_grad():
+        return model(ids, use_cache=True).past_key_values
+
+
+@pytest.mark.parametrize("num_layers", [None, 1])
+def test_a_decode_step_in_one_call_equals_the_torch_path(quantized, num_layers):
+    prepared = quantized._prepared[1]
+    decoder = prepared.decoder
+    assert isinstance(decoder, BlockDecoder)
+    ids = IDS[:1]
+    pos = ids.shape[1]
+    x = torch.randn(1, 1, quantized.config.hidden_size)
+    cos, sin = quantized.rope(torch.tensor([[pos]]), x.dtype, pos, 1)
+    with torch.no_grad():
+        ours_cache, torch_cache = _prefilled(quantized, ids), _prefilled(quantized, ids)
+        ours = decoder(x, cos, sin, {None: None}, ours_cache, num_layers)
+        prepared.decoder = None
+        try:
+            want = run_layers(prepared, x, cos, sin, {None: None}, torch_cache, None, num_layers)
+        finally:
+            prepared.decoder = decoder
+    assert ours is not None
+    torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-4)
+    n = num_layers or len(prepared.layers)
+    assert ours_cache.lengths == torch_cache.lengths == [pos + 1] * n + [pos] * (len(prepared.layers) - n)
+    for i, length in enumerate(ours_cache.lengths):
+        torch.testing.assert_close(ours_cache.keys[i][:, :, :length], torch_cache.keys[i][:, :, :length])
+        torch.testing.assert_close(ours_cache.values[i][:, :, :length], torch_cache.values[i][:, :, :length])
+
+
+def test_what_the_one_call_cannot_take_goes_the_torch_way(quantized):
+    decoder = quantized._prepared[1].decoder
+    x = torch.randn(1, 1, quantized.config.hidden_size)
+    cos, sin = quantized.rope(torch.tensor([[6]]), x.dtype, 6, 1)
+    cache = _prefilled(quantized, IDS[:1])
+    with torch.no_grad():
+        assert decoder(x, cos, sin, {None: torch.zeros(1, 1, 1, 7, dtype=torch.bool)}, cache, None) is None  # a mask
+        assert decoder(x.expand(2, 1, -1), cos, sin, {None: None}, cache, None) is None  # a batch
+        assert decoder(x.double(), cos, sin, {None: None}, cache, None) is None
+        assert decoder(x, cos, sin, {None: None}, None, None) is None  # no cache
+        cache.lengths[1] -= 1  # layers out of step
+        assert decoder(x, cos, sin, {None: None}, cache, None) is None
+
+
+def test_generation_gives_the_torch_paths_tokens(quantized):
+    """Greedy on one prompt (decode steps in one call), on a padded batch (the torch path), and
+    sampling, against the same model with the one-call path off."""
+    prepared = quantized._prepared[1]
+    kw = {"max_new_tokens": 12, "eos_token_id": None, "pad_token_id": 0}
+
+    def outputs():
+        torch.manual_seed(0)
+        return (quantized.generate(IDS[:1], **kw), quantized.generate(IDS, attention_mask=MASK, **kw),
+                quantized.generate(IDS[:1], do_sample=True, top_k=20, **kw))
+
+    ours = outputs()
+    decoder, prepared.decoder = prepared.decoder, None
+    try:
+        want = outputs()
+    finally:
+        prepared.decoder = decoder
+    for a, b in zip(ours, want):
+        assert torch.equal(a, b)
