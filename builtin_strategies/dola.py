@@ -49,14 +49,19 @@ def dola_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Generat
     record = StepOutputs(call.config)
     stepper = Stepper(call, output_hidden_states=True)
     with FinishTracker(call) as finish:
-        logits = stepper.prefill()
+        logits: torch.Tensor | None = stepper.prefill()
         while True:
             hidden = stepper.hidden_states
             assert hidden is not None
-            stacked = torch.stack([hidden[i][:, -1, :] for i in layers])
+            rows = [hidden[i][:, -1, :] for i in layers]
+            if logits is None:  # the final layer's logits come in the same product (native models)
+                rows.append(hidden[-1][:, -1, :])
+            stacked = torch.stack(rows)
             # (layers, rows, vocab): one product reads the head's weights once for every layer; a
             # native model's output_logits uses its packed head
             premature = project(stacked, stepper.cache) if project is not None else head(stacked)
+            if logits is None:
+                logits, premature = premature[-1].float(), premature[:-1]
             record.model_step(logits, hidden)
             scores = call.logits_processor(stepper.sequences, contrast(layers, premature, logits))
             record.processed(scores)
@@ -64,7 +69,11 @@ def dola_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Generat
             stepper.push(tokens)
             if finish.update(stepper.sequences, scores, tokens):
                 break
-            logits = stepper.forward()
+            if project is not None:  # the final hidden state is the normed one the head reads
+                stepper.advance()
+                logits = None
+            else:
+                logits = stepper.forward()
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, past_key_values=stepper.cache,
                                      **record.as_tuples())
 

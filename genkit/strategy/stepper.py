@@ -123,24 +123,31 @@ class Stepper:
         """Run the tokens the cache does not hold yet (all of them without a cache). Returns the
         float32 logits of the last position ``(rows, vocab)``, or of the last ``keep`` positions
         ``(rows, keep, vocab)`` when ``keep`` is given."""
-        n = self.length
-        mask = self.mask[:, :n] if self.mask is not None else None
-        want = 1 if keep is None else keep
-        if not self.use_cache:
-            out = self._run(self.ids[:, :n], attention_mask=mask, position_ids=None, keep=want, num_layers=num_layers)
-        else:
-            start = self._start(num_layers)
-            pos = None
-            if self._shift is not None and start >= self.call.prompt_len:
-                # generated tokens of a left-padded batch: index minus the row's pad count (prompt
-                # tokens get theirs from the mask, in the model)
-                pos = torch.arange(start, n, device=self.ids.device)[None, :] - self._shift
-            out = self._run(self.ids[:, start:n], attention_mask=mask, position_ids=pos, keep=want,
-                            num_layers=num_layers)
-            self._held(n, num_layers)
+        out = self._pending(1 if keep is None else keep, num_layers)
         if keep is None:
             return out.logits[:, -1, :].float()
         return out.logits[:, -keep:, :].float()
+
+    def advance(self) -> None:
+        """Run the pending tokens for the cache and :attr:`hidden_states` only, without the LM
+        head: for a strategy that projects the hidden states itself (DoLa reads the final and the
+        premature layers through the head in one product)."""
+        self._pending(torch.zeros(0, dtype=torch.long, device=self.ids.device), None)
+
+    def _pending(self, want: int | torch.Tensor, num_layers: int | None) -> ModelOutput:
+        n = self.length
+        mask = self.mask[:, :n] if self.mask is not None else None
+        if not self.use_cache:
+            return self._run(self.ids[:, :n], attention_mask=mask, position_ids=None, keep=want, num_layers=num_layers)
+        start = self._start(num_layers)
+        pos = None
+        if self._shift is not None and start >= self.call.prompt_len:
+            # generated tokens of a left-padded batch: index minus the row's pad count (prompt
+            # tokens get theirs from the mask, in the model)
+            pos = torch.arange(start, n, device=self.ids.device)[None, :] - self._shift
+        out = self._run(self.ids[:, start:n], attention_mask=mask, position_ids=pos, keep=want, num_layers=num_layers)
+        self._held(n, num_layers)
+        return out
 
     def step(self, tokens: torch.Tensor, rows: torch.Tensor | None = None, *,
              num_layers: int | None = None) -> torch.Tensor:
@@ -193,7 +200,7 @@ class Stepper:
             self._shift = self._shift.index_select(0, rows)
 
     def _run(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-             keep: int, num_layers: int | None) -> ModelOutput:
+             keep: int | torch.Tensor, num_layers: int | None) -> ModelOutput:
         if num_layers is None:
             out = self.model(ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=self.cache, use_cache=self.use_cache,
