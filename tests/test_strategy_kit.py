@@ -79,6 +79,23 @@ def test_several_tokens_and_rollback(tiny_model):
         stepper.crop(99)
 
 
+def test_advance_runs_a_step_without_the_head(tiny_model):
+    """advance() fills the cache and the hidden states as forward() does; the head on the final
+    hidden state gives forward's logits."""
+    stepper = Stepper(_call(tiny_model), output_hidden_states=True)
+    logits = stepper.prefill()
+    stepper.push(logits.argmax(-1))
+    stepper.advance()
+    final = stepper.hidden_states[-1]
+    assert final.shape[1] == 1 and stepper.cache.get_seq_length() == IDS.shape[1] + 1
+    seqs = stepper.sequences
+    head = tiny_model.output_logits(final[:, -1], stepper.cache).float()
+    torch.testing.assert_close(head, _full(tiny_model, seqs, _mask_for(seqs, MASK)), atol=ATOL, rtol=0)
+    logits = stepper.step(head.argmax(-1))  # and the steps after it go on from there
+    seqs = stepper.sequences
+    torch.testing.assert_close(logits, _full(tiny_model, seqs, _mask_for(seqs, MASK)), atol=ATOL, rtol=0)
+
+
 def test_rows_per_prompt_expands_after_one_prefill(tiny_model):
     stepper = Stepper(_call(tiny_model), rows_per_prompt=2, output_hidden_states=True)
     logits = stepper.prefill()
