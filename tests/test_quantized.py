@@ -223,6 +223,13 @@ def test_every_strategy_runs_on_a_quantized_model(tmp_path):
     assert torch.equal(early, greedy)
     contrastive = q.generate(ids, penalty_alpha=0.6, top_k=4, **base)
     assert contrastive.shape == (1, 14)
+    dola = q.generate(ids, dola_layers="low", **base)
+    assert dola.shape == (1, 14)
+    batch = q.generate_batch([ids[0].tolist(), ids[0, :4].tolist()], max_new_tokens=8, do_sample=False,
+                             eos_token_id=None)
+    assert batch["req_0"].generated_tokens == greedy[0, ids.shape[1]:].tolist()  # continuous batching
+    short = q.generate(ids[:, :4], **base)
+    assert batch["req_1"].generated_tokens == short[0, 4:].tolist()
 
 
 def test_a_quantized_layer_runs_on_the_module_path_too(tmp_path):
