@@ -25,23 +25,28 @@ pytestmark = pytest.mark.skipif(not block_kernel.available(), reason="no C compi
 
 def _weight(bits: int, rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
+    group = 16 if bits == 6 else 32
     codes = torch.randint(0, 2 ** bits, (rows, cols), generator=g, dtype=torch.uint8)
-    scale = (torch.rand(rows, cols // 32, generator=g) * 0.02).half().float()
-    minimum = (-torch.rand(rows, cols // 32, generator=g) * 0.1 * (2 ** bits / 16)).half().float()
+    scale = (torch.rand(rows, cols // group, generator=g) * 0.02).half().float()
+    minimum = (-torch.rand(rows, cols // group, generator=g) * 0.1 * (2 ** bits / 16)).half().float()
+    if bits == 6:
+        scale = scale * torch.randint(-128, 128, scale.shape, generator=g)  # Q6_K: float16 d times int8
+        minimum = -32 * scale
     return codes, scale, minimum
 
 
 def _dense(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
     rows, cols = codes.shape
-    return (codes.float().reshape(rows, -1, 32) * scale[..., None] + minimum[..., None]).reshape(rows, cols)
+    group = cols // scale.shape[1]
+    return (codes.float().reshape(rows, -1, group) * scale[..., None] + minimum[..., None]).reshape(rows, cols)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 9])
 def test_the_product_equals_the_float_product(bits, m):
     """Every row tile (1-4 activation rows at a time, then the rest): the float product of the
-    float16 scales and the activations, to the two int8 digits' precision (1/64,516 of each
-    block's largest activation)."""
+    float16 scales (Q6_K-style 6-bit codes: float32 scales per 16 weights) and the activations, to
+    the two int8 digits' precision (1/64,516 of each block's largest activation)."""
     codes, scale, minimum = _weight(bits, 48, 256, seed=bits + m)
     x = torch.randn(m, 256) * torch.linspace(0.1, 10, 256)  # blocks of very different magnitudes
     got = block_kernel.matmul(x, block_kernel.pack(codes, scale, minimum, bits), bits, 48)
@@ -51,8 +56,8 @@ def test_the_product_equals_the_float_product(bits, m):
 
 def test_pack_refuses_other_widths():
     codes, scale, minimum = _weight(4, 16, 32)
-    with pytest.raises(ValueError, match=r"`bits` must be 4 or 8; got 6"):
-        block_kernel.pack(codes, scale, minimum, 6)
+    with pytest.raises(ValueError, match=r"`bits` must be 4, 6 or 8; got 5"):
+        block_kernel.pack(codes, scale, minimum, 5)
 
 
 def test_an_int8_weight_runs_as_one_8_bit_code_per_weight():
@@ -79,9 +84,12 @@ import json, sys, torch
 from genkit.models import block_kernel as bk
 g = torch.Generator().manual_seed(0)
 out = {}
-for bits in (4, 8):
+for bits in (4, 6, 8):
+    group = 16 if bits == 6 else 32
     codes = torch.randint(0, 2 ** bits, (64, 128), generator=g, dtype=torch.uint8)
-    scale, minimum = torch.rand(64, 4, generator=g) / 50, -torch.rand(64, 4, generator=g) / 10
+    scale, minimum = torch.rand(64, 128 // group, generator=g) / 50, -torch.rand(64, 128 // group, generator=g) / 10
+    if bits == 6:
+        minimum = -32 * scale
     x = torch.randn(5, 128, generator=g)
     out[bits] = bk.matmul(x, bk.pack(codes, scale, minimum, bits), bits, 64).tolist()
 print(json.dumps({"simd": bk.simd(), "out": out}))
@@ -94,7 +102,7 @@ def test_the_portable_loops_agree_with_the_vector_kernel(tmp_path):
     native = json.loads(_run(PRODUCT, {"GENKIT_HOME": str(tmp_path)}))
     portable = json.loads(_run(PRODUCT, {"GENKIT_HOME": str(tmp_path), "GENKIT_BLOCK_KERNEL": "portable"}))
     assert portable["simd"] is False
-    for bits in ("4", "8"):
+    for bits in ("4", "6", "8"):
         a, b = torch.tensor(native["out"][bits]), torch.tensor(portable["out"][bits])
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     built = sorted(p.name for p in (tmp_path / "kernels").iterdir())

@@ -29,7 +29,7 @@ gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-from genkit.models.gguf_blocks import GGUF_INT4_TYPES, int4_parts_from_gguf  # noqa: E402
+from genkit.models.gguf_blocks import GGUF_BLOCK_TYPES, GGUF_INT4_TYPES, int4_parts_from_gguf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent / ".cache" / "genkit-tests"  # shared with test_gguf_smollm2
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="torch build without CPU int4 kernels")
@@ -38,9 +38,13 @@ KERNELS = ["blocks", "torch"]  # genkit's block kernel (built by the C compiler 
 
 def _random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     """Raw GGUF blocks of ``type_name`` with random codes and small float16 scales."""
-    per_block, nbytes, _ = GGUF_INT4_TYPES[type_name]
+    per_block, nbytes, _ = GGUF_BLOCK_TYPES[type_name]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows, cols // per_block, nbytes), dtype=np.uint8)
+    if type_name == "Q6_K":  # int8 sub-block scales are any bytes; the float16 d comes last
+        d = np.abs(rng.standard_normal((rows, cols // per_block)) * 0.001).astype(np.float16)
+        blocks[..., 208:210] = d.view(np.uint8).reshape(rows, cols // per_block, 2)
+        return blocks.reshape(rows, -1)
     n_scales = 2 if type_name in ("Q4_1", "Q4_K") else 1
     for i in range(n_scales):
         scale = (rng.standard_normal((rows, cols // per_block)) * 0.01).astype(np.float16)
@@ -50,22 +54,26 @@ def _random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.nd
     return blocks.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("type_name", sorted(GGUF_INT4_TYPES))
+@pytest.mark.parametrize("type_name", sorted(GGUF_BLOCK_TYPES))
 def test_block_decoders_give_the_gguf_packages_weights(type_name):
     rows, cols = 32, 512
     data = _random_blocks(type_name, rows, cols)
     want = gguf.quants.dequantize(data, T[type_name]).reshape(rows, cols)
     parts = int4_parts_from_gguf(type_name, data, (rows, cols))
     got = sum(p.dense() for p in parts)
-    assert all(int(p.q.max()) <= 15 for p in parts)
+    assert all(int(p.q.max()) <= (63 if type_name == "Q6_K" else 15) for p in parts)
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("type_name", sorted(GGUF_INT4_TYPES))
+@pytest.mark.parametrize("type_name", sorted(GGUF_BLOCK_TYPES))
 def test_int4_linear_matches_its_float_weight(type_name, kernel):
     rows, cols = 64, 256
     parts = int4_parts_from_gguf(type_name, _random_blocks(type_name, rows, cols, seed=1), (rows, cols))
+    if type_name not in GGUF_INT4_TYPES and kernel == "torch":
+        with pytest.raises(ValueError, match="torch's int4 kernel takes groups of 32 weights; got 16"):
+            Int4Linear(cols, rows, parts, kernel=kernel)
+        return
     layer = Int4Linear(cols, rows, parts, kernel=kernel)
     assert layer.kernel == kernel
     dense = sum(p.dense() for p in parts)
@@ -76,7 +84,8 @@ def test_int4_linear_matches_its_float_weight(type_name, kernel):
     # bfloat16 scales and activations, or int8 activations: ~2**-8 relative per term (module docstring)
     assert (got - want).abs().max() <= 2e-2 * want.abs().max()
     if kernel == "blocks":  # the product of the float16-stored scales and (nearly) exact activations
-        half = [Int4Part(p.q, p.scale.half().float(), p.minimum.half().float()) for p in parts]
+        # (Q6_K's scales, d times an int8, are kept in float32)
+        half = [p if p.group == 16 else Int4Part(p.q, p.scale.half().float(), p.minimum.half().float()) for p in parts]
         exact = x @ sum(p.dense() for p in half).t()
         assert (got - exact).abs().max() <= 1e-4 * exact.abs().max()
 
@@ -120,13 +129,15 @@ def test_shapes_the_kernel_cannot_take_are_refused():
 HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 64, 128, 4, 2, 256
 
 
-def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool = True, seed: int = 0) -> None:
-    """A 2-layer random Llama whose projections are ``qtype`` blocks (made by the gguf package)."""
+def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool = True, seed: int = 0,
+                         hidden: int = HIDDEN, ffn: int = FFN) -> None:
+    """A 2-layer random Llama whose projections are ``qtype`` blocks (made by the gguf package;
+    random blocks for the K-quants, which it cannot make)."""
     w = gguf.GGUFWriter(str(path), arch="llama")
     w.add_block_count(2)
     w.add_context_length(256)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_layer_norm_rms_eps(1e-5)
@@ -143,25 +154,28 @@ def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool
         data = (rng.standard_normal(shape) * 0.3).astype(np.float32)
         if kind == "F32":
             w.add_tensor(name, data)
+        elif kind in ("Q4_K", "Q6_K"):
+            q = _random_blocks(kind, shape[0], shape[1], seed=int(rng.integers(1 << 30)))
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=T[kind])
         else:
             q = gguf.quants.quantize(data, T[kind])
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=T[kind])
 
-    tensor("token_embd.weight", (VOCAB, HIDDEN), embed_qtype)
+    tensor("token_embd.weight", (VOCAB, hidden), embed_qtype)
     if not tied:
-        tensor("output.weight", (VOCAB, HIDDEN), qtype)
-    tensor("output_norm.weight", (HIDDEN,), "F32")
-    kv = HIDDEN // HEADS * KV_HEADS
+        tensor("output.weight", (VOCAB, hidden), qtype)
+    tensor("output_norm.weight", (hidden,), "F32")
+    kv = hidden // HEADS * KV_HEADS
     for i in range(2):
-        tensor(f"blk.{i}.attn_norm.weight", (HIDDEN,), "F32")
-        tensor(f"blk.{i}.ffn_norm.weight", (HIDDEN,), "F32")
-        tensor(f"blk.{i}.attn_q.weight", (HIDDEN, HIDDEN), qtype)
-        tensor(f"blk.{i}.attn_k.weight", (kv, HIDDEN), qtype)
-        tensor(f"blk.{i}.attn_v.weight", (kv, HIDDEN), qtype)
-        tensor(f"blk.{i}.attn_output.weight", (HIDDEN, HIDDEN), qtype)
-        tensor(f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), qtype)
-        tensor(f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), qtype)
-        tensor(f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), qtype)
+        tensor(f"blk.{i}.attn_norm.weight", (hidden,), "F32")
+        tensor(f"blk.{i}.ffn_norm.weight", (hidden,), "F32")
+        tensor(f"blk.{i}.attn_q.weight", (hidden, hidden), qtype)
+        tensor(f"blk.{i}.attn_k.weight", (kv, hidden), qtype)
+        tensor(f"blk.{i}.attn_v.weight", (kv, hidden), qtype)
+        tensor(f"blk.{i}.attn_output.weight", (hidden, hidden), qtype)
+        tensor(f"blk.{i}.ffn_gate.weight", (ffn, hidden), qtype)
+        tensor(f"blk.{i}.ffn_up.weight", (ffn, hidden), qtype)
+        tensor(f"blk.{i}.ffn_down.weight", (hidden, ffn), qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -187,6 +201,23 @@ def test_a_quantized_gguf_runs_quantized_and_matches_its_float_version(tmp_path,
     out_q = q.generate(IDS, attention_mask=MASK, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
     out_f = f.generate(IDS, attention_mask=MASK, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
     _same_or_near_tie(f, out_q, out_f, MASK)
+
+
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q4_K"])
+def test_k_quant_files_run_quantized_and_match_their_float_version(tmp_path, qtype):
+    """The K-quants most published files mix in (Q4_K_M: Q4_K and Q6_K), on 256-wide layers."""
+    path = tmp_path / "k.gguf"
+    write_quantized_gguf(path, qtype, hidden=256, ffn=512)
+    q = genkit.load_model(path)
+    f = genkit.load_model(path, dequantize=True)
+    layer = q.model.layers[0].mlp.down_proj
+    assert type(layer) is Int4Linear and layer.kernel == "blocks" and layer.bits == (6 if qtype == "Q6_K" else 4)
+    with torch.no_grad():
+        lq, lf = q(IDS, attention_mask=MASK).logits, f(IDS, attention_mask=MASK).logits
+    assert (lq - lf).abs().max() <= logit_tolerance(q) * lf.abs().max()
+    kw = {"max_new_tokens": 12, "eos_token_id": None, "pad_token_id": 0}
+    assert torch.equal(q.generate(IDS, attention_mask=MASK, **kw), f.generate(IDS, attention_mask=MASK, **kw))
+    assert torch.equal(q.generate(IDS[:1], **kw), f.generate(IDS[:1], **kw))  # one-call decode steps
 
 
 def _same_or_near_tie(float_model, out_q, out_f, mask, bound=0.1):

@@ -14,6 +14,9 @@
  *          8c+4+j (high nibble); then 16 float16 d, then 16 float16 m       (320 bytes)
  *   8-bit: 8 chunks of 64 bytes; byte 4r+j of chunk c holds row r's code 4c+j;
  *          then 16 float16 d, then 16 float16 m                               (576 bytes)
+ *   6-bit (GGUF Q6_K: w = d * (u - 32), codes 0..63, one d per 16 weights): the 8-bit chunks,
+ *          then d of each row's first 16 weights, then of its last 16 (16 float32 each: Q6_K's
+ *          d is a float16 times an int8, which float16 would round)             (640 bytes)
  * so a panel's 16 dot products are 16 lanes of one register and need no horizontal sums.
  *
  * Built on first use by the machine's C compiler with -march=native; without AVX-512 VNNI the
@@ -35,7 +38,7 @@
 #define GK_GROUP 32
 #define GK_MT 4
 
-int gk_block_bytes(int bits) { return bits == 4 ? 320 : 576; }
+int gk_block_bytes(int bits) { return bits == 4 ? 320 : (bits == 6 ? 640 : 576); }
 
 int gk_simd(void) {
 #ifdef GK_VNNI
@@ -65,8 +68,9 @@ static float f16_to_f32(uint16_t h) {
 }
 
 /* x (M, K) float32 -> two int8 digits q1, q2 per value; per block the scale dx (q2's is dx / 254)
- * and sx = dx * sum(q1) + dx / 254 * sum(q2). */
-static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, float *dx, float *sx) {
+ * and sx = dx * sum(q1) + dx / 254 * sum(q2), over the block and over each half (sx16). */
+static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, float *dx, float *sx,
+                          float *sx16) {
     int nb = K / GK_GROUP;
     for (int m = 0; m < M; m++) {
         for (int b = 0; b < nb; b++) {
@@ -75,8 +79,12 @@ static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, 
             float amax = 0.0f;
             for (int j = 0; j < GK_GROUP; j++) amax = fmaxf(amax, fabsf(xb[j]));
             float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f, id2 = 254.0f * id;
-            int s1 = 0, s2 = 0;
+            int s1 = 0, s2 = 0, h1 = 0, h2 = 0;
             for (int j = 0; j < GK_GROUP; j++) {
+                if (j == GK_GROUP / 2) {
+                    h1 = s1;
+                    h2 = s2;
+                }
                 float v = nearbyintf(xb[j] * id);
                 v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
                 float r = nearbyintf((xb[j] - v * d) * id2);
@@ -88,6 +96,8 @@ static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, 
             }
             dx[(size_t)m * nb + b] = d;
             sx[(size_t)m * nb + b] = d * (float)s1 + (d / 254.0f) * (float)s2;
+            sx16[2 * ((size_t)m * nb + b)] = d * (float)h1 + (d / 254.0f) * (float)h2;
+            sx16[2 * ((size_t)m * nb + b) + 1] = d * (float)(s1 - h1) + (d / 254.0f) * (float)(s2 - h2);
         }
     }
 }
@@ -95,16 +105,46 @@ static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, 
 #ifdef GK_VNNI
 static inline __attribute__((always_inline)) void panel_vnni(
         int bits, const uint8_t *w, int nb, const int8_t *q, const int8_t *q2, const float *dx, const float *sx,
-        int K, int MT, float *y, int ldy) {
+        const float *sx16, int K, int MT, float *y, int ldy) {
     __m512 acc[GK_MT], accm[GK_MT];
     for (int i = 0; i < MT; i++) {
         acc[i] = _mm512_setzero_ps();
         accm[i] = _mm512_setzero_ps();
     }
     const __m512i low = _mm512_set1_epi8(0x0F);
-    const int bb = bits == 4 ? 320 : 576, cb = bits == 4 ? 256 : 512;
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb;
+        if (bits == 6) {  /* two halves of 16 weights, each with its own scale and offset */
+            __m512i h[2][GK_MT], h2[2][GK_MT];
+            for (int i = 0; i < MT; i++) {
+                h[0][i] = h[1][i] = h2[0][i] = h2[1][i] = _mm512_setzero_si512();
+            }
+            for (int c = 0; c < 8; c++) {
+                __m512i p = _mm512_loadu_si512((const void *)(wb + 64 * c));
+                for (int i = 0; i < MT; i++) {
+                    size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
+                    int32_t a, r;
+                    memcpy(&a, q + off, 4);
+                    memcpy(&r, q2 + off, 4);
+                    h[c / 4][i] = _mm512_dpbusd_epi32(h[c / 4][i], p, _mm512_set1_epi32(a));
+                    h2[c / 4][i] = _mm512_dpbusd_epi32(h2[c / 4][i], p, _mm512_set1_epi32(r));
+                }
+            }
+            for (int half = 0; half < 2; half++) {
+                __m512 d = _mm512_loadu_ps((const float *)(wb + cb + 64 * half));
+                __m512 m = _mm512_mul_ps(d, _mm512_set1_ps(-32.0f));
+                for (int i = 0; i < MT; i++) {
+                    float xd = dx[(size_t)i * nb + b];
+                    __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(xd));
+                    __m512 scale2 = _mm512_mul_ps(d, _mm512_set1_ps(xd / 254.0f));
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h[half][i]), scale, acc[i]);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h2[half][i]), scale2, acc[i]);
+                    accm[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx16[2 * ((size_t)i * nb + b) + half]), accm[i]);
+                }
+            }
+            continue;
+        }
         __m512i isum[GK_MT], isum2[GK_MT];
         for (int i = 0; i < MT; i++) {
             isum[i] = _mm512_setzero_si512();
@@ -157,38 +197,47 @@ static inline __attribute__((always_inline)) void panel_vnni(
 #endif
 
 __attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, int nb, const int8_t *q,
-                                                   const int8_t *q2, const float *dx, const float *sx, int K,
-                                                   int MT, float *y, int ldy) {
+                                                   const int8_t *q2, const float *dx, const float *sx,
+                                                   const float *sx16, int K, int MT, float *y, int ldy) {
     const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    const int halves = bits == 6 ? 2 : 1, span = GK_GROUP / halves;
     for (int i = 0; i < MT; i++) {
         float acc[GK_ROWS] = {0};
         for (int b = 0; b < nb; b++) {
             const uint8_t *wb = w + (size_t)b * bb;
             const int8_t *xq = q + (size_t)i * K + (size_t)b * GK_GROUP;
             const int8_t *xr = q2 + (size_t)i * K + (size_t)b * GK_GROUP;
-            int32_t isum[GK_ROWS] = {0}, isum2[GK_ROWS] = {0};
-            for (int r = 0; r < GK_ROWS; r++) {
-                for (int k = 0; k < GK_GROUP; k++) {
-                    int code;
-                    if (bits == 4) {
-                        int c = k / 8, j = k % 8;
-                        uint8_t byte = wb[64 * c + 4 * r + (j & 3)];
-                        code = j < 4 ? (byte & 0x0F) : (byte >> 4);
-                    } else {
-                        code = wb[64 * (k / 4) + 4 * r + (k % 4)];
+            float xd = dx[(size_t)i * nb + b];
+            for (int half = 0; half < halves; half++) {
+                const uint16_t *dh = (const uint16_t *)(wb + cb), *mh = dh + GK_ROWS;
+                float xs = halves == 2 ? sx16[2 * ((size_t)i * nb + b) + half] : sx[(size_t)i * nb + b];
+                for (int r = 0; r < GK_ROWS; r++) {
+                    int32_t isum = 0, isum2 = 0;
+                    for (int k = span * half; k < span * (half + 1); k++) {
+                        int code;
+                        if (bits == 4) {
+                            int c = k / 8, j = k % 8;
+                            uint8_t byte = wb[64 * c + 4 * r + (j & 3)];
+                            code = j < 4 ? (byte & 0x0F) : (byte >> 4);
+                        } else {
+                            code = wb[64 * (k / 4) + 4 * r + (k % 4)];
+                        }
+                        isum += code * (int)xq[k];
+                        isum2 += code * (int)xr[k];
                     }
-                    isum[r] += code * (int)xq[k];
-                    isum2[r] += code * (int)xr[k];
+                    float dw, mw;
+                    if (bits == 6) {
+                        memcpy(&dw, wb + cb + 64 * half + 4 * r, 4);
+                        mw = -32.0f * dw;
+                    } else {
+                        uint16_t dr, mr;
+                        memcpy(&dr, dh + r, 2);
+                        memcpy(&mr, mh + r, 2);
+                        dw = f16_to_f32(dr);
+                        mw = f16_to_f32(mr);
+                    }
+                    acc[r] += (float)isum * (dw * xd) + (float)isum2 * (dw * (xd / 254.0f)) + mw * xs;
                 }
-            }
-            const uint16_t *dh = (const uint16_t *)(wb + cb), *mh = dh + GK_ROWS;
-            float xd = dx[(size_t)i * nb + b], xs = sx[(size_t)i * nb + b];
-            for (int r = 0; r < GK_ROWS; r++) {
-                uint16_t dr, mr;
-                memcpy(&dr, dh + r, 2);
-                memcpy(&mr, mh + r, 2);
-                float dw = f16_to_f32(dr);
-                acc[r] += (float)isum[r] * (dw * xd) + (float)isum2[r] * (dw * (xd / 254.0f)) + f16_to_f32(mr) * xs;
             }
         }
         for (int r = 0; r < GK_ROWS; r++) y[(size_t)i * ldy + r] = acc[r];
@@ -198,14 +247,15 @@ __attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, i
 /* y (M, N) = x (M, K) @ W^T; W in the block layout above (N a multiple of 16, K of 32).
  * Returns 0, or -1 when the scratch memory cannot be had. */
 int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads) {
+    if (bits != 4 && bits != 6 && bits != 8) return -3;
     int nb = K / GK_GROUP, panels = N / GK_ROWS;
     size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
-    int8_t *q = (int8_t *)malloc(2 * (size_t)M * K + 2 * sizeof(float) * (size_t)M * nb + 64);
+    int8_t *q = (int8_t *)malloc(2 * (size_t)M * K + 4 * sizeof(float) * (size_t)M * nb + 64);
     if (q == NULL) return -1;
     int8_t *q2 = q + (size_t)M * K;
     float *dx = (float *)(((uintptr_t)(q2 + (size_t)M * K) + 63) & ~(uintptr_t)63);
-    float *sx = dx + (size_t)M * nb;
-    quantize_rows(x, M, K, q, q2, dx, sx);
+    float *sx = dx + (size_t)M * nb, *sx16 = sx + (size_t)M * nb;
+    quantize_rows(x, M, K, q, q2, dx, sx, sx16);
     if (threads < 1) threads = 1;
     if (threads > panels) threads = panels;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -214,26 +264,26 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
         for (int m0 = 0; m0 < M; m0 += GK_MT) {
             int mt = M - m0 < GK_MT ? M - m0 : GK_MT;
             const int8_t *qm = q + (size_t)m0 * K, *rm = q2 + (size_t)m0 * K;
-            const float *dm = dx + (size_t)m0 * nb, *sm = sx + (size_t)m0 * nb;
+            const float *dm = dx + (size_t)m0 * nb, *sm = sx + (size_t)m0 * nb, *hm = sx16 + 2 * (size_t)m0 * nb;
             float *ym = y + (size_t)m0 * N + (size_t)p * GK_ROWS;
 #ifdef GK_VNNI
+#define GK_TILES(B)                                                                  \
+    switch (mt) {                                                                    \
+        case 1: panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, 1, ym, N); break;      \
+        case 2: panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, 2, ym, N); break;      \
+        case 3: panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, 3, ym, N); break;      \
+        default: panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, 4, ym, N); break;     \
+    }
             if (bits == 4) {
-                switch (mt) {
-                    case 1: panel_vnni(4, wp, nb, qm, rm, dm, sm, K, 1, ym, N); break;
-                    case 2: panel_vnni(4, wp, nb, qm, rm, dm, sm, K, 2, ym, N); break;
-                    case 3: panel_vnni(4, wp, nb, qm, rm, dm, sm, K, 3, ym, N); break;
-                    default: panel_vnni(4, wp, nb, qm, rm, dm, sm, K, 4, ym, N); break;
-                }
+                GK_TILES(4)
+            } else if (bits == 8) {
+                GK_TILES(8)
             } else {
-                switch (mt) {
-                    case 1: panel_vnni(8, wp, nb, qm, rm, dm, sm, K, 1, ym, N); break;
-                    case 2: panel_vnni(8, wp, nb, qm, rm, dm, sm, K, 2, ym, N); break;
-                    case 3: panel_vnni(8, wp, nb, qm, rm, dm, sm, K, 3, ym, N); break;
-                    default: panel_vnni(8, wp, nb, qm, rm, dm, sm, K, 4, ym, N); break;
-                }
+                GK_TILES(6)
             }
+#undef GK_TILES
 #else
-            panel_portable(bits, wp, nb, qm, rm, dm, sm, K, mt, ym, N);
+            panel_portable(bits, wp, nb, qm, rm, dm, sm, hm, K, mt, ym, N);
 #endif
         }
     }

@@ -40,9 +40,13 @@ _lib: Any = None
 _tried = False
 
 
+BLOCK_BYTES = {4: 320, 8: 576, 6: 640}  # codes of 16 rows x 32 weights, then their scales
+
+
 def block_bytes(bits: int) -> int:
-    """Bytes per panel-block (16 rows x 32 weights, with their scales)."""
-    return (ROWS * GROUP * bits) // 8 + 4 * ROWS
+    """Bytes per panel-block (16 rows x 32 weights, with their scales): ``bits`` 4 and 8 have one
+    scale and offset per 32 weights, 6 (GGUF Q6_K, codes 0-63 in bytes) one per 16."""
+    return BLOCK_BYTES[bits]
 
 
 def _compiler() -> str | None:
@@ -136,9 +140,9 @@ def simd() -> bool:
 
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, bits: int) -> torch.Tensor:
-    """Weights ``scale * codes + minimum`` (per group of 32 along the input) in the kernel's layout:
-    ``(rows / 16, in / 32, block_bytes(bits))`` uint8. ``codes``: ``(rows, in)`` in ``[0, 2**bits)``;
-    ``scale``/``minimum``: ``(rows, in / 32)``, stored as float16."""
+    """Weights ``scale * codes + minimum`` (per group of 32 along the input, 16 for ``bits=6``) in
+    the kernel's layout: ``(rows / 16, in / 32, block_bytes(bits))`` uint8. ``codes``: ``(rows, in)``
+    in ``[0, 2**bits)``; ``scale``/``minimum``: ``(rows, in / group)``, stored as float16."""
     rows, k = codes.shape
     panels, nb = rows // ROWS, k // GROUP
     u = codes.to(torch.uint8)
@@ -146,10 +150,13 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, bits: 
         # k = 32 b + 8 c + 4 h + j -> byte (c, r, j): low nibble h = 0, high nibble h = 1
         g = u.reshape(panels, ROWS, nb, 4, 2, 4).permute(0, 2, 3, 4, 1, 5)
         body = (g[:, :, :, 0] | (g[:, :, :, 1] << 4)).reshape(panels, nb, 256)
-    elif bits == 8:
+    elif bits in (6, 8):
         body = u.reshape(panels, ROWS, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(panels, nb, 512)
     else:
-        raise ValueError(f"`bits` must be 4 or 8; got {bits}")
+        raise ValueError(f"`bits` must be 4, 6 or 8; got {bits}")
+    if bits == 6:  # float32 scales per 16 weights (first halves, then second halves); offsets are -32 d
+        d = scale.float().reshape(panels, ROWS, nb, 2).permute(0, 2, 3, 1).contiguous()
+        return torch.cat([body, d.view(torch.uint8).reshape(panels, nb, 128)], dim=-1).contiguous()
 
     def half(t: torch.Tensor) -> torch.Tensor:
         h = t.float().reshape(panels, ROWS, nb).permute(0, 2, 1).to(torch.float16).contiguous()
@@ -170,6 +177,8 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, out_features: int) 
         x = x.float().contiguous()
     m, k = x.shape
     y = torch.empty(m, out_features, dtype=torch.float32)
-    if m and fn(bits, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, out_features, k, torch.get_num_threads()):
-        raise MemoryError("the block kernel could not allocate its scratch memory")
+    rc = fn(bits, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, out_features, k, torch.get_num_threads()) if m else 0
+    if rc:
+        raise ValueError(f"`bits` must be 4, 6 or 8; got {bits}") if rc == -3 else \
+            MemoryError("the block kernel could not allocate its scratch memory")
     return y

@@ -56,6 +56,25 @@ def _q4_k(blocks: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     return [(codes.reshape(*n[:-1], n[-1] * 8, 32), scale.reshape(*n[:-1], -1), minimum.reshape(*n[:-1], -1))]
 
 
+def _q6_k(blocks: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """256-weight super-blocks: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, a
+    float16 ``d``; sub-block ``j`` (16 weights) is ``d * sc_j * (q - 32)`` with 6-bit ``q``. Codes
+    in groups of 16 (the block kernel's 6-bit format)."""
+    n = blocks.shape[:-1]
+    ql = blocks[..., 0:128].reshape(*n, 2, 64).astype(np.uint8)
+    qh = blocks[..., 128:192].reshape(*n, 2, 32).astype(np.uint8)
+    sc = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32)
+    d = _f16(blocks[..., 208:210])
+    codes = np.empty((*n, 2, 4, 32), dtype=np.uint8)  # per 128-weight half: 4 runs of 32
+    for k in range(4):
+        low = ql[..., 32 * (k % 2):32 * (k % 2) + 32]
+        low = (low & 0x0F) if k < 2 else (low >> 4)
+        codes[..., k, :] = low | (((qh >> (2 * k)) & 3) << 4)
+    scale = d[..., None] * sc
+    return [(codes.reshape(*n[:-1], n[-1] * 16, 16), scale.reshape(*n[:-1], -1),
+             (-32.0 * scale).reshape(*n[:-1], -1))]
+
+
 # GGUF type name -> (weights per block, bytes per block, decoder into int4 parts)
 GGUF_INT4_TYPES: dict[str, tuple[int, int, Any]] = {
     "Q4_0": (32, 18, _q4_0),
@@ -63,19 +82,22 @@ GGUF_INT4_TYPES: dict[str, tuple[int, int, Any]] = {
     "Q8_0": (32, 34, _q8_0),
     "Q4_K": (256, 144, _q4_k),
 }
+# ... and those only genkit's block kernel runs (6-bit codes in groups of 16)
+GGUF_BLOCK_TYPES: dict[str, tuple[int, int, Any]] = {**GGUF_INT4_TYPES, "Q6_K": (256, 210, _q6_k)}
 
 
 def int4_parts_from_gguf(type_name: str, data: np.ndarray, shape: tuple[int, int]) -> list[Int4Part]:
     """The int4 parts of a GGUF tensor of ``type_name`` with torch shape ``(out, in)``, from its raw
     blocks ``data`` (uint8, as the gguf reader exposes them)."""
-    per_block, nbytes, decode = GGUF_INT4_TYPES[type_name]
+    per_block, nbytes, decode = GGUF_BLOCK_TYPES[type_name]
     out, k = shape
     blocks = np.asarray(data, dtype=np.uint8).reshape(out, k // per_block, nbytes)
     parts = []
     for q, scale, minimum in decode(blocks):
+        group = (out * k) // scale.size
         parts.append(Int4Part(torch.from_numpy(np.ascontiguousarray(q.reshape(out, k))),
-                              torch.from_numpy(np.ascontiguousarray(scale.reshape(out, k // GROUP))),
-                              torch.from_numpy(np.ascontiguousarray(minimum.reshape(out, k // GROUP)))))
+                              torch.from_numpy(np.ascontiguousarray(scale.reshape(out, k // group))),
+                              torch.from_numpy(np.ascontiguousarray(minimum.reshape(out, k // group))), group))
     return parts
 
 

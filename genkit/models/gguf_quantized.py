@@ -1,7 +1,7 @@
 """Building a native model from a GGUF file whose quantized tensors stay quantized.
 
 The model is built on the meta device; the linear layers (and the word embedding) whose tensors
-are quantized in a format the int4 kernels take (:data:`genkit.models.gguf_blocks.GGUF_INT4_TYPES`)
+are quantized in a format the kernels take (:func:`kernel_types`)
 are replaced by :class:`~genkit.models.quant.Int4Linear` (and
 :class:`~genkit.models.quant.QuantizedEmbedding`) before any float memory is allocated, so the
 float32 weights never exist. A tied LM head runs on the embedding's codes. Other tensors (norms,
@@ -20,12 +20,17 @@ from torch import nn
 
 from .base import GenkitModel
 from .gguf import GGUFContents
-from .gguf_blocks import GGUF_INT4_TYPES, int4_parts_from_gguf, q8_0_embedding
+from . import block_kernel
+from .gguf_blocks import GGUF_BLOCK_TYPES, GGUF_INT4_TYPES, int4_parts_from_gguf, q8_0_embedding
 from .quant import PACK_CHUNK, Int4Linear, Int4Part, WithBias
 
 logger = logging.getLogger("genkit.models")
 
-KERNEL_TYPES = frozenset(GGUF_INT4_TYPES)
+
+
+def kernel_types() -> frozenset[str]:
+    """The GGUF tensor types kept quantized: Q6_K too where the block kernel runs."""
+    return frozenset(GGUF_BLOCK_TYPES if block_kernel.available() else GGUF_INT4_TYPES)
 
 
 def build_quantized_model(config: Any, contents: GGUFContents, dtype: torch.dtype, where: str) -> GenkitModel:

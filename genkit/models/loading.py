@@ -341,9 +341,9 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
 
 
 def _kernel_types() -> frozenset[str]:
-    from .gguf_quantized import KERNEL_TYPES
+    from .gguf_quantized import kernel_types
 
-    return KERNEL_TYPES
+    return kernel_types()
 
 
 def _quantized_kernels_for(device: str | torch.device | None) -> bool:

@@ -55,19 +55,22 @@ def kernel_available() -> bool:
 
 
 class Int4Part:
-    """One int4 weight-only matrix: codes ``q`` in [0, 15] with ``w = scale * q + minimum`` per
-    group of ``GROUP`` input weights (``q``: ``(out, in)``, ``scale``/``minimum``: ``(out, in / GROUP)``)."""
+    """One low-bit weight matrix: codes ``q`` with ``w = scale * q + minimum`` per group of ``group``
+    input weights (``q``: ``(out, in)``, ``scale``/``minimum``: ``(out, in / group)``). Codes are 4-bit
+    (0-15, groups of 32) for both kernels; the block kernel also takes GGUF Q6_K's 6-bit codes in
+    groups of 16."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> None:
-        self.q, self.scale, self.minimum = q, scale, minimum
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group: int = GROUP) -> None:
+        self.q, self.scale, self.minimum, self.group = q, scale, minimum, group
 
     def rows(self, index: Any) -> Int4Part:
-        return Int4Part(self.q[index], self.scale[index], self.minimum[index])
+        return Int4Part(self.q[index], self.scale[index], self.minimum[index], self.group)
 
     def dense(self) -> torch.Tensor:
         """The float32 weight these codes stand for (a reference; the layers never build it)."""
         out, k = self.q.shape
-        w = self.q.float().reshape(out, k // GROUP, GROUP) * self.scale.float()[..., None] + self.minimum.float()[..., None]
+        g = self.group
+        w = self.q.float().reshape(out, k // g, g) * self.scale.float()[..., None] + self.minimum.float()[..., None]
         return w.reshape(out, k)
 
 
@@ -77,7 +80,9 @@ def _block_codes(parts: list[Int4Part], source: str) -> tuple[torch.Tensor, torc
     ``16 * hi + lo`` with scale ``d`` and ``hi``'s offset."""
     if len(parts) == 1:
         p = parts[0]
-        codes, scale, minimum, bits = p.q, p.scale, p.minimum, 4
+        codes, scale, minimum, bits = p.q, p.scale, p.minimum, (4 if p.group == GROUP else 6)
+        if p.group not in (GROUP, GROUP // 2):
+            raise ValueError(f"{source or 'int4 layer'}: groups of {p.group} weights; the block kernel takes 32 or 16")
     elif (len(parts) == 2 and not bool(parts[0].minimum.any())
           and torch.equal(parts[1].scale.float(), 16.0 * parts[0].scale.float())):
         lo, hi = parts
@@ -85,7 +90,9 @@ def _block_codes(parts: list[Int4Part], source: str) -> tuple[torch.Tensor, torc
         scale, minimum, bits = lo.scale, hi.minimum, 8
     else:
         raise ValueError(f"{source or 'int4 layer'}: {len(parts)} int4 parts do not form a 4- or 8-bit weight")
-    if not block_kernel.fits_float16(scale, minimum):
+    if bits == 6 and not torch.equal(minimum.float(), -32.0 * scale.float()):
+        raise ValueError(f"{source or 'int4 layer'}: 6-bit codes in groups of 16 need offsets of -32 * scale (GGUF Q6_K)")
+    if bits != 6 and not block_kernel.fits_float16(scale, minimum):
         raise ValueError(f"{source or 'int4 layer'}: scales overflow float16, which the block kernel stores; "
                          "set GENKIT_BLOCK_KERNEL=0 to use torch's int4 kernel")
     return codes, scale, minimum, bits
@@ -127,6 +134,9 @@ class Int4Linear(nn.Module):
         packed: list[list[torch.Tensor]] = []
         scales: list[list[torch.Tensor]] = []
         for chunk in row_chunks:
+            if any(part.group != GROUP for part in chunk):
+                raise ValueError(f"{source or 'int4 layer'}: torch's int4 kernel takes groups of {GROUP} weights; "
+                                 f"got {chunk[0].group} (GGUF Q6_K needs the block kernel)")
             for i, part in enumerate(chunk):
                 if i == len(packed):
                     packed.append([])
