@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import block_kernel
 from .base import GenkitModel
 from .gguf import GGUFContents
-from . import block_kernel
 from .gguf_blocks import GGUF_BLOCK_TYPES, GGUF_INT4_TYPES, int4_parts_from_gguf, q8_0_embedding
 from .quant import PACK_CHUNK, Int4Linear, Int4Part, WithBias
 
