@@ -377,6 +377,28 @@ def test_compiled_model_runs_its_modules(tmp_path):
     torch.testing.assert_close(logits.detach(), ref, atol=1e-5, rtol=0)
 
 
+def test_bfloat16_runs_on_packed_weights_like_its_modules():
+    """A bfloat16 model on the CPU runs oneDNN-packed bfloat16 weights on the inference path; its
+    logits are the module path's within bfloat16 rounding, and greedy tokens agree."""
+    from genkit.models.tiny import tiny_llama
+
+    model = tiny_llama(seed=3).to(torch.bfloat16)
+    model.cpu_weight_packing = True
+    ids = torch.tensor([[1, 17, 42, 99, 5, 6]])
+    with torch.enable_grad():  # the modules
+        ref = model(ids, use_cache=False).logits.detach().float()
+    with torch.inference_mode():
+        cache = model.new_cache()
+        got = model(ids, past_key_values=cache).logits.float()
+    assert cache.prepared[1]().layers[0].packed is packing_available()
+    assert cache.prepared[1]().layers[0].wqkv.dtype == torch.bfloat16
+    assert (got - ref).abs().max() <= 0.02 * ref.abs().max()  # bfloat16: 8 significant bits
+    packed = model.generate(ids, max_new_tokens=8, eos_token_id=None)
+    model.cpu_weight_packing = False
+    plain = model.generate(ids, max_new_tokens=8, eos_token_id=None)
+    assert torch.equal(packed, plain)
+
+
 def test_dtype_conversion_releases_prepared_weights():
     """.half() / .to() after a generation: the old fused and packed weights are not kept alive, and a
     no-op .to() keeps the prepared weights."""

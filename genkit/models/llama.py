@@ -188,8 +188,8 @@ class LlamaForCausalLM(GenkitModel):
     """A Llama-family causal LM with transformers' calling convention."""
 
     #: oneDNN-packed copies of the linear weights for the inference path (see docs/models.md):
-    #: None packs float32 CPU models whose matrices are big enough to gain and whose copies stay
-    #: under 2 GiB; True always packs (float32 CPU); False never does.
+    #: None packs float32 and bfloat16 CPU models whose matrices are big enough to gain and whose copies stay
+    #: under 2 GiB; True always packs (float32 or bfloat16, CPU); False never does.
     cpu_weight_packing: bool | None = None
     supports_partial_depth = True
 

@@ -82,12 +82,16 @@ def packing_available() -> bool:
         return False
 
 
+PACKED_DTYPES = (torch.float32, torch.bfloat16)  # oneDNN packs both; bfloat16 runs on the CPU's bf16 units
+
+
 def packing_wanted(weights: list[torch.Tensor], setting: bool | None) -> bool:
-    """Pack (``setting``: True forces, False refuses, None decides) float32 CPU weights when the
-    kernels exist, every matrix is big enough to gain and the copies stay under PACK_MAX_BYTES."""
+    """Pack (``setting``: True forces, False refuses, None decides) float32 and bfloat16 CPU weights
+    when the kernels exist, every matrix is big enough to gain and the copies stay under
+    PACK_MAX_BYTES."""
     if setting is False or not weights:
         return False
-    if any(w.device.type != "cpu" or w.dtype != torch.float32 for w in weights) or not packing_available():
+    if any(w.device.type != "cpu" or w.dtype not in PACKED_DTYPES for w in weights) or not packing_available():
         return False
     if setting is None:
         too_small = min(w.numel() for w in weights) < PACK_MIN_ELEMENTS
