@@ -1,13 +1,14 @@
-"""Batch-1 decode steps in one call to the block kernel (:mod:`genkit.models.block_kernel`).
+"""Decode steps in one call to the block kernel (:mod:`genkit.models.block_kernel`).
 
-For a model whose projections all run on the block kernel, a one-token step of one sequence is
+For a model whose projections all run on the block kernel, a one-token step of a few sequences is
 mostly fixed cost: some sixty small torch operations per layer around four products. The kernel's
 ``gk_decode`` runs the same steps as :func:`genkit.models.llama_infer.run_layers` (RMSNorm, fused
 q/k/v, rotary embedding, the key/value cache write, grouped attention, o projection, fused
-gate/up with SiLU, down projection) for all layers in one call, writing into genkit's
-:class:`~genkit.models.cache.KVCache` buffers in place. Anything else (a batch, a prompt, a
-padding mask, a sliding window, hidden states asked for, a cache of another kind or without room)
-takes the torch path.
+gate/up with SiLU, down projection) for all layers and every row in one call, writing into
+genkit's :class:`~genkit.models.cache.KVCache` buffers in place. The rows must be at the same
+position with no padding (one sequence, beams, samples of one prompt); anything else (a prompt,
+a padding mask, a sliding window, hidden states asked for, a cache of another kind or without
+room) takes the torch path.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class BlockDecoder:
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, masks: dict[Any, Any], cache: Any,
                  num_layers: int | None) -> torch.Tensor | None:
         """``x`` after the first ``num_layers`` layers (all when None), or None: take the torch path."""
-        if type(cache) is not KVCache or x.shape != (1, 1, self.hidden) or x.dtype != torch.float32:
+        rows = x.shape[0]
+        if type(cache) is not KVCache or x.shape != (rows, 1, self.hidden) or x.dtype != torch.float32:
             return None
         if any(m is not None for m in masks.values()) or torch.is_grad_enabled() and x.requires_grad:
             return None
@@ -79,7 +81,7 @@ class BlockDecoder:
         pos = cache.lengths[0]
         keys, values = cache.keys[:n], cache.values[:n]
         first = keys[0]
-        if first is None or pos >= first.shape[2] or first.shape[0] != 1:
+        if first is None or pos >= first.shape[2] or first.shape[0] != rows:
             return None
         inference = torch.is_inference_mode_enabled()
         for i, (k, v) in enumerate(zip(keys, values)):
@@ -92,10 +94,10 @@ class BlockDecoder:
             return None
         cos = cos if cos.dtype == torch.float32 and cos.is_contiguous() else cos.float().contiguous()
         sin = sin if sin.dtype == torch.float32 and sin.is_contiguous() else sin.float().contiguous()
-        out = x.clone()
+        out = x.contiguous().clone()
         karr = (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys])
         varr = (ctypes.c_void_p * n)(*[v.data_ptr() for v in values])
-        rc = block_kernel.library().gk_decode(n, self.table, out.data_ptr(), self.hidden, cos.data_ptr(),
+        rc = block_kernel.library().gk_decode(n, self.table, out.data_ptr(), rows, self.hidden, cos.data_ptr(),
                                               sin.data_ptr(), pos, karr, varr, first.shape[2],
                                               torch.get_num_threads())
         if rc:

@@ -324,71 +324,79 @@ static inline float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-int gk_decode(int num_layers, const gk_layer *layers, float *x, int hidden, const float *cos_,
+int gk_decode(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
               const float *sin_, int pos, float *const *kcache, float *const *vcache, int capacity,
               int threads) {
-    int maxq = 0, maxi = 0;
+    int maxq = 0, maxi = 0, heads_max = 0;
     for (int l = 0; l < num_layers; l++) {
         const gk_layer *L = &layers[l];
         int nqkv = (L->num_heads + 2 * L->num_kv_heads) * L->head_dim;
         if (nqkv > maxq) maxq = nqkv;
         if (L->intermediate > maxi) maxi = L->intermediate;
+        if (L->num_heads > heads_max) heads_max = L->num_heads;
         if (L->head_dim > 512 || L->head_dim % 2) return -2;
     }
-    int heads_max = 0;
-    for (int l = 0; l < num_layers; l++) if (layers[l].num_heads > heads_max) heads_max = layers[l].num_heads;
-    size_t need = (size_t)hidden * 2 + maxq + (size_t)maxq + 2 * (size_t)maxi + maxi
-                  + (size_t)heads_max * (pos + 1);
+    size_t R = (size_t)rows;
+    size_t need = R * (2 * (size_t)hidden + 2 * (size_t)maxq + 3 * (size_t)maxi + (size_t)heads_max * (pos + 1));
     float *buf = (float *)malloc(sizeof(float) * need);
     if (buf == NULL) return -1;
-    float *h = buf, *tmp = h + hidden, *qkv = tmp + hidden, *att = qkv + maxq, *gu = att + maxq,
-          *act = gu + 2 * (size_t)maxi, *scores = act + maxi;
+    float *h = buf, *tmp = h + R * hidden, *qkv = tmp + R * hidden, *att = qkv + R * maxq, *gu = att + R * maxq,
+          *act = gu + 2 * R * maxi, *scores = act + R * maxi;
     for (int l = 0; l < num_layers; l++) {
         const gk_layer *L = &layers[l];
         int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, inter = L->intermediate;
         int nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
-        rms_norm(x, L->norm1, L->eps, hidden, h);
-        if (gk_matmul(L->bits_qkv, L->wqkv, h, qkv, 1, nqkv, hidden, threads)) { free(buf); return -1; }
-        for (int i = 0; i < nq + nkv; i++) rope(qkv + (size_t)i * d, cos_, sin_, d);
+        size_t row_cache = (size_t)nkv * capacity * d;
+        for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm1, L->eps, hidden, h + r * (size_t)hidden);
+        if (gk_matmul(L->bits_qkv, L->wqkv, h, qkv, rows, nqkv, hidden, threads)) { free(buf); return -1; }
         float *kc = kcache[l], *vc = vcache[l];
-        for (int j = 0; j < nkv; j++) {
-            memcpy(kc + ((size_t)j * capacity + pos) * d, qkv + (size_t)(nq + j) * d, sizeof(float) * d);
-            memcpy(vc + ((size_t)j * capacity + pos) * d, qkv + (size_t)(nq + nkv + j) * d, sizeof(float) * d);
+        for (int r = 0; r < rows; r++) {
+            float *qr = qkv + r * (size_t)nqkv;
+            for (int i = 0; i < nq + nkv; i++) rope(qr + (size_t)i * d, cos_, sin_, d);
+            for (int j = 0; j < nkv; j++) {
+                memcpy(kc + r * row_cache + ((size_t)j * capacity + pos) * d, qr + (size_t)(nq + j) * d,
+                       sizeof(float) * d);
+                memcpy(vc + r * row_cache + ((size_t)j * capacity + pos) * d, qr + (size_t)(nq + nkv + j) * d,
+                       sizeof(float) * d);
+            }
         }
         float scale = 1.0f / sqrtf((float)d);
-        int nthreads = threads < nq ? threads : nq;
+        int work = rows * nq, nthreads = threads < work ? threads : work;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int i = 0; i < nq; i++) {
-            const float *q = qkv + (size_t)i * d;
-            const float *kh = kc + (size_t)(i / group) * capacity * d, *vh = vc + (size_t)(i / group) * capacity * d;
-            float *s = scores + (size_t)i * (pos + 1), *o = att + (size_t)i * d;
+        for (int ri = 0; ri < work; ri++) {
+            int r = ri / nq, i = ri % nq;
+            const float *q = qkv + r * (size_t)nqkv + (size_t)i * d;
+            const float *kh = kc + r * row_cache + (size_t)(i / group) * capacity * d;
+            const float *vh = vc + r * row_cache + (size_t)(i / group) * capacity * d;
+            float *sc = scores + (size_t)ri * (pos + 1), *o = att + r * (size_t)nq * d + (size_t)i * d;
             float mx = -INFINITY, sum = 0.0f;
             for (int t = 0; t <= pos; t++) {
-                s[t] = dot(q, kh + (size_t)t * d, d) * scale;
-                if (s[t] > mx) mx = s[t];
+                sc[t] = dot(q, kh + (size_t)t * d, d) * scale;
+                if (sc[t] > mx) mx = sc[t];
             }
             for (int t = 0; t <= pos; t++) {
-                s[t] = expf(s[t] - mx);
-                sum += s[t];
+                sc[t] = expf(sc[t] - mx);
+                sum += sc[t];
             }
             float inv = 1.0f / sum;
             for (int e = 0; e < d; e++) o[e] = 0.0f;
             for (int t = 0; t <= pos; t++) {
-                float p = s[t] * inv;
+                float p = sc[t] * inv;
                 const float *vt = vh + (size_t)t * d;
                 for (int e = 0; e < d; e++) o[e] += p * vt[e];
             }
         }
-        if (gk_matmul(L->bits_o, L->wo, att, tmp, 1, hidden, nq * d, threads)) { free(buf); return -1; }
-        for (int i = 0; i < hidden; i++) x[i] += tmp[i];
-        rms_norm(x, L->norm2, L->eps, hidden, h);
-        if (gk_matmul(L->bits_gu, L->wgu, h, gu, 1, 2 * inter, hidden, threads)) { free(buf); return -1; }
-        for (int i = 0; i < inter; i++) {
-            float g = gu[i];
-            act[i] = g / (1.0f + expf(-g)) * gu[inter + i];
+        if (gk_matmul(L->bits_o, L->wo, att, tmp, rows, hidden, nq * d, threads)) { free(buf); return -1; }
+        for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
+        for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm2, L->eps, hidden, h + r * (size_t)hidden);
+        if (gk_matmul(L->bits_gu, L->wgu, h, gu, rows, 2 * inter, hidden, threads)) { free(buf); return -1; }
+        for (int r = 0; r < rows; r++) {
+            const float *g = gu + 2 * (size_t)r * inter;
+            float *a = act + (size_t)r * inter;
+            for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[inter + i];
         }
-        if (gk_matmul(L->bits_d, L->wd, act, tmp, 1, hidden, inter, threads)) { free(buf); return -1; }
-        for (int i = 0; i < hidden; i++) x[i] += tmp[i];
+        if (gk_matmul(L->bits_d, L->wd, act, tmp, rows, hidden, inter, threads)) { free(buf); return -1; }
+        for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
     }
     free(buf);
     return 0;

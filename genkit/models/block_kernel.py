@@ -120,9 +120,9 @@ def library() -> Any:
                               ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.gk_matmul.restype = ctypes.c_int
     lib.gk_simd.restype = ctypes.c_int
-    lib.gk_decode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                              ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                              ctypes.c_int]
+    lib.gk_decode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_int, ctypes.c_int]
     lib.gk_decode.restype = ctypes.c_int
     _lib = lib
     return lib

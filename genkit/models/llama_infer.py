@@ -269,7 +269,7 @@ def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin:
     """The decoder layers (the first ``num_layers``, or all) on ``x`` (batch, seq, hidden); fills
     ``hidden`` with each layer's input."""
     b, t, _ = x.shape
-    if t == 1 and b == 1 and hidden is None and prepared.decoder is not None:
+    if t == 1 and hidden is None and prepared.decoder is not None:
         out = prepared.decoder(x, cos, sin, masks, cache, num_layers)
         if out is not None:
             return out
