@@ -1,4 +1,4 @@
-"""Quantized GGUF on the CPU: genkit's int4 kernels against llama.cpp, on the same file, same run.
+"""Quantized GGUF on the CPU: genkit's block kernel against llama.cpp, on the same file, same run.
 
 Batch-1 greedy decode tokens/s after a 12-token prompt, on ``SmolLM2-135M-Instruct.Q4_1.gguf``
 (the demo model's file), 1 and 2 threads: genkit with the file's tensors kept quantized
@@ -102,7 +102,7 @@ def main() -> None:
                                   json.dumps(ids[0].tolist())], capture_output=True, text=True, check=True)
             ref = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"| {threads} | llama.cpp | {new / ref['decode_s']:.1f} | 1.00x | |")
-        for name, model in (("genkit Q4_1 (int4 kernels)", quantized), ("genkit float32 (de-quantized)", dense)):
+        for name, model in (("genkit Q4_1 (block kernel)", quantized), ("genkit float32 (de-quantized)", dense)):
             secs, tokens = _genkit_decode(model, ids, new, args.repeats)
             ratio = f"{ref['decode_s'] / secs:.2f}x" if ref else "-"
             same = "-" if ref is None else _same(tokens, ref["tokens"][:new])
