@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--only", default=None, help="run only the table rows whose name contains this text, "
                                                      "and no early-exit table (e.g. --only DoLa)")
+    parser.add_argument("--early-exit-only", action="store_true", help="only the early-exit table")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = genkit.load_model("smollm2")
@@ -100,7 +101,7 @@ def main() -> None:
          {"dola_layers": "high"}),
     ]
     for name, base, kwargs in cases:
-        if args.only and args.only not in name:
+        if (args.only and args.only not in name) or args.early_exit_only:
             continue
         t_greedy, t_strategy, _, _ = _pair(model, ids, new, args.repeats, base, kwargs)
         print(f"| {name} | {1e3 * t_strategy / new:.2f} | {1e3 * t_greedy / new:.2f} | {t_strategy / t_greedy:.2f}x |")
