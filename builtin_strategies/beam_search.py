@@ -84,7 +84,10 @@ class BeamTracker:
         total = (log_probs + self.scores[:, :, None]).view(batch, beams * vocab)
         if do_sample:
             picked = torch.multinomial(torch.softmax(total, dim=-1), num_samples=self.keep)
-            cand_scores = total.gather(1, picked)
+            # best first, as transformers >= 5.24 orders them: the order decides which rows the
+            # running beams take, and so which beam the next step's samples map to
+            cand_scores, order = total.gather(1, picked).sort(dim=1, descending=True)
+            picked = picked.gather(1, order)
         else:
             cand_scores, picked = torch.topk(total, self.keep, dim=1)
         parent = picked // vocab  # (batch, keep) beam within this tracker

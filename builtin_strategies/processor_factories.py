@@ -98,11 +98,13 @@ def make_prefix_allowed_tokens(config: Any, ctx: ProcessorContext) -> Any:
 def _beams_per_call(config: Any) -> int:
     """Rows of one prompt in one call of the processors: diverse beam search calls them on one
     group's beams at a time (``num_beams // num_beam_groups`` per prompt, as transformers 4.x built
-    this processor); every other strategy, constrained beam search included, on all the beams."""
+    this processor); every other strategy, constrained beam search included, on all the beams; and
+    greedy search or sampling on each prompt's ``num_return_sequences`` copies (transformers >= 5.24
+    counts ``max(num_beams, num_return_sequences)``)."""
     groups = int(config.num_beam_groups)
     if groups > 1 and not is_constrained_beam_search(config):
         return int(config.num_beams) // groups
-    return int(config.num_beams)
+    return max(int(config.num_beams), int(config.num_return_sequences or 1))
 
 
 def make_forced_bos(config: Any, ctx: ProcessorContext) -> Any:

@@ -241,6 +241,29 @@ def test_prefix_allowed_tokens_with_beam_groups_matches_transformers(tiny_pair):
         assert set(got_seqs[b, :, ids.shape[1]:].reshape(-1).tolist()) <= set(_PREFIX_ALLOWED[b])
 
 
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_prefix_allowed_tokens_with_several_return_sequences_matches_transformers(tiny_pair, num_beams):
+    """Sampling ``num_return_sequences`` copies of each prompt: the callback gets each copy under
+    its own prompt's batch id (transformers >= 5.24 counts ``max(num_beams, num_return_sequences)``
+    rows per prompt), and the samples are transformers' from the same seed."""
+    hf, ours = tiny_pair
+    ids = _PREFIX_PROMPTS
+    kw = dict(max_new_tokens=6, eos_token_id=None, pad_token_id=0, do_sample=True, num_beams=num_beams,
+              num_return_sequences=3 if num_beams == 1 else 2, **DICT)
+    ref_calls: list[tuple[int, tuple[int, ...]]] = []
+    calls: list[tuple[int, tuple[int, ...]]] = []
+    torch.manual_seed(11)
+    ref = hf.generate(ids, prefix_allowed_tokens_fn=_recording_prefix_fn(ref_calls), **kw)
+    torch.manual_seed(11)
+    got = genkit.generate(ours, ids, prefix_allowed_tokens_fn=_recording_prefix_fn(calls), **kw)
+    assert got.sequences.tolist() == ref.sequences.tolist()
+    for b, row in calls:
+        assert list(row[:ids.shape[1]]) == ids[b].tolist(), (b, row)
+    per_prompt = got.sequences.shape[0] // ids.shape[0]
+    for i, row in enumerate(got.sequences.tolist()):
+        assert set(row[ids.shape[1]:]) <= set(_PREFIX_ALLOWED[i // per_prompt])
+
+
 # ---------------------------------------------------------------------------------------------
 # constrained beam search
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -102,6 +103,9 @@ class TransformersModelAdapter:
         if dropped:
             logger.debug("generation_config fields genkit does not know, ignored: %s", dropped)
         self.generation_config = GenerationConfig(**kept)
+        # transformers >= 5.24 names the cache argument `cache` (`past_key_values` is deprecated)
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     # -- protocol -----------------------------------------------------------------------------
     @property
@@ -144,9 +148,9 @@ class TransformersModelAdapter:
         if past_key_values is None and use_cache:
             past_key_values = self.new_cache()
         cache = as_genkit_cache(past_key_values)
+        kwargs[self._cache_arg] = cache.cache if isinstance(cache, TransformersCache) else cache
         out = self.hf_model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=cache.cache if isinstance(cache, TransformersCache) else cache, use_cache=use_cache,
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache,
             output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep, return_dict=True, **kwargs,
         )
         if use_cache and cache is not None:
