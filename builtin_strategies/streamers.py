@@ -4,15 +4,17 @@
 ``end()`` -- also when generation raises -- so an iterator streamer never leaves its consumer
 waiting. The text streamers work with any tokenizer exposing ``decode(ids, **kwargs)``.
 
-Text is released in whole words: the decoded text is held back until it ends in whitespace, a
-newline (which also resets the token cache) or a CJK character, and never while it ends in an
-incomplete UTF-8 sequence (decoded as U+FFFD).
+Text is released as soon as it cannot change (transformers >= 5.24's rules): new text made only of
+letters, digits and spaces at once, as is a CJK character; text with a symbol in it (which may start
+formatting, or be an incomplete UTF-8 sequence decoded as U+FFFD) up to its last space; a newline
+flushes everything and keeps the last token as context for the next line's leading space.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import unicodedata
 from collections.abc import Iterator
 from queue import Queue
 from typing import Any
@@ -23,7 +25,6 @@ logger = logging.getLogger("genkit.streamers")
 
 __all__ = ["AsyncTextIteratorStreamer", "BaseStreamer", "TextIteratorStreamer", "TextStreamer"]
 
-_REPLACEMENT = "\ufffd"
 
 # CJK Unified Ideographs and their extensions / compatibility blocks: each char is a word
 _CJK_RANGES = (
@@ -49,7 +50,7 @@ class BaseStreamer:
 
 
 class TextStreamer(BaseStreamer):
-    """Print the decoded text to stdout as words complete.
+    """Print the decoded text to stdout as soon as it cannot change (the rules of transformers >= 5.24).
 
     Args:
         tokenizer: anything with ``decode(ids, **decode_kwargs) -> str``.
@@ -92,16 +93,18 @@ class TextStreamer(BaseStreamer):
         self.token_cache.extend(ids)
         text = self._decode()
         if text.endswith("\n"):
+            # flush, but keep the last token as decoding context: the next line's leading space survives
             ready = text[self.print_len:]
-            self.token_cache = []
-            self.print_len = 0
-        elif text.endswith(_REPLACEMENT):
-            ready = ""  # an incomplete UTF-8 sequence: wait for the rest of the character
-        elif text and is_cjk(text[-1]):
+            self.token_cache = self.token_cache[-1:]
+            self.print_len = len(str(self.tokenizer.decode(self.token_cache, **self.decode_kwargs)))
+        elif (text and is_cjk(text[-1])) or all(c.isspace() or unicodedata.category(c)[0] in "LMN"
+                                                 for c in text[self.print_len:]):
+            # CJK, or only letters (with their marks), digits and spaces: nothing can change them
             ready = text[self.print_len:]
             self.print_len += len(ready)
         else:
-            cut = max(text.rfind(" "), text.rfind("\t")) + 1
+            # a symbol may start formatting or be half a character (U+FFFD): release up to the last space
+            cut = text.rfind(" ") + 1
             ready = text[self.print_len:cut] if cut > self.print_len else ""
             self.print_len += len(ready)
         if ready:

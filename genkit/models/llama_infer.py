@@ -71,14 +71,15 @@ class PreparedModel:
 
 
 @functools.cache
-def packing_available() -> bool:
-    """Whether this torch build can pack linear weights for oneDNN (x86 and most CPU builds)."""
+def packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build and CPU can pack ``dtype`` linear weights for oneDNN (float32: x86
+    and most CPU builds; bfloat16: CPUs with AVX-512 BW/VL/DQ or AVX-NE-CONVERT)."""
     try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4))
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 4), packed, None, "none", [], "")
-        return bool(torch.equal(out, torch.full((1, 4), 4.0)))
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4, dtype=dtype))
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 4, dtype=dtype), packed, None, "none", [], "")
+        return bool(torch.equal(out.float(), torch.full((1, 4), 4.0)))
     except Exception as exc:  # noqa: BLE001 - any failure means: not available
-        logger.debug("oneDNN weight packing unavailable: %s", exc)
+        logger.debug("oneDNN weight packing unavailable for %s: %s", dtype, exc)
         return False
 
 
@@ -91,7 +92,9 @@ def packing_wanted(weights: list[torch.Tensor], setting: bool | None) -> bool:
     PACK_MAX_BYTES."""
     if setting is False or not weights:
         return False
-    if any(w.device.type != "cpu" or w.dtype not in PACKED_DTYPES for w in weights) or not packing_available():
+    if any(w.device.type != "cpu" or w.dtype not in PACKED_DTYPES for w in weights):
+        return False
+    if not all(packing_available(dtype) for dtype in {w.dtype for w in weights}):
         return False
     if setting is None:
         too_small = min(w.numel() for w in weights) < PACK_MIN_ELEMENTS
