@@ -19,8 +19,8 @@
  *          d is a float16 times an int8, which float16 would round)             (640 bytes)
  * so a panel's 16 dot products are 16 lanes of one register and need no horizontal sums.
  *
- * Built on first use by the machine's C compiler with -march=native; without AVX-512 VNNI the
- * same layout runs through the portable loops at the bottom.
+ * Built on first use by the machine's C compiler with -march=native: AVX-512 VNNI where the CPU
+ * has it, else AVX2 (vpmaddubsw + vpmaddwd, same exact integer sums), else the portable loops.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,6 +32,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define GK_VNNI 1
 #include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define GK_AVX2 1
+#include <immintrin.h>
 #endif
 
 #define GK_ROWS 16
@@ -40,8 +43,11 @@
 
 int gk_block_bytes(int bits) { return bits == 4 ? 320 : (bits == 6 ? 640 : 576); }
 
+/* 2: AVX-512 VNNI, 1: AVX2 (+FMA, F16C), 0: the portable loops */
 int gk_simd(void) {
-#ifdef GK_VNNI
+#if defined(GK_VNNI)
+    return 2;
+#elif defined(GK_AVX2)
     return 1;
 #else
     return 0;
@@ -196,6 +202,109 @@ static inline __attribute__((always_inline)) void panel_vnni(
 }
 #endif
 
+#ifdef GK_AVX2
+/* AVX2 has no VNNI: u8 x s8 products go through vpmaddubsw (pairs summed into int16) and vpmaddwd
+ * (pairs of int16 summed into int32, times f). A panel is done as two halves of 8 rows (one ymm of
+ * int32 lanes each: bytes 32g..32g+31 of every 64-byte chunk). Bounds: |q| <= 127, so a 4-bit code
+ * pair is at most 3810 and eight of them (a whole block) still fit int16; 8-bit codes are split into
+ * nibbles (the high one weighted 16 by vpmaddwd); 6-bit pairs (<= 16002) are widened at once. */
+static inline __m256i gk_dp(__m256i acc, __m256i u, __m256i s, __m256i f) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), f));
+}
+
+static inline __m256i gk_bcast(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) void panel_avx2(
+        int bits, const uint8_t *w, int g, int nb, const int8_t *q, const int8_t *q2, const float *dx,
+        const float *sx, const float *sx16, int K, int MT, float *y, int ldy) {
+    __m256 acc[GK_MT];
+    for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb + 32 * g;
+        if (bits == 6) {
+            for (int half = 0; half < 2; half++) {
+                __m256i h1[GK_MT], h2[GK_MT];
+                for (int i = 0; i < MT; i++) h1[i] = h2[i] = _mm256_setzero_si256();
+                for (int c = 4 * half; c < 4 * half + 4; c++) {
+                    __m256i p = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                    for (int i = 0; i < MT; i++) {
+                        size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
+                        h1[i] = gk_dp(h1[i], p, gk_bcast(q + off), one);
+                        h2[i] = gk_dp(h2[i], p, gk_bcast(q2 + off), one);
+                    }
+                }
+                __m256 d = _mm256_loadu_ps((const float *)(wb - 32 * g + cb + 64 * half + 32 * g));
+                __m256 m = _mm256_mul_ps(d, _mm256_set1_ps(-32.0f));
+                for (int i = 0; i < MT; i++) {
+                    float xd = dx[(size_t)i * nb + b];
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1[i]), _mm256_mul_ps(d, _mm256_set1_ps(xd)), acc[i]);
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h2[i]),
+                                             _mm256_mul_ps(d, _mm256_set1_ps(xd / 254.0f)), acc[i]);
+                    acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx16[2 * ((size_t)i * nb + b) + half]), acc[i]);
+                }
+            }
+            continue;
+        }
+        __m256i isum[GK_MT], isum2[GK_MT];
+        if (bits == 4) {
+            __m256i s1[GK_MT], s2[GK_MT];
+            for (int i = 0; i < MT; i++) s1[i] = s2[i] = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                __m256i p = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+                for (int i = 0; i < MT; i++) {
+                    size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 8 * c;
+                    s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(lo, gk_bcast(q + off)));
+                    s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(hi, gk_bcast(q + off + 4)));
+                    s2[i] = _mm256_add_epi16(s2[i], _mm256_maddubs_epi16(lo, gk_bcast(q2 + off)));
+                    s2[i] = _mm256_add_epi16(s2[i], _mm256_maddubs_epi16(hi, gk_bcast(q2 + off + 4)));
+                }
+            }
+            for (int i = 0; i < MT; i++) {
+                isum[i] = _mm256_madd_epi16(s1[i], one);
+                isum2[i] = _mm256_madd_epi16(s2[i], one);
+            }
+        } else {
+            __m256i l1[GK_MT], l2[GK_MT], u1[GK_MT], u2[GK_MT];
+            for (int i = 0; i < MT; i++) l1[i] = l2[i] = u1[i] = u2[i] = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                __m256i p = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+                for (int i = 0; i < MT; i++) {
+                    size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
+                    __m256i a = gk_bcast(q + off), r = gk_bcast(q2 + off);
+                    l1[i] = _mm256_add_epi16(l1[i], _mm256_maddubs_epi16(lo, a));
+                    u1[i] = _mm256_add_epi16(u1[i], _mm256_maddubs_epi16(hi, a));
+                    l2[i] = _mm256_add_epi16(l2[i], _mm256_maddubs_epi16(lo, r));
+                    u2[i] = _mm256_add_epi16(u2[i], _mm256_maddubs_epi16(hi, r));
+                }
+            }
+            for (int i = 0; i < MT; i++) {
+                isum[i] = _mm256_add_epi32(_mm256_madd_epi16(l1[i], one), _mm256_madd_epi16(u1[i], sixteen));
+                isum2[i] = _mm256_add_epi32(_mm256_madd_epi16(l2[i], one), _mm256_madd_epi16(u2[i], sixteen));
+            }
+        }
+        const uint8_t *scales = wb - 32 * g + cb;
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16 * g)));
+        __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32 + 16 * g)));
+        for (int i = 0; i < MT; i++) {
+            float xd = dx[(size_t)i * nb + b];
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(d, _mm256_set1_ps(xd)), acc[i]);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2[i]), _mm256_mul_ps(d, _mm256_set1_ps(xd / 254.0f)),
+                                     acc[i]);
+            acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[(size_t)i * nb + b]), acc[i]);
+        }
+    }
+    for (int i = 0; i < MT; i++) _mm256_storeu_ps(y + (size_t)i * ldy + 8 * g, acc[i]);
+}
+#endif
+
 __attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, int nb, const int8_t *q,
                                                    const int8_t *q2, const float *dx, const float *sx,
                                                    const float *sx16, int K, int MT, float *y, int ldy) {
@@ -273,6 +382,24 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
         case 2: panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, 2, ym, N); break;      \
         case 3: panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, 3, ym, N); break;      \
         default: panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, 4, ym, N); break;     \
+    }
+            if (bits == 4) {
+                GK_TILES(4)
+            } else if (bits == 8) {
+                GK_TILES(8)
+            } else {
+                GK_TILES(6)
+            }
+#undef GK_TILES
+#elif defined(GK_AVX2)
+#define GK_TILES(B)                                                                          \
+    for (int g = 0; g < 2; g++) {                                                            \
+        switch (mt) {                                                                        \
+            case 1: panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, 1, ym, N); break;       \
+            case 2: panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, 2, ym, N); break;       \
+            case 3: panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, 3, ym, N); break;       \
+            default: panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, 4, ym, N); break;      \
+        }                                                                                    \
     }
             if (bits == 4) {
                 GK_TILES(4)

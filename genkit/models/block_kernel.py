@@ -2,11 +2,13 @@
 GGUF-style blocks of 32, built on first use by the machine's C compiler and loaded with ctypes.
 
 It is built with ``-march=native``: on a CPU with AVX-512 VNNI the dot products are one
-instruction per 64 weights (as in llama.cpp); elsewhere the same layout runs through portable C
-loops. The library is cached under ``$GENKIT_HOME/kernels/`` (default ``~/.cache/genkit``), keyed
-by the source, the compiler and the CPU, and written atomically. Without a compiler (or with
-``GENKIT_BLOCK_KERNEL=0``) quantized layers use torch's int4 kernels instead;
-``GENKIT_BLOCK_KERNEL=portable`` builds the portable loops only (for tests and odd CPUs).
+instruction per 64 weights (as in llama.cpp); with AVX2 (and FMA, F16C) they go through
+``vpmaddubsw``/``vpmaddwd``, with the same exact integer sums. The library is cached under
+``$GENKIT_HOME/kernels/`` (default ``~/.cache/genkit``), keyed by the source, the compiler and the
+CPU, and written atomically. Without a compiler, on a CPU with neither, or with
+``GENKIT_BLOCK_KERNEL=0``, quantized layers use torch's int4 kernels instead;
+``GENKIT_BLOCK_KERNEL=portable`` forces the portable C loops (slow; for tests and odd CPUs) and
+``GENKIT_BLOCK_KERNEL=avx2`` the AVX2 build on a CPU that also has AVX-512.
 
 The product it computes: each group of 32 weights of an output row is ``d * u + m`` (codes ``u``
 of 4 or 8 bits, float16 ``d`` and ``m``) and activations are rounded to int8 per block of 32
@@ -75,10 +77,15 @@ def _cache_dir() -> Path:
     return Path(genkit_home()) / "kernels"
 
 
-def _build(cc: str, portable: bool = False) -> Path:
+BUILD_FLAGS = {"native": ["-march=native"], "avx2": ["-mavx2", "-mfma", "-mf16c"], "portable": []}
+SIMD_NAMES = {2: "avx512-vnni", 1: "avx2", 0: ""}
+SETTINGS = ("0", "1", "portable", "avx2")
+
+
+def _build(cc: str, mode: str = "native") -> Path:
     source = SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall"] + ([] if portable else ["-march=native"])
+    flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall", *BUILD_FLAGS[mode]]
     key = hashlib.sha256(source + version.encode() + _cpu_key().encode() + " ".join(flags).encode()).hexdigest()[:16]
     target = _cache_dir() / f"genkit_blocks-{key}.so"
     if target.exists():
@@ -105,21 +112,26 @@ def library() -> Any:
     if setting in ("0", "false", "no", "off"):
         logger.info("block kernel switched off by %s", ENV_SWITCH)
         return None
-    if setting not in ("", "1", "true", "yes", "on", "portable"):
-        raise ValueError(f"{ENV_SWITCH} must be one of '0', '1', 'portable'; got {setting!r}")
+    if setting not in ("", "1", "true", "yes", "on", "portable", "avx2"):
+        raise ValueError(f"{ENV_SWITCH} must be one of {', '.join(repr(v) for v in SETTINGS)}; got {setting!r}")
+    mode = setting if setting in ("portable", "avx2") else "native"
     cc = _compiler()
     if cc is None:
         logger.info("no C compiler found; quantized layers use torch's int4 kernels")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(cc, portable=setting == "portable")))
+        lib = ctypes.CDLL(str(_build(cc, mode)))
     except (OSError, RuntimeError) as exc:
         logger.warning("block kernel unavailable, quantized layers use torch's int4 kernels: %s", exc)
+        return None
+    lib.gk_simd.restype = ctypes.c_int
+    if mode == "native" and lib.gk_simd() == 0:
+        logger.info("the CPU has neither AVX-512 VNNI nor AVX2: quantized layers use torch's int4 kernels "
+                    "(%s=portable forces the slow portable loops)", ENV_SWITCH)
         return None
     lib.gk_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.gk_matmul.restype = ctypes.c_int
-    lib.gk_simd.restype = ctypes.c_int
     lib.gk_decode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_int, ctypes.c_int]
@@ -133,10 +145,11 @@ def available() -> bool:
     return library() is not None
 
 
-def simd() -> bool:
-    """Whether the loaded kernel uses AVX-512 VNNI (False: the portable loops)."""
+def simd() -> str:
+    """The loaded kernel's vector path: ``"avx512-vnni"``, ``"avx2"``, or ``""`` (the portable
+    loops, or no kernel)."""
     lib = library()
-    return bool(lib is not None and lib.gk_simd())
+    return SIMD_NAMES[int(lib.gk_simd())] if lib is not None else ""
 
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, bits: int) -> torch.Tensor:
