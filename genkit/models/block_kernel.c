@@ -433,6 +433,7 @@ typedef struct {
 
 static void rms_norm(const float *x, const float *w, float eps, int n, float *out) {
     float s = 0.0f;
+#pragma omp simd reduction(+ : s)
     for (int i = 0; i < n; i++) s += x[i] * x[i];
     float r = 1.0f / sqrtf(s / (float)n + eps);
     for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
@@ -447,6 +448,7 @@ static void rope(float *v, const float *cos_, const float *sin_, int d) {
 
 static inline float dot(const float *a, const float *b, int n) {
     float s = 0.0f;
+#pragma omp simd reduction(+ : s)
     for (int i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
