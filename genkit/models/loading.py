@@ -243,6 +243,16 @@ def _shape(state: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
     return shape(name) if callable(shape) else tuple(state[name].shape)
 
 
+def _warn_if_bfloat16_is_emulated(dtype: torch.dtype, device: str | torch.device | None) -> None:
+    """bfloat16 on a CPU without oneDNN's bfloat16 kernels (no AVX-512 BF16/BW or AVX-NE-CONVERT)
+    runs emulated, several times slower than float32: say so."""
+    from .llama_infer import packing_available
+
+    if dtype == torch.bfloat16 and torch.device(device or "cpu").type == "cpu" and not packing_available(dtype):
+        logger.warning("bfloat16 on this CPU has no native kernels and runs several times slower than float32 "
+                       "here; load with dtype=torch.float32 for speed")
+
+
 def build_model(config: ModelConfig, state: Mapping[str, torch.Tensor], dtype: torch.dtype,
                 where: str = "", device: str | torch.device | None = None,
                 model: GenkitModel | None = None) -> GenkitModel:
@@ -254,6 +264,7 @@ def build_model(config: ModelConfig, state: Mapping[str, torch.Tensor], dtype: t
             model = cls(config)
     # allocate once, in the target dtype and on the target device, then copy the tensors in
     model = model.to(dtype).to_empty(device=device if device is not None else "cpu")
+    _warn_if_bfloat16_is_emulated(dtype, device)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     params = dict(model.named_parameters(remove_duplicate=False))
