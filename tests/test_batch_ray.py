@@ -109,3 +109,22 @@ def _local_two(folder, tmp_path):
     engine = LocalEngine(genkit.load_model(str(folder)), genkit.load_tokenizer(str(folder)), {"max_new_tokens": 2})
     run_batch(tmp_path / "in.jsonl", tmp_path / "local.jsonl", engine)
     return _read(tmp_path / "local.jsonl")
+
+
+def test_generator_in_a_users_parquet_pipeline(cluster, folder, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import genkit.ray
+
+    rows = _write_rows(tmp_path / "in.jsonl", 24, seed=11)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    ds = ray.data.read_parquet(str(tmp_path / "in.parquet")).map_batches(
+        genkit.ray.Generator, fn_constructor_kwargs={"model": str(folder), "generation_kwargs": {"max_new_tokens": 2}},
+        concurrency=1, batch_size=8)
+    ds.write_parquet(str(tmp_path / "out"))
+    got = {r["id"]: r for r in pq.read_table(tmp_path / "out").to_pylist()}
+    local = {r["id"]: r for r in _local_two(folder, tmp_path)}
+    assert sorted(got) == sorted(local)
+    assert all(got[k]["token_ids"] == v["token_ids"] and got[k]["error"] is None and
+               json.loads(got[k]["usage"]) == v["usage"] for k, v in local.items())
