@@ -116,12 +116,14 @@ class Generator:
 class RayEngine:
     """The engine of ``genkit batch --engine ray``: the job's rows run as one Ray Data pipeline with
     ``workers`` actors (one model each, loaded once); ``address`` is passed to ``ray.init`` when Ray
-    is not yet initialised (``"auto"``: an existing cluster). Reading and writing stay in the driver
-    (see docs/batch.md): results stream back in input order and the job commits them chunk by chunk."""
+    is not yet initialised (``"auto"``: an existing cluster); ``num_cpus`` per actor (Ray gives
+    torch as many threads). Reading and writing stay in the driver (see docs/batch.md): results
+    stream back in input order and the job commits them chunk by chunk."""
 
     def __init__(self, model: str, generation_kwargs: dict[str, Any] | None = None, batch_size: int = 16,
                  workers: int = 1, address: str | None = None, tokenizer: str | None = None,
-                 custom_generate: Any = None, trust_remote_code: bool | None = None, **load_kwargs: Any) -> None:
+                 custom_generate: Any = None, trust_remote_code: bool | None = None, num_cpus: float = 1,
+                 **load_kwargs: Any) -> None:
         try:
             import ray
         except ImportError as exc:
@@ -132,6 +134,7 @@ class RayEngine:
             ray.init(address=address, log_to_driver=False)
         self.workers = workers
         self.batch_size = batch_size
+        self.num_cpus = num_cpus
         self.constructor = {"model": model, "tokenizer": tokenizer, "generation_kwargs": generation_kwargs,
                             "batch_size": batch_size, "custom_generate": custom_generate,
                             "trust_remote_code": trust_remote_code, **load_kwargs}
@@ -155,7 +158,7 @@ class RayEngine:
         try:
             ds = ray.data.from_items(items).map_batches(
                 Generator, fn_constructor_kwargs=self.constructor, concurrency=self.workers,
-                batch_size=self.batch_size, batch_format="pandas")
+                batch_size=self.batch_size, batch_format="pandas", num_cpus=self.num_cpus)
             got: dict[str, dict[str, Any]] = {}
             position = 0
             for result in ds.iter_rows():

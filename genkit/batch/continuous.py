@@ -84,7 +84,9 @@ class ContinuousEngine:
                 if static and (len(static) >= self.batch_size or exhausted or slots[0] in static):
                     self._run_static(static)
                 while slots and slots[0].result is not None:
-                    yield slots.popleft().result
+                    result = slots.popleft().result
+                    assert result is not None
+                    yield result
                 if not slots and exhausted:
                     return
                 if slots and slots[0].result is None and not (static and slots[0] in static):
