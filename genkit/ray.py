@@ -8,7 +8,8 @@ generation fields) into output rows (``id``, ``text``, ``token_ids``, ``finish_r
     import ray, genkit.ray
     ds = ray.data.read_json("prompts.jsonl")
     out = ds.map_batches(genkit.ray.Generator, fn_constructor_kwargs={"model": "smollm2",
-                         "generation_kwargs": {"max_new_tokens": 64}}, concurrency=2, batch_size=16)
+                         "generation_kwargs": {"max_new_tokens": 64}},
+                         compute=ray.data.ActorPoolStrategy(size=2), batch_size=16)
     out.write_json("out/")
 
 :class:`RayEngine` is the engine of ``genkit batch --engine ray``: the job's pending rows are one
@@ -157,8 +158,9 @@ class RayEngine:
         ctx.execution_options.preserve_order = True  # results in input order: the driver buffers little
         try:
             ds = ray.data.from_items(items).map_batches(
-                Generator, fn_constructor_kwargs=self.constructor, concurrency=self.workers,
-                batch_size=self.batch_size, batch_format="pandas", num_cpus=self.num_cpus)
+                Generator, fn_constructor_kwargs=self.constructor,
+                compute=ray.data.ActorPoolStrategy(size=self.workers), batch_size=self.batch_size,
+                batch_format="pandas", num_cpus=self.num_cpus)
             got: dict[str, dict[str, Any]] = {}
             position = 0
             for result in ds.iter_rows():

@@ -96,7 +96,7 @@ def test_generator_in_a_users_pipeline(cluster, folder, tmp_path):
     rows = [{"id": f"u{i}", "prompt": "alpha bravo " * (i % 3 + 1)} for i in range(20)]
     ds = ray.data.from_items(rows).map_batches(
         genkit.ray.Generator, fn_constructor_kwargs={"model": str(folder), "generation_kwargs": {"max_new_tokens": 2}},
-        concurrency=1, batch_size=8)
+        compute=ray.data.ActorPoolStrategy(size=1), batch_size=8)
     out = {r["id"]: r for r in ds.take_all()}
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     local = {r["id"]: r for r in _local_two(folder, tmp_path)}
@@ -121,7 +121,7 @@ def test_generator_in_a_users_parquet_pipeline(cluster, folder, tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
     ds = ray.data.read_parquet(str(tmp_path / "in.parquet")).map_batches(
         genkit.ray.Generator, fn_constructor_kwargs={"model": str(folder), "generation_kwargs": {"max_new_tokens": 2}},
-        concurrency=1, batch_size=8)
+        compute=ray.data.ActorPoolStrategy(size=1), batch_size=8)
     ds.write_parquet(str(tmp_path / "out"))
     got = {r["id"]: r for r in pq.read_table(tmp_path / "out").to_pylist()}
     local = {r["id"]: r for r in _local_two(folder, tmp_path)}
