@@ -173,3 +173,24 @@ def test_cli_batching_options(tmp_path, tiny_hf_dir, capsys):
     assert main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "x.jsonl"), "--model", str(folder),
                  "--num-beams", "2", "--batching", "continuous"]) == 2
     assert "`batching='continuous'` cannot run this job" in capsys.readouterr().err
+    # on Ray too, before any actor starts
+    assert main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "x.jsonl"), "--model", str(folder),
+                 "--engine", "ray", "--custom-generate", "greedy", "--batching", "continuous"]) == 2
+    assert "cannot run this job: a custom generate" in capsys.readouterr().err
+
+
+def test_a_request_that_fails_is_a_bad_row_and_the_job_goes_on(tmp_path, tokenizer):
+    from genkit.continuous import ContinuousBatchingConfig
+
+    model = tiny_llama(seed=0)
+    lines = [{"id": "short", "prompt": "alpha bravo"}, {"id": "long", "prompt": " ".join(WORDS)},
+             {"id": "short2", "prompt": "charlie"}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    engine = ContinuousEngine(model, tokenizer, {"max_new_tokens": 3}, batch_size=2,
+                              continuous_batching_config=ContinuousBatchingConfig(block_size=4, num_blocks=4))
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)
+    assert [r["id"] for r in _read(tmp_path / "out.jsonl")] == ["short", "short2"]
+    (error,) = _read(tmp_path / "out.jsonl.errors.jsonl")
+    assert error == {"line": 2, "id": "long", "error": error["error"]}
+    assert error["error"].startswith("generation failed: ") and "the cache holds 16" in error["error"]
+    assert (summary.written, summary.bad) == (2, 1)

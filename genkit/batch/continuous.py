@@ -109,7 +109,11 @@ class ContinuousEngine:
         running[rid] = slot
         settings.pop("num_return_sequences", None)
         max_new = settings.pop("max_new_tokens", None)
-        self.manager.add_request(slot.ids, request_id=rid, max_new_tokens=max_new, **settings)
+        try:
+            self.manager.add_request(slot.ids, request_id=rid, max_new_tokens=max_new, **settings)
+        except Exception as exc:  # noqa: BLE001 - the row's error; the job goes on
+            running.pop(rid, None)
+            slot.result = BadRow(row.line, row.id, f"generation failed: {exc}")
         return slot
 
     def _run_static(self, static: list[_Slot]) -> None:
@@ -135,6 +139,24 @@ class ContinuousEngine:
         slot.result = self.static.result_row(slot.row, slot.ids, (tokens, bool(tokens) and tokens[-1] in eos))
 
 
+def check_batching(batching: str, generation_kwargs: dict[str, Any], custom_generate: Any = None) -> str | None:
+    """Why the job's settings need static batches (None: continuous batching runs them); with
+    ``batching="continuous"`` that reason is an error. Checks ``batching`` itself."""
+    if batching not in BATCHING:
+        raise ValueError(f"`batching` must be one of {', '.join(repr(b) for b in BATCHING)}; got {batching!r}")
+    why = None
+    if custom_generate is not None:
+        why = "a custom generate (recipe or strategy) runs its own loop"
+    elif not continuous_runs(generation_kwargs):
+        odd = sorted(k for k in generation_kwargs if k not in CONTINUOUS_FIELDS)
+        why = (f"the settings {odd or ['num_beams', 'num_return_sequences']} need generate (continuous batching "
+               f"runs greedy search or sampling, one sequence per row, with the fields "
+               f"{', '.join(sorted(CONTINUOUS_FIELDS))})")
+    if batching == "continuous" and why is not None:
+        raise ValueError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
+    return why
+
+
 def make_local_engine(model: Any, tokenizer: Any, generation_kwargs: dict[str, Any] | None = None,
                       batch_size: int = 16, custom_generate: Any = None, trust_remote_code: bool | None = None,
                       batching: str = "auto") -> LocalEngine | ContinuousEngine:
@@ -144,17 +166,9 @@ def make_local_engine(model: Any, tokenizer: Any, generation_kwargs: dict[str, A
     from genkit.continuous.forward import check_model
     from genkit.errors import NotSupportedError
 
-    if batching not in BATCHING:
-        raise ValueError(f"`batching` must be one of {', '.join(repr(b) for b in BATCHING)}; got {batching!r}")
     kwargs = dict(generation_kwargs or {})
-    why = None
-    if custom_generate is not None:
-        why = "a custom generate (recipe or strategy) runs its own loop"
-    elif not continuous_runs(kwargs):
-        why = (f"the settings {sorted(k for k in kwargs if k not in CONTINUOUS_FIELDS) or ['num_beams']} need "
-               "generate (continuous batching runs greedy search or sampling with the fields "
-               f"{', '.join(sorted(CONTINUOUS_FIELDS))})")
-    else:
+    why = check_batching(batching, kwargs, custom_generate)
+    if why is None:
         try:
             check_model(model)
         except NotSupportedError as exc:

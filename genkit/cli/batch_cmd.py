@@ -64,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
     trust = True if args.trust_remote_code else None
     engine: Any
     if args.engine == "ray":
+        from genkit.batch.continuous import check_batching
         from genkit.ray import RayEngine
+
+        check_batching(args.batching, kwargs, args.custom_generate)  # before any actor loads a model
 
         if args.ray_address is None:
             import os
