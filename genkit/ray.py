@@ -31,6 +31,8 @@ from .batch.rows import BadRow, BatchRow, parse_record
 logger = logging.getLogger("genkit.ray")
 
 OUTPUT_COLUMNS = ("id", "text", "token_ids", "finish_reason", "usage", "error", "line")
+INT_FIELDS = frozenset({"max_new_tokens", "min_new_tokens", "max_length", "min_length", "top_k", "num_beams",
+                        "num_return_sequences", "no_repeat_ngram_size", "eos_token_id", "pad_token_id"})
 
 
 def _python(value: Any) -> Any:
@@ -91,6 +93,9 @@ class Generator:
             if isinstance(record.get("messages"), str):
                 record["messages"] = json.loads(record["messages"])
             record = {k: v for k, v in record.items() if v is not None}
+            for k in INT_FIELDS & record.keys():  # an int column with nulls reaches pandas/numpy as floats
+                if isinstance(record[k], float) and record[k].is_integer():
+                    record[k] = int(record[k])
             row = parse_record(line, record)
             if isinstance(row, BadRow):
                 out[i] = row

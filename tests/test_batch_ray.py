@@ -118,13 +118,16 @@ def test_generator_in_a_users_parquet_pipeline(cluster, folder, tmp_path):
     import genkit.ray
 
     rows = _write_rows(tmp_path / "in.jsonl", 24, seed=11)
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    rows[3]["max_new_tokens"] = 1  # a sparse int column: null elsewhere, floats in a pandas batch
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pq.write_table(pa.table({k: [r.get(k) for r in rows] for k in ("id", "prompt", "max_new_tokens")}),
+                   tmp_path / "in.parquet")
     ds = ray.data.read_parquet(str(tmp_path / "in.parquet")).map_batches(
         genkit.ray.Generator, fn_constructor_kwargs={"model": str(folder), "generation_kwargs": {"max_new_tokens": 2}},
-        compute=ray.data.ActorPoolStrategy(size=1), batch_size=8)
+        compute=ray.data.ActorPoolStrategy(size=1), batch_size=8, batch_format="pandas")
     ds.write_parquet(str(tmp_path / "out"))
     got = {r["id"]: r for r in pq.read_table(tmp_path / "out").to_pylist()}
     local = {r["id"]: r for r in _local_two(folder, tmp_path)}
-    assert sorted(got) == sorted(local)
+    assert sorted(got) == sorted(local) and len(local["r3"]["token_ids"]) == 1
     assert all(got[k]["token_ids"] == v["token_ids"] and got[k]["error"] is None and
                json.loads(got[k]["usage"]) == v["usage"] for k, v in local.items())

@@ -88,8 +88,8 @@ def output_schema() -> Any:
 
 def rows_table(rows: list[dict[str, Any]]) -> Any:
     """Output rows as a pyarrow Table of :func:`output_schema`."""
+    require_pyarrow()
     import pyarrow as pa
 
-    require_pyarrow()
     schema = output_schema()
     return pa.Table.from_pylist([{name: r.get(name) for name in schema.names} for r in rows], schema=schema)
