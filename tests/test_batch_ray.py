@@ -1,6 +1,6 @@
 """``genkit batch --engine ray`` and ``genkit.ray.Generator`` on a local Ray cluster started in the
 test (issue 17): 1,000 prompts, 2 actors, output identical to the local engine; an actor killed
-mid-job; resume."""
+mid-job; a job stopped halfway and resumed; Generator in users' own pipelines (JSON, Parquet)."""
 
 from __future__ import annotations
 
@@ -131,3 +131,21 @@ def test_generator_in_a_users_parquet_pipeline(cluster, folder, tmp_path):
     assert sorted(got) == sorted(local) and len(local["r3"]["token_ids"]) == 1
     assert all(got[k]["token_ids"] == v["token_ids"] and got[k]["error"] is None and
                json.loads(got[k]["usage"]) == v["usage"] for k, v in local.items())
+
+
+def test_ray_job_stopped_halfway_resumes_with_the_missing_rows(cluster, folder, tmp_path):
+    from test_batch_continuous import _Crash, _CrashingStream
+
+    rows = _write_rows(tmp_path / "in.jsonl", 120, seed=12)
+    engine = RayEngine(str(folder), {"max_new_tokens": 3}, batch_size=20, workers=2)
+    with pytest.raises(_Crash):  # the driver dies after 70 results: 60 rows committed
+        run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", _CrashingStream(engine, after=70), chunk_size=30)
+    assert sorted(p.name for p in (tmp_path / "out.jsonl.parts").iterdir()) == ["part-000000.jsonl",
+                                                                                 "part-000001.jsonl"]
+    again = _CrashingStream(engine, after=10**9)
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", again, chunk_size=30)
+    assert again.seen == [r["id"] for r in rows[60:]]  # only the missing rows ran
+    assert (summary.skipped, summary.written) == (60, 60)
+    got = _read(tmp_path / "out.jsonl")
+    assert [r["id"] for r in got] == [r["id"] for r in rows]
+    assert got == _local(folder, tmp_path / "in.jsonl", tmp_path / "local.jsonl")
