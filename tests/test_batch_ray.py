@@ -1,6 +1,6 @@
 """``genkit batch --engine ray`` and ``genkit.ray.Generator`` on a local Ray cluster started in the
 test (issue 17): 1,000 prompts, 2 actors, output identical to the local engine; an actor killed
-mid-job; resume."""
+mid-job; a job stopped halfway and resumed; Generator in users' own pipelines (JSON, Parquet)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_generator_in_a_users_pipeline(cluster, folder, tmp_path):
     rows = [{"id": f"u{i}", "prompt": "alpha bravo " * (i % 3 + 1)} for i in range(20)]
     ds = ray.data.from_items(rows).map_batches(
         genkit.ray.Generator, fn_constructor_kwargs={"model": str(folder), "generation_kwargs": {"max_new_tokens": 2}},
-        concurrency=1, batch_size=8)
+        compute=ray.data.ActorPoolStrategy(size=1), batch_size=8)
     out = {r["id"]: r for r in ds.take_all()}
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     local = {r["id"]: r for r in _local_two(folder, tmp_path)}
@@ -109,3 +109,43 @@ def _local_two(folder, tmp_path):
     engine = LocalEngine(genkit.load_model(str(folder)), genkit.load_tokenizer(str(folder)), {"max_new_tokens": 2})
     run_batch(tmp_path / "in.jsonl", tmp_path / "local.jsonl", engine)
     return _read(tmp_path / "local.jsonl")
+
+
+def test_generator_in_a_users_parquet_pipeline(cluster, folder, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import genkit.ray
+
+    rows = _write_rows(tmp_path / "in.jsonl", 24, seed=11)
+    rows[3]["max_new_tokens"] = 1  # a sparse int column: null elsewhere, floats in a pandas batch
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pq.write_table(pa.table({k: [r.get(k) for r in rows] for k in ("id", "prompt", "max_new_tokens")}),
+                   tmp_path / "in.parquet")
+    ds = ray.data.read_parquet(str(tmp_path / "in.parquet")).map_batches(
+        genkit.ray.Generator, fn_constructor_kwargs={"model": str(folder), "generation_kwargs": {"max_new_tokens": 2}},
+        compute=ray.data.ActorPoolStrategy(size=1), batch_size=8, batch_format="pandas")
+    ds.write_parquet(str(tmp_path / "out"))
+    got = {r["id"]: r for r in pq.read_table(tmp_path / "out").to_pylist()}
+    local = {r["id"]: r for r in _local_two(folder, tmp_path)}
+    assert sorted(got) == sorted(local) and len(local["r3"]["token_ids"]) == 1
+    assert all(got[k]["token_ids"] == v["token_ids"] and got[k]["error"] is None and
+               json.loads(got[k]["usage"]) == v["usage"] for k, v in local.items())
+
+
+def test_ray_job_stopped_halfway_resumes_with_the_missing_rows(cluster, folder, tmp_path):
+    from test_batch_continuous import _Crash, _CrashingStream
+
+    rows = _write_rows(tmp_path / "in.jsonl", 120, seed=12)
+    engine = RayEngine(str(folder), {"max_new_tokens": 3}, batch_size=20, workers=2)
+    with pytest.raises(_Crash):  # the driver dies after 70 results: 60 rows committed
+        run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", _CrashingStream(engine, after=70), chunk_size=30)
+    assert sorted(p.name for p in (tmp_path / "out.jsonl.parts").iterdir()) == ["part-000000.jsonl",
+                                                                                 "part-000001.jsonl"]
+    again = _CrashingStream(engine, after=10**9)
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", again, chunk_size=30)
+    assert again.seen == [r["id"] for r in rows[60:]]  # only the missing rows ran
+    assert (summary.skipped, summary.written) == (60, 60)
+    got = _read(tmp_path / "out.jsonl")
+    assert [r["id"] for r in got] == [r["id"] for r in rows]
+    assert got == _local(folder, tmp_path / "in.jsonl", tmp_path / "local.jsonl")

@@ -91,7 +91,7 @@ class LocalEngine:
                         except Exception as row_exc:  # noqa: BLE001
                             outs.append(BadRow(row.line, row.id, f"generation failed: {row_exc}"))
                 for (i, row, ids), out in zip(chunk, outs):
-                    results[i] = out if isinstance(out, BadRow) else self._row(row, ids, out)
+                    results[i] = out if isinstance(out, BadRow) else self.result_row(row, ids, out)
         return [results[i] for i in range(len(rows))]
 
     def _generate(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> list[tuple[list[int], bool]]:
@@ -106,15 +106,21 @@ class LocalEngine:
         out = genkit.generate(self.model, input_ids=ids, attention_mask=mask, **{"pad_token_id": self.pad, **kwargs},
                               **self.extra)
         sequences = out.sequences if hasattr(out, "sequences") else out
-        eos = _ids(kwargs["eos_token_id"]) if "eos_token_id" in kwargs else \
-            _ids(getattr(self.model.generation_config, "eos_token_id", None))
+        eos = self.eos_ids(kwargs)
         results = []
         for row in sequences[:, width:].tolist():
             cut = next((k for k, t in enumerate(row) if t in eos), None)
             results.append((row[:cut + 1], True) if cut is not None else (row, False))
         return results
 
-    def _row(self, row: BatchRow, prompt: list[int], out: tuple[list[int], bool]) -> dict[str, Any]:
+    def eos_ids(self, kwargs: dict[str, Any]) -> set[int]:
+        """The EOS ids of a row with these settings (its own ``eos_token_id``, else the model's)."""
+        if "eos_token_id" in kwargs:
+            return _ids(kwargs["eos_token_id"])
+        return _ids(getattr(self.model.generation_config, "eos_token_id", None))
+
+    def result_row(self, row: BatchRow, prompt: list[int], out: tuple[list[int], bool]) -> dict[str, Any]:
+        """The output row: new tokens (through the first EOS) and whether an EOS ended them."""
         tokens, stopped = out
         return {
             "id": row.id,

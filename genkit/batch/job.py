@@ -3,15 +3,17 @@ report bad rows, and count everything."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from .engine import BatchEngine
-from .rows import BadRow, BatchRow, read_jsonl
+from .formats import file_format, read_rows
+from .rows import BadRow, BatchRow
 from .store import ChunkedOutput
 
 logger = logging.getLogger("genkit.batch")
@@ -43,46 +45,75 @@ class BatchSummary:
 
 def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], engine: BatchEngine,
               chunk_size: int = 256, progress: Callable[[BatchSummary], None] | None = None) -> BatchSummary:
-    """Run ``engine`` over the JSONL rows of ``input_path`` into ``output_path`` (see
-    :mod:`genkit.batch.store` for how the output is committed and resumed); bad rows go to
-    ``<output>.errors.jsonl``. ``progress`` is called after every chunk."""
+    """Run ``engine`` over the rows of ``input_path`` into ``output_path`` (JSONL or Parquet, each by
+    its extension; see :mod:`genkit.batch.store` for how the output is committed and resumed); bad
+    rows go to ``<output>.errors.jsonl``. ``progress`` is called with the summary after every
+    committed chunk.
+
+    An engine with a ``stream(rows)`` method (results in input order, as they come) gets every
+    pending row of the job at once (one pipeline, no drain between chunks); otherwise ``run`` is
+    called on each chunk of ``chunk_size`` rows. Either way every ``chunk_size`` results are
+    committed as one chunk."""
     if chunk_size < 1:
         raise ValueError(f"`chunk_size` must be >= 1; got {chunk_size}")
+    file_format(input_path, "input")
     out = ChunkedOutput(output_path)
     summary = BatchSummary()
     errors: list[dict[str, Any]] = []
-    pending: list[BatchRow] = []
     start = time.perf_counter()
 
-    def flush() -> None:
-        results = engine.run(pending)
-        good = [r for r in results if not isinstance(r, BadRow)]
-        for r in results:
-            if isinstance(r, BadRow):
-                errors.append(r.to_json())
+    def pending() -> Iterator[BatchRow]:
+        for row in read_rows(input_path):
+            summary.rows_read += 1
+            if isinstance(row, BadRow):
+                errors.append(row.to_json())
+                summary.bad += 1
+            elif row.id in out.done:
+                summary.skipped += 1
+            else:
+                yield row
+
+    good: list[dict[str, Any]] = []
+    chunk_ids: set[str] = set()
+    taken = 0
+
+    def commit() -> None:
+        nonlocal taken
         out.commit(good)
         summary.written += len(good)
-        summary.bad += len(results) - len(good)
         summary.new_tokens += sum(r["usage"]["completion_tokens"] for r in good)
         summary.seconds = time.perf_counter() - start
-        pending.clear()
+        good.clear()
+        chunk_ids.clear()
+        taken = 0
         if progress is not None:
             progress(summary)
 
-    for row in read_jsonl(input_path):
-        summary.rows_read += 1
-        if isinstance(row, BadRow):
-            errors.append(row.to_json())
+    for result in _results(engine, pending(), chunk_size):
+        taken += 1
+        if isinstance(result, BadRow):
+            errors.append(result.to_json())
             summary.bad += 1
-        elif row.id in out.done:
-            summary.skipped += 1
-        else:
-            pending.append(row)
-            if len(pending) >= chunk_size:
-                flush()
-    if pending:
-        flush()
+        elif str(result["id"]) not in out.done and str(result["id"]) not in chunk_ids:
+            good.append(result)  # (an engine that ran a row twice, e.g. on a retry, writes it once)
+            chunk_ids.add(str(result["id"]))
+        if taken >= chunk_size:
+            commit()
+    if taken:
+        commit()
     out.finalize(errors)
     summary.seconds = time.perf_counter() - start
     logger.info("batch job: %s", summary.to_dict())
     return summary
+
+
+def _results(engine: BatchEngine, rows: Iterator[BatchRow], chunk_size: int) -> Iterator[dict[str, Any] | BadRow]:
+    stream = getattr(engine, "stream", None)
+    if stream is not None:
+        yield from stream(rows)
+        return
+    while True:
+        chunk = list(itertools.islice(rows, chunk_size))
+        if not chunk:
+            return
+        yield from engine.run(chunk)

@@ -86,15 +86,6 @@ def check_settings(settings: dict[str, Any]) -> str | None:
 
 def read_jsonl(path: str | os.PathLike[str]) -> Iterator[BatchRow | BadRow]:
     """Every non-blank line of ``path`` as a row or a bad row; a repeated id is a bad row."""
-    seen: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for n, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            row = parse_row(n, text)
-            if isinstance(row, BatchRow):
-                if row.id in seen:
-                    yield BadRow(n, row.id, f"duplicate id {row.id!r}")
-                    continue
-                seen.add(row.id)
-            yield row
+    from .formats import read_rows
+
+    return read_rows(path, "jsonl")

@@ -1,10 +1,10 @@
-"""Output of a batch job, written in committed chunks.
+"""Output of a batch job, written in committed chunks (JSONL or Parquet, by the output's extension).
 
-Finished rows go to ``<output>.parts/part-NNNNNN.jsonl``, each part written to a temporary file and
-renamed into place (a crash never leaves half a part). When the job ends, the existing output and
-the parts are joined into ``<output>`` the same way, and the parts folder is removed. A re-run with
-the same output reads the ids already written (in the output and in the parts) and skips them.
-Bad rows go to ``<output>.errors.jsonl``.
+Finished rows go to ``<output>.parts/part-NNNNNN.jsonl`` (or ``.parquet``), each part written to a
+temporary file and renamed into place (a crash never leaves half a part). When the job ends, the
+existing output and the parts are joined into ``<output>`` the same way, and the parts folder is
+removed. A re-run with the same output reads the ids already written (in the output and in the
+parts) and skips them. Bad rows go to ``<output>.errors.jsonl`` (JSONL whatever the output format).
 """
 
 from __future__ import annotations
@@ -15,17 +15,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from genkit.fileutil import atomic_path, atomic_write_text
 
-def _atomic_write(path: Path, lines: list[str]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(lines)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+from .formats import file_format, output_schema, require_pyarrow, rows_table
 
 
-def _ids_in(path: Path) -> list[str]:
+def _ids_in(path: Path, fmt: str) -> list[str]:
+    if fmt == "parquet":
+        pq = require_pyarrow()
+        return [str(i) for i in pq.read_table(path, columns=["id"]).column("id").to_pylist()]
     ids = []
     with open(path, encoding="utf-8") as f:
         for text in f:
@@ -39,42 +37,81 @@ class ChunkedOutput:
 
     def __init__(self, output: str | os.PathLike[str]) -> None:
         self.path = Path(output)
+        self.format = file_format(self.path, "output")
+        if self.format == "parquet":
+            require_pyarrow()
+        self.ext = "parquet" if self.format == "parquet" else "jsonl"
         self.parts = self.path.with_name(self.path.name + ".parts")
         self.errors_path = self.path.with_name(self.path.name + ".errors.jsonl")
         self._next = 0
         self.done: set[str] = set()
         if self.path.exists():
-            self.done.update(_ids_in(self.path))
-        if self.parts.is_dir():
-            for part in sorted(self.parts.glob("part-*.jsonl")):
-                self.done.update(_ids_in(part))
-                self._next = max(self._next, int(part.stem.split("-")[1]) + 1)
+            self.done.update(_ids_in(self.path, self.format))
+        for part in self._part_files():
+            self.done.update(_ids_in(part, self.format))
+            self._next = max(self._next, int(part.stem.split("-")[1]) + 1)
+
+    def _part_files(self) -> list[Path]:
+        return sorted(self.parts.glob(f"part-*.{self.ext}")) if self.parts.is_dir() else []
 
     def commit(self, rows: list[dict[str, Any]]) -> None:
         """Write one chunk of finished rows for good."""
         if not rows:
             return
-        self.parts.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.parts / f"part-{self._next:06d}.jsonl",
-                      [json.dumps(r, ensure_ascii=False) + "\n" for r in rows])
+        part = self.parts / f"part-{self._next:06d}.{self.ext}"
+        if self.format == "parquet":
+            pq = require_pyarrow()
+            with atomic_path(part) as tmp:
+                pq.write_table(rows_table(rows), tmp)
+        else:
+            atomic_write_text(part, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         self._next += 1
         self.done.update(str(r["id"]) for r in rows)
 
     def finalize(self, errors: list[dict[str, Any]]) -> None:
         """Join the output and the parts into the output file; write the errors file."""
+        parts = self._part_files()
+        if parts or not self.path.exists():
+            sources = ([self.path] if self.path.exists() else []) + parts
+            with atomic_path(self.path) as tmp:
+                if self.format == "parquet":
+                    _join_parquet(sources, tmp)
+                else:
+                    _join_jsonl(sources, tmp)
         if self.parts.is_dir():
-            lines: list[str] = []
-            if self.path.exists():
-                with open(self.path, encoding="utf-8") as f:
-                    lines.extend(line if line.endswith("\n") else line + "\n" for line in f if line.strip())
-            for part in sorted(self.parts.glob("part-*.jsonl")):
-                with open(part, encoding="utf-8") as f:
-                    lines.extend(f.readlines())
-            _atomic_write(self.path, lines)
             shutil.rmtree(self.parts)
-        elif not self.path.exists():
-            _atomic_write(self.path, [])
         if errors:
-            _atomic_write(self.errors_path, [json.dumps(e, ensure_ascii=False) + "\n" for e in errors])
+            atomic_write_text(self.errors_path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in errors))
         elif self.errors_path.exists():
             self.errors_path.unlink()
+
+
+def _join_jsonl(sources: list[Path], target: str) -> None:
+    seen: set[str] = set()  # a crash between the join's rename and the parts' removal leaves both
+    with open(target, "w", encoding="utf-8") as out:
+        for source in sources:
+            with open(source, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        rid = str(json.loads(line)["id"])
+                        if rid not in seen:
+                            seen.add(rid)
+                            out.write(line if line.endswith("\n") else line + "\n")
+
+
+def _join_parquet(sources: list[Path], target: str) -> None:
+    import pyarrow as pa
+
+    pq = require_pyarrow()
+    schema = output_schema()
+    seen: set[str] = set()
+    with pq.ParquetWriter(target, schema) as writer:
+        for source in sources:
+            for batch in pq.ParquetFile(source).iter_batches(batch_size=4096):
+                keep = []
+                for rid in batch.column("id").to_pylist():
+                    keep.append(str(rid) not in seen)
+                    seen.add(str(rid))
+                if not all(keep):
+                    batch = batch.filter(pa.array(keep))
+                writer.write_batch(batch.cast(schema) if batch.schema != schema else batch)

@@ -1,4 +1,4 @@
-"""``genkit batch INPUT OUTPUT``: generate for every row of a JSONL file (see docs/batch.md)."""
+"""``genkit batch INPUT OUTPUT``: generate for every row of a JSONL or Parquet file (see docs/batch.md)."""
 
 from __future__ import annotations
 
@@ -10,28 +10,33 @@ from typing import Any
 from .generate_cmd import DEFAULT_MODEL, add_generation_options
 
 ENGINES = ("local", "ray")
+BATCHING = ("auto", "continuous", "static")
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "batch",
-        help="generate for every row of a JSONL file",
+        help="generate for every row of a JSONL or Parquet file",
         description=(
             "Read rows {\"id\": ..., \"prompt\": ...} or {\"id\": ..., \"messages\": [...]} (plus any per-row "
             "generation fields) from INPUT and write {\"id\", \"text\", \"token_ids\", \"finish_reason\", \"usage\"} "
-            "rows to OUTPUT, in committed chunks: re-running with the same OUTPUT skips the ids already written. "
+            "rows to OUTPUT (JSONL or Parquet, each by its extension), in committed chunks: re-running with the same OUTPUT skips the ids already written. "
             "Bad rows go to OUTPUT.errors.jsonl and do not stop the job."
         ),
     )
-    p.add_argument("input", help="input JSONL file")
-    p.add_argument("output", help="output JSONL file (resumed when it exists)")
+    p.add_argument("input", help="input file: .jsonl or .parquet")
+    p.add_argument("output", help="output file: .jsonl or .parquet (resumed when it exists)")
     p.add_argument("--model", "-m", default=DEFAULT_MODEL,
                    help=f"model folder, .gguf file, Hub id 'org/name', or 'smollm2' (default: {DEFAULT_MODEL})")
     p.add_argument("--engine", default="local", choices=ENGINES, help="where to run (default: local)")
+    p.add_argument("--batching", default="auto", choices=BATCHING,
+                   help="the engine on each machine: 'continuous' batching, 'static' left-padded batches, or 'auto' (continuous "
+                        "where the model and settings allow it; default: auto)")
     p.add_argument("--workers", type=int, default=1, help="Ray actors, one model each (--engine ray; default: 1)")
     p.add_argument("--ray-address", default=None,
                    help="Ray cluster to join (--engine ray): 'auto' or ray://host:port (default: a local Ray)")
-    p.add_argument("--batch-size", type=int, default=16, help="rows per generate call (default: 16)")
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="rows per generate call, or per continuous batching step (default: 16)")
     p.add_argument("--chunk-size", type=int, default=256, help="rows per committed output chunk (default: 256)")
     p.add_argument("--custom-generate", metavar="REF", default=None,
                    help="a recipe (local folder or Hub 'org/repo[@rev]') or a registered strategy name")
@@ -44,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import genkit
-    from genkit.batch import LocalEngine, run_batch
+    from genkit.batch import make_local_engine, run_batch
 
     from .generate_cmd import check_device, check_generation_options, generation_kwargs
 
@@ -59,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
     trust = True if args.trust_remote_code else None
     engine: Any
     if args.engine == "ray":
+        from genkit.batch.continuous import check_batching
         from genkit.ray import RayEngine
+
+        check_batching(args.batching, kwargs, args.custom_generate)  # before any actor loads a model
 
         if args.ray_address is None:
             import os
@@ -71,23 +79,22 @@ def run(args: argparse.Namespace) -> int:
 
         engine = RayEngine(args.model, kwargs, batch_size=args.batch_size, workers=args.workers,
                            address=args.ray_address, custom_generate=args.custom_generate, trust_remote_code=trust,
-                           revision=args.revision, dtype=args.dtype, device=args.device)
+                           revision=args.revision, dtype=args.dtype, device=args.device, batching=args.batching)
     else:
         model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
                                   trust_remote_code=trust)
         tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
-        engine = LocalEngine(model, tokenizer, kwargs, batch_size=args.batch_size,
-                             custom_generate=args.custom_generate, trust_remote_code=trust)
-    from tqdm.auto import tqdm
+        engine = make_local_engine(model, tokenizer, kwargs, batch_size=args.batch_size,
+                                   custom_generate=args.custom_generate, trust_remote_code=trust,
+                                   batching=args.batching)
+    from .progress import BatchBar
 
-    bar = tqdm(desc="genkit batch", unit="row", file=sys.stderr, disable=not sys.stderr.isatty())
-
-    def progress(summary: Any) -> None:
-        bar.update(summary.written + summary.bad - bar.n)
-        bar.set_postfix(rows_s=f"{summary.rows_per_s:.1f}", tokens_s=f"{summary.tokens_per_s:.1f}")
-
-    with torch.inference_mode():
-        summary = run_batch(args.input, args.output, engine, chunk_size=args.chunk_size, progress=progress)
-    bar.close()
+    bar = BatchBar() if sys.stderr.isatty() else None
+    try:
+        with torch.inference_mode():
+            summary = run_batch(args.input, args.output, engine, chunk_size=args.chunk_size, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     print(json.dumps(summary.to_dict()), file=sys.stderr)
     return 0

@@ -40,6 +40,26 @@ class StageBars:
             self.bar = None
 
 
+class BatchBar:
+    """A ``run_batch`` progress callback: one tqdm bar on ``stream`` (stderr) counting the rows
+    done (written and bad) with the job's rows/s and tokens/s beside it."""
+
+    def __init__(self, stream: Any = None) -> None:
+        from tqdm.auto import tqdm
+
+        size = shutil.get_terminal_size()
+        self.bar = tqdm(desc="genkit batch", unit="row", file=stream if stream is not None else sys.stderr,
+                        ncols=size.columns, nrows=size.lines, mininterval=0)
+
+    def __call__(self, summary: Any) -> None:
+        self.bar.set_postfix_str(f"{summary.rows_per_s:.2f} rows/s, {summary.tokens_per_s:.1f} tokens/s",
+                                 refresh=False)
+        self.bar.update(summary.written + summary.bad - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def install_stage_bars() -> StageBars | None:
     """Draw the demo model's first-run set-up on stderr when it is a terminal; nothing otherwise."""
     if not sys.stderr.isatty():

@@ -1,0 +1,183 @@
+"""The local engine on continuous batching (``genkit batch --batching continuous|auto``).
+
+:class:`ContinuousEngine` hands rows to one :class:`~genkit.continuous.ContinuousBatchingManager`
+as requests, each with its own settings, and keeps up to ``4 * batch_size`` of them in flight, so
+the batch never drains between chunks of the job; results come back in input order. A row whose
+settings continuous batching does not run (beam search, stop strings, anything outside
+:data:`CONTINUOUS_FIELDS`) goes to the static engine (:class:`~genkit.batch.engine.LocalEngine`,
+left-padded ``generate``) beside it. Greedy output is token for token the static engine's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .engine import LocalEngine
+from .rows import BadRow, BatchRow
+
+logger = logging.getLogger("genkit.batch")
+
+BATCHING = ("auto", "continuous", "static")
+
+# generation fields a continuous batching request honours (its logits processors, its length, its
+# EOS); a row setting anything else runs on the static engine
+CONTINUOUS_FIELDS = frozenset({
+    "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty",
+    "no_repeat_ngram_size", "eos_token_id", "pad_token_id", "bos_token_id", "num_beams", "num_return_sequences",
+    "use_cache"})
+
+
+def continuous_runs(settings: dict[str, Any]) -> bool:
+    """Whether continuous batching runs a row with these (merged) generation settings."""
+    return (all(k in CONTINUOUS_FIELDS for k in settings) and settings.get("num_beams") in (None, 1)
+            and settings.get("num_return_sequences") in (None, 1))
+
+
+class _Slot:
+    __slots__ = ("row", "ids", "result")
+
+    def __init__(self, row: BatchRow) -> None:
+        self.row = row
+        self.ids: list[int] = []
+        self.result: dict[str, Any] | BadRow | None = None
+
+
+class ContinuousEngine:
+    """Rows as continuous batching requests (see the module docstring). ``batch_size`` is the
+    most requests in one step (``max_requests_per_batch``) and the static engine's batch size."""
+
+    def __init__(self, model: Any, tokenizer: Any, generation_kwargs: dict[str, Any] | None = None,
+                 batch_size: int = 16, continuous_batching_config: Any = None) -> None:
+        from genkit.continuous import ContinuousBatchingConfig, ContinuousBatchingManager
+
+        self.static = LocalEngine(model, tokenizer, generation_kwargs, batch_size=batch_size)
+        self.kwargs = self.static.kwargs
+        self.batch_size = batch_size
+        self.window = 4 * batch_size
+        cb = continuous_batching_config or ContinuousBatchingConfig(max_requests_per_batch=batch_size)
+        self.manager = ContinuousBatchingManager(model, continuous_batching_config=cb)
+        self._ids = itertools.count()
+
+    def run(self, rows: list[BatchRow]) -> list[dict[str, Any] | BadRow]:
+        return list(self.stream(rows))
+
+    def stream(self, rows: Iterable[BatchRow]) -> Iterator[dict[str, Any] | BadRow]:
+        """Each row's result, in input order, as they finish."""
+        slots: deque[_Slot] = deque()
+        running: dict[str, _Slot] = {}
+        static: list[_Slot] = []
+        source = iter(rows)
+        exhausted = False
+        self.manager.start()
+        try:
+            while True:
+                while not exhausted and len(slots) < self.window:
+                    row = next(source, None)
+                    if row is None:
+                        exhausted = True
+                        break
+                    slots.append(self._submit(row, running, static))
+                if static and (len(static) >= self.batch_size or exhausted or slots[0] in static):
+                    self._run_static(static)
+                while slots and slots[0].result is not None:
+                    result = slots.popleft().result
+                    assert result is not None
+                    yield result
+                if not slots and exhausted:
+                    return
+                if slots and slots[0].result is None and not (static and slots[0] in static):
+                    self._collect(running)
+        finally:
+            self.manager.stop(block=True, timeout=30)
+
+    def _submit(self, row: BatchRow, running: dict[str, _Slot], static: list[_Slot]) -> _Slot:
+        slot = _Slot(row)
+        try:
+            slot.ids = self.static.encode(row)
+        except Exception as exc:  # noqa: BLE001 - the row's error
+            slot.result = BadRow(row.line, row.id, f"cannot encode the prompt: {exc}")
+            return slot
+        settings = {**self.kwargs, **row.settings}
+        if not continuous_runs(settings):
+            static.append(slot)
+            return slot
+        rid = f"batch{next(self._ids)}"
+        running[rid] = slot
+        settings.pop("num_return_sequences", None)
+        max_new = settings.pop("max_new_tokens", None)
+        try:
+            self.manager.add_request(slot.ids, request_id=rid, max_new_tokens=max_new, **settings)
+        except Exception as exc:  # noqa: BLE001 - the row's error; the job goes on
+            running.pop(rid, None)
+            slot.result = BadRow(row.line, row.id, f"generation failed: {exc}")
+        return slot
+
+    def _run_static(self, static: list[_Slot]) -> None:
+        for slot, result in zip(static, self.static.run([s.row for s in static])):
+            slot.result = result
+        static.clear()
+
+    def _collect(self, running: dict[str, _Slot]) -> None:
+        """Wait for the manager's next finished request and file its result."""
+        out = self.manager.get_result(timeout=1)
+        if out is None:
+            if not self.manager.is_running():
+                raise RuntimeError(f"continuous batching stopped: {self.manager.error}")
+            return
+        slot = running.pop(out.request_id, None)
+        if slot is None or not out.is_finished():
+            return
+        if out.error is not None:
+            slot.result = BadRow(slot.row.line, slot.row.id, f"generation failed: {out.error}")
+            return
+        tokens = list(out.generated_tokens)
+        eos = self.static.eos_ids({**self.kwargs, **slot.row.settings})
+        slot.result = self.static.result_row(slot.row, slot.ids, (tokens, bool(tokens) and tokens[-1] in eos))
+
+
+def check_batching(batching: str, generation_kwargs: dict[str, Any], custom_generate: Any = None) -> str | None:
+    """Why the job's settings need static batches (None: continuous batching runs them); with
+    ``batching="continuous"`` that reason is an error. Checks ``batching`` itself."""
+    if batching not in BATCHING:
+        raise ValueError(f"`batching` must be one of {', '.join(repr(b) for b in BATCHING)}; got {batching!r}")
+    why = None
+    if custom_generate is not None:
+        why = "a custom generate (recipe or strategy) runs its own loop"
+    elif not continuous_runs(generation_kwargs):
+        odd = sorted(k for k in generation_kwargs if k not in CONTINUOUS_FIELDS)
+        why = (f"the settings {odd or ['num_beams', 'num_return_sequences']} need generate (continuous batching "
+               f"runs greedy search or sampling, one sequence per row, with the fields "
+               f"{', '.join(sorted(CONTINUOUS_FIELDS))})")
+    if batching == "continuous" and why is not None:
+        raise ValueError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
+    return why
+
+
+def make_local_engine(model: Any, tokenizer: Any, generation_kwargs: dict[str, Any] | None = None,
+                      batch_size: int = 16, custom_generate: Any = None, trust_remote_code: bool | None = None,
+                      batching: str = "auto") -> LocalEngine | ContinuousEngine:
+    """The local engine for ``batching``: ``"static"`` (left-padded ``generate``), ``"continuous"``
+    (an error when the model or the job's settings cannot run on it), or ``"auto"`` (continuous
+    batching where the model and the settings allow it, else static)."""
+    from genkit.continuous.forward import check_model
+    from genkit.errors import NotSupportedError
+
+    kwargs = dict(generation_kwargs or {})
+    why = check_batching(batching, kwargs, custom_generate)
+    if why is None:
+        try:
+            check_model(model)
+        except NotSupportedError as exc:
+            why = str(exc)
+    if batching == "continuous" and why is not None:
+        raise ValueError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
+    if batching == "static" or why is not None:
+        if batching == "auto":
+            logger.info("batch: static batches (%s)", why)
+        return LocalEngine(model, tokenizer, kwargs, batch_size=batch_size, custom_generate=custom_generate,
+                           trust_remote_code=trust_remote_code)
+    return ContinuousEngine(model, tokenizer, kwargs, batch_size=batch_size)

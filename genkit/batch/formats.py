@@ -1,0 +1,95 @@
+"""File formats of a batch job, chosen by extension: JSONL (``.jsonl``, ``.json``, ``.ndjson``) and
+Parquet (``.parquet``, ``.pq``; needs ``pyarrow``, the ``parquet`` extra). Input and output formats
+are independent (JSONL in, Parquet out is fine); the errors file is always JSONL.
+
+Parquet output rows have a fixed schema: ``id`` string, ``text`` string, ``token_ids``
+list<int64>, ``finish_reason`` string, ``usage`` struct<prompt_tokens, completion_tokens,
+total_tokens: int64>.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from .rows import BadRow, BatchRow, parse_record, parse_row
+
+FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def file_format(path: str | os.PathLike[str], what: str = "file") -> str:
+    """``"jsonl"`` or ``"parquet"`` from ``path``'s extension; ValueError naming the accepted ones."""
+    ext = os.path.splitext(os.fspath(path))[1].lower()
+    if ext not in FORMATS:
+        raise ValueError(f"the {what} {os.fspath(path)!r} must end in one of {', '.join(FORMATS)} (JSONL or "
+                         f"Parquet); got {ext or 'no extension'!r}")
+    return FORMATS[ext]
+
+
+def require_pyarrow() -> Any:
+    """``pyarrow.parquet``, or an ImportError naming the extra to install."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ImportError("Parquet input or output needs pyarrow: pip install 'genkit-lm[parquet]' "
+                          "(or 'genkit-lm[ray]')") from exc
+    return pq
+
+
+def read_rows(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[BatchRow | BadRow]:
+    """Every row of a JSONL or Parquet file (``fmt``, default: by extension) as a row or a bad row
+    (a repeated id is a bad row). A bad row's ``line`` is its line in a JSONL file, its row number
+    (1-based) in a Parquet file."""
+    fmt = fmt or file_format(path, "input")
+    rows = _read_parquet(path) if fmt == "parquet" else _read_jsonl(path)
+    seen: set[str] = set()
+    for row in rows:
+        if isinstance(row, BatchRow):
+            if row.id in seen:
+                yield BadRow(row.line, row.id, f"duplicate id {row.id!r}")
+                continue
+            seen.add(row.id)
+        yield row
+
+
+def _read_jsonl(path: str | os.PathLike[str]) -> Iterator[BatchRow | BadRow]:
+    with open(path, encoding="utf-8") as f:
+        for n, text in enumerate(f, 1):
+            if text.strip():
+                yield parse_row(n, text)
+
+
+def _read_parquet(path: str | os.PathLike[str]) -> Iterator[BatchRow | BadRow]:
+    pq = require_pyarrow()
+    n = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+        for record in batch.to_pylist():
+            n += 1
+            # a column some rows leave empty is null in the others: not a setting of theirs
+            record = {k: v for k, v in record.items() if v is not None}
+            if isinstance(record.get("messages"), str):  # messages stored as a JSON string
+                try:
+                    record["messages"] = json.loads(record["messages"])
+                except ValueError:
+                    pass
+            yield parse_record(n, record)
+
+
+def output_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string()), ("text", pa.string()), ("token_ids", pa.list_(pa.int64())),
+                      ("finish_reason", pa.string()),
+                      ("usage", pa.struct([(k, pa.int64()) for k in USAGE_KEYS]))])
+
+
+def rows_table(rows: list[dict[str, Any]]) -> Any:
+    """Output rows as a pyarrow Table of :func:`output_schema`."""
+    require_pyarrow()
+    import pyarrow as pa
+
+    schema = output_schema()
+    return pa.Table.from_pylist([{name: r.get(name) for name in schema.names} for r in rows], schema=schema)

@@ -1,0 +1,155 @@
+"""``genkit batch`` with Parquet input and output (issue 17): the same rows as JSONL, mixed formats,
+bad rows by row number, committed Parquet parts and resume, the error without pyarrow."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_batch import _model_folder, _raw_tokenizer, _read, _write_rows
+
+from genkit.batch import ContinuousEngine, LocalEngine, run_batch
+from genkit.models.tiny import tiny_llama
+
+
+@pytest.fixture
+def tokenizer():
+    from genkit.tokenizer import Tokenizer
+
+    return Tokenizer(_raw_tokenizer(), {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+
+
+def _to_parquet(rows: list[dict], path) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))  # every row's keys, null where a row has none
+    pq.write_table(pa.table({k: [r.get(k) for r in rows] for k in keys}), path)
+
+
+def _engine(tokenizer, new=4):
+    return ContinuousEngine(tiny_llama(seed=0), tokenizer, {"max_new_tokens": new}, batch_size=4)
+
+
+def test_parquet_in_and_out_equal_jsonl(tmp_path, tokenizer):
+    rows = _write_rows(tmp_path / "in.jsonl", 30, seed=3)
+    rows[4]["max_new_tokens"] = 2  # a per-row field: a column, null in the other rows
+    _to_parquet(rows, tmp_path / "in.parquet")
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    engine = _engine(tokenizer)
+    run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine, chunk_size=8)
+    summary = run_batch(tmp_path / "in.parquet", tmp_path / "out.parquet", engine, chunk_size=8)
+    assert (summary.written, summary.bad) == (30, 0)
+    expected = _read(tmp_path / "out.jsonl")
+    assert len(expected[4]["token_ids"]) == 2
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.schema.field("token_ids").type == pa.list_(pa.int64())
+    assert table.schema.field("usage").type == pa.struct([("prompt_tokens", pa.int64()),
+                                                          ("completion_tokens", pa.int64()),
+                                                          ("total_tokens", pa.int64())])
+    assert table.to_pylist() == expected
+    assert not (tmp_path / "out.parquet.parts").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")) == []
+    # mixed: JSONL in, Parquet out; Parquet in, JSONL out
+    run_batch(tmp_path / "in.jsonl", tmp_path / "mixed.parquet", engine, chunk_size=8)
+    assert pq.read_table(tmp_path / "mixed.parquet").to_pylist() == expected
+    run_batch(tmp_path / "in.parquet", tmp_path / "mixed.jsonl", engine, chunk_size=8)
+    assert _read(tmp_path / "mixed.jsonl") == expected
+
+
+def test_bad_parquet_rows_are_reported_by_row_number(tmp_path, tokenizer):
+    rows = [{"id": "ok", "prompt": "alpha bravo", "top_k": None, "messages": None},
+            {"id": "no-prompt", "prompt": None, "top_k": None, "messages": None},
+            {"id": "bad-k", "prompt": "alpha", "top_k": -3, "messages": None},
+            {"id": "ok", "prompt": "charlie", "top_k": None, "messages": None},
+            {"id": "chat", "prompt": None, "top_k": None, "messages": [{"role": "user", "content": "delta"}]},
+            {"id": "empty", "prompt": "", "top_k": None, "messages": None}]
+    _to_parquet(rows, tmp_path / "in.parquet")
+    from genkit.tokenizer import Tokenizer
+
+    template = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}echo{% endif %}"
+    tok = Tokenizer(_raw_tokenizer(), {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                                       "chat_template": template})
+    model = tiny_llama(seed=0)
+    summary = run_batch(tmp_path / "in.parquet", tmp_path / "out.parquet",
+                        ContinuousEngine(model, tok, {"max_new_tokens": 3}))
+    out = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [r["id"] for r in out] == ["ok", "chat"]
+    (tmp_path / "ref.jsonl").write_text(json.dumps({"id": "chat", "prompt": "delta echo"}) + "\n")
+    run_batch(tmp_path / "ref.jsonl", tmp_path / "ref.jsonl.out.jsonl", LocalEngine(model, tok, {"max_new_tokens": 3}))
+    assert out[1]["token_ids"] == _read(tmp_path / "ref.jsonl.out.jsonl")[0]["token_ids"]  # list<struct> messages
+    errors = {e["line"]: e for e in _read(tmp_path / "out.parquet.errors.jsonl")}
+    assert sorted(errors) == [2, 3, 4, 6]
+    assert errors[2]["id"] == "no-prompt" and "neither `prompt` nor `messages`" in errors[2]["error"]
+    assert errors[3]["id"] == "bad-k" and "top_k" in errors[3]["error"]
+    assert "duplicate id 'ok'" in errors[4]["error"]
+    assert errors[6]["id"] == "empty" and "non-empty string" in errors[6]["error"]
+    assert (summary.rows_read, summary.written, summary.bad) == (6, 2, 4)
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashAfter:
+    def __init__(self, inner, after: int) -> None:
+        self.inner, self.after, self.seen = inner, after, []
+
+    def run(self, rows):
+        return self.inner.run(rows)
+
+    def stream(self, rows):
+        for n, result in enumerate(self.inner.stream(rows)):
+            if n == self.after:
+                raise _Crash("killed mid-job")
+            self.seen.append(result["id"])
+            yield result
+
+
+def test_parquet_resume_writes_only_the_missing_rows(tmp_path, tokenizer):
+    rows = _write_rows(tmp_path / "in.jsonl", 25, seed=9)
+    _to_parquet(rows, tmp_path / "in.parquet")
+    engine = _engine(tokenizer)
+    with pytest.raises(_Crash):
+        run_batch(tmp_path / "in.parquet", tmp_path / "out.parquet", _CrashAfter(engine, 13), chunk_size=6)
+    parts = sorted((tmp_path / "out.parquet.parts").iterdir())
+    assert [p.name for p in parts] == ["part-000000.parquet", "part-000001.parquet"]  # no temporary file left
+    assert [len(pq.read_table(p)) for p in parts] == [6, 6]
+    again = _CrashAfter(engine, 10**9)
+    summary = run_batch(tmp_path / "in.parquet", tmp_path / "out.parquet", again, chunk_size=6)
+    assert again.seen == [r["id"] for r in rows[12:]] and (summary.skipped, summary.written) == (12, 13)
+    run_batch(tmp_path / "in.parquet", tmp_path / "straight.parquet", engine)
+    assert pq.read_table(tmp_path / "out.parquet").to_pylist() == pq.read_table(tmp_path / "straight.parquet").to_pylist()
+    # an output already complete: nothing runs; its rows stay
+    idle = _CrashAfter(engine, 10**9)
+    assert run_batch(tmp_path / "in.parquet", tmp_path / "out.parquet", idle).skipped == 25 and idle.seen == []
+    assert len(pq.read_table(tmp_path / "out.parquet")) == 25
+
+
+def test_formats_and_missing_pyarrow(tmp_path, tokenizer, monkeypatch):
+    _write_rows(tmp_path / "in.jsonl", 2)
+    engine = _engine(tokenizer)
+    with pytest.raises(ValueError, match=r"output .*out\.csv.* must end in one of .jsonl, .json, .ndjson, .parquet"):
+        run_batch(tmp_path / "in.jsonl", tmp_path / "out.csv", engine)
+    with pytest.raises(ValueError, match=r"the input .*in\.txt.* must end in one of"):
+        run_batch(tmp_path / "in.txt", tmp_path / "out.jsonl", engine)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(ImportError, match=r"Parquet input or output needs pyarrow: pip install 'genkit-lm\[parquet\]'"):
+        run_batch(tmp_path / "in.jsonl", tmp_path / "out.parquet", engine)
+    run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)  # JSONL needs no pyarrow
+    assert len(_read(tmp_path / "out.jsonl")) == 2
+
+
+def test_cli_parquet(tmp_path, tiny_hf_dir, capsys):
+    from genkit.cli import main
+
+    folder = _model_folder(tiny_hf_dir, tmp_path / "model")
+    rows = _write_rows(tmp_path / "in.jsonl", 9, seed=1)
+    _to_parquet(rows, tmp_path / "in.parquet")
+    for src, dst in (("in.jsonl", "out.jsonl"), ("in.parquet", "out.parquet")):
+        assert main(["batch", str(tmp_path / src), str(tmp_path / dst), "--model", str(folder),
+                     "--max-new-tokens", "3", "--chunk-size", "4"]) == 0
+    summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert (summary["written"], summary["bad"]) == (9, 0)
+    assert pq.read_table(tmp_path / "out.parquet").to_pylist() == _read(tmp_path / "out.jsonl")
