@@ -137,15 +137,20 @@ def test_progress_counts_and_the_bar(tmp_path, tokenizer):
     model = tiny_llama(seed=0)
     _write_rows(tmp_path / "in.jsonl", 25, seed=4, extra=["not json"])
     stream = io.StringIO()
-    bar = BatchBar(stream)
-    seen = []
+    bar = BatchBar(stream, mininterval=0)
+    seen, per_row = [], []
 
     def progress(summary):
         seen.append((summary.written, summary.bad, summary.new_tokens, summary.rows_per_s, summary.tokens_per_s))
         bar(summary)
 
+    def on_result(summary):
+        per_row.append((summary.done, summary.written, summary.done_tokens))
+        bar.result(summary)
+
     run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl",
-              ContinuousEngine(model, tokenizer, {"max_new_tokens": 3}, batch_size=4), chunk_size=10, progress=progress)
+              ContinuousEngine(model, tokenizer, {"max_new_tokens": 3}, batch_size=4), chunk_size=10, progress=progress,
+              on_result=on_result)
     bar.close()
     out = _read(tmp_path / "out.jsonl")
     tokens = [len(r["token_ids"]) for r in out]
@@ -153,8 +158,12 @@ def test_progress_counts_and_the_bar(tmp_path, tokenizer):
     assert [s[2] for s in seen] == [sum(tokens[:10]), sum(tokens[:20]), sum(tokens)]
     assert seen[-1][1] == 1  # the bad line, read before the last chunk
     assert all(s[3] > 0 and s[4] > 0 for s in seen)
+    # every row's result moves the count on, before its chunk is committed
+    assert len(per_row) == 25 and [d for d, _, _ in per_row] == sorted(d for d, _, _ in per_row)
+    assert per_row[0][:2] == (1, 0) and per_row[-1][0] == 26 and per_row[-1][2] == sum(tokens)
+    assert [d for d, w, _ in per_row if w == 0] == list(range(1, 11))  # the bad line is read after row 10
     text = stream.getvalue()
-    assert "genkit batch" in text and "26row" in text
+    assert "genkit batch: 3row" in text and "genkit batch: 26row" in text
     assert f"{seen[-1][3]:.2f} rows/s" in text and f"{seen[-1][4]:.1f} tokens/s" in text
 
 

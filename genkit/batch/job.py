@@ -8,7 +8,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .engine import BatchEngine
@@ -22,7 +22,8 @@ logger = logging.getLogger("genkit.batch")
 @dataclass
 class BatchSummary:
     """What a job did: rows read, written now, skipped (already in the output), bad (in the
-    errors file), tokens generated, seconds, and the rates."""
+    errors file), tokens generated, seconds, and the rates. While the job runs, ``done`` and
+    ``done_tokens`` also count the results not yet committed (they are not in :meth:`to_dict`)."""
 
     rows_read: int = 0
     written: int = 0
@@ -30,6 +31,8 @@ class BatchSummary:
     bad: int = 0
     new_tokens: int = 0
     seconds: float = 0.0
+    done: int = field(default=0, repr=False)
+    done_tokens: int = field(default=0, repr=False)
 
     @property
     def rows_per_s(self) -> float:
@@ -40,15 +43,18 @@ class BatchSummary:
         return self.new_tokens / self.seconds if self.seconds else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "rows_per_s": round(self.rows_per_s, 2), "tokens_per_s": round(self.tokens_per_s, 2)}
+        counts = {k: v for k, v in asdict(self).items() if k not in ("done", "done_tokens")}
+        return {**counts, "rows_per_s": round(self.rows_per_s, 2), "tokens_per_s": round(self.tokens_per_s, 2)}
 
 
 def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], engine: BatchEngine,
-              chunk_size: int = 256, progress: Callable[[BatchSummary], None] | None = None) -> BatchSummary:
+              chunk_size: int = 256, progress: Callable[[BatchSummary], None] | None = None,
+              on_result: Callable[[BatchSummary], None] | None = None) -> BatchSummary:
     """Run ``engine`` over the rows of ``input_path`` into ``output_path`` (JSONL or Parquet, each by
     its extension; see :mod:`genkit.batch.store` for how the output is committed and resumed); bad
     rows go to ``<output>.errors.jsonl``. ``progress`` is called with the summary after every
-    committed chunk.
+    committed chunk, ``on_result`` after every row's result (committed or not: see
+    :attr:`BatchSummary.done`).
 
     An engine with a ``stream(rows)`` method (results in input order, as they come) gets every
     pending row of the job at once (one pipeline, no drain between chunks); otherwise ``run`` is
@@ -83,6 +89,7 @@ def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike
         summary.written += len(good)
         summary.new_tokens += sum(r["usage"]["completion_tokens"] for r in good)
         summary.seconds = time.perf_counter() - start
+        summary.done = summary.written + summary.bad
         good.clear()
         chunk_ids.clear()
         taken = 0
@@ -97,6 +104,11 @@ def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike
         elif str(result["id"]) not in out.done and str(result["id"]) not in chunk_ids:
             good.append(result)  # (an engine that ran a row twice, e.g. on a retry, writes it once)
             chunk_ids.add(str(result["id"]))
+            summary.done_tokens += result["usage"]["completion_tokens"]
+        summary.done = summary.written + len(good) + summary.bad
+        if on_result is not None:
+            summary.seconds = time.perf_counter() - start
+            on_result(summary)
         if taken >= chunk_size:
             commit()
     if taken:

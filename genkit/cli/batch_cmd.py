@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     bar = BatchBar() if sys.stderr.isatty() else None
     try:
         with torch.inference_mode():
-            summary = run_batch(args.input, args.output, engine, chunk_size=args.chunk_size, progress=bar)
+            summary = run_batch(args.input, args.output, engine, chunk_size=args.chunk_size, progress=bar,
+                                on_result=bar.result if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()

@@ -41,20 +41,30 @@ class StageBars:
 
 
 class BatchBar:
-    """A ``run_batch`` progress callback: one tqdm bar on ``stream`` (stderr) counting the rows
-    done (written and bad) with the job's rows/s and tokens/s beside it."""
+    """``run_batch``'s callbacks: one tqdm bar on ``stream`` (stderr) counting the rows done
+    (written or waiting for their chunk's commit, and bad) with the job's rows/s and tokens/s beside
+    it. Pass it as ``progress`` (redrawn at every committed chunk) and :meth:`result` as
+    ``on_result`` (advanced at every row, redrawn at most every ``mininterval`` seconds)."""
 
-    def __init__(self, stream: Any = None) -> None:
+    def __init__(self, stream: Any = None, mininterval: float = 0.1) -> None:
         from tqdm.auto import tqdm
 
         size = shutil.get_terminal_size()
         self.bar = tqdm(desc="genkit batch", unit="row", file=stream if stream is not None else sys.stderr,
-                        ncols=size.columns, nrows=size.lines, mininterval=0)
+                        ncols=size.columns, nrows=size.lines, mininterval=mininterval)
 
     def __call__(self, summary: Any) -> None:
-        self.bar.set_postfix_str(f"{summary.rows_per_s:.2f} rows/s, {summary.tokens_per_s:.1f} tokens/s",
-                                 refresh=False)
-        self.bar.update(summary.written + summary.bad - self.bar.n)
+        self._show(summary)
+        self.bar.refresh()
+
+    def result(self, summary: Any) -> None:
+        self._show(summary)
+
+    def _show(self, summary: Any) -> None:
+        seconds = summary.seconds or float("inf")
+        rows, tokens = (summary.done - summary.bad) / seconds, summary.done_tokens / seconds
+        self.bar.set_postfix_str(f"{rows:.2f} rows/s, {tokens:.1f} tokens/s", refresh=False)
+        self.bar.update(summary.done - self.bar.n)
 
     def close(self) -> None:
         self.bar.close()
