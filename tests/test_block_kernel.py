@@ -185,8 +185,13 @@ def test_a_decode_step_in_one_call_equals_the_torch_path(quantized, num_layers, 
     n = num_layers or len(prepared.layers)
     assert ours_cache.lengths == torch_cache.lengths == [pos + 1] * n + [pos] * (len(prepared.layers) - n)
     for i, length in enumerate(ours_cache.lengths):
-        torch.testing.assert_close(ours_cache.keys[i][:, :, :length], torch_cache.keys[i][:, :, :length])
-        torch.testing.assert_close(ours_cache.values[i][:, :, :length], torch_cache.values[i][:, :, :length])
+        for got, ref in ((ours_cache.keys[i], torch_cache.keys[i]), (ours_cache.values[i], torch_cache.values[i])):
+            # the prompt's entries come from the same prefill; the new position's, past the first
+            # layer, from inputs that differ as the outputs above do
+            torch.testing.assert_close(got[:, :, :pos], ref[:, :, :pos], rtol=0, atol=0)
+            new, want_new = got[:, :, pos:length], ref[:, :, pos:length]
+            if new.numel():
+                torch.testing.assert_close(new, want_new, rtol=1e-4, atol=2e-4 * float(want_new.abs().max()))
 
 
 def test_what_the_one_call_cannot_take_goes_the_torch_way(quantized):
