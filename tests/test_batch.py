@@ -82,6 +82,23 @@ class _Crash(Exception):
     pass
 
 
+class _CrashingStream:
+    """An engine whose stream dies after ``after`` results (a crash mid-job)."""
+
+    def __init__(self, inner, after: int) -> None:
+        self.inner, self.after, self.seen = inner, after, []
+
+    def run(self, rows):
+        return self.inner.run(rows)
+
+    def stream(self, rows):
+        for n, result in enumerate(self.inner.stream(rows)):
+            if n == self.after:
+                raise _Crash("killed mid-job")
+            self.seen.append(result["id"])
+            yield result
+
+
 class _Counting:
     """An engine that records the rows it is given, and can crash after some chunks."""
 

@@ -9,7 +9,7 @@ import io
 import json
 
 import pytest
-from test_batch import WORDS, _model_folder, _raw_tokenizer, _read, _write_rows
+from test_batch import WORDS, _Crash, _CrashingStream, _model_folder, _raw_tokenizer, _read, _write_rows
 
 from genkit.batch import ContinuousEngine, LocalEngine, make_local_engine, run_batch
 from genkit.models.tiny import tiny_llama
@@ -91,27 +91,6 @@ def test_engine_choice(tokenizer):
         make_local_engine(model, tokenizer, {}, custom_generate="greedy", batching="continuous")
     with pytest.raises(ValueError, match=r"`batching` must be one of 'auto', 'continuous', 'static'; got 'paged'"):
         make_local_engine(model, tokenizer, {}, batching="paged")
-
-
-class _Crash(Exception):
-    pass
-
-
-class _CrashingStream:
-    """An engine whose stream dies after ``after`` results (a crash mid-job)."""
-
-    def __init__(self, inner, after: int) -> None:
-        self.inner, self.after, self.seen = inner, after, []
-
-    def run(self, rows):
-        return self.inner.run(rows)
-
-    def stream(self, rows):
-        for n, result in enumerate(self.inner.stream(rows)):
-            if n == self.after:
-                raise _Crash("killed mid-job")
-            self.seen.append(result["id"])
-            yield result
 
 
 def test_resume_through_the_streaming_path(tmp_path, tokenizer):

@@ -9,7 +9,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_batch import _model_folder, _raw_tokenizer, _read, _write_rows
+from test_batch import _Crash, _CrashingStream, _model_folder, _raw_tokenizer, _read, _write_rows
 
 from genkit.batch import ContinuousEngine, LocalEngine, run_batch
 from genkit.models.tiny import tiny_llama
@@ -87,41 +87,22 @@ def test_bad_parquet_rows_are_reported_by_row_number(tmp_path, tokenizer):
     assert (summary.rows_read, summary.written, summary.bad) == (6, 2, 4)
 
 
-class _Crash(Exception):
-    pass
-
-
-class _CrashAfter:
-    def __init__(self, inner, after: int) -> None:
-        self.inner, self.after, self.seen = inner, after, []
-
-    def run(self, rows):
-        return self.inner.run(rows)
-
-    def stream(self, rows):
-        for n, result in enumerate(self.inner.stream(rows)):
-            if n == self.after:
-                raise _Crash("killed mid-job")
-            self.seen.append(result["id"])
-            yield result
-
-
 def test_parquet_resume_writes_only_the_missing_rows(tmp_path, tokenizer):
     rows = _write_rows(tmp_path / "in.jsonl", 25, seed=9)
     _to_parquet(rows, tmp_path / "in.parquet")
     engine = _engine(tokenizer)
     with pytest.raises(_Crash):
-        run_batch(tmp_path / "in.parquet", tmp_path / "out.parquet", _CrashAfter(engine, 13), chunk_size=6)
+        run_batch(tmp_path / "in.parquet", tmp_path / "out.parquet", _CrashingStream(engine, 13), chunk_size=6)
     parts = sorted((tmp_path / "out.parquet.parts").iterdir())
     assert [p.name for p in parts] == ["part-000000.parquet", "part-000001.parquet"]  # no temporary file left
     assert [len(pq.read_table(p)) for p in parts] == [6, 6]
-    again = _CrashAfter(engine, 10**9)
+    again = _CrashingStream(engine, 10**9)
     summary = run_batch(tmp_path / "in.parquet", tmp_path / "out.parquet", again, chunk_size=6)
     assert again.seen == [r["id"] for r in rows[12:]] and (summary.skipped, summary.written) == (12, 13)
     run_batch(tmp_path / "in.parquet", tmp_path / "straight.parquet", engine)
     assert pq.read_table(tmp_path / "out.parquet").to_pylist() == pq.read_table(tmp_path / "straight.parquet").to_pylist()
     # an output already complete: nothing runs; its rows stay
-    idle = _CrashAfter(engine, 10**9)
+    idle = _CrashingStream(engine, 10**9)
     assert run_batch(tmp_path / "in.parquet", tmp_path / "out.parquet", idle).skipped == 25 and idle.seen == []
     assert len(pq.read_table(tmp_path / "out.parquet")) == 25
 

@@ -134,7 +134,7 @@ def test_generator_in_a_users_parquet_pipeline(cluster, folder, tmp_path):
 
 
 def test_ray_job_stopped_halfway_resumes_with_the_missing_rows(cluster, folder, tmp_path):
-    from test_batch_continuous import _Crash, _CrashingStream
+    from test_batch import _Crash, _CrashingStream
 
     rows = _write_rows(tmp_path / "in.jsonl", 120, seed=12)
     engine = RayEngine(str(folder), {"max_new_tokens": 3}, batch_size=20, workers=2)
