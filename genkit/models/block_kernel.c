@@ -375,14 +375,22 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
             const int8_t *qm = q + (size_t)m0 * K, *rm = q2 + (size_t)m0 * K;
             const float *dm = dx + (size_t)m0 * nb, *sm = sx + (size_t)m0 * nb, *hm = sx16 + 2 * (size_t)m0 * nb;
             float *ym = y + (size_t)m0 * N + (size_t)p * GK_ROWS;
-#ifdef GK_VNNI
-#define GK_TILES(B)                                                                  \
-    switch (mt) {                                                                    \
-        case 1: panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, 1, ym, N); break;      \
-        case 2: panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, 2, ym, N); break;      \
-        case 3: panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, 3, ym, N); break;      \
-        default: panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, 4, ym, N); break;     \
+#if defined(GK_VNNI) || defined(GK_AVX2)
+/* bits and the tile's rows as constants, so that each tile is its own specialised loop */
+#define GK_SWITCH(B)                         \
+    switch (mt) {                            \
+        case 1: GK_TILE(B, 1); break;        \
+        case 2: GK_TILE(B, 2); break;        \
+        case 3: GK_TILE(B, 3); break;        \
+        default: GK_TILE(B, 4); break;       \
     }
+#ifdef GK_VNNI /* a panel's 16 rows in one register */
+#define GK_TILE(B, MT) panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, MT, ym, N)
+#define GK_TILES(B) GK_SWITCH(B)
+#else /* AVX2: a panel's 16 rows as two groups of 8 */
+#define GK_TILE(B, MT) panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, MT, ym, N)
+#define GK_TILES(B) for (int g = 0; g < 2; g++) { GK_SWITCH(B) }
+#endif
             if (bits == 4) {
                 GK_TILES(4)
             } else if (bits == 8) {
@@ -391,24 +399,8 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
                 GK_TILES(6)
             }
 #undef GK_TILES
-#elif defined(GK_AVX2)
-#define GK_TILES(B)                                                                          \
-    for (int g = 0; g < 2; g++) {                                                            \
-        switch (mt) {                                                                        \
-            case 1: panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, 1, ym, N); break;       \
-            case 2: panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, 2, ym, N); break;       \
-            case 3: panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, 3, ym, N); break;       \
-            default: panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, 4, ym, N); break;      \
-        }                                                                                    \
-    }
-            if (bits == 4) {
-                GK_TILES(4)
-            } else if (bits == 8) {
-                GK_TILES(8)
-            } else {
-                GK_TILES(6)
-            }
-#undef GK_TILES
+#undef GK_TILE
+#undef GK_SWITCH
 #else
             panel_portable(bits, wp, nb, qm, rm, dm, sm, hm, K, mt, ym, N);
 #endif
