@@ -124,7 +124,7 @@ def contrast(layers: list[int], premature: torch.Tensor, final: torch.Tensor,
 
 
 class Workspace:
-    """Two ``(layers, rows, vocab)`` buffers for the Jensen-Shannon scores, reused step after step.
+    """Three ``(layers, rows, vocab)`` buffers for the Jensen-Shannon scores, reused step after step.
 
     Fresh buffers of this size (1.5 MB for 8 layers of a 49K vocabulary) come from the system
     each step, and touching their pages cost more than the arithmetic (~7 of 11 ms a step on a CPU)."""
