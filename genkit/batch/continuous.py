@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ..errors import ConfigError, GenerationError, NotSupportedError
 from .engine import LocalEngine
 from .rows import BadRow, BatchRow
 
@@ -126,7 +127,7 @@ class ContinuousEngine:
         out = self.manager.get_result(timeout=1)
         if out is None:
             if not self.manager.is_running():
-                raise RuntimeError(f"continuous batching stopped: {self.manager.error}")
+                raise GenerationError(f"continuous batching stopped: {self.manager.error}")
             return
         slot = running.pop(out.request_id, None)
         if slot is None or not out.is_finished():
@@ -143,7 +144,7 @@ def check_batching(batching: str, generation_kwargs: dict[str, Any], custom_gene
     """Why the job's settings need static batches (None: continuous batching runs them); with
     ``batching="continuous"`` that reason is an error. Checks ``batching`` itself."""
     if batching not in BATCHING:
-        raise ValueError(f"`batching` must be one of {', '.join(repr(b) for b in BATCHING)}; got {batching!r}")
+        raise ConfigError(f"`batching` must be one of {', '.join(repr(b) for b in BATCHING)}; got {batching!r}")
     why = None
     if custom_generate is not None:
         why = "a custom generate (recipe or strategy) runs its own loop"
@@ -153,7 +154,7 @@ def check_batching(batching: str, generation_kwargs: dict[str, Any], custom_gene
                f"runs greedy search or sampling, one sequence per row, with the fields "
                f"{', '.join(sorted(CONTINUOUS_FIELDS))})")
     if batching == "continuous" and why is not None:
-        raise ValueError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
+        raise NotSupportedError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
     return why
 
 
@@ -174,7 +175,7 @@ def make_local_engine(model: Any, tokenizer: Any, generation_kwargs: dict[str, A
         except NotSupportedError as exc:
             why = str(exc)
     if batching == "continuous" and why is not None:
-        raise ValueError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
+        raise NotSupportedError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
     if batching == "static" or why is not None:
         if batching == "auto":
             logger.info("batch: static batches (%s)", why)

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
+
 __all__ = ["PagedKVCache"]
 
 
@@ -26,8 +28,8 @@ class PagedKVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, block_size: int, num_blocks: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", allow_block_sharing: bool = True) -> None:
         if block_size < 1 or num_blocks < 1:
-            raise ValueError(f"the paged cache needs block_size >= 1 and num_blocks >= 1; got {block_size}, "
-                             f"{num_blocks}")
+            raise ConfigError(f"the paged cache needs block_size >= 1 and num_blocks >= 1; got {block_size}, "
+                              f"{num_blocks}")
         self.block_size, self.num_blocks = block_size, num_blocks
         # (blocks, block_size, kv_heads, head_dim): a block is contiguous, so gathering a request's
         # blocks copies whole blocks; ``flat(layer)`` views the same memory as slots
