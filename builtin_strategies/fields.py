@@ -64,36 +64,41 @@ def _decay(v: Any) -> bool:
             and _num(v[1]) and v[1] > 1.0)
 
 
-TEMPERATURE = FieldSpec("temperature", 1.0, _temperature, "a finite number >= 0 (> 0 when sampling)")
-TOP_K = FieldSpec("top_k", 50, lambda v: _int(v) and v >= 0, "an int >= 0 (0 disables)")
-TOP_P = FieldSpec("top_p", 1.0, lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1]")
-MIN_P = FieldSpec("min_p", None, lambda v: _num(v) and 0 <= v <= 1, "a number in [0, 1] or None")
-TOP_H = FieldSpec("top_h", None, lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1] or None")
-TYPICAL_P = FieldSpec("typical_p", 1.0, lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1]")
-EPSILON_CUTOFF = FieldSpec("epsilon_cutoff", 0.0, lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)")
-ETA_CUTOFF = FieldSpec("eta_cutoff", 0.0, lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)")
-REPETITION_PENALTY = FieldSpec("repetition_penalty", 1.0, lambda v: _num(v) and v > 0, "a number > 0")
-ENCODER_REPETITION_PENALTY = FieldSpec("encoder_repetition_penalty", 1.0, lambda v: _num(v) and v > 0,
-                                       "a number > 0")
-NO_REPEAT_NGRAM_SIZE = FieldSpec("no_repeat_ngram_size", 0, lambda v: _int(v) and v >= 0, "an int >= 0")
-ENCODER_NO_REPEAT_NGRAM_SIZE = FieldSpec("encoder_no_repeat_ngram_size", 0, lambda v: _int(v) and v >= 0,
-                                         "an int >= 0")
-BAD_WORDS_IDS = FieldSpec("bad_words_ids", None, _id_lists,
-                          "a non-empty list of non-empty lists of token ids >= 0, or None")
-RENORMALIZE_LOGITS = FieldSpec("renormalize_logits", False, lambda v: isinstance(v, bool), "True or False")
-FORCED_BOS = FieldSpec("forced_bos_token_id", None, lambda v: _int(v) and v >= 0, "a token id >= 0 or None")
-FORCED_EOS = FieldSpec("forced_eos_token_id", None,
-                       lambda v: (_int(v) and v >= 0) or (_ids(v) and len(v) > 0),
-                       "a token id >= 0, a list of ids, or None")
-REMOVE_INVALID = FieldSpec("remove_invalid_values", False, lambda v: isinstance(v, bool), "True or False")
-DECAY = FieldSpec("exponential_decay_length_penalty", None, _decay,
-                  "a pair (start_index: int >= 0, decay_factor: number > 1.0) or None")
-SUPPRESS = FieldSpec("suppress_tokens", None, lambda v: _ids(v) and len(v) > 0, "a list of token ids >= 0 or None")
-BEGIN_SUPPRESS = FieldSpec("begin_suppress_tokens", None, lambda v: _ids(v) and len(v) > 0,
-                           "a list of token ids >= 0 or None")
-SEQUENCE_BIAS = FieldSpec("sequence_bias", None, _sequence_bias,
-                          "a non-empty dict {tuple of token ids: bias} or a non-empty list of [list of token ids, bias] "
-                          "pairs, or None")
+def _switch(name: str, default: Any, check: Any, accepted: str) -> FieldSpec:
+    """A processor's field: ``None`` passed to generate turns the processor off (transformers 5)."""
+    return FieldSpec(name, default, check, accepted, off_when_none=True)
+
+
+TEMPERATURE = _switch("temperature", 1.0, _temperature, "a finite number >= 0 (> 0 when sampling)")
+TOP_K = _switch("top_k", 50, lambda v: _int(v) and v >= 0, "an int >= 0 (0 disables)")
+TOP_P = _switch("top_p", 1.0, lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1]")
+MIN_P = _switch("min_p", None, lambda v: _num(v) and 0 <= v <= 1, "a number in [0, 1] or None")
+TOP_H = _switch("top_h", None, lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1] or None")
+TYPICAL_P = _switch("typical_p", 1.0, lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1]")
+EPSILON_CUTOFF = _switch("epsilon_cutoff", 0.0, lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)")
+ETA_CUTOFF = _switch("eta_cutoff", 0.0, lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)")
+REPETITION_PENALTY = _switch("repetition_penalty", 1.0, lambda v: _num(v) and v > 0, "a number > 0")
+ENCODER_REPETITION_PENALTY = _switch("encoder_repetition_penalty", 1.0, lambda v: _num(v) and v > 0,
+                                     "a number > 0")
+NO_REPEAT_NGRAM_SIZE = _switch("no_repeat_ngram_size", 0, lambda v: _int(v) and v >= 0, "an int >= 0")
+ENCODER_NO_REPEAT_NGRAM_SIZE = _switch("encoder_no_repeat_ngram_size", 0, lambda v: _int(v) and v >= 0,
+                                       "an int >= 0")
+BAD_WORDS_IDS = _switch("bad_words_ids", None, _id_lists,
+                        "a non-empty list of non-empty lists of token ids >= 0, or None")
+RENORMALIZE_LOGITS = _switch("renormalize_logits", False, lambda v: isinstance(v, bool), "True or False")
+FORCED_BOS = _switch("forced_bos_token_id", None, lambda v: _int(v) and v >= 0, "a token id >= 0 or None")
+FORCED_EOS = _switch("forced_eos_token_id", None,
+                     lambda v: (_int(v) and v >= 0) or (_ids(v) and len(v) > 0),
+                     "a token id >= 0, a list of ids, or None")
+REMOVE_INVALID = _switch("remove_invalid_values", False, lambda v: isinstance(v, bool), "True or False")
+DECAY = _switch("exponential_decay_length_penalty", None, _decay,
+                "a pair (start_index: int >= 0, decay_factor: number > 1.0) or None")
+SUPPRESS = _switch("suppress_tokens", None, lambda v: _ids(v) and len(v) > 0, "a list of token ids >= 0 or None")
+BEGIN_SUPPRESS = _switch("begin_suppress_tokens", None, lambda v: _ids(v) and len(v) > 0,
+                         "a list of token ids >= 0 or None")
+SEQUENCE_BIAS = _switch("sequence_bias", None, _sequence_bias,
+                        "a non-empty dict {tuple of token ids: bias} or a non-empty list of [list of token ids, bias] "
+                        "pairs, or None")
 
 ALL = (TEMPERATURE, TOP_K, TOP_P, MIN_P, TOP_H, TYPICAL_P, EPSILON_CUTOFF, ETA_CUTOFF, REPETITION_PENALTY,
        ENCODER_REPETITION_PENALTY, NO_REPEAT_NGRAM_SIZE, ENCODER_NO_REPEAT_NGRAM_SIZE, BAD_WORDS_IDS,

@@ -71,6 +71,9 @@ class FieldSpec:
     accepted values in words and appears in the error message. ``coerce(value) -> value``, when
     given, turns a value as it is written in ``generation_config.json`` (e.g. a dict) into the
     object the field holds, when the field is set; it may raise ``ConfigError`` naming the field.
+    ``off_when_none=True`` (a logits processor's switch): an explicit ``None`` passed to
+    ``generate`` turns the processor off, as in transformers 5 (``top_k=None`` samples without
+    top-k), instead of meaning the default.
     """
 
     name: str
@@ -79,6 +82,7 @@ class FieldSpec:
     accepted: str = ""
     doc: str = ""
     coerce: Callable[[Any], Any] | None = None
+    off_when_none: bool = False
 
     def validate(self, value: Any) -> None:
         if value is None or value == self.default or self.check is None:

@@ -187,11 +187,9 @@ def default_values() -> dict[str, Any]:
 
 def none_means_off() -> frozenset[str]:
     """Fields for which an explicit ``None`` passed to ``generate`` turns a processor off, as in
-    transformers 5 (``top_k=None`` samples without top-k; the default would be 50). Every other
-    field's ``None`` means its default."""
-    from ..builtin_strategies.fields import ALL
-
-    return frozenset(spec.name for spec in ALL)
+    transformers 5 (``top_k=None`` samples without top-k; the default would be 50): those declared
+    with ``FieldSpec(off_when_none=True)``. Every other field's ``None`` means its default."""
+    return frozenset(name for name, spec in field_table().items() if spec.off_when_none)
 
 
 def unknown_key_error(key: str, known: Any, what: str = "GenerationConfig field") -> ConfigError:
