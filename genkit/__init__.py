@@ -17,14 +17,14 @@ _LAZY = {
     "set_seed": "genkit.seed:set_seed",
     "generate": "genkit.generation.api:generate",
     "GenerationMixin": "genkit.generation.mixin:GenerationMixin",
-    "GenerateDecoderOnlyOutput": "genkit.generation.outputs:GenerateDecoderOnlyOutput",
-    "GenerateBeamDecoderOnlyOutput": "genkit.generation.outputs:GenerateBeamDecoderOnlyOutput",
-    "compute_transition_scores": "genkit.generation.outputs:compute_transition_scores",
-    "LogitsProcessor": "genkit.generation.processing:LogitsProcessor",
-    "LogitsProcessorList": "genkit.generation.processing:LogitsProcessorList",
-    "StoppingCriteria": "genkit.generation.processing:StoppingCriteria",
-    "StoppingCriteriaList": "genkit.generation.processing:StoppingCriteriaList",
-    "ProcessorContext": "genkit.generation.processing:ProcessorContext",
+    "GenerateDecoderOnlyOutput": "genkit.strategy.outputs:GenerateDecoderOnlyOutput",
+    "GenerateBeamDecoderOnlyOutput": "genkit.strategy.outputs:GenerateBeamDecoderOnlyOutput",
+    "compute_transition_scores": "genkit.strategy.outputs:compute_transition_scores",
+    "LogitsProcessor": "genkit.strategy.processing:LogitsProcessor",
+    "LogitsProcessorList": "genkit.strategy.processing:LogitsProcessorList",
+    "StoppingCriteria": "genkit.strategy.processing:StoppingCriteria",
+    "StoppingCriteriaList": "genkit.strategy.processing:StoppingCriteriaList",
+    "ProcessorContext": "genkit.strategy.processing:ProcessorContext",
     "FieldSpec": "genkit.plugins:FieldSpec",
     "hookimpl": "genkit.hookspecs:hookimpl",
     "get_registry": "genkit.plugins:get_registry",
@@ -96,18 +96,18 @@ if TYPE_CHECKING:  # pragma: no cover  (re-exports for type checkers; at run tim
     from .config import GenerationConfig as GenerationConfig
     from .generation.api import generate as generate
     from .generation.mixin import GenerationMixin as GenerationMixin
-    from .generation.outputs import (
-        GenerateBeamDecoderOnlyOutput as GenerateBeamDecoderOnlyOutput,
-    )
-    from .generation.outputs import (
-        GenerateDecoderOnlyOutput as GenerateDecoderOnlyOutput,
-    )
-    from .generation.outputs import (
-        compute_transition_scores as compute_transition_scores,
-    )
-    from .generation.processing import LogitsProcessor as LogitsProcessor
-    from .generation.processing import LogitsProcessorList as LogitsProcessorList
-    from .generation.processing import StoppingCriteria as StoppingCriteria
-    from .generation.processing import StoppingCriteriaList as StoppingCriteriaList
     from .generation_mode import GenerationMode as GenerationMode
     from .seed import set_seed as set_seed
+    from .strategy.outputs import (
+        GenerateBeamDecoderOnlyOutput as GenerateBeamDecoderOnlyOutput,
+    )
+    from .strategy.outputs import (
+        GenerateDecoderOnlyOutput as GenerateDecoderOnlyOutput,
+    )
+    from .strategy.outputs import (
+        compute_transition_scores as compute_transition_scores,
+    )
+    from .strategy.processing import LogitsProcessor as LogitsProcessor
+    from .strategy.processing import LogitsProcessorList as LogitsProcessorList
+    from .strategy.processing import StoppingCriteria as StoppingCriteria
+    from .strategy.processing import StoppingCriteriaList as StoppingCriteriaList

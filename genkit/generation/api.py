@@ -15,7 +15,7 @@ from ..config import GenerationConfig, check_supported, merge_for_generate, reso
 from ..errors import ConfigError, UnknownItemError
 from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
-from .processing import LogitsProcessorList, ProcessorContext, merge_lists
+from ..strategy.processing import LogitsProcessorList, ProcessorContext, merge_lists
 
 logger = logging.getLogger("genkit.generation")
 

@@ -30,6 +30,6 @@ class GenerationMixin:
     def compute_transition_scores(self, sequences: torch.Tensor, scores: tuple[torch.Tensor, ...],
                                   beam_indices: torch.Tensor | None = None,
                                   normalize_logits: bool = False) -> torch.Tensor:
-        from .outputs import compute_transition_scores
+        from ..strategy.outputs import compute_transition_scores
 
         return compute_transition_scores(sequences, scores, beam_indices, normalize_logits)
