@@ -8,7 +8,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .generation.engines import register_engine as _register_engine
+
 __version__ = "0.1.0"
+
+# This package wires the layers together (docs/architecture.md): generate(cache_implementation="paged")
+# runs on continuous batching, which sits above generation; the engine is named here and imported
+# on first use.
+_register_engine("paged", "genkit.continuous.paged_generate:paged_generate")
 
 # public name -> "module:attr"
 _LAZY = {
@@ -16,7 +23,7 @@ _LAZY = {
     "GenerationMode": "genkit.generation_mode:GenerationMode",
     "set_seed": "genkit.seed:set_seed",
     "generate": "genkit.generation.api:generate",
-    "GenerationMixin": "genkit.generation.mixin:GenerationMixin",
+    "GenerationMixin": "genkit.models.mixin:GenerationMixin",
     "GenerateDecoderOnlyOutput": "genkit.strategy.outputs:GenerateDecoderOnlyOutput",
     "GenerateBeamDecoderOnlyOutput": "genkit.strategy.outputs:GenerateBeamDecoderOnlyOutput",
     "compute_transition_scores": "genkit.strategy.outputs:compute_transition_scores",
@@ -95,8 +102,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover  (re-exports for type checkers; at run time __getattr__ loads them)
     from .config import GenerationConfig as GenerationConfig
     from .generation.api import generate as generate
-    from .generation.mixin import GenerationMixin as GenerationMixin
     from .generation_mode import GenerationMode as GenerationMode
+    from .models.mixin import GenerationMixin as GenerationMixin
     from .seed import set_seed as set_seed
     from .strategy.outputs import (
         GenerateBeamDecoderOnlyOutput as GenerateBeamDecoderOnlyOutput,

@@ -16,6 +16,7 @@ from ..errors import ConfigError, UnknownItemError
 from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
 from ..strategy.processing import LogitsProcessorList, ProcessorContext, merge_lists
+from .engines import engine_for
 
 logger = logging.getLogger("genkit.generation")
 
@@ -47,10 +48,9 @@ def generate(
     ``trust_remote_code=True``), a local recipe folder, a registered strategy name, or a callable
     with the strategy signature.
     """
-    from ..continuous.paged_generate import paged_generate, wants_paged
-
-    if wants_paged(generation_config, kwargs) and custom_generate is None:  # transformers' switch to CB
-        return paged_generate(model, inputs, generation_config, dict(
+    engine = engine_for(generation_config, kwargs)  # cache_implementation="paged": continuous batching
+    if engine is not None and custom_generate is None:
+        return engine(model, inputs, generation_config, dict(
             logits_processor=logits_processor, stopping_criteria=stopping_criteria,
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model, streamer=streamer,
             negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
