@@ -221,9 +221,9 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
     model_kwargs = {k: v for k, v in rest.items() if k in MODEL_KWARGS}
     unknown = [k for k in rest if k not in MODEL_KWARGS]
     if unknown:
-        from ..config import _field_table
+        from ..config import field_table
 
-        raise unknown_key_error(unknown[0], list(_field_table()) + sorted(MODEL_KWARGS),
+        raise unknown_key_error(unknown[0], list(field_table()) + sorted(MODEL_KWARGS),
                                 what="generation parameter (GenerationConfig field or model input)")
     check_supported(config)
     return config, model_kwargs

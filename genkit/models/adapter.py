@@ -91,13 +91,13 @@ class TransformersModelAdapter:
     _genkit_protocol = True
 
     def __init__(self, model: Any) -> None:
-        from ..config import GenerationConfig, _field_table
+        from ..config import GenerationConfig, field_table
 
         self.hf_model = model
         self.config = model.config
         hf_gen = getattr(model, "generation_config", None)
         diff = hf_gen.to_diff_dict() if hf_gen is not None else {}
-        table = _field_table()
+        table = field_table()
         kept = {k: v for k, v in diff.items() if k in table and not k.startswith("_")}
         dropped = sorted(k for k in diff if k not in kept and not k.startswith("_") and k != "transformers_version")
         if dropped:
