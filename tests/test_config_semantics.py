@@ -116,7 +116,7 @@ def test_model_values_fill_what_the_call_leaves_unset(tiny_model):
     assert config.top_k == 50 and config.num_beams == 1  # global defaults
     assert config.chat_template_name == "x"  # a custom entry of the model's config is carried over
     assert rest == {"foo": 1}
-    assert config._user_set == {"top_p", "max_new_tokens"}
+    assert config.user_set == {"top_p", "max_new_tokens"}
 
 
 # -- item 2: warnings with provenance, once ---------------------------------------------------------

@@ -24,13 +24,13 @@ from .fields import (
     none_means_off,
     unknown_key_error,
 )
-from .generation_config import GenerationConfig
-from .resolve import merge_for_generate, resolve_lengths
+from .generation_config import GenerationConfig, ResolvedConfig
+from .resolve import merge_for_generate, resolve_lengths, resolve_special_tokens
 from .support import NO_EFFECT, NOT_SUPPORTED, check_supported, unsupported_fields
 from .warn import WARNED, warn_once
 
 __all__ = [
-    "CORE_FIELDS", "GENERATION_CONFIG_NAME", "NO_EFFECT", "NOT_SUPPORTED", "WARNED", "GenerationConfig",
-    "check_supported", "default_values", "field_table", "merge_for_generate", "none_means_off", "resolve_lengths",
+    "CORE_FIELDS", "GENERATION_CONFIG_NAME", "NO_EFFECT", "NOT_SUPPORTED", "WARNED", "GenerationConfig", "ResolvedConfig",
+    "check_supported", "default_values", "field_table", "merge_for_generate", "none_means_off", "resolve_lengths", "resolve_special_tokens",
     "unknown_key_error", "unsupported_fields", "warn_once",
 ]

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, FrozenConfigError
 from ..generation_mode import GenerationMode, mode_of_strategy
 from ..plugins import FieldSpec, get_registry
 from .checks import check_combinations, minor_issues
@@ -29,6 +29,7 @@ from .fields import (
     close_field,
     default_values,
     field_table,
+    unknown_key_error,
 )
 from .files import push_config_file, read_config_json, resolve_config_file
 from .warn import logger, warn_once
@@ -69,7 +70,11 @@ class GenerationConfig:
             spec = field_table().get(key)
             if spec is not None:
                 value = _coerced(spec, value)
-        object.__setattr__(self, key, value)
+        self._store(key, value)
+
+    def _store(self, key: str, value: Any) -> None:
+        """Every write of an entry goes through here (a :class:`ResolvedConfig` refuses it)."""
+        self.__dict__[key] = value
 
     def __getattr__(self, key: str) -> Any:
         # a field declared by a plugin registered after this config was made: not set
@@ -84,7 +89,7 @@ class GenerationConfig:
         if close is not None:
             warn_once(f"`{key}` is not a GenerationConfig field; it is kept as a custom entry (saved with the "
                       f"config, never read by generate). Did you mean `{close}`?")
-        object.__setattr__(self, key, value)
+        self._store(key, value)
 
     def custom_entries(self) -> dict[str, Any]:
         """The entries that are no field (kept from a file or set by the caller), by name."""
@@ -162,7 +167,7 @@ class GenerationConfig:
         for key, value in kwargs.items():
             if key in table or key in custom:
                 if not defaults_only or getattr(self, key) is None:
-                    object.__setattr__(self, key, _coerced(table[key], value) if key in table else value)
+                    self._store(key, _coerced(table[key], value) if key in table else value)
                     used.add(key)
             elif allow_custom_entries and not key.startswith("_") and key not in METADATA:
                 self._set_custom(key, value, table)
@@ -197,9 +202,7 @@ class GenerationConfig:
     def strategy_name(self, assistant_model: Any = None) -> str:
         """Name of the registered strategy that ``generate`` runs for this config (defaults
         filled), as the registry answers (``genkit list``)."""
-        config = self.with_defaults()
-        if assistant_model is not None:
-            object.__setattr__(config, "_assistant_model", assistant_model)
+        config = ResolvedConfig.of(self.with_defaults(), assistant_model=assistant_model)
         return get_registry().select_strategy(config).name
 
     def get_generation_mode(self, assistant_model: Any = None) -> GenerationMode | str:
@@ -222,7 +225,7 @@ class GenerationConfig:
         filled = set()
         for name, value in default_values().items():
             if getattr(self, name) is None and name not in keep:
-                object.__setattr__(self, name, value)
+                self._store(name, value)
                 filled.add(name)
         return filled
 
@@ -329,11 +332,11 @@ class GenerationConfig:
             data = dict(vars(model_config))
         table = field_table()
         kwargs = {k: v for k, v in data.items() if k in table and v is not None}
-        config = cls(_from_model_config=True, **_valid_only(kwargs, table))
+        config = cls(_from_model_config=True, **valid_fields(kwargs, table))
         # some models keep generation attributes in their decoder's config
         decoder = _decoder_config(model_config, data)
         if decoder:
-            unset = {k: v for k, v in _valid_only(decoder, table).items() if getattr(config, k) is None}
+            unset = {k: v for k, v in valid_fields(decoder, table).items() if getattr(config, k) is None}
             config._apply(unset)
         if not config.return_dict_in_generate and any(getattr(config, f) for f in EXTRA_OUTPUT_FLAGS):
             config.return_dict_in_generate = True
@@ -341,9 +344,82 @@ class GenerationConfig:
         return config
 
 
-def _valid_only(values: dict[str, Any], table: dict[str, FieldSpec]) -> dict[str, Any]:
+class ResolvedConfig(GenerationConfig):
+    """The config a generation runs with: a read-only :class:`GenerationConfig`.
+
+    ``genkit.config.resolve`` builds it (the call merged over the model's generation config and the
+    defaults, then the special tokens and the lengths for the prompt); strategies and recipes read
+    it like any ``GenerationConfig`` (``max_length``, ``eos_token_id``, ``pad_token_id``, ...).
+    Setting an entry raises :class:`~genkit.errors.FrozenConfigError`; :meth:`copy` gives a
+    mutable ``GenerationConfig`` with the same values, :meth:`replace` a resolved one with some
+    fields changed. Besides the fields it records how they were resolved: :attr:`user_set`,
+    :attr:`defaulted` and :attr:`assistant_model`.
+    """
+
+    @classmethod
+    def of(cls, config: GenerationConfig, user_set: Iterable[str] = (), defaulted: Iterable[str] = (),
+           assistant_model: Any = None) -> ResolvedConfig:
+        """``config``'s entries (shared, not copied: pass a config nobody else holds), frozen."""
+        obj = object.__new__(cls)
+        obj.__dict__.update(config.__dict__)
+        obj.__dict__.update(_user_set=frozenset(user_set), _defaulted=frozenset(defaulted),
+                            _assistant_model=assistant_model)
+        return obj
+
+    @property
+    def user_set(self) -> frozenset[str]:
+        """The fields the caller set (the ``generation_config`` argument's and the keyword
+        arguments'); warnings about flags with no effect concern only these."""
+        return self.__dict__["_user_set"]  # type: ignore[no-any-return]
+
+    @property
+    def defaulted(self) -> frozenset[str]:
+        """The fields that took their global default (neither the call nor the model set them)."""
+        return self.__dict__["_defaulted"]  # type: ignore[no-any-return]
+
+    @property
+    def assistant_model(self) -> Any:
+        """The ``assistant_model=`` of the call (the registry's strategy selection reads it), or ``None``."""
+        return self.__dict__["_assistant_model"]
+
+    def replace(self, **changes: Any) -> ResolvedConfig:
+        """A resolved config with the fields in ``changes`` set (validated) and the rest as here;
+        ``assistant_model=`` replaces the assistant."""
+        assistant = changes.pop("assistant_model", self.assistant_model)
+        table = field_table()
+        for key, value in changes.items():
+            if key not in table:
+                raise unknown_key_error(key, table)
+            table[key].validate(value)
+        obj = ResolvedConfig.of(self, self.user_set, self.defaulted, assistant)
+        obj.__dict__.update(changes)
+        return obj
+
+    def _store(self, key: str, value: Any) -> None:
+        raise FrozenConfigError(f"the resolved generation config is read-only: cannot set `{key}`. Pass "
+                                "settings to generate(), or change a copy (config.copy() is a GenerationConfig).")
+
+    def __delattr__(self, key: str) -> None:
+        self._store(key, None)
+
+    def copy(self) -> GenerationConfig:
+        """A mutable :class:`GenerationConfig` with the same entries (the resolution record dropped)."""
+        config = object.__new__(GenerationConfig)
+        config.__dict__.update({k: copy.deepcopy(v) for k, v in self.__dict__.items()
+                                if k not in ("_user_set", "_defaulted", "_assistant_model")})
+        return config
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ResolvedConfig:
+        """A deep copy that shares the assistant model (a model is never copied with its config)."""
+        obj = object.__new__(type(self))
+        obj.__dict__.update({k: v if k == "_assistant_model" else copy.deepcopy(v, memo)
+                             for k, v in self.__dict__.items()})
+        return obj
+
+
+def valid_fields(values: dict[str, Any], table: dict[str, FieldSpec]) -> dict[str, Any]:
     """The entries of ``values`` that are fields with a valid value (a model config carries
-    attributes for other purposes too)."""
+    attributes for other purposes too, and values genkit would refuse, e.g. ``pad_token_id=-1``)."""
     good = {}
     for key, value in values.items():
         if key not in table or value is None:

@@ -1,28 +1,38 @@
-"""The config a generation runs with: the call's settings merged over the model's generation
-config and the global defaults (:func:`merge_for_generate`), then the lengths for the prompt
-(:func:`resolve_lengths`)."""
+"""The config a generation runs with, built in steps that each return a new read-only
+:class:`~genkit.config.generation_config.ResolvedConfig` (nothing is written into a config after
+it is resolved):
+
+1. :func:`merge_for_generate`: the call's settings over the model's generation config and the
+   global defaults;
+2. :func:`resolve_special_tokens`: unset special tokens from the model config, ``pad_token_id``
+   from the first EOS id;
+3. :func:`resolve_lengths`: ``max_length`` / ``min_length`` for the prompt.
+"""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
 from .fields import METADATA, field_table, none_means_off
-from .generation_config import GenerationConfig
+from .generation_config import GenerationConfig, ResolvedConfig, valid_fields
 from .warn import warn_once
+
+SPECIAL_TOKENS = ("eos_token_id", "bos_token_id", "pad_token_id")
 
 
 def merge_for_generate(model_config: GenerationConfig | None, generation_config: GenerationConfig | None,
-                       kwargs: dict[str, Any]) -> tuple[GenerationConfig, dict[str, Any]]:
+                       kwargs: dict[str, Any]) -> tuple[ResolvedConfig, dict[str, Any]]:
     """The config a generation runs with, in transformers 5's order: the ``generation_config``
     argument (or a fresh config), then the model's generation config for what it leaves unset
     (custom entries carried over), then the global defaults, then ``kwargs`` (an explicit ``None``
     there means the default, or "off" for a processor's field, as in transformers). Returns the
     config and the ``kwargs`` that are no field.
 
-    The config records the fields the caller set (``_user_set``: the ``generation_config``
-    argument's and ``kwargs``) and those that took the global default (``_defaulted``); warnings
+    The config records the fields the caller set (``user_set``: the ``generation_config``
+    argument's and ``kwargs``) and those that took the global default (``defaulted``); warnings
     about flags with no effect concern only what the caller set (see :meth:`GenerationConfig.validate`).
     """
     if generation_config is not None and not isinstance(generation_config, GenerationConfig):
@@ -42,33 +52,45 @@ def merge_for_generate(model_config: GenerationConfig | None, generation_config:
     defaulted -= used
     defaulted |= config._fill_defaults(keep_none=none_means_off())
     config.validate(user_set_attributes=user_set)
-    object.__setattr__(config, "_user_set", frozenset(user_set))
-    object.__setattr__(config, "_defaulted", frozenset(defaulted))
-    return config, {k: v for k, v in kwargs.items() if k not in table}
+    return ResolvedConfig.of(config, user_set, defaulted), {k: v for k, v in kwargs.items() if k not in table}
 
 
-def resolve_lengths(config: GenerationConfig, input_length: int, max_positions: int | None = None) -> None:
-    """Set ``max_length`` and ``min_length`` for a prompt of ``input_length`` tokens, as transformers
-    5 does: ``max_new_tokens`` wins; a ``max_length`` nobody set (the global default, 20) counts
-    new tokens, capped at the model's ``max_positions``; ``min_new_tokens`` sets ``min_length``."""
-    defaulted = getattr(config, "_defaulted", frozenset())
-    user_set = getattr(config, "_user_set", frozenset())
+def resolve_special_tokens(config: ResolvedConfig, model_tokens: Mapping[str, Any]) -> ResolvedConfig:
+    """``config`` with its unset special tokens taken from ``model_tokens`` (the model config's, for a
+    model without a generation config of its own; an invalid id there is left out) and an unset ``pad_token_id`` set to the first
+    EOS id, as transformers does."""
+    given = valid_fields({name: model_tokens.get(name) for name in SPECIAL_TOKENS}, field_table())
+    changes = {name: value for name, value in given.items() if getattr(config, name) is None}
+    eos = changes.get("eos_token_id", config.eos_token_id)
+    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    if changes.get("pad_token_id", config.pad_token_id) is None and eos_ids:
+        changes["pad_token_id"] = eos_ids[0]
+    return config.replace(**changes) if changes else config
+
+
+def resolve_lengths(config: ResolvedConfig, input_length: int, max_positions: int | None = None) -> ResolvedConfig:
+    """``config`` with ``max_length`` and ``min_length`` for a prompt of ``input_length`` tokens, as
+    transformers 5 sets them: ``max_new_tokens`` wins; a ``max_length`` nobody set (the global
+    default, 20) counts new tokens, capped at the model's ``max_positions``; ``min_new_tokens`` sets
+    ``min_length``."""
+    max_length = config.max_length
     if config.max_new_tokens is not None:
-        if "max_length" in user_set:
+        if "max_length" in config.user_set:
             warn_once(f"both `max_new_tokens` (={config.max_new_tokens}) and `max_length` (={config.max_length}) "
                       "are set; `max_new_tokens` takes precedence.")
-        object.__setattr__(config, "max_length", input_length + config.max_new_tokens)
-    elif "max_length" in defaulted:
-        length = config.max_length + input_length
+        max_length = input_length + config.max_new_tokens
+    elif "max_length" in config.defaulted:
+        max_length = config.max_length + input_length
         if max_positions:
-            length = min(length, int(max_positions))
-        object.__setattr__(config, "max_length", length)
-        warn_once(f"generating at most {config.max_length - input_length} new tokens (the model-agnostic default "
+            max_length = min(max_length, int(max_positions))
+        warn_once(f"generating at most {max_length - input_length} new tokens (the model-agnostic default "
                   "`max_length` counts new tokens); set `max_new_tokens` to choose the length.")
-    if input_length >= config.max_length:
+    if input_length >= max_length:
         raise ConfigError(
-            f"`max_length` ({config.max_length}) must be larger than the input length ({input_length}); "
+            f"`max_length` ({max_length}) must be larger than the input length ({input_length}); "
             "set `max_new_tokens` to the number of tokens to generate"
         )
+    changes = {"max_length": max_length}
     if config.min_new_tokens is not None:
-        object.__setattr__(config, "min_length", input_length + config.min_new_tokens)
+        changes["min_length"] = input_length + config.min_new_tokens
+    return config.replace(**changes)

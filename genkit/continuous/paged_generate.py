@@ -36,7 +36,7 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
     config = generation_config
     if config is not None and getattr(config, "cache_implementation", None) == "paged":
         config = config.copy() if hasattr(config, "copy") else config
-        object.__setattr__(config, "cache_implementation", None)
+        config.cache_implementation = None
     out = generate_batch(model, rows, config, **kwargs)
     failed = [r for r in out.values() if r.error is not None]
     if failed:

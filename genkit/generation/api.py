@@ -11,7 +11,16 @@ from typing import Any
 
 import torch
 
-from ..config import GenerationConfig, check_supported, merge_for_generate, resolve_lengths, unknown_key_error
+from ..config import (
+    GenerationConfig,
+    ResolvedConfig,
+    check_supported,
+    merge_for_generate,
+    resolve_lengths,
+    resolve_special_tokens,
+    unknown_key_error,
+)
+from ..config.resolve import SPECIAL_TOKENS
 from ..errors import ConfigError, UnknownItemError
 from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
@@ -178,12 +187,8 @@ def _finish_output(result: Any, config: GenerationConfig) -> Any:
     return result if config.return_dict_in_generate else result.sequences
 
 
-def _with_assistant(config: GenerationConfig, assistant_model: Any) -> GenerationConfig:
-    if assistant_model is None:
-        return config
-    c = config.copy()
-    object.__setattr__(c, "_assistant_model", assistant_model)
-    return c
+def _with_assistant(config: ResolvedConfig, assistant_model: Any) -> ResolvedConfig:
+    return config if assistant_model is None else config.replace(assistant_model=assistant_model)
 
 
 def _as_protocol_model(model: Any) -> Any:
@@ -213,7 +218,7 @@ class Prepared:
 
 
 def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs: dict[str, Any]) -> tuple[
-        GenerationConfig, dict[str, Any]]:
+        ResolvedConfig, dict[str, Any]]:
     """generation_config < model's generation_config (what it leaves unset) < defaults < kwargs
     (``genkit.config.merge_for_generate``). Returns (config, model kwargs)."""
     base = getattr(model, "generation_config", None)
@@ -229,18 +234,15 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
     return config, model_kwargs
 
 
-def _special_tokens(model: Any, config: GenerationConfig) -> list[int]:
+def _special_tokens(model: Any, config: ResolvedConfig) -> tuple[ResolvedConfig, list[int]]:
+    """The config with its special tokens resolved (a model with no generation config of its own
+    lends its model config's), and the EOS ids."""
     mc = getattr(model, "config", None)
-    if not isinstance(getattr(model, "generation_config", None), GenerationConfig) and mc is not None:
-        # no generation config of its own: the special tokens come from the model config
-        for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
-            if getattr(config, name) is None and getattr(mc, name, None) is not None:
-                object.__setattr__(config, name, getattr(mc, name))
+    own = isinstance(getattr(model, "generation_config", None), GenerationConfig)
+    model_tokens = {} if own or mc is None else {name: getattr(mc, name, None) for name in SPECIAL_TOKENS}
+    config = resolve_special_tokens(config, model_tokens)
     eos = config.eos_token_id
-    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    if config.pad_token_id is None and eos_ids:
-        object.__setattr__(config, "pad_token_id", eos_ids[0])
-    return eos_ids
+    return config, [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
 def prepare(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
@@ -256,11 +258,11 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
             raise ConfigError("pass the prompt once: either `inputs` or `input_ids`, not both")
         inputs = kwargs.pop("input_ids")
     config, model_kwargs = merge_config(model, generation_config, kwargs)
-    eos_ids = _special_tokens(model, config)
+    config, eos_ids = _special_tokens(model, config)
     input_ids = _prompt_ids(inputs, config, getattr(model, "device", torch.device("cpu")))
     _attention_mask(input_ids, config, eos_ids, model_kwargs)
     _adapt_cache(model_kwargs)
-    _set_lengths(model, config, input_ids.shape[1])
+    config = _set_lengths(model, config, input_ids.shape[1])
     input_ids = _expand_to_sequences(input_ids, config, model_kwargs)
     tokenizer = model_kwargs.pop("tokenizer", None)
     processors = _build_processors(model, config, input_ids, eos_ids, model_kwargs, logits_processor,
@@ -318,10 +320,10 @@ def _adapt_cache(model_kwargs: dict[str, Any]) -> None:
         model_kwargs["past_key_values"] = as_genkit_cache(cache)
 
 
-def _set_lengths(model: Any, config: GenerationConfig, input_len: int) -> None:
+def _set_lengths(model: Any, config: ResolvedConfig, input_len: int) -> ResolvedConfig:
     """``max_length`` and ``min_length`` from the ``*_new_tokens`` settings and the prompt length
     (``genkit.config.resolve_lengths``, transformers 5's rules)."""
-    resolve_lengths(config, input_len, getattr(getattr(model, "config", None), "max_position_embeddings", None))
+    return resolve_lengths(config, input_len, getattr(getattr(model, "config", None), "max_position_embeddings", None))
 
 
 def _expand_to_sequences(input_ids: torch.Tensor, config: GenerationConfig,
