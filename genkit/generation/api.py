@@ -15,6 +15,7 @@ from ..config import GenerationConfig, check_supported, merge_for_generate, reso
 from ..errors import ConfigError, UnknownItemError
 from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
+from ..strategy.finish import special_tokens
 from .processing import LogitsProcessorList, ProcessorContext, merge_lists
 
 logger = logging.getLogger("genkit.generation")
@@ -229,20 +230,6 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
     return config, model_kwargs
 
 
-def _special_tokens(model: Any, config: GenerationConfig) -> list[int]:
-    mc = getattr(model, "config", None)
-    if not isinstance(getattr(model, "generation_config", None), GenerationConfig) and mc is not None:
-        # no generation config of its own: the special tokens come from the model config
-        for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
-            if getattr(config, name) is None and getattr(mc, name, None) is not None:
-                object.__setattr__(config, name, getattr(mc, name))
-    eos = config.eos_token_id
-    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    if config.pad_token_id is None and eos_ids:
-        object.__setattr__(config, "pad_token_id", eos_ids[0])
-    return eos_ids
-
-
 def prepare(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
             logits_processor: list[Any] | None, stopping_criteria: list[Any] | None,
             prefix_allowed_tokens_fn: Any, streamer: Any, kwargs: dict[str, Any], *,
@@ -256,7 +243,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
             raise ConfigError("pass the prompt once: either `inputs` or `input_ids`, not both")
         inputs = kwargs.pop("input_ids")
     config, model_kwargs = merge_config(model, generation_config, kwargs)
-    eos_ids = _special_tokens(model, config)
+    eos_ids = special_tokens(model, config)
     input_ids = _prompt_ids(inputs, config, getattr(model, "device", torch.device("cpu")))
     _attention_mask(input_ids, config, eos_ids, model_kwargs)
     _adapt_cache(model_kwargs)
