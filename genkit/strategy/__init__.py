@@ -40,8 +40,6 @@ See ``docs/hooks.md`` ("Write a strategy") for a tutorial.
 
 from __future__ import annotations
 
-import torch
-
 from genkit.errors import ConfigError, GenkitError, NotSupportedError
 from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 from genkit.generation.processing import LogitsProcessorList, StoppingCriteriaList
