@@ -9,7 +9,6 @@ strategies), the continuous-batching manager, ``genkit serve`` and ``genkit batc
 from __future__ import annotations
 
 from collections.abc import Iterable
-from numbers import Integral
 from types import TracebackType
 from typing import Any
 
@@ -76,9 +75,9 @@ def eos_token_ids(value: int | Iterable[int] | torch.Tensor | None) -> list[int]
         return []
     if isinstance(value, torch.Tensor):
         return [int(v) for v in value.reshape(-1).tolist()]
-    if isinstance(value, Integral):
-        return [int(value)]
-    return [int(v) for v in value]
+    if isinstance(value, Iterable):
+        return [int(v) for v in value]
+    return [int(value)]
 
 
 def special_tokens(model: Any, config: Any) -> list[int]:
