@@ -268,6 +268,8 @@ class StopStringCriteria(StoppingCriteria):
     completes it.
     """
 
+    finish_reason = "stop_string"  # genkit.strategy.FINISH_REASONS
+
     def __init__(self, tokenizer: Any, stop_strings: str | Iterable[str]) -> None:
         if isinstance(stop_strings, str):
             stop_strings = [stop_strings]

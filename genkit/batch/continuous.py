@@ -134,9 +134,7 @@ class ContinuousEngine:
         if out.error is not None:
             slot.result = BadRow(slot.row.line, slot.row.id, f"generation failed: {out.error}")
             return
-        tokens = list(out.generated_tokens)
-        eos = self.static.eos_ids({**self.kwargs, **slot.row.settings})
-        slot.result = self.static.result_row(slot.row, slot.ids, (tokens, bool(tokens) and tokens[-1] in eos))
+        slot.result = self.static.result_row(slot.row, slot.ids, (list(out.generated_tokens), out.finish_reason))
 
 
 def check_batching(batching: str, generation_kwargs: dict[str, Any], custom_generate: Any = None) -> str | None:

@@ -23,6 +23,8 @@ import torch
 
 from genkit.errors import ConfigError
 from genkit.models.paged import StepBatch, paged_store_for
+from genkit.strategy.finish import finish_codes, reason_names
+from genkit.strategy.sampling import choose
 
 from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig
@@ -115,10 +117,15 @@ class ContinuousBatchingManager:
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, input_ids: list[int], request_id: str | None = None, max_new_tokens: int | None = None,
                     streaming: bool = False, record_timestamps: bool = False, eos_token_id: Any = _UNSET,
-                    **generation_kwargs: Any) -> str:
+                    top_logprobs: int | None = None, **generation_kwargs: Any) -> str:
         """Queue a request; returns its id. ``generation_kwargs`` are this request's own
         generation fields (``do_sample``, ``temperature``, ``top_p``, ``repetition_penalty``,
-        ``seed``…), over the manager's generation config. A request that cannot run (an empty
+        ``max_time``, ``stop_strings``, ``seed``…), over the manager's generation config, and what
+        ``generate`` takes besides them: ``tokenizer`` (stop strings need it), ``stopping_criteria``
+        and ``logits_processor`` (lists of this request's own objects). A request stops where
+        ``generate`` would stop it (``genkit.strategy.finish_codes``); its output says why
+        (``finish_reason``). ``top_logprobs``: report each token's log-probability and its
+        ``top_logprobs`` most likely alternatives (0: the token's only). A request that cannot run (an empty
         prompt, ``max_new_tokens`` <= 0, a prompt longer than the cache) is returned at once as a
         failed output with an error saying why; the manager goes on."""
         if request_id is None:
@@ -130,9 +137,10 @@ class ContinuousBatchingManager:
         try:
             state = self._new_state(list(input_ids), request_id, max_new_tokens, streaming, record_timestamps,
                                     eos_token_id, generation_kwargs)
+            state.top, state.return_logprobs = _top_logprobs(request_id, top_logprobs, state.return_logprobs)
         except (ValueError, TypeError) as exc:
             failed = RequestState(request_id, [int(t) for t in input_ids] if _ints(input_ids) else [], 0,
-                                  frozenset(), None, None, status=RequestStatus.FAILED, error=str(exc))
+                                  None, None, None, status=RequestStatus.FAILED, error=str(exc))
             self._publish(failed.output())
             return request_id
         self._input.put(state, block=True, timeout=None if self.max_queue_size == 0 else 30)
@@ -213,17 +221,16 @@ class ContinuousBatchingManager:
         seed = kwargs.pop("seed", None)
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request
             kwargs["eos_token_id"] = eos_token_id
-        prepared = prepare(self.model, torch.tensor([prompt]), self._given_config, None, None, None, None,
+        processors, criteria = kwargs.pop("logits_processor", None), kwargs.pop("stopping_criteria", None)
+        prepared = prepare(self.model, torch.tensor([prompt]), self._given_config, processors, criteria, None, None,
                            {**kwargs, "max_new_tokens": max_new})
         config = prepared.config
         if config.num_beams not in (None, 1) or (config.num_return_sequences or 1) != 1:
             raise ValueError(f"request {request_id!r}: continuous batching runs greedy search or sampling, one "
                              "sequence per request (num_beams=1, num_return_sequences=1)")
-        eos = config.eos_token_id
-        eos_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
         generator = torch.Generator()
         generator.manual_seed(int(seed) if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
-        return RequestState(request_id, prompt, max_new, eos_ids, config,
+        return RequestState(request_id, prompt, max_new, prepared.stopping_criteria, config,
                             prepared.logits_processor if len(prepared.logits_processor) else None,
                             do_sample=bool(config.do_sample), generator=generator, streaming=streaming,
                             record_timestamps=record_timestamps, return_logprobs=self.cb_config.return_logprobs,
@@ -316,6 +323,7 @@ class ContinuousBatchingManager:
         self.cache.release(r.blocks)
         r.blocks = []
         r.status, r.error = RequestStatus.FAILED, reason
+        r.finish_reason = "cancelled" if reason == "cancelled" else None
         self._publish(r.output())
 
     def _fail_all(self, reason: str) -> None:
@@ -362,19 +370,15 @@ class ContinuousBatchingManager:
             if not w:
                 continue
             try:
-                token, logprob = self._choose(r, logits[row])
+                finished = self._choose(r, logits[row])
             except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
                 done.append((r, f"choosing the next token failed: {exc}"))
                 row += 1
                 continue
             row += 1
             r.status = RequestStatus.DECODING
-            r.generated.append(token)
-            if r.return_logprobs:
-                r.logprobs.append(logprob)
             if r.record_timestamps:
                 r.timestamps.append(time.perf_counter())
-            finished = token in r.eos_token_ids or len(r.generated) >= r.max_new_tokens
             if finished:
                 done.append((r, None))
             elif r.streaming:
@@ -392,17 +396,31 @@ class ContinuousBatchingManager:
                 r.blocks = []
             self._publish(r.output())
 
-    def _choose(self, r: RequestState, logits: torch.Tensor) -> tuple[int, float]:
+    def _choose(self, r: RequestState, logits: torch.Tensor) -> bool:
+        """Choose ``r``'s next token (the sampler of ``generate``) and record it; whether it
+        finishes the request (the finish decision of ``generate``, whose reason is recorded)."""
         scores = logits[None]
         if r.processors is not None:
             scores = r.processors(torch.tensor([r.tokens]), scores)
-        if r.do_sample:
-            probs = torch.softmax(scores.float(), dim=-1)
-            token = int(torch.multinomial(probs[0], 1, generator=r.generator))
-        else:
-            token = int(scores[0].argmax())
-        logprob = float(torch.log_softmax(scores[0].float(), -1)[token]) if r.return_logprobs else 0.0
-        return token, logprob
+        choice = choose(scores, r.do_sample, r.generator, logprobs=r.return_logprobs, top=r.top)
+        token, logprob, top = choice.row(0)
+        r.generated.append(token)
+        if r.return_logprobs:
+            r.logprobs.append(float(logprob or 0.0))
+        if r.top:
+            r.top_logprobs.append(top)
+        codes = finish_codes(r.stop, torch.tensor([r.tokens]), scores, choice.tokens)
+        r.finish_reason = reason_names(codes)[0]
+        return r.finish_reason is not None
+
+
+def _top_logprobs(request_id: str, top: int | None, default: bool) -> tuple[int, bool]:
+    """(alternatives per token, whether to record log-probabilities) for ``top_logprobs=top``."""
+    if top is None:
+        return 0, default
+    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        raise ConfigError(f"request {request_id!r}: `top_logprobs` must be an int >= 0 or None; got {top!r}")
+    return top, True
 
 
 def _ints(values: Any) -> bool:

@@ -17,11 +17,14 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
     with ``pad_token_id`` (as ``generate`` pads rows that finished early)."""
     from .api import generate_batch
 
-    given = [name for name, value in refused.items() if value is not None]
+    kwargs = dict(kwargs)
+    for name in ("stopping_criteria", "logits_processor"):  # each request runs them, as generate does
+        if refused.get(name) is not None:
+            kwargs[name] = refused[name]
+    given = [name for name, value in refused.items() if value is not None and name not in kwargs]
     if given:
         raise NotSupportedError(f"`{given[0]}` is not supported with cache_implementation=\"paged\" (continuous "
                                 "batching); drop it or use another cache_implementation")
-    kwargs = dict(kwargs)
     kwargs.pop("cache_implementation", None)
     if inputs is None:
         inputs = kwargs.pop("input_ids", None)

@@ -17,13 +17,12 @@ from ..config import (
     check_supported,
     merge_for_generate,
     resolve_lengths,
-    resolve_special_tokens,
     unknown_key_error,
 )
-from ..config.resolve import SPECIAL_TOKENS
 from ..errors import ConfigError, UnknownItemError
 from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
+from ..strategy.finish import special_tokens
 from ..strategy.processing import LogitsProcessorList, ProcessorContext, merge_lists
 from .engines import engine_for
 
@@ -234,17 +233,6 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
     return config, model_kwargs
 
 
-def _special_tokens(model: Any, config: ResolvedConfig) -> tuple[ResolvedConfig, list[int]]:
-    """The config with its special tokens resolved (a model with no generation config of its own
-    lends its model config's), and the EOS ids."""
-    mc = getattr(model, "config", None)
-    own = isinstance(getattr(model, "generation_config", None), GenerationConfig)
-    model_tokens = {} if own or mc is None else {name: getattr(mc, name, None) for name in SPECIAL_TOKENS}
-    config = resolve_special_tokens(config, model_tokens)
-    eos = config.eos_token_id
-    return config, [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-
-
 def prepare(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
             logits_processor: list[Any] | None, stopping_criteria: list[Any] | None,
             prefix_allowed_tokens_fn: Any, streamer: Any, kwargs: dict[str, Any], *,
@@ -258,7 +246,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
             raise ConfigError("pass the prompt once: either `inputs` or `input_ids`, not both")
         inputs = kwargs.pop("input_ids")
     config, model_kwargs = merge_config(model, generation_config, kwargs)
-    config, eos_ids = _special_tokens(model, config)
+    config, eos_ids = special_tokens(model, config)
     input_ids = _prompt_ids(inputs, config, getattr(model, "device", torch.device("cpu")))
     _attention_mask(input_ids, config, eos_ids, model_kwargs)
     _adapt_cache(model_kwargs)

@@ -20,6 +20,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from genkit.strategy import openai_finish_reason
+
 from .engine import Request, RequestStream
 from .openai_api import APIError, ParsedRequest, TextAssembler, logprob_entry, parse_request
 
@@ -160,27 +162,27 @@ class _Choices:
         self.counts = [0] * parsed.n
         self.finish: list[str | None] = [None] * parsed.n
         self.logprobs: list[list[tuple[int, float, list[tuple[int, float]]]]] = [[] for _ in range(parsed.n)]
-        eos = state.model.generation_config.eos_token_id
-        self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
     def add(self, event: Any) -> list[tuple[int, str, list[tuple[int, float, list[tuple[int, float]]]]]]:
-        """The new text (and its tokens' logprobs) per choice that has some."""
+        """The new text (and its tokens' logprobs) per choice that has some. A choice finishes
+        where the engine says (its finish decision, as OpenAI's ``finish_reason``) or where the
+        server cut the text at a stop string."""
         out = []
         for i, token in enumerate(event.tokens):
-            if token is None or self.finish[i] is not None:
+            reason = event.finish[i] if event.finish is not None else None
+            if self.finish[i] is not None or (token is None and reason is None):
                 continue
-            self.counts[i] += 1
-            new_lp = []
-            if event.logprobs is not None and event.logprobs[i] is not None:
-                lp, alternatives = event.logprobs[i]
-                new_lp.append((token, lp, alternatives))
-                self.logprobs[i].extend(new_lp)
-            text = self.texts[i].add(token, self.state.special)
-            if token in self.eos or self.texts[i].stopped:
-                self.finish[i] = "stop"
-                text += self.texts[i].flush()
-            elif self.counts[i] >= self.parsed.max_tokens:
-                self.finish[i] = "length"
+            text, new_lp = "", []
+            if token is not None:
+                self.counts[i] += 1
+                if event.logprobs is not None and event.logprobs[i] is not None:
+                    lp, alternatives = event.logprobs[i]
+                    new_lp.append((token, lp, alternatives))
+                    self.logprobs[i].extend(new_lp)
+                text = self.texts[i].add(token, self.state.special)
+            finish = "stop" if self.texts[i].stopped else openai_finish_reason(reason)
+            if finish is not None:
+                self.finish[i] = finish
                 text += self.texts[i].flush()
             if text or new_lp:
                 out.append((i, text, new_lp))

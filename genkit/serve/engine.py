@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from genkit.strategy import choose
+
 logger = logging.getLogger("genkit.serve")
 
 __all__ = ["EngineStats", "GenerateEngine", "Request", "RequestStream", "TokenEvent"]
@@ -41,10 +43,13 @@ class Request:
 @dataclass
 class TokenEvent:
     """Tokens chosen at one step: ``tokens[i]`` for choice ``i`` (``None`` once it has finished);
-    ``logprobs[i]`` = (the token's log-probability, [(token id, log-probability), ...] best first)."""
+    ``logprobs[i]`` = (the token's log-probability, [(token id, log-probability), ...] best first);
+    ``finish[i]``: the reason choice ``i`` finished with this token (``genkit.strategy.FINISH_REASONS``,
+    the engine's own finish decision), ``None`` while it goes on."""
 
     tokens: list[int | None]
     logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
+    finish: list[str | None] | None = None
 
 
 class RequestStream:
@@ -105,6 +110,8 @@ class EngineStats:
 class _Stop:
     """A stopping criterion that ends a generation whose request was cancelled."""
 
+    finish_reason = "cancelled"  # genkit.strategy.FINISH_REASONS
+
     def __init__(self, stream: RequestStream) -> None:
         self.stream = stream
 
@@ -112,54 +119,53 @@ class _Stop:
         return torch.full((input_ids.shape[0],), self.stream.cancelled.is_set(), dtype=torch.bool)
 
 
-class _Recorder:
-    """The last logits processor: keeps each step's log-probabilities, so that the streamer can
-    report the chosen token's and the best alternatives'."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.last: torch.Tensor | None = None
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        self.last = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-
 class _Streamer:
-    """Receives the chosen tokens from ``generate`` and pushes :class:`TokenEvent` items."""
+    """Receives each step of ``generate`` (the tokens, then the scores they were chosen from and
+    the rows they finish: ``put_step``, see ``genkit.strategy.FinishTracker``) and pushes
+    :class:`TokenEvent` items, with log-probabilities from the sampler's ``genkit.strategy.choose``
+    when ``top`` is not ``None``."""
 
-    def __init__(self, stream: RequestStream, rows: int, eos: set[int], recorder: _Recorder | None,
-                 stats: EngineStats) -> None:
-        self.stream, self.rows, self.eos, self.recorder, self.stats = stream, rows, eos, recorder, stats
+    def __init__(self, stream: RequestStream, rows: int, top: int | None, stats: EngineStats) -> None:
+        self.stream, self.rows, self.top, self.stats = stream, rows, top, stats
         self.prompt_seen = False
         self.done = [False] * rows
+        self.pending: torch.Tensor | None = None
 
     def put(self, value: torch.Tensor) -> None:
         if not self.prompt_seen:  # generate streams the prompt first
             self.prompt_seen = True
             return
-        ids = value.reshape(-1).tolist()
-        tokens: list[int | None] = []
-        logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = [] if self.recorder else None
-        for row, tok in enumerate(ids):
-            if self.done[row]:
-                tokens.append(None)
-                if logprobs is not None:
-                    logprobs.append(None)
-                continue
-            tokens.append(int(tok))
-            self.stats.generated_tokens_total += 1
-            if tok in self.eos:
-                self.done[row] = True
-            if logprobs is not None and self.recorder is not None and self.recorder.last is not None:
-                lp = self.recorder.last[row]
-                top = lp.topk(self.recorder.k) if self.recorder.k else None
-                alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
-                logprobs.append((float(lp[tok]), alternatives))
-        self.stream.push(TokenEvent(tokens, logprobs))
+        self._flush(None, None)
+        self.pending = value.reshape(-1)
+
+    def put_step(self, scores: torch.Tensor | None, finished: list[str | None]) -> None:
+        self._flush(scores, finished)
 
     def end(self) -> None:
-        pass
+        self._flush(None, None)
+
+    def _flush(self, scores: torch.Tensor | None, finished: list[str | None] | None) -> None:
+        if self.pending is None:
+            return
+        ids, self.pending = self.pending, None
+        choice = None
+        if self.top is not None and scores is not None:
+            choice = choose(scores, False, logprobs=True, top=self.top, tokens=ids)
+        tokens: list[int | None] = [None] * self.rows
+        logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = (
+            [None] * self.rows if self.top is not None else None)
+        for row, tok in enumerate(ids.tolist()):
+            if self.done[row]:
+                continue
+            tokens[row] = int(tok)
+            self.stats.generated_tokens_total += 1
+            if logprobs is not None and choice is not None:
+                _, lp, alternatives = choice.row(row)
+                logprobs[row] = (float(lp or 0.0), alternatives)
+        finish = [None if self.done[r] else (finished or [None] * self.rows)[r] for r in range(self.rows)]
+        for row, reason in enumerate(finish):
+            self.done[row] = self.done[row] or reason is not None
+        self.stream.push(TokenEvent(tokens, logprobs, finish))
 
 
 class GenerateEngine:
@@ -235,10 +241,7 @@ class GenerateEngine:
 
         request = stream.request
         kwargs = dict(request.generate_kwargs)
-        recorder = _Recorder(request.logprobs) if request.logprobs is not None else None
-        eos = kwargs.get("eos_token_id", self.model.generation_config.eos_token_id)
-        eos_set = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        streamer = _Streamer(stream, request.n, eos_set, recorder, self.stats)
+        streamer = _Streamer(stream, request.n, request.logprobs, self.stats)
         ids = torch.tensor([request.prompt_ids])
         self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
         if request.seed is not None:
@@ -247,5 +250,4 @@ class GenerateEngine:
             kwargs["num_return_sequences"] = request.n
         with torch.no_grad():
             genkit.generate(self.model, ids, tokenizer=self.tokenizer, streamer=streamer,
-                            stopping_criteria=[_Stop(stream)],
-                            logits_processor=[recorder] if recorder is not None else None, **kwargs)
+                            stopping_criteria=[_Stop(stream)], **kwargs)

@@ -2,8 +2,8 @@
 
 :class:`ContinuousEngine` hands each request's ``n`` choices to a
 :class:`~genkit.continuous.ContinuousBatchingManager` as streaming requests, and a dispatcher
-thread routes the manager's outputs to the requests' streams. A request it cannot run (beam
-search, a recipe or a strategy by name, log-probabilities) goes to the
+thread routes the manager's outputs to the requests' streams, with the manager's log-probabilities
+and finish reasons. A request it cannot run (beam search, a recipe or a strategy by name) goes to the
 :class:`~genkit.serve.engine.GenerateEngine` beside it, one at a time.
 """
 
@@ -51,8 +51,7 @@ class ContinuousEngine:
     @staticmethod
     def runs(request: Request) -> bool:
         kw = request.generate_kwargs
-        return (request.logprobs is None and "custom_generate" not in kw and kw.get("num_beams") in (None, 1)
-                and "assistant_model" not in kw)
+        return "custom_generate" not in kw and kw.get("num_beams") in (None, 1) and "assistant_model" not in kw
 
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> RequestStream:
         if not self.runs(request):
@@ -77,7 +76,8 @@ class ContinuousEngine:
         for i, rid in enumerate(rids):
             seed = None if request.seed is None else request.seed + i
             self.manager.add_request(request.prompt_ids, request_id=rid, max_new_tokens=max_new, streaming=True,
-                                     **({"seed": seed} if seed is not None else {}), **kwargs)
+                                     top_logprobs=request.logprobs, **({"seed": seed} if seed is not None else {}),
+                                     **kwargs)
         return stream
 
     def _dispatch(self) -> None:
@@ -94,14 +94,12 @@ class ContinuousEngine:
             if route is None:
                 continue
             stream, choice = route
-            new = out.generated_tokens[sent.get(out.request_id, 0):]
+            start = sent.get(out.request_id, 0)
             sent[out.request_id] = len(out.generated_tokens)
-            if new and out.status != RequestStatus.FAILED:
-                self.stats.generated_tokens_total += len(new)
-                for token in new:
-                    tokens: list[int | None] = [None] * stream.request.n
-                    tokens[choice] = token
-                    stream.push(TokenEvent(tokens))
+            if out.status != RequestStatus.FAILED:
+                self.stats.generated_tokens_total += len(out.generated_tokens) - start
+                for event in _events(out, start, choice, stream.request):
+                    stream.push(event)
             if not out.is_finished():
                 continue
             sent.pop(out.request_id, None)
@@ -130,6 +128,24 @@ class ContinuousEngine:
         self._stop.set()
         self._thread.join(timeout)
         self.fallback.shutdown(timeout)
+
+
+def _events(out: Any, start: int, choice: int, request: Request) -> list[TokenEvent]:
+    """The manager's tokens from ``start`` on as events of choice ``choice``, with their
+    log-probabilities when asked for, and the finish reason on the last token of a finished one."""
+    events = []
+    for k in range(start, len(out.generated_tokens)):
+        tokens: list[int | None] = [None] * request.n
+        tokens[choice] = out.generated_tokens[k]
+        logprobs: list[Any] | None = None
+        if request.logprobs is not None:
+            logprobs = [None] * request.n
+            logprobs[choice] = (out.logprobs[k], out.top_logprobs[k] if k < len(out.top_logprobs) else [])
+        finish: list[str | None] = [None] * request.n
+        if k == len(out.generated_tokens) - 1 and out.is_finished():
+            finish[choice] = out.finish_reason
+        events.append(TokenEvent(tokens, logprobs, finish))
+    return events
 
 
 def make_engine(model: Any, tokenizer: Any, *, scheduler: str | None = None,
