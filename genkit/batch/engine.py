@@ -103,8 +103,8 @@ class LocalEngine:
         width = max(map(len, prompts))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.model.device)
-        out = genkit.generate(self.model, input_ids=ids, attention_mask=mask, **{"pad_token_id": self.pad, **kwargs},
-                              **self.extra)
+        out = genkit.generate(self.model, input_ids=ids, attention_mask=mask, tokenizer=self.tokenizer,
+                              **{"pad_token_id": self.pad, **kwargs}, **self.extra)
         sequences = out.sequences if hasattr(out, "sequences") else out
         eos = self.eos_ids(kwargs)
         results = []

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
-from genkit.errors import ConfigError
+from genkit.errors import ConfigError, NotSupportedError
 
 from .config import ContinuousBatchingConfig
 from .forward import StepBatch, check_model, paged_step
+from .gate import UNSUPPORTED_ARGUMENTS, refusal
 from .paged_cache import PagedKVCache
 from .requests import GenerationOutput, RequestState, RequestStatus
 from .scheduler import scheduler_from
@@ -121,7 +122,9 @@ class ContinuousBatchingManager:
         generation fields (``do_sample``, ``temperature``, ``top_p``, ``repetition_penalty``,
         ``seed``…), over the manager's generation config. A request that cannot run (an empty
         prompt, ``max_new_tokens`` <= 0, a prompt longer than the cache) is returned at once as a
-        failed output with an error saying why; the manager goes on."""
+        failed output with an error saying why; the manager goes on. So is one whose settings
+        continuous batching cannot run (beam search, contrastive search, ...: the gate,
+        :func:`genkit.continuous.gate.refusal`), with an error naming the field."""
         if request_id is None:
             request_id = f"req_{next(self._counter)}"
         if not isinstance(request_id, str):
@@ -214,12 +217,13 @@ class ContinuousBatchingManager:
         seed = kwargs.pop("seed", None)
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request
             kwargs["eos_token_id"] = eos_token_id
+        arguments = {k: kwargs.pop(k) for k in list(kwargs) if k in UNSUPPORTED_ARGUMENTS}
         prepared = prepare(self.model, torch.tensor([prompt]), self._given_config, None, None, None, None,
                            {**kwargs, "max_new_tokens": max_new})
         config = prepared.config
-        if config.num_beams not in (None, 1) or (config.num_return_sequences or 1) != 1:
-            raise ValueError(f"request {request_id!r}: continuous batching runs greedy search or sampling, one "
-                             "sequence per request (num_beams=1, num_return_sequences=1)")
+        why = refusal(config, **arguments)  # the one gate (gate.py): no setting is dropped on the way
+        if why is not None:
+            raise NotSupportedError(f"request {request_id!r}: continuous batching cannot run it: {why}")
         eos = config.eos_token_id
         eos_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
         generator = torch.Generator()

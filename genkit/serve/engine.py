@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from genkit.errors import ConfigError
+
 logger = logging.getLogger("genkit.serve")
 
 __all__ = ["EngineStats", "GenerateEngine", "Request", "RequestStream", "TokenEvent"]
@@ -238,6 +240,10 @@ class GenerateEngine:
         recorder = _Recorder(request.logprobs) if request.logprobs is not None else None
         eos = kwargs.get("eos_token_id", self.model.generation_config.eos_token_id)
         eos_set = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        streams = _streams(self.model, kwargs)
+        if not streams and recorder is not None:
+            raise ConfigError("`logprobs` cannot be reported with beam search (num_beams > 1): a token's "
+                              "log-probability is its beam's, not the sequence's; drop one of them")
         streamer = _Streamer(stream, request.n, eos_set, recorder, self.stats)
         ids = torch.tensor([request.prompt_ids])
         self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
@@ -246,6 +252,26 @@ class GenerateEngine:
         if request.n > 1:
             kwargs["num_return_sequences"] = request.n
         with torch.no_grad():
-            genkit.generate(self.model, ids, tokenizer=self.tokenizer, streamer=streamer,
-                            stopping_criteria=[_Stop(stream)],
-                            logits_processor=[recorder] if recorder is not None else None, **kwargs)
+            out = genkit.generate(self.model, ids, tokenizer=self.tokenizer, streamer=streamer if streams else None,
+                                  stopping_criteria=[_Stop(stream)],
+                                  logits_processor=[recorder] if recorder is not None else None, **kwargs)
+        if not streams:  # the best hypotheses are known at the end: emit them now, as if streamed
+            sequences = out.sequences if hasattr(out, "sequences") else out
+            streamer.put(ids)
+            for column in sequences[:, ids.shape[1]:].T:
+                if all(streamer.done):
+                    break
+                streamer.put(column)
+
+
+def _streams(model: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether ``generate`` runs these settings with a streamer: beam search knows its tokens only
+    at the end (its rows are hypotheses that change until then)."""
+    from genkit.generation.api import merge_config
+
+    settings = {k: v for k, v in kwargs.items() if k not in ("custom_generate", "trust_remote_code")}
+    try:
+        config, _ = merge_config(model, None, settings)
+    except ValueError:  # a recipe's own settings, or a bad one: generate reports it
+        return True
+    return int(config.num_beams or 1) == 1
