@@ -220,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         kwargs["trust_remote_code"] = True if args.trust_remote_code else None
     t1 = time.perf_counter()
     out = genkit.generate(model, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                          streamer=streamer, **kwargs)
+                          tokenizer=tokenizer, streamer=streamer, **kwargs)
     elapsed = time.perf_counter() - t1
     sequences = out.sequences if hasattr(out, "sequences") else out
     if not isinstance(sequences, torch.Tensor):
