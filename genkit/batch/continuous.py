@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from genkit.errors import ConfigError, NotSupportedError
+from genkit.recipes.reference import classify
 
 from .engine import LocalEngine
 from .rows import BadRow, BatchRow
@@ -143,6 +144,7 @@ def check_batching(batching: str, generation_kwargs: dict[str, Any], custom_gene
     (None before it loads) gives the generation config the settings go over."""
     if batching not in BATCHING:
         raise ConfigError(f"`batching` must be one of {', '.join(repr(b) for b in BATCHING)}; got {batching!r}")
+    classify(custom_generate)  # a reference that names nothing fails before any row runs
     why = continuous_refusal(model, generation_kwargs, custom_generate)
     if batching == "continuous" and why is not None:
         raise ConfigError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
