@@ -80,6 +80,7 @@ def _reference(model, prompt: list[int], tokenizer=None, **kwargs) -> list[list[
     ({"num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 1.0},
      "`num_beam_groups`=2 selects the strategy 'group_beam_search'"),
     ({"num_beams": 2, "force_words_ids": [[5]]}, "`num_beams`=2 selects the strategy 'constrained_beam_search'"),
+    ({"num_beams": 2, "constraints": [[5, 6]]}, "`num_beams`=2 selects the strategy 'constrained_beam_search'"),
     ({"dola_layers": "low"}, "`dola_layers`='low' selects the strategy 'dola_generation'"),
     ({"prompt_lookup_num_tokens": 3}, "`prompt_lookup_num_tokens`=3 selects the strategy 'assisted'"),
     ({"guidance_scale": 1.5}, "`guidance_scale`=1.5: classifier-free guidance"),
