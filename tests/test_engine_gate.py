@@ -137,7 +137,7 @@ def server(model, tokenizer):
     pytest.importorskip("starlette")
     from genkit.serve import build_app
 
-    app = build_app(model, tokenizer=tokenizer, model_name="tiny")
+    app = build_app(model, tokenizer=tokenizer, model_name="tiny", trust_remote_code=True)
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -206,6 +206,24 @@ def test_serve_beams_with_n_choices(server, model):
         assert got == [_words(w) for w in want]
 
 
+def test_serve_and_batch_run_a_recipe_with_the_tokenizer(server, model, tokenizer, tmp_path):
+    from hub_server import write_recipe
+
+    full = _reference(model, PROMPT, max_new_tokens=8, eos_token_id=None)[0]
+    want = _reference(model, PROMPT, max_new_tokens=8, eos_token_id=full[3])[0]
+    assert len(want) == 4
+    # the server takes no recipe options in the body: the recipe's default names the word
+    source = RECIPE.replace('stop_word="w3"', f'stop_word="{WORDS[full[3]]}"')
+    recipe = str(write_recipe(tmp_path / "recipe", {"custom_generate/generate.py": source}))
+    for stream in (False, True):
+        got = _complete(server, {"max_tokens": 8, "temperature": 0, "stream": stream, "custom_generate": recipe})
+        assert got == [_words(want)]
+    _rows(tmp_path / "in.jsonl", [{"id": "a", "prompt": _text(PROMPT)}])
+    engine = make_local_engine(model, tokenizer, {"max_new_tokens": 8}, custom_generate=recipe)
+    run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)
+    assert _read(tmp_path / "out.jsonl")[0]["token_ids"] == want
+
+
 def test_serve_refuses_logprobs_with_beams(server):
     status, raw = _post(server, {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "num_beams": 2, "logprobs": 2})
     assert status != 200 and b"`logprobs` cannot be reported with beam search" in raw
@@ -238,6 +256,20 @@ def test_batch_rows_of_other_strategies_and_stop_strings_run_on_generate(tmp_pat
     for row, s in zip(out, settings):
         assert row["token_ids"] == _reference(model, PROMPT, tokenizer, max_new_tokens=8, **s)[0], s
     assert out[-2]["text"].endswith(stop_word) and len(out[-2]["token_ids"]) == 3  # the stop string ended it
+
+
+def test_batch_rows_sharing_stop_strings_end_at_them(tmp_path, model, tokenizer):
+    """Rows with the same settings share a left-padded batch; one a stop string ends early has no
+    padding after its tokens."""
+    prompts = [PROMPT, [10, 20, 30, 40], [5, 6, 7]]
+    stop_word = _text([_reference(model, PROMPT, max_new_tokens=8)[0][1]])
+    _rows(tmp_path / "in.jsonl", [{"id": str(i), "prompt": _text(p)} for i, p in enumerate(prompts)])
+    engine = make_local_engine(model, tokenizer, {"max_new_tokens": 8, "stop_strings": [stop_word]}, batch_size=4)
+    run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)
+    out = _read(tmp_path / "out.jsonl")
+    for row, p in zip(out, prompts):
+        assert row["token_ids"] == _reference(model, p, tokenizer, max_new_tokens=8, stop_strings=[stop_word])[0]
+    assert len(out[0]["token_ids"]) == 2
 
 
 def test_batch_continuous_refuses_naming_the_field(tmp_path, model, tokenizer, tiny_hf_dir, capsys):

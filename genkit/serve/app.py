@@ -128,6 +128,8 @@ def _check_custom_generate(parsed: ParsedRequest, state: ServerState) -> None:
     from genkit.recipes.trust import could_be_trusted
 
     ref = parsed.custom_generate
+    if ref is None:
+        return
     try:
         named = classify(ref)
     except UnknownItemError as exc:  # not a strategy, a folder or a Hub id: the error lists the strategies
