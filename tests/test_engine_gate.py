@@ -187,6 +187,7 @@ OTHER_STRATEGIES = [
     {"dola_layers": "low"},
     {"num_beams": 2},
     {"guidance_scale": 1.5},
+    {"watermarking_config": {"bias": 4.0}},
 ]
 
 
@@ -194,7 +195,7 @@ OTHER_STRATEGIES = [
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_serve_runs_other_strategies_on_generate(server, model, settings, stream):
     want = _reference(model, PROMPT, max_new_tokens=8, **settings)[0]
-    assert want != _reference(model, PROMPT, max_new_tokens=8)[0] or "guidance_scale" in settings
+    assert want != _reference(model, PROMPT, max_new_tokens=8)[0]  # continuous batching's greedy would differ
     got = _complete(server, {"max_tokens": 8, "temperature": 0, "stream": stream, **settings})
     assert got == [_words(want)]
 
