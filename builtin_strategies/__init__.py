@@ -26,7 +26,7 @@ def _is_sample(config: Any) -> bool:
 
 def _is_assisted(config: Any) -> bool:
     """An assistant model, prompt lookup or a named candidate generator, with a single beam."""
-    return config.num_beams == 1 and (getattr(config, "_assistant_model", None) is not None
+    return config.num_beams == 1 and (getattr(config, "assistant_model", None) is not None
                                       or config.prompt_lookup_num_tokens is not None
                                       or config.candidate_generator is not None)
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput
+from genkit.strategy.outputs import GenerateBeamDecoderOnlyOutput
 
 from .beam_common import NEG, BeamRun, beam_call, extend, sequence_buffer
 

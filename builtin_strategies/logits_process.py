@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from genkit.generation.processing import LogitsProcessor
+from genkit.strategy.processing import LogitsProcessor
 
 __all__ = [
     "EncoderNoRepeatNGramLogitsProcessor",

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from genkit.generation.processing import StoppingCriteria
+from genkit.strategy.processing import StoppingCriteria
 
 logger = logging.getLogger("genkit.stopping")
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError
-from genkit.generation.processing import StoppingCriteria
+from genkit.strategy.processing import StoppingCriteria
 
 logger = logging.getLogger("genkit.stopping")
 
@@ -113,7 +113,7 @@ def validate_stopping_criteria(stopping_criteria: Any, max_length: int) -> Any:
     import copy
     import warnings
 
-    from genkit.generation.processing import StoppingCriteriaList
+    from genkit.strategy.processing import StoppingCriteriaList
 
     criteria = StoppingCriteriaList(copy.deepcopy(list(stopping_criteria)))
     current = criteria.max_length

@@ -1,23 +1,38 @@
 """genkit's error hierarchy: one root, :class:`GenkitError`, that the CLI (and callers) can catch.
 
-Each error also keeps the builtin base a caller would catch without knowing genkit
-(``ValueError`` for bad configuration, ``ImportError`` for unmet requirements, ...), so
-``except ValueError`` keeps working::
+Every error a user can trigger (a bad argument, a model genkit cannot read, a missing kernel) is a
+subclass named for what went wrong. Each also keeps the builtin base a caller would catch without
+knowing genkit (``ValueError`` for a bad value, ``OSError`` for a model that cannot be loaded,
+``RuntimeError`` for a failure while running, ...), so ``except ValueError`` keeps working::
 
     GenkitError
-    ├── ConfigError (ValueError)            a generation parameter or input is not acceptable
-    │   └── NotSupportedError               a valid request this model / strategy cannot serve
+    ├── ConfigError (ValueError)            an argument, generation parameter or input is not acceptable
+    │   ├── NotSupportedError               a valid request this model / strategy cannot serve
+    │   └── ArgumentTypeError (TypeError)   an argument of the wrong type (a ConfigError that is a TypeError)
+    ├── FrozenConfigError (AttributeError)  a resolved (read-only) generation config was written to
     ├── UnknownItemError (ValueError)       no registered strategy/processor/... of that name
     ├── PluginError (RuntimeError)          a plugin failed to load or registered something invalid
     ├── ModelLoadError (OSError)            a model or tokenizer could not be found, fetched or read
-    └── RecipeError                         root of the recipe loader's errors (genkit.recipes.errors)
+    │   ├── CorruptModelError (ValueError)      a model or tokenizer file is corrupt or truncated
+    │   └── UnsupportedModelError (ValueError)  the model uses an architecture, layer or format genkit lacks
+    ├── KernelUnavailableError (RuntimeError)  a compute kernel the request needs is missing or failed to build
+    ├── GenerationError (RuntimeError)      a generation failed while running (a request, a worker, an engine)
+    ├── InvalidStateError (RuntimeError)    an object used in a state that does not allow it (a closed
+    │                                       manager, an async streamer outside an event loop)
+    └── RecipeError                         root of the recipe loader's and the sandbox's errors
+                                            (genkit.recipes.errors, genkit.sandbox.errors)
+
+A builtin exception is raised bare only where a Python protocol demands it (``__getattr__`` raises
+``AttributeError``, an iterator ``StopIteration``); ``tests/test_errors.py`` walks the source and
+fails on any other bare ``raise ValueError`` / ``TypeError`` / ``RuntimeError``.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "ConfigError", "GenkitError", "ModelLoadError", "NotSupportedError", "PluginError", "RecipeError",
-    "UnknownItemError",
+    "ArgumentTypeError", "ConfigError", "CorruptModelError", "FrozenConfigError", "GenerationError", "GenkitError",
+    "InvalidStateError", "KernelUnavailableError", "ModelLoadError", "NotSupportedError", "PluginError", "RecipeError",
+    "UnknownItemError", "UnsupportedModelError",
 ]
 
 
@@ -33,6 +48,14 @@ class NotSupportedError(ConfigError):
     """The request is valid but this model or strategy cannot serve it (e.g. partial depth)."""
 
 
+class ArgumentTypeError(ConfigError, TypeError):
+    """An argument of the wrong type (``TypeError`` as Python raises for one; also a ``ConfigError``)."""
+
+
+class FrozenConfigError(GenkitError, AttributeError):
+    """A resolved generation config (read-only, what a generation runs with) was written to."""
+
+
 class UnknownItemError(GenkitError, ValueError):
     """No registered item (strategy, logits processor, candidate generator, streamer) of that name."""
 
@@ -43,6 +66,28 @@ class PluginError(GenkitError, RuntimeError):
 
 class ModelLoadError(GenkitError, OSError):
     """A model or tokenizer could not be found, fetched (offline, no such repo) or read (truncated file)."""
+
+
+class CorruptModelError(ModelLoadError, ValueError):
+    """A model or tokenizer file is corrupt, truncated or not the format its name says."""
+
+
+class UnsupportedModelError(ModelLoadError, ValueError):
+    """The model uses an architecture, layer, activation or weight format genkit does not implement."""
+
+
+class KernelUnavailableError(GenkitError, RuntimeError):
+    """A compute kernel the request needs is not available (no C compiler, a torch build without it)
+    or failed to build."""
+
+
+class GenerationError(GenkitError, RuntimeError):
+    """A generation failed while running: a request of a batch, a worker thread, an engine."""
+
+
+class InvalidStateError(GenkitError, RuntimeError):
+    """An object was used in a state that does not allow it (a stopped manager, an async streamer
+    created outside a running event loop)."""
 
 
 class RecipeError(GenkitError):

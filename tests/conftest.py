@@ -22,9 +22,9 @@ def _no_grad():
 def _fresh_warn_once():
     """genkit logs some warnings once per process (genkit.config.warn_once): every test starts
     with none logged, so what it sees does not depend on the tests that ran before it."""
-    from genkit.config import _WARNED
+    from genkit.config import WARNED
 
-    _WARNED.clear()
+    WARNED.clear()
     yield
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import genkit
-from genkit.generation.outputs import compute_transition_scores
+from genkit.strategy.outputs import compute_transition_scores
 
 PROMPT = torch.tensor([[1, 5, 9, 33, 70]])
 DICT = {"return_dict_in_generate": True, "output_scores": True}

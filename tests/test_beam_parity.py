@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import genkit
-from genkit.generation.outputs import compute_transition_scores
 from genkit.models.llama_infer import packing_available
+from genkit.strategy.outputs import compute_transition_scores
 
 PROMPT = torch.tensor([[1, 5, 9, 33, 70]])
 

@@ -51,12 +51,12 @@ def _groups() -> tuple[set[str], set[str], set[str]]:
 
 
 def test_every_field_is_documented_as_implemented_unsupported_or_without_effect():
-    from genkit.config import NO_EFFECT, NOT_SUPPORTED, _field_table
+    from genkit.config import NO_EFFECT, NOT_SUPPORTED, field_table
 
     implemented, unsupported, no_effect = _groups()
     assert unsupported == set(NOT_SUPPORTED) and no_effect == set(NO_EFFECT)
     assert not (implemented & unsupported) and not (implemented & no_effect)
-    missing = set(_field_table()) - implemented - unsupported - no_effect
+    missing = set(field_table()) - implemented - unsupported - no_effect
     assert not missing, f"GenerationConfig fields documented nowhere in docs/api.md 'Fields': {sorted(missing)}"
 
 

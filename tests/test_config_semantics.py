@@ -14,7 +14,7 @@ import torch
 
 import genkit
 from genkit import GenerationConfig
-from genkit.config import _field_table, default_values
+from genkit.config import default_values, field_table
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,7 +30,7 @@ def _config_warnings(caplog) -> list[str]:
 
 def test_every_field_defaults_to_none_and_the_global_defaults_are_transformers():
     ours, ref = GenerationConfig(), transformers.GenerationConfig()
-    shared = set(_field_table()) & set(ref.to_dict())
+    shared = set(field_table()) & set(ref.to_dict())
     assert len(shared) > 60
     for name in shared:
         assert getattr(ours, name) is None and getattr(ref, name) is None, name
@@ -60,7 +60,7 @@ def test_none_for_every_field_through_generate_is_the_default(tiny_pair):
     hf, ours = tiny_pair
     plain = _greedy(ours)
     assert torch.equal(plain, _greedy(hf))
-    every = sorted(set(_field_table()) - {"max_new_tokens"})
+    every = sorted(set(field_table()) - {"max_new_tokens"})
     for name in every:
         assert torch.equal(_greedy(ours, **{name: None}), plain), name
     assert torch.equal(_greedy(ours, **dict.fromkeys(every)), plain)
@@ -116,7 +116,7 @@ def test_model_values_fill_what_the_call_leaves_unset(tiny_model):
     assert config.top_k == 50 and config.num_beams == 1  # global defaults
     assert config.chat_template_name == "x"  # a custom entry of the model's config is carried over
     assert rest == {"foo": 1}
-    assert config._user_set == {"top_p", "max_new_tokens"}
+    assert config.user_set == {"top_p", "max_new_tokens"}
 
 
 # -- item 2: warnings with provenance, once ---------------------------------------------------------

@@ -157,13 +157,13 @@ def make_local_engine(model: Any, tokenizer: Any, generation_kwargs: dict[str, A
     """The local engine for ``batching``: ``"static"`` (left-padded ``generate``), ``"continuous"``
     (an error when the model or the job's settings cannot run on it), or ``"auto"`` (continuous
     batching where the model and the settings allow it, else static)."""
-    from genkit.continuous.forward import check_model
+    from genkit.models.paged import require_paged
 
     kwargs = dict(generation_kwargs or {})
     why = check_batching(batching, kwargs, custom_generate, model)
     if why is None:
         try:
-            check_model(model)
+            require_paged(model)
         except NotSupportedError as exc:
             why = str(exc)
     if batching == "continuous" and why is not None:

@@ -143,14 +143,21 @@ def _selecting_fields(registry: Any, config: Any, chosen: str) -> list[str]:
         default = defaults.get(name)
         if getattr(config, name, default) == default:
             continue
-        trial = config.copy()
-        object.__setattr__(trial, name, default)
         try:
-            picked = registry.select_strategy(trial).name
-        except (TypeError, ValueError):  # no strategy applies without it
+            picked = registry.select_strategy(_with(config, name, default)).name
+        except (TypeError, ValueError):  # not valid, or no strategy applies, without it
             continue
         if picked in CB_STRATEGIES:
             to_cb.append(name)
         elif picked != chosen:
             to_other.append(name)
     return to_cb or to_other
+
+
+def _with(config: Any, name: str, value: Any) -> Any:
+    """``config`` with ``name`` set to ``value`` (a resolved config's :meth:`replace`, else a copy)."""
+    if callable(getattr(config, "replace", None)):
+        return config.replace(**{name: value})
+    trial = config.copy()
+    setattr(trial, name, value)
+    return trial

@@ -1,7 +1,7 @@
 """``ContinuousBatchingManager``: a background thread that batches requests step by step.
 
 Requests arrive through :meth:`add_request` from any thread; the loop schedules a step
-(:mod:`~genkit.continuous.scheduler`), runs it (:func:`~genkit.continuous.forward.paged_step`),
+(:mod:`~genkit.continuous.scheduler`), runs it (the model's paged forward, :mod:`genkit.models.paged`),
 chooses each request's next token with its own logits processors and random generator, and
 publishes outputs: every token for a streaming request, the final output otherwise. A request that
 fails (a bad token id, a processor that raises) fails alone; the loop goes on with the others.
@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError, NotSupportedError
+from genkit.models.paged import StepBatch, paged_store_for
 
+from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig
-from .forward import StepBatch, check_model, paged_step
 from .gate import UNSUPPORTED_ARGUMENTS, refusal
-from .paged_cache import PagedKVCache
 from .requests import GenerationOutput, RequestState, RequestStatus
 from .scheduler import scheduler_from
 
@@ -46,7 +46,6 @@ class ContinuousBatchingManager:
         from genkit.generation.api import merge_config
 
         self.model = model
-        self.prepared = check_model(model)
         if generation_config is not None and not isinstance(generation_config, GenerationConfig):
             raise ConfigError(f"`generation_config` must be a genkit.GenerationConfig; got "
                               f"{type(generation_config).__name__}")
@@ -59,10 +58,10 @@ class ContinuousBatchingManager:
             raise ConfigError(f"`max_queue_size` must be an int >= 0 (0: unbounded); got {max_queue_size!r}")
         self.max_queue_size = max_queue_size or cb.max_queue_size
         self.manual_eviction = manual_eviction
-        cfg = model.config
-        head_dim = cfg.get("head_dim", cfg.hidden_size // cfg.num_attention_heads)
-        self.cache = PagedKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, block_size=cb.block_size,
-                                  num_blocks=cb.num_blocks, dtype=model.dtype, allow_block_sharing=cb.allow_block_sharing)
+        self.store = paged_store_for(model, block_size=cb.block_size, num_blocks=cb.num_blocks)  # the K/V tensors
+        # which blocks of the store each request holds
+        self.cache = BlockAllocator(block_size=cb.block_size, num_blocks=cb.num_blocks,
+                                    allow_block_sharing=cb.allow_block_sharing)
         self.scheduler = scheduler_from(cb, self.cache, self.generation_config.prefill_chunk_size)
         self.initial_free_blocks = self.cache.free_blocks
         self._input: queue.Queue[RequestState] = queue.Queue(maxsize=self.max_queue_size)
@@ -356,7 +355,7 @@ class ContinuousBatchingManager:
             blocks.append(r.blocks)
             want.append(r.cached + n == r.length)
         batch = StepBatch(torch.tensor(ids), torch.tensor(positions), spans, cached, blocks, want)
-        logits = paged_step(self.model, self.prepared, self.cache, batch)
+        logits = self.model.forward_paged(batch, self.store)
         self.steps += 1
         row = 0
         done = []

@@ -1,5 +1,6 @@
 """``generate(..., cache_implementation="paged")``: a batch through continuous batching, as
-transformers 5 switches it (each row without its left padding is one request)."""
+transformers 5 switches it (each row without its left padding is one request). Registered with
+``genkit.generation.engines`` by the ``genkit`` package (generation does not import this package)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,6 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, GenkitError, NotSupportedError
-
-
-def wants_paged(generation_config: Any, kwargs: dict[str, Any]) -> bool:
-    if "cache_implementation" in kwargs:
-        return kwargs["cache_implementation"] == "paged"
-    return getattr(generation_config, "cache_implementation", None) == "paged"
 
 
 def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: Any, refused: dict[str, Any],
@@ -36,7 +31,7 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
     config = generation_config
     if config is not None and getattr(config, "cache_implementation", None) == "paged":
         config = config.copy() if hasattr(config, "copy") else config
-        object.__setattr__(config, "cache_implementation", None)
+        config.cache_implementation = None
     out = generate_batch(model, rows, config, **kwargs)
     failed = [r for r in out.values() if r.error is not None]
     if failed:

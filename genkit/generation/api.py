@@ -11,11 +11,21 @@ from typing import Any
 
 import torch
 
-from ..config import GenerationConfig, check_supported, merge_for_generate, resolve_lengths, unknown_key_error
+from ..config import (
+    GenerationConfig,
+    ResolvedConfig,
+    check_supported,
+    merge_for_generate,
+    resolve_lengths,
+    resolve_special_tokens,
+    unknown_key_error,
+)
+from ..config.resolve import SPECIAL_TOKENS
 from ..errors import ConfigError
 from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
-from .processing import LogitsProcessorList, ProcessorContext, merge_lists
+from ..strategy.processing import LogitsProcessorList, ProcessorContext, merge_lists
+from .engines import engine_for
 
 logger = logging.getLogger("genkit.generation")
 
@@ -47,12 +57,12 @@ def generate(
     ``trust_remote_code=True``), a local recipe folder, a registered strategy name, or a callable
     with the strategy signature.
     """
-    from ..continuous.paged_generate import paged_generate, wants_paged
     from ..recipes.reference import classify
 
     named = classify(custom_generate)
-    if wants_paged(generation_config, kwargs) and not (named and named.is_recipe):  # transformers' switch to CB
-        return paged_generate(model, inputs, generation_config, dict(
+    engine = engine_for(generation_config, kwargs)  # cache_implementation="paged": continuous batching
+    if engine is not None and not (named and named.is_recipe):
+        return engine(model, inputs, generation_config, dict(
             logits_processor=logits_processor, stopping_criteria=stopping_criteria,
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model, streamer=streamer,
             negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
@@ -145,12 +155,8 @@ def _finish_output(result: Any, config: GenerationConfig) -> Any:
     return result if config.return_dict_in_generate else result.sequences
 
 
-def _with_assistant(config: GenerationConfig, assistant_model: Any) -> GenerationConfig:
-    if assistant_model is None:
-        return config
-    c = config.copy()
-    object.__setattr__(c, "_assistant_model", assistant_model)
-    return c
+def _with_assistant(config: ResolvedConfig, assistant_model: Any) -> ResolvedConfig:
+    return config if assistant_model is None else config.replace(assistant_model=assistant_model)
 
 
 def _as_protocol_model(model: Any) -> Any:
@@ -180,7 +186,7 @@ class Prepared:
 
 
 def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs: dict[str, Any]) -> tuple[
-        GenerationConfig, dict[str, Any]]:
+        ResolvedConfig, dict[str, Any]]:
     """generation_config < model's generation_config (what it leaves unset) < defaults < kwargs
     (``genkit.config.merge_for_generate``). Returns (config, model kwargs)."""
     base = getattr(model, "generation_config", None)
@@ -188,26 +194,23 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
     model_kwargs = {k: v for k, v in rest.items() if k in MODEL_KWARGS}
     unknown = [k for k in rest if k not in MODEL_KWARGS]
     if unknown:
-        from ..config import _field_table
+        from ..config import field_table
 
-        raise unknown_key_error(unknown[0], list(_field_table()) + sorted(MODEL_KWARGS),
+        raise unknown_key_error(unknown[0], list(field_table()) + sorted(MODEL_KWARGS),
                                 what="generation parameter (GenerationConfig field or model input)")
     check_supported(config)
     return config, model_kwargs
 
 
-def _special_tokens(model: Any, config: GenerationConfig) -> list[int]:
+def _special_tokens(model: Any, config: ResolvedConfig) -> tuple[ResolvedConfig, list[int]]:
+    """The config with its special tokens resolved (a model with no generation config of its own
+    lends its model config's), and the EOS ids."""
     mc = getattr(model, "config", None)
-    if not isinstance(getattr(model, "generation_config", None), GenerationConfig) and mc is not None:
-        # no generation config of its own: the special tokens come from the model config
-        for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
-            if getattr(config, name) is None and getattr(mc, name, None) is not None:
-                object.__setattr__(config, name, getattr(mc, name))
+    own = isinstance(getattr(model, "generation_config", None), GenerationConfig)
+    model_tokens = {} if own or mc is None else {name: getattr(mc, name, None) for name in SPECIAL_TOKENS}
+    config = resolve_special_tokens(config, model_tokens)
     eos = config.eos_token_id
-    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    if config.pad_token_id is None and eos_ids:
-        object.__setattr__(config, "pad_token_id", eos_ids[0])
-    return eos_ids
+    return config, [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
 def prepare(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
@@ -223,11 +226,11 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
             raise ConfigError("pass the prompt once: either `inputs` or `input_ids`, not both")
         inputs = kwargs.pop("input_ids")
     config, model_kwargs = merge_config(model, generation_config, kwargs)
-    eos_ids = _special_tokens(model, config)
+    config, eos_ids = _special_tokens(model, config)
     input_ids = _prompt_ids(inputs, config, getattr(model, "device", torch.device("cpu")))
     _attention_mask(input_ids, config, eos_ids, model_kwargs)
     _adapt_cache(model_kwargs)
-    _set_lengths(model, config, input_ids.shape[1])
+    config = _set_lengths(model, config, input_ids.shape[1])
     input_ids = _expand_to_sequences(input_ids, config, model_kwargs)
     tokenizer = model_kwargs.pop("tokenizer", None)
     processors = _build_processors(model, config, input_ids, eos_ids, model_kwargs, logits_processor,
@@ -285,10 +288,10 @@ def _adapt_cache(model_kwargs: dict[str, Any]) -> None:
         model_kwargs["past_key_values"] = as_genkit_cache(cache)
 
 
-def _set_lengths(model: Any, config: GenerationConfig, input_len: int) -> None:
+def _set_lengths(model: Any, config: ResolvedConfig, input_len: int) -> ResolvedConfig:
     """``max_length`` and ``min_length`` from the ``*_new_tokens`` settings and the prompt length
     (``genkit.config.resolve_lengths``, transformers 5's rules)."""
-    resolve_lengths(config, input_len, getattr(getattr(model, "config", None), "max_position_embeddings", None))
+    return resolve_lengths(config, input_len, getattr(getattr(model, "config", None), "max_position_embeddings", None))
 
 
 def _expand_to_sequences(input_ids: torch.Tensor, config: GenerationConfig,

@@ -91,13 +91,13 @@ class TransformersModelAdapter:
     _genkit_protocol = True
 
     def __init__(self, model: Any) -> None:
-        from ..config import GenerationConfig, _field_table
+        from ..config import GenerationConfig, field_table
 
         self.hf_model = model
         self.config = model.config
         hf_gen = getattr(model, "generation_config", None)
         diff = hf_gen.to_diff_dict() if hf_gen is not None else {}
-        table = _field_table()
+        table = field_table()
         kept = {k: v for k, v in diff.items() if k in table and not k.startswith("_")}
         dropped = sorted(k for k in diff if k not in kept and not k.startswith("_") and k != "transformers_version")
         if dropped:
@@ -160,10 +160,11 @@ class TransformersModelAdapter:
     forward = __call__
 
     def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        """``genkit.generate`` on the wrapped model."""
-        from ..generation.api import generate
+        """``genkit.generate`` on the wrapped model (through the public namespace: generation sits
+        above the models, docs/architecture.md)."""
+        import genkit
 
-        return generate(self, inputs, **kwargs)
+        return genkit.generate(self, inputs, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name == "hf_model":  # not set yet (during unpickling)

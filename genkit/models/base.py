@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generation.mixin import GenerationMixin
+from .mixin import GenerationMixin
 
 
 class ModelConfig:

@@ -33,11 +33,11 @@ class ServerState:
 
     def __init__(self, model: Any, tokenizer: Any, engine: Any, model_name: str, *,
                  trust_remote_code: bool = False) -> None:
-        from genkit.config import _field_table
+        from genkit.config import field_table
 
         self.model, self.tokenizer, self.engine, self.model_name = model, tokenizer, engine, model_name
         self.trust_remote_code = trust_remote_code
-        self.generation_fields = set(_field_table())
+        self.generation_fields = set(field_table())
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
         self.created = int(time.time())

@@ -146,11 +146,11 @@ class ContinuousEngine:
 def make_engine(model: Any, tokenizer: Any, *, scheduler: str | None = None,
                 max_batch_tokens: int | None = None) -> Any:
     """Continuous batching for a native Llama-family model, else ``generate`` one request at a time."""
-    from genkit.continuous.forward import check_model
     from genkit.errors import NotSupportedError
+    from genkit.models.paged import require_paged
 
     try:
-        check_model(model)
+        require_paged(model)
     except NotSupportedError as exc:
         if scheduler is not None or max_batch_tokens is not None:
             raise ValueError(f"--scheduler and --max-batch-tokens need continuous batching: {exc}") from exc

@@ -39,12 +39,12 @@ from __future__ import annotations
 import torch
 
 from genkit.errors import ConfigError, GenkitError, NotSupportedError
-from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
-from genkit.generation.processing import LogitsProcessorList, StoppingCriteriaList
 from genkit.protocols import Cache, CandidateGenerator, CausalLM, ModelOutput, PartialDepthLM, Streamer
 
 from .call import MODEL_INPUTS, StopConditions, StrategyCall
 from .finish import FinishTracker, StreamerOnce
+from .outputs import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
+from .processing import LogitsProcessorList, StoppingCriteriaList
 from .record import StepOutputs
 from .stepper import Stepper
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 logger = logging.getLogger("genkit.config")
 

@@ -1,0 +1,150 @@
+"""Rules across fields: combinations that are errors (:func:`check_combinations`) and flags that
+have no effect with the rest of the config (:func:`minor_issues`, warned about according to where
+each value came from)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from ..plugins import FieldSpec
+from .fields import EXTRA_OUTPUT_FLAGS, field_table, is_int, is_num
+
+if TYPE_CHECKING:
+    from .generation_config import GenerationConfig
+
+
+def should_warn(outer: str, inner: str, user_set: set[str] | None) -> bool:
+    """Warn about ``inner`` (e.g. ``top_p``) having no effect because of ``outer`` (e.g.
+    ``do_sample``) unless the caller set ``outer`` and ``inner`` came from somewhere else (the
+    model's generation config): a model's sampling defaults are harmless when the caller asks for
+    greedy decoding. ``user_set=None`` counts everything as set by the caller."""
+    if user_set is None:
+        return True
+    return not (outer in user_set and inner not in user_set)
+
+
+
+def _value(c: GenerationConfig, name: str) -> Any:
+    """The value generate would use: the field's, or its default when unset."""
+    value = getattr(c, name)
+    if value is None:
+        spec = field_table().get(name)
+        return spec.default if spec is not None else None
+    return value
+
+
+def check_combinations(c: GenerationConfig) -> None:
+    v = lambda name: _value(c, name)  # noqa: E731
+    if c.max_length is not None and c.min_length is not None and c.max_new_tokens is None \
+            and c.min_length > c.max_length:
+        raise ConfigError(f"`min_length` ({c.min_length}) must be <= `max_length` ({c.max_length}).")
+    if c.max_new_tokens is not None and c.min_new_tokens is not None and c.min_new_tokens > c.max_new_tokens:
+        raise ConfigError(
+            f"`min_new_tokens` ({c.min_new_tokens}) must be <= `max_new_tokens` ({c.max_new_tokens})."
+        )
+    if v("do_sample") and is_num(c.temperature) and c.temperature <= 0:
+        raise ConfigError(
+            f"`temperature` must be a number > 0 when do_sample=True; got {c.temperature!r}. "
+            "For greedy decoding set do_sample=False."
+        )
+    beams, groups, returned = v("num_beams"), v("num_beam_groups"), v("num_return_sequences")
+    if beams % groups != 0:
+        raise ConfigError(f"`num_beams` ({beams}) must be divisible by `num_beam_groups` ({groups}).")
+    if groups > 1 and v("do_sample"):
+        raise ConfigError("`num_beam_groups` > 1 (diverse beam search) requires do_sample=False.")
+    if beams > 1 and returned > beams:
+        raise ConfigError(f"`num_return_sequences` ({returned}) must be <= `num_beams` ({beams}).")
+    if beams == 1 and not v("do_sample") and returned > 1:
+        raise ConfigError(
+            f"`num_return_sequences` ({returned}) > 1 needs do_sample=True or num_beams > 1; "
+            "greedy search returns one sequence per prompt."
+        )
+    for name in ("force_words_ids", "constraints"):
+        if getattr(c, name) and (v("do_sample") or beams == 1):
+            raise ConfigError(f"`{name}` (constrained beam search) needs num_beams > 1 and do_sample=False.")
+    _check_forced_not_suppressed(c)
+    _check_layer_strategies(c)
+
+
+def _check_forced_not_suppressed(c: GenerationConfig) -> None:
+    """A token both forced and suppressed gives all -inf logits, then NaN (transformers' check)."""
+    suppressed = getattr(c, "suppress_tokens", None)
+    if not suppressed:
+        return
+    for name in ("forced_bos_token_id", "forced_eos_token_id"):
+        forced = getattr(c, name, None)
+        if forced is None:
+            continue
+        forced_set = {forced} if isinstance(forced, int) else set(forced)
+        if forced_set and forced_set <= set(suppressed):
+            raise ConfigError(
+                f"every token in `{name}` ({sorted(forced_set)}) is also in `suppress_tokens`: forcing a token "
+                f"while suppressing it leaves no token to generate. Remove it from one of the two (to prevent "
+                "an early EOS, use `min_new_tokens`)."
+            )
+
+
+
+
+def _check_layer_strategies(c: GenerationConfig) -> None:
+    """Contrastive search, DoLa and early exit: each needs its companion settings, and none of them
+    combines with beams, with each other or with a draft source (one would be ignored)."""
+    v = lambda name: _value(c, name)  # noqa: E731
+    contrastive = c.penalty_alpha is not None and c.penalty_alpha > 0
+    if contrastive and not (is_int(v('top_k')) and v('top_k') > 1):
+        raise ConfigError(f"`penalty_alpha` > 0 (contrastive search) needs `top_k` > 1 candidates per step; got "
+                          f"top_k={v('top_k')!r}. Set top_k (e.g. 4), or penalty_alpha=None for greedy search.")
+    if contrastive and (v('do_sample') or v('num_beams') != 1):
+        raise ConfigError("`penalty_alpha` (contrastive search) is deterministic and single-beam: it needs "
+                          f"do_sample=False and num_beams=1; got do_sample={v('do_sample')!r}, num_beams={v('num_beams')!r}.")
+    if c.low_memory and not contrastive:
+        raise ConfigError("`low_memory=True` only changes contrastive search (penalty_alpha > 0, top_k > 1); "
+                          "accepted otherwise: False or None.")
+    chosen = [name for name, on in (("penalty_alpha", contrastive), ("dola_layers", c.dola_layers is not None),
+                                    ("assistant_early_exit", c.assistant_early_exit is not None)) if on]
+    drafts = [n for n in ("prompt_lookup_num_tokens", "candidate_generator") if getattr(c, n) is not None]
+    if len(chosen) > 1 or (chosen and drafts):
+        raise ConfigError(f"{' and '.join(f'`{n}`' for n in chosen + drafts)} select different strategies; set one "
+                          "of them.")
+    if chosen and v('num_beams') != 1:
+        raise ConfigError(f"`{chosen[0]}` works with num_beams=1; got num_beams={v('num_beams')!r}.")
+
+
+_SAMPLING_FLAGS = (("temperature", 1.0), ("top_p", 1.0), ("min_p", None), ("top_h", None), ("typical_p", 1.0),
+                   ("top_k", 50), ("epsilon_cutoff", 0.0), ("eta_cutoff", 0.0))
+
+
+def minor_issues(c: GenerationConfig, table: dict[str, FieldSpec], user_set: set[str] | None) -> list[str]:
+    """Flags that have no effect with the rest of the config (transformers 5's list, same
+    provenance rule)."""
+    issues = []
+    if c.do_sample is not True:
+        for name, off in _SAMPLING_FLAGS:
+            value = getattr(c, name, None)
+            if name == "top_k" and c.penalty_alpha:  # contrastive search's candidates per step
+                continue
+            if name in table and value is not None and value != off and should_warn("do_sample", name, user_set):
+                issues.append(f"`{name}` is set to {value!r} but `do_sample` is not True, so it has no effect "
+                              f"(set do_sample=True or unset `{name}`).")
+    if c.num_beams is None or c.num_beams == 1:
+        for name, off in (("early_stopping", False), ("length_penalty", 1.0)):
+            value = getattr(c, name)
+            if value is not None and value != off and should_warn("num_beams", name, user_set):
+                issues.append(f"`{name}` is set to {value!r} but it only applies to beam search (num_beams > 1), "
+                              "so it has no effect.")
+    if (c.num_beam_groups is None or c.num_beam_groups == 1) and c.diversity_penalty not in (None, 0.0) \
+            and should_warn("num_beam_groups", "diversity_penalty", user_set):
+        issues.append("`diversity_penalty` only applies to diverse beam search (num_beam_groups > 1), "
+                      "so it has no effect.")
+    if c.use_cache is False:
+        for name in ("cache_implementation", "cache_config"):
+            if getattr(c, name) is not None:
+                issues.append(f"`{name}` is set but `use_cache` is False, so it has no effect.")
+    if c.return_dict_in_generate is not True:
+        for name in EXTRA_OUTPUT_FLAGS:
+            if getattr(c, name) is True:
+                issues.append(f"`{name}` is True but `return_dict_in_generate` is not, so generate returns only "
+                              f"the sequences and `{name}` has no effect.")
+    return issues
+

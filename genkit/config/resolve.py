@@ -1,0 +1,96 @@
+"""The config a generation runs with, built in steps that each return a new read-only
+:class:`~genkit.config.generation_config.ResolvedConfig` (nothing is written into a config after
+it is resolved):
+
+1. :func:`merge_for_generate`: the call's settings over the model's generation config and the
+   global defaults;
+2. :func:`resolve_special_tokens`: unset special tokens from the model config, ``pad_token_id``
+   from the first EOS id;
+3. :func:`resolve_lengths`: ``max_length`` / ``min_length`` for the prompt.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ConfigError
+from .fields import METADATA, field_table, none_means_off
+from .generation_config import GenerationConfig, ResolvedConfig, valid_fields
+from .warn import warn_once
+
+SPECIAL_TOKENS = ("eos_token_id", "bos_token_id", "pad_token_id")
+
+
+def merge_for_generate(model_config: GenerationConfig | None, generation_config: GenerationConfig | None,
+                       kwargs: dict[str, Any]) -> tuple[ResolvedConfig, dict[str, Any]]:
+    """The config a generation runs with, in transformers 5's order: the ``generation_config``
+    argument (or a fresh config), then the model's generation config for what it leaves unset
+    (custom entries carried over), then the global defaults, then ``kwargs`` (an explicit ``None``
+    there means the default, or "off" for a processor's field, as in transformers). Returns the
+    config and the ``kwargs`` that are no field.
+
+    The config records the fields the caller set (``user_set``: the ``generation_config``
+    argument's and ``kwargs``) and those that took the global default (``defaulted``); warnings
+    about flags with no effect concern only what the caller set (see :meth:`GenerationConfig.validate`).
+    """
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise ConfigError(
+            f"`generation_config` must be a genkit.GenerationConfig; got {type(generation_config).__name__}"
+        )
+    config = generation_config.copy() if generation_config is not None else GenerationConfig()
+    user_set = generation_config._set_fields() if generation_config is not None else set()
+    if model_config is not None:
+        inherited = {k: v for k, v in model_config.to_dict().items() if k not in METADATA}
+        config._apply(copy.deepcopy(inherited), defaults_only=True, allow_custom_entries=True)
+    defaulted = config._fill_defaults()
+    table = field_table()
+    fields = {k: v for k, v in kwargs.items() if k in table}
+    used = config._apply(fields)
+    user_set |= used
+    defaulted -= used
+    defaulted |= config._fill_defaults(keep_none=none_means_off())
+    config.validate(user_set_attributes=user_set)
+    return ResolvedConfig.of(config, user_set, defaulted), {k: v for k, v in kwargs.items() if k not in table}
+
+
+def resolve_special_tokens(config: ResolvedConfig, model_tokens: Mapping[str, Any]) -> ResolvedConfig:
+    """``config`` with its unset special tokens taken from ``model_tokens`` (the model config's, for a
+    model without a generation config of its own; an invalid id there is left out) and an unset ``pad_token_id`` set to the first
+    EOS id, as transformers does."""
+    given = valid_fields({name: model_tokens.get(name) for name in SPECIAL_TOKENS}, field_table())
+    changes = {name: value for name, value in given.items() if getattr(config, name) is None}
+    eos = changes.get("eos_token_id", config.eos_token_id)
+    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    if changes.get("pad_token_id", config.pad_token_id) is None and eos_ids:
+        changes["pad_token_id"] = eos_ids[0]
+    return config.replace(**changes) if changes else config
+
+
+def resolve_lengths(config: ResolvedConfig, input_length: int, max_positions: int | None = None) -> ResolvedConfig:
+    """``config`` with ``max_length`` and ``min_length`` for a prompt of ``input_length`` tokens, as
+    transformers 5 sets them: ``max_new_tokens`` wins; a ``max_length`` nobody set (the global
+    default, 20) counts new tokens, capped at the model's ``max_positions``; ``min_new_tokens`` sets
+    ``min_length``."""
+    max_length = config.max_length
+    if config.max_new_tokens is not None:
+        if "max_length" in config.user_set:
+            warn_once(f"both `max_new_tokens` (={config.max_new_tokens}) and `max_length` (={config.max_length}) "
+                      "are set; `max_new_tokens` takes precedence.")
+        max_length = input_length + config.max_new_tokens
+    elif "max_length" in config.defaulted:
+        max_length = config.max_length + input_length
+        if max_positions:
+            max_length = min(max_length, int(max_positions))
+        warn_once(f"generating at most {max_length - input_length} new tokens (the model-agnostic default "
+                  "`max_length` counts new tokens); set `max_new_tokens` to choose the length.")
+    if input_length >= max_length:
+        raise ConfigError(
+            f"`max_length` ({max_length}) must be larger than the input length ({input_length}); "
+            "set `max_new_tokens` to the number of tokens to generate"
+        )
+    changes = {"max_length": max_length}
+    if config.min_new_tokens is not None:
+        changes["min_length"] = input_length + config.min_new_tokens
+    return config.replace(**changes)
