@@ -73,8 +73,11 @@ class LocalEngine:
             key = json.dumps({**self.kwargs, **row.settings}, sort_keys=True, default=str)
             groups.setdefault(key, []).append((i, row, ids))
         for items in groups.values():
-            for start in range(0, len(items), self.batch_size):
-                chunk = items[start:start + self.batch_size]
+            size = self.batch_size if "stop_strings" not in {**self.kwargs, **items[0][1].settings} else 1
+            for start in range(0, len(items), size):
+                # a row a stop string ends is padded after it in a shared batch, indistinguishable
+                # from tokens: such rows run one per call until the finish decision reports it
+                chunk = items[start:start + size]
                 outs: list[Any]
                 try:
                     outs = self._generate([ids for _, _, ids in chunk], {**self.kwargs, **chunk[0][1].settings})
@@ -101,7 +104,7 @@ class LocalEngine:
         width = max(map(len, prompts))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.model.device)
-        out = genkit.generate(self.model, input_ids=ids, attention_mask=mask,
+        out = genkit.generate(self.model, input_ids=ids, attention_mask=mask, tokenizer=self.tokenizer,
                               **{"pad_token_id": self.pad, "return_dict_in_generate": True, **kwargs}, **self.extra)
         sequences = out.sequences if hasattr(out, "sequences") else out
         reasons = getattr(out, "finish_reasons", None) or [None] * len(prompts)

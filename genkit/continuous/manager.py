@@ -21,13 +21,14 @@ from typing import Any
 
 import torch
 
-from genkit.errors import ConfigError
+from genkit.errors import ConfigError, NotSupportedError
 from genkit.models.paged import StepBatch, paged_store_for
 from genkit.strategy.finish import finish_codes, reason_names
 from genkit.strategy.sampling import choose
 
 from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig
+from .gate import UNSUPPORTED_ARGUMENTS, refusal
 from .requests import GenerationOutput, RequestState, RequestStatus
 from .scheduler import scheduler_from
 
@@ -127,7 +128,9 @@ class ContinuousBatchingManager:
         (``finish_reason``). ``top_logprobs``: report each token's log-probability and its
         ``top_logprobs`` most likely alternatives (0: the token's only). A request that cannot run (an empty
         prompt, ``max_new_tokens`` <= 0, a prompt longer than the cache) is returned at once as a
-        failed output with an error saying why; the manager goes on."""
+        failed output with an error saying why; the manager goes on. So is one whose settings
+        continuous batching cannot run (beam search, contrastive search, ...: the gate,
+        :func:`genkit.continuous.gate.refusal`), with an error naming the field."""
         if request_id is None:
             request_id = f"req_{next(self._counter)}"
         if not isinstance(request_id, str):
@@ -222,12 +225,13 @@ class ContinuousBatchingManager:
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request
             kwargs["eos_token_id"] = eos_token_id
         processors, criteria = kwargs.pop("logits_processor", None), kwargs.pop("stopping_criteria", None)
+        arguments = {k: kwargs.pop(k) for k in list(kwargs) if k in UNSUPPORTED_ARGUMENTS}
         prepared = prepare(self.model, torch.tensor([prompt]), self._given_config, processors, criteria, None, None,
                            {**kwargs, "max_new_tokens": max_new})
         config = prepared.config
-        if config.num_beams not in (None, 1) or (config.num_return_sequences or 1) != 1:
-            raise ValueError(f"request {request_id!r}: continuous batching runs greedy search or sampling, one "
-                             "sequence per request (num_beams=1, num_return_sequences=1)")
+        why = refusal(config, **arguments)  # the one gate (gate.py): no setting is dropped on the way
+        if why is not None:
+            raise NotSupportedError(f"request {request_id!r}: continuous batching cannot run it: {why}")
         generator = torch.Generator()
         generator.manual_seed(int(seed) if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
         return RequestState(request_id, prompt, max_new, prepared.stopping_criteria, config,

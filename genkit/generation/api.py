@@ -19,7 +19,7 @@ from ..config import (
     resolve_lengths,
     unknown_key_error,
 )
-from ..errors import ConfigError, UnknownItemError
+from ..errors import ConfigError
 from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
 from ..strategy.finish import special_tokens
@@ -56,16 +56,22 @@ def generate(
     ``trust_remote_code=True``), a local recipe folder, a registered strategy name, or a callable
     with the strategy signature.
     """
+    from ..recipes.reference import classify
+
+    named = classify(custom_generate)
     engine = engine_for(generation_config, kwargs)  # cache_implementation="paged": continuous batching
-    if engine is not None and custom_generate is None:
+    if engine is not None and not (named and named.is_recipe):
         return engine(model, inputs, generation_config, dict(
             logits_processor=logits_processor, stopping_criteria=stopping_criteria,
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model, streamer=streamer,
             negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
+            custom_generate=custom_generate,
         ), kwargs)
     model = _as_protocol_model(model)
-    recipe = _recipe_for(custom_generate, trust_remote_code)
-    if recipe is not None:  # every argument except the two that chose the recipe
+    if named is not None and named.is_recipe:  # every argument except the two that chose the recipe
+        from ..recipes import load_recipe
+
+        recipe = load_recipe(named.ref, trust_remote_code=trust_remote_code)
         forwarded = dict(
             inputs=inputs, generation_config=generation_config, logits_processor=logits_processor,
             stopping_criteria=stopping_criteria, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
@@ -104,44 +110,6 @@ def _check_assistant_tokenizer(prepared: Prepared, assistant_model: Any) -> None
     if prepared.tokenizer is None:
         raise ConfigError("`assistant_tokenizer` needs `tokenizer=` (the target model's tokenizer) too: drafts are "
                           "re-encoded from text")
-
-
-def _recipe_for(custom_generate: Any, trust_remote_code: bool | None) -> Any:
-    """The recipe ``custom_generate`` names (a Hub id or a local folder), or ``None`` when it names
-    a registered strategy, is a callable, or is not given."""
-    if custom_generate is None or callable(custom_generate) and not isinstance(custom_generate, os.PathLike):
-        return None
-    if not isinstance(custom_generate, (str, os.PathLike)):
-        raise ConfigError(
-            "`custom_generate` must be a strategy name, a local folder, a Hub id 'org/repo[@revision]', "
-            f"or a callable; got {type(custom_generate).__name__}"
-        )
-    ref = os.fspath(custom_generate)
-    strategies = get_registry().items["strategy"]
-    if ref in strategies:
-        return None
-    if os.path.isdir(ref) or _looks_like_hub_id(ref):
-        from ..recipes import load_recipe
-
-        return load_recipe(ref, trust_remote_code=trust_remote_code)
-    if _looks_like_path(ref):
-        raise ConfigError(f"`custom_generate`: the recipe folder {ref!r} does not exist")
-    raise UnknownItemError(
-        f"`custom_generate`={ref!r} is not a registered strategy ({', '.join(sorted(strategies))}), an existing "
-        "local folder, or a Hub id of the form 'org/repo[@revision]'"
-    )
-
-
-def _looks_like_path(ref: str) -> bool:
-    """A reference written as a file-system path (``./x``, ``/x``, ``~/x``, ``a/b/c``), not a name or Hub id."""
-    base = ref.split("@", 1)[0]
-    return base.startswith((".", "/", "~")) or base.count("/") >= 2 or (os.sep != "/" and os.sep in base)
-
-
-def _looks_like_hub_id(ref: str) -> bool:
-    base = ref.split("@", 1)[0]
-    parts = base.split("/")
-    return len(parts) == 2 and all(parts) and not base.startswith((".", "/", "~"))
 
 
 def _pick_strategy(custom_generate: Any, config: GenerationConfig, assistant_model: Any) -> Callable[..., Any]:

@@ -125,21 +125,24 @@ def _check_custom_generate(parsed: ParsedRequest, state: ServerState) -> None:
     ``--trust-remote-code``, otherwise a Hub recipe that a trusted-repos entry covers (the loader
     checks the entry again against the commit). A client never gets a local folder run without
     the flag."""
+    from genkit.errors import UnknownItemError
+    from genkit.recipes.reference import classify
+    from genkit.recipes.trust import could_be_trusted
+
     ref = parsed.custom_generate
     if ref is None:
         return
-    from genkit.plugins import get_registry
-
-    if ref in get_registry().items.get("strategy", {}) or state.trust_remote_code:
-        return
-    from genkit.recipes.resolve import parse_ref
-    from genkit.recipes.trust import could_be_trusted
-
     try:
-        recipe = parse_ref(ref)
-    except ValueError as exc:
-        raise APIError(f"`custom_generate`: {exc}", "custom_generate") from exc
-    if recipe.kind == "local" or not could_be_trusted(recipe, None):
+        named = classify(ref)
+    except UnknownItemError as exc:  # not a strategy, a folder or a Hub id: the error lists the strategies
+        raise APIError(str(exc), "custom_generate") from exc
+    except ValueError as exc:  # a path that does not exist, a bad revision: said only to a trusting operator's
+        if state.trust_remote_code:  # clients (others learn nothing about the server's folders)
+            raise APIError(str(exc), "custom_generate") from exc
+        named = None
+    if named is not None and (not named.is_recipe or state.trust_remote_code):
+        return
+    if named is None or named.recipe is None or named.kind == "local" or not could_be_trusted(named.recipe, None):
         raise APIError(f"`custom_generate` {ref!r} is a recipe this server does not trust: the operator allows "
                        "recipes with `genkit serve --trust-remote-code` or a trusted-repos entry",
                        "custom_generate", 403, type_="permission_error")

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from genkit.strategy import choose
+from genkit.errors import ConfigError
+from genkit.strategy import choose, eos_token_ids
 
 logger = logging.getLogger("genkit.serve")
 
@@ -241,6 +242,10 @@ class GenerateEngine:
 
         request = stream.request
         kwargs = dict(request.generate_kwargs)
+        streams = _streams(self.model, kwargs)
+        if not streams and request.logprobs is not None:
+            raise ConfigError("`logprobs` cannot be reported with beam search (num_beams > 1): a token's "
+                              "log-probability is its beam's, not the sequence's; drop one of them")
         streamer = _Streamer(stream, request.n, request.logprobs, self.stats)
         ids = torch.tensor([request.prompt_ids])
         self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
@@ -249,5 +254,32 @@ class GenerateEngine:
         if request.n > 1:
             kwargs["num_return_sequences"] = request.n
         with torch.no_grad():
-            genkit.generate(self.model, ids, tokenizer=self.tokenizer, streamer=streamer,
-                            stopping_criteria=[_Stop(stream)], **kwargs)
+            out = genkit.generate(self.model, ids, tokenizer=self.tokenizer, streamer=streamer if streams else None,
+                                  stopping_criteria=[_Stop(stream)], **kwargs)
+        if not streams:  # the best hypotheses are known at the end: emit them now, as if streamed
+            eos = set(eos_token_ids(kwargs.get("eos_token_id", self.model.generation_config.eos_token_id)))
+            _emit(streamer, out.sequences if hasattr(out, "sequences") else out, ids.shape[1], eos)
+
+
+def _emit(streamer: _Streamer, sequences: torch.Tensor, prompt_len: int, eos: set[int]) -> None:
+    """Finished sequences through ``streamer`` column by column, a row ending at its EOS token."""
+    streamer.put(sequences[:, :prompt_len])
+    for column in sequences[:, prompt_len:].T:
+        if all(streamer.done):
+            break
+        streamer.put(column)
+        streamer.put_step(None, ["eos" if int(t) in eos else None for t in column.tolist()])
+    streamer.end()
+
+
+def _streams(model: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether ``generate`` runs these settings with a streamer: beam search knows its tokens only
+    at the end (its rows are hypotheses that change until then)."""
+    from genkit.generation.api import merge_config
+
+    settings = {k: v for k, v in kwargs.items() if k not in ("custom_generate", "trust_remote_code")}
+    try:
+        config, _ = merge_config(model, None, settings)
+    except ValueError:  # a recipe's own settings, or a bad one: generate reports it
+        return True
+    return int(config.num_beams or 1) == 1

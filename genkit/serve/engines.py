@@ -3,7 +3,9 @@
 :class:`ContinuousEngine` hands each request's ``n`` choices to a
 :class:`~genkit.continuous.ContinuousBatchingManager` as streaming requests, and a dispatcher
 thread routes the manager's outputs to the requests' streams, with the manager's log-probabilities
-and finish reasons. A request it cannot run (beam search, a recipe or a strategy by name) goes to the
+and finish reasons. A request it cannot run (what the continuous batching gate,
+:mod:`genkit.continuous.gate`, refuses: beam search, contrastive search, DoLa, guidance,
+watermarking, a recipe or a strategy by name...) goes to the
 :class:`~genkit.serve.engine.GenerateEngine` beside it, one at a time.
 """
 
@@ -48,13 +50,22 @@ class ContinuousEngine:
         self._thread = threading.Thread(target=self._dispatch, name="genkit-serve-dispatch", daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def runs(request: Request) -> bool:
-        kw = request.generate_kwargs
-        return "custom_generate" not in kw and kw.get("num_beams") in (None, 1) and "assistant_model" not in kw
+    def refusal(self, request: Request) -> str | None:
+        """Why continuous batching cannot run ``request`` (it goes to the generate engine), or
+        None. The one gate (:mod:`genkit.continuous.gate`) decides on its settings; stop strings
+        are the server's own (it cuts the text and releases the request there)."""
+        from genkit.continuous.gate import refusal_for_kwargs
+
+        kwargs = {k: v for k, v in request.generate_kwargs.items() if k != "stop_strings"}
+        return refusal_for_kwargs(self.fallback.model, kwargs)
+
+    def runs(self, request: Request) -> bool:
+        return self.refusal(request) is None
 
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> RequestStream:
-        if not self.runs(request):
+        why = self.refusal(request)
+        if why is not None:
+            logger.debug("request %s on the generate engine: %s", request.id, why)
             return self.fallback.submit(request, loop)
         stream = RequestStream(request, loop)
         kwargs = dict(request.generate_kwargs)
