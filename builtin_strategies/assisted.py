@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from genkit.errors import NotSupportedError, PluginError
 from genkit.strategy import (
     ConfigError,
     FinishTracker,
@@ -73,10 +74,10 @@ def build_candidate_generator(model: Any, config: Any, *, assistant_model: Any =
         elif assistant_model is not None:
             name = "universal_assisted" if assistant_tokenizer is not None else "draft_model"
         else:
-            raise ValueError(
-                "assisted decoding needs a draft source: pass `assistant_model=`, set "
-                "`prompt_lookup_num_tokens`, or set `candidate_generator` to a registered name"
-            )
+            raise ConfigError(
+                 "assisted decoding needs a draft source: pass `assistant_model=`, set "
+                 "`prompt_lookup_num_tokens`, or set `candidate_generator` to a registered name"
+             )
     factory = get_registry().get("candidate_generator", name).load()
     user_kwargs = dict(config.candidate_generator_kwargs or {})
     for key, value in (("tokenizer", tokenizer), ("assistant_tokenizer", assistant_tokenizer)):
@@ -86,8 +87,8 @@ def build_candidate_generator(model: Any, config: Any, *, assistant_model: Any =
                         **user_kwargs)
     for method in ("get_candidates", "update_candidate_strategy"):
         if not callable(getattr(generator, method, None)):
-            raise TypeError(f"candidate generator {name!r} returned {type(generator).__name__}, "
-                            f"which has no `{method}` method")
+            raise PluginError(f"candidate generator {name!r} returned {type(generator).__name__}, "
+                              f"which has no `{method}` method")
     return generator
 
 
@@ -107,7 +108,7 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
                                     accept=("assistant_model", "assistant_tokenizer"), **kwargs)
     call.refuse("position_ids")
     if call.batch != 1:
-        raise ConfigError(f"assisted decoding supports batch size 1; got input_ids with batch size {call.batch}")
+        raise NotSupportedError(f"assisted decoding supports batch size 1; got input_ids with batch size {call.batch}")
     if not call.use_cache:
         raise ConfigError("assisted decoding needs the target's cache: `use_cache` must be True")
     generator = build_candidate_generator(model, call.config, assistant_model=call.extras["assistant_model"],

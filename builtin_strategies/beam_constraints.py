@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from genkit.errors import ConfigError
 from genkit.strategy.outputs import GenerateBeamDecoderOnlyOutput
 
 from .beam_common import NEG, BeamRun, beam_call, extend, sequence_buffer
@@ -52,15 +53,15 @@ def parse_force_words_ids(force_words_ids: Any, vocab_size: int | None = None,
     accepted = (f"`{name}` must be a non-empty list of constraints, each a phrase (non-empty list of "
                 "token ids, e.g. [5, 6]) or a disjunctive set (non-empty list of phrases, e.g. [[5, 6], [9]])")
     if not isinstance(force_words_ids, (list, tuple)) or not force_words_ids:
-        raise ValueError(f"{accepted}; got {force_words_ids!r}")
+        raise ConfigError(f"{accepted}; got {force_words_ids!r}")
 
     def phrase(p: Any) -> list[int]:
         if not isinstance(p, (list, tuple)) or not p or not all(isinstance(t, int) and not isinstance(t, bool)
                                                                 for t in p):
-            raise ValueError(f"{accepted}; got the phrase {p!r}")
+            raise ConfigError(f"{accepted}; got the phrase {p!r}")
         for t in p:
             if t < 0 or (vocab_size is not None and t >= vocab_size):
-                raise ValueError(f"`{name}` holds token id {t}, outside the vocabulary [0, {vocab_size})")
+                raise ConfigError(f"`{name}` holds token id {t}, outside the vocabulary [0, {vocab_size})")
         return [int(t) for t in p]
 
     out = []
@@ -121,13 +122,13 @@ def constrained_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) 
     call = beam_call("constrained beam search", model, input_ids, kwargs)
     cfg = call.config
     if cfg.force_words_ids is None and not cfg.constraints:
-        raise ValueError("constrained beam search needs `force_words_ids` or `constraints` (phrases or disjunctive "
+        raise ConfigError("constrained beam search needs `force_words_ids` or `constraints` (phrases or disjunctive "
                          "sets)")
     if cfg.do_sample:
-        raise ValueError("`force_words_ids` (constrained beam search) needs do_sample=False.")
+        raise ConfigError("`force_words_ids` (constrained beam search) needs do_sample=False.")
     beams = int(cfg.num_beams)
     if beams < 2:
-        raise ValueError(f"constrained beam search needs `num_beams` > 1; got {beams}")
+        raise ConfigError(f"constrained beam search needs `num_beams` > 1; got {beams}")
     vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
     # as in transformers: `constraints` first, then the phrases and sets of `force_words_ids`
     constraints = parse_constraints(cfg.constraints, vocab_size) if cfg.constraints else []

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from genkit.errors import ConfigError, NotSupportedError
 from genkit.strategy import eos_token_ids
 
 logger = logging.getLogger("genkit.candidates")
@@ -41,16 +42,16 @@ class PromptLookupCandidateGenerator:
     def __init__(self, num_output_tokens: int = 10, max_matching_ngram_size: int = 2,
                  eos_token_ids: list[int] | None = None) -> None:
         if not isinstance(num_output_tokens, int) or num_output_tokens < 1:
-            raise ValueError(f"`prompt_lookup_num_tokens` must be an int >= 1; got {num_output_tokens!r}")
+            raise ConfigError(f"`prompt_lookup_num_tokens` must be an int >= 1; got {num_output_tokens!r}")
         if not isinstance(max_matching_ngram_size, int) or max_matching_ngram_size < 1:
-            raise ValueError(f"`max_matching_ngram_size` must be an int >= 1; got {max_matching_ngram_size!r}")
+            raise ConfigError(f"`max_matching_ngram_size` must be an int >= 1; got {max_matching_ngram_size!r}")
         self.num_output_tokens = num_output_tokens
         self.max_matching_ngram_size = max_matching_ngram_size
         self.eos_token_ids = set(eos_token_ids or ())
 
     def get_candidates(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, None]:
         if input_ids.shape[0] != 1:
-            raise ValueError("prompt lookup drafting supports batch size 1")
+            raise NotSupportedError("prompt lookup drafting supports batch size 1")
         seq = input_ids[0]
         length = seq.shape[0]
         for n in range(min(self.max_matching_ngram_size, length - 1), 0, -1):
@@ -98,12 +99,12 @@ class DraftModelCandidateGenerator:
                  schedule: str = "constant", confidence_threshold: float = 0.0, do_sample: bool = False,
                  logits_processor: Any = None, adaptive_threshold: bool = True) -> None:
         if assistant_model is None:
-            raise ValueError("the `draft_model` candidate generator needs `assistant_model=` in generate()")
+            raise ConfigError("the `draft_model` candidate generator needs `assistant_model=` in generate()")
         if schedule not in ("constant", "heuristic", "heuristic_transient"):
-            raise ValueError(
-                '`num_assistant_tokens_schedule` must be "constant", "heuristic" or "heuristic_transient"; '
-                f"got {schedule!r}"
-            )
+            raise ConfigError(
+                 '`num_assistant_tokens_schedule` must be "constant", "heuristic" or "heuristic_transient"; '
+                 f"got {schedule!r}"
+             )
         self.model = assistant_model
         self.num_assistant_tokens = int(num_assistant_tokens)
         self.schedule = schedule
@@ -127,7 +128,7 @@ class DraftModelCandidateGenerator:
 
     def get_candidates(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if input_ids.shape[0] != 1:
-            raise ValueError("draft-model drafting supports batch size 1")
+            raise NotSupportedError("draft-model drafting supports batch size 1")
         k = self.num_assistant_tokens
         if k < 1:
             return input_ids, None
@@ -228,11 +229,11 @@ def draft_model(model: Any, config: Any, *, assistant_model: Any = None, logits_
     if getattr(model, "config", None) is not None and getattr(assistant_model, "config", None) is not None:
         tv, av = model.config.vocab_size, assistant_model.config.vocab_size
         if tv is not None and av is not None and tv != av:
-            raise ValueError(
-                f"`assistant_model` has another vocabulary (vocab_size {av} vs the target's {tv}): pass "
-                "`tokenizer=` (the target's) and `assistant_tokenizer=` (the assistant's) for universal assisted "
-                "decoding"
-            )
+            raise ConfigError(
+                 f"`assistant_model` has another vocabulary (vocab_size {av} vs the target's {tv}): pass "
+                 "`tokenizer=` (the target's) and `assistant_tokenizer=` (the assistant's) for universal assisted "
+                 "decoding"
+             )
     threshold = config.assistant_confidence_threshold
     return DraftModelCandidateGenerator(
         assistant_model,

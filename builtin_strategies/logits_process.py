@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from genkit.errors import ConfigError
 from genkit.strategy.processing import LogitsProcessor
 
 __all__ = [
@@ -196,7 +197,7 @@ class TemperatureLogitsWarper(LogitsProcessor):
     def __init__(self, temperature: float) -> None:
         if not _is_num(temperature) or not temperature > 0 or math.isinf(temperature):
             hint = " For greedy decoding set do_sample=False." if _is_num(temperature) and temperature == 0 else ""
-            raise ValueError(f"`temperature` must be a finite number > 0; got {temperature!r}.{hint}")
+            raise ConfigError(f"`temperature` must be a finite number > 0; got {temperature!r}.{hint}")
         self.temperature = float(temperature)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -364,7 +365,7 @@ class RepetitionPenaltyLogitsProcessor(LogitsProcessor):
         if isinstance(ignore, torch.Tensor):
             rows = input_ids.shape[0]
             if rows % ignore.shape[0]:
-                raise ValueError(f"`prompt_ignore_length` has {ignore.shape[0]} rows but the batch has {rows}")
+                raise ConfigError(f"`prompt_ignore_length` has {ignore.shape[0]} rows but the batch has {rows}")
             ignore = ignore.to(input_ids.device)
             self.prompt_ignore_length = ignore
             if rows != ignore.shape[0]:  # beams: each prompt's rows follow one another
@@ -476,8 +477,8 @@ class SequenceBiasLogitsProcessor(LogitsProcessor):
         vocab, device = scores.shape[-1], scores.device
         too_big = sorted({i for ids in self.sequence_bias for i in ids if i >= vocab})
         if too_big:
-            raise ValueError(f"`{self._arg_name}` holds token ids {too_big} outside the model's vocabulary "
-                             f"(size {vocab}); accepted ids are 0..{vocab - 1}")
+            raise ConfigError(f"`{self._arg_name}` holds token ids {too_big} outside the model's vocabulary "
+                              f"(size {vocab}); accepted ids are 0..{vocab - 1}")
         single = torch.zeros(vocab, dtype=torch.float32, device=device)
         by_len: dict[int, list[tuple[tuple[int, ...], float]]] = {}
         for ids, bias in self.sequence_bias.items():
@@ -592,21 +593,21 @@ class PrefixConstrainedLogitsProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         beams = self._num_beams
         if input_ids.shape[0] % beams:
-            raise ValueError(
-                f"PrefixConstrainedLogitsProcessor was built for {beams} beams per prompt but called on "
-                f"{input_ids.shape[0]} rows, not a multiple of {beams}: build it with the beams of one call "
-                "(num_beams, or num_beams // num_beam_groups for diverse beam search)"
-            )
+            raise ConfigError(
+                 f"PrefixConstrainedLogitsProcessor was built for {beams} beams per prompt but called on "
+                 f"{input_ids.shape[0]} rows, not a multiple of {beams}: build it with the beams of one call "
+                 "(num_beams, or num_beams // num_beam_groups for diverse beam search)"
+             )
         rows: list[int] = []
         cols: list[int] = []
         for row in range(input_ids.shape[0]):
             allowed = self._prefix_allowed_tokens_fn(row // beams, input_ids[row])
             allowed = allowed.tolist() if isinstance(allowed, torch.Tensor) else list(allowed)
             if len(allowed) == 0:
-                raise ValueError(
-                    f"`prefix_allowed_tokens_fn` returned no allowed tokens for batch id {row // beams}: the "
-                    "constraint cannot be satisfied; it must return a non-empty list of token ids"
-                )
+                raise ConfigError(
+                     f"`prefix_allowed_tokens_fn` returned no allowed tokens for batch id {row // beams}: the "
+                     "constraint cannot be satisfied; it must return a non-empty list of token ids"
+                 )
             rows.extend([row] * len(allowed))
             cols.extend(int(c) for c in allowed)
         mask = torch.full_like(scores, NEG_INF)

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from genkit.errors import ConfigError
 from genkit.strategy.processing import StoppingCriteria
 
 logger = logging.getLogger("genkit.stopping")
@@ -117,8 +118,8 @@ class _Textifier:
             self.base: list[Any] = list(tokenizer.convert_ids_to_tokens(base_ids))
         else:
             if not hasattr(tokenizer, "decode"):
-                raise ValueError("`tokenizer` for stop_strings must provide `decode(ids)` or "
-                                 "`convert_tokens_to_string(tokens)`")
+                raise ConfigError("`tokenizer` for stop_strings must provide `decode(ids)` or "
+                                  "`convert_tokens_to_string(tokens)`")
             self.base = list(base_ids)
 
     def _encode(self, text: str) -> list[int]:
@@ -143,7 +144,7 @@ class _Textifier:
 def token_bytes(tokenizer: Any) -> dict[int, bytes]:
     """Every vocabulary id of ``tokenizer`` with the UTF-8 bytes it contributes to the text."""
     if not hasattr(tokenizer, "get_vocab"):
-        raise ValueError("`tokenizer` for stop_strings must provide `get_vocab()` (token -> id)")
+        raise ConfigError("`tokenizer` for stop_strings must provide `get_vocab()` (token -> id)")
     vocab: dict[str, int] = tokenizer.get_vocab()
     kinds = _decoder_types(tokenizer)
     alphabet = _byte_level_alphabet() if "ByteLevel" in kinds else None
@@ -275,10 +276,10 @@ class StopStringCriteria(StoppingCriteria):
             stop_strings = [stop_strings]
         stop_strings = list(stop_strings) if stop_strings is not None else []
         if not stop_strings or not all(isinstance(s, str) and s for s in stop_strings):
-            raise ValueError(f"`stop_strings` must be a non-empty string or a non-empty list of non-empty strings; "
-                             f"got {stop_strings!r}")
+            raise ConfigError(f"`stop_strings` must be a non-empty string or a non-empty list of non-empty strings; "
+                              f"got {stop_strings!r}")
         if tokenizer is None:
-            raise ValueError("`tokenizer` is required for stop_strings: pass `tokenizer=` to generate()")
+            raise ConfigError("`tokenizer` is required for stop_strings: pass `tokenizer=` to generate()")
         self.stop_strings: tuple[str, ...] = tuple(stop_strings)
         self._stops = tuple(s.encode("utf-8") for s in self.stop_strings)
         self.tables = _tables_for(tokenizer, self._stops)

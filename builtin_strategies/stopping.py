@@ -39,10 +39,10 @@ class MaxLengthCriteria(StoppingCriteria):
 
     def __init__(self, max_length: int, max_position_embeddings: int | None = None) -> None:
         if not _is_int(max_length) or max_length < 1:
-            raise ValueError(f"`max_length` must be an int >= 1; got {max_length!r}.")
+            raise ConfigError(f"`max_length` must be an int >= 1; got {max_length!r}.")
         if max_position_embeddings is not None and (not _is_int(max_position_embeddings)
                                                     or max_position_embeddings < 1):
-            raise ValueError(f"`max_position_embeddings` must be an int >= 1 or None; got {max_position_embeddings!r}.")
+            raise ConfigError(f"`max_position_embeddings` must be an int >= 1 or None; got {max_position_embeddings!r}.")
         self.max_length = int(max_length)
         self.max_position_embeddings = max_position_embeddings
         self._warned = False
@@ -65,7 +65,7 @@ class MaxTimeCriteria(StoppingCriteria):
 
     def __init__(self, max_time: float, initial_timestamp: float | None = None) -> None:
         if not isinstance(max_time, Real) or isinstance(max_time, bool) or not max_time > 0 or math.isnan(max_time):
-            raise ValueError(f"`max_time` must be a number of seconds > 0; got {max_time!r}.")
+            raise ConfigError(f"`max_time` must be a number of seconds > 0; got {max_time!r}.")
         self.max_time = float(max_time)
         self.initial_timestamp = time.time() if initial_timestamp is None else float(initial_timestamp)
 
@@ -83,12 +83,12 @@ class EosTokenCriteria(StoppingCriteria):
         if not isinstance(eos_token_id, torch.Tensor):
             ids = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
             if not isinstance(ids, (list, tuple)) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
-                raise ValueError(
-                    f"`eos_token_id` must be a token id >= 0, a non-empty list of ids or a 1-D tensor; got {eos_token_id!r}."
-                )
+                raise ConfigError(
+                     f"`eos_token_id` must be a token id >= 0, a non-empty list of ids or a 1-D tensor; got {eos_token_id!r}."
+                 )
             eos_token_id = torch.tensor([int(i) for i in ids], dtype=torch.long)
         elif eos_token_id.dtype.is_floating_point or eos_token_id.dtype == torch.bool:
-            raise ValueError(f"`eos_token_id` must hold integer token ids; got dtype {eos_token_id.dtype}.")
+            raise ConfigError(f"`eos_token_id` must hold integer token ids; got dtype {eos_token_id.dtype}.")
         self.eos_token_id = eos_token_id.reshape(-1).long()
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
@@ -148,7 +148,7 @@ def config_criteria(config: Any, tokenizer: Any = None) -> list[StoppingCriteria
         criteria.append(MaxTimeCriteria(config.max_time))
     if config.stop_strings is not None:
         if tokenizer is None:
-            raise ValueError("`stop_strings` needs the tokenizer: pass `tokenizer=` to generate()")
+            raise ConfigError("`stop_strings` needs the tokenizer: pass `tokenizer=` to generate()")
         from .stop_strings import StopStringCriteria
 
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))

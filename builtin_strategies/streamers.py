@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from genkit.errors import ConfigError, InvalidStateError, NotSupportedError
+
 logger = logging.getLogger("genkit.streamers")
 
 __all__ = ["AsyncTextIteratorStreamer", "BaseStreamer", "TextIteratorStreamer", "TextStreamer"]
@@ -62,10 +64,10 @@ class TextStreamer(BaseStreamer):
 
     def __init__(self, tokenizer: Any, skip_prompt: bool = False, **decode_kwargs: Any) -> None:
         if tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
-            raise ValueError("`tokenizer` must provide decode(ids, **kwargs) -> str; "
-                             f"got {type(tokenizer).__name__}")
+            raise ConfigError("`tokenizer` must provide decode(ids, **kwargs) -> str; "
+                              f"got {type(tokenizer).__name__}")
         if not isinstance(skip_prompt, bool):
-            raise ValueError(f"`skip_prompt` must be True or False; got {skip_prompt!r}")  # noqa: TRY004
+            raise ConfigError(f"`skip_prompt` must be True or False; got {skip_prompt!r}")  # noqa: TRY004
         self.tokenizer = tokenizer
         self.skip_prompt = skip_prompt
         self.decode_kwargs = decode_kwargs
@@ -81,7 +83,7 @@ class TextStreamer(BaseStreamer):
         if isinstance(value, torch.Tensor):
             if value.dim() > 1:
                 if value.shape[0] > 1:
-                    raise ValueError(f"{type(self).__name__} supports batch size 1 only; got a batch of {value.shape[0]}")
+                    raise NotSupportedError(f"{type(self).__name__} supports batch size 1 only; got a batch of {value.shape[0]}")
                 value = value[0]
             ids = [int(v) for v in value.reshape(-1).tolist()]
         else:
@@ -138,7 +140,7 @@ class TextIteratorStreamer(TextStreamer):
                  **decode_kwargs: Any) -> None:
         super().__init__(tokenizer, skip_prompt, **decode_kwargs)
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"`timeout` must be a number of seconds > 0 or None; got {timeout!r}")
+            raise ConfigError(f"`timeout` must be a number of seconds > 0 or None; got {timeout!r}")
         self.text_queue: Queue[str | None] = Queue()
         self.stop_signal = None
         self.timeout = timeout
@@ -171,12 +173,12 @@ class AsyncTextIteratorStreamer(TextStreamer):
                  **decode_kwargs: Any) -> None:
         super().__init__(tokenizer, skip_prompt, **decode_kwargs)
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"`timeout` must be a number of seconds > 0 or None; got {timeout!r}")
+            raise ConfigError(f"`timeout` must be a number of seconds > 0 or None; got {timeout!r}")
         try:
             self.loop = asyncio.get_running_loop()
         except RuntimeError as exc:
-            raise RuntimeError("AsyncTextIteratorStreamer must be created inside a running event loop "
-                               "(e.g. in an async function)") from exc
+            raise InvalidStateError("AsyncTextIteratorStreamer must be created inside a running event loop "
+                                    "(e.g. in an async function)") from exc
         self.text_queue: asyncio.Queue[str | None] = asyncio.Queue()
         self.stop_signal = None
         self.timeout = timeout

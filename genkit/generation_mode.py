@@ -12,6 +12,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
+from .errors import ConfigError
+
 
 class GenerationMode(str, Enum):
     """The decoding modes of transformers' ``generate``, with transformers' values.
@@ -37,8 +39,8 @@ class GenerationMode(str, Enum):
 
     @classmethod
     def _missing_(cls, value: Any) -> GenerationMode:
-        raise ValueError(f"{value!r} is not a valid GenerationMode; choose one of "
-                         f"{', '.join(repr(m.value) for m in cls)}")
+        raise ConfigError(f"{value!r} is not a valid GenerationMode; choose one of "
+                          f"{', '.join(repr(m.value) for m in cls)}")
 
 
 #: registry strategy name -> the transformers mode it implements. A strategy that lands for a mode

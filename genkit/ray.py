@@ -27,6 +27,7 @@ from typing import Any
 
 from .batch.continuous import make_local_engine
 from .batch.rows import BadRow, BatchRow, parse_record
+from .errors import ConfigError
 
 logger = logging.getLogger("genkit.ray")
 
@@ -70,7 +71,7 @@ class Generator:
         if isinstance(tokenizer, str):
             tokenizer = genkit.load_tokenizer(tokenizer, revision=revision)
         if tokenizer is None:
-            raise ValueError("`tokenizer` is needed when `model` is a loaded model")
+            raise ConfigError("`tokenizer` is needed when `model` is a loaded model")
         self.engine = make_local_engine(model, tokenizer, generation_kwargs, batch_size=batch_size,
                                         custom_generate=custom_generate, trust_remote_code=trust_remote_code,
                                         batching=batching)
@@ -135,7 +136,7 @@ class RayEngine:
         except ImportError as exc:
             raise ImportError("--engine ray needs Ray Data: pip install 'genkit-lm[ray]'") from exc
         if workers < 1:
-            raise ValueError(f"`workers` must be >= 1; got {workers}")
+            raise ConfigError(f"`workers` must be >= 1; got {workers}")
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
         self.workers = workers

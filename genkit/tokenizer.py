@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
+from .errors import ConfigError, CorruptModelError, UnsupportedModelError
+
 logger = logging.getLogger("genkit.tokenizer")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -168,24 +170,24 @@ class Tokenizer:
         """
         single = isinstance(text, str)
         if not single and not (isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text)):
-            raise ValueError("`text` must be a string or a list of strings")
+            raise ConfigError("`text` must be a string or a list of strings")
         texts = [text] if single else list(text)
         if padding is True:
             padding = "longest"
         if padding is False:
             padding = "do_not_pad"
         if padding not in ("longest", "max_length", "do_not_pad"):
-            raise ValueError(f"`padding`={padding!r} is not valid; accepted: True, False, 'longest', "
-                             "'max_length', 'do_not_pad'")
+            raise ConfigError(f"`padding`={padding!r} is not valid; accepted: True, False, 'longest', "
+                              "'max_length', 'do_not_pad'")
         side = padding_side or self.padding_side
         if side not in ("left", "right"):
-            raise ValueError(f"`padding_side`={side!r} is not valid; accepted: 'left', 'right'")
+            raise ConfigError(f"`padding_side`={side!r} is not valid; accepted: 'left', 'right'")
         if return_tensors not in (None, "pt"):
-            raise ValueError(f"`return_tensors`={return_tensors!r} is not supported; accepted: None, 'pt'")
+            raise ConfigError(f"`return_tensors`={return_tensors!r} is not supported; accepted: None, 'pt'")
         if truncation and truncation != "do_not_truncate":
             limit = max_length if max_length is not None else self.model_max_length
             if limit is None:
-                raise ValueError("`truncation=True` needs `max_length` (or the tokenizer's model_max_length)")
+                raise ConfigError("`truncation=True` needs `max_length` (or the tokenizer's model_max_length)")
         else:
             limit = None
 
@@ -197,14 +199,14 @@ class Tokenizer:
         if padding != "do_not_pad":
             if padding == "max_length":
                 if max_length is None:
-                    raise ValueError("`padding='max_length'` needs `max_length`")
+                    raise ConfigError("`padding='max_length'` needs `max_length`")
                 target = max_length
             else:
                 target = max((len(x) for x in ids), default=0)
             pad_id = self.pad_token_id
             if pad_id is None and any(len(x) < target for x in ids):
-                raise ValueError("this tokenizer has no pad token; set `tokenizer.pad_token` "
-                                 "(e.g. to its eos_token) before padding")
+                raise ConfigError("this tokenizer has no pad token; set `tokenizer.pad_token` "
+                                  "(e.g. to its eos_token) before padding")
             for i, x in enumerate(ids):
                 n = target - len(x)
                 if n > 0:
@@ -219,7 +221,7 @@ class Tokenizer:
             import torch
 
             if len({len(x) for x in ids}) > 1:
-                raise ValueError("sequences have different lengths; pass `padding=True` to return a tensor")
+                raise ConfigError("sequences have different lengths; pass `padding=True` to return a tensor")
             out["input_ids"] = torch.tensor(ids, dtype=torch.long)
             if return_attention_mask:
                 out["attention_mask"] = torch.tensor(masks, dtype=torch.long)
@@ -270,9 +272,9 @@ class Tokenizer:
         """
         template = chat_template or self.chat_template
         if template is None:
-            raise ValueError(f"the tokenizer {self.name_or_path or ''} has no chat template; pass `chat_template=`")
+            raise ConfigError(f"the tokenizer {self.name_or_path or ''} has no chat template; pass `chat_template=`")
         if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
-            raise ValueError("`conversation` must be a list of {'role': ..., 'content': ...} dicts")
+            raise ConfigError("`conversation` must be a list of {'role': ..., 'content': ...} dicts")
         special = {name: getattr(self, name) for name in _SPECIAL_NAMES}
         text = _compile_template(template).render(
             messages=conversation, add_generation_prompt=add_generation_prompt, **special, **template_kwargs
@@ -345,7 +347,7 @@ def tokenizer_from_folder(folder: str | os.PathLike[str]) -> Tokenizer:
     try:
         backend = Backend.from_file(path)
     except Exception as exc:
-        raise ValueError(f"{path}: cannot be read as a tokenizers file ({exc})") from exc
+        raise CorruptModelError(f"{path}: cannot be read as a tokenizers file ({exc})") from exc
     config = _read_json(os.path.join(folder, "special_tokens_map.json"))
     config.update(_read_json(os.path.join(folder, "tokenizer_config.json")))
     jinja = os.path.join(folder, "chat_template.jinja")
@@ -454,8 +456,8 @@ def _sentencepiece_backend(meta: dict[str, Any], tokens: list[str]) -> tuple[Any
     else:
         scores = list(meta.get("scores") or [])
         if len(scores) != len(tokens):
-            raise ValueError(f"GGUF tokenizer: `tokenizer.ggml.scores` has {len(scores)} entries for "
-                             f"{len(tokens)} tokens; a 'llama' vocabulary needs one score per token")
+            raise CorruptModelError(f"GGUF tokenizer: `tokenizer.ggml.scores` has {len(scores)} entries for "
+                                    f"{len(tokens)} tokens; a 'llama' vocabulary needs one score per token")
         merges = sentencepiece_merges(tokens, scores)
     unk_id = meta.get("unknown_token_id")
     unk = tokens[int(unk_id)] if unk_id is not None and 0 <= int(unk_id) < len(tokens) else None
@@ -486,10 +488,10 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -
 
     kind = meta.get("model")
     if kind not in GGUF_TOKENIZER_MODELS:
-        raise ValueError(f"`tokenizer.ggml.model`: GGUF tokenizer model {kind!r} is not supported; accepted: "
-                         "'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE with byte fallback)")
+        raise UnsupportedModelError(f"`tokenizer.ggml.model`: GGUF tokenizer model {kind!r} is not supported; accepted: "
+                                    "'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE with byte fallback)")
     if not meta.get("tokens"):
-        raise ValueError("GGUF tokenizer: the file has no `tokenizer.ggml.tokens`")
+        raise CorruptModelError("GGUF tokenizer: the file has no `tokenizer.ggml.tokens`")
     tokens: list[str] = [str(t) for t in meta["tokens"]]
     if kind == "gpt2":
         backend, vocab = _byte_level_backend(meta, tokens)

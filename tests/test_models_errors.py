@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import genkit
+from genkit.errors import ConfigError, CorruptModelError, UnsupportedModelError
 from genkit.models.cache import KVCache
 
 transformers = pytest.importorskip("transformers")
@@ -39,10 +40,10 @@ def test_corrupt_safetensors_names_the_file(folder):
     path = folder / "model.safetensors"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 3])  # truncated download
-    with pytest.raises(ValueError, match=r"model\.safetensors.*corrupt"):
+    with pytest.raises(CorruptModelError, match=r"model\.safetensors.*corrupt"):
         genkit.load_model(folder)
     path.write_bytes(b"\x00" * 64)
-    with pytest.raises(ValueError, match=r"model\.safetensors.*corrupt"):
+    with pytest.raises(CorruptModelError, match=r"model\.safetensors.*corrupt"):
         genkit.load_model(folder)
 
 
@@ -52,7 +53,7 @@ def test_wrong_shape_names_the_tensor(folder):
     state = load_file(folder / "model.safetensors")
     state["model.layers.1.mlp.up_proj.weight"] = torch.zeros(100, 64)
     save_file(state, folder / "model.safetensors")
-    with pytest.raises(ValueError, match=r"'model\.layers\.1\.mlp\.up_proj\.weight' has shape \(100, 64\).*\(128, 64\)"):
+    with pytest.raises(CorruptModelError, match=r"'model\.layers\.1\.mlp\.up_proj\.weight' has shape \(100, 64\).*\(128, 64\)"):
         genkit.load_model(folder)
 
 
@@ -62,7 +63,7 @@ def test_missing_tensor_is_named(folder):
     state = load_file(folder / "model.safetensors")
     del state["model.layers.0.self_attn.k_proj.weight"]
     save_file(state, folder / "model.safetensors")
-    with pytest.raises(ValueError, match=r"missing tensors \['model\.layers\.0\.self_attn\.k_proj\.weight'\]"):
+    with pytest.raises(CorruptModelError, match=r"missing tensors \['model\.layers\.0\.self_attn\.k_proj\.weight'\]"):
         genkit.load_model(folder)
 
 
@@ -70,7 +71,7 @@ def test_unknown_architecture_is_named(folder):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["architectures"] = ["FalconForCausalLM"]
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"unknown architecture 'FalconForCausalLM'.*LlamaForCausalLM"):
+    with pytest.raises(UnsupportedModelError, match=r"unknown architecture 'FalconForCausalLM'.*LlamaForCausalLM"):
         genkit.load_model(folder)
 
 
@@ -82,16 +83,16 @@ def test_missing_config_and_bad_refs(folder, tmp_path):
         genkit.load_model("./nowhere")
     other = tmp_path / "weights.bin"
     other.write_bytes(b"x")
-    with pytest.raises(ValueError, match="not a .gguf"):
+    with pytest.raises(ConfigError, match="not a .gguf"):
         genkit.load_model(other)
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf at all")
-    with pytest.raises(ValueError, match="bad.gguf: not a readable GGUF"):
+    with pytest.raises(CorruptModelError, match="bad.gguf: not a readable GGUF"):
         genkit.load_model(bad)
 
 
 def test_bad_dtype_lists_accepted_values(tiny_hf_dir):
-    with pytest.raises(ValueError, match="`dtype`='int8' is not supported; accepted: float32, bfloat16, float16"):
+    with pytest.raises(ConfigError, match="`dtype`='int8' is not supported; accepted: float32, bfloat16, float16"):
         genkit.load_model(tiny_hf_dir, dtype="int8")
 
 
@@ -134,7 +135,7 @@ def test_kv_cache_crop_reorder_select_repeat():
     assert cache.get_seq_length() == 3 and cache[0][0].shape == (3, 2, 3, 4)
     cache.crop(-1)
     assert cache.get_seq_length() == 2
-    with pytest.raises(ValueError, match="cannot crop"):
+    with pytest.raises(ConfigError, match="cannot crop"):
         cache.crop(-5)
     rows = cache[1][0][:, 0, 0, 0].clone()
     cache.reorder(torch.tensor([2, 0, 1]))
@@ -162,5 +163,5 @@ def test_unsupported_activation_is_named(folder):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["hidden_act"] = "gelu"
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"hidden_act 'gelu' is not supported for LlamaForCausalLM; accepted: 'silu'"):
+    with pytest.raises(UnsupportedModelError, match=r"hidden_act 'gelu' is not supported for LlamaForCausalLM; accepted: 'silu'"):
         genkit.load_model(folder)

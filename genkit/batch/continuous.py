@@ -16,9 +16,9 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from genkit.errors import ConfigError, NotSupportedError
 from genkit.recipes.reference import classify
 
+from ..errors import ConfigError, GenerationError, NotSupportedError
 from .engine import LocalEngine
 from .rows import BadRow, BatchRow
 
@@ -125,7 +125,7 @@ class ContinuousEngine:
         out = self.manager.get_result(timeout=1)
         if out is None:
             if not self.manager.is_running():
-                raise RuntimeError(f"continuous batching stopped: {self.manager.error}")
+                raise GenerationError(f"continuous batching stopped: {self.manager.error}")
             return
         slot = running.pop(out.request_id, None)
         if slot is None or not out.is_finished():

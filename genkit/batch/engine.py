@@ -16,6 +16,7 @@ import torch
 
 from genkit.strategy import eos_token_ids, openai_finish_reason
 
+from ..errors import ConfigError, NotSupportedError
 from .rows import BadRow, BatchRow
 
 logger = logging.getLogger("genkit.batch")
@@ -34,7 +35,7 @@ class LocalEngine:
     def __init__(self, model: Any, tokenizer: Any, generation_kwargs: dict[str, Any] | None = None,
                  batch_size: int = 16, custom_generate: Any = None, trust_remote_code: bool | None = None) -> None:
         if batch_size < 1:
-            raise ValueError(f"`batch_size` must be >= 1; got {batch_size}")
+            raise ConfigError(f"`batch_size` must be >= 1; got {batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.kwargs = dict(generation_kwargs or {})
@@ -58,7 +59,7 @@ class LocalEngine:
             ids = ids.reshape(-1).tolist()
         ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)
         if not ids:
-            raise ValueError("the prompt encodes to no tokens")
+            raise ConfigError("the prompt encodes to no tokens")
         return ids
 
     def run(self, rows: list[BatchRow]) -> list[dict[str, Any] | BadRow]:
@@ -100,7 +101,7 @@ class LocalEngine:
         import genkit
 
         if int(kwargs.get("num_return_sequences") or 1) != 1:
-            raise ValueError("`num_return_sequences` must be 1 in a batch job (one output row per input row)")
+            raise NotSupportedError("`num_return_sequences` must be 1 in a batch job (one output row per input row)")
         width = max(map(len, prompts))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.model.device)

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from ..errors import ConfigError
 from .rows import BadRow, BatchRow, parse_record, parse_row
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
@@ -24,8 +25,8 @@ def file_format(path: str | os.PathLike[str], what: str = "file") -> str:
     """``"jsonl"`` or ``"parquet"`` from ``path``'s extension; ValueError naming the accepted ones."""
     ext = os.path.splitext(os.fspath(path))[1].lower()
     if ext not in FORMATS:
-        raise ValueError(f"the {what} {os.fspath(path)!r} must end in one of {', '.join(FORMATS)} (JSONL or "
-                         f"Parquet); got {ext or 'no extension'!r}")
+        raise ConfigError(f"the {what} {os.fspath(path)!r} must end in one of {', '.join(FORMATS)} (JSONL or "
+                          f"Parquet); got {ext or 'no extension'!r}")
     return FORMATS[ext]
 
 

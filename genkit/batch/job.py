@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import ConfigError
 from .engine import BatchEngine
 from .formats import file_format, read_rows
 from .rows import BadRow, BatchRow
@@ -61,7 +62,7 @@ def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike
     called on each chunk of ``chunk_size`` rows. Either way every ``chunk_size`` results are
     committed as one chunk."""
     if chunk_size < 1:
-        raise ValueError(f"`chunk_size` must be >= 1; got {chunk_size}")
+        raise ConfigError(f"`chunk_size` must be >= 1; got {chunk_size}")
     file_format(input_path, "input")
     out = ChunkedOutput(output_path)
     summary = BatchSummary()

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from ..errors import ConfigError
 from .generate_cmd import DEFAULT_MODEL, add_generation_options
 
 ENGINES = ("local", "ray")
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     for name in ("batch_size", "chunk_size", "workers"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     kwargs = generation_kwargs(args)
     check_device(args.device)
     check_generation_options(kwargs, args.custom_generate)

@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any
 
+from ..errors import ConfigError, GenerationError
+
 logger = logging.getLogger("genkit.cli.generate")
 
 DEFAULT_MODEL = "smollm2"
@@ -69,7 +71,7 @@ def _parse_value(text: str) -> Any:
 def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The generation parameters the command-line options ask for."""
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
+        raise ConfigError(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
     kwargs: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if args.do_sample:
         kwargs["do_sample"] = True
@@ -77,18 +79,18 @@ def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, name, None)
         if value is not None:
             if value < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {value}")
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1; got {value}")
             kwargs[name] = value
     for name in ("temperature", "top_k", "top_p"):
         value = getattr(args, name)
         if value is not None:
             if not args.do_sample:
-                raise ValueError(f"--{name.replace('_', '-')} only applies with --do-sample")
+                raise ConfigError(f"--{name.replace('_', '-')} only applies with --do-sample")
             kwargs[name] = value
     for item in args.overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE; got {item!r}")
+            raise ConfigError(f"--set expects KEY=VALUE; got {item!r}")
         kwargs[key.strip().replace("-", "_")] = _parse_value(value.strip())
     return kwargs
 
@@ -141,7 +143,7 @@ def check_device(name: str | None) -> None:
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError):
-        raise ValueError(f"--device {name!r} is not a device name; available here: {', '.join(available)}") from None
+        raise ConfigError(f"--device {name!r} is not a device name; available here: {', '.join(available)}") from None
     ok = device.type == "cpu" or (
         device.type == "cuda" and torch.cuda.is_available()
         and (device.index is None or device.index < torch.cuda.device_count())
@@ -149,7 +151,7 @@ def check_device(name: str | None) -> None:
     if not ok:
         why = " (this torch build has no CUDA support)" if device.type == "cuda" and not torch.backends.cuda.is_built() \
             else ""
-        raise ValueError(f"--device {name!r} is not available{why}; available here: {', '.join(available)}")
+        raise ConfigError(f"--device {name!r} is not available{why}; available here: {', '.join(available)}")
 
 
 def check_generation_options(kwargs: dict[str, Any], custom_generate: str | None) -> None:
@@ -175,12 +177,12 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt and not args.chat:
-        raise ValueError("--prompt is empty: give the text to continue (or use --chat, whose template "
-                         "adds the model's own start tokens)")
+        raise ConfigError("--prompt is empty: give the text to continue (or use --chat, whose template "
+                          "adds the model's own start tokens)")
     kwargs = generation_kwargs(args)
     n = int(kwargs.get("num_return_sequences", 1))
     if args.stream and n > 1:
-        raise ValueError(f"--stream prints one sequence; it cannot be combined with num_return_sequences={n}")
+        raise ConfigError(f"--stream prints one sequence; it cannot be combined with num_return_sequences={n}")
     check_device(args.device)
     check_generation_options(kwargs, args.custom_generate)
     if args.seed is not None:
@@ -202,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
     else:
         if args.system:
-            raise ValueError("--system needs --chat")
+            raise ConfigError("--system needs --chat")
         enc = tokenizer(prompt, return_tensors="pt")
     enc = enc.to(model.device)
     streamer = make_streamer(tokenizer) if args.stream else None
@@ -215,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t1
     sequences = out.sequences if hasattr(out, "sequences") else out
     if not isinstance(sequences, torch.Tensor):
-        raise RuntimeError(f"generation returned {type(out).__name__}, not token ids")  # noqa: TRY004
+        raise GenerationError(f"generation returned {type(out).__name__}, not token ids")  # noqa: TRY004
     new = sequences[:, enc["input_ids"].shape[1]:]
     if streamer is None:
         texts = [tokenizer.decode(row, skip_special_tokens=True) for row in new]

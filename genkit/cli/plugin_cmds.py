@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
+
 KIND_LABELS = {
     "strategy": "strategy",
     "logits_processor": "processor",
@@ -231,7 +233,7 @@ def cmd_install(args: argparse.Namespace) -> int:
         target = _resolve_pack(spec)
         if args.editable:
             if not os.path.isdir(target):
-                raise ValueError(f"--editable needs a local pack folder; {spec!r} is not one")
+                raise ConfigError(f"--editable needs a local pack folder; {spec!r} is not one")
             cmd += ["-e", target]
         else:
             cmd.append(target)
@@ -247,7 +249,7 @@ PROTECTED = {"genkit-lm", "genkit_lm", "pluggy", "torch"}
 def cmd_uninstall(args: argparse.Namespace) -> int:
     for spec in args.packs:
         if spec.lower() in PROTECTED:
-            raise ValueError(f"refusing to uninstall {spec!r}: genkit needs it; `genkit uninstall` is for packs")
+            raise ConfigError(f"refusing to uninstall {spec!r}: genkit needs it; `genkit uninstall` is for packs")
     names = []
     for spec in args.packs:
         bundled = bundled_pack(spec) if not os.path.exists(spec) else None

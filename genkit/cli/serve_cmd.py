@@ -8,6 +8,8 @@ import logging
 import signal
 from typing import Any
 
+from ..errors import ConfigError
+
 logger = logging.getLogger("genkit.cli.serve")
 
 
@@ -36,9 +38,9 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ImportError("`genkit serve` needs the serve extra: pip install 'genkit-lm[serve]'") from exc
     if not 0 < args.port < 65536:
-        raise ValueError(f"--port must be between 1 and 65535; got {args.port}")
+        raise ConfigError(f"--port must be between 1 and 65535; got {args.port}")
     if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
-        raise ValueError(f"--max-batch-tokens must be >= 1; got {args.max_batch_tokens}")
+        raise ConfigError(f"--max-batch-tokens must be >= 1; got {args.max_batch_tokens}")
     import genkit
     from genkit.serve import build_app
     from genkit.serve.engines import make_engine

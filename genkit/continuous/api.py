@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..errors import NotSupportedError
+from ..errors import ArgumentTypeError, GenerationError, NotSupportedError
 from .config import ContinuousBatchingConfig
 from .manager import ContinuousBatchingManager
 from .requests import GenerationOutput
@@ -41,7 +41,7 @@ def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any =
     fails has ``status`` FAILED and an ``error``; the others are unaffected. A transformers model
     runs its own ``generate_batch`` (transformers 5's), with the settings translated."""
     if not isinstance(inputs, (list, tuple)):
-        raise TypeError(f"`inputs` must be a list of token id lists; got {type(inputs).__name__}")
+        raise ArgumentTypeError(f"`inputs` must be a list of token id lists; got {type(inputs).__name__}")
     if not inputs:
         return {}
     hf = transformers_model(model)
@@ -62,7 +62,7 @@ def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any =
             out = manager.get_result(timeout=1)
             if out is None:
                 if not manager.is_running():
-                    raise RuntimeError(f"continuous batching stopped: {manager.error}")
+                    raise GenerationError(f"continuous batching stopped: {manager.error}")
                 continue
             if out.is_finished() and out.request_id in pending:
                 pending.discard(out.request_id)

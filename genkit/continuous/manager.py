@@ -204,22 +204,22 @@ class ContinuousBatchingManager:
         from genkit.generation.api import prepare
 
         if not prompt:
-            raise ValueError(f"request {request_id!r}: the prompt is empty")
+            raise ConfigError(f"request {request_id!r}: the prompt is empty")
         if not _ints(prompt):
-            raise ValueError(f"request {request_id!r}: `input_ids` must be a list of token ids (ints)")
+            raise ConfigError(f"request {request_id!r}: `input_ids` must be a list of token ids (ints)")
         vocab = self.model.config.vocab_size
         bad = [t for t in prompt if t < 0 or t >= vocab]
         if bad:
-            raise ValueError(f"request {request_id!r}: token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}")
+            raise ConfigError(f"request {request_id!r}: token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}")
         max_new = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
         if max_new is None:
             max_new = 20
         if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
-            raise ValueError(f"request {request_id!r}: `max_new_tokens` must be an int >= 1; got {max_new!r}")
+            raise ConfigError(f"request {request_id!r}: `max_new_tokens` must be an int >= 1; got {max_new!r}")
         capacity = self.cache.num_blocks * self.cache.block_size
         if len(prompt) + 1 > capacity:
-            raise ValueError(f"request {request_id!r}: the prompt has {len(prompt)} tokens; the cache holds "
-                             f"{capacity} (num_blocks * block_size)")
+            raise ConfigError(f"request {request_id!r}: the prompt has {len(prompt)} tokens; the cache holds "
+                              f"{capacity} (num_blocks * block_size)")
         max_new = min(max_new, capacity - len(prompt))
         seed = kwargs.pop("seed", None)
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from ..errors import ConfigError
 from .block_allocator import BlockAllocator
 from .requests import RequestState, RequestStatus
 
@@ -32,7 +33,7 @@ class Scheduler:
     def __init__(self, kind: str, cache: BlockAllocator, *, max_batch_tokens: int, max_requests: int,
                  prefill_chunk_size: int | None = None, safety_margin: float | None = None) -> None:
         if kind not in SCHEDULERS:
-            raise ValueError(f"`scheduler_type` must be one of {', '.join(repr(s) for s in SCHEDULERS)}; got {kind!r}")
+            raise ConfigError(f"`scheduler_type` must be one of {', '.join(repr(s) for s in SCHEDULERS)}; got {kind!r}")
         self.kind, self.cache = kind, cache
         self.max_batch_tokens, self.max_requests = max_batch_tokens, max_requests
         self.prefill_chunk_size = prefill_chunk_size

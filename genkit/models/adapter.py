@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError, NotSupportedError
 from .base import positions_from_mask
 
 logger = logging.getLogger("genkit.models.adapter")
@@ -38,7 +39,7 @@ class TransformersCache:
         length = self.get_seq_length()
         keep = max_length if max_length >= 0 else length + max_length
         if keep < 0:
-            raise ValueError(f"cannot crop the cache to {max_length}: it holds {length} positions")
+            raise ConfigError(f"cannot crop the cache to {max_length}: it holds {length} positions")
         if keep < length:
             self.cache.crop(keep - length)  # transformers: a negative count removes that many
 
@@ -180,8 +181,8 @@ def wrap_transformers_model(model: Any) -> TransformersModelAdapter:
     if isinstance(model, TransformersModelAdapter):
         return model
     if not callable(model) or not hasattr(model, "config"):
-        raise ValueError(f"`model` must be a transformers PreTrainedModel; got {type(model).__name__}")
+        raise ConfigError(f"`model` must be a transformers PreTrainedModel; got {type(model).__name__}")
     if getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError(f"{type(model).__name__} is an encoder-decoder model; genkit drives decoder-only "
-                         "causal LMs")
+        raise NotSupportedError(f"{type(model).__name__} is an encoder-decoder model; genkit drives decoder-only "
+                                "causal LMs")
     return TransformersModelAdapter(model)

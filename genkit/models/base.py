@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ConfigError, NotSupportedError
 from .mixin import GenerationMixin
 
 
@@ -129,7 +130,7 @@ class GenkitModel(nn.Module, GenerationMixin):
         depth = self._partial_depth(num_layers)
         if inputs_embeds is None:
             if input_ids is None:
-                raise ValueError("pass `input_ids` or `inputs_embeds`")
+                raise ConfigError("pass `input_ids` or `inputs_embeds`")
             inputs_embeds = self.input_embeddings()(input_ids)
         cache = past_key_values
         if cache is None and use_cache:
@@ -156,8 +157,6 @@ class GenkitModel(nn.Module, GenerationMixin):
         """``num_layers`` checked against the model (None when it asks for every layer)."""
         if num_layers is None:
             return None
-        from ..errors import ConfigError, NotSupportedError
-
         if not self.supports_partial_depth:
             raise NotSupportedError(f"{type(self).__name__} does not support partial depth (`num_layers=`)")
         total = int(self.config.num_hidden_layers)

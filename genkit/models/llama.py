@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..errors import NotSupportedError
+from ..errors import NotSupportedError, UnsupportedModelError
 from .base import GenkitModel, ModelConfig
 from .cache import KVCache
 from .llama_infer import PreparedModel, has_hooks, linear, prepare_layers, rms_norm, run_layers, weights_key
@@ -58,9 +58,9 @@ def rope_inv_freq(config: ModelConfig, head_dim: int) -> tuple[torch.Tensor, flo
         smoothed = (1 - smooth) * inv_llama / factor + smooth * inv_llama
         is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(is_medium, smoothed, inv_llama), 1.0
-    raise ValueError(
-        f"unsupported rope_scaling type {rope_type!r} in config.json; accepted: default, linear, llama3"
-    )
+    raise UnsupportedModelError(
+                   f"unsupported rope_scaling type {rope_type!r} in config.json; accepted: default, linear, llama3"
+               )
 
 
 def swap_halves(x: torch.Tensor) -> torch.Tensor:

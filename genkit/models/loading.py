@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ModelLoadError
+from ..errors import ConfigError, CorruptModelError, ModelLoadError, UnsupportedModelError
 from .base import GenkitModel, ModelConfig
 
 logger = logging.getLogger("genkit.models")
@@ -52,14 +52,14 @@ def parse_dtype(dtype: torch.dtype | str | None, config: ModelConfig | None = No
     """
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"`dtype`={dtype} is not supported; accepted: float32, bfloat16, float16, 'auto'")
+            raise ConfigError(f"`dtype`={dtype} is not supported; accepted: float32, bfloat16, float16, 'auto'")
         return dtype
     if dtype is None or dtype == "auto":
         saved = None if config is None else (config.dtype or config.torch_dtype)
         return _DTYPES.get(str(saved), torch.float32) if saved else torch.float32
     if isinstance(dtype, str) and dtype in _DTYPES:
         return _DTYPES[dtype]
-    raise ValueError(f"`dtype`={dtype!r} is not supported; accepted: float32, bfloat16, float16, 'auto'")
+    raise ConfigError(f"`dtype`={dtype!r} is not supported; accepted: float32, bfloat16, float16, 'auto'")
 
 
 def _looks_like_hub_id(ref: str) -> bool:
@@ -83,7 +83,7 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
     if os.path.isfile(path):
         if path.endswith(".gguf"):
             return path
-        raise ValueError(f"{path} is a file but not a .gguf; pass a model folder, a .gguf file or a Hub id")
+        raise ConfigError(f"{path} is a file but not a .gguf; pass a model folder, a .gguf file or a Hub id")
     if os.path.isdir(path):
         return path
     if _looks_like_hub_id(ref):
@@ -132,15 +132,15 @@ def architecture_class(config: ModelConfig, where: str = "config.json") -> type[
 
     archs = config.architectures or ([MODEL_TYPES[config.model_type]] if config.model_type in MODEL_TYPES else None)
     if not archs:
-        raise ValueError(f"{where}: no 'architectures' and unknown model_type {config.model_type!r}; "
-                         f"supported architectures: {', '.join(sorted(ARCHITECTURES))}")
+        raise UnsupportedModelError(f"{where}: no 'architectures' and unknown model_type {config.model_type!r}; "
+                                    f"supported architectures: {', '.join(sorted(ARCHITECTURES))}")
     arch = archs[0]
     if arch not in ARCHITECTURES:
-        raise ValueError(f"{where}: unknown architecture {arch!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
+        raise UnsupportedModelError(f"{where}: unknown architecture {arch!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
     if arch != "GPT2LMHeadModel":
         act = config.hidden_act or "silu"
         if act not in ("silu", "swish"):
-            raise ValueError(f"{where}: hidden_act {act!r} is not supported for {arch}; accepted: 'silu'")
+            raise UnsupportedModelError(f"{where}: hidden_act {act!r} is not supported for {arch}; accepted: 'silu'")
     return resolve(ARCHITECTURES[arch])
 
 
@@ -166,35 +166,35 @@ class SafetensorsState(Mapping[str, torch.Tensor]):
             try:
                 self._read_header(f)
             except (ValueError, KeyError, TypeError, OSError) as exc:
-                raise ValueError(f"weights file {f} is corrupt or not a safetensors file ({exc})") from exc
+                raise CorruptModelError(f"weights file {f} is corrupt or not a safetensors file ({exc})") from exc
 
     def _read_header(self, path: str) -> None:
         size = os.path.getsize(path)
         with open(path, "rb") as fh:
             head = fh.read(8)
             if len(head) < 8:
-                raise ValueError("file shorter than the 8-byte header length")
+                raise CorruptModelError("file shorter than the 8-byte header length")
             n = int.from_bytes(head, "little")
             if n <= 0 or 8 + n > size:
-                raise ValueError(f"header length {n} does not fit in a file of {size} bytes")
+                raise CorruptModelError(f"header length {n} does not fit in a file of {size} bytes")
             header = json.loads(fh.read(n).decode("utf-8"))
         if not isinstance(header, dict):
-            raise ValueError("the header is not a JSON object")  # noqa: TRY004 - a corrupt file, not a bad argument
+            raise CorruptModelError("the header is not a JSON object")  # noqa: TRY004 - a corrupt file, not a bad argument
         base = 8 + n
         for name, info in header.items():
             if name == "__metadata__":
                 continue
             dtype = _ST_DTYPES.get(info["dtype"])
             if dtype is None:
-                raise ValueError(f"tensor {name!r} has unsupported dtype {info['dtype']!r}")
+                raise UnsupportedModelError(f"tensor {name!r} has unsupported dtype {info['dtype']!r}")
             shape = tuple(int(d) for d in info["shape"])
             begin, end = (int(x) for x in info["data_offsets"])
             numel = 1
             for d in shape:
                 numel *= d
             if end - begin != numel * dtype.itemsize or begin < 0 or base + end > size:
-                raise ValueError(f"tensor {name!r}: bytes {begin}..{end} do not match shape {shape} "
-                                 f"or lie beyond the end of the file ({size} bytes; truncated?)")
+                raise CorruptModelError(f"tensor {name!r}: bytes {begin}..{end} do not match shape {shape} "
+                                        f"or lie beyond the end of the file ({size} bytes; truncated?)")
             self._entries[name] = (path, dtype, shape, base + begin, end - begin)
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -204,7 +204,7 @@ class SafetensorsState(Mapping[str, torch.Tensor]):
             fh.seek(offset)
             got = fh.readinto(buf.numpy()) if nbytes else 0
         if got != nbytes:
-            raise ValueError(f"weights file {path} is corrupt: tensor {name!r} is cut short")
+            raise CorruptModelError(f"weights file {path} is corrupt: tensor {name!r} is cut short")
         return buf.view(dtype).reshape(shape)
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -231,7 +231,7 @@ def read_safetensors(folder: str) -> SafetensorsState:
             with open(index, encoding="utf-8") as fh:
                 weight_map = json.load(fh)["weight_map"]
         except (OSError, ValueError, KeyError) as exc:
-            raise ValueError(f"{index}: not a valid safetensors index ({exc})") from exc
+            raise CorruptModelError(f"{index}: not a valid safetensors index ({exc})") from exc
         files = [os.path.join(folder, f) for f in sorted(set(weight_map.values()))]
     else:
         raise FileNotFoundError(f"no weights in {folder}: expected {WEIGHT_FILE} or {INDEX_FILE}")
@@ -278,16 +278,16 @@ def build_model(config: ModelConfig, state: Mapping[str, torch.Tensor], dtype: t
     # a tied tensor (e.g. the LM head sharing the embedding) may appear under any one of its names
     missing = [k for k in targets if k not in state and not any(t in state for t in twins.get(k, ()))]
     if missing:
-        raise ValueError(f"{where or 'checkpoint'}: missing tensors {missing[:8]}"
-                         f"{' ...' if len(missing) > 8 else ''} for {type(model).__name__}")
+        raise CorruptModelError(f"{where or 'checkpoint'}: missing tensors {missing[:8]}"
+                                f"{' ...' if len(missing) > 8 else ''} for {type(model).__name__}")
     unexpected = [k for k in state if k not in targets]
     if unexpected:
         logger.warning("%s: ignoring %d tensors the model does not use: %s", where or "checkpoint",
                        len(unexpected), unexpected[:8])
     for name in state:
         if name in targets and _shape(state, name) != tuple(targets[name].shape):
-            raise ValueError(f"{where or 'checkpoint'}: tensor {name!r} has shape {_shape(state, name)}, "
-                             f"but the config implies {tuple(targets[name].shape)}")
+            raise CorruptModelError(f"{where or 'checkpoint'}: tensor {name!r} has shape {_shape(state, name)}, "
+                                    f"but the config implies {tuple(targets[name].shape)}")
     with torch.no_grad():
         for name, target in targets.items():
             if name in state:
@@ -317,7 +317,7 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
             when torch lacks the kernels, GGUF files are de-quantized.
     """
     if not isinstance(dequantize, bool):
-        raise ValueError(f"`dequantize` must be True or False; got {dequantize!r}")
+        raise ConfigError(f"`dequantize` must be True or False; got {dequantize!r}")
     source = resolve_model_source(ref, revision=revision)
     if source.endswith(".gguf"):
         from .gguf import read_gguf
@@ -338,7 +338,7 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
         try:
             config = ModelConfig.from_json_file(cfg_path)
         except ValueError as exc:
-            raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from exc
+            raise CorruptModelError(f"{cfg_path}: not valid JSON ({exc})") from exc
         architecture_class(config, cfg_path)  # fail on an unknown architecture before reading weights
         state = read_safetensors(source)
         model = build_model(config, state, parse_dtype(dtype, config), where=source, device=device)

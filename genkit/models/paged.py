@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from genkit.errors import NotSupportedError
+from genkit.errors import ConfigError, NotSupportedError
 
 from .llama_infer import PreparedModel, layer_output, linear, project_qkv
 
@@ -47,7 +47,7 @@ class PagedKVStore:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, block_size: int, num_blocks: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", prepared: PreparedModel | None = None) -> None:
         if block_size < 1 or num_blocks < 1:
-            raise ValueError(f"the paged cache needs block_size >= 1 and num_blocks >= 1; got {block_size}, "
+            raise ConfigError(f"the paged cache needs block_size >= 1 and num_blocks >= 1; got {block_size}, "
                              f"{num_blocks}")
         self.block_size, self.num_blocks = block_size, num_blocks
         # a block is contiguous, so gathering a request's blocks copies whole blocks

@@ -28,6 +28,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import (
+    ArgumentTypeError,
+    ConfigError,
+    KernelUnavailableError,
+    NotSupportedError,
+    UnsupportedModelError,
+)
 from . import block_kernel
 
 logger = logging.getLogger("genkit.models")
@@ -82,19 +89,19 @@ def _block_codes(parts: list[Int4Part], source: str) -> tuple[torch.Tensor, torc
         p = parts[0]
         codes, scale, minimum, bits = p.q, p.scale, p.minimum, (4 if p.group == GROUP else 6)
         if p.group not in (GROUP, GROUP // 2):
-            raise ValueError(f"{source or 'int4 layer'}: groups of {p.group} weights; the block kernel takes 32 or 16")
+            raise UnsupportedModelError(f"{source or 'int4 layer'}: groups of {p.group} weights; the block kernel takes 32 or 16")
     elif (len(parts) == 2 and not bool(parts[0].minimum.any())
           and torch.equal(parts[1].scale.float(), 16.0 * parts[0].scale.float())):
         lo, hi = parts
         codes = (hi.q.to(torch.int32) * 16 + lo.q.to(torch.int32)).to(torch.uint8)
         scale, minimum, bits = lo.scale, hi.minimum, 8
     else:
-        raise ValueError(f"{source or 'int4 layer'}: {len(parts)} int4 parts do not form a 4- or 8-bit weight")
+        raise UnsupportedModelError(f"{source or 'int4 layer'}: {len(parts)} int4 parts do not form a 4- or 8-bit weight")
     if bits == 6 and not torch.equal(minimum.float(), -32.0 * scale.float()):
-        raise ValueError(f"{source or 'int4 layer'}: 6-bit codes in groups of 16 need offsets of -32 * scale (GGUF Q6_K)")
+        raise UnsupportedModelError(f"{source or 'int4 layer'}: 6-bit codes in groups of 16 need offsets of -32 * scale (GGUF Q6_K)")
     if bits != 6 and not block_kernel.fits_float16(scale, minimum):
-        raise ValueError(f"{source or 'int4 layer'}: scales overflow float16, which the block kernel stores; "
-                         "set GENKIT_BLOCK_KERNEL=0 to use torch's int4 kernel")
+        raise UnsupportedModelError(f"{source or 'int4 layer'}: scales overflow float16, which the block kernel stores; "
+                                    "set GENKIT_BLOCK_KERNEL=0 to use torch's int4 kernel")
     return codes, scale, minimum, bits
 
 
@@ -115,16 +122,16 @@ class Int4Linear(nn.Module):
         ``"torch"`` (torch's int4 kernel) or ``"auto"`` (the block kernel where it can be built)."""
         super().__init__()
         if kernel not in KERNELS:
-            raise ValueError(f"`kernel` must be one of {', '.join(repr(k) for k in KERNELS)}; got {kernel!r}")
+            raise ConfigError(f"`kernel` must be one of {', '.join(repr(k) for k in KERNELS)}; got {kernel!r}")
         if out_features % _MIN_ROWS or in_features % GROUP:
-            raise ValueError(f"int4 kernels need out_features divisible by {_MIN_ROWS} and in_features by {GROUP}; "
-                             f"got ({out_features}, {in_features})")
+            raise ConfigError(f"int4 kernels need out_features divisible by {_MIN_ROWS} and in_features by {GROUP}; "
+                              f"got ({out_features}, {in_features})")
         self.in_features, self.out_features, self.source = in_features, out_features, source
         if row_chunks is None:
             assert parts is not None
             row_chunks = (part_rows(parts, start, start + PACK_CHUNK) for start in range(0, out_features, PACK_CHUNK))
         if kernel == "blocks" and not block_kernel.available():
-            raise RuntimeError("the block kernel is not available (no C compiler, or GENKIT_BLOCK_KERNEL=0)")
+            raise KernelUnavailableError("the block kernel is not available (no C compiler, or GENKIT_BLOCK_KERNEL=0)")
         self.kernel = "blocks" if kernel == "blocks" or (kernel == "auto" and block_kernel.available()) else "torch"
         self.bits = 4
         self._parts: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -135,8 +142,8 @@ class Int4Linear(nn.Module):
         scales: list[list[torch.Tensor]] = []
         for chunk in row_chunks:
             if any(part.group != GROUP for part in chunk):
-                raise ValueError(f"{source or 'int4 layer'}: torch's int4 kernel takes groups of {GROUP} weights; "
-                                 f"got {chunk[0].group} (GGUF Q6_K needs the block kernel)")
+                raise UnsupportedModelError(f"{source or 'int4 layer'}: torch's int4 kernel takes groups of {GROUP} weights; "
+                                            f"got {chunk[0].group} (GGUF Q6_K needs the block kernel)")
             for i, part in enumerate(chunk):
                 if i == len(packed):
                     packed.append([])
@@ -148,7 +155,7 @@ class Int4Linear(nn.Module):
             self.register_buffer(f"packed{i}", torch.cat(packed[i]))
             self.register_buffer(f"scales{i}", torch.cat(scales[i], dim=1).contiguous())
         if sum(p.shape[0] for p in packed[0]) != out_features:
-            raise ValueError(f"int4 parts hold {sum(p.shape[0] for p in packed[0])} rows; expected {out_features}")
+            raise ConfigError(f"int4 parts hold {sum(p.shape[0] for p in packed[0])} rows; expected {out_features}")
         self.num_parts = len(packed)
         self._parts = [(getattr(self, f"packed{i}"), getattr(self, f"scales{i}")) for i in range(self.num_parts)]
 
@@ -159,12 +166,12 @@ class Int4Linear(nn.Module):
         for chunk in row_chunks:
             codes, scale, minimum, chunk_bits = _block_codes(chunk, self.source)
             if bits is not None and chunk_bits != bits:
-                raise ValueError(f"{self.source or 'int4 layer'}: row chunks mix {bits}- and {chunk_bits}-bit codes")
+                raise UnsupportedModelError(f"{self.source or 'int4 layer'}: row chunks mix {bits}- and {chunk_bits}-bit codes")
             bits = chunk_bits
             chunks.append(block_kernel.pack(codes, scale, minimum, chunk_bits))
         blocks = torch.cat(chunks)
         if blocks.shape[0] * block_kernel.ROWS != self.out_features:
-            raise ValueError(f"int4 parts hold {blocks.shape[0] * block_kernel.ROWS} rows; expected {self.out_features}")
+            raise ConfigError(f"int4 parts hold {blocks.shape[0] * block_kernel.ROWS} rows; expected {self.out_features}")
         self.register_buffer("blocks", blocks)
         self.bits = int(bits or 4)
         self.num_parts = 1
@@ -199,7 +206,7 @@ class Int4Linear(nn.Module):
         first = layers[0]
         if any(lay.num_parts != first.num_parts or lay.in_features != first.in_features or lay.kernel != first.kernel
                or lay.bits != first.bits for lay in layers):
-            raise ValueError("fused int4 layers need the same input size, kernel and number of parts")
+            raise ConfigError("fused int4 layers need the same input size, kernel and number of parts")
         if first.kernel == "torch" and any(lay.out_features % _PACK_TILE for lay in layers[:-1]):
             return None
         fused = Int4Linear.__new__(Int4Linear)
@@ -278,15 +285,15 @@ def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
     of 16, inputs not a multiple of 32) are left in floating point, with a log line.
     """
     if mode not in QUANTIZE_MODES:
-        raise ValueError(f"`mode` must be one of {', '.join(repr(m) for m in QUANTIZE_MODES)}; got {mode!r}")
+        raise ConfigError(f"`mode` must be one of {', '.join(repr(m) for m in QUANTIZE_MODES)}; got {mode!r}")
     if not kernel_available() and not block_kernel.available():
-        raise RuntimeError("quantize needs the block kernel (a C compiler) or a torch build with CPU int4 kernels")
+        raise KernelUnavailableError("quantize needs the block kernel (a C compiler) or a torch build with CPU int4 kernels")
     from .base import GenkitModel
 
     if not isinstance(model, GenkitModel):
-        raise TypeError(f"quantize takes a native genkit model (genkit.load_model); got {type(model).__name__}")
+        raise ArgumentTypeError(f"quantize takes a native genkit model (genkit.load_model); got {type(model).__name__}")
     if any(p.device.type != "cpu" for p in model.parameters()):
-        raise ValueError("quantize runs on CPU models; the int4 kernels are CPU kernels")
+        raise NotSupportedError("quantize runs on CPU models; the int4 kernels are CPU kernels")
     targets = [(name, mod) for name, mod in model.named_modules()
                if isinstance(mod, nn.Linear) and type(mod) is nn.Linear]
     skipped = []

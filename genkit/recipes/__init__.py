@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from .errors import (
     RecipeFetchError,
     RecipeImportError,
@@ -118,7 +119,7 @@ def resolve_interval() -> float:
     except ValueError:
         value = -1.0
     if not value >= 0:
-        raise ValueError(f"GENKIT_RECIPE_RESOLVE_INTERVAL={raw!r} is not accepted; use a number of seconds >= 0")
+        raise ConfigError(f"GENKIT_RECIPE_RESOLVE_INTERVAL={raw!r} is not accepted; use a number of seconds >= 0")
     return value
 
 

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import RecipeError
+from ..errors import ConfigError, RecipeError
 from .check import CheckReport, check_recipe
 from .hub import api, with_retries
 from .resolve import REPO_RE
@@ -59,7 +59,7 @@ def publish_recipe(path: str | os.PathLike[str], repo_id: str, *, revision: str 
     """Check ``path`` (errors raise :class:`RecipeCheckFailed`, nothing is uploaded), create the repo
     (and branch ``revision``) if needed and upload the folder; returns the commit."""
     if not REPO_RE.fullmatch(repo_id or "") or ".." in repo_id:
-        raise ValueError(f"repo id {repo_id!r} must look like 'org/name'")
+        raise ConfigError(f"repo id {repo_id!r} must look like 'org/name'")
     root = Path(os.path.abspath(os.fspath(path)))
     report = check_recipe(root, smoke=smoke)
     if not report.ok:

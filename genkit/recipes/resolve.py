@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ConfigError
 from .errors import RecipeNotFoundError
 from .hub import api, with_retries
 from .settings import hub_cache_dir, hub_offline, hub_timeout
@@ -52,7 +53,7 @@ def check_revision(revision: str, what: str = "revision") -> str:
     starting with ``.`` or ending in ``.lock``; not ``@``; no leading/trailing ``/`` or trailing ``.``);
     otherwise a ``ValueError`` naming it. Checked before any path is built from a revision."""
     if not isinstance(revision, str) or not revision:
-        raise ValueError(f"{what} must be a non-empty branch, tag or 40-hex commit sha; got {revision!r}")
+        raise ConfigError(f"{what} must be a non-empty branch, tag or 40-hex commit sha; got {revision!r}")
     if SHA_RE.fullmatch(revision):
         return revision
     bad = (
@@ -61,20 +62,20 @@ def check_revision(revision: str, what: str = "revision") -> str:
         or revision.endswith(("/", ".")) or any(p.startswith(".") or p.endswith(".lock") for p in revision.split("/"))
     )
     if bad:
-        raise ValueError(f"{what} {revision!r} is not a valid git revision: use a branch or tag name (git ref "
-                         f"rules: no '..', spaces, control characters or any of ~^:?*[\\; at most "
-                         f"{MAX_REVISION_LENGTH} bytes in UTF-8) or a 40-hex commit sha")
+        raise ConfigError(f"{what} {revision!r} is not a valid git revision: use a branch or tag name (git ref "
+                          f"rules: no '..', spaces, control characters or any of ~^:?*[\\; at most "
+                          f"{MAX_REVISION_LENGTH} bytes in UTF-8) or a 40-hex commit sha")
     return revision
 
 
 def parse_ref(ref: str | os.PathLike[str], revision: str | None = None) -> RecipeRef:
     """A local folder holding ``custom_generate/``, or ``org/repo`` / ``org/repo@revision``."""
     if not isinstance(ref, (str, os.PathLike)):
-        raise ValueError(f"a recipe reference must be a folder path or 'org/repo[@revision]'; got {type(ref).__name__}")  # noqa: TRY004
+        raise ConfigError(f"a recipe reference must be a folder path or 'org/repo[@revision]'; got {type(ref).__name__}")  # noqa: TRY004
     text = os.fspath(ref)
     if os.path.isdir(text):
         if revision is not None:
-            raise ValueError(f"`revision` applies to Hub recipes only; {text!r} is a local folder")
+            raise ConfigError(f"`revision` applies to Hub recipes only; {text!r} is a local folder")
         if REPO_RE.fullmatch(text) and not text.startswith((".", "/", "~")):
             # transformers' precedence: an existing local folder wins over the Hub repo of that name
             logger.warning("recipe %r is both a local folder (%s) and a Hub id; using the local folder. Pass "
@@ -84,16 +85,16 @@ def parse_ref(ref: str | os.PathLike[str], revision: str | None = None) -> Recip
     base, at, rev = text.partition("@")
     if REPO_RE.fullmatch(base) and ".." not in base and not text.startswith((".", "/", "~")):
         if at and not rev:
-            raise ValueError(f"recipe reference {text!r} has an empty revision after '@'")
+            raise ConfigError(f"recipe reference {text!r} has an empty revision after '@'")
         if at and revision is not None and revision != rev:
-            raise ValueError(f"recipe reference {text!r} names revision {rev!r} but `revision`={revision!r} was "
-                             "also given; pass one")
+            raise ConfigError(f"recipe reference {text!r} names revision {rev!r} but `revision`={revision!r} was "
+                              "also given; pass one")
         chosen = check_revision(rev or revision or "main", f"the revision of {base!r}")
         return RecipeRef(text, "hub", repo_id=base, revision=chosen)
     if os.sep in text or text.startswith((".", "~")) or (os.altsep and os.altsep in text):
         raise RecipeNotFoundError(f"no recipe folder at {text!r} (it does not exist or is not a folder)")
-    raise ValueError(f"recipe reference {text!r} is neither an existing folder nor a Hub id "
-                     "'org/repo' / 'org/repo@revision' (branch, tag or 40-hex commit sha)")
+    raise ConfigError(f"recipe reference {text!r} is neither an existing folder nor a Hub id "
+                      "'org/repo' / 'org/repo@revision' (branch, tag or 40-hex commit sha)")
 
 
 def storage_folder(repo_id: str) -> Path:

@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+from ..errors import ConfigError
+
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 GENERATE = '''"""{title}: describe what this decoding recipe does differently from plain generate()."""
@@ -100,8 +102,8 @@ def test_recipe_runs_and_avoids_recent_repeats():
 def new_recipe(name: str, parent: str | os.PathLike[str] = ".", *, force: bool = False) -> Path:
     """Create ``parent/name`` with custom_generate/generate.py, requirements.txt, README.md and a test."""
     if not NAME_RE.fullmatch(name or ""):
-        raise ValueError(f"recipe name {name!r} must start with a letter and use only letters, digits, '-' and '_' "
-                         "(at most 64 characters)")
+        raise ConfigError(f"recipe name {name!r} must start with a letter and use only letters, digits, '-' and '_' "
+                          "(at most 64 characters)")
     root = Path(parent) / name
     if root.exists() and not force and any(root.iterdir()):
         raise FileExistsError(f"{root} already exists and is not empty; pick another name or pass --force")

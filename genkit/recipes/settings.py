@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
+
 logger = logging.getLogger("genkit.recipes")
 
 _FALSE = {"0", "false", "no", "off"}
@@ -37,9 +39,9 @@ def load_settings() -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read genkit settings {path}: {exc}") from exc
+        raise ConfigError(f"cannot read genkit settings {path}: {exc}") from exc
     if not isinstance(data, dict):
-        raise ValueError(f"genkit settings {path} must hold a JSON object")  # noqa: TRY004
+        raise ConfigError(f"genkit settings {path} must hold a JSON object")  # noqa: TRY004
     return data
 
 
@@ -53,8 +55,8 @@ def _checked_patterns(patterns: list[str], where: str) -> list[str]:
     for pattern in patterns:
         match = _TRUSTED_PATTERN.fullmatch(pattern)
         if not match or match.group(1) == "*" and match.group(2) == "*":
-            raise ValueError(f"{where}: trusted-repos entry {pattern!r} is not accepted; each entry is {_PATTERN_RULE}"
-                             + ("; '*/*' would trust every repo" if match else ""))
+            raise ConfigError(f"{where}: trusted-repos entry {pattern!r} is not accepted; each entry is {_PATTERN_RULE}"
+                              + ("; '*/*' would trust every repo" if match else ""))
     return patterns
 
 
@@ -66,7 +68,7 @@ def trusted_repos() -> list[str]:
     listed = load_settings().get("trusted_repos", [])
     where = f"`trusted_repos` in {genkit_home() / 'settings.json'}"
     if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
-        raise ValueError(f"{where} must be a list of strings, each {_PATTERN_RULE}")
+        raise ConfigError(f"{where} must be a list of strings, each {_PATTERN_RULE}")
     return patterns + _checked_patterns(listed, where)
 
 
@@ -80,13 +82,13 @@ def local_recipes_need_trust() -> bool:
             return True
         if value in _TRUE:
             return False
-        raise ValueError(f"GENKIT_TRUST_LOCAL_RECIPES={env!r} is not accepted; use one of "
-                         f"{', '.join(sorted(_TRUE))} (trust local recipe folders) or {', '.join(sorted(_FALSE))} "
-                         "(they need trust_remote_code=True)")
+        raise ConfigError(f"GENKIT_TRUST_LOCAL_RECIPES={env!r} is not accepted; use one of "
+                          f"{', '.join(sorted(_TRUE))} (trust local recipe folders) or {', '.join(sorted(_FALSE))} "
+                          "(they need trust_remote_code=True)")
     setting = load_settings().get("trust_local_recipes", True)
     if not isinstance(setting, bool):
-        raise ValueError(f"`trust_local_recipes` in {genkit_home() / 'settings.json'} must be true or false; "
-                         f"got {setting!r}")
+        raise ConfigError(f"`trust_local_recipes` in {genkit_home() / 'settings.json'} must be true or false; "
+                          f"got {setting!r}")
     return setting is False
 
 
@@ -121,11 +123,11 @@ def hub_retries() -> int:
     try:
         return max(1, int(os.environ.get("GENKIT_HUB_RETRIES", "3")))
     except ValueError as exc:
-        raise ValueError("GENKIT_HUB_RETRIES must be a positive integer") from exc
+        raise ConfigError("GENKIT_HUB_RETRIES must be a positive integer") from exc
 
 
 def hub_timeout() -> float:
     try:
         return float(os.environ.get("GENKIT_HUB_TIMEOUT", "10"))
     except ValueError as exc:
-        raise ValueError("GENKIT_HUB_TIMEOUT must be a number of seconds") from exc
+        raise ConfigError("GENKIT_HUB_TIMEOUT must be a number of seconds") from exc

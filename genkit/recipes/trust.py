@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 
+from ..errors import ConfigError
 from .errors import RecipeTrustError
 from .resolve import RecipeRef
 from .settings import genkit_home, local_recipes_need_trust, trusted_repos
@@ -36,7 +37,7 @@ def could_be_trusted(ref: RecipeRef, trust_remote_code: bool | None) -> bool:
 def check_trust(ref: RecipeRef, commit: str | None, trust_remote_code: bool | None) -> str:
     """Return why the recipe may run, or raise :class:`RecipeTrustError` saying how to give trust."""
     if trust_remote_code is not None and not isinstance(trust_remote_code, bool):
-        raise ValueError(f"`trust_remote_code` must be True, False or None; got {trust_remote_code!r}")
+        raise ConfigError(f"`trust_remote_code` must be True, False or None; got {trust_remote_code!r}")
     if ref.kind == "local":
         if trust_remote_code is False:
             raise RecipeTrustError(f"trust_remote_code=False forbids running the local recipe {ref.ref!r}; pass "

@@ -3,6 +3,7 @@ uvicorn). See docs/serve.md. Nothing here is imported by ``import genkit``."""
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from .engine import GenerateEngine, Request, RequestStream, TokenEvent
 
 __all__ = ["GenerateEngine", "Request", "RequestStream", "TokenEvent", "build_app"]
@@ -22,7 +23,7 @@ def build_app(model: str | object, *, tokenizer: object | None = None, model_nam
     else:
         name = model_name or str(getattr(getattr(model, "config", None), "name_or_path", "") or "model")
     if tokenizer is None:
-        raise ValueError("`tokenizer` is needed with a loaded model")
+        raise ConfigError("`tokenizer` is needed with a loaded model")
     if engine is None:
         from .engines import make_engine
 

@@ -17,6 +17,7 @@ import logging
 import threading
 from typing import Any
 
+from ..errors import ConfigError
 from .engine import EngineStats, GenerateEngine, Request, RequestStream, TokenEvent
 
 logger = logging.getLogger("genkit.serve")
@@ -169,7 +170,7 @@ def make_engine(model: Any, tokenizer: Any, *, scheduler: str | None = None,
         require_paged(model)
     except NotSupportedError as exc:
         if scheduler is not None or max_batch_tokens is not None:
-            raise ValueError(f"--scheduler and --max-batch-tokens need continuous batching: {exc}") from exc
+            raise ConfigError(f"--scheduler and --max-batch-tokens need continuous batching: {exc}") from exc
         logger.info("serving with the generate engine: %s", exc)
         return GenerateEngine(model, tokenizer)
     return ContinuousEngine(model, tokenizer, scheduler=scheduler, max_batch_tokens=max_batch_tokens)

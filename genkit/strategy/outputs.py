@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
+
 
 class _Output:
     """Attribute access plus transformers-style ``out["sequences"]`` and iteration over set fields."""
@@ -65,7 +67,7 @@ def compute_transition_scores(
     log-softmax first (for scores that are raw logits).
     """
     if not scores:
-        raise ValueError("`scores` is empty: generate with output_scores=True and return_dict_in_generate=True")
+        raise ConfigError("`scores` is empty: generate with output_scores=True and return_dict_in_generate=True")
     steps = len(scores)
     stacked = torch.stack(scores, dim=0)  # (steps, batch*beams, vocab)
     if beam_indices is None:
