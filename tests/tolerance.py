@@ -146,3 +146,19 @@ def bf16_operands_bound(x: torch.Tensor, w: torch.Tensor, w_terms: torch.Tensor)
     ax = x.abs().double()
     rounding = U_BF16 * (ax @ w.abs().double().t() + (1 + U_BF16) * (ax @ w_terms.double().t()))
     return rounding + matmul_bound(x, w)
+
+
+def score_bound(model, sequences: torch.Tensor, scores: torch.Tensor) -> float:
+    """Bound on the difference of two evaluations of beam scores ``scores`` (sums of the log-probs of
+    a beam's new tokens, divided by a length penalty ``len**p``, ``p >= 0``) of ``sequences``: a
+    log-softmax moves each entry by at most twice its input's largest error (the log-sum-exp moves
+    by at most that), so each of the ``n`` terms by ``2 logits_bound``; summing them adds
+    ``gamma_n sum |log p| = gamma_n |sum|`` (log-probs are all <= 0); the division only shrinks it."""
+    n = sequences.shape[-1]
+    return 2 * n * logits_bound(model, sequences) + sum_bound(n, scores)
+
+
+def sum_bound(n: int, sums: torch.Tensor) -> float:
+    """Bound on the difference of two ``n``-term float32 sums of terms of one sign, in two orders:
+    ``2 gamma_n |sum|`` (for terms of one sign ``sum |term| = |sum|``)."""
+    return 2 * gamma(n) * float(sums.abs().max())
