@@ -162,3 +162,12 @@ def sum_bound(n: int, sums: torch.Tensor) -> float:
     """Bound on the difference of two ``n``-term float32 sums of terms of one sign, in two orders:
     ``2 gamma_n |sum|`` (for terms of one sign ``sum |term| = |sum|``)."""
     return 2 * gamma(n) * float(sums.abs().max())
+
+
+def frequency_bound(n: int, k: int, delta: float = 1e-6) -> float:
+    """The L1 distance between the frequencies of ``n`` independent draws from a distribution on
+    ``k`` outcomes and the distribution, exceeded with probability at most ``delta`` (1e-6: whatever
+    the seed or the CPU): ``P(||f - p||_1 >= e) <= (2**k - 2) exp(-n e**2 / 2)`` (Weissman et al.,
+    2003), so ``e = sqrt(2 (k ln 2 + ln(1 / delta)) / n)``. Any one outcome's frequency is within
+    half of it (the deviations above and below sum to the same)."""
+    return math.sqrt(2 * (k * math.log(2) + math.log(1 / delta)) / n)
