@@ -99,7 +99,12 @@ def test_int4_linear_matches_its_float_weight(type_name, kernel):
         assert ((got - x @ dense.t()).abs() <= block_product_bound(x, dense)).all()
 
 
-def quantized_roundoff(model, rounded_scales: bool = False) -> float:
+def kernel_of(model) -> str:
+    """``"blocks"`` when every quantized layer runs genkit's block kernel, else ``"torch"``."""
+    return "blocks" if {m.kernel for m in model.modules() if isinstance(m, Int4Linear)} == {"blocks"} else "torch"
+
+
+def quantized_roundoff(kernel: str, rounded_scales: bool = False) -> float:
     """The relative error, in norm, that one quantized layer adds to its product against the float
     layer with the same codes, scales and offsets (``linear_u`` of tests/tolerance.py):
 
@@ -112,8 +117,7 @@ def quantized_roundoff(model, rounded_scales: bool = False) -> float:
       most twice that), so that error is at most ``3 sqrt(32) u`` of the weights' norm (a block's
       largest square is at most the sum of its 32 squares).
     """
-    kernels = {m.kernel for m in model.modules() if isinstance(m, Int4Linear)}
-    if kernels == {"blocks"}:
+    if kernel == "blocks":
         return U_BLOCK_ACTIVATION_NORM + (3 * math.sqrt(32) * unit_roundoff(torch.float16) if rounded_scales else 0.0)
     return U_BF16 + 3 * math.sqrt(32) * U_BF16
 
@@ -215,7 +219,7 @@ def test_a_quantized_gguf_runs_quantized_and_matches_its_float_version(tmp_path,
     assert type(q.lm_head) is Int4Linear if (embed == "Q8_0" or not tied) else type(q.lm_head) is torch.nn.Linear
     assert type(f.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     lq, lf = q(IDS, attention_mask=MASK).logits, f(IDS, attention_mask=MASK).logits
-    assert (lq - lf).abs().max() <= logits_bound(f, IDS, MASK, linear_u=quantized_roundoff(q))
+    assert (lq - lf).abs().max() <= logits_bound(f, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
     out_q = q.generate(IDS, attention_mask=MASK, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
     out_f = f.generate(IDS, attention_mask=MASK, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
     _same_or_near_tie(f, out_q, out_f, MASK)
@@ -232,7 +236,7 @@ def test_k_quant_files_run_quantized_and_match_their_float_version(tmp_path, qty
     assert type(layer) is Int4Linear and layer.kernel == "blocks" and layer.bits == (6 if qtype == "Q6_K" else 4)
     with torch.no_grad():
         lq, lf = q(IDS, attention_mask=MASK).logits, f(IDS, attention_mask=MASK).logits
-    assert (lq - lf).abs().max() <= logits_bound(f, IDS, MASK, linear_u=quantized_roundoff(q, rounded_scales=True))
+    assert (lq - lf).abs().max() <= logits_bound(f, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q), rounded_scales=True))
     kw = {"max_new_tokens": 12, "eos_token_id": None, "pad_token_id": 0}
     assert torch.equal(q.generate(IDS, attention_mask=MASK, **kw), f.generate(IDS, attention_mask=MASK, **kw))
     assert torch.equal(q.generate(IDS[:1], **kw), f.generate(IDS[:1], **kw))  # one-call decode steps
@@ -295,8 +299,7 @@ def test_a_quantized_layer_runs_on_the_module_path_too(tmp_path):
     finally:
         handle.remove()
     # the same quantized kernels in another order, and each linear layer's input rounded by its kernel
-    blocks = {m.kernel for m in q.modules() if isinstance(m, Int4Linear)} == {"blocks"}
-    atol = logits_bound(q, IDS, MASK, linear_u=U_BLOCK_ACTIVATION_NORM if blocks else U_BF16)
+    atol = logits_bound(q, IDS, MASK, linear_u=U_BLOCK_ACTIVATION_NORM if kernel_of(q) == "blocks" else U_BF16)
     torch.testing.assert_close(fast, slow, atol=atol, rtol=0)
 
 
@@ -360,7 +363,7 @@ def test_quantize_a_float_model(mode, levels):
     assert sum(type(m) is Int4Linear for m in q.modules()) == 2 * 7 + 1
     lr, lq = rounded(IDS, attention_mask=MASK).logits, q(IDS, attention_mask=MASK).logits
     # the scales are float16 in the model and in its rounded twin alike
-    assert (lr - lq).abs().max() <= logits_bound(rounded, IDS, MASK, linear_u=quantized_roundoff(q))
+    assert (lr - lq).abs().max() <= logits_bound(rounded, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
     assert genkit.quantize is quantize
 
 
@@ -397,8 +400,8 @@ def test_smollm2_q4_1_greedy_matches_the_float_model(smollm2_gguf):
         ids = tok([prompt], return_tensors="pt")["input_ids"]
         lq, lf = q(ids).logits, f(ids).logits
         # (a Q4_1 file: Q4_1, Q6_K and Q8_0 tensors, whose scales the block kernel keeps exactly)
-        blocks = {m.kernel for m in q.modules() if isinstance(m, Int4Linear)} == {"blocks"}
-        assert (lq - lf).abs().max() <= logits_bound(f, ids, linear_u=quantized_roundoff(q))
+        blocks = kernel_of(q) == "blocks"
+        assert (lq - lf).abs().max() <= logits_bound(f, ids, linear_u=quantized_roundoff(kernel_of(q)))
         out_q = q.generate(ids, max_new_tokens=64, eos_token_id=None)
         out_f = f.generate(ids, max_new_tokens=64, eos_token_id=None)
         if blocks:  # the block kernel gives the float model's tokens exactly
