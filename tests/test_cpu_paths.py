@@ -61,7 +61,7 @@ def quantized_file(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("name", sorted(FORCED))
-def test_a_forced_cpu_path_gives_the_modules_logits(name, quantized_file, tmp_path):
+def test_a_forced_cpu_path_gives_the_modules_logits(name, quantized_file):
     env, capability = FORCED[name]
     if "avx2" in name and not HAS_AVX2:
         pytest.skip("this CPU has no AVX2: the AVX2 paths cannot run here")
