@@ -136,7 +136,8 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
     logger.debug("assisted decoding: %d rounds, %d drafted, %d accepted", rounds, drafted_total, accepted_total)
     out = record.as_tuples()
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, scores=out["scores"], logits=out["logits"],
-                                     hidden_states=out.get("hidden_states"), past_key_values=stepper.cache)
+                                     hidden_states=out.get("hidden_states"), past_key_values=stepper.cache,
+                                     finish_reasons=finish.reasons)
 
 
 def _hidden_for(hidden: tuple[torch.Tensor, ...] | None, index: int, *,

@@ -1,4 +1,4 @@
-"""Constrained beam search: ``force_words_ids`` phrases and disjunctive sets.
+"""Constrained beam search: ``force_words_ids`` (and ``constraints``) phrases and disjunctive sets.
 
 ``force_words_ids`` is a list of constraints. A constraint is either a phrase, a list of token ids
 (``[5, 6, 7]``: these tokens must appear consecutively), or a disjunctive set, a list of phrases
@@ -38,19 +38,19 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError
-from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput
+from genkit.strategy.outputs import GenerateBeamDecoderOnlyOutput
 
 from .beam_common import NEG, BeamRun, beam_call, extend, sequence_buffer
 
 logger = logging.getLogger("genkit.beam")
 
 
-def parse_force_words_ids(force_words_ids: Any, vocab_size: int | None = None) -> list[list[list[int]]]:
-    """Normalise ``force_words_ids`` to constraints -> alternatives -> token ids.
-
-    A list of ints is a phrase; a list of lists of ints is a disjunctive set.
+def parse_force_words_ids(force_words_ids: Any, vocab_size: int | None = None,
+                          name: str = "force_words_ids") -> list[list[list[int]]]:
+    """Normalise ``force_words_ids`` (or ``constraints`` as lists, ``name``) to constraints ->
+    alternatives -> token ids. A list of ints is a phrase; a list of lists of ints is a disjunctive set.
     """
-    accepted = ("`force_words_ids` must be a non-empty list of constraints, each a phrase (non-empty list of "
+    accepted = (f"`{name}` must be a non-empty list of constraints, each a phrase (non-empty list of "
                 "token ids, e.g. [5, 6]) or a disjunctive set (non-empty list of phrases, e.g. [[5, 6], [9]])")
     if not isinstance(force_words_ids, (list, tuple)) or not force_words_ids:
         raise ConfigError(f"{accepted}; got {force_words_ids!r}")
@@ -61,7 +61,7 @@ def parse_force_words_ids(force_words_ids: Any, vocab_size: int | None = None) -
             raise ConfigError(f"{accepted}; got the phrase {p!r}")
         for t in p:
             if t < 0 or (vocab_size is not None and t >= vocab_size):
-                raise ConfigError(f"`force_words_ids` holds token id {t}, outside the vocabulary [0, {vocab_size})")
+                raise ConfigError(f"`{name}` holds token id {t}, outside the vocabulary [0, {vocab_size})")
         return [int(t) for t in p]
 
     out = []
@@ -71,6 +71,12 @@ def parse_force_words_ids(force_words_ids: Any, vocab_size: int | None = None) -
         else:
             out.append([phrase(c)])
     return out
+
+
+def parse_constraints(constraints: Any, vocab_size: int | None = None) -> list[list[list[int]]]:
+    """``constraints`` as :func:`parse_force_words_ids` gives them. The config holds them as lists
+    (a ``PhrasalConstraint`` or ``DisjunctiveConstraint`` becomes its ``token_ids``)."""
+    return parse_force_words_ids(constraints, vocab_size, name="constraints")
 
 
 class ConstraintState:
@@ -115,15 +121,19 @@ def constrained_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) 
     is the strategy call (``genkit.strategy.StrategyCall``)."""
     call = beam_call("constrained beam search", model, input_ids, kwargs)
     cfg = call.config
-    if cfg.force_words_ids is None:
-        raise ConfigError("constrained beam search needs `force_words_ids` (phrases or disjunctive sets)")
+    if cfg.force_words_ids is None and not cfg.constraints:
+        raise ConfigError("constrained beam search needs `force_words_ids` or `constraints` (phrases or disjunctive "
+                         "sets)")
     if cfg.do_sample:
         raise ConfigError("`force_words_ids` (constrained beam search) needs do_sample=False.")
     beams = int(cfg.num_beams)
     if beams < 2:
         raise ConfigError(f"constrained beam search needs `num_beams` > 1; got {beams}")
     vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
-    constraints = parse_force_words_ids(cfg.force_words_ids, vocab_size)
+    # as in transformers: `constraints` first, then the phrases and sets of `force_words_ids`
+    constraints = parse_constraints(cfg.constraints, vocab_size) if cfg.constraints else []
+    if cfg.force_words_ids is not None:
+        constraints += parse_force_words_ids(cfg.force_words_ids, vocab_size)
     run = BeamRun(call, beams)
     n_return = run.n_return
     batch, prompt_len, max_length, device = call.batch, call.prompt_len, call.max_length, call.device

@@ -9,10 +9,13 @@ def _beams(config: Any) -> bool:
     return int(config.num_beams) > 1
 
 
+def _constrained(config: Any) -> bool:
+    return config.force_words_ids is not None or bool(getattr(config, "constraints", None))
+
+
 def is_beam_search(config: Any) -> bool:
-    """num_beams > 1, no sampling, one group, no forced words."""
-    return (_beams(config) and not config.do_sample and int(config.num_beam_groups) == 1
-            and config.force_words_ids is None)
+    """num_beams > 1, no sampling, one group, no forced words or constraints."""
+    return _beams(config) and not config.do_sample and int(config.num_beam_groups) == 1 and not _constrained(config)
 
 
 def is_beam_sample(config: Any) -> bool:
@@ -26,5 +29,5 @@ def is_group_beam_search(config: Any) -> bool:
 
 
 def is_constrained_beam_search(config: Any) -> bool:
-    """force_words_ids set (constrained beam search)."""
-    return config.force_words_ids is not None and _beams(config)
+    """force_words_ids or constraints set (constrained beam search)."""
+    return _constrained(config) and _beams(config)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError, NotSupportedError
+from genkit.strategy import eos_token_ids
 
 logger = logging.getLogger("genkit.candidates")
 
@@ -211,12 +212,10 @@ def prompt_lookup(model: Any, config: Any, **kwargs: Any) -> PromptLookupCandida
     Reads ``prompt_lookup_num_tokens`` (default 10) and ``max_matching_ngram_size`` (default 2)
     from the config; ``num_output_tokens`` / ``max_matching_ngram_size`` keywords override them.
     """
-    eos = config.eos_token_id
-    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
     return PromptLookupCandidateGenerator(
         num_output_tokens=kwargs.get("num_output_tokens", config.prompt_lookup_num_tokens or 10),
         max_matching_ngram_size=kwargs.get("max_matching_ngram_size", config.max_matching_ngram_size or 2),
-        eos_token_ids=eos_ids,
+        eos_token_ids=eos_token_ids(config.eos_token_id),
     )
 
 

@@ -134,7 +134,7 @@ def _all_candidates_at_once(call: StrategyCall, alpha: float, top_k: int) -> Gen
         cache.select(chosen)
         cache.crop(stepper.length - 1)
     return GenerateDecoderOnlyOutput(sequences=stepper.ids[chosen, :stepper.length], past_key_values=cache,
-                                     **record.as_tuples())
+                                     finish_reasons=finish.reasons, **record.as_tuples())
 
 
 def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> GenerateDecoderOnlyOutput:
@@ -173,4 +173,4 @@ def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> Ge
             if finish.update(stepper.sequences, scores, tokens):
                 break
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, past_key_values=stepper.cache,
-                                     **record.as_tuples())
+                                     finish_reasons=finish.reasons, **record.as_tuples())

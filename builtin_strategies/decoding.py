@@ -52,4 +52,4 @@ def decode_loop(call: StrategyCall, *, do_sample: bool) -> GenerateDecoderOnlyOu
                 break
             logits = stepper.forward()
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, past_key_values=stepper.cache,
-                                     **record.as_tuples())
+                                     finish_reasons=finish.reasons, **record.as_tuples())

@@ -76,7 +76,7 @@ def dola_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Generat
             else:
                 logits = stepper.forward()
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, past_key_values=stepper.cache,
-                                     **record.as_tuples())
+                                     finish_reasons=finish.reasons, **record.as_tuples())
 
 
 def candidate_layers(dola_layers: Any, model: Any) -> list[int]:

@@ -93,7 +93,7 @@ def assisted_early_exit(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> G
                 layers, stats["new_tokens"], passes, accepted_total, drafted_total, extra={"early_exit": stats})
     out = record.as_tuples()
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, scores=out["scores"], logits=out["logits"],
-                                     past_key_values=stepper.cache)
+                                     past_key_values=stepper.cache, finish_reasons=finish.reasons)
 
 
 def exit_layer(value: Any, model: Any) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError, NotSupportedError
-from genkit.generation.processing import LogitsProcessor, ProcessorContext
+from genkit.strategy.processing import LogitsProcessor, ProcessorContext
 
 logger = logging.getLogger("genkit.guidance")
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError
-from genkit.generation.processing import LogitsProcessor
+from genkit.strategy.processing import LogitsProcessor
 
 __all__ = [
     "EncoderNoRepeatNGramLogitsProcessor",

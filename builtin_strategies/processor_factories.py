@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from genkit.generation.processing import ProcessorContext
+from genkit.strategy.processing import ProcessorContext
 
 from . import logits_process as lp
 from .beam_select import is_constrained_beam_search

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError
-from genkit.generation.processing import StoppingCriteria
+from genkit.strategy.processing import StoppingCriteria
 
 logger = logging.getLogger("genkit.stopping")
 
@@ -268,6 +268,8 @@ class StopStringCriteria(StoppingCriteria):
     "the stop string ends inside the last token", so each occurrence is caught at the step that
     completes it.
     """
+
+    finish_reason = "stop_string"  # genkit.strategy.FINISH_REASONS
 
     def __init__(self, tokenizer: Any, stop_strings: str | Iterable[str]) -> None:
         if isinstance(stop_strings, str):

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError
-from genkit.generation.processing import StoppingCriteria
+from genkit.strategy.processing import StoppingCriteria
 
 logger = logging.getLogger("genkit.stopping")
 
@@ -34,6 +34,8 @@ class MaxLengthCriteria(StoppingCriteria):
     ``max_position_embeddings``: when given, a warning is logged once the sequence grows past
     the model's trained context.
     """
+
+    finish_reason = "length"  # genkit.strategy.FINISH_REASONS
 
     def __init__(self, max_length: int, max_position_embeddings: int | None = None) -> None:
         if not _is_int(max_length) or max_length < 1:
@@ -59,6 +61,8 @@ class MaxLengthCriteria(StoppingCriteria):
 class MaxTimeCriteria(StoppingCriteria):
     """Done once ``max_time`` seconds have passed since ``initial_timestamp`` (default: creation)."""
 
+    finish_reason = "max_time"  # genkit.strategy.FINISH_REASONS
+
     def __init__(self, max_time: float, initial_timestamp: float | None = None) -> None:
         if not isinstance(max_time, Real) or isinstance(max_time, bool) or not max_time > 0 or math.isnan(max_time):
             raise ConfigError(f"`max_time` must be a number of seconds > 0; got {max_time!r}.")
@@ -72,6 +76,8 @@ class MaxTimeCriteria(StoppingCriteria):
 
 class EosTokenCriteria(StoppingCriteria):
     """Done where the last token is one of the EOS ids (one id, a list, or a 1-D tensor)."""
+
+    finish_reason = "eos"  # genkit.strategy.FINISH_REASONS
 
     def __init__(self, eos_token_id: int | list[int] | torch.Tensor) -> None:
         if not isinstance(eos_token_id, torch.Tensor):
@@ -113,7 +119,7 @@ def validate_stopping_criteria(stopping_criteria: Any, max_length: int) -> Any:
     import copy
     import warnings
 
-    from genkit.generation.processing import StoppingCriteriaList
+    from genkit.strategy.processing import StoppingCriteriaList
 
     criteria = StoppingCriteriaList(copy.deepcopy(list(stopping_criteria)))
     current = criteria.max_length

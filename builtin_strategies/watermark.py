@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError
-from genkit.generation.processing import LogitsProcessor, ProcessorContext
+from genkit.strategy.processing import LogitsProcessor, ProcessorContext
 
 logger = logging.getLogger("genkit.watermark")
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .generation.engines import register_engine as _register_engine
+
 __version__ = "0.1.0"
+
+# This package wires the layers together (docs/architecture.md): generate(cache_implementation="paged")
+# runs on continuous batching, which sits above generation; the engine is named here and imported
+# on first use.
+_register_engine("paged", "genkit.continuous.paged_generate:paged_generate")
 
 # public name -> "module:attr"
 _LAZY = {
@@ -16,15 +23,15 @@ _LAZY = {
     "GenerationMode": "genkit.generation_mode:GenerationMode",
     "set_seed": "genkit.seed:set_seed",
     "generate": "genkit.generation.api:generate",
-    "GenerationMixin": "genkit.generation.mixin:GenerationMixin",
-    "GenerateDecoderOnlyOutput": "genkit.generation.outputs:GenerateDecoderOnlyOutput",
-    "GenerateBeamDecoderOnlyOutput": "genkit.generation.outputs:GenerateBeamDecoderOnlyOutput",
-    "compute_transition_scores": "genkit.generation.outputs:compute_transition_scores",
-    "LogitsProcessor": "genkit.generation.processing:LogitsProcessor",
-    "LogitsProcessorList": "genkit.generation.processing:LogitsProcessorList",
-    "StoppingCriteria": "genkit.generation.processing:StoppingCriteria",
-    "StoppingCriteriaList": "genkit.generation.processing:StoppingCriteriaList",
-    "ProcessorContext": "genkit.generation.processing:ProcessorContext",
+    "GenerationMixin": "genkit.models.mixin:GenerationMixin",
+    "GenerateDecoderOnlyOutput": "genkit.strategy.outputs:GenerateDecoderOnlyOutput",
+    "GenerateBeamDecoderOnlyOutput": "genkit.strategy.outputs:GenerateBeamDecoderOnlyOutput",
+    "compute_transition_scores": "genkit.strategy.outputs:compute_transition_scores",
+    "LogitsProcessor": "genkit.strategy.processing:LogitsProcessor",
+    "LogitsProcessorList": "genkit.strategy.processing:LogitsProcessorList",
+    "StoppingCriteria": "genkit.strategy.processing:StoppingCriteria",
+    "StoppingCriteriaList": "genkit.strategy.processing:StoppingCriteriaList",
+    "ProcessorContext": "genkit.strategy.processing:ProcessorContext",
     "FieldSpec": "genkit.plugins:FieldSpec",
     "hookimpl": "genkit.hookspecs:hookimpl",
     "get_registry": "genkit.plugins:get_registry",
@@ -95,19 +102,19 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover  (re-exports for type checkers; at run time __getattr__ loads them)
     from .config import GenerationConfig as GenerationConfig
     from .generation.api import generate as generate
-    from .generation.mixin import GenerationMixin as GenerationMixin
-    from .generation.outputs import (
+    from .generation_mode import GenerationMode as GenerationMode
+    from .models.mixin import GenerationMixin as GenerationMixin
+    from .seed import set_seed as set_seed
+    from .strategy.outputs import (
         GenerateBeamDecoderOnlyOutput as GenerateBeamDecoderOnlyOutput,
     )
-    from .generation.outputs import (
+    from .strategy.outputs import (
         GenerateDecoderOnlyOutput as GenerateDecoderOnlyOutput,
     )
-    from .generation.outputs import (
+    from .strategy.outputs import (
         compute_transition_scores as compute_transition_scores,
     )
-    from .generation.processing import LogitsProcessor as LogitsProcessor
-    from .generation.processing import LogitsProcessorList as LogitsProcessorList
-    from .generation.processing import StoppingCriteria as StoppingCriteria
-    from .generation.processing import StoppingCriteriaList as StoppingCriteriaList
-    from .generation_mode import GenerationMode as GenerationMode
-    from .seed import set_seed as set_seed
+    from .strategy.processing import LogitsProcessor as LogitsProcessor
+    from .strategy.processing import LogitsProcessorList as LogitsProcessorList
+    from .strategy.processing import StoppingCriteria as StoppingCriteria
+    from .strategy.processing import StoppingCriteriaList as StoppingCriteriaList

@@ -33,6 +33,7 @@ from .errors import ConfigError, PluginError, UnknownItemError
 logger = logging.getLogger("genkit.plugins")
 
 ENTRY_POINT_GROUP = "genkit"
+BUILTIN_PLUGIN = "genkit.builtin_strategies"  # the module of the built-in plugin
 
 
 @dataclass(frozen=True)
@@ -371,8 +372,9 @@ def build_registry(extra_plugins: Iterable[tuple[Any, Origin]] = (),
     registry = Registry(strict=_env_flag("GENKIT_STRICT_PLUGINS"))
     registry.pm = pm
 
-    from genkit import builtin_strategies
-
+    # the built-in plugin is found by name, as a pack is by its entry point: it sits above the
+    # registry (docs/architecture.md)
+    builtin_strategies = importlib.import_module(BUILTIN_PLUGIN)
     plugins = [(builtin_strategies, Origin("builtin", "builtin")), *_load_packs(registry), *extra_plugins]
     for _plugin, origin in plugins:  # report order: built-ins, packs, extras
         registry.plugins.setdefault(origin.plugin, _plugin_info(origin))

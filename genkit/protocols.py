@@ -13,6 +13,7 @@ protocol               what it is
 :class:`ModelOutput`   what a forward returns: ``logits``, ``past_key_values``, ``hidden_states``
 :class:`CausalLM`      the model: transformers' calling convention plus ``config``, ``device``...
 :class:`PartialDepthLM`  a causal LM that can stop after its first ``num_layers`` layers
+:class:`PagedLM`       a causal LM that continuous batching can run (the paged forward)
 :class:`CandidateGenerator`  a draft source for assisted decoding
 :class:`Streamer`      receives tokens as they are chosen; ``end()`` once at the end
 =====================  =====================================================================
@@ -24,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Cache", "CandidateGenerator", "CausalLM", "ModelOutput", "PartialDepthLM", "Streamer"]
+__all__ = ["Cache", "CandidateGenerator", "CausalLM", "ModelOutput", "PagedLM", "PartialDepthLM", "Streamer"]
 
 
 @runtime_checkable
@@ -111,6 +112,28 @@ class PartialDepthLM(Protocol):
     supports_partial_depth: bool
 
     def __call__(self, input_ids: torch.Tensor, *, num_layers: int | None = ..., **kwargs: Any) -> ModelOutput: ...
+
+
+@runtime_checkable
+class PagedLM(Protocol):
+    """A causal LM that continuous batching can run: one forward over a flat stream of many
+    requests' tokens, their keys and values in a paged store (``genkit.models.paged``). Which
+    blocks of the store each request holds is decided by ``genkit.continuous``."""
+
+    def paged_unsupported(self) -> str | None:
+        """Why the paged forward cannot run on the model as it is now (hooks, sliding windows...);
+        None when it can."""
+        ...
+
+    def new_paged_store(self, *, block_size: int, num_blocks: int) -> Any:
+        """An empty :class:`genkit.models.paged.PagedKVStore` for this model; NotSupportedError with
+        the reason when ``paged_unsupported()`` gives one."""
+        ...
+
+    def forward_paged(self, batch: Any, store: Any) -> torch.Tensor:
+        """One step (:class:`genkit.models.paged.StepBatch`): the logits ``(k, vocab)`` of the
+        requests that want them, in order; every new key and value written to ``store``."""
+        ...
 
 
 @runtime_checkable

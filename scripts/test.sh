@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs everything into .venv, lints (ruff), type-checks (mypy, strict on
-# genkit.strategy and genkit.protocols; see [tool.mypy] in pyproject.toml), then runs the suite.
+# genkit.strategy and genkit.protocols; see [tool.mypy] in pyproject.toml), checks the layers
+# (import-linter, scripts/lint_imports.sh), then runs the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
@@ -8,4 +9,5 @@ bash scripts/setup.sh dev
 . .venv/bin/activate
 ruff check .
 mypy
+bash scripts/lint_imports.sh
 exec python -m pytest -n 2 -q "$@"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerance import frequency_bound, logits_bound
 
 import genkit
 from genkit.builtin_strategies.assisted import _speculative_accept
@@ -117,10 +118,11 @@ def test_scores_streamer_and_dict_output_match_greedy(target):
                           output_logits=True, prompt_lookup_num_tokens=5, streamer=rec)
     assert torch.equal(out.sequences, ref.sequences)
     assert len(out.scores) == len(ref.scores) == 20
+    atol = logits_bound(target, out.sequences)  # the same logits, from drafts checked in one forward
     for a, b in zip(out.scores, ref.scores):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a, b, rtol=0, atol=atol)
     for a, b in zip(out.logits, ref.logits):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a, b, rtol=0, atol=atol)
     assert rec.puts[0] == ids[0].tolist()
     assert [t for put in rec.puts[1:] for t in put] == out.sequences[0, ids.shape[1]:].tolist()
     assert rec.ended == 1
@@ -206,7 +208,7 @@ def test_speculative_acceptance_preserves_target_distribution():
         n, extra = _speculative_accept(torch.tensor([[x]]), q_logits[None, None], [p_logits[None], p_logits[None]])
         counts[x if n == 1 else extra] += 1
     freq = counts / trials
-    assert float((freq - p).abs().max()) < 0.03, (freq, p)
+    assert float((freq - p).abs().max()) < frequency_bound(trials, vocab) / 2, (freq, p)
 
 
 def test_matches_transformers_prompt_lookup(tiny_pair):

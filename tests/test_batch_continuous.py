@@ -87,7 +87,7 @@ def test_engine_choice(tokenizer):
     assert type(make_local_engine(model, tokenizer, {}, custom_generate="greedy")) is LocalEngine
     with pytest.raises(ValueError, match="`batching='continuous'` cannot run this job: .*num_beams"):
         make_local_engine(model, tokenizer, {"num_beams": 2}, batching="continuous")
-    with pytest.raises(ValueError, match="cannot run this job: a custom generate"):
+    with pytest.raises(ValueError, match="cannot run this job: `custom_generate` is set: a custom generate"):
         make_local_engine(model, tokenizer, {}, custom_generate="greedy", batching="continuous")
     with pytest.raises(ValueError, match=r"`batching` must be one of 'auto', 'continuous', 'static'; got 'paged'"):
         make_local_engine(model, tokenizer, {}, batching="paged")
@@ -164,7 +164,7 @@ def test_cli_batching_options(tmp_path, tiny_hf_dir, capsys):
     # on Ray too, before any actor starts
     assert main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "x.jsonl"), "--model", str(folder),
                  "--engine", "ray", "--custom-generate", "greedy", "--batching", "continuous"]) == 2
-    assert "cannot run this job: a custom generate" in capsys.readouterr().err
+    assert "cannot run this job: `custom_generate` is set: a custom generate" in capsys.readouterr().err
 
 
 def test_a_request_that_fails_is_a_bad_row_and_the_job_goes_on(tmp_path, tokenizer):

@@ -285,7 +285,7 @@ def test_generate_with_paged_cache_switches_to_continuous_batching(model):
     config = genkit.GenerationConfig(max_new_tokens=3, eos_token_id=None, cache_implementation="paged")
     assert genkit.generate(model, ids[1:], generation_config=config)[0].tolist() == \
         [3, 4, 5, 6, 7] + _greedy(model, [3, 4, 5, 6, 7], 3)
-    with pytest.raises(genkit.errors.NotSupportedError, match="`streamer` is not supported with"):
+    with pytest.raises(genkit.errors.NotSupportedError, match="cannot run this request: `streamer` is set"):
         model.generate(ids, max_new_tokens=2, cache_implementation="paged", streamer=object())
 
 

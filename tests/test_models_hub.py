@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hub_server import hub_server  # noqa: F401
+from tolerance import logits_bound
 
 import genkit
 
@@ -35,7 +36,7 @@ def test_hub_model_downloads_only_needed_files(hub_server, tmp_path):
 
     model = genkit.load_model("org/tiny")
     ids = torch.tensor([[1, 5, 9, 33]])
-    torch.testing.assert_close(model(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(model(ids).logits, hf(ids).logits, atol=logits_bound(model, ids), rtol=0)
     fetched = {p.split("/resolve/", 1)[1].split("/", 1)[1] for _, p in hub_server.state.file_requests()}
     shards = {p.name for p in folder.glob("model-*.safetensors")}
     assert len(shards) > 1

@@ -78,7 +78,7 @@ SAMPLING_SCRIPT = r'''
 import json, torch, genkit
 from genkit.models.tiny import tiny_llama
 from genkit.plugins import get_registry
-from genkit.generation.processing import LogitsProcessor
+from genkit.strategy.processing import LogitsProcessor
 res = {}
 reg = get_registry()
 res["items"] = {k: sorted(n for n, it in v.items() if it.origin.plugin == "sampling") for k, v in reg.items.items()}

@@ -5,22 +5,30 @@ References: the ``gguf`` package's own de-quantization (the block decoders must 
 weights), the de-quantized float32 model on the same file (``load_model(..., dequantize=True)``),
 and the float model a layer was quantized from.
 
-Tolerances. The int4 kernel takes bfloat16 activations and bfloat16 per-group scale/offset pairs.
-A bfloat16 scale carries 8 significant bits, so a group's weights can move by up to 2**-9 of
-their offset and scale (GGUF stores them in float16, 11 bits); activations are rounded the same
-way. Summed over a 576-wide dot product those errors stay around 1e-2 relative to the output's
-magnitude, which bounds the checks below. Greedy tokens can then differ only where the float32
-model's best two logits are closer than the logit error: the real-model test checks exactly that.
+Tolerances are derived (tests/tolerance.py, and ``quantized_roundoff`` here): torch's int4 kernel
+takes bfloat16 activations and bfloat16 per-group scale/offset pairs (8 significant bits); the
+block kernel writes activations as two int8 digits per block of 32 and keeps GGUF's float16 scales.
+Greedy tokens can then differ only where the float32 model's best two logits are closer than the
+logit error: the real-model test checks exactly that.
 """
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tolerance import (
+    U_BF16,
+    U_BLOCK_ACTIVATION_NORM,
+    bf16_operands_bound,
+    block_product_bound,
+    logits_bound,
+    unit_roundoff,
+)
 
 import genkit
 from genkit.models.quant import Int4Linear, Int4Part, kernel_available, quantize
@@ -76,28 +84,42 @@ def test_int4_linear_matches_its_float_weight(type_name, kernel):
         return
     layer = Int4Linear(cols, rows, parts, kernel=kernel)
     assert layer.kernel == kernel
-    dense = sum(p.dense() for p in parts)
     x = torch.randn(3, 5, cols)
-    want = x @ dense.t()
     got = layer(x)
     assert got.shape == (3, 5, rows) and got.dtype == torch.float32
-    # bfloat16 scales and activations, or int8 activations: ~2**-8 relative per term (module docstring)
-    assert (got - want).abs().max() <= 2e-2 * want.abs().max()
-    if kernel == "blocks":  # the product of the float16-stored scales and (nearly) exact activations
+    x, got = x.reshape(-1, cols), got.reshape(-1, rows)
+    if kernel == "torch":  # bfloat16 activations, scales and offsets (w_terms: |scale| code + |offset|)
+        dense = sum(p.dense() for p in parts)
+        w_terms = sum(Int4Part(p.q, p.scale.abs(), p.minimum.abs(), p.group).dense() for p in parts)
+        assert ((got - x @ dense.t()).abs() <= bf16_operands_bound(x, dense, w_terms)).all()
+    else:  # the product of the float16-stored scales and (nearly) exact activations
         # (Q6_K's scales, d times an int8, are kept in float32)
         half = [p if p.group == 16 else Int4Part(p.q, p.scale.half().float(), p.minimum.half().float()) for p in parts]
-        exact = x @ sum(p.dense() for p in half).t()
-        assert (got - exact).abs().max() <= 1e-4 * exact.abs().max()
+        dense = sum(p.dense() for p in half)
+        assert ((got - x @ dense.t()).abs() <= block_product_bound(x, dense)).all()
 
 
-def logit_tolerance(model) -> float:
-    """Allowed max |logit difference| / max |logit| against the float model. torch's kernel: bfloat16
-    activations and scales (see the module docstring), measured under 1% on these random models.
-    The block kernel writes each activation as two int8 digits per block of 32 (an error of at most
-    1/64,516 of the block's largest value) and stores GGUF's float16 scales as they are: measured
-    at most 1.3e-4 on these models."""
-    kernels = {m.kernel for m in model.modules() if isinstance(m, Int4Linear)}
-    return 1e-3 if kernels == {"blocks"} else 0.02
+def kernel_of(model) -> str:
+    """``"blocks"`` when every quantized layer runs genkit's block kernel, else ``"torch"``."""
+    return "blocks" if {m.kernel for m in model.modules() if isinstance(m, Int4Linear)} == {"blocks"} else "torch"
+
+
+def quantized_roundoff(kernel: str, rounded_scales: bool = False) -> float:
+    """The relative error, in norm, that one quantized layer adds to its product against the float
+    layer with the same codes, scales and offsets (``linear_u`` of tests/tolerance.py):
+
+    - its input's rounding: the block kernel's two int8 digits per block of 32, or torch's int4
+      kernel's bfloat16 activations;
+    - its scales' and offsets' rounding: bfloat16 in torch's kernel; float16 in the block kernel,
+      which GGUF's scales already are -- except the K-quants' products of two scales
+      (``rounded_scales``; Q6_K's are kept in float32). A weight's terms ``|scale * code| + |offset|``
+      are at most 3 times its block's largest ``|w|`` (the offset is at most that, the codes span at
+      most twice that), so that error is at most ``3 sqrt(32) u`` of the weights' norm (a block's
+      largest square is at most the sum of its 32 squares).
+    """
+    if kernel == "blocks":
+        return U_BLOCK_ACTIVATION_NORM + (3 * math.sqrt(32) * unit_roundoff(torch.float16) if rounded_scales else 0.0)
+    return U_BF16 + 3 * math.sqrt(32) * U_BF16
 
 
 def _layers(*sizes, kernel="auto", qtype="Q4_1"):
@@ -197,7 +219,7 @@ def test_a_quantized_gguf_runs_quantized_and_matches_its_float_version(tmp_path,
     assert type(q.lm_head) is Int4Linear if (embed == "Q8_0" or not tied) else type(q.lm_head) is torch.nn.Linear
     assert type(f.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     lq, lf = q(IDS, attention_mask=MASK).logits, f(IDS, attention_mask=MASK).logits
-    assert (lq - lf).abs().max() <= logit_tolerance(q) * lf.abs().max()
+    assert (lq - lf).abs().max() <= logits_bound(f, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
     out_q = q.generate(IDS, attention_mask=MASK, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
     out_f = f.generate(IDS, attention_mask=MASK, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
     _same_or_near_tie(f, out_q, out_f, MASK)
@@ -214,7 +236,7 @@ def test_k_quant_files_run_quantized_and_match_their_float_version(tmp_path, qty
     assert type(layer) is Int4Linear and layer.kernel == "blocks" and layer.bits == (6 if qtype == "Q6_K" else 4)
     with torch.no_grad():
         lq, lf = q(IDS, attention_mask=MASK).logits, f(IDS, attention_mask=MASK).logits
-    assert (lq - lf).abs().max() <= logit_tolerance(q) * lf.abs().max()
+    assert (lq - lf).abs().max() <= logits_bound(f, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q), rounded_scales=True))
     kw = {"max_new_tokens": 12, "eos_token_id": None, "pad_token_id": 0}
     assert torch.equal(q.generate(IDS, attention_mask=MASK, **kw), f.generate(IDS, attention_mask=MASK, **kw))
     assert torch.equal(q.generate(IDS[:1], **kw), f.generate(IDS[:1], **kw))  # one-call decode steps
@@ -276,7 +298,9 @@ def test_a_quantized_layer_runs_on_the_module_path_too(tmp_path):
             slow = q(IDS, attention_mask=MASK).logits
     finally:
         handle.remove()
-    torch.testing.assert_close(fast, slow, atol=1e-4, rtol=0)
+    # the same quantized kernels in another order, and each linear layer's input rounded by its kernel
+    atol = logits_bound(q, IDS, MASK, linear_u=U_BLOCK_ACTIVATION_NORM if kernel_of(q) == "blocks" else U_BF16)
+    torch.testing.assert_close(fast, slow, atol=atol, rtol=0)
 
 
 def test_dequantize_must_be_a_bool(tmp_path):
@@ -338,8 +362,8 @@ def test_quantize_a_float_model(mode, levels):
     assert type(q.model.layers[0].mlp.down_proj) is Int4Linear and q.quantization == mode
     assert sum(type(m) is Int4Linear for m in q.modules()) == 2 * 7 + 1
     lr, lq = rounded(IDS, attention_mask=MASK).logits, q(IDS, attention_mask=MASK).logits
-    rel = float((lr - lq).abs().max() / lr.abs().max())
-    assert rel <= logit_tolerance(q), rel
+    # the scales are float16 in the model and in its rounded twin alike
+    assert (lr - lq).abs().max() <= logits_bound(rounded, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
     assert genkit.quantize is quantize
 
 
@@ -375,10 +399,9 @@ def test_smollm2_q4_1_greedy_matches_the_float_model(smollm2_gguf):
     for prompt in PROMPTS:
         ids = tok([prompt], return_tensors="pt")["input_ids"]
         lq, lf = q(ids).logits, f(ids).logits
-        # torch's kernel measured at most ~0.8 on logits of magnitude ~30 (bfloat16 scales, see the
-        # module docstring); the block kernel measures ~0.01
-        blocks = logit_tolerance(q) < 0.02
-        assert (lq - lf).abs().max() <= (1e-3 if blocks else 0.05) * lf.abs().max()
+        # (a Q4_1 file: Q4_1, Q6_K and Q8_0 tensors, whose scales the block kernel keeps exactly)
+        blocks = kernel_of(q) == "blocks"
+        assert (lq - lf).abs().max() <= logits_bound(f, ids, linear_u=quantized_roundoff(kernel_of(q)))
         out_q = q.generate(ids, max_new_tokens=64, eos_token_id=None)
         out_f = f.generate(ids, max_new_tokens=64, eos_token_id=None)
         if blocks:  # the block kernel gives the float model's tokens exactly

@@ -30,7 +30,7 @@ def test_confidence_criteria_threshold_is_validated(bad):
 
 
 def test_validate_stopping_criteria_as_in_transformers():
-    from genkit.generation.processing import StoppingCriteriaList
+    from genkit.strategy.processing import StoppingCriteriaList
 
     given = StoppingCriteriaList([genkit.MaxTimeCriteria(10.0)])
     out = genkit.validate_stopping_criteria(given, 12)

@@ -3,8 +3,8 @@
 :class:`ContinuousEngine` hands rows to one :class:`~genkit.continuous.ContinuousBatchingManager`
 as requests, each with its own settings, and keeps up to ``4 * batch_size`` of them in flight, so
 the batch never drains between chunks of the job; results come back in input order. A row whose
-settings continuous batching does not run (beam search, stop strings, anything outside
-:data:`CONTINUOUS_FIELDS`) goes to the static engine (:class:`~genkit.batch.engine.LocalEngine`,
+settings continuous batching does not run (what its gate, :mod:`genkit.continuous.gate`, refuses:
+beam search, contrastive search, DoLa, guidance, watermarking, several sequences...) goes to the static engine (:class:`~genkit.batch.engine.LocalEngine`,
 left-padded ``generate``) beside it. Greedy output is token for token the static engine's.
 """
 
@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from genkit.recipes.reference import classify
+
 from ..errors import ConfigError, GenerationError, NotSupportedError
 from .engine import LocalEngine
 from .rows import BadRow, BatchRow
@@ -24,18 +26,12 @@ logger = logging.getLogger("genkit.batch")
 
 BATCHING = ("auto", "continuous", "static")
 
-# generation fields a continuous batching request honours (its logits processors, its length, its
-# EOS); a row setting anything else runs on the static engine
-CONTINUOUS_FIELDS = frozenset({
-    "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty",
-    "no_repeat_ngram_size", "eos_token_id", "pad_token_id", "bos_token_id", "num_beams", "num_return_sequences",
-    "use_cache"})
+def continuous_refusal(model: Any, settings: dict[str, Any], custom_generate: Any = None) -> str | None:
+    """Why continuous batching cannot run a row with these (merged) generation settings, naming
+    the field; None when it can (the one gate, :func:`genkit.continuous.gate.refusal_for_kwargs`)."""
+    from genkit.continuous.gate import refusal_for_kwargs
 
-
-def continuous_runs(settings: dict[str, Any]) -> bool:
-    """Whether continuous batching runs a row with these (merged) generation settings."""
-    return (all(k in CONTINUOUS_FIELDS for k in settings) and settings.get("num_beams") in (None, 1)
-            and settings.get("num_return_sequences") in (None, 1))
+    return refusal_for_kwargs(model, settings, custom_generate=custom_generate)
 
 
 class _Slot:
@@ -103,15 +99,17 @@ class ContinuousEngine:
             slot.result = BadRow(row.line, row.id, f"cannot encode the prompt: {exc}")
             return slot
         settings = {**self.kwargs, **row.settings}
-        if not continuous_runs(settings):
+        why = continuous_refusal(self.static.model, settings)
+        if why is not None:
+            logger.debug("row %s on static batches: %s", row.id, why)
             static.append(slot)
             return slot
         rid = f"batch{next(self._ids)}"
         running[rid] = slot
-        settings.pop("num_return_sequences", None)
         max_new = settings.pop("max_new_tokens", None)
         try:
-            self.manager.add_request(slot.ids, request_id=rid, max_new_tokens=max_new, **settings)
+            self.manager.add_request(slot.ids, request_id=rid, max_new_tokens=max_new, tokenizer=self.static.tokenizer,
+                                     **settings)
         except Exception as exc:  # noqa: BLE001 - the row's error; the job goes on
             running.pop(rid, None)
             slot.result = BadRow(row.line, row.id, f"generation failed: {exc}")
@@ -135,26 +133,20 @@ class ContinuousEngine:
         if out.error is not None:
             slot.result = BadRow(slot.row.line, slot.row.id, f"generation failed: {out.error}")
             return
-        tokens = list(out.generated_tokens)
-        eos = self.static.eos_ids({**self.kwargs, **slot.row.settings})
-        slot.result = self.static.result_row(slot.row, slot.ids, (tokens, bool(tokens) and tokens[-1] in eos))
+        slot.result = self.static.result_row(slot.row, slot.ids, (list(out.generated_tokens), out.finish_reason))
 
 
-def check_batching(batching: str, generation_kwargs: dict[str, Any], custom_generate: Any = None) -> str | None:
+def check_batching(batching: str, generation_kwargs: dict[str, Any], custom_generate: Any = None,
+                   model: Any = None) -> str | None:
     """Why the job's settings need static batches (None: continuous batching runs them); with
-    ``batching="continuous"`` that reason is an error. Checks ``batching`` itself."""
+    ``batching="continuous"`` that reason is an error. Checks ``batching`` itself. ``model``
+    (None before it loads) gives the generation config the settings go over."""
     if batching not in BATCHING:
         raise ConfigError(f"`batching` must be one of {', '.join(repr(b) for b in BATCHING)}; got {batching!r}")
-    why = None
-    if custom_generate is not None:
-        why = "a custom generate (recipe or strategy) runs its own loop"
-    elif not continuous_runs(generation_kwargs):
-        odd = sorted(k for k in generation_kwargs if k not in CONTINUOUS_FIELDS)
-        why = (f"the settings {odd or ['num_beams', 'num_return_sequences']} need generate (continuous batching "
-               f"runs greedy search or sampling, one sequence per row, with the fields "
-               f"{', '.join(sorted(CONTINUOUS_FIELDS))})")
+    classify(custom_generate)  # a reference that names nothing fails before any row runs
+    why = continuous_refusal(model, generation_kwargs, custom_generate)
     if batching == "continuous" and why is not None:
-        raise NotSupportedError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
+        raise ConfigError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
     return why
 
 
@@ -164,18 +156,17 @@ def make_local_engine(model: Any, tokenizer: Any, generation_kwargs: dict[str, A
     """The local engine for ``batching``: ``"static"`` (left-padded ``generate``), ``"continuous"``
     (an error when the model or the job's settings cannot run on it), or ``"auto"`` (continuous
     batching where the model and the settings allow it, else static)."""
-    from genkit.continuous.forward import check_model
-    from genkit.errors import NotSupportedError
+    from genkit.models.paged import require_paged
 
     kwargs = dict(generation_kwargs or {})
-    why = check_batching(batching, kwargs, custom_generate)
+    why = check_batching(batching, kwargs, custom_generate, model)
     if why is None:
         try:
-            check_model(model)
+            require_paged(model)
         except NotSupportedError as exc:
             why = str(exc)
     if batching == "continuous" and why is not None:
-        raise NotSupportedError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
+        raise ConfigError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")
     if batching == "static" or why is not None:
         if batching == "auto":
             logger.info("batch: static batches (%s)", why)

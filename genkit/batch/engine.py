@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import torch
 
+from genkit.strategy import eos_token_ids, openai_finish_reason
+
 from ..errors import ConfigError, NotSupportedError
 from .rows import BadRow, BatchRow
 
@@ -22,12 +24,6 @@ logger = logging.getLogger("genkit.batch")
 
 class BatchEngine(Protocol):
     def run(self, rows: list[BatchRow]) -> list[dict[str, Any] | BadRow]: ...
-
-
-def _ids(value: Any) -> set[int]:
-    if value is None:
-        return set()
-    return {int(value)} if isinstance(value, int) else {int(v) for v in value}
 
 
 class LocalEngine:
@@ -50,7 +46,7 @@ class LocalEngine:
         pad = getattr(tokenizer, "pad_token_id", None)
         if pad is None:
             pad = model.config.get("pad_token_id") if hasattr(model.config, "get") else None
-        eos = _ids(getattr(model.generation_config, "eos_token_id", None))
+        eos = eos_token_ids(getattr(model.generation_config, "eos_token_id", None))
         self.pad = int(pad if pad is not None else (min(eos) if eos else 0))
 
     def encode(self, row: BatchRow) -> list[int]:
@@ -78,8 +74,11 @@ class LocalEngine:
             key = json.dumps({**self.kwargs, **row.settings}, sort_keys=True, default=str)
             groups.setdefault(key, []).append((i, row, ids))
         for items in groups.values():
-            for start in range(0, len(items), self.batch_size):
-                chunk = items[start:start + self.batch_size]
+            size = self.batch_size if "stop_strings" not in {**self.kwargs, **items[0][1].settings} else 1
+            for start in range(0, len(items), size):
+                # a row a stop string ends is padded after it in a shared batch, indistinguishable
+                # from tokens: such rows run one per call until the finish decision reports it
+                chunk = items[start:start + size]
                 outs: list[Any]
                 try:
                     outs = self._generate([ids for _, _, ids in chunk], {**self.kwargs, **chunk[0][1].settings})
@@ -95,8 +94,10 @@ class LocalEngine:
                     results[i] = out if isinstance(out, BadRow) else self.result_row(row, ids, out)
         return [results[i] for i in range(len(rows))]
 
-    def _generate(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> list[tuple[list[int], bool]]:
-        """Each prompt's new tokens (through the first EOS) and whether an EOS ended it."""
+    def _generate(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> list[tuple[list[int], str]]:
+        """Each prompt's new tokens (through the first EOS) and why it finished (``generate``'s
+        finish decision, ``genkit.strategy.FINISH_REASONS``; a strategy that does not report it:
+        ``"eos"`` where an EOS ended the row, else ``"length"``)."""
         import genkit
 
         if int(kwargs.get("num_return_sequences") or 1) != 1:
@@ -104,30 +105,32 @@ class LocalEngine:
         width = max(map(len, prompts))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.model.device)
-        out = genkit.generate(self.model, input_ids=ids, attention_mask=mask, **{"pad_token_id": self.pad, **kwargs},
-                              **self.extra)
+        out = genkit.generate(self.model, input_ids=ids, attention_mask=mask, tokenizer=self.tokenizer,
+                              **{"pad_token_id": self.pad, "return_dict_in_generate": True, **kwargs}, **self.extra)
         sequences = out.sequences if hasattr(out, "sequences") else out
+        reasons = getattr(out, "finish_reasons", None) or [None] * len(prompts)
         eos = self.eos_ids(kwargs)
         results = []
-        for row in sequences[:, width:].tolist():
+        for row, reason in zip(sequences[:, width:].tolist(), reasons):
             cut = next((k for k, t in enumerate(row) if t in eos), None)
-            results.append((row[:cut + 1], True) if cut is not None else (row, False))
+            tokens = row[:cut + 1] if cut is not None else row
+            results.append((tokens, reason or ("eos" if cut is not None else "length")))
         return results
 
     def eos_ids(self, kwargs: dict[str, Any]) -> set[int]:
         """The EOS ids of a row with these settings (its own ``eos_token_id``, else the model's)."""
-        if "eos_token_id" in kwargs:
-            return _ids(kwargs["eos_token_id"])
-        return _ids(getattr(self.model.generation_config, "eos_token_id", None))
+        value = kwargs["eos_token_id"] if "eos_token_id" in kwargs else self.model.generation_config.eos_token_id
+        return set(eos_token_ids(value))
 
-    def result_row(self, row: BatchRow, prompt: list[int], out: tuple[list[int], bool]) -> dict[str, Any]:
-        """The output row: new tokens (through the first EOS) and whether an EOS ended them."""
-        tokens, stopped = out
+    def result_row(self, row: BatchRow, prompt: list[int], out: tuple[list[int], str | None]) -> dict[str, Any]:
+        """The output row: new tokens (through the first EOS) and why they ended, as OpenAI's
+        ``finish_reason`` (``genkit.strategy.openai_finish_reason``)."""
+        tokens, reason = out
         return {
             "id": row.id,
             "text": self.tokenizer.decode(tokens, skip_special_tokens=True),
             "token_ids": tokens,
-            "finish_reason": "stop" if stopped else "length",
+            "finish_reason": openai_finish_reason(reason),
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
                       "total_tokens": len(prompt) + len(tokens)},
         }

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from typing import Any
@@ -162,18 +161,13 @@ def check_generation_options(kwargs: dict[str, Any], custom_generate: str | None
     own (``--set max_sentences=3``), so only the ones that are config fields are checked."""
     from genkit.config import GenerationConfig
     from genkit.generation.api import merge_config
+    from genkit.recipes.reference import classify
 
-    recipe = custom_generate is not None and not _is_strategy_name(custom_generate)
-    if recipe:
+    named = classify(custom_generate, what="--custom-generate")
+    if named is not None and named.is_recipe:
         GenerationConfig().update(**kwargs)
     else:
         merge_config(None, None, kwargs)
-
-
-def _is_strategy_name(ref: str) -> bool:
-    from genkit.plugins import get_registry
-
-    return ref in get_registry().items["strategy"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -191,9 +185,6 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--stream prints one sequence; it cannot be combined with num_return_sequences={n}")
     check_device(args.device)
     check_generation_options(kwargs, args.custom_generate)
-    if args.custom_generate is not None and _looks_like_folder(args.custom_generate) \
-            and not os.path.isdir(args.custom_generate):
-        raise ConfigError(f"--custom-generate: the recipe folder {args.custom_generate!r} does not exist")
     if args.seed is not None:
         torch.manual_seed(args.seed)
     from .progress import install_stage_bars
@@ -222,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         kwargs["trust_remote_code"] = True if args.trust_remote_code else None
     t1 = time.perf_counter()
     out = genkit.generate(model, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                          streamer=streamer, **kwargs)
+                          tokenizer=tokenizer, streamer=streamer, **kwargs)
     elapsed = time.perf_counter() - t1
     sequences = out.sequences if hasattr(out, "sequences") else out
     if not isinstance(sequences, torch.Tensor):
@@ -238,8 +229,3 @@ def run(args: argparse.Namespace) -> int:
     logger.info("%d new tokens in %.2fs (%.1f tokens/s)", new.numel(), elapsed, new.numel() / max(elapsed, 1e-9))
     return 0
 
-
-def _looks_like_folder(ref: str) -> bool:
-    """``--custom-generate`` written as a path rather than a strategy name or a Hub id."""
-    base = ref.split("@", 1)[0]
-    return base.startswith((".", "/", "~")) or base.count("/") >= 2 or os.path.exists(base)

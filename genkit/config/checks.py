@@ -60,8 +60,9 @@ def check_combinations(c: GenerationConfig) -> None:
             f"`num_return_sequences` ({returned}) > 1 needs do_sample=True or num_beams > 1; "
             "greedy search returns one sequence per prompt."
         )
-    if c.force_words_ids is not None and (v("do_sample") or beams == 1):
-        raise ConfigError("`force_words_ids` (constrained beam search) needs num_beams > 1 and do_sample=False.")
+    for name in ("force_words_ids", "constraints"):
+        if getattr(c, name) and (v("do_sample") or beams == 1):
+            raise ConfigError(f"`{name}` (constrained beam search) needs num_beams > 1 and do_sample=False.")
     _check_forced_not_suppressed(c)
     _check_layer_strategies(c)
 

@@ -64,6 +64,21 @@ def _F(name: str, default: Any, check: Any = None, accepted: str = "", doc: str 
     return FieldSpec(name, default, check, accepted, doc, coerce)
 
 
+def _constraint_list(v: Any) -> bool:
+    """A list of phrases / disjunctive sets, or of objects with ``token_ids`` (transformers 4's constraints)."""
+    return isinstance(v, list) and all(isinstance(c, (list, tuple)) or isinstance(getattr(c, "token_ids", None),
+                                                                                  (list, tuple)) for c in v)
+
+
+def _as_constraint_list(v: Any) -> Any:
+    """A constraint object becomes its ``token_ids`` (a phrase, or a disjunctive set's phrases), so
+    the config holds plain lists, as ``force_words_ids`` does."""
+    if not _constraint_list(v):
+        return v
+    return [list(c) if isinstance(c, (list, tuple)) else [list(p) if isinstance(p, (list, tuple)) else p
+                                                          for p in c.token_ids] for c in v]
+
+
 def _watermarking_config(v: Any) -> bool:
     from ..watermarking import is_watermarking_config
 
@@ -113,7 +128,9 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("dola_layers", None, lambda v: v in ("low", "high") or (isinstance(v, list) and all(is_int(x) for x in v)),
        '"low", "high", a list of layer indices, or None'),
     _F("force_words_ids", None, lambda v: isinstance(v, list) and len(v) > 0, "a non-empty list or None"),
-    _F("constraints", None, lambda v: isinstance(v, list), "a list or None"),
+    _F("constraints", None, _constraint_list, "a list of constraints (each a phrase or a disjunctive set "
+       "as in force_words_ids, or an object with `token_ids` such as transformers 4's PhrasalConstraint and "
+       "DisjunctiveConstraint) or None", coerce=_as_constraint_list),
     _F("use_cache", True, _is_bool, "True or False"),
     _F("cache_implementation", None, lambda v: v in CACHE_IMPLEMENTATIONS,
        ", ".join(f'"{v}"' for v in CACHE_IMPLEMENTATIONS) + " or None"),

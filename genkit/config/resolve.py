@@ -55,14 +55,26 @@ def merge_for_generate(model_config: GenerationConfig | None, generation_config:
     return ResolvedConfig.of(config, user_set, defaulted), {k: v for k, v in kwargs.items() if k not in table}
 
 
+def eos_token_ids(value: Any) -> list[int]:
+    """An ``eos_token_id`` setting (one id, a list, a tensor, or ``None``) as a list of ids: the one
+    place genkit reads EOS ids (re-exported by ``genkit.strategy``)."""
+    if value is None:
+        return []
+    if hasattr(value, "tolist"):  # a tensor (of any shape) or an array
+        value = value.tolist()
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [int(v) for v in (value if not value or not isinstance(next(iter(value)), list)
+                                 else [x for row in value for x in row])]
+    return [int(value)]
+
+
 def resolve_special_tokens(config: ResolvedConfig, model_tokens: Mapping[str, Any]) -> ResolvedConfig:
     """``config`` with its unset special tokens taken from ``model_tokens`` (the model config's, for a
     model without a generation config of its own; an invalid id there is left out) and an unset ``pad_token_id`` set to the first
     EOS id, as transformers does."""
     given = valid_fields({name: model_tokens.get(name) for name in SPECIAL_TOKENS}, field_table())
     changes = {name: value for name, value in given.items() if getattr(config, name) is None}
-    eos = changes.get("eos_token_id", config.eos_token_id)
-    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    eos_ids = eos_token_ids(changes.get("eos_token_id", config.eos_token_id))
     if changes.get("pad_token_id", config.pad_token_id) is None and eos_ids:
         changes["pad_token_id"] = eos_ids[0]
     return config.replace(**changes) if changes else config

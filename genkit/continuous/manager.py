@@ -1,7 +1,7 @@
 """``ContinuousBatchingManager``: a background thread that batches requests step by step.
 
 Requests arrive through :meth:`add_request` from any thread; the loop schedules a step
-(:mod:`~genkit.continuous.scheduler`), runs it (:func:`~genkit.continuous.forward.paged_step`),
+(:mod:`~genkit.continuous.scheduler`), runs it (the model's paged forward, :mod:`genkit.models.paged`),
 chooses each request's next token with its own logits processors and random generator, and
 publishes outputs: every token for a streaming request, the final output otherwise. A request that
 fails (a bad token id, a processor that raises) fails alone; the loop goes on with the others.
@@ -22,10 +22,13 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError, NotSupportedError
+from genkit.models.paged import StepBatch, paged_store_for
+from genkit.strategy.finish import finish_codes, reason_names
+from genkit.strategy.sampling import choose
 
+from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig
-from .forward import StepBatch, check_model, paged_step
-from .paged_cache import PagedKVCache
+from .gate import UNSUPPORTED_ARGUMENTS, refusal
 from .requests import GenerationOutput, RequestState, RequestStatus
 from .scheduler import scheduler_from
 
@@ -45,7 +48,6 @@ class ContinuousBatchingManager:
         from genkit.generation.api import merge_config
 
         self.model = model
-        self.prepared = check_model(model)
         if generation_config is not None and not isinstance(generation_config, GenerationConfig):
             raise ConfigError(f"`generation_config` must be a genkit.GenerationConfig; got "
                               f"{type(generation_config).__name__}")
@@ -58,10 +60,10 @@ class ContinuousBatchingManager:
             raise ConfigError(f"`max_queue_size` must be an int >= 0 (0: unbounded); got {max_queue_size!r}")
         self.max_queue_size = max_queue_size or cb.max_queue_size
         self.manual_eviction = manual_eviction
-        cfg = model.config
-        head_dim = cfg.get("head_dim", cfg.hidden_size // cfg.num_attention_heads)
-        self.cache = PagedKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, block_size=cb.block_size,
-                                  num_blocks=cb.num_blocks, dtype=model.dtype, allow_block_sharing=cb.allow_block_sharing)
+        self.store = paged_store_for(model, block_size=cb.block_size, num_blocks=cb.num_blocks)  # the K/V tensors
+        # which blocks of the store each request holds
+        self.cache = BlockAllocator(block_size=cb.block_size, num_blocks=cb.num_blocks,
+                                    allow_block_sharing=cb.allow_block_sharing)
         self.scheduler = scheduler_from(cb, self.cache, self.generation_config.prefill_chunk_size)
         self.initial_free_blocks = self.cache.free_blocks
         self._input: queue.Queue[RequestState] = queue.Queue(maxsize=self.max_queue_size)
@@ -116,12 +118,19 @@ class ContinuousBatchingManager:
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, input_ids: list[int], request_id: str | None = None, max_new_tokens: int | None = None,
                     streaming: bool = False, record_timestamps: bool = False, eos_token_id: Any = _UNSET,
-                    **generation_kwargs: Any) -> str:
+                    top_logprobs: int | None = None, **generation_kwargs: Any) -> str:
         """Queue a request; returns its id. ``generation_kwargs`` are this request's own
         generation fields (``do_sample``, ``temperature``, ``top_p``, ``repetition_penalty``,
-        ``seed``…), over the manager's generation config. A request that cannot run (an empty
+        ``max_time``, ``stop_strings``, ``seed``…), over the manager's generation config, and what
+        ``generate`` takes besides them: ``tokenizer`` (stop strings need it), ``stopping_criteria``
+        and ``logits_processor`` (lists of this request's own objects). A request stops where
+        ``generate`` would stop it (``genkit.strategy.finish_codes``); its output says why
+        (``finish_reason``). ``top_logprobs``: report each token's log-probability and its
+        ``top_logprobs`` most likely alternatives (0: the token's only). A request that cannot run (an empty
         prompt, ``max_new_tokens`` <= 0, a prompt longer than the cache) is returned at once as a
-        failed output with an error saying why; the manager goes on."""
+        failed output with an error saying why; the manager goes on. So is one whose settings
+        continuous batching cannot run (beam search, contrastive search, ...: the gate,
+        :func:`genkit.continuous.gate.refusal`), with an error naming the field."""
         if request_id is None:
             request_id = f"req_{next(self._counter)}"
         if not isinstance(request_id, str):
@@ -131,9 +140,10 @@ class ContinuousBatchingManager:
         try:
             state = self._new_state(list(input_ids), request_id, max_new_tokens, streaming, record_timestamps,
                                     eos_token_id, generation_kwargs)
+            state.top, state.return_logprobs = _top_logprobs(request_id, top_logprobs, state.return_logprobs)
         except (ValueError, TypeError) as exc:
             failed = RequestState(request_id, [int(t) for t in input_ids] if _ints(input_ids) else [], 0,
-                                  frozenset(), None, None, status=RequestStatus.FAILED, error=str(exc))
+                                  None, None, None, status=RequestStatus.FAILED, error=str(exc))
             self._publish(failed.output())
             return request_id
         self._input.put(state, block=True, timeout=None if self.max_queue_size == 0 else 30)
@@ -214,17 +224,17 @@ class ContinuousBatchingManager:
         seed = kwargs.pop("seed", None)
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request
             kwargs["eos_token_id"] = eos_token_id
-        prepared = prepare(self.model, torch.tensor([prompt]), self._given_config, None, None, None, None,
+        processors, criteria = kwargs.pop("logits_processor", None), kwargs.pop("stopping_criteria", None)
+        arguments = {k: kwargs.pop(k) for k in list(kwargs) if k in UNSUPPORTED_ARGUMENTS}
+        prepared = prepare(self.model, torch.tensor([prompt]), self._given_config, processors, criteria, None, None,
                            {**kwargs, "max_new_tokens": max_new})
         config = prepared.config
-        if config.num_beams not in (None, 1) or (config.num_return_sequences or 1) != 1:
-            raise NotSupportedError(f"request {request_id!r}: continuous batching runs greedy search or sampling, one "
-                                    "sequence per request (num_beams=1, num_return_sequences=1)")
-        eos = config.eos_token_id
-        eos_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
+        why = refusal(config, **arguments)  # the one gate (gate.py): no setting is dropped on the way
+        if why is not None:
+            raise NotSupportedError(f"request {request_id!r}: continuous batching cannot run it: {why}")
         generator = torch.Generator()
         generator.manual_seed(int(seed) if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
-        return RequestState(request_id, prompt, max_new, eos_ids, config,
+        return RequestState(request_id, prompt, max_new, prepared.stopping_criteria, config,
                             prepared.logits_processor if len(prepared.logits_processor) else None,
                             do_sample=bool(config.do_sample), generator=generator, streaming=streaming,
                             record_timestamps=record_timestamps, return_logprobs=self.cb_config.return_logprobs,
@@ -317,6 +327,7 @@ class ContinuousBatchingManager:
         self.cache.release(r.blocks)
         r.blocks = []
         r.status, r.error = RequestStatus.FAILED, reason
+        r.finish_reason = "cancelled" if reason == "cancelled" else None
         self._publish(r.output())
 
     def _fail_all(self, reason: str) -> None:
@@ -352,7 +363,7 @@ class ContinuousBatchingManager:
             blocks.append(r.blocks)
             want.append(r.cached + n == r.length)
         batch = StepBatch(torch.tensor(ids), torch.tensor(positions), spans, cached, blocks, want)
-        logits = paged_step(self.model, self.prepared, self.cache, batch)
+        logits = self.model.forward_paged(batch, self.store)
         self.steps += 1
         row = 0
         done = []
@@ -363,19 +374,15 @@ class ContinuousBatchingManager:
             if not w:
                 continue
             try:
-                token, logprob = self._choose(r, logits[row])
+                finished = self._choose(r, logits[row])
             except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
                 done.append((r, f"choosing the next token failed: {exc}"))
                 row += 1
                 continue
             row += 1
             r.status = RequestStatus.DECODING
-            r.generated.append(token)
-            if r.return_logprobs:
-                r.logprobs.append(logprob)
             if r.record_timestamps:
                 r.timestamps.append(time.perf_counter())
-            finished = token in r.eos_token_ids or len(r.generated) >= r.max_new_tokens
             if finished:
                 done.append((r, None))
             elif r.streaming:
@@ -393,17 +400,31 @@ class ContinuousBatchingManager:
                 r.blocks = []
             self._publish(r.output())
 
-    def _choose(self, r: RequestState, logits: torch.Tensor) -> tuple[int, float]:
+    def _choose(self, r: RequestState, logits: torch.Tensor) -> bool:
+        """Choose ``r``'s next token (the sampler of ``generate``) and record it; whether it
+        finishes the request (the finish decision of ``generate``, whose reason is recorded)."""
         scores = logits[None]
         if r.processors is not None:
             scores = r.processors(torch.tensor([r.tokens]), scores)
-        if r.do_sample:
-            probs = torch.softmax(scores.float(), dim=-1)
-            token = int(torch.multinomial(probs[0], 1, generator=r.generator))
-        else:
-            token = int(scores[0].argmax())
-        logprob = float(torch.log_softmax(scores[0].float(), -1)[token]) if r.return_logprobs else 0.0
-        return token, logprob
+        choice = choose(scores, r.do_sample, r.generator, logprobs=r.return_logprobs, top=r.top)
+        token, logprob, top = choice.row(0)
+        r.generated.append(token)
+        if r.return_logprobs:
+            r.logprobs.append(float(logprob or 0.0))
+        if r.top:
+            r.top_logprobs.append(top)
+        codes = finish_codes(r.stop, torch.tensor([r.tokens]), scores, choice.tokens)
+        r.finish_reason = reason_names(codes)[0]
+        return r.finish_reason is not None
+
+
+def _top_logprobs(request_id: str, top: int | None, default: bool) -> tuple[int, bool]:
+    """(alternatives per token, whether to record log-probabilities) for ``top_logprobs=top``."""
+    if top is None:
+        return 0, default
+    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        raise ConfigError(f"request {request_id!r}: `top_logprobs` must be an int >= 0 or None; got {top!r}")
+    return top, True
 
 
 def _ints(values: Any) -> bool:

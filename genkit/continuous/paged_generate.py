@@ -1,5 +1,6 @@
 """``generate(..., cache_implementation="paged")``: a batch through continuous batching, as
-transformers 5 switches it (each row without its left padding is one request)."""
+transformers 5 switches it (each row without its left padding is one request). Registered with
+``genkit.generation.engines`` by the ``genkit`` package (generation does not import this package)."""
 
 from __future__ import annotations
 
@@ -10,32 +11,26 @@ import torch
 from ..errors import ConfigError, GenkitError, NotSupportedError
 
 
-def wants_paged(generation_config: Any, kwargs: dict[str, Any]) -> bool:
-    if "cache_implementation" in kwargs:
-        return kwargs["cache_implementation"] == "paged"
-    return getattr(generation_config, "cache_implementation", None) == "paged"
-
-
 def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: Any, refused: dict[str, Any],
                    kwargs: dict[str, Any]) -> torch.Tensor:
     """The sequences ``(batch, longest)``: each prompt row as given, then its tokens, right-padded
     with ``pad_token_id`` (as ``generate`` pads rows that finished early)."""
     from .api import generate_batch
 
-    given = [name for name, value in refused.items() if value is not None]
-    if given:
-        raise NotSupportedError(f"`{given[0]}` is not supported with cache_implementation=\"paged\" (continuous "
-                                "batching); drop it or use another cache_implementation")
     kwargs = dict(kwargs)
+    refused = dict(refused)
+    for name in ("stopping_criteria", "logits_processor"):  # each request runs them, as generate does
+        if refused.get(name) is not None:
+            kwargs[name] = refused[name]
+        refused.pop(name, None)
     kwargs.pop("cache_implementation", None)
     if inputs is None:
         inputs = kwargs.pop("input_ids", None)
+    _check_gate(model, generation_config, refused, kwargs)
     if not isinstance(inputs, torch.Tensor) or inputs.dim() not in (1, 2):
         raise ConfigError("cache_implementation=\"paged\" needs `input_ids` as a 1-D or 2-D LongTensor")
     ids = inputs[None] if inputs.dim() == 1 else inputs
     mask = kwargs.pop("attention_mask", None)
-    if kwargs.get("return_dict_in_generate"):
-        raise NotSupportedError("`return_dict_in_generate` is not supported with cache_implementation=\"paged\"")
     rows = [row[m.bool()].tolist() if mask is not None else row.tolist() for row, m in
             zip(ids, mask if mask is not None else ids)]
     config = generation_config
@@ -54,3 +49,16 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
     seqs = [row.tolist() + r.generated_tokens for row, r in zip(ids, out.values())]
     width = max(map(len, seqs))
     return torch.tensor([s + [pad] * (width - len(s)) for s in seqs], dtype=torch.long, device=ids.device)
+
+
+def _check_gate(model: Any, generation_config: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Refuse what continuous batching cannot run (the gate, :mod:`genkit.continuous.gate`), naming the field."""
+    from ..generation.api import merge_config
+    from .gate import refusal
+
+    request_objects = ("input_ids", "stopping_criteria", "logits_processor")  # not settings: the requests take them
+    config, _ = merge_config(model, generation_config, {k: v for k, v in kwargs.items() if k not in request_objects})
+    why = refusal(config, **arguments)
+    if why is not None:
+        raise NotSupportedError(f"cache_implementation=\"paged\" (continuous batching) cannot run this request: {why}; "
+                                "drop the setting or use another cache_implementation")

@@ -29,7 +29,12 @@ class GenerationOutput:
 
     ``error`` is None on success; ``status`` is :class:`RequestStatus`; ``lifespan`` is (time the
     request left the queue, time it finished) in ``time.perf_counter`` seconds; ``timestamps`` holds
-    one time per generated token when asked for (``record_timestamps``)."""
+    one time per generated token when asked for (``record_timestamps``). ``finish_reason`` says why
+    a finished request ended (``genkit.strategy.FINISH_REASONS``: ``"eos"``, ``"length"``,
+    ``"stop_string"``, ``"max_time"``, ``"criteria"``; ``"cancelled"`` for a cancelled one; None
+    while it runs or when it failed). ``top_logprobs`` holds, per generated token, the most likely
+    alternatives as ``(token id, log-probability)`` pairs, best first, when the request asked for
+    them (``add_request(top_logprobs=k)``)."""
 
     request_id: str
     prompt_ids: list[int] = field(default_factory=list)
@@ -40,6 +45,8 @@ class GenerationOutput:
     created_time: float = field(default_factory=time.perf_counter)
     lifespan: tuple[float, float] = (-1, -1)
     timestamps: list[float] | None = None
+    finish_reason: str | None = None
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     def is_finished(self) -> bool:
         """Whether the request reached a terminal state (finished or failed)."""
@@ -53,7 +60,7 @@ class RequestState:
     request_id: str
     prompt_ids: list[int]
     max_new_tokens: int
-    eos_token_ids: frozenset[int]
+    stop: Any  # its genkit.strategy.StopConditions (None for a request that failed on arrival)
     config: Any  # the request's GenerationConfig (sampling fields)
     processors: Any  # its LogitsProcessorList (None: greedy with nothing to apply)
     do_sample: bool = False
@@ -61,10 +68,13 @@ class RequestState:
     streaming: bool = False
     record_timestamps: bool = False
     return_logprobs: bool = False
+    top: int = 0  # alternatives to report per token (top log-probabilities)
+    finish_reason: str | None = None
     blocks: list[int] = field(default_factory=list)
     cached: int = 0  # tokens whose keys and values are in the cache
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     timestamps: list[float] = field(default_factory=list)
     status: RequestStatus = RequestStatus.PENDING
     error: str | None = None
@@ -90,4 +100,5 @@ class RequestState:
         return GenerationOutput(
             request_id=self.request_id, prompt_ids=list(self.prompt_ids), generated_tokens=list(self.generated),
             logprobs=list(self.logprobs), error=self.error, status=self.status, created_time=self.created,
-            lifespan=(self.started, finished), timestamps=list(self.timestamps) if self.record_timestamps else None)
+            lifespan=(self.started, finished), timestamps=list(self.timestamps) if self.record_timestamps else None,
+            finish_reason=self.finish_reason, top_logprobs=list(self.top_logprobs))

@@ -21,7 +21,7 @@ from collections import deque
 from typing import Any
 
 from ..errors import ConfigError
-from .paged_cache import PagedKVCache
+from .block_allocator import BlockAllocator
 from .requests import RequestState, RequestStatus
 
 __all__ = ["SCHEDULERS", "Scheduler"]
@@ -30,7 +30,7 @@ SCHEDULERS = ("fifo", "prefill_first")
 
 
 class Scheduler:
-    def __init__(self, kind: str, cache: PagedKVCache, *, max_batch_tokens: int, max_requests: int,
+    def __init__(self, kind: str, cache: BlockAllocator, *, max_batch_tokens: int, max_requests: int,
                  prefill_chunk_size: int | None = None, safety_margin: float | None = None) -> None:
         if kind not in SCHEDULERS:
             raise ConfigError(f"`scheduler_type` must be one of {', '.join(repr(s) for s in SCHEDULERS)}; got {kind!r}")
@@ -132,7 +132,7 @@ class Scheduler:
         self.preempted += 1
 
 
-def scheduler_from(config: Any, cache: PagedKVCache, prefill_chunk_size: int | None) -> Scheduler:
+def scheduler_from(config: Any, cache: BlockAllocator, prefill_chunk_size: int | None) -> Scheduler:
     return Scheduler(config.scheduler_type, cache, max_batch_tokens=config.max_batch_tokens,
                      max_requests=config.max_requests_per_batch, prefill_chunk_size=prefill_chunk_size,
                      safety_margin=config.safety_margin)

@@ -17,14 +17,14 @@ from ..config import (
     check_supported,
     merge_for_generate,
     resolve_lengths,
-    resolve_special_tokens,
     unknown_key_error,
 )
-from ..config.resolve import SPECIAL_TOKENS
-from ..errors import ConfigError, UnknownItemError
+from ..errors import ConfigError
 from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
-from .processing import LogitsProcessorList, ProcessorContext, merge_lists
+from ..strategy.finish import special_tokens
+from ..strategy.processing import LogitsProcessorList, ProcessorContext, merge_lists
+from .engines import engine_for
 
 logger = logging.getLogger("genkit.generation")
 
@@ -56,17 +56,22 @@ def generate(
     ``trust_remote_code=True``), a local recipe folder, a registered strategy name, or a callable
     with the strategy signature.
     """
-    from ..continuous.paged_generate import paged_generate, wants_paged
+    from ..recipes.reference import classify
 
-    if wants_paged(generation_config, kwargs) and custom_generate is None:  # transformers' switch to CB
-        return paged_generate(model, inputs, generation_config, dict(
+    named = classify(custom_generate)
+    engine = engine_for(generation_config, kwargs)  # cache_implementation="paged": continuous batching
+    if engine is not None and not (named and named.is_recipe):
+        return engine(model, inputs, generation_config, dict(
             logits_processor=logits_processor, stopping_criteria=stopping_criteria,
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model, streamer=streamer,
             negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
+            custom_generate=custom_generate,
         ), kwargs)
     model = _as_protocol_model(model)
-    recipe = _recipe_for(custom_generate, trust_remote_code)
-    if recipe is not None:  # every argument except the two that chose the recipe
+    if named is not None and named.is_recipe:  # every argument except the two that chose the recipe
+        from ..recipes import load_recipe
+
+        recipe = load_recipe(named.ref, trust_remote_code=trust_remote_code)
         forwarded = dict(
             inputs=inputs, generation_config=generation_config, logits_processor=logits_processor,
             stopping_criteria=stopping_criteria, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
@@ -105,44 +110,6 @@ def _check_assistant_tokenizer(prepared: Prepared, assistant_model: Any) -> None
     if prepared.tokenizer is None:
         raise ConfigError("`assistant_tokenizer` needs `tokenizer=` (the target model's tokenizer) too: drafts are "
                           "re-encoded from text")
-
-
-def _recipe_for(custom_generate: Any, trust_remote_code: bool | None) -> Any:
-    """The recipe ``custom_generate`` names (a Hub id or a local folder), or ``None`` when it names
-    a registered strategy, is a callable, or is not given."""
-    if custom_generate is None or callable(custom_generate) and not isinstance(custom_generate, os.PathLike):
-        return None
-    if not isinstance(custom_generate, (str, os.PathLike)):
-        raise ConfigError(
-            "`custom_generate` must be a strategy name, a local folder, a Hub id 'org/repo[@revision]', "
-            f"or a callable; got {type(custom_generate).__name__}"
-        )
-    ref = os.fspath(custom_generate)
-    strategies = get_registry().items["strategy"]
-    if ref in strategies:
-        return None
-    if os.path.isdir(ref) or _looks_like_hub_id(ref):
-        from ..recipes import load_recipe
-
-        return load_recipe(ref, trust_remote_code=trust_remote_code)
-    if _looks_like_path(ref):
-        raise ConfigError(f"`custom_generate`: the recipe folder {ref!r} does not exist")
-    raise UnknownItemError(
-        f"`custom_generate`={ref!r} is not a registered strategy ({', '.join(sorted(strategies))}), an existing "
-        "local folder, or a Hub id of the form 'org/repo[@revision]'"
-    )
-
-
-def _looks_like_path(ref: str) -> bool:
-    """A reference written as a file-system path (``./x``, ``/x``, ``~/x``, ``a/b/c``), not a name or Hub id."""
-    base = ref.split("@", 1)[0]
-    return base.startswith((".", "/", "~")) or base.count("/") >= 2 or (os.sep != "/" and os.sep in base)
-
-
-def _looks_like_hub_id(ref: str) -> bool:
-    base = ref.split("@", 1)[0]
-    parts = base.split("/")
-    return len(parts) == 2 and all(parts) and not base.startswith((".", "/", "~"))
 
 
 def _pick_strategy(custom_generate: Any, config: GenerationConfig, assistant_model: Any) -> Callable[..., Any]:
@@ -234,17 +201,6 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
     return config, model_kwargs
 
 
-def _special_tokens(model: Any, config: ResolvedConfig) -> tuple[ResolvedConfig, list[int]]:
-    """The config with its special tokens resolved (a model with no generation config of its own
-    lends its model config's), and the EOS ids."""
-    mc = getattr(model, "config", None)
-    own = isinstance(getattr(model, "generation_config", None), GenerationConfig)
-    model_tokens = {} if own or mc is None else {name: getattr(mc, name, None) for name in SPECIAL_TOKENS}
-    config = resolve_special_tokens(config, model_tokens)
-    eos = config.eos_token_id
-    return config, [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-
-
 def prepare(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
             logits_processor: list[Any] | None, stopping_criteria: list[Any] | None,
             prefix_allowed_tokens_fn: Any, streamer: Any, kwargs: dict[str, Any], *,
@@ -258,7 +214,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
             raise ConfigError("pass the prompt once: either `inputs` or `input_ids`, not both")
         inputs = kwargs.pop("input_ids")
     config, model_kwargs = merge_config(model, generation_config, kwargs)
-    config, eos_ids = _special_tokens(model, config)
+    config, eos_ids = special_tokens(model, config)
     input_ids = _prompt_ids(inputs, config, getattr(model, "device", torch.device("cpu")))
     _attention_mask(input_ids, config, eos_ids, model_kwargs)
     _adapt_cache(model_kwargs)

@@ -161,10 +161,11 @@ class TransformersModelAdapter:
     forward = __call__
 
     def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        """``genkit.generate`` on the wrapped model."""
-        from ..generation.api import generate
+        """``genkit.generate`` on the wrapped model (through the public namespace: generation sits
+        above the models, docs/architecture.md)."""
+        import genkit
 
-        return generate(self, inputs, **kwargs)
+        return genkit.generate(self, inputs, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name == "hf_model":  # not set yet (during unpickling)

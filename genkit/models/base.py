@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, NotSupportedError
-from ..generation.mixin import GenerationMixin
+from .mixin import GenerationMixin
 
 
 class ModelConfig:

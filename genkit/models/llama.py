@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..errors import UnsupportedModelError
+from ..errors import NotSupportedError, UnsupportedModelError
 from .base import GenkitModel, ModelConfig
 from .cache import KVCache
 from .llama_infer import PreparedModel, has_hooks, linear, prepare_layers, rms_norm, run_layers, weights_key
+from .paged import PagedKVStore, StepBatch, paged_forward
 
 
 class RMSNorm(nn.Module):
@@ -270,6 +271,32 @@ class LlamaForCausalLM(GenkitModel):
             cache.prepared = (weakref.ref(self), None if prepared is None else weakref.ref(prepared),
                               RemovableHandle.next_id)
         return prepared
+
+    # -- the paged forward (continuous batching; genkit.protocols.PagedLM) ---------------------------
+    def paged_unsupported(self) -> str | None:
+        """Why this model cannot run the paged forward now (None: it can)."""
+        if any(w is not None for w in self.windows):
+            return "continuous batching does not support sliding-window attention yet"
+        if self._inference_weights(None, 0) is None:
+            return ("continuous batching needs the model's inference path (no forward hooks, no replaced "
+                    "submodules)")
+        return None
+
+    def new_paged_store(self, *, block_size: int, num_blocks: int) -> PagedKVStore:
+        """An empty paged K/V store for this model, holding its prepared inference weights."""
+        reason = self.paged_unsupported()
+        if reason is not None:
+            raise NotSupportedError(reason)
+        cfg = self.config
+        head_dim = cfg.get("head_dim", cfg.hidden_size // cfg.num_attention_heads)
+        return PagedKVStore(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, block_size=block_size,
+                            num_blocks=num_blocks, dtype=self.dtype, device=self.device,
+                            prepared=self._inference_weights(None, 0))
+
+    def forward_paged(self, batch: StepBatch, store: PagedKVStore) -> torch.Tensor:
+        """One continuous-batching step (:func:`genkit.models.paged.paged_forward`): the logits
+        ``(k, vocab)`` of the requests in ``batch`` that want them."""
+        return paged_forward(self, store, batch)
 
     def _weights_on(self, cache: KVCache) -> tuple[bool, PreparedModel | None]:
         """(True, the prepared weights ``cache`` started with, or None for the module path); (False,

@@ -266,6 +266,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
+def project_qkv(p: PreparedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first half of a decoder layer: ``(q, k, v)`` of ``x`` ``(batch, seq, hidden)``, each
+    ``(batch, heads, seq, head_dim)``, rope applied to ``q`` and ``k`` (the paged forward shares it)."""
+    b, t, _ = x.shape
+    nq, nkv = p.num_heads, p.num_kv_heads
+    qkv = linear(rms_norm(x, p.norm1, p.eps), p.wqkv, p.bqkv, p.packed)
+    if t == 1:  # decode step: (b, 1, H*d) is already (b, H, 1, d) in memory
+        qkv = qkv.view(b, nq + 2 * nkv, 1, p.head_dim)
+    else:
+        qkv = qkv.view(b, t, nq + 2 * nkv, p.head_dim).transpose(1, 2)
+    qk = qkv[:, : nq + nkv]
+    qk = torch.addcmul(qk * cos, torch.matmul(qk, p.rotation), sin)  # rope on q and k at once
+    return qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:]
+
+
+def layer_output(p: PreparedLayer, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """The second half of a decoder layer: the output projection of ``attention`` ``(batch, seq,
+    heads * head_dim)`` added to ``x``, then the MLP's residual step (the paged forward shares it)."""
+    x = x + linear(attention, p.wo, p.bo, p.packed)
+    gate, up = linear(rms_norm(x, p.norm2, p.eps), p.wgu, p.bgu, p.packed).chunk(2, dim=-1)
+    return x + linear(F.silu(gate).mul_(up), p.wd, p.bd, p.packed)
+
+
 def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                masks: dict[int | None, torch.Tensor | None], cache: Any,
                hidden: list[torch.Tensor] | None, num_layers: int | None = None) -> torch.Tensor:
@@ -279,22 +303,12 @@ def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin:
     for i, p in enumerate(prepared.layers[:num_layers]):
         if hidden is not None:
             hidden.append(x)
-        nq, nkv = p.num_heads, p.num_kv_heads
-        qkv = linear(rms_norm(x, p.norm1, p.eps), p.wqkv, p.bqkv, p.packed)
-        if t == 1:  # decode step: (b, 1, H*d) is already (b, H, 1, d) in memory
-            qkv = qkv.view(b, nq + 2 * nkv, 1, p.head_dim)
-        else:
-            qkv = qkv.view(b, t, nq + 2 * nkv, p.head_dim).transpose(1, 2)
-        qk = qkv[:, : nq + nkv]
-        qk = torch.addcmul(qk * cos, torch.matmul(qk, p.rotation), sin)  # rope on q and k at once
-        k, v = qk[:, nq:], qkv[:, nq + nkv:]
+        q, k, v = project_qkv(p, x, cos, sin)
         if cache is not None:
             k, v = cache.update(i, k, v)
         mask = masks[p.window]
-        out = F.scaled_dot_product_attention(qk[:, :nq], k, v, attn_mask=mask, is_causal=mask is None and t > 1,
-                                             enable_gqa=nkv != nq)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and t > 1,
+                                             enable_gqa=p.num_kv_heads != p.num_heads)
         out = out.reshape(b, 1, -1) if t == 1 else out.transpose(1, 2).reshape(b, t, -1)
-        x = x + linear(out, p.wo, p.bo, p.packed)
-        gate, up = linear(rms_norm(x, p.norm2, p.eps), p.wgu, p.bgu, p.packed).chunk(2, dim=-1)
-        x = x + linear(F.silu(gate).mul_(up), p.wd, p.bd, p.packed)
+        x = layer_output(p, x, out)
     return x

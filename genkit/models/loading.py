@@ -199,12 +199,14 @@ class SafetensorsState(Mapping[str, torch.Tensor]):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         path, dtype, shape, offset, nbytes = self._entries[name]
-        buf = torch.empty(nbytes, dtype=torch.uint8)
+        # a bytearray the tensor then shares (torch.frombuffer, no copy): numpy is not a dependency
+        raw = bytearray(nbytes)
         with open(path, "rb") as fh:
             fh.seek(offset)
-            got = fh.readinto(buf.numpy()) if nbytes else 0
+            got = fh.readinto(raw) if nbytes else 0
         if got != nbytes:
             raise CorruptModelError(f"weights file {path} is corrupt: tensor {name!r} is cut short")
+        buf = torch.frombuffer(raw, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
         return buf.view(dtype).reshape(shape)
 
     def shape(self, name: str) -> tuple[int, ...]:

@@ -20,6 +20,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from genkit.strategy import openai_finish_reason
+
 from .engine import Request, RequestStream
 from .openai_api import APIError, ParsedRequest, TextAssembler, logprob_entry, parse_request
 
@@ -123,21 +125,24 @@ def _check_custom_generate(parsed: ParsedRequest, state: ServerState) -> None:
     ``--trust-remote-code``, otherwise a Hub recipe that a trusted-repos entry covers (the loader
     checks the entry again against the commit). A client never gets a local folder run without
     the flag."""
+    from genkit.errors import UnknownItemError
+    from genkit.recipes.reference import classify
+    from genkit.recipes.trust import could_be_trusted
+
     ref = parsed.custom_generate
     if ref is None:
         return
-    from genkit.plugins import get_registry
-
-    if ref in get_registry().items.get("strategy", {}) or state.trust_remote_code:
-        return
-    from genkit.recipes.resolve import parse_ref
-    from genkit.recipes.trust import could_be_trusted
-
     try:
-        recipe = parse_ref(ref)
-    except ValueError as exc:
-        raise APIError(f"`custom_generate`: {exc}", "custom_generate") from exc
-    if recipe.kind == "local" or not could_be_trusted(recipe, None):
+        named = classify(ref)
+    except UnknownItemError as exc:  # not a strategy, a folder or a Hub id: the error lists the strategies
+        raise APIError(str(exc), "custom_generate") from exc
+    except ValueError as exc:  # a path that does not exist, a bad revision: said only to a trusting operator's
+        if state.trust_remote_code:  # clients (others learn nothing about the server's folders)
+            raise APIError(str(exc), "custom_generate") from exc
+        named = None
+    if named is not None and (not named.is_recipe or state.trust_remote_code):
+        return
+    if named is None or named.recipe is None or named.kind == "local" or not could_be_trusted(named.recipe, None):
         raise APIError(f"`custom_generate` {ref!r} is a recipe this server does not trust: the operator allows "
                        "recipes with `genkit serve --trust-remote-code` or a trusted-repos entry",
                        "custom_generate", 403, type_="permission_error")
@@ -160,27 +165,27 @@ class _Choices:
         self.counts = [0] * parsed.n
         self.finish: list[str | None] = [None] * parsed.n
         self.logprobs: list[list[tuple[int, float, list[tuple[int, float]]]]] = [[] for _ in range(parsed.n)]
-        eos = state.model.generation_config.eos_token_id
-        self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
     def add(self, event: Any) -> list[tuple[int, str, list[tuple[int, float, list[tuple[int, float]]]]]]:
-        """The new text (and its tokens' logprobs) per choice that has some."""
+        """The new text (and its tokens' logprobs) per choice that has some. A choice finishes
+        where the engine says (its finish decision, as OpenAI's ``finish_reason``) or where the
+        server cut the text at a stop string."""
         out = []
         for i, token in enumerate(event.tokens):
-            if token is None or self.finish[i] is not None:
+            reason = event.finish[i] if event.finish is not None else None
+            if self.finish[i] is not None or (token is None and reason is None):
                 continue
-            self.counts[i] += 1
-            new_lp = []
-            if event.logprobs is not None and event.logprobs[i] is not None:
-                lp, alternatives = event.logprobs[i]
-                new_lp.append((token, lp, alternatives))
-                self.logprobs[i].extend(new_lp)
-            text = self.texts[i].add(token, self.state.special)
-            if token in self.eos or self.texts[i].stopped:
-                self.finish[i] = "stop"
-                text += self.texts[i].flush()
-            elif self.counts[i] >= self.parsed.max_tokens:
-                self.finish[i] = "length"
+            text, new_lp = "", []
+            if token is not None:
+                self.counts[i] += 1
+                if event.logprobs is not None and event.logprobs[i] is not None:
+                    lp, alternatives = event.logprobs[i]
+                    new_lp.append((token, lp, alternatives))
+                    self.logprobs[i].extend(new_lp)
+                text = self.texts[i].add(token, self.state.special)
+            finish = "stop" if self.texts[i].stopped else openai_finish_reason(reason)
+            if finish is not None:
+                self.finish[i] = finish
                 text += self.texts[i].flush()
             if text or new_lp:
                 out.append((i, text, new_lp))

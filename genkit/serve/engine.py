@@ -19,6 +19,9 @@ from typing import Any
 
 import torch
 
+from genkit.errors import ConfigError
+from genkit.strategy import choose, eos_token_ids
+
 logger = logging.getLogger("genkit.serve")
 
 __all__ = ["EngineStats", "GenerateEngine", "Request", "RequestStream", "TokenEvent"]
@@ -41,10 +44,13 @@ class Request:
 @dataclass
 class TokenEvent:
     """Tokens chosen at one step: ``tokens[i]`` for choice ``i`` (``None`` once it has finished);
-    ``logprobs[i]`` = (the token's log-probability, [(token id, log-probability), ...] best first)."""
+    ``logprobs[i]`` = (the token's log-probability, [(token id, log-probability), ...] best first);
+    ``finish[i]``: the reason choice ``i`` finished with this token (``genkit.strategy.FINISH_REASONS``,
+    the engine's own finish decision), ``None`` while it goes on."""
 
     tokens: list[int | None]
     logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
+    finish: list[str | None] | None = None
 
 
 class RequestStream:
@@ -105,6 +111,8 @@ class EngineStats:
 class _Stop:
     """A stopping criterion that ends a generation whose request was cancelled."""
 
+    finish_reason = "cancelled"  # genkit.strategy.FINISH_REASONS
+
     def __init__(self, stream: RequestStream) -> None:
         self.stream = stream
 
@@ -112,54 +120,53 @@ class _Stop:
         return torch.full((input_ids.shape[0],), self.stream.cancelled.is_set(), dtype=torch.bool)
 
 
-class _Recorder:
-    """The last logits processor: keeps each step's log-probabilities, so that the streamer can
-    report the chosen token's and the best alternatives'."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.last: torch.Tensor | None = None
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        self.last = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-
 class _Streamer:
-    """Receives the chosen tokens from ``generate`` and pushes :class:`TokenEvent` items."""
+    """Receives each step of ``generate`` (the tokens, then the scores they were chosen from and
+    the rows they finish: ``put_step``, see ``genkit.strategy.FinishTracker``) and pushes
+    :class:`TokenEvent` items, with log-probabilities from the sampler's ``genkit.strategy.choose``
+    when ``top`` is not ``None``."""
 
-    def __init__(self, stream: RequestStream, rows: int, eos: set[int], recorder: _Recorder | None,
-                 stats: EngineStats) -> None:
-        self.stream, self.rows, self.eos, self.recorder, self.stats = stream, rows, eos, recorder, stats
+    def __init__(self, stream: RequestStream, rows: int, top: int | None, stats: EngineStats) -> None:
+        self.stream, self.rows, self.top, self.stats = stream, rows, top, stats
         self.prompt_seen = False
         self.done = [False] * rows
+        self.pending: torch.Tensor | None = None
 
     def put(self, value: torch.Tensor) -> None:
         if not self.prompt_seen:  # generate streams the prompt first
             self.prompt_seen = True
             return
-        ids = value.reshape(-1).tolist()
-        tokens: list[int | None] = []
-        logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = [] if self.recorder else None
-        for row, tok in enumerate(ids):
-            if self.done[row]:
-                tokens.append(None)
-                if logprobs is not None:
-                    logprobs.append(None)
-                continue
-            tokens.append(int(tok))
-            self.stats.generated_tokens_total += 1
-            if tok in self.eos:
-                self.done[row] = True
-            if logprobs is not None and self.recorder is not None and self.recorder.last is not None:
-                lp = self.recorder.last[row]
-                top = lp.topk(self.recorder.k) if self.recorder.k else None
-                alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
-                logprobs.append((float(lp[tok]), alternatives))
-        self.stream.push(TokenEvent(tokens, logprobs))
+        self._flush(None, None)
+        self.pending = value.reshape(-1)
+
+    def put_step(self, scores: torch.Tensor | None, finished: list[str | None]) -> None:
+        self._flush(scores, finished)
 
     def end(self) -> None:
-        pass
+        self._flush(None, None)
+
+    def _flush(self, scores: torch.Tensor | None, finished: list[str | None] | None) -> None:
+        if self.pending is None:
+            return
+        ids, self.pending = self.pending, None
+        choice = None
+        if self.top is not None and scores is not None:
+            choice = choose(scores, False, logprobs=True, top=self.top, tokens=ids)
+        tokens: list[int | None] = [None] * self.rows
+        logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = (
+            [None] * self.rows if self.top is not None else None)
+        for row, tok in enumerate(ids.tolist()):
+            if self.done[row]:
+                continue
+            tokens[row] = int(tok)
+            self.stats.generated_tokens_total += 1
+            if logprobs is not None and choice is not None:
+                _, lp, alternatives = choice.row(row)
+                logprobs[row] = (float(lp or 0.0), alternatives)
+        finish = [None if self.done[r] else (finished or [None] * self.rows)[r] for r in range(self.rows)]
+        for row, reason in enumerate(finish):
+            self.done[row] = self.done[row] or reason is not None
+        self.stream.push(TokenEvent(tokens, logprobs, finish))
 
 
 class GenerateEngine:
@@ -235,10 +242,11 @@ class GenerateEngine:
 
         request = stream.request
         kwargs = dict(request.generate_kwargs)
-        recorder = _Recorder(request.logprobs) if request.logprobs is not None else None
-        eos = kwargs.get("eos_token_id", self.model.generation_config.eos_token_id)
-        eos_set = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        streamer = _Streamer(stream, request.n, eos_set, recorder, self.stats)
+        streams = _streams(self.model, kwargs)
+        if not streams and request.logprobs is not None:
+            raise ConfigError("`logprobs` cannot be reported with beam search (num_beams > 1): a token's "
+                              "log-probability is its beam's, not the sequence's; drop one of them")
+        streamer = _Streamer(stream, request.n, request.logprobs, self.stats)
         ids = torch.tensor([request.prompt_ids])
         self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
         if request.seed is not None:
@@ -246,6 +254,32 @@ class GenerateEngine:
         if request.n > 1:
             kwargs["num_return_sequences"] = request.n
         with torch.no_grad():
-            genkit.generate(self.model, ids, tokenizer=self.tokenizer, streamer=streamer,
-                            stopping_criteria=[_Stop(stream)],
-                            logits_processor=[recorder] if recorder is not None else None, **kwargs)
+            out = genkit.generate(self.model, ids, tokenizer=self.tokenizer, streamer=streamer if streams else None,
+                                  stopping_criteria=[_Stop(stream)], **kwargs)
+        if not streams:  # the best hypotheses are known at the end: emit them now, as if streamed
+            eos = set(eos_token_ids(kwargs.get("eos_token_id", self.model.generation_config.eos_token_id)))
+            _emit(streamer, out.sequences if hasattr(out, "sequences") else out, ids.shape[1], eos)
+
+
+def _emit(streamer: _Streamer, sequences: torch.Tensor, prompt_len: int, eos: set[int]) -> None:
+    """Finished sequences through ``streamer`` column by column, a row ending at its EOS token."""
+    streamer.put(sequences[:, :prompt_len])
+    for column in sequences[:, prompt_len:].T:
+        if all(streamer.done):
+            break
+        streamer.put(column)
+        streamer.put_step(None, ["eos" if int(t) in eos else None for t in column.tolist()])
+    streamer.end()
+
+
+def _streams(model: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether ``generate`` runs these settings with a streamer: beam search knows its tokens only
+    at the end (its rows are hypotheses that change until then)."""
+    from genkit.generation.api import merge_config
+
+    settings = {k: v for k, v in kwargs.items() if k not in ("custom_generate", "trust_remote_code")}
+    try:
+        config, _ = merge_config(model, None, settings)
+    except ValueError:  # a recipe's own settings, or a bad one: generate reports it
+        return True
+    return int(config.num_beams or 1) == 1

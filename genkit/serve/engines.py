@@ -2,8 +2,10 @@
 
 :class:`ContinuousEngine` hands each request's ``n`` choices to a
 :class:`~genkit.continuous.ContinuousBatchingManager` as streaming requests, and a dispatcher
-thread routes the manager's outputs to the requests' streams. A request it cannot run (beam
-search, a recipe or a strategy by name, log-probabilities) goes to the
+thread routes the manager's outputs to the requests' streams, with the manager's log-probabilities
+and finish reasons. A request it cannot run (what the continuous batching gate,
+:mod:`genkit.continuous.gate`, refuses: beam search, contrastive search, DoLa, guidance,
+watermarking, a recipe or a strategy by name...) goes to the
 :class:`~genkit.serve.engine.GenerateEngine` beside it, one at a time.
 """
 
@@ -49,14 +51,22 @@ class ContinuousEngine:
         self._thread = threading.Thread(target=self._dispatch, name="genkit-serve-dispatch", daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def runs(request: Request) -> bool:
-        kw = request.generate_kwargs
-        return (request.logprobs is None and "custom_generate" not in kw and kw.get("num_beams") in (None, 1)
-                and "assistant_model" not in kw)
+    def refusal(self, request: Request) -> str | None:
+        """Why continuous batching cannot run ``request`` (it goes to the generate engine), or
+        None. The one gate (:mod:`genkit.continuous.gate`) decides on its settings; stop strings
+        are the server's own (it cuts the text and releases the request there)."""
+        from genkit.continuous.gate import refusal_for_kwargs
+
+        kwargs = {k: v for k, v in request.generate_kwargs.items() if k != "stop_strings"}
+        return refusal_for_kwargs(self.fallback.model, kwargs)
+
+    def runs(self, request: Request) -> bool:
+        return self.refusal(request) is None
 
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> RequestStream:
-        if not self.runs(request):
+        why = self.refusal(request)
+        if why is not None:
+            logger.debug("request %s on the generate engine: %s", request.id, why)
             return self.fallback.submit(request, loop)
         stream = RequestStream(request, loop)
         kwargs = dict(request.generate_kwargs)
@@ -78,7 +88,8 @@ class ContinuousEngine:
         for i, rid in enumerate(rids):
             seed = None if request.seed is None else request.seed + i
             self.manager.add_request(request.prompt_ids, request_id=rid, max_new_tokens=max_new, streaming=True,
-                                     **({"seed": seed} if seed is not None else {}), **kwargs)
+                                     top_logprobs=request.logprobs, **({"seed": seed} if seed is not None else {}),
+                                     **kwargs)
         return stream
 
     def _dispatch(self) -> None:
@@ -95,14 +106,12 @@ class ContinuousEngine:
             if route is None:
                 continue
             stream, choice = route
-            new = out.generated_tokens[sent.get(out.request_id, 0):]
+            start = sent.get(out.request_id, 0)
             sent[out.request_id] = len(out.generated_tokens)
-            if new and out.status != RequestStatus.FAILED:
-                self.stats.generated_tokens_total += len(new)
-                for token in new:
-                    tokens: list[int | None] = [None] * stream.request.n
-                    tokens[choice] = token
-                    stream.push(TokenEvent(tokens))
+            if out.status != RequestStatus.FAILED:
+                self.stats.generated_tokens_total += len(out.generated_tokens) - start
+                for event in _events(out, start, choice, stream.request):
+                    stream.push(event)
             if not out.is_finished():
                 continue
             sent.pop(out.request_id, None)
@@ -133,14 +142,32 @@ class ContinuousEngine:
         self.fallback.shutdown(timeout)
 
 
+def _events(out: Any, start: int, choice: int, request: Request) -> list[TokenEvent]:
+    """The manager's tokens from ``start`` on as events of choice ``choice``, with their
+    log-probabilities when asked for, and the finish reason on the last token of a finished one."""
+    events = []
+    for k in range(start, len(out.generated_tokens)):
+        tokens: list[int | None] = [None] * request.n
+        tokens[choice] = out.generated_tokens[k]
+        logprobs: list[Any] | None = None
+        if request.logprobs is not None:
+            logprobs = [None] * request.n
+            logprobs[choice] = (out.logprobs[k], out.top_logprobs[k] if k < len(out.top_logprobs) else [])
+        finish: list[str | None] = [None] * request.n
+        if k == len(out.generated_tokens) - 1 and out.is_finished():
+            finish[choice] = out.finish_reason
+        events.append(TokenEvent(tokens, logprobs, finish))
+    return events
+
+
 def make_engine(model: Any, tokenizer: Any, *, scheduler: str | None = None,
                 max_batch_tokens: int | None = None) -> Any:
     """Continuous batching for a native Llama-family model, else ``generate`` one request at a time."""
-    from genkit.continuous.forward import check_model
     from genkit.errors import NotSupportedError
+    from genkit.models.paged import require_paged
 
     try:
-        check_model(model)
+        require_paged(model)
     except NotSupportedError as exc:
         if scheduler is not None or max_batch_tokens is not None:
             raise ConfigError(f"--scheduler and --max-batch-tokens need continuous batching: {exc}") from exc

@@ -26,7 +26,11 @@ streamer, **model_inputs)``; with the kit its loop reads::
   (``attention_mask``, ``past_key_values``, ``position_ids``, ``use_cache``) and ``extras``.
 * :class:`Stepper` — ``prefill() -> logits``, ``step(tokens, rows=None) -> logits`` (or
   ``push`` + ``forward``), ``crop(length)``, ``hidden_states``, partial depth (``num_layers=``).
-* :class:`FinishTracker` — ``pad``, ``update``, ``hits``, ``unfinished``; ends the streamer.
+* :class:`FinishTracker` — ``pad``, ``update``, ``hits``, ``unfinished``, ``reasons``; ends the
+  streamer. The finish decision itself is :func:`finish_codes` (reasons :data:`FINISH_REASONS`),
+  the EOS ids are read by :func:`eos_token_ids`.
+* :func:`choose_tokens` / :func:`choose` — the sampler (token, log-probability, top alternatives),
+  :mod:`genkit.strategy.sampling`; every engine picks tokens with it.
 * :class:`StepOutputs` — the per-step scores / logits / hidden states the config asks for.
 * the protocols of :mod:`genkit.protocols` (``Cache``, ``CausalLM``, ``CandidateGenerator``,
   ``Streamer``) and the output classes.
@@ -36,30 +40,30 @@ See ``docs/hooks.md`` ("Write a strategy") for a tutorial.
 
 from __future__ import annotations
 
-import torch
-
 from genkit.errors import ConfigError, GenkitError, NotSupportedError
-from genkit.generation.outputs import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
-from genkit.generation.processing import LogitsProcessorList, StoppingCriteriaList
 from genkit.protocols import Cache, CandidateGenerator, CausalLM, ModelOutput, PartialDepthLM, Streamer
 
 from .call import MODEL_INPUTS, StopConditions, StrategyCall
-from .finish import FinishTracker, StreamerOnce
+from .finish import (
+    FINISH_REASONS,
+    FinishTracker,
+    StreamerOnce,
+    eos_token_ids,
+    finish_codes,
+    openai_finish_reason,
+    reason_names,
+)
+from .outputs import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
+from .processing import LogitsProcessorList, StoppingCriteriaList
 from .record import StepOutputs
+from .sampling import Choice, choose, choose_tokens, log_probs
 from .stepper import Stepper
 
 __all__ = [
-    "MODEL_INPUTS", "Cache", "CandidateGenerator", "CausalLM", "ConfigError", "FinishTracker",
+    "FINISH_REASONS", "MODEL_INPUTS", "Cache", "CandidateGenerator", "CausalLM", "Choice", "ConfigError",
+    "FinishTracker", "choose", "eos_token_ids", "finish_codes", "log_probs", "openai_finish_reason", "reason_names",
     "GenerateBeamDecoderOnlyOutput", "GenerateDecoderOnlyOutput", "GenkitError", "LogitsProcessorList",
     "ModelOutput", "NotSupportedError", "PartialDepthLM", "StepOutputs", "Stepper", "StopConditions",
     "StoppingCriteriaList", "StrategyCall", "Streamer", "StreamerOnce", "choose_tokens",
 ]
 
-
-def choose_tokens(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row from processed ``scores`` ``(rows, vocab)``: the argmax, or a draw from
-    their softmax with ``do_sample``."""
-    if do_sample:
-        probs = torch.softmax(scores, dim=-1)
-        return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
-    return scores.argmax(dim=-1)

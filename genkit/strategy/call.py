@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError
-from genkit.generation.processing import StoppingCriteriaList
+
+from .processing import StoppingCriteriaList
 
 __all__ = ["MODEL_INPUTS", "StopConditions", "StrategyCall"]
 

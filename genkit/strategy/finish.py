@@ -1,4 +1,10 @@
-"""The stopping side of a decoding loop: EOS, lengths, stopping criteria and the streamer."""
+"""The stopping side of a decoding loop: EOS, lengths, stopping criteria and the streamer.
+
+This module holds the one finish decision of genkit: :func:`finish_codes` says which rows are
+finished and why (one of :data:`FINISH_REASONS`), and :func:`eos_token_ids` /
+:func:`special_tokens` are the one place the EOS ids are read. :class:`FinishTracker` (the
+strategies), the continuous-batching manager, ``genkit serve`` and ``genkit batch`` all read them.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,75 @@ from typing import Any
 
 import torch
 
-from .call import StrategyCall
+from genkit.config import GenerationConfig, ResolvedConfig, resolve_special_tokens
+from genkit.config.resolve import (
+    SPECIAL_TOKENS,
+    eos_token_ids,  # the one reading of an eos_token_id setting
+)
 
-__all__ = ["FinishTracker", "StreamerOnce"]
+from .call import StopConditions, StrategyCall
+
+__all__ = ["FINISH_REASONS", "FinishTracker", "StreamerOnce", "eos_token_ids", "finish_codes", "finish_reason",
+           "openai_finish_reason", "reason_names", "special_tokens"]
+
+#: Why a row finished, highest priority first: when several conditions end a row at the same step,
+#: the first one here is its reason. ``eos``: an end-of-sequence token; ``stop_string``: a stop
+#: string (``StopStringCriteria``); ``criteria``: another stopping criterion (the caller's own);
+#: ``cancelled``: the request was cancelled; ``max_time``: ``max_time`` seconds passed;
+#: ``length``: ``max_length`` / ``max_new_tokens`` reached.
+FINISH_REASONS = ("eos", "stop_string", "criteria", "cancelled", "max_time", "length")
+_CODE = {name: i + 1 for i, name in enumerate(FINISH_REASONS)}  # 0: not finished
+
+
+def finish_reason(criterion: Any) -> str:
+    """The reason a stopping criterion gives when it ends a row: its ``finish_reason`` attribute
+    (one of :data:`FINISH_REASONS`), else ``"criteria"``."""
+    reason = getattr(criterion, "finish_reason", None)
+    return reason if reason in _CODE else "criteria"
+
+
+def finish_codes(stop: StopConditions, sequences: torch.Tensor, scores: torch.Tensor | None,
+                 tokens: torch.Tensor) -> torch.Tensor:
+    """THE finish decision: ``(rows,)`` int8 codes for ``sequences`` ``(rows, length)`` whose last
+    tokens are ``tokens`` ``(rows,)``: 0 where the row goes on, else ``1 +`` the index of its reason
+    in :data:`FINISH_REASONS` (:func:`reason_names` turns them into names). Tensor ops only: no
+    host sync unless a criterion makes one."""
+    done = sequences.shape[-1] >= stop.max_length
+    codes = torch.full((sequences.shape[0],), _CODE["length"] if done else 0, dtype=torch.int8,
+                       device=sequences.device)
+    # lowest priority first, so that the highest-priority reason is written last
+    for code, criterion in sorted(((_CODE[finish_reason(c)], c) for c in stop.criteria), key=lambda x: -x[0]):
+        hit = torch.as_tensor(criterion(sequences, scores), device=codes.device)
+        codes = torch.where(hit, code, codes)
+    if stop.eos is not None:
+        eos_hit = torch.isin(tokens.to(stop.eos.device), stop.eos).to(codes.device)
+        codes = torch.where(eos_hit, _CODE["eos"], codes)
+    return codes
+
+
+def reason_names(codes: torch.Tensor) -> list[str | None]:
+    """Codes of :func:`finish_codes` as reason names (``None``: not finished)."""
+    return [FINISH_REASONS[c - 1] if c else None for c in codes.tolist()]
+
+
+def openai_finish_reason(reason: str | None) -> str | None:
+    """OpenAI's ``finish_reason`` for a genkit reason: ``"length"`` where a limit cut the text
+    (``length``, ``max_time``), ``"stop"`` otherwise; ``None`` stays ``None``."""
+    if reason is None:
+        return None
+    return "length" if reason in ("length", "max_time") else "stop"
+
+
+def special_tokens(model: Any, config: ResolvedConfig) -> tuple[ResolvedConfig, list[int]]:
+    """The config of a generation with its special tokens resolved, and its EOS ids: a model
+    without a generation config of its own gives its model config's EOS / BOS / pad ids to fields
+    the config leaves unset, and the pad id defaults to the first EOS id
+    (:func:`genkit.config.resolve_special_tokens`)."""
+    mc = getattr(model, "config", None)
+    own = isinstance(getattr(model, "generation_config", None), GenerationConfig)
+    model_tokens = {} if own or mc is None else {name: getattr(mc, name, None) for name in SPECIAL_TOKENS}
+    config = resolve_special_tokens(config, model_tokens)
+    return config, eos_token_ids(config.eos_token_id)
 
 
 class StreamerOnce:
@@ -57,6 +129,7 @@ class FinishTracker:
 
     def __init__(self, call: StrategyCall, rows: int | None = None) -> None:
         stop = call.stop
+        self.stop = stop
         self.max_length = stop.max_length
         self.eos = stop.eos
         self.criteria = stop.criteria
@@ -67,6 +140,13 @@ class FinishTracker:
         self.prompt = call.input_ids
         n = call.batch if rows is None else rows
         self.unfinished = torch.ones(n, dtype=torch.bool, device=call.device)
+        #: per row, 0 while it goes on, else its reason's code (:func:`finish_codes`)
+        self.codes = torch.zeros(n, dtype=torch.int8, device=call.device)
+
+    @property
+    def reasons(self) -> list[str | None]:
+        """Why each row finished (a name of :data:`FINISH_REASONS`; ``None``: it has not)."""
+        return reason_names(self.codes)
 
     # -- streamer ------------------------------------------------------------------------------
     def __enter__(self) -> FinishTracker:
@@ -93,14 +173,21 @@ class FinishTracker:
 
     def update(self, sequences: torch.Tensor, scores: torch.Tensor | None, tokens: torch.Tensor) -> bool:
         """After ``tokens`` ``(rows,)`` were appended to ``sequences``: stream them, mark the rows
-        they finish, and return ``True`` when the loop should stop (``max_length`` reached, or
-        every row finished)."""
+        they finish (and why, :func:`finish_codes`), and return ``True`` when the loop should stop
+        (``max_length`` reached, or every row finished).
+
+        A streamer that defines ``put_step(scores, finished)`` gets it after ``put(tokens)``: the
+        processed ``scores`` the tokens were chosen from, and per row the reason it finished at
+        this step (``None`` elsewhere)."""
+        codes = finish_codes(self.stop, sequences, scores, tokens)
+        newly = torch.where(self.unfinished, codes, 0)
+        self.codes = torch.where(self.unfinished, codes, self.codes)
+        self.unfinished = self.codes == 0
         if self.streamer is not None:
             self.streamer.put(tokens.cpu())
-        if self.eos is not None:
-            self.unfinished = self.unfinished & ~torch.isin(tokens, self.eos)
-        for criterion in self.criteria:
-            self.unfinished = self.unfinished & ~criterion(sequences, scores)
+            put_step = getattr(self.streamer, "put_step", None)
+            if put_step is not None:
+                put_step(scores, reason_names(newly))
         if sequences.shape[-1] >= self.max_length:
             return True
         return self.may_finish_early and not bool(self.unfinished.any())

@@ -1,13 +1,11 @@
-"""The paged KV cache of continuous batching: fixed-size blocks, a block table per request.
+"""The block allocator of continuous batching: which blocks of the paged cache belong to whom.
 
-Each layer's keys and values live in one tensor of ``num_blocks`` blocks
-(``(blocks, block_size, kv_heads, head_dim)``); a request owns a list of blocks, and its token
-``i`` sits in slot ``blocks[i // block_size] * block_size + i % block_size`` of the flattened
-tensor. Blocks go back to the free list
-when their request finishes, fails, is cancelled or evicted. A full block of prompt tokens can be
-shared by requests whose prompts start with the same tokens (reference-counted, found by a hash
-of the whole prefix up to that block): such a block is never written again, since a request only
-ever writes past its shared prefix.
+The K/V tensors live in the model's paged store (:class:`genkit.models.paged.PagedKVStore`); this
+module only counts blocks. A request owns a list of blocks (its block table). Blocks go back to the
+free list when their request finishes, fails, is cancelled or evicted. A full block of prompt
+tokens can be shared by requests whose prompts start with the same tokens (reference-counted,
+found by the whole prefix up to that block): such a block is never written again, since a request
+only ever writes past its shared prefix.
 """
 
 from __future__ import annotations
@@ -15,27 +13,17 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-import torch
+from genkit.models.paged import blocks_for
 
-from ..errors import ConfigError
-
-__all__ = ["PagedKVCache"]
+__all__ = ["BlockAllocator"]
 
 
-class PagedKVCache:
-    """Keys, values and the block allocator (not thread-safe: the manager's loop owns it)."""
+class BlockAllocator:
+    """Free list, reference counts and prefix sharing over ``num_blocks`` blocks of ``block_size``
+    slots (not thread-safe: the manager's loop owns it)."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, block_size: int, num_blocks: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu", allow_block_sharing: bool = True) -> None:
-        if block_size < 1 or num_blocks < 1:
-            raise ConfigError(f"the paged cache needs block_size >= 1 and num_blocks >= 1; got {block_size}, "
-                              f"{num_blocks}")
+    def __init__(self, *, block_size: int, num_blocks: int, allow_block_sharing: bool = True) -> None:
         self.block_size, self.num_blocks = block_size, num_blocks
-        # (blocks, block_size, kv_heads, head_dim): a block is contiguous, so gathering a request's
-        # blocks copies whole blocks; ``flat(layer)`` views the same memory as slots
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros_like(k) for k in self.keys]
         self._free: deque[int] = deque(range(num_blocks))
         self._refs = [0] * num_blocks
         self.allow_block_sharing = allow_block_sharing
@@ -48,7 +36,7 @@ class PagedKVCache:
         return len(self._free)
 
     def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
+        return blocks_for(tokens, self.block_size)
 
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
@@ -94,10 +82,3 @@ class PagedKVCache:
             if key not in self._by_prefix and blocks[i] not in self._prefix_of:
                 self._by_prefix[key] = blocks[i]
                 self._prefix_of[blocks[i]] = key
-
-    # -- slots ------------------------------------------------------------------------------------
-    def slots(self, blocks: list[int], start: int, stop: int) -> torch.Tensor:
-        """Slot indices of token positions ``start..stop-1`` of a request holding ``blocks``."""
-        pos = torch.arange(start, stop)
-        table = torch.tensor(blocks, dtype=torch.long)
-        return table[pos // self.block_size] * self.block_size + pos % self.block_size

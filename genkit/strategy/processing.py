@@ -17,7 +17,7 @@ class LogitsProcessor:
         raise NotImplementedError(f"{type(self).__name__} must implement __call__(input_ids, scores)")
 
 
-class LogitsProcessorList(list):
+class LogitsProcessorList(list[Any]):
     """Applies each processor in order."""
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.FloatTensor:
@@ -33,21 +33,21 @@ class StoppingCriteria:
         raise NotImplementedError(f"{type(self).__name__} must implement __call__(input_ids, scores)")
 
 
-class StoppingCriteriaList(list):
+class StoppingCriteriaList(list[Any]):
     """A row is done when any criterion says so."""
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None, **kwargs: Any) -> torch.BoolTensor:
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for criterion in self:
             done = done | criterion(input_ids, scores, **kwargs)
-        return done
+        return done  # type: ignore[return-value]  # torch types a bool tensor as Tensor
 
     @property
     def max_length(self) -> int | None:
         for criterion in self:
             value = getattr(criterion, "max_length", None)
             if value is not None:
-                return value
+                return int(value)
         return None
 
 

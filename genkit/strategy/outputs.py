@@ -37,6 +37,9 @@ class GenerateDecoderOnlyOutput(_Output):
     attentions: tuple[Any, ...] | None = None
     hidden_states: tuple[tuple[torch.FloatTensor, ...], ...] | None = None
     past_key_values: Any = None
+    #: why each row finished (``genkit.strategy.FINISH_REASONS``; ``None``: not recorded), for
+    #: strategies written with ``FinishTracker``
+    finish_reasons: list[str | None] | None = None
 
 
 @dataclass

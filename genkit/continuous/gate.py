@@ -1,0 +1,158 @@
+"""The one gate: can continuous batching run this request?
+
+Continuous batching (the :class:`~genkit.continuous.ContinuousBatchingManager`, ``generate_batch``,
+``generate(cache_implementation="paged")``, ``genkit serve`` and ``genkit batch``) runs the
+registry's ``greedy`` and ``sample`` strategies, one sequence per request, with the logits
+processors the request's config builds. Everything else — beam search (every kind, constraints
+included), contrastive search, DoLa, assisted decoding, classifier-free guidance, watermarking,
+recipes and strategies by name — runs its own loop or needs more than one forward pass per
+token. Every engine asks :func:`refusal` (or :func:`refusal_for_kwargs`); what it refuses goes to
+``generate`` (serve, batch) or is an error naming the field (the manager, the paged cache). No
+setting is ever dropped on the way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError, NotSupportedError
+
+__all__ = ["CB_STRATEGIES", "UNSUPPORTED_ARGUMENTS", "UNSUPPORTED_FIELDS", "check", "refusal", "refusal_for_kwargs"]
+
+# the registered strategies whose decode step the manager runs itself
+CB_STRATEGIES = frozenset({"greedy", "sample"})
+
+# config fields whose effect the manager cannot produce, set to anything but "off": field -> why
+UNSUPPORTED_FIELDS: dict[str, str] = {
+    "num_return_sequences": "continuous batching runs one sequence per request",
+    "guidance_scale": "classifier-free guidance runs a second (unconditional) forward pass at every step",
+    "watermarking_config": "watermarking runs on the generate engine only",
+    "output_scores": "continuous batching returns tokens, not scores",
+    "output_logits": "continuous batching returns tokens, not logits",
+    "output_hidden_states": "continuous batching returns tokens, not hidden states",
+    "return_dict_in_generate": "continuous batching returns tokens, not a generate output object",
+}
+
+# arguments of ``generate`` (not config fields) that continuous batching cannot take: name -> why
+UNSUPPORTED_ARGUMENTS: dict[str, str] = {
+    "custom_generate": "a custom generate (a recipe, a strategy by name or a callable) runs its own loop",
+    "assistant_model": "assisted decoding runs its own loop",
+    "prefix_allowed_tokens_fn": "each request's processors are built from its config",
+    "streamer": "a streaming request (add_request(streaming=True)) streams instead",
+    "negative_prompt_ids": "classifier-free guidance runs a second (unconditional) forward pass at every step",
+    "negative_prompt_attention_mask": "classifier-free guidance runs a second (unconditional) forward pass at every "
+                                      "step",
+}
+
+_RUNS = "continuous batching runs greedy search and sampling, one sequence per request"
+
+
+def refusal(config: Any, **arguments: Any) -> str | None:
+    """Why continuous batching cannot run a request with the resolved ``config`` (a
+    :class:`~genkit.GenerationConfig`) and these ``generate`` ``arguments`` (``custom_generate``,
+    ``assistant_model``, ...; ``None`` means not given), naming the field; ``None`` when it can."""
+    why = _argument_refusal(arguments)
+    if why is not None:
+        return why
+    for name, reason in UNSUPPORTED_FIELDS.items():
+        value = getattr(config, name, None)
+        if not _off(name, value):
+            return f"`{name}`={value!r}: {reason}"
+    return _strategy_refusal(config)
+
+
+def check(config: Any, **arguments: Any) -> None:
+    """Raise :class:`~genkit.errors.NotSupportedError` with :func:`refusal`'s reason, if any."""
+    why = refusal(config, **arguments)
+    if why is not None:
+        raise NotSupportedError(f"continuous batching cannot run this request: {why}")
+
+
+def refusal_for_kwargs(model: Any, kwargs: dict[str, Any], **arguments: Any) -> str | None:
+    """:func:`refusal` for ``generate``-style keyword arguments (``generate`` arguments such as
+    ``custom_generate`` may be among them) over ``model``'s generation config (``model`` may be
+    ``None``: the defaults). Settings ``generate`` itself refuses are a reason too (their error),
+    so that the generate engine reports them."""
+    from genkit.generation.api import merge_config
+
+    settings = dict(kwargs)
+    given = {k: settings.pop(k) for k in list(settings) if k in UNSUPPORTED_ARGUMENTS}
+    why = _argument_refusal({**given, **arguments})
+    if why is not None:
+        return why
+    settings.pop("trust_remote_code", None)  # generate's argument; it matters with custom_generate only
+    try:
+        config, _ = merge_config(model, None, settings)
+    except ValueError as exc:  # ConfigError, UnknownItemError, NotSupportedError: generate reports it
+        return str(exc)
+    return refusal(config)
+
+
+def _argument_refusal(arguments: dict[str, Any]) -> str | None:
+    for name, value in arguments.items():
+        if name not in UNSUPPORTED_ARGUMENTS:
+            raise ConfigError(f"the continuous batching gate knows no argument {name!r}; known: "
+                              f"{', '.join(sorted(UNSUPPORTED_ARGUMENTS))}")
+        if value is not None:
+            return f"`{name}` is set: {UNSUPPORTED_ARGUMENTS[name]}"
+    return None
+
+
+def _unset() -> dict[str, Any]:
+    """Each field's value in a config that sets nothing."""
+    from genkit.config import GenerationConfig
+
+    return GenerationConfig().to_dict()
+
+
+def _off(name: str, value: Any) -> bool:
+    from genkit.config import default_values
+
+    if value is None or value is False or value in (_unset().get(name), default_values().get(name)):
+        return True
+    return name == "guidance_scale" and value == 1
+
+
+def _strategy_refusal(config: Any) -> str | None:
+    """The registry's strategy for ``config`` when it is not greedy or sampling, with the fields
+    that select it."""
+    from genkit.plugins import get_registry
+
+    registry = get_registry()
+    chosen = registry.select_strategy(config).name
+    if chosen in CB_STRATEGIES:
+        return None
+    fields = [f"`{name}`={getattr(config, name)!r}" for name in _selecting_fields(registry, config, chosen)]
+    what = " and ".join(fields) + (" selects" if len(fields) == 1 else " select") if fields else "these settings select"
+    return f"{what} the strategy {chosen!r}; {_RUNS}"
+
+
+def _selecting_fields(registry: Any, config: Any, chosen: str) -> list[str]:
+    """The fields set in ``config`` whose default would select greedy or sampling; else those
+    whose default would select another strategy than ``chosen``."""
+    from genkit.config import default_values
+
+    defaults = default_values()
+    to_cb, to_other = [], []
+    for name in _unset():
+        default = defaults.get(name)
+        if getattr(config, name, default) == default:
+            continue
+        try:
+            picked = registry.select_strategy(_with(config, name, default)).name
+        except (TypeError, ValueError):  # not valid, or no strategy applies, without it
+            continue
+        if picked in CB_STRATEGIES:
+            to_cb.append(name)
+        elif picked != chosen:
+            to_other.append(name)
+    return to_cb or to_other
+
+
+def _with(config: Any, name: str, value: Any) -> Any:
+    """``config`` with ``name`` set to ``value`` (a resolved config's :meth:`replace`, else a copy)."""
+    if callable(getattr(config, "replace", None)):
+        return config.replace(**{name: value})
+    trial = config.copy()
+    setattr(trial, name, value)
+    return trial

@@ -1,0 +1,183 @@
+"""The paged forward: one batching step through a native Llama-family model, on a paged K/V store.
+
+The model side of continuous batching (``genkit.continuous`` decides which requests run and which
+blocks each one holds; this module holds the tensors and runs the layers). A model that can run it
+implements :class:`genkit.protocols.PagedLM`: ``paged_unsupported()``, ``new_paged_store(...)`` and
+``forward_paged(batch, store)``.
+
+The step's tokens from every request are one flat stream: the projections and MLPs run once over
+all of them (no padding of the batch to its longest member), with the per-layer math of
+:mod:`genkit.models.llama_infer` (:func:`~genkit.models.llama_infer.project_qkv`,
+:func:`~genkit.models.llama_infer.layer_output`). Attention is per request kind: requests decoding
+one token share one batched attention call, their keys gathered from their blocks (a key mask
+covers their different lengths); each request computing part of its prompt gets its own call,
+causal over its cached and new positions. The step writes every new key and value into the
+requests' slots, and returns the logits of the last token of each request that asks for one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from genkit.errors import ConfigError, NotSupportedError
+
+from .llama_infer import PreparedModel, layer_output, linear, project_qkv
+
+__all__ = ["PagedKVStore", "StepBatch", "blocks_for", "paged_forward", "paged_store_for", "paged_unsupported",
+           "require_paged"]
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """How many blocks of ``block_size`` slots hold ``tokens`` tokens."""
+    return -(-tokens // block_size)
+
+
+class PagedKVStore:
+    """The K/V tensors of the paged cache: per layer, ``num_blocks`` blocks of ``block_size`` slots
+    (``(blocks, block_size, kv_heads, head_dim)``). A request holding ``blocks`` keeps its token
+    ``i`` in slot ``blocks[i // block_size] * block_size + i % block_size`` of the flattened tensor.
+    Which blocks a request holds is the block allocator's business (``genkit.continuous``).
+
+    ``prepared`` are the model's inference weights, checked once when the store is made."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, block_size: int, num_blocks: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu", prepared: PreparedModel | None = None) -> None:
+        if block_size < 1 or num_blocks < 1:
+            raise ConfigError(f"the paged cache needs block_size >= 1 and num_blocks >= 1; got {block_size}, "
+                             f"{num_blocks}")
+        self.block_size, self.num_blocks = block_size, num_blocks
+        # a block is contiguous, so gathering a request's blocks copies whole blocks
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.prepared = prepared
+
+    def slots(self, blocks: list[int], start: int, stop: int) -> torch.Tensor:
+        """Slot indices of token positions ``start..stop-1`` of a request holding ``blocks``."""
+        pos = torch.arange(start, stop)
+        table = torch.tensor(blocks, dtype=torch.long)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store keys and values ``(kv_heads, T, head_dim)`` of layer ``layer`` at ``slots`` ``(T,)``."""
+        kc, vc = self.keys[layer], self.values[layer]
+        kc.view(-1, *kc.shape[2:]).index_copy_(0, slots, k.transpose(0, 1).to(kc.dtype))
+        vc.view(-1, *vc.shape[2:]).index_copy_(0, slots, v.transpose(0, 1).to(vc.dtype))
+
+
+@dataclass
+class StepBatch:
+    """The tokens of one step: ``ids``/``positions`` (flat), each request's span in them, its
+    cached length before the step and its blocks; ``want_logits[i]`` when request ``i``'s last
+    token's logits are needed."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    spans: list[tuple[int, int]]  # (start in the stream, number of tokens)
+    cached: list[int]
+    blocks: list[list[int]]
+    want_logits: list[bool]
+
+
+def paged_unsupported(model: Any) -> str | None:
+    """Why ``model`` cannot run the paged forward (continuous batching) as it is now; None when it can."""
+    method = getattr(model, "paged_unsupported", None)
+    if not callable(method):
+        return f"continuous batching runs native Llama-family models (genkit.load_model); got {type(model).__name__}"
+    reason: str | None = method()
+    return reason
+
+
+def require_paged(model: Any) -> None:
+    """NotSupportedError naming the reason unless ``model`` can run the paged forward now."""
+    reason = paged_unsupported(model)
+    if reason is not None:
+        raise NotSupportedError(reason)
+
+
+def paged_store_for(model: Any, *, block_size: int, num_blocks: int) -> PagedKVStore:
+    """``model.new_paged_store(...)``; NotSupportedError (with the reason) for a model that has no
+    paged forward or cannot run it now."""
+    require_paged(model)
+    store: PagedKVStore = model.new_paged_store(block_size=block_size, num_blocks=num_blocks)
+    return store
+
+
+class _Attention:
+    """The step's attention plan: which requests decode one token (one batched call over their
+    gathered blocks) and which compute prompt chunks (one causal call each)."""
+
+    def __init__(self, store: PagedKVStore, batch: StepBatch, dtype: torch.dtype) -> None:
+        self.dtype, bs = dtype, store.block_size
+        decode = [i for i, (_, n) in enumerate(batch.spans) if n == 1 and batch.cached[i] > 0]
+        self.decode_rows = torch.tensor([batch.spans[i][0] for i in decode], dtype=torch.long)
+        self.decode_blocks = self.decode_mask = None
+        if decode:
+            lengths = [batch.cached[i] + 1 for i in decode]
+            width = max(blocks_for(n, bs) for n in lengths)
+            self.decode_blocks = torch.tensor([batch.blocks[i][:width] + [0] * (width - len(batch.blocks[i][:width]))
+                                               for i in decode], dtype=torch.long).reshape(-1)
+            self.decode_mask = (torch.arange(width * bs)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
+        in_decode = set(decode)
+        self.chunks = []
+        for i in (i for i in range(len(batch.spans)) if i not in in_decode):
+            start, n = batch.spans[i]
+            c = batch.cached[i]
+            blocks = torch.tensor(batch.blocks[i][:blocks_for(c + n, bs)], dtype=torch.long)
+            mask = None
+            if c > 0:  # query j (position c + j) sees keys 0..c + j
+                mask = (torch.arange(c + n)[None, :] <= (c + torch.arange(n))[:, None])[None, None]
+            self.chunks.append((start, n, c + n, blocks, mask))
+
+    def __call__(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        """Attention output ``(T, heads, head_dim)`` for queries ``q`` ``(heads, T, head_dim)``."""
+        nq, t, d = q.shape
+        nkv, dtype = kc.shape[2], self.dtype
+        out = torch.empty(t, nq, d, dtype=q.dtype)
+        if self.decode_blocks is not None:
+            r = self.decode_rows.shape[0]
+            keys = kc.index_select(0, self.decode_blocks).view(r, -1, nkv, d).transpose(1, 2)
+            values = vc.index_select(0, self.decode_blocks).view(r, -1, nkv, d).transpose(1, 2)
+            qd = q.index_select(1, self.decode_rows).transpose(0, 1)[:, :, None]  # (r, nq, 1, d)
+            o = F.scaled_dot_product_attention(qd, keys.to(dtype), values.to(dtype), attn_mask=self.decode_mask,
+                                               enable_gqa=nkv != nq)
+            out.index_copy_(0, self.decode_rows, o[:, :, 0])
+        for start, n, length, blocks, mask in self.chunks:
+            keys = kc.index_select(0, blocks).view(-1, nkv, d)[:length].transpose(0, 1)[None]
+            values = vc.index_select(0, blocks).view(-1, nkv, d)[:length].transpose(0, 1)[None]
+            o = F.scaled_dot_product_attention(q[None, :, start:start + n], keys.to(dtype), values.to(dtype),
+                                               attn_mask=mask, is_causal=mask is None and n > 1,
+                                               enable_gqa=nkv != nq)
+            out[start:start + n] = o[0].transpose(0, 1)
+        return out
+
+
+@torch.inference_mode()
+def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Tensor:
+    """Run ``batch`` (see :class:`StepBatch`) through a Llama-family ``model`` whose inference
+    weights are ``store.prepared``; returns the logits ``(k, vocab)`` of the requests with
+    ``want_logits``, in order."""
+    prepared = store.prepared
+    assert prepared is not None, "a paged store made by model.new_paged_store() carries the prepared weights"
+    x = model.model.embed_tokens(batch.ids)[None]  # (1, T, hidden)
+    cos_table, sin_table = model._rope_table(int(batch.positions.max()) + 1, x.dtype)
+    cos, sin = cos_table[batch.positions], sin_table[batch.positions]  # (T, head_dim)
+    t = batch.ids.shape[0]
+    new_slots = torch.cat([store.slots(b, c, c + n) for b, c, (_, n) in zip(batch.blocks, batch.cached, batch.spans)])
+    attention = _Attention(store, batch, model.dtype)
+    for layer, p in enumerate(prepared.layers):
+        q, k, v = project_qkv(p, x, cos, sin)  # (1, heads, T, d) each
+        store.write(layer, new_slots, k[0], v[0])
+        out = attention(q[0], store.keys[layer], store.values[layer])
+        x = layer_output(p, x, out.reshape(1, t, p.num_heads * p.head_dim))
+    last = torch.tensor([s + n - 1 for (s, n), w in zip(batch.spans, batch.want_logits) if w], dtype=torch.long)
+    if last.numel() == 0:
+        return torch.empty(0, model.config.vocab_size)
+    h = model.model.norm(x[0].index_select(0, last))
+    if prepared.head is not None:  # the oneDNN-packed LM head of the inference path
+        return linear(h, prepared.head, None, True).float()
+    return model.lm_head(h).float()

@@ -1,0 +1,78 @@
+"""The sampler: the next token of each row and its log-probability, chosen in one place.
+
+Every engine picks tokens with :func:`choose`: the decoding strategies (through
+:func:`choose_tokens`), the continuous-batching manager and ``genkit serve``. So a request gets
+the same tokens whichever engine runs it: greedy is the argmax of the processed scores; sampling
+is one ``torch.multinomial`` draw per row from their softmax, from ``generator`` (``None``: torch's
+global generator, which ``genkit.set_seed`` / ``torch.manual_seed`` seed). A
+``torch.Generator`` seeded with ``s`` draws the same tokens as the global generator after
+``torch.manual_seed(s)``.
+
+Log-probabilities are those of the distribution the token was chosen from: ``log_softmax`` of the
+processed scores (after every logits processor and sampling warper), in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Choice", "choose", "choose_tokens", "log_probs"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What :func:`choose` picked for ``rows`` rows.
+
+    ``tokens`` ``(rows,)``; ``logprobs`` ``(rows,)`` the chosen tokens' log-probabilities (when
+    asked for); ``top_ids`` / ``top_logprobs`` ``(rows, k)`` the ``k`` most likely tokens, best first
+    (when ``top`` > 0 was asked for)."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+
+    def row(self, i: int) -> tuple[int, float | None, list[tuple[int, float]]]:
+        """Row ``i`` as plain values: (token, its log-probability or None, [(id, log-probability), ...])."""
+        lp = None if self.logprobs is None else float(self.logprobs[i])
+        top: list[tuple[int, float]] = []
+        if self.top_ids is not None and self.top_logprobs is not None:
+            top = list(zip(self.top_ids[i].tolist(), self.top_logprobs[i].tolist()))
+        return int(self.tokens[i]), lp, top
+
+
+def choose_tokens(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row from processed ``scores`` ``(rows, vocab)``: the argmax, or a draw from
+    their softmax with ``do_sample`` (see the module docstring)."""
+    if do_sample:
+        probs = torch.softmax(scores, dim=-1)
+        return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+    return scores.argmax(dim=-1)
+
+
+def log_probs(scores: torch.Tensor) -> torch.Tensor:
+    """The log-probabilities ``(rows, vocab)`` that processed ``scores`` stand for (float32)."""
+    return torch.log_softmax(scores.float(), dim=-1)
+
+
+def choose(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None, *,
+           logprobs: bool = False, top: int = 0, tokens: torch.Tensor | None = None) -> Choice:
+    """:func:`choose_tokens`, with the chosen tokens' log-probabilities when ``logprobs`` and the
+    ``top`` most likely alternatives when ``top`` > 0. ``tokens``: report on these tokens instead of
+    choosing (a strategy that has chosen already, e.g. a finished row's pad token)."""
+    if top < 0:
+        from genkit.errors import ConfigError
+
+        raise ConfigError(f"`top` (top log-probabilities) must be an int >= 0; got {top!r}")
+    if tokens is None:
+        tokens = choose_tokens(scores, do_sample, generator)
+    if not logprobs and not top:
+        return Choice(tokens)
+    lp = log_probs(scores)
+    chosen = lp.gather(-1, tokens.reshape(-1, 1).to(lp.device)).squeeze(-1)
+    if not top:
+        return Choice(tokens, chosen)
+    best = lp.topk(min(top, lp.shape[-1]), dim=-1)
+    return Choice(tokens, chosen, best.indices, best.values)
