@@ -3,7 +3,8 @@
 ``generate`` keeps max length and the EOS ids as data (``genkit.strategy.StopConditions``), which
 the loops check as tensor ops; :func:`config_criteria` builds the others (time, stop strings), which
 are called once per step with the sequences so far. ``MaxLengthCriteria`` and ``EosTokenCriteria``
-are the same conditions as objects, for callers that want a ``StoppingCriteriaList``.
+are the same conditions as objects, for callers that want a ``StoppingCriteriaList``; they live in
+the kit (``genkit.strategy.processing``, which ``StopConditions.as_list`` uses) and are re-exported here.
 """
 
 from __future__ import annotations
@@ -11,51 +12,17 @@ from __future__ import annotations
 import logging
 import math
 import time
-from numbers import Integral, Real
+from numbers import Real
 from typing import Any
 
 import torch
 
 from genkit.errors import ConfigError
-from genkit.strategy.processing import StoppingCriteria
+from genkit.strategy.processing import EosTokenCriteria, MaxLengthCriteria, StoppingCriteria
 
 logger = logging.getLogger("genkit.stopping")
 
 __all__ = ["EosTokenCriteria", "MaxLengthCriteria", "MaxTimeCriteria", "build_stopping_criteria", "config_criteria"]
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, Integral) and not isinstance(v, bool)
-
-
-class MaxLengthCriteria(StoppingCriteria):
-    """Done once the sequence holds ``max_length`` tokens (prompt included).
-
-    ``max_position_embeddings``: when given, a warning is logged once the sequence grows past
-    the model's trained context.
-    """
-
-    finish_reason = "length"  # genkit.strategy.FINISH_REASONS
-
-    def __init__(self, max_length: int, max_position_embeddings: int | None = None) -> None:
-        if not _is_int(max_length) or max_length < 1:
-            raise ConfigError(f"`max_length` must be an int >= 1; got {max_length!r}.")
-        if max_position_embeddings is not None and (not _is_int(max_position_embeddings)
-                                                    or max_position_embeddings < 1):
-            raise ConfigError(f"`max_position_embeddings` must be an int >= 1 or None; got {max_position_embeddings!r}.")
-        self.max_length = int(max_length)
-        self.max_position_embeddings = max_position_embeddings
-        self._warned = False
-
-    def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
-        cur = input_ids.shape[-1]
-        done = cur >= self.max_length
-        if (not done and not self._warned and self.max_position_embeddings is not None
-                and cur > self.max_position_embeddings):
-            self._warned = True
-            logger.warning("the sequence (%d tokens) is longer than the model's max_position_embeddings (%d); "
-                           "expect degraded output", cur, self.max_position_embeddings)
-        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
 class MaxTimeCriteria(StoppingCriteria):
@@ -72,28 +39,6 @@ class MaxTimeCriteria(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
         done = time.time() - self.initial_timestamp > self.max_time
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
-
-
-class EosTokenCriteria(StoppingCriteria):
-    """Done where the last token is one of the EOS ids (one id, a list, or a 1-D tensor)."""
-
-    finish_reason = "eos"  # genkit.strategy.FINISH_REASONS
-
-    def __init__(self, eos_token_id: int | list[int] | torch.Tensor) -> None:
-        if not isinstance(eos_token_id, torch.Tensor):
-            ids = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
-            if not isinstance(ids, (list, tuple)) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
-                raise ConfigError(
-                     f"`eos_token_id` must be a token id >= 0, a non-empty list of ids or a 1-D tensor; got {eos_token_id!r}."
-                 )
-            eos_token_id = torch.tensor([int(i) for i in ids], dtype=torch.long)
-        elif eos_token_id.dtype.is_floating_point or eos_token_id.dtype == torch.bool:
-            raise ConfigError(f"`eos_token_id` must hold integer token ids; got dtype {eos_token_id.dtype}.")
-        self.eos_token_id = eos_token_id.reshape(-1).long()
-
-    def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
-        eos = self.eos_token_id.to(input_ids.device)
-        return torch.isin(input_ids[:, -1], eos)
 
 
 class ConfidenceCriteria(StoppingCriteria):

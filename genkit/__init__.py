@@ -47,9 +47,9 @@ _LAZY = {
     "KVCache": "genkit.models.cache:KVCache",
     "LlamaForCausalLM": "genkit.models.llama:LlamaForCausalLM",
     # built-in processors, criteria and streamers under their transformers names
-    "MaxLengthCriteria": "genkit.builtin_strategies.stopping:MaxLengthCriteria",
+    "MaxLengthCriteria": "genkit.strategy.processing:MaxLengthCriteria",
     "MaxTimeCriteria": "genkit.builtin_strategies.stopping:MaxTimeCriteria",
-    "EosTokenCriteria": "genkit.builtin_strategies.stopping:EosTokenCriteria",
+    "EosTokenCriteria": "genkit.strategy.processing:EosTokenCriteria",
     "ConfidenceCriteria": "genkit.builtin_strategies.stopping:ConfidenceCriteria",
     "validate_stopping_criteria": "genkit.builtin_strategies.stopping:validate_stopping_criteria",
     "StopStringCriteria": "genkit.builtin_strategies.stop_strings:StopStringCriteria",

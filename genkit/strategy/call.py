@@ -11,7 +11,7 @@ import torch
 
 from genkit.errors import ConfigError
 
-from .processing import StoppingCriteriaList
+from .processing import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
 __all__ = ["MODEL_INPUTS", "StopConditions", "StrategyCall"]
 
@@ -71,8 +71,6 @@ class StopConditions:
 
     def as_list(self) -> StoppingCriteriaList:
         """The conditions as criterion objects (max length, the criteria, EOS)."""
-        from genkit.builtin_strategies.stopping import EosTokenCriteria, MaxLengthCriteria
-
         items: list[Any] = [MaxLengthCriteria(self.max_length), *self.criteria]
         if self.eos is not None:
             items.append(EosTokenCriteria(self.eos))
