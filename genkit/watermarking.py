@@ -21,7 +21,6 @@ This module does not import torch at import time (``GenerationConfig`` uses it).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import json
 import logging
@@ -33,12 +32,18 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
+from .config.watermark_field import (
+    as_watermarking_config,
+    is_watermarking_config,
+    registered_watermark_configs,
+    watermark_config_keys,
+)
 from .errors import ConfigError
 
 logger = logging.getLogger("genkit.watermarking")
 
 __all__ = ["BaseWatermarkingConfig", "WatermarkDetector", "WatermarkDetectorOutput", "WatermarkingConfig",
-           "as_watermarking_config", "watermark_config_keys"]
+           "as_watermarking_config", "is_watermarking_config", "registered_watermark_configs", "watermark_config_keys"]
 
 SEEDING_SCHEMES = ("lefthash", "selfhash")
 
@@ -49,16 +54,6 @@ def _is_int(v: Any) -> bool:
 
 def _is_num(v: Any) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(float(v))
-
-
-def watermark_config_keys(cls: type) -> tuple[str, ...]:
-    """The keys of a watermark config class: its dataclass fields, else its ``__init__`` parameters."""
-    if dataclasses.is_dataclass(cls):
-        return tuple(f.name for f in dataclasses.fields(cls) if not f.name.startswith("_"))
-    import inspect
-
-    params = inspect.signature(cls.__init__).parameters.values()  # type: ignore[misc]
-    return tuple(p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 @dataclass
@@ -162,39 +157,6 @@ class WatermarkingConfig(BaseWatermarkingConfig):
         from .builtin_strategies.watermark import WatermarkLogitsProcessor
 
         return WatermarkLogitsProcessor(vocab_size=vocab_size, device=device, **self.to_dict())
-
-
-def registered_watermark_configs() -> list[type[BaseWatermarkingConfig]]:
-    """The watermark config classes registered through the ``register_watermarks`` hook
-    (built-ins first: genkit's :class:`WatermarkingConfig`, then the packs')."""
-    from .plugins import get_registry
-
-    return [item.load() for item in get_registry().items["watermark"].values()]
-
-
-def as_watermarking_config(value: Any) -> Any:
-    """The ``watermarking_config`` field's value: a dict becomes the registered watermark config
-    class that has the most of its keys (:class:`WatermarkingConfig` for an empty dict or a tie,
-    as transformers reads ``generation_config.json``); a config object passes through."""
-    if not isinstance(value, dict):
-        return value
-    best: type[BaseWatermarkingConfig] = WatermarkingConfig
-    best_hits = 0
-    for cls in registered_watermark_configs():
-        hits = len(set(value) & set(watermark_config_keys(cls)))
-        if hits > best_hits:
-            best, best_hits = cls, hits
-    logger.debug("watermarking_config dict read as %s", best.__name__)
-    return best.from_dict(value)
-
-
-def is_watermarking_config(value: Any) -> bool:
-    """A watermark config: an object with ``construct_processor``, ``to_dict`` and ``validate``
-    whose ``validate()`` passes."""
-    if not all(callable(getattr(value, m, None)) for m in ("construct_processor", "to_dict", "validate")):
-        return False
-    value.validate()
-    return True
 
 
 @dataclass

@@ -8,6 +8,8 @@
 - :mod:`~genkit.config.files`: where ``generation_config.json`` is read from and written to (a
   folder, a file, a Hub repo);
 - :mod:`~genkit.config.resolve`: the config a generation runs with (merge, lengths);
+- :mod:`~genkit.config.watermark_field`: the ``watermarking_config`` field (its schemes are read
+  from the registry);
 - :mod:`~genkit.config.warn`: warnings logged once per process on the ``genkit.config`` logger.
 
 This package does not import torch. Below it sit only ``genkit.errors`` and the registry

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..plugins import FieldSpec, get_registry
+from .watermark_field import as_watermarking_config, is_watermarking_config
 
 GENERATION_CONFIG_NAME = "generation_config.json"
 # metadata transformers writes next to the settings: kept as read and written back
@@ -79,18 +80,6 @@ def _as_constraint_list(v: Any) -> Any:
                                                           for p in c.token_ids] for c in v]
 
 
-def _watermarking_config(v: Any) -> bool:
-    from ..watermarking import is_watermarking_config
-
-    return is_watermarking_config(v)
-
-
-def _as_watermarking_config(v: Any) -> Any:
-    from ..watermarking import as_watermarking_config
-
-    return as_watermarking_config(v)
-
-
 def _compile_config(v: Any) -> bool:
     from ..compile_config import CompileConfig
 
@@ -147,9 +136,9 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("token_healing", False, _is_bool, "True or False"),
     _F("guidance_scale", None, lambda v: is_num(v) and 0 <= v < float("inf"),
        "a finite number >= 0 (1 turns classifier-free guidance off) or None"),
-    _F("watermarking_config", None, _watermarking_config,
+    _F("watermarking_config", None, is_watermarking_config,
        "a genkit.WatermarkingConfig, a dict of its keys, or another watermark config object "
-       "(construct_processor, to_dict, validate), or None", coerce=_as_watermarking_config),
+       "(construct_processor, to_dict, validate), or None", coerce=as_watermarking_config),
     _F("num_return_sequences", 1, lambda v: is_int(v) and v >= 1, "an int >= 1"),
     # outputs
     _F("output_attentions", False, _is_bool, "True or False"),
