@@ -42,7 +42,7 @@ _LAZY = {
     "init_continuous_batching": "genkit.continuous:init_continuous_batching",
     "ContinuousBatchingConfig": "genkit.continuous:ContinuousBatchingConfig",
     "ContinuousBatchingManager": "genkit.continuous:ContinuousBatchingManager",
-    "load_tokenizer": "genkit.tokenizer:load_tokenizer",
+    "load_tokenizer": "genkit.models.loading:load_tokenizer",
     "ModelConfig": "genkit.models.base:ModelConfig",
     "KVCache": "genkit.models.cache:KVCache",
     "LlamaForCausalLM": "genkit.models.llama:LlamaForCausalLM",

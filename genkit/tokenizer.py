@@ -1,10 +1,14 @@
-"""``genkit.load_tokenizer``: a small tokenizer on top of the ``tokenizers`` library.
+"""The tokenizer genkit loads (``genkit.load_tokenizer``): a small one on top of the ``tokenizers`` library.
 
-It reads a folder or Hub repo holding ``tokenizer.json`` (+ ``tokenizer_config.json`` and
-``special_tokens_map.json``), or a ``.gguf`` file's tokenizer metadata, and offers the part of
+It reads a folder holding ``tokenizer.json`` (+ ``tokenizer_config.json`` and
+``special_tokens_map.json``), or a ``.gguf`` file's tokenizer metadata (as read by ``genkit.models.gguf``), and offers the part of
 transformers' tokenizer API that generation needs: ``__call__`` with padding / truncation /
 ``return_tensors="pt"``, ``decode`` / ``batch_decode``, the special token ids, ``get_vocab`` and
 ``convert_ids_to_tokens`` (for stop strings), and ``apply_chat_template`` (jinja2).
+
+This module sits below ``genkit.models`` (the demo model is converted with it); finding a
+tokenizer from a reference (a folder, a ``.gguf``, a Hub id, the demo alias) is
+``genkit.models.loading.load_tokenizer``.
 """
 
 from __future__ import annotations
@@ -537,26 +541,3 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -
     pair = single.replace("$A", "$A $B:1") if specials else "$A $B:1"
     backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
     return Tokenizer(backend, config, name_or_path=name_or_path)
-
-
-def tokenizer_from_gguf(path: str | os.PathLike[str]) -> Tokenizer:
-    """The tokenizer stored in a ``.gguf`` file's metadata."""
-    from .models.gguf import open_gguf, read_gguf_tokenizer
-
-    return tokenizer_from_gguf_metadata(read_gguf_tokenizer(open_gguf(path)), name_or_path=os.fspath(path))
-
-
-def load_tokenizer(ref: str | os.PathLike[str], revision: str | None = None) -> Tokenizer:
-    """Load a tokenizer from a local folder, a ``.gguf`` file, a Hub id, or a demo-model alias.
-
-    Args:
-        ref: folder with ``tokenizer.json``; path to a ``.gguf``; ``"org/name"`` on the Hub (only
-            the tokenizer files are fetched); or ``"smollm2"`` (the demo model, see docs/models.md).
-        revision: Hub branch, tag or commit.
-    """
-    from .models.loading import resolve_model_source
-
-    source = resolve_model_source(ref, revision=revision, tokenizer_only=True)
-    if source.endswith(".gguf"):
-        return tokenizer_from_gguf(source)
-    return tokenizer_from_folder(source)

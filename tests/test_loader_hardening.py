@@ -20,6 +20,7 @@ from hub_server import hub_server, write_recipe  # noqa: F401
 
 import genkit
 from genkit.cli import main as cli
+from genkit.generation.smoke import smoke_run
 from genkit.recipes import RecipeNotFoundError, RecipeTrustError, RecipeValidationError, load_recipe
 from genkit.recipes.check import check_recipe
 
@@ -180,10 +181,10 @@ def test_check_honours_local_trust_before_its_smoke_run(tmp_path, monkeypatch):
     marker = tmp_path / "ran"
     root = _recipe(tmp_path, "smoke", f"open({str(marker)!r}, 'w').close()\n" + PLAIN)
     monkeypatch.setenv("GENKIT_TRUST_LOCAL_RECIPES", "0")
-    report = check_recipe(root)
+    report = check_recipe(root, smoke=smoke_run)
     assert report.smoke == "not run (needs trust)" and not marker.exists()
     assert any("--trust-remote-code" in w for w in report.warnings)
-    trusted = check_recipe(root, trust_remote_code=True)
+    trusted = check_recipe(root, smoke=smoke_run, trust_remote_code=True)
     assert marker.exists() and trusted.smoke.startswith("returned")
 
 

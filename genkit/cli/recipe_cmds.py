@@ -64,10 +64,19 @@ def cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
+def _smoke(args: argparse.Namespace) -> Any:
+    """The smoke run ``genkit check`` / ``genkit publish`` do (none with ``--no-smoke``)."""
+    if args.no_smoke:
+        return None
+    from ..generation.smoke import smoke_run
+
+    return smoke_run
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from ..recipes.check import check_recipe
 
-    report = check_recipe(args.path, smoke=not args.no_smoke, trust_remote_code=args.trust_remote_code)
+    report = check_recipe(args.path, smoke=_smoke(args), trust_remote_code=args.trust_remote_code)
     if args.json:
         print(json.dumps({"path": str(report.path), "ok": report.ok, "errors": report.errors,
                           "warnings": report.warnings, "audit": [str(f) for f in report.findings],
@@ -82,7 +91,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     try:
         done = publish_recipe(args.path, args.repo_id, revision=args.revision, private=args.private,
-                              commit_message=args.message, smoke=not args.no_smoke)
+                              commit_message=args.message, smoke=_smoke(args))
     except RecipeCheckFailed as exc:
         print(str(exc), file=sys.stderr)
         return 1

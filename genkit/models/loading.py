@@ -1,5 +1,5 @@
-"""``load_model``: native models from a Hub id, a local HF-format folder, a ``.gguf`` file, or the
-demo-model alias.
+"""``load_model`` and ``load_tokenizer``: native models and their tokenizers from a Hub id, a local
+HF-format folder, a ``.gguf`` file, or the demo-model alias.
 
 Errors name what is wrong: the missing or unreadable file, the tensor whose shape does not match,
 the architecture genkit does not know.
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, CorruptModelError, ModelLoadError, UnsupportedModelError
+from ..tokenizer import Tokenizer, tokenizer_from_folder, tokenizer_from_gguf_metadata
 from .base import GenkitModel, ModelConfig
 
 logger = logging.getLogger("genkit.models")
@@ -405,3 +406,24 @@ def _attach_recipe(model: GenkitModel, ref: str, source: str, revision: str | No
     generate.__doc__ = f"generate() from the recipe in {ref}/custom_generate"
     model.generate = generate  # type: ignore[method-assign]
     model.custom_generate_recipe = recipe
+
+
+def tokenizer_from_gguf(path: str | os.PathLike[str]) -> Tokenizer:
+    """The tokenizer stored in a ``.gguf`` file's metadata."""
+    from .gguf import open_gguf, read_gguf_tokenizer
+
+    return tokenizer_from_gguf_metadata(read_gguf_tokenizer(open_gguf(path)), name_or_path=os.fspath(path))
+
+
+def load_tokenizer(ref: str | os.PathLike[str], revision: str | None = None) -> Tokenizer:
+    """Load a tokenizer from a local folder, a ``.gguf`` file, a Hub id, or a demo-model alias.
+
+    Args:
+        ref: folder with ``tokenizer.json``; path to a ``.gguf``; ``"org/name"`` on the Hub (only
+            the tokenizer files are fetched); or ``"smollm2"`` (the demo model, see docs/models.md).
+        revision: Hub branch, tag or commit.
+    """
+    source = resolve_model_source(ref, revision=revision, tokenizer_only=True)
+    if source.endswith(".gguf"):
+        return tokenizer_from_gguf(source)
+    return tokenizer_from_folder(source)

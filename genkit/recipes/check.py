@@ -1,16 +1,16 @@
 """``genkit check``: everything a recipe must pass before it is published — structure, signature,
-import rules, requirements, README front matter — then a smoke run on a tiny random model."""
+import rules, requirements, README front matter — then a smoke run on a tiny random model (its runner is passed in:
+:func:`genkit.generation.smoke.smoke_run`, a layer above this package)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from genkit.sandbox import Finding, SandboxError
+from genkit.sandbox import Finding
 
-from .errors import RequirementsError
 from .requirements import Status
 from .validate import readme_problems
 
@@ -41,10 +41,17 @@ class CheckReport:
         return "\n".join(lines)
 
 
-def check_recipe(path: str | os.PathLike[str], *, smoke: bool = True, trust_remote_code: bool = False) -> CheckReport:
+#: ``smoke(root, report) -> str``: runs the recipe in ``root``, appends its errors to ``report.errors``
+#: and describes what happened (:func:`genkit.generation.smoke.smoke_run`)
+SmokeRun = Callable[[Path, CheckReport], str]
+
+
+def check_recipe(path: str | os.PathLike[str], *, smoke: SmokeRun | None = None,
+                 trust_remote_code: bool = False) -> CheckReport:
     """Check a local recipe folder with the loader's own steps (:mod:`genkit.recipes.pipeline`),
-    collecting problems instead of raising; the smoke run happens only when every static check
-    passed and the trust gate lets the folder run: when local recipes need trust
+    collecting problems instead of raising; then ``smoke(root, report)`` runs it (``None`` or
+    ``False``: no smoke run). The smoke run happens only when every static check passed and the
+    trust gate lets the folder run: when local recipes need trust
     (``GENKIT_TRUST_LOCAL_RECIPES=0`` or the settings file), only with ``trust_remote_code=True``."""
     from . import pipeline
     from .errors import RecipeTrustError
@@ -78,27 +85,5 @@ def check_recipe(path: str | os.PathLike[str], *, smoke: bool = True, trust_remo
                                    "--trust-remote-code to run it")
             report.smoke = "not run (needs trust)"
         else:
-            report.smoke = _smoke(root, report)
+            report.smoke = smoke(root, report)
     return report
-
-
-def _smoke(root: Path, report: CheckReport) -> str:
-    import torch
-
-    from ..generation.api import generate
-    from ..models.tiny import tiny_llama
-
-    model = tiny_llama(seed=0)
-    ids = torch.tensor([[1, 17, 42, 7]])
-    try:
-        out: Any = generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), custom_generate=str(root),
-                            trust_remote_code=True, max_new_tokens=4)
-    except (RequirementsError, SandboxError) as exc:
-        report.errors.append(str(exc))
-        return "not run"
-    except Exception as exc:  # noqa: BLE001 - a recipe may raise anything; report it
-        report.errors.append(f"smoke run on genkit.models.tiny.tiny_llama raised {type(exc).__name__}: {exc}")
-        return "failed"
-    seq = getattr(out, "sequences", out)
-    shape = tuple(seq.shape) if isinstance(seq, torch.Tensor) else None
-    return f"returned {type(out).__name__}" + (f" with sequences of shape {shape}" if shape else "")

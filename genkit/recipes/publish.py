@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, RecipeError
-from .check import CheckReport, check_recipe
+from .check import CheckReport, SmokeRun, check_recipe
 from .hub import api, with_retries
 from .resolve import REPO_RE
 from .validate import with_tag
@@ -55,8 +55,8 @@ def _stage(root: Path, staging: Path) -> None:
 
 
 def publish_recipe(path: str | os.PathLike[str], repo_id: str, *, revision: str | None = None, private: bool = False,
-                   commit_message: str | None = None, smoke: bool = True) -> Published:
-    """Check ``path`` (errors raise :class:`RecipeCheckFailed`, nothing is uploaded), create the repo
+                   commit_message: str | None = None, smoke: SmokeRun | None = None) -> Published:
+    """Check ``path`` (with the smoke run ``smoke``, see :func:`~genkit.recipes.check.check_recipe`) (errors raise :class:`RecipeCheckFailed`, nothing is uploaded), create the repo
     (and branch ``revision``) if needed and upload the folder; returns the commit."""
     if not REPO_RE.fullmatch(repo_id or "") or ".." in repo_id:
         raise ConfigError(f"repo id {repo_id!r} must look like 'org/name'")
