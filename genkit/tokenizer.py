@@ -54,6 +54,37 @@ def _token_content(value: Any) -> str | None:
     return str(value)
 
 
+def _padding_mode(padding: bool | str) -> str:
+    """``padding`` as one of "longest", "max_length", "do_not_pad"."""
+    if padding is True:
+        padding = "longest"
+    if padding is False:
+        padding = "do_not_pad"
+    if padding not in ("longest", "max_length", "do_not_pad"):
+        raise ConfigError(f"`padding`={padding!r} is not valid; accepted: True, False, 'longest', "
+                          "'max_length', 'do_not_pad'")
+    return padding
+
+
+def _batch_encoding(ids: list[list[int]], masks: list[list[int]], single: bool, return_tensors: str | None,
+                    return_attention_mask: bool) -> BatchEncoding:
+    """The encoded batch as lists (one list for a single text) or, with ``return_tensors="pt"``, tensors."""
+    out = BatchEncoding()
+    if return_tensors == "pt":
+        import torch
+
+        if len({len(x) for x in ids}) > 1:
+            raise ConfigError("sequences have different lengths; pass `padding=True` to return a tensor")
+        out["input_ids"] = torch.tensor(ids, dtype=torch.long)
+        if return_attention_mask:
+            out["attention_mask"] = torch.tensor(masks, dtype=torch.long)
+    else:
+        out["input_ids"] = ids[0] if single else ids
+        if return_attention_mask:
+            out["attention_mask"] = masks[0] if single else masks
+    return out
+
+
 class Tokenizer:
     """A ``tokenizers.Tokenizer`` with transformers-style conveniences.
 
@@ -176,64 +207,51 @@ class Tokenizer:
         if not single and not (isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text)):
             raise ConfigError("`text` must be a string or a list of strings")
         texts = [text] if single else list(text)
-        if padding is True:
-            padding = "longest"
-        if padding is False:
-            padding = "do_not_pad"
-        if padding not in ("longest", "max_length", "do_not_pad"):
-            raise ConfigError(f"`padding`={padding!r} is not valid; accepted: True, False, 'longest', "
-                              "'max_length', 'do_not_pad'")
+        padding = _padding_mode(padding)
         side = padding_side or self.padding_side
         if side not in ("left", "right"):
             raise ConfigError(f"`padding_side`={side!r} is not valid; accepted: 'left', 'right'")
         if return_tensors not in (None, "pt"):
             raise ConfigError(f"`return_tensors`={return_tensors!r} is not supported; accepted: None, 'pt'")
-        if truncation and truncation != "do_not_truncate":
-            limit = max_length if max_length is not None else self.model_max_length
-            if limit is None:
-                raise ConfigError("`truncation=True` needs `max_length` (or the tokenizer's model_max_length)")
-        else:
-            limit = None
+        limit = self._truncation_limit(truncation, max_length)
 
         encodings = self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
         ids = [e.ids for e in encodings]
         if limit is not None:
             ids = [x[-limit:] if self.truncation_side == "left" else x[:limit] for x in ids]
         masks = [[1] * len(x) for x in ids]
+        if padding == "max_length" and max_length is None:
+            raise ConfigError("`padding='max_length'` needs `max_length`")
         if padding != "do_not_pad":
-            if padding == "max_length":
-                if max_length is None:
-                    raise ConfigError("`padding='max_length'` needs `max_length`")
-                target = max_length
-            else:
-                target = max((len(x) for x in ids), default=0)
-            pad_id = self.pad_token_id
-            if pad_id is None and any(len(x) < target for x in ids):
-                raise ConfigError("this tokenizer has no pad token; set `tokenizer.pad_token` "
-                                  "(e.g. to its eos_token) before padding")
-            for i, x in enumerate(ids):
-                n = target - len(x)
-                if n > 0:
-                    if side == "left":
-                        ids[i] = [pad_id] * n + x
-                        masks[i] = [0] * n + masks[i]
-                    else:
-                        ids[i] = x + [pad_id] * n
-                        masks[i] = masks[i] + [0] * n
-        out = BatchEncoding()
-        if return_tensors == "pt":
-            import torch
+            self._pad(ids, masks, max_length if padding == "max_length" else None, side)
+        return _batch_encoding(ids, masks, single, return_tensors, return_attention_mask)
 
-            if len({len(x) for x in ids}) > 1:
-                raise ConfigError("sequences have different lengths; pass `padding=True` to return a tensor")
-            out["input_ids"] = torch.tensor(ids, dtype=torch.long)
-            if return_attention_mask:
-                out["attention_mask"] = torch.tensor(masks, dtype=torch.long)
-        else:
-            out["input_ids"] = ids[0] if single else ids
-            if return_attention_mask:
-                out["attention_mask"] = masks[0] if single else masks
-        return out
+    def _truncation_limit(self, truncation: bool | str, max_length: int | None) -> int | None:
+        """The length sequences are cut to (``None``: no truncation)."""
+        if not truncation or truncation == "do_not_truncate":
+            return None
+        limit = max_length if max_length is not None else self.model_max_length
+        if limit is None:
+            raise ConfigError("`truncation=True` needs `max_length` (or the tokenizer's model_max_length)")
+        return limit
+
+    def _pad(self, ids: list[list[int]], masks: list[list[int]], max_length: int | None, side: str) -> None:
+        """Pad ``ids`` and ``masks`` in place on ``side``: to ``max_length`` when given (padding
+        "max_length"), else to the longest sequence."""
+        target = max_length if max_length is not None else max((len(x) for x in ids), default=0)
+        pad_id = self.pad_token_id
+        if pad_id is None and any(len(x) < target for x in ids):
+            raise ConfigError("this tokenizer has no pad token; set `tokenizer.pad_token` "
+                              "(e.g. to its eos_token) before padding")
+        for i, x in enumerate(ids):
+            n = target - len(x)
+            if n > 0:
+                if side == "left":
+                    ids[i] = [pad_id] * n + x
+                    masks[i] = [0] * n + masks[i]
+                else:
+                    ids[i] = x + [pad_id] * n
+                    masks[i] = masks[i] + [0] * n
 
     # -- decoding ---------------------------------------------------------------------------
     @staticmethod
@@ -477,6 +495,54 @@ def _sentencepiece_backend(meta: dict[str, Any], tokens: list[str]) -> tuple[Any
     return backend, vocab
 
 
+def _gguf_tokenizer_config(meta: dict[str, Any], kind: str, tokens: list[str]) -> dict[str, Any]:
+    """The special tokens, ``add_bos_token`` / ``add_eos_token`` and the chat template of a GGUF."""
+    def tok(key: str) -> str | None:
+        i = meta.get(key)
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+    config: dict[str, Any] = {"bos_token": tok("bos_token_id"), "eos_token": tok("eos_token_id"),
+                              "unk_token": tok("unknown_token_id"), "pad_token": tok("padding_token_id"),
+                              "add_bos_token": bool(meta.get("add_bos_token", kind == "llama")),
+                              "add_eos_token": bool(meta.get("add_eos_token", False))}
+    if meta.get("chat_template"):
+        config["chat_template"] = meta["chat_template"]
+    return config
+
+
+def _add_gguf_added_tokens(backend: Any, meta: dict[str, Any], kind: str, tokens: list[str], vocab: dict[str, int],
+                           config: dict[str, Any], usable: Any) -> None:
+    """Control tokens (and, for ``"llama"``, the named special tokens) become special added tokens,
+    user-defined ones plain added tokens."""
+    from tokenizers import AddedToken
+
+    types = list(meta.get("token_type") or [])
+    control = [t for t, ty in zip(tokens, types) if ty == _GGUF_CONTROL and usable(t)]
+    if kind == "llama":  # the named special tokens too (``<unk>`` is typed UNKNOWN, not CONTROL)
+        control += [config[n] for n in _SPECIAL_NAMES if config[n] is not None and config[n] not in control]
+    if control:
+        backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+    user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
+            if ty == _GGUF_USER_DEFINED and t in vocab]
+    if user:
+        backend.add_tokens(user)
+
+
+def _gguf_post_processor(config: dict[str, Any], tokens: list[str], vocab: dict[str, int]) -> Any:
+    """The template that adds BOS / EOS as ``add_bos_token`` / ``add_eos_token`` say."""
+    from tokenizers import processors
+
+    single, specials = "$A", []
+    if config["add_bos_token"] and config["bos_token"] is not None:
+        single = f"{config['bos_token']} {single}"
+        specials.append((config["bos_token"], vocab.get(config["bos_token"], tokens.index(config["bos_token"]))))
+    if config["add_eos_token"] and config["eos_token"] is not None:
+        single = f"{single} {config['eos_token']}"
+        specials.append((config["eos_token"], vocab.get(config["eos_token"], tokens.index(config["eos_token"]))))
+    pair = single.replace("$A", "$A $B:1") if specials else "$A $B:1"
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+
+
 def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -> Tokenizer:
     """Build the tokenizer a GGUF's ``tokenizer.ggml.*`` metadata describes.
 
@@ -488,8 +554,6 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -
     ``add_bos_token``/``add_eos_token`` say (for ``"llama"`` BOS is added when the file does not say,
     as llama.cpp does).
     """
-    from tokenizers import AddedToken, processors
-
     kind = meta.get("model")
     if kind not in GGUF_TOKENIZER_MODELS:
         raise UnsupportedModelError(f"`tokenizer.ggml.model`: GGUF tokenizer model {kind!r} is not supported; accepted: "
@@ -509,35 +573,7 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -
         def usable(t: str) -> bool:
             return True
 
-    def tok(key: str) -> str | None:
-        i = meta.get(key)
-        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
-
-    config: dict[str, Any] = {"bos_token": tok("bos_token_id"), "eos_token": tok("eos_token_id"),
-                              "unk_token": tok("unknown_token_id"), "pad_token": tok("padding_token_id"),
-                              "add_bos_token": bool(meta.get("add_bos_token", kind == "llama")),
-                              "add_eos_token": bool(meta.get("add_eos_token", False))}
-    if meta.get("chat_template"):
-        config["chat_template"] = meta["chat_template"]
-
-    types = list(meta.get("token_type") or [])
-    control = [t for t, ty in zip(tokens, types) if ty == _GGUF_CONTROL and usable(t)]
-    if kind == "llama":  # the named special tokens too (``<unk>`` is typed UNKNOWN, not CONTROL)
-        control += [config[n] for n in _SPECIAL_NAMES if config[n] is not None and config[n] not in control]
-    if control:
-        backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
-    user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
-            if ty == _GGUF_USER_DEFINED and t in vocab]
-    if user:
-        backend.add_tokens(user)
-
-    single, specials = "$A", []
-    if config["add_bos_token"] and config["bos_token"] is not None:
-        single = f"{config['bos_token']} {single}"
-        specials.append((config["bos_token"], vocab.get(config["bos_token"], tokens.index(config["bos_token"]))))
-    if config["add_eos_token"] and config["eos_token"] is not None:
-        single = f"{single} {config['eos_token']}"
-        specials.append((config["eos_token"], vocab.get(config["eos_token"], tokens.index(config["eos_token"]))))
-    pair = single.replace("$A", "$A $B:1") if specials else "$A $B:1"
-    backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+    config = _gguf_tokenizer_config(meta, kind, tokens)
+    _add_gguf_added_tokens(backend, meta, kind, tokens, vocab, config, usable)
+    backend.post_processor = _gguf_post_processor(config, tokens, vocab)
     return Tokenizer(backend, config, name_or_path=name_or_path)
