@@ -59,34 +59,41 @@ def generate(
     from ..recipes.reference import classify
 
     named = classify(custom_generate)
+    arguments = dict(
+        logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model, streamer=streamer,
+        negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
+    )
     engine = engine_for(generation_config, kwargs)  # cache_implementation="paged": continuous batching
     if engine is not None and not (named and named.is_recipe):
-        return engine(model, inputs, generation_config, dict(
-            logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model, streamer=streamer,
-            negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
-            custom_generate=custom_generate,
-        ), kwargs)
+        return engine(model, inputs, generation_config, dict(arguments, custom_generate=custom_generate), kwargs)
     model = _as_protocol_model(model)
     if named is not None and named.is_recipe:  # every argument except the two that chose the recipe
-        from ..recipes import load_recipe
+        return _run_recipe(model, named.ref, trust_remote_code,
+                           dict(inputs=inputs, generation_config=generation_config, **arguments), kwargs)
+    return _run_decoding(model, inputs, generation_config, custom_generate, arguments, kwargs)
 
-        recipe = load_recipe(named.ref, trust_remote_code=trust_remote_code)
-        forwarded = dict(
-            inputs=inputs, generation_config=generation_config, logits_processor=logits_processor,
-            stopping_criteria=stopping_criteria, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-            assistant_model=assistant_model, streamer=streamer, negative_prompt_ids=negative_prompt_ids,
-            negative_prompt_attention_mask=negative_prompt_attention_mask,
-        )
-        with torch.no_grad():
-            return recipe.generate(model, **{k: v for k, v in forwarded.items() if v is not None}, **kwargs)
 
+def _run_recipe(model: Any, ref: str, trust_remote_code: bool | None, forwarded: dict[str, Any],
+                kwargs: dict[str, Any]) -> Any:
+    """``generate`` through the ``custom_generate`` recipe at ``ref``, given every argument that is set."""
+    from ..recipes import load_recipe
+
+    recipe = load_recipe(ref, trust_remote_code=trust_remote_code)
+    with torch.no_grad():
+        return recipe.generate(model, **{k: v for k, v in forwarded.items() if v is not None}, **kwargs)
+
+
+def _run_decoding(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
+                  custom_generate: str | Callable[..., Any] | None, arguments: dict[str, Any],
+                  kwargs: dict[str, Any]) -> Any:
+    """``generate`` on the generate engine: prepare the call, pick the strategy, run it, shape the output."""
     # the negative prompt is the classifier-free guidance processor's input (ProcessorContext.extras)
-    negative = {"negative_prompt_ids": negative_prompt_ids,
-                "negative_prompt_attention_mask": negative_prompt_attention_mask}
-    prepared = prepare(model, inputs, generation_config, logits_processor, stopping_criteria,
-                       prefix_allowed_tokens_fn, streamer, kwargs,
-                       processor_inputs={k: v for k, v in negative.items() if v is not None})
+    negative = {k: arguments[k] for k in ("negative_prompt_ids", "negative_prompt_attention_mask")}
+    prepared = prepare(model, inputs, generation_config, arguments["logits_processor"],
+                       arguments["stopping_criteria"], arguments["prefix_allowed_tokens_fn"], arguments["streamer"],
+                       kwargs, processor_inputs={k: v for k, v in negative.items() if v is not None})
+    assistant_model = arguments["assistant_model"]
     decode = _pick_strategy(custom_generate, prepared.config, assistant_model)
     extra: dict[str, Any] = {}
     if assistant_model is not None:
