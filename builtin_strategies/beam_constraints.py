@@ -120,6 +120,14 @@ def constrained_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) 
     """Beam search whose returned hypotheses contain every ``force_words_ids`` constraint. ``kwargs``
     is the strategy call (``genkit.strategy.StrategyCall``)."""
     call = beam_call("constrained beam search", model, input_ids, kwargs)
+    beams, constraints = _read_constraints(call, model)
+    search = _ConstrainedSearch(call, beams, constraints)
+    search.loop(input_ids)
+    return search.output(input_ids)
+
+
+def _read_constraints(call: Any, model: Any) -> tuple[int, list[list[list[int]]]]:
+    """``num_beams`` and the constraints of the call (refusing settings the search cannot run)."""
     cfg = call.config
     if cfg.force_words_ids is None and not cfg.constraints:
         raise ConfigError("constrained beam search needs `force_words_ids` or `constraints` (phrases or disjunctive "
@@ -134,93 +142,134 @@ def constrained_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) 
     constraints = parse_constraints(cfg.constraints, vocab_size) if cfg.constraints else []
     if cfg.force_words_ids is not None:
         constraints += parse_force_words_ids(cfg.force_words_ids, vocab_size)
-    run = BeamRun(call, beams)
-    n_return = run.n_return
-    batch, prompt_len, max_length, device = call.batch, call.prompt_len, call.max_length, call.device
-    lp_exp = float(cfg.length_penalty)
-    state = ConstraintState(constraints, device)
-    reserved = max(n_return, (beams + 1) // 2)  # running slots complete hypotheses take first
-    n_gen = max_length - prompt_len
-    seqs = sequence_buffer(input_ids, max_length, run.fill, beams)
-    run_scores = torch.full((batch, beams), NEG, device=device)
-    run_scores[:, 0] = 0.0
-    bidx = torch.full((batch, beams, n_gen), -1, dtype=torch.long, device=device)
-    # finished pool per prompt: lists of (key, score, seq, bidx); key ranks complete before incomplete
-    pools: list[list[tuple[float, float, torch.Tensor, torch.Tensor]]] = [[] for _ in range(batch)]
-    fallback: list[list[tuple[float, float, torch.Tensor, torch.Tensor]]] = [[] for _ in range(batch)]
+    return beams, constraints
 
-    cur = prompt_len
-    while True:
-        flat_ids = seqs[:, :, :cur].reshape(batch * beams, cur)
-        log_probs = call.logits_processor(flat_ids, run.log_probs())
-        run.outputs.processed(log_probs, copy=True)
-        vocab = log_probs.shape[-1]
-        total = log_probs.view(batch, beams, vocab) + run_scores[:, :, None]
-        _, _, adv_tok, adv_ok = state.evaluate(flat_ids[:, prompt_len:])
-        adv_tok, adv_ok = adv_tok.view(batch, beams, -1), adv_ok.view(batch, beams, -1)
-        last = cur + 1 >= max_length
 
-        new_seqs, new_scores, new_bidx, parents = [], [], [], []
+#: a finished hypothesis: (rank key, score, sequence, beam indices); the key ranks complete before incomplete
+_Entry = tuple[float, float, torch.Tensor, torch.Tensor]
+
+
+class _ConstrainedSearch:
+    """The state of one constrained beam search: the beam run, the constraints, and per prompt the
+    pool of finished hypotheses that satisfy every constraint (``pools``) and of those that do not
+    (``fallback``, used only when too few complete ones exist at ``max_length``)."""
+
+    def __init__(self, call: Any, beams: int, constraints: list[list[list[int]]]) -> None:
+        self.call, self.beams = call, beams
+        self.run = BeamRun(call, beams)
+        self.n_return = self.run.n_return
+        self.batch, self.prompt_len, self.max_length, self.device = (call.batch, call.prompt_len, call.max_length,
+                                                                      call.device)
+        self.lp_exp = float(call.config.length_penalty)
+        self.state = ConstraintState(constraints, self.device)
+        self.reserved = max(self.n_return, (beams + 1) // 2)  # running slots complete hypotheses take first
+        self.n_gen = self.max_length - self.prompt_len
+        self.pools: list[list[_Entry]] = [[] for _ in range(self.batch)]
+        self.fallback: list[list[_Entry]] = [[] for _ in range(self.batch)]
+
+    def loop(self, input_ids: torch.Tensor) -> None:
+        """Step every prompt's beams until ``max_length`` or until no running beam can beat the pools."""
+        call, run, batch, beams, prompt_len = self.call, self.run, self.batch, self.beams, self.prompt_len
+        seqs = sequence_buffer(input_ids, self.max_length, run.fill, beams)
+        run_scores = torch.full((batch, beams), NEG, device=self.device)
+        run_scores[:, 0] = 0.0
+        bidx = torch.full((batch, beams, self.n_gen), -1, dtype=torch.long, device=self.device)
+        cur = prompt_len
+        while True:
+            flat_ids = seqs[:, :, :cur].reshape(batch * beams, cur)
+            log_probs = call.logits_processor(flat_ids, run.log_probs())
+            run.outputs.processed(log_probs, copy=True)
+            total = log_probs.view(batch, beams, log_probs.shape[-1]) + run_scores[:, :, None]
+            _, _, adv_tok, adv_ok = self.state.evaluate(flat_ids[:, prompt_len:])
+            adv_tok, adv_ok = adv_tok.view(batch, beams, -1), adv_ok.view(batch, beams, -1)
+            last = cur + 1 >= self.max_length
+            steps = [self._step_prompt(b, total[b], adv_tok[b], adv_ok[b], run_scores[b] > NEG / 2, seqs, bidx, cur)
+                     for b in range(batch)]
+            new_seqs, new_scores, new_bidx, parents = zip(*steps)
+            seqs, run_scores, bidx = torch.stack(new_seqs), torch.stack(new_scores), torch.stack(new_bidx)
+            cur += 1
+            if last or _all_done(self.pools, run_scores, beams, call.config.early_stopping, self.lp_exp, cur,
+                                 prompt_len, self.max_length):
+                break
+            run.forward(seqs[:, :, cur - 1], torch.cat(parents))
+
+    def _step_prompt(self, b: int, total: torch.Tensor, adv_tok: torch.Tensor, adv_ok: torch.Tensor,
+                     live: torch.Tensor, seqs: torch.Tensor, bidx: torch.Tensor,
+                     cur: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One prompt's step: its candidates, the finished ones into the pools, and its next running
+        beams (sequences, scores, beam indices, parent rows)."""
+        parent, tok, score, cand, cand_bidx = self._candidates(b, total, adv_tok, adv_ok, live, seqs, bidx, cur)
+        met, bank, _, _ = self.state.evaluate(cand[:, self.prompt_len:cur + 1])
+        complete = met.all(dim=1)
+        hit = self.run.hits(tok, cand, cur)
+        self._collect(b, hit, complete, score, cand, cand_bidx, cur)
+        # running: round-robin over banks (most progressed first), best score first in a bank
+        run_idx = torch.nonzero(~hit).view(-1)
+        chosen = run_idx[_select_running(bank[run_idx], score[run_idx], complete[run_idx], self.beams, self.reserved)]
+        return self._running(b, chosen, score, cand, cand_bidx, parent, seqs, bidx)
+
+    def _candidates(self, b: int, total: torch.Tensor, adv_tok: torch.Tensor, adv_ok: torch.Tensor,
+                    live: torch.Tensor, seqs: torch.Tensor, bidx: torch.Tensor,
+                    cur: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The candidates of prompt ``b``: the overall top ``2 * beams``, each live beam's own best
+        two and every token that advances a constraint; their parents, tokens, scores, sequences."""
+        beams, vocab = self.beams, total.shape[-1]
+        top = torch.topk(total.view(-1), min(2 * beams, beams * vocab)).indices
+        rows = torch.arange(beams, device=self.device)[:, None] * vocab
+        own = (rows + torch.topk(total, min(2, vocab), dim=1).indices)[live]  # each beam's own best
+        forced = (rows + adv_tok)[live[:, None] & adv_ok]
+        flat = torch.unique(torch.cat((top, own.view(-1), forced)))
+        parent, tok = flat // vocab, flat % vocab
+        score = total.view(-1)[flat]
+        keep = score > NEG / 2
+        parent, tok, score = parent[keep], tok[keep], score[keep]
+        cand, cand_bidx = extend(seqs[b:b + 1], bidx[b:b + 1], parent[None], tok[None], parent[None] + b * beams,
+                                 cur, self.prompt_len)
+        return parent, tok, score, cand[0], cand_bidx[0]
+
+    def _collect(self, b: int, hit: torch.Tensor, complete: torch.Tensor, score: torch.Tensor, cand: torch.Tensor,
+                 cand_bidx: torch.Tensor, cur: int) -> None:
+        """Finished candidates (``hit``) join prompt ``b``'s pool, or its fallback when incomplete."""
+        normed = score / float(cur + 1 - self.prompt_len) ** self.lp_exp
+        for i in torch.nonzero(hit).view(-1).tolist():
+            entry = (float(normed[i]), float(normed[i]), cand[i], cand_bidx[i])
+            (self.pools[b] if bool(complete[i]) else self.fallback[b]).append(entry)
+        self.pools[b] = sorted(self.pools[b], key=lambda e: -e[0])[:self.beams]
+        self.fallback[b] = sorted(self.fallback[b], key=lambda e: -e[0])[:self.beams]
+
+    def _running(self, b: int, chosen: torch.Tensor, score: torch.Tensor, cand: torch.Tensor,
+                 cand_bidx: torch.Tensor, parent: torch.Tensor, seqs: torch.Tensor,
+                 bidx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Prompt ``b``'s next beams: the ``chosen`` candidates, the other slots dead (score ``NEG``)."""
+        beams, n_ch = self.beams, chosen.numel()
+        s = torch.full((beams,), NEG, device=self.device)
+        sq = seqs[b].clone()
+        bi = bidx[b].clone()
+        par = torch.full((beams,), b * beams, dtype=torch.long, device=self.device)
+        if n_ch:
+            s[:n_ch] = score[chosen]
+            sq[:n_ch] = cand[chosen]
+            bi[:n_ch] = cand_bidx[chosen]
+            par[:n_ch] = parent[chosen] + b * beams
+        return sq, s, bi, par
+
+    def output(self, input_ids: torch.Tensor) -> GenerateBeamDecoderOnlyOutput:
+        """The best hypotheses of each prompt, complete ones first (incomplete ones, with a
+        warning, only when too few complete ones exist)."""
+        beams, batch = self.beams, self.batch
+        out_seqs = sequence_buffer(input_ids, self.max_length, self.run.fill, beams)
+        out_scores = torch.full((batch, beams), NEG, device=self.device)
+        out_bidx = torch.full((batch, beams, self.n_gen), -1, dtype=torch.long, device=self.device)
         for b in range(batch):
-            live = run_scores[b] > NEG / 2
-            top = torch.topk(total[b].view(-1), min(2 * beams, beams * vocab)).indices
-            rows = torch.arange(beams, device=device)[:, None] * vocab
-            own = (rows + torch.topk(total[b], min(2, vocab), dim=1).indices)[live]  # each beam's own best
-            forced = (rows + adv_tok[b])[live[:, None] & adv_ok[b]]
-            flat = torch.unique(torch.cat((top, own.view(-1), forced)))
-            parent, tok = flat // vocab, flat % vocab
-            score = total[b].view(-1)[flat]
-            keep = score > NEG / 2
-            parent, tok, score = parent[keep], tok[keep], score[keep]
-            cand, cand_bidx = extend(seqs[b:b + 1], bidx[b:b + 1], parent[None], tok[None], parent[None] + b * beams,
-                                     cur, prompt_len)
-            cand, cand_bidx = cand[0], cand_bidx[0]
-            met, bank, _, _ = state.evaluate(cand[:, prompt_len:cur + 1])
-            complete = met.all(dim=1)
-            hit = run.hits(tok, cand, cur)
-            normed = score / float(cur + 1 - prompt_len) ** lp_exp
-            for i in torch.nonzero(hit).view(-1).tolist():
-                entry = (float(normed[i]), float(normed[i]), cand[i], cand_bidx[i])
-                (pools[b] if bool(complete[i]) else fallback[b]).append(entry)
-            pools[b] = sorted(pools[b], key=lambda e: -e[0])[:beams]
-            fallback[b] = sorted(fallback[b], key=lambda e: -e[0])[:beams]
-            # running: round-robin over banks (most progressed first), best score first in a bank
-            run_idx = torch.nonzero(~hit).view(-1)
-            chosen = _select_running(bank[run_idx], score[run_idx], complete[run_idx], beams, reserved)
-            chosen = run_idx[chosen]
-            n_ch = chosen.numel()
-            s = torch.full((beams,), NEG, device=device)
-            sq = seqs[b].clone()
-            bi = bidx[b].clone()
-            par = torch.full((beams,), b * beams, dtype=torch.long, device=device)
-            if n_ch:
-                s[:n_ch] = score[chosen]
-                sq[:n_ch] = cand[chosen]
-                bi[:n_ch] = cand_bidx[chosen]
-                par[:n_ch] = parent[chosen] + b * beams
-            new_seqs.append(sq)
-            new_scores.append(s)
-            new_bidx.append(bi)
-            parents.append(par)
-        seqs, run_scores, bidx = torch.stack(new_seqs), torch.stack(new_scores), torch.stack(new_bidx)
-        cur += 1
-        if last or _all_done(pools, run_scores, beams, cfg.early_stopping, lp_exp, cur, prompt_len, max_length):
-            break
-        run.forward(seqs[:, :, cur - 1], torch.cat(parents))
-
-    out_seqs = sequence_buffer(input_ids, max_length, run.fill, beams)
-    out_scores = torch.full((batch, beams), NEG, device=device)
-    out_bidx = torch.full((batch, beams, n_gen), -1, dtype=torch.long, device=device)
-    for b in range(batch):
-        chosen_entries = pools[b][:beams]
-        if len(chosen_entries) < n_return:
-            logger.warning("constrained beam search: prompt %d reached max_length with %d hypotheses that satisfy "
-                           "every constraint; filling with incomplete ones (raise max_new_tokens)", b,
-                           len(chosen_entries))
-            chosen_entries = chosen_entries + fallback[b][:beams - len(chosen_entries)]
-        for j, (_, sc, sq, bi) in enumerate(chosen_entries):
-            out_seqs[b, j], out_scores[b, j], out_bidx[b, j] = sq, sc, bi
-    return run.output(out_seqs, out_scores, out_bidx)
+            chosen_entries = self.pools[b][:beams]
+            if len(chosen_entries) < self.n_return:
+                logger.warning("constrained beam search: prompt %d reached max_length with %d hypotheses that satisfy "
+                               "every constraint; filling with incomplete ones (raise max_new_tokens)", b,
+                               len(chosen_entries))
+                chosen_entries = chosen_entries + self.fallback[b][:beams - len(chosen_entries)]
+            for j, (_, sc, sq, bi) in enumerate(chosen_entries):
+                out_seqs[b, j], out_scores[b, j], out_bidx[b, j] = sq, sc, bi
+        return self.run.output(out_seqs, out_scores, out_bidx)
 
 
 def _select_running(bank: torch.Tensor, score: torch.Tensor, complete: torch.Tensor, k: int,
