@@ -81,14 +81,7 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, max
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")
     allowed = _CHAT if chat else _COMPLETIONS
-    for key in body:
-        if key in _SHADOWED:
-            raise APIError(f"`{key}` is set through OpenAI's fields here (max_tokens, temperature, n, stop)", key)
-        if key not in allowed and key not in generation_fields:
-            close = difflib.get_close_matches(key, sorted(allowed | generation_fields), n=3)
-            hint = f"; did you mean {', '.join(f'`{c}`' for c in close)}?" if close else ""
-            raise APIError(f"unknown field `{key}`: neither an OpenAI parameter of this endpoint nor a generation "
-                           f"parameter{hint}", key)
+    _check_keys(body, allowed, generation_fields)
     model = body.get("model")
     if model is not None and model != model_name:
         raise APIError(f"the model `{model}` does not exist; this server serves `{model_name}`", "model", 404,
@@ -96,30 +89,13 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, max
     prompt_ids = _chat_prompt(body, tokenizer) if chat else _completion_prompt(body, tokenizer)
     if not prompt_ids:
         raise APIError("the prompt is empty", "messages" if chat else "prompt")
-    max_name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _int(body, max_name, 1, default=None)
-    if max_tokens is None:
-        max_tokens = 16 if not chat else max(1, (max_positions or 2048) - len(prompt_ids))
-    if max_positions is not None and len(prompt_ids) >= max_positions:
-        raise APIError(f"the prompt has {len(prompt_ids)} tokens; this model's context is {max_positions} tokens",
-                       "messages" if chat else "prompt")
-    if max_positions is not None and len(prompt_ids) + max_tokens > max_positions:
-        max_tokens = max_positions - len(prompt_ids)
+    max_tokens = _max_tokens(body, chat, len(prompt_ids), max_positions)
     n = _int(body, "n", 1, 16, default=1)
     temperature = _number(body, "temperature", 0.0, 2.0)
     top_p = _number(body, "top_p", 0.0, 1.0)
     if top_p == 0.0:
         raise APIError("`top_p` must be a number in (0, 1]; got 0", "top_p")
-    stop = body.get("stop")
-    if stop is None:
-        stops: list[str] = []
-    elif isinstance(stop, str):
-        stops = [stop]
-    elif isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) and s for s in stop):
-        stops = list(stop)
-    else:
-        raise APIError(f"`stop` must be a string or a list of up to 4 non-empty strings; got {stop!r}", "stop")
-    stops = [s for s in stops if s]
+    stops = _stops(body)
     seed = _int(body, "seed", 0, 2**63 - 1)
     logprobs = _logprobs(body, chat)
     stream = body.get("stream", False)
@@ -129,19 +105,7 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, max
     if not isinstance(options, dict):
         raise APIError("`stream_options` must be an object", "stream_options")
     kwargs: dict[str, Any] = {k: v for k, v in body.items() if k in generation_fields and k not in allowed}
-    kwargs["max_new_tokens"] = max_tokens
-    if temperature is not None:
-        if temperature == 0.0:
-            kwargs["do_sample"] = False
-        else:
-            kwargs["do_sample"] = True
-            kwargs["temperature"] = temperature
-    if top_p is not None:
-        kwargs["top_p"] = top_p
-    if n > 1 and not kwargs.get("do_sample", False) and "num_beams" not in kwargs:
-        kwargs["do_sample"] = True  # n choices need sampling (as OpenAI's temperature default of 1)
-    if stops:
-        kwargs["stop_strings"] = stops
+    kwargs.update(_sampling_kwargs(kwargs, max_tokens, temperature, top_p, n, stops))
     custom = body.get("custom_generate")
     if custom is not None and not isinstance(custom, str):
         raise APIError("`custom_generate` must be a registered strategy name or a recipe reference", "custom_generate")
@@ -150,6 +114,66 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, max
                          include_usage=bool(options.get("include_usage", False)), stop=stops, seed=seed,
                          logprobs=logprobs, max_tokens=max_tokens, generate_kwargs=kwargs, custom_generate=custom,
                          id=f"{prefix}-{uuid.uuid4().hex[:24]}", created=int(time.time()))
+
+
+def _check_keys(body: dict[str, Any], allowed: Any, generation_fields: set[str]) -> None:
+    """Every key is an OpenAI parameter of the endpoint or a generation field (not one OpenAI's shadow)."""
+    for key in body:
+        if key in _SHADOWED:
+            raise APIError(f"`{key}` is set through OpenAI's fields here (max_tokens, temperature, n, stop)", key)
+        if key not in allowed and key not in generation_fields:
+            close = difflib.get_close_matches(key, sorted(allowed | generation_fields), n=3)
+            hint = f"; did you mean {', '.join(f'`{c}`' for c in close)}?" if close else ""
+            raise APIError(f"unknown field `{key}`: neither an OpenAI parameter of this endpoint nor a generation "
+                           f"parameter{hint}", key)
+
+
+def _max_tokens(body: dict[str, Any], chat: bool, prompt_len: int, max_positions: int | None) -> int:
+    """``max_tokens`` (``max_completion_tokens`` for chat): given, else 16 (completions) or the rest
+    of the context (chat); cut to the model's context."""
+    max_name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _int(body, max_name, 1, default=None)
+    if max_tokens is None:
+        max_tokens = 16 if not chat else max(1, (max_positions or 2048) - prompt_len)
+    if max_positions is not None and prompt_len >= max_positions:
+        raise APIError(f"the prompt has {prompt_len} tokens; this model's context is {max_positions} tokens",
+                       "messages" if chat else "prompt")
+    if max_positions is not None and prompt_len + max_tokens > max_positions:
+        max_tokens = max_positions - prompt_len
+    return max_tokens
+
+
+def _stops(body: dict[str, Any]) -> list[str]:
+    """``stop``: a string or a list of up to 4 non-empty strings."""
+    stop = body.get("stop")
+    if stop is None:
+        stops: list[str] = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) and s for s in stop):
+        stops = list(stop)
+    else:
+        raise APIError(f"`stop` must be a string or a list of up to 4 non-empty strings; got {stop!r}", "stop")
+    return [s for s in stops if s]
+
+
+def _sampling_kwargs(fields: dict[str, Any], max_tokens: int, temperature: float | None, top_p: float | None,
+                     n: int, stops: list[str]) -> dict[str, Any]:
+    """The generation settings OpenAI's fields stand for, given the generation ``fields`` sent as they are."""
+    kwargs: dict[str, Any] = {"max_new_tokens": max_tokens}
+    if temperature is not None:
+        if temperature == 0.0:
+            kwargs["do_sample"] = False
+        else:
+            kwargs["do_sample"] = True
+            kwargs["temperature"] = temperature
+    if top_p is not None:
+        kwargs["top_p"] = top_p
+    if n > 1 and not {**fields, **kwargs}.get("do_sample", False) and "num_beams" not in fields:
+        kwargs["do_sample"] = True  # n choices need sampling (as OpenAI's temperature default of 1)
+    if stops:
+        kwargs["stop_strings"] = stops
+    return kwargs
 
 
 def _completion_prompt(body: dict[str, Any], tokenizer: Any) -> list[int]:
