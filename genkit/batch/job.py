@@ -64,60 +64,75 @@ def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike
     if chunk_size < 1:
         raise ConfigError(f"`chunk_size` must be >= 1; got {chunk_size}")
     file_format(input_path, "input")
-    out = ChunkedOutput(output_path)
-    summary = BatchSummary()
-    errors: list[dict[str, Any]] = []
-    start = time.perf_counter()
+    job = _Job(ChunkedOutput(output_path), progress, on_result)
+    for result in _results(engine, job.pending(input_path), chunk_size):
+        job.take(result)
+        if job.taken >= chunk_size:
+            job.commit()
+    if job.taken:
+        job.commit()
+    job.out.finalize(job.errors)
+    job.summary.seconds = time.perf_counter() - job.start
+    logger.info("batch job: %s", job.summary.to_dict())
+    return job.summary
 
-    def pending() -> Iterator[BatchRow]:
+
+class _Job:
+    """One run of :func:`run_batch`: the output, the summary, the bad rows, and the chunk of
+    results not committed yet."""
+
+    def __init__(self, out: ChunkedOutput, progress: Callable[[BatchSummary], None] | None,
+                 on_result: Callable[[BatchSummary], None] | None) -> None:
+        self.out, self.progress, self.on_result = out, progress, on_result
+        self.summary = BatchSummary()
+        self.errors: list[dict[str, Any]] = []
+        self.start = time.perf_counter()
+        self.good: list[dict[str, Any]] = []
+        self.chunk_ids: set[str] = set()
+        self.taken = 0
+
+    def pending(self, input_path: str | os.PathLike[str]) -> Iterator[BatchRow]:
+        """The rows still to run: bad rows are recorded, rows already in the output skipped."""
+        summary = self.summary
         for row in read_rows(input_path):
             summary.rows_read += 1
             if isinstance(row, BadRow):
-                errors.append(row.to_json())
+                self.errors.append(row.to_json())
                 summary.bad += 1
-            elif row.id in out.done:
+            elif row.id in self.out.done:
                 summary.skipped += 1
             else:
                 yield row
 
-    good: list[dict[str, Any]] = []
-    chunk_ids: set[str] = set()
-    taken = 0
-
-    def commit() -> None:
-        nonlocal taken
-        out.commit(good)
-        summary.written += len(good)
-        summary.new_tokens += sum(r["usage"]["completion_tokens"] for r in good)
-        summary.seconds = time.perf_counter() - start
-        summary.done = summary.written + summary.bad
-        good.clear()
-        chunk_ids.clear()
-        taken = 0
-        if progress is not None:
-            progress(summary)
-
-    for result in _results(engine, pending(), chunk_size):
-        taken += 1
+    def take(self, result: dict[str, Any] | BadRow) -> None:
+        """One result of the engine into the current chunk (or the bad rows)."""
+        summary = self.summary
+        self.taken += 1
         if isinstance(result, BadRow):
-            errors.append(result.to_json())
+            self.errors.append(result.to_json())
             summary.bad += 1
-        elif str(result["id"]) not in out.done and str(result["id"]) not in chunk_ids:
-            good.append(result)  # (an engine that ran a row twice, e.g. on a retry, writes it once)
-            chunk_ids.add(str(result["id"]))
+        elif str(result["id"]) not in self.out.done and str(result["id"]) not in self.chunk_ids:
+            self.good.append(result)  # (an engine that ran a row twice, e.g. on a retry, writes it once)
+            self.chunk_ids.add(str(result["id"]))
             summary.done_tokens += result["usage"]["completion_tokens"]
-        summary.done = summary.written + len(good) + summary.bad
-        if on_result is not None:
-            summary.seconds = time.perf_counter() - start
-            on_result(summary)
-        if taken >= chunk_size:
-            commit()
-    if taken:
-        commit()
-    out.finalize(errors)
-    summary.seconds = time.perf_counter() - start
-    logger.info("batch job: %s", summary.to_dict())
-    return summary
+        summary.done = summary.written + len(self.good) + summary.bad
+        if self.on_result is not None:
+            summary.seconds = time.perf_counter() - self.start
+            self.on_result(summary)
+
+    def commit(self) -> None:
+        """Commit the current chunk and report progress."""
+        summary = self.summary
+        self.out.commit(self.good)
+        summary.written += len(self.good)
+        summary.new_tokens += sum(r["usage"]["completion_tokens"] for r in self.good)
+        summary.seconds = time.perf_counter() - self.start
+        summary.done = summary.written + summary.bad
+        self.good.clear()
+        self.chunk_ids.clear()
+        self.taken = 0
+        if self.progress is not None:
+            self.progress(summary)
 
 
 def _results(engine: BatchEngine, rows: Iterator[BatchRow], chunk_size: int) -> Iterator[dict[str, Any] | BadRow]:
