@@ -177,6 +177,81 @@ def _check_size_before_reading(folder: Path, root: Path, max_total_bytes: int) -
                                    where=f"recipe at {root}")
 
 
+class _TreeWalk:
+    """:func:`scan_tree`'s walk of custom_generate/: the files read so far and every problem found."""
+
+    def __init__(self, allowed: list[str], max_file_bytes: int, max_total_bytes: int) -> None:
+        self.allowed, self.max_file_bytes, self.max_total_bytes = allowed, max_file_bytes, max_total_bytes
+        self.problems: list[Problem] = []
+        self.files: dict[str, bytes] = {}
+        self.total = 0
+
+    def walk(self, directory: Path, rel_dir: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            self.problems.append(Problem(f"{FOLDER}/{rel_dir}", None, f"folders nested deeper than {MAX_DEPTH}"))
+            return
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            rel = f"{rel_dir}{entry.name}"
+            shown = f"{FOLDER}/{rel}"
+            if entry.is_dir(follow_symlinks=False) and entry.name in SKIPPED_DIRS:
+                continue
+            why = check_name(entry.name)
+            if why:
+                self.problems.append(Problem(shown, None, why))
+                continue
+            if entry.name.startswith("."):
+                continue  # dot-files (.gitkeep, .DS_Store) are neither read nor importable
+            if entry.is_symlink():
+                why = self._link_problem(entry)
+                if why:
+                    self.problems.append(Problem(shown, None, why))
+                    continue
+            st = os.stat(entry.path)
+            if stat.S_ISDIR(st.st_mode):
+                self.walk(Path(entry.path), rel + "/", depth + 1)
+                continue
+            self._read(entry, rel, shown, st)
+
+    def _link_problem(self, entry: os.DirEntry[str]) -> str | None:
+        """Why the symlink ``entry`` may not be followed (it leaves the allowed folders, or names a folder)."""
+        target = os.path.realpath(entry.path)
+        if not any(_within(target, a) for a in self.allowed):
+            return f"symlink leaves custom_generate/ (points to {target})"
+        if os.path.isdir(target):
+            return "symlinks to folders are not allowed"
+        return None
+
+    def _read(self, entry: os.DirEntry[str], rel: str, shown: str, st: os.stat_result) -> None:
+        """Read the file ``entry`` into :attr:`files`, or record why it cannot be."""
+        max_file_bytes, max_total_bytes = self.max_file_bytes, self.max_total_bytes
+        if not stat.S_ISREG(st.st_mode):
+            self.problems.append(Problem(shown, None, "not a regular file"))
+            return
+        if entry.name.endswith(COMPILED_SUFFIXES):
+            self.problems.append(Problem(shown, None, COMPILED_PROBLEM))
+            return
+        if st.st_size > max_file_bytes:
+            self.problems.append(Problem(shown, None, f"file is {st.st_size} bytes, over the {max_file_bytes}-byte "
+                                         "limit for recipe files"))
+            return
+        if len(self.files) >= MAX_FILES:
+            self.problems.append(Problem(shown, None, f"more than {MAX_FILES} files in custom_generate/"))
+            return
+        with open(entry.path, "rb") as fh:  # bounded: the file may have grown since its stat
+            data = fh.read(max_file_bytes + 1)
+        self.total += len(data)
+        if len(data) > max_file_bytes or self.total > max_total_bytes:
+            self.problems.append(Problem(shown, None, f"custom_generate/ holds more than {max_total_bytes} bytes"
+                                         if self.total > max_total_bytes else f"file is over the {max_file_bytes}-byte "
+                                         "limit for recipe files"))
+            return
+        why = content_problem(rel, data)
+        if why:
+            self.problems.append(Problem(shown, why[0], why[1]))
+            return
+        self.files[rel] = data
+
+
 def scan_tree(root: str | os.PathLike[str], *, link_roots: tuple[str | os.PathLike[str], ...] = (),
               outside_names: frozenset[str] | None = None, max_file_bytes: int = MAX_FILE_BYTES,
               max_total_bytes: int = MAX_TOTAL_BYTES) -> SourceTree:
@@ -189,74 +264,16 @@ def scan_tree(root: str | os.PathLike[str], *, link_roots: tuple[str | os.PathLi
     """
     root = Path(os.path.abspath(os.fspath(root)))
     folder = root / FOLDER
-    problems: list[Problem] = []
     if folder.is_symlink() or not folder.is_dir():
         raise SandboxError([Problem(FOLDER, None, "missing: a recipe needs a custom_generate/ folder "
                                     "with generate.py")], where=f"recipe at {root}")
-    real_folder = os.path.realpath(folder)
-    allowed = [real_folder] + [os.path.realpath(p) for p in link_roots]
+    allowed = [os.path.realpath(folder)] + [os.path.realpath(p) for p in link_roots]
     _check_size_before_reading(folder, root, max_total_bytes)
-    files: dict[str, bytes] = {}
-    total = 0
-
-    def walk(directory: Path, rel_dir: str, depth: int) -> None:
-        nonlocal total
-        if depth > MAX_DEPTH:
-            problems.append(Problem(f"{FOLDER}/{rel_dir}", None, f"folders nested deeper than {MAX_DEPTH}"))
-            return
-        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-            rel = f"{rel_dir}{entry.name}"
-            shown = f"{FOLDER}/{rel}"
-            if entry.is_dir(follow_symlinks=False) and entry.name in SKIPPED_DIRS:
-                continue
-            why = check_name(entry.name)
-            if why:
-                problems.append(Problem(shown, None, why))
-                continue
-            if entry.name.startswith("."):
-                continue  # dot-files (.gitkeep, .DS_Store) are neither read nor importable
-            if entry.is_symlink():
-                target = os.path.realpath(entry.path)
-                if not any(_within(target, a) for a in allowed):
-                    problems.append(Problem(shown, None, f"symlink leaves custom_generate/ (points to {target})"))
-                    continue
-                if os.path.isdir(target):
-                    problems.append(Problem(shown, None, "symlinks to folders are not allowed"))
-                    continue
-            st = os.stat(entry.path)
-            if stat.S_ISDIR(st.st_mode):
-                walk(Path(entry.path), rel + "/", depth + 1)
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                problems.append(Problem(shown, None, "not a regular file"))
-                continue
-            if entry.name.endswith(COMPILED_SUFFIXES):
-                problems.append(Problem(shown, None, COMPILED_PROBLEM))
-                continue
-            if st.st_size > max_file_bytes:
-                problems.append(Problem(shown, None, f"file is {st.st_size} bytes, over the {max_file_bytes}-byte "
-                                        "limit for recipe files"))
-                continue
-            if len(files) >= MAX_FILES:
-                problems.append(Problem(shown, None, f"more than {MAX_FILES} files in custom_generate/"))
-                continue
-            with open(entry.path, "rb") as fh:  # bounded: the file may have grown since its stat
-                data = fh.read(max_file_bytes + 1)
-            total += len(data)
-            if len(data) > max_file_bytes or total > max_total_bytes:
-                problems.append(Problem(shown, None, f"custom_generate/ holds more than {max_total_bytes} bytes"
-                                        if total > max_total_bytes else f"file is over the {max_file_bytes}-byte "
-                                        "limit for recipe files"))
-                continue
-            why = content_problem(rel, data)
-            if why:
-                problems.append(Problem(shown, why[0], why[1]))
-                continue
-            files[rel] = data
-
-    walk(folder, "", 0)
-    if problems:
-        raise SandboxError(problems, where=f"recipe at {root}")
+    walk = _TreeWalk(allowed, max_file_bytes, max_total_bytes)
+    walk.walk(folder, "", 0)
+    if walk.problems:
+        raise SandboxError(walk.problems, where=f"recipe at {root}")
+    files = walk.files
     if outside_names is None:
         outside_names = frozenset(
             (n.removesuffix(".py")) for n in os.listdir(root) if n != FOLDER
