@@ -85,7 +85,8 @@ class MaxLengthCriteria(StoppingCriteria):
             self._warned = True
             logger.warning("the sequence (%d tokens) is longer than the model's max_position_embeddings (%d); "
                            "expect degraded output", cur, self.max_position_embeddings)
-        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool,  # type: ignore[return-value]
+                          device=input_ids.device)  # (torch types a bool tensor as Tensor)
 
 
 class EosTokenCriteria(StoppingCriteria):
@@ -95,11 +96,11 @@ class EosTokenCriteria(StoppingCriteria):
 
     def __init__(self, eos_token_id: int | list[int] | torch.Tensor) -> None:
         if not isinstance(eos_token_id, torch.Tensor):
-            ids = [eos_token_id] if is_int(eos_token_id) else eos_token_id
+            ids: Any = [eos_token_id] if is_int(eos_token_id) else eos_token_id
             if not isinstance(ids, (list, tuple)) or not ids or not all(is_int(i) and i >= 0 for i in ids):
                 raise ConfigError(
-                     f"`eos_token_id` must be a token id >= 0, a non-empty list of ids or a 1-D tensor; got {eos_token_id!r}."
-                 )
+                    f"`eos_token_id` must be a token id >= 0, a non-empty list of ids or a 1-D tensor; got {eos_token_id!r}."
+                )
             eos_token_id = torch.tensor([int(i) for i in ids], dtype=torch.long)
         elif eos_token_id.dtype.is_floating_point or eos_token_id.dtype == torch.bool:
             raise ConfigError(f"`eos_token_id` must hold integer token ids; got dtype {eos_token_id.dtype}.")
@@ -107,7 +108,7 @@ class EosTokenCriteria(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
         eos = self.eos_token_id.to(input_ids.device)
-        return torch.isin(input_ids[:, -1], eos)
+        return torch.isin(input_ids[:, -1], eos)  # type: ignore[return-value]  # a bool tensor
 
 
 @dataclass
