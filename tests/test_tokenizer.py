@@ -130,6 +130,8 @@ def test_errors_name_the_parameter(pair, tmp_path):
         ours(["a", "a much longer one"], return_tensors="pt")
     with pytest.raises(ValueError, match="`text` must be a string or a list of strings"):
         ours(3)
+    with pytest.raises(ValueError, match="`padding='max_length'` needs `max_length`"):
+        ours(["a", "a much longer one"], padding="max_length")
     no_template = Tokenizer(ours.backend_tokenizer, {"eos_token": "</s>"})
     with pytest.raises(ValueError, match="no chat template"):
         no_template.apply_chat_template([{"role": "user", "content": "hi"}])
