@@ -10,13 +10,14 @@ Each error also keeps the builtin base a caller would catch without knowing genk
     ├── UnknownItemError (ValueError)       no registered strategy/processor/... of that name
     ├── PluginError (RuntimeError)          a plugin failed to load or registered something invalid
     ├── ModelLoadError (OSError)            a model or tokenizer could not be found, fetched or read
+    │   └── ModelFileError (ValueError)     a model file is malformed or over a limit (names file, field, limit)
     └── RecipeError                         root of the recipe loader's errors (genkit.recipes.errors)
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "ConfigError", "GenkitError", "ModelLoadError", "NotSupportedError", "PluginError", "RecipeError",
+    "ConfigError", "GenkitError", "ModelFileError", "ModelLoadError", "NotSupportedError", "PluginError", "RecipeError",
     "UnknownItemError",
 ]
 
@@ -43,6 +44,12 @@ class PluginError(GenkitError, RuntimeError):
 
 class ModelLoadError(GenkitError, OSError):
     """A model or tokenizer could not be found, fetched (offline, no such repo) or read (truncated file)."""
+
+
+class ModelFileError(ModelLoadError, ValueError):
+    """A model file (GGUF or safetensors header, index, config.json) is malformed or exceeds one of
+    the documented limits (docs/models.md, "Limits"); the message names the file, the field and
+    the limit."""
 
 
 class RecipeError(GenkitError):
