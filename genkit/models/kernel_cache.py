@@ -32,6 +32,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from ..fileutil import current_umask
+
 logger = logging.getLogger("genkit.models")
 
 MODE = 0o755  # what cache files and folders are created with (the umask applies); never g/o-writable
@@ -124,7 +126,7 @@ def _build_into(folder: Path, name: str, build: BuildFn) -> Path:
     try:
         out = tmp / name
         build(out)
-        os.chmod(out, MODE & ~_umask())
+        os.chmod(out, MODE & ~current_umask())
         fd = os.open(out, os.O_RDONLY)
         try:
             digest = _sha256_fd(fd)
@@ -139,12 +141,6 @@ def _build_into(folder: Path, name: str, build: BuildFn) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("built %s", folder / name)
     return folder / name
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def load(folder: Path, name: str, build: BuildFn) -> Any:
