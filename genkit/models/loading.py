@@ -390,6 +390,7 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
     """
     if not isinstance(dequantize, bool):
         raise ValueError(f"`dequantize` must be True or False; got {dequantize!r}")
+    check_device(device)
     source = resolve_model_source(ref, revision=revision)
     if source.endswith(".gguf"):
         from .gguf import read_gguf
@@ -420,6 +421,29 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
     config.name_or_path = os.fspath(ref)
     _attach_recipe(model, os.fspath(ref), source, revision, trust_remote_code)
     return model
+
+
+def check_device(device: str | torch.device | None) -> None:
+    """A :class:`~genkit.errors.ConfigError` when ``device`` is not a device this torch build and
+    machine have (``"cuda"`` on a CPU-only build, a GPU index past the last one, ...)."""
+    if device is None:
+        return
+    from ..errors import ConfigError
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"`device`={device!r} is not a torch device ({exc}); e.g. 'cpu', 'cuda', 'cuda:0'") from None
+    if dev.type == "cpu" or dev.type == "meta":
+        return
+    backend = getattr(torch, dev.type, None) if dev.type != "mps" else torch.backends.mps
+    if backend is None or not backend.is_available():
+        why = ("this torch build has no CUDA support (a CPU-only build)" if dev.type == "cuda" and torch.version.cuda
+               is None else f"no {dev.type} device is available to this process")
+        raise ConfigError(f"`device`={device!r}: {why}; use device='cpu'")
+    count = getattr(backend, "device_count", lambda: 1)()
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(f"`device`={device!r}: there are {count} {dev.type} device(s) (indices 0 to {count - 1})")
 
 
 def _kernel_types() -> frozenset[str]:
