@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .engine import BatchEngine
-from .formats import file_format, read_rows
+from .formats import MAX_LINE_BYTES, file_format, read_rows
 from .rows import BadRow, BatchRow
 from .store import ChunkedOutput
 
@@ -50,7 +50,8 @@ class BatchSummary:
 
 def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], engine: BatchEngine,
               chunk_size: int = 256, progress: Callable[[BatchSummary], None] | None = None,
-              on_result: Callable[[BatchSummary], None] | None = None) -> BatchSummary:
+              on_result: Callable[[BatchSummary], None] | None = None,
+              max_line_bytes: int = MAX_LINE_BYTES) -> BatchSummary:
     """Run ``engine`` over the rows of ``input_path`` into ``output_path`` (JSONL or Parquet, each by
     its extension; see :mod:`genkit.batch.store` for how the output is committed and resumed); bad
     rows go to ``<output>.errors.jsonl``. ``progress`` is called with the summary after every
@@ -60,7 +61,11 @@ def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike
     An engine with a ``stream(rows)`` method (results in input order, as they come) gets every
     pending row of the job at once (one pipeline, no drain between chunks); otherwise ``run`` is
     called on each chunk of ``chunk_size`` rows. Either way every ``chunk_size`` results are
-    committed as one chunk."""
+    committed as one chunk.
+
+    A JSONL input line over ``max_line_bytes`` bytes (default 1 MiB), or not UTF-8, is a bad row.
+    On Ctrl-C the chunks committed so far stay, and a warning says how to resume (run the same
+    job again)."""
     if chunk_size < 1:
         raise ConfigError(f"`chunk_size` must be >= 1; got {chunk_size}")
     file_format(input_path, "input")
@@ -70,7 +75,7 @@ def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike
     start = time.perf_counter()
 
     def pending() -> Iterator[BatchRow]:
-        for row in read_rows(input_path):
+        for row in read_rows(input_path, max_line_bytes=max_line_bytes):
             summary.rows_read += 1
             if isinstance(row, BadRow):
                 errors.append(row.to_json())
@@ -97,23 +102,28 @@ def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike
         if progress is not None:
             progress(summary)
 
-    for result in _results(engine, pending(), chunk_size):
-        taken += 1
-        if isinstance(result, BadRow):
-            errors.append(result.to_json())
-            summary.bad += 1
-        elif str(result["id"]) not in out.done and str(result["id"]) not in chunk_ids:
-            good.append(result)  # (an engine that ran a row twice, e.g. on a retry, writes it once)
-            chunk_ids.add(str(result["id"]))
-            summary.done_tokens += result["usage"]["completion_tokens"]
-        summary.done = summary.written + len(good) + summary.bad
-        if on_result is not None:
-            summary.seconds = time.perf_counter() - start
-            on_result(summary)
-        if taken >= chunk_size:
+    try:
+        for result in _results(engine, pending(), chunk_size):
+            taken += 1
+            if isinstance(result, BadRow):
+                errors.append(result.to_json())
+                summary.bad += 1
+            elif str(result["id"]) not in out.done and str(result["id"]) not in chunk_ids:
+                good.append(result)  # (an engine that ran a row twice, e.g. on a retry, writes it once)
+                chunk_ids.add(str(result["id"]))
+                summary.done_tokens += result["usage"]["completion_tokens"]
+            summary.done = summary.written + len(good) + summary.bad
+            if on_result is not None:
+                summary.seconds = time.perf_counter() - start
+                on_result(summary)
+            if taken >= chunk_size:
+                commit()
+        if taken:
             commit()
-    if taken:
-        commit()
+    except KeyboardInterrupt:
+        logger.warning("interrupted: %d rows are committed under %s; run the same job again (same input and "
+                       "output) to resume where it stopped", len(out.done), out.parts)
+        raise
     out.finalize(errors)
     summary.seconds = time.perf_counter() - start
     logger.info("batch job: %s", summary.to_dict())
