@@ -14,6 +14,7 @@ knowing genkit (``ValueError`` for a bad value, ``OSError`` for a model that can
     ├── PluginError (RuntimeError)          a plugin failed to load or registered something invalid
     ├── ModelLoadError (OSError)            a model or tokenizer could not be found, fetched or read
     │   ├── CorruptModelError (ValueError)      a model or tokenizer file is corrupt or truncated
+    │   │   └── ModelFileError                  a model file is malformed or over a limit (names file, field, limit)
     │   └── UnsupportedModelError (ValueError)  the model uses an architecture, layer or format genkit lacks
     ├── KernelUnavailableError (RuntimeError)  a compute kernel the request needs is missing or failed to build
     ├── GenerationError (RuntimeError)      a generation failed while running (a request, a worker, an engine)
@@ -31,8 +32,8 @@ from __future__ import annotations
 
 __all__ = [
     "ArgumentTypeError", "ConfigError", "CorruptModelError", "FrozenConfigError", "GenerationError", "GenkitError",
-    "InvalidStateError", "KernelUnavailableError", "ModelLoadError", "NotSupportedError", "PluginError", "RecipeError",
-    "UnknownItemError", "UnsupportedModelError",
+    "InvalidStateError", "KernelUnavailableError", "ModelFileError", "ModelLoadError", "NotSupportedError",
+    "PluginError", "RecipeError", "UnknownItemError", "UnsupportedModelError",
 ]
 
 
@@ -70,6 +71,12 @@ class ModelLoadError(GenkitError, OSError):
 
 class CorruptModelError(ModelLoadError, ValueError):
     """A model or tokenizer file is corrupt, truncated or not the format its name says."""
+
+
+class ModelFileError(CorruptModelError):
+    """A model file (GGUF or safetensors header, index, config.json) is malformed or exceeds one of
+    the documented limits (docs/models.md, "Limits"); the message names the file, the field and
+    the limit."""
 
 
 class UnsupportedModelError(ModelLoadError, ValueError):

@@ -11,11 +11,13 @@ from collections.abc import Iterator
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     """A temporary path in ``path``'s folder to write to; on success it is fsynced and renamed
-    onto ``path`` (``os.replace``), on failure removed. Readers see the old file or the new one."""
+    onto ``path`` (``os.replace``), on failure removed. Readers see the old file or the new one.
+    The file gets the mode a plain ``open()`` would give it (0666 minus the umask)."""
     path = os.fspath(path)
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    os.fchmod(fd, 0o666 & ~current_umask())  # as open() would create it (mkstemp forces 0600)
     os.close(fd)
     try:
         yield tmp
@@ -28,6 +30,13 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
         except FileNotFoundError:
             pass
         raise
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

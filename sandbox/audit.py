@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from .imports import too_deep
 from .tree import SourceTree
 
 RISKY_MODULES = {
@@ -108,7 +109,9 @@ def audit_sources(sources: dict[str, str]) -> list[Finding]:
     out: list[Finding] = []
     for path in sorted(sources):
         try:
-            out.extend(audit_module(path, ast.parse(sources[path], filename=path)))
-        except (SyntaxError, ValueError):
+            module = ast.parse(sources[path], filename=path)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
+        if too_deep(module) is None:
+            out.extend(audit_module(path, module))
     return out

@@ -54,7 +54,8 @@ class _SourceLoader(importlib.abc.Loader):
 
 
 class _RecipeFinder(importlib.abc.MetaPathFinder):
-    """Answers only for names under a registered private package."""
+    """Answers only for names under a registered private package, and answers all of them: a name
+    the recipe's files do not hold is a ModuleNotFoundError, never a search of ``__path__``."""
 
     def __init__(self) -> None:
         self.trees: dict[str, SourceTree] = {}
@@ -84,7 +85,10 @@ class _RecipeFinder(importlib.abc.MetaPathFinder):
             spec = importlib.machinery.ModuleSpec(fullname, _SourceLoader(tree, None), is_package=True)
             spec.submodule_search_locations = []
             return spec
-        return None
+        # never fall through to the other finders: a package's __path__ changed by the recipe
+        # (pkgutil.extend_path, __path__.append) must not reach a file outside custom_generate/
+        raise ModuleNotFoundError(f"No module named {fullname!r}: custom_generate/ has no {base}.py "
+                                  f"or {base}/ (a recipe imports only its own files)", name=fullname)
 
 
 _finder = _RecipeFinder()

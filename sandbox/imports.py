@@ -30,6 +30,20 @@ def _package_of(rel: str) -> list[str]:
     return parts[:-1]  # for pkg/__init__.py and pkg/mod.py alike the package is pkg
 
 
+MAX_AST_DEPTH = 200  # syntax-tree levels; the checks visit the tree recursively
+
+
+def too_deep(module: ast.AST) -> int | None:
+    """The line of the first node nested deeper than :data:`MAX_AST_DEPTH`, or None (iterative)."""
+    stack = [(module, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_AST_DEPTH:
+            return getattr(node, "lineno", None) or 1
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return None
+
+
 def parse_all(tree: SourceTree) -> tuple[dict[str, ast.Module], list[Problem]]:
     """Parse every .py file; syntax errors become problems."""
     parsed: dict[str, ast.Module] = {}
@@ -38,7 +52,16 @@ def parse_all(tree: SourceTree) -> tuple[dict[str, ast.Module], list[Problem]]:
         if not rel.endswith(".py"):
             continue
         try:
-            parsed[rel] = ast.parse(tree.source(rel), filename=tree.display(rel))
+            module = ast.parse(tree.source(rel), filename=tree.display(rel))
+            line = too_deep(module)
+            if line is not None:
+                problems.append(Problem(tree.display(rel), line, f"code nested deeper than {MAX_AST_DEPTH} levels "
+                                        "(an expression or blocks); split it up"))
+                continue
+            parsed[rel] = module
+        except (RecursionError, MemoryError):
+            problems.append(Problem(tree.display(rel), None, f"code nested deeper than {MAX_AST_DEPTH} levels "
+                                    "(an expression or blocks): Python cannot parse it; split it up"))
         except SyntaxError as exc:
             problems.append(Problem(tree.display(rel), exc.lineno, f"syntax error: {exc.msg}"))
         except ValueError as exc:  # null bytes or bad UTF-8 (UnicodeDecodeError) that slipped through

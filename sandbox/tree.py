@@ -190,7 +190,12 @@ class _TreeWalk:
         if depth > MAX_DEPTH:
             self.problems.append(Problem(f"{FOLDER}/{rel_dir}", None, f"folders nested deeper than {MAX_DEPTH}"))
             return
-        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError as exc:
+            self.problems.append(Problem(f"{FOLDER}/{rel_dir}", None, f"cannot be listed ({exc.strerror})"))
+            return
+        for entry in entries:
             rel = f"{rel_dir}{entry.name}"
             shown = f"{FOLDER}/{rel}"
             if entry.is_dir(follow_symlinks=False) and entry.name in SKIPPED_DIRS:
@@ -206,7 +211,12 @@ class _TreeWalk:
                 if why:
                     self.problems.append(Problem(shown, None, why))
                     continue
-            st = os.stat(entry.path)
+            try:
+                st = os.stat(entry.path)
+            except OSError as exc:  # a dangling symlink or a loop of links
+                self.problems.append(Problem(shown, None, f"cannot be read ({exc.strerror}): a dangling symlink or "
+                                             "a loop of symlinks?"))
+                continue
             if stat.S_ISDIR(st.st_mode):
                 self.walk(Path(entry.path), rel + "/", depth + 1)
                 continue
@@ -300,7 +310,25 @@ def content_problem(rel: str, data: bytes) -> tuple[int | None, str] | None:
     except UnicodeDecodeError as exc:
         return None, f"not UTF-8 text (byte {exc.start})"
     refused = encoding_declaration_problem(text)
-    return (1, refused) if refused else None
+    if refused:
+        return 1, refused
+    return bidi_problem(text)
+
+
+# Unicode bidirectional controls: they reorder how code is displayed, so what a reviewer reads is
+# not what runs ("Trojan Source", CVE-2021-42574)
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
+_BIDI = re.compile("[" + "".join(sorted(BIDI_CONTROLS)) + "]")
+
+
+def bidi_problem(text: str) -> tuple[int, str] | None:
+    """(line, why) at the first bidirectional control character of ``text``, or None."""
+    match = _BIDI.search(text)
+    if match is None:
+        return None
+    line = text.count("\n", 0, match.start()) + 1
+    return line, (f"bidirectional control character U+{ord(match.group()):04X}: it makes the code display "
+                  "differently from how it runs (Trojan Source); remove it, or write it as an escape in a string")
 
 
 def tree_from_files(root: str | os.PathLike[str], files: dict[str, bytes], outside_names: frozenset[str], *,

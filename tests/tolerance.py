@@ -77,7 +77,8 @@ def forward_relative_bound(config, seq_len: int, *, store_u: float = 0.0, linear
     hidden, inner, head_dim, n_layers = _dims(config)
     n = n_layers if layers is None else layers
     block_terms = 6 * hidden + head_dim + 2 * seq_len + inner + 10
-    terms = n * block_terms + (2 * hidden if layers is None else 0)
+    # the final norm (H terms; counted for a hidden state too, which may be the normalised last one) and the head
+    terms = n * block_terms + (2 * hidden if layers is None else hidden)
     stores = n * 12 + (2 if layers is None else 0)
     linears = n * 5 + (1 if layers is None else 0)
     return 2 * (gamma(terms) + stores * store_u + linears * linear_u)

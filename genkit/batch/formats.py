@@ -40,27 +40,60 @@ def require_pyarrow() -> Any:
     return pq
 
 
-def read_rows(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[BatchRow | BadRow]:
+MAX_LINE_BYTES = 1_048_576
+"""Default byte limit of one JSONL input line (``genkit batch --max-line-bytes``)."""
+
+
+def read_rows(path: str | os.PathLike[str], fmt: str | None = None,
+              max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[BatchRow | BadRow]:
     """Every row of a JSONL or Parquet file (``fmt``, default: by extension) as a row or a bad row
-    (a repeated id is a bad row). A bad row's ``line`` is its line in a JSONL file, its row number
-    (1-based) in a Parquet file."""
+    (a repeated id is a bad row, reported with the line of its first use). A bad row's ``line``
+    is its line in a JSONL file, its row number (1-based) in a Parquet file. A JSONL line over
+    ``max_line_bytes`` bytes, or not UTF-8, is a bad row (it is never held whole in memory)."""
+    if isinstance(max_line_bytes, bool) or not isinstance(max_line_bytes, int) or max_line_bytes < 1:
+        raise ConfigError(f"`max_line_bytes` must be a positive integer; got {max_line_bytes!r}")
     fmt = fmt or file_format(path, "input")
-    rows = _read_parquet(path) if fmt == "parquet" else _read_jsonl(path)
-    seen: set[str] = set()
+    rows = _read_parquet(path) if fmt == "parquet" else _read_jsonl(path, max_line_bytes)
+    seen: dict[str, int] = {}
     for row in rows:
         if isinstance(row, BatchRow):
             if row.id in seen:
-                yield BadRow(row.line, row.id, f"duplicate id {row.id!r}")
+                yield BadRow(row.line, row.id, f"duplicate id {row.id!r} (first used on line {seen[row.id]}); "
+                                               "this row was not run")
                 continue
-            seen.add(row.id)
+            seen[row.id] = row.line
         yield row
 
 
-def _read_jsonl(path: str | os.PathLike[str]) -> Iterator[BatchRow | BadRow]:
-    with open(path, encoding="utf-8") as f:
-        for n, text in enumerate(f, 1):
+def _read_jsonl(path: str | os.PathLike[str], max_line_bytes: int) -> Iterator[BatchRow | BadRow]:
+    with open(path, "rb") as f:
+        for n, raw in enumerate(_lines(f, max_line_bytes), 1):
+            if raw is None:
+                yield BadRow(n, None, f"the line is over the {max_line_bytes}-byte limit (--max-line-bytes); "
+                                      "it was not read")
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield BadRow(n, None, f"not UTF-8 text (byte {exc.start} of the line)")
+                continue
             if text.strip():
-                yield parse_row(n, text)
+                yield parse_row(n, text.removeprefix("\ufeff") if n == 1 else text)
+
+
+def _lines(f: Any, limit: int) -> Iterator[bytes | None]:
+    """The lines of a binary file, each read with at most ``limit + 1`` bytes in memory; ``None``
+    for a line over ``limit`` bytes (its rest is skipped in bounded reads)."""
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or (len(line) == limit + 1 and line.endswith(b"\n")):
+            yield line
+            continue
+        while line and not line.endswith(b"\n"):  # skip the rest of the long line
+            line = f.readline(1 << 20)
+        yield None
 
 
 def _read_parquet(path: str | os.PathLike[str]) -> Iterator[BatchRow | BadRow]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .engine import BatchEngine
-from .formats import file_format, read_rows
+from .formats import MAX_LINE_BYTES, file_format, read_rows
 from .rows import BadRow, BatchRow
 from .store import ChunkedOutput
 
@@ -50,7 +50,8 @@ class BatchSummary:
 
 def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], engine: BatchEngine,
               chunk_size: int = 256, progress: Callable[[BatchSummary], None] | None = None,
-              on_result: Callable[[BatchSummary], None] | None = None) -> BatchSummary:
+              on_result: Callable[[BatchSummary], None] | None = None,
+              max_line_bytes: int = MAX_LINE_BYTES) -> BatchSummary:
     """Run ``engine`` over the rows of ``input_path`` into ``output_path`` (JSONL or Parquet, each by
     its extension; see :mod:`genkit.batch.store` for how the output is committed and resumed); bad
     rows go to ``<output>.errors.jsonl``. ``progress`` is called with the summary after every
@@ -60,17 +61,26 @@ def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike
     An engine with a ``stream(rows)`` method (results in input order, as they come) gets every
     pending row of the job at once (one pipeline, no drain between chunks); otherwise ``run`` is
     called on each chunk of ``chunk_size`` rows. Either way every ``chunk_size`` results are
-    committed as one chunk."""
+    committed as one chunk.
+
+    A JSONL input line over ``max_line_bytes`` bytes (default 1 MiB), or not UTF-8, is a bad row.
+    On Ctrl-C the chunks committed so far stay, and a warning says how to resume (run the same
+    job again)."""
     if chunk_size < 1:
         raise ConfigError(f"`chunk_size` must be >= 1; got {chunk_size}")
     file_format(input_path, "input")
     job = _Job(ChunkedOutput(output_path), progress, on_result)
-    for result in _results(engine, job.pending(input_path), chunk_size):
-        job.take(result)
-        if job.taken >= chunk_size:
+    try:
+        for result in _results(engine, job.pending(input_path, max_line_bytes), chunk_size):
+            job.take(result)
+            if job.taken >= chunk_size:
+                job.commit()
+        if job.taken:
             job.commit()
-    if job.taken:
-        job.commit()
+    except KeyboardInterrupt:
+        logger.warning("interrupted: %d rows are committed under %s; run the same job again (same input and "
+                       "output) to resume where it stopped", len(job.out.done), job.out.parts)
+        raise
     job.out.finalize(job.errors)
     job.summary.seconds = time.perf_counter() - job.start
     logger.info("batch job: %s", job.summary.to_dict())
@@ -91,10 +101,10 @@ class _Job:
         self.chunk_ids: set[str] = set()
         self.taken = 0
 
-    def pending(self, input_path: str | os.PathLike[str]) -> Iterator[BatchRow]:
+    def pending(self, input_path: str | os.PathLike[str], max_line_bytes: int) -> Iterator[BatchRow]:
         """The rows still to run: bad rows are recorded, rows already in the output skipped."""
         summary = self.summary
-        for row in read_rows(input_path):
+        for row in read_rows(input_path, max_line_bytes=max_line_bytes):
             summary.rows_read += 1
             if isinstance(row, BadRow):
                 self.errors.append(row.to_json())

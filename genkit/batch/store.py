@@ -15,20 +15,38 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from genkit.errors import GenkitError
 from genkit.fileutil import atomic_path, atomic_write_text
 
 from .formats import file_format, output_schema, require_pyarrow, rows_table
 
 
+class CorruptOutputError(GenkitError, ValueError):
+    """A batch job's committed output (the output file or a part) cannot be read back to resume."""
+
+
 def _ids_in(path: Path, fmt: str) -> list[str]:
+    """The ids of a committed output file or part; a :class:`CorruptOutputError` naming the file
+    (and the line) when it cannot be read back."""
+    hint = "move it away (or repair it) and run the job again"
     if fmt == "parquet":
         pq = require_pyarrow()
-        return [str(i) for i in pq.read_table(path, columns=["id"]).column("id").to_pylist()]
+        try:
+            return [str(i) for i in pq.read_table(path, columns=["id"]).column("id").to_pylist()]
+        except Exception as exc:  # noqa: BLE001 - pyarrow's errors vary: the file is corrupt either way
+            raise CorruptOutputError(f"{path}: the committed output cannot be read to resume ({type(exc).__name__}: "
+                                     f"{exc}); {hint}") from exc
     ids = []
-    with open(path, encoding="utf-8") as f:
-        for text in f:
-            if text.strip():
-                ids.append(str(json.loads(text)["id"]))
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+                ids.append(str(record["id"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptOutputError(f"{path}:{n}: the committed output is corrupt ({type(exc).__name__}: not a "
+                                         f"JSON object with an id); {hint}") from None
     return ids
 
 
@@ -45,11 +63,18 @@ class ChunkedOutput:
         self.errors_path = self.path.with_name(self.path.name + ".errors.jsonl")
         self._next = 0
         self.done: set[str] = set()
+        self._check_parts_folder()
         if self.path.exists():
             self.done.update(_ids_in(self.path, self.format))
         for part in self._part_files():
             self.done.update(_ids_in(part, self.format))
             self._next = max(self._next, int(part.stem.split("-")[1]) + 1)
+
+    def _check_parts_folder(self) -> None:
+        """The parts folder must be a real folder: never written through a symlink."""
+        if self.parts.is_symlink() or (self.parts.exists() and not self.parts.is_dir()):
+            raise CorruptOutputError(f"{self.parts} is a symlink or not a folder; genkit writes the job's parts "
+                                     "only into a folder of its own: remove it and run the job again")
 
     def _part_files(self) -> list[Path]:
         return sorted(self.parts.glob(f"part-*.{self.ext}")) if self.parts.is_dir() else []
@@ -58,6 +83,7 @@ class ChunkedOutput:
         """Write one chunk of finished rows for good."""
         if not rows:
             return
+        self._check_parts_folder()
         part = self.parts / f"part-{self._next:06d}.{self.ext}"
         if self.format == "parquet":
             pq = require_pyarrow()
@@ -77,7 +103,7 @@ class ChunkedOutput:
                 if self.format == "parquet":
                     _join_parquet(sources, tmp)
                 else:
-                    _join_jsonl(sources, tmp)
+                    errors = errors + _join_jsonl(sources, tmp)
         if self.parts.is_dir():
             shutil.rmtree(self.parts)
         if errors:
@@ -86,17 +112,26 @@ class ChunkedOutput:
             self.errors_path.unlink()
 
 
-def _join_jsonl(sources: list[Path], target: str) -> None:
-    seen: set[str] = set()  # a crash between the join's rename and the parts' removal leaves both
+def _join_jsonl(sources: list[Path], target: str) -> list[dict[str, Any]]:
+    """Join the JSONL ``sources`` into ``target``, each id once. A repeat of a row already written
+    (a crash between the join's rename and the parts' removal leaves both) is dropped; a different
+    row under an id already written is kept out too, and reported (the returned error records)."""
+    seen: dict[str, str] = {}
+    repeats = []
     with open(target, "w", encoding="utf-8") as out:
         for source in sources:
             with open(source, encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        rid = str(json.loads(line)["id"])
-                        if rid not in seen:
-                            seen.add(rid)
-                            out.write(line if line.endswith("\n") else line + "\n")
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    rid = str(json.loads(line)["id"])
+                    if rid not in seen:
+                        seen[rid] = line.rstrip("\n")
+                        out.write(line if line.endswith("\n") else line + "\n")
+                    elif seen[rid] != line.rstrip("\n"):
+                        repeats.append({"line": n, "id": rid, "error": f"duplicate id {rid!r} in {source}: another "
+                                        "row with this id is already in the output; this one was not written"})
+    return repeats
 
 
 def _join_parquet(sources: list[Path], target: str) -> None:

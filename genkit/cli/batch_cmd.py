@@ -39,6 +39,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=int, default=16,
                    help="rows per generate call, or per continuous batching step (default: 16)")
     p.add_argument("--chunk-size", type=int, default=256, help="rows per committed output chunk (default: 256)")
+    p.add_argument("--max-line-bytes", type=int, default=None, metavar="N",
+                   help="longest JSONL input line, in bytes; longer lines go to the errors file "
+                        "(default: 1048576, 1 MiB)")
     p.add_argument("--custom-generate", metavar="REF", default=None,
                    help="a recipe (local folder or Hub 'org/repo[@rev]') or a registered strategy name")
     p.add_argument("--trust-remote-code", action="store_true", help="allow running a Hub recipe's code")
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with torch.inference_mode():
             summary = run_batch(args.input, args.output, engine, chunk_size=args.chunk_size, progress=bar,
-                                on_result=bar.result if bar is not None else None)
+                                on_result=bar.result if bar is not None else None,
+                                **({} if args.max_line_bytes is None else {"max_line_bytes": args.max_line_bytes}))
     finally:
         if bar is not None:
             bar.close()

@@ -60,6 +60,30 @@ class CausalLMOutput:
         return getattr(self, key)
 
 
+# transformers' forward arguments genkit accepts without acting on them: their only values that
+# mean something are the ones genkit already does (a dataclass output, no attention weights)
+_NEUTRAL_KWARGS = {"return_dict": (True, None), "output_attentions": (False, None)}
+
+
+def _check_forward_kwargs(kwargs: dict[str, Any]) -> None:
+    """Refuse keyword arguments ``forward`` does not take, by name (none is silently ignored)."""
+    from ..errors import ConfigError, NotSupportedError
+
+    unknown = sorted(k for k in kwargs if k not in _NEUTRAL_KWARGS)
+    if "labels" in unknown:
+        raise NotSupportedError("`labels`: genkit's native models do not compute a loss (they are for "
+                                "generation); compute it from `.logits`, or use the transformers model")
+    if unknown:
+        raise ConfigError(f"unknown keyword argument(s) {', '.join(repr(k) for k in unknown)} for the model's forward; "
+                          "accepted: input_ids, attention_mask, position_ids, past_key_values, use_cache, "
+                          "output_hidden_states, logits_to_keep, inputs_embeds, num_layers (and return_dict=True, "
+                          "output_attentions=False)")
+    for key, value in kwargs.items():
+        if value not in _NEUTRAL_KWARGS[key]:
+            raise NotSupportedError(f"`{key}`={value!r} is not supported by genkit's native models; accepted: "
+                                    f"{' or '.join(repr(v) for v in _NEUTRAL_KWARGS[key])}")
+
+
 class GenkitModel(nn.Module, GenerationMixin):
     """Base class of native models: ``config``, ``generation_config``, ``device``, ``dtype``."""
 
@@ -127,10 +151,14 @@ class GenkitModel(nn.Module, GenerationMixin):
 
         ``num_layers`` (models with :attr:`supports_partial_depth`): run only the first that many
         decoder layers; the logits are the final norm and LM head on their output."""
+        if kwargs:
+            _check_forward_kwargs(kwargs)
         depth = self._partial_depth(num_layers)
         if inputs_embeds is None:
             if input_ids is None:
                 raise ConfigError("pass `input_ids` or `inputs_embeds`")
+            if input_ids.shape[-1] != 1 or past_key_values is None:  # a prompt (decode steps feed sampled ids)
+                self._check_token_ids(input_ids)
             inputs_embeds = self.input_embeddings()(input_ids)
         cache = past_key_values
         if cache is None and use_cache:
@@ -153,6 +181,16 @@ class GenkitModel(nn.Module, GenerationMixin):
         return CausalLMOutput(logits=self.output_logits(x, cache), past_key_values=cache if use_cache else None,
                               hidden_states=tuple(hidden) if hidden is not None else None)
 
+    def _check_token_ids(self, input_ids: torch.Tensor) -> None:
+        """Token ids must lie in ``[0, vocab_size)`` (a ConfigError naming the first one outside)."""
+        vocab = int(self.input_embeddings().num_embeddings)
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+            from ..errors import ConfigError
+
+            bad = input_ids[(input_ids < 0) | (input_ids >= vocab)][0]
+            raise ConfigError(f"`input_ids` holds the token id {int(bad)}, outside the model's vocabulary "
+                              f"(ids 0 to {vocab - 1}); check the tokenizer matches the model")
+
     def _partial_depth(self, num_layers: int | None) -> int | None:
         """``num_layers`` checked against the model (None when it asks for every layer)."""
         if num_layers is None:
@@ -165,7 +203,12 @@ class GenkitModel(nn.Module, GenerationMixin):
         return None if num_layers == total else num_layers
 
     def new_cache(self, max_length: int = 0) -> Any:
-        """An empty cache with room for ``max_length`` positions."""
+        """An empty cache with room for ``max_length`` positions, at most the model's context
+        (``max_position_embeddings``): a huge ``max_new_tokens`` does not allocate for positions the
+        model was not made for (the cache still grows, step by step, if generation goes past it)."""
         from .cache import KVCache
 
+        context = self.config.get("max_position_embeddings") or self.config.get("n_positions")
+        if isinstance(context, int) and context > 0:
+            max_length = min(max_length, context)
         return KVCache(self.config.num_hidden_layers, capacity=max_length)

@@ -5,7 +5,8 @@ It is built with ``-march=native``: on a CPU with AVX-512 VNNI the dot products 
 instruction per 64 weights (as in llama.cpp); with AVX2 (and FMA, F16C) they go through
 ``vpmaddubsw``/``vpmaddwd``, with the same exact integer sums. The library is cached under
 ``$GENKIT_HOME/kernels/`` (default ``~/.cache/genkit``), keyed by the source, the compiler and the
-CPU, and written atomically. Without a compiler, on a CPU with neither, or with
+CPU, and checked before it is loaded (owner, mode, no symlink, the sha256 recorded at build; see
+:mod:`genkit.models.kernel_cache`). Without a compiler, on a CPU with neither, or with
 ``GENKIT_BLOCK_KERNEL=0``, quantized layers use torch's int4 kernels instead;
 ``GENKIT_BLOCK_KERNEL=portable`` forces the portable C loops (slow; for tests and odd CPUs) and
 ``GENKIT_BLOCK_KERNEL=avx2`` the AVX2 build on a CPU that also has AVX-512.
@@ -25,13 +26,13 @@ import platform
 import shutil
 import subprocess
 import sysconfig
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import ConfigError, KernelUnavailableError
+from . import kernel_cache
 
 logger = logging.getLogger("genkit.models")
 
@@ -84,24 +85,27 @@ SIMD_NAMES = {2: "avx512-vnni", 1: "avx2", 0: ""}
 SETTINGS = ("0", "1", "portable", "avx2")
 
 
-def _build(cc: str, mode: str = "native") -> Path:
-    source = SOURCE.read_bytes()
+def _flags(mode: str) -> list[str]:
+    return ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall", *BUILD_FLAGS[mode]]
+
+
+def cache_name(cc: str, mode: str = "native") -> str:
+    """The library's file name in the cache: a hash of the C source, the compiler (its path and
+    ``--version``), the CPU and the flags, so any change builds a new library."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall", *BUILD_FLAGS[mode]]
-    key = hashlib.sha256(source + version.encode() + _cpu_key().encode() + " ".join(flags).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"genkit_blocks-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
-        out = Path(tmp) / target.name
-        proc = subprocess.run([cc, *flags, str(SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True,
-                              check=False)
+    key = hashlib.sha256(b"\0".join(part.encode() if isinstance(part, str) else part for part in (
+        SOURCE.read_bytes(), cc, version, _cpu_key(), " ".join(_flags(mode))))).hexdigest()[:16]
+    return f"genkit_blocks-{key}.so"
+
+
+def _load(cc: str, mode: str = "native") -> Any:
+    def build(out: Path) -> None:
+        proc = subprocess.run([cc, *_flags(mode), str(SOURCE), "-o", str(out), "-lm"], capture_output=True,
+                              text=True, check=False)
         if proc.returncode != 0:
             raise KernelUnavailableError(f"building the block kernel with {cc} failed:\n{proc.stderr[-2000:]}")
-        os.replace(out, target)  # atomic: another process sees the whole library or none
-    logger.info("built the block kernel: %s", target)
-    return target
+
+    return kernel_cache.load(_cache_dir(), cache_name(cc, mode), build)
 
 
 def library() -> Any:
@@ -122,7 +126,7 @@ def library() -> Any:
         logger.info("no C compiler found; quantized layers use torch's int4 kernels")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(cc, mode)))
+        lib = _load(cc, mode)
     except (OSError, RuntimeError) as exc:
         logger.warning("block kernel unavailable, quantized layers use torch's int4 kernels: %s", exc)
         return None

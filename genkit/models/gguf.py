@@ -8,6 +8,7 @@ converter interleaves for its rope kernel, are put back in the order transformer
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import re
 from collections.abc import Callable
@@ -16,7 +17,9 @@ from typing import Any
 
 import torch
 
-from ..errors import CorruptModelError, ModelLoadError, UnsupportedModelError
+from ..errors import ModelFileError, ModelLoadError, UnsupportedModelError
+from .gguf_header import TruncatedGGUFError, UnknownGGUFTypeError, check_gguf_header  # noqa: F401 - re-exported
+from .limits import check_config
 
 logger = logging.getLogger("genkit.models.gguf")
 
@@ -98,98 +101,87 @@ def unpermute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     return weight.reshape(n_heads, out // n_heads // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
 
 
-class TruncatedGGUFError(ModelLoadError, ValueError):
-    """The file ends before the data its header describes."""
-
-
-def _checked_reader_class() -> Any:
-    """``gguf.GGUFReader`` whose reads past the end of the file raise :class:`TruncatedGGUFError`
-    (the plain reader slices the memory map short and fails later with a numpy shape message)."""
-    gguf = _require_gguf()
-
-    class CheckedReader(gguf.GGUFReader):  # type: ignore[misc, name-defined]
-        def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
-            import numpy as np
-
-            end = int(offset) + int(np.dtype(dtype).itemsize) * int(count)
-            if end > len(self.data):
-                raise TruncatedGGUFError(f"the file is truncated: {len(self.data)} bytes, but its header describes "
-                                         f"data up to byte {end} at least")
-            return super()._get(offset, dtype, count, override_order)
-
-        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
-            known = {int(t) for t in gguf.GGMLQuantizationType}
-            for f in fields:  # name the tensor whose type this gguf package does not know
-                _, name, _, _, raw_type, _ = f.parts
-                if int(raw_type[0]) not in known:
-                    raise UnknownGGUFTypeError(
-                        f"tensor {bytes(name).decode('utf-8', 'replace')!r} has GGUF tensor type "
-                        f"{int(raw_type[0])}, which the installed gguf package does not know (a newer "
-                        "quantization format? upgrading `gguf` may help)")
-            super()._build_tensors(start_offs, fields)
-
-    return CheckedReader
-
-
-class UnknownGGUFTypeError(ModelLoadError, ValueError):
-    """A tensor's GGUF type is not one the installed ``gguf`` package knows."""
-
-
 def open_gguf(path: str | os.PathLike[str]) -> Any:
-    """A ``gguf.GGUFReader`` on ``path``; a ValueError naming the file when it cannot be read, and
-    a :class:`TruncatedGGUFError` (expected vs actual size) when the file is cut short."""
-    reader_class = _checked_reader_class()
+    """A ``gguf.GGUFReader`` on ``path``, once its header has passed
+    :func:`~genkit.models.gguf_header.check_gguf_header` (bounded time and memory). Every refusal is
+    a :class:`~genkit.errors.ModelFileError` naming the file and the field:
+    :class:`TruncatedGGUFError` (expected vs actual size) when the file is cut short."""
+    gguf = _require_gguf()
     path = os.fspath(path)
     try:
-        reader = reader_class(path)
-    except TruncatedGGUFError as exc:
-        raise TruncatedGGUFError(f"{path}: {exc} (an interrupted download or copy?)") from None
-    except UnknownGGUFTypeError as exc:
-        raise UnknownGGUFTypeError(f"{path}: {exc}") from None
-    except Exception as exc:
-        raise CorruptModelError(f"{path}: not a readable GGUF file ({exc})") from exc
-    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    if end > len(reader.data):
-        raise TruncatedGGUFError(f"{path}: the file is truncated: {len(reader.data)} bytes, but its tensors need "
-                                 f"{end} bytes (an interrupted download or copy?)")
-    return reader
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size < 1 << 16:
+                check_gguf_header(fh.read(), path)
+            else:
+                with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                    check_gguf_header(data, path)
+    except ModelLoadError:
+        raise
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as exc:  # the header passed the checks: anything left is a malformed file
+        raise ModelFileError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+
+def _contents(reader: Any, key: str, path: str) -> Any:
+    try:
+        return _field(reader, key)
+    except Exception as exc:  # a value of the wrong type or encoding
+        raise ModelFileError(f"{path}: metadata {key!r} cannot be read ({type(exc).__name__}: {exc})") from exc
 
 
 def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
-    """The ``config.json`` dict a GGUF describes, and the open reader."""
+    """The ``config.json`` dict a GGUF describes, and the open reader. The sizes are checked
+    (:func:`~genkit.models.limits.check_config`) against the limits and the file's tensors."""
     path = os.fspath(path)
     reader = open_gguf(path)
-    arch = _field(reader, "general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
+    arch = _contents(reader, "general.architecture", path)
+    if not isinstance(arch, str) or arch not in GGUF_ARCHITECTURES:
         raise UnsupportedModelError(
-                       f"{path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
-                   )
+            f"{path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
+        )
     model_type, hf_arch, _ = GGUF_ARCHITECTURES[arch]
     config: dict[str, Any] = {"model_type": model_type, "architectures": [hf_arch]}
     for suffix, key in _CONFIG_KEYS.items():
-        value = _field(reader, f"{arch}.{suffix}")
+        value = _contents(reader, f"{arch}.{suffix}", path)
         if value is not None:
             config[key] = value
     if "vocab_size" not in config:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         if tokens is not None:
             config["vocab_size"] = len(tokens.data)
-    rope_dim = _field(reader, f"{arch}.rope.dimension_count")
-    heads = config.get("num_attention_heads")
-    if rope_dim is not None and heads and rope_dim != config["hidden_size"] // heads:
-        config["head_dim"] = int(rope_dim)
+    config.setdefault("num_key_value_heads", config.get("num_attention_heads"))
+    check_config(config, path, _hf_shapes(reader, path, arch))
+    rope_dim = _contents(reader, f"{arch}.rope.dimension_count", path)
+    if rope_dim is not None and rope_dim != config["hidden_size"] // config["num_attention_heads"]:
+        config["head_dim"] = rope_dim
+        check_config(config, path)
     names = {t.name for t in reader.tensors}
     config["tie_word_embeddings"] = "output.weight" not in names
     # Qwen2's q/k/v biases follow from model_type (as in transformers' Qwen2 config);
     # attention_bias would also ask for an o_proj bias, which Qwen2 files do not have
     for key, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):
-        value = _field(reader, f"tokenizer.ggml.{meta}")
-        if value is not None:
-            config[key] = int(value)
-    config.setdefault("num_key_value_heads", config.get("num_attention_heads"))
+        value = _contents(reader, f"tokenizer.ggml.{meta}", path)
+        if isinstance(value, int):
+            config[key] = value
+        elif value is not None:
+            raise ModelFileError(f"{path}: metadata 'tokenizer.ggml.{meta}' must be an integer; got {value!r}")
     config["torch_dtype"] = "float32"
     return config, reader
+
+
+def _hf_shapes(reader: Any, path: str, arch: str) -> dict[str, tuple[int, ...]]:
+    """The file's tensors under transformers' names, with their torch shapes."""
+    shapes = {}
+    for t in reader.tensors:
+        name = _hf_name(t.name)
+        if name is None:
+            raise ModelFileError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
+        shapes[name] = tuple(int(d) for d in reversed(t.shape))
+    return shapes
 
 
 def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True,
@@ -210,8 +202,7 @@ def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True,
     if tensors:
         for t in reader.tensors:
             name = _hf_name(t.name)
-            if name is None:
-                raise UnsupportedModelError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
+            assert name is not None  # read_gguf_config checked every name
             shape = tuple(int(d) for d in reversed(t.shape))
             if t.tensor_type.name in keep_quantized and len(shape) == 2:
                 contents_quantized[name] = (t.tensor_type.name, _rows_in_hf_order(t.data, name, config, permute),

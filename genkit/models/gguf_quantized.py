@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CorruptModelError, UnsupportedModelError
+from ..errors import ModelFileError
 from . import block_kernel
 from .base import GenkitModel
 from .gguf import GGUFContents
@@ -49,17 +49,27 @@ def build_quantized_model(config: Any, contents: GGUFContents, dtype: torch.dtyp
         model = cls(config)
     biases = {}
     state = dict(contents.state_dict)
-    for name in quantized:
+    for name, (_, _, shape) in quantized.items():
         module_name = name.rsplit(".", 1)[0]
-        linear = model.get_submodule(module_name)
-        if not isinstance(linear, nn.Linear):
-            raise UnsupportedModelError(f"{where}: quantized tensor {name!r} is not a linear layer's weight")
+        try:
+            linear = model.get_submodule(module_name)
+        except AttributeError:
+            linear = None
+        if not isinstance(linear, nn.Linear) or not name.endswith(".weight"):
+            raise ModelFileError(f"{where}: quantized tensor {name!r} is not a linear layer's weight")
+        if tuple(shape) != (linear.out_features, linear.in_features):
+            raise ModelFileError(f"{where}: tensor {name!r} has shape {tuple(shape)}, but the config implies "
+                                 f"{(linear.out_features, linear.in_features)}")
         if linear.bias is not None:
             if f"{module_name}.bias" not in state:
-                raise CorruptModelError(f"{where}: missing tensor {module_name + '.bias'!r}")
+                raise ModelFileError(f"{where}: missing tensor {module_name + '.bias'!r}")
             biases[module_name] = state.pop(f"{module_name}.bias")
         _swap(model, module_name, nn.Identity())
     if embed is not None:
+        want = (model.model.embed_tokens.num_embeddings, model.model.embed_tokens.embedding_dim)
+        if tuple(embed[2]) != want:
+            raise ModelFileError(f"{where}: tensor 'model.embed_tokens.weight' has shape {tuple(embed[2])}, but the "
+                                 f"config implies {want}")
         _swap(model, "model.embed_tokens", nn.Identity())
     if embed is not None and tied:
         model.tie_weights = lambda: None  # type: ignore[method-assign]  # the head is already quantized
@@ -75,7 +85,7 @@ def build_quantized_model(config: Any, contents: GGUFContents, dtype: torch.dtyp
     if embed is not None:
         type_name, data, shape = embed
         if type_name != "Q8_0":
-            raise UnsupportedModelError(f"{where}: embedding tensor type {type_name} is kept quantized only as Q8_0")
+            raise ModelFileError(f"{where}: embedding tensor type {type_name} is kept quantized only as Q8_0")
         _swap(model, "model.embed_tokens", q8_0_embedding(data, (shape[0], shape[1]), dtype))
     release_freed_memory()
     model.quantization = "gguf"  # type: ignore[attr-defined]

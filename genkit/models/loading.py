@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, CorruptModelError, ModelLoadError, UnsupportedModelError
+from ..errors import ConfigError, CorruptModelError, ModelFileError, ModelLoadError, UnsupportedModelError
 from ..tokenizer import Tokenizer, tokenizer_from_folder, tokenizer_from_gguf_metadata
 from .base import GenkitModel, ModelConfig
+from .limits import check_config, limit, over
 
 logger = logging.getLogger("genkit.models")
 
@@ -164,39 +165,8 @@ class SafetensorsState(Mapping[str, torch.Tensor]):
         for f in files:
             if not os.path.isfile(f):
                 raise FileNotFoundError(f"weights file {f} is missing (listed in {INDEX_FILE})")
-            try:
-                self._read_header(f)
-            except (ValueError, KeyError, TypeError, OSError) as exc:
-                raise CorruptModelError(f"weights file {f} is corrupt or not a safetensors file ({exc})") from exc
-
-    def _read_header(self, path: str) -> None:
-        size = os.path.getsize(path)
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise CorruptModelError("file shorter than the 8-byte header length")
-            n = int.from_bytes(head, "little")
-            if n <= 0 or 8 + n > size:
-                raise CorruptModelError(f"header length {n} does not fit in a file of {size} bytes")
-            header = json.loads(fh.read(n).decode("utf-8"))
-        if not isinstance(header, dict):
-            raise CorruptModelError("the header is not a JSON object")  # noqa: TRY004 - a corrupt file, not a bad argument
-        base = 8 + n
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            dtype = _ST_DTYPES.get(info["dtype"])
-            if dtype is None:
-                raise UnsupportedModelError(f"tensor {name!r} has unsupported dtype {info['dtype']!r}")
-            shape = tuple(int(d) for d in info["shape"])
-            begin, end = (int(x) for x in info["data_offsets"])
-            numel = 1
-            for d in shape:
-                numel *= d
-            if end - begin != numel * dtype.itemsize or begin < 0 or base + end > size:
-                raise CorruptModelError(f"tensor {name!r}: bytes {begin}..{end} do not match shape {shape} "
-                                        f"or lie beyond the end of the file ({size} bytes; truncated?)")
-            self._entries[name] = (path, dtype, shape, base + begin, end - begin)
+            for name, (dtype, shape, offset, nbytes) in safetensors_header(f).items():
+                self._entries[name] = (f, dtype, shape, offset, nbytes)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         path, dtype, shape, offset, nbytes = self._entries[name]
@@ -223,22 +193,97 @@ class SafetensorsState(Mapping[str, torch.Tensor]):
         return name in self._entries
 
 
+def safetensors_header(path: str) -> dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]:
+    """The tensors a safetensors file's header lists: name -> (dtype, shape, offset in the file,
+    bytes). The header's length is bounded (``GENKIT_MAX_SAFETENSORS_HEADER``) and every entry is
+    checked (known dtype, non-negative shape, bytes that match it, inside the file) before use; a
+    refusal is a :class:`~genkit.errors.ModelFileError` naming the file and the field."""
+    def bad(why: str) -> ModelFileError:
+        return ModelFileError(f"weights file {path} is corrupt or not a safetensors file ({why})")
+
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        head = fh.read(8)
+        if len(head) < 8:
+            raise bad("file shorter than the 8-byte header length")
+        n = int.from_bytes(head, "little")
+        if n > limit("safetensors_header_bytes"):
+            raise bad(f"the header length is {n} bytes; {over('safetensors_header_bytes')}")
+        if n <= 0 or 8 + n > size:
+            raise bad(f"the header length {n} does not fit in a file of {size} bytes")
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise bad(f"the header is not UTF-8 JSON: {type(exc).__name__}") from None
+    if not isinstance(header, dict):
+        raise bad("the header is not a JSON object")
+    entries = {}
+    for name, info in header.items():
+        if name != "__metadata__":
+            entries[name] = _header_entry(name, info, 8 + n, size, bad)
+    return entries
+
+
+def _header_entry(name: str, info: Any, base: int, size: int,
+                  bad: Any) -> tuple[torch.dtype, tuple[int, ...], int, int]:
+    if not isinstance(info, dict):
+        raise bad(f"tensor {name!r}: its entry is not a JSON object")
+    dtype = _ST_DTYPES.get(info.get("dtype")) if isinstance(info.get("dtype"), str) else None
+    if dtype is None:
+        raise bad(f"tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise bad(f"tensor {name!r}: `shape` must be a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(type(x) is int for x in offsets):
+        raise bad(f"tensor {name!r}: `data_offsets` must be two integers")
+    begin, end = offsets
+    numel = 1
+    for d in shape:
+        numel *= d
+    if end - begin != numel * dtype.itemsize or begin < 0 or base + end > size:
+        raise bad(f"tensor {name!r}: bytes {begin}..{end} do not match shape {tuple(shape)} "
+                  f"or lie beyond the end of the file ({size} bytes; truncated?)")
+    return dtype, tuple(shape), base + begin, end - begin
+
+
 def read_safetensors(folder: str) -> SafetensorsState:
-    """The tensors of ``model.safetensors``, or of the shards listed in the index file (read lazily)."""
+    """The tensors of ``model.safetensors``, or of the shards listed in the index file (read
+    lazily). The index may only name files inside ``folder`` (no absolute paths, no ``..``, no
+    symlink out)."""
     single = os.path.join(folder, WEIGHT_FILE)
     index = os.path.join(folder, INDEX_FILE)
     if os.path.isfile(single):
         files = [single]
     elif os.path.isfile(index):
-        try:
-            with open(index, encoding="utf-8") as fh:
-                weight_map = json.load(fh)["weight_map"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise CorruptModelError(f"{index}: not a valid safetensors index ({exc})") from exc
-        files = [os.path.join(folder, f) for f in sorted(set(weight_map.values()))]
+        files = [_shard_path(folder, index, f) for f in sorted(set(_weight_map(index).values()))]
     else:
         raise FileNotFoundError(f"no weights in {folder}: expected {WEIGHT_FILE} or {INDEX_FILE}")
     return SafetensorsState(files)
+
+
+def _weight_map(index: str) -> dict[str, str]:
+    if os.path.getsize(index) > limit("config_bytes"):
+        raise ModelFileError(f"{index}: {os.path.getsize(index)} bytes; {over('config_bytes')}")
+    try:
+        with open(index, encoding="utf-8") as fh:
+            weight_map = json.load(fh)["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise ModelFileError(f"{index}: not a valid safetensors index ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ModelFileError(f"{index}: `weight_map` must map tensor names to file names")
+    return weight_map
+
+
+def _shard_path(folder: str, index: str, name: str) -> str:
+    """The path of a shard the index names, which must lie inside the model folder."""
+    path = os.path.join(folder, name)
+    inside = os.path.realpath(folder)
+    if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/") or \
+            os.path.commonpath([inside, os.path.realpath(path)]) != inside:
+        raise ModelFileError(f"{index}: `weight_map` names {name!r}, which is not a file inside the model folder "
+                             f"{folder}; shards must lie in the model's folder")
+    return path
 
 
 def _shape(state: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
@@ -265,32 +310,15 @@ def build_model(config: ModelConfig, state: Mapping[str, torch.Tensor], dtype: t
         cls = architecture_class(config, os.path.join(where, "config.json") if where else "config.json")
         with torch.device("meta"):
             model = cls(config)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    _check_state(model, state, where)  # on the meta device: nothing is allocated for a bad file
     # allocate once, in the target dtype and on the target device, then copy the tensors in
     model = model.to(dtype).to_empty(device=device if device is not None else "cpu")
     _warn_if_bfloat16_is_emulated(dtype, device)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
-    params = dict(model.named_parameters(remove_duplicate=False))
-    buffers = dict(model.named_buffers())
-    persistent = set(model.state_dict())
-    targets = {**params, **{k: v for k, v in buffers.items() if k in persistent}}
-    by_id: dict[int, list[str]] = {}
-    for name, p in params.items():
-        by_id.setdefault(id(p), []).append(name)
-    twins = {name: names for names in by_id.values() if len(names) > 1 for name in names}
-    # a tied tensor (e.g. the LM head sharing the embedding) may appear under any one of its names
-    missing = [k for k in targets if k not in state and not any(t in state for t in twins.get(k, ()))]
-    if missing:
-        raise CorruptModelError(f"{where or 'checkpoint'}: missing tensors {missing[:8]}"
-                                f"{' ...' if len(missing) > 8 else ''} for {type(model).__name__}")
-    unexpected = [k for k in state if k not in targets]
-    if unexpected:
-        logger.warning("%s: ignoring %d tensors the model does not use: %s", where or "checkpoint",
-                       len(unexpected), unexpected[:8])
-    for name in state:
-        if name in targets and _shape(state, name) != tuple(targets[name].shape):
-            raise CorruptModelError(f"{where or 'checkpoint'}: tensor {name!r} has shape {_shape(state, name)}, "
-                                    f"but the config implies {tuple(targets[name].shape)}")
+    targets = _targets(model)
     with torch.no_grad():
         for name, target in targets.items():
             if name in state:
@@ -298,6 +326,50 @@ def build_model(config: ModelConfig, state: Mapping[str, torch.Tensor], dtype: t
     if hasattr(model, "reset_buffers"):
         model.reset_buffers()  # float32 rope frequencies, whatever the weights' dtype
     return model.eval()
+
+
+def _targets(model: GenkitModel) -> dict[str, torch.Tensor]:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    persistent = set(model.state_dict())
+    return {**params, **{k: v for k, v in model.named_buffers() if k in persistent}}
+
+
+def _check_state(model: GenkitModel, state: Mapping[str, torch.Tensor], where: str) -> None:
+    """The checkpoint's names and shapes against the model's (tied tensors may appear under any
+    one of their names); a :class:`~genkit.errors.ModelFileError` on the first mismatch."""
+    targets = _targets(model)
+    by_id: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    twins = {name: names for names in by_id.values() if len(names) > 1 for name in names}
+    missing = [k for k in targets if k not in state and not any(t in state for t in twins.get(k, ()))]
+    if missing:
+        raise ModelFileError(f"{where or 'checkpoint'}: missing tensors {missing[:8]}"
+                             f"{' ...' if len(missing) > 8 else ''} for {type(model).__name__}")
+    unexpected = [k for k in state if k not in targets]
+    if unexpected:
+        logger.warning("%s: ignoring %d tensors the model does not use: %s", where or "checkpoint",
+                       len(unexpected), unexpected[:8])
+    for name in state:
+        if name in targets and _shape(state, name) != tuple(targets[name].shape):
+            raise ModelFileError(f"{where or 'checkpoint'}: tensor {name!r} has shape {_shape(state, name)}, "
+                                 f"but the config implies {tuple(targets[name].shape)}")
+
+
+def read_config_json(path: str) -> ModelConfig:
+    """``config.json`` as a :class:`ModelConfig`: a JSON object of bounded size
+    (``GENKIT_MAX_CONFIG_BYTES``), or a :class:`~genkit.errors.ModelFileError` naming the file."""
+    size = os.path.getsize(path)
+    if size > limit("config_bytes"):
+        raise ModelFileError(f"{path}: {size} bytes; {over('config_bytes')}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (ValueError, RecursionError) as exc:
+        raise ModelFileError(f"{path}: not valid JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict):
+        raise ModelFileError(f"{path}: not a JSON object of config fields")
+    return ModelConfig(**data)
 
 
 def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: torch.dtype | str | None = None,
@@ -321,6 +393,7 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
     """
     if not isinstance(dequantize, bool):
         raise ConfigError(f"`dequantize` must be True or False; got {dequantize!r}")
+    check_device(device)
     source = resolve_model_source(ref, revision=revision)
     if source.endswith(".gguf"):
         from .gguf import read_gguf
@@ -338,12 +411,11 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
         cfg_path = os.path.join(source, "config.json")
         if not os.path.isfile(cfg_path):
             raise FileNotFoundError(f"no config.json in {source}")
-        try:
-            config = ModelConfig.from_json_file(cfg_path)
-        except ValueError as exc:
-            raise CorruptModelError(f"{cfg_path}: not valid JSON ({exc})") from exc
+        config = read_config_json(cfg_path)
+        check_config(config, cfg_path)  # sizes first: nothing is read or built for a bad config
         architecture_class(config, cfg_path)  # fail on an unknown architecture before reading weights
         state = read_safetensors(source)
+        check_config(config, cfg_path, {name: state.shape(name) for name in state})
         model = build_model(config, state, parse_dtype(dtype, config), where=source, device=device)
         if os.path.isfile(os.path.join(source, "generation_config.json")):
             from ..config import GenerationConfig
@@ -352,6 +424,29 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
     config.name_or_path = os.fspath(ref)
     _attach_recipe(model, os.fspath(ref), source, revision, trust_remote_code)
     return model
+
+
+def check_device(device: str | torch.device | None) -> None:
+    """A :class:`~genkit.errors.ConfigError` when ``device`` is not a device this torch build and
+    machine have (``"cuda"`` on a CPU-only build, a GPU index past the last one, ...)."""
+    if device is None:
+        return
+    from ..errors import ConfigError
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"`device`={device!r} is not a torch device ({exc}); e.g. 'cpu', 'cuda', 'cuda:0'") from None
+    if dev.type == "cpu" or dev.type == "meta":
+        return
+    backend = getattr(torch, dev.type, None) if dev.type != "mps" else torch.backends.mps
+    if backend is None or not backend.is_available():
+        why = ("this torch build has no CUDA support (a CPU-only build)" if dev.type == "cuda" and torch.version.cuda
+               is None else f"no {dev.type} device is available to this process")
+        raise ConfigError(f"`device`={device!r}: {why}; use device='cpu'")
+    count = getattr(backend, "device_count", lambda: 1)()
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(f"`device`={device!r}: there are {count} {dev.type} device(s) (indices 0 to {count - 1})")
 
 
 def _kernel_types() -> frozenset[str]:

@@ -48,6 +48,7 @@ def parse_requirements(text: str, source: str = "custom_generate/requirements.tx
     """Parse the file; raise :class:`RequirementsFormatError` naming the first bad line(s)."""
     lines: list[Line] = []
     errors: list[str] = []
+    text = text.removeprefix("\ufeff")  # a UTF-8 BOM (Windows editors write one)
     for number, raw in enumerate(text.splitlines(), 1):
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):

@@ -83,6 +83,9 @@ def parse_ref(ref: str | os.PathLike[str], revision: str | None = None) -> Recip
                            text, os.path.abspath(text), text, text)
         return RecipeRef(text, "local", path=Path(os.path.abspath(text)))
     base, at, rev = text.partition("@")
+    if REPO_RE.fullmatch(base) and "--" in base:
+        raise ConfigError(f"recipe reference {text!r}: '--' is not allowed in a Hub id (the Hub refuses it, and "
+                         "genkit's cache folder 'org--name' would be shared with another id)")
     if REPO_RE.fullmatch(base) and ".." not in base and not text.startswith((".", "/", "~")):
         if at and not rev:
             raise ConfigError(f"recipe reference {text!r} has an empty revision after '@'")

@@ -1,0 +1,102 @@
+"""Budgets for reading model files, and the checks of a model's config against them.
+
+Every count, length and dimension read from a model file is checked against the file's size and
+against these limits before anything is allocated (docs/models.md, "Limits"). Each limit can be
+raised with its environment variable (a positive integer). A refusal is a
+:class:`~genkit.errors.ModelFileError` naming the file, the field and the limit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ConfigError, ModelFileError
+
+#: name -> (environment variable, default)
+LIMITS: dict[str, tuple[str, int]] = {
+    "gguf_tensors": ("GENKIT_MAX_GGUF_TENSORS", 65_536),
+    "gguf_metadata_keys": ("GENKIT_MAX_GGUF_KEYS", 65_536),
+    "gguf_array_elements": ("GENKIT_MAX_GGUF_ARRAY_ELEMENTS", 4_194_304),
+    "safetensors_header_bytes": ("GENKIT_MAX_SAFETENSORS_HEADER", 100_000_000),
+    "config_bytes": ("GENKIT_MAX_CONFIG_BYTES", 16_000_000),
+    "layers": ("GENKIT_MAX_LAYERS", 1024),
+    "dimension": ("GENKIT_MAX_DIMENSION", 1_048_576),
+    "vocab": ("GENKIT_MAX_VOCAB", 16_777_216),
+}
+
+
+def limit(name: str) -> int:
+    """The limit ``name`` (a key of :data:`LIMITS`), from its environment variable or its default."""
+    var, default = LIMITS[name]
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"{var}={raw!r} is not accepted; use a positive integer (default {default})")
+    return value
+
+
+def over(name: str) -> str:
+    """How to raise the limit ``name``, for error messages."""
+    var, _ = LIMITS[name]
+    return f"the limit is {limit(name)}; set {var} to raise it"
+
+
+# per architecture family: config field -> kind of limit; the first four are required
+_LLAMA_FIELDS = {"num_hidden_layers": "layers", "hidden_size": "dimension", "num_attention_heads": "dimension",
+                 "vocab_size": "vocab", "num_key_value_heads": "dimension", "intermediate_size": "dimension",
+                 "head_dim": "dimension"}
+_GPT2_FIELDS = {"n_layer": "layers", "n_embd": "dimension", "n_head": "dimension", "vocab_size": "vocab",
+                "n_positions": "dimension", "n_inner": "dimension"}
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.")
+_EMBEDDINGS = ("model.embed_tokens.weight", "transformer.wte.weight")
+
+
+def _int_field(config: Any, key: str, kind: str, where: str, required: bool) -> int | None:
+    value = config.get(key)
+    if value is None:
+        if required:
+            raise ModelFileError(f"{where}: `{key}` is missing; it must be a positive integer")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ModelFileError(f"{where}: `{key}` must be a positive integer; got {value!r}")
+    if value <= 0 or value > limit(kind):
+        raise ModelFileError(f"{where}: `{key}`={value} is out of range: it must be between 1 and "
+                             f"{limit(kind)} ({over(kind)})")
+    return value
+
+
+def check_config(config: Any, where: str, shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+    """Check a model config's sizes: positive integers within the limits, consistent with each
+    other and, given the ``shapes`` of the file's tensors, with what the file holds (as many
+    layers as it says, an embedding of ``vocab_size x hidden_size``)."""
+    gpt2 = config.get("model_type") == "gpt2" or "GPT2LMHeadModel" in (config.get("architectures") or ())
+    fields = _GPT2_FIELDS if gpt2 else _LLAMA_FIELDS
+    values = {key: _int_field(config, key, kind, where, i < 4) for i, (key, kind) in enumerate(fields.items())}
+    layers_key, hidden_key, heads_key = list(fields)[:3]
+    layers, hidden, heads = values[layers_key], values[hidden_key], values[heads_key]
+    assert layers is not None and hidden is not None and heads is not None  # required above
+    if values.get("head_dim") is None and hidden % heads:
+        raise ModelFileError(f"{where}: `{hidden_key}`={hidden} is not a multiple of `{heads_key}`={heads}")
+    kv = values.get("num_key_value_heads")
+    if kv is not None and heads % kv:
+        raise ModelFileError(f"{where}: `num_attention_heads`={heads} is not a multiple of "
+                             f"`num_key_value_heads`={kv}")
+    if shapes is None:
+        return
+    found = {int(m.group(1)) for name in shapes if (m := _LAYER_INDEX.search(name))}
+    if layers != len(found) or (found and max(found) != layers - 1):
+        raise ModelFileError(f"{where}: `{layers_key}`={layers}, but the file holds the tensors of "
+                             f"{len(found)} layers")
+    embed = next((shapes[n] for n in _EMBEDDINGS if n in shapes), None)
+    want = (values["vocab_size"], hidden)
+    if embed is not None and tuple(embed) != want:
+        raise ModelFileError(f"{where}: the token embedding has shape {tuple(embed)}, but `vocab_size` x "
+                             f"`{hidden_key}` is {want}")

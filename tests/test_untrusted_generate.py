@@ -1,0 +1,54 @@
+"""issue 28, inputs to generate: token ids outside the vocabulary, unknown forward keyword
+arguments and a device this torch build lacks are clear errors, not IndexError, silent acceptance
+or an AssertionError."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import genkit
+from genkit.errors import ConfigError, NotSupportedError
+from genkit.models.tiny import TINY_LLAMA
+
+
+@pytest.mark.parametrize("bad", [99999, 128, -1])
+def test_token_ids_outside_the_vocabulary_are_a_config_error(tiny_model, bad):
+    with pytest.raises(ConfigError, match=rf"`input_ids` holds the token id {bad}, outside the model's vocabulary "
+                                          r"\(ids 0 to 127\)"):
+        genkit.generate(tiny_model, torch.tensor([[1, bad]]), max_new_tokens=2)
+    with pytest.raises(ConfigError, match="outside the model's vocabulary"):
+        tiny_model(torch.tensor([[bad, 1]]))
+
+
+def test_unknown_forward_keywords_are_refused_by_name(tiny_model):
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ConfigError, match=r"unknown keyword argument\(s\) 'foo' for the model's forward"):
+        tiny_model(ids, foo=1)
+    with pytest.raises(NotSupportedError, match=r"`labels`: genkit's native models do not compute a loss"):
+        tiny_model(ids, labels=ids)
+    with pytest.raises(NotSupportedError, match=r"`output_attentions`=True is not supported"):
+        tiny_model(ids, output_attentions=True)
+    want = tiny_model(ids).logits
+    assert torch.equal(tiny_model(ids, return_dict=True, output_attentions=False).logits, want)
+
+
+def test_a_device_this_torch_lacks_is_a_config_error(tmp_path):
+    from safetensors.torch import save_file
+
+    from genkit.models.tiny import tiny_llama
+    save_file({k: v.contiguous() for k, v in tiny_llama().state_dict().items()}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    with pytest.raises(ConfigError, match=r"`device`='nonsense' is not a torch device"):
+        genkit.load_model(tmp_path, device="nonsense")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"`device`='cuda': (this torch build has no CUDA support|no cuda device)"):
+            genkit.load_model(tmp_path, device="cuda")
+    else:
+        n = torch.cuda.device_count()
+        with pytest.raises(ConfigError, match=rf"there are {n} cuda device"):
+            genkit.load_model(tmp_path, device=f"cuda:{n}")
+    assert genkit.load_model(tmp_path, device="cpu").device.type == "cpu"
+

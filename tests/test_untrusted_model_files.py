@@ -1,0 +1,232 @@
+"""issue 28, model files: every malformed GGUF, safetensors, index or config.json file is refused
+with a ModelLoadError naming the field, within 2 s and 500 MB (measured in a subprocess under
+RLIMIT_AS), before anything is allocated; an index cannot reach outside the model folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from test_quantized import write_quantized_gguf  # noqa: E402
+
+from genkit.errors import ModelFileError, ModelLoadError  # noqa: E402
+from genkit.models.tiny import TINY_LLAMA, tiny_llama  # noqa: E402
+
+# loads argv[1] under a 500 MB address-space budget (on top of what the imports use) and prints
+# what happened, with the time the load took
+PROBE = r"""
+import json, resource, sys, time
+import genkit, gguf, torch, genkit.models.gguf, genkit.models.loading, genkit.models.llama
+from genkit.models.loading import ARCHITECTURES
+from genkit.plugins import resolve
+for target in ARCHITECTURES.values():  # imports and plugin discovery happen before the clock starts
+    resolve(target)
+vm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + 500 * 2**20, resource.RLIM_INFINITY))
+start = time.perf_counter()
+try:
+    genkit.load_model(sys.argv[1])
+    out = {"error": None}
+except BaseException as exc:
+    out = {"error": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
+out["seconds"] = time.perf_counter() - start
+print(json.dumps(out))
+"""
+
+
+def _refused(path: Path, *fields: str) -> str:
+    """Load ``path`` in a subprocess: refused with a ModelLoadError naming each of ``fields``,
+    in under 2 s and within 500 MB. Returns the message."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2", "GENKIT_BLOCK_KERNEL": "0"}
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["error"] is not None, f"{path} was loaded"
+    assert "ModelLoadError" in got["error"], got
+    assert "MemoryError" not in got["error"], got
+    for field in fields:
+        assert field in got["message"], got["message"]
+    assert got["seconds"] < 2.0, got
+    return str(got["message"])
+
+
+# --- GGUF: a hand-made header -------------------------------------------------------------------
+
+def _s(text: str | bytes) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _header(kvs: list[bytes], tensors: list[bytes], n_kv: int | None = None, n_tensors: int | None = None) -> bytes:
+    return (b"GGUF" + struct.pack("<IQQ", 3, len(tensors) if n_tensors is None else n_tensors,
+                                  len(kvs) if n_kv is None else n_kv) + b"".join(kvs) + b"".join(tensors))
+
+
+def _kv_str(key: str, value: str) -> bytes:
+    return _s(key) + struct.pack("<I", 8) + _s(value)
+
+
+def _tensor(name: str, dims: tuple[int, ...], offset: int, ttype: int = 0) -> bytes:
+    return _s(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", ttype, offset)
+
+
+ARCH = _kv_str("general.architecture", "llama")
+
+
+def test_an_array_of_8_million_elements_is_refused(tmp_path):
+    path = tmp_path / "big_array.gguf"
+    n = 8_000_000
+    path.write_bytes(_header([ARCH, _s("tokenizer.ggml.token_type") + struct.pack("<IIQ", 9, 0, n) + bytes(n)], []))
+    _refused(path, "'tokenizer.ggml.token_type'", "8000000 elements", "GENKIT_MAX_GGUF_ARRAY_ELEMENTS")
+
+
+def test_a_string_array_longer_than_the_file_is_refused(tmp_path):
+    path = tmp_path / "strings.gguf"
+    path.write_bytes(_header([ARCH, _s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3_000_000)
+                              + _s("a") * 1000], []))
+    _refused(path, "array length of 'tokenizer.ggml.tokens'", "3000000")
+
+
+def test_a_huge_tensor_count_is_refused(tmp_path):
+    path = tmp_path / "count.gguf"
+    path.write_bytes(_header([ARCH], [_tensor(f"blk.{i}.attn_q.weight", (32, 32), 0) for i in range(10)],
+                             n_tensors=2**40))
+    _refused(path, "the tensor count", str(2**40))
+    many = tmp_path / "many.gguf"  # 200,000 tensor records that do fit in the file: over the count limit
+    many.write_bytes(_header([ARCH], [_tensor("x", (32,), 0)] * 200_000))
+    _refused(many, "the tensor count is 200000", "GENKIT_MAX_GGUF_TENSORS")
+
+
+def test_a_tensor_offset_that_wraps_is_refused(tmp_path):
+    path = tmp_path / "wrap.gguf"
+    body = _header([ARCH], [_tensor("output_norm.weight", (32,), 2**64 - 32)])
+    path.write_bytes(body + bytes(-len(body) % 32) + bytes(4096))
+    _refused(path, "'output_norm.weight'", "truncated")
+
+
+def test_a_huge_key_length_is_refused(tmp_path):
+    path = tmp_path / "key.gguf"
+    path.write_bytes(_header([ARCH, struct.pack("<Q", 2**62) + b"x" * 64], []))
+    _refused(path, "metadata key #1")
+
+
+# --- GGUF: a real file with one value changed -------------------------------------------------
+
+def _patched(tmp_path: Path, key: str, value: int, name: str, **kw) -> Path:
+    """A valid 2-layer Q8_0 file whose u32 metadata ``key`` says ``value``."""
+    path = tmp_path / name
+    write_quantized_gguf(path, "Q8_0", **kw)
+    data = bytearray(path.read_bytes())
+    at = data.index(_s(key)) + len(_s(key))
+    assert struct.unpack_from("<I", data, at)[0] == 4  # uint32
+    struct.pack_into("<I", data, at + 4, value)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("value", [1_000_000, 0, 3])
+def test_a_gguf_layer_count_must_match_the_file(tmp_path, value):
+    path = _patched(tmp_path, "llama.block_count", value, "layers.gguf")
+    _refused(path, "`num_hidden_layers`", str(value))
+
+
+def test_zero_heads_is_an_error_not_a_division_by_zero(tmp_path):
+    _refused(_patched(tmp_path, "llama.attention.head_count", 0, "heads.gguf"), "`num_attention_heads`=0")
+
+
+def test_quantized_shapes_are_checked_against_the_config(tmp_path):
+    from test_quantized import FFN
+    path = _patched(tmp_path, "llama.feed_forward_length", FFN + 32, "ffn.gguf")
+    with pytest.raises(ModelFileError, match=r"ffn\.gguf: tensor 'model\.layers\.0\.mlp\.\w+_proj\.weight' has shape"):
+        torch_load(path)
+
+
+def torch_load(path: Path):
+    import genkit
+    return genkit.load_model(path)
+
+
+# --- safetensors and config.json ----------------------------------------------------------------
+
+def _folder(tmp_path: Path, name: str = "model", **config) -> Path:
+    from safetensors.torch import save_file
+
+    folder = tmp_path / name
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in tiny_llama().state_dict().items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({**TINY_LLAMA, **config}))
+    return folder
+
+
+@pytest.mark.parametrize("field,value", [("num_hidden_layers", -1), ("num_hidden_layers", 1_000_000),
+                                         ("num_hidden_layers", 3), ("vocab_size", 10**12),
+                                         ("num_attention_heads", 0), ("hidden_size", "64")])
+def test_config_json_sizes_are_checked(tmp_path, field, value):
+    _refused(_folder(tmp_path, **{field: value}), "config.json", f"`{field}`")
+
+
+def test_config_sizes_are_checked_against_the_embedding(tmp_path):
+    _refused(_folder(tmp_path, vocab_size=256), "`vocab_size`", "(128, 64)")
+
+
+def test_a_110_mb_safetensors_header_is_refused(tmp_path):
+    folder = _folder(tmp_path)
+    n = 110_000_000
+    with open(folder / "model.safetensors", "wb") as fh:
+        fh.write(struct.pack("<Q", n))
+        fh.truncate(8 + n)  # sparse: the header is never read
+    _refused(folder, "model.safetensors", "header length is 110000000", "GENKIT_MAX_SAFETENSORS_HEADER")
+
+
+@pytest.mark.parametrize("entry", [{"dtype": "F32", "shape": [2], "data_offsets": [0, 2**70]},
+                                   {"dtype": "F32", "shape": [-8], "data_offsets": [0, 0]},
+                                   {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]},
+                                   "not an object"])
+def test_bad_safetensors_entries_are_refused(tmp_path, entry):
+    folder = _folder(tmp_path)
+    header = json.dumps({"model.norm.weight": entry}).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(64))
+    _refused(folder, "model.safetensors", "'model.norm.weight'")
+
+
+def test_an_index_cannot_reach_outside_the_model_folder(tmp_path):
+    secret = _folder(tmp_path, "secret")  # weights someone else owns, next to the model
+    folder = _folder(tmp_path)
+    state = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").unlink()
+    for target in ["../secret/model.safetensors", str(secret / "model.safetensors"), "link.safetensors"]:
+        (folder / "link.safetensors").unlink(missing_ok=True)
+        (folder / "link.safetensors").symlink_to(secret / "model.safetensors")
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"model.norm.weight": target}}))
+        message = _refused(folder, "model.safetensors.index.json", "`weight_map`", "inside the model folder")
+        assert state[8:40].decode("latin-1") not in message
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["x"]}))
+    _refused(folder, "`weight_map` must map tensor names to file names")
+
+
+def test_limits_can_be_raised_and_bad_values_are_named(tmp_path, monkeypatch):
+    import genkit
+    from genkit.errors import ConfigError
+    folder = _folder(tmp_path, num_hidden_layers=2)
+    monkeypatch.setenv("GENKIT_MAX_LAYERS", "1")
+    with pytest.raises(ModelFileError, match=r"`num_hidden_layers`=2 is out of range: .* set GENKIT_MAX_LAYERS"):
+        genkit.load_model(folder)
+    monkeypatch.setenv("GENKIT_MAX_LAYERS", "-5")
+    with pytest.raises(ConfigError, match=r"GENKIT_MAX_LAYERS='-5' is not accepted; use a positive integer"):
+        genkit.load_model(folder)
+    monkeypatch.setenv("GENKIT_MAX_LAYERS", "4")
+    model = genkit.load_model(folder)
+    assert torch.equal(model(torch.tensor([[1, 2]])).logits, tiny_llama()(torch.tensor([[1, 2]])).logits)
+
+
+def test_a_model_load_error_is_still_an_os_error_and_a_value_error():
+    assert issubclass(ModelFileError, ModelLoadError) and issubclass(ModelFileError, ValueError)
