@@ -52,3 +52,16 @@ def test_a_device_this_torch_lacks_is_a_config_error(tmp_path):
             genkit.load_model(tmp_path, device=f"cuda:{n}")
     assert genkit.load_model(tmp_path, device="cpu").device.type == "cpu"
 
+
+
+def test_a_length_past_the_context_is_refused_before_anything_is_allocated(tiny_model):
+    """max_new_tokens=10**9 used to size an (rows, 10**9) id buffer (8 GB) before max_time could stop it."""
+    context = tiny_model.config.max_position_embeddings
+    ids = torch.tensor([[1, 2, 3]])
+    for engine in ({}, {"num_beams": 2}, {"penalty_alpha": 0.6, "top_k": 4}):
+        with pytest.raises(ConfigError, match=rf"`max_new_tokens` \(1000000000\) with a prompt of 3 tokens needs "
+                                              rf"1000000003 positions; the model's context \(`max_position_embeddings`\) "
+                                              rf"is {context}: ask for at most {context - 3} new tokens"):
+            genkit.generate(tiny_model, ids, max_new_tokens=10**9, max_time=3, **engine)
+    out = genkit.generate(tiny_model, ids, max_new_tokens=context - 3, min_new_tokens=context - 3)
+    assert out.shape == (1, context)  # the whole context stays usable

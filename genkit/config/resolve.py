@@ -84,7 +84,8 @@ def resolve_lengths(config: ResolvedConfig, input_length: int, max_positions: in
     """``config`` with ``max_length`` and ``min_length`` for a prompt of ``input_length`` tokens, as
     transformers 5 sets them: ``max_new_tokens`` wins; a ``max_length`` nobody set (the global
     default, 20) counts new tokens, capped at the model's ``max_positions``; ``min_new_tokens`` sets
-    ``min_length``."""
+    ``min_length``. A length past ``max_positions`` (the model's context) is a :class:`ConfigError`,
+    raised before anything is allocated for it."""
     max_length = config.max_length
     if config.max_new_tokens is not None:
         if "max_length" in config.user_set:
@@ -102,6 +103,13 @@ def resolve_lengths(config: ResolvedConfig, input_length: int, max_positions: in
             f"`max_length` ({max_length}) must be larger than the input length ({input_length}); "
             "set `max_new_tokens` to the number of tokens to generate"
         )
+    if max_positions and max_length > int(max_positions):
+        # checked before any buffer or cache is sized from max_length (as vLLM's max_model_len and
+        # llama.cpp's n_ctx refuse a request past the context)
+        raise ConfigError(
+            f"`max_new_tokens` ({max_length - input_length}) with a prompt of {input_length} tokens needs "
+            f"{max_length} positions; the model's context (`max_position_embeddings`) is {int(max_positions)}: "
+            f"ask for at most {max(int(max_positions) - input_length, 0)} new tokens")
     changes = {"max_length": max_length}
     if config.min_new_tokens is not None:
         changes["min_length"] = input_length + config.min_new_tokens
