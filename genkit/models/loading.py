@@ -278,12 +278,23 @@ def _weight_map(index: str) -> dict[str, str]:
 def _shard_path(folder: str, index: str, name: str) -> str:
     """The path of a shard the index names, which must lie inside the model folder."""
     path = os.path.join(folder, name)
-    inside = os.path.realpath(folder)
+    real = os.path.realpath(path)
     if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/") or \
-            os.path.commonpath([inside, os.path.realpath(path)]) != inside:
+            not any(os.path.commonpath([root, real]) == root for root in _shard_roots(folder)):
         raise ModelFileError(f"{index}: `weight_map` names {name!r}, which is not a file inside the model folder "
                              f"{folder}; shards must lie in the model's folder")
     return path
+
+
+def _shard_roots(folder: str) -> list[str]:
+    """Where a shard's file may really lie: the model folder, and for a Hub cache snapshot
+    (``models--org--name/snapshots/<sha>``, whose files are links into the repo's ``blobs/``) that
+    repo's blob store."""
+    roots = [os.path.realpath(folder)]
+    parent = os.path.dirname(os.path.abspath(folder))
+    if os.path.basename(parent) == "snapshots":
+        roots.append(os.path.realpath(os.path.join(os.path.dirname(parent), "blobs")))
+    return roots
 
 
 def _shape(state: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
