@@ -47,6 +47,8 @@ def finish_codes(stop: StopConditions, sequences: torch.Tensor, scores: torch.Te
     in :data:`FINISH_REASONS` (:func:`reason_names` turns them into names). Tensor ops only: no
     host sync unless a criterion makes one."""
     done = sequences.shape[-1] >= stop.max_length
+    if not stop.criteria and stop.eos is not None and not done:  # the common step: EOS only (code 1)
+        return torch.isin(tokens, stop.eos).to(torch.int8)
     codes = torch.full((sequences.shape[0],), _CODE["length"] if done else 0, dtype=torch.int8,
                        device=sequences.device)
     # lowest priority first, so that the highest-priority reason is written last
@@ -179,9 +181,8 @@ class FinishTracker:
         A streamer that defines ``put_step(scores, finished)`` gets it after ``put(tokens)``: the
         processed ``scores`` the tokens were chosen from, and per row the reason it finished at
         this step (``None`` elsewhere)."""
-        codes = finish_codes(self.stop, sequences, scores, tokens)
-        newly = torch.where(self.unfinished, codes, 0)
-        self.codes = torch.where(self.unfinished, codes, self.codes)
+        newly = finish_codes(self.stop, sequences, scores, tokens).mul_(self.unfinished)  # rows finished now
+        self.codes.add_(newly)  # a finished row's code stays (it was 0 until now)
         self.unfinished = self.codes == 0
         if self.streamer is not None:
             self.streamer.put(tokens.cpu())
