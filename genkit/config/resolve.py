@@ -60,11 +60,10 @@ def eos_token_ids(value: Any) -> list[int]:
     place genkit reads EOS ids (re-exported by ``genkit.strategy``)."""
     if value is None:
         return []
-    if hasattr(value, "tolist"):  # a tensor (of any shape) or an array
-        value = value.tolist()
+    if hasattr(value, "reshape") and hasattr(value, "tolist"):  # a tensor or an array, of any shape
+        return [int(v) for v in value.reshape(-1).tolist()]
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [int(v) for v in (value if not value or not isinstance(next(iter(value)), list)
-                                 else [x for row in value for x in row])]
+        return [int(v) for v in value]
     return [int(value)]
 
 

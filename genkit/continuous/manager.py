@@ -404,8 +404,9 @@ class ContinuousBatchingManager:
         """Choose ``r``'s next token (the sampler of ``generate``) and record it; whether it
         finishes the request (the finish decision of ``generate``, whose reason is recorded)."""
         scores = logits[None]
+        history = torch.tensor([r.tokens])  # built once a step: the processors' input, then the finish decision's
         if r.processors is not None:
-            scores = r.processors(torch.tensor([r.tokens]), scores)
+            scores = r.processors(history, scores)
         choice = choose(scores, r.do_sample, r.generator, logprobs=r.return_logprobs, top=r.top)
         token, logprob, top = choice.row(0)
         r.generated.append(token)
@@ -413,7 +414,8 @@ class ContinuousBatchingManager:
             r.logprobs.append(float(logprob or 0.0))
         if r.top:
             r.top_logprobs.append(top)
-        codes = finish_codes(r.stop, torch.tensor([r.tokens]), scores, choice.tokens)
+        codes = finish_codes(r.stop, torch.cat([history, choice.tokens.view(1, 1).to(history.dtype)], dim=1), scores,
+                             choice.tokens)
         r.finish_reason = reason_names(codes)[0]
         return r.finish_reason is not None
 
