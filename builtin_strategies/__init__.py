@@ -138,3 +138,11 @@ def register_streamers(register: Callable[..., None]) -> None:
 def register_watermarks(register: Callable[..., None]) -> None:
     register("greenlist", "genkit.watermarking:WatermarkingConfig",
              description="The green-list watermark of Kirchenbauer et al. (transformers' WatermarkingConfig).")
+
+
+@hookimpl
+def register_schedulers(register: Callable[..., None]) -> None:
+    register("fifo", "genkit.continuous.scheduler:FIFOScheduler",
+             description="Decoding requests first, then prompts in arrival order, with a cache safety margin.")
+    register("prefill_first", "genkit.continuous.scheduler:PrefillFirstScheduler",
+             description="Prompts first (split prefills, then new requests), then decoding requests.")
