@@ -42,60 +42,74 @@ def _no_cb_thread():
 
 
 def test_mixed_readers_get_every_output_once(model):
-    """Streaming requests read with request_id_iter, custom-id requests with get_result(id), the rest
-    by iteration, all at once: every output reaches exactly one reader, every finished one arrives."""
-    prompts = _prompts(24, seed=3)
+    """Streaming and custom-id requests read with request_id_iter while two threads take any output
+    with get_result(): every output reaches exactly one reader, every finished one arrives (main
+    delivered some outputs twice)."""
+    prompts = _prompts(24, seed=3, low=2, high=8)
     manager = model.init_continuous_batching(continuous_batching_config=CB)
-    got: dict[str, list] = {}
+    got: list = []
     lock = threading.Lock()
+    stop = threading.Event()
 
     def keep(out):
         with lock:
-            got.setdefault(out.request_id, []).append(out)
+            got.append(out)
+
+    def any_reader():
+        while not stop.is_set():
+            out = manager.get_result(timeout=0.05)
+            if out is not None:
+                keep(out)
 
     with manager:
-        streamed = [manager.add_request(p, max_new_tokens=6, streaming=True, eos_token_id=None) for p in prompts[:8]]
-        custom = [manager.add_request(p, request_id=f"mine-{i}", max_new_tokens=6, eos_token_id=None)
-                  for i, p in enumerate(prompts[8:16])]
-        plain = [manager.add_request(p, max_new_tokens=6, eos_token_id=None) for p in prompts[16:]]
+        streamed = [manager.add_request(p, max_new_tokens=30, streaming=True, eos_token_id=None) for p in prompts[:16]]
+        custom = [manager.add_request(p, request_id=f"mine-{i}", max_new_tokens=30, eos_token_id=None)
+                  for i, p in enumerate(prompts[16:])]
         readers = [threading.Thread(target=lambda r=r: [keep(o) for o in manager.request_id_iter(r)])
-                   for r in streamed + custom]
+                   for r in streamed + custom] + [threading.Thread(target=any_reader) for _ in range(2)]
         for t in readers:
             t.start()
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and sum(o.is_finished() for v in list(got.values()) for o in v) < 24:
-            out = manager.get_result(timeout=0.2)
-            if out is not None:
-                keep(out)
-    for t in readers:  # a reader whose outputs the main thread took ends when the manager stops
+        while time.monotonic() < deadline and sum(o.is_finished() for o in list(got)) < 24:
+            time.sleep(0.02)
+        stop.set()
+    for t in readers:  # a reader whose outputs another thread took ends when the manager stops
         t.join(60)
-    finals = {rid: [o for o in outs if o.is_finished()] for rid, outs in got.items()}
-    assert sorted(finals) == sorted(streamed + custom + plain)
-    assert all(len(v) == 1 for v in finals.values())
-    for rid, p in zip(streamed + custom + plain, prompts):
-        assert finals[rid][0].generated_tokens == _greedy(model, p, 6), rid
-    for rid in streamed:  # one output per token, none twice, none lost
-        assert sorted(len(o.generated_tokens) for o in got[rid]) == [1, 2, 3, 4, 5, 6]
+    keys = [(o.request_id, len(o.generated_tokens), o.status) for o in got]
+    assert len(keys) == len(set(keys)) == 16 * 30 + 8  # none twice, none lost
+    finals = {o.request_id: o for o in got if o.is_finished()}
+    assert sorted(finals) == sorted(streamed + custom)
+    for rid, p in zip(streamed + custom, prompts):
+        assert finals[rid].generated_tokens == _greedy(model, p, 30), rid
     assert _no_cb_thread()
 
 
 def test_requests_cancelled_before_they_are_scheduled_never_finish(model):
-    prompts = _prompts(100, seed=5)
-    manager = model.init_continuous_batching(continuous_batching_config=CB)
+    """4 threads add requests and cancel every other one at once (main let some of them finish)."""
+    manager = model.init_continuous_batching(continuous_batching_config={**CB, "num_blocks": 1024})
     start = manager.cache.free_blocks
+    plan: dict[str, bool] = {}
+
+    def client(worker):
+        for j, p in enumerate(_prompts(100, seed=worker, high=20)):
+            rid = manager.add_request(p, request_id=f"{worker}-{j}", max_new_tokens=60, eos_token_id=None)
+            if j % 2 == 0:
+                manager.cancel_request(rid)
+            plan[rid] = j % 2 == 0
+
     with manager:
-        ids = []
-        for i, p in enumerate(prompts):
-            ids.append(manager.add_request(p, max_new_tokens=8, eos_token_id=None))
-            if i % 2:
-                manager.cancel_request(ids[-1])
-        outs = {rid: manager.get_result(rid, timeout=60) for rid in ids}
-    for i, rid in enumerate(ids):
-        if i % 2:
+        threads = [threading.Thread(target=client, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        outs = {rid: manager.get_result(rid, timeout=120) for rid in plan}
+    for rid, cancelled in plan.items():
+        if cancelled:
             assert outs[rid].status == RequestStatus.FAILED and outs[rid].error == "cancelled", rid
             assert outs[rid].finish_reason == "cancelled"
         else:
-            assert outs[rid].status == RequestStatus.FINISHED, rid
+            assert outs[rid].status == RequestStatus.FINISHED and len(outs[rid].generated_tokens) == 60, rid
     assert manager.cache.free_blocks == start
 
 
