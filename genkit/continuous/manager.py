@@ -243,7 +243,8 @@ class ContinuousBatchingManager:
 
     def get_result(self, request_id: str | None = None, timeout: float | None = None) -> GenerationOutput | None:
         """The next output (of ``request_id`` when given), each output handed out once; None after
-        ``timeout`` seconds, or when nothing is queued and the manager is not running."""
+        ``timeout`` seconds (without a timeout: at once when nothing is queued and the manager is not
+        running)."""
         return self.output_router.take(request_id, timeout)
 
     def request_id_iter(self, request_id: str, timeout: float | None = None) -> Iterator[GenerationOutput]:

@@ -55,14 +55,14 @@ class OutputRouter:
 
     def take(self, request_id: str | None = None, timeout: float | None = None) -> GenerationOutput | None:
         """The oldest output not yet taken (of ``request_id`` when given); None after ``timeout``
-        seconds, or at once when nothing is queued and no output can come any more."""
+        seconds (without a timeout: at once when nothing is queued and no output can come any more)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
                 out = self._pop(request_id)
                 if out is not None:
                     return out
-                if not self._alive():
+                if deadline is None and not self._alive():
                     return None
                 wait = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
                 if wait <= 0:
