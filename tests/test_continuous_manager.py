@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from test_continuous_batching import _greedy, _prompts
 
 import genkit
 from genkit.continuous import ContinuousBatchingConfig, RequestStatus
@@ -24,14 +25,12 @@ def model():
     return tiny_llama(seed=1)
 
 
-def _prompts(n, seed=0, low=1, high=30):
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 128) for _ in range(rng.randint(low, high))] for _ in range(n)]
-
-
-def _greedy(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None)
-    return out[0, len(prompt):].tolist()
+def _run_clients(client, n=4, timeout=120):
+    threads = [threading.Thread(target=client, args=(w,)) for w in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
 
 
 CB = {"block_size": 8, "num_blocks": 512, "max_batch_tokens": 128}
@@ -98,11 +97,7 @@ def test_requests_cancelled_before_they_are_scheduled_never_finish(model):
             plan[rid] = j % 2 == 0
 
     with manager:
-        threads = [threading.Thread(target=client, args=(w,)) for w in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        _run_clients(client)
         outs = {rid: manager.get_result(rid, timeout=120) for rid in plan}
     for rid, cancelled in plan.items():
         if cancelled:
@@ -316,11 +311,7 @@ def test_soak_1000_requests_4_threads_cancelled_at_random_moments(model):
             errors.append(exc)
 
     with manager:
-        threads = [threading.Thread(target=client, args=(w,)) for w in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        _run_clients(client)
         for out in manager:
             keep(out)
             if len(finals) == len(plan):

@@ -42,7 +42,8 @@ def init_continuous_batching(model: Any, generation_config: Any = None, manual_e
     if hf is not None:
         if manual_eviction:
             raise NotSupportedError("`manual_eviction` is not supported on a transformers model's manager")
-        return hf_init_continuous_batching(hf, generation_config, continuous_batching_config, max_queue_size)
+        return hf_init_continuous_batching(hf, generation_config, continuous_batching_config, max_queue_size,
+                                           allow_block_sharing)
     cached = getattr(model, "_cached_continuous_batching_manager", None)
     if isinstance(cached, ContinuousBatchingManager):
         logger.info("reusing the continuous batching manager the model kept (destroy_cached_continuous_batching_manager "
@@ -104,7 +105,8 @@ def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any =
     hf = transformers_model(model)
     if hf is not None:  # transformers' own engine, same result structure
         return hf_generate_batch(hf, [list(x) for x in inputs], generation_config, continuous_batching_config,
-                                 record_timestamps, progress_bar, kwargs)
+                                 record_timestamps, progress_bar, kwargs, allow_block_sharing=allow_block_sharing,
+                                 persistent_manager=persistent_manager, warmup=warmup)
     _check_request_kwargs(model, generation_config, kwargs)
     cb = _cb_config(model, generation_config, continuous_batching_config, allow_block_sharing)
     with continuous_batching_context_manager(model, generation_config, timeout=30, continuous_batching_config=cb,
