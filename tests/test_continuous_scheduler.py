@@ -155,13 +155,12 @@ from genkit.models.tiny import tiny_llama
 
 torch.set_num_threads(1)
 model = tiny_llama(seed=1)
-lengths = [200, 5, 22, 2, 14, 9]  # the first prompt runs 4 tokens a step: the others arrive meanwhile
+lengths = [30, 5, 22, 2, 14, 9]
 prompts = [[3 + (7 * i + j) % 100 for j in range(n)] for i, n in enumerate(lengths)]
 out = {}
 for name in ("fifo", "shortest_prompt_first"):
     cb = {"scheduler_type": name, "max_requests_per_batch": 1, "block_size": 8, "num_blocks": 64}
-    res = model.generate_batch(prompts, genkit.GenerationConfig(prefill_chunk_size=4), max_new_tokens=4,
-                               eos_token_id=None, continuous_batching_config=cb)
+    res = model.generate_batch(prompts, max_new_tokens=4, eos_token_id=None, continuous_batching_config=cb)
     order = sorted(res, key=lambda rid: res[rid].lifespan[1])
     out[name] = {"order": [len(res[r].prompt_ids) for r in order],
                  "tokens": [res[r].generated_tokens for r in res]}
@@ -177,9 +176,9 @@ def test_a_pack_scheduler_installed_by_entry_point_changes_the_finish_order(spf_
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith(MARK))[len(MARK):])
     assert out["origin"] == "genkit-spf-scheduler@0.1.0 (spf)"
-    assert out["fifo"]["order"] == [200, 5, 22, 2, 14, 9]  # one request at a time: arrival order
-    spf = out["shortest_prompt_first"]["order"]  # the first may start alone, before the others arrive
-    assert spf[1:] == sorted(spf[1:]) and spf[0] in (200, 2)
+    # one request at a time, all queued before the first step: arrival order, then shortest prompt first
+    assert out["fifo"]["order"] == [30, 5, 22, 2, 14, 9]
+    assert out["shortest_prompt_first"]["order"] == [2, 5, 9, 14, 22, 30]
     assert out["fifo"]["tokens"] == out["shortest_prompt_first"]["tokens"] == out["greedy"]
 
 

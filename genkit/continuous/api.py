@@ -109,10 +109,21 @@ def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any =
                                  persistent_manager=persistent_manager, warmup=warmup)
     _check_request_kwargs(model, generation_config, kwargs)
     cb = _cb_config(model, generation_config, continuous_batching_config, allow_block_sharing)
-    with continuous_batching_context_manager(model, generation_config, timeout=30, continuous_batching_config=cb,
-                                             persistent_manager=persistent_manager, warmup=warmup) as manager:
-        ids = manager.add_requests([list(x) for x in inputs], record_timestamps=record_timestamps, **kwargs)
+    manager = init_continuous_batching(model, generation_config, continuous_batching_config=cb)
+    if warmup and not manager.warmed_up:
+        manager.warmup()
+    prompts = [list(x) for x in inputs]
+    # without a queue bound, every request is queued before the loop starts: its first step sees them all
+    ids = [] if manager.max_queue_size else manager.add_requests(prompts, record_timestamps=record_timestamps,
+                                                                  **kwargs)
+    manager.start()
+    try:
+        ids = ids or manager.add_requests(prompts, record_timestamps=record_timestamps, **kwargs)
         results = _collect(manager, ids, progress_bar)
+    finally:
+        manager.stop(block=True, timeout=30, keep_for_next_session=persistent_manager)
+        if not persistent_manager:
+            manager.destroy()
     return {rid: results[rid] for rid in ids}
 
 
