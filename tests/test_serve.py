@@ -198,7 +198,7 @@ def _error(excinfo):
     ({"extra_body": {"temprature": 0.5}}, 400, "temprature", "unknown field `temprature`"),
     ({"prompt": "word " * 9000}, 400, "prompt", "this model's context is 8192 tokens"),
     ({"temperature": 3}, 400, "temperature", "`temperature` must be a number between 0.0 and 2.0"),
-    ({"extra_body": {"custom_generate": "org/hostile"}}, 403, "custom_generate", "does not trust"),
+    ({"extra_body": {"custom_generate": "org/hostile"}}, 403, "custom_generate", "a recipe this server allows"),
 ])
 def test_bad_requests_get_openai_errors_and_the_server_stays_up(server, client, kwargs, status, param, message):
     args = {"model": "smollm2", "prompt": "Hello", "max_tokens": 4, **kwargs}
@@ -221,7 +221,7 @@ def test_invalid_json_is_a_400(server):
 
 def _metrics(server) -> dict[str, float]:
     text = _get(server["base"] + "/metrics")[1]
-    return {k: float(v) for k, v in (line.split() for line in text.strip().splitlines())}
+    return {k: float(v) for k, v in (line.split() for line in text.strip().splitlines() if not line.startswith("#"))}
 
 
 def test_sixteen_concurrent_streaming_clients(server, client, reference):
@@ -252,7 +252,8 @@ def test_sixteen_concurrent_streaming_clients(server, client, reference):
 
 def test_a_client_that_disconnects_cancels_its_request(server):
     before = _metrics(server)
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0, "stream": True}).encode()
+    body = json.dumps({"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0,
+                       "stream": True}).encode()
     req = urllib.request.Request(server["base"] + "/v1/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})
     resp = urllib.request.urlopen(req, timeout=30)

@@ -10,25 +10,33 @@ __all__ = ["GenerateEngine", "Request", "RequestStream", "TokenEvent", "build_ap
 
 
 def build_app(model: str | object, *, tokenizer: object | None = None, model_name: str | None = None,
-              trust_remote_code: bool = False, engine: object | None = None) -> object:
-    """The ASGI app serving ``model`` (a loaded model, or anything ``genkit.load_model`` takes)."""
+              trust_remote_code: bool = False, engine: object | None = None, policy: object | None = None,
+              allowed_recipes: list[str] | None = None, max_model_len: int | None = None,
+              chat_template: str | None = None) -> object:
+    """The ASGI app serving ``model`` (a loaded model, or anything ``genkit.load_model`` takes).
+    ``policy``: a :class:`~genkit.serve.security.ServePolicy` (default: 127.0.0.1, no API key);
+    the other settings are ``genkit serve``'s flags of the same names (docs/serve.md)."""
     import genkit
 
     from .app import ServerState, create_app
 
     if isinstance(model, str):
-        name = model_name or model
+        from genkit.cli.serve_cmd import default_model_name
+
+        name = model_name or default_model_name(model)
         tokenizer = tokenizer or genkit.load_tokenizer(model)
         model = genkit.load_model(model)
     else:
-        name = model_name or str(getattr(getattr(model, "config", None), "name_or_path", "") or "model")
+        name = model_name or "model"
     if tokenizer is None:
         raise ConfigError("`tokenizer` is needed with a loaded model")
     if engine is None:
         from .engines import make_engine
 
         engine = make_engine(model, tokenizer)
-    state = ServerState(model, tokenizer, engine, name, trust_remote_code=trust_remote_code)
+    state = ServerState(model, tokenizer, engine, name, trust_remote_code=trust_remote_code,
+                        allowed_recipes=allowed_recipes, policy=policy, max_model_len=max_model_len,  # type: ignore[arg-type]
+                        chat_template=chat_template)
     app = create_app(state)
     app.state.genkit = state
     return app
