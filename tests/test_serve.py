@@ -55,14 +55,15 @@ def _get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-@pytest.fixture(scope="module")
-def server(demo_folder):
+def launch(folder, *extra: str, stderr=subprocess.STDOUT, env=None):
+    """``python -m genkit serve FOLDER ...`` on a free port of 127.0.0.1, once ``/health`` answers:
+    (the process, its base URL)."""
     port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "genkit", "serve", "--model", demo_folder, "--model-name", "smollm2",
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "genkit", "serve", str(folder), "--port", str(port), *extra],
+                            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited: {proc.stdout.read() if proc.stdout else ''}")
@@ -72,6 +73,12 @@ def server(demo_folder):
         except OSError:
             pass
         time.sleep(0.2)
+    return proc, base
+
+
+@pytest.fixture(scope="module")
+def server(demo_folder):
+    proc, base = launch(demo_folder, "--served-model-name", "smollm2")
     yield {"base": base, "proc": proc}
     proc.terminate()
     proc.wait(timeout=30)
