@@ -279,8 +279,8 @@ def _sampling_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: i
             kwargs["temperature"] = temperature
     if top_p is not None:
         kwargs["top_p"] = top_p
-    if choices > 1 and not {**fields, **kwargs}.get("do_sample", False) and "num_beams" not in fields:
-        kwargs["do_sample"] = True  # several choices need sampling (as OpenAI's temperature default of 1)
+    if choices > 1 and "do_sample" not in {**fields, **kwargs} and "num_beams" not in fields:
+        kwargs["do_sample"] = True  # several choices sample unless told (as OpenAI's temperature default of 1)
     if stops:
         kwargs["stop_strings"] = stops
     return kwargs
@@ -392,11 +392,14 @@ def _echo(body: dict[str, Any], chat: bool, prompts: list[list[int]], tokenizer:
 class TextAssembler:
     """The text of one choice, token by token: complete characters only, cut at the first stop
     string (which is not part of the text), and never releasing text that could still turn out
-    to begin a stop string."""
+    to begin a stop string. Decoding is incremental (a window of the last tokens, as vLLM does),
+    so each token costs the same however long the text already is."""
 
     def __init__(self, tokenizer: Any, stops: list[str]) -> None:
         self.tokenizer, self.stops = tokenizer, stops
         self.ids: list[int] = []
+        self.prefix = 0  # ids[prefix:read] were decoded already: the context of the next piece
+        self.read = 0
         self.sent = 0  # characters released
         self.stopped = False
         self.text = ""
@@ -407,11 +410,13 @@ class TextAssembler:
             return ""
         if token not in special:
             self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # a character cut between tokens
+        new = self._new_text()
+        if not new:
             return ""
-        for stop in self.stops:
-            at = text.find(stop)
+        start = len(self.text)
+        text = self.text + new
+        for stop in self.stops:  # only where the new text can complete a stop string
+            at = text.find(stop, max(0, start - len(stop) + 1))
             if at != -1:
                 text = text[:at]
                 self.stopped = True
@@ -420,6 +425,16 @@ class TextAssembler:
         out = text[self.sent:len(text) - hold]
         self.sent = max(self.sent, len(text) - hold)
         return out
+
+    def _new_text(self) -> str:
+        """The text the tokens since ``read`` add, once their characters are complete."""
+        decode = self.tokenizer.decode
+        known = decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
+        window = decode(self.ids[self.prefix:], skip_special_tokens=True)
+        if window.endswith("\ufffd") or len(window) <= len(known):  # a character cut between tokens
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return window[len(known):]
 
     def flush(self) -> str:
         out = self.text[self.sent:]
