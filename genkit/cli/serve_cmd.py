@@ -70,15 +70,6 @@ def _model_ref(args: argparse.Namespace) -> str:
     return str(args.model or args.model_option or "smollm2")
 
 
-def default_model_name(ref: str) -> str:
-    """The name clients use by default: a local model's folder or file name (never its path),
-    else the reference as given (a Hub id, 'smollm2')."""
-    path = Path(ref)
-    if os.path.exists(ref):
-        return path.stem if path.is_file() else path.resolve().name
-    return ref
-
-
 def _check_options(args: argparse.Namespace) -> dict[str, Any]:
     """Every option checked before anything loads; the settings the server needs."""
     from genkit.recipes.resolve import REPO_RE
@@ -140,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple[Any, Any]:
     import genkit
-    from genkit.serve import build_app
+    from genkit.serve import build_app, default_model_name
     from genkit.serve.engines import make_engine
     from genkit.serve.security import ServePolicy
 

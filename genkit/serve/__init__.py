@@ -3,10 +3,22 @@ uvicorn). See docs/serve.md. Nothing here is imported by ``import genkit``."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from ..errors import ConfigError
 from .engine import GenerateEngine, Request, RequestStream, TokenEvent
 
-__all__ = ["GenerateEngine", "Request", "RequestStream", "TokenEvent", "build_app"]
+__all__ = ["GenerateEngine", "Request", "RequestStream", "TokenEvent", "build_app", "default_model_name"]
+
+
+def default_model_name(ref: str) -> str:
+    """The name clients use by default: a local model's folder or file name (never its path),
+    else the reference as given (a Hub id, 'smollm2')."""
+    path = Path(ref)
+    if os.path.exists(ref):
+        return path.stem if path.is_file() else path.resolve().name
+    return ref
 
 
 def build_app(model: str | object, *, tokenizer: object | None = None, model_name: str | None = None,
@@ -21,8 +33,6 @@ def build_app(model: str | object, *, tokenizer: object | None = None, model_nam
     from .app import ServerState, create_app
 
     if isinstance(model, str):
-        from genkit.cli.serve_cmd import default_model_name
-
         name = model_name or default_model_name(model)
         tokenizer = tokenizer or genkit.load_tokenizer(model)
         model = genkit.load_model(model)
