@@ -350,3 +350,28 @@ def test_sigint_drains_with_503_then_exits_0_without_a_traceback(demo_folder):  
     assert json.loads(results["long"][2])["usage"]["completion_tokens"] < 2000
     stderr = proc.stderr.read() if proc.stderr else ""
     assert "Traceback" not in stderr and "CancelledError" not in stderr, stderr
+
+
+# -- the policy's names, and what an error may say ------------------------------------------------------
+def test_host_names_the_policy_answers_to():
+    from genkit.serve.security import ServePolicy
+
+    local = ServePolicy(host="127.0.0.1", port=8000, allowed_hosts=["api.internal"])
+    assert all(local.host_allowed(h) for h in ("127.0.0.1:8000", "localhost", "[::1]:8000", "API.internal:8000"))
+    assert not any(local.host_allowed(h) for h in ("evil.example", "10.0.0.5:8000", "", "api.internal.evil.example"))
+    every = ServePolicy(host="0.0.0.0")  # noqa: S104 - bound everywhere: IP literals yes, names no (rebinding)
+    assert every.host_allowed("10.0.0.5:8000") and every.host_allowed("[fe80::1]:8000")
+    assert not every.host_allowed("evil.example:8000")
+    assert ServePolicy(allowed_hosts=["*"]).host_allowed("anything.example")
+    keyed = ServePolicy(api_key="k")
+    assert keyed.key_matches("Bearer k") and keyed.key_matches("bearer k")
+    assert not any(keyed.key_matches(h) for h in (None, "", "Bearer", "Bearer kk", "Basic k", "k"))
+
+
+def test_error_messages_name_no_filesystem_path():
+    from genkit.serve.openai_api import public_message
+
+    exc = OSError("no file /root/.cache/huggingface/hub/models--org--m/snapshots/abc/config.json here")
+    assert public_message(exc) == "no file <path> here"
+    assert public_message(ValueError(r"bad C:\Users\me\model\x.gguf")) == "bad <path>"
+    assert public_message(ValueError("`top_p` must be in (0, 1]")) == "`top_p` must be in (0, 1]"
