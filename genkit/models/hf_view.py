@@ -23,6 +23,7 @@ from typing import Any
 
 logger = logging.getLogger("genkit.models")
 
+_CACHE_FIELD = "cache"
 # genkit attributes a recipe may still use on the view (read from the native model)
 NATIVE_ATTRIBUTES = frozenset({"new_cache", "lm_head_logits", "supports_partial_depth", "cpu_weight_packing"})
 
@@ -34,7 +35,7 @@ def transformers_view(model: Any) -> Any:
 
 def native_model(model: Any) -> Any:
     """The native model behind a view (``model`` itself when it is no view)."""
-    return model.__dict__["_modules"]["genkit_model"] if isinstance(model, _view_class()) else model
+    return model._modules["genkit_model"] if is_view(model) else model
 
 
 def is_view(model: Any) -> bool:
@@ -92,11 +93,12 @@ def _view_class() -> type:
                     cache: Any = None, inputs_embeds: Any = None, labels: Any = None, use_cache: bool | None = None,
                     logits_to_keep: Any = 0, output_attentions: bool | None = None,
                     output_hidden_states: bool | None = None, return_dict: bool | None = None,
-                    past_key_values: Any = None, **kwargs: Any) -> Any:
-            """The native forward, with transformers' arguments and output class."""
+                    **kwargs: Any) -> Any:
+            """The native forward, with transformers' arguments and output class (``past_key_values``
+            is read as ``cache``, its name before transformers 5.24)."""
             kwargs.pop("cache_position", None)  # positions come from the cache's length
             if cache is None:
-                cache = past_key_values
+                cache = kwargs.pop("past_key_values", None)
             if cache is None and use_cache is not False:
                 from transformers import DynamicCache
 
@@ -106,8 +108,8 @@ def _view_class() -> type:
                 inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache is not False,
                 logits_to_keep=logits_to_keep, output_attentions=bool(output_attentions),
                 output_hidden_states=bool(output_hidden_states), **kwargs)
-            result = CausalLMOutputWithPast(loss=out.loss, logits=out.logits, past_key_values=out.past_key_values,
-                                            hidden_states=out.hidden_states, attentions=out.attentions)
+            result = CausalLMOutputWithPast(loss=out.loss, logits=out.logits, hidden_states=out.hidden_states,
+                                            attentions=out.attentions, **{_CACHE_FIELD: out.past_key_values})
             return result.to_tuple() if return_dict is False else result
 
         def get_input_embeddings(self) -> Any:
@@ -127,5 +129,8 @@ def _view_class() -> type:
         def __repr__(self) -> str:
             return f"GenkitTransformersView({type(self._modules['genkit_model']).__name__})"
 
+    global _CACHE_FIELD
+    # transformers 5.24 names the output's cache `cache` (`past_key_values` before)
+    _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
     GenkitTransformersView.__module__ = __name__
     return GenkitTransformersView
