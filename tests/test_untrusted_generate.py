@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import genkit
-from genkit.errors import ConfigError, NotSupportedError
+from genkit.errors import ConfigError
 from genkit.models.tiny import TINY_LLAMA
 
 

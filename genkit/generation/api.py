@@ -79,7 +79,6 @@ def _run_recipe(model: Any, ref: str, trust_remote_code: bool | None, forwarded:
                 kwargs: dict[str, Any]) -> Any:
     """``generate`` through the ``custom_generate`` recipe at ``ref``, given every argument that is set."""
     from ..recipes import load_recipe
-
     from .recipe_call import recipe_model, resolved_generation_config
 
     recipe = load_recipe(ref, trust_remote_code=trust_remote_code)
