@@ -64,6 +64,31 @@ def hf_generation_config(model: Any) -> Any:
     return GenerationConfig(**data)
 
 
+def _view_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None,
+                  cache: Any = None, inputs_embeds: Any = None, labels: Any = None, use_cache: bool | None = None,
+                  logits_to_keep: Any = 0, output_attentions: bool | None = None,
+                  output_hidden_states: bool | None = None, return_dict: bool | None = None, **kwargs: Any) -> Any:
+    """The view's forward: the native forward, with transformers' arguments and output class
+    (``past_key_values`` is read as ``cache``, its name before transformers 5.24)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    kwargs.pop("cache_position", None)  # positions come from the cache's length
+    if cache is None:
+        cache = kwargs.pop("past_key_values", None)
+    if cache is None and use_cache is not False:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.config)
+    out = self.genkit_model(
+        input_ids, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
+        inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache is not False,
+        logits_to_keep=logits_to_keep, output_attentions=bool(output_attentions),
+        output_hidden_states=bool(output_hidden_states), **kwargs)
+    result = CausalLMOutputWithPast(loss=out.loss, logits=out.logits, hidden_states=out.hidden_states,
+                                    attentions=out.attentions, **{_CACHE_FIELD: out.past_key_values})
+    return result.to_tuple() if return_dict is False else result
+
+
 @functools.cache
 def _view_class() -> type:
     """The view class, made on first use (transformers is imported here, not with genkit)."""
@@ -89,28 +114,7 @@ def _view_class() -> type:
             self.name_or_path = getattr(model.config, "name_or_path", None) or ""
             self.train(model.training)
 
-        def forward(self, input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None,
-                    cache: Any = None, inputs_embeds: Any = None, labels: Any = None, use_cache: bool | None = None,
-                    logits_to_keep: Any = 0, output_attentions: bool | None = None,
-                    output_hidden_states: bool | None = None, return_dict: bool | None = None,
-                    **kwargs: Any) -> Any:
-            """The native forward, with transformers' arguments and output class (``past_key_values``
-            is read as ``cache``, its name before transformers 5.24)."""
-            kwargs.pop("cache_position", None)  # positions come from the cache's length
-            if cache is None:
-                cache = kwargs.pop("past_key_values", None)
-            if cache is None and use_cache is not False:
-                from transformers import DynamicCache
-
-                cache = DynamicCache(config=self.config)
-            out = self.genkit_model(
-                input_ids, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
-                inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache is not False,
-                logits_to_keep=logits_to_keep, output_attentions=bool(output_attentions),
-                output_hidden_states=bool(output_hidden_states), **kwargs)
-            result = CausalLMOutputWithPast(loss=out.loss, logits=out.logits, hidden_states=out.hidden_states,
-                                            attentions=out.attentions, **{_CACHE_FIELD: out.past_key_values})
-            return result.to_tuple() if return_dict is False else result
+        forward = _view_forward
 
         def get_input_embeddings(self) -> Any:
             return self.genkit_model.get_input_embeddings()
