@@ -22,10 +22,6 @@ from ..errors import ConfigError, NotSupportedError
 
 logger = logging.getLogger("genkit.models")
 
-# class name -> the "architectures" entry written when the config names none
-_MODEL_TYPE_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                             "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel"}
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 class PreTrainedAPI:
@@ -173,6 +169,7 @@ def _upload(folder: str, repo_id: str, commit_message: str | None = None, privat
 def model_config_of(config: Any) -> Any:
     """A genkit ``ModelConfig`` from a ``ModelConfig``, a dict or a transformers config."""
     from .base import ModelConfig
+    from .loading import MODEL_TYPES
 
     if isinstance(config, ModelConfig):
         return ModelConfig(**config.to_dict())
@@ -180,8 +177,8 @@ def model_config_of(config: Any) -> Any:
         return ModelConfig(**config)
     if hasattr(config, "to_dict"):
         data = config.to_dict()
-        if not data.get("architectures") and data.get("model_type") in _MODEL_TYPE_ARCHITECTURES:
-            data["architectures"] = [_MODEL_TYPE_ARCHITECTURES[data["model_type"]]]
+        if not data.get("architectures") and data.get("model_type") in MODEL_TYPES:
+            data["architectures"] = [MODEL_TYPES[data["model_type"]]]
         return ModelConfig(**data)
     raise ConfigError(f"`config` must be a genkit ModelConfig, a dict or a transformers config; got "
                       f"{type(config).__name__}")

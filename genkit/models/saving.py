@@ -14,18 +14,18 @@ from ..fileutil import atomic_path
 _ST_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
              torch.bool: "BOOL"}
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "gpt2": "GPT2LMHeadModel"}
 
 
 def config_json(model: Any) -> str:
     """``config.json`` for ``model``: its config's fields, ``architectures`` and ``model_type``
     filled in when absent, and ``dtype`` set to the weights' dtype (transformers' key)."""
+    from .loading import MODEL_TYPES
+
     data = {k: v for k, v in model.config.to_dict().items() if k not in ("name_or_path", "_name_or_path")}
     if not data.get("architectures"):
-        data["architectures"] = [_ARCHITECTURES.get(data.get("model_type") or "", type(model).__name__)]
+        data["architectures"] = [MODEL_TYPES.get(data.get("model_type") or "", type(model).__name__)]
     if not data.get("model_type"):
-        data["model_type"] = {v: k for k, v in _ARCHITECTURES.items()}.get(data["architectures"][0])
+        data["model_type"] = {v: k for k, v in MODEL_TYPES.items()}.get(data["architectures"][0])
     data.pop("torch_dtype", None)
     data["dtype"] = str(model.dtype).removeprefix("torch.")
     return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
