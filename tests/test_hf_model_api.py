@@ -161,3 +161,8 @@ def test_transformers_cache_in_the_native_forward(tiny_pair):
     assert first.past_key_values is cache and cache.get_seq_length() == 3
     step = ours(IDS[:, 3:], past_key_values=cache)
     torch.testing.assert_close(step.logits, hf(IDS).logits[:, 3:])
+    # genkit's generate on a native model with a transformers cache: the tokens of a fresh generation
+    fresh = transformers.DynamicCache(config=hf.config)
+    out = genkit.generate(ours, IDS, max_new_tokens=5, past_key_values=fresh, return_dict_in_generate=True)
+    assert out.past_key_values is fresh and fresh.get_seq_length() == IDS.shape[1] + 4
+    assert torch.equal(out.sequences, genkit.generate(ours, IDS, max_new_tokens=5))

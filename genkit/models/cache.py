@@ -155,7 +155,12 @@ class TransformersCacheLayers:
 
 def native_cache(cache: Any) -> Any:
     """The cache a native model's layers write: genkit's own caches as they are; a transformers
-    cache through :class:`TransformersCacheLayers`."""
+    cache (bare, or as the strategies see it, wrapped in the adapter's ``TransformersCache``)
+    through :class:`TransformersCacheLayers`."""
+    from .adapter import TransformersCache
+
+    if isinstance(cache, TransformersCache):
+        cache = cache.cache
     if cache is None or isinstance(cache, KVCache) or not type(cache).__module__.startswith("transformers."):
         return cache
     return TransformersCacheLayers(cache)
