@@ -163,15 +163,16 @@ def _three_ways(pair, folder, *args, **kwargs):
         genkit.generate(hf, *args, custom_generate=folder, **kwargs)
 
 
-def test_guide_recipe_verbatim_gives_max_length_20_with_no_length_set(tiny_pair, tmp_path):
+def test_guide_recipe_verbatim_gives_20_new_tokens_with_no_length_set(tiny_pair, tmp_path):
     hf, ours = tiny_pair
     folder = _recipe(tmp_path, "guide", GUIDE)
     out = genkit.generate(ours, input_ids=IDS, custom_generate=folder)  # no config, no length
-    assert out.shape == (2, 20)  # transformers' global default max_length, as the guide shows
-    assert torch.equal(out, hf.generate(IDS, max_length=20, do_sample=False))
+    assert out.shape == (2, IDS.shape[1] + 20)  # 20 new tokens, as transformers' generate with no length
+    assert torch.equal(out, hf.generate(IDS, do_sample=False))
     assert torch.equal(genkit.generate(hf, input_ids=IDS, custom_generate=folder), out)
     padded = genkit.generate(ours, input_ids=IDS, custom_generate=folder, left_padding=5)
-    assert padded.shape == (2, 20) and torch.equal(padded[:, :5], torch.zeros(2, 5, dtype=torch.long))
+    assert padded.shape == (2, IDS.shape[1] + 20)  # the guide sizes max_length before padding
+    assert torch.equal(padded[:, :5], torch.zeros(2, 5, dtype=torch.long))
 
 
 def test_greedy_recipe_with_a_custom_argument_same_tokens(tiny_pair, tmp_path):
@@ -214,13 +215,13 @@ def test_what_the_recipe_is_given(tiny_pair, tmp_path):
                                         "    return model, generation_config\n")
     given, config = genkit.generate(hf, IDS, custom_generate=folder)
     assert given is hf  # a transformers model is given as it is
-    assert isinstance(config, transformers.GenerationConfig) and config.max_length == 20
+    assert isinstance(config, transformers.GenerationConfig) and config.max_length == IDS.shape[1] + 20
     assert hf.generation_config.max_length is None  # the model's own config is untouched
     given, config = genkit.generate(ours, IDS, custom_generate=folder)
     assert isinstance(given, transformers.PreTrainedModel) and isinstance(given, transformers.GenerationMixin)
     assert given.genkit_model is ours  # the view holds the genkit model: same parameters, nothing copied
     assert {id(p) for p in given.parameters()} == {id(p) for p in ours.parameters()}
-    assert config.max_length == 20 and config.do_sample is False
+    assert config.max_length == IDS.shape[1] + 20 and config.do_sample is False
     # a recipe may hand the view (and the transformers config it got) back to genkit.generate
     assert torch.equal(genkit.generate(given, IDS, generation_config=config, max_new_tokens=4),
                        genkit.generate(ours, IDS, max_new_tokens=4))

@@ -84,7 +84,10 @@ def _run_recipe(model: Any, ref: str, trust_remote_code: bool | None, forwarded:
     recipe = load_recipe(ref, trust_remote_code=trust_remote_code)
     given = recipe_model(model)
     if forwarded["generation_config"] is None:
-        forwarded["generation_config"] = resolved_generation_config(given)
+        prompt = forwarded.get("inputs")
+        prompt = kwargs.get("input_ids") if prompt is None else prompt
+        length = int(prompt.shape[-1]) if isinstance(prompt, torch.Tensor) else 0
+        forwarded["generation_config"] = resolved_generation_config(given, length)
     with torch.no_grad():
         return recipe.generate(given, **{k: v for k, v in forwarded.items() if v is not None}, **kwargs)
 

@@ -7,8 +7,9 @@ generation config (see docs/recipes.md, "Recipes written for transformers").
   written against transformers' ``GenerationMixin`` run on it unchanged; without transformers, as
   it is.
 - With no ``generation_config`` from the caller, the recipe gets the model's generation config
-  with transformers' global defaults filled in (``max_length`` 20 when no length is set), as
-  transformers' own ``generate`` resolves it.
+  with transformers' global defaults filled in and, when it sets no length, ``max_length`` at the
+  prompt's length + 20 (capped by the model's context): transformers' own ``generate`` resolves
+  an unset length the same way ("by default let's always generate 20 new tokens").
 """
 
 from __future__ import annotations
@@ -29,16 +30,27 @@ def recipe_model(model: Any) -> Any:
     return model
 
 
-def resolved_generation_config(model: Any) -> Any:
+DEFAULT_NEW_TOKENS = 20  # transformers' default length, counted from the end of the prompt
+
+
+def resolved_generation_config(model: Any, prompt_length: int = 0) -> Any:
     """``model``'s generation config (genkit's or transformers') with every unset field at its
-    global default; a copy, the model's own is untouched."""
+    global default and an unset length at ``prompt_length`` + 20 new tokens (capped by the model's
+    context); a copy, the model's own is untouched."""
     config = getattr(model, "generation_config", None)
+    length_set = config is not None and (
+        getattr(config, "max_length", None) is not None or getattr(config, "max_new_tokens", None) is not None)
     if config is None:
         from ..config import GenerationConfig
 
-        return GenerationConfig().with_defaults()
-    if hasattr(config, "with_defaults"):  # genkit's GenerationConfig
-        return config.with_defaults()
-    config = copy.deepcopy(config)  # transformers' GenerationConfig
-    config.update(**config._get_default_generation_params(), defaults_only=True)
-    return config
+        resolved = GenerationConfig().with_defaults()
+    elif hasattr(config, "with_defaults"):  # genkit's GenerationConfig
+        resolved = config.with_defaults()
+    else:  # transformers' GenerationConfig
+        resolved = copy.deepcopy(config)
+        resolved.update(**resolved._get_default_generation_params(), defaults_only=True)
+    if not length_set:
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        max_length = prompt_length + DEFAULT_NEW_TOKENS
+        resolved.max_length = max_length if limit is None else min(max_length, limit)
+    return resolved
