@@ -9,6 +9,7 @@ import signal
 from typing import Any
 
 from ..errors import ConfigError
+from .options import add_threads_option, apply_threads_option
 
 logger = logging.getLogger("genkit.cli.serve")
 
@@ -29,6 +30,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let requests run recipes (custom_generate); without it only registered strategies and "
                         "Hub recipes covered by a trusted-repos entry run")
+    add_threads_option(p)
     p.set_defaults(func=run)
 
 
@@ -41,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be between 1 and 65535; got {args.port}")
     if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
         raise ConfigError(f"--max-batch-tokens must be >= 1; got {args.max_batch_tokens}")
+    apply_threads_option(args)
     import genkit
     from genkit.serve import build_app
     from genkit.serve.engines import make_engine

@@ -76,7 +76,7 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
     A Hub download fetches only the files a model needs (config, weights, generation config,
     tokenizer files), or only the tokenizer files when ``tokenizer_only``.
     """
-    from .demo import DEMO_ALIASES, ensure_demo_model
+    from .demo import DEMO_ALIASES, DEMO_MODEL, ensure_demo_model
 
     ref = os.fspath(ref)
     path = os.path.expanduser(ref)
@@ -99,7 +99,7 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
             raise hub_fetch_error(ref, revision, exc) from exc
     raise FileNotFoundError(
         f"model {ref!r} not found: pass an existing folder, a .gguf file, a Hub id 'org/name', "
-        f"or the demo alias {min(DEMO_ALIASES)!r}"
+        f"or {DEMO_MODEL!r} (the demo model)"
     )
 
 
