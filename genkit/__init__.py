@@ -43,6 +43,9 @@ _LAZY = {
     "ContinuousBatchingConfig": "genkit.continuous:ContinuousBatchingConfig",
     "ContinuousBatchingManager": "genkit.continuous:ContinuousBatchingManager",
     "load_tokenizer": "genkit.models.loading:load_tokenizer",
+    # the one-import swap: transformers' names for load_model / load_tokenizer
+    "AutoModelForCausalLM": "genkit.models.auto:AutoModelForCausalLM",
+    "AutoTokenizer": "genkit.models.auto:AutoTokenizer",
     "ModelConfig": "genkit.models.base:ModelConfig",
     "KVCache": "genkit.models.cache:KVCache",
     "LlamaForCausalLM": "genkit.models.llama:LlamaForCausalLM",

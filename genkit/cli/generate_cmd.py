@@ -171,16 +171,23 @@ def check_generation_options(kwargs: dict[str, Any], custom_generate: str | None
 
     Without a recipe every option must be a generation parameter; a recipe may take options of its
     own (``--set max_sentences=3``), so only the ones that are config fields are checked. Returns
-    the resolved config (None for a recipe, which decides its own)."""
-    from genkit.config import GenerationConfig
-    from genkit.generation.api import merge_config
+    the resolved config (None for a recipe, which decides its own). The config fields are checked
+    without importing torch (an option error comes in well under a second); only a ``--set`` key
+    that is no config field asks the generate layer whether it is a model input."""
+    from genkit.config import GenerationConfig, check_supported, merge_for_generate
     from genkit.recipes.reference import classify
 
     named = classify(custom_generate, what="--custom-generate")
     if named is not None and named.is_recipe:
         GenerationConfig().update(**kwargs)
         return None
-    return merge_config(None, None, kwargs)[0]
+    config, rest = merge_for_generate(None, None, kwargs)
+    check_supported(config)
+    if rest:
+        from genkit.generation.api import merge_config
+
+        merge_config(None, None, kwargs)
+    return config
 
 
 def check_options(args: argparse.Namespace) -> dict[str, Any]:
