@@ -329,10 +329,17 @@ class Tokenizer:
 
     def _clean_up(self, text: str, clean_up_tokenization_spaces: bool | None) -> str:
         """transformers' ``clean_up_tokenization``: no space before punctuation and contractions
-        (default: the tokenizer config's ``clean_up_tokenization_spaces``, False when unset)."""
+        (default: the tokenizer config's ``clean_up_tokenization_spaces``, False when unset). As in
+        transformers 5, only for WordPiece vocabularies: on BPE it would change the text, so it is
+        skipped with a warning."""
         if clean_up_tokenization_spaces is None:
             clean_up_tokenization_spaces = bool(self.init_config.get("clean_up_tokenization_spaces", False))
         if not clean_up_tokenization_spaces:
+            return text
+        if type(self._tokenizer.model).__name__ != "WordPiece":
+            logger.warning("clean_up_tokenization_spaces=True is skipped for this %s tokenizer: the clean-up is "
+                           "meant for WordPiece vocabularies and would strip spaces BPE text needs (as transformers "
+                           "does); pass clean_up_tokenization_spaces=False", type(self._tokenizer.model).__name__)
             return text
         for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
                               (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
