@@ -92,3 +92,21 @@ def write_bpe_tokenizer(path, vocab_size=400):
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 64,
     }))
     return path
+
+
+def write_tiny_model(path, seed=0):
+    """A model folder genkit (and transformers) load: ``genkit.models.tiny.tiny_llama`` with the
+    400-token tokenizer of :func:`write_bpe_tokenizer` (config.json, model.safetensors, tokenizer);
+    returns ``path``."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from genkit.models.tiny import TINY_LLAMA, tiny_llama
+
+    write_bpe_tokenizer(path)
+    model = tiny_llama(seed=seed, vocab_size=400)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps({**TINY_LLAMA, "vocab_size": 400}))
+    return path

@@ -190,7 +190,7 @@ def test_demo_is_reproducible_and_documented(demo_home):
     demo_args = (REPO / "scripts" / "demo.sh").read_text()
     docs = (REPO / "docs" / "models.md").read_text()
     for line in ("--custom-generate docs/examples/demo_recipe --set max_sentences=3 --seed 0",
-                 '--prompt "Explain in three sentences why the sky is blue."'):
+                 '    "Explain in three sentences why the sky is blue."'):
         assert line in demo_args and line in docs
 
 
