@@ -20,11 +20,19 @@ TOKENIZER_KWARGS = ("revision", "gguf_file", "padding_side", "truncation_side", 
                     "trust_remote_code", "bos_token", "eos_token", "unk_token", "pad_token")
 
 
-def _refuse_unknown(kwargs: dict[str, Any], accepted: tuple[str, ...], what: str) -> None:
+def _check_call(what: str, extra_args: tuple[Any, ...], kwargs: dict[str, Any], accepted: tuple[str, ...],
+                flag: str, why: str) -> None:
+    """Refuse positional arguments after the reference, keywords outside ``accepted``, and
+    ``flag``=False (a transformers option genkit only has one way of doing, ``why``); pops ``flag``."""
+    if extra_args:
+        raise ConfigError(f"{what}.from_pretrained takes the reference and keywords only; got {len(extra_args)} "
+                          "extra positional argument(s)")
     unknown = sorted(set(kwargs) - set(accepted))
     if unknown:
         raise ConfigError(f"{what}.from_pretrained: {', '.join(f'`{k}`' for k in unknown)} not supported by genkit; "
                           f"accepted: {', '.join(accepted)}")
+    if kwargs.pop(flag, True) is not True:
+        raise ConfigError(f"`{flag}`=False is not supported; accepted: True ({why})")
 
 
 def _reference(path: str | os.PathLike[str], gguf_file: str | None) -> str:
@@ -47,13 +55,8 @@ class AutoModelForCausalLM:
         ``revision``, ``trust_remote_code``, ``gguf_file`` (a ``.gguf`` inside the folder),
         ``low_cpu_mem_usage`` (genkit always loads tensor by tensor); and genkit's ``device``,
         ``dequantize``."""
-        if model_args:
-            raise ConfigError("AutoModelForCausalLM.from_pretrained takes the model reference and keywords only; "
-                              f"got {len(model_args)} extra positional argument(s)")
-        _refuse_unknown(kwargs, MODEL_KWARGS, "AutoModelForCausalLM")
-        if kwargs.pop("low_cpu_mem_usage", True) is not True:
-            raise ConfigError("`low_cpu_mem_usage`=False is not supported; accepted: True (genkit always loads the "
-                              "weights tensor by tensor)")
+        _check_call("AutoModelForCausalLM", model_args, kwargs, MODEL_KWARGS, "low_cpu_mem_usage",
+                    "genkit always loads the weights tensor by tensor")
         ref = _reference(pretrained_model_name_or_path, kwargs.pop("gguf_file", None))
         return load_model(ref, **kwargs)
 
@@ -72,13 +75,8 @@ class AutoTokenizer:
         ``padding_side``, ``truncation_side``, ``model_max_length``, the special tokens
         (``pad_token="</s>"``...), ``use_fast`` (True only: genkit's tokenizers are the fast ones),
         ``trust_remote_code`` (accepted: genkit runs no tokenizer code)."""
-        if inputs:
-            raise ConfigError("AutoTokenizer.from_pretrained takes the tokenizer reference and keywords only; "
-                              f"got {len(inputs)} extra positional argument(s)")
-        _refuse_unknown(kwargs, TOKENIZER_KWARGS, "AutoTokenizer")
-        if kwargs.pop("use_fast", True) is not True:
-            raise ConfigError("`use_fast`=False is not supported; accepted: True (genkit reads tokenizer.json, the "
-                              "fast tokenizer format)")
+        _check_call("AutoTokenizer", inputs, kwargs, TOKENIZER_KWARGS, "use_fast",
+                    "genkit reads tokenizer.json, the fast tokenizer format")
         kwargs.pop("trust_remote_code", None)
         ref = _reference(pretrained_model_name_or_path, kwargs.pop("gguf_file", None))
         tokenizer = load_tokenizer(ref, revision=kwargs.pop("revision", None))
