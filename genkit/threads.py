@@ -127,7 +127,7 @@ def apply_threads(threads: int | None = None) -> int:
     ``MKL_NUM_THREADS`` (when unset) so the OpenMP pool is created at that size."""
     n = check_threads(threads) or default_threads()
     load = load_average()
-    if threads is not None and load is not None and load + n > cpu_budget() + 0.5:
+    if threads is not None and n > 1 and load is not None and load + n > cpu_budget() + 0.5:
         logger.warning("the machine is busy (1-minute load average %.1f on %d CPUs); %d thread(s) will compete "
                        "with other processes", load, cpu_budget(), n)
     if "torch" not in sys.modules:
