@@ -234,13 +234,14 @@ class Tokenizer:
                return_tensors: str | None = None, truncation: bool | str = False, max_length: int | None = None,
                padding: bool | str = False) -> Any:
         """Token ids of one string: a list, or with ``return_tensors="pt"`` a ``(1, length)`` tensor
-        (transformers' ``encode``)."""
+        (transformers' ``encode``). Tokenized with ``encode_batch``, which lets other threads run
+        meanwhile (``encode`` holds the GIL: a server's event loop would stop for a long text)."""
         if text_pair is not None:
             raise ConfigError("`text_pair` is not supported by genkit's tokenizer; accepted: None (encode one text)")
         if not isinstance(text, str):
             raise ConfigError(f"`text` must be a string; got {type(text).__name__}")
         if return_tensors is None and not truncation and padding is False:
-            return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+            return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self(text, add_special_tokens=add_special_tokens, return_tensors=return_tensors, truncation=truncation,
                     max_length=max_length, padding=padding, return_attention_mask=False)["input_ids"]
 
