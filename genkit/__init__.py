@@ -52,6 +52,9 @@ _LAZY = {
     "FIFOScheduler": "genkit.continuous.scheduler:FIFOScheduler",
     "PrefillFirstScheduler": "genkit.continuous.scheduler:PrefillFirstScheduler",
     "load_tokenizer": "genkit.models.loading:load_tokenizer",
+    # the one-import swap: transformers' names for load_model / load_tokenizer
+    "AutoModelForCausalLM": "genkit.models.auto:AutoModelForCausalLM",
+    "AutoTokenizer": "genkit.models.auto:AutoTokenizer",
     "ModelConfig": "genkit.models.base:ModelConfig",
     "KVCache": "genkit.models.cache:KVCache",
     "LlamaForCausalLM": "genkit.models.llama:LlamaForCausalLM",

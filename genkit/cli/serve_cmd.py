@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .options import add_threads_option, apply_threads_option, check_threads_option
 
 logger = logging.getLogger("genkit.cli.serve")
 
@@ -57,6 +58,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="token budget of one batching step (continuous batching engine)")
     p.add_argument("--scheduler", default=None, help="continuous batching scheduler: fifo or prefill_first")
+    add_threads_option(p)
     p.set_defaults(func=run)
 
 
@@ -110,10 +112,12 @@ def run(args: argparse.Namespace) -> int:
         raise ImportError("`genkit serve` needs the serve extra: pip install 'genkit-lm[serve]'") from exc
     ref = _model_ref(args)
     settings = _check_options(args)
+    check_threads_option(args)
     from genkit.serve.lifecycle import DrainingServer, bind
 
     sock = bind(args.host, args.port)
     try:
+        apply_threads_option(args)
         app, engine = _load(args, ref, settings)
     except BaseException:
         sock.close()
