@@ -169,7 +169,8 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
     t = batch.ids.shape[0]
     new_slots = torch.cat([store.slots(b, c, c + n) for b, c, (_, n) in zip(batch.blocks, batch.cached, batch.spans)])
     attention = _Attention(store, batch, model.dtype)
-    for layer, p in enumerate(prepared.layers):
+    layers, _ = prepared.for_rows(t)
+    for layer, p in enumerate(layers):
         q, k, v = project_qkv(p, x, cos, sin)  # (1, heads, T, d) each
         store.write(layer, new_slots, k[0], v[0])
         out = attention(q[0], store.keys[layer], store.values[layer])
@@ -178,6 +179,7 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
     if last.numel() == 0:
         return torch.empty(0, model.config.vocab_size)
     h = model.model.norm(x[0].index_select(0, last))
-    if prepared.head is not None:  # the oneDNN-packed LM head of the inference path
-        return linear(h, prepared.head, None, True).float()
+    head = prepared.for_rows(h.shape[0])[1]
+    if head is not None:  # the oneDNN-packed LM head of the inference path
+        return linear(h, head, None, True).float()
     return model.lm_head(h).float()
