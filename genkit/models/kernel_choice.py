@@ -47,6 +47,7 @@ ENV = "GENKIT_KERNEL"
 CLASSES = ("decode", "small", "prefill")
 PROBE_ROWS = {"decode": 1, "small": 4, "prefill": 64}
 SMALL_MAX_ROWS = 16
+PROBE_MIN_ROWS = {"decode": 1, "small": 2, "prefill": SMALL_MAX_ROWS + 1}  # the fewest rows of each class
 FAMILIES = {"dense": ("packed", "plain"), "blocks": ("amx", "vnni", "avx2")}
 PROBE_ROUNDS = 3
 

@@ -307,7 +307,34 @@ def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None]) -> Prep
                 window, rotations[attn.head_dim], False))
     from .block_decode import BlockDecoder
 
-    return PreparedModel(prepared, None, BlockDecoder.build(prepared))
+    return PreparedModel(prepared, None, BlockDecoder.build(prepared), choice=_blocks_choice(prepared))
+
+
+def _blocks_choice(prepared: list[PreparedLayer]) -> Any:
+    """The block kernel's path per shape class (its vector path, or AMX tiles where there are
+    some), as :mod:`genkit.models.kernel_choice` decides; None for torch's int4 kernel."""
+    from . import block_kernel, kernel_choice
+
+    if prepared[0].wgu.kernel != "blocks" or not block_kernel.simd():
+        return None
+    simd = "vnni" if block_kernel.simd() == "avx512-vnni" else "avx2"
+    available = ("amx", simd) if block_kernel.amx_available() else (simd,)
+    inputs: dict[tuple[int, int], torch.Tensor] = {}
+
+    def run(path: str, rows: int) -> None:
+        block_kernel.set_amx_rows(1 if path == "amx" else 0)
+        for p in prepared[:4]:
+            for w in (p.wqkv, p.wo, p.wgu, p.wd):
+                x = inputs.get((rows, w.in_features))
+                if x is None:
+                    x = inputs[(rows, w.in_features)] = torch.randn(rows, w.in_features)
+                w.forward(x)
+
+    signature = f"{prepared[0].wgu.bits}bit;{prepared[0].wgu.out_features}x{prepared[0].wgu.in_features}"
+    choice = kernel_choice.choose("blocks", signature, available, run)
+    first_amx = next((kernel_choice.PROBE_MIN_ROWS[c] for c in kernel_choice.CLASSES if choice.paths[c] == "amx"), 0)
+    block_kernel.set_amx_rows(first_amx)  # one threshold: AMX from the first class that chose it
+    return choice
 
 
 def weights_key(modules: list[nn.Module]) -> tuple[Any, ...]:
