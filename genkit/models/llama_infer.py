@@ -235,13 +235,13 @@ def _dense_routes(plain: list[PreparedLayer], lm_head: nn.Linear, matrices: list
     from . import kernel_choice
 
     wanted = packing_wanted(matrices, setting)
-    asked = setting is None and "packed" in kernel_choice.parse_override().values()
-    if asked and not wanted and packing_wanted(matrices, True):  # GENKIT_KERNEL=packed on a small model
-        wanted = True
-    if not wanted:
-        if asked:  # raises: packed is not available here
-            kernel_choice.choose("dense", kernel_choice.dense_signature(matrices), ("plain",), _no_probe)
-        return {cls: (plain, None) for cls in CLASSES}, None
+    asked = [p for p in kernel_choice.parse_override().values() if p in kernel_choice.FAMILIES["dense"]]
+    if setting is None and "packed" in asked and not wanted and packing_wanted(matrices, True):
+        wanted = True  # GENKIT_KERNEL=packed on a model below the packing size
+    if not wanted:  # with GENKIT_KERNEL set, the choice records it (and refuses packed where it cannot run)
+        choice = None if setting is not None or not asked else kernel_choice.choose(
+            "dense", kernel_choice.dense_signature(matrices), ("plain",), _no_probe)
+        return {cls: (plain, None) for cls in CLASSES}, choice
     logger.info("packing %d linear weights for oneDNN (%.0f MB)", len(matrices) + 1,
                 sum(w.numel() * w.element_size() for w in [*matrices, lm_head.weight]) / 2**20)
     packed = [p._replace(wqkv=pack(p.wqkv), wo=pack(p.wo), wgu=pack(p.wgu), wd=pack(p.wd), packed=True)
