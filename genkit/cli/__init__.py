@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "genkit.cli.plugin_cmds",
     "genkit.cli.serve_cmd",
     "genkit.cli.batch_cmd",
+    "genkit.cli.info_cmd",
 )
 
 

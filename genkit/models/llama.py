@@ -374,12 +374,13 @@ class LlamaForCausalLM(GenkitModel):
     def weights_packed(self) -> bool:
         """Whether the inference path runs on oneDNN-packed weights (decided at the last cache start)."""
         prepared = self._prepared[1] if self._prepared is not None else None
-        return bool(prepared is not None and prepared.layers and prepared.layers[0].packed)
+        return bool(prepared is not None and any(layers and layers[0].packed for layers, _ in prepared.routes.values()))
 
     def output_logits(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         prepared = self._weights_on(cache)[1] if cache is not None and not _module_path() else None
-        if prepared is not None and prepared.head is not None:
-            return linear(x, prepared.head, None, True)
+        head = prepared.for_rows(x.numel() // x.shape[-1])[1] if prepared is not None else None
+        if head is not None:
+            return linear(x, head, None, True)
         return self.lm_head(x)
 
     def input_embeddings(self) -> nn.Module:
