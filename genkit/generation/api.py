@@ -237,6 +237,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
             raise ConfigError("pass the prompt once: either `inputs` or `input_ids`, not both")
         inputs = kwargs.pop("input_ids")
     config, model_kwargs = merge_config(model, generation_config, kwargs)
+    _check_attentions(model, config)
     config, eos_ids = special_tokens(model, config)
     device = getattr(model, "device", torch.device("cpu"))
     if seq2seq is None:
@@ -256,6 +257,21 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     stop = _build_stop_conditions(config, eos_ids, tokenizer, stopping_criteria, input_ids.device)
     return Prepared(input_ids, config, processors, stop, _open_streamer(streamer, tokenizer), model_kwargs, tokenizer,
                     model=model.decoder(seq2seq.state) if seq2seq is not None else None, seq2seq=seq2seq)
+
+
+def _check_attentions(model: Any, config: ResolvedConfig) -> None:
+    """``output_attentions=True`` needs a model whose forward returns attention weights."""
+    if not config.output_attentions or getattr(model, "_genkit_protocol", False):
+        return  # the transformers adapters forward it to the model
+    import inspect
+
+    forward = getattr(model, "forward", model)
+    params = inspect.signature(forward).parameters
+    if "output_attentions" not in params:
+        from ..errors import NotSupportedError
+
+        raise NotSupportedError(f"`output_attentions=True` is not supported by {type(model).__name__}: its forward "
+                                "does not return attention weights (output_hidden_states=True works)")
 
 
 def _start_seq2seq(model: Any, seq2seq: Seq2SeqInputs, config: ResolvedConfig, model_kwargs: dict[str, Any],
