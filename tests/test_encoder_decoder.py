@@ -5,8 +5,8 @@ models built here (issue 31)."""
 from __future__ import annotations
 
 import pytest
-import torch
 import seq2seq_models as S
+import torch
 from tolerance import gamma
 
 import genkit
@@ -218,3 +218,17 @@ def test_refusals_name_what_is_not_supported(models):
         genkit.generate(model, **x, guidance_scale=1.5, max_new_tokens=2)
     with pytest.raises(ConfigError, match="decoder_input_ids"):
         genkit.generate(model, **x, decoder_input_ids=torch.tensor([[0, 5]]), max_new_tokens=2)
+
+
+def test_continuous_batching_refuses_encoder_decoder_models(models):
+    from genkit.continuous.gate import refusal_for_kwargs
+
+    model, x = models["t5"], S.inputs("t5", batch=1)
+    for model_or_adapter in (model, genkit.generation.api._as_protocol_model(model)):
+        assert "encoder-decoder model" in refusal_for_kwargs(model_or_adapter, {"max_new_tokens": 4})
+    with pytest.raises(NotSupportedError, match="T5ForConditionalGeneration is an encoder-decoder model"):
+        genkit.generate(model, **x, cache_implementation="paged", max_new_tokens=2)
+    with pytest.raises(NotSupportedError, match="encoder-decoder model"):
+        genkit.generate_batch(model, [[5, 6, 7]], max_new_tokens=2)
+    with pytest.raises(NotSupportedError, match="encoder-decoder model"):
+        genkit.init_continuous_batching(model)

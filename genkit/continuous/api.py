@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import ArgumentTypeError, GenerationError, NotSupportedError
 from .config import ContinuousBatchingConfig
+from .gate import check_model
 from .manager import ContinuousBatchingManager
 from .requests import GenerationOutput
 from .transformers_models import hf_generate_batch, hf_init_continuous_batching, transformers_model
@@ -22,6 +23,7 @@ def init_continuous_batching(model: Any, generation_config: Any = None, manual_e
     """A :class:`ContinuousBatchingManager` for ``model`` (not started: call ``start()`` or use it
     as a context manager). A transformers model gets its own manager (transformers 5's), with the
     settings translated."""
+    check_model(model)
     hf = transformers_model(model)
     if hf is not None:
         if manual_eviction:
@@ -44,6 +46,7 @@ def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any =
         raise ArgumentTypeError(f"`inputs` must be a list of token id lists; got {type(inputs).__name__}")
     if not inputs:
         return {}
+    check_model(model)
     hf = transformers_model(model)
     if hf is not None:  # transformers' own engine, same result structure
         return hf_generate_batch(hf, [list(x) for x in inputs], generation_config, continuous_batching_config,

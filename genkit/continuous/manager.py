@@ -28,7 +28,7 @@ from genkit.strategy.sampling import choose
 
 from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig
-from .gate import UNSUPPORTED_ARGUMENTS, refusal
+from .gate import UNSUPPORTED_ARGUMENTS, check_model, refusal
 from .requests import GenerationOutput, RequestState, RequestStatus
 from .scheduler import scheduler_from
 
@@ -47,6 +47,7 @@ class ContinuousBatchingManager:
         from genkit.config import GenerationConfig
         from genkit.generation.api import merge_config
 
+        check_model(model)
         self.model = model
         if generation_config is not None and not isinstance(generation_config, GenerationConfig):
             raise ConfigError(f"`generation_config` must be a genkit.GenerationConfig; got "

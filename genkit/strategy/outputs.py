@@ -100,13 +100,13 @@ def as_encoder_decoder_output(result: Any, encoder_hidden_states: tuple[torch.Te
     ``attentions`` / ``hidden_states`` renamed, the encoder's added (each row ``expand`` times, one
     per beam or returned sequence, as transformers reports them). Other objects pass through."""
     if isinstance(result, GenerateBeamDecoderOnlyOutput):
-        target: type[_Output] = GenerateBeamEncoderDecoderOutput
+        target: type[GenerateBeamEncoderDecoderOutput | GenerateEncoderDecoderOutput] = GenerateBeamEncoderDecoderOutput
     elif isinstance(result, GenerateDecoderOnlyOutput):
         target = GenerateEncoderDecoderOutput
     else:
         return result
 
-    def rows(items: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...] | None:
+    def rows(items: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
         return None if items is None else tuple(t.repeat_interleave(expand, dim=0) for t in items)
 
     values = {f.name: getattr(result, f.name) for f in fields(result)
