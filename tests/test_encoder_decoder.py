@@ -232,3 +232,17 @@ def test_continuous_batching_refuses_encoder_decoder_models(models):
         genkit.generate_batch(model, [[5, 6, 7]], max_new_tokens=2)
     with pytest.raises(NotSupportedError, match="encoder-decoder model"):
         genkit.init_continuous_batching(model)
+
+
+def test_load_model_and_the_cli_run_a_seq2seq_folder(models, tmp_path, capsys):
+    from genkit.cli import main
+
+    tok = S.save_with_tokenizer(models["t5"], str(tmp_path))
+    model = genkit.load_model(tmp_path)
+    assert type(model).__name__ == "TransformersSeq2SeqAdapter" and model.is_encoder_decoder
+    ids = torch.tensor([tok.encode("w5 w6 w7 w8 w1").ids])
+    want = genkit.generate(models["t5"], input_ids=ids, max_new_tokens=6, min_new_tokens=6)
+    assert torch.equal(model.generate(input_ids=ids, max_new_tokens=6, min_new_tokens=6), want)
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "w5 w6 w7 w8 w1", "--max-new-tokens", "6",
+                 "--set", "min_new_tokens=6"]) == 0
+    assert capsys.readouterr().out.split() == [f"w{i}" for i in want[0, 1:].tolist()]

@@ -218,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
     sequences = out.sequences if hasattr(out, "sequences") else out
     if not isinstance(sequences, torch.Tensor):
         raise GenerationError(f"generation returned {type(out).__name__}, not token ids")  # noqa: TRY004
-    new = sequences[:, enc["input_ids"].shape[1]:]
+    # an encoder-decoder model returns the decoder's tokens: all new but its start token
+    new = sequences[:, 1 if getattr(model, "is_encoder_decoder", False) else enc["input_ids"].shape[1]:]
     if streamer is None:
         texts = [tokenizer.decode(row, skip_special_tokens=True) for row in new]
         if len(texts) == 1:

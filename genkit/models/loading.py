@@ -386,7 +386,9 @@ def read_config_json(path: str) -> ModelConfig:
 def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: torch.dtype | str | None = None,
                device: str | torch.device | None = None, trust_remote_code: bool | None = None,
                dequantize: bool = False) -> GenkitModel:
-    """Load a native model.
+    """Load a native model (an encoder-decoder checkpoint -- ``is_encoder_decoder`` in its
+    ``config.json``: T5, BART, Pegasus, Marian, Whisper... -- is loaded by transformers and wrapped
+    in genkit's adapter, :func:`genkit.models.seq2seq.load_seq2seq`).
 
     Args:
         ref: a local folder in Hugging Face format (``config.json`` + ``model.safetensors`` or
@@ -423,6 +425,10 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
         if not os.path.isfile(cfg_path):
             raise FileNotFoundError(f"no config.json in {source}")
         config = read_config_json(cfg_path)
+        if getattr(config, "is_encoder_decoder", False):  # T5, BART, Whisper...: through transformers
+            from .seq2seq import load_seq2seq
+
+            return load_seq2seq(source, parse_dtype(dtype, None) if dtype not in (None, "auto") else None, device)
         check_config(config, cfg_path)  # sizes first: nothing is read or built for a bad config
         architecture_class(config, cfg_path)  # fail on an unknown architecture before reading weights
         state = read_safetensors(source)

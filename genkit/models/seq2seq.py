@@ -20,7 +20,7 @@ import torch
 from ..errors import ConfigError, NotSupportedError
 from .adapter import TransformersCache, TransformersModelAdapter
 
-__all__ = ["DecoderView", "EncoderState", "Seq2SeqCache", "TransformersSeq2SeqAdapter"]
+__all__ = ["DecoderView", "EncoderState", "Seq2SeqCache", "TransformersSeq2SeqAdapter", "load_seq2seq"]
 
 
 @dataclass
@@ -245,3 +245,32 @@ def encoder_state_from_outputs(encoder_outputs: Any, attention_mask: torch.Tenso
     return EncoderState(hidden=hidden, attention_mask=attention_mask,
                         hidden_states=getattr(encoder_outputs, "hidden_states", None),
                         attentions=getattr(encoder_outputs, "attentions", None))
+
+
+def load_seq2seq(folder: str, dtype: torch.dtype | None = None, device: Any = None) -> TransformersSeq2SeqAdapter:
+    """An encoder-decoder checkpoint folder loaded by transformers (``AutoModelForSeq2SeqLM``,
+    ``AutoModelForSpeechSeq2Seq`` for Whisper-like models, ``AutoModelForImageTextToText`` /
+    ``VisionEncoderDecoderModel`` for image-to-text), in genkit's adapter. Needs the
+    ``transformers`` extra."""
+    try:
+        import transformers
+    except ImportError:
+        raise NotSupportedError(f"{folder} holds an encoder-decoder model (is_encoder_decoder in config.json): genkit "
+                                "loads those through transformers; pip install 'genkit-lm[transformers]'") from None
+    config = transformers.AutoConfig.from_pretrained(folder)
+    kwargs: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
+    errors = []
+    for auto in ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoModelForVision2Seq", "VisionEncoderDecoderModel"):
+        cls = getattr(transformers, auto, None)
+        if cls is None:
+            continue
+        try:
+            model = cls.from_pretrained(folder, config=config, **kwargs)
+        except ValueError as exc:  # this auto class does not map the config's model type
+            errors.append(f"{auto}: {exc}")
+            continue
+        if device is not None:
+            model = model.to(device)
+        return TransformersSeq2SeqAdapter(model.eval())
+    raise NotSupportedError(f"{folder}: transformers has no encoder-decoder class for model_type "
+                            f"{config.model_type!r} ({'; '.join(errors)[:300]})")
