@@ -99,6 +99,8 @@ def _run_decoding(model: Any, inputs: torch.Tensor | None, generation_config: Ge
     extra: dict[str, Any] = {}
     if assistant_model is not None:
         extra["assistant_model"] = _as_protocol_model(assistant_model)
+        if prepared.seq2seq is not None:  # the assistant's own encoder reads the same input
+            extra["assistant_model"] = prepared.seq2seq.bind_assistant(extra["assistant_model"], prepared.config)
     _check_assistant_tokenizer(prepared, assistant_model)
     if prepared.tokenizer is not None:
         extra["tokenizer"] = prepared.tokenizer
@@ -283,6 +285,10 @@ def _start_seq2seq(model: Any, seq2seq: Seq2SeqInputs, config: ResolvedConfig, m
         raise NotSupportedError("`past_key_values` for an encoder-decoder model is not supported: genkit runs the "
                                 "encoder and starts the decoder's cache itself (pass `encoder_outputs` to reuse the "
                                 "encoder's work)")
+    if config.dola_layers is not None:
+        raise NotSupportedError("`dola_layers` (DoLa) is supported for decoder-only models only: it projects the "
+                                "decoder's intermediate layers through the LM head, which an encoder-decoder model's "
+                                "adapter does not expose")
     if config.guidance_scale not in (None, 1, 1.0):
         raise NotSupportedError("`guidance_scale` (classifier-free guidance) is supported for decoder-only models "
                                 "only: its unconditional pass runs the prompt through a decoder-only model")

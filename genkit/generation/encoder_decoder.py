@@ -68,6 +68,21 @@ class Seq2SeqInputs:
             raise ConfigError(f"`attention_mask` has {mask.shape[0]} rows but the encoder output has {self.state.rows}")
         return self._decoder_ids(model, config, device)
 
+    def bind_assistant(self, assistant: Any, config: Any) -> Any:
+        """The assistant model of assisted decoding as the strategy runs it: an encoder-decoder
+        assistant's decoder bound to its own encoder's reading of the same input."""
+        if not is_encoder_decoder(assistant):
+            raise NotSupportedError("an encoder-decoder model's `assistant_model` must be an encoder-decoder model "
+                                    f"too (it reads the same encoder input); got {type(assistant).__name__}")
+        if self.inputs is None:
+            raise NotSupportedError("assisted decoding with precomputed `encoder_outputs` is not supported: the "
+                                    "assistant runs its own encoder on the input; pass the input instead")
+        mask = self.state.attention_mask
+        state = assistant.encode(self.inputs.to(assistant.device), self.input_name, attention_mask=mask,
+                                 **self.encoder_kwargs)
+        state.repeat_interleave(self.state.rows // state.rows)
+        return assistant.decoder(state)
+
     def _decoder_ids(self, model: Any, config: Any, device: torch.device) -> torch.Tensor:
         batch = self.state.rows
         start = _start_tokens(config, batch, device)
