@@ -79,13 +79,16 @@ TEXT = ("t5", "bart", "pegasus", "marian")
 ALL = (*TEXT, "whisper", "vision")
 
 
-def save_with_tokenizer(model: Any, folder: str) -> Any:
+def save_with_tokenizer(model: Any, folder: str, names: dict[int, str] | None = None) -> Any:
     """Save ``model`` and a word-level ``tokenizer.json`` (words ``w0`` ... ``w95``, ``w0``-``w2`` special
-    as the model's pad/eos) into ``folder``; returns the ``tokenizers`` tokenizer."""
+    as the model's pad/eos; ``names`` renames some ids) into ``folder``; returns the ``tokenizers`` tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     model.save_pretrained(folder)
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(V)}, unk_token="w2"))
+    vocab = {f"w{i}": i for i in range(V)}
+    for i, name in (names or {}).items():
+        vocab = {(name if v == i else k): v for k, v in vocab.items()}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w2"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(["w0", "w1"])
     tok.save(f"{folder}/tokenizer.json")

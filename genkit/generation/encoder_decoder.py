@@ -89,6 +89,8 @@ class Seq2SeqInputs:
         ids = self.decoder_input_ids
         if ids is None:
             return start
+        if isinstance(ids, (list, tuple)):
+            ids = torch.as_tensor(ids)
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != batch:
             raise ConfigError(f"`decoder_input_ids` must be a 2-D LongTensor with {batch} rows (one per encoder "
                               f"input); got {getattr(ids, 'shape', type(ids).__name__)}")
