@@ -26,6 +26,7 @@ from ..strategy.finish import special_tokens
 from ..strategy.processing import LogitsProcessorList, ProcessorContext, merge_lists
 from .encoder_decoder import Seq2SeqInputs, is_encoder_decoder, take_seq2seq_inputs
 from .engines import engine_for
+from .model_inputs import ForwardingView, ModelInputs, placeholder_prompt, take_model_inputs
 
 logger = logging.getLogger("genkit.generation")
 
@@ -107,6 +108,8 @@ def _run_decoding(model: Any, inputs: torch.Tensor | None, generation_config: Ge
     result = _run_strategy(decode, prepared.model if prepared.model is not None else model, prepared, extra)
     if callable(custom_generate):
         return result
+    if prepared.hidden_prompt and hasattr(result, "sequences"):  # transformers returns the new tokens only
+        result.sequences = result.sequences[:, prepared.hidden_prompt:]
     return _finish_output(result, prepared.config, prepared.seq2seq)
 
 
@@ -204,6 +207,8 @@ class Prepared:
     model: Any = None
     #: an encoder-decoder model's inputs and encoder output
     seq2seq: Seq2SeqInputs | None = None
+    #: leading columns of the sequences that stand in for a prompt given as embeddings only
+    hidden_prompt: int = 0
 
 
 def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs: dict[str, Any]) -> tuple[
@@ -232,6 +237,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     ``ProcessorContext.extras``."""
     kwargs = dict(kwargs)
     seq2seq = take_seq2seq_inputs(model, inputs, kwargs) if is_encoder_decoder(model) else None
+    forwarded = ModelInputs() if seq2seq is not None else take_model_inputs(model, kwargs)
     if seq2seq is not None:
         inputs = None
     elif "input_ids" in kwargs:
@@ -243,13 +249,14 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     config, eos_ids = special_tokens(model, config)
     device = getattr(model, "device", torch.device("cpu"))
     if seq2seq is None:
+        inputs = _embeddings_prompt(inputs, forwarded, config, model_kwargs)
         input_ids = _prompt_ids(inputs, config, device)
         _attention_mask(input_ids, config, eos_ids, model_kwargs)
     else:
         input_ids = _start_seq2seq(model, seq2seq, config, model_kwargs, device)
     _adapt_cache(model_kwargs)
     config = _set_lengths(model, config, input_ids.shape[1])
-    input_ids = _expand_to_sequences(input_ids, config, model_kwargs, seq2seq)
+    input_ids = _expand_to_sequences(input_ids, config, model_kwargs, seq2seq, forwarded)
     tokenizer = model_kwargs.pop("tokenizer", None)
     extras = dict(processor_inputs or {})
     if seq2seq is not None:  # the encoder's token ids (None when it read audio, pixels or embeddings)
@@ -257,8 +264,31 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     processors = _build_processors(model, config, input_ids, eos_ids, model_kwargs, logits_processor,
                                    prefix_allowed_tokens_fn, tokenizer, extras)
     stop = _build_stop_conditions(config, eos_ids, tokenizer, stopping_criteria, input_ids.device)
+    runs = model.decoder(seq2seq.state) if seq2seq is not None else (
+        ForwardingView(model, forwarded, input_ids.shape[1]) if forwarded else None)
     return Prepared(input_ids, config, processors, stop, _open_streamer(streamer, tokenizer), model_kwargs, tokenizer,
-                    model=model.decoder(seq2seq.state) if seq2seq is not None else None, seq2seq=seq2seq)
+                    model=runs, seq2seq=seq2seq, hidden_prompt=input_ids.shape[1] if forwarded.placeholder else 0)
+
+
+def _embeddings_prompt(inputs: torch.Tensor | None, forwarded: ModelInputs, config: ResolvedConfig,
+                       model_kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A prompt given as ``inputs_embeds``: its ids (the caller's, of the same length) or stand-ins;
+    no prompt beside other model inputs (``pixel_values``): BOS, one row per input (as in transformers)."""
+    embeds = forwarded.inputs_embeds
+    if embeds is None:
+        tensors = [v for v in (*forwarded.prefill.values(), *forwarded.every.values()) if isinstance(v, torch.Tensor)]
+        if inputs is None and tensors and config.bos_token_id is not None:  # e.g. pixel_values only: start from BOS
+            return torch.full((tensors[0].shape[0], 1), int(config.bos_token_id), dtype=torch.long)
+        return inputs
+    if inputs is None:
+        forwarded.placeholder = True
+        inputs = placeholder_prompt(embeds, config.pad_token_id if config.pad_token_id is not None else 0)
+        if model_kwargs.get("attention_mask") is None:
+            model_kwargs["attention_mask"] = torch.ones_like(inputs)
+    elif tuple(inputs.shape) != tuple(embeds.shape[:2]):
+        raise ConfigError(f"`inputs_embeds` {tuple(embeds.shape)} and `input_ids` {tuple(inputs.shape)} must "
+                          "cover the same tokens (batch, sequence_length)")
+    return inputs
 
 
 def _check_attentions(model: Any, config: ResolvedConfig) -> None:
@@ -350,15 +380,17 @@ def _set_lengths(model: Any, config: ResolvedConfig, input_len: int) -> Resolved
     return resolve_lengths(config, input_len, getattr(getattr(model, "config", None), "max_position_embeddings", None))
 
 
-def _expand_to_sequences(input_ids: torch.Tensor, config: GenerationConfig,
-                         model_kwargs: dict[str, Any], seq2seq: Seq2SeqInputs | None = None) -> torch.Tensor:
-    """``num_return_sequences`` > 1 without beams: one row per sequence (a prompt cache and an
-    encoder output too)."""
+def _expand_to_sequences(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict[str, Any],
+                         seq2seq: Seq2SeqInputs | None = None, forwarded: ModelInputs | None = None) -> torch.Tensor:
+    """``num_return_sequences`` > 1 without beams: one row per sequence (a prompt cache, an
+    encoder output and the model inputs too)."""
     n = config.num_return_sequences
     if n <= 1 or config.num_beams != 1:
         return input_ids
     if seq2seq is not None:
         seq2seq.state.repeat_interleave(n)
+    if forwarded:
+        forwarded.repeat_interleave(n)
     for key in ("attention_mask", "position_ids"):
         if model_kwargs.get(key) is not None:
             model_kwargs[key] = model_kwargs[key].repeat_interleave(n, dim=0)
