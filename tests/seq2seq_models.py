@@ -49,6 +49,12 @@ def build(name: str, seed: int = 0) -> Any:
         model.config.decoder_start_token_id, model.config.pad_token_id, model.config.eos_token_id = 1, 0, 2
         model.generation_config.decoder_start_token_id = 1
         model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 2
+    elif name == "git":  # decoder-only, the image's tokens first
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=16,
+                      patch_size=8, num_channels=3)
+        model = T.GitForCausalLM(T.GitConfig(vision_config=vision, vocab_size=V, hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                                             bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3))
     else:
         raise KeyError(name)
     model.config._attn_implementation = "eager"

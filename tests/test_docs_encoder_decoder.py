@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "encoder_decoder.md"
 CHECKPOINTS = {"google-t5/t5-small": "t5", "google/pegasus-xsum": "pegasus", "openai/whisper-tiny": "whisper",
-               "nlpconnect/vit-gpt2-image-captioning": "vision"}
+               "nlpconnect/vit-gpt2-image-captioning": "vision", "microsoft/git-base": "git"}
 
 
 def _examples() -> list[tuple[str, str]]:
@@ -38,7 +38,7 @@ def _save(name: str, folder: Path) -> None:
 
 def test_every_example_names_a_known_checkpoint():
     examples = _examples()
-    assert len(examples) == 4
+    assert len(examples) == 5
     for title, code in examples:
         assert any(ckpt in code for ckpt in CHECKPOINTS), title
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import seq2seq_models as S
 import torch
 
 import genkit
@@ -24,13 +25,7 @@ def gpt2():
 
 @pytest.fixture(scope="module")
 def git():
-    torch.manual_seed(0)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=16,
-                  patch_size=8, num_channels=3)
-    cfg = transformers.GitConfig(vision_config=vision, vocab_size=96, hidden_size=32, num_hidden_layers=2,
-                                 num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
-                                 bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3)
-    return transformers.GitForCausalLM(cfg).eval()
+    return S.build("git")
 
 
 IDS = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
