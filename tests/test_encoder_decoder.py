@@ -226,9 +226,10 @@ def test_refusals_name_what_is_not_supported(models):
 
 def test_continuous_batching_refuses_encoder_decoder_models(models):
     from genkit.continuous.gate import refusal_for_kwargs
+    from genkit.models.adapter import wrap_transformers_model
 
     model, x = models["t5"], S.inputs("t5", batch=1)
-    for model_or_adapter in (model, genkit.generation.api._as_protocol_model(model)):
+    for model_or_adapter in (model, wrap_transformers_model(model)):
         assert "encoder-decoder model" in refusal_for_kwargs(model_or_adapter, {"max_new_tokens": 4})
     with pytest.raises(NotSupportedError, match="T5ForConditionalGeneration is an encoder-decoder model"):
         genkit.generate(model, **x, cache_implementation="paged", max_new_tokens=2)
@@ -236,6 +237,13 @@ def test_continuous_batching_refuses_encoder_decoder_models(models):
         genkit.generate_batch(model, [[5, 6, 7]], max_new_tokens=2)
     with pytest.raises(NotSupportedError, match="encoder-decoder model"):
         genkit.init_continuous_batching(model)
+    from genkit.batch import make_local_engine
+    from genkit.serve.engines import make_engine
+
+    with pytest.raises(NotSupportedError, match="genkit serve cannot serve this model: T5ForConditional"):
+        make_engine(model, None)
+    with pytest.raises(NotSupportedError, match="genkit batch cannot run this model: T5ForConditional"):
+        make_local_engine(model, None)
 
 
 def test_load_model_and_the_cli_run_a_seq2seq_folder(models, tmp_path, capsys):
