@@ -70,3 +70,20 @@ def test_a_name_the_forward_does_not_take_is_refused(gpt2):
         genkit.generate(gpt2, input_ids=IDS, pixel_values=torch.zeros(2, 3, 4, 4), **KW)
     with pytest.raises(ConfigError, match="must cover the same tokens"):
         genkit.generate(gpt2, input_ids=IDS[:, :2], inputs_embeds=torch.zeros(2, 4, 32), **KW)
+
+
+def test_output_attentions_on_a_native_model(tiny_model):
+    """Refused by name while the native forward cannot return attention weights (helper "hfapi"
+    adds `output_attentions` to it); once it can, one entry per step."""
+    import inspect
+
+    from genkit.errors import NotSupportedError
+
+    ids = torch.tensor([[1, 5, 9]])
+    kw = dict(max_new_tokens=3, output_attentions=True, return_dict_in_generate=True)
+    if "output_attentions" not in inspect.signature(tiny_model.forward).parameters:
+        with pytest.raises(NotSupportedError, match="`output_attentions=True` is not supported by LlamaForCausalLM"):
+            genkit.generate(tiny_model, ids, **kw)
+        return
+    out = genkit.generate(tiny_model, ids, **kw)
+    assert len(out.attentions) == 3 and out.attentions[0][0].shape[-1] == 3
