@@ -218,6 +218,8 @@ def test_refusals_name_what_is_not_supported(models):
     with pytest.raises(NotSupportedError, match="decoder_attention_mask"):
         genkit.generate(model, **x, decoder_input_ids=torch.tensor([[0, 5], [0, 6]]),
                         decoder_attention_mask=torch.tensor([[0, 1], [1, 1]]), max_new_tokens=2)
+    with pytest.raises(NotSupportedError, match="`decoder_inputs_embeds` is not supported"):
+        genkit.generate(model, **x, decoder_inputs_embeds=torch.zeros(2, 1, 32), max_new_tokens=2)
     with pytest.raises(NotSupportedError, match="guidance_scale"):
         genkit.generate(model, **x, guidance_scale=1.5, max_new_tokens=2)
     with pytest.raises(ConfigError, match="decoder_input_ids"):

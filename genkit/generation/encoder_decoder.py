@@ -26,6 +26,11 @@ __all__ = ["Seq2SeqInputs", "is_encoder_decoder", "take_seq2seq_inputs"]
 
 # names that never reach the encoder (transformers' `irrelevant_prefix`)
 _NOT_FOR_ENCODER = ("decoder_", "cross_attn", "use_cache", "cache", "past_key_values")
+# decoder inputs the loop itself makes: name -> why they cannot be given
+_DECODER_REFUSED = {
+    "decoder_inputs_embeds": "the decoder's input is token ids (pass `decoder_input_ids`)",
+    "decoder_position_ids": "the decoder's positions follow its cache",
+}
 # model kwargs of the loop that stay with generate
 _LOOP_KWARGS = {"use_cache", "tokenizer", "assistant_tokenizer"}
 
@@ -167,6 +172,8 @@ def _sort_model_kwargs(model: Any, kwargs: dict[str, Any], taken: Seq2SeqInputs)
     the decoder, others the encoder takes go to the encoder."""
     table = field_table()
     for key in [k for k in kwargs if k not in table and k not in _LOOP_KWARGS]:
+        if key in _DECODER_REFUSED and key in model.forward_parameters:
+            raise NotSupportedError(f"`{key}` is not supported: {_DECODER_REFUSED[key]}")
         if key.startswith("decoder_") and key in model.forward_parameters:
             taken.decoder_kwargs[key] = kwargs.pop(key)
         elif not any(key.startswith(p) for p in _NOT_FOR_ENCODER) and model.encoder_accepts(key):
