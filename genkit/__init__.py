@@ -31,6 +31,8 @@ _LAZY = {
     "GenerationMixin": "genkit.models.mixin:GenerationMixin",
     "GenerateDecoderOnlyOutput": "genkit.strategy.outputs:GenerateDecoderOnlyOutput",
     "GenerateBeamDecoderOnlyOutput": "genkit.strategy.outputs:GenerateBeamDecoderOnlyOutput",
+    "GenerateEncoderDecoderOutput": "genkit.strategy.outputs:GenerateEncoderDecoderOutput",
+    "GenerateBeamEncoderDecoderOutput": "genkit.strategy.outputs:GenerateBeamEncoderDecoderOutput",
     "compute_transition_scores": "genkit.strategy.outputs:compute_transition_scores",
     "LogitsProcessor": "genkit.strategy.processing:LogitsProcessor",
     "LogitsProcessorList": "genkit.strategy.processing:LogitsProcessorList",
@@ -122,7 +124,13 @@ if TYPE_CHECKING:  # pragma: no cover  (re-exports for type checkers; at run tim
         GenerateBeamDecoderOnlyOutput as GenerateBeamDecoderOnlyOutput,
     )
     from .strategy.outputs import (
+        GenerateBeamEncoderDecoderOutput as GenerateBeamEncoderDecoderOutput,
+    )
+    from .strategy.outputs import (
         GenerateDecoderOnlyOutput as GenerateDecoderOnlyOutput,
+    )
+    from .strategy.outputs import (
+        GenerateEncoderDecoderOutput as GenerateEncoderDecoderOutput,
     )
     from .strategy.outputs import (
         compute_transition_scores as compute_transition_scores,

@@ -62,7 +62,7 @@ def test_every_field_is_documented_as_implemented_unsupported_or_without_effect(
 
 UNSUPPORTED_VALUES = {
     "cache_config": {"backend": "quanto"},
-    "use_mtp": True, "token_healing": True, "output_attentions": True, "assistant_ensemble_weight": 0.5,
+    "use_mtp": True, "token_healing": True, "assistant_ensemble_weight": 0.5,
     "speculation_type": "tree",
 }
 

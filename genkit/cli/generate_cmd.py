@@ -218,7 +218,9 @@ def _encode(args: argparse.Namespace, tokenizer: Any, prompt: str) -> Any:
 
 
 def _print_result(out: Any, prompt_length: int, tokenizer: Any, streamed: bool) -> int:
-    """Print the generated texts (numbered when several); returns the number of new tokens."""
+    """Print the generated texts (numbered when several); returns the number of new tokens.
+    ``prompt_length`` is 1 for an encoder-decoder model: its output is the decoder's tokens, all new
+    but the start token."""
     import torch
 
     sequences = out.sequences if hasattr(out, "sequences") else out
@@ -269,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     out = genkit.generate(model, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                           tokenizer=tokenizer, streamer=streamer, **kwargs)
     elapsed = time.perf_counter() - t1
-    n = _print_result(out, enc["input_ids"].shape[1], tokenizer, streamer is not None)
+    prompt_length = 1 if getattr(model, "is_encoder_decoder", False) else enc["input_ids"].shape[1]
+    n = _print_result(out, prompt_length, tokenizer, streamer is not None)
     logger.info("%d new tokens in %.2fs (%.1f tokens/s)", n, elapsed, n / max(elapsed, 1e-9))
     return 0

@@ -188,12 +188,17 @@ class TransformersModelAdapter:
 
 
 def wrap_transformers_model(model: Any) -> TransformersModelAdapter:
-    """Wrap a transformers ``PreTrainedModel`` (a causal LM) in genkit's model protocol."""
+    """Wrap a transformers ``PreTrainedModel`` in genkit's model protocol: a causal LM, or an
+    encoder-decoder model (``genkit.models.seq2seq.TransformersSeq2SeqAdapter``)."""
     if isinstance(model, TransformersModelAdapter):
         return model
     if not callable(model) or not hasattr(model, "config"):
         raise ConfigError(f"`model` must be a transformers PreTrainedModel; got {type(model).__name__}")
     if getattr(model.config, "is_encoder_decoder", False):
-        raise NotSupportedError(f"{type(model).__name__} is an encoder-decoder model; genkit drives decoder-only "
-                                "causal LMs")
+        from .seq2seq import TransformersSeq2SeqAdapter
+
+        if not hasattr(model, "get_encoder"):
+            raise NotSupportedError(f"{type(model).__name__} is an encoder-decoder model without `get_encoder()`: "
+                                    "genkit runs the encoder once through it")
+        return TransformersSeq2SeqAdapter(model)
     return TransformersModelAdapter(model)

@@ -387,7 +387,9 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
                device: str | torch.device | None = None, trust_remote_code: bool | None = None,
                dequantize: bool = False, *, torch_dtype: torch.dtype | str | None = None,
                device_map: Any = None) -> GenkitModel:
-    """Load a native model.
+    """Load a native model (an encoder-decoder checkpoint -- ``is_encoder_decoder`` in its
+    ``config.json``: T5, BART, Pegasus, Marian, Whisper... -- is loaded by transformers and wrapped
+    in genkit's adapter, :func:`genkit.models.seq2seq.load_seq2seq`).
 
     Args:
         ref: a local folder in Hugging Face format (``config.json`` + ``model.safetensors`` or
@@ -418,6 +420,8 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
         model, config = _load_gguf(source, dtype, device, dequantize)
     else:
         model, config = _load_folder(source, dtype, device)
+        if config is None:  # an encoder-decoder model, loaded by transformers
+            return model
     config.name_or_path = os.fspath(ref)
     _attach_recipe(model, os.fspath(ref), source, revision, trust_remote_code)
     return model
@@ -481,11 +485,17 @@ def _load_gguf(source: str, dtype: Any, device: Any, dequantize: bool) -> tuple[
     return build_model(config, contents.state_dict, parse_dtype(dtype, config), where=source, device=device), config
 
 
-def _load_folder(source: str, dtype: Any, device: Any) -> tuple[GenkitModel, ModelConfig]:
+def _load_folder(source: str, dtype: Any, device: Any) -> tuple[Any, ModelConfig | None]:
+    """The folder's model and config; an encoder-decoder checkpoint (T5, BART, Whisper...) is loaded
+    through transformers and given with no config."""
     cfg_path = os.path.join(source, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"no config.json in {source}")
     config = read_config_json(cfg_path)
+    if getattr(config, "is_encoder_decoder", False):
+        from .seq2seq import load_seq2seq
+
+        return load_seq2seq(source, parse_dtype(dtype, None) if dtype not in (None, "auto") else None, device), None
     check_config(config, cfg_path)  # sizes first: nothing is read or built for a bad config
     architecture_class(config, cfg_path)  # fail on an unknown architecture before reading weights
     state = read_safetensors(source)
