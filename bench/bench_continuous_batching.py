@@ -83,6 +83,35 @@ def concurrency(model: Any, prompts: list[list[int]], n: int) -> tuple[float, fl
     return statistics.median(first.values()), n * NEW / wall
 
 
+def quantized_vs_float(dense: Any, prompts: list[list[int]], seq: list[list[int]], repeats: int) -> None:
+    """generate_batch on the demo GGUF kept quantized (Q4_1 on the block kernel: a step of decoding
+    requests is one C call) against the float32 model, alternating, best of ``repeats`` each."""
+    from genkit.models.demo import demo_gguf_path, genkit_home
+
+    quantized = genkit.load_model(demo_gguf_path(f"{genkit_home()}/bench-gguf"))
+    quantized.generate_batch(prompts[:2], max_new_tokens=4)  # warm-up
+    times: dict[str, list[float]] = {"float32": [], "Q4_1": []}
+    outs: dict[str, Any] = {}
+    for _ in range(repeats):
+        for name, m in (("float32", dense), ("Q4_1", quantized)):
+            t = time.perf_counter()
+            res = m.generate_batch(prompts, max_new_tokens=NEW, do_sample=False, eos_token_id=None)
+            times[name].append(time.perf_counter() - t)
+            outs[name] = [o.generated_tokens for o in res.values()]
+    q_ref = [quantized.generate(torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
+                                eos_token_id=None)[0, len(p):].tolist() for p in prompts[:4]]
+    total = len(prompts) * NEW
+    print("\n| continuous batching (generate_batch) | wall s, median (all) | tokens/s | vs float32 | same tokens |\n"
+          "|---|---|---|---|---|")
+    t_f = statistics.median(times["float32"])
+    for name in times:
+        t = statistics.median(times[name])
+        same = (outs[name] == seq) if name == "float32" else (outs[name][:4] == q_ref)
+        what = "as sequential generate" if name == "float32" else "as its own sequential generate (first 4 prompts)"
+        print(f"| {name} | {t:.2f} ({', '.join(f'{x:.2f}' for x in times[name])}) | {total / t:.1f} | "
+              f"{t_f / t:.2f}x | {same} {what} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -90,6 +119,8 @@ def main() -> None:
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--no-sequential", action="store_true", help="skip timing sequential generate (slow)")
     parser.add_argument("--no-concurrency", action="store_true", help="skip the concurrency table")
+    parser.add_argument("--quantized", action="store_true",
+                        help="also: generate_batch on the Q4_1 GGUF (block kernel) against float32, interleaved")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from genkit.models.demo import ensure_demo_model
@@ -117,6 +148,8 @@ def main() -> None:
     rows.append(("genkit static left-padded batch", t_static, out == seq))
     for name, t, same in rows:
         print(f"| {name} | {t:.2f} | {total / t:.1f} | {t / t_cb:.2f}x | {same} |", flush=True)
+    if args.quantized:
+        quantized_vs_float(model, prompts, seq, args.repeats)
     rows = []
     print("\n| concurrent requests | median time to first token s | tokens/s |\n|---|---|---|")
     for n in () if args.no_concurrency else (1, 8, 32):

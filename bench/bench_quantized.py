@@ -14,7 +14,9 @@ Build llama.cpp's binding once (about 10 minutes on 2 cores):
 ``python -m venv /tmp/llamacpp && CMAKE_ARGS="-DGGML_NATIVE=ON" /tmp/llamacpp/bin/pip install
 llama-cpp-python==0.3.36``
 
-Run: ``python bench/bench_quantized.py --llama-python /tmp/llamacpp/bin/python``
+Run: ``python bench/bench_quantized.py --llama-python /tmp/llamacpp/bin/python``; with
+``--llama-bench build/bin/llama-bench`` (llama.cpp built as in bench_serve_vs_llamacpp.py) it first
+prints llama-bench's tg128 and pp512 beside genkit's (``--only-llama-bench``: only that table).
 """
 
 from __future__ import annotations
@@ -78,12 +80,46 @@ def _genkit_decode(model: Any, ids: torch.Tensor, new: int, repeats: int) -> tup
     return best, tokens
 
 
+def _genkit_prefill(model: Any, n: int, repeats: int) -> float:
+    """Tokens/s of one forward over an ``n``-token prompt (filling a cache), best of ``repeats``."""
+    ids = torch.randint(3, 40000, (1, n), generator=torch.Generator().manual_seed(0))
+    best = float("inf")
+    with torch.inference_mode():
+        model(ids[:, :16], use_cache=True)
+        for _ in range(repeats):
+            t = time.perf_counter()
+            model(ids, use_cache=True)
+            best = min(best, time.perf_counter() - t)
+    return n / best
+
+
+def llama_bench_table(llama_bench: str, path: str, models: dict[str, Any], threads: list[int], repeats: int) -> None:
+    """llama.cpp's ``llama-bench`` (tg128: decode 128 tokens; pp512: a 512-token prompt) against genkit's
+    decode of 128 tokens after a 12-token prompt and one forward over 512 tokens, alternating."""
+    print("\n| threads | test | llama.cpp tok/s | " + " | ".join(f"{n} tok/s" for n in models) +
+          " | genkit Q4_1 / llama.cpp |\n|---|---|---|" + "---|" * len(models) + "---|")
+    ids = torch.randint(3, 40000, (1, 12), generator=torch.Generator().manual_seed(1))
+    for t in threads:
+        torch.set_num_threads(t)
+        out = subprocess.run([llama_bench, "-m", path, "-t", str(t), "-p", "512", "-n", "128", "-r", str(repeats),
+                              "-o", "json"], capture_output=True, text=True, check=True)
+        ref = {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out.stdout)}
+        ours = {name: {"tg128": 128 / _genkit_decode(m, ids, 128, repeats)[0],
+                       "pp512": _genkit_prefill(m, 512, repeats)} for name, m in models.items()}
+        for test in ("tg128", "pp512"):
+            first = next(iter(models))
+            cells = " | ".join(f"{ours[n][test]:.1f}" for n in models)
+            print(f"| {t} | {test} | {ref[test]:.1f} | {cells} | {ours[first][test] / ref[test]:.2f}x |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-python", help="python of a venv with llama-cpp-python (skipped if not given)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--llama-bench", help="llama.cpp's llama-bench binary: adds the tg128 / pp512 table")
+    parser.add_argument("--only-llama-bench", action="store_true", help="just the llama-bench table")
     args = parser.parse_args()
     path = demo_gguf_path(f"{genkit_home()}/bench-gguf")
     tok = genkit.load_tokenizer(path)
@@ -91,6 +127,11 @@ def main() -> None:
     quantized = genkit.load_model(path)
     dense = genkit.load_model(path, dequantize=True)
     new = args.new_tokens
+    if args.llama_bench:
+        llama_bench_table(args.llama_bench, path, {"genkit Q4_1": quantized, "genkit float32": dense},
+                          [int(t) for t in args.threads.split(",")], args.repeats)
+        if args.only_llama_bench:
+            return
     print(f"{path}: batch-1 greedy decode, {ids.shape[1]}-token prompt, {new} new tokens, best of {args.repeats}; "
           f"torch {torch.__version__}\n")
     print("| threads | engine | tok/s | vs llama.cpp | same tokens as llama.cpp |\n|---|---|---|---|---|")

@@ -100,7 +100,7 @@ class BeamRun:
     def log_probs(self) -> torch.Tensor:
         """``log_softmax`` of the last forward's logits ``(batch * beams, vocab)``, after keeping
         the raw logits and hidden states the config asks for."""
-        self.outputs.model_step(self.logits, self.hidden)
+        self.outputs.model_step(self.logits, self.hidden, self.stepper.attentions)
         return torch.log_softmax(self.logits, dim=-1)
 
     def hits(self, tokens: torch.Tensor, cand_seqs: torch.Tensor, cur_len: int) -> torch.Tensor:

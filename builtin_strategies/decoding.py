@@ -39,10 +39,10 @@ def decode_loop(call: StrategyCall, *, do_sample: bool) -> GenerateDecoderOnlyOu
     processors = call.logits_processor
     with FinishTracker(call) as finish:
         logits = stepper.prefill()
-        recording = record.want_logits or record.want_hidden or record.want_scores
+        recording = record.recording
         while True:
             if recording:
-                record.model_step(logits, stepper.hidden_states)
+                record.model_step(logits, stepper.hidden_states, stepper.attentions)
             scores = processors(stepper.sequences, logits)
             if recording:  # kept scores must not share the model's output buffer (a model may reuse it)
                 record.processed(scores, copy=scores.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr())

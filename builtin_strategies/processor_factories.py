@@ -32,10 +32,19 @@ def make_sequence_bias(config: Any, ctx: ProcessorContext) -> Any:
 def make_encoder_repetition_penalty(config: Any, ctx: ProcessorContext) -> Any:
     if config.encoder_repetition_penalty in (None, 1.0):  # None: off, as in transformers 5
         return None
-    if ctx.input_ids is None or ctx.input_ids.dim() != 2 or bool((ctx.input_ids < 0).any()):
-        logger.warning("`encoder_repetition_penalty` needs `input_ids`; ignoring it")
+    enc = _encoder_ids(ctx)
+    if enc is None:
+        logger.warning("`encoder_repetition_penalty` needs the encoder's `input_ids`; ignoring it")
         return None
-    return lp.EncoderRepetitionPenaltyLogitsProcessor(config.encoder_repetition_penalty, ctx.input_ids)
+    return lp.EncoderRepetitionPenaltyLogitsProcessor(config.encoder_repetition_penalty, enc)
+
+
+def _encoder_ids(ctx: ProcessorContext) -> Any:
+    """The encoder's token ids (a decoder-only model's prompt), or None when there are none."""
+    enc = ctx.encoder_input_ids
+    if enc is None or enc.dim() != 2 or bool((enc < 0).any()):
+        return None
+    return enc
 
 
 def make_repetition_penalty(config: Any, ctx: ProcessorContext) -> Any:
@@ -44,6 +53,13 @@ def make_repetition_penalty(config: Any, ctx: ProcessorContext) -> Any:
     mask = ctx.attention_mask
     padding = (mask != 0).int().argmax(dim=1) if mask is not None else None
     return lp.RepetitionPenaltyLogitsProcessor(config.repetition_penalty, prompt_ignore_length=padding)
+
+
+def make_presence_frequency_penalty(config: Any, ctx: ProcessorContext) -> Any:
+    presence, frequency = config.presence_penalty or 0.0, config.frequency_penalty or 0.0
+    if not presence and not frequency:
+        return None
+    return lp.PresenceFrequencyPenaltyLogitsProcessor(presence, frequency, prompt_length=ctx.input_ids_seq_length)
 
 
 def make_no_repeat_ngram(config: Any, ctx: ProcessorContext) -> Any:
@@ -55,10 +71,11 @@ def make_encoder_no_repeat_ngram(config: Any, ctx: ProcessorContext) -> Any:
     n = config.encoder_no_repeat_ngram_size
     if not n:
         return None
-    if ctx.input_ids is None or ctx.input_ids.dim() != 2 or bool((ctx.input_ids < 0).any()):
-        logger.warning("`encoder_no_repeat_ngram_size` needs `input_ids`; ignoring it")
+    enc = _encoder_ids(ctx)
+    if enc is None:
+        logger.warning("`encoder_no_repeat_ngram_size` needs the encoder's `input_ids`; ignoring it")
         return None
-    return lp.EncoderNoRepeatNGramLogitsProcessor(n, ctx.input_ids)
+    return lp.EncoderNoRepeatNGramLogitsProcessor(n, enc)
 
 
 def make_bad_words(config: Any, ctx: ProcessorContext) -> Any:

@@ -100,6 +100,32 @@ class WatermarkLogitsProcessor(LogitsProcessor):
         self.context_width = context_width
         self.green = GreenLists(vocab_size, device, greenlist_ratio, hashing_key, seeding_scheme, context_width)
 
+    # transformers' attribute names, read by code written for its WatermarkLogitsProcessor
+    @property
+    def vocab_size(self) -> int:
+        return self.green.vocab_size
+
+    @property
+    def greenlist_size(self) -> int:
+        """How many tokens are green at each step: ``int(vocab_size * greenlist_ratio)``."""
+        return self.green.greenlist_size
+
+    @property
+    def hash_key(self) -> int:
+        return self.green.hashing_key
+
+    @property
+    def table_size(self) -> int:
+        return TABLE_SIZE
+
+    @property
+    def fixed_table(self) -> torch.Tensor:
+        return self.green.fixed_table
+
+    @property
+    def rng(self) -> torch.Generator:
+        return self.green.rng
+
     def _selfhash_greenlist(self, seq: torch.Tensor, scores: torch.Tensor) -> list[int]:
         """The best-scoring candidates that are green in the context they would complete."""
         _, order = scores.sort(dim=-1, descending=True)

@@ -31,6 +31,8 @@ _LAZY = {
     "GenerationMixin": "genkit.models.mixin:GenerationMixin",
     "GenerateDecoderOnlyOutput": "genkit.strategy.outputs:GenerateDecoderOnlyOutput",
     "GenerateBeamDecoderOnlyOutput": "genkit.strategy.outputs:GenerateBeamDecoderOnlyOutput",
+    "GenerateEncoderDecoderOutput": "genkit.strategy.outputs:GenerateEncoderDecoderOutput",
+    "GenerateBeamEncoderDecoderOutput": "genkit.strategy.outputs:GenerateBeamEncoderDecoderOutput",
     "compute_transition_scores": "genkit.strategy.outputs:compute_transition_scores",
     "LogitsProcessor": "genkit.strategy.processing:LogitsProcessor",
     "LogitsProcessorList": "genkit.strategy.processing:LogitsProcessorList",
@@ -52,6 +54,9 @@ _LAZY = {
     "FIFOScheduler": "genkit.continuous.scheduler:FIFOScheduler",
     "PrefillFirstScheduler": "genkit.continuous.scheduler:PrefillFirstScheduler",
     "load_tokenizer": "genkit.models.loading:load_tokenizer",
+    # the one-import swap: transformers' names for load_model / load_tokenizer
+    "AutoModelForCausalLM": "genkit.models.auto:AutoModelForCausalLM",
+    "AutoTokenizer": "genkit.models.auto:AutoTokenizer",
     "ModelConfig": "genkit.models.base:ModelConfig",
     "KVCache": "genkit.models.cache:KVCache",
     "LlamaForCausalLM": "genkit.models.llama:LlamaForCausalLM",
@@ -83,6 +88,7 @@ _PROCESSOR_NAMES = (
     "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper", "RepetitionPenaltyLogitsProcessor",
     "EncoderRepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor",
     "EncoderNoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor", "SequenceBiasLogitsProcessor",
+    "PresenceFrequencyPenaltyLogitsProcessor",
     "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "PrefixConstrainedLogitsProcessor",
     "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor", "InfNanRemoveLogitsProcessor",
     "ExponentialDecayLengthPenalty", "SuppressTokensLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor",
@@ -118,7 +124,13 @@ if TYPE_CHECKING:  # pragma: no cover  (re-exports for type checkers; at run tim
         GenerateBeamDecoderOnlyOutput as GenerateBeamDecoderOnlyOutput,
     )
     from .strategy.outputs import (
+        GenerateBeamEncoderDecoderOutput as GenerateBeamEncoderDecoderOutput,
+    )
+    from .strategy.outputs import (
         GenerateDecoderOnlyOutput as GenerateDecoderOnlyOutput,
+    )
+    from .strategy.outputs import (
+        GenerateEncoderDecoderOutput as GenerateEncoderDecoderOutput,
     )
     from .strategy.outputs import (
         compute_transition_scores as compute_transition_scores,

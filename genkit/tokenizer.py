@@ -85,6 +85,24 @@ def _batch_encoding(ids: list[list[int]], masks: list[list[int]], single: bool, 
     return out
 
 
+def _rows(encoded_inputs: Any) -> tuple[list[dict[str, Any]], bool]:
+    """``pad``'s input as one dict per sequence (from a list of dicts, or a dict of lists or of one
+    list), and whether it was a single sequence."""
+    if isinstance(encoded_inputs, (list, tuple)):
+        if not all(isinstance(r, dict) and "input_ids" in r for r in encoded_inputs):
+            raise ConfigError("`encoded_inputs` must be a dict with `input_ids`, or a list of such dicts")
+        return list(encoded_inputs), False
+    if not isinstance(encoded_inputs, dict) or "input_ids" not in encoded_inputs:
+        raise ConfigError("`encoded_inputs` must be a dict with `input_ids`, or a list of such dicts")
+    ids = encoded_inputs["input_ids"]
+    ids = ids.tolist() if hasattr(ids, "tolist") else ids
+    masks = encoded_inputs.get("attention_mask")
+    masks = masks.tolist() if hasattr(masks, "tolist") else masks
+    if ids and not isinstance(ids[0], (list, tuple)):  # one sequence
+        return [{"input_ids": ids, "attention_mask": masks}], True
+    return [{"input_ids": x, "attention_mask": None if masks is None else masks[i]} for i, x in enumerate(ids)], False
+
+
 class Tokenizer:
     """A ``tokenizers.Tokenizer`` with transformers-style conveniences.
 
@@ -122,21 +140,58 @@ class Tokenizer:
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self._tokenizer.token_to_id(token)
 
+    def _set_by_id(self, name: str, token_id: int | None) -> None:
+        """Set the special token ``name`` (e.g. ``"pad_token"``) to the token whose id is ``token_id``."""
+        if token_id is None:
+            setattr(self, name, None)
+            return
+        token = self._tokenizer.id_to_token(int(token_id))
+        if token is None:
+            raise ConfigError(f"`{name}_id`={token_id!r} is not in the vocabulary; accepted: 0 to {len(self) - 1}")
+        setattr(self, name, token)
+
     @property
     def bos_token_id(self) -> int | None:
         return self._id(self.bos_token)
+
+    @bos_token_id.setter
+    def bos_token_id(self, value: int | None) -> None:
+        self._set_by_id("bos_token", value)
 
     @property
     def eos_token_id(self) -> int | None:
         return self._id(self.eos_token)
 
+    @eos_token_id.setter
+    def eos_token_id(self, value: int | None) -> None:
+        self._set_by_id("eos_token", value)
+
     @property
     def pad_token_id(self) -> int | None:
         return self._id(self.pad_token)
 
+    @pad_token_id.setter
+    def pad_token_id(self, value: int | None) -> None:
+        self._set_by_id("pad_token", value)
+
     @property
     def unk_token_id(self) -> int | None:
         return self._id(self.unk_token)
+
+    @unk_token_id.setter
+    def unk_token_id(self, value: int | None) -> None:
+        self._set_by_id("unk_token", value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # ``tok.pad_token = tok.eos_token`` as in transformers: a special token set by its text must
+        # be one token of the vocabulary (else its id would silently be None)
+        if name in _SPECIAL_NAMES and value is not None and "_special_ids" in self.__dict__:
+            value = _token_content(value)
+            if self._tokenizer.token_to_id(value) is None:
+                raise ConfigError(f"`{name}`={value!r} is not a token of this vocabulary; set it to an existing "
+                                  f"token (e.g. `tokenizer.{name} = tokenizer.eos_token`)")
+            self._special_ids.add(self._tokenizer.token_to_id(value))
+        object.__setattr__(self, name, value)
 
     @property
     def all_special_ids(self) -> list[int]:
@@ -175,9 +230,20 @@ class Tokenizer:
         return [self._tokenizer.token_to_id(t) for t in tokens]
 
     # -- encoding ---------------------------------------------------------------------------
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of one string."""
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(self, text: str, text_pair: str | None = None, add_special_tokens: bool = True, *,
+               return_tensors: str | None = None, truncation: bool | str = False, max_length: int | None = None,
+               padding: bool | str = False) -> Any:
+        """Token ids of one string: a list, or with ``return_tensors="pt"`` a ``(1, length)`` tensor
+        (transformers' ``encode``). Tokenized with ``encode_batch``, which lets other threads run
+        meanwhile (``encode`` holds the GIL: a server's event loop would stop for a long text)."""
+        if text_pair is not None:
+            raise ConfigError("`text_pair` is not supported by genkit's tokenizer; accepted: None (encode one text)")
+        if not isinstance(text, str):
+            raise ConfigError(f"`text` must be a string; got {type(text).__name__}")
+        if return_tensors is None and not truncation and padding is False:
+            return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return self(text, add_special_tokens=add_special_tokens, return_tensors=return_tensors, truncation=truncation,
+                    max_length=max_length, padding=padding, return_attention_mask=False)["input_ids"]
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).tokens
@@ -262,16 +328,61 @@ class Tokenizer:
             return [ids]
         return [int(i) for i in ids]
 
-    def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> str:
-        """Text of a sequence of ids (a list, a 1-D tensor, or a single id)."""
-        return self._tokenizer.decode(self._as_list(token_ids), skip_special_tokens=skip_special_tokens)
+    def _clean_up(self, text: str, clean_up_tokenization_spaces: bool | None) -> str:
+        """transformers' ``clean_up_tokenization``: no space before punctuation and contractions
+        (default: the tokenizer config's ``clean_up_tokenization_spaces``, False when unset). As in
+        transformers 5, only for WordPiece vocabularies: on BPE it would change the text, so it is
+        skipped with a warning."""
+        if clean_up_tokenization_spaces is None:
+            clean_up_tokenization_spaces = bool(self.init_config.get("clean_up_tokenization_spaces", False))
+        if not clean_up_tokenization_spaces:
+            return text
+        if type(self._tokenizer.model).__name__ != "WordPiece":
+            logger.warning("clean_up_tokenization_spaces=True is skipped for this %s tokenizer: the clean-up is "
+                           "meant for WordPiece vocabularies and would strip spaces BPE text needs (as transformers "
+                           "does); pass clean_up_tokenization_spaces=False", type(self._tokenizer.model).__name__)
+            return text
+        for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                              (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+            text = text.replace(before, after)
+        return text
 
-    def batch_decode(self, sequences: Any, skip_special_tokens: bool = False, **kwargs: Any) -> list[str]:
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool | None = None) -> str:
+        """Text of a sequence of ids (a list, a 1-D tensor, or a single id)."""
+        text = self._tokenizer.decode(self._as_list(token_ids), skip_special_tokens=skip_special_tokens)
+        return self._clean_up(text, clean_up_tokenization_spaces)
+
+    def batch_decode(self, sequences: Any, skip_special_tokens: bool = False,
+                     clean_up_tokenization_spaces: bool | None = None) -> list[str]:
         """Texts of a batch (a list of lists or a 2-D tensor)."""
         if hasattr(sequences, "tolist"):
             sequences = sequences.tolist()
-        return self._tokenizer.decode_batch([self._as_list(s) for s in sequences],
-                                            skip_special_tokens=skip_special_tokens)
+        texts = self._tokenizer.decode_batch([self._as_list(s) for s in sequences],
+                                             skip_special_tokens=skip_special_tokens)
+        return [self._clean_up(t, clean_up_tokenization_spaces) for t in texts]
+
+    def pad(self, encoded_inputs: Any, padding: bool | str = True, max_length: int | None = None,
+            padding_side: str | None = None, return_attention_mask: bool = True,
+            return_tensors: str | None = None) -> BatchEncoding:
+        """Pad already-encoded sequences (transformers' ``pad``): ``encoded_inputs`` is a dict of
+        lists (``{"input_ids": [[...], ...]}``, e.g. a :class:`BatchEncoding`) or a list of such
+        dicts, one per sequence; an ``attention_mask`` given is kept and padded with it."""
+        rows, single = _rows(encoded_inputs)
+        ids = [self._as_list(r["input_ids"]) for r in rows]
+        masks = [self._as_list(r["attention_mask"]) if r.get("attention_mask") is not None else [1] * len(x)
+                 for r, x in zip(rows, ids)]
+        mode = _padding_mode(padding)
+        side = padding_side or self.padding_side
+        if side not in ("left", "right"):
+            raise ConfigError(f"`padding_side`={side!r} is not valid; accepted: 'left', 'right'")
+        if mode == "max_length" and max_length is None:
+            raise ConfigError("`padding='max_length'` needs `max_length`")
+        if mode != "do_not_pad":
+            self._pad(ids, masks, max_length if mode == "max_length" else None, side)
+        if return_tensors not in (None, "pt"):
+            raise ConfigError(f"`return_tensors`={return_tensors!r} is not supported; accepted: None, 'pt'")
+        return _batch_encoding(ids, masks, single, return_tensors, return_attention_mask)
 
     # -- chat -------------------------------------------------------------------------------
     def apply_chat_template(

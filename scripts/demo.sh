@@ -11,6 +11,6 @@ bash scripts/setup.sh gguf
 if [ "$#" -eq 0 ]; then
   set -- --model smollm2 --chat --stream --max-new-tokens 96 \
     --custom-generate docs/examples/demo_recipe --set max_sentences=3 --seed 0 \
-    --prompt "Explain in three sentences why the sky is blue."
+    "Explain in three sentences why the sky is blue."
 fi
 exec genkit generate "$@"

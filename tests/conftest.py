@@ -61,3 +61,52 @@ def tiny_pair(tiny_hf_dir):
     hf = transformers.LlamaForCausalLM.from_pretrained(tiny_hf_dir).eval()
     ours = genkit.load_model(tiny_hf_dir)
     return hf, ours
+
+
+CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello tokenizers!",
+          "caf\u00e9 \u65e5\u672c \U0001f600 emoji", "    indented code\n\treturn x", "numbers 12345 and 3.14"] * 20
+
+
+def write_bpe_tokenizer(path, vocab_size=400):
+    """A small byte-level BPE tokenizer folder (tokenizer.json + tokenizer_config.json with a chat
+    template; ids 0-2 are <pad>, <s>, </s>), trained on CORPUS; returns ``path``."""
+    import json
+
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    backend = Backend(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(CORPUS, trainer)
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B:1",
+                                                           special_tokens=[("<s>", 1)])
+    path.mkdir(parents=True, exist_ok=True)
+    backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "chat_template": CHAT,
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 64,
+    }))
+    return path
+
+
+def write_tiny_model(path, seed=0):
+    """A model folder genkit (and transformers) load: ``genkit.models.tiny.tiny_llama`` with the
+    400-token tokenizer of :func:`write_bpe_tokenizer` (config.json, model.safetensors, tokenizer);
+    returns ``path``."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from genkit.models.tiny import TINY_LLAMA, tiny_llama
+
+    write_bpe_tokenizer(path)
+    model = tiny_llama(seed=seed, vocab_size=400)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps({**TINY_LLAMA, "vocab_size": 400}))
+    return path

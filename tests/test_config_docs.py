@@ -12,7 +12,7 @@ pytest.importorskip("tokenizers")
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 SECTIONS = ("GenerationConfig", "Logits processors", "Guidance, watermark and compile configs", "Stopping criteria",
-            "Streamers", "Reusing a prompt cache")
+            "Streamers", "Reusing a prompt cache", "The one-import swap")
 
 
 def _blocks() -> list[tuple[str, str]]:
@@ -62,7 +62,7 @@ def test_every_field_is_documented_as_implemented_unsupported_or_without_effect(
 
 UNSUPPORTED_VALUES = {
     "cache_config": {"backend": "quanto"},
-    "use_mtp": True, "token_healing": True, "output_attentions": True, "assistant_ensemble_weight": 0.5,
+    "use_mtp": True, "token_healing": True, "assistant_ensemble_weight": 0.5,
     "speculation_type": "tree",
 }
 

@@ -101,3 +101,48 @@ def test_the_avx512_vnni_source_compiles_on_every_machine(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     nm = subprocess.run(["nm", "-D", str(out)], capture_output=True, text=True, check=False).stdout
     assert "gk_simd" in nm and "gk_matmul" in nm and "gk_decode" in nm
+
+
+def test_the_amx_source_compiles_on_every_machine(tmp_path):
+    """The AMX int8 path is compiled only with AMX flags (-march=native on an AMX CPU): compile it
+    everywhere, warnings as errors, so a machine without AMX still catches a broken branch."""
+    cc = block_kernel._compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    out = tmp_path / "amx.so"
+    flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall", "-Werror", "-mavx512f", "-mavx512bw",
+             "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c", "-mamx-tile", "-mamx-int8"]
+    proc = subprocess.run([cc, *flags, str(block_kernel.SOURCE), "-o", str(out), "-lm"], capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0 and "unrecognized" in proc.stderr:
+        pytest.skip(f"{cc} does not know the AMX flags")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    nm = subprocess.run(["nm", "-D", str(out)], capture_output=True, text=True, check=False).stdout
+    assert "gk_amx_init" in nm and "gk_set_amx_rows" in nm and "gk_decode_paged" in nm
+    dis = subprocess.run(["objdump", "-d", str(out)], capture_output=True, text=True, check=False).stdout
+    if dis:
+        assert "tdpbsud" in dis and "ldtilecfg" in dis  # the tile instructions are really there
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_amx_products_equal_the_vnni_path_bit_for_bit(bits):
+    """Where the CPU has AMX-INT8 and Linux grants the tiles: the same integer sums, scaled in the same
+    order, so AMX and VNNI give identical float32 products (prefill-sized, batch-sized, ragged rows)."""
+    if not block_kernel.available() or not block_kernel.amx_available():
+        pytest.skip("this CPU (or kernel) has no AMX-INT8: the AMX path cannot run here")
+    gen = torch.Generator().manual_seed(bits)
+    n, k = 64, 256
+    codes = torch.randint(0, 2 ** bits, (n, k), generator=gen)
+    scale = torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3
+    minimum = -scale * (2 ** (bits - 1))
+    blocks = block_kernel.pack(codes, scale, minimum, bits)
+    try:
+        for rows in (2, 16, 37):
+            x = torch.randn(rows, k, generator=gen)
+            block_kernel.set_amx_rows(0)
+            vnni = block_kernel.matmul(x, blocks, bits, n)
+            block_kernel.set_amx_rows(1)
+            amx = block_kernel.matmul(x, blocks, bits, n)
+            assert torch.equal(amx, vnni), rows
+    finally:
+        block_kernel.set_amx_rows(0)

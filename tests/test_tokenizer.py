@@ -3,42 +3,18 @@ on the same files; padding, truncation, tensors, decoding, chat templates and er
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
+from conftest import write_bpe_tokenizer
 
 import genkit
 from genkit.tokenizer import BatchEncoding, Tokenizer
 
 transformers = pytest.importorskip("transformers")
 
-CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello tokenizers!",
-          "caf\u00e9 \u65e5\u672c \U0001f600 emoji", "    indented code\n\treturn x", "numbers 12345 and 3.14"] * 20
-
-
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-
-    backend = Backend(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(CORPUS, trainer)
-    backend.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B:1",
-                                                           special_tokens=[("<s>", 1)])
-    path = tmp_path_factory.mktemp("tok")
-    backend.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "chat_template": CHAT,
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 64,
-    }))
-    return path
+    return write_bpe_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture(scope="module")

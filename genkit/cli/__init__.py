@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import traceback
 
@@ -20,6 +21,7 @@ COMMAND_MODULES = (
     "genkit.cli.plugin_cmds",
     "genkit.cli.serve_cmd",
     "genkit.cli.batch_cmd",
+    "genkit.cli.info_cmd",
 )
 
 
@@ -55,11 +57,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return rc
+    except BrokenPipeError:
+        return quiet_broken_pipe()
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - every error a user can cause is one line; -v adds the traceback
         return report_error(exc, verbose)
+
+
+def quiet_broken_pipe() -> int:
+    """The reader of our output went away (``genkit inspect --json | head -1``): exit quietly, as
+    a command killed by SIGPIPE does (status 141), with nothing left to flush into the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file descriptor (captured in tests)
+        pass
+    return 141
 
 
 def report_error(exc: BaseException, verbose: int) -> int:

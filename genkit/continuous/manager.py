@@ -33,7 +33,7 @@ from genkit.strategy.sampling import choose
 
 from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig
-from .gate import UNSUPPORTED_ARGUMENTS, refusal
+from .gate import UNSUPPORTED_ARGUMENTS, check_model, refusal
 from .outputs import OutputRouter, call_in_loop
 from .requests import GenerationOutput, RequestState, RequestStatus
 from .scheduler import scheduler_from
@@ -53,6 +53,7 @@ class ContinuousBatchingManager:
         from genkit.config import GenerationConfig
         from genkit.generation.api import merge_config
 
+        check_model(model)
         self.model = model
         if generation_config is not None and not isinstance(generation_config, GenerationConfig):
             raise ConfigError(f"`generation_config` must be a genkit.GenerationConfig; got "

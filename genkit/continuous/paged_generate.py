@@ -54,8 +54,9 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
 def _check_gate(model: Any, generation_config: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> None:
     """Refuse what continuous batching cannot run (the gate, :mod:`genkit.continuous.gate`), naming the field."""
     from ..generation.api import merge_config
-    from .gate import refusal
+    from .gate import check_model, refusal
 
+    check_model(model)
     request_objects = ("input_ids", "stopping_criteria", "logits_processor")  # not settings: the requests take them
     config, _ = merge_config(model, generation_config, {k: v for k, v in kwargs.items() if k not in request_objects})
     why = refusal(config, **arguments)

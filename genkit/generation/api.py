@@ -24,7 +24,9 @@ from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
 from ..strategy.finish import special_tokens
 from ..strategy.processing import LogitsProcessorList, ProcessorContext, merge_lists
+from .encoder_decoder import Seq2SeqInputs, is_encoder_decoder, take_seq2seq_inputs
 from .engines import engine_for
+from .model_inputs import ForwardingView, ModelInputs, placeholder_prompt, take_model_inputs
 
 logger = logging.getLogger("genkit.generation")
 
@@ -64,13 +66,14 @@ def generate(
         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model, streamer=streamer,
         negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
     )
-    engine = engine_for(generation_config, kwargs)  # cache_implementation="paged": continuous batching
-    if engine is not None and not (named and named.is_recipe):
-        return engine(model, inputs, generation_config, dict(arguments, custom_generate=custom_generate), kwargs)
-    model = _as_protocol_model(model)
     if named is not None and named.is_recipe:  # every argument except the two that chose the recipe
         return _run_recipe(model, named.ref, trust_remote_code,
                            dict(inputs=inputs, generation_config=generation_config, **arguments), kwargs)
+    model, generation_config = _from_transformers_objects(model, generation_config)
+    engine = engine_for(generation_config, kwargs)  # cache_implementation="paged": continuous batching
+    if engine is not None:
+        return engine(model, inputs, generation_config, dict(arguments, custom_generate=custom_generate), kwargs)
+    model = _as_protocol_model(model)
     return _run_decoding(model, inputs, generation_config, custom_generate, arguments, kwargs)
 
 
@@ -78,10 +81,31 @@ def _run_recipe(model: Any, ref: str, trust_remote_code: bool | None, forwarded:
                 kwargs: dict[str, Any]) -> Any:
     """``generate`` through the ``custom_generate`` recipe at ``ref``, given every argument that is set."""
     from ..recipes import load_recipe
+    from .recipe_call import recipe_model, resolved_generation_config
 
     recipe = load_recipe(ref, trust_remote_code=trust_remote_code)
+    given = recipe_model(model)
+    if forwarded["generation_config"] is None:
+        prompt = forwarded.get("inputs")
+        prompt = kwargs.get("input_ids") if prompt is None else prompt
+        length = int(prompt.shape[-1]) if isinstance(prompt, torch.Tensor) else 0
+        forwarded["generation_config"] = resolved_generation_config(given, length)
     with torch.no_grad():
-        return recipe.generate(model, **{k: v for k, v in forwarded.items() if v is not None}, **kwargs)
+        return recipe.generate(given, **{k: v for k, v in forwarded.items() if v is not None}, **kwargs)
+
+
+def _from_transformers_objects(model: Any, generation_config: Any) -> tuple[Any, Any]:
+    """A transformers view of a native model (what a recipe was given) is that native model; a
+    transformers ``GenerationConfig`` (what a recipe may pass on) is read as genkit's."""
+    from ..models.hf_view import is_view, native_model
+
+    if is_view(model):
+        model = native_model(model)
+    if generation_config is not None and type(generation_config).__module__.startswith("transformers."):
+        from ..models.adapter import genkit_generation_config
+
+        generation_config = genkit_generation_config(generation_config)
+    return model, generation_config
 
 
 def _run_decoding(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
@@ -98,13 +122,17 @@ def _run_decoding(model: Any, inputs: torch.Tensor | None, generation_config: Ge
     extra: dict[str, Any] = {}
     if assistant_model is not None:
         extra["assistant_model"] = _as_protocol_model(assistant_model)
+        if prepared.seq2seq is not None:  # the assistant's own encoder reads the same input
+            extra["assistant_model"] = prepared.seq2seq.bind_assistant(extra["assistant_model"], prepared.config)
     _check_assistant_tokenizer(prepared, assistant_model)
     if prepared.tokenizer is not None:
         extra["tokenizer"] = prepared.tokenizer
-    result = _run_strategy(decode, model, prepared, extra)
+    result = _run_strategy(decode, prepared.model if prepared.model is not None else model, prepared, extra)
     if callable(custom_generate):
         return result
-    return _finish_output(result, prepared.config)
+    if prepared.hidden_prompt and hasattr(result, "sequences"):  # transformers returns the new tokens only
+        result.sequences = result.sequences[:, prepared.hidden_prompt:]
+    return _finish_output(result, prepared.config, prepared.seq2seq)
 
 
 def _check_assistant_tokenizer(prepared: Prepared, assistant_model: Any) -> None:
@@ -146,9 +174,10 @@ def _run_strategy(decode: Callable[..., Any], model: Any, prepared: Prepared, ex
             prepared.streamer.end()
 
 
-def _finish_output(result: Any, config: GenerationConfig) -> Any:
+def _finish_output(result: Any, config: GenerationConfig, seq2seq: Seq2SeqInputs | None = None) -> Any:
     """Sequences as a normal tensor (editable outside inference mode), the caller's own cache type
-    back, and the bare tensor unless ``return_dict_in_generate``."""
+    back, the encoder-decoder output classes for an encoder-decoder model, and the bare tensor
+    unless ``return_dict_in_generate``."""
     if not hasattr(result, "sequences"):
         return result
     result.sequences = result.sequences.clone()
@@ -158,7 +187,14 @@ def _finish_output(result: Any, config: GenerationConfig) -> Any:
 
         if isinstance(cache, TransformersCache):
             result.past_key_values = cache.cache
-    return result if config.return_dict_in_generate else result.sequences
+    if not config.return_dict_in_generate:
+        return result.sequences
+    if seq2seq is not None:
+        from ..strategy.outputs import as_encoder_decoder_output
+
+        expand = max(int(config.num_beams), int(config.num_return_sequences))
+        result = as_encoder_decoder_output(result, seq2seq.state.hidden_states, seq2seq.state.attentions, expand)
+    return result
 
 
 def _with_assistant(config: ResolvedConfig, assistant_model: Any) -> ResolvedConfig:
@@ -189,6 +225,12 @@ class Prepared:
     streamer: Any
     model_kwargs: dict[str, Any]
     tokenizer: Any = None
+    #: what the strategy runs when it is not the model given (an encoder-decoder model's decoder)
+    model: Any = None
+    #: an encoder-decoder model's inputs and encoder output
+    seq2seq: Seq2SeqInputs | None = None
+    #: leading columns of the sequences that stand in for a prompt given as embeddings only
+    hidden_prompt: int = 0
 
 
 def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs: dict[str, Any]) -> tuple[
@@ -216,22 +258,93 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     ``processor_inputs`` (e.g. ``negative_prompt_ids``) reach the processor factories as
     ``ProcessorContext.extras``."""
     kwargs = dict(kwargs)
-    if "input_ids" in kwargs:
+    seq2seq = take_seq2seq_inputs(model, inputs, kwargs) if is_encoder_decoder(model) else None
+    forwarded = ModelInputs() if seq2seq is not None else take_model_inputs(model, kwargs)
+    if seq2seq is not None:
+        inputs = None
+    elif "input_ids" in kwargs:
         if inputs is not None:
             raise ConfigError("pass the prompt once: either `inputs` or `input_ids`, not both")
         inputs = kwargs.pop("input_ids")
     config, model_kwargs = merge_config(model, generation_config, kwargs)
+    _check_attentions(model, config)
     config, eos_ids = special_tokens(model, config)
-    input_ids = _prompt_ids(inputs, config, getattr(model, "device", torch.device("cpu")))
-    _attention_mask(input_ids, config, eos_ids, model_kwargs)
+    device = getattr(model, "device", torch.device("cpu"))
+    if seq2seq is None:
+        inputs = _embeddings_prompt(inputs, forwarded, config, model_kwargs)
+        input_ids = _prompt_ids(inputs, config, device)
+        _attention_mask(input_ids, config, eos_ids, model_kwargs)
+    else:
+        input_ids = _start_seq2seq(model, seq2seq, config, model_kwargs, device)
     _adapt_cache(model_kwargs)
     config = _set_lengths(model, config, input_ids.shape[1])
-    input_ids = _expand_to_sequences(input_ids, config, model_kwargs)
+    input_ids = _expand_to_sequences(input_ids, config, model_kwargs, seq2seq, forwarded)
     tokenizer = model_kwargs.pop("tokenizer", None)
+    extras = dict(processor_inputs or {})
+    if seq2seq is not None:  # the encoder's token ids (None when it read audio, pixels or embeddings)
+        extras["encoder_input_ids"] = seq2seq.state.input_ids
     processors = _build_processors(model, config, input_ids, eos_ids, model_kwargs, logits_processor,
-                                   prefix_allowed_tokens_fn, tokenizer, processor_inputs or {})
+                                   prefix_allowed_tokens_fn, tokenizer, extras)
     stop = _build_stop_conditions(config, eos_ids, tokenizer, stopping_criteria, input_ids.device)
-    return Prepared(input_ids, config, processors, stop, _open_streamer(streamer, tokenizer), model_kwargs, tokenizer)
+    runs = model.decoder(seq2seq.state) if seq2seq is not None else (
+        ForwardingView(model, forwarded, input_ids.shape[1]) if forwarded else None)
+    return Prepared(input_ids, config, processors, stop, _open_streamer(streamer, tokenizer), model_kwargs, tokenizer,
+                    model=runs, seq2seq=seq2seq, hidden_prompt=input_ids.shape[1] if forwarded.placeholder else 0)
+
+
+def _embeddings_prompt(inputs: torch.Tensor | None, forwarded: ModelInputs, config: ResolvedConfig,
+                       model_kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A prompt given as ``inputs_embeds``: its ids (the caller's, of the same length) or stand-ins;
+    no prompt beside other model inputs (``pixel_values``): BOS, one row per input (as in transformers)."""
+    embeds = forwarded.inputs_embeds
+    if embeds is None:
+        tensors = [v for v in (*forwarded.prefill.values(), *forwarded.every.values()) if isinstance(v, torch.Tensor)]
+        if inputs is None and tensors and config.bos_token_id is not None:  # e.g. pixel_values only: start from BOS
+            return torch.full((tensors[0].shape[0], 1), int(config.bos_token_id), dtype=torch.long)
+        return inputs
+    if inputs is None:
+        forwarded.placeholder = True
+        inputs = placeholder_prompt(embeds, config.pad_token_id if config.pad_token_id is not None else 0)
+        if model_kwargs.get("attention_mask") is None:
+            model_kwargs["attention_mask"] = torch.ones_like(inputs)
+    elif tuple(inputs.shape) != tuple(embeds.shape[:2]):
+        raise ConfigError(f"`inputs_embeds` {tuple(embeds.shape)} and `input_ids` {tuple(inputs.shape)} must "
+                          "cover the same tokens (batch, sequence_length)")
+    return inputs
+
+
+def _check_attentions(model: Any, config: ResolvedConfig) -> None:
+    """``output_attentions=True`` needs a model whose forward returns attention weights."""
+    if not config.output_attentions or getattr(model, "_genkit_protocol", False):
+        return  # the transformers adapters forward it to the model
+    import inspect
+
+    forward = getattr(model, "forward", model)
+    params = inspect.signature(forward).parameters
+    if "output_attentions" not in params:
+        from ..errors import NotSupportedError
+
+        raise NotSupportedError(f"`output_attentions=True` is not supported by {type(model).__name__}: its forward "
+                                "does not return attention weights (output_hidden_states=True works)")
+
+
+def _start_seq2seq(model: Any, seq2seq: Seq2SeqInputs, config: ResolvedConfig, model_kwargs: dict[str, Any],
+                   device: torch.device) -> torch.Tensor:
+    """An encoder-decoder model: run the encoder once, return the decoder's first tokens (its prompt)."""
+    from ..errors import NotSupportedError
+
+    if model_kwargs.get("past_key_values") is not None:
+        raise NotSupportedError("`past_key_values` for an encoder-decoder model is not supported: genkit runs the "
+                                "encoder and starts the decoder's cache itself (pass `encoder_outputs` to reuse the "
+                                "encoder's work)")
+    if config.dola_layers is not None:
+        raise NotSupportedError("`dola_layers` (DoLa) is supported for decoder-only models only: it projects the "
+                                "decoder's intermediate layers through the LM head, which an encoder-decoder model's "
+                                "adapter does not expose")
+    if config.guidance_scale not in (None, 1, 1.0):
+        raise NotSupportedError("`guidance_scale` (classifier-free guidance) is supported for decoder-only models "
+                                "only: its unconditional pass runs the prompt through a decoder-only model")
+    return seq2seq.start(model, config, device)
 
 
 def _prompt_ids(inputs: torch.Tensor | None, config: GenerationConfig, device: torch.device) -> torch.Tensor:
@@ -289,12 +402,17 @@ def _set_lengths(model: Any, config: ResolvedConfig, input_len: int) -> Resolved
     return resolve_lengths(config, input_len, getattr(getattr(model, "config", None), "max_position_embeddings", None))
 
 
-def _expand_to_sequences(input_ids: torch.Tensor, config: GenerationConfig,
-                         model_kwargs: dict[str, Any]) -> torch.Tensor:
-    """``num_return_sequences`` > 1 without beams: one row per sequence (a prompt cache too)."""
+def _expand_to_sequences(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict[str, Any],
+                         seq2seq: Seq2SeqInputs | None = None, forwarded: ModelInputs | None = None) -> torch.Tensor:
+    """``num_return_sequences`` > 1 without beams: one row per sequence (a prompt cache, an
+    encoder output and the model inputs too)."""
     n = config.num_return_sequences
     if n <= 1 or config.num_beams != 1:
         return input_ids
+    if seq2seq is not None:
+        seq2seq.state.repeat_interleave(n)
+    if forwarded:
+        forwarded.repeat_interleave(n)
     for key in ("attention_mask", "position_ids"):
         if model_kwargs.get(key) is not None:
             model_kwargs[key] = model_kwargs[key].repeat_interleave(n, dim=0)
@@ -315,11 +433,14 @@ def _build_processors(model: Any, config: GenerationConfig, input_ids: torch.Ten
                       model_kwargs: dict[str, Any], user: list[Any] | None, prefix_allowed_tokens_fn: Any,
                       tokenizer: Any, extras: dict[str, Any] | None = None) -> LogitsProcessorList:
     """The registry's processors for this config, then the user's (before the sampling warpers)."""
+    extras = dict(extras or {})
+    # the encoder's input: the prompt of a decoder-only model (as in transformers)
+    encoder_input_ids = extras.pop("encoder_input_ids") if "encoder_input_ids" in extras else input_ids
     ctx = ProcessorContext(
         input_ids_seq_length=input_ids.shape[1], eos_token_ids=eos_ids, device=input_ids.device,
         attention_mask=model_kwargs.get("attention_mask"), input_ids=input_ids,
         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, tokenizer=tokenizer, model=model,
-        extras=dict(extras or {}),
+        extras=extras, encoder_input_ids=encoder_input_ids,
     )
     built = []
     first_warper = None

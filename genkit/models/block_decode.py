@@ -105,3 +105,32 @@ class BlockDecoder:
         for i in range(n):
             cache.lengths[i] = pos + 1
         return out
+
+    def paged(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, store: Any,
+              blocks: list[list[int]]) -> torch.Tensor | None:
+        """Continuous batching's decode step in one ``gk_decode_paged`` call: ``x`` ``(T, hidden)``,
+        one token of each of ``T`` requests, token ``i`` at ``positions[i]`` holding ``blocks[i]`` of
+        the paged ``store`` (:class:`genkit.models.paged.PagedKVStore`); its keys and values are
+        written there. Returns ``x`` after every layer, or None: take the torch path."""
+        rows = x.shape[0]
+        keys, values = store.keys, store.values
+        if x.dtype != torch.float32 or x.shape != (rows, self.hidden) or len(keys) != len(self.layers):
+            return None
+        if any(k.dtype != torch.float32 or not k.is_contiguous() for k in (*keys, *values)):
+            return None
+        if cos.shape != (rows, self.head_dim) or keys[0].shape[3] != self.head_dim:
+            return None
+        width = max(len(b) for b in blocks)
+        table = torch.tensor([b + [0] * (width - len(b)) for b in blocks], dtype=torch.int32)
+        pos = positions.to(torch.int32).contiguous()
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        out = x.contiguous().clone()
+        n = len(self.layers)
+        karr = (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys])
+        varr = (ctypes.c_void_p * n)(*[v.data_ptr() for v in values])
+        rc = block_kernel.library().gk_decode_paged(n, self.table, out.data_ptr(), rows, self.hidden, cos.data_ptr(),
+                                                    sin.data_ptr(), pos.data_ptr(), karr, varr, table.data_ptr(),
+                                                    width, store.block_size, torch.get_num_threads())
+        if rc:
+            raise MemoryError("the block kernel could not allocate its scratch memory")
+        return out

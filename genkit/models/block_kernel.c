@@ -22,6 +22,7 @@
  * Built on first use by the machine's C compiler with -march=native: AVX-512 VNNI where the CPU
  * has it, else AVX2 (vpmaddubsw + vpmaddwd, same exact integer sums), else the portable loops.
  */
+#define _DEFAULT_SOURCE /* syscall() under -std=c11 */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,12 @@
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define GK_AVX2 1
 #include <immintrin.h>
+#endif
+#if defined(GK_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define GK_AMX 1  /* AMX int8 tiles for products of many rows; used only after gk_amx_init() says yes */
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #define GK_ROWS 16
@@ -53,6 +60,27 @@ int gk_simd(void) {
     return 0;
 #endif
 }
+
+__attribute__((unused)) static int gk_amx_ready = 0;     /* CPUID has AMX-TILE and AMX-INT8 and Linux granted the tile state */
+__attribute__((unused)) static int gk_amx_min_rows = 0;  /* products of at least this many rows run on AMX (0: never) */
+
+/* 1 when this build has the AMX path, the CPU has AMX-INT8 and Linux lets this process use the
+ * tiles (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA); 0 otherwise (the VNNI path runs). */
+int gk_amx_init(void) {
+#ifdef GK_AMX
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return 0;  /* AMX-TILE, AMX-INT8 */
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) != 0) return 0;
+    gk_amx_ready = 1;
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Products of at least `rows` rows use AMX where gk_amx_init() succeeded; 0 switches AMX off. */
+void gk_set_amx_rows(int rows) { gk_amx_min_rows = rows < 0 ? 0 : rows; }
 
 static float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
@@ -353,10 +381,115 @@ __attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, i
     }
 }
 
+#ifdef GK_AMX
+/* AMX: per block of 32 weights, C(16 tokens x 16 rows) = A(tokens x 32 int8 digits) . B(8 x 64 bytes:
+ * the panel's codes, 4 per row per B row: exactly the 8-bit layout's chunks, and the 4-bit layout's
+ * chunks split into low and high nibbles) with TDPBSUD (signed A, unsigned B), once per digit. The
+ * int32 sums equal the VNNI path's, and they are scaled in the same order, so the results are the
+ * same bits. Tiles: 0 = B, 1-2 = A (q1, q2), 3-4 = C. Activations come padded to 16 rows. */
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} gk_tilecfg;
+
+static void amx_config(void) {
+    gk_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    cfg.rows[0] = 8;
+    cfg.colsb[0] = 64;
+    for (int t = 1; t <= 2; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 32;
+    }
+    for (int t = 3; t <= 4; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+static void panel_amx(int bits, const uint8_t *w, int nb, const int8_t *q, const int8_t *q2, const float *dx,
+                      const float *sx, int K, int MT, float *y, int ldy) {
+    __m512 acc[16], accm[16];
+    int32_t c1[16][16] __attribute__((aligned(64))), c2[16][16] __attribute__((aligned(64)));
+    uint8_t bt[8][64] __attribute__((aligned(64)));
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    for (int i = 0; i < 16; i++) acc[i] = accm[i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        const void *src = wb;
+        if (bits == 4) {
+            for (int c = 0; c < 4; c++) {
+                __m512i p = _mm512_loadu_si512((const void *)(wb + 64 * c));
+                _mm512_store_si512((void *)bt[2 * c], _mm512_and_si512(p, low));
+                _mm512_store_si512((void *)bt[2 * c + 1], _mm512_and_si512(_mm512_srli_epi16(p, 4), low));
+            }
+            src = bt;
+        }
+        _tile_zero(3);
+        _tile_zero(4);
+        _tile_loadd(0, src, 64);
+        _tile_loadd(1, q + (size_t)b * GK_GROUP, K);
+        _tile_loadd(2, q2 + (size_t)b * GK_GROUP, K);
+        _tile_dpbsud(3, 1, 0);
+        _tile_dpbsud(4, 2, 0);
+        _tile_stored(3, c1, 64);
+        _tile_stored(4, c2, 64);
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb + 32)));
+        for (int i = 0; i < MT; i++) {
+            float xd = dx[(size_t)i * nb + b];
+            __m512 s1 = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)c1[i]));
+            __m512 s2 = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)c2[i]));
+            acc[i] = _mm512_fmadd_ps(s1, _mm512_mul_ps(d, _mm512_set1_ps(xd)), acc[i]);
+            acc[i] = _mm512_fmadd_ps(s2, _mm512_mul_ps(d, _mm512_set1_ps(xd / 254.0f)), acc[i]);
+            accm[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)i * nb + b]), accm[i]);
+        }
+    }
+    for (int i = 0; i < MT; i++) _mm512_storeu_ps(y + (size_t)i * ldy, _mm512_add_ps(acc[i], accm[i]));
+}
+
+/* gk_matmul on AMX tiles (4- and 8-bit weights): activations quantized into rows padded to 16. */
+static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads) {
+    int nb = K / GK_GROUP, panels = N / GK_ROWS, Mp = (M + 15) / 16 * 16;
+    size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
+    int8_t *q = (int8_t *)calloc(2 * (size_t)Mp * K + 4 * sizeof(float) * (size_t)Mp * nb + 64, 1);
+    if (q == NULL) return -1;
+    int8_t *q2 = q + (size_t)Mp * K;
+    float *dx = (float *)(((uintptr_t)(q2 + (size_t)Mp * K) + 63) & ~(uintptr_t)63);
+    float *sx = dx + (size_t)Mp * nb, *sx16 = sx + (size_t)Mp * nb;
+    quantize_rows(x, M, K, q, q2, dx, sx, sx16);
+    if (threads > panels) threads = panels;
+#pragma omp parallel num_threads(threads)
+    {
+        amx_config();
+#pragma omp for schedule(static)
+        for (int p = 0; p < panels; p++) {
+            for (int m0 = 0; m0 < M; m0 += 16) {
+                int mt = M - m0 < 16 ? M - m0 : 16;
+                panel_amx(bits, w + (size_t)p * panel_bytes, nb, q + (size_t)m0 * K, q2 + (size_t)m0 * K,
+                          dx + (size_t)m0 * nb, sx + (size_t)m0 * nb, K, mt, y + (size_t)m0 * N + (size_t)p * GK_ROWS, N);
+            }
+        }
+        _tile_release();
+    }
+    free(q);
+    return 0;
+}
+#endif
+
 /* y (M, N) = x (M, K) @ W^T; W in the block layout above (N a multiple of 16, K of 32).
  * Returns 0, or -1 when the scratch memory cannot be had. */
 int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads) {
     if (bits != 4 && bits != 6 && bits != 8) return -3;
+    if (threads < 1) threads = 1;
+#ifdef GK_AMX
+    if (gk_amx_ready && gk_amx_min_rows > 0 && M >= gk_amx_min_rows && bits != 6)
+        return matmul_amx(bits, w, x, y, M, N, K, threads);
+#endif
     int nb = K / GK_GROUP, panels = N / GK_ROWS;
     size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
     int8_t *q = (int8_t *)malloc(2 * (size_t)M * K + 4 * sizeof(float) * (size_t)M * nb + 64);
@@ -445,10 +578,71 @@ static inline float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-int gk_decode(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
-              const float *sin_, int pos, float *const *kcache, float *const *vcache, int capacity,
-              int threads) {
-    int maxq = 0, maxi = 0, heads_max = 0;
+/* Where a row's key/value of head j at position t lives in its layer's cache: genkit's KVCache
+ * (per row [kv_heads][capacity][head_dim]), or the paged store of continuous batching (slots of
+ * [kv_heads][head_dim], slot = table[row][t / block_size] * block_size + t % block_size). */
+typedef struct {
+    int capacity;          /* KVCache: positions per row; 0 for the paged store */
+    const int32_t *table;  /* paged: rows x width block ids */
+    int width, block_size;
+} gk_kv;
+
+static inline size_t kv_at(const gk_kv *kv, int r, int j, int t, int nkv, int d) {
+    if (kv->table == NULL) return (((size_t)r * nkv + j) * kv->capacity + t) * d;
+    size_t slot = (size_t)kv->table[(size_t)r * kv->width + t / kv->block_size] * kv->block_size + t % kv->block_size;
+    return (slot * nkv + j) * d;
+}
+
+/* rope on q and k of every row (its own position's cos/sin), the new key/value into the cache */
+static void rope_and_store(const gk_layer *L, float *qkv, int rows, const float *cos_, const float *sin_, int cs_stride,
+                           const int32_t *pos, float *kc, float *vc, const gk_kv *kv) {
+    int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d;
+    for (int r = 0; r < rows; r++) {
+        float *qr = qkv + r * (size_t)nqkv;
+        for (int i = 0; i < nq + nkv; i++) rope(qr + (size_t)i * d, cos_ + (size_t)r * cs_stride, sin_ + (size_t)r * cs_stride, d);
+        for (int j = 0; j < nkv; j++) {
+            memcpy(kc + kv_at(kv, r, j, pos[r], nkv, d), qr + (size_t)(nq + j) * d, sizeof(float) * d);
+            memcpy(vc + kv_at(kv, r, j, pos[r], nkv, d), qr + (size_t)(nq + nkv + j) * d, sizeof(float) * d);
+        }
+    }
+}
+
+/* each row's query heads over its positions 0..pos[r] (grouped heads), into att */
+static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t *pos, const float *kc, const float *vc,
+                   const gk_kv *kv, float *scores, int span, float *att, int threads) {
+    int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
+    float scale = 1.0f / sqrtf((float)d);
+    int work = rows * nq, nthreads = threads < work ? threads : work;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int ri = 0; ri < work; ri++) {
+        int r = ri / nq, i = ri % nq, j = i / group, last = pos[r];
+        const float *q = qkv + r * (size_t)nqkv + (size_t)i * d;
+        float *sc = scores + (size_t)ri * span, *o = att + r * (size_t)nq * d + (size_t)i * d;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int t = 0; t <= last; t++) {
+            sc[t] = dot(q, kc + kv_at(kv, r, j, t, nkv, d), d) * scale;
+            if (sc[t] > mx) mx = sc[t];
+        }
+        for (int t = 0; t <= last; t++) {
+            sc[t] = expf(sc[t] - mx);
+            sum += sc[t];
+        }
+        float inv = 1.0f / sum;
+        for (int e = 0; e < d; e++) o[e] = 0.0f;
+        for (int t = 0; t <= last; t++) {
+            float p = sc[t] * inv;
+            const float *vt = vc + kv_at(kv, r, j, t, nkv, d);
+            for (int e = 0; e < d; e++) o[e] += p * vt[e];
+        }
+    }
+}
+
+/* One decode step of `rows` tokens, row r at position pos[r] (cos/sin rows cs_stride apart; 0: shared). */
+static int decode_rows(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
+                       const float *sin_, int cs_stride, const int32_t *pos, float *const *kcache,
+                       float *const *vcache, const gk_kv *kv, int threads) {
+    int maxq = 0, maxi = 0, heads_max = 0, span = 0;
+    for (int r = 0; r < rows; r++) span = pos[r] + 1 > span ? pos[r] + 1 : span;
     for (int l = 0; l < num_layers; l++) {
         const gk_layer *L = &layers[l];
         int nqkv = (L->num_heads + 2 * L->num_kv_heads) * L->head_dim;
@@ -458,67 +652,56 @@ int gk_decode(int num_layers, const gk_layer *layers, float *x, int rows, int hi
         if (L->head_dim > 512 || L->head_dim % 2) return -2;
     }
     size_t R = (size_t)rows;
-    size_t need = R * (2 * (size_t)hidden + 2 * (size_t)maxq + 3 * (size_t)maxi + (size_t)heads_max * (pos + 1));
+    size_t need = R * (2 * (size_t)hidden + 2 * (size_t)maxq + 3 * (size_t)maxi + (size_t)heads_max * span);
     float *buf = (float *)malloc(sizeof(float) * need);
     if (buf == NULL) return -1;
     float *h = buf, *tmp = h + R * hidden, *qkv = tmp + R * hidden, *att = qkv + R * maxq, *gu = att + R * maxq,
           *act = gu + 2 * R * maxi, *scores = act + R * maxi;
-    for (int l = 0; l < num_layers; l++) {
+    int rc = 0;
+    for (int l = 0; l < num_layers && rc == 0; l++) {
         const gk_layer *L = &layers[l];
         int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, inter = L->intermediate;
-        int nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
-        size_t row_cache = (size_t)nkv * capacity * d;
+        int nqkv = (nq + 2 * nkv) * d;
         for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm1, L->eps, hidden, h + r * (size_t)hidden);
-        if (gk_matmul(L->bits_qkv, L->wqkv, h, qkv, rows, nqkv, hidden, threads)) { free(buf); return -1; }
-        float *kc = kcache[l], *vc = vcache[l];
-        for (int r = 0; r < rows; r++) {
-            float *qr = qkv + r * (size_t)nqkv;
-            for (int i = 0; i < nq + nkv; i++) rope(qr + (size_t)i * d, cos_, sin_, d);
-            for (int j = 0; j < nkv; j++) {
-                memcpy(kc + r * row_cache + ((size_t)j * capacity + pos) * d, qr + (size_t)(nq + j) * d,
-                       sizeof(float) * d);
-                memcpy(vc + r * row_cache + ((size_t)j * capacity + pos) * d, qr + (size_t)(nq + nkv + j) * d,
-                       sizeof(float) * d);
-            }
-        }
-        float scale = 1.0f / sqrtf((float)d);
-        int work = rows * nq, nthreads = threads < work ? threads : work;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int ri = 0; ri < work; ri++) {
-            int r = ri / nq, i = ri % nq;
-            const float *q = qkv + r * (size_t)nqkv + (size_t)i * d;
-            const float *kh = kc + r * row_cache + (size_t)(i / group) * capacity * d;
-            const float *vh = vc + r * row_cache + (size_t)(i / group) * capacity * d;
-            float *sc = scores + (size_t)ri * (pos + 1), *o = att + r * (size_t)nq * d + (size_t)i * d;
-            float mx = -INFINITY, sum = 0.0f;
-            for (int t = 0; t <= pos; t++) {
-                sc[t] = dot(q, kh + (size_t)t * d, d) * scale;
-                if (sc[t] > mx) mx = sc[t];
-            }
-            for (int t = 0; t <= pos; t++) {
-                sc[t] = expf(sc[t] - mx);
-                sum += sc[t];
-            }
-            float inv = 1.0f / sum;
-            for (int e = 0; e < d; e++) o[e] = 0.0f;
-            for (int t = 0; t <= pos; t++) {
-                float p = sc[t] * inv;
-                const float *vt = vh + (size_t)t * d;
-                for (int e = 0; e < d; e++) o[e] += p * vt[e];
-            }
-        }
-        if (gk_matmul(L->bits_o, L->wo, att, tmp, rows, hidden, nq * d, threads)) { free(buf); return -1; }
+        if ((rc = gk_matmul(L->bits_qkv, L->wqkv, h, qkv, rows, nqkv, hidden, threads))) break;
+        rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv);
+        attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
+        if ((rc = gk_matmul(L->bits_o, L->wo, att, tmp, rows, hidden, nq * d, threads))) break;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm2, L->eps, hidden, h + r * (size_t)hidden);
-        if (gk_matmul(L->bits_gu, L->wgu, h, gu, rows, 2 * inter, hidden, threads)) { free(buf); return -1; }
+        if ((rc = gk_matmul(L->bits_gu, L->wgu, h, gu, rows, 2 * inter, hidden, threads))) break;
         for (int r = 0; r < rows; r++) {
             const float *g = gu + 2 * (size_t)r * inter;
             float *a = act + (size_t)r * inter;
             for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[inter + i];
         }
-        if (gk_matmul(L->bits_d, L->wd, act, tmp, rows, hidden, inter, threads)) { free(buf); return -1; }
+        if ((rc = gk_matmul(L->bits_d, L->wd, act, tmp, rows, hidden, inter, threads))) break;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
     }
     free(buf);
-    return 0;
+    return rc ? -1 : 0;
+}
+
+/* Rows at the same position `pos` on genkit's KVCache (per row [kv_heads][capacity][head_dim]). */
+int gk_decode(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
+              const float *sin_, int pos, float *const *kcache, float *const *vcache, int capacity,
+              int threads) {
+    int32_t *positions = (int32_t *)malloc(sizeof(int32_t) * (rows > 0 ? rows : 1));
+    if (positions == NULL) return -1;
+    for (int r = 0; r < rows; r++) positions[r] = pos;
+    gk_kv kv = {capacity, NULL, 0, 0};
+    int rc = decode_rows(num_layers, layers, x, rows, hidden, cos_, sin_, 0, positions, kcache, vcache, &kv, threads);
+    free(positions);
+    return rc;
+}
+
+/* Continuous batching's decode step: row r (one token of its own request) at position pos[r], its
+ * keys and values in the paged store (per layer [num_blocks][block_size][kv_heads][head_dim]) at the
+ * blocks table[r][0..width-1]; cos/sin: one head_dim row per token. */
+int gk_decode_paged(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
+                    const float *sin_, const int32_t *pos, float *const *kcache, float *const *vcache,
+                    const int32_t *table, int width, int block_size, int threads) {
+    gk_kv kv = {0, table, width, block_size};
+    return decode_rows(num_layers, layers, x, rows, hidden, cos_, sin_, layers[0].head_dim, pos, kcache, vcache, &kv,
+                       threads);
 }

@@ -142,8 +142,36 @@ def library() -> Any:
                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_int, ctypes.c_int]
     lib.gk_decode.restype = ctypes.c_int
+    lib.gk_decode_paged.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.gk_decode_paged.restype = ctypes.c_int
+    lib.gk_amx_init.restype = ctypes.c_int
+    lib.gk_set_amx_rows.argtypes = [ctypes.c_int]
+    lib.gk_set_amx_rows.restype = None
+    global _amx
+    _amx = mode == "native" and bool(lib.gk_amx_init())
     _lib = lib
     return lib
+
+
+_amx = False
+
+
+def amx_available() -> bool:
+    """Whether products of many rows can run on AMX int8 tiles here: the kernel was built with its
+    AMX path (``-march=native`` on a CPU with AMX-INT8), the CPU says so (CPUID) and Linux granted
+    this process the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``)."""
+    library()
+    return _amx
+
+
+def set_amx_rows(rows: int) -> None:
+    """Products of at least ``rows`` rows run on AMX where :func:`amx_available` (0: never; the
+    vector path runs them). :mod:`genkit.models.kernel_choice` sets it from its probe."""
+    lib = library()
+    if lib is not None:
+        lib.gk_set_amx_rows(int(rows))
 
 
 def available() -> bool:

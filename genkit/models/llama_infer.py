@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_state
 
+from .kernel_choice import CLASSES, SMALL_MAX_ROWS
 from .quant import Int4Linear
 
 logger = logging.getLogger("genkit.models")
@@ -36,6 +37,8 @@ logger = logging.getLogger("genkit.models")
 PACK_MIN_ELEMENTS = 1 << 17
 # automatic packing keeps a second copy of the packed weights: only for models up to this size
 PACK_MAX_BYTES = 2 << 30
+# the kernel choice's probe streams at least this many bytes of weights per decode-sized unit
+PROBE_STREAM_BYTES = 96 << 20
 
 
 class PreparedLayer(NamedTuple):
@@ -60,14 +63,25 @@ class PreparedLayer(NamedTuple):
 
 class PreparedModel:
     """Every layer's prepared weights and the packed LM head weight (None: call ``lm_head``). The
-    model holds it; a cache refers to it weakly, so weights rebuilt since stay alive for no cache."""
+    model holds it; a cache refers to it weakly, so weights rebuilt since stay alive for no cache.
 
-    __slots__ = ("__weakref__", "decoder", "head", "layers")
+    ``routes`` maps each shape class (:func:`genkit.models.kernel_choice.shape_class`) to the
+    ``(layers, head)`` its products run on (oneDNN-packed or plain, as the kernel choice decided);
+    ``layers``/``head`` are the batch-1 decode class's."""
 
-    def __init__(self, layers: list[PreparedLayer], head: torch.Tensor | None, decoder: Any = None) -> None:
-        self.layers = layers
-        self.head = head
+    __slots__ = ("__weakref__", "choice", "decoder", "head", "layers", "routes")
+
+    def __init__(self, layers: list[PreparedLayer], head: torch.Tensor | None, decoder: Any = None,
+                 routes: dict[str, tuple[list[PreparedLayer], torch.Tensor | None]] | None = None,
+                 choice: Any = None) -> None:
+        self.routes = routes or {cls: (layers, head) for cls in CLASSES}
+        self.layers, self.head = self.routes["decode"]
         self.decoder = decoder  # a BlockDecoder: batch-1 decode steps in one kernel call (quantized models)
+        self.choice = choice  # the kernel_choice.Choice that made the routes (None: fixed by the caller)
+
+    def for_rows(self, rows: int) -> tuple[list[PreparedLayer], torch.Tensor | None]:
+        """``(layers, head)`` for products over ``rows`` rows (tokens times sequences)."""
+        return self.routes["decode" if rows <= 1 else ("small" if rows <= SMALL_MAX_ROWS else "prefill")]
 
 
 @functools.cache
@@ -200,26 +214,72 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
         lay_out(lm_head.weight)
         matrices = [w for (wqkv, _, wgu, _), layer in zip(fused, layers)
                     for w in (wqkv, layer.self_attn.o_proj.weight, wgu, layer.mlp.down_proj.weight)]
-        packed = packing_wanted(matrices, packing)
-        if packed:
-            logger.info("packing %d linear weights for oneDNN (%.0f MB)", len(matrices) + 1,
-                        sum(w.numel() * w.element_size() for w in [*matrices, lm_head.weight]) / 2**20)
         rotations: dict[int, torch.Tensor] = {}  # one per head size, shared by the layers
         for layer, window, (wqkv, bqkv, wgu, bgu) in zip(layers, windows, fused):
             attn, mlp = layer.self_attn, layer.mlp
-            wo, wd = attn.o_proj.weight, mlp.down_proj.weight
             if attn.head_dim not in rotations:
                 rotations[attn.head_dim] = rotation_matrix(attn.head_dim, wqkv)
-            rotation = rotations[attn.head_dim]
-            if packed:
-                wqkv, wo, wgu, wd = pack(wqkv), pack(wo), pack(wgu), pack(wd)
             prepared.append(PreparedLayer(
-                wqkv, bqkv, layer.input_layernorm.weight, wo, attn.o_proj.bias, wgu, bgu,
-                layer.post_attention_layernorm.weight, wd, mlp.down_proj.bias,
+                wqkv, bqkv, layer.input_layernorm.weight, attn.o_proj.weight, attn.o_proj.bias, wgu, bgu,
+                layer.post_attention_layernorm.weight, mlp.down_proj.weight, mlp.down_proj.bias,
                 layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim, window,
-                rotation, packed))
-        head = pack(lm_head.weight) if packed and lm_head.bias is None else None
-    return PreparedModel(prepared, head)
+                rotations[attn.head_dim], False))
+        routes, choice = _dense_routes(prepared, lm_head, matrices, packing)
+    return PreparedModel(*routes["decode"], routes=routes, choice=choice)
+
+
+def _dense_routes(plain: list[PreparedLayer], lm_head: nn.Linear, matrices: list[torch.Tensor],
+                  setting: bool | None) -> tuple[dict[str, tuple[list[PreparedLayer], Any]], Any]:
+    """Per shape class, the plain or the oneDNN-packed layers: ``setting`` True packs every class,
+    False none; None lets :mod:`genkit.models.kernel_choice` decide for models that can pack."""
+    from . import kernel_choice
+
+    wanted = packing_wanted(matrices, setting)
+    asked = [p for p in kernel_choice.parse_override().values() if p in kernel_choice.FAMILIES["dense"]]
+    if setting is None and "packed" in asked and not wanted and packing_wanted(matrices, True):
+        wanted = True  # GENKIT_KERNEL=packed on a model below the packing size
+    if not wanted:  # with GENKIT_KERNEL set, the choice records it (and refuses packed where it cannot run)
+        choice = None if setting is not None or not asked else kernel_choice.choose(
+            "dense", kernel_choice.dense_signature(matrices), ("plain",), _no_probe)
+        return {cls: (plain, None) for cls in CLASSES}, choice
+    logger.info("packing %d linear weights for oneDNN (%.0f MB)", len(matrices) + 1,
+                sum(w.numel() * w.element_size() for w in [*matrices, lm_head.weight]) / 2**20)
+    packed = [p._replace(wqkv=pack(p.wqkv), wo=pack(p.wo), wgu=pack(p.wgu), wd=pack(p.wd), packed=True)
+              for p in plain]
+    head = pack(lm_head.weight) if lm_head.bias is None else None
+    if setting is True:
+        return {cls: (packed, head) for cls in CLASSES}, None
+    choice = kernel_choice.choose("dense", kernel_choice.dense_signature(matrices), ("packed", "plain"),
+                                  _dense_probe(plain, packed))
+    routes = {cls: (packed, head) if choice.paths[cls] == "packed" else (plain, None) for cls in CLASSES}
+    return routes, choice
+
+
+def _no_probe(path: str, rows: int) -> None:
+    """The runner of a choice with one path: never called."""
+
+
+def _dense_probe(plain: list[PreparedLayer], packed: list[PreparedLayer]) -> Any:
+    """The probe's unit of work: the four products of as many layers as hold PROBE_STREAM_BYTES (more
+    than a CPU's last-level cache, so the weights stream from memory as in a real decode step) over
+    ``rows`` rows; two layers for prefill-sized products, which are bound by arithmetic."""
+    inputs: dict[tuple[int, int], torch.Tensor] = {}
+    per_layer = sum(w.numel() * w.element_size() for w in (plain[0].wqkv, plain[0].wo, plain[0].wgu, plain[0].wd))
+    stream = min(len(plain), max(2, -(-PROBE_STREAM_BYTES // per_layer)))  # enough layers to stream from memory
+
+    def run(path: str, rows: int) -> None:
+        layers = packed if path == "packed" else plain
+        n = 2 if rows > SMALL_MAX_ROWS else stream
+        with torch.inference_mode():
+            for ref, p in zip(plain[:n], layers[:n]):
+                for w, k in ((p.wqkv, ref.wqkv.shape[1]), (p.wo, ref.wo.shape[1]), (p.wgu, ref.wgu.shape[1]),
+                             (p.wd, ref.wd.shape[1])):
+                    x = inputs.get((rows, k))
+                    if x is None:
+                        x = inputs[(rows, k)] = torch.randn(rows, k, dtype=ref.norm1.dtype)
+                    linear(x, w, None, p.packed)
+
+    return run
 
 
 def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None]) -> PreparedModel | None:
@@ -247,7 +307,34 @@ def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None]) -> Prep
                 window, rotations[attn.head_dim], False))
     from .block_decode import BlockDecoder
 
-    return PreparedModel(prepared, None, BlockDecoder.build(prepared))
+    return PreparedModel(prepared, None, BlockDecoder.build(prepared), choice=_blocks_choice(prepared))
+
+
+def _blocks_choice(prepared: list[PreparedLayer]) -> Any:
+    """The block kernel's path per shape class (its vector path, or AMX tiles where there are
+    some), as :mod:`genkit.models.kernel_choice` decides; None for torch's int4 kernel."""
+    from . import block_kernel, kernel_choice
+
+    if prepared[0].wgu.kernel != "blocks" or not block_kernel.simd():
+        return None
+    simd = "vnni" if block_kernel.simd() == "avx512-vnni" else "avx2"
+    available = ("amx", simd) if block_kernel.amx_available() else (simd,)
+    inputs: dict[tuple[int, int], torch.Tensor] = {}
+
+    def run(path: str, rows: int) -> None:
+        block_kernel.set_amx_rows(1 if path == "amx" else 0)
+        for p in prepared[:4]:
+            for w in (p.wqkv, p.wo, p.wgu, p.wd):
+                x = inputs.get((rows, w.in_features))
+                if x is None:
+                    x = inputs[(rows, w.in_features)] = torch.randn(rows, w.in_features)
+                w.forward(x)
+
+    signature = f"{prepared[0].wgu.bits}bit;{prepared[0].wgu.out_features}x{prepared[0].wgu.in_features}"
+    choice = kernel_choice.choose("blocks", signature, available, run)
+    first_amx = next((kernel_choice.PROBE_MIN_ROWS[c] for c in kernel_choice.CLASSES if choice.paths[c] == "amx"), 0)
+    block_kernel.set_amx_rows(first_amx)  # one threshold: AMX from the first class that chose it
+    return choice
 
 
 def weights_key(modules: list[nn.Module]) -> tuple[Any, ...]:
@@ -300,7 +387,8 @@ def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin:
         out = prepared.decoder(x, cos, sin, masks, cache, num_layers)
         if out is not None:
             return out
-    for i, p in enumerate(prepared.layers[:num_layers]):
+    layers, _ = prepared.for_rows(b * t)
+    for i, p in enumerate(layers[:num_layers]):
         if hidden is not None:
             hidden.append(x)
         q, k, v = project_qkv(p, x, cos, sin)

@@ -76,7 +76,7 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
     A Hub download fetches only the files a model needs (config, weights, generation config,
     tokenizer files), or only the tokenizer files when ``tokenizer_only``.
     """
-    from .demo import DEMO_ALIASES, ensure_demo_model
+    from .demo import DEMO_ALIASES, DEMO_MODEL, ensure_demo_model
 
     ref = os.fspath(ref)
     path = os.path.expanduser(ref)
@@ -99,7 +99,7 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
             raise hub_fetch_error(ref, revision, exc) from exc
     raise FileNotFoundError(
         f"model {ref!r} not found: pass an existing folder, a .gguf file, a Hub id 'org/name', "
-        f"or the demo alias {min(DEMO_ALIASES)!r}"
+        f"or {DEMO_MODEL!r} (the demo model)"
     )
 
 
@@ -385,8 +385,11 @@ def read_config_json(path: str) -> ModelConfig:
 
 def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: torch.dtype | str | None = None,
                device: str | torch.device | None = None, trust_remote_code: bool | None = None,
-               dequantize: bool = False) -> GenkitModel:
-    """Load a native model.
+               dequantize: bool = False, *, torch_dtype: torch.dtype | str | None = None,
+               device_map: Any = None) -> GenkitModel:
+    """Load a native model (an encoder-decoder checkpoint -- ``is_encoder_decoder`` in its
+    ``config.json``: T5, BART, Pegasus, Marian, Whisper... -- is loaded by transformers and wrapped
+    in genkit's adapter, :func:`genkit.models.seq2seq.load_seq2seq`).
 
     Args:
         ref: a local folder in Hugging Face format (``config.json`` + ``model.safetensors`` or
@@ -401,40 +404,108 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
             and runs them with int4 weight-only CPU kernels (see docs/models.md, "Quantized
             weights"); True de-quantizes every tensor to ``dtype`` (the float path). On a GPU, or
             when torch lacks the kernels, GGUF files are de-quantized.
+        torch_dtype: transformers' older name of ``dtype`` (give one of them).
+        device_map: transformers' placement argument, for one device: ``"auto"`` (the GPU when
+            there is one, else the CPU), ``"cpu"``, a device (``"cuda:0"``, ``0``, a
+            ``torch.device``) or ``{"": device}``. Splitting a model over several devices is not
+            supported.
     """
     if not isinstance(dequantize, bool):
         raise ConfigError(f"`dequantize` must be True or False; got {dequantize!r}")
+    dtype = _one_dtype(dtype, torch_dtype)
+    device = device_from_map(device_map, device)
     check_device(device)
     source = resolve_model_source(ref, revision=revision)
     if source.endswith(".gguf"):
-        from .gguf import read_gguf
-
-        keep = frozenset() if dequantize or not _quantized_kernels_for(device) else _kernel_types()
-        contents = read_gguf(source, keep_quantized=keep)
-        config = ModelConfig(**contents.config)
-        if contents.quantized:
-            from .gguf_quantized import build_quantized_model
-
-            model = build_quantized_model(config, contents, parse_dtype(dtype, config), where=source)
-        else:
-            model = build_model(config, contents.state_dict, parse_dtype(dtype, config), where=source, device=device)
+        model, config = _load_gguf(source, dtype, device, dequantize)
     else:
-        cfg_path = os.path.join(source, "config.json")
-        if not os.path.isfile(cfg_path):
-            raise FileNotFoundError(f"no config.json in {source}")
-        config = read_config_json(cfg_path)
-        check_config(config, cfg_path)  # sizes first: nothing is read or built for a bad config
-        architecture_class(config, cfg_path)  # fail on an unknown architecture before reading weights
-        state = read_safetensors(source)
-        check_config(config, cfg_path, {name: state.shape(name) for name in state})
-        model = build_model(config, state, parse_dtype(dtype, config), where=source, device=device)
-        if os.path.isfile(os.path.join(source, "generation_config.json")):
-            from ..config import GenerationConfig
-
-            model.generation_config = GenerationConfig.from_pretrained(source)
+        model, config = _load_folder(source, dtype, device)
+        if config is None:  # an encoder-decoder model, loaded by transformers
+            return model
     config.name_or_path = os.fspath(ref)
     _attach_recipe(model, os.fspath(ref), source, revision, trust_remote_code)
     return model
+
+
+def _one_dtype(dtype: Any, torch_dtype: Any) -> Any:
+    """``dtype`` or its older name ``torch_dtype`` (transformers accepts both); both given must agree."""
+    if torch_dtype is None:
+        return dtype
+    if dtype is not None and dtype != torch_dtype:
+        raise ConfigError(f"`dtype`={dtype!r} and `torch_dtype`={torch_dtype!r} disagree; pass one of them "
+                          "(`torch_dtype` is the older name of `dtype`)")
+    return torch_dtype
+
+
+DEVICE_MAP_ACCEPTED = ("'auto', 'cpu', a single device ('cuda', 'cuda:0', 0, a torch.device) or {'': device}; "
+                       "genkit puts the whole model on one device")
+
+
+def device_from_map(device_map: Any, device: str | torch.device | None = None) -> str | torch.device | None:
+    """The one device transformers' ``device_map`` names: ``"auto"`` is the first GPU when torch
+    has one (else the CPU); ``{"": d}``, a device name, an index or a ``torch.device`` is that
+    device. A map over several devices (or ``"balanced"``, ``"sequential"``) is a ConfigError, as
+    is a ``device`` that disagrees."""
+    if device_map is None:
+        return device
+    target: Any = device_map
+    if isinstance(device_map, dict):
+        devices = set(device_map.values())
+        if set(device_map) != {""} or len(devices) != 1:
+            raise ConfigError(f"`device_map`={device_map!r} splits the model over modules or devices; accepted: "
+                              f"{DEVICE_MAP_ACCEPTED}")
+        target = device_map[""]
+    if target == "auto":
+        target = "cuda:0" if torch.cuda.is_available() else "cpu"
+    elif isinstance(target, int) and not isinstance(target, bool):
+        target = f"cuda:{target}"
+    elif isinstance(target, str) and target in ("balanced", "balanced_low_0", "sequential"):
+        raise ConfigError(f"`device_map`={device_map!r} spreads the model over devices; accepted: {DEVICE_MAP_ACCEPTED}")
+    if not isinstance(target, (str, torch.device)):
+        raise ConfigError(f"`device_map`={device_map!r} is not valid; accepted: {DEVICE_MAP_ACCEPTED}")
+    try:
+        resolved = torch.device(target)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"`device_map`={device_map!r} is not valid; accepted: {DEVICE_MAP_ACCEPTED}") from None
+    if device is not None and torch.device(device) != resolved:
+        raise ConfigError(f"`device`={device!r} and `device_map`={device_map!r} disagree; pass one of them")
+    return target
+
+
+def _load_gguf(source: str, dtype: Any, device: Any, dequantize: bool) -> tuple[GenkitModel, ModelConfig]:
+    from .gguf import read_gguf
+
+    keep = frozenset() if dequantize or not _quantized_kernels_for(device) else _kernel_types()
+    contents = read_gguf(source, keep_quantized=keep)
+    config = ModelConfig(**contents.config)
+    if contents.quantized:
+        from .gguf_quantized import build_quantized_model
+
+        return build_quantized_model(config, contents, parse_dtype(dtype, config), where=source), config
+    return build_model(config, contents.state_dict, parse_dtype(dtype, config), where=source, device=device), config
+
+
+def _load_folder(source: str, dtype: Any, device: Any) -> tuple[Any, ModelConfig | None]:
+    """The folder's model and config; an encoder-decoder checkpoint (T5, BART, Whisper...) is loaded
+    through transformers and given with no config."""
+    cfg_path = os.path.join(source, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"no config.json in {source}")
+    config = read_config_json(cfg_path)
+    if getattr(config, "is_encoder_decoder", False):
+        from .seq2seq import load_seq2seq
+
+        return load_seq2seq(source, parse_dtype(dtype, None) if dtype not in (None, "auto") else None, device), None
+    check_config(config, cfg_path)  # sizes first: nothing is read or built for a bad config
+    architecture_class(config, cfg_path)  # fail on an unknown architecture before reading weights
+    state = read_safetensors(source)
+    check_config(config, cfg_path, {name: state.shape(name) for name in state})
+    model = build_model(config, state, parse_dtype(dtype, config), where=source, device=device)
+    if os.path.isfile(os.path.join(source, "generation_config.json")):
+        from ..config import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(source)
+    return model, config
 
 
 def check_device(device: str | torch.device | None) -> None:

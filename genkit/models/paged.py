@@ -156,6 +156,21 @@ class _Attention:
         return out
 
 
+def _paged_layers(prepared: PreparedModel, store: PagedKVStore, batch: StepBatch, x: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The decoder layers of one step in torch (any mix of decoding requests and prompt chunks)."""
+    t = batch.ids.shape[0]
+    new_slots = torch.cat([store.slots(b, c, c + n) for b, c, (_, n) in zip(batch.blocks, batch.cached, batch.spans)])
+    attention = _Attention(store, batch, dtype)
+    layers, _ = prepared.for_rows(t)
+    for layer, p in enumerate(layers):
+        q, k, v = project_qkv(p, x, cos, sin)  # (1, heads, T, d) each
+        store.write(layer, new_slots, k[0], v[0])
+        out = attention(q[0], store.keys[layer], store.values[layer])
+        x = layer_output(p, x, out.reshape(1, t, p.num_heads * p.head_dim))
+    return x
+
+
 @torch.inference_mode()
 def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Tensor:
     """Run ``batch`` (see :class:`StepBatch`) through a Llama-family ``model`` whose inference
@@ -166,18 +181,19 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
     x = model.model.embed_tokens(batch.ids)[None]  # (1, T, hidden)
     cos_table, sin_table = model._rope_table(int(batch.positions.max()) + 1, x.dtype)
     cos, sin = cos_table[batch.positions], sin_table[batch.positions]  # (T, head_dim)
-    t = batch.ids.shape[0]
-    new_slots = torch.cat([store.slots(b, c, c + n) for b, c, (_, n) in zip(batch.blocks, batch.cached, batch.spans)])
-    attention = _Attention(store, batch, model.dtype)
-    for layer, p in enumerate(prepared.layers):
-        q, k, v = project_qkv(p, x, cos, sin)  # (1, heads, T, d) each
-        store.write(layer, new_slots, k[0], v[0])
-        out = attention(q[0], store.keys[layer], store.values[layer])
-        x = layer_output(p, x, out.reshape(1, t, p.num_heads * p.head_dim))
+    fused = None
+    if prepared.decoder is not None and all(span == (i, 1) for i, span in enumerate(batch.spans)):
+        # every request decodes one token: the whole step is one block-kernel call (quantized models)
+        fused = prepared.decoder.paged(x[0], cos, sin, batch.positions, store, batch.blocks)
+    if fused is not None:
+        x = fused[None]
+    else:
+        x = _paged_layers(prepared, store, batch, x, cos, sin, model.dtype)
     last = torch.tensor([s + n - 1 for (s, n), w in zip(batch.spans, batch.want_logits) if w], dtype=torch.long)
     if last.numel() == 0:
         return torch.empty(0, model.config.vocab_size)
     h = model.model.norm(x[0].index_select(0, last))
-    if prepared.head is not None:  # the oneDNN-packed LM head of the inference path
-        return linear(h, prepared.head, None, True).float()
+    head = prepared.for_rows(h.shape[0])[1]
+    if head is not None:  # the oneDNN-packed LM head of the inference path
+        return linear(h, head, None, True).float()
     return model.lm_head(h).float()

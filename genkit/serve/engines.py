@@ -163,9 +163,13 @@ def _events(out: Any, start: int, choice: int, request: Request) -> list[TokenEv
 def make_engine(model: Any, tokenizer: Any, *, scheduler: str | None = None,
                 max_batch_tokens: int | None = None) -> Any:
     """Continuous batching for a native Llama-family model, else ``generate`` one request at a time."""
+    from genkit.continuous.gate import model_refusal
     from genkit.errors import NotSupportedError
     from genkit.models.paged import require_paged
 
+    why = model_refusal(model)
+    if why is not None:
+        raise NotSupportedError(f"genkit serve cannot serve this model: {why}")
     try:
         require_paged(model)
     except NotSupportedError as exc:

@@ -53,7 +53,12 @@ from .finish import (
     openai_finish_reason,
     reason_names,
 )
-from .outputs import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
+from .outputs import (
+    GenerateBeamDecoderOnlyOutput,
+    GenerateBeamEncoderDecoderOutput,
+    GenerateDecoderOnlyOutput,
+    GenerateEncoderDecoderOutput,
+)
 from .processing import LogitsProcessorList, StoppingCriteriaList
 from .record import StepOutputs
 from .sampling import Choice, choose, choose_tokens, log_probs
@@ -62,7 +67,8 @@ from .stepper import Stepper
 __all__ = [
     "FINISH_REASONS", "MODEL_INPUTS", "Cache", "CandidateGenerator", "CausalLM", "Choice", "ConfigError",
     "FinishTracker", "choose", "eos_token_ids", "finish_codes", "log_probs", "openai_finish_reason", "reason_names",
-    "GenerateBeamDecoderOnlyOutput", "GenerateDecoderOnlyOutput", "GenkitError", "LogitsProcessorList",
+    "GenerateBeamDecoderOnlyOutput", "GenerateBeamEncoderDecoderOutput", "GenerateDecoderOnlyOutput",
+    "GenerateEncoderDecoderOutput", "GenkitError", "LogitsProcessorList",
     "ModelOutput", "NotSupportedError", "PartialDepthLM", "StepOutputs", "Stepper", "StopConditions",
     "StoppingCriteriaList", "StrategyCall", "Streamer", "StreamerOnce", "choose_tokens",
 ]

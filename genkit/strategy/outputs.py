@@ -37,6 +37,9 @@ class GenerateDecoderOnlyOutput(_Output):
     attentions: tuple[Any, ...] | None = None
     hidden_states: tuple[tuple[torch.FloatTensor, ...], ...] | None = None
     past_key_values: Any = None
+    #: an encoder-decoder model's decoder attention over the encoder output, per step (``generate``
+    #: returns :class:`GenerateEncoderDecoderOutput` for those models)
+    cross_attentions: tuple[Any, ...] | None = None
     #: why each row finished (``genkit.strategy.FINISH_REASONS``; ``None``: not recorded), for
     #: strategies written with ``FinishTracker``
     finish_reasons: list[str | None] | None = None
@@ -52,6 +55,66 @@ class GenerateBeamDecoderOnlyOutput(_Output):
     attentions: tuple[Any, ...] | None = None
     hidden_states: tuple[tuple[torch.FloatTensor, ...], ...] | None = None
     past_key_values: Any = None
+    #: see :attr:`GenerateDecoderOnlyOutput.cross_attentions`
+    cross_attentions: tuple[Any, ...] | None = None
+
+
+@dataclass
+class GenerateEncoderDecoderOutput(_Output):
+    """An encoder-decoder model's output (greedy, sampling, contrastive, assisted): the encoder's
+    ``encoder_attentions`` / ``encoder_hidden_states`` (one row per returned sequence), per step the
+    decoder's ``decoder_attentions``, ``cross_attentions`` and ``decoder_hidden_states``."""
+
+    sequences: torch.LongTensor
+    scores: tuple[torch.FloatTensor, ...] | None = None
+    logits: tuple[torch.FloatTensor, ...] | None = None
+    encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
+    encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    decoder_attentions: tuple[Any, ...] | None = None
+    cross_attentions: tuple[Any, ...] | None = None
+    decoder_hidden_states: tuple[Any, ...] | None = None
+    past_key_values: Any = None
+    finish_reasons: list[str | None] | None = None
+
+
+@dataclass
+class GenerateBeamEncoderDecoderOutput(_Output):
+    """An encoder-decoder model's beam-search output (see :class:`GenerateEncoderDecoderOutput`)."""
+
+    sequences: torch.LongTensor
+    sequences_scores: torch.FloatTensor | None = None
+    scores: tuple[torch.FloatTensor, ...] | None = None
+    logits: tuple[torch.FloatTensor, ...] | None = None
+    beam_indices: torch.LongTensor | None = None
+    encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
+    encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    decoder_attentions: tuple[Any, ...] | None = None
+    cross_attentions: tuple[Any, ...] | None = None
+    decoder_hidden_states: tuple[Any, ...] | None = None
+    past_key_values: Any = None
+
+
+def as_encoder_decoder_output(result: Any, encoder_hidden_states: tuple[torch.Tensor, ...] | None,
+                              encoder_attentions: tuple[torch.Tensor, ...] | None, expand: int) -> Any:
+    """A strategy's decoder-only output class as the encoder-decoder one: the decoder's
+    ``attentions`` / ``hidden_states`` renamed, the encoder's added (each row ``expand`` times, one
+    per beam or returned sequence, as transformers reports them). Other objects pass through."""
+    if isinstance(result, GenerateBeamDecoderOnlyOutput):
+        target: type[GenerateBeamEncoderDecoderOutput | GenerateEncoderDecoderOutput] = GenerateBeamEncoderDecoderOutput
+    elif isinstance(result, GenerateDecoderOnlyOutput):
+        target = GenerateEncoderDecoderOutput
+    else:
+        return result
+
+    def rows(items: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+        return None if items is None else tuple(t.repeat_interleave(expand, dim=0) for t in items)
+
+    values = {f.name: getattr(result, f.name) for f in fields(result)
+              if f.name not in ("attentions", "hidden_states")}
+    if target is GenerateBeamEncoderDecoderOutput:
+        values.pop("finish_reasons", None)
+    return target(**values, decoder_attentions=result.attentions, decoder_hidden_states=result.hidden_states,
+                  encoder_attentions=rows(encoder_attentions), encoder_hidden_states=rows(encoder_hidden_states))
 
 
 def compute_transition_scores(

@@ -124,6 +124,9 @@ class ProcessorContext:
     tokenizer: Any = None
     model: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
+    #: the encoder's input ids (encoder-specific processors): an encoder-decoder model's encoder
+    #: input (``None`` when it read audio, pixels or embeddings), a decoder-only model's prompt
+    encoder_input_ids: torch.Tensor | None = None
 
 
 def merge_lists(default: Iterable[Any], custom: Iterable[Any] | None, kind: str, logger: Any) -> list[Any]:

@@ -45,6 +45,10 @@ class Stepper:
         self.model = call.model
         self.use_cache = call.use_cache
         self.output_hidden_states = output_hidden_states
+        # output_attentions=True: the model returns its attention weights (and an encoder-decoder
+        # model's decoder its cross-attentions), kept for the last forward in `attentions`
+        self.output_attentions = bool(getattr(call.config, "output_attentions", False))
+        self.attentions: tuple[Any, Any] | None = None
         self.rows_per_prompt = rows_per_prompt
         self.max_length = call.max_length
         self.hidden_states: tuple[torch.Tensor, ...] | None = None
@@ -101,6 +105,9 @@ class Stepper:
             logits = logits.repeat_interleave(n, dim=0)
             if self.hidden_states is not None:
                 self.hidden_states = tuple(h.repeat_interleave(n, dim=0) for h in self.hidden_states)
+            if self.attentions is not None:
+                self.attentions = tuple(None if a is None else tuple(t.repeat_interleave(n, dim=0) for t in a)
+                                        for a in self.attentions)  # type: ignore[assignment]
         return logits
 
     def push(self, tokens: torch.Tensor, rows: torch.Tensor | None = None) -> None:
@@ -201,10 +208,11 @@ class Stepper:
 
     def _run(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
              keep: int | torch.Tensor, num_layers: int | None) -> ModelOutput:
+        extra: dict[str, Any] = {"output_attentions": True} if self.output_attentions else {}
         if num_layers is None:
             out = self.model(ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=self.cache, use_cache=self.use_cache,
-                             output_hidden_states=self.output_hidden_states, logits_to_keep=keep)
+                             output_hidden_states=self.output_hidden_states, logits_to_keep=keep, **extra)
         else:
             if not getattr(self.model, "supports_partial_depth", False):
                 raise NotSupportedError(
@@ -213,10 +221,12 @@ class Stepper:
             out = self.model(ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=self.cache, use_cache=self.use_cache,
                              output_hidden_states=self.output_hidden_states, logits_to_keep=keep,
-                             num_layers=num_layers)
+                             num_layers=num_layers, **extra)
         if self.use_cache and out.past_key_values is not None:
             self.cache = out.past_key_values
         self.hidden_states = out.hidden_states if self.output_hidden_states else None
+        if self.output_attentions:
+            self.attentions = (getattr(out, "attentions", None), getattr(out, "cross_attentions", None))
         return cast(ModelOutput, out)
 
 

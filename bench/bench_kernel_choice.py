@@ -1,0 +1,104 @@
+"""Float32 batch-1 greedy with each dense kernel path, against transformers, on this CPU.
+
+For the random 12-layer, 768-hidden Llama (~124M) and SmolLM2-135M-Instruct (float32, from the demo
+GGUF), at each thread count: genkit with the per-CPU kernel choice (``genkit.models.kernel_choice``:
+what it picked and why is printed), genkit forced to oneDNN-packed weights, genkit forced to plain
+weights, and transformers, in interleaved rounds (median ms per token of ``--rounds``), the tokens of
+each compared with transformers'.
+
+Run: ``python bench/bench_kernel_choice.py --threads 1,2 --rounds 5``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+import genkit
+from genkit.models import kernel_choice
+
+BASE = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+            num_key_value_heads=12, max_position_embeddings=1024, tie_word_embeddings=False)
+
+
+def _models(name: str) -> tuple[Any, str]:
+    import transformers
+
+    if name == "llama-124m":
+        torch.manual_seed(0)
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**BASE, eos_token_id=None, pad_token_id=0)).eval()
+        folder = tempfile.mkdtemp(prefix="bench-kc-")
+        hf.save_pretrained(folder)
+        return hf, folder
+    from genkit.models.demo import ensure_demo_model
+
+    folder = ensure_demo_model()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    return hf, folder
+
+
+def _engines(hf: Any, folder: str) -> dict[str, Any]:
+    engines: dict[str, Any] = {"transformers": hf}
+    for label, packing in (("genkit (choice)", None), ("genkit packed", True), ("genkit plain", False)):
+        model = genkit.load_model(folder)
+        model.cpu_weight_packing = packing
+        engines[label] = model
+    return engines
+
+
+def _decode(model: Any, ids: torch.Tensor, new: int) -> tuple[float, list[int]]:
+    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        t = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new + 1, **kw)
+        full = time.perf_counter() - t
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, **kw)
+        one = time.perf_counter() - t
+    return (full - one) / new * 1e3, out[0, ids.shape[1]:].tolist()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--models", default="llama-124m,smollm2")
+    args = ap.parse_args()
+    print(f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}); median ms/token of "
+          f"{args.rounds} interleaved rounds, batch 1, greedy, {args.new_tokens} new tokens\n")
+    print("| model | threads | engine | ms/token | tok/s | vs transformers | tokens as transformers |\n"
+          "|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        hf, folder = _models(name)
+        ids = torch.randint(3, 30000, (1, 16), generator=torch.Generator().manual_seed(0))
+        for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
+            engines = _engines(hf, folder)  # the choice is made at the first generation, for this thread count
+            times: dict[str, list[float]] = {e: [] for e in engines}
+            tokens: dict[str, list[int]] = {}
+            for e, m in engines.items():  # warm-up (and the choice's probe, at this thread count)
+                _decode(m, ids, 4)
+            for _ in range(args.rounds):
+                for e, m in engines.items():
+                    ms, tokens[e] = _decode(m, ids, args.new_tokens)
+                    times[e].append(ms)
+            ref = statistics.median(times["transformers"])
+            for e in engines:
+                ms = statistics.median(times[e])
+                print(f"| {name} | {threads} | {e} | {ms:.2f} | {1e3 / ms:.1f} | {ref / ms:.2f}x | "
+                      f"{tokens[e] == tokens['transformers']} |", flush=True)
+            for (family, sig), choice in kernel_choice.CHOSEN.items():
+                if family == "dense":
+                    print(f"|  |  | choice: {choice.paths} ({choice.reasons['decode']}) | | | | |")
+            kernel_choice.CHOSEN.clear()
+
+
+if __name__ == "__main__":
+    main()

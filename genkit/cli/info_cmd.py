@@ -1,0 +1,78 @@
+"""``genkit info``: this machine as genkit's kernels see it, and which kernel runs what here.
+
+Prints the CPU (name and the flags the kernels care about), torch's version and ATen vector
+capability, whether the CPU has native bfloat16 products, the block kernel's path (AVX-512 VNNI,
+AVX2, AMX), and every per-CPU kernel choice cached under ``$GENKIT_HOME`` with the reason it was
+made (see :mod:`genkit.models.kernel_choice`). ``--probe`` makes the choices for the demo model
+first (loading it, a few seconds)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
+         "amx_bf16", "avx_vnni")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``genkit info`` to the ``genkit`` parser."""
+    p = subparsers.add_parser("info", help="the CPU, the kernels genkit uses on it, and why",
+                              description="Show the CPU's relevant flags, torch's capability, the block kernel's "
+                                          "path and the per-CPU kernel choices (GENKIT_KERNEL overrides them).")
+    p.add_argument("--probe", action="store_true",
+                   help="make the kernel choices for the demo model now (float32 and quantized), then show them")
+    p.set_defaults(func=cmd_info)
+
+
+def cpu_lines() -> list[str]:
+    """The CPU's name and which of FLAGS it has."""
+    name, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name") and not name:
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith(("flags", "Features")):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        import platform
+
+        name = platform.processor()
+    have = " ".join(f for f in FLAGS if f in flags) or "(none of them)"
+    return [f"cpu: {name or 'unknown'}", f"cpu flags (of {', '.join(FLAGS)}): {have}"]
+
+
+def _probe() -> None:
+    import torch
+
+    import genkit
+    from genkit.models.demo import demo_gguf_path, genkit_home
+
+    path = demo_gguf_path(f"{genkit_home()}/bench-gguf")
+    ids = torch.tensor([[1, 2, 3, 4]])
+    for model in (genkit.load_model(path), genkit.load_model(path, dequantize=True)):
+        model.generate(ids, max_new_tokens=2, eos_token_id=None, pad_token_id=0)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import torch
+
+    from genkit import __version__
+    from genkit.models import block_kernel, kernel_choice
+    from genkit.models.llama_infer import packing_available
+
+    if args.probe:
+        _probe()
+    lines = [f"genkit {__version__}, torch {torch.__version__} (ATen capability "
+             f"{torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads", *cpu_lines()]
+    lines.append("bfloat16 products: " + ("native (oneDNN packs bfloat16 weights)" if packing_available(torch.bfloat16)
+                                          else "emulated: keep float32 on this CPU"))
+    simd = block_kernel.simd() if block_kernel.available() else ""
+    kernel = (f"{simd}" + (", AMX int8 tiles for multi-row products" if block_kernel.amx_available() else ", no AMX")
+              if simd else "not available (torch's int4 kernel runs quantized layers)")
+    lines.append(f"block kernel: {kernel}")
+    lines.extend(kernel_choice.describe())
+    print("\n".join(lines))
+    return 0

@@ -1,0 +1,50 @@
+"""Options several commands share: ``--threads`` (every command that runs a model) and the prompt
+argument. No torch import here: the thread count is applied before torch loads."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..errors import ConfigError
+
+THREADS_HELP = ("CPU threads for the model (default: the physical cores available to this process, or "
+                "OMP_NUM_THREADS when set; fewer when the load average says the machine is busy). See docs/threads.md")
+
+
+def add_threads_option(p: Any) -> None:
+    """``--threads N`` on a command that runs a model."""
+    p.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
+
+
+def check_threads_option(args: argparse.Namespace) -> None:
+    """Refuse a bad ``--threads`` before anything loads."""
+    from ..threads import check_threads
+
+    try:
+        check_threads(args.threads)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("`threads`=", "--threads ", 1)) from None
+
+
+def apply_threads_option(args: argparse.Namespace) -> int:
+    """Run torch with ``--threads`` (or the default policy, :mod:`genkit.threads`)."""
+    from ..threads import apply_threads
+
+    check_threads_option(args)
+    return apply_threads(args.threads)
+
+
+def read_prompt(positional: str | None, option: str | None, stdin: Any = None) -> str:
+    """The prompt of ``genkit generate``: the positional argument or ``--prompt`` (not both); ``-``
+    reads standard input, as does no prompt at all when standard input is not a terminal."""
+    stdin = sys.stdin if stdin is None else stdin
+    if positional is not None and option is not None:
+        raise ConfigError("give the prompt once: as the PROMPT argument or with --prompt, not both")
+    prompt = positional if positional is not None else option
+    if prompt is None:
+        if stdin is None or stdin.isatty():
+            raise ConfigError("no prompt: genkit generate \"PROMPT\" (or '-' to read it from standard input)")
+        return stdin.read()
+    return stdin.read() if prompt == "-" else prompt

@@ -1,0 +1,56 @@
+"""What a ``custom_generate`` recipe is given: the model and, when the caller set none, the
+generation config (see docs/recipes.md, "Recipes written for transformers").
+
+- A transformers model is given as it is (the caller's object).
+- A native genkit model is given as a transformers view sharing its weights
+  (:func:`genkit.models.hf_view.transformers_view`) when transformers is installed, so recipes
+  written against transformers' ``GenerationMixin`` run on it unchanged; without transformers, as
+  it is.
+- With no ``generation_config`` from the caller, the recipe gets the model's generation config
+  with transformers' global defaults filled in and, when it sets no length, ``max_length`` at the
+  prompt's length + 20 (capped by the model's context): transformers' own ``generate`` resolves
+  an unset length the same way ("by default let's always generate 20 new tokens").
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from typing import Any
+
+
+def recipe_model(model: Any) -> Any:
+    """The model a recipe is given for ``model`` (the caller's)."""
+    from ..models.base import GenkitModel
+
+    if isinstance(model, GenkitModel) and importlib.util.find_spec("transformers") is not None:
+        from ..models.hf_view import transformers_view
+
+        return transformers_view(model)
+    return model
+
+
+DEFAULT_NEW_TOKENS = 20  # transformers' default length, counted from the end of the prompt
+
+
+def resolved_generation_config(model: Any, prompt_length: int = 0) -> Any:
+    """``model``'s generation config (genkit's or transformers') with every unset field at its
+    global default and an unset length at ``prompt_length`` + 20 new tokens (capped by the model's
+    context); a copy, the model's own is untouched."""
+    config = getattr(model, "generation_config", None)
+    length_set = config is not None and (
+        getattr(config, "max_length", None) is not None or getattr(config, "max_new_tokens", None) is not None)
+    if config is None:
+        from ..config import GenerationConfig
+
+        resolved = GenerationConfig().with_defaults()
+    elif hasattr(config, "with_defaults"):  # genkit's GenerationConfig
+        resolved = config.with_defaults()
+    else:  # transformers' GenerationConfig
+        resolved = copy.deepcopy(config)
+        resolved.update(**resolved._get_default_generation_params(), defaults_only=True)
+    if not length_set:
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        max_length = prompt_length + DEFAULT_NEW_TOKENS
+        resolved.max_length = max_length if limit is None else min(max_length, limit)
+    return resolved

@@ -1,0 +1,222 @@
+"""Which matrix-product kernel runs each shape class on this CPU: measured, not assumed.
+
+genkit has more than one implementation of the same product, and which is fastest depends on the
+CPU (the oneDNN-packed float32 weights that win 2x on one AVX-512 EPYC lose on an AMX Xeon):
+
+- dense (float32, or bfloat16 when the model is bfloat16): ``"packed"`` (oneDNN-packed copies of
+  the weights) or ``"plain"`` (torch's linear on the column-major weights);
+- quantized (the block kernel): its vector path (``"vnni"`` on AVX-512 VNNI CPUs, ``"avx2"``) or,
+  for products of several rows, ``"amx"`` where the CPU has AMX-INT8 and Linux grants it.
+
+A choice never changes the model's dtype: a float32 model stays float32 (bfloat16 products are a
+choice only for a bfloat16 model).
+
+Products fall into three shape classes by their number of rows (tokens times sequences):
+``"decode"`` (1 row), ``"small"`` (2-16: beams, small batches, continuous-batching decode steps)
+and ``"prefill"`` (more). For each class a short timed probe on the model's own weights picks the
+fastest path at first use (a fraction of a second), and the result is cached in
+``$GENKIT_HOME/kernels/choice-<key>.json``, one file per CPU model and flags, torch version and
+genkit version, written atomically with its sha256 recorded beside it and checked before it is
+read (:func:`genkit.models.kernel_cache.store` / :func:`~genkit.models.kernel_cache.read_checked`:
+a tampered file is refused with a warning and the probe runs again).
+
+``GENKIT_KERNEL`` overrides the choice: a comma-separated list of ``PATH`` (every class) or
+``CLASS:PATH`` items, e.g. ``GENKIT_KERNEL=plain`` or ``GENKIT_KERNEL=decode:plain,prefill:packed``;
+a path this CPU does not have is an error. ``genkit info`` prints what was chosen and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from . import kernel_cache
+
+logger = logging.getLogger("genkit.models")
+
+ENV = "GENKIT_KERNEL"
+CLASSES = ("decode", "small", "prefill")
+PROBE_ROWS = {"decode": 1, "small": 4, "prefill": 64}
+SMALL_MAX_ROWS = 16
+PROBE_MIN_ROWS = {"decode": 1, "small": 2, "prefill": SMALL_MAX_ROWS + 1}  # the fewest rows of each class
+FAMILIES = {"dense": ("packed", "plain"), "blocks": ("amx", "vnni", "avx2")}
+PROBE_ROUNDS = 3
+
+Runner = Callable[[str, int], None]
+"""``run(path, rows)``: one timed unit of work on ``path`` with ``rows`` rows."""
+
+
+def shape_class(rows: int) -> str:
+    """The shape class of a product over ``rows`` rows."""
+    return "decode" if rows <= 1 else ("small" if rows <= SMALL_MAX_ROWS else "prefill")
+
+
+@dataclass
+class Choice:
+    """The path per shape class, and why (``"probe: ..."``, ``"cached: ..."``, ``"GENKIT_KERNEL"``,
+    ``"the only path here"``)."""
+
+    family: str
+    signature: str
+    paths: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def path(self, rows: int) -> str:
+        return self.paths[shape_class(rows)]
+
+
+CHOSEN: dict[tuple[str, str], Choice] = {}  # this process's choices, for `genkit info`
+
+
+def parse_override(text: str | None = None) -> dict[str, str]:
+    """``GENKIT_KERNEL`` as ``{class: path}`` (see the module docstring); ConfigError when malformed."""
+    text = os.environ.get(ENV, "") if text is None else text
+    known = sorted({p for paths in FAMILIES.values() for p in paths})
+    out: dict[str, str] = {}
+    for item in (part.strip().lower() for part in text.split(",")):
+        if not item:
+            continue
+        cls, _, path = item.rpartition(":")
+        classes = [cls] if cls else list(CLASSES)
+        if cls and cls not in CLASSES or path not in known:
+            raise ConfigError(f"{ENV} items are PATH or CLASS:PATH with CLASS one of {', '.join(CLASSES)} and PATH one "
+                              f"of {', '.join(known)}; got {item!r}")
+        for c in classes:
+            out[c] = path
+    return out
+
+
+def _cpu_model() -> str:
+    """``model name|flags`` of the first CPU in /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    name, flags = platform.processor(), ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith(("flags", "Features")):
+                    flags = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name}|{flags}"
+
+
+def cache_path() -> Path:
+    """The cache file of this CPU model and flags, torch version and genkit version."""
+    import torch
+
+    from .. import __version__
+    from .demo import genkit_home
+
+    key = hashlib.sha256(f"{_cpu_model()}\0{torch.__version__}\0{__version__}".encode()).hexdigest()[:16]
+    return Path(genkit_home()) / "kernels" / f"choice-{key}.json"
+
+
+def cached_entries() -> dict[str, dict[str, str]]:
+    """The verified cache file's entries (``{entry key: {"path", "reason"}}``); {} when it is
+    missing or refused."""
+    path = cache_path()
+    data = kernel_cache.read_checked(path.parent, path.name)
+    if data is None:
+        return {}
+    try:
+        entries = json.loads(data.decode("utf-8"))["entries"]
+    except (ValueError, KeyError, TypeError) as exc:
+        logger.warning("the kernel choice cache %s is not used: %s", path, exc)
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def _store(new: dict[str, dict[str, str]]) -> None:
+    path = cache_path()
+    entries = {**cached_entries(), **new}
+    payload = json.dumps({"cpu": _cpu_model().split("|")[0], "entries": entries}, indent=1, sort_keys=True)
+    try:
+        kernel_cache.store(path.parent, path.name, lambda out: out.write_text(payload, encoding="utf-8"))
+    except OSError as exc:
+        logger.warning("could not write the kernel choice cache %s: %s", path, exc)
+
+
+def _probe(paths: tuple[str, ...], run: Runner, rows: int) -> tuple[str, str]:
+    """The fastest of ``paths`` for ``rows`` rows (best of PROBE_ROUNDS, interleaved), and the timings."""
+    best = {p: float("inf") for p in paths}
+    for p in paths:  # warm-up: first calls allocate and fault pages in
+        run(p, rows)
+    for _ in range(PROBE_ROUNDS):
+        for p in paths:
+            t = time.perf_counter()
+            run(p, rows)
+            best[p] = min(best[p], time.perf_counter() - t)
+    winner = min(paths, key=lambda p: best[p])
+    timings = ", ".join(f"{p} {best[p] * 1e3:.2f} ms" for p in paths)
+    return winner, f"probe at {rows} rows: {timings}"
+
+
+def choose(family: str, signature: str, available: tuple[str, ...], run: Runner) -> Choice:
+    """The path per shape class for ``family`` (``"dense"`` or ``"blocks"``) among ``available`` on
+    this CPU, for weights described by ``signature``: ``GENKIT_KERNEL`` first, then the cache, then
+    a probe (stored in the cache)."""
+    import torch
+
+    override = {c: p for c, p in parse_override().items() if p in FAMILIES[family]}
+    for cls, path in override.items():
+        if path not in available:
+            raise ConfigError(f"{ENV} asks for {path!r} ({cls}), which this CPU or build does not have; available "
+                              f"here: {', '.join(available)}")
+    choice = Choice(family, signature)
+    entries = cached_entries() if len(available) > 1 else {}
+    fresh: dict[str, dict[str, str]] = {}
+    for cls in CLASSES:
+        key = f"{family}|{signature}|threads={torch.get_num_threads()}|{cls}"
+        if cls in override:
+            choice.paths[cls], choice.reasons[cls] = override[cls], f"{ENV}={os.environ.get(ENV, '')}"
+        elif len(available) == 1:
+            choice.paths[cls], choice.reasons[cls] = available[0], "the only path here"
+        elif entries.get(key, {}).get("path") in available:
+            choice.paths[cls], choice.reasons[cls] = entries[key]["path"], "cached " + entries[key].get("reason", "")
+        else:
+            path, why = _probe(available, run, PROBE_ROWS[cls])
+            choice.paths[cls], choice.reasons[cls] = path, why
+            fresh[key] = {"path": path, "reason": why}
+    if fresh:
+        _store(fresh)
+    for cls in CLASSES:
+        logger.info("kernel for %s %s products: %s (%s)", family, cls, choice.paths[cls], choice.reasons[cls])
+    CHOSEN[(family, signature)] = choice
+    return choice
+
+
+def describe() -> list[str]:
+    """Lines for ``genkit info``: the override, the cache file and every choice it holds."""
+    path = cache_path()
+    lines = [f"{ENV}={os.environ.get(ENV, '') or '(not set: probe, then cache)'}", f"choice cache: {path}"]
+    entries = cached_entries()
+    if not entries:
+        lines.append("  (no choices cached yet: they are made when a model first runs)")
+    for key in sorted(entries):
+        family, signature, threads, cls = key.split("|")
+        lines.append(f"  {family} {cls:<8} {threads:<10} {entries[key].get('path')!s:<7} "
+                     f"[{signature}] {entries[key].get('reason', '')}")
+    for (family, signature), choice in CHOSEN.items():
+        for cls in CLASSES:
+            lines.append(f"  this process: {family} {cls:<8} {choice.paths[cls]:<7} [{signature}] {choice.reasons[cls]}")
+    return lines
+
+
+def dense_signature(weights: list[Any]) -> str:
+    """What a dense probe depends on: dtype and the distinct matrix shapes with their counts."""
+    shapes: dict[tuple[int, ...], int] = {}
+    for w in weights:
+        shapes[tuple(w.shape)] = shapes.get(tuple(w.shape), 0) + 1
+    dtype = str(weights[0].dtype).replace("torch.", "") if weights else "none"
+    return dtype + ";" + ";".join(f"{n}x{'x'.join(map(str, s))}" for s, n in sorted(shapes.items()))

@@ -1,0 +1,145 @@
+"""How many CPU threads genkit runs a model with: the one place that decides it (docs/threads.md).
+
+The default is the number of *physical* cores *available to this process*: the CPUs in its
+affinity mask (``os.sched_getaffinity``), counted once per core (hyper-threads share one), capped by
+a cgroup CPU quota (``cpu.max``) when the process has one. ``OMP_NUM_THREADS``, when set, is the
+default instead. A thread count is never more than the CPUs available, and torch's inter-op pool is
+kept to one thread, so the process never asks for more threads than it has CPUs.
+
+When the 1-minute load average says other processes already keep the CPUs busy, the default is
+lowered so that the model's threads and the load fit in the CPUs (torch's threads spin while they
+wait; on a busy 2-core machine two threads ran 20-40x slower than one), and a warning says so.
+
+No torch import at module import time: the CLI calls :func:`apply_threads` before torch loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from .errors import ConfigError
+
+logger = logging.getLogger("genkit.threads")
+
+_SYS_CPU = "/sys/devices/system/cpu"
+
+
+def available_cpus() -> list[int]:
+    """The logical CPUs this process may run on (its affinity mask)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read().strip()
+    except (OSError, ValueError):
+        return None
+
+
+def physical_cores(cpus: list[int] | None = None, sys_cpu: str = _SYS_CPU) -> int:
+    """How many physical cores the logical CPUs ``cpus`` (default: :func:`available_cpus`) are on:
+    CPUs with the same (package, core) id in ``/sys/devices/system/cpu/cpuN/topology`` count once.
+    Where the topology cannot be read every CPU counts as a core."""
+    cpus = available_cpus() if cpus is None else cpus
+    cores = set()
+    for cpu in cpus:
+        topo = os.path.join(sys_cpu, f"cpu{cpu}", "topology")
+        core, package = _read(os.path.join(topo, "core_id")), _read(os.path.join(topo, "physical_package_id"))
+        if core is None:
+            return max(1, len(cpus))
+        cores.add((package, core))
+    return max(1, len(cores))
+
+
+def cgroup_cpu_limit(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
+    """The CPUs a cgroup v2 quota (``cpu.max``: ``quota period``) allows, rounded up; None when
+    there is no quota."""
+    text = _read(path)
+    if not text:
+        return None
+    quota, _, period = text.partition(" ")
+    if quota == "max" or not period:
+        return None
+    try:
+        return max(1, -(-int(quota) // int(period)))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def cpu_budget() -> int:
+    """The most threads this process can run at once: its CPUs, capped by its cgroup quota."""
+    cpus = len(available_cpus())
+    quota = cgroup_cpu_limit()
+    return max(1, min(cpus, quota) if quota else cpus)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the system has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _env_threads() -> int | None:
+    text = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def default_threads(load: float | None = None) -> int:
+    """The thread count genkit uses when none is asked for (see the module doc): ``OMP_NUM_THREADS``
+    when set, else the physical cores available, lowered to fit beside a busy machine's load
+    (``load``: the 1-minute load average; read from the system when None)."""
+    budget = cpu_budget()
+    env = _env_threads()
+    if env is not None:
+        return min(env, budget)
+    threads = min(physical_cores(), budget)
+    load = load_average() if load is None else load
+    if load is not None and load + threads > budget + 0.5:
+        fitting = max(1, min(threads, int(budget - load + 0.5)))
+        logger.warning("the machine is busy (1-minute load average %.1f on %d CPUs): running with %d thread(s) "
+                       "instead of %d; pass --threads (or threads=) to choose", load, budget, fitting, threads)
+        threads = fitting
+    return threads
+
+
+def check_threads(threads: int | None) -> int | None:
+    """``threads`` when it is a count between 1 and the CPUs available; a ConfigError otherwise."""
+    if threads is None:
+        return None
+    budget = cpu_budget()
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= budget:
+        raise ConfigError(f"`threads`={threads!r} is not valid; accepted: an integer from 1 to {budget} "
+                          f"(the CPUs available to this process), or None for the default")
+    return threads
+
+
+def apply_threads(threads: int | None = None) -> int:
+    """Run torch with ``threads`` intra-op threads (None: :func:`default_threads`) and one inter-op
+    thread; returns the count. Called before torch is imported, it also sets ``OMP_NUM_THREADS`` /
+    ``MKL_NUM_THREADS`` (when unset) so the OpenMP pool is created at that size."""
+    n = check_threads(threads) or default_threads()
+    load = load_average()
+    if threads is not None and n > 1 and load is not None and load + n > cpu_budget() + 0.5:
+        logger.warning("the machine is busy (1-minute load average %.1f on %d CPUs); %d thread(s) will compete "
+                       "with other processes", load, cpu_budget(), n)
+    if "torch" not in sys.modules:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            if threads is not None or var not in os.environ:
+                os.environ[var] = str(n)
+    import torch
+
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # the inter-op pool is fixed once parallel work has started
+        logger.debug("torch's inter-op thread pool is already started; left at %d", torch.get_num_interop_threads())
+    logger.info("running with %d thread(s)", n)
+    return n

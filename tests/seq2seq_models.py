@@ -1,0 +1,101 @@
+"""Tiny random encoder-decoder transformers models for the tests, the docs test and the bench
+(T5, BART, Pegasus, Marian, Whisper, a vision-encoder-decoder ViT + GPT-2), with their inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+V = 96  # vocabulary of every tiny model
+
+
+def _common(**kw: Any) -> dict[str, Any]:
+    return dict(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                init_std=0.25, **kw)
+
+
+def build(name: str, seed: int = 0) -> Any:
+    """A tiny random model of the family ``name`` (eval mode, eager attention)."""
+    import transformers as T
+
+    torch.manual_seed(seed)
+    if name == "t5":
+        cfg = T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, initializer_factor=8.0,
+                         decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+        model = T.T5ForConditionalGeneration(cfg)
+    elif name == "bart":
+        model = T.BartForConditionalGeneration(T.BartConfig(**_common(pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                                                      decoder_start_token_id=2)))
+    elif name == "pegasus":
+        model = T.PegasusForConditionalGeneration(T.PegasusConfig(**_common(pad_token_id=0, eos_token_id=1,
+                                                                            decoder_start_token_id=0)))
+    elif name == "marian":
+        model = T.MarianMTModel(T.MarianConfig(**_common(pad_token_id=V - 1, eos_token_id=0, decoder_start_token_id=V - 1,
+                                                         decoder_vocab_size=V)))
+    elif name == "whisper":
+        model = T.WhisperForConditionalGeneration(T.WhisperConfig(
+            vocab_size=V, num_mel_bins=8, encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=16,
+            max_target_positions=64, pad_token_id=V - 1, bos_token_id=V - 2, eos_token_id=V - 2,
+            decoder_start_token_id=V - 3, init_std=0.25, suppress_tokens=None, begin_suppress_tokens=None))
+    elif name == "vision":
+        enc = T.ViTConfig(image_size=16, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                          num_attention_heads=4, intermediate_size=64, initializer_range=0.25)
+        dec = T.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, add_cross_attention=True,
+                           is_decoder=True, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.25)
+        model = T.VisionEncoderDecoderModel(T.VisionEncoderDecoderConfig(encoder=enc.to_dict(), decoder=dec.to_dict()))
+        model.config.decoder_start_token_id, model.config.pad_token_id, model.config.eos_token_id = 1, 0, 2
+        model.generation_config.decoder_start_token_id = 1
+        model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 2
+    elif name == "git":  # decoder-only, the image's tokens first
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=16,
+                      patch_size=8, num_channels=3)
+        model = T.GitForCausalLM(T.GitConfig(vision_config=vision, vocab_size=V, hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                                             bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3))
+    else:
+        raise KeyError(name)
+    model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+def inputs(name: str, batch: int = 2, seed: int = 1) -> dict[str, torch.Tensor]:
+    """The encoder's inputs for ``name``: left-padded token ids and mask (text), features (audio), pixels."""
+    g = torch.Generator().manual_seed(seed)
+    if name == "whisper":
+        return {"input_features": torch.randn(batch, 8, 32, generator=g)}
+    if name == "vision":
+        return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
+    ids = torch.randint(3, V - 2, (batch, 7), generator=g)
+    mask = torch.ones_like(ids)
+    if batch > 1:  # the second row is shorter: padded on the left
+        mask[1, :3] = 0
+        pad = build_pad(name)
+        ids[1, :3] = pad
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def build_pad(name: str) -> int:
+    return {"t5": 0, "bart": 1, "pegasus": 0, "marian": V - 1}[name]
+
+
+TEXT = ("t5", "bart", "pegasus", "marian")
+ALL = (*TEXT, "whisper", "vision")
+
+
+def save_with_tokenizer(model: Any, folder: str, names: dict[int, str] | None = None) -> Any:
+    """Save ``model`` and a word-level ``tokenizer.json`` (words ``w0`` ... ``w95``, ``w0``-``w2`` special
+    as the model's pad/eos; ``names`` renames some ids) into ``folder``; returns the ``tokenizers`` tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model.save_pretrained(folder)
+    vocab = {f"w{i}": i for i in range(V)}
+    for i, name in (names or {}).items():
+        vocab = {(name if v == i else k): v for k, v in vocab.items()}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w2"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["w0", "w1"])
+    tok.save(f"{folder}/tokenizer.json")
+    return tok

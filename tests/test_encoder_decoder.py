@@ -1,0 +1,295 @@
+"""Encoder-decoder models through genkit.generate: the same tokens, scores and beam indices as
+transformers' own generate, on tiny random T5 / BART / Pegasus / Marian / Whisper / ViT+GPT-2
+models built here (issue 31)."""
+
+from __future__ import annotations
+
+import pytest
+import seq2seq_models as S
+import torch
+from tolerance import gamma
+
+import genkit
+from genkit.errors import ConfigError, NotSupportedError
+
+transformers = pytest.importorskip("transformers")
+from transformers.generation.utils import GenerationMixin  # noqa: E402
+
+# transformers' own generate loop: Whisper's `generate` override adds long-form audio, language
+# detection and timestamps on top and returns the tokens without the decoder's start tokens;
+# genkit runs the plain loop (docs/encoder_decoder.md)
+reference = GenerationMixin.generate
+
+# The issue's bound for sequences_scores and transition scores. genkit and transformers run the same
+# kernels on the same shapes but one: genkit runs the decoder's first step on one row per prompt and
+# repeats its cache, transformers on the expanded rows. Only the row count (M) of those products
+# differs; the reduction over K per element is the same, so the first-step logits agree to a few
+# roundings and the scores to far under 1e-5. (The worst-case bound over any reduction order --
+# tolerance.forward_relative_bound for 2 decoder + 2 cross-attention blocks of width 32, ~1,400 terms,
+# 2 gamma_1400 ~ 1.7e-4 relative to |logits| ~ 10 -- is ~1e-3, so 1e-5 holds only because the order
+# is the same; a CPU whose kernels change the K order with M would need that bound instead.)
+SCORE_ATOL = 1e-5
+# ... in absolute terms. T5's tiny model (initializer_factor 8) has logits in the hundreds, where one
+# float32 rounding of a logit is already ~3e-5: a log-softmax over V terms is then within
+# 2 gamma_V of its magnitude (the log-sum-exp is a V-term sum), the relative part of the bound.
+SCORE_RTOL = 2 * gamma(S.V)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: S.build(name) for name in S.ALL}
+
+
+FIXED = {"max_new_tokens": 8, "min_new_tokens": 8}
+
+
+@pytest.mark.parametrize("name", S.ALL)
+def test_greedy_matches_transformers(models, name):
+    model, x = models[name], S.inputs(name)
+    ref = reference(model, **x, do_sample=False, **FIXED)
+    assert torch.equal(genkit.generate(model, **x, **FIXED), ref)
+
+
+@pytest.mark.parametrize("name", S.ALL)
+def test_beam_search_scores_and_indices_match_transformers(models, name):
+    model, x = models[name], S.inputs(name)
+    kw = dict(num_beams=4, num_return_sequences=2, output_scores=True, return_dict_in_generate=True,
+              max_new_tokens=8, length_penalty=1.0)
+    ref = reference(model, **x, do_sample=False, **kw)
+    out = genkit.generate(model, **x, **kw)
+    assert type(out).__name__ == "GenerateBeamEncoderDecoderOutput"
+    assert torch.equal(out.sequences, ref.sequences)
+    assert torch.equal(out.beam_indices, ref.beam_indices)
+    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores, atol=SCORE_ATOL, rtol=SCORE_RTOL)
+    ours = genkit.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    theirs = model.compute_transition_scores(ref.sequences, ref.scores, ref.beam_indices)
+    torch.testing.assert_close(ours, theirs, atol=SCORE_ATOL, rtol=SCORE_RTOL)
+
+
+# (the tiny T5's distributions are too peaked for sampling to differ from greedy search)
+@pytest.mark.parametrize("name", ["bart", "whisper", "vision"])
+def test_sampling_under_a_seed_matches_transformers(models, name):
+    model, x = models[name], S.inputs(name)
+    kw = dict(do_sample=True, top_k=20, temperature=0.8, num_return_sequences=3, **FIXED)
+    torch.manual_seed(3)
+    ref = reference(model, **x, **kw)
+    torch.manual_seed(3)
+    out = genkit.generate(model, **x, **kw)
+    assert torch.equal(out, ref)
+    greedy = genkit.generate(model, **x, **FIXED).repeat_interleave(3, dim=0)
+    assert not torch.equal(out, greedy)
+
+
+@pytest.mark.parametrize("name", ["bart", "pegasus"])
+def test_beam_sampling_matches_transformers(models, name):
+    model, x = models[name], S.inputs(name)
+    kw = dict(do_sample=True, num_beams=3, top_k=30, **FIXED)
+    torch.manual_seed(4)
+    ref = reference(model, **x, **kw)
+    torch.manual_seed(4)
+    assert torch.equal(genkit.generate(model, **x, **kw), ref)
+
+
+def test_diverse_beams_first_group_is_beam_search(models):
+    """transformers 5 moved group beam search to a Hub recipe (not reachable here); its first group
+    takes no diversity penalty, so it is plain beam search with num_beams / num_beam_groups beams."""
+    model, x = models["t5"], S.inputs("t5")
+    ref = reference(model, **x, do_sample=False, num_beams=2, num_return_sequences=2, **FIXED)
+    out = genkit.generate(model, **x, num_beams=4, num_beam_groups=2, diversity_penalty=2.0,
+                          num_return_sequences=4, **FIXED)
+    rows = {tuple(r) for r in out.tolist()}
+    assert all(tuple(r) in rows for r in ref.tolist())
+    assert len(rows) > 2  # the second group adds sequences of its own
+
+
+@pytest.mark.parametrize("name", ["t5", "bart", "whisper"])
+def test_precomputed_encoder_outputs(models, name):
+    model, x = models[name], S.inputs(name)
+    mask = x.get("attention_mask")
+    enc_input = {k: v for k, v in x.items() if k != "attention_mask"}
+    encoder_outputs = model.get_encoder()(**enc_input, attention_mask=mask) if mask is not None \
+        else model.get_encoder()(**enc_input)
+    want = genkit.generate(model, **x, num_beams=2, **FIXED)
+    got = genkit.generate(model, encoder_outputs=encoder_outputs, attention_mask=mask, num_beams=2, **FIXED)
+    assert torch.equal(got, want)
+    assert torch.equal(got, reference(model, encoder_outputs=encoder_outputs, attention_mask=mask, num_beams=2,
+                                      do_sample=False, **FIXED))
+
+
+@pytest.mark.parametrize("name", ["t5", "pegasus", "whisper"])
+def test_caller_given_decoder_input_ids(models, name):
+    model, x = models[name], S.inputs(name)
+    start = model.generation_config.decoder_start_token_id
+    prefix = torch.tensor([[start, 11, 12], [start, 13, 14]])
+    for given in (prefix, prefix[:, 1:]):  # with and without the start token (prepended but for Whisper)
+        ref = reference(model, **x, decoder_input_ids=given, do_sample=False, max_new_tokens=6)
+        out = genkit.generate(model, **x, decoder_input_ids=given, max_new_tokens=6)
+        assert torch.equal(out, ref)
+    assert torch.equal(out[:, :given.shape[1] + (name != "whisper")][:, -2:], given)
+
+
+@pytest.mark.parametrize("strategy", [{}, {"num_beams": 3}])
+def test_eos_per_row(models, strategy):
+    model, x = models["t5"], S.inputs("t5")
+    free = genkit.generate(model, **x, max_new_tokens=8, **strategy)
+    eos = int(free[0, 3])  # row 0 ends early with this token
+    ref = reference(model, **x, eos_token_id=eos, do_sample=False, max_new_tokens=8, **strategy)
+    out = genkit.generate(model, **x, eos_token_id=eos, max_new_tokens=8, **strategy)
+    assert torch.equal(out, ref)
+    assert eos in out[0].tolist() and (out[:, -1] != eos).any()  # row 0 ends with EOS, another runs on
+    if not strategy:
+        assert int(out[0, 3]) == eos and (out[0, 4:] == 0).all()  # then pads
+
+
+def test_streamer_receives_decoder_tokens_only(models):
+    model, x = models["t5"], S.inputs("t5", batch=1)
+
+    class Recorder:
+        def __init__(self):
+            self.puts, self.ended = [], 0
+
+        def put(self, value):
+            self.puts.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended += 1
+
+    rec = Recorder()
+    out = genkit.generate(model, **x, streamer=rec, **FIXED)
+    assert sum(rec.puts, []) == out[0].tolist()  # the decoder's start token, then each new token
+    assert rec.puts[0] == [0] and all(len(p) == 1 for p in rec.puts) and rec.ended == 1
+
+
+@pytest.mark.parametrize(("name", "kw"), [
+    ("t5", {"encoder_repetition_penalty": 1.6}),
+    ("t5", {"encoder_no_repeat_ngram_size": 1}),
+    ("bart", {"forced_bos_token_id": 0, "forced_eos_token_id": 2, "num_beams": 2}),
+    ("whisper", {"suppress_tokens": [9, 12, 31], "begin_suppress_tokens": [35, 70]}),
+    ("t5", {"no_repeat_ngram_size": 2, "repetition_penalty": 1.3}),
+])
+def test_encoder_specific_processors_match_transformers(models, name, kw):
+    model, x = models[name], S.inputs(name)
+    ref = reference(model, **x, do_sample=False, max_new_tokens=8, **kw)
+    assert torch.equal(genkit.generate(model, **x, max_new_tokens=8, **kw), ref)
+
+
+def test_encoder_processor_acts_on_the_encoder_input(models):
+    """The encoder's tokens are forbidden as 1-grams: none of them appears in the output."""
+    model, x = models["t5"], S.inputs("t5", batch=1)
+    out = genkit.generate(model, **x, encoder_no_repeat_ngram_size=1, **FIXED)
+    assert not set(out[0, 1:].tolist()) & set(x["input_ids"][0].tolist())
+
+
+@pytest.mark.parametrize("name", ["bart", "whisper"])
+def test_attentions_and_hidden_states_match_transformers(models, name):
+    model, x = models[name], S.inputs(name)
+    kw = dict(output_attentions=True, output_hidden_states=True, return_dict_in_generate=True, **FIXED)
+    ref = reference(model, **x, do_sample=False, **kw)
+    out = genkit.generate(model, **x, **kw)
+    assert type(out).__name__ == "GenerateEncoderDecoderOutput"
+    for field in ("encoder_attentions", "encoder_hidden_states"):
+        torch.testing.assert_close(getattr(out, field), getattr(ref, field))
+    for field in ("decoder_attentions", "cross_attentions", "decoder_hidden_states"):
+        assert len(getattr(out, field)) == len(getattr(ref, field)) == 8
+        torch.testing.assert_close(getattr(out, field), getattr(ref, field))
+
+
+def test_output_attentions_on_a_decoder_only_transformers_model():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    cfg._attn_implementation = "eager"
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.tensor([[1, 5, 9, 13]])
+    kw = dict(output_attentions=True, return_dict_in_generate=True, max_new_tokens=5, min_new_tokens=5)
+    ref = hf.generate(ids, do_sample=False, **kw)
+    out = genkit.generate(hf, ids, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    torch.testing.assert_close(out.attentions, ref.attentions)
+
+
+def test_unknown_model_input_is_refused(models):
+    model, x = models["t5"], S.inputs("t5")
+    with pytest.raises(ConfigError, match="pixel_values"):
+        genkit.generate(model, **x, pixel_values=torch.zeros(1), max_new_tokens=2)
+
+
+def test_refusals_name_what_is_not_supported(models):
+    model, x = models["t5"], S.inputs("t5")
+    with pytest.raises(NotSupportedError, match="decoder_attention_mask"):
+        genkit.generate(model, **x, decoder_input_ids=torch.tensor([[0, 5], [0, 6]]),
+                        decoder_attention_mask=torch.tensor([[0, 1], [1, 1]]), max_new_tokens=2)
+    with pytest.raises(NotSupportedError, match="`decoder_inputs_embeds` is not supported"):
+        genkit.generate(model, **x, decoder_inputs_embeds=torch.zeros(2, 1, 32), max_new_tokens=2)
+    with pytest.raises(NotSupportedError, match="guidance_scale"):
+        genkit.generate(model, **x, guidance_scale=1.5, max_new_tokens=2)
+    with pytest.raises(ConfigError, match="decoder_input_ids"):
+        genkit.generate(model, **x, decoder_input_ids=torch.tensor([[0, 5]]), max_new_tokens=2)
+
+
+def test_continuous_batching_refuses_encoder_decoder_models(models):
+    from genkit.continuous.gate import refusal_for_kwargs
+    from genkit.models.adapter import wrap_transformers_model
+
+    model, x = models["t5"], S.inputs("t5", batch=1)
+    for model_or_adapter in (model, wrap_transformers_model(model)):
+        assert "encoder-decoder model" in refusal_for_kwargs(model_or_adapter, {"max_new_tokens": 4})
+    with pytest.raises(NotSupportedError, match="T5ForConditionalGeneration is an encoder-decoder model"):
+        genkit.generate(model, **x, cache_implementation="paged", max_new_tokens=2)
+    with pytest.raises(NotSupportedError, match="encoder-decoder model"):
+        genkit.generate_batch(model, [[5, 6, 7]], max_new_tokens=2)
+    with pytest.raises(NotSupportedError, match="encoder-decoder model"):
+        genkit.init_continuous_batching(model)
+    from genkit.batch import make_local_engine
+    from genkit.serve.engines import make_engine
+
+    with pytest.raises(NotSupportedError, match="genkit serve cannot serve this model: T5ForConditional"):
+        make_engine(model, None)
+    with pytest.raises(NotSupportedError, match="genkit batch cannot run this model: T5ForConditional"):
+        make_local_engine(model, None)
+
+
+def test_load_model_and_the_cli_run_a_seq2seq_folder(models, tmp_path, capsys):
+    from genkit.cli import main
+
+    tok = S.save_with_tokenizer(models["t5"], str(tmp_path))
+    model = genkit.load_model(tmp_path)
+    assert type(model).__name__ == "TransformersSeq2SeqAdapter" and model.is_encoder_decoder
+    ids = torch.tensor([tok.encode("w5 w6 w7 w8 w1").ids])
+    want = genkit.generate(models["t5"], input_ids=ids, max_new_tokens=6, min_new_tokens=6)
+    assert torch.equal(model.generate(input_ids=ids, max_new_tokens=6, min_new_tokens=6), want)
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "w5 w6 w7 w8 w1", "--max-new-tokens", "6",
+                 "--set", "min_new_tokens=6"]) == 0
+    assert capsys.readouterr().out.split() == [f"w{i}" for i in want[0, 1:].tolist()]
+
+
+# (assisted sampling draws its random numbers in another order than transformers', for decoder-only
+# models too: tests/test_assisted.py)
+@pytest.mark.parametrize("kw", [{"prompt_lookup_num_tokens": 3}, {"assistant": "self"}, {"assistant": "other"}])
+def test_assisted_decoding_matches_transformers(models, kw):
+    """The assistant's own encoder reads the same input (genkit's assisted decoding: batch size 1)."""
+    model, x = models["bart"], S.inputs("bart", batch=1)
+    kw = dict(kw)
+    which = kw.pop("assistant", None)
+    if which is not None:
+        kw["assistant_model"] = model if which == "self" else S.build("bart", seed=5)
+    torch.manual_seed(2)
+    ref = reference(model, **x, max_new_tokens=10, **kw)
+    torch.manual_seed(2)
+    assert torch.equal(genkit.generate(model, **x, max_new_tokens=10, **kw), ref)
+
+
+def test_contrastive_and_constrained_beams_run_on_the_decoder(models):
+    """transformers 5 moved both to Hub recipes (not reachable here): contrastive search with
+    a vanishing penalty_alpha is greedy search; a forced word appears in every constrained beam output."""
+    model, x = models["bart"], S.inputs("bart")
+    greedy = genkit.generate(model, **x, **FIXED)
+    assert torch.equal(genkit.generate(model, **x, penalty_alpha=1e-6, top_k=4, **FIXED), greedy)
+    assert genkit.generate(model, **x, penalty_alpha=0.6, top_k=4, **FIXED).shape == greedy.shape
+    forced = genkit.generate(model, **x, num_beams=4, force_words_ids=[[40]], max_new_tokens=8)
+    assert all(40 in row for row in forced.tolist())
+
+
+def test_dola_is_refused_for_encoder_decoder_models(models):
+    model, x = models["bart"], S.inputs("bart")
+    with pytest.raises(NotSupportedError, match="dola_layers"):
+        genkit.generate(model, **x, dola_layers="high", max_new_tokens=2)

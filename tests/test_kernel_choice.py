@@ -1,0 +1,175 @@
+"""issue 32 item 1, the per-CPU kernel choice (genkit/models/kernel_choice.py): every path this CPU
+has, forced with GENKIT_KERNEL, gives the same greedy tokens as the model's modules (dense) or as each
+other (the block kernel's paths); the probe's choice is cached, a tampered cache is refused, the
+environment variable wins over the cache, and `genkit info` shows the choice and its reason."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_quantized import write_quantized_gguf
+
+import genkit
+from genkit.cli import main as cli_main
+from genkit.errors import ConfigError
+from genkit.models import block_kernel, kernel_choice
+from genkit.models.llama_infer import packing_available
+from genkit.models.tiny import tiny_llama
+
+block_kernel.available()  # built (or loaded) under the usual GENKIT_HOME before the tests move it
+
+PROMPTS = {"decode": [[1, 17, 33, 5, 60, 9]], "small": [[1, 17, 33, 5], [3, 44, 45, 46], [8, 8, 9, 10], [2, 9, 7, 7]],
+           "prefill": [list(range(3, 43))]}
+DENSE_FORCED = {"packed": "packed", "plain": "plain", "mixed": "decode:plain,small:packed,prefill:packed",
+                "mixed2": "decode:packed,small:plain,prefill:plain"}
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("GENKIT_HOME", str(tmp_path))
+    monkeypatch.delenv(kernel_choice.ENV, raising=False)
+    kernel_choice.CHOSEN.clear()
+    return tmp_path
+
+
+def _greedy(model, prompt: list[list[int]], new: int = 8) -> list[list[int]]:
+    out = model.generate(torch.tensor(prompt), max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[:, len(prompt[0]):].tolist()
+
+
+def _module_greedy(model, prompt: list[list[int]], new: int = 8) -> list[list[int]]:
+    """The reference: full forwards through the modules (autograd on: no inference path, no cache)."""
+    ids = torch.tensor(prompt)
+    with torch.enable_grad():
+        for _ in range(new):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[:, len(prompt[0]):].tolist()
+
+
+@pytest.mark.parametrize("name", sorted(DENSE_FORCED))
+def test_a_forced_dense_path_gives_the_modules_greedy_tokens(name, monkeypatch):
+    if "packed" in DENSE_FORCED[name] and not packing_available():
+        pytest.skip("oneDNN cannot pack float32 weights on this CPU/build: only the plain path exists here")
+    monkeypatch.setenv(kernel_choice.ENV, DENSE_FORCED[name])
+    model = tiny_llama(seed=5)
+    got = {cls: _greedy(model, prompt) for cls, prompt in PROMPTS.items()}
+    routes = model._prepared[1].routes
+    wanted = kernel_choice.parse_override(DENSE_FORCED[name])
+    for cls in kernel_choice.CLASSES:
+        assert routes[cls][0][0].packed is (wanted[cls] == "packed"), cls
+    assert all("GENKIT_KERNEL" in why for why in model._prepared[1].choice.reasons.values())
+    assert got == {cls: _module_greedy(model, prompt) for cls, prompt in PROMPTS.items()}
+
+
+@pytest.fixture(scope="module")
+def quantized_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("choice") / "q.gguf"
+    write_quantized_gguf(path, "Q4_1")
+    return path
+
+
+def _block_paths() -> list[str]:
+    if not block_kernel.available() or not block_kernel.simd():
+        return []
+    simd = "vnni" if block_kernel.simd() == "avx512-vnni" else "avx2"
+    return [simd, "amx"] if block_kernel.amx_available() else [simd]
+
+
+def test_every_block_kernel_path_here_gives_the_same_greedy_tokens(quantized_file, monkeypatch):
+    paths = _block_paths()
+    if not paths:
+        pytest.skip("no C compiler or no vector path for the block kernel on this CPU")
+    results, logits = {}, {}
+    for path in paths:
+        monkeypatch.setenv(kernel_choice.ENV, path)
+        model = genkit.load_model(quantized_file)
+        results[path] = {cls: _greedy(model, p) for cls, p in PROMPTS.items()}
+        with torch.inference_mode():
+            logits[path] = model(torch.tensor(PROMPTS["prefill"])).logits
+        assert model._prepared[1].choice.paths == dict.fromkeys(kernel_choice.CLASSES, path)
+    dense = genkit.load_model(quantized_file, dequantize=True)
+    assert results[paths[0]] == {cls: _module_greedy(dense, p) for cls, p in PROMPTS.items()}
+    for path in paths[1:]:  # AMX: the same integer sums, scaled in the same order as the VNNI path
+        assert results[path] == results[paths[0]]
+        assert torch.equal(logits[path], logits[paths[0]])
+    block_kernel.set_amx_rows(0)
+
+
+def _runner(calls: list[tuple[str, int]]):
+    def run(path: str, rows: int) -> None:  # "plain" is always the faster path of this workload
+        calls.append((path, rows))
+        time.sleep(0.004 if path == "packed" else 0.001)
+
+    return run
+
+
+def test_the_probe_choice_is_cached_and_verified(home):
+    calls: list[tuple[str, int]] = []
+    first = kernel_choice.choose("dense", "sig-a", ("packed", "plain"), _runner(calls))
+    assert first.paths == dict.fromkeys(kernel_choice.CLASSES, "plain")
+    assert all(why.startswith("probe at") for why in first.reasons.values())
+    assert {rows for _, rows in calls} == set(kernel_choice.PROBE_ROWS.values())
+    path = kernel_choice.cache_path()
+    assert path.parent == home / "kernels" and path.with_name(path.name + ".sha256").is_file()
+    assert path.stat().st_mode & 0o022 == 0
+    calls.clear()
+    again = kernel_choice.choose("dense", "sig-a", ("packed", "plain"), _runner(calls))
+    assert calls == [] and again.paths == first.paths
+    assert all(why.startswith("cached probe at") for why in again.reasons.values())
+
+
+def test_a_tampered_cache_file_is_refused(home, caplog):
+    kernel_choice.choose("dense", "sig-b", ("packed", "plain"), _runner([]))
+    path = kernel_choice.cache_path()
+    data = json.loads(path.read_text())
+    for entry in data["entries"].values():
+        entry["path"] = "packed"  # planted: would make every class run the slower path
+    path.write_text(json.dumps(data))
+    calls: list[tuple[str, int]] = []
+    with caplog.at_level("WARNING", logger="genkit.models"):
+        choice = kernel_choice.choose("dense", "sig-b", ("packed", "plain"), _runner(calls))
+    assert "sha256 does not match" in caplog.text and str(path) in caplog.text
+    assert calls and choice.paths == dict.fromkeys(kernel_choice.CLASSES, "plain")
+    assert kernel_choice.cached_entries()  # probed again and written back, verified
+    assert all(e["path"] == "plain" for e in kernel_choice.cached_entries().values())
+
+
+def test_the_environment_variable_wins_over_the_cache(monkeypatch):
+    kernel_choice.choose("dense", "sig-c", ("packed", "plain"), _runner([]))
+    monkeypatch.setenv(kernel_choice.ENV, "decode:packed")
+    calls: list[tuple[str, int]] = []
+    choice = kernel_choice.choose("dense", "sig-c", ("packed", "plain"), _runner(calls))
+    assert calls == []
+    assert choice.paths == {"decode": "packed", "small": "plain", "prefill": "plain"}
+    assert choice.reasons["decode"] == "GENKIT_KERNEL=decode:packed"
+    assert choice.reasons["small"].startswith("cached")
+
+
+@pytest.mark.parametrize("value", ["fast", "decode:", "batch:plain", "decode:plain,prefill:turbo"])
+def test_a_malformed_override_is_an_error_naming_the_variable(value, monkeypatch):
+    monkeypatch.setenv(kernel_choice.ENV, value)
+    with pytest.raises(ConfigError, match=r"GENKIT_KERNEL items are PATH or CLASS:PATH .*amx, avx2, packed, plain, vnni"):
+        kernel_choice.choose("dense", "sig-d", ("packed", "plain"), _runner([]))
+
+
+def test_a_path_this_cpu_lacks_is_refused(monkeypatch):
+    monkeypatch.setenv(kernel_choice.ENV, "amx")
+    with pytest.raises(ConfigError, match=r"GENKIT_KERNEL asks for 'amx' \(decode\), which this CPU or build does "
+                                          r"not have; available here: avx2"):
+        kernel_choice.choose("blocks", "sig-e", ("avx2",), _runner([]))
+
+
+def test_genkit_info_prints_the_choice_and_why(capsys, monkeypatch):
+    kernel_choice.choose("dense", "sig-f", ("packed", "plain"), _runner([]))
+    monkeypatch.setattr(sys, "argv", ["genkit", "info"])
+    assert cli_main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu: " in out and "block kernel: " in out and str(kernel_choice.cache_path()) in out
+    for cls in kernel_choice.CLASSES:
+        assert any(f"dense {cls}" in line and "plain" in line and "[sig-f] probe at" in line
+                   for line in out.splitlines()), cls

@@ -1,0 +1,85 @@
+"""The thread policy (genkit.threads, issue 32 item 4): physical cores available to the process,
+never more than the CPUs it has, fewer on a busy machine (with a warning)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from genkit.errors import ConfigError
+from genkit.threads import (
+    available_cpus,
+    cgroup_cpu_limit,
+    check_threads,
+    cpu_budget,
+    default_threads,
+    physical_cores,
+)
+
+
+def _topology(root, cpus):
+    """A /sys/devices/system/cpu tree: ``cpus`` maps cpu number -> (package, core)."""
+    for cpu, (package, core) in cpus.items():
+        topo = root / f"cpu{cpu}" / "topology"
+        topo.mkdir(parents=True)
+        (topo / "core_id").write_text(f"{core}\n")
+        (topo / "physical_package_id").write_text(f"{package}\n")
+    return str(root)
+
+
+def test_hyperthreads_of_one_core_count_once(tmp_path):
+    # 2 packages x 2 cores x 2 hyper-threads
+    cpus = {i: (i // 4, (i // 2) % 2) for i in range(8)}
+    root = _topology(tmp_path, cpus)
+    assert physical_cores(list(range(8)), sys_cpu=root) == 4
+    assert physical_cores([0, 1], sys_cpu=root) == 1  # two siblings of one core
+    assert physical_cores([0, 2, 4], sys_cpu=root) == 3
+    assert physical_cores([0, 9], sys_cpu=root) == 2  # cpu9 has no topology: every CPU counts
+
+
+def test_cgroup_quota(tmp_path):
+    path = tmp_path / "cpu.max"
+    path.write_text("150000 100000\n")
+    assert cgroup_cpu_limit(str(path)) == 2
+    path.write_text("max 100000\n")
+    assert cgroup_cpu_limit(str(path)) is None
+    assert cgroup_cpu_limit(str(tmp_path / "absent")) is None
+
+
+def test_the_default_is_at_most_the_cpus_available_and_fits_the_load(caplog, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    budget = cpu_budget()
+    assert budget <= len(available_cpus()) == len(os.sched_getaffinity(0))
+    idle = default_threads(load=0.0)
+    assert 1 <= idle == min(physical_cores(), budget)
+    with caplog.at_level(logging.WARNING, logger="genkit.threads"):
+        busy = default_threads(load=float(budget) + 4)
+    assert busy == 1
+    if idle > 1:
+        assert "the machine is busy" in caplog.text and f"instead of {idle}" in caplog.text
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert default_threads(load=0.0) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "100000")
+    assert default_threads(load=0.0) == budget  # never more than available
+
+
+@pytest.mark.parametrize("bad", [0, -1, 100000, 1.5, True, "2"])
+def test_a_bad_count_names_the_accepted_range(bad):
+    with pytest.raises(ConfigError, match=rf"`threads`={bad!r} is not valid; accepted: an integer from 1 to "
+                                          rf"{cpu_budget()} \(the CPUs available to this process\)"):
+        check_threads(bad)
+    assert check_threads(1) == 1 and check_threads(None) is None
+
+
+def test_apply_threads_sets_torch_and_the_openmp_environment():
+    """In a fresh process (torch not yet imported): intra-op threads as asked, one inter-op thread,
+    OMP_NUM_THREADS set before torch loads."""
+    code = ("import os, sys; from genkit.threads import apply_threads; n = apply_threads(1); import torch; "
+            "print(n, torch.get_num_threads(), torch.get_num_interop_threads(), os.environ['OMP_NUM_THREADS'])")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["1", "1", "1", "1"], out.stderr
