@@ -21,7 +21,8 @@ __all__ = ["APIError", "ParsedRequest", "TextAssembler", "parse_request"]
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
            "user", "logprobs", "presence_penalty", "frequency_penalty", "custom_generate"}
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of", "logit_bias"}
-_CHAT = _COMMON | {"messages", "top_logprobs", "max_completion_tokens", "logit_bias", "response_format",
+# (response_format is a generation field: genkit.serve.structured; tools: genkit.serve.tools)
+_CHAT = _COMMON | {"messages", "top_logprobs", "max_completion_tokens", "logit_bias", "tools", "tool_choice",
                    "parallel_tool_calls", "store", "metadata"}
 # generation fields the OpenAI fields set: a body may not set them twice
 _SHADOWED = {"max_new_tokens", "do_sample", "num_return_sequences", "stop_strings"}
@@ -52,6 +53,7 @@ class ParsedRequest:
     max_tokens: int
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
     custom_generate: str | None = None
+    tools: Any = None  # a genkit.serve.tools.ToolPlan
     id: str = ""
     created: int = 0
 
@@ -86,7 +88,14 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, max
     if model is not None and model != model_name:
         raise APIError(f"the model `{model}` does not exist; this server serves `{model_name}`", "model", 404,
                        code="model_not_found")
-    prompt_ids = _chat_prompt(body, tokenizer) if chat else _completion_prompt(body, tokenizer)
+    from .structured import structured_kwargs
+    from .tools import chat_prompt, parse_tools, uses_tools
+
+    tools = parse_tools(body) if chat else None
+    if chat and uses_tools(body):
+        prompt_ids = chat_prompt(body, tokenizer, tools)
+    else:
+        prompt_ids = _chat_prompt(body, tokenizer) if chat else _completion_prompt(body, tokenizer)
     if not prompt_ids:
         raise APIError("the prompt is empty", "messages" if chat else "prompt")
     max_tokens = _max_tokens(body, chat, len(prompt_ids), max_positions)
@@ -106,13 +115,14 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, max
         raise APIError("`stream_options` must be an object", "stream_options")
     kwargs: dict[str, Any] = {k: v for k, v in body.items() if k in generation_fields and k not in allowed}
     kwargs.update(_sampling_kwargs(kwargs, max_tokens, temperature, top_p, n, stops))
+    structured_kwargs(kwargs, tools)
     custom = body.get("custom_generate")
     if custom is not None and not isinstance(custom, str):
         raise APIError("`custom_generate` must be a registered strategy name or a recipe reference", "custom_generate")
     prefix = "chatcmpl" if chat else "cmpl"
     return ParsedRequest(chat=chat, prompt_ids=prompt_ids, n=n, stream=stream,
                          include_usage=bool(options.get("include_usage", False)), stop=stops, seed=seed,
-                         logprobs=logprobs, max_tokens=max_tokens, generate_kwargs=kwargs, custom_generate=custom,
+                         logprobs=logprobs, max_tokens=max_tokens, generate_kwargs=kwargs, custom_generate=custom, tools=tools,
                          id=f"{prefix}-{uuid.uuid4().hex[:24]}", created=int(time.time()))
 
 
