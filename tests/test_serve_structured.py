@@ -5,13 +5,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,9 +19,7 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from structured_schemas import schemas  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent / ".cache" / "genkit-tests"  # shared with test_serve
+from structured_helpers import demo_folder, running_server, schemas  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
@@ -42,29 +35,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server():
-    from genkit.models.demo import ensure_demo_model
-
-    folder = ensure_demo_model(home=str(ROOT / "home"), wheel_dir=str(ROOT / "wheel"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "genkit", "serve", "--model", folder, "--model-name", "smollm2",
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stdout.read() if proc.stdout else ''}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.3)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with running_server(demo_folder()) as base:
+        yield base
 
 
 @pytest.fixture

@@ -22,16 +22,12 @@ pytest.importorskip("gguf")
 jsonschema = pytest.importorskip("jsonschema")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from structured_schemas import schemas  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent / ".cache" / "genkit-tests"  # shared with test_serve
+from structured_helpers import demo_folder, schemas  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def demo():
-    from genkit.models.demo import ensure_demo_model
-
-    folder = ensure_demo_model(home=str(ROOT / "home"), wheel_dir=str(ROOT / "wheel"))
+    folder = demo_folder()
     torch.set_num_threads(1)
     return genkit.load_model(folder), genkit.load_tokenizer(folder)
 

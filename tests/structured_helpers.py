@@ -1,12 +1,57 @@
-"""Varied JSON schemas for the structured-output tests (tests/test_structured.py and
-tests/test_serve_structured.py): objects with nested objects and arrays, enums, number ranges,
-required and optional fields, built from a seed. Strings and arrays are bounded so that a short
-generation can finish them (and numbers, with `multipleOf`)."""
+"""Helpers of the structured-output tests (tests/test_structured.py, tests/test_serve_structured.py,
+tests/test_docs_structured.py): the demo model's folder, a ``genkit serve`` of it on 127.0.0.1, and
+varied JSON schemas (objects with nested objects and arrays, enums, number ranges, required and
+optional fields, built from a seed; strings and arrays are bounded, and numbers by `multipleOf`, so
+that a short generation can finish them)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent / ".cache" / "genkit-tests"  # shared with test_serve
+
+
+def demo_folder() -> str:
+    from genkit.models.demo import ensure_demo_model
+
+    return ensure_demo_model(home=str(ROOT / "home"), wheel_dir=str(ROOT / "wheel"))
+
+
+@contextlib.contextmanager
+def running_server(folder: str) -> Iterator[str]:
+    """``genkit serve`` of ``folder`` as ``smollm2`` on a free port of 127.0.0.1; yields its base URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "genkit", "serve", "--model", folder, "--model-name", "smollm2",
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited: {proc.stdout.read() if proc.stdout else ''}")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.3)
+    try:
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 _NAMES = ["name", "city", "color", "title", "kind", "owner", "label", "status", "tag", "code", "size", "level"]
 _WORDS = ["red", "green", "blue", "small", "large", "on", "off", "cat", "dog", "alpha", "beta"]
