@@ -181,3 +181,15 @@ def test_without_the_extra_the_error_names_it(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "pip install 'genkit-lm[structured]'" in out.stdout, out.stderr
+
+
+def test_assisted_decoding_gives_greedy_constrained_tokens(demo):
+    """Prompt lookup drafts tokens the grammar may refuse; verification calls the processor on
+    candidate histories and rolls back: the result is constrained greedy's."""
+    model, tok = demo
+    ids = _prompt(tok, 'Copy this JSON: {"name": "Bob", "age": 33}')
+    greedy = genkit.generate(model, ids, max_new_tokens=30, tokenizer=tok, guided_json=SCHEMA)
+    drafted = genkit.generate(model, ids, max_new_tokens=30, tokenizer=tok, guided_json=SCHEMA,
+                              prompt_lookup_num_tokens=4)
+    assert torch.equal(greedy, drafted)
+    jsonschema.validate(json.loads(_texts(tok, greedy, ids.shape[1])[0]), SCHEMA)
