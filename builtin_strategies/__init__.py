@@ -81,6 +81,7 @@ _PROCESSORS: tuple[tuple[str, str, tuple[Any, ...], int], ...] = (
     ("sequence_bias", "make_sequence_bias", (F.SEQUENCE_BIAS,), 20),
     ("encoder_repetition_penalty", "make_encoder_repetition_penalty", (F.ENCODER_REPETITION_PENALTY,), 30),
     ("repetition_penalty", "make_repetition_penalty", (F.REPETITION_PENALTY,), 40),
+    ("presence_frequency_penalty", "make_presence_frequency_penalty", (F.PRESENCE_PENALTY, F.FREQUENCY_PENALTY), 45),
     ("no_repeat_ngram", "make_no_repeat_ngram", (F.NO_REPEAT_NGRAM_SIZE,), 50),
     ("encoder_no_repeat_ngram", "make_encoder_no_repeat_ngram", (F.ENCODER_NO_REPEAT_NGRAM_SIZE,), 60),
     ("bad_words", "make_bad_words", (F.BAD_WORDS_IDS,), 70),
@@ -140,3 +141,11 @@ def register_streamers(register: Callable[..., None]) -> None:
 def register_watermarks(register: Callable[..., None]) -> None:
     register("greenlist", "genkit.watermarking:WatermarkingConfig",
              description="The green-list watermark of Kirchenbauer et al. (transformers' WatermarkingConfig).")
+
+
+@hookimpl
+def register_schedulers(register: Callable[..., None]) -> None:
+    register("fifo", "genkit.continuous.scheduler:FIFOScheduler",
+             description="Decoding requests first, then prompts in arrival order, with a cache safety margin.")
+    register("prefill_first", "genkit.continuous.scheduler:PrefillFirstScheduler",
+             description="Prompts first (split prefills, then new requests), then decoding requests.")

@@ -82,6 +82,10 @@ ETA_CUTOFF = _switch("eta_cutoff", 0.0, lambda v: _num(v) and 0 <= v < 1, "a num
 REPETITION_PENALTY = _switch("repetition_penalty", 1.0, lambda v: _num(v) and v > 0, "a number > 0")
 ENCODER_REPETITION_PENALTY = _switch("encoder_repetition_penalty", 1.0, lambda v: _num(v) and v > 0,
                                      "a number > 0")
+PRESENCE_PENALTY = _switch("presence_penalty", None, lambda v: _num(v) and -2 <= v <= 2,
+                           "a number between -2.0 and 2.0, or None (0 and None disable)")
+FREQUENCY_PENALTY = _switch("frequency_penalty", None, lambda v: _num(v) and -2 <= v <= 2,
+                            "a number between -2.0 and 2.0, or None (0 and None disable)")
 NO_REPEAT_NGRAM_SIZE = _switch("no_repeat_ngram_size", 0, lambda v: _int(v) and v >= 0, "an int >= 0")
 ENCODER_NO_REPEAT_NGRAM_SIZE = _switch("encoder_no_repeat_ngram_size", 0, lambda v: _int(v) and v >= 0,
                                        "an int >= 0")
@@ -105,7 +109,7 @@ SEQUENCE_BIAS = _switch("sequence_bias", None, _sequence_bias,
 ALL = (TEMPERATURE, TOP_K, TOP_P, MIN_P, TOP_H, TYPICAL_P, EPSILON_CUTOFF, ETA_CUTOFF, REPETITION_PENALTY,
        ENCODER_REPETITION_PENALTY, NO_REPEAT_NGRAM_SIZE, ENCODER_NO_REPEAT_NGRAM_SIZE, BAD_WORDS_IDS,
        RENORMALIZE_LOGITS, FORCED_BOS, FORCED_EOS, REMOVE_INVALID, DECAY, SUPPRESS, BEGIN_SUPPRESS,
-       SEQUENCE_BIAS)
+       SEQUENCE_BIAS, PRESENCE_PENALTY, FREQUENCY_PENALTY)
 
 
 # -- structured outputs (builtin_strategies/structured.py): at most one of these is set ---------------

@@ -433,6 +433,32 @@ class EncoderNoRepeatNGramLogitsProcessor(LogitsProcessor):
         return scores.masked_fill(banned, NEG_INF)
 
 
+class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
+    """OpenAI's presence and frequency penalties (as vLLM applies them): every token already
+    generated loses ``presence_penalty`` once and ``frequency_penalty`` per occurrence from its
+    logit. The prompt (the first ``prompt_length`` tokens of each row) is not counted; negative
+    penalties favour repetition."""
+
+    def __init__(self, presence_penalty: float = 0.0, frequency_penalty: float = 0.0, prompt_length: int = 0) -> None:
+        for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+            if not _is_num(value) or not -2.0 <= value <= 2.0:
+                raise _bad(name, "a number between -2.0 and 2.0", value)
+        _check_int("prompt_length", prompt_length, 0)
+        self.presence_penalty, self.frequency_penalty = float(presence_penalty), float(frequency_penalty)
+        self.prompt_length = int(prompt_length)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids[:, self.prompt_length:]
+        if generated.shape[1] == 0:
+            return scores
+        vocab = scores.shape[-1]
+        ids = generated.clamp(min=0, max=vocab)
+        counts = torch.zeros((scores.shape[0], vocab + 1), dtype=scores.dtype, device=scores.device)
+        counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=scores.dtype))
+        counts = counts[:, :vocab]
+        return scores - counts * self.frequency_penalty - (counts > 0).to(scores.dtype) * self.presence_penalty
+
+
 class SequenceBiasLogitsProcessor(LogitsProcessor):
     """Add a bias to a token when the tokens before it complete a given sequence.
 

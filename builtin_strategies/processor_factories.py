@@ -46,6 +46,13 @@ def make_repetition_penalty(config: Any, ctx: ProcessorContext) -> Any:
     return lp.RepetitionPenaltyLogitsProcessor(config.repetition_penalty, prompt_ignore_length=padding)
 
 
+def make_presence_frequency_penalty(config: Any, ctx: ProcessorContext) -> Any:
+    presence, frequency = config.presence_penalty or 0.0, config.frequency_penalty or 0.0
+    if not presence and not frequency:
+        return None
+    return lp.PresenceFrequencyPenaltyLogitsProcessor(presence, frequency, prompt_length=ctx.input_ids_seq_length)
+
+
 def make_no_repeat_ngram(config: Any, ctx: ProcessorContext) -> Any:
     n = config.no_repeat_ngram_size
     return lp.NoRepeatNGramLogitsProcessor(n) if n and n > 0 else None

@@ -9,6 +9,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .generation.engines import register_engine as _register_engine
+from .models.continuous_mixin import register_continuous_batching as _register_continuous_batching
 
 __version__ = "0.1.0"
 
@@ -16,6 +17,10 @@ __version__ = "0.1.0"
 # runs on continuous batching, which sits above generation; the engine is named here and imported
 # on first use.
 _register_engine("paged", "genkit.continuous.paged_generate:paged_generate")
+# model.generate_batch() and the other ContinuousMixin methods (genkit.models sits below genkit.continuous)
+_register_continuous_batching(**{name: f"genkit.continuous.api:{name}" for name in (
+    "generate_batch", "init_continuous_batching", "continuous_batching_context_manager",
+    "destroy_cached_continuous_batching_manager")})
 
 # public name -> "module:attr"
 _LAZY = {
@@ -42,6 +47,10 @@ _LAZY = {
     "init_continuous_batching": "genkit.continuous:init_continuous_batching",
     "ContinuousBatchingConfig": "genkit.continuous:ContinuousBatchingConfig",
     "ContinuousBatchingManager": "genkit.continuous:ContinuousBatchingManager",
+    "ContinuousMixin": "genkit.models.continuous_mixin:ContinuousMixin",
+    "Scheduler": "genkit.continuous.scheduler:Scheduler",
+    "FIFOScheduler": "genkit.continuous.scheduler:FIFOScheduler",
+    "PrefillFirstScheduler": "genkit.continuous.scheduler:PrefillFirstScheduler",
     "load_tokenizer": "genkit.models.loading:load_tokenizer",
     "ModelConfig": "genkit.models.base:ModelConfig",
     "KVCache": "genkit.models.cache:KVCache",
@@ -75,6 +84,7 @@ _PROCESSOR_NAMES = (
     "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper", "RepetitionPenaltyLogitsProcessor",
     "EncoderRepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor",
     "EncoderNoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor", "SequenceBiasLogitsProcessor",
+    "PresenceFrequencyPenaltyLogitsProcessor",
     "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "PrefixConstrainedLogitsProcessor",
     "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor", "InfNanRemoveLogitsProcessor",
     "ExponentialDecayLengthPenalty", "SuppressTokensLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor",

@@ -19,7 +19,8 @@ knowing genkit (``ValueError`` for a bad value, ``OSError`` for a model that can
     ├── KernelUnavailableError (RuntimeError)  a compute kernel the request needs is missing or failed to build
     ├── GenerationError (RuntimeError)      a generation failed while running (a request, a worker, an engine)
     ├── InvalidStateError (RuntimeError)    an object used in a state that does not allow it (a closed
-    │                                       manager, an async streamer outside an event loop)
+    │   │                                   manager, an async streamer outside an event loop)
+    │   └── QueueFullError                  a bounded queue is full (a manager's max_queue_size)
     └── RecipeError                         root of the recipe loader's and the sandbox's errors
                                             (genkit.recipes.errors, genkit.sandbox.errors)
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 __all__ = [
     "ArgumentTypeError", "ConfigError", "CorruptModelError", "FrozenConfigError", "GenerationError", "GenkitError",
     "InvalidStateError", "KernelUnavailableError", "ModelFileError", "ModelLoadError", "NotSupportedError",
-    "PluginError", "RecipeError", "UnknownItemError", "UnsupportedModelError",
+    "PluginError", "QueueFullError", "RecipeError", "UnknownItemError", "UnsupportedModelError",
 ]
 
 
@@ -95,6 +96,10 @@ class GenerationError(GenkitError, RuntimeError):
 class InvalidStateError(GenkitError, RuntimeError):
     """An object was used in a state that does not allow it (a stopped manager, an async streamer
     created outside a running event loop)."""
+
+
+class QueueFullError(InvalidStateError):
+    """A bounded queue is full (a continuous batching manager's ``max_queue_size`` requests wait)."""
 
 
 class RecipeError(GenkitError):

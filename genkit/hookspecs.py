@@ -1,4 +1,4 @@
-"""Hook specifications: the five ways a plugin adds to genkit.
+"""Hook specifications: the six ways a plugin adds to genkit.
 
 Each hook receives a ``register`` callable; a plugin calls it once per item it contributes. Each
 hook is called once through the plugin manager (so ``tryfirst``, hook wrappers and call monitoring
@@ -67,4 +67,15 @@ def register_watermarks(register: Callable[..., None]) -> None:
     string) is a :class:`genkit.BaseWatermarkingConfig` subclass: an instance passed as
     ``watermarking_config=`` builds the scheme's logits processor, and a ``watermarking_config`` dict
     (e.g. read from ``generation_config.json``) becomes the registered class that has its keys.
+    """
+
+
+@hookspec
+def register_schedulers(register: Callable[..., None]) -> None:
+    """Register continuous-batching schedulers.
+
+    ``register(name, scheduler_class, *, fields=(), description="")`` where ``scheduler_class`` (or a
+    ``"module:attr"`` string) is a :class:`genkit.Scheduler` subclass: it decides which requests
+    run in each step. ``ContinuousBatchingConfig(scheduler_type=name)`` (or ``scheduler=name``)
+    picks it.
     """

@@ -1,4 +1,4 @@
-"""The plugin registry: one pluggy manager, five kinds of item, origins recorded.
+"""The plugin registry: one pluggy manager, six kinds of item, origins recorded.
 
 Built-ins (``builtin_strategies``) register through the same hooks as pip-installed packs
 (entry-point group ``genkit``). Each hook is called once, through the plugin manager
@@ -157,6 +157,7 @@ KIND_TABLE: tuple[Kind, ...] = (
     Kind("candidate_generator", "register_candidate_generators", Item),
     Kind("streamer", "register_streamers", Item),
     Kind("watermark", "register_watermarks", Item),
+    Kind("scheduler", "register_schedulers", Item),
 )
 KINDS = tuple(k.name for k in KIND_TABLE)
 

@@ -176,8 +176,9 @@ class Tokenizer:
 
     # -- encoding ---------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of one string."""
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of one string. Tokenized with ``encode_batch``, which lets other threads run
+        meanwhile (``encode`` holds the GIL: a server's event loop would stop for a long text)."""
+        return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).tokens

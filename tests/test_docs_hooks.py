@@ -39,7 +39,7 @@ def sections(text: str) -> dict[str, str]:
 def test_there_are_hookspecs_to_document():
     assert set(hookspec_signatures()) == {"register_strategies", "register_logits_processors",
                                           "register_candidate_generators", "register_streamers",
-                                          "register_watermarks"}
+                                          "register_watermarks", "register_schedulers"}
 
 
 def test_every_hookspec_has_a_section_with_an_example():

@@ -133,7 +133,8 @@ def test_local_recipe_forwarding_and_no_recursion(tmp_path, tiny_model):
     from genkit.recipes import load_recipe
 
     recipe = load_recipe(str(root))
-    assert recipe.module.CALLS == [["do_sample", "input_ids", "max_new_tokens", "streamer"]]
+    # no generation_config from the caller: the recipe gets the model's, resolved (docs/recipes.md)
+    assert recipe.module.CALLS == [["do_sample", "generation_config", "input_ids", "max_new_tokens", "streamer"]]
     assert streamer_calls[-1] == "end" and "put" in streamer_calls
 
 

@@ -55,14 +55,15 @@ def _get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-@pytest.fixture(scope="module")
-def server(demo_folder):
+def launch(folder, *extra: str, stderr=subprocess.STDOUT, env=None):
+    """``python -m genkit serve FOLDER ...`` on a free port of 127.0.0.1, once ``/health`` answers:
+    (the process, its base URL)."""
     port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "genkit", "serve", "--model", demo_folder, "--model-name", "smollm2",
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "genkit", "serve", str(folder), "--port", str(port), *extra],
+                            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited: {proc.stdout.read() if proc.stdout else ''}")
@@ -72,6 +73,12 @@ def server(demo_folder):
         except OSError:
             pass
         time.sleep(0.2)
+    return proc, base
+
+
+@pytest.fixture(scope="module")
+def server(demo_folder):
+    proc, base = launch(demo_folder, "--served-model-name", "smollm2")
     yield {"base": base, "proc": proc}
     proc.terminate()
     proc.wait(timeout=30)
@@ -198,7 +205,7 @@ def _error(excinfo):
     ({"extra_body": {"temprature": 0.5}}, 400, "temprature", "unknown field `temprature`"),
     ({"prompt": "word " * 9000}, 400, "prompt", "this model's context is 8192 tokens"),
     ({"temperature": 3}, 400, "temperature", "`temperature` must be a number between 0.0 and 2.0"),
-    ({"extra_body": {"custom_generate": "org/hostile"}}, 403, "custom_generate", "does not trust"),
+    ({"extra_body": {"custom_generate": "org/hostile"}}, 403, "custom_generate", "a recipe this server allows"),
 ])
 def test_bad_requests_get_openai_errors_and_the_server_stays_up(server, client, kwargs, status, param, message):
     args = {"model": "smollm2", "prompt": "Hello", "max_tokens": 4, **kwargs}
@@ -221,7 +228,7 @@ def test_invalid_json_is_a_400(server):
 
 def _metrics(server) -> dict[str, float]:
     text = _get(server["base"] + "/metrics")[1]
-    return {k: float(v) for k, v in (line.split() for line in text.strip().splitlines())}
+    return {k: float(v) for k, v in (line.split() for line in text.strip().splitlines() if not line.startswith("#"))}
 
 
 def test_sixteen_concurrent_streaming_clients(server, client, reference):
@@ -252,7 +259,8 @@ def test_sixteen_concurrent_streaming_clients(server, client, reference):
 
 def test_a_client_that_disconnects_cancels_its_request(server):
     before = _metrics(server)
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0, "stream": True}).encode()
+    body = json.dumps({"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0,
+                       "stream": True}).encode()
     req = urllib.request.Request(server["base"] + "/v1/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})
     resp = urllib.request.urlopen(req, timeout=30)

@@ -13,8 +13,9 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("gguf")
 
-from genkit.serve.openai_api import APIError  # noqa: E402
-from genkit.serve.tools import ToolStream, chat_prompt, parse_tool_calls, parse_tools  # noqa: E402
+from genkit.serve.limits import Limits  # noqa: E402
+from genkit.serve.openai_api import APIError, chat_prompt  # noqa: E402
+from genkit.serve.tools import ToolStream, parse_tool_calls, parse_tools  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from structured_helpers import demo_folder  # noqa: E402
@@ -94,20 +95,18 @@ CONVERSATION = {"messages": [
 
 
 def test_template_without_tools_gets_the_hermes_system_prompt(tokenizer):
-    text = tokenizer.decode(chat_prompt(CONVERSATION, tokenizer, parse_tools(CONVERSATION)))
+    text = tokenizer.decode(chat_prompt(CONVERSATION, tokenizer, Limits(), None, parse_tools(CONVERSATION)))
     assert "<tools>\n" + json.dumps(WEATHER) + "\n</tools>" in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
     assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>" in text
-    none = tokenizer.decode(chat_prompt(CONVERSATION, tokenizer, parse_tools({**CONVERSATION, "tool_choice": "none"})))
+    none = tokenizer.decode(chat_prompt(CONVERSATION, tokenizer, Limits(), None,
+                                         parse_tools({**CONVERSATION, "tool_choice": "none"})))
     assert "<tools>" not in none
 
 
 def test_template_with_tools_gets_them_as_tools(tokenizer):
-    from genkit.tokenizer import Tokenizer
-
     template = ("{% for t in tools %}TOOL {{ t.function.name }}|{% endfor %}{% for m in messages %}"
                 "[{{ m.role }}]{% if m.tool_calls %}{% for c in m.tool_calls %}CALL {{ c.function.name }} "
                 "{{ c.function.arguments.city }}{% endfor %}{% else %}{{ m.content }}{% endif %}|{% endfor %}")
-    native = Tokenizer(tokenizer.backend_tokenizer, {"chat_template": template, "eos_token": "<|im_end|>"})
-    text = native.decode(chat_prompt(CONVERSATION, native, parse_tools(CONVERSATION)))
+    text = tokenizer.decode(chat_prompt(CONVERSATION, tokenizer, Limits(), template, parse_tools(CONVERSATION)))
     assert text == "TOOL get_weather|[user]Weather in Paris?|[assistant]CALL get_weather Paris|[tool]sunny|"

@@ -22,6 +22,7 @@ KIND_LABELS = {
     "candidate_generator": "candidate generator",
     "streamer": "streamer",
     "watermark": "watermark",
+    "scheduler": "scheduler",
 }
 
 
@@ -33,7 +34,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plugins)
 
-    p = subparsers.add_parser("list", help="list every strategy, processor, candidate generator, streamer and watermark",
+    p = subparsers.add_parser("list", help="list every strategy, processor, candidate generator, streamer, watermark and scheduler",
                               description="List every registered item with its origin: built-in, pack@version, "
                                           "or a Hub recipe found in the local Hugging Face cache.")
     p.add_argument("--json", action="store_true", help="machine-readable output")

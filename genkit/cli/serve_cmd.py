@@ -1,35 +1,106 @@
 """``genkit serve``: an OpenAI-compatible server (the ``serve`` extra). No torch import at module
-import time."""
+import time.
+
+Every option is checked, and the port bound, before the model loads: a typo or a port in use is
+said at once.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
+import os
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 
 logger = logging.getLogger("genkit.cli.serve")
 
+_API_KEY_ENV = "GENKIT_API_KEY"
+
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a model over OpenAI's completions and chat completions API (needs "
-                    "`pip install 'genkit-lm[serve]'`). See docs/serve.md.")
-    p.add_argument("--model", "-m", default="smollm2", help="model folder, .gguf file, Hub id, or 'smollm2'")
-    p.add_argument("--model-name", default=None, help="the name clients use (default: --model)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+                    "`pip install 'genkit-lm[serve]'`). Locked down by default: 127.0.0.1 only, JSON bodies only, "
+                    "the Host header checked, no cross-origin browser requests, no recipes. See docs/serve.md.")
+    p.add_argument("model", nargs="?", default=None, help="model folder, .gguf file, Hub id, or 'smollm2' (default)")
+    p.add_argument("--model", "-m", dest="model_option", default=None, help="the model, as an option")
+    p.add_argument("--served-model-name", "--model-name", dest="model_name", default=None,
+                   help="the name clients send as `model` (default: the model's folder or file name, or its Hub id)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--api-key", default=None,
+                   help=f"require `Authorization: Bearer KEY` on every route but /health (default: ${_API_KEY_ENV})")
+    p.add_argument("--allowed-hosts", action="append", default=[], metavar="NAMES",
+                   help="Host header names accepted besides the bound address (comma-separated, repeatable; '*': any)")
+    p.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGINS",
+                   help="browser origins allowed to call the server (CORS), e.g. https://app.example "
+                        "(comma-separated, repeatable; '*': any)")
+    p.add_argument("--allowed-recipes", action="append", default=[], metavar="IDS",
+                   help="Hub recipes (org/name or org/name@revision) requests may run as custom_generate; "
+                        "needs --trust-remote-code (comma-separated, repeatable)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let requests run the recipes --allowed-recipes lists")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="most tokens of prompt + completion per request (default: the model's context)")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one, instead of the tokenizer's")
+    p.add_argument("--max-body-size", type=int, default=4 * 1024 * 1024, metavar="BYTES",
+                   help="largest request body (default: 4 MiB)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGINT/SIGTERM, how long running requests may finish before they are cancelled "
+                        "(default: 30)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "auto"])
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="token budget of one batching step (continuous batching engine)")
     p.add_argument("--scheduler", default=None, help="continuous batching scheduler: fifo or prefill_first")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="let requests run recipes (custom_generate); without it only registered strategies and "
-                        "Hub recipes covered by a trusted-repos entry run")
     p.set_defaults(func=run)
+
+
+def _listed(values: list[str]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _model_ref(args: argparse.Namespace) -> str:
+    if args.model and args.model_option and args.model != args.model_option:
+        raise ConfigError(f"the model is given twice: {args.model!r} and --model {args.model_option!r}; give one")
+    return str(args.model or args.model_option or "smollm2")
+
+
+def _check_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Every option checked before anything loads; the settings the server needs."""
+    from genkit.recipes.resolve import REPO_RE
+
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port must be between 1 and 65535; got {args.port}")
+    for name in ("max_batch_tokens", "max_model_len", "max_body_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1; got {value}")
+    if args.shutdown_timeout < 0:
+        raise ConfigError(f"--shutdown-timeout must be >= 0 seconds; got {args.shutdown_timeout}")
+    recipes = _listed(args.allowed_recipes)
+    bad = [r for r in recipes if not REPO_RE.fullmatch(r.partition("@")[0]) or ".." in r or r.startswith((".", "/"))]
+    if bad:
+        raise ConfigError(f"--allowed-recipes takes Hub ids 'org/name' or 'org/name@revision'; got {bad[0]!r}")
+    if recipes and not args.trust_remote_code:
+        raise ConfigError("--allowed-recipes needs --trust-remote-code (recipes run code on this machine)")
+    if args.trust_remote_code and not recipes:
+        raise ConfigError("--trust-remote-code needs --allowed-recipes: the Hub recipes requests may run")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(_API_KEY_ENV) or None
+    if api_key is not None and not api_key.strip():
+        raise ConfigError("--api-key is empty")
+    template = args.chat_template
+    if template is not None and "{" not in template:
+        try:
+            template = Path(template).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"--chat-template: cannot read {args.chat_template!r}: {exc.strerror}") from None
+    return {"recipes": recipes, "api_key": api_key, "chat_template": template,
+            "hosts": _listed(args.allowed_hosts), "origins": _listed(args.allowed_origins)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,33 +108,44 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError as exc:
         raise ImportError("`genkit serve` needs the serve extra: pip install 'genkit-lm[serve]'") from exc
-    if not 0 < args.port < 65536:
-        raise ConfigError(f"--port must be between 1 and 65535; got {args.port}")
-    if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
-        raise ConfigError(f"--max-batch-tokens must be >= 1; got {args.max_batch_tokens}")
-    import genkit
-    from genkit.serve import build_app
-    from genkit.serve.engines import make_engine
+    ref = _model_ref(args)
+    settings = _check_options(args)
+    from genkit.serve.lifecycle import DrainingServer, bind
 
-    model = genkit.load_model(args.model, dtype=args.dtype)
-    tokenizer = genkit.load_tokenizer(args.model)
-    engine = make_engine(model, tokenizer, scheduler=args.scheduler, max_batch_tokens=args.max_batch_tokens)
-    app: Any = build_app(model, tokenizer=tokenizer, model_name=args.model_name or args.model,
-                         trust_remote_code=args.trust_remote_code, engine=engine)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    state = app.state.genkit
-
-    def stop(signum: int, frame: Any) -> None:  # graceful: refuse new requests, let running ones finish
-        state.shutting_down = True
-        server.should_exit = True
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
-    config_install = server.install_signal_handlers if hasattr(server, "install_signal_handlers") else None
-    if config_install is not None:
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    print(f"genkit serve: {args.model} on http://{args.host}:{args.port}/v1 ({engine.name} engine)", flush=True)
-    server.run()
-    engine.shutdown(timeout=30)
+    sock = bind(args.host, args.port)
+    try:
+        app, engine = _load(args, ref, settings)
+    except BaseException:
+        sock.close()
+        raise
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+    server = DrainingServer(config, app.state.genkit, args.shutdown_timeout)
+    print(f"genkit serve: {app.state.genkit.model_name} on http://{args.host}:{args.port}/v1 ({engine.name} engine"
+          f"{', API key required' if settings['api_key'] else ''})", flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.shutdown(timeout=args.shutdown_timeout)
     return 0
+
+
+def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple[Any, Any]:
+    import genkit
+    from genkit.serve import build_app, default_model_name
+    from genkit.serve.engines import make_engine
+    from genkit.serve.security import ServePolicy
+
+    model = genkit.load_model(ref, dtype=args.dtype)
+    tokenizer = genkit.load_tokenizer(ref)
+    context = getattr(model.config, "max_position_embeddings", None)
+    if args.max_model_len is not None and context is not None and args.max_model_len > context:
+        raise ConfigError(f"--max-model-len {args.max_model_len} is over the model's context of {context} tokens")
+    engine = make_engine(model, tokenizer, scheduler=args.scheduler, max_batch_tokens=args.max_batch_tokens)
+    policy = ServePolicy(host=args.host, port=args.port, api_key=settings["api_key"],
+                         allowed_hosts=settings["hosts"], allowed_origins=settings["origins"],
+                         max_body_bytes=args.max_body_size)
+    app: Any = build_app(model, tokenizer=tokenizer, model_name=args.model_name or default_model_name(ref),
+                         trust_remote_code=args.trust_remote_code, engine=engine, policy=policy,
+                         allowed_recipes=settings["recipes"], max_model_len=args.max_model_len,
+                         chat_template=settings["chat_template"])
+    return app, engine

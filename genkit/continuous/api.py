@@ -1,74 +1,178 @@
-"""``generate_batch`` and ``init_continuous_batching`` (also methods of native models)."""
+"""``generate_batch``, ``init_continuous_batching``, ``continuous_batching_context_manager`` and
+``destroy_cached_continuous_batching_manager``: the methods of :class:`genkit.ContinuousMixin`
+(transformers 5's), as functions of the model."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from ..errors import ArgumentTypeError, GenerationError, NotSupportedError
+from ..errors import ArgumentTypeError, ConfigError, GenerationError, NotSupportedError
 from .config import ContinuousBatchingConfig
+from .gate import UNSUPPORTED_ARGUMENTS
 from .manager import ContinuousBatchingManager
 from .requests import GenerationOutput
 from .transformers_models import hf_generate_batch, hf_init_continuous_batching, transformers_model
 
 logger = logging.getLogger("genkit.continuous")
 
-__all__ = ["generate_batch", "init_continuous_batching"]
+__all__ = ["continuous_batching_context_manager", "destroy_cached_continuous_batching_manager", "generate_batch",
+           "init_continuous_batching"]
 
 
 def init_continuous_batching(model: Any, generation_config: Any = None, manual_eviction: bool = False,
-                             max_queue_size: int = 0,
-                             continuous_batching_config: ContinuousBatchingConfig | None = None) -> ContinuousBatchingManager:
+                             max_queue_size: int = 0, num_q_padding_intervals: int = 0,
+                             num_kv_padding_intervals: int = 0, allow_block_sharing: bool | None = None, *,
+                             continuous_batching_config: Any = None, workload_hints: Any = None,
+                             **unknown: Any) -> ContinuousBatchingManager:
     """A :class:`ContinuousBatchingManager` for ``model`` (not started: call ``start()`` or use it
-    as a context manager). A transformers model gets its own manager (transformers 5's), with the
-    settings translated."""
+    as a context manager); the one its model keeps (``stop(keep_for_next_session=True)``) when there
+    is one. The keywords are those of transformers 5.2 (``manual_eviction``, ``max_queue_size``,
+    ``num_q_padding_intervals``, ``num_kv_padding_intervals``, ``allow_block_sharing``) and 5.24
+    (``continuous_batching_config``: genkit's, transformers' or a dict; ``workload_hints``). The
+    padding intervals (CUDA graphs) and ``workload_hints`` (GPU memory sizing) have no effect on a
+    CPU. A transformers model gets its own manager (transformers 5's), with the settings translated."""
+    _refuse_unknown("init_continuous_batching", unknown)
+    _check_no_effect(num_q_padding_intervals=num_q_padding_intervals,
+                     num_kv_padding_intervals=num_kv_padding_intervals)
     hf = transformers_model(model)
     if hf is not None:
         if manual_eviction:
             raise NotSupportedError("`manual_eviction` is not supported on a transformers model's manager")
-        return hf_init_continuous_batching(hf, generation_config, continuous_batching_config, max_queue_size)
+        return hf_init_continuous_batching(hf, generation_config, continuous_batching_config, max_queue_size,
+                                           allow_block_sharing)
+    cached = getattr(model, "_cached_continuous_batching_manager", None)
+    if isinstance(cached, ContinuousBatchingManager):
+        logger.info("reusing the continuous batching manager the model kept (destroy_cached_continuous_batching_manager "
+                    "drops it)")
+        return cached
+    cb = _cb_config(model, generation_config, continuous_batching_config, allow_block_sharing)
     return ContinuousBatchingManager(model, generation_config, manual_eviction=manual_eviction,
-                                     max_queue_size=max_queue_size,
-                                     continuous_batching_config=continuous_batching_config)
+                                     max_queue_size=max_queue_size, continuous_batching_config=cb)
+
+
+@contextmanager
+def continuous_batching_context_manager(model: Any, generation_config: Any = None, block: bool = True,
+                                        timeout: float | None = None, continuous_batching_config: Any = None,
+                                        persistent_manager: bool = False, warmup: bool = True,
+                                        workload_hints: Any = None, **kwargs: Any) -> Iterator[ContinuousBatchingManager]:
+    """A started manager (transformers 5's context manager): stopped on exit (``block``,
+    ``timeout``), and kept by the model for its next use with ``persistent_manager=True``.
+    ``kwargs``: the other keywords of :func:`init_continuous_batching`."""
+    manager = init_continuous_batching(model, generation_config, continuous_batching_config=continuous_batching_config,
+                                       workload_hints=workload_hints, **kwargs)
+    if warmup and not getattr(manager, "warmed_up", True):
+        manager.warmup()
+    manager.start()
+    try:
+        yield manager
+    finally:
+        manager.stop(block=block, timeout=timeout, keep_for_next_session=persistent_manager)
+        if not persistent_manager and hasattr(manager, "destroy"):
+            manager.destroy()
+
+
+def destroy_cached_continuous_batching_manager(model: Any) -> None:
+    """Stop and drop the manager the model kept (``persistent_manager=True``), if any."""
+    cached = getattr(model, "_cached_continuous_batching_manager", None)
+    if cached is not None:
+        cached.destroy()
+        if hasattr(model, "_cached_continuous_batching_manager"):
+            del model._cached_continuous_batching_manager
 
 
 def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any = None,
-                   continuous_batching_config: ContinuousBatchingConfig | None = None, record_timestamps: bool = False,
-                   progress_bar: bool = False, **kwargs: Any) -> dict[str, GenerationOutput]:
+                   continuous_batching_config: Any = None, record_timestamps: bool = False,
+                   progress_bar: bool = False, persistent_manager: bool = False, warmup: bool = True,
+                   num_q_padding_intervals: int = 0, num_kv_padding_intervals: int = 0,
+                   allow_block_sharing: bool | None = None, **kwargs: Any) -> dict[str, GenerationOutput]:
     """Generate for every prompt in ``inputs`` with continuous batching; returns
     ``{request_id: GenerationOutput}`` (ids ``req_0``, ``req_1``… in input order). ``kwargs`` are
-    generation fields for every request (``max_new_tokens``, ``do_sample``, …). A request that
-    fails has ``status`` FAILED and an ``error``; the others are unaffected. A transformers model
-    runs its own ``generate_batch`` (transformers 5's), with the settings translated."""
+    generation fields for every request (``max_new_tokens``, ``do_sample``, …): an unknown one is a
+    ``ConfigError`` naming it, before anything runs. A request that fails has ``status`` FAILED and
+    an ``error``; the others are unaffected. The other keywords are transformers' (5.2 and 5.24; see
+    :func:`init_continuous_batching` and :func:`continuous_batching_context_manager`). A transformers
+    model runs its own ``generate_batch`` (transformers 5's), with the settings translated."""
     if not isinstance(inputs, (list, tuple)):
         raise ArgumentTypeError(f"`inputs` must be a list of token id lists; got {type(inputs).__name__}")
+    _check_no_effect(num_q_padding_intervals=num_q_padding_intervals,
+                     num_kv_padding_intervals=num_kv_padding_intervals)
     if not inputs:
         return {}
     hf = transformers_model(model)
     if hf is not None:  # transformers' own engine, same result structure
         return hf_generate_batch(hf, [list(x) for x in inputs], generation_config, continuous_batching_config,
-                                 record_timestamps, progress_bar, kwargs)
+                                 record_timestamps, progress_bar, kwargs, allow_block_sharing=allow_block_sharing,
+                                 persistent_manager=persistent_manager, warmup=warmup)
+    _check_request_kwargs(model, generation_config, kwargs)
+    cb = _cb_config(model, generation_config, continuous_batching_config, allow_block_sharing)
+    with continuous_batching_context_manager(model, generation_config, timeout=30, continuous_batching_config=cb,
+                                             persistent_manager=persistent_manager, warmup=warmup) as manager:
+        ids = manager.add_requests([list(x) for x in inputs], record_timestamps=record_timestamps, **kwargs)
+        results = _collect(manager, ids, progress_bar)
+    return {rid: results[rid] for rid in ids}
+
+
+def _collect(manager: ContinuousBatchingManager, ids: list[str], progress_bar: bool) -> dict[str, GenerationOutput]:
     bar = None
     if progress_bar:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(inputs), desc=f"Solving {len(inputs)} requests", unit="request")
+        bar = tqdm(total=len(ids), desc=f"Solving {len(ids)} requests", unit="request")
     results: dict[str, GenerationOutput] = {}
-    manager = init_continuous_batching(model, generation_config, continuous_batching_config=continuous_batching_config)
-    with manager:
-        ids = manager.add_requests([list(x) for x in inputs], record_timestamps=record_timestamps, **kwargs)
-        pending = set(ids)
-        while pending:
-            out = manager.get_result(timeout=1)
-            if out is None:
-                if not manager.is_running():
-                    raise GenerationError(f"continuous batching stopped: {manager.error}")
-                continue
-            if out.is_finished() and out.request_id in pending:
-                pending.discard(out.request_id)
-                results[out.request_id] = out
-                if bar is not None:
-                    bar.update(1)
+    pending = set(ids)
+    while pending:
+        out = manager.get_result(timeout=1)
+        if out is None:
+            if not manager.is_running():
+                raise GenerationError(f"continuous batching stopped: {manager.error}")
+            continue
+        if out.is_finished() and out.request_id in pending:
+            pending.discard(out.request_id)
+            results[out.request_id] = out
+            if bar is not None:
+                bar.update(1)
     if bar is not None:
         bar.close()
-    return {rid: results[rid] for rid in ids}
+    return results
+
+
+def _cb_config(model: Any, generation_config: Any, given: Any, allow_block_sharing: bool | None) -> Any:
+    """The continuous batching config: the one given (any form), or the generation config's; with
+    ``allow_block_sharing`` applied when it is given."""
+    cb = ContinuousBatchingConfig.coerce(given)
+    if allow_block_sharing is None:
+        return cb
+    if cb is None:
+        from genkit.generation.api import merge_config
+
+        cb = ContinuousBatchingConfig.from_generation_config(merge_config(model, generation_config, {})[0])
+    return dataclasses.replace(cb, allow_block_sharing=allow_block_sharing)
+
+
+# what add_request takes besides generation fields
+_REQUEST_ARGUMENTS = frozenset({"seed", "tokenizer", "logits_processor", "stopping_criteria", "top_logprobs",
+                                "max_new_tokens", "streaming", "eos_token_id"})
+
+
+def _check_request_kwargs(model: Any, generation_config: Any, kwargs: dict[str, Any]) -> None:
+    """An unknown generation keyword is an error before any request runs (each request would fail)."""
+    from genkit.generation.api import merge_config
+
+    fields = {k: v for k, v in kwargs.items() if k not in _REQUEST_ARGUMENTS and k not in UNSUPPORTED_ARGUMENTS}
+    merge_config(model, generation_config, fields)
+
+
+def _refuse_unknown(function: str, unknown: dict[str, Any]) -> None:
+    if unknown:
+        raise ConfigError(f"{function}() got unknown keyword argument(s): {', '.join(sorted(unknown))}")
+
+
+def _check_no_effect(**values: Any) -> None:
+    """Keywords that only size CUDA graphs: ints >= 0, no effect on a CPU."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"`{name}` must be an int >= 0 (CUDA graph padding; no effect on a CPU); got {value!r}")

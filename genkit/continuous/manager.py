@@ -5,7 +5,12 @@ Requests arrive through :meth:`add_request` from any thread; the loop schedules 
 chooses each request's next token with its own logits processors and random generator, and
 publishes outputs: every token for a streaming request, the final output otherwise. A request that
 fails (a bad token id, a processor that raises) fails alone; the loop goes on with the others.
-Names and semantics follow transformers 5's ``ContinuousBatchingManager``.
+Names and semantics follow transformers 5's ``ContinuousBatchingManager`` (5.24, the installed
+reference): ``pause``, ``warmup``, ``register_result_handler``, ``join(stop_trigger_time, timeout)``.
+
+The requests themselves (waiting, active, cancellation marks) are the scheduler's
+(:class:`genkit.Scheduler`); outputs wait in an :class:`~genkit.continuous.outputs.OutputRouter`,
+which hands each one out exactly once.
 """
 
 from __future__ import annotations
@@ -15,13 +20,13 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from genkit.errors import ConfigError, NotSupportedError
+from genkit.errors import ConfigError, InvalidStateError, NotSupportedError, QueueFullError
 from genkit.models.paged import StepBatch, paged_store_for
 from genkit.strategy.finish import finish_codes, reason_names
 from genkit.strategy.sampling import choose
@@ -29,6 +34,7 @@ from genkit.strategy.sampling import choose
 from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig
 from .gate import UNSUPPORTED_ARGUMENTS, refusal
+from .outputs import OutputRouter, call_in_loop
 from .requests import GenerationOutput, RequestState, RequestStatus
 from .scheduler import scheduler_from
 
@@ -43,7 +49,7 @@ class ContinuousBatchingManager:
     """See the module docstring and docs/continuous_batching.md."""
 
     def __init__(self, model: Any, generation_config: Any = None, manual_eviction: bool = False,
-                 max_queue_size: int = 0, continuous_batching_config: ContinuousBatchingConfig | None = None) -> None:
+                 max_queue_size: int = 0, continuous_batching_config: Any = None) -> None:
         from genkit.config import GenerationConfig
         from genkit.generation.api import merge_config
 
@@ -53,35 +59,42 @@ class ContinuousBatchingManager:
                               f"{type(generation_config).__name__}")
         self._given_config = generation_config
         self.generation_config, _ = merge_config(model, generation_config, {})
-        cb = continuous_batching_config or ContinuousBatchingConfig.from_generation_config(self.generation_config)
+        cb = ContinuousBatchingConfig.coerce(continuous_batching_config) or \
+            ContinuousBatchingConfig.from_generation_config(self.generation_config)
         cb = cb.resolved(model)
         self.cb_config = cb
-        if not isinstance(max_queue_size, int) or max_queue_size < 0:
+        if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, int) or max_queue_size < 0:
             raise ConfigError(f"`max_queue_size` must be an int >= 0 (0: unbounded); got {max_queue_size!r}")
         self.max_queue_size = max_queue_size or cb.max_queue_size
         self.manual_eviction = manual_eviction
+        if getattr(self.generation_config, "compile_config", None) is not None:
+            logger.warning("`compile_config` has no effect on continuous batching: genkit does not torch.compile "
+                           "the paged forward on a CPU")
         self.store = paged_store_for(model, block_size=cb.block_size, num_blocks=cb.num_blocks)  # the K/V tensors
         # which blocks of the store each request holds
         self.cache = BlockAllocator(block_size=cb.block_size, num_blocks=cb.num_blocks,
                                     allow_block_sharing=cb.allow_block_sharing)
         self.scheduler = scheduler_from(cb, self.cache, self.generation_config.prefill_chunk_size)
         self.initial_free_blocks = self.cache.free_blocks
-        self._input: queue.Queue[RequestState] = queue.Queue(maxsize=self.max_queue_size)
-        self._cancel: queue.Queue[str] = queue.Queue()
+        self._input: queue.Queue[RequestState] = queue.Queue()
         self._evict: queue.Queue[str] = queue.Queue()
-        self._outputs: queue.Queue[GenerationOutput] = queue.Queue()
-        self._by_id: dict[str, queue.Queue[GenerationOutput]] = {}
-        self._routes_lock = threading.Lock()
+        self.output_router = OutputRouter(self.is_running)
+        self._lock = threading.Lock()  # request ids, the live set, the seeder, the queue bound
+        self._live: set[str] = set()  # requests added and not yet delivered as finished or failed
         self._counter = itertools.count()
         self._order = itertools.count()
+        self._seeder = None if cb.seed is None else torch.Generator().manual_seed(cb.seed)
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._hard_stop = True
+        self._pause = threading.Condition()
+        self._pausers = 0
+        self._paused = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
-        self._waiting: deque[RequestState] = deque()
-        self._active: list[RequestState] = []
         self._kept: dict[str, RequestState] = {}  # finished requests whose blocks stay (manual eviction)
         self.steps = 0
+        self.warmed_up = False
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -89,24 +102,73 @@ class ContinuousBatchingManager:
             logger.warning("the continuous batching manager is already running")
             return
         self._stop.clear()
+        self._hard_stop = True
         self._thread = threading.Thread(target=self._loop, name="genkit-continuous-batching", daemon=True)
         self._thread.start()
 
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def stop(self, block: bool = True, timeout: float | None = None) -> None:
-        """Stop the loop (requests not finished are failed with an error saying so)."""
+    def stop(self, block: bool = True, timeout: float | None = None, keep_for_next_session: bool = False,
+             hard_stop: bool | None = None) -> None:
+        """Stop the loop. By default (``hard_stop`` None or True) the requests not finished are
+        failed with an error saying so; ``hard_stop=False`` (transformers' flush) lets the loop
+        finish every request it holds first. ``block``: wait for the thread (at most ``timeout``
+        seconds). ``keep_for_next_session``: the model keeps this manager, and its next
+        ``init_continuous_batching`` returns it."""
+        trigger = time.perf_counter()
+        self._hard_stop = hard_stop is not False
         self._stop.set()
         self._wake.set()
         if block:
-            self.join(timeout)
+            self.join(trigger, timeout)
+        if keep_for_next_session:
+            self.model._cached_continuous_batching_manager = self
 
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if not self._thread.is_alive():
-                self._thread = None
+    def join(self, stop_trigger_time: float | None = None, timeout: float | None = None) -> None:
+        """Wait for the loop's thread to end, at most ``timeout`` seconds (transformers' signature:
+        ``stop_trigger_time`` is the ``time.perf_counter()`` of the stop request, for the log)."""
+        thread = self._thread
+        if thread is None:
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            logger.warning("the continuous batching thread did not end within %s s", timeout)
+            return
+        if stop_trigger_time is not None:
+            logger.info("the continuous batching thread ended %.2f s after the stop", time.perf_counter() - stop_trigger_time)
+        if self._thread is thread:
+            self._thread = None
+
+    def destroy(self) -> None:
+        """Stop the manager (if running) and drop it from its model's cache."""
+        if self.is_running():
+            self.stop(block=True)
+        if getattr(self.model, "_cached_continuous_batching_manager", None) is self:
+            del self.model._cached_continuous_batching_manager
+
+    def warmup(self) -> None:
+        """transformers captures CUDA graphs here; a CPU has none to capture, so this only marks the
+        manager as warmed up."""
+        self.warmed_up = True
+
+    @contextmanager
+    def pause(self) -> Iterator[None]:
+        """Pause the loop between two steps while the block runs (e.g. to change the model in
+        place); it resumes with its cache and requests when the last pausing thread leaves."""
+        if not self.is_running():
+            raise InvalidStateError("cannot pause: the continuous batching manager is not running")
+        with self._pause:
+            self._pausers += 1
+            self._wake.set()
+            while not self._paused and self.is_running():
+                self._pause.wait(0.05)
+        try:
+            yield
+        finally:
+            with self._pause:
+                self._pausers -= 1
+                self._pause.notify_all()
 
     def __enter__(self) -> ContinuousBatchingManager:
         self.start()
@@ -126,17 +188,17 @@ class ContinuousBatchingManager:
         and ``logits_processor`` (lists of this request's own objects). A request stops where
         ``generate`` would stop it (``genkit.strategy.finish_codes``); its output says why
         (``finish_reason``). ``top_logprobs``: report each token's log-probability and its
-        ``top_logprobs`` most likely alternatives (0: the token's only). A request that cannot run (an empty
-        prompt, ``max_new_tokens`` <= 0, a prompt longer than the cache) is returned at once as a
-        failed output with an error saying why; the manager goes on. So is one whose settings
-        continuous batching cannot run (beam search, contrastive search, ...: the gate,
-        :func:`genkit.continuous.gate.refusal`), with an error naming the field."""
+        ``top_logprobs`` most likely alternatives (0: the token's only). ``max_new_tokens`` is capped
+        by the model's context (the output's ``max_new_tokens`` is the limit applied). A request
+        that cannot run (an empty prompt, ``max_new_tokens`` <= 0, a request that can never fit
+        the cache) is returned at once as a failed output with an error saying why; the manager
+        goes on. So is one whose settings continuous batching cannot run (beam search, contrastive
+        search, ...: the gate, :func:`genkit.continuous.gate.refusal`), with an error naming the
+        field. With ``max_queue_size`` requests waiting, a new one is a :class:`QueueFullError`."""
         if request_id is None:
             request_id = f"req_{next(self._counter)}"
         if not isinstance(request_id, str):
             raise ConfigError(f"`request_id` must be a str or None; got {type(request_id).__name__}")
-        with self._routes_lock:
-            self._by_id.setdefault(request_id, queue.Queue())
         try:
             state = self._new_state(list(input_ids), request_id, max_new_tokens, streaming, record_timestamps,
                                     eos_token_id, generation_kwargs)
@@ -144,9 +206,15 @@ class ContinuousBatchingManager:
         except (ValueError, TypeError) as exc:
             failed = RequestState(request_id, [int(t) for t in input_ids] if _ints(input_ids) else [], 0,
                                   None, None, None, status=RequestStatus.FAILED, error=str(exc))
-            self._publish(failed.output())
+            self.output_router.deliver(failed.output())
             return request_id
-        self._input.put(state, block=True, timeout=None if self.max_queue_size == 0 else 30)
+        with self._lock:
+            waiting = self._input.qsize() + len(self.scheduler.waiting_requests)
+            if self.max_queue_size and waiting >= self.max_queue_size:
+                raise QueueFullError(f"request {request_id!r}: {waiting} requests are waiting, the most "
+                                     f"`max_queue_size` allows ({self.max_queue_size}); add it once some have started")
+            self._live.add(request_id)
+            self._input.put(state)
         self._wake.set()
         return request_id
 
@@ -156,9 +224,16 @@ class ContinuousBatchingManager:
                                  record_timestamps=record_timestamps, **generation_kwargs) for ids in inputs]
 
     def cancel_request(self, request_id: str) -> None:
-        """Stop a request: it never yields a finished result (a cancelled request's last output,
-        if any is published, has status FAILED and error "cancelled"), and its blocks are freed."""
-        self._cancel.put(request_id)
+        """Stop a request whether it waits, computes its prompt or generates: it never yields a
+        finished result (its last output has status FAILED and error "cancelled"), and its blocks
+        are freed. A request already delivered is not affected (with ``manual_eviction`` its kept
+        blocks are freed)."""
+        with self._lock:
+            live = request_id in self._live
+            if live:
+                self.scheduler.set_request_cancellation(request_id)
+        if not live and self.manual_eviction:
+            self._evict.put(request_id)
         self._wake.set()
 
     def evict_request_from_cache(self, request_id: str) -> None:
@@ -167,25 +242,18 @@ class ContinuousBatchingManager:
         self._wake.set()
 
     def get_result(self, request_id: str | None = None, timeout: float | None = None) -> GenerationOutput | None:
-        """The next output (of ``request_id`` when given); None after ``timeout`` seconds."""
-        q = self._outputs if request_id is None else self._route(request_id)
-        try:
-            out = q.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if request_id is None:
-            self._drop_routed(out)
-        else:
-            self._drop_shared(out)
-        return out
+        """The next output (of ``request_id`` when given), each output handed out once; None after
+        ``timeout`` seconds (without a timeout: at once when nothing is queued and the manager is not
+        running)."""
+        return self.output_router.take(request_id, timeout)
 
     def request_id_iter(self, request_id: str, timeout: float | None = None) -> Iterator[GenerationOutput]:
         """The outputs of ``request_id`` as they come (every token for a streaming request), until
-        it finishes or fails."""
+        it finishes or fails (or the manager stops; ``timeout``: or no output came for that long)."""
         while True:
-            out = self.get_result(request_id, timeout=0.1 if timeout is None else timeout)
+            out = self.output_router.take(request_id, 0.1 if timeout is None else timeout)
             if out is None:
-                if not self.is_running() or timeout is not None:
+                if timeout is not None or not self.is_running():
                     return
                 continue
             yield out
@@ -193,10 +261,19 @@ class ContinuousBatchingManager:
                 return
 
     def __iter__(self) -> Iterator[GenerationOutput]:
-        while self.is_running() or not self._outputs.empty():
-            out = self.get_result(timeout=0.1)
+        """Every output as it comes, until the manager stops and nothing is left."""
+        while True:
+            out = self.output_router.take(None, 0.1)
             if out is not None:
                 yield out
+            elif not self.is_running() and self.output_router.empty():
+                return
+
+    def register_result_handler(self, request_id: str, callback: Callable[[GenerationOutput], None]) -> None:
+        """Hand ``request_id``'s outputs to ``callback`` instead of the queue (outputs already queued
+        first), until it finishes. Called inside a running asyncio loop, the callback runs on that
+        loop (``call_soon_threadsafe``), as in transformers; otherwise on the manager's thread."""
+        self.output_router.set_handler(request_id, call_in_loop(callback))
 
     # -- inside: requests ---------------------------------------------------------------------------
     def _new_state(self, prompt: list[int], request_id: str, max_new_tokens: int | None, streaming: bool,
@@ -211,16 +288,7 @@ class ContinuousBatchingManager:
         bad = [t for t in prompt if t < 0 or t >= vocab]
         if bad:
             raise ConfigError(f"request {request_id!r}: token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}")
-        max_new = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if max_new is None:
-            max_new = 20
-        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
-            raise ConfigError(f"request {request_id!r}: `max_new_tokens` must be an int >= 1; got {max_new!r}")
-        capacity = self.cache.num_blocks * self.cache.block_size
-        if len(prompt) + 1 > capacity:
-            raise ConfigError(f"request {request_id!r}: the prompt has {len(prompt)} tokens; the cache holds "
-                              f"{capacity} (num_blocks * block_size)")
-        max_new = min(max_new, capacity - len(prompt))
+        max_new = self._max_new_tokens(request_id, len(prompt), max_new_tokens)
         seed = kwargs.pop("seed", None)
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request
             kwargs["eos_token_id"] = eos_token_id
@@ -233,48 +301,51 @@ class ContinuousBatchingManager:
         if why is not None:
             raise NotSupportedError(f"request {request_id!r}: continuous batching cannot run it: {why}")
         generator = torch.Generator()
-        generator.manual_seed(int(seed) if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+        generator.manual_seed(int(seed) if seed is not None else self._draw_seed())
         return RequestState(request_id, prompt, max_new, prepared.stopping_criteria, config,
                             prepared.logits_processor if len(prepared.logits_processor) else None,
                             do_sample=bool(config.do_sample), generator=generator, streaming=streaming,
                             record_timestamps=record_timestamps, return_logprobs=self.cb_config.return_logprobs,
                             order=next(self._order))
 
-    def _route(self, request_id: str) -> queue.Queue[GenerationOutput]:
-        with self._routes_lock:
-            return self._by_id.setdefault(request_id, queue.Queue())
+    def _max_new_tokens(self, request_id: str, prompt_len: int, max_new_tokens: int | None) -> int:
+        """The request's limit: as asked (or the config's), capped by the model's context; a request
+        whose prompt and new tokens can never fit the cache is refused."""
+        max_new = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if max_new is None:
+            max_new = 20
+        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
+            raise ConfigError(f"request {request_id!r}: `max_new_tokens` must be an int >= 1; got {max_new!r}")
+        capacity = self.cache.num_blocks * self.cache.block_size
+        if prompt_len + 1 > capacity:
+            raise ConfigError(f"request {request_id!r}: the prompt has {prompt_len} tokens; the cache holds "
+                              f"{capacity} (num_blocks * block_size)")
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if isinstance(context, int) and context > 0:
+            if prompt_len >= context:
+                raise ConfigError(f"request {request_id!r}: the prompt has {prompt_len} tokens; the model's context "
+                                  f"is {context} (max_position_embeddings)")
+            if prompt_len + max_new > context:
+                logger.info("request %r: max_new_tokens %d capped at %d by the model's context (%d)", request_id,
+                            max_new, context - prompt_len, context)
+                max_new = context - prompt_len
+        if prompt_len + max_new > capacity:
+            raise ConfigError(f"request {request_id!r}: the prompt ({prompt_len} tokens) and max_new_tokens "
+                              f"({max_new}) can never fit the cache, which holds {capacity} tokens "
+                              "(num_blocks * block_size); raise num_blocks or lower max_new_tokens")
+        return max_new
 
-    def _publish(self, out: GenerationOutput) -> None:
-        self._route(out.request_id).put(out)
-        self._outputs.put(out)
-
-    def _drop_routed(self, out: GenerationOutput) -> None:
-        """An output taken from the shared queue is taken from its request's queue too."""
-        q = self._route(out.request_id)
-        try:
-            q.get_nowait()
-        except queue.Empty:
-            pass
-        if out.is_finished():
-            with self._routes_lock:
-                self._by_id.pop(out.request_id, None)
-
-    def _drop_shared(self, out: GenerationOutput) -> None:
-        with self._outputs.mutex:
-            try:
-                self._outputs.queue.remove(out)
-            except ValueError:
-                pass
-        if out.is_finished():
-            with self._routes_lock:
-                self._by_id.pop(out.request_id, None)
+    def _draw_seed(self) -> int:
+        with self._lock:
+            return int(torch.randint(0, 2**62, (1,), generator=self._seeder).item())
 
     # -- inside: the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
         try:
-            while not self._stop.is_set():
+            while not (self._stop.is_set() and (self._hard_stop or not self._has_work())):
+                self._maybe_pause()
                 self._take_inputs()
-                if not self._active and not self._waiting:
+                if not self.scheduler.has_pending_requests():
                     self._wake.wait(0.05)
                     self._wake.clear()
                     continue
@@ -285,18 +356,27 @@ class ContinuousBatchingManager:
         finally:
             self._fail_all("the continuous batching manager stopped" if self.error is None
                            else f"the continuous batching manager failed: {self.error}")
+            self.output_router.wake()
+
+    def _has_work(self) -> bool:
+        return self.scheduler.has_pending_requests() or not self._input.empty()
+
+    def _maybe_pause(self) -> None:
+        with self._pause:
+            while self._pausers > 0 and not self._stop.is_set():
+                self._paused = True
+                self._pause.notify_all()
+                self._pause.wait(0.05)
+            self._paused = False
 
     def _take_inputs(self) -> None:
         while True:
             try:
-                self._waiting.append(self._input.get_nowait())
+                self.scheduler.add_waiting_request(self._input.get_nowait())
             except queue.Empty:
                 break
-        while True:
-            try:
-                self._drop(self._cancel.get_nowait(), "cancelled")
-            except queue.Empty:
-                break
+        for r in self.scheduler.clear_cancelled_requests():
+            self._fail(r, "cancelled")
         while True:
             try:
                 rid = self._evict.get_nowait()
@@ -307,34 +387,39 @@ class ContinuousBatchingManager:
                 self.cache.release(kept.blocks)
                 kept.blocks = []
 
-    def _drop(self, request_id: str, reason: str) -> None:
-        for r in list(self._waiting):
-            if r.request_id == request_id:
-                self._waiting.remove(r)
-                self._fail(r, reason)
-                return
-        for r in list(self._active):
-            if r.request_id == request_id:
-                self._active.remove(r)
-                self._fail(r, reason)
-                return
-        kept = self._kept.pop(request_id, None)
-        if kept is not None:
-            self.cache.release(kept.blocks)
-            kept.blocks = []
+    def _close(self, r: RequestState) -> bool:
+        """``r`` is about to be delivered for the last time: whether it was cancelled meanwhile."""
+        with self._lock:
+            self._live.discard(r.request_id)
+            return self.scheduler.forget_cancellation(r.request_id)
 
     def _fail(self, r: RequestState, reason: str) -> None:
         self.cache.release(r.blocks)
         r.blocks = []
+        self._close(r)
         r.status, r.error = RequestStatus.FAILED, reason
         r.finish_reason = "cancelled" if reason == "cancelled" else None
-        self._publish(r.output())
+        self.output_router.deliver(r.output())
+
+    def _complete(self, r: RequestState) -> None:
+        self.scheduler.active_requests.pop(r.request_id, None)
+        if self._close(r):  # cancelled while its last token was computed: never a finished result
+            self.cache.release(r.blocks)
+            r.blocks = []
+            r.status, r.error, r.finish_reason = RequestStatus.FAILED, "cancelled", "cancelled"
+        else:
+            r.status = RequestStatus.FINISHED
+            if self.manual_eviction:
+                self._kept[r.request_id] = r
+            else:
+                self.cache.release(r.blocks)
+                r.blocks = []
+        self.output_router.deliver(r.output())
 
     def _fail_all(self, reason: str) -> None:
-        for r in list(self._waiting) + list(self._active):
+        for r in list(self.scheduler.waiting_requests.values()) + list(self.scheduler.active_requests.values()):
             self._fail(r, reason)
-        self._waiting.clear()
-        self._active.clear()
+        self.scheduler.reset()
         while True:
             try:
                 self._fail(self._input.get_nowait(), reason)
@@ -345,10 +430,9 @@ class ContinuousBatchingManager:
         self._kept.clear()
 
     def _step(self) -> None:
-        plan = self.scheduler.schedule(self._waiting, self._active)
+        plan = self.scheduler.schedule_batch(self.cb_config.max_batch_tokens, None)
         if not plan:
-            if self._active or self._waiting:
-                time.sleep(0.001)
+            time.sleep(0.001)
             return
         ids: list[int] = []
         positions: list[int] = []
@@ -365,6 +449,9 @@ class ContinuousBatchingManager:
         batch = StepBatch(torch.tensor(ids), torch.tensor(positions), spans, cached, blocks, want)
         logits = self.model.forward_paged(batch, self.store)
         self.steps += 1
+        self._after_step(plan, want, logits)
+
+    def _after_step(self, plan: list[tuple[RequestState, int]], want: list[bool], logits: torch.Tensor) -> None:
         row = 0
         done = []
         for (r, n), w in zip(plan, want):
@@ -386,19 +473,13 @@ class ContinuousBatchingManager:
             if finished:
                 done.append((r, None))
             elif r.streaming:
-                self._publish(r.output())
+                self.output_router.deliver(r.output())
         for r, error in done:
-            self._active.remove(r)
             if error is not None:
+                self.scheduler.active_requests.pop(r.request_id, None)
                 self._fail(r, error)
-                continue
-            r.status = RequestStatus.FINISHED
-            if self.manual_eviction:
-                self._kept[r.request_id] = r
             else:
-                self.cache.release(r.blocks)
-                r.blocks = []
-            self._publish(r.output())
+                self._complete(r)
 
     def _choose(self, r: RequestState, logits: torch.Tensor) -> bool:
         """Choose ``r``'s next token (the sampler of ``generate``) and record it; whether it

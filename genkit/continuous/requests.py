@@ -34,7 +34,8 @@ class GenerationOutput:
     ``"stop_string"``, ``"max_time"``, ``"criteria"``; ``"cancelled"`` for a cancelled one; None
     while it runs or when it failed). ``top_logprobs`` holds, per generated token, the most likely
     alternatives as ``(token id, log-probability)`` pairs, best first, when the request asked for
-    them (``add_request(top_logprobs=k)``)."""
+    them (``add_request(top_logprobs=k)``). ``max_new_tokens`` is the limit the request ran with:
+    what it asked for, capped by the model's context (None for a request refused on arrival)."""
 
     request_id: str
     prompt_ids: list[int] = field(default_factory=list)
@@ -47,6 +48,7 @@ class GenerationOutput:
     timestamps: list[float] | None = None
     finish_reason: str | None = None
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    max_new_tokens: int | None = None
 
     def is_finished(self) -> bool:
         """Whether the request reached a terminal state (finished or failed)."""
@@ -101,4 +103,5 @@ class RequestState:
             request_id=self.request_id, prompt_ids=list(self.prompt_ids), generated_tokens=list(self.generated),
             logprobs=list(self.logprobs), error=self.error, status=self.status, created_time=self.created,
             lifespan=(self.started, finished), timestamps=list(self.timestamps) if self.record_timestamps else None,
-            finish_reason=self.finish_reason, top_logprobs=list(self.top_logprobs))
+            finish_reason=self.finish_reason, top_logprobs=list(self.top_logprobs),
+            max_new_tokens=self.max_new_tokens or None)

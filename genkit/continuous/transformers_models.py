@@ -63,21 +63,27 @@ def workload_positions(inputs: list[list[int]], config: Any) -> int:
 
 
 def hf_generate_batch(model: Any, inputs: list[list[int]], generation_config: Any, continuous_batching_config: Any,
-                      record_timestamps: bool, progress_bar: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
+                      record_timestamps: bool, progress_bar: bool, kwargs: dict[str, Any], *,
+                      allow_block_sharing: bool | None = None, **options: Any) -> dict[str, Any]:
+    """transformers' ``generate_batch``; ``options`` (``persistent_manager``, ``warmup``) go to it as is."""
     kwargs = dict(kwargs)
     max_new = kwargs.pop("max_new_tokens", None)
     config = hf_generation_config(model, generation_config, kwargs)
     if max_new is not None:
         config.max_new_tokens = max_new
     cb = hf_cb_config(continuous_batching_config, workload_positions(inputs, config))
+    if allow_block_sharing is not None:
+        cb.allow_block_sharing = allow_block_sharing
     return dict(model.generate_batch(inputs, generation_config=config, continuous_batching_config=cb,
-                                     record_timestamps=record_timestamps, progress_bar=progress_bar))
+                                     record_timestamps=record_timestamps, progress_bar=progress_bar, **options))
 
 
 def hf_init_continuous_batching(model: Any, generation_config: Any, continuous_batching_config: Any,
-                                max_queue_size: int) -> Any:
+                                max_queue_size: int, allow_block_sharing: bool | None = None) -> Any:
     cb = hf_cb_config(continuous_batching_config, 8192)
     if max_queue_size:
         cb.max_queue_size = max_queue_size
+    if allow_block_sharing is not None:
+        cb.allow_block_sharing = allow_block_sharing
     return model.init_continuous_batching(generation_config=hf_generation_config(model, generation_config, {}),
                                           continuous_batching_config=cb)

@@ -64,13 +64,14 @@ def generate(
         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model, streamer=streamer,
         negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
     )
-    engine = engine_for(generation_config, kwargs)  # cache_implementation="paged": continuous batching
-    if engine is not None and not (named and named.is_recipe):
-        return engine(model, inputs, generation_config, dict(arguments, custom_generate=custom_generate), kwargs)
-    model = _as_protocol_model(model)
     if named is not None and named.is_recipe:  # every argument except the two that chose the recipe
         return _run_recipe(model, named.ref, trust_remote_code,
                            dict(inputs=inputs, generation_config=generation_config, **arguments), kwargs)
+    model, generation_config = _from_transformers_objects(model, generation_config)
+    engine = engine_for(generation_config, kwargs)  # cache_implementation="paged": continuous batching
+    if engine is not None:
+        return engine(model, inputs, generation_config, dict(arguments, custom_generate=custom_generate), kwargs)
+    model = _as_protocol_model(model)
     return _run_decoding(model, inputs, generation_config, custom_generate, arguments, kwargs)
 
 
@@ -78,10 +79,28 @@ def _run_recipe(model: Any, ref: str, trust_remote_code: bool | None, forwarded:
                 kwargs: dict[str, Any]) -> Any:
     """``generate`` through the ``custom_generate`` recipe at ``ref``, given every argument that is set."""
     from ..recipes import load_recipe
+    from .recipe_call import recipe_model, resolved_generation_config
 
     recipe = load_recipe(ref, trust_remote_code=trust_remote_code)
+    given = recipe_model(model)
+    if forwarded["generation_config"] is None:
+        forwarded["generation_config"] = resolved_generation_config(given)
     with torch.no_grad():
-        return recipe.generate(model, **{k: v for k, v in forwarded.items() if v is not None}, **kwargs)
+        return recipe.generate(given, **{k: v for k, v in forwarded.items() if v is not None}, **kwargs)
+
+
+def _from_transformers_objects(model: Any, generation_config: Any) -> tuple[Any, Any]:
+    """A transformers view of a native model (what a recipe was given) is that native model; a
+    transformers ``GenerationConfig`` (what a recipe may pass on) is read as genkit's."""
+    from ..models.hf_view import is_view, native_model
+
+    if is_view(model):
+        model = native_model(model)
+    if generation_config is not None and type(generation_config).__module__.startswith("transformers."):
+        from ..models.adapter import genkit_generation_config
+
+        generation_config = genkit_generation_config(generation_config)
+    return model, generation_config
 
 
 def _run_decoding(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,

@@ -72,6 +72,23 @@ def as_genkit_cache(cache: Any) -> Any:
     return cache
 
 
+def genkit_generation_config(hf_config: Any) -> Any:
+    """A transformers ``GenerationConfig`` as a genkit one: the fields it sets that genkit knows,
+    except those at transformers' global default (genkit's defaults are the same), so a config
+    transformers resolved reads as the settings it was resolved from."""
+    from ..config import GenerationConfig, field_table
+
+    diff = hf_config.to_diff_dict()
+    defaults = hf_config._get_default_generation_params() if hasattr(hf_config, "_get_default_generation_params") else {}
+    table = field_table()
+    kept = {k: v for k, v in diff.items() if k in table and not k.startswith("_")
+            and not (k in defaults and defaults[k] == v)}
+    dropped = sorted(k for k in diff if k not in table and not k.startswith("_") and k != "transformers_version")
+    if dropped:
+        logger.debug("generation_config fields genkit does not know, ignored: %s", dropped)
+    return GenerationConfig(**kept)
+
+
 def _final_norm(model: Any) -> Any:
     """The final normalisation layer of a transformers causal LM, or None."""
     base = getattr(model, "base_model", model)
@@ -92,18 +109,12 @@ class TransformersModelAdapter:
     _genkit_protocol = True
 
     def __init__(self, model: Any) -> None:
-        from ..config import GenerationConfig, field_table
+        from ..config import GenerationConfig
 
         self.hf_model = model
         self.config = model.config
         hf_gen = getattr(model, "generation_config", None)
-        diff = hf_gen.to_diff_dict() if hf_gen is not None else {}
-        table = field_table()
-        kept = {k: v for k, v in diff.items() if k in table and not k.startswith("_")}
-        dropped = sorted(k for k in diff if k not in kept and not k.startswith("_") and k != "transformers_version")
-        if dropped:
-            logger.debug("generation_config fields genkit does not know, ignored: %s", dropped)
-        self.generation_config = GenerationConfig(**kept)
+        self.generation_config = genkit_generation_config(hf_gen) if hf_gen is not None else GenerationConfig()
         # transformers >= 5.24 names the cache argument `cache` (`past_key_values` is deprecated)
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"

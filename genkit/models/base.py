@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, NotSupportedError
+from .hf_api import PreTrainedAPI
 from .mixin import GenerationMixin
+from .outputs import CausalLMOutput
 
 
 class ModelConfig:
@@ -43,48 +45,59 @@ class ModelConfig:
 
 def positions_from_mask(attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
     """Position ids of the last ``q_len`` tokens of a left-padded batch (None when nothing is padded)."""
-    if attention_mask is None or bool(attention_mask.all()):
-        return None
+    if attention_mask is None or attention_mask.dim() == 4 or bool(attention_mask.all()):
+        return None  # a 4-D mask is the attention pattern itself: positions count from the cache
     pos = attention_mask.long().cumsum(-1) - 1
     return pos.masked_fill(attention_mask == 0, 1)[:, -q_len:]
 
 
-@dataclass
-class CausalLMOutput:
-    logits: torch.Tensor
-    past_key_values: Any = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-    def __getitem__(self, key: str) -> Any:  # dict-style access, as on transformers' outputs
-        return getattr(self, key)
-
-
-# transformers' forward arguments genkit accepts without acting on them: their only values that
-# mean something are the ones genkit already does (a dataclass output, no attention weights)
-_NEUTRAL_KWARGS = {"return_dict": (True, None), "output_attentions": (False, None)}
-
-
-def _check_forward_kwargs(kwargs: dict[str, Any]) -> None:
+def _refuse_forward_kwargs(kwargs: dict[str, Any]) -> None:
     """Refuse keyword arguments ``forward`` does not take, by name (none is silently ignored)."""
-    from ..errors import ConfigError, NotSupportedError
-
-    unknown = sorted(k for k in kwargs if k not in _NEUTRAL_KWARGS)
-    if "labels" in unknown:
-        raise NotSupportedError("`labels`: genkit's native models do not compute a loss (they are for "
-                                "generation); compute it from `.logits`, or use the transformers model")
+    unknown = sorted(kwargs)
     if unknown:
         raise ConfigError(f"unknown keyword argument(s) {', '.join(repr(k) for k in unknown)} for the model's forward; "
                           "accepted: input_ids, attention_mask, position_ids, past_key_values, use_cache, "
-                          "output_hidden_states, logits_to_keep, inputs_embeds, num_layers (and return_dict=True, "
-                          "output_attentions=False)")
-    for key, value in kwargs.items():
-        if value not in _NEUTRAL_KWARGS[key]:
-            raise NotSupportedError(f"`{key}`={value!r} is not supported by genkit's native models; accepted: "
-                                    f"{' or '.join(repr(v) for v in _NEUTRAL_KWARGS[key])}")
+                          "output_hidden_states, output_attentions, logits_to_keep, inputs_embeds, labels, "
+                          "num_items_in_batch, return_dict, num_layers")
 
 
-class GenkitModel(nn.Module, GenerationMixin):
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None,
+                   ignore_index: int = -100) -> torch.Tensor:
+    """transformers' causal-LM loss: the logits at position ``i`` predict ``labels[i + 1]`` (cross
+    entropy in float32), positions labelled ``ignore_index`` left out; the mean over the counted
+    positions, or the sum over ``num_items_in_batch`` when given (gradient accumulation)."""
+    if labels.shape != logits.shape[:-1]:
+        raise ConfigError(f"`labels` must have the shape of `input_ids` {tuple(logits.shape[:-1])} (with "
+                          f"logits_to_keep=0); got {tuple(labels.shape)}")
+    labels = F.pad(labels.to(logits.device), (0, 1), value=ignore_index)[..., 1:]
+    source = logits.float().reshape(-1, logits.shape[-1])
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = F.cross_entropy(source, labels.reshape(-1), ignore_index=ignore_index, reduction=reduction)
+    return loss / num_items_in_batch if num_items_in_batch is not None else loss
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                    scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention computed step by step, as transformers' eager implementation does, for the
+    attention weights (``output_attentions=True``): ``(output, weights)``, the weights
+    ``(batch, heads, query, key)``. ``mask`` as for SDPA (boolean: True attends; float: added);
+    None is causal, the queries being the last positions of the keys."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    t, n = q.shape[2], k.shape[2]
+    if mask is None and t > 1:
+        mask = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    elif mask is not None:
+        scores = scores + mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v), weights
+
+
+class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
     """Base class of native models: ``config``, ``generation_config``, ``device``, ``dtype``."""
 
     config: ModelConfig
@@ -124,9 +137,11 @@ class GenkitModel(nn.Module, GenerationMixin):
         raise NotImplementedError
 
     def decoder(self, x: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-                cache: Any, past_len: int, hidden: list[torch.Tensor] | None) -> torch.Tensor:
-        """Run the decoder stack on embeddings ``x`` (appending each layer's input to ``hidden``) and
-        return the final-normed hidden state."""
+                cache: Any, past_len: int, hidden: list[torch.Tensor] | None,
+                attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Run the decoder stack on embeddings ``x`` (appending each layer's input to ``hidden``, and
+        its attention weights to ``attentions`` when that is a list) and return the final-normed
+        hidden state."""
         raise NotImplementedError
 
     def output_logits(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
@@ -142,35 +157,40 @@ class GenkitModel(nn.Module, GenerationMixin):
         past_key_values: Any = None,
         use_cache: bool = True,
         output_hidden_states: bool = False,
+        output_attentions: bool = False,
         logits_to_keep: int | torch.Tensor = 0,
         inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        return_dict: bool | None = None,
         num_layers: int | None = None,
         **kwargs: Any,
-    ) -> CausalLMOutput:
+    ) -> Any:
         """transformers' calling convention (see docs/models.md, "The model protocol").
 
-        ``num_layers`` (models with :attr:`supports_partial_depth`): run only the first that many
-        decoder layers; the logits are the final norm and LM head on their output."""
+        ``labels``: the loss as transformers computes it (:func:`causal_lm_loss`) in ``.loss``.
+        ``output_attentions``: every layer's attention weights in ``.attentions`` (the layers then
+        run as modules, with attention computed step by step). ``return_dict=False`` returns
+        :meth:`~genkit.models.outputs.ModelOutput.to_tuple`. ``num_layers`` (models with
+        :attr:`supports_partial_depth`): run only the first that many decoder layers; the logits
+        are the final norm and LM head on their output."""
         if kwargs:
-            _check_forward_kwargs(kwargs)
+            _refuse_forward_kwargs(kwargs)
         depth = self._partial_depth(num_layers)
-        if inputs_embeds is None:
-            if input_ids is None:
-                raise ConfigError("pass `input_ids` or `inputs_embeds`")
-            if input_ids.shape[-1] != 1 or past_key_values is None:  # a prompt (decode steps feed sampled ids)
-                self._check_token_ids(input_ids)
-            inputs_embeds = self.input_embeddings()(input_ids)
-        cache = past_key_values
-        if cache is None and use_cache:
-            cache = self.new_cache()
+        inputs_embeds = self._embed(input_ids, inputs_embeds, past_key_values)
+        from .cache import native_cache
+
+        if past_key_values is None and use_cache:
+            past_key_values = self.new_cache()
+        cache = native_cache(past_key_values)
         past_len = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask, inputs_embeds.shape[1])
         hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
-        if depth is None:
-            x = self.decoder(inputs_embeds, attention_mask, position_ids, cache, past_len, hidden)
-        else:
-            x = self.decoder(inputs_embeds, attention_mask, position_ids, cache, past_len, hidden, num_layers=depth)
+        extra: dict[str, Any] = {} if depth is None else {"num_layers": depth}
+        if output_attentions:
+            extra["attentions"] = []
+        x = self.decoder(inputs_embeds, attention_mask, position_ids, cache, past_len, hidden, **extra)
         if hidden is not None:
             hidden.append(x)
         if isinstance(logits_to_keep, int):
@@ -178,8 +198,23 @@ class GenkitModel(nn.Module, GenerationMixin):
                 x = x[:, -logits_to_keep:]
         else:
             x = x[:, logits_to_keep]
-        return CausalLMOutput(logits=self.output_logits(x, cache), past_key_values=cache if use_cache else None,
-                              hidden_states=tuple(hidden) if hidden is not None else None)
+        logits = self.output_logits(x, cache)
+        out = CausalLMOutput(
+            loss=None if labels is None else causal_lm_loss(logits, labels, num_items_in_batch),
+            logits=logits, past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(hidden) if hidden is not None else None,
+            attentions=tuple(extra["attentions"]) if output_attentions else None)
+        return out.to_tuple() if return_dict is False else out
+
+    def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, cache: Any) -> torch.Tensor:
+        """``inputs_embeds``, or the embeddings of ``input_ids`` (checked against the vocabulary)."""
+        if inputs_embeds is not None:
+            return inputs_embeds
+        if input_ids is None:
+            raise ConfigError("pass `input_ids` or `inputs_embeds`")
+        if input_ids.shape[-1] != 1 or cache is None:  # a prompt (decode steps feed sampled ids)
+            self._check_token_ids(input_ids)
+        return self.input_embeddings()(input_ids)  # type: ignore[no-any-return]
 
     def _check_token_ids(self, input_ids: torch.Tensor) -> None:
         """Token ids must lie in ``[0, vocab_size)`` (a ConfigError naming the first one outside)."""

@@ -125,3 +125,42 @@ class KVCache:
     def repeat_interleave(self, repeats: int) -> None:
         """Repeat each batch row ``repeats`` times (expanding prompts to beams or samples)."""
         self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+
+class TransformersCacheLayers:
+    """A transformers cache (``DynamicCache``, ...) written by native layers: the forward of a native
+    model called with one as ``past_key_values`` (as transformers' ``generate`` and code written
+    for it do) stores its keys and values there, through ``update(layer, k, v)``. The cache keeps
+    transformers' own methods for everything else (``crop``, ``reorder_cache``, ...)."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k``/``v`` to ``layer`` and return the whole layer (transformers' argument order)."""
+        out = self.cache.update(k, v, layer)
+        return out[0], out[1]
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return int(self.cache.get_seq_length(layer))
+
+    @property
+    def prepared(self) -> Any:  # the native model's check of its inference weights, kept on the cache
+        return getattr(self.cache, "_genkit_prepared", None)
+
+    @prepared.setter
+    def prepared(self, value: Any) -> None:
+        self.cache._genkit_prepared = value
+
+
+def native_cache(cache: Any) -> Any:
+    """The cache a native model's layers write: genkit's own caches as they are; a transformers
+    cache (bare, or as the strategies see it, wrapped in the adapter's ``TransformersCache``)
+    through :class:`TransformersCacheLayers`."""
+    from .adapter import TransformersCache
+
+    if isinstance(cache, TransformersCache):
+        cache = cache.cache
+    if cache is None or isinstance(cache, KVCache) or not type(cache).__module__.startswith("transformers."):
+        return cache
+    return TransformersCacheLayers(cache)

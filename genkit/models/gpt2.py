@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from .base import GenkitModel, ModelConfig
+from .base import GenkitModel, ModelConfig, eager_attention
 from .cache import KVCache
 from .llama import build_attention_mask
 
@@ -55,7 +55,8 @@ class GPT2Attention(nn.Module):
         self.c_attn = Conv1D(3 * self.embed_dim, self.embed_dim)
         self.c_proj = Conv1D(self.embed_dim, self.embed_dim)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None,
+                attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = self.c_attn(x).split(self.embed_dim, dim=2)
         q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
@@ -63,8 +64,12 @@ class GPT2Attention(nn.Module):
         v = v.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and t > 1,
-                                             scale=self.scale)
+        if attentions is not None:  # output_attentions: the weights, computed step by step
+            out, weights = eager_attention(q, k, v, mask, self.scale)
+            attentions.append(weights)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and t > 1,
+                                                 scale=self.scale)
         return self.c_proj(out.transpose(1, 2).reshape(b, t, self.embed_dim))
 
 
@@ -93,8 +98,12 @@ class GPT2Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=eps)
         self.mlp = GPT2MLP(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), mask, cache)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None,
+                attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+        if attentions is not None:
+            x = x + self.attn(self.ln_1(x), mask, cache, attentions)
+        else:
+            x = x + self.attn(self.ln_1(x), mask, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -135,14 +144,14 @@ class GPT2LMHeadModel(GenkitModel):
 
     def decoder(self, x: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
                 cache: KVCache | None, past_len: int, hidden: list[torch.Tensor] | None,
-                num_layers: int | None = None) -> torch.Tensor:
+                attentions: list[torch.Tensor] | None = None, num_layers: int | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + t, device=x.device)[None].expand(b, t)
         x = x + self.transformer.wpe(position_ids)
-        mask = build_attention_mask(attention_mask, t, past_len, x.device)
+        mask = build_attention_mask(attention_mask, t, past_len, x.device, dtype=x.dtype)
         for block in self.transformer.h if num_layers is None else self.transformer.h[:num_layers]:
             if hidden is not None:
                 hidden.append(x)
-            x = block(x, mask, cache)
+            x = block(x, mask, cache, attentions) if attentions is not None else block(x, mask, cache)
         return self.transformer.ln_f(x)

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..errors import NotSupportedError, UnsupportedModelError
-from .base import GenkitModel, ModelConfig
+from ..errors import ConfigError, NotSupportedError, UnsupportedModelError
+from .base import GenkitModel, ModelConfig, eager_attention
 from .cache import KVCache
 from .llama_infer import PreparedModel, has_hooks, linear, prepare_layers, rms_norm, run_layers, weights_key
 from .paged import PagedKVStore, StepBatch, paged_forward
@@ -83,7 +83,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bool(config.get("attention_bias", False)))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                cache: KVCache | None) -> torch.Tensor:
+                cache: KVCache | None, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -93,8 +93,12 @@ class LlamaAttention(nn.Module):
         k = k * cos + swap_halves(k) * sin
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and t > 1,
-                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        if attentions is not None:  # output_attentions: the weights, computed step by step
+            out, weights = eager_attention(q, k, v, mask)
+            attentions.append(weights)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and t > 1,
+                                                 enable_gqa=self.num_kv_heads != self.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -121,8 +125,11 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                cache: KVCache | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+                cache: KVCache | None, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
+        if attentions is not None:
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, attentions)
+        else:
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -135,14 +142,21 @@ class LlamaInner(nn.Module):
 
 
 def build_attention_mask(attention_mask: torch.Tensor | None, q_len: int, past_len: int,
-                         device: torch.device, window: int | None = None) -> torch.Tensor | None:
+                         device: torch.device, window: int | None = None,
+                         dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """Boolean SDPA mask ``(batch, 1, q_len, past_len + q_len)``, or None when causal alone will do.
 
     ``window``: sliding-window attention (Mistral, Qwen2), a query sees only the ``window`` most
     recent positions, itself included. A query position whose every key is padding may still
     attend to itself, so padded rows never produce NaN (their outputs are never read).
+
+    A 4-D ``attention_mask`` is the pattern itself, as in transformers, used as given (boolean:
+    True attends; float: added to the scores, 0 attends and a large negative value masks; cast to
+    ``dtype``): its shape must be ``(batch, 1 or heads, q_len, past_len + q_len)``.
     """
     kv_len = past_len + q_len
+    if attention_mask is not None and attention_mask.dim() == 4:
+        return _custom_mask(attention_mask, q_len, kv_len, device, dtype)
     no_padding = attention_mask is None or bool(attention_mask.all())
     if window is not None and kv_len <= window:
         window = None  # the window covers everything
@@ -159,6 +173,18 @@ def build_attention_mask(attention_mask: torch.Tensor | None, q_len: int, past_l
     am = attention_mask[:, -kv_len:].to(device=device, dtype=torch.bool)
     mask = (allowed[None] & am[:, None, :]) | (k_pos == q_pos)[None]  # (b, q, k)
     return mask[:, None]
+
+
+def _custom_mask(mask: torch.Tensor, q_len: int, kv_len: int, device: torch.device,
+                 dtype: torch.dtype | None) -> torch.Tensor:
+    """A caller's 4-D attention mask, checked against the query and key lengths."""
+    if tuple(mask.shape[-2:]) != (q_len, kv_len):
+        raise ConfigError(f"a 4-D `attention_mask` must be (batch, 1, query length, key length) = "
+                          f"(batch, 1, {q_len}, {kv_len}) here; got {tuple(mask.shape)}")
+    mask = mask.to(device)
+    if mask.dtype != torch.bool and dtype is not None:
+        mask = mask.to(dtype)
+    return mask
 
 
 def layer_windows(config: ModelConfig) -> list[int | None]:
@@ -361,13 +387,14 @@ class LlamaForCausalLM(GenkitModel):
 
     def decoder(self, x: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
                 cache: KVCache | None, past_len: int, hidden: list[torch.Tensor] | None,
-                num_layers: int | None = None) -> torch.Tensor:
+                attentions: list[torch.Tensor] | None = None, num_layers: int | None = None) -> torch.Tensor:
         t = x.shape[1]
         cos, sin = self.rope(position_ids, x.dtype, past_len, t)
-        masks = {w: build_attention_mask(attention_mask, t, past_len, x.device, w) for w in set(self.windows)}
+        masks = {w: build_attention_mask(attention_mask, t, past_len, x.device, w, x.dtype) for w in set(self.windows)}
         if torch.is_grad_enabled() and self._prepared is not None:
             self._contiguous_for_training()
-        prepared = None if _module_path() else self._inference_weights(cache, past_len)
+        # output_attentions runs the modules: the inference path computes no attention weights
+        prepared = None if _module_path() or attentions is not None else self._inference_weights(cache, past_len)
         if prepared is not None:
             x = run_layers(prepared, x, cos, sin, masks, cache, hidden, num_layers)
         else:
@@ -375,5 +402,8 @@ class LlamaForCausalLM(GenkitModel):
             for layer, window in zip(layers, self.windows):
                 if hidden is not None:
                     hidden.append(x)
-                x = layer(x, cos, sin, masks[window], cache)
+                if attentions is not None:
+                    x = layer(x, cos, sin, masks[window], cache, attentions)
+                else:
+                    x = layer(x, cos, sin, masks[window], cache)
         return self.model.norm(x)

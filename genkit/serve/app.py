@@ -1,9 +1,11 @@
 """The ASGI application of ``genkit serve`` (Starlette): OpenAI's completions and chat completions,
-models, health and metrics.
+models, tokenize/detokenize, version, health and Prometheus metrics.
 
+Requests pass :mod:`genkit.serve.security` first (Host, Origin, API key, JSON bodies, body size).
+A body is parsed and tokenized on a worker thread (the event loop keeps answering ``/health``).
 Streaming responses are server-sent events (``data: {json}``, then ``data: [DONE]``). A client
-that disconnects cancels its request: Starlette stops the response's generator, whose ``finally``
-cancels the request in the engine.
+that disconnects cancels its request, streaming or not: the stream's ``finally`` or a watcher of
+the connection cancels it in the engine, which frees its cache blocks.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -23,7 +27,17 @@ from starlette.routing import Route
 from genkit.strategy import openai_finish_reason
 
 from .engine import Request, RequestStream
-from .openai_api import APIError, ParsedRequest, TextAssembler, logprob_entry, parse_request
+from .limits import Limits, load_json
+from .openai_api import (
+    APIError,
+    ParsedRequest,
+    TextAssembler,
+    chat_prompt,
+    logprob_entry,
+    parse_request,
+    public_message,
+)
+from .security import ServePolicy, middleware
 from .tools import ToolStream
 
 logger = logging.getLogger("genkit.serve")
@@ -35,137 +49,322 @@ class ServerState:
     """What the routes share: the model's name, tokenizer, engine, and the server's policy."""
 
     def __init__(self, model: Any, tokenizer: Any, engine: Any, model_name: str, *,
-                 trust_remote_code: bool = False) -> None:
+                 trust_remote_code: bool = False, allowed_recipes: list[str] | None = None,
+                 policy: ServePolicy | None = None, max_model_len: int | None = None,
+                 chat_template: str | None = None) -> None:
         from genkit.config import field_table
 
         self.model, self.tokenizer, self.engine, self.model_name = model, tokenizer, engine, model_name
         self.trust_remote_code = trust_remote_code
+        self.allowed_recipes = list(allowed_recipes or [])
+        self.policy = policy or ServePolicy()
         self.generation_fields = set(field_table())
-        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        context = getattr(model.config, "max_position_embeddings", None)
+        self.limits = Limits(max_model_len=max_model_len or context)
+        self.chat_template = chat_template
         self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
         self.created = int(time.time())
-        self.shutting_down = False
+        self.shutting_down = False  # draining: /health is 503, new requests are refused
+        self.inflight: set[_Group] = set()
+
+    def cancel_inflight(self) -> None:
+        """Cancel every running request (the shutdown timeout passed)."""
+        for group in list(self.inflight):
+            group.cancel()
 
 
 def _error(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
-async def _body(request: HTTPRequest) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(f"the request body is not valid JSON: {exc}") from exc
+async def _json_body(request: HTTPRequest, state: ServerState) -> Any:
+    return load_json(await request.body(), state.limits.max_json_depth)
 
 
 def create_app(state: ServerState) -> Starlette:
     """The application serving ``state``'s model."""
 
-    async def models(request: HTTPRequest) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "genkit"}]})
-
-    async def health(request: HTTPRequest) -> Response:
-        ok = state.engine.is_alive() and not state.shutting_down
-        return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
-
-    async def metrics(request: HTTPRequest) -> Response:
-        stats = state.engine.stats
-        fallback = getattr(state.engine, "fallback", None)
-        if fallback is not None:  # requests the continuous engine handed to generate count too
-            merged = type(stats)(**vars(stats))
-            for name, value in vars(fallback.stats).items():
-                if not name.startswith("cache_"):
-                    setattr(merged, name, getattr(merged, name) + value)
-            stats = merged
-        lines = [f"genkit_{name} {value}" for name, value in vars(stats).items()]
-        return PlainTextResponse("\n".join(lines) + "\n")
-
     async def completions(request: HTTPRequest) -> Response:
-        return await _handle(request, chat=False)
+        return await _handle(request, state, chat=False)
 
     async def chat_completions(request: HTTPRequest) -> Response:
-        return await _handle(request, chat=True)
+        return await _handle(request, state, chat=True)
 
-    async def _handle(request: HTTPRequest, chat: bool) -> Response:
-        try:
-            if state.shutting_down:
-                raise APIError("the server is shutting down", status=503, type_="server_error")
-            body = await _body(request)
-            parsed = parse_request(body, chat=chat, tokenizer=state.tokenizer, model_name=state.model_name,
-                                   max_positions=state.max_positions, generation_fields=state.generation_fields)
-            _check_custom_generate(parsed, state)
-        except APIError as exc:
-            return _error(exc)
-        stream = state.engine.submit(
-            Request(parsed.prompt_ids, parsed.n, _generate_kwargs(parsed, state), parsed.seed, parsed.logprobs, parsed.id),
-            asyncio.get_running_loop())
-        if parsed.stream:
-            return StreamingResponse(_sse(parsed, stream, state), media_type="text/event-stream")
-        try:
-            return JSONResponse(await _collect(parsed, stream, state))
-        except asyncio.CancelledError:
-            stream.cancel()
-            raise
-        except APIError as exc:
-            return _error(exc)
+    async def tokenize(request: HTTPRequest) -> Response:
+        return await _tokenize(request, state)
+
+    async def detokenize(request: HTTPRequest) -> Response:
+        return await _detokenize(request, state)
 
     routes = [
-        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models", partial(_models, state), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", partial(_model, state), methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/version", _version, methods=["GET"]),
+        Route("/health", partial(_health, state), methods=["GET"]),
+        Route("/metrics", partial(_metrics, state), methods=["GET"]),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, middleware=middleware(state.policy))
+
+
+async def _models(state: ServerState, request: HTTPRequest) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "genkit",
+            "max_model_len": state.limits.max_model_len}
+
+
+async def _model(state: ServerState, request: HTTPRequest) -> Response:
+    model_id = request.path_params["model_id"]
+    if model_id != state.model_name:
+        return _error(APIError(f"the model `{model_id[:100]}` does not exist; this server serves "
+                               f"`{state.model_name}`", "model", 404, code="model_not_found"))
+    return JSONResponse(_model_card(state))
+
+
+async def _version(request: HTTPRequest) -> Response:
+    import genkit
+
+    return JSONResponse({"version": genkit.__version__})
+
+
+async def _health(state: ServerState, request: HTTPRequest) -> Response:
+    ok = state.engine.is_alive() and not state.shutting_down
+    status = "ok" if ok else "draining" if state.shutting_down else "unavailable"
+    return JSONResponse({"status": status}, status_code=200 if ok else 503)
+
+
+_METRICS = {  # name: (type, help)
+    "requests_total": ("counter", "Requests received."),
+    "requests_running": ("gauge", "Requests generating now."),
+    "requests_waiting": ("gauge", "Requests queued for an engine."),
+    "requests_cancelled": ("counter", "Requests cancelled because their client went away or the server shut down."),
+    "requests_failed": ("counter", "Requests whose generation failed."),
+    "prompt_tokens_total": ("counter", "Prompt tokens of the requests run (times their choices)."),
+    "generated_tokens_total": ("counter", "Tokens generated."),
+    "cache_free_blocks": ("gauge", "Free blocks of the continuous batching engine's paged cache."),
+    "cache_blocks": ("gauge", "Blocks of the continuous batching engine's paged cache."),
+}
+
+
+async def _metrics(state: ServerState, request: HTTPRequest) -> Response:
+    """Prometheus' text format: ``# HELP`` and ``# TYPE`` before each ``genkit_*`` sample."""
+    stats = state.engine.stats
+    fallback = getattr(state.engine, "fallback", None)
+    if fallback is not None:  # requests the continuous engine handed to generate count too
+        merged = type(stats)(**vars(stats))
+        for name, value in vars(fallback.stats).items():
+            if not name.startswith("cache_"):
+                setattr(merged, name, getattr(merged, name) + value)
+        stats = merged
+    lines = []
+    for name, value in vars(stats).items():
+        kind, text = _METRICS.get(name, ("gauge", name.replace("_", " ") + "."))
+        lines += [f"# HELP genkit_{name} {text}", f"# TYPE genkit_{name} {kind}", f"genkit_{name} {value}"]
+    lines += ["# HELP genkit_server_draining 1 while the server shuts down.", "# TYPE genkit_server_draining gauge",
+              f"genkit_server_draining {int(state.shutting_down)}"]
+    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+
+async def _tokenize(request: HTTPRequest, state: ServerState) -> Response:
+    """vLLM's ``/tokenize``: ``prompt`` (a string) or chat ``messages`` to token ids (on a worker thread)."""
+    try:
+        body = await _json_body(request, state)
+        if not isinstance(body, dict) or not (isinstance(body.get("prompt"), str) or "messages" in body):
+            raise APIError("`/tokenize` takes {\"prompt\": \"text\"} or {\"messages\": [...]}", "prompt")
+        unknown = set(body) - {"model", "prompt", "messages", "add_special_tokens"}
+        if unknown:
+            raise APIError(f"unknown field `{sorted(unknown)[0]}` for /tokenize", sorted(unknown)[0])
+        if body.get("model") is not None and body["model"] != state.model_name:
+            raise APIError(f"the model `{body['model']}` does not exist", "model", 404, code="model_not_found")
+        ids = await run_in_threadpool(_tokenize_body, body, state)
+    except APIError as exc:
+        return _error(exc)
+    return JSONResponse({"count": len(ids), "max_model_len": state.limits.max_model_len, "tokens": ids})
+
+
+def _tokenize_body(body: dict[str, Any], state: ServerState) -> list[int]:
+    if "messages" in body:
+        return chat_prompt(body, state.tokenizer, state.limits, state.chat_template)
+    special = body.get("add_special_tokens", True)
+    if not isinstance(special, bool):
+        raise APIError("`add_special_tokens` must be true or false", "add_special_tokens")
+    return [int(t) for t in state.tokenizer.encode(body["prompt"], add_special_tokens=special)]
+
+
+async def _detokenize(request: HTTPRequest, state: ServerState) -> Response:
+    """vLLM's ``/detokenize``: ``tokens`` (ids) to text (on a worker thread)."""
+    try:
+        body = await _json_body(request, state)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        vocab = len(state.tokenizer)
+        if (not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                                    for t in tokens)):
+            raise APIError(f"`/detokenize` takes {{\"tokens\": [ids between 0 and {vocab - 1}]}}", "tokens")
+        text = await run_in_threadpool(state.tokenizer.decode, tokens)
+    except APIError as exc:
+        return _error(exc)
+    return JSONResponse({"prompt": text})
+
+
+async def _parse(request: HTTPRequest, state: ServerState, chat: bool) -> ParsedRequest:
+    if state.shutting_down:
+        raise APIError("the server is shutting down", status=503, type_="server_error")
+    body = await _json_body(request, state)
+    parsed: ParsedRequest = await run_in_threadpool(  # tokenizing can take a while: not on the event loop
+        lambda: parse_request(body, chat=chat, tokenizer=state.tokenizer, model_name=state.model_name,
+                              limits=state.limits, generation_fields=state.generation_fields,
+                              chat_template=state.chat_template))
+    _check_custom_generate(parsed, state)
+    if state.shutting_down:
+        raise APIError("the server is shutting down", status=503, type_="server_error")
+    return parsed
+
+
+async def _handle(request: HTTPRequest, state: ServerState, chat: bool) -> Response:
+    try:
+        parsed = await _parse(request, state, chat)
+    except APIError as exc:
+        return _error(exc)
+    loop = asyncio.get_running_loop()
+    kwargs = _generate_kwargs(parsed, state)
+    streams = [state.engine.submit(Request(ids, parsed.best_of, kwargs, parsed.seed, parsed.engine_logprobs,
+                                           f"{parsed.id}-{k}" if len(parsed.prompts) > 1 else parsed.id), loop)
+               for k, ids in enumerate(parsed.prompts)]
+    group = _Group(streams, parsed.best_of)
+    state.inflight.add(group)
+    if parsed.stream:
+        return StreamingResponse(_sse(parsed, group, state), media_type="text/event-stream")
+    watcher = asyncio.ensure_future(_watch_disconnect(request, group))
+    try:
+        return JSONResponse(await _collect(parsed, group, state))
+    except asyncio.CancelledError:
+        group.cancel()
+        raise
+    except APIError as exc:
+        return _error(exc)
+    finally:
+        watcher.cancel()
+        state.inflight.discard(group)
+
+
+async def _watch_disconnect(request: HTTPRequest, group: _Group) -> None:
+    """Cancel ``group`` when the client hangs up before its (non-streaming) answer is ready."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            logger.debug("a client left before its answer: cancelling")
+            group.cancel()
+            return
 
 
 def _check_custom_generate(parsed: ParsedRequest, state: ServerState) -> None:
-    """A registered strategy runs; a recipe only as the operator allows: any with
-    ``--trust-remote-code``, otherwise a Hub recipe that a trusted-repos entry covers (the loader
-    checks the entry again against the commit). A client never gets a local folder run without
-    the flag."""
-    from genkit.errors import UnknownItemError
-    from genkit.recipes.reference import classify
-    from genkit.recipes.trust import could_be_trusted
+    """A registered strategy runs; a recipe only with ``--trust-remote-code`` and its Hub id in
+    ``--allowed-recipes`` (``org/name`` allows every revision, ``org/name@rev`` that one). A
+    client never names a local folder (nothing is looked up on disk for it)."""
+    from genkit.plugins import get_registry
 
     ref = parsed.custom_generate
-    if ref is None:
+    if ref is None or ref in get_registry().items["strategy"]:
         return
-    try:
-        named = classify(ref)
-    except UnknownItemError as exc:  # not a strategy, a folder or a Hub id: the error lists the strategies
-        raise APIError(str(exc), "custom_generate") from exc
-    except ValueError as exc:  # a path that does not exist, a bad revision: said only to a trusting operator's
-        if state.trust_remote_code:  # clients (others learn nothing about the server's folders)
-            raise APIError(str(exc), "custom_generate") from exc
-        named = None
-    if named is not None and (not named.is_recipe or state.trust_remote_code):
+    if state.trust_remote_code and _recipe_allowed(ref, state.allowed_recipes):
         return
-    if named is None or named.recipe is None or named.kind == "local" or not could_be_trusted(named.recipe, None):
-        raise APIError(f"`custom_generate` {ref!r} is a recipe this server does not trust: the operator allows "
-                       "recipes with `genkit serve --trust-remote-code` or a trusted-repos entry",
-                       "custom_generate", 403, type_="permission_error")
+    raise APIError(f"`custom_generate` {ref[:200]!r} is neither a registered strategy nor a recipe this server "
+                   "allows: the operator allows recipes with `genkit serve --trust-remote-code --allowed-recipes "
+                   "org/name`", "custom_generate", 403, type_="permission_error")
+
+
+def _recipe_allowed(ref: str, allowed: list[str]) -> bool:
+    repo, _, revision = ref.partition("@")
+    return ref in allowed or (repo in allowed and "/" in repo)
 
 
 def _generate_kwargs(parsed: ParsedRequest, state: ServerState) -> dict[str, Any]:
     kwargs = dict(parsed.generate_kwargs)
-    if parsed.custom_generate is not None:
-        kwargs["custom_generate"] = parsed.custom_generate
-        kwargs["trust_remote_code"] = True if state.trust_remote_code else None
+    ref = parsed.custom_generate
+    if ref is not None:
+        from genkit.plugins import get_registry
+
+        is_strategy = ref in get_registry().items["strategy"]
+        # a Hub recipe is named with its revision, so that no folder of that name is looked up
+        kwargs["custom_generate"] = ref if is_strategy or "@" in ref else f"{ref}@main"
+        kwargs["trust_remote_code"] = None if is_strategy else True
     return kwargs
 
 
+class _Group:
+    """The engine requests of one HTTP request (one per prompt, each with ``width`` choices),
+    read as one stream of events over all choices."""
+
+    def __init__(self, streams: list[RequestStream], width: int) -> None:
+        self.streams, self.width = streams, width
+
+    def cancel(self) -> None:
+        for s in self.streams:
+            s.cancel()
+
+    def release(self) -> None:
+        for s in self.streams:
+            s.release()
+
+    async def events(self) -> AsyncIterator[Any]:
+        """Every engine event, widened to all choices (prompt ``k``'s at ``k * width``)."""
+        if len(self.streams) == 1:
+            async for event in self.streams[0]:
+                yield event
+            return
+        merged: asyncio.Queue[Any] = asyncio.Queue()
+        tasks = [asyncio.ensure_future(self._pump(k, s, merged)) for k, s in enumerate(self.streams)]
+        try:
+            for _ in range(len(self.streams)):
+                while True:
+                    item = await merged.get()
+                    if isinstance(item, BaseException):
+                        raise item
+                    if item is None:
+                        break
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _pump(self, k: int, stream: RequestStream, merged: asyncio.Queue[Any]) -> None:
+        total = self.width * len(self.streams)
+        try:
+            async for event in stream:
+                merged.put_nowait(_widen(event, k * self.width, total))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader
+            merged.put_nowait(exc)
+            return
+        merged.put_nowait(None)
+
+
+def _widen(event: Any, offset: int, total: int) -> Any:
+    def place(values: list[Any] | None) -> list[Any] | None:
+        if values is None:
+            return None
+        out: list[Any] = [None] * total
+        out[offset:offset + len(values)] = values
+        return out
+    return type(event)(place(event.tokens), place(event.logprobs), place(event.finish))
+
+
 class _Choices:
-    """Per-choice text, finish state and logprobs while events arrive."""
+    """Per-choice text, finish state and logprobs while events arrive (every prompt's
+    ``best_of`` choices, prompt ``k``'s first at ``k * best_of``)."""
 
     def __init__(self, parsed: ParsedRequest, state: ServerState) -> None:
         self.parsed, self.state = parsed, state
-        self.texts = [TextAssembler(state.tokenizer, parsed.stop) for _ in range(parsed.n)]
-        self.counts = [0] * parsed.n
-        self.finish: list[str | None] = [None] * parsed.n
-        self.logprobs: list[list[tuple[int, float, list[tuple[int, float]]]]] = [[] for _ in range(parsed.n)]
+        self.total = len(parsed.prompts) * parsed.best_of
+        self.texts = [TextAssembler(state.tokenizer, parsed.stop) for _ in range(self.total)]
+        self.counts = [0] * self.total
+        self.finish: list[str | None] = [None] * self.total
+        self.logprobs: list[list[tuple[int, float, list[tuple[int, float]]]]] = [[] for _ in range(self.total)]
 
     def add(self, event: Any) -> list[tuple[int, str, list[tuple[int, float, list[tuple[int, float]]]]]]:
         """The new text (and its tokens' logprobs) per choice that has some. A choice finishes
@@ -193,12 +392,25 @@ class _Choices:
         return out
 
     def close(self) -> None:
-        for i in range(self.parsed.n):
+        for i in range(self.total):
             if self.finish[i] is None:
                 self.finish[i] = "length" if self.counts[i] >= self.parsed.max_tokens else "stop"
 
+    def best(self) -> list[int]:
+        """The choices returned: per prompt, the ``n`` of its ``best_of`` with the highest
+        log-probability per token (OpenAI's ``best_of``), best first; all of them without ``best_of``."""
+        width, n = self.parsed.best_of, self.parsed.n
+        if width == n:
+            return list(range(self.total))
+        out = []
+        for k in range(len(self.parsed.prompts)):
+            mean = {i: sum(e[1] for e in self.logprobs[i]) / max(1, len(self.logprobs[i]))
+                    for i in range(k * width, (k + 1) * width)}
+            out += sorted(mean, key=lambda i: -mean[i])[:n]
+        return out
+
     def usage(self) -> dict[str, int]:
-        prompt = len(self.parsed.prompt_ids)
+        prompt = sum(len(p) for p in self.parsed.prompts)
         completion = sum(self.counts)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -219,22 +431,29 @@ def _completion_logprobs(state: ServerState, entries: list[tuple[int, float, lis
             "text_offset": offsets}
 
 
-async def _collect(parsed: ParsedRequest, stream: RequestStream, state: ServerState) -> dict[str, Any]:
+def _failure(exc: Exception) -> APIError:
+    bad_input = isinstance(exc, ValueError)
+    return APIError(f"generation failed: {public_message(exc)}", status=400 if bad_input else 500,
+                    type_="invalid_request_error" if bad_input else "server_error")
+
+
+async def _collect(parsed: ParsedRequest, group: _Group, state: ServerState) -> dict[str, Any]:
     choices = _Choices(parsed, state)
     try:
-        async for event in stream:
+        async for event in group.events():
             choices.add(event)
             if all(f is not None for f in choices.finish):
-                stream.release()  # a stop string ended every choice: the engine may stop
+                group.release()  # a stop string ended every choice: the engine may stop
     except APIError:
         raise
     except Exception as exc:  # noqa: BLE001 - this request failed (the engine goes on)
-        raise APIError(f"generation failed: {exc}", status=400 if isinstance(exc, ValueError) else 500,
-                       type_="invalid_request_error" if isinstance(exc, ValueError) else "server_error") from exc
+        raise _failure(exc) from exc
     choices.close()
     out = []
-    for i in range(parsed.n):
+    for index, i in enumerate(choices.best()):
         text = choices.texts[i].text
+        if parsed.echo is not None:
+            text = parsed.echo[i // parsed.best_of] + text
         logprobs = None
         if parsed.logprobs is not None:
             logprobs = (_chat_logprobs(state, choices.logprobs[i]) if parsed.chat
@@ -242,9 +461,9 @@ async def _collect(parsed: ParsedRequest, stream: RequestStream, state: ServerSt
         if parsed.chat:
             message, finish = ({"role": "assistant", "content": text}, choices.finish[i]) if parsed.tools is None \
                 else parsed.tools.message(text, choices.finish[i])  # genkit.serve.tools
-            out.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            out.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
         else:
-            out.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": choices.finish[i]})
+            out.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": choices.finish[i]})
     return {"id": parsed.id, "object": "chat.completion" if parsed.chat else "text_completion",
             "created": parsed.created, "model": state.model_name, "choices": out, "usage": choices.usage()}
 
@@ -253,13 +472,13 @@ def _event(data: Any) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode()
 
 
-async def _sse(parsed: ParsedRequest, stream: RequestStream, state: ServerState) -> AsyncIterator[bytes]:
+async def _sse(parsed: ParsedRequest, group: _Group, state: ServerState) -> AsyncIterator[bytes]:
     """Server-sent events of a streaming response; the request is cancelled if the client leaves."""
     choices = _Choices(parsed, state)
     kind = "chat.completion.chunk" if parsed.chat else "text_completion"
     head = {"id": parsed.id, "object": kind, "created": parsed.created, "model": state.model_name}
-    offsets = [0] * parsed.n
-    tool_streams = None if parsed.tools is None else [ToolStream(parsed.tools) for _ in range(parsed.n)]
+    offsets = [0] * choices.total
+    tool_streams = None if parsed.tools is None else [ToolStream(parsed.tools) for _ in range(choices.total)]
 
     def chunks(i: int, text: str, entries: Any, finish: str | None) -> list[dict[str, Any]]:
         if tool_streams is not None:  # genkit.serve.tools: content, or tool_calls deltas
@@ -268,11 +487,11 @@ async def _sse(parsed: ParsedRequest, stream: RequestStream, state: ServerState)
 
     completed = False
     try:
-        if parsed.chat:
-            yield _event({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                "logprobs": None, "finish_reason": None} for i in range(parsed.n)]})
+        for i, text in _opening(parsed, choices.total):
+            yield _event({**head, "choices": [_chunk(parsed, state, i, text, [], offsets, None, opening=True)]})
+            offsets[i] += len(text)
         try:
-            async for event in stream:
+            async for event in group.events():
                 was_open = [f is None for f in choices.finish]
                 for i, text, entries in choices.add(event):
                     for c in chunks(i, text, entries, None):
@@ -283,10 +502,9 @@ async def _sse(parsed: ParsedRequest, stream: RequestStream, state: ServerState)
                         for c in chunks(i, "", [], choices.finish[i]):
                             yield _event({**head, "choices": [c]})
                 if all(f is not None for f in choices.finish):
-                    stream.release()
+                    group.release()
         except Exception as exc:  # noqa: BLE001 - report the failure in the stream, then end it
-            error = APIError(f"generation failed: {exc}", type_="server_error", status=500)
-            yield _event(error.body())
+            yield _event(_failure(exc).body())
         else:
             before = list(choices.finish)
             choices.close()
@@ -300,20 +518,32 @@ async def _sse(parsed: ParsedRequest, stream: RequestStream, state: ServerState)
         yield b"data: [DONE]\n\n"
     finally:
         logger.debug("request %s: stream closed (%s)", parsed.id, "completed" if completed else "client left")
+        state.inflight.discard(group)
         if completed:
-            stream.release()
+            group.release()
         else:
-            stream.cancel()  # the client went away mid-stream
+            group.cancel()  # the client went away mid-stream
+
+
+def _opening(parsed: ParsedRequest, total: int) -> list[tuple[int, str]]:
+    """The first chunk of each choice: chat's role, or the echoed prompt."""
+    if parsed.chat:
+        return [(i, "") for i in range(total)]
+    if parsed.echo is not None:
+        return [(i, parsed.echo[i // parsed.best_of]) for i in range(total)]
+    return []
 
 
 def _chunk(parsed: ParsedRequest, state: ServerState, i: int, text: str,
            entries: list[tuple[int, float, list[tuple[int, float]]]], offsets: list[int],
-           finish: str | None) -> dict[str, Any]:
+           finish: str | None, opening: bool = False) -> dict[str, Any]:
     logprobs = None
     if parsed.logprobs is not None and entries:
         logprobs = (_chat_logprobs(state, entries) if parsed.chat
                     else _completion_logprobs(state, entries, offsets[i]))
     if parsed.chat:
-        delta = {"content": text} if text or finish is None else {}
+        delta: dict[str, Any] = {"content": text} if text or finish is None else {}
+        if opening:
+            delta = {"role": "assistant", "content": ""}
         return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}

@@ -243,6 +243,8 @@ class GenerateEngine:
         request = stream.request
         kwargs = dict(request.generate_kwargs)
         streams = _streams(self.model, kwargs)
+        if streams:  # the server cuts the text at a stop string and releases the request there (_Stop)
+            kwargs.pop("stop_strings", None)
         if not streams and request.logprobs is not None:
             raise ConfigError("`logprobs` cannot be reported with beam search (num_beams > 1): a token's "
                               "log-probability is its beam's, not the sequence's; drop one of them")

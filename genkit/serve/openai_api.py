@@ -10,22 +10,27 @@ closest names.
 from __future__ import annotations
 
 import difflib
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["APIError", "ParsedRequest", "TextAssembler", "parse_request"]
+from .limits import Limits
+
+__all__ = ["APIError", "ParsedRequest", "TextAssembler", "chat_prompt", "parse_request", "public_message"]
 
 # OpenAI fields accepted (and not generation fields) per endpoint
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
-           "user", "logprobs", "presence_penalty", "frequency_penalty", "custom_generate"}
-_COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of", "logit_bias"}
-# (response_format is a generation field: genkit.serve.structured; tools: genkit.serve.tools)
-_CHAT = _COMMON | {"messages", "top_logprobs", "max_completion_tokens", "logit_bias", "tools", "tool_choice",
-                   "parallel_tool_calls", "store", "metadata"}
+           "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "custom_generate"}
+_COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
+# (response_format and guided_* are generation fields: genkit.serve.structured; tools: genkit.serve.tools)
+_CHAT = _COMMON | {"messages", "top_logprobs", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls"}
 # generation fields the OpenAI fields set: a body may not set them twice
 _SHADOWED = {"max_new_tokens", "do_sample", "num_return_sequences", "stop_strings"}
+# chat roles the template renders ("developer" is OpenAI's newer name for "system")
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")
 
 
 class APIError(Exception):
@@ -40,22 +45,35 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def public_message(exc: BaseException) -> str:
+    """An exception's message for a client: filesystem paths (the model's folder, the Hub
+    cache) replaced by ``<path>``."""
+    return _PATH.sub("<path>", str(exc))
+
+
 @dataclass
 class ParsedRequest:
     chat: bool
-    prompt_ids: list[int]
-    n: int
+    prompts: list[list[int]]  # one per prompt (chat: one)
+    n: int  # choices returned per prompt
     stream: bool
     include_usage: bool
     stop: list[str]
     seed: int | None
     logprobs: int | None  # alternatives per token; None: no logprobs
     max_tokens: int
+    best_of: int = 1  # choices generated per prompt, the n most likely returned
+    echo: list[str] | None = None  # each prompt's text, put before its choices' text
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
     custom_generate: str | None = None
     tools: Any = None  # a genkit.serve.tools.ToolPlan
     id: str = ""
     created: int = 0
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        """The alternatives asked of the engine: best_of ranks choices by their log-probability."""
+        return self.logprobs if self.logprobs is not None or self.best_of == self.n else 0
 
 
 def _int(body: dict[str, Any], name: str, low: int, high: int | None = None, default: Any = None) -> Any:
@@ -64,7 +82,7 @@ def _int(body: dict[str, Any], name: str, low: int, high: int | None = None, def
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         accepted = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
-        raise APIError(f"`{name}` must be {accepted}; got {value!r}", name)
+        raise APIError(f"`{name}` must be {accepted}; got {_short(value)}", name)
     return value
 
 
@@ -73,57 +91,86 @@ def _number(body: dict[str, Any], name: str, low: float, high: float) -> float |
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise APIError(f"`{name}` must be a number between {low} and {high}; got {value!r}", name)
+        raise APIError(f"`{name}` must be a number between {low} and {high}; got {_short(value)}", name)
     return float(value)
 
 
-def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, max_positions: int | None,
-                  generation_fields: set[str]) -> ParsedRequest:
-    """Check an OpenAI request body and turn it into a :class:`ParsedRequest`."""
+def _bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise APIError(f"`{name}` must be true or false; got {_short(value)}", name)
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, limits: Limits,
+                  generation_fields: set[str], chat_template: str | None = None) -> ParsedRequest:
+    """Check an OpenAI request body and turn it into a :class:`ParsedRequest` (this tokenizes:
+    the server calls it off the event loop)."""
     if not isinstance(body, dict):
-        raise APIError("the request body must be a JSON object")
+        raise APIError("the request body must be a JSON object", "body")
+    from .structured import constrain
+    from .tools import parse_tools
+
+    structured = structured_kwargs(body, chat)
     allowed = _CHAT if chat else _COMPLETIONS
     _check_keys(body, allowed, generation_fields)
-    model = body.get("model")
-    if model is not None and model != model_name:
-        raise APIError(f"the model `{model}` does not exist; this server serves `{model_name}`", "model", 404,
-                       code="model_not_found")
-    from .structured import structured_kwargs
-    from .tools import chat_prompt, parse_tools, uses_tools
-
+    _check_model(body, model_name)
     tools = parse_tools(body) if chat else None
-    if chat and uses_tools(body):
-        prompt_ids = chat_prompt(body, tokenizer, tools)
+    if chat:
+        prompts = [chat_prompt(body, tokenizer, limits, chat_template, tools)]
     else:
-        prompt_ids = _chat_prompt(body, tokenizer) if chat else _completion_prompt(body, tokenizer)
-    if not prompt_ids:
-        raise APIError("the prompt is empty", "messages" if chat else "prompt")
-    max_tokens = _max_tokens(body, chat, len(prompt_ids), max_positions)
-    n = _int(body, "n", 1, 16, default=1)
-    temperature = _number(body, "temperature", 0.0, 2.0)
-    top_p = _number(body, "top_p", 0.0, 1.0)
-    if top_p == 0.0:
-        raise APIError("`top_p` must be a number in (0, 1]; got 0", "top_p")
-    stops = _stops(body)
-    seed = _int(body, "seed", 0, 2**63 - 1)
-    logprobs = _logprobs(body, chat)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise APIError(f"`stream` must be true or false; got {stream!r}", "stream")
+        prompts = _completion_prompts(body, tokenizer, limits)
+    max_tokens = _max_tokens(body, chat, max(len(p) for p in prompts), limits)
+    n, best_of = _choices(body, chat, len(prompts), limits)
+    stream = _bool(body, "stream")
     options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise APIError("`stream_options` must be an object", "stream_options")
+    if not isinstance(options, dict) or (options and not stream):
+        raise APIError("`stream_options` must be an object, sent with `stream: true`", "stream_options")
+    if stream and best_of > n:
+        raise APIError("`best_of` > `n` cannot stream: the best choices are known at the end", "best_of")
+    logprobs = _logprobs(body, chat, limits)
+    echo = _echo(body, chat, prompts, tokenizer, logprobs)
+    stops = _stops(body, limits)
     kwargs: dict[str, Any] = {k: v for k, v in body.items() if k in generation_fields and k not in allowed}
-    kwargs.update(_sampling_kwargs(kwargs, max_tokens, temperature, top_p, n, stops))
-    structured_kwargs(kwargs, tools)
+    kwargs.update(_penalties(body, tokenizer, limits, kwargs))
+    kwargs.update(_sampling_kwargs(body, kwargs, max_tokens, best_of, stops))
+    kwargs.update(structured)
+    constrain(kwargs, tools)
     custom = body.get("custom_generate")
     if custom is not None and not isinstance(custom, str):
         raise APIError("`custom_generate` must be a registered strategy name or a recipe reference", "custom_generate")
     prefix = "chatcmpl" if chat else "cmpl"
-    return ParsedRequest(chat=chat, prompt_ids=prompt_ids, n=n, stream=stream,
-                         include_usage=bool(options.get("include_usage", False)), stop=stops, seed=seed,
-                         logprobs=logprobs, max_tokens=max_tokens, generate_kwargs=kwargs, custom_generate=custom, tools=tools,
+    return ParsedRequest(chat=chat, prompts=prompts, n=n, best_of=best_of, stream=stream,
+                         include_usage=bool(options.get("include_usage", False)), stop=stops,
+                         seed=_int(body, "seed", 0, 2**63 - 1), logprobs=logprobs, max_tokens=max_tokens, echo=echo,
+                         generate_kwargs=kwargs, custom_generate=custom, tools=tools,
                          id=f"{prefix}-{uuid.uuid4().hex[:24]}", created=int(time.time()))
+
+
+# --- structured outputs and tools --------------------------------------------------------------
+# `response_format` and the guided-decoding fields are generation fields (the built-in
+# structured-output processor's): genkit.serve.structured checks them and adds what `tool_choice`
+# needs; tools are genkit.serve.tools. These vLLM / legacy OpenAI fields are refused by name.
+_UNSUPPORTED_STRUCTURED = ("guided_decoding_backend", "guided_whitespace_pattern", "functions", "function_call")
+_CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
+
+
+def structured_kwargs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """Refuse the structured-output and tool fields genkit serve does not take (the legacy
+    ``functions``, vLLM's backend choice, tools on completions); the others need no settings
+    here."""
+    for name in _UNSUPPORTED_STRUCTURED + (() if chat else _CHAT_ONLY):
+        if body.get(name) is not None:
+            where = "by genkit serve" if name in _UNSUPPORTED_STRUCTURED else "on completions (chat only)"
+            raise APIError(f"`{name}` is not supported {where}", name, code="not_supported")
+    return {}
 
 
 def _check_keys(body: dict[str, Any], allowed: Any, generation_fields: set[str]) -> None:
@@ -134,42 +181,100 @@ def _check_keys(body: dict[str, Any], allowed: Any, generation_fields: set[str])
         if key not in allowed and key not in generation_fields:
             close = difflib.get_close_matches(key, sorted(allowed | generation_fields), n=3)
             hint = f"; did you mean {', '.join(f'`{c}`' for c in close)}?" if close else ""
-            raise APIError(f"unknown field `{key}`: neither an OpenAI parameter of this endpoint nor a generation "
-                           f"parameter{hint}", key)
+            raise APIError(f"unknown field `{key[:100]}`: neither an OpenAI parameter of this endpoint nor a "
+                           f"generation parameter{hint}", key)
 
 
-def _max_tokens(body: dict[str, Any], chat: bool, prompt_len: int, max_positions: int | None) -> int:
-    """``max_tokens`` (``max_completion_tokens`` for chat): given, else 16 (completions) or the rest
-    of the context (chat); cut to the model's context."""
-    max_name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _int(body, max_name, 1, default=None)
+def _check_model(body: dict[str, Any], model_name: str) -> None:
+    model = body.get("model")
+    if model is None:
+        raise APIError(f"`model` is required; this server serves `{model_name}`", "model")
+    if model != model_name:
+        raise APIError(f"the model `{str(model)[:100]}` does not exist; this server serves `{model_name}`", "model", 404,
+                       code="model_not_found")
+
+
+def _max_tokens(body: dict[str, Any], chat: bool, prompt_len: int, limits: Limits) -> int:
+    """``max_tokens`` (``max_completion_tokens`` for chat): given, else 16 (completions) or the
+    rest of the context (chat); prompt + completion must fit ``limits.max_model_len``."""
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    context = limits.max_model_len
+    if context is not None and prompt_len >= context:
+        raise APIError(f"the prompt has {prompt_len} tokens; this model's context is {context} tokens",
+                       "messages" if chat else "prompt", code="context_length_exceeded")
+    room = None if context is None else context - prompt_len
+    max_tokens = _int(body, name, 1, default=None)
     if max_tokens is None:
-        max_tokens = 16 if not chat else max(1, (max_positions or 2048) - prompt_len)
-    if max_positions is not None and prompt_len >= max_positions:
-        raise APIError(f"the prompt has {prompt_len} tokens; this model's context is {max_positions} tokens",
-                       "messages" if chat else "prompt")
-    if max_positions is not None and prompt_len + max_tokens > max_positions:
-        max_tokens = max_positions - prompt_len
-    return max_tokens
+        return min(16, room or 16) if not chat else (room or 2048)
+    if room is not None and max_tokens > room:
+        raise APIError(f"`{name}` is {max_tokens}, but the prompt has {prompt_len} tokens and this model's context "
+                       f"is {context}: at most {room}", name, code="context_length_exceeded")
+    return int(max_tokens)
 
 
-def _stops(body: dict[str, Any]) -> list[str]:
-    """``stop``: a string or a list of up to 4 non-empty strings."""
+def _choices(body: dict[str, Any], chat: bool, prompts: int, limits: Limits) -> tuple[int, int]:
+    """``n`` and ``best_of`` (completions): ``n <= best_of <= limits.max_n``, and at most
+    ``limits.max_choices`` over all prompts."""
+    n = _int(body, "n", 1, limits.max_n, default=1)
+    best_of = n if chat else _int(body, "best_of", 1, limits.max_n, default=n)
+    if best_of < n:
+        raise APIError(f"`best_of` must be >= `n` ({n}); got {best_of}", "best_of")
+    if prompts * best_of > limits.max_choices:
+        raise APIError(f"{prompts} prompts x {best_of} choices is over this server's limit of {limits.max_choices} "
+                       "sequences per request", "best_of" if best_of > n else "n")
+    return n, best_of
+
+
+def _stops(body: dict[str, Any], limits: Limits) -> list[str]:
+    """``stop``: a string or a list of up to ``limits.max_stops`` strings of at most
+    ``limits.max_stop_chars`` characters."""
     stop = body.get("stop")
-    if stop is None:
-        stops: list[str] = []
-    elif isinstance(stop, str):
-        stops = [stop]
-    elif isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) and s for s in stop):
-        stops = list(stop)
-    else:
-        raise APIError(f"`stop` must be a string or a list of up to 4 non-empty strings; got {stop!r}", "stop")
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if (not isinstance(stops, list) or len(stops) > limits.max_stops
+            or not all(isinstance(s, str) and len(s) <= limits.max_stop_chars for s in stops)):
+        raise APIError(f"`stop` must be a string or a list of up to {limits.max_stops} strings of at most "
+                       f"{limits.max_stop_chars} characters; got {_short(stop)}", "stop")
     return [s for s in stops if s]
 
 
-def _sampling_kwargs(fields: dict[str, Any], max_tokens: int, temperature: float | None, top_p: float | None,
-                     n: int, stops: list[str]) -> dict[str, Any]:
+def _penalties(body: dict[str, Any], tokenizer: Any, limits: Limits, fields: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` as the generation
+    fields whose processors ``generate`` runs (``sequence_bias`` with one-token sequences)."""
+    kwargs: dict[str, Any] = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _number(body, name, -2.0, 2.0)
+        if value:
+            kwargs[name] = value
+    bias = body.get("logit_bias")
+    if bias is None:
+        return kwargs
+    if "sequence_bias" in fields:
+        raise APIError("`logit_bias` and `sequence_bias` set the same processor; send one", "logit_bias")
+    vocab = len(tokenizer)
+    if not isinstance(bias, dict) or len(bias) > limits.max_logit_bias:
+        raise APIError(f"`logit_bias` must be an object of at most {limits.max_logit_bias} "
+                       "{\"token id\": bias} entries", "logit_bias")
+    pairs = []
+    for key, value in bias.items():
+        token = int(key) if isinstance(key, str) and key.strip().isdigit() else -1
+        if not 0 <= token < vocab or isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not -100 <= value <= 100:
+            raise APIError(f"`logit_bias` maps token ids (0 to {vocab - 1}) to numbers between -100 and 100; got "
+                           f"{_short(key)}: {_short(value)}", "logit_bias")
+        if value:
+            pairs.append([[token], float(value)])
+    if pairs:
+        kwargs["sequence_bias"] = pairs
+    return kwargs
+
+
+def _sampling_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: int, choices: int,
+                     stops: list[str]) -> dict[str, Any]:
     """The generation settings OpenAI's fields stand for, given the generation ``fields`` sent as they are."""
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    top_p = _number(body, "top_p", 0.0, 1.0)
+    if top_p == 0.0:
+        raise APIError("`top_p` must be a number in (0, 1]; got 0", "top_p")
     kwargs: dict[str, Any] = {"max_new_tokens": max_tokens}
     if temperature is not None:
         if temperature == 0.0:
@@ -179,69 +284,146 @@ def _sampling_kwargs(fields: dict[str, Any], max_tokens: int, temperature: float
             kwargs["temperature"] = temperature
     if top_p is not None:
         kwargs["top_p"] = top_p
-    if n > 1 and not {**fields, **kwargs}.get("do_sample", False) and "num_beams" not in fields:
-        kwargs["do_sample"] = True  # n choices need sampling (as OpenAI's temperature default of 1)
+    if choices > 1 and "do_sample" not in {**fields, **kwargs} and "num_beams" not in fields:
+        kwargs["do_sample"] = True  # several choices sample unless told (as OpenAI's temperature default of 1)
     if stops:
         kwargs["stop_strings"] = stops
     return kwargs
 
 
-def _completion_prompt(body: dict[str, Any], tokenizer: Any) -> list[int]:
+def _completion_prompts(body: dict[str, Any], tokenizer: Any, limits: Limits) -> list[list[int]]:
+    """``prompt``: a string, a list of token ids, or a list of either (one request per prompt)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+    if prompt is None:
+        raise APIError("`prompt` is required", "prompt")
+    many = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
+    items = prompt if many else [prompt]
+    if len(items) > limits.max_prompts:
+        raise APIError(f"`prompt` holds {len(items)} prompts; this server takes at most {limits.max_prompts}",
+                       "prompt")
+    out = [_one_prompt(p, tokenizer) for p in items]
+    if not all(out):
+        raise APIError("the prompt is empty", "prompt")
+    return out
+
+
+def _one_prompt(prompt: Any, tokenizer: Any) -> list[int]:
     if isinstance(prompt, str):
         return list(tokenizer.encode(prompt))
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        vocab = getattr(tokenizer, "vocab_size", None)
-        bad = [t for t in prompt if t < 0 or (vocab is not None and t >= len(tokenizer))]
+        bad = [t for t in prompt if t < 0 or t >= len(tokenizer)]
         if bad:
             raise APIError(f"`prompt` holds token ids outside the vocabulary: {bad[:5]}", "prompt")
         return list(prompt)
-    raise APIError("`prompt` must be a string or a list of token ids (one prompt per request)", "prompt")
+    raise APIError("`prompt` must be a string, a list of token ids, or a list of those", "prompt")
 
 
-def _chat_prompt(body: dict[str, Any], tokenizer: Any) -> list[int]:
+def chat_prompt(body: dict[str, Any], tokenizer: Any, limits: Limits, chat_template: str | None,
+                tools: Any = None) -> list[int]:
+    """The prompt of a chat request; ``tools`` (a :class:`genkit.serve.tools.ToolPlan`) go into it
+    as the template takes them."""
+    from .tools import template_has_tools, with_tools
+
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError("`messages` must be a non-empty list of {role, content} objects", "messages")
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise APIError(f"`messages[{i}]` must be an object with a `role` and a `content`", "messages")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-        if not isinstance(content, str):
-            raise APIError(f"`messages[{i}].content` must be a string or a list of text parts", "messages")
-        clean.append({"role": m["role"], "content": content})
+    if not isinstance(messages, list) or not messages or len(messages) > limits.max_messages:
+        raise APIError(f"`messages` must be a non-empty list of at most {limits.max_messages} {{role, content}} "
+                       "objects", "messages")
+    native = template_has_tools(chat_template or getattr(tokenizer, "chat_template", None))
+    clean, extra = with_tools([_message(i, m, native) for i, m in enumerate(messages)], tools, native)
     try:
-        ids = tokenizer.apply_chat_template(clean, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(clean, chat_template=chat_template, add_generation_prompt=True,
+                                            tokenize=True, return_dict=False, **extra)
     except Exception as exc:  # noqa: BLE001 - a template that cannot render these messages
-        raise APIError(f"the chat template cannot render these messages: {exc}", "messages") from exc
-    return [int(t) for t in ids]
+        raise APIError(f"the chat template cannot render these messages: {public_message(exc)}", "messages") from exc
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise APIError("the prompt is empty", "messages")
+    return ids
 
 
-def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+def _message(i: int, m: Any, native: bool = False) -> dict[str, Any]:
+    """One chat message as the template takes it; a role other than OpenAI's, or a message
+    without its content, is refused. A tool result or an assistant's tool calls are written as
+    the template takes them (``native``: it renders tools itself; genkit.serve.tools)."""
+    if not isinstance(m, dict) or "role" not in m:
+        raise APIError(f"`messages[{i}]` must be an object with a `role` and a `content`", "messages")
+    role = m["role"]
+    if role == "function":
+        raise APIError(f"`messages[{i}]`: the legacy `function` role is not supported; use `tool`", "messages",
+                       code="not_supported")
+    if role == "tool" or m.get("tool_calls") is not None:
+        from .tools import tool_message
+
+        calls = role == "assistant" and m.get("tool_calls") is not None
+        return tool_message(i, m, _content(i, m, optional=calls), native)
+    if role not in _ROLES:
+        raise APIError(f"`messages[{i}].role` must be one of {', '.join(sorted(_ROLES | {'tool': ''}))}; got "
+                       f"{_short(role)}", "messages")
+    return {"role": _ROLES[role], "content": _content(i, m)}
+
+
+def _content(i: int, m: dict[str, Any], optional: bool = False) -> str:
+    """A message's text (``optional``: an assistant's tool calls may come without content)."""
+    if "content" not in m and not optional:
+        raise APIError(f"`messages[{i}].content` is required", "messages")
+    content = m.get("content")
+    if content is None and optional:
+        return ""
+    if isinstance(content, list):  # content parts: text only
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise APIError(f"`messages[{i}].content` parts must be {{\"type\": \"text\", \"text\": ...}} (this model "
+                           "reads text only)", "messages")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise APIError(f"`messages[{i}].content` must be a string or a list of text parts", "messages")
+    return content
+
+
+def _logprobs(body: dict[str, Any], chat: bool, limits: Limits) -> int | None:
+    """Alternatives per token: chat's ``logprobs`` (true or false) + ``top_logprobs``, or
+    completions' ``logprobs`` (an integer)."""
+    if not chat:
+        return _int(body, "logprobs", 0, limits.max_logprobs, default=None)
+    want = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", 0, limits.max_top_logprobs, default=None)
+    if top is not None and not want:
+        raise APIError("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+    return (top or 0) if want else None
+
+
+def _echo(body: dict[str, Any], chat: bool, prompts: list[list[int]], tokenizer: Any,
+          logprobs: int | None) -> list[str] | None:
+    """``echo`` (completions): each prompt's text before its choices' text. ``suffix`` is
+    refused: the served models have no fill-in-the-middle mode."""
     if chat:
-        want = body.get("logprobs")
-        if want not in (None, True, False):
-            raise APIError(f"`logprobs` must be true or false; got {want!r}", "logprobs")
-        top = _int(body, "top_logprobs", 0, 20, default=None)
-        if top is not None and not want:
-            raise APIError("`top_logprobs` needs `logprobs: true`", "top_logprobs")
-        return (top or 0) if want else None
-    return _int(body, "logprobs", 0, 5, default=None)
+        return None
+    if body.get("suffix") not in (None, ""):
+        raise APIError("`suffix` is not supported: genkit serve has no fill-in-the-middle (insert) mode", "suffix",
+                       code="not_supported")
+    if not _bool(body, "echo"):
+        return None
+    if logprobs is not None:
+        raise APIError("`echo` with `logprobs` is not supported: the prompt's log-probabilities are not computed",
+                       "echo", code="not_supported")
+    raw = body["prompt"]
+    texts = raw if isinstance(raw, list) and all(isinstance(p, str) for p in raw) and raw else None
+    if isinstance(raw, str):
+        texts = [raw]
+    return list(texts) if texts is not None else [tokenizer.decode(p) for p in prompts]
 
 
 class TextAssembler:
     """The text of one choice, token by token: complete characters only, cut at the first stop
     string (which is not part of the text), and never releasing text that could still turn out
-    to begin a stop string."""
+    to begin a stop string. Decoding is incremental (a window of the last tokens, as vLLM does),
+    so each token costs the same however long the text already is."""
 
     def __init__(self, tokenizer: Any, stops: list[str]) -> None:
         self.tokenizer, self.stops = tokenizer, stops
         self.ids: list[int] = []
+        self.prefix = 0  # ids[prefix:read] were decoded already: the context of the next piece
+        self.read = 0
         self.sent = 0  # characters released
         self.stopped = False
         self.text = ""
@@ -252,11 +434,13 @@ class TextAssembler:
             return ""
         if token not in special:
             self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # a character cut between tokens
+        new = self._new_text()
+        if not new:
             return ""
-        for stop in self.stops:
-            at = text.find(stop)
+        start = len(self.text)
+        text = self.text + new
+        for stop in self.stops:  # only where the new text can complete a stop string
+            at = text.find(stop, max(0, start - len(stop) + 1))
             if at != -1:
                 text = text[:at]
                 self.stopped = True
@@ -265,6 +449,16 @@ class TextAssembler:
         out = text[self.sent:len(text) - hold]
         self.sent = max(self.sent, len(text) - hold)
         return out
+
+    def _new_text(self) -> str:
+        """The text the tokens since ``read`` add, once their characters are complete."""
+        decode = self.tokenizer.decode
+        known = decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
+        window = decode(self.ids[self.prefix:], skip_special_tokens=True)
+        if window.endswith("\ufffd") or len(window) <= len(known):  # a character cut between tokens
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return window[len(known):]
 
     def flush(self) -> str:
         out = self.text[self.sent:]

@@ -13,10 +13,10 @@ from typing import Any
 
 from .openai_api import APIError
 
-__all__ = ["check_structured", "structured_kwargs"]
+__all__ = ["check_structured", "constrain"]
 
 
-def structured_kwargs(kwargs: dict[str, Any], tools: Any = None) -> None:
+def constrain(kwargs: dict[str, Any], tools: Any = None) -> None:
     """Add the constraint a ``tool_choice`` of ``"required"`` or a named function runs with
     (``tools``: a :class:`~genkit.serve.tools.ToolPlan` or None) to ``kwargs``, then check the
     structured-output fields."""

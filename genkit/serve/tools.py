@@ -28,8 +28,8 @@ from typing import Any
 
 from .openai_api import APIError
 
-__all__ = ["SYSTEM_PROMPT", "ToolPlan", "ToolStream", "chat_prompt", "parse_tool_calls", "parse_tools",
-           "uses_tools"]
+__all__ = ["SYSTEM_PROMPT", "ToolPlan", "ToolStream", "parse_tool_calls", "parse_tools", "template_has_tools",
+           "tool_message", "with_tools"]
 
 SYSTEM_PROMPT = (
     "You may call one or more functions to assist with the user query. You are provided with function "
@@ -91,14 +91,6 @@ class ToolPlan:
                 "tool_calls" if finish == "stop" else finish)
 
 
-def uses_tools(body: dict[str, Any]) -> bool:
-    """Whether a chat request involves tools: ``tools`` given, or earlier calls / results in the
-    conversation."""
-    messages = body.get("messages")
-    return body.get("tools") is not None or (isinstance(messages, list) and any(
-        isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages))
-
-
 def parse_tools(body: dict[str, Any]) -> ToolPlan | None:
     """Check ``tools``, ``tool_choice`` and ``parallel_tool_calls``; None without tools."""
     tools, choice = body.get("tools"), body.get("tool_choice")
@@ -137,68 +129,38 @@ def _check_tool(tool: Any, i: int) -> str:
     return name
 
 
-def template_has_tools(tokenizer: Any) -> bool:
-    template = getattr(tokenizer, "chat_template", None)
+def template_has_tools(template: Any) -> bool:
+    """Whether a chat template renders ``tools`` itself."""
     return isinstance(template, str) and "tools" in template
 
 
-def chat_prompt(body: dict[str, Any], tokenizer: Any, plan: ToolPlan | None) -> list[int]:
-    """The prompt of a chat request that involves tools (see the module's docstring)."""
-    native = template_has_tools(tokenizer)
-    messages = [_message(m, i, native) for i, m in enumerate(_messages(body))]
-    tools = plan.tools if plan is not None and plan.choice != "none" else None
-    extra: dict[str, Any] = {}
-    if tools and native:
-        extra["tools"] = tools
-    elif tools:
-        signatures = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        note = SYSTEM_PROMPT.format(tools=signatures)
-        if messages and messages[0]["role"] == "system":
-            messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + note}
-        else:
-            messages.insert(0, {"role": "system", "content": note})
-    try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
-                                            **extra)
-    except Exception as exc:  # noqa: BLE001 - a template that cannot render these messages
-        raise APIError(f"the chat template cannot render these messages: {exc}", "messages") from exc
-    return [int(t) for t in ids]
+def with_tools(messages: list[dict[str, Any]], plan: ToolPlan | None,
+               native: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages and the template's extra arguments that put the tools in the prompt: ``tools=``
+    for a template that renders them (``native``), else a system message (:data:`SYSTEM_PROMPT`)."""
+    if plan is None or plan.choice == "none":
+        return messages, {}
+    if native:
+        return messages, {"tools": plan.tools}
+    note = SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in plan.tools))
+    messages = list(messages)
+    if messages and messages[0]["role"] == "system":
+        messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + note}
+    else:
+        messages.insert(0, {"role": "system", "content": note})
+    return messages, {}
 
 
-def _messages(body: dict[str, Any]) -> list[Any]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError("`messages` must be a non-empty list of {role, content} objects", "messages")
-    return messages
-
-
-def _text(content: Any, i: int, optional: bool = False) -> str:
-    if content is None and optional:
-        return ""
-    if isinstance(content, list):  # content parts: keep the text ones
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    if not isinstance(content, str):
-        raise APIError(f"`messages[{i}].content` must be a string or a list of text parts", "messages")
-    return content
-
-
-def _message(m: Any, i: int, native: bool) -> dict[str, Any]:
-    """One message for the template: tool calls and results as the template takes them (native)
-    or written in the Hermes convention."""
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        raise APIError(f"`messages[{i}]` must be an object with a `role` and a `content`", "messages")
-    role = m["role"]
-    if role == "tool":
-        content = _text(m.get("content"), i)
+def tool_message(i: int, m: dict[str, Any], content: str, native: bool) -> dict[str, Any]:
+    """A ``tool`` message (a result) or an assistant message with ``tool_calls``, for the template:
+    as it takes them (``native``) or written in the Hermes convention."""
+    if m["role"] == "tool":
         if native:
             return {"role": "tool", "content": content, "tool_call_id": m.get("tool_call_id")}
         return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
     calls = m.get("tool_calls")
-    content = _text(m.get("content"), i, optional=role == "assistant" and bool(calls))
-    if not calls:
-        return {"role": role, "content": content}
-    if role != "assistant" or not isinstance(calls, list):
-        raise APIError(f"`messages[{i}].tool_calls` must be a list, on an assistant message", "messages")
+    if m["role"] != "assistant" or not isinstance(calls, list) or not calls:
+        raise APIError(f"`messages[{i}].tool_calls` must be a non-empty list, on an assistant message", "messages")
     parsed = [_history_call(c, i) for c in calls]
     if native:
         return {"role": "assistant", "content": content,

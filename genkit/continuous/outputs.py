@@ -1,0 +1,129 @@
+"""Where a manager's outputs wait for their reader: each output is taken exactly once, whether it is
+read as "the next output" (``get_result()``, iteration), as "the next output of this request"
+(``get_result(request_id)``, ``request_id_iter``) or handed to a registered handler, from any
+number of threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .requests import GenerationOutput
+
+__all__ = ["OutputRouter"]
+
+
+class _Entry:
+    __slots__ = ("out",)
+
+    def __init__(self, out: GenerationOutput) -> None:
+        self.out: GenerationOutput | None = out  # None once taken
+
+
+class OutputRouter:
+    """One queue of outputs in publication order, indexed by request. ``alive()`` tells whether
+    more outputs may come (a reader stops waiting when it says no and nothing is queued)."""
+
+    def __init__(self, alive: Callable[[], bool]) -> None:
+        self._cond = threading.Condition()
+        self._all: deque[_Entry] = deque()
+        self._by_id: dict[str, deque[_Entry]] = {}
+        self._taken_in_all = 0  # entries of _all already taken through _by_id
+        self._handlers: dict[str, Callable[[GenerationOutput], None]] = {}
+        self._alive = alive
+
+    def deliver(self, out: GenerationOutput) -> None:
+        with self._cond:
+            handler = self._handlers.get(out.request_id)
+            if handler is None:
+                entry = _Entry(out)
+                self._all.append(entry)
+                self._by_id.setdefault(out.request_id, deque()).append(entry)
+                self._cond.notify_all()
+                return
+            if out.is_finished():
+                del self._handlers[out.request_id]
+        handler(out)
+
+    def wake(self) -> None:
+        """Wake every waiting reader (the manager stopped)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def take(self, request_id: str | None = None, timeout: float | None = None) -> GenerationOutput | None:
+        """The oldest output not yet taken (of ``request_id`` when given); None after ``timeout``
+        seconds (without a timeout: at once when nothing is queued and no output can come any more)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                out = self._pop(request_id)
+                if out is not None:
+                    return out
+                if deadline is None and not self._alive():
+                    return None
+                wait = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+                if wait <= 0:
+                    return None
+                self._cond.wait(wait)
+
+    def empty(self) -> bool:
+        with self._cond:
+            return len(self._all) == self._taken_in_all
+
+    def set_handler(self, request_id: str, callback: Callable[[GenerationOutput], None]) -> None:
+        """Hand ``request_id``'s outputs to ``callback`` (those already queued first) until it
+        finishes."""
+        with self._cond:
+            queued = []
+            while True:
+                out = self._pop(request_id)
+                if out is None:
+                    break
+                queued.append(out)
+            if not any(o.is_finished() for o in queued):
+                self._handlers[request_id] = callback
+        for out in queued:
+            callback(out)
+
+    def _pop(self, request_id: str | None) -> GenerationOutput | None:
+        if request_id is None:
+            while self._all:
+                entry = self._all.popleft()
+                if entry.out is None:
+                    self._taken_in_all -= 1
+                    continue
+                out, entry.out = entry.out, None
+                mine = self._by_id[out.request_id]  # the entry is the first one left there too
+                while mine and mine[0].out is None:
+                    mine.popleft()
+                if not mine:
+                    del self._by_id[out.request_id]
+                return out
+            return None
+        mine = self._by_id.get(request_id)
+        if not mine:
+            return None
+        entry = mine.popleft()
+        if not mine:
+            del self._by_id[request_id]
+        out, entry.out = entry.out, None
+        self._taken_in_all += 1
+        if self._taken_in_all > 1024 and self._taken_in_all * 2 > len(self._all):
+            self._all = deque(e for e in self._all if e.out is not None)
+            self._taken_in_all = 0
+        return out
+
+
+def call_in_loop(callback: Callable[[GenerationOutput], None]) -> Callable[[GenerationOutput], None]:
+    """``callback`` run on the asyncio loop running now (as transformers' ``register_result_handler``
+    does), or as is when no loop runs in this thread."""
+    import asyncio
+
+    try:
+        loop: Any = asyncio.get_running_loop()
+    except RuntimeError:
+        return callback
+    return lambda out: loop.call_soon_threadsafe(callback, out)

@@ -1,0 +1,192 @@
+"""Issue 29: the public scheduler API (transformers' ``Scheduler``, ``FIFOScheduler``,
+``PrefillFirstScheduler``), schedulers as plugins (``register_schedulers``), ``ContinuousMixin``.
+
+Scheduler tests drive a scheduler by hand over a real block allocator; the pack test pip-installs a
+scheduler pack into a private folder and runs it through its entry point in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import genkit
+from genkit.continuous import ContinuousBatchingConfig, RequestState, RequestStatus
+from genkit.continuous.block_allocator import BlockAllocator
+from genkit.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+PACK = REPO / "tests" / "fixtures" / "genkit-spf-scheduler-pack"
+MARK = "@@RESULT@@"
+
+
+def _state(rid: str, n: int, order: int) -> RequestState:
+    return RequestState(rid, list(range(3, 3 + n)), 4, None, None, None, order=order)
+
+
+def _scheduler(cls, num_blocks=16, **kw):
+    return cls(BlockAllocator(block_size=4, num_blocks=num_blocks), max_requests_per_batch=8, **kw)
+
+
+def test_the_public_names_are_exported_like_transformers():
+    from genkit.continuous import FIFOScheduler, PrefillFirstScheduler, Scheduler
+
+    assert genkit.Scheduler is Scheduler and genkit.FIFOScheduler is FIFOScheduler
+    assert genkit.PrefillFirstScheduler is PrefillFirstScheduler
+    assert issubclass(FIFOScheduler, Scheduler) and issubclass(PrefillFirstScheduler, Scheduler)
+    for name in ("add_waiting_request", "clear_cancelled_requests", "finish_request",
+                 "get_active_request_static_outputs", "has_pending_requests", "request_is_cancelled",
+                 "schedule_batch", "set_request_cancellation"):
+        assert callable(getattr(Scheduler, name)), name
+    with pytest.raises(TypeError, match="abstract"):
+        Scheduler(BlockAllocator(block_size=4, num_blocks=4))
+    from genkit.models.llama import LlamaForCausalLM
+
+    assert issubclass(LlamaForCausalLM, genkit.ContinuousMixin)
+    assert {"generate_batch", "init_continuous_batching", "continuous_batching_context_manager",
+            "destroy_cached_continuous_batching_manager"} <= set(vars(genkit.ContinuousMixin))
+
+
+def test_fifo_decodes_first_and_keeps_a_safety_margin():
+    s = _scheduler(genkit.FIFOScheduler)
+    assert s.safety_margin == 0.2 and not s.has_pending_requests()
+    a, b, c = _state("a", 6, 0), _state("b", 30, 1), _state("c", 12, 2)
+    s.add_waiting_request(a)
+    plan = s.schedule_batch(token_budget=64)
+    assert [(r.request_id, n) for r, n in plan] == [("a", 6)] and s.active_requests == {"a": a}
+    a.cached, a.status = 6, RequestStatus.DECODING
+    a.generated.append(9)
+    assert s.get_active_request_static_outputs("a") == [9] and s.get_active_request_static_outputs("x") == []
+    s.add_waiting_request(b)
+    s.add_waiting_request(c)
+    plan = s.schedule_batch(token_budget=64)
+    # the decoding request first; b (8 blocks) leaves 6 free, c (3 blocks) would leave 3 < 0.2 * 16
+    assert [(r.request_id, n) for r, n in plan] == [("a", 1), ("b", 30)]
+    assert list(s.waiting_requests_order) == ["c"] and s.has_pending_requests()
+    held = 16 - s.cache.free_blocks
+    s.finish_request("b")
+    assert 16 - s.cache.free_blocks == held - 8 and "b" not in s.active_requests
+
+
+def test_prefill_first_runs_prompts_before_decodes():
+    s = _scheduler(genkit.PrefillFirstScheduler)
+    assert s.safety_margin == 0.0
+    a, b = _state("a", 3, 0), _state("b", 5, 1)
+    s.add_waiting_request(a)
+    s.schedule_batch(token_budget=64)
+    a.cached, a.status = 3, RequestStatus.DECODING
+    a.generated.append(9)
+    s.add_waiting_request(b)
+    assert [(r.request_id, n) for r, n in s.schedule_batch(token_budget=64)] == [("b", 5), ("a", 1)]
+    assert genkit.FIFOScheduler(BlockAllocator(block_size=4, num_blocks=4), safety_margin=0.5).safety_margin == 0.5
+    with pytest.raises(ConfigError, match=r"`safety_margin` must be a number in \[0, 1\] or None; got 2"):
+        genkit.FIFOScheduler(BlockAllocator(block_size=4, num_blocks=4), safety_margin=2)
+
+
+def test_cancellation_marks_free_blocks_and_wait_for_late_requests():
+    s = _scheduler(genkit.FIFOScheduler)
+    a, b = _state("a", 9, 0), _state("b", 2, 1)
+    s.add_waiting_request(a)
+    s.add_waiting_request(b)
+    s.schedule_batch(token_budget=64)
+    assert s.cache.free_blocks == 16 - 3 - 1
+    s.set_request_cancellation("a")
+    s.set_request_cancellation("late")  # its request has not reached the scheduler yet
+    assert s.request_is_cancelled("a") and s.request_is_cancelled("late") and not s.request_is_cancelled("b")
+    assert [r.request_id for r in s.clear_cancelled_requests()] == ["a"]
+    assert s.cache.free_blocks == 16 - 1 and a.blocks == []
+    late = _state("late", 4, 2)
+    s.add_waiting_request(late)
+    assert [r.request_id for r in s.clear_cancelled_requests()] == ["late"]
+    assert "late" not in s.waiting_requests and s.clear_cancelled_requests() == []
+
+
+def test_scheduler_type_and_scheduler_pick_a_registered_or_given_class(tiny_model):
+    class LastInFirstOut(genkit.FIFOScheduler):
+        def waiting_candidates(self):
+            return super().waiting_candidates()[::-1]
+
+    assert ContinuousBatchingConfig(scheduler="prefill_first").scheduler_type == "prefill_first"
+    manager = tiny_model.init_continuous_batching(continuous_batching_config={"scheduler": LastInFirstOut,
+                                                                              "num_blocks": 64, "block_size": 8})
+    assert type(manager.scheduler) is LastInFirstOut
+    with pytest.raises(ConfigError, match=r"`continuous_batching_config.scheduler_type` must be 'fifo' or "
+                                          r"'prefill_first'; got 'lifo'"):
+        ContinuousBatchingConfig(scheduler="lifo")
+    with pytest.raises(ConfigError, match=r"`continuous_batching_config.scheduler` must be a registered scheduler "
+                                          r"name, a genkit.Scheduler subclass or None; got <class 'int'>"):
+        ContinuousBatchingConfig(scheduler=int)
+    reg = genkit.get_registry()
+    assert {"fifo", "prefill_first"} <= set(reg.items["scheduler"])
+    assert reg.get("scheduler", "fifo").load() is genkit.FIFOScheduler
+
+
+@pytest.fixture(scope="module")
+def spf_site(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("spf")
+    src = dest / "src"
+    shutil.copytree(PACK, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    site = dest / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                    "--no-build-isolation", "--no-index", "--target", str(site), str(src)],
+                   check=True, capture_output=True, text=True)
+    return site
+
+
+def _run(code: str, site: Path) -> subprocess.CompletedProcess:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENKIT_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, env=env, capture_output=True,
+                          text=True, timeout=300, cwd=str(REPO))
+
+
+RUN_PACK = r'''
+import json
+import torch
+import genkit
+from genkit.models.tiny import tiny_llama
+
+torch.set_num_threads(1)
+model = tiny_llama(seed=1)
+lengths = [30, 5, 22, 2, 14, 9]
+prompts = [[3 + (7 * i + j) % 100 for j in range(n)] for i, n in enumerate(lengths)]
+out = {}
+for name in ("fifo", "shortest_prompt_first"):
+    cb = {"scheduler_type": name, "max_requests_per_batch": 1, "block_size": 8, "num_blocks": 64}
+    res = model.generate_batch(prompts, max_new_tokens=4, eos_token_id=None, continuous_batching_config=cb)
+    order = sorted(res, key=lambda rid: res[rid].lifespan[1])
+    out[name] = {"order": [len(res[r].prompt_ids) for r in order],
+                 "tokens": [res[r].generated_tokens for r in res]}
+out["greedy"] = [model.generate(torch.tensor([p]), max_new_tokens=4, eos_token_id=None)[0, len(p):].tolist()
+                 for p in prompts]
+out["origin"] = str(genkit.get_registry().get("scheduler", "shortest_prompt_first").origin)
+print("@@RESULT@@" + json.dumps(out))
+'''
+
+
+def test_a_pack_scheduler_installed_by_entry_point_changes_the_finish_order(spf_site):
+    proc = _run(RUN_PACK, spf_site)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith(MARK))[len(MARK):])
+    assert out["origin"] == "genkit-spf-scheduler@0.1.0 (spf)"
+    assert out["fifo"]["order"] == [30, 5, 22, 2, 14, 9]  # one request at a time: arrival order
+    spf = out["shortest_prompt_first"]["order"]  # the first may start alone, before the others arrive
+    assert spf[1:] == sorted(spf[1:]) and spf[0] in (30, 2)
+    assert out["fifo"]["tokens"] == out["shortest_prompt_first"]["tokens"] == out["greedy"]
+
+
+def test_genkit_plugins_lists_the_pack_scheduler(spf_site):
+    proc = _run("import sys; from genkit.cli import main; sys.exit(main(['plugins', '--json']))", spf_site)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    by_name = {p["name"]: p for p in report["plugins"]}
+    assert by_name["spf"]["items"] == {"scheduler": ["shortest_prompt_first"]}
+    assert "register_schedulers" in by_name["spf"]["hooks"]
+    assert by_name["builtin"]["items"]["scheduler"] == ["fifo", "prefill_first"]

@@ -1,0 +1,168 @@
+"""transformers' model API on genkit's native models (issue 30, item 1), checked against
+transformers on the same weights: files written by ``save_pretrained`` (and pushed to the test Hub)
+load in both libraries, forward outputs behave like ``ModelOutput``, and ``labels``, 4-D masks,
+``logits_to_keep`` and ``output_attentions`` give what transformers gives."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+
+import pytest
+import torch
+from hub_server import hub_server  # noqa: F401
+
+import genkit
+from genkit.errors import ConfigError, NotSupportedError
+from genkit.models.gpt2 import GPT2LMHeadModel
+from genkit.models.llama import LlamaForCausalLM
+from genkit.models.outputs import CausalLMOutput
+
+transformers = pytest.importorskip("transformers")
+
+IDS = torch.tensor([[1, 17, 42, 7, 9], [1, 99, 3, 64, 5]])
+
+
+@pytest.fixture(scope="module")
+def gpt2_pair(tmp_path_factory):
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(vocab_size=160, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                  bos_token_id=1, eos_token_id=2)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    path = tmp_path_factory.mktemp("gpt2")
+    hf.save_pretrained(path)
+    return hf, genkit.load_model(path)
+
+
+def _greedy(model, n=6):
+    return model.generate(IDS, max_new_tokens=n, do_sample=False)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_save_pretrained_loads_in_transformers_and_genkit(arch, tiny_pair, gpt2_pair, tmp_path):
+    hf, ours = tiny_pair if arch == "llama" else gpt2_pair
+    _greedy(ours)  # after a generation: the weights are laid out for the inference path
+    ours.save_pretrained(tmp_path / "saved")
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors"]
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert config["architectures"] == [type(hf).__name__] and config["dtype"] == "float32"
+    back_hf = type(hf).from_pretrained(tmp_path / "saved").eval()
+    back_ours = genkit.load_model(tmp_path / "saved")
+    assert torch.equal(back_hf(IDS).logits, hf(IDS).logits)
+    assert torch.equal(back_ours(IDS).logits, ours(IDS).logits)
+    assert torch.equal(_greedy(back_ours), _greedy(hf))
+    if arch == "gpt2":  # the tied LM head is written once, under the embedding's name
+        from safetensors import safe_open
+
+        with safe_open(str(tmp_path / "saved" / "model.safetensors"), "pt") as fh:
+            assert "lm_head.weight" not in fh.keys() and "transformer.wte.weight" in fh.keys()
+
+
+def test_push_to_hub_round_trip(tiny_pair, hub_server, tmp_path):  # noqa: F811
+    hf, ours = tiny_pair
+    info = ours.push_to_hub("org/tiny-llama", commit_message="from genkit")
+    assert len(info.oid) == 40
+    pulled = LlamaForCausalLM.from_pretrained("org/tiny-llama")
+    assert torch.equal(_greedy(pulled), _greedy(hf))
+    assert torch.equal(transformers.LlamaForCausalLM.from_pretrained("org/tiny-llama")(IDS).logits, hf(IDS).logits)
+    ours.save_pretrained(tmp_path / "again", push_to_hub=True, repo_id="org/tiny-llama-2")
+    assert torch.equal(genkit.load_model("org/tiny-llama-2")(IDS).logits, ours(IDS).logits)
+
+
+def test_from_pretrained_checks_the_class_and_arguments(tiny_hf_dir, tiny_pair):
+    model = LlamaForCausalLM.from_pretrained(tiny_hf_dir, torch_dtype=torch.bfloat16)
+    assert isinstance(model, LlamaForCausalLM) and model.dtype == torch.bfloat16
+    with pytest.raises(ConfigError, match=r"holds a LlamaForCausalLM, not a GPT2LMHeadModel"):
+        GPT2LMHeadModel.from_pretrained(tiny_hf_dir)
+    with pytest.raises(ConfigError, match=r"from_pretrained: unknown argument\(s\) \['nonsense'\]"):
+        LlamaForCausalLM.from_pretrained(tiny_hf_dir, nonsense=1)
+    with pytest.raises(NotSupportedError, match="safe_serialization=False"):
+        tiny_pair[1].save_pretrained("/tmp/unused", safe_serialization=False)
+
+
+def test_num_parameters_flags_and_from_config(tiny_pair, gpt2_pair):
+    for hf, ours in (tiny_pair, gpt2_pair):
+        assert ours.num_parameters() == hf.num_parameters()
+        assert ours.num_parameters(exclude_embeddings=True) == hf.num_parameters(exclude_embeddings=True)
+        assert ours.num_parameters(only_trainable=True) == hf.num_parameters(only_trainable=True)
+        assert ours.can_generate() and type(ours).can_generate() and ours.main_input_name == "input_ids"
+        assert (ours._is_stateful, ours._supports_sdpa, ours._can_compile_fullgraph) == (False, True, False)
+        fresh = type(ours)._from_config(hf.config, dtype=torch.float16)
+        assert fresh.dtype == torch.float16 and fresh.num_parameters() == hf.num_parameters()
+        assert {n: p.shape for n, p in fresh.named_parameters()} == {n: p.shape for n, p in ours.named_parameters()}
+    with pytest.raises(NotSupportedError, match="attn_implementation"):
+        LlamaForCausalLM._from_config(tiny_pair[0].config, attn_implementation="flash_attention_2")
+
+
+def test_forward_output_is_model_output_like(tiny_model):
+    out = tiny_model(IDS)
+    assert isinstance(out, CausalLMOutput)
+    assert "past_key_values" in out and "loss" not in out and "attentions" not in out
+    assert list(out.keys()) == ["logits", "past_key_values"]
+    assert out[0] is out.logits and out["logits"] is out.logits and out.to_tuple() == (out.logits, out.past_key_values)
+    with pytest.raises(KeyError):
+        out["loss"]
+    logits, cache = tiny_model(IDS, return_dict=False)
+    assert torch.equal(logits, out.logits) and cache.get_seq_length() == 5
+    out.logits = out.logits * 2
+    assert out["logits"] is out.logits
+    assert list(copy.copy(out).keys()) == ["logits", "past_key_values"]
+    assert list(pickle.loads(pickle.dumps(tiny_model(IDS, use_cache=False))).keys()) == ["logits"]
+
+
+def test_labels_give_transformers_loss(tiny_pair, gpt2_pair):
+    for hf, ours in (tiny_pair, gpt2_pair):
+        labels = IDS.clone()
+        labels[0, :2] = -100
+        with torch.enable_grad():
+            ours_loss = ours(IDS, labels=labels).loss
+        assert ours_loss.requires_grad
+        torch.testing.assert_close(ours_loss, hf(IDS, labels=labels).loss)
+        torch.testing.assert_close(ours(IDS, labels=IDS, num_items_in_batch=7).loss,
+                                   hf(IDS, labels=IDS, num_items_in_batch=7).loss)
+
+
+def test_four_d_masks_logits_to_keep_and_attentions_match_transformers(tiny_hf_dir, tiny_pair, gpt2_pair, tmp_path):
+    hf_eager = transformers.LlamaForCausalLM.from_pretrained(tiny_hf_dir, attn_implementation="eager").eval()
+    _, ours = tiny_pair
+    gpt2_hf, gpt2 = gpt2_pair
+    gpt2_hf.set_attn_implementation("eager")
+    # a block-diagonal mask: two packed sequences of 2 and 3 tokens in one row
+    allowed = torch.zeros(5, 5, dtype=torch.bool)
+    allowed[:2, :2] = torch.tril(torch.ones(2, 2, dtype=torch.bool))
+    allowed[2:, 2:] = torch.tril(torch.ones(3, 3, dtype=torch.bool))
+    additive = torch.zeros(2, 1, 5, 5).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    positions = torch.tensor([[0, 1, 0, 1, 2]] * 2)
+    for hf, model in ((hf_eager, ours), (gpt2_hf, gpt2)):
+        want = hf(IDS, attention_mask=additive, position_ids=positions).logits
+        torch.testing.assert_close(model(IDS, attention_mask=additive, position_ids=positions).logits, want)
+        torch.testing.assert_close(model(IDS, attention_mask=allowed[None, None].expand(2, 1, 5, 5),
+                                         position_ids=positions).logits, want)
+        torch.testing.assert_close(model(IDS, logits_to_keep=2).logits, hf(IDS, logits_to_keep=2).logits)
+        mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+        pos = torch.tensor([[0, 0, 1, 2, 3], [0, 1, 2, 3, 4]])  # as genkit counts them, given to both
+        got = model(IDS, attention_mask=mask, position_ids=pos, output_attentions=True)
+        ref = hf(IDS, attention_mask=mask, position_ids=pos, output_attentions=True)
+        assert len(got.attentions) == len(ref.attentions) == 2
+        for a, b in zip(got.attentions, ref.attentions):
+            torch.testing.assert_close(a[:, :, 1:], b[:, :, 1:])  # real query rows (padded rows differ by design)
+            torch.testing.assert_close(a[1], b[1])
+        torch.testing.assert_close(got.logits[:, 1:], model(IDS, attention_mask=mask).logits[:, 1:])
+    with pytest.raises(ConfigError, match=r"a 4-D `attention_mask` must be \(batch, 1, query length, key length\)"):
+        ours(IDS, attention_mask=additive[:, :, :4])
+
+
+def test_transformers_cache_in_the_native_forward(tiny_pair):
+    hf, ours = tiny_pair
+    cache = transformers.DynamicCache(config=hf.config)
+    first = ours(IDS[:, :3], past_key_values=cache)
+    assert first.past_key_values is cache and cache.get_seq_length() == 3
+    step = ours(IDS[:, 3:], past_key_values=cache)
+    torch.testing.assert_close(step.logits, hf(IDS).logits[:, 3:])
+    # genkit's generate on a native model with a transformers cache: the tokens of a fresh generation
+    fresh = transformers.DynamicCache(config=hf.config)
+    out = genkit.generate(ours, IDS, max_new_tokens=5, past_key_values=fresh, return_dict_in_generate=True)
+    assert out.past_key_values is fresh and fresh.get_seq_length() == IDS.shape[1] + 4
+    assert torch.equal(out.sequences, genkit.generate(ours, IDS, max_new_tokens=5))

@@ -1,0 +1,226 @@
+"""Recipes written for transformers run unchanged on genkit's native models (issue 30, item 2).
+
+Each recipe folder is written here and run three ways on the same weights: by transformers'
+own ``custom_generate`` loader on a transformers Llama (the reference), by ``genkit.generate`` on
+the genkit Llama (the recipe gets a transformers view sharing the genkit weights, see
+docs/recipes.md), and by ``genkit.generate`` on the transformers Llama (the recipe gets that
+model itself). The tokens must be identical.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hub_server import write_recipe
+
+import genkit
+
+transformers = pytest.importorskip("transformers")
+
+IDS = torch.tensor([[1, 17, 42, 7], [1, 99, 3, 64]])
+
+# transformers' guide example, verbatim (transformers-community/custom_generate_example)
+GUIDE = '''import torch
+
+def generate(model, input_ids, generation_config=None, left_padding=None, **kwargs):
+    generation_config = generation_config or model.generation_config  # default to the model generation config
+    cur_length = input_ids.shape[1]
+    max_length = generation_config.max_length or cur_length + generation_config.max_new_tokens
+
+    # Example of custom argument: add `left_padding` (integer) pad tokens before the prompt
+    if left_padding is not None:
+        if not isinstance(left_padding, int) or left_padding < 0:
+            raise ValueError(f"left_padding must be an integer larger than 0, but is {left_padding}")
+
+        pad_token = kwargs.pop("pad_token", None) or generation_config.pad_token_id or model.config.pad_token_id
+        if pad_token is None:
+            raise ValueError("pad_token is not defined")
+        batch_size = input_ids.shape[0]
+        pad_tensor = torch.full(size=(batch_size, left_padding), fill_value=pad_token).to(input_ids.device)
+        input_ids = torch.cat((pad_tensor, input_ids), dim=1)
+        cur_length = input_ids.shape[1]
+
+    # Simple greedy decoding loop
+    while cur_length < max_length:
+        logits = model(input_ids).logits
+        next_token_logits = logits[:, -1, :]
+        next_tokens = torch.argmax(next_token_logits, dim=-1)
+        input_ids = torch.cat((input_ids, next_tokens[:, None]), dim=-1)
+        cur_length += 1
+
+    return input_ids
+'''
+
+# a greedy recipe with a custom argument, on transformers' generate internals (a callable
+# custom_generate with the decoding-method signature, and the helpers it calls on the model)
+GREEDY = '''import torch
+from transformers import GenerationMixin
+
+
+def _greedy_banning(model, input_ids, logits_processor, stopping_criteria, generation_config, banned_token=None,
+                    **model_kwargs):
+    finished = False
+    while not finished:  # the prompt once, then one new token a step on the cache
+        step = {"next_sequence_length": 1} if model_kwargs["cache"].get_seq_length() else {"is_first_iteration": True}
+        model_inputs = model.prepare_inputs_for_generation(input_ids, **step, **model_kwargs)
+        outputs = model(**model_inputs, return_dict=True)
+        model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs,
+                                                                 is_encoder_decoder=model.config.is_encoder_decoder)
+        scores = logits_processor(input_ids, outputs.logits[:, -1, :].float())
+        if banned_token is not None:
+            scores[:, banned_token] = -float("inf")
+        input_ids = torch.cat([input_ids, scores.argmax(-1, keepdim=True)], dim=-1)
+        finished = bool(stopping_criteria(input_ids, scores).all())
+    return input_ids
+
+
+def generate(model, *args, banned_token=None, **kwargs):
+    return GenerationMixin.generate(model, *args, custom_generate=_greedy_banning, banned_token=banned_token, **kwargs)
+'''
+
+# group beam search written against GenerationMixin internals, in the manner of
+# transformers-community/group-beam-search (a reduced version: fixed length, no EOS handling)
+GROUP_BEAM = '''import torch
+from transformers import GenerationMixin
+
+
+def _group_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+    num_beams, groups = generation_config.num_beams, generation_config.num_beam_groups
+    per_group, penalty = num_beams // groups, generation_config.diversity_penalty
+    batch = input_ids.shape[0] // num_beams
+    beam_scores = torch.full((batch, num_beams), -1e9)
+    beam_scores[:, ::per_group] = 0.0
+    beam_scores = beam_scores.view(-1)
+    finished = False
+    while not finished:
+        step = {"next_sequence_length": 1} if model_kwargs["cache"].get_seq_length() else {"is_first_iteration": True}
+        model_inputs = model.prepare_inputs_for_generation(input_ids, **step, **model_kwargs)
+        outputs = model(**model_inputs, return_dict=True)
+        model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs,
+                                                                 is_encoder_decoder=model.config.is_encoder_decoder)
+        log_probs = torch.log_softmax(outputs.logits[:, -1, :].float(), dim=-1)
+        vocab = log_probs.shape[-1]
+        source = torch.zeros(batch * num_beams, dtype=torch.long)
+        tokens = torch.zeros(batch * num_beams, dtype=torch.long)
+        scores_out = torch.zeros(batch * num_beams)
+        used = torch.zeros(batch, vocab)
+        for g in range(groups):
+            rows = torch.tensor([b * num_beams + g * per_group + i for b in range(batch) for i in range(per_group)])
+            scores = logits_processor(input_ids[rows], log_probs[rows])
+            scores = scores - penalty * used.repeat_interleave(per_group, dim=0) + beam_scores[rows][:, None]
+            top, index = torch.topk(scores.view(batch, per_group * vocab), per_group, dim=1)
+            token = index % vocab
+            source[rows] = ((torch.arange(batch)[:, None] * num_beams + g * per_group) + index // vocab).view(-1)
+            tokens[rows], scores_out[rows] = token.view(-1), top.view(-1)
+            used.scatter_add_(1, token, torch.ones_like(token, dtype=used.dtype))
+        input_ids = torch.cat([input_ids[source], tokens[:, None]], dim=-1)
+        beam_scores = scores_out
+        model_kwargs["cache"].reorder_cache(source)
+        finished = bool(stopping_criteria(input_ids, None).all())
+    return input_ids
+
+
+def generate(model, *args, **kwargs):
+    if kwargs.get("num_beam_groups", 1) < 2:
+        raise ValueError("group beam search needs num_beam_groups > 1")
+    return GenerationMixin.generate(model, *args, custom_generate=_group_beam_search, **kwargs)
+'''
+
+# a sampling recipe that reads its settings from generation_config and keeps a cache
+SAMPLING = '''import copy
+
+import torch
+
+
+def generate(model, input_ids, generation_config=None, seed=0, **kwargs):
+    config = copy.deepcopy(generation_config or model.generation_config)
+    config.update(**kwargs)
+    rng = torch.Generator().manual_seed(seed)
+    cache, step_ids, ids = None, input_ids, input_ids
+    for _ in range(config.max_new_tokens):
+        out = model(step_ids, past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :].float() / config.temperature
+        kth = torch.topk(logits, config.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -float("inf"))
+        step_ids = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=rng)
+        ids = torch.cat([ids, step_ids], dim=-1)
+    return ids
+'''
+
+
+def _recipe(tmp_path, name, code):
+    return str(write_recipe(tmp_path / name, {"custom_generate/generate.py": code,
+                                              "README.md": "---\ntags: [custom_generate]\n---\n"}))
+
+
+def _three_ways(pair, folder, *args, **kwargs):
+    """The recipe on transformers (its own loader), on the genkit model, and on the transformers
+    model through genkit."""
+    hf, ours = pair
+    reference = hf.generate(*args, custom_generate=folder, trust_remote_code=True, **kwargs)
+    return reference, genkit.generate(ours, *args, custom_generate=folder, **kwargs), \
+        genkit.generate(hf, *args, custom_generate=folder, **kwargs)
+
+
+def test_guide_recipe_verbatim_gives_max_length_20_with_no_length_set(tiny_pair, tmp_path):
+    hf, ours = tiny_pair
+    folder = _recipe(tmp_path, "guide", GUIDE)
+    out = genkit.generate(ours, input_ids=IDS, custom_generate=folder)  # no config, no length
+    assert out.shape == (2, 20)  # transformers' global default max_length, as the guide shows
+    assert torch.equal(out, hf.generate(IDS, max_length=20, do_sample=False))
+    assert torch.equal(genkit.generate(hf, input_ids=IDS, custom_generate=folder), out)
+    padded = genkit.generate(ours, input_ids=IDS, custom_generate=folder, left_padding=5)
+    assert padded.shape == (2, 20) and torch.equal(padded[:, :5], torch.zeros(2, 5, dtype=torch.long))
+
+
+def test_greedy_recipe_with_a_custom_argument_same_tokens(tiny_pair, tmp_path):
+    folder = _recipe(tmp_path, "greedy", GREEDY)
+    plain = _three_ways(tiny_pair, folder, IDS, max_new_tokens=8, do_sample=False)
+    banned_token = int(plain[0][0, 4])
+    banned = _three_ways(tiny_pair, folder, IDS, max_new_tokens=8, banned_token=banned_token)
+    for outs in (plain, banned):
+        assert outs[0].shape == (2, 12)
+        assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+    assert banned_token not in banned[1][:, 4:].tolist()[0]
+    assert torch.equal(plain[1], genkit.generate(tiny_pair[1], IDS, max_new_tokens=8, do_sample=False))
+
+
+def test_group_beam_search_recipe_on_generation_mixin_internals_same_tokens(tiny_pair, tmp_path):
+    folder = _recipe(tmp_path, "group-beam-search", GROUP_BEAM)
+    outs = _three_ways(tiny_pair, folder, IDS, max_new_tokens=6, num_beams=4, num_beam_groups=2,
+                       diversity_penalty=1.5, do_sample=False)
+    assert outs[0].shape == (8, 10)
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+    # diversity works: the groups' first beams differ
+    assert not torch.equal(outs[0][0], outs[0][2])
+
+
+def test_sampling_recipe_reading_generation_config_same_tokens(tiny_pair, tmp_path):
+    folder = _recipe(tmp_path, "sampling", SAMPLING)
+    config = transformers.GenerationConfig(do_sample=True, temperature=0.7, top_k=10, max_new_tokens=7)
+    outs = _three_ways(tiny_pair, folder, input_ids=IDS, generation_config=config, seed=3)
+    assert outs[0].shape == (2, 11)
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+    # kwargs over the resolved config (no generation_config given: transformers' defaults, top_k 50)
+    hf, ours = tiny_pair
+    assert torch.equal(genkit.generate(ours, input_ids=IDS, custom_generate=folder, max_new_tokens=5, seed=4),
+                       genkit.generate(hf, input_ids=IDS, custom_generate=folder, max_new_tokens=5, seed=4))
+
+
+def test_what_the_recipe_is_given(tiny_pair, tmp_path):
+    hf, ours = tiny_pair
+    folder = _recipe(tmp_path, "probe", "def generate(model, generation_config=None, **kwargs):\n"
+                                        "    return model, generation_config\n")
+    given, config = genkit.generate(hf, IDS, custom_generate=folder)
+    assert given is hf  # a transformers model is given as it is
+    assert isinstance(config, transformers.GenerationConfig) and config.max_length == 20
+    assert hf.generation_config.max_length is None  # the model's own config is untouched
+    given, config = genkit.generate(ours, IDS, custom_generate=folder)
+    assert isinstance(given, transformers.PreTrainedModel) and isinstance(given, transformers.GenerationMixin)
+    assert given.genkit_model is ours  # the view holds the genkit model: same parameters, nothing copied
+    assert {id(p) for p in given.parameters()} == {id(p) for p in ours.parameters()}
+    assert config.max_length == 20 and config.do_sample is False
+    # a recipe may hand the view (and the transformers config it got) back to genkit.generate
+    assert torch.equal(genkit.generate(given, IDS, generation_config=config, max_new_tokens=4),
+                       genkit.generate(ours, IDS, max_new_tokens=4))

@@ -1,0 +1,377 @@
+"""``genkit serve`` against a hostile client (issue 27, items 1 and 2), through real HTTP on
+127.0.0.1 with the demo model in a subprocess: what a web page, a DNS rebinding or a greedy client
+can send is refused with OpenAI's error object naming the field, the event loop keeps answering
+``/health`` while a 1 MB prompt is tokenized, a client that hangs up before a non-streaming answer
+has its request cancelled (its cache blocks back), and SIGINT drains (503) then exits 0 with no
+traceback. On main every one of these requests was accepted (or answered 500)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from test_serve import _free_port, _get, demo_folder, launch  # noqa: F401 - the demo model's fixture
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("gguf")
+
+KEY = "s3cret-key"
+ORIGIN = "https://app.example"
+CONTEXT = 512  # --max-model-len
+
+
+@pytest.fixture(scope="module")
+def guarded(demo_folder):  # noqa: F811
+    proc, base = launch(demo_folder, "--api-key", KEY, "--allowed-origins", ORIGIN, "--max-model-len", str(CONTEXT))
+    host, port = base.removeprefix("http://").split(":")
+    yield {"base": base, "host": host, "port": int(port), "proc": proc}
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+def _request(server, method: str, path: str, body: bytes | str | dict | None = None, *, key: str | None = KEY,
+             headers: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, dict[str, str], bytes]:
+    """One request with http.client (it sends the headers we say, Host included)."""
+    conn = http.client.HTTPConnection(server["host"], server["port"], timeout=timeout)
+    h = {"Content-Type": "application/json"} if body is not None else {}
+    if key is not None:
+        h["Authorization"] = f"Bearer {key}"
+    h.update(headers or {})
+    data = json.dumps(body).encode() if isinstance(body, dict) else body.encode() if isinstance(body, str) else body
+    try:
+        conn.request(method, path, body=data, headers=h)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def _error(raw: bytes) -> dict:
+    return json.loads(raw)["error"]
+
+
+def _completion(**fields) -> dict:
+    return {"model": _model_name(), "prompt": "Hello", "max_tokens": 2, "temperature": 0, **fields}
+
+
+_NAME: list[str] = []
+
+
+def _model_name() -> str:
+    return _NAME[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _served_name(guarded):
+    status, _, raw = _request(guarded, "GET", "/v1/models")
+    assert status == 200
+    _NAME[:] = [json.loads(raw)["data"][0]["id"]]
+
+
+def _metrics(server) -> dict[str, float]:
+    status, _, raw = _request(server, "GET", "/metrics")
+    assert status == 200
+    return {k: float(v) for k, v in (line.split() for line in raw.decode().splitlines() if not line.startswith("#"))}
+
+
+# -- item 1: locked down ------------------------------------------------------------------------------
+def test_the_default_model_name_is_no_filesystem_path(guarded):
+    assert _model_name() == "smollm2-135m-instruct-v1"  # the folder's name, not its path
+    status, _, raw = _request(guarded, "GET", f"/v1/models/{_model_name()}")
+    assert status == 200 and json.loads(raw)["id"] == _model_name()
+    status, _, raw = _request(guarded, "GET", "/v1/models/gpt-9")
+    assert status == 404 and _error(raw)["code"] == "model_not_found"
+
+
+def test_a_cross_origin_post_is_refused(guarded):
+    status, headers, raw = _request(guarded, "POST", "/v1/completions", _completion(),
+                                    headers={"Origin": "https://evil.example"})
+    assert status == 403 and _error(raw)["param"] == "origin" and "access-control-allow-origin" not in headers
+    # the browser's preflight for a JSON POST: refused for that origin, allowed for the listed one
+    pre = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type,authorization"}
+    status, headers, _ = _request(guarded, "OPTIONS", "/v1/completions", key=None,
+                                  headers={"Origin": "https://evil.example", **pre})
+    assert status == 400 and "access-control-allow-origin" not in headers
+    status, headers, _ = _request(guarded, "OPTIONS", "/v1/completions", key=None, headers={"Origin": ORIGIN, **pre})
+    assert status == 200 and headers["access-control-allow-origin"] == ORIGIN
+    status, headers, raw = _request(guarded, "POST", "/v1/completions", _completion(), headers={"Origin": ORIGIN})
+    assert status == 200 and headers["access-control-allow-origin"] == ORIGIN
+    own = f"http://127.0.0.1:{guarded['port']}"  # the server's own origin is not cross-origin
+    assert _request(guarded, "POST", "/v1/completions", _completion(), headers={"Origin": own})[0] == 200
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", None])
+def test_a_post_that_is_not_json_is_refused(guarded, content_type):
+    headers = {"Content-Type": content_type} if content_type else {"Content-Type": ""}
+    status, _, raw = _request(guarded, "POST", "/v1/completions", json.dumps(_completion()), headers=headers)
+    assert status == 415 and _error(raw)["code"] == "unsupported_media_type"
+    assert _error(raw)["param"] == "content-type"
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.2:{port}"])
+def test_a_wrong_host_is_refused(guarded, host):
+    status, _, raw = _request(guarded, "GET", "/health", headers={"Host": host.format(port=guarded["port"])})
+    assert status == 421 and _error(raw)["param"] == "host"
+    for ok in ("localhost:{port}", "127.0.0.1:{port}", "127.0.0.1"):
+        assert _request(guarded, "GET", "/health", headers={"Host": ok.format(port=guarded["port"])})[0] == 200
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/models"), ("POST", "/v1/completions"),
+                                              ("POST", "/v1/chat/completions"), ("GET", "/metrics"),
+                                              ("POST", "/tokenize"), ("GET", "/version")])
+def test_without_the_api_key_every_route_but_health_is_401(guarded, method, path):
+    body = _completion() if method == "POST" else None
+    for key in (None, "wrong", KEY + "x", ""):
+        status, headers, raw = _request(guarded, method, path, body, key=key)
+        assert status == 401 and _error(raw)["type"] == "authentication_error", (path, key)
+        assert headers["www-authenticate"] == "Bearer"
+    assert _request(guarded, "GET", "/health", key=None)[0] == 200
+
+
+# -- item 2: bounded ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("fields", "param", "words"), [
+    ({"max_tokens": 10**9}, "max_tokens", f"this model's context is {CONTEXT}"),
+    ({"prompt": "word " * 600}, "prompt", f"this model's context is {CONTEXT} tokens"),
+    ({"n": 17}, "n", "<= 16"),
+    ({"best_of": 17}, "best_of", "<= 16"),
+    ({"n": 3, "best_of": 2}, "best_of", "`best_of` must be >= `n`"),
+    ({"prompt": ["a"] * 33}, "prompt", "at most 32"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "up to 4 strings"),
+    ({"stop": "x" * 3000}, "stop", "at most 256 characters"),
+    ({"logprobs": 6}, "logprobs", "<= 5"),
+    ({"logit_bias": {"5": 101}}, "logit_bias", "between -100 and 100"),
+    ({"logit_bias": {"999999": 1}}, "logit_bias", "token ids"),
+    ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias", "at most 1024"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "between -2.0 and 2.0"),
+    ({"model": None}, "model", "`model` is required"),
+    ({"prompt": None}, "prompt", "`prompt` is required"),
+    ({"suffix": "end"}, "suffix", "not supported"),
+    ({"echo": True, "logprobs": 1}, "echo", "not supported"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "not supported yet"),
+    ({"guided_regex": "a+"}, "guided_regex", "not supported yet"),
+])
+def test_each_completions_limit_is_a_400_naming_the_field(guarded, fields, param, words):
+    body = {k: v for k, v in _completion(**fields).items() if v is not None}
+    status, _, raw = _request(guarded, "POST", "/v1/completions", body)
+    error = _error(raw)
+    assert status == 400 and error["param"] == param and words in error["message"], error
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("fields", "param", "words"), [
+    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs", "<= 20"),
+    ({"logprobs": 1}, "logprobs", "true or false"),  # OpenAI types it a boolean: 1 is not true
+    ({"top_logprobs": 2}, "top_logprobs", "needs `logprobs: true`"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages", "`messages[0].role` must be one of"),
+    ({"messages": [{"role": "user"}]}, "messages", "`messages[0].content` is required"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages", "not supported yet"),
+    ({"messages": None}, "messages", "non-empty list"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported yet"),
+    ({"max_completion_tokens": CONTEXT}, "max_completion_tokens", "at most"),
+])
+def test_each_chat_limit_is_a_400_naming_the_field(guarded, fields, param, words):
+    body = {"model": _model_name(), "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, **fields}
+    body = {k: v for k, v in body.items() if v is not None}
+    status, _, raw = _request(guarded, "POST", "/v1/chat/completions", body)
+    error = _error(raw)
+    assert status == 400 and error["param"] == param and words in error["message"], error
+
+
+def _head(length: int | None) -> bytes:
+    size = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {KEY}\r\n{size}\r\n\r\n").encode()
+
+
+def _send_big(server, chunked: bool) -> tuple[int, dict]:
+    """Send a 5 MB body (as one, or in 1 MB chunks without a length) and read the answer, which
+    comes before the body is all sent."""
+    body = json.dumps(_completion(prompt="x" * (5 * 1024 * 1024))).encode()
+    sock = socket.create_connection((server["host"], server["port"]), timeout=60)
+    try:
+        sock.sendall(_head(None if chunked else len(body)))
+        for at in range(0, len(body), 1024 * 1024):
+            part = body[at:at + 1024 * 1024]
+            sock.sendall(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+    except OSError:
+        pass  # the server answered and closed before the whole body was sent
+    raw = b""
+    while b"\r\n\r\n" not in raw or len(raw.split(b"\r\n\r\n", 1)[1]) < 40:
+        data = sock.recv(65536)
+        if not data:
+            break
+        raw += data
+    sock.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    start = rest.find(b"{")
+    return int(head.split()[1]), json.JSONDecoder().raw_decode(rest[start:].decode())[0]["error"]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_limit_is_refused_while_it_streams_in(guarded, chunked):
+    status, error = _send_big(guarded, chunked)
+    assert status == 400 and error["param"] == "body" and "4194304 bytes" in error["message"]
+    assert error["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("depth", [40, 100_000])
+def test_deep_json_is_a_400(guarded, depth):
+    body = '{"model": "m", "prompt": "a", "user": ' + "[" * depth + "]" * depth + "}"
+    status, _, raw = _request(guarded, "POST", "/v1/completions", body)
+    assert status == 400 and _error(raw)["param"] == "body" and "32 levels" in _error(raw)["message"]
+    assert _request(guarded, "GET", "/health")[0] == 200
+
+
+def test_health_answers_within_100ms_while_a_1mb_prompt_is_tokenized(guarded):
+    answer: list = []
+    prompt = "hello world, this is a test. " * (1024 * 1024 // 29)
+    sender = threading.Thread(target=lambda: answer.append(
+        _request(guarded, "POST", "/v1/completions", _completion(prompt=prompt), timeout=300)))
+    sender.start()
+    time.sleep(1.0)  # the body is in; the prompt is being tokenized (several seconds on this model)
+    latencies = []
+    while sender.is_alive() and len(latencies) < 20:
+        t = time.perf_counter()
+        assert _request(guarded, "GET", "/health")[0] == 200
+        latencies.append(time.perf_counter() - t)
+        time.sleep(0.05)
+    sender.join(300)
+    assert len(latencies) >= 5, "the prompt was tokenized too fast to measure /health during it"
+    assert max(latencies) < 0.1, latencies
+    status, _, raw = answer[0]
+    assert status == 400 and _error(raw)["param"] == "prompt"  # then refused: over --max-model-len
+
+
+def test_a_hung_up_non_streaming_client_is_cancelled(guarded):
+    before = _metrics(guarded)
+    eos = 2  # SmolLM2's <|im_end|>: banned, so only the cancel can end it early
+    body = json.dumps(_completion(prompt="Once upon a time", max_tokens=400, logit_bias={str(eos): -100})).encode()
+    sock = socket.create_connection((guarded["host"], guarded["port"]))
+    sock.sendall(_head(len(body)) + body)
+    deadline = time.monotonic() + 60
+    while _metrics(guarded)["genkit_generated_tokens_total"] < before["genkit_generated_tokens_total"] + 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    sock.close()  # hang up before the answer
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = _metrics(guarded)
+        if m["genkit_requests_cancelled"] > before["genkit_requests_cancelled"] and m["genkit_requests_running"] == 0 \
+                and m["genkit_cache_free_blocks"] == m["genkit_cache_blocks"]:
+            break
+        time.sleep(0.1)
+    assert m["genkit_requests_cancelled"] == before["genkit_requests_cancelled"] + 1
+    assert m["genkit_requests_running"] == 0
+    assert m["genkit_generated_tokens_total"] - before["genkit_generated_tokens_total"] < 400  # it stopped early
+    assert m["genkit_cache_free_blocks"] == m["genkit_cache_blocks"] > 0  # its blocks are back
+
+
+def test_metrics_are_prometheus_text(guarded):
+    status, headers, raw = _request(guarded, "GET", "/metrics")
+    lines = raw.decode().splitlines()
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = [line for line in lines if not line.startswith("#")]
+    for sample in samples:
+        name = sample.split()[0]
+        assert f"# TYPE {name} counter" in lines or f"# TYPE {name} gauge" in lines
+        assert any(line.startswith(f"# HELP {name} ") for line in lines)
+    assert "# TYPE genkit_requests_total counter" in lines
+
+
+def test_a_client_never_runs_a_recipe_or_names_a_folder(guarded, tmp_path):
+    for ref in ("org/hostile", str(tmp_path), "./custom", "../x"):
+        status, _, raw = _request(guarded, "POST", "/v1/completions", _completion(custom_generate=ref))
+        assert status == 403 and _error(raw)["param"] == "custom_generate"
+        assert str(tmp_path) not in _error(raw)["message"] or ref == str(tmp_path)
+
+
+# -- lifecycle -------------------------------------------------------------------------------------------
+def _run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "genkit", "serve", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_options_and_the_port_are_checked_before_the_model_loads(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        t = time.monotonic()  # "no-such-model" would fail to load: the port is said first
+        r = _run_cli("no-such-model", "--port", str(port))
+    assert r.returncode != 0 and f"cannot listen on 127.0.0.1:{port}" in r.stderr and time.monotonic() - t < 30
+    for args, message in [(("--trust-remote-code",), "--trust-remote-code needs --allowed-recipes"),
+                          (("--allowed-recipes", "org/x"), "--allowed-recipes needs --trust-remote-code"),
+                          (("--allowed-recipes", "/tmp/x", "--trust-remote-code"), "--allowed-recipes takes Hub ids"),
+                          (("--max-model-len", "0"), "--max-model-len must be >= 1"),
+                          (("--shutdown-timeout", "-1"), "--shutdown-timeout must be >= 0"),
+                          (("--chat-template", str(tmp_path / "none.jinja")), "--chat-template: cannot read")]:
+        r = _run_cli("no-such-model", "--port", str(_free_port()), *args)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+
+
+def test_sigint_drains_with_503_then_exits_0_without_a_traceback(demo_folder):  # noqa: F811
+    proc, base = launch(demo_folder, "--served-model-name", "m", "--shutdown-timeout", "120",
+                        stderr=subprocess.PIPE)
+    host, port = base.removeprefix("http://").split(":")
+    server = {"host": host, "port": int(port)}
+    long = {"model": "m", "prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0,
+            "logit_bias": {"2": -100}}
+    results: dict[str, tuple] = {}
+    threads = [threading.Thread(target=lambda: results.__setitem__("long", _request(server, "POST", "/v1/completions",
+                                                                                      long, key=None))),
+               threading.Thread(target=lambda: results.__setitem__("short", _request(
+                   server, "POST", "/v1/completions", {**long, "max_tokens": 24}, key=None)))]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # both running
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    status, _, raw = _request(server, "GET", "/health", key=None)
+    assert status == 503 and json.loads(raw)["status"] == "draining"  # answered, not refused
+    status, _, raw = _request(server, "POST", "/v1/completions", {**long, "max_tokens": 2}, key=None)
+    assert status == 503
+    threads[1].join(120)
+    assert results["short"][0] == 200  # a running request finished while draining
+    assert json.loads(results["short"][2])["usage"]["completion_tokens"] == 24
+    assert proc.poll() is None  # the long one still runs
+    proc.send_signal(signal.SIGINT)  # a second SIGINT: cancel it now
+    assert proc.wait(timeout=60) == 0
+    threads[0].join(30)
+    assert results["long"][0] == 200
+    assert json.loads(results["long"][2])["usage"]["completion_tokens"] < 2000
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert "Traceback" not in stderr and "CancelledError" not in stderr, stderr
+
+
+# -- the policy's names, and what an error may say ------------------------------------------------------
+def test_host_names_the_policy_answers_to():
+    from genkit.serve.security import ServePolicy
+
+    local = ServePolicy(host="127.0.0.1", port=8000, allowed_hosts=["api.internal"])
+    assert all(local.host_allowed(h) for h in ("127.0.0.1:8000", "localhost", "[::1]:8000", "API.internal:8000"))
+    assert not any(local.host_allowed(h) for h in ("evil.example", "10.0.0.5:8000", "", "api.internal.evil.example"))
+    every = ServePolicy(host="0.0.0.0")  # noqa: S104 - bound everywhere: IP literals yes, names no (rebinding)
+    assert every.host_allowed("10.0.0.5:8000") and every.host_allowed("[fe80::1]:8000")
+    assert not every.host_allowed("evil.example:8000")
+    assert ServePolicy(allowed_hosts=["*"]).host_allowed("anything.example")
+    keyed = ServePolicy(api_key="k")
+    assert keyed.key_matches("Bearer k") and keyed.key_matches("bearer k")
+    assert not any(keyed.key_matches(h) for h in (None, "", "Bearer", "Bearer kk", "Basic k", "k"))
+
+
+def test_error_messages_name_no_filesystem_path():
+    from genkit.serve.openai_api import public_message
+
+    exc = OSError("no file /root/.cache/huggingface/hub/models--org--m/snapshots/abc/config.json here")
+    assert public_message(exc) == "no file <path> here"
+    assert public_message(ValueError(r"bad C:\Users\me\model\x.gguf")) == "bad <path>"
+    assert public_message(ValueError("`top_p` must be in (0, 1]")) == "`top_p` must be in (0, 1]"
