@@ -12,7 +12,8 @@ Then the grammar engines alone, on the tokens the JSON run produced: the time to
 next-token mask and accept the token, per token, for llguidance (what genkit uses) and, when it is
 installed, xgrammar (``TokenizerInfo`` built from the same vocabulary), best of ``--repeats``.
 
-Run: ``python bench/bench_structured.py [--threads N] [--repeats R] [--new-tokens T]``.
+Run: ``python bench/bench_structured.py [--threads N] [--repeats R] [--new-tokens T] [--engines-only]``
+(``--engines-only``: the engines alone, on the tokens of a fixed JSON answer).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ SCHEMA = {"type": "object", "properties": {
     "pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog", "fish"]}, "name": {"type": "string"}},
             "required": ["kind", "name"]}},
     "required": ["name", "age", "city", "hobbies", "pet"], "additionalProperties": False}
+EXAMPLE = {"name": "Alice Martin", "age": 34, "city": "Paris", "hobbies": ["reading", "chess", "running"],
+           "pet": {"kind": "cat", "name": "Milo"}}
 REGEX = r"([A-Z][a-z]+ ){2,12}[A-Z][a-z]+\."
 PROMPTS = ["Describe a person who lives in Paris, as JSON.", "Invent a character for a story; answer in JSON.",
            "Tell me about your best friend."]
@@ -102,7 +105,7 @@ def engines(tok: Any, trace: list[int], repeats: int) -> None:
     info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.BYTE_LEVEL, vocab_size=len(tok),
                              stop_token_ids=[tok.eos_token_id])
     compiled = xgr.GrammarCompiler(info, max_threads=1).compile_json_schema(
-        json.dumps(SCHEMA), any_whitespace=False, separators=(", ", ": "))
+        json.dumps(SCHEMA), any_whitespace=False)
 
     def xgrammar_run() -> float:
         matcher, mask = xgr.GrammarMatcher(compiled), xgr.allocate_token_bitmask(1, len(tok))
@@ -120,13 +123,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--engines-only", action="store_true",
+                        help="only the grammar engines, on the tokens of a fixed JSON answer")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = genkit.load_model("smollm2"), genkit.load_tokenizer("smollm2")
     print(f"SmolLM2-135M-Instruct, {args.threads} thread(s), greedy, up to {args.new_tokens} new tokens, "
           f"median of {args.repeats} x {len(PROMPTS)} prompts")
-    with torch.no_grad():
-        trace = decoding(model, tok, args.repeats, args.new_tokens)
+    if args.engines_only:
+        trace = tok.encode(json.dumps(EXAMPLE), add_special_tokens=False) + [tok.eos_token_id]
+    else:
+        with torch.no_grad():
+            trace = decoding(model, tok, args.repeats, args.new_tokens)
     print(f"grammar engines on the JSON run's {len(trace)} tokens:")
     engines(tok, trace, args.repeats)
 
