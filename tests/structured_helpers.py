@@ -7,13 +7,7 @@ that a short generation can finish them)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import random
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,29 +23,17 @@ def demo_folder() -> str:
 
 @contextlib.contextmanager
 def running_server(folder: str) -> Iterator[str]:
-    """``genkit serve`` of ``folder`` as ``smollm2`` on a free port of 127.0.0.1; yields its base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "genkit", "serve", "--model", folder, "--model-name", "smollm2",
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stdout.read() if proc.stdout else ''}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.3)
+    """``genkit serve`` of ``folder`` as ``smollm2`` on a free port of 127.0.0.1 (test_serve's
+    ``launch``); yields its base URL."""
+    from test_serve import launch
+
+    proc, base = launch(folder, "--served-model-name", "smollm2")
     try:
         yield base
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
 
 _NAMES = ["name", "city", "color", "title", "kind", "owner", "label", "status", "tag", "code", "size", "level"]
 _WORDS = ["red", "green", "blue", "small", "large", "on", "off", "cat", "dog", "alpha", "beta"]
