@@ -94,6 +94,8 @@ _PROCESSORS: tuple[tuple[str, str, tuple[Any, ...], int], ...] = (
     ("exponential_decay_length_penalty", "make_exponential_decay_length_penalty", (F.DECAY,), 140),
     ("suppress_tokens", "make_suppress_tokens", (F.SUPPRESS,), 150),
     ("begin_suppress_tokens", "make_begin_suppress_tokens", (F.BEGIN_SUPPRESS,), 160),
+    # structured outputs: the grammar's mask before the warpers, so they see only allowed tokens
+    ("structured_output", "structured:make_structured_output", F.STRUCTURED, 170),
     ("temperature", "make_temperature", (F.TEMPERATURE,), 200),
     ("top_h", "make_top_h", (F.TOP_H,), 205),
     ("top_k", "make_top_k", (F.TOP_K,), 210),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from numbers import Integral, Real
 from typing import Any
 
+from genkit.errors import ConfigError
 from genkit.plugins import FieldSpec
 
 
@@ -108,3 +110,53 @@ ALL = (TEMPERATURE, TOP_K, TOP_P, MIN_P, TOP_H, TYPICAL_P, EPSILON_CUTOFF, ETA_C
        ENCODER_REPETITION_PENALTY, NO_REPEAT_NGRAM_SIZE, ENCODER_NO_REPEAT_NGRAM_SIZE, BAD_WORDS_IDS,
        RENORMALIZE_LOGITS, FORCED_BOS, FORCED_EOS, REMOVE_INVALID, DECAY, SUPPRESS, BEGIN_SUPPRESS,
        SEQUENCE_BIAS, PRESENCE_PENALTY, FREQUENCY_PENALTY)
+
+
+# -- structured outputs (builtin_strategies/structured.py): at most one of these is set ---------------
+def _schema(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) for k in v)
+
+
+def _response_format(v: Any) -> bool:
+    """OpenAI's ``response_format``: ``{"type": "text" | "json_object"}`` or ``{"type": "json_schema",
+    "json_schema": {"name": str, "schema": {...}, "strict": bool, "description": str}}``."""
+    if not isinstance(v, dict) or v.get("type") not in ("text", "json_object", "json_schema"):
+        return False
+    if v["type"] != "json_schema":
+        return set(v) == {"type"}
+    spec = v.get("json_schema")
+    return (set(v) == {"type", "json_schema"} and isinstance(spec, dict)
+            and set(spec) <= {"name", "schema", "strict", "description"} and _schema(spec.get("schema"))
+            and isinstance(spec.get("name", ""), str) and isinstance(spec.get("strict", False), (bool, type(None))))
+
+
+def _as_schema(v: Any) -> Any:
+    """``guided_json`` given as JSON text becomes the schema it holds."""
+    if not isinstance(v, str):
+        return v
+    try:
+        return json.loads(v)
+    except ValueError as exc:
+        raise ConfigError(f"`guided_json` must be a JSON schema (a dict or its JSON text); got text that is not "
+                          f"JSON: {exc}") from exc
+
+
+RESPONSE_FORMAT = FieldSpec(
+    "response_format", None, _response_format,
+    '{"type": "text"}, {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": str, '
+    '"schema": {...}, "strict": bool}} or None',
+    "Constrain the output to JSON (any object, or one matching `json_schema.schema`), as OpenAI's field.")
+GUIDED_JSON = FieldSpec("guided_json", None, _schema, "a JSON schema (a dict, or its JSON text) or None",
+                        "Constrain the output to JSON matching this schema (vLLM's field).", coerce=_as_schema)
+GUIDED_REGEX = FieldSpec("guided_regex", None, lambda v: isinstance(v, str) and bool(v),
+                         "a non-empty regular expression (str) or None",
+                         "Constrain the output to match this regular expression (vLLM's field).")
+GUIDED_GRAMMAR = FieldSpec("guided_grammar", None, lambda v: isinstance(v, str) and bool(v.strip()),
+                           "a non-empty context-free grammar (Lark or GBNF text) or None",
+                           "Constrain the output to this context-free grammar (vLLM's field).")
+GUIDED_CHOICE = FieldSpec("guided_choice", None,
+                          lambda v: isinstance(v, (list, tuple)) and len(v) > 0
+                          and all(isinstance(s, str) and s for s in v),
+                          "a non-empty list of non-empty strings or None",
+                          "The output is exactly one of these strings (vLLM's field).")
+STRUCTURED = (RESPONSE_FORMAT, GUIDED_JSON, GUIDED_REGEX, GUIDED_GRAMMAR, GUIDED_CHOICE)

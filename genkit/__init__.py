@@ -77,6 +77,7 @@ _LAZY = {
     "WatermarkDetector": "genkit.watermarking:WatermarkDetector",
     "WatermarkDetectorOutput": "genkit.watermarking:WatermarkDetectorOutput",
     "WatermarkLogitsProcessor": "genkit.builtin_strategies.watermark:WatermarkLogitsProcessor",
+    "GrammarLogitsProcessor": "genkit.builtin_strategies.structured:GrammarLogitsProcessor",
     "ClassifierFreeGuidanceLogitsProcessor":
         "genkit.builtin_strategies.guidance:ClassifierFreeGuidanceLogitsProcessor",
     "UnbatchedClassifierFreeGuidanceLogitsProcessor":

@@ -156,8 +156,9 @@ def test_without_the_api_key_every_route_but_health_is_401(guarded, method, path
     ({"prompt": None}, "prompt", "`prompt` is required"),
     ({"suffix": "end"}, "suffix", "not supported"),
     ({"echo": True, "logprobs": 1}, "echo", "not supported"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "not supported yet"),
-    ({"guided_regex": "a+"}, "guided_regex", "not supported yet"),
+    ({"response_format": {"type": "xml"}}, "response_format", "`response_format` must be"),
+    ({"guided_regex": "([a-z"}, "guided_regex", "`guided_regex` is not a valid regex"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "chat only"),
 ])
 def test_each_completions_limit_is_a_400_naming_the_field(guarded, fields, param, words):
     body = {k: v for k, v in _completion(**fields).items() if v is not None}
@@ -173,9 +174,11 @@ def test_each_completions_limit_is_a_400_naming_the_field(guarded, fields, param
     ({"top_logprobs": 2}, "top_logprobs", "needs `logprobs: true`"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages", "`messages[0].role` must be one of"),
     ({"messages": [{"role": "user"}]}, "messages", "`messages[0].content` is required"),
-    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages", "not supported yet"),
+    ({"messages": [{"role": "function", "content": "x", "name": "f"}]}, "messages", "legacy `function` role"),
     ({"messages": None}, "messages", "non-empty list"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported yet"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools", "1-64 letters"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "any"}, "tool_choice",
+     '"none", "auto", "required"'),
     ({"max_completion_tokens": CONTEXT}, "max_completion_tokens", "at most"),
 ])
 def test_each_chat_limit_is_a_400_naming_the_field(guarded, fields, param, words):

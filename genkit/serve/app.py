@@ -38,6 +38,7 @@ from .openai_api import (
     public_message,
 )
 from .security import ServePolicy, middleware
+from .tools import ToolStream
 
 logger = logging.getLogger("genkit.serve")
 
@@ -458,8 +459,9 @@ async def _collect(parsed: ParsedRequest, group: _Group, state: ServerState) -> 
             logprobs = (_chat_logprobs(state, choices.logprobs[i]) if parsed.chat
                         else _completion_logprobs(state, choices.logprobs[i], 0))
         if parsed.chat:
-            out.append({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                        "finish_reason": choices.finish[i]})
+            message, finish = ({"role": "assistant", "content": text}, choices.finish[i]) if parsed.tools is None \
+                else parsed.tools.message(text, choices.finish[i])  # genkit.serve.tools
+            out.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
         else:
             out.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": choices.finish[i]})
     return {"id": parsed.id, "object": "chat.completion" if parsed.chat else "text_completion",
@@ -476,6 +478,13 @@ async def _sse(parsed: ParsedRequest, group: _Group, state: ServerState) -> Asyn
     kind = "chat.completion.chunk" if parsed.chat else "text_completion"
     head = {"id": parsed.id, "object": kind, "created": parsed.created, "model": state.model_name}
     offsets = [0] * choices.total
+    tool_streams = None if parsed.tools is None else [ToolStream(parsed.tools) for _ in range(choices.total)]
+
+    def chunks(i: int, text: str, entries: Any, finish: str | None) -> list[dict[str, Any]]:
+        if tool_streams is not None:  # genkit.serve.tools: content, or tool_calls deltas
+            return tool_streams[i].chunks(i, text, finish)
+        return [_chunk(parsed, state, i, text, entries, offsets, finish)]
+
     completed = False
     try:
         for i, text in _opening(parsed, choices.total):
@@ -485,12 +494,13 @@ async def _sse(parsed: ParsedRequest, group: _Group, state: ServerState) -> Asyn
             async for event in group.events():
                 was_open = [f is None for f in choices.finish]
                 for i, text, entries in choices.add(event):
-                    yield _event({**head, "choices": [_chunk(parsed, state, i, text, entries, offsets, None)]})
+                    for c in chunks(i, text, entries, None):
+                        yield _event({**head, "choices": [c]})
                     offsets[i] += len(text)
                 for i, open_ in enumerate(was_open):
                     if open_ and choices.finish[i] is not None:
-                        yield _event({**head, "choices": [_chunk(parsed, state, i, "", [], offsets,
-                                                                 choices.finish[i])]})
+                        for c in chunks(i, "", [], choices.finish[i]):
+                            yield _event({**head, "choices": [c]})
                 if all(f is not None for f in choices.finish):
                     group.release()
         except Exception as exc:  # noqa: BLE001 - report the failure in the stream, then end it
@@ -500,7 +510,8 @@ async def _sse(parsed: ParsedRequest, group: _Group, state: ServerState) -> Asyn
             choices.close()
             for i, f in enumerate(before):
                 if f is None:
-                    yield _event({**head, "choices": [_chunk(parsed, state, i, "", [], offsets, choices.finish[i])]})
+                    for c in chunks(i, "", [], choices.finish[i]):
+                        yield _event({**head, "choices": [c]})
             if parsed.include_usage:
                 yield _event({**head, "choices": [], "usage": choices.usage()})
         completed = True

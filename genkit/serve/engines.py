@@ -89,7 +89,7 @@ class ContinuousEngine:
             seed = None if request.seed is None else request.seed + i
             self.manager.add_request(request.prompt_ids, request_id=rid, max_new_tokens=max_new, streaming=True,
                                      top_logprobs=request.logprobs, **({"seed": seed} if seed is not None else {}),
-                                     **kwargs)
+                                     tokenizer=self.fallback.tokenizer, **kwargs)  # for structured outputs
         return stream
 
     def _dispatch(self) -> None:

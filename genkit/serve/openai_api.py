@@ -24,7 +24,8 @@ __all__ = ["APIError", "ParsedRequest", "TextAssembler", "chat_prompt", "parse_r
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
            "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "custom_generate"}
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
-_CHAT = _COMMON | {"messages", "top_logprobs", "max_completion_tokens"}
+# (response_format and guided_* are generation fields: genkit.serve.structured; tools: genkit.serve.tools)
+_CHAT = _COMMON | {"messages", "top_logprobs", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls"}
 # generation fields the OpenAI fields set: a body may not set them twice
 _SHADOWED = {"max_new_tokens", "do_sample", "num_return_sequences", "stop_strings"}
 # chat roles the template renders ("developer" is OpenAI's newer name for "system")
@@ -65,6 +66,7 @@ class ParsedRequest:
     echo: list[str] | None = None  # each prompt's text, put before its choices' text
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
     custom_generate: str | None = None
+    tools: Any = None  # a genkit.serve.tools.ToolPlan
     id: str = ""
     created: int = 0
 
@@ -113,12 +115,16 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
     the server calls it off the event loop)."""
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object", "body")
+    from .structured import constrain
+    from .tools import parse_tools
+
     structured = structured_kwargs(body, chat)
     allowed = _CHAT if chat else _COMPLETIONS
     _check_keys(body, allowed, generation_fields)
     _check_model(body, model_name)
+    tools = parse_tools(body) if chat else None
     if chat:
-        prompts = [chat_prompt(body, tokenizer, limits, chat_template)]
+        prompts = [chat_prompt(body, tokenizer, limits, chat_template, tools)]
     else:
         prompts = _completion_prompts(body, tokenizer, limits)
     max_tokens = _max_tokens(body, chat, max(len(p) for p in prompts), limits)
@@ -136,6 +142,7 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
     kwargs.update(_penalties(body, tokenizer, limits, kwargs))
     kwargs.update(_sampling_kwargs(body, kwargs, max_tokens, best_of, stops))
     kwargs.update(structured)
+    constrain(kwargs, tools)
     custom = body.get("custom_generate")
     if custom is not None and not isinstance(custom, str):
         raise APIError("`custom_generate` must be a registered strategy name or a recipe reference", "custom_generate")
@@ -143,28 +150,26 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
     return ParsedRequest(chat=chat, prompts=prompts, n=n, best_of=best_of, stream=stream,
                          include_usage=bool(options.get("include_usage", False)), stop=stops,
                          seed=_int(body, "seed", 0, 2**63 - 1), logprobs=logprobs, max_tokens=max_tokens, echo=echo,
-                         generate_kwargs=kwargs, custom_generate=custom,
+                         generate_kwargs=kwargs, custom_generate=custom, tools=tools,
                          id=f"{prefix}-{uuid.uuid4().hex[:24]}", created=int(time.time()))
 
 
 # --- structured outputs and tools --------------------------------------------------------------
-# The one place that reads `response_format`, the guided-decoding fields and tools. Until they are
-# wired (issue 27 items 4, 5), each is refused by name rather than accepted and ignored.
-_STRUCTURED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                      "guided_decoding_backend", "guided_whitespace_pattern", "tools", "tool_choice",
-                      "parallel_tool_calls", "functions", "function_call")
-_TOOL_ROLES = {"tool", "function"}
+# `response_format` and the guided-decoding fields are generation fields (the built-in
+# structured-output processor's): genkit.serve.structured checks them and adds what `tool_choice`
+# needs; tools are genkit.serve.tools. These vLLM / legacy OpenAI fields are refused by name.
+_UNSUPPORTED_STRUCTURED = ("guided_decoding_backend", "guided_whitespace_pattern", "functions", "function_call")
+_CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 def structured_kwargs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
-    """The generation settings of the request's structured-output and tool fields (none yet:
-    each one present is a 400 that says it is not supported yet; ``response_format`` ``text``
-    is plain text and needs nothing)."""
-    for name in _STRUCTURED_FIELDS:
-        value = body.get(name)
-        if value is None or (name == "response_format" and value == {"type": "text"}):
-            continue
-        raise APIError(f"`{name}` is not supported yet by genkit serve", name, code="not_supported")
+    """Refuse the structured-output and tool fields genkit serve does not take (the legacy
+    ``functions``, vLLM's backend choice, tools on completions); the others need no settings
+    here."""
+    for name in _UNSUPPORTED_STRUCTURED + (() if chat else _CHAT_ONLY):
+        if body.get(name) is not None:
+            where = "by genkit serve" if name in _UNSUPPORTED_STRUCTURED else "on completions (chat only)"
+            raise APIError(f"`{name}` is not supported {where}", name, code="not_supported")
     return {}
 
 
@@ -313,15 +318,21 @@ def _one_prompt(prompt: Any, tokenizer: Any) -> list[int]:
     raise APIError("`prompt` must be a string, a list of token ids, or a list of those", "prompt")
 
 
-def chat_prompt(body: dict[str, Any], tokenizer: Any, limits: Limits, chat_template: str | None) -> list[int]:
+def chat_prompt(body: dict[str, Any], tokenizer: Any, limits: Limits, chat_template: str | None,
+                tools: Any = None) -> list[int]:
+    """The prompt of a chat request; ``tools`` (a :class:`genkit.serve.tools.ToolPlan`) go into it
+    as the template takes them."""
+    from .tools import template_has_tools, with_tools
+
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or len(messages) > limits.max_messages:
         raise APIError(f"`messages` must be a non-empty list of at most {limits.max_messages} {{role, content}} "
                        "objects", "messages")
-    clean = [_message(i, m) for i, m in enumerate(messages)]
+    native = template_has_tools(chat_template or getattr(tokenizer, "chat_template", None))
+    clean, extra = with_tools([_message(i, m, native) for i, m in enumerate(messages)], tools, native)
     try:
         ids = tokenizer.apply_chat_template(clean, chat_template=chat_template, add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
+                                            tokenize=True, return_dict=False, **extra)
     except Exception as exc:  # noqa: BLE001 - a template that cannot render these messages
         raise APIError(f"the chat template cannot render these messages: {public_message(exc)}", "messages") from exc
     ids = [int(t) for t in ids]
@@ -330,21 +341,34 @@ def chat_prompt(body: dict[str, Any], tokenizer: Any, limits: Limits, chat_templ
     return ids
 
 
-def _message(i: int, m: Any) -> dict[str, str]:
+def _message(i: int, m: Any, native: bool = False) -> dict[str, Any]:
     """One chat message as the template takes it; a role other than OpenAI's, or a message
-    without its content, is refused."""
+    without its content, is refused. A tool result or an assistant's tool calls are written as
+    the template takes them (``native``: it renders tools itself; genkit.serve.tools)."""
     if not isinstance(m, dict) or "role" not in m:
         raise APIError(f"`messages[{i}]` must be an object with a `role` and a `content`", "messages")
     role = m["role"]
-    if role in _TOOL_ROLES or m.get("tool_calls") is not None:
-        raise APIError(f"`messages[{i}]`: tool messages and tool calls are not supported yet by genkit serve",
-                       "messages", code="not_supported")
+    if role == "function":
+        raise APIError(f"`messages[{i}]`: the legacy `function` role is not supported; use `tool`", "messages",
+                       code="not_supported")
+    if role == "tool" or m.get("tool_calls") is not None:
+        from .tools import tool_message
+
+        calls = role == "assistant" and m.get("tool_calls") is not None
+        return tool_message(i, m, _content(i, m, optional=calls), native)
     if role not in _ROLES:
-        raise APIError(f"`messages[{i}].role` must be one of {', '.join(sorted(_ROLES))}; got {_short(role)}",
-                       "messages")
-    if "content" not in m:
+        raise APIError(f"`messages[{i}].role` must be one of {', '.join(sorted(_ROLES | {'tool': ''}))}; got "
+                       f"{_short(role)}", "messages")
+    return {"role": _ROLES[role], "content": _content(i, m)}
+
+
+def _content(i: int, m: dict[str, Any], optional: bool = False) -> str:
+    """A message's text (``optional``: an assistant's tool calls may come without content)."""
+    if "content" not in m and not optional:
         raise APIError(f"`messages[{i}].content` is required", "messages")
-    content = m["content"]
+    content = m.get("content")
+    if content is None and optional:
+        return ""
     if isinstance(content, list):  # content parts: text only
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                    for p in content):
@@ -353,7 +377,7 @@ def _message(i: int, m: Any) -> dict[str, str]:
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise APIError(f"`messages[{i}].content` must be a string or a list of text parts", "messages")
-    return {"role": _ROLES[role], "content": content}
+    return content
 
 
 def _logprobs(body: dict[str, Any], chat: bool, limits: Limits) -> int | None:

@@ -1,0 +1,195 @@
+"""Structured outputs in the library (issue 27, item 4): ``response_format`` and the ``guided_*``
+fields of ``genkit.generate``, on the demo model (SmolLM2-135M-Instruct Q4_1), checked with
+``jsonschema`` / ``re`` / ``json``; the processor's per-row state under beam reordering; the errors
+that name the field."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import genkit
+from genkit.errors import ConfigError
+
+pytest.importorskip("llguidance")
+pytest.importorskip("gguf")
+jsonschema = pytest.importorskip("jsonschema")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from structured_helpers import demo_folder, schemas  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def demo():
+    folder = demo_folder()
+    torch.set_num_threads(1)
+    return genkit.load_model(folder), genkit.load_tokenizer(folder)
+
+
+def _prompt(tok, text):
+    return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                   return_tensors="pt")["input_ids"]
+
+
+def _texts(tok, out, prompt_len):
+    return [tok.decode(row[prompt_len:], skip_special_tokens=True) for row in out]
+
+
+def _ends_with_eos(out, prompt_len, eos=2):
+    return all(eos in row[prompt_len:].tolist() for row in out)
+
+
+def test_json_schema_100_varied_schemas(demo):
+    model, tok = demo
+    failures = []
+    for i, schema in enumerate(schemas(100, seed=0)):
+        ids = _prompt(tok, "Reply with a JSON object.")
+        fmt = {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}}
+        out = genkit.generate(model, ids, max_new_tokens=96, tokenizer=tok, response_format=fmt)
+        text = _texts(tok, out, ids.shape[1])[0]
+        try:
+            jsonschema.validate(json.loads(text), schema)
+        except (ValueError, jsonschema.ValidationError) as exc:
+            failures.append((i, text, str(exc)[:200]))
+        assert _ends_with_eos(out, ids.shape[1]), (i, text)  # the grammar completed, then EOS
+    assert not failures, failures[:3]
+
+
+def test_json_object_parses(demo):
+    model, tok = demo
+    ids = _prompt(tok, "A cat, as JSON.")
+    out = genkit.generate(model, ids, max_new_tokens=64, tokenizer=tok, response_format={"type": "json_object"})
+    assert isinstance(json.loads(_texts(tok, out, ids.shape[1])[0]), dict)
+    plain = genkit.generate(model, ids, max_new_tokens=20, tokenizer=tok, response_format={"type": "text"})
+    assert torch.equal(plain, genkit.generate(model, ids, max_new_tokens=20))  # "text": no constraint
+
+
+def test_guided_regex_choice_and_grammars(demo):
+    model, tok = demo
+    ids = _prompt(tok, "Give me a product code.")
+    out = genkit.generate(model, ids, max_new_tokens=20, tokenizer=tok, guided_regex=r"[A-Z]{3}-[0-9]{2,4}")
+    assert re.fullmatch(r"[A-Z]{3}-[0-9]{2,4}", _texts(tok, out, ids.shape[1])[0])
+
+    ids = _prompt(tok, "Is the sky blue?")
+    out = genkit.generate(model, ids, max_new_tokens=10, tokenizer=tok, guided_choice=["yes", "no", "maybe not"])
+    assert _texts(tok, out, ids.shape[1])[0] in ("yes", "no", "maybe not")
+
+    lark = 'start: NUM " + " NUM (" + " NUM)?\nNUM: /[0-9]{1,3}/'
+    gbnf = 'root ::= num " = " num " + " num\nnum ::= [0-9] | [0-9] [0-9]'
+    ids = _prompt(tok, "Write a sum of small numbers.")
+    patterns = {lark: r"[0-9]{1,3} \+ [0-9]{1,3}( \+ [0-9]{1,3})?", gbnf: r"[0-9]{1,2} = [0-9]{1,2} \+ [0-9]{1,2}"}
+    for grammar, pattern in patterns.items():
+        out = genkit.generate(model, ids, max_new_tokens=24, tokenizer=tok, guided_grammar=grammar)
+        text = _texts(tok, out, ids.shape[1])[0]
+        assert re.fullmatch(pattern, text), (grammar, text)
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_beams_sampling_and_batches_each_row_valid(demo):
+    model, tok = demo
+    enc = tok([tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+               for t in ("A person as JSON.", "Tell me about a very old man named Bob, as JSON please.")],
+              return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    runs = {
+        "beams": dict(num_beams=3, num_return_sequences=2),
+        "sampling": dict(do_sample=True, num_return_sequences=3, temperature=1.3),
+        "greedy batch": dict(),
+    }
+    genkit.set_seed(3)
+    for name, kw in runs.items():
+        out = genkit.generate(model, **enc, max_new_tokens=48, tokenizer=tok, guided_json=SCHEMA, **kw)
+        for text in _texts(tok, out, enc["input_ids"].shape[1]):
+            jsonschema.validate(json.loads(text), SCHEMA), (name, text)
+
+
+def test_rows_reordered_like_beams_get_their_own_state(demo):
+    """Rows that swap, fork and drop (as beam search reorders them) get the mask a fresh replay
+    of each row's history gives."""
+    from genkit.builtin_strategies.structured import GrammarLogitsProcessor
+
+    _, tok = demo
+    a, b = tok.encode('{"name', add_special_tokens=False), tok.encode('{"age', add_special_tokens=False)
+    prompt = [5, 6]
+    proc = GrammarLogitsProcessor(tok, json_schema=SCHEMA, prompt_length=2)
+    steps = [[prompt, prompt]]
+    for k in range(1, max(len(a), len(b)) + 1):
+        steps.append([prompt + b[:k], prompt + a[:k], prompt + b[:k]])  # swapped, and row 0 forked
+    for rows in steps:
+        width = max(len(r) for r in rows)
+        rows = [r + r[-1:] * (width - len(r)) for r in rows]
+        ids = torch.tensor(rows)
+        got = proc(ids, torch.zeros(len(rows), len(tok)))
+        fresh = GrammarLogitsProcessor(tok, json_schema=SCHEMA, prompt_length=2)(ids, torch.zeros(len(rows), len(tok)))
+        assert torch.equal(got, fresh)
+
+
+def test_eos_only_where_the_grammar_accepts(demo):
+    from genkit.builtin_strategies.structured import GrammarLogitsProcessor
+
+    _, tok = demo
+    yes = tok.encode("yes", add_special_tokens=False)
+    proc = GrammarLogitsProcessor(tok, choice=["yes", "yesterday"], prompt_length=1)
+    first = proc(torch.tensor([[7]]), torch.zeros(1, len(tok)))
+    assert first[0, tok.eos_token_id] == float("-inf")  # nothing written yet
+    after = proc(torch.tensor([[7] + yes]), torch.zeros(1, len(tok)))
+    assert after[0, tok.eos_token_id] == 0  # "yes" is complete: EOS may come, or "terday"
+    done = proc(torch.tensor([[7] + tok.encode("yesterday", add_special_tokens=False)]), torch.zeros(1, len(tok)))
+    assert torch.isfinite(done[0]).nonzero().flatten().tolist() == [tok.eos_token_id]  # complete: only EOS
+
+
+def test_errors_name_the_field(demo):
+    model, tok = demo
+    ids = _prompt(tok, "Hi")
+    with pytest.raises(ConfigError, match=r"`response_format` must be .*json_schema"):
+        genkit.GenerationConfig(response_format={"type": "xml"})
+    with pytest.raises(ConfigError, match="`guided_choice` must be a non-empty list of non-empty strings"):
+        genkit.GenerationConfig(guided_choice=[])
+    with pytest.raises(ConfigError, match="`guided_json` must be a JSON schema"):
+        genkit.GenerationConfig(guided_json="{not json")
+    with pytest.raises(ConfigError, match="one structured-output field at a time; got `guided_json`, `guided_regex`"):
+        genkit.generate(model, ids, max_new_tokens=2, tokenizer=tok, guided_json={"type": "object"}, guided_regex="a")
+    with pytest.raises(ConfigError, match="`guided_regex` is not a valid regex"):
+        genkit.generate(model, ids, max_new_tokens=2, tokenizer=tok, guided_regex="([a-z")
+    with pytest.raises(ConfigError, match="`guided_grammar` is not a valid grammar"):
+        genkit.generate(model, ids, max_new_tokens=2, tokenizer=tok, guided_grammar="start: undefined_rule")
+    with pytest.raises(ConfigError, match="`guided_choice` needs the tokenizer.*pass `tokenizer=`"):
+        genkit.generate(model, ids, max_new_tokens=2, guided_choice=["a"])
+
+
+def test_without_the_extra_the_error_names_it(tmp_path):
+    """Without llguidance, asking for structured output is a NotSupportedError naming the extra
+    (a subprocess where the import of llguidance fails)."""
+    code = (
+        "import sys; sys.modules['llguidance'] = None\n"
+        "import torch, genkit\n"
+        "from genkit.models.tiny import tiny_llama\n"
+        "try:\n"
+        "    genkit.generate(tiny_llama(seed=0), torch.tensor([[1, 2]]), max_new_tokens=2, tokenizer=object(),\n"
+        "                    guided_regex='a+')\n"
+        "except genkit.errors.NotSupportedError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "pip install 'genkit-lm[structured]'" in out.stdout, out.stderr
+
+
+def test_assisted_decoding_gives_greedy_constrained_tokens(demo):
+    """Prompt lookup drafts tokens the grammar may refuse; verification calls the processor on
+    candidate histories and rolls back: the result is constrained greedy's."""
+    model, tok = demo
+    ids = _prompt(tok, 'Copy this JSON: {"name": "Bob", "age": 33}')
+    greedy = genkit.generate(model, ids, max_new_tokens=30, tokenizer=tok, guided_json=SCHEMA)
+    drafted = genkit.generate(model, ids, max_new_tokens=30, tokenizer=tok, guided_json=SCHEMA,
+                              prompt_lookup_num_tokens=4)
+    assert torch.equal(greedy, drafted)
+    jsonschema.validate(json.loads(_texts(tok, greedy, ids.shape[1])[0]), SCHEMA)
