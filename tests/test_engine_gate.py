@@ -17,10 +17,12 @@ import sys
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from hub_server import hub_server  # noqa: F401 - the fixture, requested by name
 
 import genkit
 from genkit.batch import ContinuousEngine, make_local_engine, run_batch
@@ -131,13 +133,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server(model, tokenizer):
+@contextmanager
+def _serving(app):
+    """``app`` served by uvicorn on 127.0.0.1 in a thread; yields its base URL."""
     uvicorn = pytest.importorskip("uvicorn")
-    pytest.importorskip("starlette")
-    from genkit.serve import build_app
-
-    app = build_app(model, tokenizer=tokenizer, model_name="tiny", trust_remote_code=True)
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -146,10 +145,22 @@ def server(model, tokenizer):
     while not srv.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert type(app.state.genkit.engine).__name__ == "ContinuousEngine"
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(30)
-    app.state.genkit.engine.shutdown(30)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(30)
+        app.state.genkit.engine.shutdown(30)
+
+
+@pytest.fixture(scope="module")
+def server(model, tokenizer):
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    from genkit.serve import build_app
+
+    with _serving(build_app(model, tokenizer=tokenizer, model_name="tiny")) as base:
+        yield base
 
 
 def _post(base: str, body: dict) -> tuple[int, bytes]:
@@ -207,20 +218,36 @@ def test_serve_beams_with_n_choices(server, model):
         assert got == [_words(w) for w in want]
 
 
-def test_serve_and_batch_run_a_recipe_with_the_tokenizer(server, model, tokenizer, tmp_path):
+def test_serve_and_batch_run_a_recipe_with_the_tokenizer(model, tokenizer, tmp_path, hub_server):  # noqa: F811
+    """The recipe, published on the (test) Hub and allowed by the operator, reads the tokenizer
+    through serve; batch runs the same recipe from its folder."""
+    pytest.importorskip("starlette")
     from hub_server import write_recipe
+
+    from genkit.serve import build_app
 
     full = _reference(model, PROMPT, max_new_tokens=8, eos_token_id=None)[0]
     want = _reference(model, PROMPT, max_new_tokens=8, eos_token_id=full[3])[0]
     assert len(want) == 4
     # the server takes no recipe options in the body: the recipe's default names the word
     source = RECIPE.replace('stop_word="w3"', f'stop_word="{WORDS[full[3]]}"')
-    recipe = str(write_recipe(tmp_path / "recipe", {"custom_generate/generate.py": source}))
-    for stream in (False, True):
-        got = _complete(server, {"max_tokens": 8, "temperature": 0, "stream": stream, "custom_generate": recipe})
-        assert got == [_words(want)]
+    recipe = write_recipe(tmp_path / "recipe", {"custom_generate/generate.py": source})
+    hub_server.state.create_repo("org/stopword")
+    hub_server.state.commit("org/stopword", {str(p.relative_to(recipe)): p.read_bytes()
+                                             for p in recipe.rglob("*") if p.is_file()})
+    app = build_app(model, tokenizer=tokenizer, model_name="tiny", trust_remote_code=True,
+                    allowed_recipes=["org/stopword"])
+    with _serving(app) as base:
+        for stream in (False, True):
+            got = _complete(base, {"max_tokens": 8, "temperature": 0, "stream": stream,
+                                   "custom_generate": "org/stopword"})
+            assert got == [_words(want)]
+        # a folder named by a client is never run, even with the same recipe in it
+        status, raw = _post(base, {"model": "tiny", "prompt": _text(PROMPT), "max_tokens": 8,
+                                   "custom_generate": str(recipe)})
+        assert status == 403 and b"custom_generate" in raw
     _rows(tmp_path / "in.jsonl", [{"id": "a", "prompt": _text(PROMPT)}])
-    engine = make_local_engine(model, tokenizer, {"max_new_tokens": 8}, custom_generate=recipe)
+    engine = make_local_engine(model, tokenizer, {"max_new_tokens": 8}, custom_generate=str(recipe))
     run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)
     assert _read(tmp_path / "out.jsonl")[0]["token_ids"] == want
 

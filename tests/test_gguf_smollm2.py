@@ -189,8 +189,8 @@ def test_cli_rejects_bad_options(demo, monkeypatch, capsys):
     from genkit.cli import main
 
     monkeypatch.setenv("GENKIT_HOME", demo["home"])
-    assert main(["generate", "--prompt", "x", "--top-k", "5"]) == 2
-    assert "--top-k only applies with --do-sample" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--top-p", "1.5"]) == 2
+    assert "`top_p` must be a number in (0, 1]" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--max-new-tokens", "0"]) == 2
     assert "--max-new-tokens must be >= 1" in capsys.readouterr().err
     assert main(["generate", "--model", "no/such/thing", "--prompt", "x"]) == 2
