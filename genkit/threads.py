@@ -6,9 +6,11 @@ a cgroup CPU quota (``cpu.max``) when the process has one. ``OMP_NUM_THREADS``, 
 default instead. A thread count is never more than the CPUs available, and torch's inter-op pool is
 kept to one thread, so the process never asks for more threads than it has CPUs.
 
-When the 1-minute load average says other processes already keep the CPUs busy, the default is
-lowered so that the model's threads and the load fit in the CPUs (torch's threads spin while they
-wait; on a busy 2-core machine two threads ran 20-40x slower than one), and a warning says so.
+When the 1-minute load average says other processes already keep every CPU busy (load >= CPUs),
+the default is lowered to one thread (torch's threads spin while they wait; on a busy 2-core
+machine two threads ran 20-40x slower than one), and a warning says so. A lower load keeps the
+default (the average lags by a minute: a job that just ended must not halve a server's threads for
+its whole life); :func:`apply_threads` warns when threads and load overlap.
 
 No torch import at module import time: the CLI calls :func:`apply_threads` before torch loads.
 """
@@ -102,8 +104,10 @@ def default_threads(load: float | None = None) -> int:
         return min(env, budget)
     threads = min(physical_cores(), budget)
     load = load_average() if load is None else load
-    if load is not None and load + threads > budget + 0.5:
-        fitting = max(1, min(threads, int(budget - load + 0.5)))
+    # lowered only when other processes already fill every CPU: the 1-minute average lags (a job
+    # that just ended, a benchmark's previous run), and a lower load only costs the overlap
+    if load is not None and load >= budget and threads > 1:
+        fitting = 1
         logger.warning("the machine is busy (1-minute load average %.1f on %d CPUs): running with %d thread(s) "
                        "instead of %d; pass --threads (or threads=) to choose", load, budget, fitting, threads)
         threads = fitting
