@@ -7,10 +7,10 @@ default instead. A thread count is never more than the CPUs available, and torch
 kept to one thread, so the process never asks for more threads than it has CPUs.
 
 When the 1-minute load average says other processes already keep every CPU busy (load >= CPUs),
-the default is lowered to one thread (torch's threads spin while they wait; on a busy 2-core
-machine two threads ran 20-40x slower than one), and a warning says so. A lower load keeps the
-default (the average lags by a minute: a job that just ended must not halve a server's threads for
-its whole life); :func:`apply_threads` warns when threads and load overlap.
+a warning says so and suggests ``--threads 1`` (torch's threads spin while they wait; on a busy
+2-core machine two threads ran 20-40x slower than one). The default is not lowered from the load:
+a seeded run must give the same tokens whatever else runs (sums depend on the thread count), and
+the average lags by a minute.
 
 No torch import at module import time: the CLI calls :func:`apply_threads` before torch loads.
 """
@@ -96,21 +96,19 @@ def _env_threads() -> int | None:
 
 def default_threads(load: float | None = None) -> int:
     """The thread count genkit uses when none is asked for (see the module doc): ``OMP_NUM_THREADS``
-    when set, else the physical cores available, lowered to fit beside a busy machine's load
-    (``load``: the 1-minute load average; read from the system when None)."""
+    when set, else the physical cores available; a warning when the machine is busy (``load``: the
+    1-minute load average; read from the system when None)."""
     budget = cpu_budget()
     env = _env_threads()
     if env is not None:
         return min(env, budget)
     threads = min(physical_cores(), budget)
     load = load_average() if load is None else load
-    # lowered only when other processes already fill every CPU: the 1-minute average lags (a job
-    # that just ended, a benchmark's previous run), and a lower load only costs the overlap
+    # never lowered from the load: a seeded run must give the same tokens whatever else runs
+    # (float sums depend on the thread count), and the 1-minute average lags; a warning instead
     if load is not None and load >= budget and threads > 1:
-        fitting = 1
-        logger.warning("the machine is busy (1-minute load average %.1f on %d CPUs): running with %d thread(s) "
-                       "instead of %d; pass --threads (or threads=) to choose", load, budget, fitting, threads)
-        threads = fitting
+        logger.warning("the machine is busy (1-minute load average %.1f on %d CPUs): %d threads will compete with "
+                       "other processes; pass --threads 1 (or threads=1) if it runs slowly", load, budget, threads)
     return threads
 
 

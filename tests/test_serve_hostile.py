@@ -240,13 +240,13 @@ def test_health_answers_within_100ms_while_a_1mb_prompt_is_tokenized(guarded):
     sender = threading.Thread(target=lambda: answer.append(
         _request(guarded, "POST", "/v1/completions", _completion(prompt=prompt), timeout=300)))
     sender.start()
-    time.sleep(1.0)  # the body is in; the prompt is being tokenized (several seconds on this model)
+    time.sleep(0.2)  # the body is on its way, then tokenized (about a second on a fast CPU)
     latencies = []
-    while sender.is_alive() and len(latencies) < 20:
+    while sender.is_alive() and len(latencies) < 40:
         t = time.perf_counter()
         assert _request(guarded, "GET", "/health")[0] == 200
         latencies.append(time.perf_counter() - t)
-        time.sleep(0.05)
+        time.sleep(0.01)
     sender.join(300)
     assert len(latencies) >= 5, "the prompt was tokenized too fast to measure /health during it"
     assert max(latencies) < 0.1, latencies

@@ -58,9 +58,9 @@ def test_the_default_is_at_most_the_cpus_available_and_fits_the_load(caplog, mon
     assert 1 <= idle == min(physical_cores(), budget)
     with caplog.at_level(logging.WARNING, logger="genkit.threads"):
         busy = default_threads(load=float(budget) + 4)
-    assert busy == 1
+    assert busy == idle  # the same count whatever the load: seeded runs stay reproducible
     if idle > 1:
-        assert "the machine is busy" in caplog.text and f"instead of {idle}" in caplog.text
+        assert "the machine is busy" in caplog.text and "--threads 1" in caplog.text
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert default_threads(load=0.0) == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "100000")
