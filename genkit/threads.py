@@ -6,7 +6,7 @@ a cgroup CPU quota (``cpu.max``) when the process has one. ``OMP_NUM_THREADS``, 
 default instead. A thread count is never more than the CPUs available, and torch's inter-op pool is
 kept to one thread, so the process never asks for more threads than it has CPUs.
 
-When the 1-minute load average says other processes already keep every CPU busy (load >= CPUs),
+When the threads and the 1-minute load average together ask for more than the CPUs available,
 a warning says so and suggests ``--threads 1`` (torch's threads spin while they wait; on a busy
 2-core machine two threads ran 20-40x slower than one). The default is not lowered from the load:
 a seeded run must give the same tokens whatever else runs (sums depend on the thread count), and
@@ -103,13 +103,20 @@ def default_threads(load: float | None = None) -> int:
     if env is not None:
         return min(env, budget)
     threads = min(physical_cores(), budget)
-    load = load_average() if load is None else load
     # never lowered from the load: a seeded run must give the same tokens whatever else runs
     # (float sums depend on the thread count), and the 1-minute average lags; a warning instead
-    if load is not None and load >= budget and threads > 1:
+    warn_if_busy(threads, load)
+    return threads
+
+
+def warn_if_busy(threads: int, load: float | None = None) -> None:
+    """A warning when ``threads`` and the 1-minute load average (``load``; read from the system when
+    None) together ask for more than the CPUs available."""
+    budget = cpu_budget()
+    load = load_average() if load is None else load
+    if threads > 1 and load is not None and load + threads > budget + 0.5:
         logger.warning("the machine is busy (1-minute load average %.1f on %d CPUs): %d threads will compete with "
                        "other processes; pass --threads 1 (or threads=1) if it runs slowly", load, budget, threads)
-    return threads
 
 
 def check_threads(threads: int | None) -> int | None:
@@ -128,10 +135,8 @@ def apply_threads(threads: int | None = None) -> int:
     thread; returns the count. Called before torch is imported, it also sets ``OMP_NUM_THREADS`` /
     ``MKL_NUM_THREADS`` (when unset) so the OpenMP pool is created at that size."""
     n = check_threads(threads) or default_threads()
-    load = load_average()
-    if threads is not None and n > 1 and load is not None and load + n > cpu_budget() + 0.5:
-        logger.warning("the machine is busy (1-minute load average %.1f on %d CPUs); %d thread(s) will compete "
-                       "with other processes", load, cpu_budget(), n)
+    if threads is not None:  # the default warned already
+        warn_if_busy(n)
     if "torch" not in sys.modules:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             if threads is not None or var not in os.environ:
