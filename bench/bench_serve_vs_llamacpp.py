@@ -34,17 +34,22 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_serve import PROMPTS, _free_port, _wait, round_  # noqa: E402  (the same client as bench_serve.py)
 
+BASELINE = "genkit baseline"  # --baseline-python: another genkit (e.g. main's venv) in the same rounds
+
 
 def _start(name: str, gguf: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    if name == "genkit":
-        cmd = [sys.executable, "-m", "genkit", "serve", "--model", gguf, "--model-name", "m", "--port", str(port)]
+    cwd = None
+    if name.startswith("genkit"):
+        python = args.baseline_python if name == BASELINE else sys.executable
+        cmd = [python, "-m", "genkit", "serve", "--model", gguf, "--model-name", "m", "--port", str(port)]
+        cwd = "/" if name == BASELINE else None  # its own genkit, not the one of this folder
     else:
         slots = max(args.clients)
         cmd = [args.llama_server, "-m", gguf, "--port", str(port), "--host", "127.0.0.1", "-t", str(args.threads),
                "-tb", str(args.threads), "--parallel", str(slots), "-c", str(slots * args.context), "--no-webui"]
-    proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
     base = f"http://127.0.0.1:{port}"
     _wait(base, proc)
     return proc, base
@@ -61,18 +66,21 @@ def _same_prefix(a: str, b: str) -> str:
 
 
 def _report(results: dict[str, dict[int, list[tuple[list[float], float, int]]]], clients: list[int]) -> None:
-    print("| clients | server | tokens/s (median) | TTFT p50 s | TTFT p99 s | genkit / llama.cpp tokens/s |\n"
-          "|---|---|---|---|---|---|")
+    print("| clients | server | tokens/s (median) | TTFT p50 s | TTFT p99 s | tokens/s / llama.cpp's | "
+          "TTFT p50 / llama.cpp's |\n|---|---|---|---|---|---|---|")
     for n in clients:
-        rates = {}
+        rates, p50s, p99s = {}, {}, {}
         for name in results:
             rounds = results[name][n]
             rates[name] = statistics.median(tokens / wall for _, wall, tokens in rounds)
             ttfts = sorted(t for r in rounds for t in r[0])
-            p99 = ttfts[min(len(ttfts) - 1, int(round(0.99 * (len(ttfts) - 1))))]
-            ratio = f"{rates['genkit'] / rates['llama.cpp']:.2f}x" if name == "llama.cpp" and "genkit" in rates else ""
-            print(f"| {n} | {name} | {rates[name]:.1f} | {statistics.median(ttfts):.3f} | {p99:.3f} | {ratio} |",
-                  flush=True)
+            p50s[name] = statistics.median(ttfts)
+            p99s[name] = ttfts[min(len(ttfts) - 1, int(round(0.99 * (len(ttfts) - 1))))]
+        for name in results:
+            ratios = ("", "") if name == "llama.cpp" else (f"{rates[name] / rates['llama.cpp']:.2f}x",
+                                                             f"{p50s[name] / p50s['llama.cpp']:.2f}x")
+            print(f"| {n} | {name} | {rates[name]:.1f} | {p50s[name]:.3f} | {p99s[name]:.3f} | {ratios[0]} | "
+                  f"{ratios[1]} |", flush=True)
 
 
 def main() -> None:
@@ -89,10 +97,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--context", type=int, default=512, help="llama-server context per slot")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--baseline-python", default=None,
+                        help="a Python whose genkit is served too, in the same alternating rounds (before/after)")
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     gguf = args.gguf or demo_gguf_path(f"{genkit_home()}/bench-gguf")
-    servers = {name: _start(name, gguf, args) for name in ("genkit", "llama.cpp")}
+    names = ("genkit", BASELINE, "llama.cpp") if args.baseline_python else ("genkit", "llama.cpp")
+    servers = {name: _start(name, gguf, args) for name in names}
     try:
         clients = {name: openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=900)
                    for name, (_, base) in servers.items()}
@@ -110,7 +121,12 @@ def main() -> None:
         for _ in range(args.repeats):
             for n in args.clients:
                 for name, client in clients.items():
+                    load = os.getloadavg()[0]
                     results[name][n].append(round_(client, n, args.requests_per_client, args.new_tokens))
+                    ttfts, wall, tokens = results[name][n][-1]
+                    print(f"round: {n} clients, {name}: {tokens / wall:.1f} tokens/s, TTFT p50 "
+                          f"{statistics.median(ttfts):.3f} s, load average {load:.1f} -> {os.getloadavg()[0]:.1f}",
+                          flush=True)
         _report(results, args.clients)
     finally:
         for proc, _ in servers.values():

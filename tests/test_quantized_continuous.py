@@ -93,3 +93,41 @@ def test_the_fused_decode_step_equals_the_torch_step(model):
         logits = paged_forward(model, twin, StepBatch(batch.ids, batch.positions, batch.spans, cached,
                                                       blocks, [True] * 3))
     assert logits.shape == (3, model.config.vocab_size)
+
+
+def _step(ids, spans, cached, blocks):
+    positions = torch.cat([torch.arange(c, c + n) for (_, n), c in zip(spans, cached)])
+    return StepBatch(torch.tensor(ids), positions, spans, cached, blocks, [True] * len(spans))
+
+
+def test_prompt_chunks_and_mixed_steps_run_fused_and_equal_the_torch_step(model):
+    """Any step, prompt chunks included, is one ``gk_decode_paged`` call (each token a row at its
+    own position with its request's blocks): its hidden states and keys/values equal the torch
+    path's, a prompt's rows attending to each other causally; and paged_forward's logits are those
+    of the fused hidden states. On main a step holding a prompt chunk took the torch path."""
+    prepared = model.new_paged_store(block_size=4, num_blocks=64).prepared
+    stores = [model.new_paged_store(block_size=4, num_blocks=64) for _ in range(3)]  # fused, torch, paged_forward
+    blocks = [[0, 1, 2], [3, 4, 5, 6], [7, 8]]
+    steps = [_step([5, 9, 11, 7, 3, 3, 3, 8, 40], [(0, 3), (3, 5), (8, 1)], [0, 0, 0], blocks),  # three prompts
+             _step([17, 2, 1, 6, 18], [(0, 1), (1, 3), (4, 1)], [3, 5, 1], blocks)]  # decoding rows + a chunk
+    config, layers = model.config, len(prepared.layers)
+    for batch in steps:
+        rows = [b for b, (_, n) in zip(batch.blocks, batch.spans) for _ in range(n)]
+        with torch.inference_mode():
+            x = model.model.embed_tokens(batch.ids)
+            cos_t, sin_t = model._rope_table(int(batch.positions.max()) + 1, x.dtype)
+            cos, sin = cos_t[batch.positions], sin_t[batch.positions]
+            fused = prepared.decoder.paged(x, cos, sin, batch.positions, stores[0], rows)
+            ref = _paged_layers(prepared, stores[1], batch, x[None], cos, sin, model.dtype)[0]
+            logits = paged_forward(model, stores[2], batch)
+        seq = int(batch.positions.max()) + 1
+        torch.testing.assert_close(fused, ref, rtol=0, atol=hidden_bound(config, seq, layers, ref,
+                                                                         linear_u=U_BLOCK_ACTIVATION_NORM))
+        for i in range(layers):
+            for got, want in ((stores[0].keys[i], stores[1].keys[i]), (stores[0].values[i], stores[1].values[i])):
+                atol = hidden_bound(config, seq, i + 1, want, linear_u=U_BLOCK_ACTIVATION_NORM)
+                torch.testing.assert_close(got, want, rtol=0, atol=atol)
+        last = torch.tensor([s + n - 1 for s, n in batch.spans])
+        with torch.inference_mode():
+            want_logits = model.lm_head(model.model.norm(fused.index_select(0, last))).float()
+        assert torch.equal(logits, want_logits)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,57 @@ def test_tool_call_round_trip(client):
     message = answer.choices[0].message
     assert message.content and message.tool_calls is None and answer.choices[0].finish_reason in ("stop", "length")
     assert answer.usage.prompt_tokens > first.usage.prompt_tokens + 20  # the call and the result are in the prompt
+
+
+def _post(base: str, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_tokenize_renders_the_prompt_the_chat_completion_runs(server, client):
+    """``/tokenize`` with ``tools`` gives the chat completion's prompt: as many tokens as its usage
+    says, and those tokens sent as a plain completion give the same greedy text. On main
+    ``tools`` was an unknown field of /tokenize."""
+    status, body = _post(server, "/tokenize", {"model": "smollm2", "messages": ASK, "tools": [WEATHER]})
+    assert status == 200, body
+    chat = _chat(client, messages=ASK, max_tokens=12, tools=[WEATHER])
+    assert body["count"] == len(body["tokens"]) == chat.usage.prompt_tokens
+    plain = client.completions.create(model="smollm2", prompt=body["tokens"], max_tokens=12, temperature=0)
+    assert plain.choices[0].text == chat.choices[0].message.content
+    kw = {"tools": [WEATHER, TIME], "tool_choice": "required"}
+    body = _post(server, "/tokenize", {"messages": ASK, **kw})[1]
+    assert body["count"] == _chat(client, messages=ASK, max_tokens=4, **kw).usage.prompt_tokens
+    bare = _post(server, "/tokenize", {"messages": ASK})[1]["tokens"]
+    with_tools = _post(server, "/tokenize", {"messages": ASK, "tools": [WEATHER]})[1]["tokens"]
+    assert len(with_tools) > len(bare) + 40  # the tools are in the prompt
+    assert _post(server, "/tokenize", {"messages": ASK, "tools": [WEATHER], "tool_choice": "none"})[1]["tokens"] == bare
+    status, body = _post(server, "/tokenize", {"prompt": "Hi", "tools": [WEATHER]})
+    assert status == 400 and body["error"]["param"] == "tools"
+    status, body = _post(server, "/tokenize", {"messages": ASK, "tools": [{"type": "function"}]})
+    assert status == 400 and body["error"]["param"] == "tools"
+
+
+def test_streamed_tool_calls_carry_their_logprobs(client):
+    """Streamed with ``logprobs``, the chunks of a tool-calling choice carry every token's entry
+    once, in order: the same tokens and log-probabilities as the non-streamed answer, the tool-call
+    deltas included (on main every tool chunk had ``logprobs: null``)."""
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required", "auto"):
+        kw = dict(messages=ASK, max_tokens=40, tools=[WEATHER], tool_choice=choice, logprobs=True, top_logprobs=2)
+        whole = _chat(client, **kw).choices[0]
+        entries, tool_chunks_with_logprobs = [], 0
+        for chunk in _chat(client, stream=True, **kw):
+            for c in chunk.choices:
+                if c.logprobs is not None:
+                    entries += c.logprobs.content
+                    tool_chunks_with_logprobs += bool(c.delta.tool_calls)
+        want = whole.logprobs.content
+        assert [e.token for e in entries] == [e.token for e in want], choice
+        assert [e.logprob for e in entries] == pytest.approx([e.logprob for e in want], abs=1e-4)
+        assert [[t.token for t in e.top_logprobs] for e in entries] == [[t.token for t in e.top_logprobs] for e in want]
+        if whole.message.tool_calls:
+            assert tool_chunks_with_logprobs >= 1, choice

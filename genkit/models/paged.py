@@ -171,6 +171,20 @@ def _paged_layers(prepared: PreparedModel, store: PagedKVStore, batch: StepBatch
     return x
 
 
+_FUSED_SCORES = 1 << 23  # attention scores (rows x heads x positions) the fused step may hold at once (32 MB)
+
+
+def _fused_fits(batch: StepBatch, heads: int) -> bool:
+    """Whether the block kernel's one-call step takes ``batch``: its tokens in span order, and its
+    attention scores within :data:`_FUSED_SCORES` (a long prompt chunk takes the torch path)."""
+    start = 0
+    for s, n in batch.spans:
+        if s != start:
+            return False
+        start += n
+    return start * heads * (int(batch.positions.max()) + 1) <= _FUSED_SCORES
+
+
 @torch.inference_mode()
 def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Tensor:
     """Run ``batch`` (see :class:`StepBatch`) through a Llama-family ``model`` whose inference
@@ -182,9 +196,12 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
     cos_table, sin_table = model._rope_table(int(batch.positions.max()) + 1, x.dtype)
     cos, sin = cos_table[batch.positions], sin_table[batch.positions]  # (T, head_dim)
     fused = None
-    if prepared.decoder is not None and all(span == (i, 1) for i, span in enumerate(batch.spans)):
-        # every request decodes one token: the whole step is one block-kernel call (quantized models)
-        fused = prepared.decoder.paged(x[0], cos, sin, batch.positions, store, batch.blocks)
+    if prepared.decoder is not None and _fused_fits(batch, model.config.num_attention_heads):
+        # the whole step is one block-kernel call (quantized models): every token is a row at its
+        # own position with its request's blocks; the kernel stores a layer's keys and values of all
+        # rows before any row attends, so a prompt chunk's rows see each other causally
+        rows = [blocks for blocks, (_, n) in zip(batch.blocks, batch.spans) for _ in range(n)]
+        fused = prepared.decoder.paged(x[0], cos, sin, batch.positions, store, rows)
     if fused is not None:
         x = fused[None]
     else:

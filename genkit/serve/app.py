@@ -38,7 +38,7 @@ from .openai_api import (
     public_message,
 )
 from .security import ServePolicy, middleware
-from .tools import ToolStream
+from .tools import ToolStream, parse_tools
 
 logger = logging.getLogger("genkit.serve")
 
@@ -171,15 +171,22 @@ async def _metrics(state: ServerState, request: HTTPRequest) -> Response:
     return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
 
+_TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "tools", "tool_choice"}
+
+
 async def _tokenize(request: HTTPRequest, state: ServerState) -> Response:
-    """vLLM's ``/tokenize``: ``prompt`` (a string) or chat ``messages`` to token ids (on a worker thread)."""
+    """vLLM's ``/tokenize``: ``prompt`` (a string) or chat ``messages`` (with their ``tools`` and
+    ``tool_choice``: the prompt a chat completion renders) to token ids (on a worker thread)."""
     try:
         body = await _json_body(request, state)
         if not isinstance(body, dict) or not (isinstance(body.get("prompt"), str) or "messages" in body):
             raise APIError("`/tokenize` takes {\"prompt\": \"text\"} or {\"messages\": [...]}", "prompt")
-        unknown = set(body) - {"model", "prompt", "messages", "add_special_tokens"}
+        unknown = set(body) - _TOKENIZE_FIELDS
         if unknown:
             raise APIError(f"unknown field `{sorted(unknown)[0]}` for /tokenize", sorted(unknown)[0])
+        misplaced = [name for name in ("tools", "tool_choice") if name in body and "messages" not in body]
+        if misplaced:
+            raise APIError(f"`{misplaced[0]}` goes with chat `messages`, not with `prompt`", misplaced[0])
         if body.get("model") is not None and body["model"] != state.model_name:
             raise APIError(f"the model `{body['model']}` does not exist", "model", 404, code="model_not_found")
         ids = await run_in_threadpool(_tokenize_body, body, state)
@@ -189,8 +196,8 @@ async def _tokenize(request: HTTPRequest, state: ServerState) -> Response:
 
 
 def _tokenize_body(body: dict[str, Any], state: ServerState) -> list[int]:
-    if "messages" in body:
-        return chat_prompt(body, state.tokenizer, state.limits, state.chat_template)
+    if "messages" in body:  # the tools go into the prompt as the chat completion puts them
+        return chat_prompt(body, state.tokenizer, state.limits, state.chat_template, parse_tools(body))
     special = body.get("add_special_tokens", True)
     if not isinstance(special, bool):
         raise APIError("`add_special_tokens` must be true or false", "add_special_tokens")
@@ -212,30 +219,39 @@ async def _detokenize(request: HTTPRequest, state: ServerState) -> Response:
     return JSONResponse({"prompt": text})
 
 
-async def _parse(request: HTTPRequest, state: ServerState, chat: bool) -> ParsedRequest:
+async def _parse_and_submit(request: HTTPRequest, state: ServerState,
+                            chat: bool) -> tuple[ParsedRequest, list[RequestStream]]:
+    """The request checked, tokenized and handed to the engine, in one call on a worker thread
+    (tokenizing and the engine's settings checks can take a while: not on the event loop)."""
     if state.shutting_down:
         raise APIError("the server is shutting down", status=503, type_="server_error")
+    arrived = time.perf_counter()
     body = await _json_body(request, state)
-    parsed: ParsedRequest = await run_in_threadpool(  # tokenizing can take a while: not on the event loop
-        lambda: parse_request(body, chat=chat, tokenizer=state.tokenizer, model_name=state.model_name,
-                              limits=state.limits, generation_fields=state.generation_fields,
-                              chat_template=state.chat_template))
+    return await run_in_threadpool(_parse_and_submit_now, body, state, chat, asyncio.get_running_loop(), arrived)
+
+
+def _parse_and_submit_now(body: Any, state: ServerState, chat: bool, loop: asyncio.AbstractEventLoop,
+                          arrived: float) -> tuple[ParsedRequest, list[RequestStream]]:
+    parsed = parse_request(body, chat=chat, tokenizer=state.tokenizer, model_name=state.model_name,
+                           limits=state.limits, generation_fields=state.generation_fields,
+                           chat_template=state.chat_template)
     _check_custom_generate(parsed, state)
     if state.shutting_down:
         raise APIError("the server is shutting down", status=503, type_="server_error")
-    return parsed
-
-
-async def _handle(request: HTTPRequest, state: ServerState, chat: bool) -> Response:
-    try:
-        parsed = await _parse(request, state, chat)
-    except APIError as exc:
-        return _error(exc)
-    loop = asyncio.get_running_loop()
+    parsed_at = time.perf_counter()
     kwargs = _generate_kwargs(parsed, state)
     streams = [state.engine.submit(Request(ids, parsed.best_of, kwargs, parsed.seed, parsed.engine_logprobs,
                                            f"{parsed.id}-{k}" if len(parsed.prompts) > 1 else parsed.id), loop)
                for k, ids in enumerate(parsed.prompts)]
+    streams[0].marks.update(arrived=arrived, parsed=parsed_at, submitted=time.perf_counter())
+    return parsed, streams
+
+
+async def _handle(request: HTTPRequest, state: ServerState, chat: bool) -> Response:
+    try:
+        parsed, streams = await _parse_and_submit(request, state, chat)
+    except APIError as exc:
+        return _error(exc)
     group = _Group(streams, parsed.best_of)
     state.inflight.add(group)
     if parsed.stream:
@@ -479,12 +495,14 @@ async def _sse(parsed: ParsedRequest, group: _Group, state: ServerState) -> Asyn
     head = {"id": parsed.id, "object": kind, "created": parsed.created, "model": state.model_name}
     offsets = [0] * choices.total
     tool_streams = None if parsed.tools is None else [ToolStream(parsed.tools) for _ in range(choices.total)]
+    render = None if parsed.logprobs is None else partial(_chat_logprobs, state)
 
     def chunks(i: int, text: str, entries: Any, finish: str | None) -> list[dict[str, Any]]:
         if tool_streams is not None:  # genkit.serve.tools: content, or tool_calls deltas
-            return tool_streams[i].chunks(i, text, finish)
+            return tool_streams[i].chunks(i, text, finish, entries, render)
         return [_chunk(parsed, state, i, text, entries, offsets, finish)]
 
+    first = True
     completed = False
     try:
         for i, text in _opening(parsed, choices.total):
@@ -494,6 +512,9 @@ async def _sse(parsed: ParsedRequest, group: _Group, state: ServerState) -> Asyn
             async for event in group.events():
                 was_open = [f is None for f in choices.finish]
                 for i, text, entries in choices.add(event):
+                    if first and text:
+                        first = False
+                        _log_first_token(parsed, group)
                     for c in chunks(i, text, entries, None):
                         yield _event({**head, "choices": [c]})
                     offsets[i] += len(text)
@@ -547,3 +568,17 @@ def _chunk(parsed: ParsedRequest, state: ServerState, i: int, text: str,
             delta = {"role": "assistant", "content": ""}
         return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _log_first_token(parsed: ParsedRequest, group: _Group) -> None:
+    """At debug level: where the time to ``parsed``'s first text went, from the marks its engine
+    request collected (:attr:`genkit.serve.engine.RequestStream.marks`): arrived (the route ran),
+    parsed (body checked and tokenized), queued (the engine's request made), submitted, step (the
+    step that computed its prompt began), chosen (its first token), routed (handed to the event
+    loop), sent (its chunk goes to the socket)."""
+    if not logger.isEnabledFor(logging.DEBUG):
+        return
+    marks = sorted({**group.streams[0].marks, "sent": time.perf_counter()}.items(), key=lambda m: m[1])
+    steps = ", ".join(f"{name} +{(t - prev) * 1e3:.1f}" for (_, prev), (name, t) in zip(marks, marks[1:]))
+    logger.debug("request %s: first text %.1f ms after %s (%s ms)", parsed.id, (marks[-1][1] - marks[0][1]) * 1e3,
+                 marks[0][0], steps)

@@ -64,6 +64,8 @@ class RequestStream:
         self.cancelled = threading.Event()  # stop generating (the client left, or needs no more)
         self.client_cancelled = False  # the client left before the end (counted in the metrics)
         self.on_cancel: Any = None  # set by an engine that must act at once (continuous batching)
+        # time.perf_counter() marks on the way to the first token (logged by genkit.serve.app at debug level)
+        self.marks: dict[str, float] = {}
 
     def push(self, item: Any) -> None:
         if not self.loop.is_closed():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,6 +240,7 @@ class ToolStream:
     held: str = ""
     sent_name: bool = False
     calls: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[Any] = field(default_factory=list)  # log-probability entries not sent yet
 
     def delta(self, text: str) -> list[dict[str, Any]]:
         """The deltas for new text of this choice."""
@@ -277,9 +279,15 @@ class ToolStream:
             out.append({"tool_calls": [{"index": k, "function": {"arguments": arguments[half:]}}]})
         return out, True
 
-    def chunks(self, index: int, text: str, finish: str | None) -> list[dict[str, Any]]:
+    def chunks(self, index: int, text: str, finish: str | None, entries: list[Any] | None = None,
+               logprobs: Callable[[list[Any]], Any] | None = None) -> list[dict[str, Any]]:
         """The streamed ``choices`` entries for choice ``index``'s new text and, once it ends, its
-        finish reason (``"tool_calls"`` where it called tools and stopped by itself)."""
+        finish reason (``"tool_calls"`` where it called tools and stopped by itself). ``entries``:
+        the log-probabilities of the tokens behind ``text`` (when the request asked for them),
+        rendered by ``logprobs``. As vLLM sends a step's log-probabilities with the delta of that
+        step, they go with the next chunk sent: the one releasing the text (or the tool call) they
+        belong to, the finish chunk at the latest; so every token's entry is sent once, in order."""
+        self.pending += entries or []
         deltas = self.delta(text) if text else []
         if finish is not None:
             last, called = self.finish()
@@ -288,6 +296,8 @@ class ToolStream:
         out = [{"index": index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
         if finish is not None:
             out.append({"index": index, "delta": {}, "logprobs": None, "finish_reason": finish})
+        if out and self.pending and logprobs is not None:
+            out[0]["logprobs"], self.pending = logprobs(self.pending), []
         return out
 
     @staticmethod
