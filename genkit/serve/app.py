@@ -33,6 +33,7 @@ from .openai_api import (
     ParsedRequest,
     TextAssembler,
     chat_prompt,
+    finite_logprob,
     logprob_entry,
     parse_request,
     public_message,
@@ -442,8 +443,8 @@ def _completion_logprobs(state: ServerState, entries: list[tuple[int, float, lis
     for text in tokens:
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
-            "top_logprobs": [{state.tokenizer.decode([t]): v for t, v in alt} for _, _, alt in entries],
+    return {"tokens": tokens, "token_logprobs": [finite_logprob(lp) for _, lp, _ in entries],
+            "top_logprobs": [{state.tokenizer.decode([t]): finite_logprob(v) for t, v in alt} for _, _, alt in entries],
             "text_offset": offsets}
 
 

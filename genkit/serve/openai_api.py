@@ -18,7 +18,8 @@ from typing import Any
 
 from .limits import Limits
 
-__all__ = ["APIError", "ParsedRequest", "TextAssembler", "chat_prompt", "parse_request", "public_message"]
+__all__ = ["LOGPROB_FLOOR", "APIError", "ParsedRequest", "TextAssembler", "chat_prompt", "finite_logprob",
+           "parse_request", "public_message"]
 
 # OpenAI fields accepted (and not generation fields) per endpoint
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
@@ -476,9 +477,17 @@ class TextAssembler:
         return longest
 
 
+LOGPROB_FLOOR = -9999.0  # vLLM's: a token a processor ruled out (-inf) is reported at this, JSON has no -inf
+
+
+def finite_logprob(logprob: float) -> float:
+    """``logprob`` as JSON can carry it: at least :data:`LOGPROB_FLOOR` (as vLLM reports them)."""
+    return max(float(logprob), LOGPROB_FLOOR)
+
+
 def logprob_entry(tokenizer: Any, token: int, logprob: float, alternatives: list[tuple[int, float]]) -> dict[str, Any]:
     """One chat ``logprobs.content`` entry."""
     text = tokenizer.decode([token])
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")),
-            "top_logprobs": [{"token": tokenizer.decode([t]), "logprob": lp,
+    return {"token": text, "logprob": finite_logprob(logprob), "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [{"token": tokenizer.decode([t]), "logprob": finite_logprob(lp),
                               "bytes": list(tokenizer.decode([t]).encode("utf-8"))} for t, lp in alternatives]}
