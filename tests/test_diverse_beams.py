@@ -87,13 +87,18 @@ def test_eos_per_row_length_penalty_and_early_stopping(models, recipe, name, len
 
 def test_a_done_group_counts_as_the_pad_token(models, recipe):
     """With ``early_stopping=True`` a group is done as soon as it holds its hypotheses; from then on
-    the later groups' penalty counts its beams as the pad token (4.x), so the later groups' choices
-    and scores depend on it."""
+    the later groups' penalty counts its beams as the pad token (4.x). Here the second group goes on
+    after the first is done and would pick token 7: with ``pad_token_id=7`` its scores differ from
+    those with ``pad_token_id=8``, and both match the recipe."""
     model, x = models["bart"], S.inputs("bart", batch=1)
-    eos = _early_eos(model, x, num_beams=2)
-    kw = dict(num_beams=4, num_beam_groups=2, diversity_penalty=3.0, num_return_sequences=4, max_new_tokens=10,
+    eos = int(genkit.generate(model, **x, max_new_tokens=8, num_beams=2)[0, 2])
+    kw = dict(num_beams=6, num_beam_groups=2, diversity_penalty=3.0, num_return_sequences=6, max_new_tokens=10,
               early_stopping=True, eos_token_id=eos, **DICT)
-    _assert_same(model, genkit.generate(model, **x, **kw), _reference(model, recipe, **x, **kw))
+    runs = []
+    for pad in (7, 8):
+        runs.append(genkit.generate(model, **x, pad_token_id=pad, **kw))
+        _assert_same(model, runs[-1], _reference(model, recipe, **x, pad_token_id=pad, **kw))
+    assert not torch.allclose(runs[0].sequences_scores, runs[1].sequences_scores)
 
 
 def test_diverse_beams_on_llama_native_and_transformers(tiny_pair, recipe):
