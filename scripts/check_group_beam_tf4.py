@@ -12,7 +12,9 @@ Two steps, in two virtual environments (the result is recorded in docs/encoder_d
 Compared per case: ``sequences`` (identical), ``sequences_scores`` (within 1e-5) and ``beam_indices``.
 4.x's beam indices are rows inside the group (``prompt * group_size + j``), padded with -1 to the
 whole sequence length, and for a batch they are looked up in an order that does not match, so they
-are compared for batch-1 runs only, as ``row % group_size`` (the recipe records flat model rows).
+are compared for batch-1 runs only, as ``row % group_size`` (the recipe records flat model rows); each
+line also says whether 4.x's ``compute_transition_scores`` on its own beam indices gives back its
+``sequences_scores``.
 """
 
 from __future__ import annotations
@@ -109,10 +111,21 @@ def check(folder: Path) -> int:
             ours = run["beam_indices"]
             same = torch.equal(torch.where(theirs >= 0, theirs % size, -1), torch.where(ours >= 0, ours % size, -1))
             line += f", beam rows % group size {'==' if same else '!='}"
-        print(line)
+        print(line + ", 4.x's own transition scores " + _self_consistent(model, ref, kw.get("length_penalty", 1.0)))
         bad += not same_seq or not diff <= 1e-5
     print("mismatches:", bad)
     return 1 if bad else 0
+
+
+def _self_consistent(model, out, length_penalty):
+    """Do 4.x's beam indices give back its sequences_scores through compute_transition_scores?"""
+    try:
+        trans = model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    except RuntimeError as exc:
+        return f"raise ({str(exc)[:40]}...)"
+    length = (out.beam_indices >= 0).sum(dim=1)
+    rebuilt = trans.sum(dim=1) / length ** length_penalty
+    return "add up" if torch.allclose(rebuilt, out.sequences_scores, atol=1e-4) else "do not add up"
 
 
 def main() -> int:
