@@ -6,8 +6,8 @@ fetched here. The reference is tests/group_beam_recipe.py: transformers 4.x's ``
 and ``BeamSearchScorer`` written on transformers 5's ``GenerationMixin`` internals (checked once
 against transformers 4.46.3's built-in group beam search: docs/encoder_decoder.md), run through
 transformers' own ``generate(custom_generate=<folder>, trust_remote_code=True)`` on tiny random
-T5 / BART / Pegasus / Marian models and a tiny Llama. Sequences and beam indices must be identical,
-``sequences_scores`` and the transition scores within 1e-5.
+T5 / BART / Pegasus / Marian / Whisper / ViT+GPT-2 models and a tiny Llama. Sequences and beam
+indices must be identical, ``sequences_scores`` and the transition scores within 1e-5.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def recipe(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models():
-    return {name: S.build(name) for name in S.TEXT}
+    return {name: S.build(name) for name in S.ALL}
 
 
 def _reference(model, recipe, **kw):
@@ -56,9 +56,10 @@ def _early_eos(model, x, **kw):
     return int(genkit.generate(model, **x, max_new_tokens=8, **kw)[0, 3])
 
 
-@pytest.mark.parametrize("name", S.TEXT)
+@pytest.mark.parametrize("name", S.ALL)
 def test_diverse_beams_match_transformers_4_algorithm(models, recipe, name):
-    """A left-padded batch, two groups, every hypothesis returned."""
+    """A left-padded batch (text; Whisper's features, ViT's pixels), two groups, every hypothesis
+    returned."""
     model, x = models[name], S.inputs(name)
     kw = dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.5, num_return_sequences=4, max_new_tokens=8,
               length_penalty=1.0, **DICT)
