@@ -30,7 +30,9 @@ The algorithm of 4.x, step by step:
 Two deliberate differences from 4.x, both in what 4.x got wrong: ``beam_indices`` are flat model rows
 (the rows of ``scores``, as in beam search; 4.x recorded rows inside the group and looked them up
 in an order that does not match, for batches and for groups after the first), and a hypothesis keeps
-the EOS token it ended with (4.x wrote the first EOS id).
+the EOS token it ended with (4.x wrote the first EOS id). Not reproduced: 4.x built the processor
+of ``prefix_allowed_tokens_fn`` for one group's rows per prompt; transformers 5 builds it for all
+``num_beams``, and the recipe takes transformers 5's processors as they are.
 """
 
 from __future__ import annotations
