@@ -48,6 +48,35 @@
 #define GK_GROUP 32
 #define GK_MT 4
 
+/* Per-operation wall time of the decode step, built only with -DGK_PROFILE (bench/profile_block_kernel.py):
+ * gk_profile(out) copies the seconds spent per category into out[GK_PROF_N] and clears them. */
+enum { GK_P_NORM, GK_P_QUANT, GK_P_QKV, GK_P_ROPE, GK_P_ATTEND, GK_P_O, GK_P_RESID, GK_P_GU, GK_P_SILU, GK_P_DOWN,
+       GK_P_HEAD, GK_P_OTHER, GK_PROF_N };
+#ifdef GK_PROFILE
+#include <time.h>
+static double gk_prof[GK_PROF_N];
+static int gk_prof_cat = GK_P_OTHER;  /* what the next gk_matmul's panel work counts as */
+static double gk_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static double gk_t0;  /* the caller is one thread: decode_rows, or a gk_matmul from Python */
+#define GK_T0 (gk_t0 = gk_now())
+#define GK_T(k) do { double gk_t1 = gk_now(); gk_prof[k] += gk_t1 - gk_t0; gk_t0 = gk_t1; } while (0)
+#define GK_CAT(k) (gk_prof_cat = (k))
+void gk_profile(double *out) {
+    for (int i = 0; i < GK_PROF_N; i++) {
+        out[i] = gk_prof[i];
+        gk_prof[i] = 0.0;
+    }
+}
+#else
+#define GK_T0 (void)0
+#define GK_T(k) (void)0
+#define GK_CAT(k) (void)0
+#endif
+
 int gk_block_bytes(int bits) { return bits == 4 ? 320 : (bits == 6 ? 640 : 576); }
 
 /* 2: AVX-512 VNNI, 1: AVX2 (+FMA, F16C), 0: the portable loops */
@@ -331,6 +360,7 @@ static inline __attribute__((always_inline)) void panel_avx2(
     }
     for (int i = 0; i < MT; i++) _mm256_storeu_ps(y + (size_t)i * ldy + 8 * g, acc[i]);
 }
+
 #endif
 
 __attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, int nb, const int8_t *q,
@@ -497,8 +527,9 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
     int8_t *q2 = q + (size_t)M * K;
     float *dx = (float *)(((uintptr_t)(q2 + (size_t)M * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)M * nb, *sx16 = sx + (size_t)M * nb;
+    GK_T0;
     quantize_rows(x, M, K, q, q2, dx, sx, sx16);
-    if (threads < 1) threads = 1;
+    GK_T(GK_P_QUANT);
     if (threads > panels) threads = panels;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int p = 0; p < panels; p++) {
@@ -539,6 +570,8 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
 #endif
         }
     }
+    GK_T(gk_prof_cat == GK_P_OTHER && M == 1 ? GK_P_HEAD : gk_prof_cat);  /* from Python: one row is the LM head */
+    GK_CAT(GK_P_OTHER);
     free(q);
     return 0;
 }
@@ -662,21 +695,37 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         const gk_layer *L = &layers[l];
         int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, inter = L->intermediate;
         int nqkv = (nq + 2 * nkv) * d;
+        GK_T0;
         for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm1, L->eps, hidden, h + r * (size_t)hidden);
+        GK_T(GK_P_NORM);
+        GK_CAT(GK_P_QKV);
         if ((rc = gk_matmul(L->bits_qkv, L->wqkv, h, qkv, rows, nqkv, hidden, threads))) break;
+        GK_T0;
         rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv);
+        GK_T(GK_P_ROPE);
         attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
+        GK_T(GK_P_ATTEND);
+        GK_CAT(GK_P_O);
         if ((rc = gk_matmul(L->bits_o, L->wo, att, tmp, rows, hidden, nq * d, threads))) break;
+        GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
+        GK_T(GK_P_RESID);
         for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm2, L->eps, hidden, h + r * (size_t)hidden);
+        GK_T(GK_P_NORM);
+        GK_CAT(GK_P_GU);
         if ((rc = gk_matmul(L->bits_gu, L->wgu, h, gu, rows, 2 * inter, hidden, threads))) break;
+        GK_T0;
         for (int r = 0; r < rows; r++) {
             const float *g = gu + 2 * (size_t)r * inter;
             float *a = act + (size_t)r * inter;
             for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[inter + i];
         }
+        GK_T(GK_P_SILU);
+        GK_CAT(GK_P_DOWN);
         if ((rc = gk_matmul(L->bits_d, L->wd, act, tmp, rows, hidden, inter, threads))) break;
+        GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
+        GK_T(GK_P_RESID);
     }
     free(buf);
     return rc ? -1 : 0;
