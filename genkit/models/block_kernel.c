@@ -361,6 +361,82 @@ static inline __attribute__((always_inline)) void panel_avx2(
     for (int i = 0; i < MT; i++) _mm256_storeu_ps(y + (size_t)i * ldy + 8 * g, acc[i]);
 }
 
+/* One activation row against one panel (batch-1 decode), 4- or 8-bit codes: the same integer sums
+ * and the same float operations per lane as panel_avx2 with MT = 1, but both groups of 8 rows in
+ * one pass over the panel (each 64-byte chunk read once, each activation word broadcast once, two
+ * independent chains of FMAs), the weights prefetched GK_PREFETCH bytes ahead. */
+#ifndef GK_PREFETCH
+#define GK_PREFETCH 1024
+#endif
+static inline void gk_fold(__m256 *acc, __m256i isum, __m256i isum2, __m256 d, __m256 m, float xd, float sxb) {
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(xd)), *acc);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2), _mm256_mul_ps(d, _mm256_set1_ps(xd / 254.0f)), *acc);
+    *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(sxb), *acc);
+}
+
+static inline __attribute__((always_inline)) void row_avx2(int bits, const uint8_t *w, int nb, const int8_t *q,
+                                                           const int8_t *q2, const float *dx, const float *sx,
+                                                           float *y) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        const int8_t *qb = q + (size_t)b * GK_GROUP, *rb = q2 + (size_t)b * GK_GROUP;
+        if (GK_PREFETCH > 0)
+            for (int off = 0; off < bb; off += 64) _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
+        __m256i i1a, i2a, i1b, i2b;
+        if (bits == 4) {
+            __m256i s1a = _mm256_setzero_si256(), s2a = s1a, s1b = s1a, s2b = s1a;
+            for (int c = 0; c < 4; c++) {
+                __m256i pa = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                __m256i pb = _mm256_loadu_si256((const __m256i *)(wb + 64 * c + 32));
+                __m256i loa = _mm256_and_si256(pa, low), hia = _mm256_and_si256(_mm256_srli_epi16(pa, 4), low);
+                __m256i lob = _mm256_and_si256(pb, low), hib = _mm256_and_si256(_mm256_srli_epi16(pb, 4), low);
+                __m256i a0 = gk_bcast(qb + 8 * c), a1 = gk_bcast(qb + 8 * c + 4);
+                __m256i r0 = gk_bcast(rb + 8 * c), r1 = gk_bcast(rb + 8 * c + 4);
+                s1a = _mm256_add_epi16(s1a, _mm256_add_epi16(_mm256_maddubs_epi16(loa, a0), _mm256_maddubs_epi16(hia, a1)));
+                s2a = _mm256_add_epi16(s2a, _mm256_add_epi16(_mm256_maddubs_epi16(loa, r0), _mm256_maddubs_epi16(hia, r1)));
+                s1b = _mm256_add_epi16(s1b, _mm256_add_epi16(_mm256_maddubs_epi16(lob, a0), _mm256_maddubs_epi16(hib, a1)));
+                s2b = _mm256_add_epi16(s2b, _mm256_add_epi16(_mm256_maddubs_epi16(lob, r0), _mm256_maddubs_epi16(hib, r1)));
+            }
+            i1a = _mm256_madd_epi16(s1a, one);
+            i2a = _mm256_madd_epi16(s2a, one);
+            i1b = _mm256_madd_epi16(s1b, one);
+            i2b = _mm256_madd_epi16(s2b, one);
+        } else {
+            __m256i l1a = _mm256_setzero_si256(), u1a = l1a, l2a = l1a, u2a = l1a, l1b = l1a, u1b = l1a, l2b = l1a,
+                    u2b = l1a;
+            for (int c = 0; c < 8; c++) {
+                __m256i pa = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                __m256i pb = _mm256_loadu_si256((const __m256i *)(wb + 64 * c + 32));
+                __m256i loa = _mm256_and_si256(pa, low), hia = _mm256_and_si256(_mm256_srli_epi16(pa, 4), low);
+                __m256i lob = _mm256_and_si256(pb, low), hib = _mm256_and_si256(_mm256_srli_epi16(pb, 4), low);
+                __m256i a = gk_bcast(qb + 4 * c), r = gk_bcast(rb + 4 * c);
+                l1a = _mm256_add_epi16(l1a, _mm256_maddubs_epi16(loa, a));
+                u1a = _mm256_add_epi16(u1a, _mm256_maddubs_epi16(hia, a));
+                l2a = _mm256_add_epi16(l2a, _mm256_maddubs_epi16(loa, r));
+                u2a = _mm256_add_epi16(u2a, _mm256_maddubs_epi16(hia, r));
+                l1b = _mm256_add_epi16(l1b, _mm256_maddubs_epi16(lob, a));
+                u1b = _mm256_add_epi16(u1b, _mm256_maddubs_epi16(hib, a));
+                l2b = _mm256_add_epi16(l2b, _mm256_maddubs_epi16(lob, r));
+                u2b = _mm256_add_epi16(u2b, _mm256_maddubs_epi16(hib, r));
+            }
+            i1a = _mm256_add_epi32(_mm256_madd_epi16(l1a, one), _mm256_madd_epi16(u1a, sixteen));
+            i2a = _mm256_add_epi32(_mm256_madd_epi16(l2a, one), _mm256_madd_epi16(u2a, sixteen));
+            i1b = _mm256_add_epi32(_mm256_madd_epi16(l1b, one), _mm256_madd_epi16(u1b, sixteen));
+            i2b = _mm256_add_epi32(_mm256_madd_epi16(l2b, one), _mm256_madd_epi16(u2b, sixteen));
+        }
+        const uint8_t *scales = wb + cb;
+        float xd = dx[b], sxb = sx[b];
+        gk_fold(&acc0, i1a, i2a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)scales)),
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32))), xd, sxb);
+        gk_fold(&acc1, i1b, i2b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16))),
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 48))), xd, sxb);
+    }
+    _mm256_storeu_ps(y, acc0);
+    _mm256_storeu_ps(y + 8, acc1);
+}
 #endif
 
 __attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, int nb, const int8_t *q,
@@ -553,7 +629,11 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
 #define GK_TILES(B) GK_SWITCH(B)
 #else /* AVX2: a panel's 16 rows as two groups of 8 */
 #define GK_TILE(B, MT) panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, MT, ym, N)
-#define GK_TILES(B) for (int g = 0; g < 2; g++) { GK_SWITCH(B) }
+#define GK_TILES(B)                                                        \
+    if (mt == 1 && B != 6)                                                 \
+        row_avx2(B, wp, nb, qm, rm, dm, sm, ym);                             \
+    else                                                                   \
+        for (int g = 0; g < 2; g++) { GK_SWITCH(B) }
 #endif
             if (bits == 4) {
                 GK_TILES(4)
