@@ -130,37 +130,90 @@ static float f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* One block of 32 values -> digits q1, q2 (see quantize_rows); returns the scale d, the digit sums
+ * over the block (s[0], s[1]) and over its first half (s[2], s[3]). */
+static float quantize_block(const float *xb, int8_t *q1, int8_t *q2, int *s) {
+#if defined(GK_VNNI) || defined(GK_AVX2)
+    /* the scalar loop below in vectors: the same roundings (mul, sub, round to nearest even), no FMA */
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    __m256 x[4], v[4], r[4];
+    for (int k = 0; k < 4; k++) x[k] = _mm256_loadu_ps(xb + 8 * k);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(x[0], absmask), _mm256_and_ps(x[1], absmask)),
+                              _mm256_max_ps(_mm256_and_ps(x[2], absmask), _mm256_and_ps(x[3], absmask)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float amax = _mm_cvtss_f32(m4);
+    float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f, id2 = 254.0f * id;
+    const __m256 vd = _mm256_set1_ps(d), vid = _mm256_set1_ps(id), vid2 = _mm256_set1_ps(id2);
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_round_ps(_mm256_mul_ps(x[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v[k] = _mm256_min_ps(_mm256_max_ps(v[k], lo), hi);
+        r[k] = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(x[k], _mm256_mul_ps(v[k], vd)), vid2),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r[k] = _mm256_min_ps(_mm256_max_ps(r[k], lo), hi);
+    }
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256 *digits[2] = {v, r};
+    int8_t *outs[2] = {q1, q2};
+    for (int t = 0; t < 2; t++) {
+        __m256 *u = digits[t];
+        __m256i w01 = _mm256_packs_epi32(_mm256_cvtps_epi32(u[0]), _mm256_cvtps_epi32(u[1]));
+        __m256i w23 = _mm256_packs_epi32(_mm256_cvtps_epi32(u[2]), _mm256_cvtps_epi32(u[3]));
+        __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
+        _mm256_storeu_si256((__m256i *)outs[t], bytes);
+        /* integer-valued floats of at most 127 in magnitude: these sums are exact */
+        __m256 first = _mm256_add_ps(u[0], u[1]), all = _mm256_add_ps(first, _mm256_add_ps(u[2], u[3]));
+        __m256 pair[2] = {all, first};
+        for (int k = 0; k < 2; k++) {
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(pair[k]), _mm256_extractf128_ps(pair[k], 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+            s[2 * k + t] = (int)_mm_cvtss_f32(h);
+        }
+    }
+    return d;
+#else
+    float amax = 0.0f;
+    for (int j = 0; j < GK_GROUP; j++) amax = fmaxf(amax, fabsf(xb[j]));
+    float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f, id2 = 254.0f * id;
+    s[0] = s[1] = 0;
+    for (int j = 0; j < GK_GROUP; j++) {
+        if (j == GK_GROUP / 2) {
+            s[2] = s[0];
+            s[3] = s[1];
+        }
+        float v = nearbyintf(xb[j] * id);
+        v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+        float r = nearbyintf((xb[j] - v * d) * id2);
+        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+        q1[j] = (int8_t)v;
+        q2[j] = (int8_t)r;
+        s[0] += (int)v;
+        s[1] += (int)r;
+    }
+    return d;
+#endif
+}
+
 /* x (M, K) float32 -> two int8 digits q1, q2 per value; per block the scale dx (q2's is dx / 254)
- * and sx = dx * sum(q1) + dx / 254 * sum(q2), over the block and over each half (sx16). */
+ * and sx = dx * sum(q1) + dx / 254 * sum(q2), over the block and over each half (sx16). Rows are
+ * shared among `threads` when there are many. */
 static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, float *dx, float *sx,
-                          float *sx16) {
+                          float *sx16, int threads) {
     int nb = K / GK_GROUP;
+    if ((size_t)M * K < 65536 || threads > M) threads = 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int m = 0; m < M; m++) {
         for (int b = 0; b < nb; b++) {
-            size_t off = (size_t)m * K + (size_t)b * GK_GROUP;
-            const float *xb = x + off;
-            float amax = 0.0f;
-            for (int j = 0; j < GK_GROUP; j++) amax = fmaxf(amax, fabsf(xb[j]));
-            float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f, id2 = 254.0f * id;
-            int s1 = 0, s2 = 0, h1 = 0, h2 = 0;
-            for (int j = 0; j < GK_GROUP; j++) {
-                if (j == GK_GROUP / 2) {
-                    h1 = s1;
-                    h2 = s2;
-                }
-                float v = nearbyintf(xb[j] * id);
-                v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
-                float r = nearbyintf((xb[j] - v * d) * id2);
-                r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
-                q1[off + j] = (int8_t)v;
-                q2[off + j] = (int8_t)r;
-                s1 += (int)v;
-                s2 += (int)r;
-            }
-            dx[(size_t)m * nb + b] = d;
-            sx[(size_t)m * nb + b] = d * (float)s1 + (d / 254.0f) * (float)s2;
-            sx16[2 * ((size_t)m * nb + b)] = d * (float)h1 + (d / 254.0f) * (float)h2;
-            sx16[2 * ((size_t)m * nb + b) + 1] = d * (float)(s1 - h1) + (d / 254.0f) * (float)(s2 - h2);
+            size_t off = (size_t)m * K + (size_t)b * GK_GROUP, i = (size_t)m * nb + b;
+            int s[4];
+            float d = quantize_block(x + off, q1 + off, q2 + off, s);
+            dx[i] = d;
+            sx[i] = d * (float)s[0] + (d / 254.0f) * (float)s[1];
+            sx16[2 * i] = d * (float)s[2] + (d / 254.0f) * (float)s[3];
+            sx16[2 * i + 1] = d * (float)(s[0] - s[2]) + (d / 254.0f) * (float)(s[1] - s[3]);
         }
     }
 }
@@ -567,7 +620,7 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
     int8_t *q2 = q + (size_t)Mp * K;
     float *dx = (float *)(((uintptr_t)(q2 + (size_t)Mp * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)Mp * nb, *sx16 = sx + (size_t)Mp * nb;
-    quantize_rows(x, M, K, q, q2, dx, sx, sx16);
+    quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads);
     if (threads > panels) threads = panels;
 #pragma omp parallel num_threads(threads)
     {
@@ -604,7 +657,7 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
     float *dx = (float *)(((uintptr_t)(q2 + (size_t)M * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)M * nb, *sx16 = sx + (size_t)M * nb;
     GK_T0;
-    quantize_rows(x, M, K, q, q2, dx, sx, sx16);
+    quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads);
     GK_T(GK_P_QUANT);
     if (threads > panels) threads = panels;
 #pragma omp parallel for num_threads(threads) schedule(static)
