@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -125,9 +124,6 @@ def run(args: argparse.Namespace) -> int:
         raise
     config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
     server = DrainingServer(config, app.state.genkit, args.shutdown_timeout)
-    # a token goes from the engine's thread to the event loop's: a thread waiting for the GIL gets it
-    # within 1 ms rather than Python's default 5 ms (the time to first token of every request)
-    sys.setswitchinterval(0.001)
     print(f"genkit serve: {app.state.genkit.model_name} on http://{args.host}:{args.port}/v1 ({engine.name} engine"
           f"{', API key required' if settings['api_key'] else ''})", flush=True)
     try:

@@ -1,9 +1,9 @@
 """The server's engines: continuous batching for what it can run, ``generate`` for the rest.
 
 :class:`ContinuousEngine` hands each request's ``n`` choices to a
-:class:`~genkit.continuous.ContinuousBatchingManager` as streaming requests; the manager's thread
-hands each output to its request's stream at once (a result handler per request: no thread in
-between), with the manager's log-probabilities and finish reasons. A request it cannot run (what the continuous batching gate,
+:class:`~genkit.continuous.ContinuousBatchingManager` as streaming requests, and a dispatcher
+thread routes the manager's outputs to the requests' streams, with the manager's log-probabilities
+and finish reasons. A request it cannot run (what the continuous batching gate,
 :mod:`genkit.continuous.gate`, refuses: beam search, contrastive search, DoLa, guidance,
 watermarking, a recipe or a strategy by name...) goes to the
 :class:`~genkit.serve.engine.GenerateEngine` beside it, one at a time.
@@ -43,10 +43,14 @@ class ContinuousEngine:
         self.fallback = GenerateEngine(model, tokenizer)
         self.stats = EngineStats()
         self.stats.cache_blocks = self.manager.cache.num_blocks
+        self._routes: dict[str, tuple[RequestStream, int]] = {}
         self._open: dict[int, list[bool]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self.manager.start()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._dispatch, name="genkit-serve-dispatch", daemon=True)
+        self._thread.start()
 
     def refusal(self, request: Request) -> str | None:
         """Why continuous batching cannot run ``request`` (it goes to the generate engine), or
@@ -75,6 +79,8 @@ class ContinuousEngine:
             self.stats.requests_running += 1
             self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
             self._open[id(stream)] = [True] * request.n
+            for i, rid in enumerate(rids):
+                self._routes[rid] = (stream, i)
 
         def cancel() -> None:
             for rid in rids:
@@ -83,63 +89,63 @@ class ContinuousEngine:
         for i, rid in enumerate(rids):
             seed = None if request.seed is None else request.seed + i
             timed = i == 0 and logger.isEnabledFor(logging.DEBUG)  # the first token's way, logged by the app
-            # the manager's thread hands each output straight to the stream (no thread in between)
-            self.manager.output_router.set_handler(rid, self._router(rid, stream, i))
             self.manager.add_request(request.prompt_ids, request_id=rid, max_new_tokens=max_new, streaming=True,
                                      record_timestamps=timed,
                                      top_logprobs=request.logprobs, **({"seed": seed} if seed is not None else {}),
                                      tokenizer=self.fallback.tokenizer, **kwargs)  # for structured outputs
         return stream
 
-    def _router(self, rid: str, stream: RequestStream, choice: int) -> Any:
-        """The handler of request ``rid``'s outputs (choice ``choice`` of ``stream``), called on
-        the manager's thread: its new tokens as events, then the end of the stream once every
-        choice has finished (or one failed)."""
-        sent = [0]
-
-        def route(out: Any) -> None:
-            try:
-                self._route(out, stream, choice, sent[0])
-                sent[0] = len(out.generated_tokens)
-            except Exception:  # noqa: BLE001 - a bug here must not stop the manager's loop
-                logger.exception("routing the output of request %s failed", rid)
-                stream.push(RuntimeError("the server failed to route this request's output"))
-        return route
-
-    def _route(self, out: Any, stream: RequestStream, choice: int, start: int) -> None:
+    def _dispatch(self) -> None:
         from genkit.continuous import RequestStatus
 
-        self.stats.cache_free_blocks = self.manager.cache.free_blocks
-        if start == 0 and out.generated_tokens and not stream.marks.get("routed"):
-            _mark_first(stream, out)
-        if out.status != RequestStatus.FAILED:
-            self.stats.generated_tokens_total += len(out.generated_tokens) - start
-            for event in _events(out, start, choice, stream.request):
-                stream.push(event)
-        if not out.is_finished():
-            return
-        with self._lock:
-            still = self._open.get(id(stream))
-            if still is None:
-                return
-            still[choice] = False
-            failed = out.status == RequestStatus.FAILED and out.error != "cancelled"
-            if failed or not any(still):
-                del self._open[id(stream)]
-                self.stats.requests_running -= 1
-                self.stats.requests_cancelled += stream.client_cancelled
-                self.stats.requests_failed += failed
-        if failed:
-            stream.push(ValueError(out.error))
-        elif not any(still):
-            stream.push(None)
+        sent: dict[str, int] = {}
+        while not self._stop.is_set():
+            out = self.manager.get_result(timeout=0.1)
+            self.stats.cache_free_blocks = self.manager.cache.free_blocks
+            if out is None:
+                continue
+            with self._lock:
+                route = self._routes.get(out.request_id)
+            if route is None:
+                continue
+            stream, choice = route
+            start = sent.get(out.request_id, 0)
+            if start == 0 and out.generated_tokens and not stream.marks.get("routed"):
+                _mark_first(stream, out)
+            sent[out.request_id] = len(out.generated_tokens)
+            if out.status != RequestStatus.FAILED:
+                self.stats.generated_tokens_total += len(out.generated_tokens) - start
+                for event in _events(out, start, choice, stream.request):
+                    stream.push(event)
+            if not out.is_finished():
+                continue
+            sent.pop(out.request_id, None)
+            with self._lock:
+                self._routes.pop(out.request_id, None)
+                still = self._open.get(id(stream))
+                if still is None:
+                    continue
+                still[choice] = False
+                failed = out.status == RequestStatus.FAILED and out.error != "cancelled"
+                if failed or not any(still):
+                    del self._open[id(stream)]
+                    self.stats.requests_running -= 1
+                    self.stats.requests_cancelled += stream.client_cancelled
+                    self.stats.requests_failed += failed
+            if failed:
+                stream.push(ValueError(out.error))
+            elif not any(still):
+                stream.push(None)
 
     def is_alive(self) -> bool:
-        return self.manager.is_running() and self.fallback.is_alive()
+        return self._thread.is_alive() and self.manager.is_running() and self.fallback.is_alive()
 
     def shutdown(self, timeout: float | None = None) -> None:
         self.manager.stop(block=True, timeout=timeout)
+        self._stop.set()
+        self._thread.join(timeout)
         self.fallback.shutdown(timeout)
+
 
 def _events(out: Any, start: int, choice: int, request: Request) -> list[TokenEvent]:
     """The manager's tokens from ``start`` on as events of choice ``choice``, with their
