@@ -17,6 +17,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError, NotSupportedError, UnsupportedModelError
 from .base import GenkitModel, ModelConfig, eager_attention
+from .mixin import GenerationMixin
 from .cache import KVCache
 from .llama_infer import PreparedModel, has_hooks, linear, prepare_layers, rms_norm, run_layers, weights_key
 from .paged import PagedKVStore, StepBatch, paged_forward
@@ -212,8 +213,9 @@ def _module_path() -> bool:
     return torch.is_grad_enabled() or torch.compiler.is_compiling()
 
 
-class LlamaForCausalLM(GenkitModel):
-    """A Llama-family causal LM with transformers' calling convention."""
+class LlamaForCausalLM(GenkitModel, GenerationMixin):
+    """A Llama-family causal LM with transformers' calling convention (``GenerationMixin`` among its
+    direct bases, as transformers requires of its generative classes)."""
 
     #: oneDNN-packed copies of the linear weights for the inference path (see docs/models.md):
     #: None packs float32 and bfloat16 CPU models whose matrices are big enough to gain and whose copies stay
