@@ -13,9 +13,9 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from .base import GenkitModel, ModelConfig, eager_attention
-from .mixin import GenerationMixin
 from .cache import KVCache
 from .llama import build_attention_mask
+from .mixin import GenerationMixin
 
 _ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),

@@ -17,9 +17,9 @@ from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError, NotSupportedError, UnsupportedModelError
 from .base import GenkitModel, ModelConfig, eager_attention
-from .mixin import GenerationMixin
 from .cache import KVCache
 from .llama_infer import PreparedModel, has_hooks, linear, prepare_layers, rms_norm, run_layers, weights_key
+from .mixin import GenerationMixin
 from .paged import PagedKVStore, StepBatch, paged_forward
 
 
