@@ -22,13 +22,16 @@
 #   aliases of the Generate*Output classes they were in transformers 4;
 # - `Cache` is (transformers' Cache, genkit's KVCache): the cache classes the two models return;
 # - transformers 5 dropped PhrasalConstraint (constrained beam search moved to a Hub recipe):
-#   the constraint is transformers 4's `token_ids` holder, which genkit's constraints read.
+#   the constraint is transformers 4's `token_ids` holder, which genkit's constraints read;
+# - transformers 5 dropped require_torch_sdpa (every torch it supports has SDPA): a no-op here.
 """transformers' GenerationTesterMixin on genkit's Llama (issue 30), with transformers' Llama as
 the control: every case runs on both, and the genkit model's greedy tokens equal the control's."""
 
 from __future__ import annotations
 
+import gc
 import inspect
+import tempfile
 import unittest
 
 import pytest
@@ -45,7 +48,7 @@ from transformers.generation import (  # noqa: E402
     GenerateDecoderOnlyOutput,
     GenerateEncoderDecoderOutput,
 )
-from transformers.testing_utils import is_flaky  # noqa: E402
+from transformers.testing_utils import is_flaky, slow  # noqa: E402
 
 from genkit.errors import ConfigError, NotSupportedError  # noqa: E402
 from genkit.models.cache import KVCache  # noqa: E402
@@ -57,6 +60,11 @@ BeamSearchDecoderOnlyOutput = BeamSampleDecoderOnlyOutput = GenerateBeamDecoderO
 GreedySearchEncoderDecoderOutput = SampleEncoderDecoderOutput = GenerateEncoderDecoderOutput
 BeamSearchEncoderDecoderOutput = BeamSampleEncoderDecoderOutput = GenerateBeamEncoderDecoderOutput
 Cache = (TransformersCache, KVCache)
+
+
+def require_torch_sdpa(test_case):
+    """transformers 5 dropped this decorator: every torch it supports has SDPA."""
+    return test_case
 
 
 class PhrasalConstraint:
@@ -1585,6 +1593,79 @@ class GenerationTesterMixin:
         """
         for model_class in self.all_generative_model_classes:
             self.assertTrue("GenerationMixin" in str(model_class.__bases__))
+
+    def _test_attention_implementation(self, attn_implementation):
+        """
+        Compares the output of generate with the eager attention implementation against other implementations.
+        NOTE: despite the test logic being the same, different implementations actually need diferent decorators, hence
+        this separate function.
+        """
+        max_new_tokens = 30
+        support_flag = {
+            "sdpa": "_supports_sdpa",
+            "flash_attention_2": "_supports_flash_attn_2",
+        }
+
+        for model_class in self.all_generative_model_classes:
+            if not getattr(model_class, support_flag[attn_implementation]):
+                self.skipTest(f"{model_class.__name__} does not support `attn_implementation={attn_implementation}`")
+
+            config, original_inputs_dict = self.prepare_config_and_inputs_for_generate()
+            inputs_dict = {}
+            for input_name, input_data in original_inputs_dict.items():
+                if isinstance(input_data, torch.Tensor) and input_data.dtype in [torch.float32, torch.bfloat16]:
+                    inputs_dict[input_name] = input_data.to(torch.float16)
+                else:
+                    inputs_dict[input_name] = input_data
+            main_input = inputs_dict[model_class.main_input_name]
+
+            # make sure that all models have enough positions for generation
+            if hasattr(config, "max_position_embeddings"):
+                config.max_position_embeddings = max_new_tokens + main_input.shape[1] + 1
+
+            model = model_class(config)
+
+            with tempfile.TemporaryDirectory() as tmpdirname:
+                model.save_pretrained(tmpdirname)
+                del model
+                gc.collect()
+
+                generate_kwargs = {
+                    "max_new_tokens": max_new_tokens,
+                    "do_sample": False,
+                    "return_dict_in_generate": True,
+                    "output_scores": True,
+                    "use_cache": True,
+                }
+
+                model_eager = model_class.from_pretrained(
+                    tmpdirname,
+                    torch_dtype=torch.float16,
+                    low_cpu_mem_usage=True,
+                    attn_implementation="eager",
+                ).to(torch_device)
+                res_eager = model_eager.generate(**inputs_dict, **generate_kwargs)
+                del model_eager
+                gc.collect()
+
+                model_attn = model_class.from_pretrained(
+                    tmpdirname,
+                    torch_dtype=torch.float16,
+                    low_cpu_mem_usage=True,
+                    attn_implementation=attn_implementation,
+                ).to(torch_device)
+                res_attn = model_attn.generate(**inputs_dict, **generate_kwargs)
+                del model_attn
+                gc.collect()
+
+                self._check_similar_generate_outputs(res_eager, res_attn, atol=1e-3, rtol=1e-3)
+
+    @pytest.mark.generate
+    @require_torch_sdpa
+    @slow
+    def test_eager_matches_sdpa_generate(self):
+        """Tests that generate has equivalent outputs with SDPA and eager attention implementations."""
+        self._test_attention_implementation("sdpa")
 
     def _check_outputs(self, output, config, use_cache=False, num_return_sequences=1, num_beams=1):
         input_batch_size = int(output.sequences.shape[0] / num_return_sequences)

@@ -205,3 +205,35 @@ def test_prepare_inputs_for_generation_drives_a_greedy_loop(tiny_pair):
     assert [k.shape for k in cache.key_cache] == [(2, 2, 8, 16)] * 2 and len(cache.value_cache) == 2
     assert ours.config.get_text_config(decoder=True) is ours.config and not hasattr(ours.config, "text_config")
     assert "GenerationMixin" in str(LlamaForCausalLM.__bases__) and "GenerationMixin" in str(GPT2LMHeadModel.__bases__)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_attn_implementation_eager_is_honoured(arch, tiny_hf_dir, tiny_pair, gpt2_pair, tmp_path):
+    """attn_implementation="eager" computes attention step by step as transformers' eager does (the
+    logits of the eager forward that returns the weights, and transformers' eager model's logits);
+    "sdpa" is the default; anything else, and continuous batching on an eager model, are refused."""
+    hf, ours = tiny_pair if arch == "llama" else gpt2_pair
+    ours.save_pretrained(tmp_path / "m")
+    cls = type(ours)
+
+    class Sub(cls):  # a user's subclass gets an instance of itself, as in transformers
+        def greet(self):
+            return "hi"
+
+    eager = Sub.from_pretrained(tmp_path / "m", attn_implementation="eager", low_cpu_mem_usage=True)
+    assert isinstance(eager, Sub) and eager.greet() == "hi" and eager.attn_implementation == "eager"
+    assert cls.from_pretrained(tmp_path / "m").attn_implementation == "sdpa"
+    hf_eager = type(hf).from_pretrained(tmp_path / "m", attn_implementation="eager").eval()
+    with torch.no_grad():
+        logits = eager(IDS).logits
+        assert torch.equal(logits, eager(IDS, output_attentions=True).logits)
+        torch.testing.assert_close(logits, hf_eager(IDS).logits, rtol=1e-5, atol=1e-5)
+    assert eager(IDS).attentions is None
+    assert torch.equal(eager.generate(IDS, max_new_tokens=5, do_sample=False), _greedy(hf, 5))
+    with pytest.raises(NotSupportedError, match="attn_implementation"):
+        eager.set_attn_implementation("flash_attention_2")
+    with pytest.raises(ConfigError, match="low_cpu_mem_usage"):
+        cls.from_pretrained(tmp_path / "m", low_cpu_mem_usage=False)
+    if arch == "llama":
+        with pytest.raises(NotSupportedError, match="attn_implementation='eager'"):
+            eager.generate(IDS, max_new_tokens=2, cache_implementation="paged")

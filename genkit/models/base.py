@@ -198,7 +198,7 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
             position_ids = positions_from_mask(attention_mask, inputs_embeds.shape[1])
         hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
         extra: dict[str, Any] = {} if depth is None else {"num_layers": depth}
-        if output_attentions:
+        if output_attentions or self.attn_implementation == "eager":  # eager: the layers compute the weights
             extra["attentions"] = []
         x = self.decoder(inputs_embeds, attention_mask, position_ids, cache, past_len, hidden, **extra)
         if hidden is not None:

@@ -305,6 +305,9 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         """Why this model cannot run the paged forward now (None: it can)."""
         if any(w is not None for w in self.windows):
             return "continuous batching does not support sliding-window attention yet"
+        if self.attn_implementation != "sdpa":
+            return (f"continuous batching runs SDPA attention; this model is set to attn_implementation="
+                    f"{self.attn_implementation!r} (model.set_attn_implementation('sdpa'))")
         if self._inference_weights(None, 0) is None:
             return ("continuous batching needs the model's inference path (no forward hooks, no replaced "
                     "submodules)")
