@@ -50,7 +50,7 @@ from transformers.generation import (  # noqa: E402
 )
 from transformers.testing_utils import is_flaky, slow  # noqa: E402
 
-from genkit.errors import ConfigError, NotSupportedError  # noqa: E402
+from genkit.errors import ConfigError  # noqa: E402
 from genkit.models.cache import KVCache  # noqa: E402
 from genkit.models.llama import LlamaForCausalLM  # noqa: E402
 
@@ -1992,11 +1992,6 @@ class GenkitLlamaGenerationTest(GenerationTesterMixin, unittest.TestCase):
     test_generate_continue_from_past_key_values = _marked(
         "test_generate_continue_from_past_key_values",
         pytest.mark.xfail(strict=True, raises=ConfigError, reason=_NEGATIVE_EOS))
-    test_contrastive_generate_dict_outputs_use_cache = _marked(
-        "test_contrastive_generate_dict_outputs_use_cache",
-        pytest.mark.xfail(strict=True, raises=NotSupportedError, reason="genkit's contrastive search does not "
-                          "record attention weights (output_attentions=True is refused by name)"))
-
     def test_same_tokens_as_the_control(self):
         config, inputs = self.prepare_config_and_inputs_for_generate()
         for kwargs in ({"do_sample": False}, {"num_beams": 2, "do_sample": False}):
