@@ -258,3 +258,20 @@ def test_prompt_cache_reuse_with_a_transformers_model_and_cache(tiny_pair):
                               return_dict_in_generate=True, **kw)
         assert torch.equal(out.sequences, greedy), kw
         assert out.past_key_values.get_seq_length() == greedy.shape[1] - 1
+
+
+@pytest.mark.parametrize("extra", ["same assistant", "other assistant", "prompt lookup"])
+def test_assisted_attentions_and_hidden_states_equal_greedy(tiny_model, extra):
+    """output_attentions / output_hidden_states with assisted decoding and prompt lookup: per token,
+    what greedy search records (the verifying forward cut per token, drafted tokens after it left out)."""
+    ids = torch.tensor([[1, 5, 9, 11, 5, 9]])
+    kw = dict(max_new_tokens=5, output_attentions=True, output_hidden_states=True, return_dict_in_generate=True)
+    greedy = genkit.generate(tiny_model, ids, **kw)
+    helper = {"same assistant": {"assistant_model": tiny_model}, "other assistant": {"assistant_model": tiny_llama(seed=1)},
+              "prompt lookup": {"prompt_lookup_num_tokens": 2}}[extra]
+    out = genkit.generate(tiny_model, ids, **kw, **helper)
+    assert torch.equal(out.sequences, greedy.sequences) and len(out.attentions) == len(greedy.attentions) == 5
+    for ours, ref in ((out.attentions, greedy.attentions), (out.hidden_states, greedy.hidden_states)):
+        for step_ours, step_ref in zip(ours, ref, strict=True):
+            for a, b in zip(step_ours, step_ref, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

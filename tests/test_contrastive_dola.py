@@ -243,3 +243,15 @@ def test_contrastive_search_records_attentions(tiny_model, low_memory):
         rows = slice(0, 4) if step == 0 else slice(3 + step, 4 + step)  # the queries of that forward
         for got, want in zip(layers, full, strict=True):
             torch.testing.assert_close(got, want[:, :, rows, :got.shape[-1]], rtol=1e-4, atol=1e-5)
+
+
+def test_dola_records_attentions(tiny_model):
+    ids = torch.tensor([[1, 5, 9, 11]])
+    out = genkit.generate(tiny_model, ids, max_new_tokens=3, dola_layers="low", output_attentions=True,
+                          return_dict_in_generate=True)
+    with torch.no_grad():
+        full = tiny_model(out.sequences, output_attentions=True).attentions
+    for step, layers in enumerate(out.attentions):
+        rows = slice(0, 4) if step == 0 else slice(3 + step, 4 + step)
+        for got, want in zip(layers, full, strict=True):
+            torch.testing.assert_close(got, want[:, :, rows, :got.shape[-1]], rtol=1e-4, atol=1e-5)

@@ -1960,7 +1960,7 @@ _ASSISTED_ATTENTIONS = ("transformers 5.24's assisted decoding with output_atten
                         "the verifying forward, an empty tuple for its SDPA Llama (IndexError)")
 _NEGATIVE_EOS = ("sets eos_token_id=-1 (and pad_token_id=-1), transformers' 'never matches' sentinel, which it warns "
                  "about: genkit refuses negative token ids (ConfigError; tests/test_config.py); eos_token_id=None says "
-                 "the same. Past it, output_attentions=True: assisted decoding and DoLa do not record attentions yet")
+                 "the same")
 
 
 class GenkitLlamaGenerationTest(GenerationTesterMixin, unittest.TestCase):

@@ -43,7 +43,8 @@ class StepOutputs:
             if attentions is None:
                 raise NotSupportedError("`output_attentions=True` is not supported by this strategy (it does not "
                                         "record the model's attentions); greedy search, sampling, the beam "
-                                        "searches and contrastive search do")
+                                        "searches, contrastive search, assisted decoding (prompt lookup too) "
+                                        "and DoLa do")
             self.attentions.append(attentions[0])
             self.cross_attentions.append(attentions[1])
 
