@@ -137,7 +137,8 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
     out = record.as_tuples()
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, scores=out["scores"], logits=out["logits"],
                                      hidden_states=out["hidden_states"], attentions=out["attentions"],
-                                     past_key_values=stepper.cache, finish_reasons=finish.reasons)
+                                     cross_attentions=out["cross_attentions"], past_key_values=stepper.cache,
+                                     finish_reasons=finish.reasons)
 
 
 def _hidden_for(hidden: tuple[torch.Tensor, ...] | None, index: int, *,
@@ -153,14 +154,17 @@ def _hidden_for(hidden: tuple[torch.Tensor, ...] | None, index: int, *,
 
 
 def _attentions_for(attentions: tuple[Any, Any] | None, index: int, keys: int, *,
-                    whole_prompt: bool) -> tuple[Any, None] | None:
+                    whole_prompt: bool) -> tuple[Any, Any] | None:
     """Each layer's attention weights of the query at ``index`` of the last forward's input over
-    its first ``keys`` keys (the drafted tokens after it left out), as plain decoding records them:
-    for the first token, every prompt query up to it (``whole_prompt``)."""
+    its first ``keys`` keys (the drafted tokens after it left out), and an encoder-decoder
+    decoder's cross-attentions of that query, as plain decoding records them: for the first token,
+    every prompt query up to it (``whole_prompt``)."""
     if attentions is None:
         return None
     start = 0 if whole_prompt else index
-    return tuple(a[:, :, start:index + 1, :keys] for a in attentions[0]), None
+    own, cross = attentions
+    return (tuple(a[:, :, start:index + 1, :keys] for a in own),
+            None if cross is None else tuple(c[:, :, start:index + 1] for c in cross))
 
 
 def verify_round(call: StrategyCall, stepper: Stepper, finish: FinishTracker, record: StepOutputs,

@@ -99,9 +99,10 @@ def _candidates(call: StrategyCall, logits: torch.Tensor, sequences: torch.Tenso
     return scores, top_probs, top_ids
 
 
-def _attention_rows(attentions: Any, rows: torch.Tensor) -> tuple[Any, None]:
-    """``Stepper.attentions`` of the rows ``rows`` (each layer's weights), as ``StepOutputs`` records them."""
-    return tuple(a[rows] for a in attentions[0]), None
+def _attention_rows(attentions: Any, rows: torch.Tensor) -> tuple[Any, Any]:
+    """``Stepper.attentions`` (each layer's weights; an encoder-decoder decoder's cross-attentions)
+    of the rows ``rows``, as ``StepOutputs`` records them."""
+    return tuple(tuple(a[rows] for a in part) if part is not None else None for part in attentions)
 
 
 def _all_candidates_at_once(call: StrategyCall, alpha: float, top_k: int) -> GenerateDecoderOnlyOutput:
@@ -173,7 +174,8 @@ def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> Ge
                 assert hidden is not None
                 outs.append((candidate_logits, hidden[-1][:, -1, :],
                              tuple(h[:, -1:] for h in hidden) if record.want_hidden else None,
-                             tuple(a[:, :, -1:] for a in stepper.attentions[0])  # type: ignore[index]
+                             tuple(tuple(a[:, :, -1:] for a in part) if part is not None else None
+                                   for part in stepper.attentions)  # type: ignore[union-attr]
                              if record.want_attentions else None))
                 stepper.crop(base)
             last = torch.stack([o[1] for o in outs], dim=1)  # (rows, k, width)
@@ -186,8 +188,11 @@ def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> Ge
                 step_hidden = tuple(torch.stack([o[2][i] for o in outs], dim=1)[batch_index, pick]  # type: ignore[index]
                                     for i in range(len(outs[0][2])))  # type: ignore[arg-type]
             if record.want_attentions:
-                step_attentions = (tuple(torch.stack([o[3][i] for o in outs], dim=1)[batch_index, pick]
-                                         for i in range(len(outs[0][3]))), None)
+                step_attentions = tuple(
+                    None if part is None else tuple(
+                        torch.stack([o[3][which][i] for o in outs], dim=1)[batch_index, pick]  # type: ignore[index]
+                        for i in range(len(part)))
+                    for which, part in enumerate(outs[0][3]))  # type: ignore[arg-type]
             if finish.update(stepper.sequences, scores, tokens):
                 break
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, past_key_values=stepper.cache,

@@ -275,3 +275,22 @@ def test_assisted_attentions_and_hidden_states_equal_greedy(tiny_model, extra):
         for step_ours, step_ref in zip(ours, ref, strict=True):
             for a, b in zip(step_ours, step_ref, strict=True):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_assisted_attentions_of_an_encoder_decoder_equal_greedy(name):
+    """An encoder-decoder model's decoder attentions, cross-attentions and hidden states with
+    assisted decoding: what greedy search records."""
+    import seq2seq_models as S
+
+    model = S.build(name)
+    model.set_attn_implementation("eager")  # SDPA returns no attention weights
+    x = {k: v[:1] for k, v in S.inputs(name).items()}
+    kw = dict(max_new_tokens=4, output_attentions=True, output_hidden_states=True, return_dict_in_generate=True)
+    greedy = genkit.generate(model, **x, **kw)
+    out = genkit.generate(model, **x, **kw, assistant_model=model)
+    assert torch.equal(out.sequences, greedy.sequences)
+    for part in ("cross_attentions", "decoder_attentions", "decoder_hidden_states"):
+        for step_ours, step_ref in zip(getattr(out, part), getattr(greedy, part), strict=True):
+            for a, b in zip(step_ours, step_ref, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
