@@ -214,6 +214,7 @@ def test_a_busy_machine_gets_the_default_unprobed_and_uncached(monkeypatch, caps
     assert cli_main(["info"]) == 0
     out = capsys.readouterr().out
     assert "(no choices cached yet" in out and f"this process: dense decode   packed  [sig-h] {why}" in out
+    assert "machine now: busy (1-minute load average 50.0 + " in out
     _load(monkeypatch, 0.0)  # quiet again: the next process probes, and caches
     again = kernel_choice.choose("dense", "sig-h", ("packed", "plain"), _runner(calls))
     assert calls and again.paths == dict.fromkeys(kernel_choice.CLASSES, "plain")

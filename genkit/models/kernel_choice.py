@@ -243,8 +243,16 @@ def choose(family: str, signature: str, available: tuple[str, ...], run: Runner)
 
 def describe() -> list[str]:
     """Lines for ``genkit info``: the override, the cache file and every choice it holds."""
+    import torch
+
+    from ..threads import busy
+
     path = cache_path()
-    lines = [f"{ENV}={os.environ.get(ENV, '') or '(not set: probe on a quiet machine, then cache)'}", f"choice cache: {path}"]
+    why_busy = busy(torch.get_num_threads())
+    lines = [f"{ENV}={os.environ.get(ENV, '') or '(not set: probe on a quiet machine, then cache)'}",
+             "machine now: " + (f"busy ({why_busy}): a first run keeps the defaults and caches nothing" if why_busy
+                                else "quiet: a first run probes and caches its choice"),
+             f"choice cache: {path}"]
     entries = cached_entries()
     if not entries:
         lines.append("  (no choices cached yet: they are made when a model first runs)")
