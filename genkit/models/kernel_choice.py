@@ -14,7 +14,7 @@ choice only for a bfloat16 model).
 Products fall into three shape classes by their number of rows (tokens times sequences):
 ``"decode"`` (1 row), ``"small"`` (2-16: beams, small batches, continuous-batching decode steps)
 and ``"prefill"`` (more). For each class a short timed probe on the model's own weights decides at
-first use (well under a second on a 135M model), by this rule:
+first use (one to two seconds on a 135M model, once per machine), by this rule:
 
 - **the default stays unless beaten clearly**: each family has a default, the path genkit ran
   before the choice existed (dense: ``"packed"``; blocks: the vector path) and the first of the
@@ -190,13 +190,20 @@ def _probe(paths: tuple[str, ...], run: Runner, rows: int) -> tuple[str, str]:
             times[p].append(time.perf_counter() - t)
         if r + 1 >= PROBE_MIN_ROUNDS and time.perf_counter() - start > PROBE_BUDGET_S:
             break
-    default = paths[0]
-    ratio = {p: statistics.median(t / d for t, d in zip(times[p], times[default])) for p in paths[1:]}
+    winner, why = decide(times)
+    return winner, f"probe at {rows} rows, {why}"
+
+
+def decide(times: dict[str, list[float]]) -> tuple[str, str]:
+    """The path that ``times`` (seconds per round, each path's round ``i`` taken next to the
+    others'; the first key is the default) elect by the module docstring's rule, and why."""
+    default, *others = times
+    ratio = {p: statistics.median(t / d for t, d in zip(times[p], times[default])) for p in others}
     best = min(ratio, key=lambda p: ratio[p])
     winner = best if ratio[best] < 1 - MARGIN else default
-    timings = ", ".join(f"{p} {statistics.median(times[p]) * 1e3:.2f} ms" for p in paths)
-    return winner, (f"probe at {rows} rows, median of {len(times[default])} rounds: {timings}; {best}/{default} "
-                    f"{ratio[best]:.2f} (below {1 - MARGIN:.2f} replaces the default)")
+    timings = ", ".join(f"{p} {statistics.median(times[p]) * 1e3:.2f} ms" for p in times)
+    return winner, (f"median of {len(times[default])} rounds: {timings}; {best}/{default} {ratio[best]:.2f} "
+                    f"(below {1 - MARGIN:.2f} replaces the default)")
 
 
 def choose(family: str, signature: str, available: tuple[str, ...], run: Runner) -> Choice:
