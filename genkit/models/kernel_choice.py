@@ -23,15 +23,17 @@ first use (one to two seconds on a 135M model, once per machine), by this rule:
   round) after one warm-up call per path (oneDNN creates its primitive for each new shape on the
   first call), and another path replaces the default only when the median over rounds of its
   time divided by the default's time in the same round is below ``1 - MARGIN`` (at least 10 %
-  faster). Paired, per-round ratios cancel a load that changes between rounds; the median
-  ignores the rounds a preemption spoiled;
+  faster; :func:`decide`). Paired, per-round ratios cancel a load that changes between rounds;
+  the median ignores the rounds a preemption spoiled. The unit of work is the caller's runner:
+  for dense models a whole step's products as the route runs them (every layer and the LM head)
+  for decode and small, two layers for prefill (:func:`genkit.models.llama_infer._dense_probe`);
 - **never measured on a busy machine**: when the 1-minute load average plus this process's
   threads is above the CPUs available (:func:`genkit.threads.busy`), no probe runs: the class
   gets the default for this process only, nothing is cached, and the next process probes again
   (the reason says ``not cached: machine busy``). Timings taken under load are wrong by up to
   10x (a saturated 2-core machine once measured packed 250 ms vs plain 22 ms for a unit that
   runs faster packed when the machine is quiet);
-- **no random numbers**: the probe's inputs come from a private ``torch.Generator``, so a probe
+- **no draws from the global RNG**: the probe's inputs come from a private ``torch.Generator``, so a probe
   in the middle of a seeded run leaves the sampling stream as it was (a first, probing run gives
   the same tokens as a later, cached one).
 
