@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -64,52 +66,87 @@ print(json.dumps({"decode_s": best, "tokens": tokens}))
 """
 
 
-def _genkit_decode(model: Any, ids: torch.Tensor, new: int, repeats: int) -> tuple[float, list[int]]:
+def _genkit_decode(model: Any, ids: torch.Tensor, new: int, repeats: int,
+                   clock: Any = time.perf_counter) -> tuple[float, list[int]]:
     kw = {"max_new_tokens": 1, "eos_token_id": None, "pad_token_id": 0}
     model.generate(ids, **{**kw, "max_new_tokens": 8})
     best, tokens = float("inf"), []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = clock()
         out = model.generate(ids, **{**kw, "max_new_tokens": new + 1})
-        t_full = time.perf_counter() - t
-        t = time.perf_counter()
+        t_full = clock() - t
+        t = clock()
         model.generate(ids, **kw)
-        t_one = time.perf_counter() - t
+        t_one = clock() - t
         best = min(best, t_full - t_one)
         tokens = out[0, ids.shape[1]:].tolist()
     return best, tokens
 
 
-def _genkit_prefill(model: Any, n: int, repeats: int) -> float:
-    """Tokens/s of one forward over an ``n``-token prompt (filling a cache), best of ``repeats``."""
+def _genkit_prefill(model: Any, n: int, repeats: int, clock: Any = time.perf_counter) -> float:
+    """Tokens/s of one forward over an ``n``-token prompt (filling a cache), best of ``repeats``; the
+    logits of the last position only, as ``generate``'s prefill and llama-bench's pp test compute them
+    (llama.cpp outputs only the last token of a batch given without a logits array)."""
     ids = torch.randint(3, 40000, (1, n), generator=torch.Generator().manual_seed(0))
     best = float("inf")
     with torch.inference_mode():
         model(ids[:, :16], use_cache=True)
         for _ in range(repeats):
-            t = time.perf_counter()
-            model(ids, use_cache=True)
-            best = min(best, time.perf_counter() - t)
+            t = clock()
+            model(ids, use_cache=True, logits_to_keep=1)
+            best = min(best, clock() - t)
     return n / best
 
 
-def llama_bench_table(llama_bench: str, path: str, models: dict[str, Any], threads: list[int], repeats: int) -> None:
+def _llama_bench_rates(llama_bench: str, path: str, threads: int, repeats: int, cpu_time: bool) -> dict[str, float]:
+    """llama-bench's tg128 and pp512 tokens/s; with ``cpu_time``, tokens per CPU-second of the
+    child (each test run alone with ``--no-warmup``, less the CPU time of a 1-token run: loading)."""
+    base = [llama_bench, "-m", path, "-t", str(threads), "-r", str(repeats), "-o", "json"]
+    if not cpu_time:
+        out = subprocess.run([*base, "-p", "512", "-n", "128"], capture_output=True, text=True, check=True)
+        return {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out.stdout)}
+
+    def cpu(args: list[str]) -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([*base, "--no-warmup", *args], capture_output=True, check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+    load = cpu(["-p", "0", "-n", "1"])
+    return {"tg128": 127 * repeats / (cpu(["-p", "0", "-n", "128"]) - load),
+            "pp512": 512 * repeats / (cpu(["-p", "512", "-n", "0"]) - load)}
+
+
+def llama_bench_table(llama_bench: str, path: str, models: dict[str, Any], threads: list[int], repeats: int,
+                      rounds: int = 1, cpu_time: bool = False) -> None:
     """llama.cpp's ``llama-bench`` (tg128: decode 128 tokens; pp512: a 512-token prompt) against genkit's
-    decode of 128 tokens after a 12-token prompt and one forward over 512 tokens, alternating."""
-    print("\n| threads | test | llama.cpp tok/s | " + " | ".join(f"{n} tok/s" for n in models) +
-          " | genkit Q4_1 / llama.cpp |\n|---|---|---|" + "---|" * len(models) + "---|")
+    decode of 128 tokens after a 12-token prompt and one forward over 512 tokens: ``rounds`` rounds,
+    each running llama-bench and then genkit, so that both see the same machine; medians of the rounds.
+    ``cpu_time`` (1 thread only): tokens per CPU-second instead of per second, for a shared machine
+    where wall time measures each process's share of the CPUs more than its speed."""
+    unit = "tok/CPU-s" if cpu_time else "tok/s"
+    print(f"\n| threads | test | llama.cpp {unit} | " + " | ".join(f"{n} {unit}" for n in models) +
+          " | genkit Q4_1 / llama.cpp | load average |\n|---|---|---|" + "---|" * len(models) + "---|---|")
     ids = torch.randint(3, 40000, (1, 12), generator=torch.Generator().manual_seed(1))
+    tests = ("tg128", "pp512")
     for t in threads:
         torch.set_num_threads(t)
-        out = subprocess.run([llama_bench, "-m", path, "-t", str(t), "-p", "512", "-n", "128", "-r", str(repeats),
-                              "-o", "json"], capture_output=True, text=True, check=True)
-        ref = {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out.stdout)}
-        ours = {name: {"tg128": 128 / _genkit_decode(m, ids, 128, repeats)[0],
-                       "pp512": _genkit_prefill(m, 512, repeats)} for name, m in models.items()}
-        for test in ("tg128", "pp512"):
+        ref: dict[str, list[float]] = {test: [] for test in tests}
+        ours: dict[str, dict[str, list[float]]] = {name: {test: [] for test in tests} for name in models}
+        for _ in range(rounds):
+            for test, rate in _llama_bench_rates(llama_bench, path, t, repeats, cpu_time).items():
+                ref[test].append(rate)
+            clock = time.process_time if cpu_time else time.perf_counter
+            for name, m in models.items():
+                ours[name]["tg128"].append(128 / _genkit_decode(m, ids, 128, repeats, clock)[0])
+                ours[name]["pp512"].append(_genkit_prefill(m, 512, repeats, clock))
+        load = os.getloadavg()[0]
+        for test in tests:
             first = next(iter(models))
-            cells = " | ".join(f"{ours[n][test]:.1f}" for n in models)
-            print(f"| {t} | {test} | {ref[test]:.1f} | {cells} | {ours[first][test] / ref[test]:.2f}x |", flush=True)
+            cells = " | ".join(f"{statistics.median(ours[n][test]):.1f}" for n in models)
+            ratio = statistics.median(ours[first][test]) / statistics.median(ref[test])
+            print(f"| {t} | {test} | {statistics.median(ref[test]):.1f} | {cells} | {ratio:.2f}x | {load:.2f} |",
+                  flush=True)
 
 
 def main() -> None:
@@ -120,16 +157,24 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--llama-bench", help="llama.cpp's llama-bench binary: adds the tg128 / pp512 table")
     parser.add_argument("--only-llama-bench", action="store_true", help="just the llama-bench table")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="llama-bench table: rounds of llama-bench then genkit (medians reported)")
+    parser.add_argument("--no-float32", action="store_true", help="llama-bench table: leave out genkit float32")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="llama-bench table: tokens per CPU-second (a shared machine; 1 thread only)")
     args = parser.parse_args()
+    if args.cpu_time and args.threads != "1":
+        parser.error(f"--cpu-time measures one thread (spinning threads count as CPU time); got --threads {args.threads}")
     path = demo_gguf_path(f"{genkit_home()}/bench-gguf")
     tok = genkit.load_tokenizer(path)
     ids = tok([PROMPT], return_tensors="pt")["input_ids"][:, :12]
     quantized = genkit.load_model(path)
-    dense = genkit.load_model(path, dequantize=True)
+    dense = None if args.no_float32 and args.only_llama_bench else genkit.load_model(path, dequantize=True)
     new = args.new_tokens
     if args.llama_bench:
-        llama_bench_table(args.llama_bench, path, {"genkit Q4_1": quantized, "genkit float32": dense},
-                          [int(t) for t in args.threads.split(",")], args.repeats)
+        table = {"genkit Q4_1": quantized} if args.no_float32 else {"genkit Q4_1": quantized, "genkit float32": dense}
+        llama_bench_table(args.llama_bench, path, table, [int(t) for t in args.threads.split(",")], args.repeats,
+                          args.rounds, args.cpu_time)
         if args.only_llama_bench:
             return
     print(f"{path}: batch-1 greedy decode, {ids.shape[1]}-token prompt, {new} new tokens, best of {args.repeats}; "

@@ -107,6 +107,12 @@ class BeamRun:
         """Which candidates end with their new token ``tokens`` (at ``cur_len`` in ``cand_seqs``)."""
         return self.finish.hits(tokens, cand_seqs[..., :cur_len + 1])
 
+    def ends(self, tokens: torch.Tensor, cand_seqs: torch.Tensor, cur_len: int) -> torch.Tensor:
+        """:meth:`hits` but for reaching ``max_length``: candidates that end by an EOS token or a
+        stopping criterion (transformers 4.x's ``BeamSearchScorer`` kept the others running to the
+        last step and added them to the finished hypotheses at the end)."""
+        return self.finish.hits(tokens, cand_seqs[..., :cur_len + 1], count_length=False)
+
     def forward(self, tokens: torch.Tensor, parent_rows: torch.Tensor) -> None:
         """Next step's forward: each row continues flat row ``parent_rows[i]`` with ``tokens[i]``."""
         self.logits = self.stepper.step(tokens.reshape(-1), rows=parent_rows.reshape(-1))

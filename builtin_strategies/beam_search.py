@@ -65,6 +65,7 @@ class BeamTracker:
         self.top_mask = torch.arange(self.keep, device=device) < beams  # (keep,)
         self.all_hit = False
         self.hits = torch.zeros((batch, self.keep), dtype=torch.bool, device=device)
+        self.best_candidate = self.scores[:, :1]
 
     # -- per step -----------------------------------------------------------------------------
     def running_ids(self, cur_len: int) -> torch.Tensor:
@@ -97,6 +98,7 @@ class BeamTracker:
         hits = hits_of(tokens, cand_seqs, cur_len)
         self.all_hit = cur_len + 1 >= self.max_length
         self.hits = hits
+        self.best_candidate = cand_scores[:, :1]  # the step's best continuation, finished or not
 
         # next running beams: the best candidates that are not finished
         live_scores = cand_scores + hits.to(torch.float32) * NEG
@@ -123,13 +125,18 @@ class BeamTracker:
         self.fin_bidx = take(torch.cat((self.fin_bidx, cand_bidx), 1), best)
         self.fin_done = torch.cat((self.fin_done, allowed), 1).gather(1, best)
 
+    def best_possible(self) -> torch.Tensor:
+        """``(batch, 1)``: the sum of log-probs the early-stop heuristic weighs against the worst
+        finished hypothesis -- the best running beam's (transformers 5.x)."""
+        return self.scores[:, :1]
+
     def update_stop(self, new_len: int) -> None:
         """After a step (``new_len`` = tokens now in the sequences): can running beams still win?"""
         if self.early_stopping == "never" and self.length_penalty > 0.0:
             best_len = self.max_length - self.prompt_len
         else:
             best_len = new_len - self.prompt_len
-        best_running = self.scores[:, :1] / float(best_len) ** self.length_penalty
+        best_running = self.best_possible() / float(best_len) ** self.length_penalty
         worst_finished = torch.where(self.fin_done, self.fin_scores.min(dim=1, keepdim=True).values,
                                      torch.full_like(self.fin_scores, NEG))
         self.can_improve = self.can_improve & (best_running > worst_finished).any(dim=1, keepdim=True)

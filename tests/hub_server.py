@@ -577,3 +577,12 @@ def write_recipe(root: Any, files: dict[str, str | bytes], readme: str | None = 
     if readme:
         (root / "README.md").write_text(readme, encoding="utf-8")
     return root
+
+
+def group_beam_recipe(root: Any) -> str:
+    """The group beam search recipe of tests/group_beam_recipe.py (transformers 4.x's algorithm on
+    transformers 5's internals) written as a recipe folder at ``root``; returns its path."""
+    from pathlib import Path
+
+    code = (Path(__file__).resolve().parent / "group_beam_recipe.py").read_text(encoding="utf-8")
+    return str(write_recipe(root, {"custom_generate/generate.py": code}))

@@ -55,6 +55,19 @@ def test_the_product_equals_the_float_product(bits, m):
     assert ((got - x @ dense.t()).abs() <= block_product_bound(x, dense)).all()
 
 
+@pytest.mark.parametrize("bits", [4, 6, 8])
+def test_one_row_at_a_time_gives_the_rows_products_bit_for_bit(bits):
+    """The one-row kernel of decode steps (AVX2: both halves of a panel in one pass) and the
+    quantization of many rows at once (vectorised, shared among threads) give exactly the bits of
+    the row tiles of a prompt: a token's logits do not depend on how many rows came with it."""
+    codes, scale, minimum = _weight(bits, 64, 1024, seed=bits)
+    blocks = block_kernel.pack(codes, scale, minimum, bits)
+    x = torch.randn(67, 1024, generator=torch.Generator().manual_seed(bits)) * torch.linspace(0.01, 30, 1024)
+    together = block_kernel.matmul(x, blocks, bits, 64)
+    one_by_one = torch.cat([block_kernel.matmul(x[i:i + 1], blocks, bits, 64) for i in range(x.shape[0])])
+    assert torch.equal(together, one_by_one)
+
+
 def test_pack_refuses_other_widths():
     codes, scale, minimum = _weight(4, 16, 32)
     with pytest.raises(ValueError, match=r"`bits` must be 4, 6 or 8; got 5"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hub_server import write_recipe
+from hub_server import group_beam_recipe, write_recipe
 
 import genkit
 
@@ -78,54 +78,6 @@ def generate(model, *args, banned_token=None, **kwargs):
     return GenerationMixin.generate(model, *args, custom_generate=_greedy_banning, banned_token=banned_token, **kwargs)
 '''
 
-# group beam search written against GenerationMixin internals, in the manner of
-# transformers-community/group-beam-search (a reduced version: fixed length, no EOS handling)
-GROUP_BEAM = '''import torch
-from transformers import GenerationMixin
-
-
-def _group_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
-    num_beams, groups = generation_config.num_beams, generation_config.num_beam_groups
-    per_group, penalty = num_beams // groups, generation_config.diversity_penalty
-    batch = input_ids.shape[0] // num_beams
-    beam_scores = torch.full((batch, num_beams), -1e9)
-    beam_scores[:, ::per_group] = 0.0
-    beam_scores = beam_scores.view(-1)
-    finished = False
-    while not finished:
-        step = {"next_sequence_length": 1} if model_kwargs["cache"].get_seq_length() else {"is_first_iteration": True}
-        model_inputs = model.prepare_inputs_for_generation(input_ids, **step, **model_kwargs)
-        outputs = model(**model_inputs, return_dict=True)
-        model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs,
-                                                                 is_encoder_decoder=model.config.is_encoder_decoder)
-        log_probs = torch.log_softmax(outputs.logits[:, -1, :].float(), dim=-1)
-        vocab = log_probs.shape[-1]
-        source = torch.zeros(batch * num_beams, dtype=torch.long)
-        tokens = torch.zeros(batch * num_beams, dtype=torch.long)
-        scores_out = torch.zeros(batch * num_beams)
-        used = torch.zeros(batch, vocab)
-        for g in range(groups):
-            rows = torch.tensor([b * num_beams + g * per_group + i for b in range(batch) for i in range(per_group)])
-            scores = logits_processor(input_ids[rows], log_probs[rows])
-            scores = scores - penalty * used.repeat_interleave(per_group, dim=0) + beam_scores[rows][:, None]
-            top, index = torch.topk(scores.view(batch, per_group * vocab), per_group, dim=1)
-            token = index % vocab
-            source[rows] = ((torch.arange(batch)[:, None] * num_beams + g * per_group) + index // vocab).view(-1)
-            tokens[rows], scores_out[rows] = token.view(-1), top.view(-1)
-            used.scatter_add_(1, token, torch.ones_like(token, dtype=used.dtype))
-        input_ids = torch.cat([input_ids[source], tokens[:, None]], dim=-1)
-        beam_scores = scores_out
-        model_kwargs["cache"].reorder_cache(source)
-        finished = bool(stopping_criteria(input_ids, None).all())
-    return input_ids
-
-
-def generate(model, *args, **kwargs):
-    if kwargs.get("num_beam_groups", 1) < 2:
-        raise ValueError("group beam search needs num_beam_groups > 1")
-    return GenerationMixin.generate(model, *args, custom_generate=_group_beam_search, **kwargs)
-'''
-
 # a sampling recipe that reads its settings from generation_config and keeps a cache
 SAMPLING = '''import copy
 
@@ -188,13 +140,17 @@ def test_greedy_recipe_with_a_custom_argument_same_tokens(tiny_pair, tmp_path):
 
 
 def test_group_beam_search_recipe_on_generation_mixin_internals_same_tokens(tiny_pair, tmp_path):
-    folder = _recipe(tmp_path, "group-beam-search", GROUP_BEAM)
-    outs = _three_ways(tiny_pair, folder, IDS, max_new_tokens=6, num_beams=4, num_beam_groups=2,
-                       diversity_penalty=1.5, do_sample=False)
+    """transformers 4.x's group beam search as a recipe (tests/group_beam_recipe.py, shared with
+    tests/test_diverse_beams.py): the same hypotheses three ways and from genkit's built-in strategy."""
+    folder = group_beam_recipe(tmp_path / "group-beam-search")
+    kw = dict(max_new_tokens=6, num_beams=4, num_beam_groups=2, diversity_penalty=1.5, num_return_sequences=4,
+              do_sample=False)
+    outs = _three_ways(tiny_pair, folder, IDS, **kw)
     assert outs[0].shape == (8, 10)
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
-    # diversity works: the groups' first beams differ
-    assert not torch.equal(outs[0][0], outs[0][2])
+    assert torch.equal(genkit.generate(tiny_pair[1], IDS, **kw), outs[0])
+    # diversity works: without the penalty the hypotheses differ
+    assert not torch.equal(genkit.generate(tiny_pair[1], IDS, **{**kw, "diversity_penalty": 0.0}), outs[0])
 
 
 def test_sampling_recipe_reading_generation_config_same_tokens(tiny_pair, tmp_path):

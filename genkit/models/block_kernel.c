@@ -48,6 +48,35 @@
 #define GK_GROUP 32
 #define GK_MT 4
 
+/* Per-operation wall time of the decode step, built only with -DGK_PROFILE (bench/profile_block_kernel.py):
+ * gk_profile(out) copies the seconds spent per category into out[GK_PROF_N] and clears them. */
+enum { GK_P_NORM, GK_P_QUANT, GK_P_QKV, GK_P_ROPE, GK_P_ATTEND, GK_P_O, GK_P_RESID, GK_P_GU, GK_P_SILU, GK_P_DOWN,
+       GK_P_HEAD, GK_P_OTHER, GK_PROF_N };
+#ifdef GK_PROFILE
+#include <time.h>
+static double gk_prof[GK_PROF_N];
+static int gk_prof_cat = GK_P_OTHER;  /* what the next gk_matmul's panel work counts as */
+static double gk_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static double gk_t0;  /* the caller is one thread: decode_rows, or a gk_matmul from Python */
+#define GK_T0 (gk_t0 = gk_now())
+#define GK_T(k) do { double gk_t1 = gk_now(); gk_prof[k] += gk_t1 - gk_t0; gk_t0 = gk_t1; } while (0)
+#define GK_CAT(k) (gk_prof_cat = (k))
+void gk_profile(double *out) {
+    for (int i = 0; i < GK_PROF_N; i++) {
+        out[i] = gk_prof[i];
+        gk_prof[i] = 0.0;
+    }
+}
+#else
+#define GK_T0 (void)0
+#define GK_T(k) (void)0
+#define GK_CAT(k) (void)0
+#endif
+
 int gk_block_bytes(int bits) { return bits == 4 ? 320 : (bits == 6 ? 640 : 576); }
 
 /* 2: AVX-512 VNNI, 1: AVX2 (+FMA, F16C), 0: the portable loops */
@@ -101,37 +130,90 @@ static float f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* One block of 32 values -> digits q1, q2 (see quantize_rows); returns the scale d, the digit sums
+ * over the block (s[0], s[1]) and over its first half (s[2], s[3]). */
+static float quantize_block(const float *xb, int8_t *q1, int8_t *q2, int *s) {
+#if defined(GK_VNNI) || defined(GK_AVX2)
+    /* the scalar loop below in vectors: the same roundings (mul, sub, round to nearest even), no FMA */
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    __m256 x[4], v[4], r[4];
+    for (int k = 0; k < 4; k++) x[k] = _mm256_loadu_ps(xb + 8 * k);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(x[0], absmask), _mm256_and_ps(x[1], absmask)),
+                              _mm256_max_ps(_mm256_and_ps(x[2], absmask), _mm256_and_ps(x[3], absmask)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float amax = _mm_cvtss_f32(m4);
+    float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f, id2 = 254.0f * id;
+    const __m256 vd = _mm256_set1_ps(d), vid = _mm256_set1_ps(id), vid2 = _mm256_set1_ps(id2);
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_round_ps(_mm256_mul_ps(x[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v[k] = _mm256_min_ps(_mm256_max_ps(v[k], lo), hi);
+        r[k] = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(x[k], _mm256_mul_ps(v[k], vd)), vid2),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r[k] = _mm256_min_ps(_mm256_max_ps(r[k], lo), hi);
+    }
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256 *digits[2] = {v, r};
+    int8_t *outs[2] = {q1, q2};
+    for (int t = 0; t < 2; t++) {
+        __m256 *u = digits[t];
+        __m256i w01 = _mm256_packs_epi32(_mm256_cvtps_epi32(u[0]), _mm256_cvtps_epi32(u[1]));
+        __m256i w23 = _mm256_packs_epi32(_mm256_cvtps_epi32(u[2]), _mm256_cvtps_epi32(u[3]));
+        __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
+        _mm256_storeu_si256((__m256i *)outs[t], bytes);
+        /* integer-valued floats of at most 127 in magnitude: these sums are exact */
+        __m256 first = _mm256_add_ps(u[0], u[1]), all = _mm256_add_ps(first, _mm256_add_ps(u[2], u[3]));
+        __m256 pair[2] = {all, first};
+        for (int k = 0; k < 2; k++) {
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(pair[k]), _mm256_extractf128_ps(pair[k], 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+            s[2 * k + t] = (int)_mm_cvtss_f32(h);
+        }
+    }
+    return d;
+#else
+    float amax = 0.0f;
+    for (int j = 0; j < GK_GROUP; j++) amax = fmaxf(amax, fabsf(xb[j]));
+    float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f, id2 = 254.0f * id;
+    s[0] = s[1] = 0;
+    for (int j = 0; j < GK_GROUP; j++) {
+        if (j == GK_GROUP / 2) {
+            s[2] = s[0];
+            s[3] = s[1];
+        }
+        float v = nearbyintf(xb[j] * id);
+        v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+        float r = nearbyintf((xb[j] - v * d) * id2);
+        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+        q1[j] = (int8_t)v;
+        q2[j] = (int8_t)r;
+        s[0] += (int)v;
+        s[1] += (int)r;
+    }
+    return d;
+#endif
+}
+
 /* x (M, K) float32 -> two int8 digits q1, q2 per value; per block the scale dx (q2's is dx / 254)
- * and sx = dx * sum(q1) + dx / 254 * sum(q2), over the block and over each half (sx16). */
+ * and sx = dx * sum(q1) + dx / 254 * sum(q2), over the block and over each half (sx16). Rows are
+ * shared among `threads` when there are many. */
 static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, float *dx, float *sx,
-                          float *sx16) {
+                          float *sx16, int threads) {
     int nb = K / GK_GROUP;
+    if ((size_t)M * K < 65536 || threads > M) threads = 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int m = 0; m < M; m++) {
         for (int b = 0; b < nb; b++) {
-            size_t off = (size_t)m * K + (size_t)b * GK_GROUP;
-            const float *xb = x + off;
-            float amax = 0.0f;
-            for (int j = 0; j < GK_GROUP; j++) amax = fmaxf(amax, fabsf(xb[j]));
-            float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f, id2 = 254.0f * id;
-            int s1 = 0, s2 = 0, h1 = 0, h2 = 0;
-            for (int j = 0; j < GK_GROUP; j++) {
-                if (j == GK_GROUP / 2) {
-                    h1 = s1;
-                    h2 = s2;
-                }
-                float v = nearbyintf(xb[j] * id);
-                v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
-                float r = nearbyintf((xb[j] - v * d) * id2);
-                r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
-                q1[off + j] = (int8_t)v;
-                q2[off + j] = (int8_t)r;
-                s1 += (int)v;
-                s2 += (int)r;
-            }
-            dx[(size_t)m * nb + b] = d;
-            sx[(size_t)m * nb + b] = d * (float)s1 + (d / 254.0f) * (float)s2;
-            sx16[2 * ((size_t)m * nb + b)] = d * (float)h1 + (d / 254.0f) * (float)h2;
-            sx16[2 * ((size_t)m * nb + b) + 1] = d * (float)(s1 - h1) + (d / 254.0f) * (float)(s2 - h2);
+            size_t off = (size_t)m * K + (size_t)b * GK_GROUP, i = (size_t)m * nb + b;
+            int s[4];
+            float d = quantize_block(x + off, q1 + off, q2 + off, s);
+            dx[i] = d;
+            sx[i] = d * (float)s[0] + (d / 254.0f) * (float)s[1];
+            sx16[2 * i] = d * (float)s[2] + (d / 254.0f) * (float)s[3];
+            sx16[2 * i + 1] = d * (float)(s[0] - s[2]) + (d / 254.0f) * (float)(s[1] - s[3]);
         }
     }
 }
@@ -331,6 +413,83 @@ static inline __attribute__((always_inline)) void panel_avx2(
     }
     for (int i = 0; i < MT; i++) _mm256_storeu_ps(y + (size_t)i * ldy + 8 * g, acc[i]);
 }
+
+/* One activation row against one panel (batch-1 decode), 4- or 8-bit codes: the same integer sums
+ * and the same float operations per lane as panel_avx2 with MT = 1, but both groups of 8 rows in
+ * one pass over the panel (each 64-byte chunk read once, each activation word broadcast once, two
+ * independent chains of FMAs), the weights prefetched GK_PREFETCH bytes ahead. */
+#ifndef GK_PREFETCH
+#define GK_PREFETCH 1024
+#endif
+static inline void gk_fold(__m256 *acc, __m256i isum, __m256i isum2, __m256 d, __m256 m, float xd, float sxb) {
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(xd)), *acc);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2), _mm256_mul_ps(d, _mm256_set1_ps(xd / 254.0f)), *acc);
+    *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(sxb), *acc);
+}
+
+static inline __attribute__((always_inline)) void row_avx2(int bits, const uint8_t *w, int nb, const int8_t *q,
+                                                           const int8_t *q2, const float *dx, const float *sx,
+                                                           float *y) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        const int8_t *qb = q + (size_t)b * GK_GROUP, *rb = q2 + (size_t)b * GK_GROUP;
+        if (GK_PREFETCH > 0)
+            for (int off = 0; off < bb; off += 64) _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
+        __m256i i1a, i2a, i1b, i2b;
+        if (bits == 4) {
+            __m256i s1a = _mm256_setzero_si256(), s2a = s1a, s1b = s1a, s2b = s1a;
+            for (int c = 0; c < 4; c++) {
+                __m256i pa = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                __m256i pb = _mm256_loadu_si256((const __m256i *)(wb + 64 * c + 32));
+                __m256i loa = _mm256_and_si256(pa, low), hia = _mm256_and_si256(_mm256_srli_epi16(pa, 4), low);
+                __m256i lob = _mm256_and_si256(pb, low), hib = _mm256_and_si256(_mm256_srli_epi16(pb, 4), low);
+                __m256i a0 = gk_bcast(qb + 8 * c), a1 = gk_bcast(qb + 8 * c + 4);
+                __m256i r0 = gk_bcast(rb + 8 * c), r1 = gk_bcast(rb + 8 * c + 4);
+                s1a = _mm256_add_epi16(s1a, _mm256_add_epi16(_mm256_maddubs_epi16(loa, a0), _mm256_maddubs_epi16(hia, a1)));
+                s2a = _mm256_add_epi16(s2a, _mm256_add_epi16(_mm256_maddubs_epi16(loa, r0), _mm256_maddubs_epi16(hia, r1)));
+                s1b = _mm256_add_epi16(s1b, _mm256_add_epi16(_mm256_maddubs_epi16(lob, a0), _mm256_maddubs_epi16(hib, a1)));
+                s2b = _mm256_add_epi16(s2b, _mm256_add_epi16(_mm256_maddubs_epi16(lob, r0), _mm256_maddubs_epi16(hib, r1)));
+            }
+            i1a = _mm256_madd_epi16(s1a, one);
+            i2a = _mm256_madd_epi16(s2a, one);
+            i1b = _mm256_madd_epi16(s1b, one);
+            i2b = _mm256_madd_epi16(s2b, one);
+        } else {
+            __m256i l1a = _mm256_setzero_si256(), u1a = l1a, l2a = l1a, u2a = l1a, l1b = l1a, u1b = l1a, l2b = l1a,
+                    u2b = l1a;
+            for (int c = 0; c < 8; c++) {
+                __m256i pa = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                __m256i pb = _mm256_loadu_si256((const __m256i *)(wb + 64 * c + 32));
+                __m256i loa = _mm256_and_si256(pa, low), hia = _mm256_and_si256(_mm256_srli_epi16(pa, 4), low);
+                __m256i lob = _mm256_and_si256(pb, low), hib = _mm256_and_si256(_mm256_srli_epi16(pb, 4), low);
+                __m256i a = gk_bcast(qb + 4 * c), r = gk_bcast(rb + 4 * c);
+                l1a = _mm256_add_epi16(l1a, _mm256_maddubs_epi16(loa, a));
+                u1a = _mm256_add_epi16(u1a, _mm256_maddubs_epi16(hia, a));
+                l2a = _mm256_add_epi16(l2a, _mm256_maddubs_epi16(loa, r));
+                u2a = _mm256_add_epi16(u2a, _mm256_maddubs_epi16(hia, r));
+                l1b = _mm256_add_epi16(l1b, _mm256_maddubs_epi16(lob, a));
+                u1b = _mm256_add_epi16(u1b, _mm256_maddubs_epi16(hib, a));
+                l2b = _mm256_add_epi16(l2b, _mm256_maddubs_epi16(lob, r));
+                u2b = _mm256_add_epi16(u2b, _mm256_maddubs_epi16(hib, r));
+            }
+            i1a = _mm256_add_epi32(_mm256_madd_epi16(l1a, one), _mm256_madd_epi16(u1a, sixteen));
+            i2a = _mm256_add_epi32(_mm256_madd_epi16(l2a, one), _mm256_madd_epi16(u2a, sixteen));
+            i1b = _mm256_add_epi32(_mm256_madd_epi16(l1b, one), _mm256_madd_epi16(u1b, sixteen));
+            i2b = _mm256_add_epi32(_mm256_madd_epi16(l2b, one), _mm256_madd_epi16(u2b, sixteen));
+        }
+        const uint8_t *scales = wb + cb;
+        float xd = dx[b], sxb = sx[b];
+        gk_fold(&acc0, i1a, i2a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)scales)),
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32))), xd, sxb);
+        gk_fold(&acc1, i1b, i2b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16))),
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 48))), xd, sxb);
+    }
+    _mm256_storeu_ps(y, acc0);
+    _mm256_storeu_ps(y + 8, acc1);
+}
 #endif
 
 __attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, int nb, const int8_t *q,
@@ -461,7 +620,7 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
     int8_t *q2 = q + (size_t)Mp * K;
     float *dx = (float *)(((uintptr_t)(q2 + (size_t)Mp * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)Mp * nb, *sx16 = sx + (size_t)Mp * nb;
-    quantize_rows(x, M, K, q, q2, dx, sx, sx16);
+    quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads);
     if (threads > panels) threads = panels;
 #pragma omp parallel num_threads(threads)
     {
@@ -497,8 +656,9 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
     int8_t *q2 = q + (size_t)M * K;
     float *dx = (float *)(((uintptr_t)(q2 + (size_t)M * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)M * nb, *sx16 = sx + (size_t)M * nb;
-    quantize_rows(x, M, K, q, q2, dx, sx, sx16);
-    if (threads < 1) threads = 1;
+    GK_T0;
+    quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads);
+    GK_T(GK_P_QUANT);
     if (threads > panels) threads = panels;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int p = 0; p < panels; p++) {
@@ -522,7 +682,11 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
 #define GK_TILES(B) GK_SWITCH(B)
 #else /* AVX2: a panel's 16 rows as two groups of 8 */
 #define GK_TILE(B, MT) panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, MT, ym, N)
-#define GK_TILES(B) for (int g = 0; g < 2; g++) { GK_SWITCH(B) }
+#define GK_TILES(B)                                                        \
+    if (mt == 1 && B != 6)                                                 \
+        row_avx2(B, wp, nb, qm, rm, dm, sm, ym);                             \
+    else                                                                   \
+        for (int g = 0; g < 2; g++) { GK_SWITCH(B) }
 #endif
             if (bits == 4) {
                 GK_TILES(4)
@@ -539,6 +703,8 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
 #endif
         }
     }
+    GK_T(gk_prof_cat == GK_P_OTHER && M == 1 ? GK_P_HEAD : gk_prof_cat);  /* from Python: one row is the LM head */
+    GK_CAT(GK_P_OTHER);
     free(q);
     return 0;
 }
@@ -662,21 +828,37 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         const gk_layer *L = &layers[l];
         int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, inter = L->intermediate;
         int nqkv = (nq + 2 * nkv) * d;
+        GK_T0;
         for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm1, L->eps, hidden, h + r * (size_t)hidden);
+        GK_T(GK_P_NORM);
+        GK_CAT(GK_P_QKV);
         if ((rc = gk_matmul(L->bits_qkv, L->wqkv, h, qkv, rows, nqkv, hidden, threads))) break;
+        GK_T0;
         rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv);
+        GK_T(GK_P_ROPE);
         attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
+        GK_T(GK_P_ATTEND);
+        GK_CAT(GK_P_O);
         if ((rc = gk_matmul(L->bits_o, L->wo, att, tmp, rows, hidden, nq * d, threads))) break;
+        GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
+        GK_T(GK_P_RESID);
         for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm2, L->eps, hidden, h + r * (size_t)hidden);
+        GK_T(GK_P_NORM);
+        GK_CAT(GK_P_GU);
         if ((rc = gk_matmul(L->bits_gu, L->wgu, h, gu, rows, 2 * inter, hidden, threads))) break;
+        GK_T0;
         for (int r = 0; r < rows; r++) {
             const float *g = gu + 2 * (size_t)r * inter;
             float *a = act + (size_t)r * inter;
             for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[inter + i];
         }
+        GK_T(GK_P_SILU);
+        GK_CAT(GK_P_DOWN);
         if ((rc = gk_matmul(L->bits_d, L->wd, act, tmp, rows, hidden, inter, threads))) break;
+        GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
+        GK_T(GK_P_RESID);
     }
     free(buf);
     return rc ? -1 : 0;

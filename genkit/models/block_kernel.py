@@ -108,6 +108,25 @@ def _load(cc: str, mode: str = "native") -> Any:
     return kernel_cache.load(_cache_dir(), cache_name(cc, mode), build)
 
 
+def declare(lib: Any) -> None:
+    """The C signatures of the kernel's entry points on a loaded library (``ctypes.CDLL``)."""
+    lib.gk_simd.restype = ctypes.c_int
+    lib.gk_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.gk_matmul.restype = ctypes.c_int
+    lib.gk_decode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_int, ctypes.c_int]
+    lib.gk_decode.restype = ctypes.c_int
+    lib.gk_decode_paged.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.gk_decode_paged.restype = ctypes.c_int
+    lib.gk_amx_init.restype = ctypes.c_int
+    lib.gk_set_amx_rows.argtypes = [ctypes.c_int]
+    lib.gk_set_amx_rows.restype = None
+
+
 def library() -> Any:
     """The loaded kernel library, or None when it cannot be had (no compiler, switched off)."""
     global _lib, _tried
@@ -130,25 +149,11 @@ def library() -> Any:
     except (OSError, RuntimeError) as exc:
         logger.warning("block kernel unavailable, quantized layers use torch's int4 kernels: %s", exc)
         return None
-    lib.gk_simd.restype = ctypes.c_int
+    declare(lib)
     if mode == "native" and lib.gk_simd() == 0:
         logger.info("the CPU has neither AVX-512 VNNI nor AVX2: quantized layers use torch's int4 kernels "
                     "(%s=portable forces the slow portable loops)", ENV_SWITCH)
         return None
-    lib.gk_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    lib.gk_matmul.restype = ctypes.c_int
-    lib.gk_decode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                              ctypes.c_int, ctypes.c_int]
-    lib.gk_decode.restype = ctypes.c_int
-    lib.gk_decode_paged.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    lib.gk_decode_paged.restype = ctypes.c_int
-    lib.gk_amx_init.restype = ctypes.c_int
-    lib.gk_set_amx_rows.argtypes = [ctypes.c_int]
-    lib.gk_set_amx_rows.restype = None
     global _amx
     _amx = mode == "native" and bool(lib.gk_amx_init())
     _lib = lib

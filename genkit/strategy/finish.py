@@ -193,11 +193,12 @@ class FinishTracker:
             return True
         return self.may_finish_early and not bool(self.unfinished.any())
 
-    def hits(self, tokens: torch.Tensor, sequences: torch.Tensor) -> torch.Tensor:
+    def hits(self, tokens: torch.Tensor, sequences: torch.Tensor, count_length: bool = True) -> torch.Tensor:
         """Which candidates end with their last token (no state change; for beam search):
-        ``tokens`` ``(...)`` are the last tokens of ``sequences`` ``(..., length)``."""
+        ``tokens`` ``(...)`` are the last tokens of ``sequences`` ``(..., length)``. With
+        ``count_length=False`` reaching ``max_length`` does not count (EOS and the criteria only)."""
         length = sequences.shape[-1]
-        hits = torch.full_like(tokens, length >= self.max_length, dtype=torch.bool)
+        hits = torch.full_like(tokens, count_length and length >= self.max_length, dtype=torch.bool)
         if self.eos is not None:
             hits = hits | torch.isin(tokens, self.eos)
         if self.criteria:
