@@ -136,7 +136,8 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
     logger.debug("assisted decoding: %d rounds, %d drafted, %d accepted", rounds, drafted_total, accepted_total)
     out = record.as_tuples()
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, scores=out["scores"], logits=out["logits"],
-                                     hidden_states=out.get("hidden_states"), past_key_values=stepper.cache,
+                                     hidden_states=out["hidden_states"], attentions=out["attentions"],
+                                     cross_attentions=out["cross_attentions"], past_key_values=stepper.cache,
                                      finish_reasons=finish.reasons)
 
 
@@ -150,6 +151,20 @@ def _hidden_for(hidden: tuple[torch.Tensor, ...] | None, index: int, *,
     if whole_prompt:
         return tuple(h[:, :index + 1] for h in hidden)
     return tuple(h[:, index:index + 1] for h in hidden)
+
+
+def _attentions_for(attentions: tuple[Any, Any] | None, index: int, keys: int, *,
+                    whole_prompt: bool) -> tuple[Any, Any] | None:
+    """Each layer's attention weights of the query at ``index`` of the last forward's input over
+    its first ``keys`` keys (the drafted tokens after it left out), and an encoder-decoder
+    decoder's cross-attentions of that query, as plain decoding records them: for the first token,
+    every prompt query up to it (``whole_prompt``)."""
+    if attentions is None:
+        return None
+    start = 0 if whole_prompt else index
+    own, cross = attentions
+    return (tuple(a[:, :, start:index + 1, :keys] for a in own),
+            None if cross is None else tuple(c[:, :, start:index + 1] for c in cross))
 
 
 def verify_round(call: StrategyCall, stepper: Stepper, finish: FinishTracker, record: StepOutputs,
@@ -166,8 +181,9 @@ def verify_round(call: StrategyCall, stepper: Stepper, finish: FinishTracker, re
     n_matches, next_token = _verify(candidates, candidate_logits, new_scores, bool(call.config.do_sample))
     kept, done = _accept(stepper, finish, candidates[:, :n_matches], next_token, new_scores, cur)
     for i in range(kept):
-        record.model_step(logits[:, i], _hidden_for(stepper.hidden_states, cur - 1 + i - fed_from,
-                                                    whole_prompt=first_round and i == 0))
+        index, whole_prompt = cur - 1 + i - fed_from, first_round and i == 0
+        record.model_step(logits[:, i], _hidden_for(stepper.hidden_states, index, whole_prompt=whole_prompt),
+                          _attentions_for(stepper.attentions, index, cur + i, whole_prompt=whole_prompt))
         record.processed(new_scores[i])
     return n_matches, kept, done, new_scores
 

@@ -88,13 +88,21 @@ def _unit(hidden: torch.Tensor) -> torch.Tensor:
 
 
 def _candidates(call: StrategyCall, logits: torch.Tensor, sequences: torch.Tensor, top_k: int,
-                record: StepOutputs, hidden: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Processed scores, and the ``top_k`` candidates' probabilities and ids ``(rows, k)``."""
-    record.model_step(logits, hidden)
+                record: StepOutputs, hidden: Any, attentions: Any = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Processed scores, and the ``top_k`` candidates' probabilities and ids ``(rows, k)``
+    (``hidden`` / ``attentions``: the forward's that gave ``logits``, for the output)."""
+    record.model_step(logits, hidden, attentions)
     scores = call.logits_processor(sequences, logits)
     record.processed(scores, copy=scores.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr())
     top_probs, top_ids = torch.softmax(scores, dim=-1).topk(top_k, dim=-1)
     return scores, top_probs, top_ids
+
+
+def _attention_rows(attentions: Any, rows: torch.Tensor) -> tuple[Any, Any]:
+    """``Stepper.attentions`` (each layer's weights; an encoder-decoder decoder's cross-attentions)
+    of the rows ``rows``, as ``StepOutputs`` records them."""
+    return tuple(tuple(a[rows] for a in part) if part is not None else None for part in attentions)
 
 
 def _all_candidates_at_once(call: StrategyCall, alpha: float, top_k: int) -> GenerateDecoderOnlyOutput:
@@ -110,10 +118,12 @@ def _all_candidates_at_once(call: StrategyCall, alpha: float, top_k: int) -> Gen
         assert hidden is not None
         context = Degeneration(call, hidden[-1][chosen])
         step_hidden = tuple(h[chosen] for h in hidden) if record.want_hidden else None
+        step_attentions = _attention_rows(stepper.attentions, chosen) if record.want_attentions else None
         rows = None
         while True:
             sequences = stepper.ids[chosen, :stepper.length]
-            scores, top_probs, top_ids = _candidates(call, logits, sequences, top_k, record, step_hidden)
+            scores, top_probs, top_ids = _candidates(call, logits, sequences, top_k, record, step_hidden,
+                                                     step_attentions)
             candidate_logits = stepper.step(top_ids.view(-1), rows=rows)
             hidden = stepper.hidden_states
             assert hidden is not None
@@ -126,6 +136,8 @@ def _all_candidates_at_once(call: StrategyCall, alpha: float, top_k: int) -> Gen
             logits = candidate_logits[chosen]
             if record.want_hidden:
                 step_hidden = tuple(h[chosen] for h in hidden)
+            if record.want_attentions:
+                step_attentions = _attention_rows(stepper.attentions, chosen)
             if finish.update(stepper.ids[chosen, :stepper.length], scores, tokens):
                 break
             rows = chosen.repeat_interleave(top_k)
@@ -150,8 +162,10 @@ def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> Ge
         assert hidden is not None
         context = Degeneration(call, hidden[-1])
         step_hidden = hidden if record.want_hidden else None
+        step_attentions = stepper.attentions if record.want_attentions else None
         while True:
-            scores, top_probs, top_ids = _candidates(call, logits, stepper.sequences, top_k, record, step_hidden)
+            scores, top_probs, top_ids = _candidates(call, logits, stepper.sequences, top_k, record, step_hidden,
+                                                     step_attentions)
             base = stepper.length
             outs = []
             for j in range(top_k):
@@ -159,7 +173,10 @@ def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> Ge
                 hidden = stepper.hidden_states
                 assert hidden is not None
                 outs.append((candidate_logits, hidden[-1][:, -1, :],
-                             tuple(h[:, -1:] for h in hidden) if record.want_hidden else None))
+                             tuple(h[:, -1:] for h in hidden) if record.want_hidden else None,
+                             tuple(tuple(a[:, :, -1:] for a in part) if part is not None else None
+                                   for part in stepper.attentions)  # type: ignore[union-attr]
+                             if record.want_attentions else None))
                 stepper.crop(base)
             last = torch.stack([o[1] for o in outs], dim=1)  # (rows, k, width)
             pick = context.choose(last, top_probs, alpha)
@@ -170,6 +187,12 @@ def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> Ge
             if record.want_hidden:
                 step_hidden = tuple(torch.stack([o[2][i] for o in outs], dim=1)[batch_index, pick]  # type: ignore[index]
                                     for i in range(len(outs[0][2])))  # type: ignore[arg-type]
+            if record.want_attentions:
+                step_attentions = tuple(
+                    None if part is None else tuple(
+                        torch.stack([o[3][which][i] for o in outs], dim=1)[batch_index, pick]  # type: ignore[index]
+                        for i in range(len(part)))
+                    for which, part in enumerate(outs[0][3]))  # type: ignore[arg-type]
             if finish.update(stepper.sequences, scores, tokens):
                 break
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, past_key_values=stepper.cache,

@@ -63,7 +63,7 @@ def dola_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Generat
             premature = project(stacked, stepper.cache) if project is not None else head(stacked)
             if logits is None:
                 logits, premature = premature[-1].float(), premature[:-1]
-            record.model_step(logits, hidden)
+            record.model_step(logits, hidden, stepper.attentions)
             scores = call.logits_processor(stepper.sequences, contrast(layers, premature, logits, workspace))
             record.processed(scores)
             tokens = finish.pad(choose_tokens(scores, do_sample))

@@ -109,14 +109,23 @@ def default_threads(load: float | None = None) -> int:
     return threads
 
 
-def warn_if_busy(threads: int, load: float | None = None) -> None:
-    """A warning when ``threads`` and the 1-minute load average (``load``; read from the system when
-    None) together ask for more than the CPUs available."""
+def busy(threads: int, load: float | None = None) -> str | None:
+    """Why the machine is busy for ``threads`` more threads: the 1-minute load average (``load``;
+    read from the system when None) plus ``threads`` is above the CPUs available (half a CPU of
+    slack); None when it is not (or the system has no load average)."""
     budget = cpu_budget()
     load = load_average() if load is None else load
-    if threads > 1 and load is not None and load + threads > budget + 0.5:
-        logger.warning("the machine is busy (1-minute load average %.1f on %d CPUs): %d threads will compete with "
-                       "other processes; pass --threads 1 (or threads=1) if it runs slowly", load, budget, threads)
+    if load is not None and load + threads > budget + 0.5:
+        return f"1-minute load average {load:.1f} + {threads} thread(s) > {budget} CPUs"
+    return None
+
+
+def warn_if_busy(threads: int, load: float | None = None) -> None:
+    """A warning when more than one thread is asked for and the machine is :func:`busy`."""
+    why = busy(threads, load) if threads > 1 else None
+    if why:
+        logger.warning("the machine is busy (%s): %d threads will compete with other processes; pass --threads 1 "
+                       "(or threads=1) if it runs slowly", why, threads)
 
 
 def check_threads(threads: int | None) -> int | None:

@@ -13,7 +13,4 @@ if [ "$#" -eq 0 ]; then
     --custom-generate docs/examples/demo_recipe --set max_sentences=3 --seed 0 \
     "Explain in three sentences why the sky is blue."
 fi
-# the same kernels on every run, so the seeded demo prints the same text (the per-CPU kernel
-# choice probes at first use, and its float32 paths round differently: docs/models.md)
-export GENKIT_KERNEL="${GENKIT_KERNEL:-packed}"
 exec genkit generate "$@"

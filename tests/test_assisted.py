@@ -258,3 +258,39 @@ def test_prompt_cache_reuse_with_a_transformers_model_and_cache(tiny_pair):
                               return_dict_in_generate=True, **kw)
         assert torch.equal(out.sequences, greedy), kw
         assert out.past_key_values.get_seq_length() == greedy.shape[1] - 1
+
+
+@pytest.mark.parametrize("extra", ["same assistant", "other assistant", "prompt lookup"])
+def test_assisted_attentions_and_hidden_states_equal_greedy(tiny_model, extra):
+    """output_attentions / output_hidden_states with assisted decoding and prompt lookup: per token,
+    what greedy search records (the verifying forward cut per token, drafted tokens after it left out)."""
+    ids = torch.tensor([[1, 5, 9, 11, 5, 9]])
+    kw = dict(max_new_tokens=5, output_attentions=True, output_hidden_states=True, return_dict_in_generate=True)
+    greedy = genkit.generate(tiny_model, ids, **kw)
+    helper = {"same assistant": {"assistant_model": tiny_model}, "other assistant": {"assistant_model": tiny_llama(seed=1)},
+              "prompt lookup": {"prompt_lookup_num_tokens": 2}}[extra]
+    out = genkit.generate(tiny_model, ids, **kw, **helper)
+    assert torch.equal(out.sequences, greedy.sequences) and len(out.attentions) == len(greedy.attentions) == 5
+    for ours, ref in ((out.attentions, greedy.attentions), (out.hidden_states, greedy.hidden_states)):
+        for step_ours, step_ref in zip(ours, ref, strict=True):
+            for a, b in zip(step_ours, step_ref, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_assisted_attentions_of_an_encoder_decoder_equal_greedy(name):
+    """An encoder-decoder model's decoder attentions, cross-attentions and hidden states with
+    assisted decoding: what greedy search records."""
+    import seq2seq_models as S
+
+    model = S.build(name)
+    model.set_attn_implementation("eager")  # SDPA returns no attention weights
+    x = {k: v[:1] for k, v in S.inputs(name).items()}
+    kw = dict(max_new_tokens=4, output_attentions=True, output_hidden_states=True, return_dict_in_generate=True)
+    greedy = genkit.generate(model, **x, **kw)
+    out = genkit.generate(model, **x, **kw, assistant_model=model)
+    assert torch.equal(out.sequences, greedy.sequences)
+    for part in ("cross_attentions", "decoder_attentions", "decoder_hidden_states"):
+        for step_ours, step_ref in zip(getattr(out, part), getattr(greedy, part), strict=True):
+            for a, b in zip(step_ours, step_ref, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -225,3 +225,33 @@ def test_contrastive_search_does_not_warn_that_top_k_needs_sampling(caplog):
     with caplog.at_level(logging.WARNING, logger="genkit.config"):
         genkit.generate(_tiny(), ids, max_new_tokens=3, top_k=4)
     assert [r for r in caplog.records if "`top_k` is set to 4 but `do_sample` is not True" in r.getMessage()]
+
+
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_contrastive_search_records_attentions(tiny_model, low_memory):
+    """output_attentions=True: one tuple of layer weights per step, the chosen token's (the prompt's
+    at the first step), equal to those of one forward over the final sequence."""
+    ids = torch.tensor([[1, 5, 9, 11], [1, 7, 3, 20]])
+    out = genkit.generate(tiny_model, ids, max_new_tokens=4, penalty_alpha=0.6, top_k=4, low_memory=low_memory,
+                          output_attentions=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, genkit.generate(tiny_model, ids, max_new_tokens=4, penalty_alpha=0.6, top_k=4,
+                                                      low_memory=low_memory))
+    with torch.no_grad():
+        full = tiny_model(out.sequences, output_attentions=True).attentions
+    assert len(out.attentions) == 4
+    for step, layers in enumerate(out.attentions):
+        rows = slice(0, 4) if step == 0 else slice(3 + step, 4 + step)  # the queries of that forward
+        for got, want in zip(layers, full, strict=True):
+            torch.testing.assert_close(got, want[:, :, rows, :got.shape[-1]], rtol=1e-4, atol=1e-5)
+
+
+def test_dola_records_attentions(tiny_model):
+    ids = torch.tensor([[1, 5, 9, 11]])
+    out = genkit.generate(tiny_model, ids, max_new_tokens=3, dola_layers="low", output_attentions=True,
+                          return_dict_in_generate=True)
+    with torch.no_grad():
+        full = tiny_model(out.sequences, output_attentions=True).attentions
+    for step, layers in enumerate(out.attentions):
+        rows = slice(0, 4) if step == 0 else slice(3 + step, 4 + step)
+        for got, want in zip(layers, full, strict=True):
+            torch.testing.assert_close(got, want[:, :, rows, :got.shape[-1]], rtol=1e-4, atol=1e-5)

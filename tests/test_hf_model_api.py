@@ -166,3 +166,74 @@ def test_transformers_cache_in_the_native_forward(tiny_pair):
     out = genkit.generate(ours, IDS, max_new_tokens=5, past_key_values=fresh, return_dict_in_generate=True)
     assert out.past_key_values is fresh and fresh.get_seq_length() == IDS.shape[1] + 4
     assert torch.equal(out.sequences, genkit.generate(ours, IDS, max_new_tokens=5))
+
+
+def test_generate_returns_transformers_output_classes(tiny_pair):
+    """With transformers loaded, generate's dict outputs are transformers' classes and genkit's at
+    once, genkit's extra fields kept; the cache reads under both names."""
+    from genkit.strategy import outputs as ours_outputs
+
+    hf, ours = tiny_pair
+    for kw, name in (({}, "GenerateDecoderOnlyOutput"), ({"num_beams": 2}, "GenerateBeamDecoderOnlyOutput")):
+        out = ours.generate(IDS, max_new_tokens=3, return_dict_in_generate=True, output_scores=True, **kw)
+        ref = hf.generate(IDS, max_new_tokens=3, return_dict_in_generate=True, output_scores=True, **kw)
+        assert isinstance(out, getattr(transformers.generation, name)) and isinstance(out, getattr(ours_outputs, name))
+        assert isinstance(out, transformers.utils.ModelOutput) and type(out).__name__ == name
+        assert torch.equal(out.sequences, ref.sequences) and out["sequences"] is out.sequences
+        assert out.past_key_values is out.cache and "cache" in out and len(out.scores) == 3
+    out = ours.generate(IDS, max_new_tokens=3, return_dict_in_generate=True)
+    assert out.finish_reasons == ["length", "length"] and out.to_tuple()[0] is out.sequences
+
+
+def test_prepare_inputs_for_generation_drives_a_greedy_loop(tiny_pair):
+    """A greedy loop written against transformers 5's prepare_inputs_for_generation, run on the
+    native model, gives transformers' greedy tokens; the config and cache read as transformers'."""
+    hf, ours = tiny_pair
+    mask = torch.ones_like(IDS)
+    mask[0, :2] = 0
+    seqs, cache, new = IDS, None, None
+    for step in range(4):
+        inputs = ours.prepare_inputs_for_generation(seqs, next_sequence_length=new, cache=cache, attention_mask=mask,
+                                                    is_first_iteration=step == 0, use_cache=True, labels=IDS)
+        assert "labels" not in inputs and (step == 0 or inputs["input_ids"].shape == (2, 1))
+        out = ours(**inputs)
+        cache, new = out.past_key_values, 1
+        seqs = torch.cat([seqs, out.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    ref = hf.generate(IDS, attention_mask=mask[:, :IDS.shape[1]], max_new_tokens=4, do_sample=False)
+    assert torch.equal(seqs, ref)
+    assert [k.shape for k in cache.key_cache] == [(2, 2, 8, 16)] * 2 and len(cache.value_cache) == 2
+    assert ours.config.get_text_config(decoder=True) is ours.config and not hasattr(ours.config, "text_config")
+    assert "GenerationMixin" in str(LlamaForCausalLM.__bases__) and "GenerationMixin" in str(GPT2LMHeadModel.__bases__)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_attn_implementation_eager_is_honoured(arch, tiny_hf_dir, tiny_pair, gpt2_pair, tmp_path):
+    """attn_implementation="eager" computes attention step by step as transformers' eager does (the
+    logits of the eager forward that returns the weights, and transformers' eager model's logits);
+    "sdpa" is the default; anything else, and continuous batching on an eager model, are refused."""
+    hf, ours = tiny_pair if arch == "llama" else gpt2_pair
+    ours.save_pretrained(tmp_path / "m")
+    cls = type(ours)
+
+    class Sub(cls):  # a user's subclass gets an instance of itself, as in transformers
+        def greet(self):
+            return "hi"
+
+    eager = Sub.from_pretrained(tmp_path / "m", attn_implementation="eager", low_cpu_mem_usage=True)
+    assert isinstance(eager, Sub) and eager.greet() == "hi" and eager.attn_implementation == "eager"
+    assert cls.from_pretrained(tmp_path / "m").attn_implementation == "sdpa"
+    hf_eager = type(hf).from_pretrained(tmp_path / "m", attn_implementation="eager").eval()
+    with torch.no_grad():
+        logits = eager(IDS).logits
+        assert torch.equal(logits, eager(IDS, output_attentions=True).logits)
+        torch.testing.assert_close(logits, hf_eager(IDS).logits, rtol=1e-5, atol=1e-5)
+    assert eager(IDS).attentions is None
+    assert torch.equal(eager.generate(IDS, max_new_tokens=5, do_sample=False), _greedy(hf, 5))
+    with pytest.raises(NotSupportedError, match="attn_implementation"):
+        eager.set_attn_implementation("flash_attention_2")
+    with pytest.raises(ConfigError, match="low_cpu_mem_usage"):
+        cls.from_pretrained(tmp_path / "m", low_cpu_mem_usage=False)
+    if arch == "llama":
+        with pytest.raises(NotSupportedError, match="attn_implementation='eager'"):
+            eager.generate(IDS, max_new_tokens=2, cache_implementation="paged")

@@ -6,6 +6,7 @@ environment variable wins over the cache, and `genkit info` shows the choice and
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,10 +30,16 @@ DENSE_FORCED = {"packed": "packed", "plain": "plain", "mixed": "decode:plain,sma
                 "mixed2": "decode:packed,small:plain,prefill:plain"}
 
 
+def _load(monkeypatch, load: float) -> None:
+    """The machine's 1-minute load average as the probe sees it (os.getloadavg: the busy rule's input)."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+
+
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("GENKIT_HOME", str(tmp_path))
     monkeypatch.delenv(kernel_choice.ENV, raising=False)
+    _load(monkeypatch, 0.0)  # a quiet machine, so the probe runs (tests/test_kernel_choice.py::test_busy... below)
     kernel_choice.CHOSEN.clear()
     return tmp_path
 
@@ -100,10 +107,16 @@ def test_every_block_kernel_path_here_gives_the_same_greedy_tokens(quantized_fil
     block_kernel.set_amx_rows(0)
 
 
-def _runner(calls: list[tuple[str, int]]):
-    def run(path: str, rows: int) -> None:  # "plain" is always the faster path of this workload
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _runner(calls: list[tuple[str, int]], packed: float = 0.004, plain: float = 0.001):
+    def run(path: str, rows: int) -> None:  # by default "plain" is 4x faster than the default "packed"
         calls.append((path, rows))
-        time.sleep(0.004 if path == "packed" else 0.001)
+        _spin(packed if path == "packed" else plain)
 
     return run
 
@@ -173,3 +186,71 @@ def test_genkit_info_prints_the_choice_and_why(capsys, monkeypatch):
     for cls in kernel_choice.CLASSES:
         assert any(f"dense {cls}" in line and "plain" in line and "[sig-f] probe at" in line
                    for line in out.splitlines()), cls
+
+
+def test_the_default_stays_unless_another_path_is_clearly_faster():
+    ms = 1e-3
+    close = {"packed": [10 * ms] * 5, "plain": [9.5 * ms] * 5}  # plain 5 % faster: below the 10 % margin
+    assert kernel_choice.decide(close) == ("packed", "median of 5 rounds: packed 10.00 ms, plain 9.50 ms; "
+                                                     "plain/packed 0.95 (below 0.90 replaces the default)")
+    clear = {"packed": [10 * ms] * 5, "plain": [8.5 * ms] * 5}
+    assert kernel_choice.decide(clear)[0] == "plain"
+    # a load that doubles every round and one round spoiled by a preemption: the median of the per-round
+    # ratios decides (plain is 0.8 of packed in every other round), not the totals ...
+    spoiled = {"packed": [10 * ms, 20 * ms, 40 * ms, 80 * ms, 160 * ms],
+               "plain": [8 * ms, 16 * ms, 320 * ms, 64 * ms, 128 * ms]}
+    assert kernel_choice.decide(spoiled)[0] == "plain"
+    # ... nor one lucky round (the minimum would elect amx)
+    assert kernel_choice.decide({"vnni": [1.0, 1.0, 1.0], "amx": [1.2, 0.5, 1.2]})[0] == "vnni"
+
+
+def test_the_probe_warms_up_then_interleaves_rounds_in_turn_reversed():
+    calls: list[tuple[str, int]] = []
+    kernel_choice.choose("dense", "sig-g", ("packed", "plain"), _runner(calls))
+    order = ["packed", "plain", "packed", "plain", "plain", "packed"]  # warm-up, then each round in turn reversed
+    assert calls[:6] == [(path, 1) for path in order]
+    for cls, rows in kernel_choice.PROBE_ROWS.items():
+        n = sum(1 for path, r in calls if path == "plain" and r == rows)  # a warm-up call, then one per round
+        assert kernel_choice.PROBE_MIN_ROUNDS + 1 <= n <= kernel_choice.PROBE_ROUNDS + 1, cls
+
+
+def test_a_busy_machine_gets_the_default_unprobed_and_uncached(monkeypatch, capsys):
+    _load(monkeypatch, 50.0)
+    calls: list[tuple[str, int]] = []
+    choice = kernel_choice.choose("dense", "sig-h", ("packed", "plain"), _runner(calls))
+    assert calls == [] and choice.paths == dict.fromkeys(kernel_choice.CLASSES, "packed")
+    why = choice.reasons["decode"]
+    assert why.startswith("the default, not probed, not cached: machine busy (1-minute load average 50.0 + ")
+    assert not kernel_choice.cache_path().exists()
+    monkeypatch.setattr(sys, "argv", ["genkit", "info"])
+    assert cli_main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "(no choices cached yet" in out and f"this process: dense decode   packed  [sig-h] {why}" in out
+    assert "machine now: busy (1-minute load average 50.0 + " in out
+    _load(monkeypatch, 0.0)  # quiet again: the next process probes, and caches
+    again = kernel_choice.choose("dense", "sig-h", ("packed", "plain"), _runner(calls))
+    assert calls and again.paths == dict.fromkeys(kernel_choice.CLASSES, "plain")
+    assert len(kernel_choice.cached_entries()) == len(kernel_choice.CLASSES)
+
+
+def _packable_llama():
+    """A 2-layer Llama whose every matrix is big enough to pack (so the dense probe runs on it)."""
+    if not packing_available():
+        pytest.skip("oneDNN cannot pack float32 weights on this CPU/build: no dense probe runs here")
+    return tiny_llama(seed=3, hidden_size=384, intermediate_size=1024, num_attention_heads=6, num_key_value_heads=2)
+
+
+def test_a_probing_first_run_samples_the_same_tokens_as_a_cached_one():
+    """Bug: the probe drew its inputs from the global RNG, so the first (probing) seeded run of a
+    model sampled other tokens than the later runs that read the cache."""
+    runs = []
+    for _ in range(2):
+        model = _packable_llama()
+        torch.manual_seed(11)
+        out = model.generate(torch.tensor([PROMPTS["prefill"][0][:20]]), max_new_tokens=16, do_sample=True,
+                             temperature=3.0, eos_token_id=None, pad_token_id=0)
+        runs.append((out[0, 20:].tolist(), model._prepared[1].choice.reasons))
+    (first, probed), (second, cached) = runs
+    assert all(why.startswith("probe at") for why in probed.values()), probed
+    assert all(why.startswith("cached probe at") for why in cached.values()), cached
+    assert first == second

@@ -87,3 +87,30 @@ def test_output_attentions_on_a_native_model(tiny_model):
         return
     out = genkit.generate(tiny_model, ids, **kw)
     assert len(out.attentions) == 3 and out.attentions[0][0].shape[-1] == 3
+
+
+def test_native_model_takes_inputs_embeds_and_logits_to_keep(tiny_pair):
+    """genkit's native Llama gets `inputs_embeds` and `logits_to_keep` from generate as transformers'
+    Llama of the same weights does: the same tokens (the new ones only from embeddings alone)."""
+    hf, ours = tiny_pair
+    ids = torch.tensor([[1, 17, 42, 7], [1, 99, 3, 64]])
+    embeds = hf.get_input_embeddings()(ids).detach() * 1.5
+    for kw in ({"inputs_embeds": embeds}, {"inputs_embeds": embeds, "input_ids": ids}, {"num_beams": 2, "inputs_embeds": embeds},
+               {"input_ids": ids, "logits_to_keep": 0}, {"input_ids": ids, "logits_to_keep": 3}):
+        out, ref = genkit.generate(ours, **kw, **KW), hf.generate(**kw, **KW)
+        assert torch.equal(out, ref), kw
+    assert genkit.generate(ours, inputs_embeds=embeds, **KW).shape == (2, 6)
+    assert not torch.equal(genkit.generate(ours, inputs_embeds=embeds, **KW),
+                           genkit.generate(ours, input_ids=ids, **KW)[:, 4:])
+
+
+def test_native_model_refuses_other_forward_arguments_by_name(tiny_model):
+    from genkit.errors import NotSupportedError
+
+    ids = torch.tensor([[1, 5, 9]])
+    with pytest.raises(NotSupportedError, match=r"\['labels'\] are forwarded to transformers models only.*"
+                                                r"inputs_embeds, logits_to_keep"):
+        genkit.generate(tiny_model, ids, labels=ids, **KW)
+    for bad in (-1, 1.5, True, "all"):
+        with pytest.raises(ConfigError, match="`logits_to_keep` must be an int >= 0"):
+            genkit.generate(tiny_model, ids, logits_to_keep=bad, **KW)

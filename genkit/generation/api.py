@@ -176,8 +176,9 @@ def _run_strategy(decode: Callable[..., Any], model: Any, prepared: Prepared, ex
 
 def _finish_output(result: Any, config: GenerationConfig, seq2seq: Seq2SeqInputs | None = None) -> Any:
     """Sequences as a normal tensor (editable outside inference mode), the caller's own cache type
-    back, the encoder-decoder output classes for an encoder-decoder model, and the bare tensor
-    unless ``return_dict_in_generate``."""
+    back, the encoder-decoder output classes for an encoder-decoder model, transformers' output
+    classes when transformers is loaded (``as_transformers_output``), and the bare tensor unless
+    ``return_dict_in_generate``."""
     if not hasattr(result, "sequences"):
         return result
     result.sequences = result.sequences.clone()
@@ -194,7 +195,9 @@ def _finish_output(result: Any, config: GenerationConfig, seq2seq: Seq2SeqInputs
 
         expand = max(int(config.num_beams), int(config.num_return_sequences))
         result = as_encoder_decoder_output(result, seq2seq.state.hidden_states, seq2seq.state.attentions, expand)
-    return result
+    from ..strategy.outputs import as_transformers_output
+
+    return as_transformers_output(result)
 
 
 def _with_assistant(config: ResolvedConfig, assistant_model: Any) -> ResolvedConfig:

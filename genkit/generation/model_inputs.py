@@ -10,7 +10,11 @@ runs a :class:`ForwardingView` of the model, which adds them to the model's call
   only, as in transformers);
 * ``token_type_ids`` follow the tokens: each new token takes the type of its row's last prompt token;
 * the multimodal inputs transformers drops after the prefill (``pixel_values``, ``image_sizes``...)
-  go to the prompt's forward only; any other goes to every forward.
+  go to the prompt's forward only; any other goes to every forward;
+* ``logits_to_keep``: each forward computes the logits of at least that many last positions (0:
+  all), as the caller asked; the strategy reads the positions it needs from them.
+
+genkit's native models take ``inputs_embeds`` and ``logits_to_keep`` this way (:data:`NATIVE_INPUTS`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ PREFILL_ONLY = frozenset({
 })
 _LOOP = {"attention_mask", "position_ids", "past_key_values", "use_cache", "tokenizer", "assistant_tokenizer",
          "input_ids"}
+# the inputs a native model's forward takes from generate (its other forward arguments are the loop's,
+# or change what the forward returns: `labels`, `return_dict`, `num_layers`)
+NATIVE_INPUTS = frozenset({"inputs_embeds", "logits_to_keep"})
 
 
 @dataclass
@@ -46,8 +53,15 @@ class ModelInputs:
     token_type_ids: torch.Tensor | None = None
     inputs_embeds: torch.Tensor | None = None
     placeholder: bool = False
+    #: the caller's ``logits_to_keep`` (None: the strategy's own)
+    logits_to_keep: int | None = None
 
     def __bool__(self) -> bool:
+        return self.per_position or self.logits_to_keep is not None
+
+    @property
+    def per_position(self) -> bool:
+        """Whether there are inputs that follow the tokens (anything but ``logits_to_keep``)."""
         return bool(self.prefill or self.every) or self.token_type_ids is not None or self.inputs_embeds is not None
 
     def repeat_interleave(self, n: int) -> None:
@@ -83,21 +97,32 @@ def take_model_inputs(model: Any, kwargs: dict[str, Any]) -> ModelInputs:
             continue
         if key == "inputs_embeds":
             taken.inputs_embeds = value
+        elif key == "logits_to_keep":
+            taken.logits_to_keep = _checked_logits_to_keep(value)
         elif key == "token_type_ids":
             taken.token_type_ids = value
         elif key in PREFILL_ONLY:
             taken.prefill[key] = value
         else:
             taken.every[key] = value
-    if taken and not getattr(model, "_genkit_protocol", False):
-        raise NotSupportedError(f"model inputs {sorted(_given(taken))} are forwarded to transformers models only; "
-                                f"{type(model).__name__}'s forward is genkit's own")
+    refused = [] if getattr(model, "_genkit_protocol", False) else sorted(set(_given(taken)) - NATIVE_INPUTS)
+    if refused:
+        raise NotSupportedError(f"model inputs {refused} are forwarded to transformers models only; "
+                                f"{type(model).__name__}'s forward is genkit's own (it takes "
+                                f"{', '.join(sorted(NATIVE_INPUTS))} from generate)")
     return taken
+
+
+def _checked_logits_to_keep(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"`logits_to_keep` must be an int >= 0 (0 keeps every position's logits); got {value!r}")
+    return value
 
 
 def _given(taken: ModelInputs) -> list[str]:
     names = [*taken.prefill, *taken.every]
     names += ["token_type_ids"] if taken.token_type_ids is not None else []
+    names += ["logits_to_keep"] if taken.logits_to_keep is not None else []
     return names + (["inputs_embeds"] if taken.inputs_embeds is not None else [])
 
 
@@ -127,7 +152,7 @@ class ForwardingView:
         cached = past_key_values.get_seq_length() if (past_key_values is not None and use_cache) else 0
         held = cached - self.offset if cached else 0
         new = int(input_ids.shape[1])
-        if not use_cache and self.inputs:
+        if not use_cache and self.inputs.per_position:
             raise NotSupportedError("model inputs (`inputs_embeds`, `token_type_ids`, `pixel_values`...) need "
                                     "use_cache=True: each forward after the prompt's runs the new tokens only")
         extra = dict(self.inputs.every)
@@ -142,6 +167,9 @@ class ForwardingView:
             extra["token_type_ids"] = self._types(types, held, new, int(rows))
         if position_ids is None and self.offset:  # the tokens' own positions, not the cache's
             position_ids = torch.arange(held, held + new, device=self.model.device)[None, :]
+        caller_keep = self.inputs.logits_to_keep
+        if caller_keep is not None:
+            kwargs["logits_to_keep"] = _widest(kwargs.get("logits_to_keep", caller_keep), caller_keep)
         out = self.model(input_ids, past_key_values=past_key_values, use_cache=use_cache,
                          position_ids=position_ids, **kwargs, **extra)
         if held == 0 and use_cache and out.past_key_values is not None:
@@ -160,3 +188,11 @@ class ForwardingView:
         if name == "model":
             raise AttributeError(name)
         return getattr(self.model, name)
+
+
+def _widest(strategy: Any, caller: int) -> Any:
+    """The ``logits_to_keep`` a forward runs with: the strategy's, widened to the caller's (0 keeps
+    every position). A tensor from the strategy (positions it picks, or none) is kept as it is."""
+    if isinstance(strategy, torch.Tensor):
+        return strategy
+    return 0 if caller == 0 or strategy == 0 else max(int(strategy), caller)

@@ -15,6 +15,10 @@ from .hf_api import PreTrainedAPI
 from .mixin import GenerationMixin
 from .outputs import CausalLMOutput
 
+# sub-configs of transformers' composite configs: code written for transformers tells a composite
+# config by `hasattr(config, "text_config")`, so absent ones are no attribute (not None)
+_SUB_CONFIGS = frozenset({"text_config", "vision_config", "audio_config"})
+
 
 class ModelConfig:
     """A model's ``config.json`` as attributes (the fields transformers' configs use)."""
@@ -23,9 +27,15 @@ class ModelConfig:
         self.__dict__.update(kwargs)
 
     def __getattr__(self, key: str) -> Any:
-        if key.startswith("__"):
+        if key.startswith("__") or key in _SUB_CONFIGS:
             raise AttributeError(key)
         return None  # absent fields read as None, like optional fields of transformers' configs
+
+    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> ModelConfig:
+        """The config of the text model (transformers' ``PretrainedConfig.get_text_config``): its
+        ``text_config`` when it has one, else this config."""
+        sub = self.__dict__.get("text_config")
+        return ModelConfig(**sub) if isinstance(sub, dict) else self
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.__dict__.get(key, default)
@@ -188,7 +198,7 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
             position_ids = positions_from_mask(attention_mask, inputs_embeds.shape[1])
         hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
         extra: dict[str, Any] = {} if depth is None else {"num_layers": depth}
-        if output_attentions:
+        if output_attentions or self.attn_implementation == "eager":  # eager: the layers compute the weights
             extra["attentions"] = []
         x = self.decoder(inputs_embeds, attention_mask, position_ids, cache, past_len, hidden, **extra)
         if hidden is not None:

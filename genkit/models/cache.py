@@ -91,6 +91,17 @@ class KVCache:
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.layer(i)
 
+    @property
+    def key_cache(self) -> list[torch.Tensor]:
+        """Each filled layer's keys ``(batch, kv_heads, length, head_dim)`` (transformers 4's
+        ``Cache.key_cache``, for code written against it)."""
+        return [self.layer(i)[0] for i in range(self.num_layers) if self.keys[i] is not None]
+
+    @property
+    def value_cache(self) -> list[torch.Tensor]:
+        """Each filled layer's values (transformers 4's ``Cache.value_cache``)."""
+        return [self.layer(i)[1] for i in range(self.num_layers) if self.values[i] is not None]
+
     # -- editing ----------------------------------------------------------------------------
     def crop(self, max_length: int) -> None:
         """Keep the first ``max_length`` positions (negative: drop that many from the end)."""

@@ -15,6 +15,7 @@ from ..errors import UnsupportedModelError
 from .base import GenkitModel, ModelConfig, eager_attention
 from .cache import KVCache
 from .llama import build_attention_mask
+from .mixin import GenerationMixin
 
 _ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -116,7 +117,7 @@ class GPT2Inner(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=float(config.get("layer_norm_epsilon", 1e-5)))
 
 
-class GPT2LMHeadModel(GenkitModel):
+class GPT2LMHeadModel(GenkitModel, GenerationMixin):
     """GPT-2 with transformers' calling convention (``num_hidden_layers`` = ``n_layer``)."""
 
     supports_partial_depth = True

@@ -22,6 +22,8 @@ from ..errors import ConfigError, NotSupportedError
 
 logger = logging.getLogger("genkit.models")
 
+#: the attention implementations native models run (transformers' names)
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 class PreTrainedAPI:
@@ -44,6 +46,21 @@ class PreTrainedAPI:
     #: the cache grows in Python and the inference path edits weights in place: no full-graph compile
     _can_compile_fullgraph = False
     supports_gradient_checkpointing = False
+    #: how attention is computed: "sdpa" (torch's scaled_dot_product_attention, the inference path) or
+    #: "eager" (step by step, as transformers' eager implementation: the module path, slower; for
+    #: comparisons); set with :meth:`set_attn_implementation` or ``attn_implementation=`` when loading
+    attn_implementation = "sdpa"
+
+    def set_attn_implementation(self, attn_implementation: str) -> None:
+        """Compute attention with ``"sdpa"`` or ``"eager"`` (transformers' method of that name)."""
+        if attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise NotSupportedError(f"`attn_implementation`={attn_implementation!r} is not supported; accepted: "
+                                    f"{', '.join(repr(a) for a in ATTN_IMPLEMENTATIONS)}")
+        decoder = getattr(self, "decoder", None)
+        if attn_implementation == "eager" and "attentions" not in inspect.signature(decoder).parameters:
+            raise NotSupportedError(f"`attn_implementation`='eager' is not supported by {type(self).__name__}: its "
+                                    "layers compute attention one way only")
+        self.attn_implementation = attn_implementation
 
     @classmethod
     def can_generate(cls) -> bool:
@@ -69,13 +86,12 @@ class PreTrainedAPI:
 
         dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
         attn = kwargs.pop("attn_implementation", None)
-        if attn not in (None, "sdpa", "eager"):
-            raise NotSupportedError(f"`attn_implementation`={attn!r} is not supported; accepted: 'sdpa', 'eager' "
-                                    "(native models run SDPA, and eager attention for output_attentions=True)")
         if kwargs:
             raise ConfigError(f"_from_config: unknown argument(s) {sorted(kwargs)}; accepted: dtype, torch_dtype, "
                               "attn_implementation ('sdpa' or 'eager')")
         model = cls(model_config_of(config))  # type: ignore[call-arg]
+        if attn is not None:
+            model.set_attn_implementation(attn)
         if dtype is not None:
             model = model.to(parse_dtype(dtype, ModelConfig()))
         return model
@@ -83,9 +99,16 @@ class PreTrainedAPI:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike[str], **kwargs: Any) -> Any:
         """:func:`genkit.load_model` (a folder, a Hub id, a ``.gguf``), checked to give this class;
-        ``torch_dtype=`` is read as ``dtype=``. The other arguments are ``load_model``'s."""
+        ``torch_dtype=`` is read as ``dtype=``; ``attn_implementation`` (``"sdpa"`` or ``"eager"``,
+        :meth:`set_attn_implementation`); ``low_cpu_mem_usage`` True only (genkit loads tensor by
+        tensor). The other arguments are ``load_model``'s. On a subclass of a native class (one that
+        adds methods), the loaded model is an instance of that subclass, as in transformers."""
         from .loading import load_model
 
+        attn = kwargs.pop("attn_implementation", None)
+        if kwargs.pop("low_cpu_mem_usage", True) is not True:
+            raise ConfigError("`low_cpu_mem_usage`=False is not supported; accepted: True (genkit always loads the "
+                              "weights tensor by tensor)")
         accepted = set(inspect.signature(load_model).parameters) - {"ref"}
         if "torch_dtype" in kwargs and "torch_dtype" not in accepted:
             if kwargs.get("dtype") is not None:
@@ -95,9 +118,13 @@ class PreTrainedAPI:
         if unknown:
             raise ConfigError(f"from_pretrained: unknown argument(s) {unknown}; accepted: {', '.join(sorted(accepted))}")
         model = load_model(pretrained_model_name_or_path, **kwargs)
+        if not isinstance(model, cls) and issubclass(cls, type(model)):
+            model.__class__ = cls  # a subclass that adds methods (its __init__ is the loaded class's)
         if not isinstance(model, cls):
             raise ConfigError(f"{os.fspath(pretrained_model_name_or_path)!r} holds a {type(model).__name__}, not a "
                               f"{cls.__name__}; use genkit.load_model to load any architecture")
+        if attn is not None:
+            model.set_attn_implementation(attn)
         return model
 
     def save_pretrained(self, save_directory: str | os.PathLike[str], *, safe_serialization: bool = True,

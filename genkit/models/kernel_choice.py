@@ -13,16 +13,40 @@ choice only for a bfloat16 model).
 
 Products fall into three shape classes by their number of rows (tokens times sequences):
 ``"decode"`` (1 row), ``"small"`` (2-16: beams, small batches, continuous-batching decode steps)
-and ``"prefill"`` (more). For each class a short timed probe on the model's own weights picks the
-fastest path at first use (a fraction of a second), and the result is cached in
-``$GENKIT_HOME/kernels/choice-<key>.json``, one file per CPU model and flags, torch version and
-genkit version, written atomically with its sha256 recorded beside it and checked before it is
-read (:func:`genkit.models.kernel_cache.store` / :func:`~genkit.models.kernel_cache.read_checked`:
+and ``"prefill"`` (more). For each class a short timed probe on the model's own weights decides at
+first use (one to two seconds on a 135M model, once per machine), by this rule:
+
+- **the default stays unless beaten clearly**: each family has a default, the path genkit ran
+  before the choice existed (dense: ``"packed"``; blocks: the vector path) and the first of the
+  paths offered to :func:`choose`. The probe runs interleaved rounds (up to PROBE_ROUNDS, at
+  least PROBE_MIN_ROUNDS, about PROBE_BUDGET_S seconds per class; the order alternates each
+  round) after one warm-up call per path (oneDNN creates its primitive for each new shape on the
+  first call), and another path replaces the default only when the median over rounds of its
+  time divided by the default's time in the same round is below ``1 - MARGIN`` (at least 10 %
+  faster; :func:`decide`). Paired, per-round ratios cancel a load that changes between rounds;
+  the median ignores the rounds a preemption spoiled. The unit of work is the caller's runner:
+  for dense models a whole step's products as the route runs them (every layer and the LM head)
+  for decode and small, two layers for prefill (:func:`genkit.models.llama_infer._dense_probe`);
+- **never measured on a busy machine**: when the 1-minute load average plus this process's
+  threads is above the CPUs available (:func:`genkit.threads.busy`), no probe runs: the class
+  gets the default for this process only, nothing is cached, and the next process probes again
+  (the reason says ``not cached: machine busy``). Timings taken under load are wrong by up to
+  10x (a saturated 2-core machine once measured packed 250 ms vs plain 22 ms for a unit that
+  runs faster packed when the machine is quiet);
+- **no draws from the global RNG**: the probe's inputs come from a private ``torch.Generator``, so a probe
+  in the middle of a seeded run leaves the sampling stream as it was (a first, probing run gives
+  the same tokens as a later, cached one).
+
+A quiet probe's result is cached in ``$GENKIT_HOME/kernels/choice-<key>.json``, one file per CPU
+model and flags, torch version, genkit version and probe rule (PROBE_VERSION: choices made by an
+older rule are not read), written atomically with its sha256 recorded beside it and checked before
+it is read (:func:`genkit.models.kernel_cache.store` / :func:`~genkit.models.kernel_cache.read_checked`:
 a tampered file is refused with a warning and the probe runs again).
 
 ``GENKIT_KERNEL`` overrides the choice: a comma-separated list of ``PATH`` (every class) or
 ``CLASS:PATH`` items, e.g. ``GENKIT_KERNEL=plain`` or ``GENKIT_KERNEL=decode:plain,prefill:packed``;
-a path this CPU does not have is an error. ``genkit info`` prints what was chosen and why.
+a path this CPU does not have is an error. ``genkit info`` prints what was chosen and why (the
+cached choices and this process's, with the probe's timings or ``not cached: machine busy``).
 """
 
 from __future__ import annotations
@@ -32,6 +56,7 @@ import json
 import logging
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +74,12 @@ PROBE_ROWS = {"decode": 1, "small": 4, "prefill": 64}
 SMALL_MAX_ROWS = 16
 PROBE_MIN_ROWS = {"decode": 1, "small": 2, "prefill": SMALL_MAX_ROWS + 1}  # the fewest rows of each class
 FAMILIES = {"dense": ("packed", "plain"), "blocks": ("amx", "vnni", "avx2")}
-PROBE_ROUNDS = 3
+PROBE_ROUNDS = 9  # interleaved rounds per class at most ...
+PROBE_MIN_ROUNDS = 3  # ... and at least, however long they take
+PROBE_BUDGET_S = 1.0  # per class: no round starts after this many seconds once PROBE_MIN_ROUNDS are done
+MARGIN = 0.10  # another path replaces the default only when at least this much faster (median paired ratio)
+PROBE_VERSION = 2  # part of the cache key: choices probed by an older rule (version 1: best of 3, no margin,
+# taken under any load) are never read
 
 Runner = Callable[[str, int], None]
 """``run(path, rows)``: one timed unit of work on ``path`` with ``rows`` rows."""
@@ -118,7 +148,8 @@ def cache_path() -> Path:
     from .. import __version__
     from .demo import genkit_home
 
-    key = hashlib.sha256(f"{_cpu_model()}\0{torch.__version__}\0{__version__}".encode()).hexdigest()[:16]
+    text = f"{_cpu_model()}\0{torch.__version__}\0{__version__}\0probe-v{PROBE_VERSION}"
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
     return Path(genkit_home()) / "kernels" / f"choice-{key}.json"
 
 
@@ -148,25 +179,43 @@ def _store(new: dict[str, dict[str, str]]) -> None:
 
 
 def _probe(paths: tuple[str, ...], run: Runner, rows: int) -> tuple[str, str]:
-    """The fastest of ``paths`` for ``rows`` rows (best of PROBE_ROUNDS, interleaved), and the timings."""
-    best = {p: float("inf") for p in paths}
-    for p in paths:  # warm-up: first calls allocate and fault pages in
+    """The path for ``rows`` rows among ``paths`` (``paths[0]``: the default), by the module
+    docstring's rule, and the timings that decided it."""
+    for p in paths:  # warm-up: first calls create oneDNN primitives, allocate and fault pages in
         run(p, rows)
-    for _ in range(PROBE_ROUNDS):
-        for p in paths:
+    times: dict[str, list[float]] = {p: [] for p in paths}
+    start = time.perf_counter()
+    for r in range(PROBE_ROUNDS):
+        for p in paths if r % 2 == 0 else paths[::-1]:
             t = time.perf_counter()
             run(p, rows)
-            best[p] = min(best[p], time.perf_counter() - t)
-    winner = min(paths, key=lambda p: best[p])
-    timings = ", ".join(f"{p} {best[p] * 1e3:.2f} ms" for p in paths)
-    return winner, f"probe at {rows} rows: {timings}"
+            times[p].append(time.perf_counter() - t)
+        if r + 1 >= PROBE_MIN_ROUNDS and time.perf_counter() - start > PROBE_BUDGET_S:
+            break
+    winner, why = decide(times)
+    return winner, f"probe at {rows} rows, {why}"
+
+
+def decide(times: dict[str, list[float]]) -> tuple[str, str]:
+    """The path that ``times`` (seconds per round, each path's round ``i`` taken next to the
+    others'; the first key is the default) elect by the module docstring's rule, and why."""
+    default, *others = times
+    ratio = {p: statistics.median(t / d for t, d in zip(times[p], times[default])) for p in others}
+    best = min(ratio, key=lambda p: ratio[p])
+    winner = best if ratio[best] < 1 - MARGIN else default
+    timings = ", ".join(f"{p} {statistics.median(times[p]) * 1e3:.2f} ms" for p in times)
+    return winner, (f"median of {len(times[default])} rounds: {timings}; {best}/{default} {ratio[best]:.2f} "
+                    f"(below {1 - MARGIN:.2f} replaces the default)")
 
 
 def choose(family: str, signature: str, available: tuple[str, ...], run: Runner) -> Choice:
     """The path per shape class for ``family`` (``"dense"`` or ``"blocks"``) among ``available`` on
-    this CPU, for weights described by ``signature``: ``GENKIT_KERNEL`` first, then the cache, then
-    a probe (stored in the cache)."""
+    this CPU (``available[0]``: the family's default), for weights described by ``signature``:
+    ``GENKIT_KERNEL`` first, then the cache, then a probe (cached), or the default for this process
+    when the machine is busy (not cached)."""
     import torch
+
+    from ..threads import busy
 
     override = {c: p for c, p in parse_override().items() if p in FAMILIES[family]}
     for cls, path in override.items():
@@ -175,15 +224,20 @@ def choose(family: str, signature: str, available: tuple[str, ...], run: Runner)
                               f"here: {', '.join(available)}")
     choice = Choice(family, signature)
     entries = cached_entries() if len(available) > 1 else {}
+    threads = torch.get_num_threads()
     fresh: dict[str, dict[str, str]] = {}
+    why_busy: str | None = None
     for cls in CLASSES:
-        key = f"{family}|{signature}|threads={torch.get_num_threads()}|{cls}"
+        key = f"{family}|{signature}|threads={threads}|{cls}"
         if cls in override:
             choice.paths[cls], choice.reasons[cls] = override[cls], f"{ENV}={os.environ.get(ENV, '')}"
         elif len(available) == 1:
             choice.paths[cls], choice.reasons[cls] = available[0], "the only path here"
         elif entries.get(key, {}).get("path") in available:
             choice.paths[cls], choice.reasons[cls] = entries[key]["path"], "cached " + entries[key].get("reason", "")
+        elif why_busy or (why_busy := busy(threads)):
+            choice.paths[cls] = available[0]
+            choice.reasons[cls] = f"the default, not probed, not cached: machine busy ({why_busy}); probed next time"
         else:
             path, why = _probe(available, run, PROBE_ROWS[cls])
             choice.paths[cls], choice.reasons[cls] = path, why
@@ -198,8 +252,16 @@ def choose(family: str, signature: str, available: tuple[str, ...], run: Runner)
 
 def describe() -> list[str]:
     """Lines for ``genkit info``: the override, the cache file and every choice it holds."""
+    import torch
+
+    from ..threads import busy
+
     path = cache_path()
-    lines = [f"{ENV}={os.environ.get(ENV, '') or '(not set: probe, then cache)'}", f"choice cache: {path}"]
+    why_busy = busy(torch.get_num_threads())
+    lines = [f"{ENV}={os.environ.get(ENV, '') or '(not set: probe on a quiet machine, then cache)'}",
+             "machine now: " + (f"busy ({why_busy}): a first run keeps the defaults and caches nothing" if why_busy
+                                else "quiet: a first run probes and caches its choice"),
+             f"choice cache: {path}"]
     entries = cached_entries()
     if not entries:
         lines.append("  (no choices cached yet: they are made when a model first runs)")

@@ -19,6 +19,7 @@ from ..errors import ConfigError, NotSupportedError, UnsupportedModelError
 from .base import GenkitModel, ModelConfig, eager_attention
 from .cache import KVCache
 from .llama_infer import PreparedModel, has_hooks, linear, prepare_layers, rms_norm, run_layers, weights_key
+from .mixin import GenerationMixin
 from .paged import PagedKVStore, StepBatch, paged_forward
 
 
@@ -212,8 +213,9 @@ def _module_path() -> bool:
     return torch.is_grad_enabled() or torch.compiler.is_compiling()
 
 
-class LlamaForCausalLM(GenkitModel):
-    """A Llama-family causal LM with transformers' calling convention."""
+class LlamaForCausalLM(GenkitModel, GenerationMixin):
+    """A Llama-family causal LM with transformers' calling convention (``GenerationMixin`` among its
+    direct bases, as transformers requires of its generative classes)."""
 
     #: oneDNN-packed copies of the linear weights for the inference path (see docs/models.md):
     #: None packs float32 and bfloat16 CPU models whose matrices are big enough to gain and whose copies stay
@@ -303,6 +305,9 @@ class LlamaForCausalLM(GenkitModel):
         """Why this model cannot run the paged forward now (None: it can)."""
         if any(w is not None for w in self.windows):
             return "continuous batching does not support sliding-window attention yet"
+        if self.attn_implementation != "sdpa":
+            return (f"continuous batching runs SDPA attention; this model is set to attn_implementation="
+                    f"{self.attn_implementation!r} (model.set_attn_implementation('sdpa'))")
         if self._inference_weights(None, 0) is None:
             return ("continuous batching needs the model's inference path (no forward hooks, no replaced "
                     "submodules)")

@@ -37,8 +37,6 @@ logger = logging.getLogger("genkit.models")
 PACK_MIN_ELEMENTS = 1 << 17
 # automatic packing keeps a second copy of the packed weights: only for models up to this size
 PACK_MAX_BYTES = 2 << 30
-# the kernel choice's probe streams at least this many bytes of weights per decode-sized unit
-PROBE_STREAM_BYTES = 96 << 20
 
 
 class PreparedLayer(NamedTuple):
@@ -250,7 +248,7 @@ def _dense_routes(plain: list[PreparedLayer], lm_head: nn.Linear, matrices: list
     if setting is True:
         return {cls: (packed, head) for cls in CLASSES}, None
     choice = kernel_choice.choose("dense", kernel_choice.dense_signature(matrices), ("packed", "plain"),
-                                  _dense_probe(plain, packed))
+                                  _dense_probe(plain, packed, lm_head, head))
     routes = {cls: (packed, head) if choice.paths[cls] == "packed" else (plain, None) for cls in CLASSES}
     return routes, choice
 
@@ -259,27 +257,46 @@ def _no_probe(path: str, rows: int) -> None:
     """The runner of a choice with one path: never called."""
 
 
-def _dense_probe(plain: list[PreparedLayer], packed: list[PreparedLayer]) -> Any:
-    """The probe's unit of work: the four products of as many layers as hold PROBE_STREAM_BYTES (more
-    than a CPU's last-level cache, so the weights stream from memory as in a real decode step) over
-    ``rows`` rows; two layers for prefill-sized products, which are bound by arithmetic."""
-    inputs: dict[tuple[int, int], torch.Tensor] = {}
-    per_layer = sum(w.numel() * w.element_size() for w in (plain[0].wqkv, plain[0].wo, plain[0].wgu, plain[0].wd))
-    stream = min(len(plain), max(2, -(-PROBE_STREAM_BYTES // per_layer)))  # enough layers to stream from memory
+def _dense_probe(plain: list[PreparedLayer], packed: list[PreparedLayer], lm_head: nn.Linear,
+                 head: torch.Tensor | None) -> Any:
+    """The probe's unit of work over ``rows`` rows on each path: for decode- and small-sized products,
+    the matrix products of a whole step as its route runs them (every layer's four, then the LM
+    head: packed, or the module's plain weight), so the weights stream from memory in the step's own
+    proportions (the head alone is a fifth of SmolLM2's bytes); two layers for prefill-sized
+    products, which are bound by arithmetic."""
+    inputs = _ProbeInputs()
 
     def run(path: str, rows: int) -> None:
         layers = packed if path == "packed" else plain
-        n = 2 if rows > SMALL_MAX_ROWS else stream
+        n = 2 if rows > SMALL_MAX_ROWS else len(plain)
         with torch.inference_mode():
             for ref, p in zip(plain[:n], layers[:n]):
                 for w, k in ((p.wqkv, ref.wqkv.shape[1]), (p.wo, ref.wo.shape[1]), (p.wgu, ref.wgu.shape[1]),
                              (p.wd, ref.wd.shape[1])):
-                    x = inputs.get((rows, k))
-                    if x is None:
-                        x = inputs[(rows, k)] = torch.randn(rows, k, dtype=ref.norm1.dtype)
-                    linear(x, w, None, p.packed)
+                    linear(inputs(rows, k, ref.norm1.dtype), w, None, p.packed)
+            if rows <= SMALL_MAX_ROWS:
+                x = inputs(rows, lm_head.in_features, lm_head.weight.dtype)
+                if path == "packed" and head is not None:
+                    linear(x, head, None, True)
+                else:
+                    lm_head(x)
 
     return run
+
+
+class _ProbeInputs:
+    """The probes' activations, one per ``(rows, width)``, drawn from a private generator: a probe at
+    a model's first generation must leave the global RNG (a seeded run's sampling) as it was."""
+
+    def __init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(0)
+        self.made: dict[tuple[int, int], torch.Tensor] = {}
+
+    def __call__(self, rows: int, width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        x = self.made.get((rows, width))
+        if x is None:
+            x = self.made[(rows, width)] = torch.randn(rows, width, generator=self.generator).to(dtype)
+        return x
 
 
 def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None]) -> PreparedModel | None:
@@ -318,17 +335,14 @@ def _blocks_choice(prepared: list[PreparedLayer]) -> Any:
     if prepared[0].wgu.kernel != "blocks" or not block_kernel.simd():
         return None
     simd = "vnni" if block_kernel.simd() == "avx512-vnni" else "avx2"
-    available = ("amx", simd) if block_kernel.amx_available() else (simd,)
-    inputs: dict[tuple[int, int], torch.Tensor] = {}
+    available = (simd, "amx") if block_kernel.amx_available() else (simd,)  # the default first: the vector path
+    inputs = _ProbeInputs()
 
     def run(path: str, rows: int) -> None:
         block_kernel.set_amx_rows(1 if path == "amx" else 0)
         for p in prepared[:4]:
             for w in (p.wqkv, p.wo, p.wgu, p.wd):
-                x = inputs.get((rows, w.in_features))
-                if x is None:
-                    x = inputs[(rows, w.in_features)] = torch.randn(rows, w.in_features)
-                w.forward(x)
+                w.forward(inputs(rows, w.in_features))
 
     signature = f"{prepared[0].wgu.bits}bit;{prepared[0].wgu.out_features}x{prepared[0].wgu.in_features}"
     choice = kernel_choice.choose("blocks", signature, available, run)

@@ -1,9 +1,18 @@
-"""What ``generate(..., return_dict_in_generate=True)`` returns, and transition scores."""
+"""What ``generate(..., return_dict_in_generate=True)`` returns, and transition scores.
+
+When transformers is loaded, ``generate`` returns these outputs as transformers' classes of the
+same names (:func:`as_transformers_output`): an instance of transformers'
+``GenerateDecoderOnlyOutput`` (a ``ModelOutput``) that is also an instance of genkit's, with
+genkit's extra fields (``finish_reasons``, ``cross_attentions``) kept.
+"""
 
 from __future__ import annotations
 
+import functools
+import sys
+from abc import ABCMeta
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
 import torch
@@ -11,8 +20,9 @@ import torch
 from ..errors import ConfigError
 
 
-class _Output:
-    """Attribute access plus transformers-style ``out["sequences"]`` and iteration over set fields."""
+class _Output(metaclass=ABCMeta):
+    """Attribute access plus transformers-style ``out["sequences"]`` and iteration over set fields.
+    (An ABC only so that :func:`as_transformers_output`'s classes register as its subclasses.)"""
 
     def __getitem__(self, key: str | int) -> Any:
         if isinstance(key, int):
@@ -115,6 +125,49 @@ def as_encoder_decoder_output(result: Any, encoder_hidden_states: tuple[torch.Te
         values.pop("finish_reasons", None)
     return target(**values, decoder_attentions=result.attentions, decoder_hidden_states=result.hidden_states,
                   encoder_attentions=rows(encoder_attentions), encoder_hidden_states=rows(encoder_hidden_states))
+
+
+_OUTPUT_CLASSES = (GenerateDecoderOnlyOutput, GenerateBeamDecoderOnlyOutput, GenerateEncoderDecoderOutput,
+                   GenerateBeamEncoderDecoderOutput)
+
+
+def as_transformers_output(result: Any) -> Any:
+    """``result`` (one of this module's output classes) as transformers' class of the same name,
+    when transformers is loaded: a subclass of transformers' class with genkit's extra fields,
+    registered as a subclass of genkit's, so ``isinstance`` holds for both. The cache is
+    transformers' ``cache`` field (``past_key_values`` before transformers 5.24; both names read
+    it). Without transformers loaded, or for another object, ``result`` itself."""
+    if "transformers" not in sys.modules or type(result) not in _OUTPUT_CLASSES:
+        return result
+    twin, cache_field = _transformers_twins()[type(result)]
+    values = {f.name: getattr(result, f.name) for f in fields(result)}
+    values[cache_field] = values.pop("past_key_values")
+    return twin(**values)
+
+
+def _cache_of(self: Any) -> Any:
+    return getattr(self, "cache", None)
+
+
+@functools.cache
+def _transformers_twins() -> dict[type, tuple[type, str]]:
+    """genkit's output class -> (its transformers twin, the twin's cache field), made on first use."""
+    from transformers.generation import utils as hf_generation
+
+    twins: dict[type, tuple[type, str]] = {}
+    for ours in _OUTPUT_CLASSES:
+        theirs = getattr(hf_generation, ours.__name__)
+        cache_field = "cache" if "cache" in theirs.__dataclass_fields__ else "past_key_values"
+        extra = [(f.name, f.type, field(default=None)) for f in fields(ours)
+                 if f.name not in theirs.__dataclass_fields__ and f.name != "past_key_values"]
+        namespace: dict[str, Any] = {"__module__": __name__, "__doc__": f"transformers' ``{ours.__name__}`` with "
+                                     f"genkit's extra fields ({', '.join(n for n, _, _ in extra) or 'none'})."}
+        if cache_field == "cache":  # read the cache under its old name without transformers' deprecation warning
+            namespace["past_key_values"] = property(_cache_of)
+        twin = make_dataclass(ours.__name__, extra, bases=(theirs,), namespace=namespace)
+        ours.register(twin)
+        twins[ours] = (twin, cache_field)
+    return twins
 
 
 def compute_transition_scores(

@@ -42,8 +42,9 @@ class StepOutputs:
         if self.want_attentions:
             if attentions is None:
                 raise NotSupportedError("`output_attentions=True` is not supported by this strategy (it does not "
-                                        "record the model's attentions); greedy search, sampling and the beam "
-                                        "searches do")
+                                        "record the model's attentions); greedy search, sampling, the beam "
+                                        "searches, contrastive search, assisted decoding (prompt lookup too) "
+                                        "and DoLa do")
             self.attentions.append(attentions[0])
             self.cross_attentions.append(attentions[1])
 
