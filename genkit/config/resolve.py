@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
+from .checks import negative_pad_issue
 from .fields import METADATA, field_table, none_means_off
 from .generation_config import GenerationConfig, ResolvedConfig, valid_fields
 from .warn import warn_once
@@ -76,15 +77,15 @@ def _negative_ids(config: ResolvedConfig) -> dict[str, Any]:
     """Warn about a negative ``eos_token_id`` / ``pad_token_id`` (transformers' "matches no token"
     sentinel, which transformers accepts with a warning too); the change that makes a negative pad
     id unset."""
-    eos, pad = config.eos_token_id, config.pad_token_id
+    eos = config.eos_token_id
     if any(i < 0 for i in _ids(eos)):
         warn_once(f"`eos_token_id` should consist of token ids >= 0, but is {eos!r}: a negative id matches no "
                   "token, so it never ends a row (with no other EOS id, generation will not stop until the "
                   "maximum length is reached).")
-    if pad is None or pad >= 0:
+    pad_issue = negative_pad_issue(config.pad_token_id)
+    if pad_issue is None:
         return {}
-    warn_once(f"`pad_token_id` should be a token id >= 0, but is {pad!r}: a negative id is no token, so genkit "
-              "treats it as unset (rows that finish early are padded with the first EOS id, else 0).")
+    warn_once(pad_issue)
     return {"pad_token_id": None}
 
 
