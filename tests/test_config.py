@@ -170,6 +170,14 @@ def test_negative_ids_on_the_models_generation_config(tiny_model, caplog):
     assert caplog.text.count(NEGATIVE_PAD_WARNING) == 1
 
 
+def test_a_model_configs_negative_ids_are_left_out_silently(caplog):
+    """Many model configs say pad_token_id=-1 for "none": left out, as an unset field, no warning."""
+    with caplog.at_level(logging.WARNING, logger="genkit.config"):
+        config = GenerationConfig.from_model_config({"pad_token_id": -1, "eos_token_id": 2, "bos_token_id": 1})
+    assert (config.pad_token_id, config.eos_token_id, config.bos_token_id) == (None, 2, 1)
+    assert caplog.text == ""
+
+
 def test_negative_eos_token_id_saves_and_negative_pad_token_id_does_not_as_in_transformers(tmp_path):
     GenerationConfig(eos_token_id=-1).save_pretrained(tmp_path)
     assert transformers.GenerationConfig.from_pretrained(tmp_path).eos_token_id == -1

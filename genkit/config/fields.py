@@ -55,6 +55,12 @@ def _token_ids(v: Any, one: Any = _token_id) -> bool:
     return isinstance(v, (list, tuple)) and len(v) > 0 and all(one(x) for x in v)
 
 
+def negative_id(v: Any) -> bool:
+    """Whether ``v`` (one id or a list of ids) holds a negative id, transformers' "matches no token"
+    sentinel."""
+    return any(is_int(x) and x < 0 for x in (v if isinstance(v, (list, tuple)) else [v]))
+
+
 def _id_or_sentinel(v: Any) -> bool:
     """A token id, or a negative int: transformers' "matches no token" sentinel, accepted with a
     warning for ``eos_token_id`` / ``pad_token_id`` only (:mod:`genkit.config.resolve`)."""

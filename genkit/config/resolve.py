@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .checks import negative_pad_issue
-from .fields import METADATA, field_table, none_means_off
+from .fields import METADATA, field_table, negative_id, none_means_off
 from .generation_config import GenerationConfig, ResolvedConfig, valid_fields
 from .warn import warn_once
 
@@ -78,7 +78,7 @@ def _negative_ids(config: ResolvedConfig) -> dict[str, Any]:
     sentinel, which transformers accepts with a warning too); the change that makes a negative pad
     id unset."""
     eos = config.eos_token_id
-    if any(i < 0 for i in _ids(eos)):
+    if negative_id(eos):
         warn_once(f"`eos_token_id` should consist of token ids >= 0, but is {eos!r}: a negative id matches no "
                   "token, so it never ends a row (with no other EOS id, generation will not stop until the "
                   "maximum length is reached).")
@@ -98,7 +98,7 @@ def resolve_special_tokens(config: ResolvedConfig, model_tokens: Mapping[str, An
     changes = {name: value for name, value in given.items() if getattr(config, name) is None}
     config = config.replace(**changes) if changes else config
     changes = _negative_ids(config)
-    if changes and given.get("pad_token_id") is not None and given["pad_token_id"] >= 0:
+    if changes and given.get("pad_token_id") is not None:  # a negative pad id is unset: the model's applies
         changes["pad_token_id"] = given["pad_token_id"]
     eos_ids = eos_token_ids(config.eos_token_id)
     if changes.get("pad_token_id", config.pad_token_id) is None and eos_ids:
