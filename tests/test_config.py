@@ -49,8 +49,11 @@ INVALID = [
     ({"num_beams": 0}, "num_beams", ">= 1"),
     ({"num_beams": 3, "num_beam_groups": 2}, "num_beams", "divisible by `num_beam_groups`"),
     ({"num_beam_groups": 2, "num_beams": 2, "do_sample": True}, "num_beam_groups", "do_sample=False"),
-    ({"eos_token_id": -1}, "eos_token_id", "token id >= 0"),
-    ({"pad_token_id": -3}, "pad_token_id", "token id >= 0"),
+    ({"eos_token_id": 2.5}, "eos_token_id", "token id >= 0"),
+    ({"eos_token_id": []}, "eos_token_id", "non-empty list of ids"),
+    ({"pad_token_id": "0"}, "pad_token_id", "token id >= 0"),
+    ({"bos_token_id": -1}, "bos_token_id", "token id >= 0"),
+    ({"decoder_start_token_id": -1}, "decoder_start_token_id", "token id >= 0"),
     ({"forced_bos_token_id": -1}, "forced_bos_token_id", "token id >= 0"),
     ({"forced_eos_token_id": []}, "forced_eos_token_id", "a list of ids"),
     ({"do_sample": "yes"}, "do_sample", "True or False"),
@@ -100,6 +103,91 @@ def test_invalid_generate_kwargs_raise_naming_field_and_accepted_values(tiny_mod
     with pytest.raises(ValueError) as err:
         genkit.generate(tiny_model, torch.tensor([[1, 2, 3]]), **kw)
     _check(err, field, accepted)
+
+
+NEGATIVE_EOS_WARNING = ("`eos_token_id` should consist of token ids >= 0, but is {!r}: a negative id matches no "
+                        "token, so it never ends a row (with no other EOS id, generation will not stop until the "
+                        "maximum length is reached).")
+NEGATIVE_PAD_WARNING = ("`pad_token_id` should be a token id >= 0, but is -1: a negative id is no token, so genkit "
+                        "treats it as unset (rows that finish early are padded with the first EOS id, else 0).")
+
+
+def _generate(model, ids, seed=0, **kw):
+    torch.manual_seed(seed)
+    return genkit.generate(model, ids, max_new_tokens=12, **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, {"num_beams": 2}, {"min_new_tokens": 5}, {"do_sample": True},
+                                {"forced_eos_token_id": 3}], ids=["greedy", "beams", "min_new_tokens", "sample",
+                                                                  "forced_eos"])
+@pytest.mark.parametrize("eos", [-1, [-1], [-5, -1]])
+def test_negative_eos_token_id_matches_no_token(tiny_model, caplog, kw, eos):
+    """transformers' "matches no token" sentinel: accepted with transformers' warning, and the
+    generation runs to the maximum length with the tokens of eos_token_id=None."""
+    ids = torch.tensor([[1, 5, 7, 9], [1, 4, 4, 8]])
+    with caplog.at_level(logging.WARNING, logger="genkit.config"):
+        ours = _generate(tiny_model, ids, eos_token_id=eos, **kw)
+    assert NEGATIVE_EOS_WARNING.format(eos) in caplog.text
+    assert ours.shape == (2, 4 + 12)
+    assert torch.equal(ours, _generate(tiny_model, ids, eos_token_id=None, **kw))
+
+
+def test_negative_eos_token_id_beside_a_real_one_ends_rows_at_the_real_one(tiny_model):
+    ids = torch.tensor([[1, 5, 7, 9]])
+    free = _generate(tiny_model, ids, eos_token_id=None)[0, 4:].tolist()
+    eos = free[3]
+    end = free.index(eos) + 1
+    out = _generate(tiny_model, ids, eos_token_id=[-1, eos], return_dict_in_generate=True, output_scores=True)
+    assert out.sequences[0, 4:].tolist() == free[:end]
+    assert len(out.scores) == end
+
+
+def test_negative_pad_token_id_is_treated_as_unset(tiny_model, caplog):
+    """A row that finishes early is padded as with pad_token_id=None (the first EOS id), not with -1."""
+    ids = torch.tensor([[1, 5, 7, 9], [1, 4, 4, 8]])
+    first = _generate(tiny_model, ids, eos_token_id=None)[:, 4:]
+    eos = int(first[0, 2])
+    assert eos not in first[1, :3].tolist()  # row 0 ends first; row 1 goes on
+    with caplog.at_level(logging.WARNING, logger="genkit.config"):
+        ours = _generate(tiny_model, ids, eos_token_id=eos, pad_token_id=-1)
+    assert NEGATIVE_PAD_WARNING in caplog.text
+    assert torch.equal(ours, _generate(tiny_model, ids, eos_token_id=eos, pad_token_id=None))
+    assert ours[0, 4 + 3:].tolist() == [eos] * (ours.shape[1] - 7)
+
+
+def test_negative_ids_on_the_models_generation_config(tiny_model, caplog):
+    """As transformers' GenerationTesterMixin sets them: on the model's generation config, generating
+    to the maximum length."""
+    model_config = tiny_model.generation_config.copy()
+    try:
+        tiny_model.generation_config.eos_token_id = tiny_model.generation_config.pad_token_id = -1
+        with caplog.at_level(logging.WARNING, logger="genkit.config"):
+            out = _generate(tiny_model, torch.tensor([[1, 5, 7, 9]]))
+    finally:
+        tiny_model.generation_config = model_config
+    assert out.shape == (1, 16)
+    assert NEGATIVE_EOS_WARNING.format(-1) in caplog.text
+    assert caplog.text.count(NEGATIVE_PAD_WARNING) == 1
+
+
+def test_a_model_configs_negative_ids_are_left_out_silently(caplog):
+    """Many model configs say pad_token_id=-1 for "none": left out, as an unset field, no warning."""
+    with caplog.at_level(logging.WARNING, logger="genkit.config"):
+        config = GenerationConfig.from_model_config({"pad_token_id": -1, "eos_token_id": 2, "bos_token_id": 1})
+    assert (config.pad_token_id, config.eos_token_id, config.bos_token_id) == (None, 2, 1)
+    assert caplog.text == ""
+
+
+def test_negative_eos_token_id_saves_and_negative_pad_token_id_does_not_as_in_transformers(tmp_path):
+    GenerationConfig(eos_token_id=-1).save_pretrained(tmp_path)
+    assert transformers.GenerationConfig.from_pretrained(tmp_path).eos_token_id == -1
+    assert GenerationConfig.from_pretrained(tmp_path).eos_token_id == -1
+    config = GenerationConfig(pad_token_id=-1)
+    with pytest.raises(ValueError) as err:
+        config.save_pretrained(tmp_path / "pad")
+    assert NEGATIVE_PAD_WARNING in str(err.value)
+    with pytest.raises(ValueError):
+        transformers.GenerationConfig(pad_token_id=-1).save_pretrained(tmp_path / "theirs")
 
 
 def test_invalid_update():

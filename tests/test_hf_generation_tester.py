@@ -50,7 +50,6 @@ from transformers.generation import (  # noqa: E402
 )
 from transformers.testing_utils import is_flaky, slow  # noqa: E402
 
-from genkit.errors import ConfigError  # noqa: E402
 from genkit.models.cache import KVCache  # noqa: E402
 from genkit.models.llama import LlamaForCausalLM  # noqa: E402
 
@@ -1958,9 +1957,6 @@ _KEY_CACHE = ("the vendored revision reads Cache.key_cache / value_cache, which 
               "hold .layers)")
 _ASSISTED_ATTENTIONS = ("transformers 5.24's assisted decoding with output_attentions=True reads outputs.attentions[0] of "
                         "the verifying forward, an empty tuple for its SDPA Llama (IndexError)")
-_NEGATIVE_EOS = ("sets eos_token_id=-1 (and pad_token_id=-1), transformers' 'never matches' sentinel, which it warns "
-                 "about: genkit refuses negative token ids (ConfigError; tests/test_config.py); eos_token_id=None says "
-                 "the same")
 
 
 class GenkitLlamaGenerationTest(GenerationTesterMixin, unittest.TestCase):
@@ -1976,22 +1972,6 @@ class GenkitLlamaGenerationTest(GenerationTesterMixin, unittest.TestCase):
 
     test_inherits_generation_mixin = _on_the_classes_themselves("test_inherits_generation_mixin")
 
-    test_assisted_decoding_matches_greedy_search_0_random = _marked(
-        "test_assisted_decoding_matches_greedy_search_0_random",
-        pytest.mark.xfail(strict=True, raises=ConfigError, reason=_NEGATIVE_EOS))
-    test_assisted_decoding_matches_greedy_search_1_same = _marked(
-        "test_assisted_decoding_matches_greedy_search_1_same",
-        pytest.mark.xfail(strict=True, raises=ConfigError, reason=_NEGATIVE_EOS))
-    test_prompt_lookup_decoding_matches_greedy_search = _marked(
-        "test_prompt_lookup_decoding_matches_greedy_search",
-        pytest.mark.xfail(strict=True, raises=ConfigError, reason=_NEGATIVE_EOS))
-    test_assisted_decoding_sample = _marked(
-        "test_assisted_decoding_sample", pytest.mark.xfail(strict=True, raises=ConfigError, reason=_NEGATIVE_EOS))
-    test_dola_decoding_sample = _marked(
-        "test_dola_decoding_sample", pytest.mark.xfail(strict=True, raises=ConfigError, reason=_NEGATIVE_EOS))
-    test_generate_continue_from_past_key_values = _marked(
-        "test_generate_continue_from_past_key_values",
-        pytest.mark.xfail(strict=True, raises=ConfigError, reason=_NEGATIVE_EOS))
     def test_same_tokens_as_the_control(self):
         config, inputs = self.prepare_config_and_inputs_for_generate()
         for kwargs in ({"do_sample": False}, {"num_beams": 2, "do_sample": False}):

@@ -115,6 +115,15 @@ _SAMPLING_FLAGS = (("temperature", 1.0), ("top_p", 1.0), ("min_p", None), ("top_
                    ("top_k", 50), ("epsilon_cutoff", 0.0), ("eta_cutoff", 0.0))
 
 
+def negative_pad_issue(pad: Any) -> str | None:
+    """The warning for a negative ``pad_token_id`` (transformers' "matches no token" sentinel: a
+    minor issue there too, refused when saving), ``None`` for any other value."""
+    if not is_int(pad) or pad >= 0:
+        return None
+    return (f"`pad_token_id` should be a token id >= 0, but is {pad!r}: a negative id is no token, so genkit "
+            "treats it as unset (rows that finish early are padded with the first EOS id, else 0).")
+
+
 def minor_issues(c: GenerationConfig, table: dict[str, FieldSpec], user_set: set[str] | None) -> list[str]:
     """Flags that have no effect with the rest of the config (transformers 5's list, same
     provenance rule)."""
@@ -146,5 +155,6 @@ def minor_issues(c: GenerationConfig, table: dict[str, FieldSpec], user_set: set
             if getattr(c, name) is True:
                 issues.append(f"`{name}` is True but `return_dict_in_generate` is not, so generate returns only "
                               f"the sequences and `{name}` has no effect.")
-    return issues
+    pad = negative_pad_issue(c.pad_token_id)
+    return issues + [pad] if pad else issues
 

@@ -48,11 +48,23 @@ def _token_id(v: Any) -> bool:
     return is_int(v) and v >= 0
 
 
-def _token_ids(v: Any) -> bool:
-    """One id or a non-empty list of ids."""
-    if _token_id(v):
+def _token_ids(v: Any, one: Any = _token_id) -> bool:
+    """One id or a non-empty list of ids (each passing ``one``)."""
+    if one(v):
         return True
-    return isinstance(v, (list, tuple)) and len(v) > 0 and all(_token_id(x) for x in v)
+    return isinstance(v, (list, tuple)) and len(v) > 0 and all(one(x) for x in v)
+
+
+def negative_id(v: Any) -> bool:
+    """Whether ``v`` (one id or a list of ids) holds a negative id, transformers' "matches no token"
+    sentinel."""
+    return any(is_int(x) and x < 0 for x in (v if isinstance(v, (list, tuple)) else [v]))
+
+
+def _id_or_sentinel(v: Any) -> bool:
+    """A token id, or a negative int: transformers' "matches no token" sentinel, accepted with a
+    warning for ``eos_token_id`` / ``pad_token_id`` only (:mod:`genkit.config.resolve`)."""
+    return is_int(v)
 
 
 def _str_or_strs(v: Any) -> bool:
@@ -147,9 +159,11 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("output_logits", None, lambda v: _is_bool(v), "True, False or None"),
     _F("return_dict_in_generate", False, _is_bool, "True or False"),
     # special tokens
-    _F("pad_token_id", None, _token_id, "a token id >= 0 or None"),
+    _F("pad_token_id", None, _id_or_sentinel, "a token id >= 0 (a negative id is treated as unset, with a "
+       "warning) or None"),
     _F("bos_token_id", None, _token_id, "a token id >= 0 or None"),
-    _F("eos_token_id", None, _token_ids, "a token id >= 0, a non-empty list of ids, or None"),
+    _F("eos_token_id", None, lambda v: _token_ids(v, _id_or_sentinel), "a token id >= 0, a non-empty list of ids "
+       "(a negative id matches no token, with a warning), or None"),
     _F("decoder_start_token_id", None, _token_ids, "a token id >= 0 or None"),
     # assisted decoding
     _F("is_assistant", False, _is_bool, "True or False"),

@@ -29,6 +29,7 @@ from .fields import (
     close_field,
     default_values,
     field_table,
+    negative_id,
     unknown_key_error,
 )
 from .files import push_config_file, read_config_json, resolve_config_file
@@ -427,10 +428,12 @@ class ResolvedConfig(GenerationConfig):
 
 def valid_fields(values: dict[str, Any], table: dict[str, FieldSpec]) -> dict[str, Any]:
     """The entries of ``values`` that are fields with a valid value (a model config carries
-    attributes for other purposes too, and values genkit would refuse, e.g. ``pad_token_id=-1``)."""
+    attributes for other purposes too, and values genkit would refuse). A negative special token
+    id (``pad_token_id=-1``, common in model configs) is left out too: a model config's -1 means
+    "none", as an unset field does, and is not warned about."""
     good = {}
     for key, value in values.items():
-        if key not in table or value is None:
+        if key not in table or value is None or (key in ("eos_token_id", "pad_token_id") and negative_id(value)):
             continue
         try:
             table[key].validate(value)

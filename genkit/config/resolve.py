@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
-from .fields import METADATA, field_table, none_means_off
+from .checks import negative_pad_issue
+from .fields import METADATA, field_table, negative_id, none_means_off
 from .generation_config import GenerationConfig, ResolvedConfig, valid_fields
 from .warn import warn_once
 
@@ -55,9 +56,7 @@ def merge_for_generate(model_config: GenerationConfig | None, generation_config:
     return ResolvedConfig.of(config, user_set, defaulted), {k: v for k, v in kwargs.items() if k not in table}
 
 
-def eos_token_ids(value: Any) -> list[int]:
-    """An ``eos_token_id`` setting (one id, a list, a tensor, or ``None``) as a list of ids: the one
-    place genkit reads EOS ids (re-exported by ``genkit.strategy``)."""
+def _ids(value: Any) -> list[int]:
     if value is None:
         return []
     if hasattr(value, "reshape") and hasattr(value, "tolist"):  # a tensor or an array, of any shape
@@ -67,13 +66,41 @@ def eos_token_ids(value: Any) -> list[int]:
     return [int(value)]
 
 
+def eos_token_ids(value: Any) -> list[int]:
+    """An ``eos_token_id`` setting (one id, a list, a tensor, or ``None``) as a list of ids: the one
+    place genkit reads EOS ids (re-exported by ``genkit.strategy``). A negative id, transformers'
+    "matches no token" sentinel, is left out: it never ends a row and never reaches an index."""
+    return [i for i in _ids(value) if i >= 0]
+
+
+def _negative_ids(config: ResolvedConfig) -> dict[str, Any]:
+    """Warn about a negative ``eos_token_id`` / ``pad_token_id`` (transformers' "matches no token"
+    sentinel, which transformers accepts with a warning too); the change that makes a negative pad
+    id unset."""
+    eos = config.eos_token_id
+    if negative_id(eos):
+        warn_once(f"`eos_token_id` should consist of token ids >= 0, but is {eos!r}: a negative id matches no "
+                  "token, so it never ends a row (with no other EOS id, generation will not stop until the "
+                  "maximum length is reached).")
+    pad_issue = negative_pad_issue(config.pad_token_id)
+    if pad_issue is None:
+        return {}
+    warn_once(pad_issue)
+    return {"pad_token_id": None}
+
+
 def resolve_special_tokens(config: ResolvedConfig, model_tokens: Mapping[str, Any]) -> ResolvedConfig:
     """``config`` with its unset special tokens taken from ``model_tokens`` (the model config's, for a
     model without a generation config of its own; an invalid id there is left out) and an unset ``pad_token_id`` set to the first
-    EOS id, as transformers does."""
+    EOS id, as transformers does. A negative ``eos_token_id`` / ``pad_token_id`` is warned about: the
+    EOS id matches no token (:func:`eos_token_ids` leaves it out), the pad id counts as unset."""
     given = valid_fields({name: model_tokens.get(name) for name in SPECIAL_TOKENS}, field_table())
     changes = {name: value for name, value in given.items() if getattr(config, name) is None}
-    eos_ids = eos_token_ids(changes.get("eos_token_id", config.eos_token_id))
+    config = config.replace(**changes) if changes else config
+    changes = _negative_ids(config)
+    if changes and given.get("pad_token_id") is not None:  # a negative pad id is unset: the model's applies
+        changes["pad_token_id"] = given["pad_token_id"]
+    eos_ids = eos_token_ids(config.eos_token_id)
     if changes.get("pad_token_id", config.pad_token_id) is None and eos_ids:
         changes["pad_token_id"] = eos_ids[0]
     return config.replace(**changes) if changes else config

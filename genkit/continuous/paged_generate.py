@@ -41,11 +41,9 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
     failed = [r for r in out.values() if r.error is not None]
     if failed:
         raise GenkitError(f"request {failed[0].request_id} failed: {failed[0].error}")
-    pad = kwargs.get("pad_token_id")
-    if pad is None:
-        pad = getattr(config, "pad_token_id", None) if config is not None else None
-    if pad is None:
-        pad = getattr(model.generation_config, "pad_token_id", None) or model.config.get("pad_token_id") or 0
+    given = (kwargs.get("pad_token_id"), getattr(config, "pad_token_id", None) if config is not None else None,
+             getattr(model.generation_config, "pad_token_id", None), model.config.get("pad_token_id"))
+    pad = next((p for p in given if p is not None and p >= 0), 0)  # a negative pad id counts as unset
     seqs = [row.tolist() + r.generated_tokens for row, r in zip(ids, out.values())]
     width = max(map(len, seqs))
     return torch.tensor([s + [pad] * (width - len(s)) for s in seqs], dtype=torch.long, device=ids.device)
