@@ -23,7 +23,9 @@
 # - `Cache` is (transformers' Cache, genkit's KVCache): the cache classes the two models return;
 # - transformers 5 dropped PhrasalConstraint (constrained beam search moved to a Hub recipe):
 #   the constraint is transformers 4's `token_ids` holder, which genkit's constraints read;
-# - transformers 5 dropped require_torch_sdpa (every torch it supports has SDPA): a no-op here.
+# - transformers 5 dropped require_torch_sdpa (every torch it supports has SDPA): a no-op here;
+# - `slow` is a no-op here: transformers' slow mark (RUN_SLOW) would skip test_eager_matches_sdpa_generate,
+#   which takes ~10 s on these tiny models, so it runs with the others.
 """transformers' GenerationTesterMixin on genkit's Llama (issue 30), with transformers' Llama as
 the control: every case runs on both, and the genkit model's greedy tokens equal the control's."""
 
@@ -48,12 +50,17 @@ from transformers.generation import (  # noqa: E402
     GenerateDecoderOnlyOutput,
     GenerateEncoderDecoderOutput,
 )
-from transformers.testing_utils import is_flaky, slow  # noqa: E402
+from transformers.testing_utils import is_flaky  # noqa: E402
 
 from genkit.models.cache import KVCache  # noqa: E402
 from genkit.models.llama import LlamaForCausalLM  # noqa: E402
 
 torch_device = "cpu"
+
+
+def slow(test):
+    """transformers' slow mark, a no-op here (see the header)."""
+    return test
 GreedySearchDecoderOnlyOutput = SampleDecoderOnlyOutput = GenerateDecoderOnlyOutput
 BeamSearchDecoderOnlyOutput = BeamSampleDecoderOnlyOutput = GenerateBeamDecoderOnlyOutput
 GreedySearchEncoderDecoderOutput = SampleEncoderDecoderOutput = GenerateEncoderDecoderOutput
