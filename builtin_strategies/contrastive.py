@@ -99,10 +99,21 @@ def _candidates(call: StrategyCall, logits: torch.Tensor, sequences: torch.Tenso
     return scores, top_probs, top_ids
 
 
-def _attention_rows(attentions: Any, rows: torch.Tensor) -> tuple[Any, Any]:
-    """``Stepper.attentions`` (each layer's weights; an encoder-decoder decoder's cross-attentions)
-    of the rows ``rows``, as ``StepOutputs`` records them."""
-    return tuple(tuple(a[rows] for a in part) if part is not None else None for part in attentions)
+def _map_attentions(attentions: Any, fn: Any) -> Any:
+    """``fn`` applied to every tensor of ``Stepper.attentions`` (each layer's weights; an
+    encoder-decoder decoder's cross-attentions, or None), as ``StepOutputs`` records them."""
+    return tuple(tuple(fn(a) for a in part) if part is not None else None for part in attentions)
+
+
+def _attention_rows(attentions: Any, rows: torch.Tensor) -> Any:
+    """``Stepper.attentions`` of the rows ``rows``."""
+    return _map_attentions(attentions, lambda a: a[rows])
+
+
+def _picked(per_candidate: list[Any], batch_index: torch.Tensor, pick: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """From one tuple of tensors per candidate (each ``(rows, ...)``), each row's picked candidate's."""
+    return tuple(torch.stack([c[i] for c in per_candidate], dim=1)[batch_index, pick]
+                 for i in range(len(per_candidate[0])))
 
 
 def _all_candidates_at_once(call: StrategyCall, alpha: float, top_k: int) -> GenerateDecoderOnlyOutput:
@@ -174,8 +185,7 @@ def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> Ge
                 assert hidden is not None
                 outs.append((candidate_logits, hidden[-1][:, -1, :],
                              tuple(h[:, -1:] for h in hidden) if record.want_hidden else None,
-                             tuple(tuple(a[:, :, -1:] for a in part) if part is not None else None
-                                   for part in stepper.attentions)  # type: ignore[union-attr]
+                             _map_attentions(stepper.attentions, lambda a: a[:, :, -1:])
                              if record.want_attentions else None))
                 stepper.crop(base)
             last = torch.stack([o[1] for o in outs], dim=1)  # (rows, k, width)
@@ -185,14 +195,10 @@ def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> Ge
             context.append(last[batch_index, pick])
             logits = torch.stack([o[0] for o in outs], dim=1)[batch_index, pick]
             if record.want_hidden:
-                step_hidden = tuple(torch.stack([o[2][i] for o in outs], dim=1)[batch_index, pick]  # type: ignore[index]
-                                    for i in range(len(outs[0][2])))  # type: ignore[arg-type]
+                step_hidden = _picked([o[2] for o in outs], batch_index, pick)
             if record.want_attentions:
-                step_attentions = tuple(
-                    None if part is None else tuple(
-                        torch.stack([o[3][which][i] for o in outs], dim=1)[batch_index, pick]  # type: ignore[index]
-                        for i in range(len(part)))
-                    for which, part in enumerate(outs[0][3]))  # type: ignore[arg-type]
+                step_attentions = tuple(None if part is None else _picked([o[3][which] for o in outs], batch_index, pick)
+                                        for which, part in enumerate(outs[0][3]))  # type: ignore[arg-type]
             if finish.update(stepper.sequences, scores, tokens):
                 break
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, past_key_values=stepper.cache,
