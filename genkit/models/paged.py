@@ -174,15 +174,16 @@ def _paged_layers(prepared: PreparedModel, store: PagedKVStore, batch: StepBatch
 _FUSED_SCORES = 1 << 23  # attention scores (rows x heads x positions) the fused step may hold at once (32 MB)
 
 
-def _fused_fits(batch: StepBatch, heads: int) -> bool:
-    """Whether the block kernel's one-call step takes ``batch``: its tokens in span order, and its
-    attention scores within :data:`_FUSED_SCORES` (a long prompt chunk takes the torch path)."""
+def _fused_fits(batch: StepBatch, heads: int, positions: int) -> bool:
+    """Whether the block kernel's one-call step takes ``batch`` (whose rows attend over at most
+    ``positions`` positions): its tokens in span order, and its attention scores within
+    :data:`_FUSED_SCORES` (a long prompt chunk takes the torch path)."""
     start = 0
     for s, n in batch.spans:
         if s != start:
             return False
         start += n
-    return start * heads * (int(batch.positions.max()) + 1) <= _FUSED_SCORES
+    return start * heads * positions <= _FUSED_SCORES
 
 
 @torch.inference_mode()
@@ -193,10 +194,11 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
     prepared = store.prepared
     assert prepared is not None, "a paged store made by model.new_paged_store() carries the prepared weights"
     x = model.model.embed_tokens(batch.ids)[None]  # (1, T, hidden)
-    cos_table, sin_table = model._rope_table(int(batch.positions.max()) + 1, x.dtype)
+    positions = int(batch.positions.max()) + 1
+    cos_table, sin_table = model._rope_table(positions, x.dtype)
     cos, sin = cos_table[batch.positions], sin_table[batch.positions]  # (T, head_dim)
     fused = None
-    if prepared.decoder is not None and _fused_fits(batch, model.config.num_attention_heads):
+    if prepared.decoder is not None and _fused_fits(batch, model.config.num_attention_heads, positions):
         # the whole step is one block-kernel call (quantized models): every token is a row at its
         # own position with its request's blocks; the kernel stores a layer's keys and values of all
         # rows before any row attends, so a prompt chunk's rows see each other causally
