@@ -27,7 +27,8 @@ class _Layer(ctypes.Structure):
                 ("wd", ctypes.c_void_p), ("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p),
                 ("bits_qkv", ctypes.c_int), ("bits_o", ctypes.c_int), ("bits_gu", ctypes.c_int),
                 ("bits_d", ctypes.c_int), ("num_heads", ctypes.c_int), ("num_kv_heads", ctypes.c_int),
-                ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int), ("eps", ctypes.c_float)]
+                ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int), ("eps", ctypes.c_float),
+                ("act_qkv", ctypes.c_int), ("act_o", ctypes.c_int), ("act_gu", ctypes.c_int), ("act_d", ctypes.c_int)]
 
 
 class BlockDecoder:
@@ -40,7 +41,8 @@ class BlockDecoder:
         self.table = (_Layer * len(layers))(*[
             _Layer(p.wqkv.blocks.data_ptr(), p.wo.blocks.data_ptr(), p.wgu.blocks.data_ptr(), p.wd.blocks.data_ptr(),
                    p.norm1.data_ptr(), p.norm2.data_ptr(), p.wqkv.bits, p.wo.bits, p.wgu.bits, p.wd.bits,
-                   p.num_heads, p.num_kv_heads, p.head_dim, p.wd.in_features, p.eps)
+                   p.num_heads, p.num_kv_heads, p.head_dim, p.wd.in_features, p.eps,
+                   p.wqkv.act, p.wo.act, p.wgu.act, p.wd.act)
             for p in layers])
         self.pointers = tuple(t.data_ptr() for p in layers for t in (p.wqkv.blocks, p.wo.blocks, p.wgu.blocks,
                                                                        p.wd.blocks, p.norm1, p.norm2))

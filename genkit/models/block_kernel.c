@@ -9,6 +9,13 @@
  *     d * (dx * sum(u * q1) + dx2 * sum(u * q2)) + m * (dx * sum(q1) + dx2 * sum(q2))
  * and each integer sum is one AVX-512 VNNI instruction per 64 products.
  *
+ * One-digit mode (`act` argument, genkit's activation_digits=1): llama.cpp's rounding instead. Only
+ * q1 is computed (the q2 work is compiled out), the block scale is float16 (dx = fp16(amax / 127),
+ * q1 still rounded with 127 / amax in float32), and the offset term's activation sum is
+ *     GK_ACT_Q8_1 (weights with a free minimum: Q4_1, Q4_K): sx = fp16(amax / 127 * sum(q1))  (Q8_1's s)
+ *     GK_ACT_Q8_0 (symmetric weights, m = -8 d, -128 d or -32 d: Q4_0, Q8_0, Q6_K): sx = dx * sum(q1),
+ *                 exact in float32, so m * sx cancels the code offset as llama.cpp's signed codes do.
+ *
  * Layout (written by genkit/models/block_linear.py): rows in panels of 16; per panel, per block,
  *   4-bit: 4 chunks of 64 bytes; byte 4r+j of chunk c holds row r's code 8c+j (low nibble) and
  *          8c+4+j (high nibble); then 16 float16 d, then 16 float16 m       (320 bytes)
@@ -47,6 +54,7 @@
 #define GK_ROWS 16
 #define GK_GROUP 32
 #define GK_MT 4
+enum { GK_ACT_TWO = 0, GK_ACT_Q8_1 = 1, GK_ACT_Q8_0 = 2 };  /* how activations are rounded (see above) */
 
 /* Per-operation wall time of the decode step, built only with -DGK_PROFILE (bench/profile_block_kernel.py):
  * gk_profile(out) copies the seconds spent per category into out[GK_PROF_N] and clears them. */
@@ -131,8 +139,10 @@ static float f16_to_f32(uint16_t h) {
 }
 
 /* One block of 32 values -> digits q1, q2 (see quantize_rows); returns the scale d, the digit sums
- * over the block (s[0], s[1]) and over its first half (s[2], s[3]). */
-static float quantize_block(const float *xb, int8_t *q1, int8_t *q2, int *s) {
+ * over the block (s[0], s[1]) and over its first half (s[2], s[3]). With two == 0 only q1 (q2 is
+ * not touched; s[1] = s[3] = 0). */
+static inline __attribute__((always_inline)) float quantize_block(const float *xb, int8_t *q1, int8_t *q2, int *s,
+                                                                  int two) {
 #if defined(GK_VNNI) || defined(GK_AVX2)
     /* the scalar loop below in vectors: the same roundings (mul, sub, round to nearest even), no FMA */
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
@@ -150,6 +160,7 @@ static float quantize_block(const float *xb, int8_t *q1, int8_t *q2, int *s) {
     for (int k = 0; k < 4; k++) {
         v[k] = _mm256_round_ps(_mm256_mul_ps(x[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         v[k] = _mm256_min_ps(_mm256_max_ps(v[k], lo), hi);
+        if (!two) continue;
         r[k] = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(x[k], _mm256_mul_ps(v[k], vd)), vid2),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         r[k] = _mm256_min_ps(_mm256_max_ps(r[k], lo), hi);
@@ -157,7 +168,8 @@ static float quantize_block(const float *xb, int8_t *q1, int8_t *q2, int *s) {
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     __m256 *digits[2] = {v, r};
     int8_t *outs[2] = {q1, q2};
-    for (int t = 0; t < 2; t++) {
+    s[1] = s[3] = 0;
+    for (int t = 0; t < (two ? 2 : 1); t++) {
         __m256 *u = digits[t];
         __m256i w01 = _mm256_packs_epi32(_mm256_cvtps_epi32(u[0]), _mm256_cvtps_epi32(u[1]));
         __m256i w23 = _mm256_packs_epi32(_mm256_cvtps_epi32(u[2]), _mm256_cvtps_epi32(u[3]));
@@ -186,22 +198,38 @@ static float quantize_block(const float *xb, int8_t *q1, int8_t *q2, int *s) {
         }
         float v = nearbyintf(xb[j] * id);
         v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+        q1[j] = (int8_t)v;
+        s[0] += (int)v;
+        if (!two) continue;
         float r = nearbyintf((xb[j] - v * d) * id2);
         r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
-        q1[j] = (int8_t)v;
         q2[j] = (int8_t)r;
-        s[0] += (int)v;
         s[1] += (int)r;
     }
     return d;
 #endif
 }
 
-/* x (M, K) float32 -> two int8 digits q1, q2 per value; per block the scale dx (q2's is dx / 254)
- * and sx = dx * sum(q1) + dx / 254 * sum(q2), over the block and over each half (sx16). Rows are
- * shared among `threads` when there are many. */
+/* f rounded to the nearest float16 (ties to even; F16C's vcvtps2ph, as ggml's GGML_FP32_TO_FP16) */
+static float round_f16(float f) {
+#if defined(GK_VNNI) || defined(GK_AVX2)
+    return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+#else
+    float a = fabsf(f);
+    if (!(a < 65520.0f)) return a > 0.0f && f == f ? copysignf(INFINITY, f) : f;  /* overflow, NaN */
+    if (a < 6.103515625e-05f) return nearbyintf(f * 16777216.0f) / 16777216.0f;  /* subnormal: steps of 2^-24 */
+    int e;
+    frexpf(f, &e);
+    return ldexpf(nearbyintf(ldexpf(f, 11 - e)), e - 11);  /* 11 significant bits */
+#endif
+}
+
+/* x (M, K) float32 -> int8 digits per value, per block the scale dx and the activation sums sx over
+ * the block and over each half (sx16). act GK_ACT_TWO: two digits q1, q2 (q2's scale dx / 254),
+ * sx = dx * sum(q1) + dx / 254 * sum(q2); one digit (llama.cpp's rounding): see the top comment.
+ * Rows are shared among `threads` when there are many. */
 static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, float *dx, float *sx,
-                          float *sx16, int threads) {
+                          float *sx16, int threads, int act) {
     int nb = K / GK_GROUP;
     if ((size_t)M * K < 65536 || threads > M) threads = 1;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
@@ -209,7 +237,21 @@ static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, 
         for (int b = 0; b < nb; b++) {
             size_t off = (size_t)m * K + (size_t)b * GK_GROUP, i = (size_t)m * nb + b;
             int s[4];
-            float d = quantize_block(x + off, q1 + off, q2 + off, s);
+            if (act != GK_ACT_TWO) {
+                float d = quantize_block(x + off, q1 + off, NULL, s, 0), d16 = round_f16(d);
+                dx[i] = d16;
+                if (act == GK_ACT_Q8_1) {
+                    sx[i] = round_f16(d * (float)s[0]);
+                    sx16[2 * i] = round_f16(d * (float)s[2]);
+                    sx16[2 * i + 1] = round_f16(d * (float)(s[0] - s[2]));
+                } else {
+                    sx[i] = d16 * (float)s[0];
+                    sx16[2 * i] = d16 * (float)s[2];
+                    sx16[2 * i + 1] = d16 * (float)(s[0] - s[2]);
+                }
+                continue;
+            }
+            float d = quantize_block(x + off, q1 + off, q2 + off, s, 1);
             dx[i] = d;
             sx[i] = d * (float)s[0] + (d / 254.0f) * (float)s[1];
             sx16[2 * i] = d * (float)s[2] + (d / 254.0f) * (float)s[3];
@@ -220,8 +262,8 @@ static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, 
 
 #ifdef GK_VNNI
 static inline __attribute__((always_inline)) void panel_vnni(
-        int bits, const uint8_t *w, int nb, const int8_t *q, const int8_t *q2, const float *dx, const float *sx,
-        const float *sx16, int K, int MT, float *y, int ldy) {
+        int bits, int two, const uint8_t *w, int nb, const int8_t *q, const int8_t *q2, const float *dx,
+        const float *sx, const float *sx16, int K, int MT, float *y, int ldy) {
     __m512 acc[GK_MT], accm[GK_MT];
     for (int i = 0; i < MT; i++) {
         acc[i] = _mm512_setzero_ps();
@@ -242,8 +284,9 @@ static inline __attribute__((always_inline)) void panel_vnni(
                     size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
                     int32_t a, r;
                     memcpy(&a, q + off, 4);
-                    memcpy(&r, q2 + off, 4);
                     h[c / 4][i] = _mm512_dpbusd_epi32(h[c / 4][i], p, _mm512_set1_epi32(a));
+                    if (!two) continue;
+                    memcpy(&r, q2 + off, 4);
                     h2[c / 4][i] = _mm512_dpbusd_epi32(h2[c / 4][i], p, _mm512_set1_epi32(r));
                 }
             }
@@ -253,9 +296,11 @@ static inline __attribute__((always_inline)) void panel_vnni(
                 for (int i = 0; i < MT; i++) {
                     float xd = dx[(size_t)i * nb + b];
                     __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(xd));
-                    __m512 scale2 = _mm512_mul_ps(d, _mm512_set1_ps(xd / 254.0f));
                     acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h[half][i]), scale, acc[i]);
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h2[half][i]), scale2, acc[i]);
+                    if (two) {
+                        __m512 scale2 = _mm512_mul_ps(d, _mm512_set1_ps(xd / 254.0f));
+                        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h2[half][i]), scale2, acc[i]);
+                    }
                     accm[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx16[2 * ((size_t)i * nb + b) + half]), accm[i]);
                 }
             }
@@ -276,10 +321,11 @@ static inline __attribute__((always_inline)) void panel_vnni(
                     int32_t a0, a1, r0, r1;
                     memcpy(&a0, q + off, 4);
                     memcpy(&a1, q + off + 4, 4);
-                    memcpy(&r0, q2 + off, 4);
-                    memcpy(&r1, q2 + off + 4, 4);
                     isum[i] = _mm512_dpbusd_epi32(isum[i], lo, _mm512_set1_epi32(a0));
                     isum[i] = _mm512_dpbusd_epi32(isum[i], hi, _mm512_set1_epi32(a1));
+                    if (!two) continue;
+                    memcpy(&r0, q2 + off, 4);
+                    memcpy(&r1, q2 + off + 4, 4);
                     isum2[i] = _mm512_dpbusd_epi32(isum2[i], lo, _mm512_set1_epi32(r0));
                     isum2[i] = _mm512_dpbusd_epi32(isum2[i], hi, _mm512_set1_epi32(r1));
                 }
@@ -291,8 +337,9 @@ static inline __attribute__((always_inline)) void panel_vnni(
                     size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
                     int32_t a, r;
                     memcpy(&a, q + off, 4);
-                    memcpy(&r, q2 + off, 4);
                     isum[i] = _mm512_dpbusd_epi32(isum[i], p, _mm512_set1_epi32(a));
+                    if (!two) continue;
+                    memcpy(&r, q2 + off, 4);
                     isum2[i] = _mm512_dpbusd_epi32(isum2[i], p, _mm512_set1_epi32(r));
                 }
             }
@@ -302,9 +349,11 @@ static inline __attribute__((always_inline)) void panel_vnni(
         for (int i = 0; i < MT; i++) {
             float xd = dx[(size_t)i * nb + b];
             __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(xd));
-            __m512 scale2 = _mm512_mul_ps(d, _mm512_set1_ps(xd / 254.0f));
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), scale, acc[i]);
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum2[i]), scale2, acc[i]);
+            if (two) {
+                __m512 scale2 = _mm512_mul_ps(d, _mm512_set1_ps(xd / 254.0f));
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum2[i]), scale2, acc[i]);
+            }
             accm[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)i * nb + b]), accm[i]);
         }
     }
@@ -329,7 +378,7 @@ static inline __m256i gk_bcast(const int8_t *p) {
 }
 
 static inline __attribute__((always_inline)) void panel_avx2(
-        int bits, const uint8_t *w, int g, int nb, const int8_t *q, const int8_t *q2, const float *dx,
+        int bits, int two, const uint8_t *w, int g, int nb, const int8_t *q, const int8_t *q2, const float *dx,
         const float *sx, const float *sx16, int K, int MT, float *y, int ldy) {
     __m256 acc[GK_MT];
     for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
@@ -346,7 +395,7 @@ static inline __attribute__((always_inline)) void panel_avx2(
                     for (int i = 0; i < MT; i++) {
                         size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
                         h1[i] = gk_dp(h1[i], p, gk_bcast(q + off), one);
-                        h2[i] = gk_dp(h2[i], p, gk_bcast(q2 + off), one);
+                        if (two) h2[i] = gk_dp(h2[i], p, gk_bcast(q2 + off), one);
                     }
                 }
                 __m256 d = _mm256_loadu_ps((const float *)(wb - 32 * g + cb + 64 * half + 32 * g));
@@ -354,8 +403,9 @@ static inline __attribute__((always_inline)) void panel_avx2(
                 for (int i = 0; i < MT; i++) {
                     float xd = dx[(size_t)i * nb + b];
                     acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1[i]), _mm256_mul_ps(d, _mm256_set1_ps(xd)), acc[i]);
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h2[i]),
-                                             _mm256_mul_ps(d, _mm256_set1_ps(xd / 254.0f)), acc[i]);
+                    if (two)
+                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h2[i]),
+                                                 _mm256_mul_ps(d, _mm256_set1_ps(xd / 254.0f)), acc[i]);
                     acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx16[2 * ((size_t)i * nb + b) + half]), acc[i]);
                 }
             }
@@ -372,13 +422,14 @@ static inline __attribute__((always_inline)) void panel_avx2(
                     size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 8 * c;
                     s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(lo, gk_bcast(q + off)));
                     s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(hi, gk_bcast(q + off + 4)));
+                    if (!two) continue;
                     s2[i] = _mm256_add_epi16(s2[i], _mm256_maddubs_epi16(lo, gk_bcast(q2 + off)));
                     s2[i] = _mm256_add_epi16(s2[i], _mm256_maddubs_epi16(hi, gk_bcast(q2 + off + 4)));
                 }
             }
             for (int i = 0; i < MT; i++) {
                 isum[i] = _mm256_madd_epi16(s1[i], one);
-                isum2[i] = _mm256_madd_epi16(s2[i], one);
+                isum2[i] = two ? _mm256_madd_epi16(s2[i], one) : isum[i];
             }
         } else {
             __m256i l1[GK_MT], l2[GK_MT], u1[GK_MT], u2[GK_MT];
@@ -388,16 +439,18 @@ static inline __attribute__((always_inline)) void panel_avx2(
                 __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
                 for (int i = 0; i < MT; i++) {
                     size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
-                    __m256i a = gk_bcast(q + off), r = gk_bcast(q2 + off);
+                    __m256i a = gk_bcast(q + off);
                     l1[i] = _mm256_add_epi16(l1[i], _mm256_maddubs_epi16(lo, a));
                     u1[i] = _mm256_add_epi16(u1[i], _mm256_maddubs_epi16(hi, a));
+                    if (!two) continue;
+                    __m256i r = gk_bcast(q2 + off);
                     l2[i] = _mm256_add_epi16(l2[i], _mm256_maddubs_epi16(lo, r));
                     u2[i] = _mm256_add_epi16(u2[i], _mm256_maddubs_epi16(hi, r));
                 }
             }
             for (int i = 0; i < MT; i++) {
                 isum[i] = _mm256_add_epi32(_mm256_madd_epi16(l1[i], one), _mm256_madd_epi16(u1[i], sixteen));
-                isum2[i] = _mm256_add_epi32(_mm256_madd_epi16(l2[i], one), _mm256_madd_epi16(u2[i], sixteen));
+                isum2[i] = !two ? isum[i] : _mm256_add_epi32(_mm256_madd_epi16(l2[i], one), _mm256_madd_epi16(u2[i], sixteen));
             }
         }
         const uint8_t *scales = wb - 32 * g + cb;
@@ -406,8 +459,9 @@ static inline __attribute__((always_inline)) void panel_avx2(
         for (int i = 0; i < MT; i++) {
             float xd = dx[(size_t)i * nb + b];
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(d, _mm256_set1_ps(xd)), acc[i]);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2[i]), _mm256_mul_ps(d, _mm256_set1_ps(xd / 254.0f)),
-                                     acc[i]);
+            if (two)
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2[i]),
+                                         _mm256_mul_ps(d, _mm256_set1_ps(xd / 254.0f)), acc[i]);
             acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[(size_t)i * nb + b]), acc[i]);
         }
     }
@@ -421,21 +475,22 @@ static inline __attribute__((always_inline)) void panel_avx2(
 #ifndef GK_PREFETCH
 #define GK_PREFETCH 1024
 #endif
-static inline void gk_fold(__m256 *acc, __m256i isum, __m256i isum2, __m256 d, __m256 m, float xd, float sxb) {
+static inline __attribute__((always_inline)) void gk_fold(__m256 *acc, int two, __m256i isum, __m256i isum2, __m256 d,
+                                                          __m256 m, float xd, float sxb) {
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(xd)), *acc);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2), _mm256_mul_ps(d, _mm256_set1_ps(xd / 254.0f)), *acc);
+    if (two) *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum2), _mm256_mul_ps(d, _mm256_set1_ps(xd / 254.0f)), *acc);
     *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(sxb), *acc);
 }
 
-static inline __attribute__((always_inline)) void row_avx2(int bits, const uint8_t *w, int nb, const int8_t *q,
-                                                           const int8_t *q2, const float *dx, const float *sx,
-                                                           float *y) {
+static inline __attribute__((always_inline)) void row_avx2(int bits, int two, const uint8_t *w, int nb,
+                                                           const int8_t *q, const int8_t *q2, const float *dx,
+                                                           const float *sx, float *y) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
     const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb;
-        const int8_t *qb = q + (size_t)b * GK_GROUP, *rb = q2 + (size_t)b * GK_GROUP;
+        const int8_t *qb = q + (size_t)b * GK_GROUP, *rb = two ? q2 + (size_t)b * GK_GROUP : qb;
         if (GK_PREFETCH > 0)
             for (int off = 0; off < bb; off += 64) _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
         __m256i i1a, i2a, i1b, i2b;
@@ -447,10 +502,11 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, const uint8
                 __m256i loa = _mm256_and_si256(pa, low), hia = _mm256_and_si256(_mm256_srli_epi16(pa, 4), low);
                 __m256i lob = _mm256_and_si256(pb, low), hib = _mm256_and_si256(_mm256_srli_epi16(pb, 4), low);
                 __m256i a0 = gk_bcast(qb + 8 * c), a1 = gk_bcast(qb + 8 * c + 4);
-                __m256i r0 = gk_bcast(rb + 8 * c), r1 = gk_bcast(rb + 8 * c + 4);
                 s1a = _mm256_add_epi16(s1a, _mm256_add_epi16(_mm256_maddubs_epi16(loa, a0), _mm256_maddubs_epi16(hia, a1)));
-                s2a = _mm256_add_epi16(s2a, _mm256_add_epi16(_mm256_maddubs_epi16(loa, r0), _mm256_maddubs_epi16(hia, r1)));
                 s1b = _mm256_add_epi16(s1b, _mm256_add_epi16(_mm256_maddubs_epi16(lob, a0), _mm256_maddubs_epi16(hib, a1)));
+                if (!two) continue;
+                __m256i r0 = gk_bcast(rb + 8 * c), r1 = gk_bcast(rb + 8 * c + 4);
+                s2a = _mm256_add_epi16(s2a, _mm256_add_epi16(_mm256_maddubs_epi16(loa, r0), _mm256_maddubs_epi16(hia, r1)));
                 s2b = _mm256_add_epi16(s2b, _mm256_add_epi16(_mm256_maddubs_epi16(lob, r0), _mm256_maddubs_epi16(hib, r1)));
             }
             i1a = _mm256_madd_epi16(s1a, one);
@@ -465,15 +521,18 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, const uint8
                 __m256i pb = _mm256_loadu_si256((const __m256i *)(wb + 64 * c + 32));
                 __m256i loa = _mm256_and_si256(pa, low), hia = _mm256_and_si256(_mm256_srli_epi16(pa, 4), low);
                 __m256i lob = _mm256_and_si256(pb, low), hib = _mm256_and_si256(_mm256_srli_epi16(pb, 4), low);
-                __m256i a = gk_bcast(qb + 4 * c), r = gk_bcast(rb + 4 * c);
+                __m256i a = gk_bcast(qb + 4 * c);
                 l1a = _mm256_add_epi16(l1a, _mm256_maddubs_epi16(loa, a));
                 u1a = _mm256_add_epi16(u1a, _mm256_maddubs_epi16(hia, a));
-                l2a = _mm256_add_epi16(l2a, _mm256_maddubs_epi16(loa, r));
-                u2a = _mm256_add_epi16(u2a, _mm256_maddubs_epi16(hia, r));
+                if (two) {
+                    __m256i r = gk_bcast(rb + 4 * c);
+                    l2a = _mm256_add_epi16(l2a, _mm256_maddubs_epi16(loa, r));
+                    u2a = _mm256_add_epi16(u2a, _mm256_maddubs_epi16(hia, r));
+                    l2b = _mm256_add_epi16(l2b, _mm256_maddubs_epi16(lob, r));
+                    u2b = _mm256_add_epi16(u2b, _mm256_maddubs_epi16(hib, r));
+                }
                 l1b = _mm256_add_epi16(l1b, _mm256_maddubs_epi16(lob, a));
                 u1b = _mm256_add_epi16(u1b, _mm256_maddubs_epi16(hib, a));
-                l2b = _mm256_add_epi16(l2b, _mm256_maddubs_epi16(lob, r));
-                u2b = _mm256_add_epi16(u2b, _mm256_maddubs_epi16(hib, r));
             }
             i1a = _mm256_add_epi32(_mm256_madd_epi16(l1a, one), _mm256_madd_epi16(u1a, sixteen));
             i2a = _mm256_add_epi32(_mm256_madd_epi16(l2a, one), _mm256_madd_epi16(u2a, sixteen));
@@ -482,9 +541,9 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, const uint8
         }
         const uint8_t *scales = wb + cb;
         float xd = dx[b], sxb = sx[b];
-        gk_fold(&acc0, i1a, i2a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)scales)),
+        gk_fold(&acc0, two, i1a, i2a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)scales)),
                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32))), xd, sxb);
-        gk_fold(&acc1, i1b, i2b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16))),
+        gk_fold(&acc1, two, i1b, i2b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16))),
                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 48))), xd, sxb);
     }
     _mm256_storeu_ps(y, acc0);
@@ -492,7 +551,7 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, const uint8
 }
 #endif
 
-__attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, int nb, const int8_t *q,
+__attribute__((unused)) static void panel_portable(int bits, int two, const uint8_t *w, int nb, const int8_t *q,
                                                    const int8_t *q2, const float *dx, const float *sx,
                                                    const float *sx16, int K, int MT, float *y, int ldy) {
     const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
@@ -502,7 +561,7 @@ __attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, i
         for (int b = 0; b < nb; b++) {
             const uint8_t *wb = w + (size_t)b * bb;
             const int8_t *xq = q + (size_t)i * K + (size_t)b * GK_GROUP;
-            const int8_t *xr = q2 + (size_t)i * K + (size_t)b * GK_GROUP;
+            const int8_t *xr = two ? q2 + (size_t)i * K + (size_t)b * GK_GROUP : xq;
             float xd = dx[(size_t)i * nb + b];
             for (int half = 0; half < halves; half++) {
                 const uint16_t *dh = (const uint16_t *)(wb + cb), *mh = dh + GK_ROWS;
@@ -519,7 +578,7 @@ __attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, i
                             code = wb[64 * (k / 4) + 4 * r + (k % 4)];
                         }
                         isum += code * (int)xq[k];
-                        isum2 += code * (int)xr[k];
+                        isum2 += two ? code * (int)xr[k] : 0;
                     }
                     float dw, mw;
                     if (bits == 6) {
@@ -532,7 +591,10 @@ __attribute__((unused)) static void panel_portable(int bits, const uint8_t *w, i
                         dw = f16_to_f32(dr);
                         mw = f16_to_f32(mr);
                     }
-                    acc[r] += (float)isum * (dw * xd) + (float)isum2 * (dw * (xd / 254.0f)) + mw * xs;
+                    if (two)
+                        acc[r] += (float)isum * (dw * xd) + (float)isum2 * (dw * (xd / 254.0f)) + mw * xs;
+                    else
+                        acc[r] += (float)isum * (dw * xd) + mw * xs;
                 }
             }
         }
@@ -569,8 +631,8 @@ static void amx_config(void) {
     _tile_loadconfig(&cfg);
 }
 
-static void panel_amx(int bits, const uint8_t *w, int nb, const int8_t *q, const int8_t *q2, const float *dx,
-                      const float *sx, int K, int MT, float *y, int ldy) {
+static void panel_amx(int bits, int two, const uint8_t *w, int nb, const int8_t *q, const int8_t *q2,
+                      const float *dx, const float *sx, int K, int MT, float *y, int ldy) {
     __m512 acc[16], accm[16];
     int32_t c1[16][16] __attribute__((aligned(64))), c2[16][16] __attribute__((aligned(64)));
     uint8_t bt[8][64] __attribute__((aligned(64)));
@@ -592,19 +654,23 @@ static void panel_amx(int bits, const uint8_t *w, int nb, const int8_t *q, const
         _tile_zero(4);
         _tile_loadd(0, src, 64);
         _tile_loadd(1, q + (size_t)b * GK_GROUP, K);
-        _tile_loadd(2, q2 + (size_t)b * GK_GROUP, K);
         _tile_dpbsud(3, 1, 0);
-        _tile_dpbsud(4, 2, 0);
         _tile_stored(3, c1, 64);
-        _tile_stored(4, c2, 64);
+        if (two) {
+            _tile_loadd(2, q2 + (size_t)b * GK_GROUP, K);
+            _tile_dpbsud(4, 2, 0);
+            _tile_stored(4, c2, 64);
+        }
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb)));
         __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb + 32)));
         for (int i = 0; i < MT; i++) {
             float xd = dx[(size_t)i * nb + b];
             __m512 s1 = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)c1[i]));
-            __m512 s2 = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)c2[i]));
             acc[i] = _mm512_fmadd_ps(s1, _mm512_mul_ps(d, _mm512_set1_ps(xd)), acc[i]);
-            acc[i] = _mm512_fmadd_ps(s2, _mm512_mul_ps(d, _mm512_set1_ps(xd / 254.0f)), acc[i]);
+            if (two) {
+                __m512 s2 = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)c2[i]));
+                acc[i] = _mm512_fmadd_ps(s2, _mm512_mul_ps(d, _mm512_set1_ps(xd / 254.0f)), acc[i]);
+            }
             accm[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)i * nb + b]), accm[i]);
         }
     }
@@ -612,7 +678,7 @@ static void panel_amx(int bits, const uint8_t *w, int nb, const int8_t *q, const
 }
 
 /* gk_matmul on AMX tiles (4- and 8-bit weights): activations quantized into rows padded to 16. */
-static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads) {
+static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads, int act) {
     int nb = K / GK_GROUP, panels = N / GK_ROWS, Mp = (M + 15) / 16 * 16;
     size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
     int8_t *q = (int8_t *)calloc(2 * (size_t)Mp * K + 4 * sizeof(float) * (size_t)Mp * nb + 64, 1);
@@ -620,7 +686,7 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
     int8_t *q2 = q + (size_t)Mp * K;
     float *dx = (float *)(((uintptr_t)(q2 + (size_t)Mp * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)Mp * nb, *sx16 = sx + (size_t)Mp * nb;
-    quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads);
+    quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads, act);
     if (threads > panels) threads = panels;
 #pragma omp parallel num_threads(threads)
     {
@@ -629,7 +695,7 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
         for (int p = 0; p < panels; p++) {
             for (int m0 = 0; m0 < M; m0 += 16) {
                 int mt = M - m0 < 16 ? M - m0 : 16;
-                panel_amx(bits, w + (size_t)p * panel_bytes, nb, q + (size_t)m0 * K, q2 + (size_t)m0 * K,
+                panel_amx(bits, act == GK_ACT_TWO, w + (size_t)p * panel_bytes, nb, q + (size_t)m0 * K, q2 + (size_t)m0 * K,
                           dx + (size_t)m0 * nb, sx + (size_t)m0 * nb, K, mt, y + (size_t)m0 * N + (size_t)p * GK_ROWS, N);
             }
         }
@@ -640,14 +706,16 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
 }
 #endif
 
-/* y (M, N) = x (M, K) @ W^T; W in the block layout above (N a multiple of 16, K of 32).
- * Returns 0, or -1 when the scratch memory cannot be had. */
-int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads) {
+/* y (M, N) = x (M, K) @ W^T; W in the block layout above (N a multiple of 16, K of 32); act: how
+ * activations are rounded (GK_ACT_TWO, GK_ACT_Q8_1, GK_ACT_Q8_0). Returns 0, -1 when the scratch
+ * memory cannot be had, -3 for bad bits, -4 for a bad act. */
+int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads, int act) {
     if (bits != 4 && bits != 6 && bits != 8) return -3;
+    if (act != GK_ACT_TWO && act != GK_ACT_Q8_1 && act != GK_ACT_Q8_0) return -4;
     if (threads < 1) threads = 1;
 #ifdef GK_AMX
     if (gk_amx_ready && gk_amx_min_rows > 0 && M >= gk_amx_min_rows && bits != 6)
-        return matmul_amx(bits, w, x, y, M, N, K, threads);
+        return matmul_amx(bits, w, x, y, M, N, K, threads, act);
 #endif
     int nb = K / GK_GROUP, panels = N / GK_ROWS;
     size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
@@ -657,8 +725,9 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
     float *dx = (float *)(((uintptr_t)(q2 + (size_t)M * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)M * nb, *sx16 = sx + (size_t)M * nb;
     GK_T0;
-    quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads);
+    quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads, act);
     GK_T(GK_P_QUANT);
+    const int two = act == GK_ACT_TWO;
     if (threads > panels) threads = panels;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int p = 0; p < panels; p++) {
@@ -669,37 +738,44 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
             const float *dm = dx + (size_t)m0 * nb, *sm = sx + (size_t)m0 * nb, *hm = sx16 + 2 * (size_t)m0 * nb;
             float *ym = y + (size_t)m0 * N + (size_t)p * GK_ROWS;
 #if defined(GK_VNNI) || defined(GK_AVX2)
-/* bits and the tile's rows as constants, so that each tile is its own specialised loop */
-#define GK_SWITCH(B)                         \
+/* bits, the digit count and the tile's rows as constants, so that each tile is its own specialised loop */
+#define GK_SWITCH(B, D)                      \
     switch (mt) {                            \
-        case 1: GK_TILE(B, 1); break;        \
-        case 2: GK_TILE(B, 2); break;        \
-        case 3: GK_TILE(B, 3); break;        \
-        default: GK_TILE(B, 4); break;       \
+        case 1: GK_TILE(B, D, 1); break;     \
+        case 2: GK_TILE(B, D, 2); break;     \
+        case 3: GK_TILE(B, D, 3); break;     \
+        default: GK_TILE(B, D, 4); break;    \
     }
 #ifdef GK_VNNI /* a panel's 16 rows in one register */
-#define GK_TILE(B, MT) panel_vnni(B, wp, nb, qm, rm, dm, sm, hm, K, MT, ym, N)
-#define GK_TILES(B) GK_SWITCH(B)
+#define GK_TILE(B, D, MT) panel_vnni(B, D, wp, nb, qm, rm, dm, sm, hm, K, MT, ym, N)
+#define GK_TILES(B, D) GK_SWITCH(B, D)
 #else /* AVX2: a panel's 16 rows as two groups of 8 */
-#define GK_TILE(B, MT) panel_avx2(B, wp, g, nb, qm, rm, dm, sm, hm, K, MT, ym, N)
-#define GK_TILES(B)                                                        \
+#define GK_TILE(B, D, MT) panel_avx2(B, D, wp, g, nb, qm, rm, dm, sm, hm, K, MT, ym, N)
+#define GK_TILES(B, D)                                                     \
     if (mt == 1 && B != 6)                                                 \
-        row_avx2(B, wp, nb, qm, rm, dm, sm, ym);                             \
+        row_avx2(B, D, wp, nb, qm, rm, dm, sm, ym);                        \
     else                                                                   \
-        for (int g = 0; g < 2; g++) { GK_SWITCH(B) }
+        for (int g = 0; g < 2; g++) { GK_SWITCH(B, D) }
 #endif
-            if (bits == 4) {
-                GK_TILES(4)
-            } else if (bits == 8) {
-                GK_TILES(8)
+#define GK_BITS(D)           \
+    if (bits == 4) {         \
+        GK_TILES(4, D)       \
+    } else if (bits == 8) {  \
+        GK_TILES(8, D)       \
+    } else {                 \
+        GK_TILES(6, D)       \
+    }
+            if (two) {
+                GK_BITS(1)
             } else {
-                GK_TILES(6)
+                GK_BITS(0)
             }
+#undef GK_BITS
 #undef GK_TILES
 #undef GK_TILE
 #undef GK_SWITCH
 #else
-            panel_portable(bits, wp, nb, qm, rm, dm, sm, hm, K, mt, ym, N);
+            panel_portable(bits, two, wp, nb, qm, rm, dm, sm, hm, K, mt, ym, N);
 #endif
         }
     }
@@ -720,6 +796,7 @@ typedef struct {
     int bits_qkv, bits_o, bits_gu, bits_d;
     int num_heads, num_kv_heads, head_dim, intermediate;
     float eps;
+    int act_qkv, act_o, act_gu, act_d; /* each product's activation rounding (GK_ACT_*) */
 } gk_layer;
 
 static void rms_norm(const float *x, const float *w, float eps, int n, float *out) {
@@ -832,21 +909,21 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm1, L->eps, hidden, h + r * (size_t)hidden);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_QKV);
-        if ((rc = gk_matmul(L->bits_qkv, L->wqkv, h, qkv, rows, nqkv, hidden, threads))) break;
+        if ((rc = gk_matmul(L->bits_qkv, L->wqkv, h, qkv, rows, nqkv, hidden, threads, L->act_qkv))) break;
         GK_T0;
         rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv);
         GK_T(GK_P_ROPE);
         attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
         GK_T(GK_P_ATTEND);
         GK_CAT(GK_P_O);
-        if ((rc = gk_matmul(L->bits_o, L->wo, att, tmp, rows, hidden, nq * d, threads))) break;
+        if ((rc = gk_matmul(L->bits_o, L->wo, att, tmp, rows, hidden, nq * d, threads, L->act_o))) break;
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);
         for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm2, L->eps, hidden, h + r * (size_t)hidden);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_GU);
-        if ((rc = gk_matmul(L->bits_gu, L->wgu, h, gu, rows, 2 * inter, hidden, threads))) break;
+        if ((rc = gk_matmul(L->bits_gu, L->wgu, h, gu, rows, 2 * inter, hidden, threads, L->act_gu))) break;
         GK_T0;
         for (int r = 0; r < rows; r++) {
             const float *g = gu + 2 * (size_t)r * inter;
@@ -855,7 +932,7 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         }
         GK_T(GK_P_SILU);
         GK_CAT(GK_P_DOWN);
-        if ((rc = gk_matmul(L->bits_d, L->wd, act, tmp, rows, hidden, inter, threads))) break;
+        if ((rc = gk_matmul(L->bits_d, L->wd, act, tmp, rows, hidden, inter, threads, L->act_d))) break;
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);

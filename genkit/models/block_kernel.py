@@ -13,7 +13,10 @@ CPU, and checked before it is loaded (owner, mode, no symlink, the sha256 record
 
 The product it computes: each group of 32 weights of an output row is ``d * u + m`` (codes ``u``
 of 4 or 8 bits, float16 ``d`` and ``m``) and activations are rounded to int8 per block of 32
-(``x ~ dx * qx``), so ``y = sum(d * dx * (u . qx) + m * dx * sum(qx))``.
+(``x ~ dx * qx``), so ``y = sum(d * dx * (u . qx) + m * dx * sum(qx))``. How activations are
+rounded is the ``act`` argument (:data:`ACT_TWO`, the default: two int8 digits per value, as exact
+as the float16 scales; :data:`ACT_Q8_1` / :data:`ACT_Q8_0`: llama.cpp's one digit, see
+:func:`act_mode`).
 """
 
 from __future__ import annotations
@@ -108,11 +111,25 @@ def _load(cc: str, mode: str = "native") -> Any:
     return kernel_cache.load(_cache_dir(), cache_name(cc, mode), build)
 
 
+ACT_TWO, ACT_Q8_1, ACT_Q8_0 = 0, 1, 2  # the C kernel's GK_ACT_* (how activations are rounded)
+ACTIVATION_DIGITS = (1, 2)
+
+
+def act_mode(digits: int, symmetric: bool) -> int:
+    """The kernel's activation rounding for ``digits`` int8 digits per value: 2 is :data:`ACT_TWO`;
+    1 is llama.cpp's rounding, :data:`ACT_Q8_0` for symmetric weights (``m = -2**(bits-1) * d``:
+    GGUF Q4_0, Q8_0, Q6_K, ``genkit.quantize``; llama.cpp pairs them with Q8_0 activations) and
+    :data:`ACT_Q8_1` for weights with a free minimum (Q4_1, Q4_K: Q8_1 activations)."""
+    if digits not in ACTIVATION_DIGITS:
+        raise ConfigError(f"`activation_digits` must be one of {', '.join(map(str, ACTIVATION_DIGITS))}; got {digits!r}")
+    return ACT_TWO if digits == 2 else (ACT_Q8_0 if symmetric else ACT_Q8_1)
+
+
 def declare(lib: Any) -> None:
     """The C signatures of the kernel's entry points on a loaded library (``ctypes.CDLL``)."""
     lib.gk_simd.restype = ctypes.c_int
     lib.gk_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+                              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.gk_matmul.restype = ctypes.c_int
     lib.gk_decode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
@@ -222,15 +239,20 @@ def fits_float16(*tensors: torch.Tensor) -> bool:
     return all(bool(torch.isfinite(t.float().to(torch.float16)).all()) for t in tensors)
 
 
-def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
-    """``x (M, K) @ W^T`` for ``W`` packed by :func:`pack`; float32 in and out."""
+def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, out_features: int, act: int = ACT_TWO) -> torch.Tensor:
+    """``x (M, K) @ W^T`` for ``W`` packed by :func:`pack`; float32 in and out; ``act``: how the
+    activations are rounded (:func:`act_mode`)."""
     fn = _lib.gk_matmul if _lib is not None else library().gk_matmul
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()
     m, k = x.shape
     y = torch.empty(m, out_features, dtype=torch.float32)
-    rc = fn(bits, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, out_features, k, torch.get_num_threads()) if m else 0
+    rc = fn(bits, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, out_features, k, torch.get_num_threads(),
+            act) if m else 0
+    if rc == -3:
+        raise ConfigError(f"`bits` must be 4, 6 or 8; got {bits}")
+    if rc == -4:
+        raise ConfigError(f"`act` must be one of {ACT_TWO}, {ACT_Q8_1}, {ACT_Q8_0}; got {act}")
     if rc:
-        raise ConfigError(f"`bits` must be 4, 6 or 8; got {bits}") if rc == -3 else \
-            MemoryError("the block kernel could not allocate its scratch memory")
+        raise MemoryError("the block kernel could not allocate its scratch memory")
     return y

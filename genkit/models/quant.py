@@ -134,6 +134,8 @@ class Int4Linear(nn.Module):
             raise KernelUnavailableError("the block kernel is not available (no C compiler, or GENKIT_BLOCK_KERNEL=0)")
         self.kernel = "blocks" if kernel == "blocks" or (kernel == "auto" and block_kernel.available()) else "torch"
         self.bits = 4
+        self.symmetric = False  # m = -2**(bits-1) * d in every block (see block_kernel.act_mode)
+        self.activation_digits = 2  # int8 digits per activation value on the block kernel (set_activation_digits)
         self._parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         if self.kernel == "blocks":
             self._pack_blocks(row_chunks)
@@ -162,19 +164,26 @@ class Int4Linear(nn.Module):
     def _pack_blocks(self, row_chunks: Iterable[list[Int4Part]]) -> None:
         """Store the rows in the block kernel's layout: one 4-bit part as it is, an 8-bit weight's
         two halves joined back into one 8-bit code per weight."""
-        chunks, bits = [], None
+        chunks, bits, symmetric = [], None, True
         for chunk in row_chunks:
             codes, scale, minimum, chunk_bits = _block_codes(chunk, self.source)
             if bits is not None and chunk_bits != bits:
                 raise UnsupportedModelError(f"{self.source or 'int4 layer'}: row chunks mix {bits}- and {chunk_bits}-bit codes")
             bits = chunk_bits
+            symmetric = symmetric and torch.equal(minimum.float(), -float(2 ** (bits - 1)) * scale.float())
             chunks.append(block_kernel.pack(codes, scale, minimum, chunk_bits))
         blocks = torch.cat(chunks)
         if blocks.shape[0] * block_kernel.ROWS != self.out_features:
             raise ConfigError(f"int4 parts hold {blocks.shape[0] * block_kernel.ROWS} rows; expected {self.out_features}")
         self.register_buffer("blocks", blocks)
         self.bits = int(bits or 4)
+        self.symmetric = symmetric
         self.num_parts = 1
+
+    @property
+    def act(self) -> int:
+        """The block kernel's activation rounding for this layer (:func:`block_kernel.act_mode`)."""
+        return block_kernel.act_mode(self.activation_digits, self.symmetric)
 
     def _apply(self, fn: Any, recurse: bool = True) -> Int4Linear:
         out = super()._apply(fn, recurse)
@@ -187,7 +196,7 @@ class Int4Linear(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, self.in_features)
         if self.kernel == "blocks":
-            y = block_kernel.matmul(flat, self.blocks, self.bits, self.out_features)
+            y = block_kernel.matmul(flat, self.blocks, self.bits, self.out_features, self.act)
             return (y if x.dtype == torch.float32 else y.to(x.dtype)).view(*shape[:-1], self.out_features)
         if flat.dtype != ACT_DTYPE:
             flat = flat.to(ACT_DTYPE)
@@ -209,11 +218,15 @@ class Int4Linear(nn.Module):
             raise ConfigError("fused int4 layers need the same input size, kernel and number of parts")
         if first.kernel == "torch" and any(lay.out_features % _PACK_TILE for lay in layers[:-1]):
             return None
+        if any(lay.act != first.act for lay in layers):  # one rounding per product
+            return None
         fused = Int4Linear.__new__(Int4Linear)
         nn.Module.__init__(fused)
         fused.in_features, fused.source = first.in_features, "+".join(lay.source for lay in layers)
         fused.out_features = sum(lay.out_features for lay in layers)
         fused.kernel, fused.bits, fused.num_parts = first.kernel, first.bits, first.num_parts
+        fused.symmetric = all(lay.symmetric for lay in layers)
+        fused.activation_digits = first.activation_digits
         fused._parts = []
         if first.kernel == "blocks":
             fused.register_buffer("blocks", torch.cat([lay.blocks for lay in layers]))
