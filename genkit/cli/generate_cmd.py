@@ -13,7 +13,14 @@ from typing import Any
 
 from ..errors import ConfigError, GenerationError
 from ..models.demo import DEMO_MODEL
-from .options import add_threads_option, apply_threads_option, check_threads_option, read_prompt
+from .options import (
+    add_activation_digits_option,
+    add_threads_option,
+    apply_threads_option,
+    check_activation_digits_option,
+    check_threads_option,
+    read_prompt,
+)
 
 logger = logging.getLogger("genkit.cli.generate")
 
@@ -65,6 +72,7 @@ def add_generation_options(p: Any) -> None:
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: cpu)")
     p.add_argument("--revision", default=None, help="Hub revision of --model")
     add_threads_option(p)
+    add_activation_digits_option(p)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any other generation parameter, e.g. --set repetition_penalty=1.2 (repeatable)")
 
@@ -195,6 +203,7 @@ def check_options(args: argparse.Namespace) -> dict[str, Any]:
     the generation parameters, the recipe or strategy name, ``--device``, ``--threads``. Returns the
     generation parameters."""
     check_threads_option(args)
+    check_activation_digits_option(args)
     kwargs = generation_kwargs(args)
     check_device(args.device)
     config = check_generation_options(kwargs, args.custom_generate)
@@ -257,7 +266,8 @@ def run(args: argparse.Namespace) -> int:
     bars = install_stage_bars()
     t0 = time.perf_counter()
     model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
-                              trust_remote_code=True if args.trust_remote_code else None)
+                              trust_remote_code=True if args.trust_remote_code else None,
+                              activation_digits=args.activation_digits)
     tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
     if bars is not None:
         bars.close()

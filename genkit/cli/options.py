@@ -1,5 +1,5 @@
-"""Options several commands share: ``--threads`` (every command that runs a model) and the prompt
-argument. No torch import here: the thread count is applied before torch loads."""
+"""Options several commands share: ``--threads`` (every command that runs a model),
+``--activation-digits`` (generate, batch, serve) and the prompt argument. No torch import here: the thread count is applied before torch loads."""
 
 from __future__ import annotations
 
@@ -26,6 +26,23 @@ def check_threads_option(args: argparse.Namespace) -> None:
         check_threads(args.threads)
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("`threads`=", "--threads ", 1)) from None
+
+
+ACTIVATION_DIGITS_HELP = ("quantized models: int8 digits per activation value on the block kernel: 2 (default) gives "
+                          "the de-quantized float model's tokens, 1 llama.cpp's rounding (faster; llama.cpp's tokens "
+                          "where float order allows). See docs/models.md, 'Activation rounding'")
+
+
+def add_activation_digits_option(p: Any) -> None:
+    """``--activation-digits {1,2}`` on a command that loads a model."""
+    p.add_argument("--activation-digits", type=int, default=None, metavar="{1,2}", help=ACTIVATION_DIGITS_HELP)
+
+
+def check_activation_digits_option(args: argparse.Namespace) -> None:
+    """Refuse a bad ``--activation-digits`` before anything loads."""
+    digits = getattr(args, "activation_digits", None)
+    if digits is not None and digits not in (1, 2):
+        raise ConfigError(f"--activation-digits must be 1 or 2; got {digits}")
 
 
 def apply_threads_option(args: argparse.Namespace) -> int:

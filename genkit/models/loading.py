@@ -386,7 +386,7 @@ def read_config_json(path: str) -> ModelConfig:
 def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: torch.dtype | str | None = None,
                device: str | torch.device | None = None, trust_remote_code: bool | None = None,
                dequantize: bool = False, *, torch_dtype: torch.dtype | str | None = None,
-               device_map: Any = None) -> GenkitModel:
+               device_map: Any = None, activation_digits: int | None = None) -> GenkitModel:
     """Load a native model (an encoder-decoder checkpoint -- ``is_encoder_decoder`` in its
     ``config.json``: T5, BART, Pegasus, Marian, Whisper... -- is loaded by transformers and wrapped
     in genkit's adapter, :func:`genkit.models.seq2seq.load_seq2seq`).
@@ -409,9 +409,16 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
             there is one, else the CPU), ``"cpu"``, a device (``"cuda:0"``, ``0``, a
             ``torch.device``) or ``{"": device}``. Splitting a model over several devices is not
             supported.
+        activation_digits: quantized models only: 2 (the default) or 1, how the block kernel rounds
+            activations (:func:`genkit.models.quant.set_activation_digits`; docs/models.md,
+            "Activation rounding"). Given for a model that is not quantized: a ConfigError.
     """
     if not isinstance(dequantize, bool):
         raise ConfigError(f"`dequantize` must be True or False; got {dequantize!r}")
+    if activation_digits is not None:
+        from .quant import check_activation_digits
+
+        check_activation_digits(activation_digits)
     dtype = _one_dtype(dtype, torch_dtype)
     device = device_from_map(device_map, device)
     check_device(device)
@@ -421,10 +428,19 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
     else:
         model, config = _load_folder(source, dtype, device)
         if config is None:  # an encoder-decoder model, loaded by transformers
-            return model
+            return _activation_digits(model, activation_digits)
     config.name_or_path = os.fspath(ref)
     _attach_recipe(model, os.fspath(ref), source, revision, trust_remote_code)
-    return model
+    return _activation_digits(model, activation_digits)
+
+
+def _activation_digits(model: Any, digits: int | None) -> Any:
+    """The model with ``activation_digits`` applied when it was given (refused for a float model)."""
+    if digits is None:
+        return model
+    from .quant import set_activation_digits
+
+    return set_activation_digits(model, digits)
 
 
 def _one_dtype(dtype: Any, torch_dtype: Any) -> Any:

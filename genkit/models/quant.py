@@ -46,7 +46,8 @@ _PACK_TILE = 64  # ... and lays rows out in tiles of 64 (packed layers concatena
 PACK_CHUNK = 16 * _PACK_TILE  # rows decoded and packed at a time
 KERNELS = ("auto", "blocks", "torch")
 
-__all__ = ["Int4Linear", "Int4Part", "QuantizedEmbedding", "WithBias", "kernel_available", "quantize"]
+__all__ = ["Int4Linear", "Int4Part", "QuantizedEmbedding", "WithBias", "kernel_available", "quantize",
+           "set_activation_digits"]
 
 
 def kernel_available() -> bool:
@@ -288,7 +289,39 @@ def _int8_symmetric(weight: torch.Tensor) -> list[Int4Part]:
 QUANTIZE_MODES = ("int8", "int4")
 
 
-def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
+def check_activation_digits(digits: Any) -> int:
+    """``digits`` if it is an accepted ``activation_digits`` (1 or 2), else a ConfigError."""
+    if isinstance(digits, bool) or digits not in block_kernel.ACTIVATION_DIGITS:
+        raise ConfigError(f"`activation_digits` must be one of "
+                          f"{', '.join(map(str, block_kernel.ACTIVATION_DIGITS))}; got {digits!r}")
+    return int(digits)
+
+
+def set_activation_digits(model: nn.Module, digits: int) -> nn.Module:
+    """How the quantized layers of ``model`` round their activations on the block kernel; returns
+    the model. ``2`` (the default): two int8 digits per value, so a quantized model gives its
+    de-quantized float model's tokens; ``1``: one digit with llama.cpp's rounding (Q8_1 activations
+    for weights with a free minimum, Q8_0 for symmetric ones), half the integer work and llama.cpp's
+    tokens where float summation order allows (docs/models.md, "Activation rounding").
+
+    A model without quantized layers, or one whose layers run on torch's int4 kernel (which rounds
+    activations to bfloat16 instead), is refused."""
+    digits = check_activation_digits(digits)
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    if not layers:
+        raise ConfigError("`activation_digits` applies to quantized models (a GGUF file kept quantized, or "
+                          f"genkit.quantize); {type(model).__name__} has no quantized layers")
+    if digits != 2 and any(lay.kernel != "blocks" for lay in layers):
+        raise NotSupportedError(f"`activation_digits`={digits} needs the block kernel; these layers run on torch's "
+                                "int4 kernel (no C compiler, or GENKIT_BLOCK_KERNEL=0)")
+    for lay in layers:
+        lay.activation_digits = digits
+    model.activation_digits = digits  # type: ignore[assignment]
+    model._prepared = None  # type: ignore[assignment]  # fused copies hold the old setting
+    return model
+
+
+def quantize(model: nn.Module, mode: str = "int8", activation_digits: int = 2) -> nn.Module:
     """Quantize the linear layers of a native genkit model in place (weight-only) and return it.
 
     ``mode``: ``"int8"`` (8-bit codes, one scale per 32 weights; near-lossless) or ``"int4"``
@@ -296,9 +329,12 @@ def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
     decoder layers' q/k/v/o and MLP projections and the LM head are quantized; embeddings and
     norms stay as they are. Layers whose sizes the kernel cannot take (output rows not a multiple
     of 16, inputs not a multiple of 32) are left in floating point, with a log line.
+    ``activation_digits``: see :func:`set_activation_digits` (the weights are symmetric, so 1 is
+    llama.cpp's Q8_0 rounding).
     """
     if mode not in QUANTIZE_MODES:
         raise ConfigError(f"`mode` must be one of {', '.join(repr(m) for m in QUANTIZE_MODES)}; got {mode!r}")
+    check_activation_digits(activation_digits)
     if not kernel_available() and not block_kernel.available():
         raise KernelUnavailableError("quantize needs the block kernel (a C compiler) or a torch build with CPU int4 kernels")
     from .base import GenkitModel
@@ -327,7 +363,7 @@ def quantize(model: nn.Module, mode: str = "int8") -> nn.Module:
         logger.info("quantize: %d linear layers left in floating point (sizes): %s", len(skipped), skipped[:4])
     model._prepared = None  # type: ignore[attr-defined]
     model.quantization = mode  # type: ignore[attr-defined]
-    return model
+    return set_activation_digits(model, activation_digits) if activation_digits != 2 else model
 
 
 class WithBias(nn.Module):
