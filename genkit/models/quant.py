@@ -291,7 +291,7 @@ QUANTIZE_MODES = ("int8", "int4")
 
 def check_activation_digits(digits: Any) -> int:
     """``digits`` if it is an accepted ``activation_digits`` (1 or 2), else a ConfigError."""
-    if isinstance(digits, bool) or digits not in block_kernel.ACTIVATION_DIGITS:
+    if not isinstance(digits, int) or isinstance(digits, bool) or digits not in block_kernel.ACTIVATION_DIGITS:
         raise ConfigError(f"`activation_digits` must be one of "
                           f"{', '.join(map(str, block_kernel.ACTIVATION_DIGITS))}; got {digits!r}")
     return int(digits)
