@@ -17,6 +17,8 @@ llama-cpp-python==0.3.36``
 Run: ``python bench/bench_quantized.py --llama-python /tmp/llamacpp/bin/python``; with
 ``--llama-bench build/bin/llama-bench`` (llama.cpp built as in bench_serve_vs_llamacpp.py) it first
 prints llama-bench's tg128 and pp512 beside genkit's (``--only-llama-bench``: only that table).
+``--activation-digits 1,2`` measures genkit's quantized model with each activation rounding (1:
+llama.cpp's, 2: the default), in the same rounds.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def llama_bench_table(llama_bench: str, path: str, models: dict[str, Any], threa
     unit = "tok/CPU-s" if cpu_time else "tok/s"
     print(f"\n| threads | test | llama.cpp {unit} | " + " | ".join(f"{n} {unit}" for n in models) +
           " | genkit Q4_1 / llama.cpp | load average |\n|---|---|---|" + "---|" * len(models) + "---|---|")
+    quantized = [n for n in models if n.startswith("genkit Q4_1")]
     ids = torch.randint(3, 40000, (1, 12), generator=torch.Generator().manual_seed(1))
     tests = ("tg128", "pp512")
     for t in threads:
@@ -142,10 +145,10 @@ def llama_bench_table(llama_bench: str, path: str, models: dict[str, Any], threa
                 ours[name]["pp512"].append(_genkit_prefill(m, 512, repeats, clock))
         load = os.getloadavg()[0]
         for test in tests:
-            first = next(iter(models))
             cells = " | ".join(f"{statistics.median(ours[n][test]):.1f}" for n in models)
-            ratio = statistics.median(ours[first][test]) / statistics.median(ref[test])
-            print(f"| {t} | {test} | {statistics.median(ref[test]):.1f} | {cells} | {ratio:.2f}x | {load:.2f} |",
+            ratios = ", ".join(f"{statistics.median(ours[n][test]) / statistics.median(ref[test]):.2f}x"
+                               for n in quantized)
+            print(f"| {t} | {test} | {statistics.median(ref[test]):.1f} | {cells} | {ratios} | {load:.2f} |",
                   flush=True)
 
 
@@ -160,6 +163,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="llama-bench table: rounds of llama-bench then genkit (medians reported)")
     parser.add_argument("--no-float32", action="store_true", help="llama-bench table: leave out genkit float32")
+    parser.add_argument("--activation-digits", default="2",
+                        help="genkit Q4_1's activation digits, comma-separated (1,2: both, interleaved)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="llama-bench table: tokens per CPU-second (a shared machine; 1 thread only)")
     args = parser.parse_args()
@@ -168,11 +173,13 @@ def main() -> None:
     path = demo_gguf_path(f"{genkit_home()}/bench-gguf")
     tok = genkit.load_tokenizer(path)
     ids = tok([PROMPT], return_tensors="pt")["input_ids"][:, :12]
-    quantized = genkit.load_model(path)
+    digits = [int(d) for d in args.activation_digits.split(",")]
+    variants = {_variant_name(d, digits): genkit.load_model(path, activation_digits=d) for d in digits}
+    quantized = next(iter(variants.values()))
     dense = None if args.no_float32 and args.only_llama_bench else genkit.load_model(path, dequantize=True)
     new = args.new_tokens
     if args.llama_bench:
-        table = {"genkit Q4_1": quantized} if args.no_float32 else {"genkit Q4_1": quantized, "genkit float32": dense}
+        table = dict(variants) if args.no_float32 else {**variants, "genkit float32": dense}
         llama_bench_table(args.llama_bench, path, table, [int(t) for t in args.threads.split(",")], args.repeats,
                           args.rounds, args.cpu_time)
         if args.only_llama_bench:
@@ -188,7 +195,7 @@ def main() -> None:
                                   json.dumps(ids[0].tolist())], capture_output=True, text=True, check=True)
             ref = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"| {threads} | llama.cpp | {new / ref['decode_s']:.1f} | 1.00x | |")
-        for name, model in (("genkit Q4_1 (block kernel)", quantized), ("genkit float32 (de-quantized)", dense)):
+        for name, model in (*variants.items(), ("genkit float32 (de-quantized)", dense)):
             secs, tokens = _genkit_decode(model, ids, new, args.repeats)
             ratio = f"{ref['decode_s'] / secs:.2f}x" if ref else "-"
             same = "-" if ref is None else _same(tokens, ref["tokens"][:new])
@@ -213,6 +220,11 @@ def main() -> None:
         model = genkit.load_model(folder, dtype=dtype)
         secs, _ = _genkit_decode(model, ids, new, args.repeats)
         print(f"| {str(dtype).replace('torch.', '')} | {new / secs:.1f} |")
+
+
+def _variant_name(digits: int, measured: list[int]) -> str:
+    """The quantized model's column: ``genkit Q4_1``, or with its activation digits when several run."""
+    return "genkit Q4_1" if measured == [2] else f"genkit Q4_1 ({digits} digit{'s' if digits > 1 else ''})"
 
 
 def _same(a: list[int], b: list[int]) -> str:

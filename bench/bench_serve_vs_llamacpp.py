@@ -8,7 +8,14 @@ continuous batching) and the same context per slot. Each client is a thread that
 time to first token is from sending a request to its first text chunk, throughput is the completion
 tokens of all requests over the round's wall time. Rounds alternate between the two servers and
 repeat ``--repeats`` times; the tables give medians. Before timing, each server answers the same
-prompts greedily (non-streaming) and the texts are compared.
+prompts greedily (non-streaming) and the completions are compared token by token (each text
+encoded with the GGUF's tokenizer): exact-equal completions are counted, and for the others the first
+differing token is named.
+
+``--activation-digits 1,2`` serves genkit once per setting (``genkit serve --activation-digits N``:
+1 is llama.cpp's activation rounding, 2 the default), all in the same alternating rounds.
+``--llama-flags`` passes more flags to llama-server, e.g. ``"-ctk f32 -ctv f32 -fa off"`` (a float32
+KV cache and no flash attention: the float path closest to genkit's).
 
 llama.cpp is never a genkit dependency: build it in a bench-only folder, e.g. from the source that
 llama-cpp-python's sdist vendors (``pip download --no-deps --no-binary :all: llama-cpp-python``)::
@@ -37,6 +44,10 @@ from bench_serve import PROMPTS, _free_port, _wait, round_  # noqa: E402  (the s
 BASELINE = "genkit baseline"  # --baseline-python: another genkit (e.g. main's venv) in the same rounds
 
 
+def _genkit_name(digits: int) -> str:
+    return f"genkit ({digits} digit{'s' if digits > 1 else ''})"
+
+
 def _start(name: str, gguf: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -44,11 +55,13 @@ def _start(name: str, gguf: str, args: argparse.Namespace) -> tuple[subprocess.P
     if name.startswith("genkit"):
         python = args.baseline_python if name == BASELINE else sys.executable
         cmd = [python, "-m", "genkit", "serve", "--model", gguf, "--model-name", "m", "--port", str(port)]
+        cmd += [] if name == BASELINE else ["--activation-digits", name.split("(")[1].split()[0]]
         cwd = "/" if name == BASELINE else None  # its own genkit, not the one of this folder
     else:
         slots = max(args.clients)
         cmd = [args.llama_server, "-m", gguf, "--port", str(port), "--host", "127.0.0.1", "-t", str(args.threads),
-               "-tb", str(args.threads), "--parallel", str(slots), "-c", str(slots * args.context), "--no-webui"]
+               "-tb", str(args.threads), "--parallel", str(slots), "-c", str(slots * args.context), "--no-webui",
+               *args.llama_flags.split()]
     proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
     base = f"http://127.0.0.1:{port}"
     _wait(base, proc)
@@ -60,9 +73,30 @@ def _texts(client: Any, new: int) -> list[str]:
             for p in PROMPTS]
 
 
-def _same_prefix(a: str, b: str) -> str:
-    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return "identical" if a == b else f"first {n} characters ({len(a[:n].split())} words)"
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token lists differ (one ending early counts), or None when equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _compare(texts: dict[str, list[str]], gguf: str) -> None:
+    """Per prompt, each genkit server's completion against llama-server's, token by token."""
+    import genkit
+
+    tok = genkit.load_tokenizer(gguf)
+    ours = [n for n in texts if n != "llama.cpp"]
+    print("| prompt | " + " | ".join(f"{n} vs llama.cpp" for n in ours) + " |\n|---|" + "---|" * len(ours))
+    equal = dict.fromkeys(ours, 0)
+    for i, p in enumerate(PROMPTS):
+        ref = tok(texts["llama.cpp"][i])["input_ids"]
+        cells = []
+        for n in ours:
+            at = first_difference(tok(texts[n][i])["input_ids"], ref)
+            equal[n] += at is None
+            cells.append("identical" if at is None else f"differ from token {at}")
+        print(f"| {p!r} | " + " | ".join(cells) + " |")
+    print("\nexact-equal completions: " + ", ".join(f"{n} {equal[n]}/{len(PROMPTS)}" for n in ours) + "\n")
 
 
 def _report(results: dict[str, dict[int, list[tuple[list[float], float, int]]]], clients: list[int]) -> None:
@@ -97,24 +131,27 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--context", type=int, default=512, help="llama-server context per slot")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--activation-digits", default="2",
+                        help="genkit's activation digits to serve, comma-separated (1,2: both, in the same rounds)")
+    parser.add_argument("--llama-flags", default="", help="more llama-server flags, e.g. '-ctk f32 -ctv f32 -fa off'")
+    parser.add_argument("--compare-tokens", type=int, default=64, help="greedy tokens per compared completion")
     parser.add_argument("--baseline-python", default=None,
                         help="a Python whose genkit is served too, in the same alternating rounds (before/after)")
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     gguf = args.gguf or demo_gguf_path(f"{genkit_home()}/bench-gguf")
-    names = ("genkit", BASELINE, "llama.cpp") if args.baseline_python else ("genkit", "llama.cpp")
+    ours = [_genkit_name(int(d)) for d in args.activation_digits.split(",")]
+    names = (*ours, BASELINE, "llama.cpp") if args.baseline_python else (*ours, "llama.cpp")
     servers = {name: _start(name, gguf, args) for name in names}
     try:
         clients = {name: openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=900)
                    for name, (_, base) in servers.items()}
-        texts = {name: _texts(c, 32) for name, c in clients.items()}
+        texts = {name: _texts(c, args.compare_tokens) for name, c in clients.items()}
         print(f"{os.path.basename(gguf)}, {args.threads} threads each, streaming completions, greedy, "
               f"{args.new_tokens} new tokens, {args.requests_per_client} requests per client, "
-              f"median of {args.repeats} alternating rounds\n")
-        print("| prompt | greedy text, genkit vs llama.cpp (32 tokens) |\n|---|---|")
-        for i, p in enumerate(PROMPTS):
-            print(f"| {p!r} | {_same_prefix(texts['genkit'][i], texts['llama.cpp'][i])} |")
-        print()
+              f"median of {args.repeats} alternating rounds; llama-server flags: {args.llama_flags or '(defaults)'}\n")
+        print(f"Greedy completions of {args.compare_tokens} tokens:\n")
+        _compare(texts, gguf)
         results: dict[str, dict[int, list[Any]]] = {name: {n: [] for n in args.clients} for name in clients}
         for client in clients.values():
             round_(client, 1, 1, 8)  # warm-up
