@@ -195,7 +195,7 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
         if any(type(lin) is not nn.Linear for lin in lins):
             return None
     if all(type(layer.self_attn.q_proj) is Int4Linear for layer in layers):
-        return _prepare_quantized(layers, windows)
+        return _prepare_quantized(layers, windows, lm_head)
     if any(type(layer.self_attn.q_proj) is Int4Linear for layer in layers):
         return None
     prepared = []
@@ -299,7 +299,7 @@ class _ProbeInputs:
         return x
 
 
-def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None]) -> PreparedModel | None:
+def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None], lm_head: nn.Module) -> PreparedModel | None:
     """The prepared layers of a model whose projections are :class:`Int4Linear` (q/k/v and
     gate/up fused into one int4 layer each; the LM head runs as its module); None (the module
     path) when the sizes do not allow fusing."""
@@ -322,7 +322,12 @@ def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None]) -> Prep
                 wqkv, None, norm, attn.o_proj, None, wgu, None, layer.post_attention_layernorm.weight,
                 mlp.down_proj, None, layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim,
                 window, rotations[attn.head_dim], False))
+    from . import weight_arena
     from .block_decode import BlockDecoder
+
+    # the block kernel's weights in huge pages, in the order a step reads them (before the decoder keeps pointers)
+    head = [lm_head.blocks] if type(lm_head) is Int4Linear and lm_head.kernel == "blocks" else []
+    weight_arena.place([w.blocks for p in prepared for w in (p.wqkv, p.wo, p.wgu, p.wd) if w.kernel == "blocks"] + head)
 
     return PreparedModel(prepared, None, BlockDecoder.build(prepared), choice=_blocks_choice(prepared))
 
