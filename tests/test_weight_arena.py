@@ -89,3 +89,29 @@ def test_off_linux_or_with_thp_never_nothing_moves(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "platform", "darwin")
     setting.write_text("always [madvise] never\n")
     assert not weight_arena.enabled()
+
+
+def test_a_float_models_prepared_weights_sit_in_huge_pages_and_give_the_same_tokens(monkeypatch, tmp_path):
+    """hidden 256, vocab 2048, 2 layers: ~6 MB of float32 matrices, placed when the model is prepared
+    (fused q/k/v and gate/up, whose row blocks the q/k/v and gate/up parameters stay views of)."""
+    import genkit
+    from genkit.models.tiny import tiny_llama
+
+    ids = torch.tensor([[5, 17, 300, 9, 1000]])
+    outs = {}
+    for env in ("0", "1"):
+        monkeypatch.setenv("GENKIT_HUGE_PAGES", env)
+        model = tiny_llama(seed=3, hidden_size=256, intermediate_size=512, vocab_size=2048, num_attention_heads=8)
+        model.cpu_weight_packing = False  # the plain weights are the ones the decode products read
+        outs[env] = model.generate(ids, max_new_tokens=12, eos_token_id=None)
+        attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+        storages = {w.untyped_storage().data_ptr() for w in (attn.q_proj.weight, attn.v_proj.weight,
+                                                             attn.o_proj.weight, mlp.up_proj.weight, model.lm_head.weight)}
+        assert len(storages) == (1 if env == "1" else 4)  # q and v: rows of one fused tensor either way
+        if env == "1":
+            assert vma_of(attn.q_proj.weight.data_ptr()).get("THPeligible", "1") == "1"
+            assert torch.equal(model.generate(ids, max_new_tokens=12, eos_token_id=None), outs["0"])  # kept prepared
+            model.save_pretrained(tmp_path / "saved")
+            again = genkit.load_model(tmp_path / "saved")
+            assert torch.equal(again.generate(ids, max_new_tokens=12, eos_token_id=None), outs["0"])
+    assert torch.equal(outs["0"], outs["1"])

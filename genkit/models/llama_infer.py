@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_state
 
+from . import weight_arena
 from .kernel_choice import CLASSES, SMALL_MAX_ROWS
 from .quant import Int4Linear
 
@@ -157,6 +158,12 @@ def fuse(linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | N
     if any(lin.bias is not None for lin in linears):
         bias = torch.cat([lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0])
                           for lin in linears])
+    share_rows(linears, weight, bias)
+    return weight, bias
+
+
+def share_rows(linears: tuple[nn.Linear, ...], weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Make the linears' parameters views of their row blocks of the fused ``weight`` (and ``bias``)."""
     start = 0
     for lin in linears:
         n = lin.weight.shape[0]
@@ -165,7 +172,6 @@ def fuse(linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | N
             assert bias is not None
             lin.bias.data = bias[start:start + n]
         start += n
-    return weight, bias
 
 
 def has_hooks(modules: list[nn.Module]) -> bool:
@@ -212,6 +218,10 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
         lay_out(lm_head.weight)
         matrices = [w for (wqkv, _, wgu, _), layer in zip(fused, layers)
                     for w in (wqkv, layer.self_attn.o_proj.weight, wgu, layer.mlp.down_proj.weight)]
+        if weight_arena.place([*matrices, lm_head.weight]):  # huge pages: the q/k/v and gate/up views follow
+            for layer, (wqkv, bqkv, wgu, bgu) in zip(layers, fused):
+                share_rows((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), wqkv, bqkv)
+                share_rows((layer.mlp.gate_proj, layer.mlp.up_proj), wgu, bgu)
         rotations: dict[int, torch.Tensor] = {}  # one per head size, shared by the layers
         for layer, window, (wqkv, bqkv, wgu, bgu) in zip(layers, windows, fused):
             attn, mlp = layer.self_attn, layer.mlp
@@ -322,7 +332,6 @@ def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None], lm_head
                 wqkv, None, norm, attn.o_proj, None, wgu, None, layer.post_attention_layernorm.weight,
                 mlp.down_proj, None, layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim,
                 window, rotations[attn.head_dim], False))
-    from . import weight_arena
     from .block_decode import BlockDecoder
 
     # the block kernel's weights in huge pages, in the order a step reads them (before the decoder keeps pointers)
