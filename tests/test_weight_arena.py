@@ -77,6 +77,8 @@ def test_a_bad_genkit_huge_pages_value_is_an_error_naming_it(monkeypatch):
     monkeypatch.setenv("GENKIT_HUGE_PAGES", "maybe")
     with pytest.raises(ConfigError, match=r"GENKIT_HUGE_PAGES='maybe' is not accepted; use one of 1, on"):
         weight_arena.place([torch.randn(1024, 1024)])
+    with pytest.raises(ConfigError, match="GENKIT_HUGE_PAGES"):
+        weight_arena.place([torch.randn(4)])  # checked even where nothing would move
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")

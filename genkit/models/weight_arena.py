@@ -76,7 +76,7 @@ def place(tensors: list[torch.Tensor]) -> int:
         seen.add(id(t))
         chosen.append(t)
     total = sum(_span(t) for t in chosen)
-    if total < MIN_BYTES or not enabled():
+    if not enabled() or total < MIN_BYTES:  # the switch is read (and checked) on every call
         return 0
     size = (total + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
     mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
