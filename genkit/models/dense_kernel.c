@@ -21,7 +21,12 @@
 #include <omp.h>
 
 #define VW 16      /* floats per vector */
+#ifndef PF
 #define PF 128     /* prefetch distance, floats ahead in each stream */
+#endif
+#ifndef PFH
+#define PFH 3      /* prefetcht0 */
+#endif
 #define MIN_WORK 65536  /* products below this many weights run on one thread */
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
@@ -49,10 +54,10 @@ static void part_t(const float *x, int ldx, const float *w, long ldw, float *p, 
         const float *w0 = w + (size_t)k * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
         int j = 0;
         for (; j + VW <= N; j += VW) {
-            __builtin_prefetch(w0 + j + PF, 0, 0);
-            __builtin_prefetch(w1 + j + PF, 0, 0);
-            __builtin_prefetch(w2 + j + PF, 0, 0);
-            __builtin_prefetch(w3 + j + PF, 0, 0);
+            __builtin_prefetch(w0 + j + PF, 0, PFH);
+            __builtin_prefetch(w1 + j + PF, 0, PFH);
+            __builtin_prefetch(w2 + j + PF, 0, PFH);
+            __builtin_prefetch(w3 + j + PF, 0, PFH);
             v16 a = ld16(w0 + j), b = ld16(w1 + j), c = ld16(w2 + j), d = ld16(w3 + j);
             for (int m = 0; m < M; m++) {
                 const float *xm = x + (size_t)m * ldx + k;
@@ -117,7 +122,7 @@ static void rows_n(const float *x, int ldx, const float *wr, long ldw, float *y,
         for (; k + VW <= K; k += VW) {
             v16 xv = ld16(xm + k);
             for (int i = 0; i < r; i++) {
-                if (m == 0) __builtin_prefetch(wr + i * ldw + k + PF, 0, 0);
+                if (m == 0) __builtin_prefetch(wr + i * ldw + k + PF, 0, PFH);
                 acc[i] += ld16(wr + i * ldw + k) * xv;
             }
         }
