@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from tolerance import matmul_bound
 
+from genkit.cli import main as cli_main
 from genkit.errors import ConfigError
 from genkit.models import block_kernel, dense_kernel, kernel_choice
 from genkit.models.tiny import tiny_llama
@@ -68,9 +69,10 @@ def test_products_equal_torchs_within_the_float32_bound(threads):
 
 
 @needs_cc
-def test_it_is_built_into_the_verified_kernel_cache(home, monkeypatch):
+def test_it_is_built_into_the_verified_kernel_cache(home, monkeypatch, capsys):
     monkeypatch.setattr(dense_kernel, "_libs", {})  # this process loads it again, from this GENKIT_HOME
-    assert dense_kernel.available()
+    assert cli_main(["info"]) == 0
+    assert "float32 gemv kernel (dense path 'gemv'): built" in capsys.readouterr().out
     built = list((home / "kernels").glob("genkit_dense-*.so"))
     assert len(built) == 1 and built[0].with_name(built[0].name + ".sha256").exists()
 
@@ -105,12 +107,14 @@ def test_every_vector_branch_compiles_without_warnings(tmp_path, flags):
 
 
 @pytest.mark.parametrize("why", ["no compiler", "switched off"])
-def test_without_the_kernel_a_forced_gemv_is_refused_by_name(why, monkeypatch, tmp_path):
+def test_without_the_kernel_a_forced_gemv_is_refused_by_name(why, monkeypatch, tmp_path, capsys):
     if why == "no compiler":
         monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     else:
         monkeypatch.setenv(block_kernel.ENV_SWITCH, "0")
     assert not dense_kernel.available()
+    assert cli_main(["info"]) == 0
+    assert "float32 gemv kernel (dense path 'gemv'): not available" in capsys.readouterr().out
     monkeypatch.setenv(kernel_choice.ENV, "decode:gemv")
     model = tiny_llama(seed=5)
     with pytest.raises(ConfigError, match=r"GENKIT_KERNEL asks for 'gemv' \(decode\), which this CPU or build does "
