@@ -3,7 +3,7 @@
 For the random 12-layer, 768-hidden Llama (~124M) and SmolLM2-135M-Instruct (float32, from the demo
 GGUF), at each thread count: genkit with the per-CPU kernel choice (``genkit.models.kernel_choice``:
 what it picked and why is printed), genkit forced to oneDNN-packed weights, genkit forced to plain
-weights, and transformers, in interleaved rounds (median ms per token of ``--rounds``), the tokens of
+weights, genkit forced to its own matrix-vector kernel (``GENKIT_KERNEL=gemv``), and transformers, in interleaved rounds (median ms per token of ``--rounds``), the tokens of
 each compared with transformers'.
 
 Run: ``python bench/bench_kernel_choice.py --threads 1,2 --rounds 5``
@@ -12,6 +12,7 @@ Run: ``python bench/bench_kernel_choice.py --threads 1,2 --rounds 5``
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -43,13 +44,28 @@ def _models(name: str) -> tuple[Any, str]:
     return hf, folder
 
 
+FORCED = {"genkit gemv": "gemv"}  # engines whose path GENKIT_KERNEL forces at their first generation
+
+
 def _engines(hf: Any, folder: str) -> dict[str, Any]:
     engines: dict[str, Any] = {"transformers": hf}
-    for label, packing in (("genkit (choice)", None), ("genkit packed", True), ("genkit plain", False)):
+    for label, packing in (("genkit (choice)", None), ("genkit packed", True), ("genkit plain", False),
+                           ("genkit gemv", None)):
         model = genkit.load_model(folder)
         model.cpu_weight_packing = packing
         engines[label] = model
     return engines
+
+
+def _warm_up(engines: dict[str, Any], ids: torch.Tensor) -> None:
+    """One short generation per engine: the kernel choice's probe (or GENKIT_KERNEL's forced path)."""
+    for e, m in engines.items():
+        if e in FORCED:
+            os.environ[kernel_choice.ENV] = FORCED[e]
+        try:
+            _decode(m, ids, 4)
+        finally:
+            os.environ.pop(kernel_choice.ENV, None)
 
 
 def _decode(model: Any, ids: torch.Tensor, new: int) -> tuple[float, list[int]]:
@@ -83,8 +99,7 @@ def main() -> None:
             engines = _engines(hf, folder)  # the choice is made at the first generation, for this thread count
             times: dict[str, list[float]] = {e: [] for e in engines}
             tokens: dict[str, list[int]] = {}
-            for e, m in engines.items():  # warm-up (and the choice's probe, at this thread count)
-                _decode(m, ids, 4)
+            _warm_up(engines, ids)  # the choice's probe, at this thread count
             for _ in range(args.rounds):
                 for e, m in engines.items():
                     ms, tokens[e] = _decode(m, ids, args.new_tokens)
@@ -94,9 +109,9 @@ def main() -> None:
                 ms = statistics.median(times[e])
                 print(f"| {name} | {threads} | {e} | {ms:.2f} | {1e3 / ms:.1f} | {ref / ms:.2f}x | "
                       f"{tokens[e] == tokens['transformers']} |", flush=True)
-            for (family, sig), choice in kernel_choice.CHOSEN.items():
-                if family == "dense":
-                    print(f"|  |  | choice: {choice.paths} ({choice.reasons['decode']}) | | | | |")
+            choice = engines["genkit (choice)"]._prepared[1].choice
+            if choice is not None:
+                print(f"|  |  | choice: {choice.paths} ({choice.reasons['decode']}) | | | | |")
             kernel_choice.CHOSEN.clear()
 
 

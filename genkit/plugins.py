@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import itertools
 import logging
 import os
 import threading
@@ -165,6 +166,9 @@ KINDS = tuple(k.name for k in KIND_TABLE)
 _current_origin: ContextVar[Origin | None] = ContextVar("genkit_plugin_origin", default=None)
 
 
+_serials = itertools.count()
+
+
 class Registry:
     """All registered items, by kind and name."""
 
@@ -175,6 +179,9 @@ class Registry:
         self.failed: dict[str, str] = {}  # plugin name -> error text
         self.strict = strict
         self.pm: pluggy.PluginManager | None = None
+        # what this registry holds, as a key that changes whenever its items or fields do (for the
+        # tables derived from it, e.g. genkit.config.fields.field_table)
+        self.serial, self.version = next(_serials), 0
 
     # -- adding ---------------------------------------------------------------------------
     def add(self, item: Item) -> None:
@@ -194,6 +201,7 @@ class Registry:
         for spec in item.fields:
             self.fields[spec.name] = (spec, item.origin)
         table[item.name] = item
+        self.version += 1
         info = self.plugins.setdefault(item.origin.plugin, _plugin_info(item.origin))
         info["items"].setdefault(item.kind, []).append(item.name)
 
@@ -224,6 +232,7 @@ class Registry:
             for name in [n for n, it in table.items() if it.origin.plugin == origin.plugin]:
                 del table[name]
         self.fields = {k: v for k, v in self.fields.items() if v[1].plugin != origin.plugin}
+        self.version += 1
         self.plugins.pop(origin.plugin, None)
         _record_failure(self, origin, exc, self.strict)
 

@@ -229,6 +229,30 @@ def test_what_the_one_call_cannot_take_goes_the_torch_way(quantized):
         assert decoder(x, cos, sin, {None: None}, cache, None) is None
 
 
+def test_the_one_call_checks_a_cache_again_when_its_buffers_change(quantized):
+    """The decoder keeps a cache's checked buffers and pointer arrays between steps; a cache whose
+    buffers were replaced (here: reordered into 2 rows) is checked again, and written where it now is
+    (the same as a cache it meets for the first time after the same steps)."""
+    prepared = quantized._prepared[1]
+    decoder = prepared.decoder
+    x = torch.randn(1, 1, quantized.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ours, ref = _prefilled(quantized, IDS[:1]), _prefilled(quantized, IDS[:1])
+        for cache in (ours, ref):
+            for pos in (6, 7):
+                cos, sin = quantized.rope(torch.tensor([[pos]]), x.dtype, pos, 1)
+                assert decoder(x, cos, sin, {None: None}, cache, None) is not None
+            cache.reorder(torch.tensor([0, 0]))  # new buffers (as beam search makes each step), 2 rows
+        cos, sin = quantized.rope(torch.tensor([[8]]), x.dtype, 8, 1)
+        x2 = torch.cat([x, -x])
+        assert decoder(x2[:1], cos, sin, {None: None}, ours, None) is None  # 2 rows held now
+        got = decoder(x2, cos, sin, {None: None}, ours, None)
+        want = decoder(x2, cos, sin, {None: None}, ref, None)
+    assert got is not None and want is not None and torch.equal(got, want)
+    for a, b in zip(ours.keys + ours.values, ref.keys + ref.values):
+        assert torch.equal(a[:, :, :9], b[:, :, :9])
+
+
 def test_generation_gives_the_torch_paths_tokens(quantized):
     """Greedy on one prompt (decode steps in one call), on a padded batch (the torch path),
     sampling, several samples of one prompt and beams (several rows in one call), against the same

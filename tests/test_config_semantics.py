@@ -327,6 +327,30 @@ def test_a_field_declared_by_a_plugin_counts_as_implemented(tiny_model):
         tiny_model.generate(IDS[:1], max_new_tokens=2, token_healing=True)
 
 
+def test_a_field_registered_after_the_tables_were_read_is_in_them():
+    """The field table and its defaults are kept per registry state: a plugin registered into a
+    registry whose tables were already read (a server's requests read them) adds its field."""
+    from genkit.config import default_values, field_table, none_means_off
+    from genkit.plugins import FieldSpec, register_plugin, reset_registry
+
+    class Late:
+        @genkit.hookimpl
+        def register_logits_processors(self, register):
+            register("late_knob_demo", lambda config, ctx: None, order=10,
+                     fields=[FieldSpec("late_knob", 3, lambda v: isinstance(v, int), "an int", off_when_none=True)])
+
+    reset_registry()
+    try:
+        assert "late_knob" not in field_table() and "late_knob" not in default_values()
+        register_plugin(Late(), name="late-knob")
+        assert field_table()["late_knob"].default == 3
+        assert default_values()["late_knob"] == 3 and "late_knob" in none_means_off()
+        assert genkit.GenerationConfig(late_knob=5).late_knob == 5
+    finally:
+        reset_registry()
+    assert "late_knob" not in field_table()
+
+
 def test_unsupported_values_say_what_to_use_instead(tiny_model):
     from genkit.errors import NotSupportedError
 

@@ -18,7 +18,7 @@ from test_quantized import write_quantized_gguf
 import genkit
 from genkit.cli import main as cli_main
 from genkit.errors import ConfigError
-from genkit.models import block_kernel, kernel_choice
+from genkit.models import block_kernel, dense_kernel, kernel_choice
 from genkit.models.llama_infer import packing_available
 from genkit.models.tiny import tiny_llama
 
@@ -27,7 +27,8 @@ block_kernel.available()  # built (or loaded) under the usual GENKIT_HOME before
 PROMPTS = {"decode": [[1, 17, 33, 5, 60, 9]], "small": [[1, 17, 33, 5], [3, 44, 45, 46], [8, 8, 9, 10], [2, 9, 7, 7]],
            "prefill": [list(range(3, 43))]}
 DENSE_FORCED = {"packed": "packed", "plain": "plain", "mixed": "decode:plain,small:packed,prefill:packed",
-                "mixed2": "decode:packed,small:plain,prefill:plain"}
+                "mixed2": "decode:packed,small:plain,prefill:plain", "gemv": "gemv",
+                "gemv-decode": "decode:gemv,small:gemv,prefill:plain"}
 
 
 def _load(monkeypatch, load: float) -> None:
@@ -62,6 +63,8 @@ def _module_greedy(model, prompt: list[list[int]], new: int = 8) -> list[list[in
 def test_a_forced_dense_path_gives_the_modules_greedy_tokens(name, monkeypatch):
     if "packed" in DENSE_FORCED[name] and not packing_available():
         pytest.skip("oneDNN cannot pack float32 weights on this CPU/build: only the plain path exists here")
+    if "gemv" in DENSE_FORCED[name] and not dense_kernel.available():
+        pytest.skip("no C compiler: genkit's gemv kernel does not exist here (tests/test_dense_kernel.py)")
     monkeypatch.setenv(kernel_choice.ENV, DENSE_FORCED[name])
     model = tiny_llama(seed=5)
     got = {cls: _greedy(model, prompt) for cls, prompt in PROMPTS.items()}
@@ -69,6 +72,7 @@ def test_a_forced_dense_path_gives_the_modules_greedy_tokens(name, monkeypatch):
     wanted = kernel_choice.parse_override(DENSE_FORCED[name])
     for cls in kernel_choice.CLASSES:
         assert routes[cls][0][0].packed is (wanted[cls] == "packed"), cls
+        assert (type(routes[cls][0][0].wgu) is dense_kernel.Gemv) is (wanted[cls] == "gemv"), cls
     assert all("GENKIT_KERNEL" in why for why in model._prepared[1].choice.reasons.values())
     assert got == {cls: _module_greedy(model, prompt) for cls, prompt in PROMPTS.items()}
 
@@ -166,7 +170,7 @@ def test_the_environment_variable_wins_over_the_cache(monkeypatch):
 @pytest.mark.parametrize("value", ["fast", "decode:", "batch:plain", "decode:plain,prefill:turbo"])
 def test_a_malformed_override_is_an_error_naming_the_variable(value, monkeypatch):
     monkeypatch.setenv(kernel_choice.ENV, value)
-    with pytest.raises(ConfigError, match=r"GENKIT_KERNEL items are PATH or CLASS:PATH .*amx, avx2, packed, plain, vnni"):
+    with pytest.raises(ConfigError, match=r"GENKIT_KERNEL items are PATH or CLASS:PATH .*amx, avx2, gemv, packed, plain, vnni"):
         kernel_choice.choose("dense", "sig-d", ("packed", "plain"), _runner([]))
 
 

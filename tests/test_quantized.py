@@ -434,3 +434,32 @@ def test_smollm2_q4_1_peak_memory_is_under_40_percent_of_float32(smollm2_gguf):
                              check=True)
         peak[deq] = int(out.stdout.split()[-1])
     assert peak["0"] <= 0.4 * peak["1"], peak
+
+
+def test_smollm2_q4_1_decode_weights_sit_in_huge_pages_and_give_the_same_tokens(smollm2_gguf, monkeypatch):
+    """The block kernel's weights (fused q/k/v and gate/up, o, down, the LM head) are moved into
+    memory advised MADV_HUGEPAGE before the one-call decoder records their addresses; tokens are
+    those of the same model on ordinary pages (GENKIT_HUGE_PAGES=0)."""
+    from test_weight_arena import vma_of
+
+    from genkit.models import weight_arena
+
+    if not weight_arena.enabled():
+        pytest.skip("no transparent huge pages here")
+    torch.set_num_threads(1)
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]])
+    outs = {}
+    for env in ("0", "1"):
+        monkeypatch.setenv("GENKIT_HUGE_PAGES", env)
+        model = genkit.load_model(smollm2_gguf)
+        outs[env] = model.generate(ids, max_new_tokens=24, eos_token_id=None)
+        prepared = model._prepared[1]
+        blocks = [w.blocks for p in prepared.layers for w in (p.wqkv, p.wo, p.wgu, p.wd)] + [model.lm_head.blocks]
+        assert prepared.decoder.pointers[:4] == tuple(b.data_ptr() for b in blocks[:4])
+        eligible = {vma_of(b.data_ptr()).get("THPeligible") for b in blocks}
+        if env == "1":
+            assert eligible <= {"1", None} and blocks[0].data_ptr() % weight_arena.HUGE_PAGE == 0
+            assert len({b.untyped_storage().data_ptr() for b in blocks}) == 1  # one mapping for them all
+        else:
+            assert len({b.untyped_storage().data_ptr() for b in blocks}) == len(blocks)
+    assert torch.equal(outs["0"], outs["1"])

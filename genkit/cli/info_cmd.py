@@ -60,7 +60,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     import torch
 
     from genkit import __version__
-    from genkit.models import block_kernel, kernel_choice
+    from genkit.models import block_kernel, dense_kernel, kernel_choice
     from genkit.models.llama_infer import packing_available
 
     if args.probe:
@@ -73,6 +73,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     kernel = (f"{simd}" + (", AMX int8 tiles for multi-row products" if block_kernel.amx_available() else ", no AMX")
               if simd else "not available (torch's int4 kernel runs quantized layers)")
     lines.append(f"block kernel: {kernel}")
+    lines.append("float32 gemv kernel (dense path 'gemv'): " + ("built" if dense_kernel.available() else
+                                                                  "not available (no C compiler, or switched off)"))
     lines.extend(kernel_choice.describe())
     print("\n".join(lines))
     return 0

@@ -191,25 +191,55 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
 # the ones listed as "off" with a NotSupportedError naming the field: none is accepted and ignored.
 
 
+class _Tables:
+    """The tables derived from the core fields and the registry's, made once per registry state
+    (every request of a server reads them several times)."""
+
+    def __init__(self, key: tuple[int, int], fields: dict[str, FieldSpec]) -> None:
+        self.key, self.fields = key, fields
+        self.defaults = {name: spec.default for name, spec in fields.items() if spec.default is not None}
+        self.none_off = frozenset(name for name, spec in fields.items() if spec.off_when_none)
+
+
+_tables: _Tables | None = None
+_IMMUTABLE = (bool, int, float, str, bytes, type(None))
+
+
+def _current() -> _Tables:
+    global _tables
+    registry = get_registry()
+    key = (registry.serial, registry.version)
+    tables = _tables
+    if tables is None or tables.key != key:
+        table = {f.name: f for f in CORE_FIELDS}
+        for name, (spec, _origin) in registry.fields.items():
+            table[name] = spec
+        tables = _tables = _Tables(key, table)
+    return tables
+
+
 def field_table() -> dict[str, FieldSpec]:
-    table = {f.name: f for f in CORE_FIELDS}
-    for name, (spec, _origin) in get_registry().fields.items():
-        table[name] = spec
-    return table
+    """Every ``GenerationConfig`` field by name: the core fields and those plugins declare."""
+    return dict(_current().fields)
 
 
 def default_values() -> dict[str, Any]:
     """The global defaults: the value of each field that neither the call nor the model's
     generation config sets (transformers' ``_get_default_generation_params``, plus the defaults of
     the fields plugins declare)."""
-    return {name: copy.deepcopy(spec.default) for name, spec in field_table().items() if spec.default is not None}
+    return {name: copied(value) for name, value in _current().defaults.items()}
+
+
+def copied(value: Any) -> Any:
+    """A deep copy of a field's value; scalars and strings, which cannot change, as they are."""
+    return value if isinstance(value, _IMMUTABLE) else copy.deepcopy(value)
 
 
 def none_means_off() -> frozenset[str]:
     """Fields for which an explicit ``None`` passed to ``generate`` turns a processor off, as in
     transformers 5 (``top_k=None`` samples without top-k; the default would be 50): those declared
     with ``FieldSpec(off_when_none=True)``. Every other field's ``None`` means its default."""
-    return frozenset(name for name, spec in field_table().items() if spec.off_when_none)
+    return _current().none_off
 
 
 def unknown_key_error(key: str, known: Any, what: str = "GenerationConfig field") -> ConfigError:

@@ -27,6 +27,7 @@ from .fields import (
     GENERATION_CONFIG_NAME,
     METADATA,
     close_field,
+    copied,
     default_values,
     field_table,
     negative_id,
@@ -115,7 +116,7 @@ class GenerationConfig:
     # -- dict / json ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Every field (``None`` when not set), the custom entries and the metadata."""
-        out = {name: copy.deepcopy(getattr(self, name)) for name in field_table()}
+        out = {name: copied(getattr(self, name)) for name in field_table()}
         out.update(copy.deepcopy(self.custom_entries()))
         for key in METADATA:
             out[key] = getattr(self, key)
@@ -124,7 +125,7 @@ class GenerationConfig:
     def to_diff_dict(self) -> dict[str, Any]:
         """What differs from ``GenerationConfig()``: the fields set, the custom entries and the
         metadata read with the config (what ``save_pretrained`` writes)."""
-        out = {name: copy.deepcopy(value) for name in field_table() if (value := getattr(self, name)) is not None}
+        out = {name: copied(value) for name in field_table() if (value := getattr(self, name)) is not None}
         out.update(copy.deepcopy(self.custom_entries()))
         for key in METADATA:
             if getattr(self, key) is not None:

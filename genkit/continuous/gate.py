@@ -74,9 +74,12 @@ def refusal(config: Any, **arguments: Any) -> str | None:
     why = _argument_refusal(arguments)
     if why is not None:
         return why
+    from genkit.config import default_values
+
+    unset, defaults = _unset(), default_values()
     for name, reason in UNSUPPORTED_FIELDS.items():
         value = getattr(config, name, None)
-        if not _off(name, value):
+        if not _off(name, value, unset, defaults):
             return f"`{name}`={value!r}: {reason}"
     return _strategy_refusal(config)
 
@@ -128,10 +131,8 @@ def _unset() -> dict[str, Any]:
     return GenerationConfig().to_dict()
 
 
-def _off(name: str, value: Any) -> bool:
-    from genkit.config import default_values
-
-    if value is None or value is False or value in (_unset().get(name), default_values().get(name)):
+def _off(name: str, value: Any, unset: dict[str, Any], defaults: dict[str, Any]) -> bool:
+    if value is None or value is False or value in (unset.get(name), defaults.get(name)):
         return True
     return name == "guidance_scale" and value == 1
 

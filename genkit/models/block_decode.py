@@ -14,6 +14,7 @@ room) takes the torch path.
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import Any
 
 import torch
@@ -31,6 +32,34 @@ class _Layer(ctypes.Structure):
                 ("act_qkv", ctypes.c_int), ("act_o", ctypes.c_int), ("act_gu", ctypes.c_int), ("act_d", ctypes.c_int)]
 
 
+class _CacheState:
+    """A cache's key/value buffers checked for the kernel once (same batch and capacity, float32,
+    contiguous) with their pointer arrays, reused while the cache holds the same buffer objects
+    (weakly: a grown, cloned or reordered cache has new buffers, and is checked again)."""
+
+    __slots__ = ("cache", "capacity", "inference", "karr", "keys", "rows", "values", "varr")
+
+    def __init__(self, cache: KVCache, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        self.cache = weakref.ref(cache)
+        self.keys = [weakref.ref(k) for k in keys]
+        self.values = [weakref.ref(v) for v in values]
+        self.rows, self.capacity = int(keys[0].shape[0]), int(keys[0].shape[2])
+        self.inference = any(k.is_inference() or v.is_inference() for k, v in zip(keys, values))
+        self.karr = (ctypes.c_void_p * len(keys))(*[k.data_ptr() for k in keys])
+        self.varr = (ctypes.c_void_p * len(values))(*[v.data_ptr() for v in values])
+
+    @staticmethod
+    def check(cache: KVCache, keys: list[Any], values: list[Any], rows: int) -> _CacheState | None:
+        first = keys[0]
+        if first is None or first.shape[0] != rows:
+            return None
+        for k, v in zip(keys, values):
+            if (k is None or v is None or k.shape != first.shape or v.shape != first.shape
+                    or k.dtype != torch.float32 or v.dtype != torch.float32 or not (k.is_contiguous() and v.is_contiguous())):
+                return None
+        return _CacheState(cache, keys, values)
+
+
 class BlockDecoder:
     """The decoder layers of a prepared quantized model as one ``gk_decode`` call per token."""
 
@@ -46,6 +75,7 @@ class BlockDecoder:
             for p in layers])
         self.pointers = tuple(t.data_ptr() for p in layers for t in (p.wqkv.blocks, p.wo.blocks, p.wgu.blocks,
                                                                        p.wd.blocks, p.norm1, p.norm2))
+        self._state: _CacheState | None = None  # the last cache's checked buffers
 
     @staticmethod
     def build(layers: list[Any]) -> BlockDecoder | None:
@@ -82,30 +112,27 @@ class BlockDecoder:
         n = len(self.layers) if num_layers is None else num_layers
         pos = cache.lengths[0]
         keys, values = cache.keys[:n], cache.values[:n]
-        first = keys[0]
-        if first is None or pos >= first.shape[2] or first.shape[0] != rows:
-            return None
-        inference = torch.is_inference_mode_enabled()
-        for i, (k, v) in enumerate(zip(keys, values)):
-            if (k is None or v is None or cache.lengths[i] != pos or k.shape != first.shape or v.shape != first.shape
-                    or k.dtype != torch.float32 or not (k.is_contiguous() and v.is_contiguous())
-                    or (k.is_inference() and not inference)):
+        state = self._state
+        if (state is None or state.cache() is not cache or len(state.keys) != n
+                or any(r() is not k for r, k in zip(state.keys, keys)) or any(r() is not v for r, v in zip(state.values, values))):
+            state = self._state = _CacheState.check(cache, keys, values, rows)
+            if state is None:
                 return None
+        if (pos >= state.capacity or state.rows != rows or cache.lengths[:n] != [pos] * n
+                or state.inference and not torch.is_inference_mode_enabled()):
+            return None
         cos, sin = cos.reshape(-1), sin.reshape(-1)
         if cos.shape[0] != self.head_dim or sin.shape[0] != self.head_dim:
             return None
         cos = cos if cos.dtype == torch.float32 and cos.is_contiguous() else cos.float().contiguous()
         sin = sin if sin.dtype == torch.float32 and sin.is_contiguous() else sin.float().contiguous()
         out = x.contiguous().clone()
-        karr = (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys])
-        varr = (ctypes.c_void_p * n)(*[v.data_ptr() for v in values])
         rc = block_kernel.library().gk_decode(n, self.table, out.data_ptr(), rows, self.hidden, cos.data_ptr(),
-                                              sin.data_ptr(), pos, karr, varr, first.shape[2],
+                                              sin.data_ptr(), pos, state.karr, state.varr, state.capacity,
                                               torch.get_num_threads())
         if rc:
             raise MemoryError("the block kernel could not allocate its scratch memory")
-        for i in range(n):
-            cache.lengths[i] = pos + 1
+        cache.lengths[:n] = [pos + 1] * n
         return out
 
     def paged(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, store: Any,

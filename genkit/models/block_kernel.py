@@ -92,23 +92,37 @@ def _flags(mode: str) -> list[str]:
     return ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall", *BUILD_FLAGS[mode]]
 
 
-def cache_name(cc: str, mode: str = "native") -> str:
+def cache_name(cc: str, mode: str = "native", source: Path = SOURCE, stem: str = "genkit_blocks") -> str:
     """The library's file name in the cache: a hash of the C source, the compiler (its path and
     ``--version``), the CPU and the flags, so any change builds a new library."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256(b"\0".join(part.encode() if isinstance(part, str) else part for part in (
-        SOURCE.read_bytes(), cc, version, _cpu_key(), " ".join(_flags(mode))))).hexdigest()[:16]
-    return f"genkit_blocks-{key}.so"
+        source.read_bytes(), cc, version, _cpu_key(), " ".join(_flags(mode))))).hexdigest()[:16]
+    return f"{stem}-{key}.so"
 
 
-def _load(cc: str, mode: str = "native") -> Any:
+def build_cached(cc: str, mode: str = "native", source: Path = SOURCE, stem: str = "genkit_blocks") -> Any:
+    """The C library ``source`` built by ``cc`` with the ``mode``'s flags (:data:`BUILD_FLAGS`) and
+    loaded from the verified cache (:mod:`genkit.models.kernel_cache`); the block kernel and
+    :mod:`genkit.models.dense_kernel` share it. Raises ``RuntimeError``/``OSError`` on failure."""
     def build(out: Path) -> None:
-        proc = subprocess.run([cc, *_flags(mode), str(SOURCE), "-o", str(out), "-lm"], capture_output=True,
+        proc = subprocess.run([cc, *_flags(mode), str(source), "-o", str(out), "-lm"], capture_output=True,
                               text=True, check=False)
         if proc.returncode != 0:
-            raise KernelUnavailableError(f"building the block kernel with {cc} failed:\n{proc.stderr[-2000:]}")
+            raise KernelUnavailableError(f"building {source.name} with {cc} failed:\n{proc.stderr[-2000:]}")
 
-    return kernel_cache.load(_cache_dir(), cache_name(cc, mode), build)
+    return kernel_cache.load(_cache_dir(), cache_name(cc, mode, source, stem), build)
+
+
+def build_mode() -> str | None:
+    """The build :data:`ENV_SWITCH` asks for (``"native"``, ``"portable"``, ``"avx2"``), or None
+    when it switches the C kernels off; ConfigError for a value not in :data:`SETTINGS`."""
+    setting = os.environ.get(ENV_SWITCH, "1").strip().lower()
+    if setting in ("0", "false", "no", "off"):
+        return None
+    if setting not in ("", "1", "true", "yes", "on", "portable", "avx2"):
+        raise ConfigError(f"{ENV_SWITCH} must be one of {', '.join(repr(v) for v in SETTINGS)}; got {setting!r}")
+    return setting if setting in ("portable", "avx2") else "native"
 
 
 ACT_TWO, ACT_Q8_1, ACT_Q8_0 = 0, 1, 2  # the C kernel's GK_ACT_* (how activations are rounded)
@@ -150,19 +164,16 @@ def library() -> Any:
     if _tried:
         return _lib
     _tried = True
-    setting = os.environ.get(ENV_SWITCH, "1").strip().lower()
-    if setting in ("0", "false", "no", "off"):
+    mode = build_mode()
+    if mode is None:
         logger.info("block kernel switched off by %s", ENV_SWITCH)
         return None
-    if setting not in ("", "1", "true", "yes", "on", "portable", "avx2"):
-        raise ConfigError(f"{ENV_SWITCH} must be one of {', '.join(repr(v) for v in SETTINGS)}; got {setting!r}")
-    mode = setting if setting in ("portable", "avx2") else "native"
     cc = _compiler()
     if cc is None:
         logger.info("no C compiler found; quantized layers use torch's int4 kernels")
         return None
     try:
-        lib = _load(cc, mode)
+        lib = build_cached(cc, mode)
     except (OSError, RuntimeError) as exc:
         logger.warning("block kernel unavailable, quantized layers use torch's int4 kernels: %s", exc)
         return None

@@ -93,12 +93,22 @@ def _open_checked(target: Path) -> tuple[int | None, str]:
     return fd, ""
 
 
+_LOADED_FDS: list[int] = []  # the descriptors libraries were loaded through, kept open (see _dlopen)
+
+
 def _dlopen(fd: int, target: Path) -> Any:
+    """Load the checked file open on ``fd``. The descriptor stays open once loaded: the dynamic
+    loader knows a library by the name it was opened under, so a second library loaded through a
+    reused ``/proc/self/fd/N`` would be taken for the first (the block and the dense kernel in one
+    process)."""
     proc = f"/proc/self/fd/{fd}"
     try:
-        return ctypes.CDLL(proc if os.path.exists(proc) else str(target))
-    finally:
+        lib = ctypes.CDLL(proc if os.path.exists(proc) else str(target))
+    except BaseException:
         os.close(fd)
+        raise
+    _LOADED_FDS.append(fd)
+    return lib
 
 
 def _load_cached(target: Path) -> Any:

@@ -4,7 +4,9 @@ genkit has more than one implementation of the same product, and which is fastes
 CPU (the oneDNN-packed float32 weights that win 2x on one AVX-512 EPYC lose on an AMX Xeon):
 
 - dense (float32, or bfloat16 when the model is bfloat16): ``"packed"`` (oneDNN-packed copies of
-  the weights) or ``"plain"`` (torch's linear on the column-major weights);
+  the weights), ``"plain"`` (torch's linear on the column-major weights) or, for float32 where a C
+  compiler built it, ``"gemv"`` (genkit's own matrix-vector kernel on the plain weights, both cores
+  busy on one row: :mod:`genkit.models.dense_kernel`; products over more than 4 rows run plain);
 - quantized (the block kernel): its vector path (``"vnni"`` on AVX-512 VNNI CPUs, ``"avx2"``) or,
   for products of several rows, ``"amx"`` where the CPU has AMX-INT8 and Linux grants it.
 
@@ -73,13 +75,13 @@ CLASSES = ("decode", "small", "prefill")
 PROBE_ROWS = {"decode": 1, "small": 4, "prefill": 64}
 SMALL_MAX_ROWS = 16
 PROBE_MIN_ROWS = {"decode": 1, "small": 2, "prefill": SMALL_MAX_ROWS + 1}  # the fewest rows of each class
-FAMILIES = {"dense": ("packed", "plain"), "blocks": ("amx", "vnni", "avx2")}
+FAMILIES = {"dense": ("packed", "plain", "gemv"), "blocks": ("amx", "vnni", "avx2")}
 PROBE_ROUNDS = 9  # interleaved rounds per class at most ...
 PROBE_MIN_ROUNDS = 3  # ... and at least, however long they take
 PROBE_BUDGET_S = 1.0  # per class: no round starts after this many seconds once PROBE_MIN_ROUNDS are done
 MARGIN = 0.10  # another path replaces the default only when at least this much faster (median paired ratio)
-PROBE_VERSION = 2  # part of the cache key: choices probed by an older rule (version 1: best of 3, no margin,
-# taken under any load) are never read
+PROBE_VERSION = 3  # part of the cache key: choices probed by an older rule (version 1: best of 3, no margin,
+# taken under any load; version 2: without the gemv path) are never read
 
 Runner = Callable[[str, int], None]
 """``run(path, rows)``: one timed unit of work on ``path`` with ``rows`` rows."""

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_state
 
+from . import weight_arena
+from .dense_kernel import Gemv
 from .kernel_choice import CLASSES, SMALL_MAX_ROWS
 from .quant import Int4Linear
 
@@ -123,6 +125,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
     if type(weight) is Int4Linear:  # quantized: the layer runs its own kernel (no hooks on this path)
         return weight.forward(x) if bias is None else weight.forward(x) + bias
+    if type(weight) is Gemv:  # genkit's own matrix-vector kernel on the plain weight (dense_kernel)
+        return weight(x, bias)
     if packed:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -157,6 +161,12 @@ def fuse(linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | N
     if any(lin.bias is not None for lin in linears):
         bias = torch.cat([lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0])
                           for lin in linears])
+    share_rows(linears, weight, bias)
+    return weight, bias
+
+
+def share_rows(linears: tuple[nn.Linear, ...], weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Make the linears' parameters views of their row blocks of the fused ``weight`` (and ``bias``)."""
     start = 0
     for lin in linears:
         n = lin.weight.shape[0]
@@ -165,7 +175,6 @@ def fuse(linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | N
             assert bias is not None
             lin.bias.data = bias[start:start + n]
         start += n
-    return weight, bias
 
 
 def has_hooks(modules: list[nn.Module]) -> bool:
@@ -195,7 +204,7 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
         if any(type(lin) is not nn.Linear for lin in lins):
             return None
     if all(type(layer.self_attn.q_proj) is Int4Linear for layer in layers):
-        return _prepare_quantized(layers, windows)
+        return _prepare_quantized(layers, windows, lm_head)
     if any(type(layer.self_attn.q_proj) is Int4Linear for layer in layers):
         return None
     prepared = []
@@ -212,6 +221,10 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
         lay_out(lm_head.weight)
         matrices = [w for (wqkv, _, wgu, _), layer in zip(fused, layers)
                     for w in (wqkv, layer.self_attn.o_proj.weight, wgu, layer.mlp.down_proj.weight)]
+        if weight_arena.place([*matrices, lm_head.weight]):  # huge pages: the q/k/v and gate/up views follow
+            for layer, (wqkv, bqkv, wgu, bgu) in zip(layers, fused):
+                share_rows((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), wqkv, bqkv)
+                share_rows((layer.mlp.gate_proj, layer.mlp.up_proj), wgu, bgu)
         rotations: dict[int, torch.Tensor] = {}  # one per head size, shared by the layers
         for layer, window, (wqkv, bqkv, wgu, bgu) in zip(layers, windows, fused):
             attn, mlp = layer.self_attn, layer.mlp
@@ -228,46 +241,59 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
 
 def _dense_routes(plain: list[PreparedLayer], lm_head: nn.Linear, matrices: list[torch.Tensor],
                   setting: bool | None) -> tuple[dict[str, tuple[list[PreparedLayer], Any]], Any]:
-    """Per shape class, the plain or the oneDNN-packed layers: ``setting`` True packs every class,
-    False none; None lets :mod:`genkit.models.kernel_choice` decide for models that can pack."""
+    """Per shape class, the plain, the oneDNN-packed or the gemv layers (:mod:`genkit.models.dense_kernel`):
+    ``setting`` True packs every class, False none; None lets :mod:`genkit.models.kernel_choice`
+    decide for models that can pack (or when ``GENKIT_KERNEL`` names a path)."""
     from . import kernel_choice
 
     wanted = packing_wanted(matrices, setting)
     asked = [p for p in kernel_choice.parse_override().values() if p in kernel_choice.FAMILIES["dense"]]
     if setting is None and "packed" in asked and not wanted and packing_wanted(matrices, True):
         wanted = True  # GENKIT_KERNEL=packed on a model below the packing size
-    if not wanted:  # with GENKIT_KERNEL set, the choice records it (and refuses packed where it cannot run)
+    paths: dict[str, tuple[list[PreparedLayer], Any]] = {"plain": (plain, None)}
+    if _gemv_wanted(matrices, setting, wanted, asked):
+        paths["gemv"] = ([p._replace(wqkv=Gemv(p.wqkv), wo=Gemv(p.wo), wgu=Gemv(p.wgu), wd=Gemv(p.wd)) for p in plain],
+                         Gemv(lm_head.weight) if lm_head.bias is None else None)
+    if not wanted:  # with GENKIT_KERNEL set, the choice records it (and refuses a path it cannot run)
         choice = None if setting is not None or not asked else kernel_choice.choose(
-            "dense", kernel_choice.dense_signature(matrices), ("plain",), _no_probe)
-        return {cls: (plain, None) for cls in CLASSES}, choice
+            "dense", kernel_choice.dense_signature(matrices), tuple(paths), _dense_probe(paths, lm_head))
+        return {cls: paths[choice.paths[cls] if choice else "plain"] for cls in CLASSES}, choice
     logger.info("packing %d linear weights for oneDNN (%.0f MB)", len(matrices) + 1,
                 sum(w.numel() * w.element_size() for w in [*matrices, lm_head.weight]) / 2**20)
     packed = [p._replace(wqkv=pack(p.wqkv), wo=pack(p.wo), wgu=pack(p.wgu), wd=pack(p.wd), packed=True)
               for p in plain]
-    head = pack(lm_head.weight) if lm_head.bias is None else None
+    paths = {"packed": (packed, pack(lm_head.weight) if lm_head.bias is None else None), **paths}
     if setting is True:
-        return {cls: (packed, head) for cls in CLASSES}, None
-    choice = kernel_choice.choose("dense", kernel_choice.dense_signature(matrices), ("packed", "plain"),
-                                  _dense_probe(plain, packed, lm_head, head))
-    routes = {cls: (packed, head) if choice.paths[cls] == "packed" else (plain, None) for cls in CLASSES}
-    return routes, choice
+        return {cls: paths["packed"] for cls in CLASSES}, None
+    choice = kernel_choice.choose("dense", kernel_choice.dense_signature(matrices), tuple(paths),
+                                  _dense_probe(paths, lm_head))
+    return {cls: paths[choice.paths[cls]] for cls in CLASSES}, choice
 
 
-def _no_probe(path: str, rows: int) -> None:
-    """The runner of a choice with one path: never called."""
+def _gemv_wanted(matrices: list[torch.Tensor], setting: bool | None, packing: bool, asked: list[str]) -> bool:
+    """Whether the gemv path is offered: float32 CPU weights, the kernel built here, and a choice to
+    make (a model that packs, or ``GENKIT_KERNEL`` naming gemv; the classes it does not name are
+    then probed between plain and gemv)."""
+    if setting is not None or not (packing or "gemv" in asked) or not matrices:
+        return False
+    if any(w.dtype != torch.float32 or w.device.type != "cpu" for w in matrices):
+        return False
+    from . import dense_kernel
+
+    return dense_kernel.available()
 
 
-def _dense_probe(plain: list[PreparedLayer], packed: list[PreparedLayer], lm_head: nn.Linear,
-                 head: torch.Tensor | None) -> Any:
+def _dense_probe(paths: dict[str, tuple[list[PreparedLayer], Any]], lm_head: nn.Linear) -> Any:
     """The probe's unit of work over ``rows`` rows on each path: for decode- and small-sized products,
     the matrix products of a whole step as its route runs them (every layer's four, then the LM
-    head: packed, or the module's plain weight), so the weights stream from memory in the step's own
-    proportions (the head alone is a fifth of SmolLM2's bytes); two layers for prefill-sized
-    products, which are bound by arithmetic."""
+    head: packed, gemv, or the module's plain weight), so the weights stream from memory in the
+    step's own proportions (the head alone is a fifth of SmolLM2's bytes); two layers for
+    prefill-sized products, which are bound by arithmetic."""
     inputs = _ProbeInputs()
+    plain = paths["plain"][0]
 
     def run(path: str, rows: int) -> None:
-        layers = packed if path == "packed" else plain
+        layers, head = paths[path]
         n = 2 if rows > SMALL_MAX_ROWS else len(plain)
         with torch.inference_mode():
             for ref, p in zip(plain[:n], layers[:n]):
@@ -276,7 +302,7 @@ def _dense_probe(plain: list[PreparedLayer], packed: list[PreparedLayer], lm_hea
                     linear(inputs(rows, k, ref.norm1.dtype), w, None, p.packed)
             if rows <= SMALL_MAX_ROWS:
                 x = inputs(rows, lm_head.in_features, lm_head.weight.dtype)
-                if path == "packed" and head is not None:
+                if head is not None:
                     linear(x, head, None, True)
                 else:
                     lm_head(x)
@@ -299,7 +325,7 @@ class _ProbeInputs:
         return x
 
 
-def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None]) -> PreparedModel | None:
+def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None], lm_head: nn.Module) -> PreparedModel | None:
     """The prepared layers of a model whose projections are :class:`Int4Linear` (q/k/v and
     gate/up fused into one int4 layer each; the LM head runs as its module); None (the module
     path) when the sizes do not allow fusing."""
@@ -323,6 +349,10 @@ def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None]) -> Prep
                 mlp.down_proj, None, layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim,
                 window, rotations[attn.head_dim], False))
     from .block_decode import BlockDecoder
+
+    # the block kernel's weights in huge pages, in the order a step reads them (before the decoder keeps pointers)
+    head = [lm_head.blocks] if type(lm_head) is Int4Linear and lm_head.kernel == "blocks" else []
+    weight_arena.place([w.blocks for p in prepared for w in (p.wqkv, p.wo, p.wgu, p.wd) if w.kernel == "blocks"] + head)
 
     return PreparedModel(prepared, None, BlockDecoder.build(prepared), choice=_blocks_choice(prepared))
 

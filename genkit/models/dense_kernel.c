@@ -1,0 +1,147 @@
+/* genkit's float32 matrix-vector product for batch-1 (and few-row) decode: y (M, N) = x (M, K) @ W^T
+ * on the weight as torch stores it, no copy, no repacking (see genkit/models/dense_kernel.py).
+ *
+ * A decode step's products read every weight once per token: they are bound by memory bandwidth, and
+ * torch's linear over one row runs on one thread. Here OpenMP shares each product among `threads`,
+ * the vector code is written with GCC vector extensions (16 floats: one AVX-512 register, two AVX2
+ * ones, four SSE ones; -march=native picks), with software prefetch, and each weight vector loaded
+ * is used for every row of x (at most a few) before the next is read.
+ *
+ * Two layouts of W (N, K):
+ * - column-major (stride (1, ldw): genkit's CPU layout, genkit/models/llama_infer.py:lay_out): W^T is
+ *   K rows of N floats, read front to back. The K rows are split among the threads; each adds
+ *   four rows at a time into its own partial y (the first thread's is y itself, the others' a
+ *   per-calling-thread scratch buffer), and the partials are summed at the end;
+ * - row-major (stride (ldw, 1): nn.Linear's own): the N rows are split among the threads; four
+ *   rows at a time, each a dot product with every row of x.
+ */
+#pragma GCC optimize("fp-contract=fast") /* fused multiply-adds: -std=c11 turns contraction off */
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#define VW 16      /* floats per vector */
+#ifndef PF
+#define PF 128     /* prefetch distance, floats ahead in each stream */
+#endif
+#ifndef PFH
+#define PFH 3      /* prefetcht0 */
+#endif
+#define MIN_WORK 65536  /* products below this many weights run on one thread */
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
+#define ld16(p) (*(const v16 *)(p))
+
+static __thread float *scratch_buf;
+static __thread size_t scratch_n;
+
+/* A scratch buffer of n floats owned by the calling thread (kept for its next call); NULL on failure. */
+static float *scratch(size_t n) {
+    if (n > scratch_n) {
+        free(scratch_buf);
+        scratch_buf = (float *)aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        scratch_n = scratch_buf != NULL ? n : 0;
+    }
+    return scratch_buf;
+}
+
+/* p (M, N) = x[:, k0:k1] @ Wt[k0:k1, :], Wt row k at w + k * ldw. */
+static void part_t(const float *x, int ldx, const float *w, long ldw, float *p, int M, int N, int k0, int k1) {
+    memset(p, 0, sizeof(float) * (size_t)M * N);
+    int k = k0;
+    for (; k + 4 <= k1; k += 4) {
+        const float *w0 = w + (size_t)k * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        int j = 0;
+        for (; j + VW <= N; j += VW) {
+            __builtin_prefetch(w0 + j + PF, 0, PFH);
+            __builtin_prefetch(w1 + j + PF, 0, PFH);
+            __builtin_prefetch(w2 + j + PF, 0, PFH);
+            __builtin_prefetch(w3 + j + PF, 0, PFH);
+            v16 a = ld16(w0 + j), b = ld16(w1 + j), c = ld16(w2 + j), d = ld16(w3 + j);
+            for (int m = 0; m < M; m++) {
+                const float *xm = x + (size_t)m * ldx + k;
+                v16 *pm = (v16 *)(p + (size_t)m * N + j);
+                *pm += a * xm[0] + b * xm[1] + c * xm[2] + d * xm[3];
+            }
+        }
+        for (; j < N; j++)
+            for (int m = 0; m < M; m++) {
+                const float *xm = x + (size_t)m * ldx + k;
+                p[(size_t)m * N + j] += w0[j] * xm[0] + w1[j] * xm[1] + w2[j] * xm[2] + w3[j] * xm[3];
+            }
+    }
+    for (; k < k1; k++) {
+        const float *w0 = w + (size_t)k * ldw;
+        for (int m = 0; m < M; m++) {
+            float xk = x[(size_t)m * ldx + k], *pm = p + (size_t)m * N;
+            for (int j = 0; j < N; j++) pm[j] += w0[j] * xk;
+        }
+    }
+}
+
+/* y (M, N) = x (M, K; row stride ldx) @ W^T, W column-major: element (n, k) at w[k * ldw + n].
+ * Returns 0, or -1 when the scratch memory cannot be had. */
+int gk_gemv_t(const float *x, int ldx, const float *w, long ldw, float *y, int M, int N, int K, int threads) {
+    if ((long)N * K < MIN_WORK || threads < 1) threads = 1;
+    if (threads > K / 4) threads = K / 4 > 0 ? K / 4 : 1;
+    size_t size = (size_t)M * N;
+    float *extra = threads > 1 ? scratch((size_t)(threads - 1) * size) : NULL;
+    if (threads > 1 && extra == NULL) return -1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int per = ((K + nt - 1) / nt + 3) & ~3;
+        int k0 = t * per < K ? t * per : K, k1 = k0 + per < K ? k0 + per : K;
+        part_t(x, ldx, w, ldw, t == 0 ? y : extra + (size_t)(t - 1) * size, M, N, k0, k1);
+        if (nt > 1) {
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (size_t i = 0; i < size; i++) {
+                float s = y[i];
+                for (int u = 1; u < nt; u++) s += extra[(size_t)(u - 1) * size + i];
+                y[i] = s;
+            }
+        }
+    }
+    return 0;
+}
+
+static inline float hsum(const v16 *v) {
+    float s = 0.0f;
+    for (int i = 0; i < VW; i++) s += (*v)[i];
+    return s;
+}
+
+/* y[m, n0:n0+r] for r <= 4 rows of W (row stride ldw) starting at wr. */
+static void rows_n(const float *x, int ldx, const float *wr, long ldw, float *y, int M, int N, int K, int n0, int r) {
+    for (int m = 0; m < M; m++) {
+        const float *xm = x + (size_t)m * ldx;
+        v16 acc[4] = {0};
+        int k = 0;
+        for (; k + VW <= K; k += VW) {
+            v16 xv = ld16(xm + k);
+            for (int i = 0; i < r; i++) {
+                if (m == 0) __builtin_prefetch(wr + i * ldw + k + PF, 0, PFH);
+                acc[i] += ld16(wr + i * ldw + k) * xv;
+            }
+        }
+        for (int i = 0; i < r; i++) {
+            float s = hsum(&acc[i]);
+            for (int kk = k; kk < K; kk++) s += wr[i * ldw + kk] * xm[kk];
+            y[(size_t)m * N + n0 + i] = s;
+        }
+    }
+}
+
+/* y (M, N) = x (M, K; row stride ldx) @ W^T, W row-major: element (n, k) at w[n * ldw + k]. Returns 0. */
+int gk_gemv_n(const float *x, int ldx, const float *w, long ldw, float *y, int M, int N, int K, int threads) {
+    if ((long)N * K < MIN_WORK || threads < 1) threads = 1;
+    int blocks = (N + 3) / 4;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int b = 0; b < blocks; b++) {
+        int n0 = 4 * b, r = N - n0 < 4 ? N - n0 : 4;
+        rows_n(x, ldx, w + (size_t)n0 * ldw, ldw, y, M, N, K, n0, r);
+    }
+    return 0;
+}

@@ -1,0 +1,122 @@
+"""issue 32, float32 batch 1: genkit's own matrix-vector kernel (genkit/models/dense_kernel.c, the
+"gemv" path of the kernel choice). Its products equal torch's within the float32 bound of two
+summation orders, on both weight layouts, views of fused weights, 1-4 rows, odd sizes and 1-2
+threads, in the native and the portable build; the AVX-512 branch compiles everywhere; without a C
+compiler (or with GENKIT_BLOCK_KERNEL=0) the path does not exist and GENKIT_KERNEL=decode:gemv is
+refused by name."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tolerance import matmul_bound
+
+from genkit.cli import main as cli_main
+from genkit.errors import ConfigError
+from genkit.models import block_kernel, dense_kernel, kernel_choice
+from genkit.models.tiny import tiny_llama
+
+CC = block_kernel._compiler()
+needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler: the gemv path does not exist here")
+
+SHAPES = [(49, 37), (960, 576), (130, 1536), (3, 2), (2053, 67)]  # (out, in): odd sizes, tails of 4 and 16
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENKIT_HOME", str(tmp_path))
+    monkeypatch.delenv(kernel_choice.ENV, raising=False)
+    kernel_choice.CHOSEN.clear()
+    yield tmp_path
+    torch.set_num_threads(torch.get_num_threads())
+
+
+def _layouts(n: int, k: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    w = torch.randn(n, k, generator=g)
+    fused = torch.randn(n + 7, k, generator=g).t().contiguous().t()  # a row block of a fused column-major weight
+    wide = torch.randn(n, k + 5, generator=g)
+    return {"column-major": w.t().contiguous().t(), "row-major": w, "fused view": fused[3:3 + n],
+            "row view": wide[:, 2:2 + k]}
+
+
+def _check(threads: int) -> None:
+    g = torch.Generator().manual_seed(threads)
+    torch.set_num_threads(threads)
+    for n, k in SHAPES:
+        for layout, w in _layouts(n, k, g).items():
+            gemv = dense_kernel.Gemv(w)
+            assert gemv.fn is not None, layout
+            for rows in (1, 2, 3, 4):
+                x = torch.randn(rows, k, generator=g)
+                got, want = gemv(x), F.linear(x, w)
+                bound = matmul_bound(x, w).float() + torch.finfo(torch.float32).tiny
+                assert ((got - want).abs() <= bound).all(), (layout, n, k, rows, (got - want).abs().max())
+            bias = torch.randn(n, generator=g)
+            x = torch.randn(2, 1, k, generator=g)
+            got = gemv(x, bias)
+            assert got.shape == (2, 1, n)
+            assert ((got - F.linear(x, w, bias)).abs() <= matmul_bound(x[:, 0], w).float()[:, None] + 1e-6).all()
+
+
+@needs_cc
+@pytest.mark.parametrize("threads", [1, 2])
+def test_products_equal_torchs_within_the_float32_bound(threads):
+    assert dense_kernel.available()
+    _check(threads)
+
+
+@needs_cc
+def test_it_is_built_into_the_verified_kernel_cache(home, monkeypatch, capsys):
+    monkeypatch.setattr(dense_kernel, "_libs", {})  # this process loads it again, from this GENKIT_HOME
+    assert cli_main(["info"]) == 0
+    assert "float32 gemv kernel (dense path 'gemv'): built" in capsys.readouterr().out
+    built = list((home / "kernels").glob("genkit_dense-*.so"))
+    assert len(built) == 1 and built[0].with_name(built[0].name + ".sha256").exists()
+
+
+@needs_cc
+def test_the_portable_build_gives_the_same_bound(monkeypatch):
+    monkeypatch.setenv(block_kernel.ENV_SWITCH, "portable")
+    assert dense_kernel.available()
+    _check(2)
+
+
+@needs_cc
+def test_more_rows_than_the_kernel_takes_run_on_torchs_linear():
+    w = torch.randn(64, 48).t().contiguous().t()
+    x = torch.randn(dense_kernel.MAX_ROWS + 1, 48)
+    assert torch.equal(dense_kernel.Gemv(w)(x), F.linear(x, w))  # the same call, bit for bit
+
+
+@needs_cc
+@pytest.mark.parametrize("flags", [[], ["-mavx2", "-mfma"], ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"]])
+def test_every_vector_branch_compiles_without_warnings(tmp_path, flags):
+    """The vector code is written once for 16 floats: check it compiles, warnings as errors, for the
+    portable, AVX2 and AVX-512 targets on any machine (only the native one runs here)."""
+    out = tmp_path / "dense.so"
+    proc = subprocess.run([CC, "-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-Wall", "-Werror", *flags,
+                           str(dense_kernel.SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True, check=False)
+    if proc.returncode != 0 and "unrecognized" in proc.stderr:
+        pytest.skip(f"{CC} does not know {flags}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    nm = subprocess.run(["nm", "-D", str(out)], capture_output=True, text=True, check=False).stdout
+    assert "gk_gemv_t" in nm and "gk_gemv_n" in nm
+
+
+@pytest.mark.parametrize("why", ["no compiler", "switched off"])
+def test_without_the_kernel_a_forced_gemv_is_refused_by_name(why, monkeypatch, tmp_path, capsys):
+    if why == "no compiler":
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    else:
+        monkeypatch.setenv(block_kernel.ENV_SWITCH, "0")
+    assert not dense_kernel.available()
+    assert cli_main(["info"]) == 0
+    assert "float32 gemv kernel (dense path 'gemv'): not available" in capsys.readouterr().out
+    monkeypatch.setenv(kernel_choice.ENV, "decode:gemv")
+    model = tiny_llama(seed=5)
+    with pytest.raises(ConfigError, match=r"GENKIT_KERNEL asks for 'gemv' \(decode\), which this CPU or build does "
+                                          r"not have; available here: plain"):
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
