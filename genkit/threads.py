@@ -109,14 +109,42 @@ def default_threads(load: float | None = None) -> int:
     return threads
 
 
-def busy(threads: int, load: float | None = None) -> str | None:
-    """Why the machine is busy for ``threads`` more threads: the 1-minute load average (``load``;
-    read from the system when None) plus ``threads`` is above the CPUs available (half a CPU of
-    slack); None when it is not (or the system has no load average)."""
+def runnable_elsewhere() -> int | None:
+    """How many threads of other processes are runnable now: the system's count of runnable
+    threads (``/proc/loadavg``) less this process's own (``/proc/self/task/*/stat`` in state R);
+    None where the system does not say."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as fh:
+            running = int(fh.read().split()[3].split("/")[0])
+        own = 0
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/stat", encoding="ascii", errors="replace") as fh:
+                    own += fh.read().rsplit(")", 1)[1].split()[0] == "R"
+            except OSError:  # the thread ended meanwhile
+                continue
+        return max(0, running - own)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def busy(threads: int, load: float | None = None, elsewhere: int | None = None) -> str | None:
+    """Why the machine is busy for ``threads`` more threads: other work plus ``threads`` is above
+    the CPUs available (half a CPU of slack); None when it is not (or the system has no load
+    average). Other work is the 1-minute load average (``load``; read from the system when None),
+    but no more than the threads of other processes runnable now (``elsewhere``; read from the
+    system when both are None): the load average counts this process's own work of the last
+    minute, which competes with nobody."""
     budget = cpu_budget()
-    load = load_average() if load is None else load
-    if load is not None and load + threads > budget + 0.5:
-        return f"1-minute load average {load:.1f} + {threads} thread(s) > {budget} CPUs"
+    if load is None:
+        load = load_average()
+        elsewhere = runnable_elsewhere() if elsewhere is None else elsewhere
+    if load is None:
+        return None
+    others = load if elsewhere is None else min(load, float(elsewhere))
+    if others + threads > budget + 0.5:
+        now = "" if elsewhere is None else f", {elsewhere} runnable elsewhere now"
+        return f"1-minute load average {load:.1f}{now} + {threads} thread(s) > {budget} CPUs"
     return None
 
 

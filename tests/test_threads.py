@@ -13,11 +13,13 @@ import pytest
 from genkit.errors import ConfigError
 from genkit.threads import (
     available_cpus,
+    busy,
     cgroup_cpu_limit,
     check_threads,
     cpu_budget,
     default_threads,
     physical_cores,
+    runnable_elsewhere,
 )
 
 
@@ -65,6 +67,36 @@ def test_the_default_is_at_most_the_cpus_available_and_fits_the_load(caplog, mon
     assert default_threads(load=0.0) == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "100000")
     assert default_threads(load=0.0) == budget  # never more than available
+
+
+def test_the_load_this_process_made_itself_does_not_count_as_busy():
+    """The 1-minute load average counts this process's own last minute (a benchmark's reference
+    run, say): other work is at most what other processes have runnable now."""
+    budget = cpu_budget()
+    assert busy(budget, load=float(budget) + 3, elsewhere=0) is None
+    why = busy(1, load=float(budget) + 3, elsewhere=budget)
+    assert why == f"1-minute load average {budget + 3:.1f}, {budget} runnable elsewhere now + 1 thread(s) > {budget} CPUs"
+    assert busy(1, load=0.0, elsewhere=budget + 5) is None  # a moment's crowd on an idle minute
+    assert busy(budget, load=float(budget) + 3) is not None  # no count of runnable threads: the load decides
+
+
+def test_runnable_elsewhere_leaves_out_this_processs_threads():
+    import threading
+
+    if runnable_elsewhere() is None:
+        pytest.skip("this system has no /proc/loadavg")
+    before = min(runnable_elsewhere() for _ in range(20))
+    stop = threading.Event()
+    spinners = [threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)]) for _ in range(3)]
+    for t in spinners:
+        t.start()
+    try:
+        during = min(runnable_elsewhere() for _ in range(20))
+    finally:
+        stop.set()
+        for t in spinners:
+            t.join()
+    assert during <= before + 1  # three more runnable threads here, none of them counted
 
 
 @pytest.mark.parametrize("bad", [0, -1, 100000, 1.5, True, "2"])
