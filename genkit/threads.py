@@ -24,6 +24,7 @@ import sys
 from .errors import ConfigError
 
 logger = logging.getLogger("genkit.threads")
+LOADAVG = "/proc/loadavg"  # the system's load figures, runnable threads among them (Linux)
 
 _SYS_CPU = "/sys/devices/system/cpu"
 
@@ -114,7 +115,7 @@ def runnable_elsewhere() -> int | None:
     threads (``/proc/loadavg``) less this process's own (``/proc/self/task/*/stat`` in state R);
     None where the system does not say."""
     try:
-        with open("/proc/loadavg", encoding="ascii") as fh:
+        with open(LOADAVG, encoding="ascii") as fh:
             running = int(fh.read().split()[3].split("/")[0])
         own = 0
         for task in os.listdir("/proc/self/task"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 from test_quantized import write_quantized_gguf
 
 import genkit
+from genkit import threads
 from genkit.cli import main as cli_main
 from genkit.errors import ConfigError
 from genkit.models import block_kernel, dense_kernel, kernel_choice
@@ -32,8 +34,13 @@ DENSE_FORCED = {"packed": "packed", "plain": "plain", "mixed": "decode:plain,sma
 
 
 def _load(monkeypatch, load: float) -> None:
-    """The machine's 1-minute load average as the probe sees it (os.getloadavg: the busy rule's input)."""
+    """The machine's load as the probe sees it (the busy rule's inputs): the 1-minute load average
+    (os.getloadavg) and, in a stand-in for /proc/loadavg, as many threads runnable elsewhere."""
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    folder = tempfile.mkdtemp()
+    with open(os.path.join(folder, "loadavg"), "w", encoding="ascii") as fh:  # this thread is runnable too
+        fh.write(f"{load:.2f} {load:.2f} {load:.2f} {int(load) + 1}/900 4242\n")
+    monkeypatch.setattr(threads, "LOADAVG", os.path.join(folder, "loadavg"))
 
 
 @pytest.fixture(autouse=True)
@@ -224,13 +231,14 @@ def test_a_busy_machine_gets_the_default_unprobed_and_uncached(monkeypatch, caps
     choice = kernel_choice.choose("dense", "sig-h", ("packed", "plain"), _runner(calls))
     assert calls == [] and choice.paths == dict.fromkeys(kernel_choice.CLASSES, "packed")
     why = choice.reasons["decode"]
-    assert why.startswith("the default, not probed, not cached: machine busy (1-minute load average 50.0 + ")
+    assert why.startswith("the default, not probed, not cached: machine busy (1-minute load average 50.0, ")
+    assert " runnable elsewhere now + " in why
     assert not kernel_choice.cache_path().exists()
     monkeypatch.setattr(sys, "argv", ["genkit", "info"])
     assert cli_main(["info"]) == 0
     out = capsys.readouterr().out
     assert "(no choices cached yet" in out and f"this process: dense decode   packed  [sig-h] {why}" in out
-    assert "machine now: busy (1-minute load average 50.0 + " in out
+    assert "machine now: busy (1-minute load average 50.0, " in out
     _load(monkeypatch, 0.0)  # quiet again: the next process probes, and caches
     again = kernel_choice.choose("dense", "sig-h", ("packed", "plain"), _runner(calls))
     assert calls and again.paths == dict.fromkeys(kernel_choice.CLASSES, "plain")
