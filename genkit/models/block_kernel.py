@@ -134,9 +134,15 @@ def act_mode(digits: int, symmetric: bool) -> int:
     1 is llama.cpp's rounding, :data:`ACT_Q8_0` for symmetric weights (``m = -2**(bits-1) * d``:
     GGUF Q4_0, Q8_0, Q6_K, ``genkit.quantize``; llama.cpp pairs them with Q8_0 activations) and
     :data:`ACT_Q8_1` for weights with a free minimum (Q4_1, Q4_K: Q8_1 activations)."""
-    if digits not in ACTIVATION_DIGITS:
-        raise ConfigError(f"`activation_digits` must be one of {', '.join(map(str, ACTIVATION_DIGITS))}; got {digits!r}")
-    return ACT_TWO if digits == 2 else (ACT_Q8_0 if symmetric else ACT_Q8_1)
+    return ACT_TWO if check_activation_digits(digits) == 2 else (ACT_Q8_0 if symmetric else ACT_Q8_1)
+
+
+def check_activation_digits(digits: Any) -> int:
+    """``digits`` if it is an accepted ``activation_digits`` (1 or 2), else a ConfigError."""
+    if not isinstance(digits, int) or isinstance(digits, bool) or digits not in ACTIVATION_DIGITS:
+        raise ConfigError(f"`activation_digits` must be one of {', '.join(map(str, ACTIVATION_DIGITS))}; "
+                          f"got {digits!r}")
+    return int(digits)
 
 
 def declare(lib: Any) -> None:

@@ -416,7 +416,7 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
     if not isinstance(dequantize, bool):
         raise ConfigError(f"`dequantize` must be True or False; got {dequantize!r}")
     if activation_digits is not None:
-        from .quant import check_activation_digits
+        from .block_kernel import check_activation_digits
 
         check_activation_digits(activation_digits)
     dtype = _one_dtype(dtype, torch_dtype)

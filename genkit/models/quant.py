@@ -291,14 +291,6 @@ def _int8_symmetric(weight: torch.Tensor) -> list[Int4Part]:
 QUANTIZE_MODES = ("int8", "int4")
 
 
-def check_activation_digits(digits: Any) -> int:
-    """``digits`` if it is an accepted ``activation_digits`` (1 or 2), else a ConfigError."""
-    if not isinstance(digits, int) or isinstance(digits, bool) or digits not in block_kernel.ACTIVATION_DIGITS:
-        raise ConfigError(f"`activation_digits` must be one of "
-                          f"{', '.join(map(str, block_kernel.ACTIVATION_DIGITS))}; got {digits!r}")
-    return int(digits)
-
-
 def set_activation_digits(model: nn.Module, digits: int) -> nn.Module:
     """How the quantized layers of ``model`` round their activations on the block kernel; returns
     the model. ``2`` (the default): two int8 digits per value, so a quantized model gives its
@@ -308,7 +300,7 @@ def set_activation_digits(model: nn.Module, digits: int) -> nn.Module:
 
     A model without quantized layers, or one whose layers run on torch's int4 kernel (which rounds
     activations to bfloat16 instead), is refused."""
-    digits = check_activation_digits(digits)
+    digits = block_kernel.check_activation_digits(digits)
     layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
     if not layers:
         raise ConfigError("`activation_digits` applies to quantized models (a GGUF file kept quantized, or "
@@ -336,7 +328,7 @@ def quantize(model: nn.Module, mode: str = "int8", activation_digits: int = 2) -
     """
     if mode not in QUANTIZE_MODES:
         raise ConfigError(f"`mode` must be one of {', '.join(repr(m) for m in QUANTIZE_MODES)}; got {mode!r}")
-    check_activation_digits(activation_digits)
+    block_kernel.check_activation_digits(activation_digits)
     if not kernel_available() and not block_kernel.available():
         raise KernelUnavailableError("quantize needs the block kernel (a C compiler) or a torch build with CPU int4 kernels")
     from .base import GenkitModel
