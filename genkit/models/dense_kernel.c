@@ -27,6 +27,12 @@
 #ifndef PFH
 #define PFH 3      /* prefetcht0 */
 #endif
+#ifndef RT
+#define RT 8       /* rows of W^T per pass of the column-major product */
+#endif
+#ifndef PFT
+#define PFT 0      /* its prefetch distance in floats (0: none; the hardware's prefetchers suffice) */
+#endif
 #define MIN_WORK 65536  /* products below this many weights run on one thread */
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
@@ -46,29 +52,44 @@ static float *scratch(size_t n) {
     return scratch_buf;
 }
 
-/* p (M, N) = x[:, k0:k1] @ Wt[k0:k1, :], Wt row k at w + k * ldw. */
+/* p (M, N) = x[:, k0:k1] @ Wt[k0:k1, :], Wt row k at w + k * ldw: RT rows of Wt per pass, each
+ * vector of p loaded once, the RT weight vectors added into it, stored once. RT weight streams at
+ * once keep enough of memory's reads in flight for one core to read at the speed of a plain
+ * sequential read loop (4 streams with prefetch: ~15 % slower on a Zen 3 EPYC); the rows of x
+ * (at most a few) reuse each weight vector from L1. */
 static void part_t(const float *x, int ldx, const float *w, long ldw, float *p, int M, int N, int k0, int k1) {
     memset(p, 0, sizeof(float) * (size_t)M * N);
     int k = k0;
-    for (; k + 4 <= k1; k += 4) {
-        const float *w0 = w + (size_t)k * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+    for (; k + RT <= k1; k += RT) {
+        const float *wr = w + (size_t)k * ldw;
         int j = 0;
+        if (M == 1) {  /* batch-1 decode: the RT values of x stay in registers */
+            float xv[RT];
+            for (int u = 0; u < RT; u++) xv[u] = x[k + u];
+            for (; j + VW <= N; j += VW) {
+                if (PFT > 0)
+                    for (int u = 0; u < RT; u++) __builtin_prefetch(wr + u * ldw + j + PFT, 0, PFH);
+                v16 s = *(v16 *)(p + j);
+                for (int u = 0; u < RT; u++) s += ld16(wr + u * ldw + j) * xv[u];
+                *(v16 *)(p + j) = s;
+            }
+        }
         for (; j + VW <= N; j += VW) {
-            __builtin_prefetch(w0 + j + PF, 0, PFH);
-            __builtin_prefetch(w1 + j + PF, 0, PFH);
-            __builtin_prefetch(w2 + j + PF, 0, PFH);
-            __builtin_prefetch(w3 + j + PF, 0, PFH);
-            v16 a = ld16(w0 + j), b = ld16(w1 + j), c = ld16(w2 + j), d = ld16(w3 + j);
+            if (PFT > 0)
+                for (int u = 0; u < RT; u++) __builtin_prefetch(wr + u * ldw + j + PFT, 0, PFH);
             for (int m = 0; m < M; m++) {
                 const float *xm = x + (size_t)m * ldx + k;
-                v16 *pm = (v16 *)(p + (size_t)m * N + j);
-                *pm += a * xm[0] + b * xm[1] + c * xm[2] + d * xm[3];
+                v16 s = *(v16 *)(p + (size_t)m * N + j);
+                for (int u = 0; u < RT; u++) s += ld16(wr + u * ldw + j) * xm[u];
+                *(v16 *)(p + (size_t)m * N + j) = s;
             }
         }
         for (; j < N; j++)
             for (int m = 0; m < M; m++) {
                 const float *xm = x + (size_t)m * ldx + k;
-                p[(size_t)m * N + j] += w0[j] * xm[0] + w1[j] * xm[1] + w2[j] * xm[2] + w3[j] * xm[3];
+                float s = p[(size_t)m * N + j];
+                for (int u = 0; u < RT; u++) s += wr[u * ldw + j] * xm[u];
+                p[(size_t)m * N + j] = s;
             }
     }
     for (; k < k1; k++) {
@@ -84,14 +105,18 @@ static void part_t(const float *x, int ldx, const float *w, long ldw, float *p, 
  * Returns 0, or -1 when the scratch memory cannot be had. */
 int gk_gemv_t(const float *x, int ldx, const float *w, long ldw, float *y, int M, int N, int K, int threads) {
     if ((long)N * K < MIN_WORK || threads < 1) threads = 1;
-    if (threads > K / 4) threads = K / 4 > 0 ? K / 4 : 1;
+    if (threads > K / RT) threads = K / RT > 0 ? K / RT : 1;
+    if (threads == 1) {
+        part_t(x, ldx, w, ldw, y, M, N, 0, K);
+        return 0;
+    }
     size_t size = (size_t)M * N;
     float *extra = threads > 1 ? scratch((size_t)(threads - 1) * size) : NULL;
     if (threads > 1 && extra == NULL) return -1;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        int per = ((K + nt - 1) / nt + 3) & ~3;
+        int per = ((K + nt - 1) / nt + RT - 1) / RT * RT;
         int k0 = t * per < K ? t * per : K, k1 = k0 + per < K ? k0 + per : K;
         part_t(x, ldx, w, ldw, t == 0 ? y : extra + (size_t)(t - 1) * size, M, N, k0, k1);
         if (nt > 1) {
