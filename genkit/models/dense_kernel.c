@@ -18,6 +18,7 @@
 #pragma GCC optimize("fp-contract=fast") /* fused multiply-adds: -std=c11 turns contraction off */
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <omp.h>
 
 #define VW 16      /* floats per vector */
@@ -169,4 +170,55 @@ int gk_gemv_n(const float *x, int ldx, const float *w, long ldw, float *y, int M
         rows_n(x, ldx, w + (size_t)n0 * ldw, ldw, y, M, N, K, n0, r);
     }
     return 0;
+}
+
+/* What gk_gemv_pre does to x before the product (GK_PRE_*; genkit/models/dense_kernel.py PRE_*). */
+#define GK_PRE_NONE 0
+#define GK_PRE_RMS 1   /* each row x * (1 / sqrt(mean(x^2) + eps)) * g: a decoder layer's RMSNorm */
+#define GK_PRE_GATE 2  /* a row is (gate (K), up (K)) at row stride ldx: silu(gate) * up, the MLP's product */
+
+static __thread float *pre_buf;
+static __thread size_t pre_n;
+
+/* xs (M, K) from x as `pre` says. */
+static void prepare(int pre, const float *x, int ldx, int M, int K, const float *g, float eps, float *xs) {
+    for (int m = 0; m < M; m++) {
+        const float *xm = x + (size_t)m * ldx;
+        float *o = xs + (size_t)m * K;
+        if (pre == GK_PRE_RMS) {
+            v16 acc = {0};
+            int k = 0;
+            for (; k + VW <= K; k += VW) acc += ld16(xm + k) * ld16(xm + k);
+            float s = hsum(&acc);
+            for (; k < K; k++) s += xm[k] * xm[k];
+            float r = 1.0f / sqrtf(s / (float)K + eps);
+            for (k = 0; k < K; k++) o[k] = g[k] * (xm[k] * r);
+        } else {
+            for (int k = 0; k < K; k++) o[k] = xm[k] / (1.0f + expf(-xm[k])) * xm[K + k];
+        }
+    }
+}
+
+/* y (M, N) = res + pre(x) @ W^T: the product of gk_gemv_t (column_major) or gk_gemv_n, on x
+ * prepared as `pre` says (GK_PRE_*; g, eps: the RMSNorm's weight and epsilon), plus the (M, N)
+ * residual res when it is not NULL (added after the product, as torch's x + linear(...)).
+ * Returns 0, or -1 when scratch memory cannot be had. */
+int gk_gemv_pre(int column_major, const float *x, int ldx, const float *w, long ldw, float *y, int M, int N, int K,
+                int threads, int pre, const float *g, float eps, const float *res) {
+    if (pre != GK_PRE_NONE) {
+        size_t n = (size_t)M * K;
+        if (n > pre_n) {
+            free(pre_buf);
+            pre_buf = (float *)aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+            pre_n = pre_buf != NULL ? n : 0;
+        }
+        if (pre_buf == NULL) return -1;
+        prepare(pre, x, ldx, M, K, g, eps, pre_buf);
+        x = pre_buf;
+        ldx = K;
+    }
+    int rc = column_major ? gk_gemv_t(x, ldx, w, ldw, y, M, N, K, threads) : gk_gemv_n(x, ldx, w, ldw, y, M, N, K, threads);
+    if (res != NULL)
+        for (size_t i = 0; i < (size_t)M * N; i++) y[i] = res[i] + y[i];
+    return rc;
 }

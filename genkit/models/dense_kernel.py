@@ -35,15 +35,19 @@ logger = logging.getLogger("genkit.models")
 
 SOURCE = Path(__file__).with_name("dense_kernel.c")
 MAX_ROWS = 4  # products over more rows run on torch's linear (the kernel re-reads W per 4 rows)
+PRE_NONE, PRE_RMS, PRE_GATE = 0, 1, 2  # what Gemv.fused does to x first (the C kernel's GK_PRE_*)
 
 _libs: dict[tuple[str | None, str | None], Any] = {}  # per (build mode, compiler): the library or None
 
 
 def _declare(lib: Any) -> Any:
+    args = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+            ctypes.c_int, ctypes.c_int]
     for fn in (lib.gk_gemv_t, lib.gk_gemv_n):
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
-                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        fn.argtypes = args
         fn.restype = ctypes.c_int
+    lib.gk_gemv_pre.argtypes = [ctypes.c_int, *args, ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p]
+    lib.gk_gemv_pre.restype = ctypes.c_int
     return lib
 
 
@@ -78,7 +82,7 @@ class Gemv:
     kernel (more rows, or another dtype of input: torch's linear on the same weight). Holds the
     weight itself, never a copy."""
 
-    __slots__ = ("fn", "ld", "weight")
+    __slots__ = ("column_major", "fn", "ld", "pre", "weight")
 
     def __init__(self, weight: torch.Tensor) -> None:
         lib = library()
@@ -86,22 +90,29 @@ class Gemv:
             raise KernelUnavailableError("the dense kernel (gemv) is not available here")
         n, k = weight.shape
         self.weight = weight
-        self.fn, self.ld = None, 0
+        self.fn, self.ld, self.pre, self.column_major = None, 0, lib.gk_gemv_pre, True
         if weight.dtype == torch.float32 and weight.device.type == "cpu" and n > 1 and k > 1:
             if weight.stride(0) == 1 and weight.stride(1) >= n:
                 self.fn, self.ld = lib.gk_gemv_t, weight.stride(1)
             elif weight.stride(1) == 1 and weight.stride(0) >= k:
-                self.fn, self.ld = lib.gk_gemv_n, weight.stride(0)
+                self.fn, self.ld, self.column_major = lib.gk_gemv_n, weight.stride(0), False
 
     @property
     def shape(self) -> torch.Size:
         return self.weight.shape
 
+    def _rows(self, x: torch.Tensor, width: int) -> int:
+        """The rows of ``x`` (..., width) when the kernel takes them, else 0."""
+        rows = x.numel() // width if width else 0
+        if self.fn is None or not 0 < rows <= MAX_ROWS or x.dtype != torch.float32 or x.requires_grad:
+            return 0
+        return rows
+
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x (..., in) @ weight^T (+ bias)``."""
         n, k = self.weight.shape
-        rows = x.numel() // k if k else 0
-        if self.fn is None or not 0 < rows <= MAX_ROWS or x.dtype != torch.float32 or x.requires_grad:
+        rows = self._rows(x, k)
+        if not rows:
             return F.linear(x, self.weight, bias)
         x2 = x.reshape(rows, k)
         if x2.stride(1) != 1:
@@ -113,3 +124,25 @@ class Gemv:
         if bias is not None:
             y += bias
         return y.view(*x.shape[:-1], n)
+
+    def fused(self, x: torch.Tensor, pre: int, norm: torch.Tensor | None = None, eps: float = 0.0,
+              residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``residual + pre(x) @ weight^T`` in one kernel call, with ``pre`` one of PRE_NONE, PRE_RMS
+        (RMSNorm of each row with weight ``norm`` and ``eps``) or PRE_GATE (``x`` is ``(gate, up)``
+        halves: ``silu(gate) * up``); None when the kernel does not take this call (too many rows,
+        another dtype, strided rows or residual): the caller then computes it with torch."""
+        n, k = self.weight.shape
+        rows = self._rows(x, 2 * k if pre == PRE_GATE else k)
+        if not rows or x.stride(-1) != 1 or not x.is_contiguous():
+            return None
+        if residual is not None and (residual.dtype != torch.float32 or not residual.is_contiguous()
+                                     or residual.numel() != rows * n):
+            return None
+        if norm is not None and (norm.dtype != torch.float32 or not norm.is_contiguous()):
+            return None
+        y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+        if self.pre(self.column_major, x.data_ptr(), x.shape[-1], self.weight.data_ptr(), self.ld, y.data_ptr(), rows,
+                    n, k, torch.get_num_threads(), pre, 0 if norm is None else norm.data_ptr(), eps,
+                    0 if residual is None else residual.data_ptr()):
+            raise MemoryError("the dense kernel could not allocate its scratch memory")
+        return y

@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.modules import module as _module_state
 
 from . import weight_arena
-from .dense_kernel import Gemv
+from .dense_kernel import PRE_GATE, PRE_NONE, PRE_RMS, Gemv
 from .kernel_choice import CLASSES, SMALL_MAX_ROWS
 from .quant import Int4Linear
 
@@ -403,7 +403,9 @@ def project_qkv(p: PreparedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch
     ``(batch, heads, seq, head_dim)``, rope applied to ``q`` and ``k`` (the paged forward shares it)."""
     b, t, _ = x.shape
     nq, nkv = p.num_heads, p.num_kv_heads
-    qkv = linear(rms_norm(x, p.norm1, p.eps), p.wqkv, p.bqkv, p.packed)
+    qkv = _gemv(p.wqkv, x, PRE_RMS, p.norm1, p.eps, p.bqkv)
+    if qkv is None:
+        qkv = linear(rms_norm(x, p.norm1, p.eps), p.wqkv, p.bqkv, p.packed)
     if t == 1:  # decode step: (b, 1, H*d) is already (b, H, 1, d) in memory
         qkv = qkv.view(b, nq + 2 * nkv, 1, p.head_dim)
     else:
@@ -416,9 +418,26 @@ def project_qkv(p: PreparedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch
 def layer_output(p: PreparedLayer, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
     """The second half of a decoder layer: the output projection of ``attention`` ``(batch, seq,
     heads * head_dim)`` added to ``x``, then the MLP's residual step (the paged forward shares it)."""
-    x = x + linear(attention, p.wo, p.bo, p.packed)
-    gate, up = linear(rms_norm(x, p.norm2, p.eps), p.wgu, p.bgu, p.packed).chunk(2, dim=-1)
-    return x + linear(F.silu(gate).mul_(up), p.wd, p.bd, p.packed)
+    h = _gemv(p.wo, attention, PRE_NONE, None, 0.0, p.bo, x)
+    x = x + linear(attention, p.wo, p.bo, p.packed) if h is None else h
+    gu = _gemv(p.wgu, x, PRE_RMS, p.norm2, p.eps, p.bgu)
+    if gu is None:
+        gu = linear(rms_norm(x, p.norm2, p.eps), p.wgu, p.bgu, p.packed)
+    out = _gemv(p.wd, gu, PRE_GATE, None, 0.0, p.bd, x)
+    if out is None:
+        gate, up = gu.chunk(2, dim=-1)
+        out = x + linear(F.silu(gate).mul_(up), p.wd, p.bd, p.packed)
+    return out
+
+
+def _gemv(weight: Any, x: torch.Tensor, pre: int, norm: torch.Tensor | None, eps: float, bias: torch.Tensor | None,
+          residual: torch.Tensor | None = None) -> torch.Tensor | None:
+    """A product with the work around it (RMSNorm or the MLP's gate before it, the residual after
+    it) in one call of genkit's gemv kernel (:meth:`genkit.models.dense_kernel.Gemv.fused`), where
+    the weight runs on it and has no bias; None otherwise (the caller runs the torch ops)."""
+    if type(weight) is not Gemv or bias is not None:
+        return None
+    return weight.fused(x, pre, norm, eps, residual)
 
 
 def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
