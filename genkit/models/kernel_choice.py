@@ -27,8 +27,9 @@ first use (one to two seconds on a 135M model, once per machine), by this rule:
   time divided by the default's time in the same round is below ``1 - MARGIN`` (at least 10 %
   faster; :func:`decide`). Paired, per-round ratios cancel a load that changes between rounds;
   the median ignores the rounds a preemption spoiled. The unit of work is the caller's runner:
-  for dense models a whole step's products as the route runs them (every layer and the LM head)
-  for decode and small, two layers for prefill (:func:`genkit.models.llama_infer._dense_probe`);
+  for dense models a whole step's products with the work the route does around them (each layer's
+  RMSNorms, rope, MLP gate and residual adds, which the ``"gemv"`` path runs inside its kernel
+  calls; then the LM head) for decode and small, two layers for prefill (:func:`genkit.models.llama_infer._dense_probe`);
 - **never measured on a busy machine**: when the 1-minute load average plus this process's
   threads is above the CPUs available (:func:`genkit.threads.busy`), no probe runs: the class
   gets the default for this process only, nothing is cached, and the next process probes again
@@ -80,8 +81,9 @@ PROBE_ROUNDS = 9  # interleaved rounds per class at most ...
 PROBE_MIN_ROUNDS = 3  # ... and at least, however long they take
 PROBE_BUDGET_S = 1.0  # per class: no round starts after this many seconds once PROBE_MIN_ROUNDS are done
 MARGIN = 0.10  # another path replaces the default only when at least this much faster (median paired ratio)
-PROBE_VERSION = 3  # part of the cache key: choices probed by an older rule (version 1: best of 3, no margin,
-# taken under any load; version 2: without the gemv path) are never read
+PROBE_VERSION = 4  # part of the cache key: choices probed by an older rule (version 1: best of 3, no margin,
+# taken under any load; version 2: without the gemv path; version 3: the products alone, before the
+# gemv kernel streamed at one core's read speed and took the norms, gate and residuals in) are never read
 
 Runner = Callable[[str, int], None]
 """``run(path, rows)``: one timed unit of work on ``path`` with ``rows`` rows."""

@@ -285,10 +285,12 @@ def _gemv_wanted(matrices: list[torch.Tensor], setting: bool | None, packing: bo
 
 def _dense_probe(paths: dict[str, tuple[list[PreparedLayer], Any]], lm_head: nn.Linear) -> Any:
     """The probe's unit of work over ``rows`` rows on each path: for decode- and small-sized products,
-    the matrix products of a whole step as its route runs them (every layer's four, then the LM
-    head: packed, gemv, or the module's plain weight), so the weights stream from memory in the
-    step's own proportions (the head alone is a fifth of SmolLM2's bytes); two layers for
-    prefill-sized products, which are bound by arithmetic."""
+    every layer's products with the work the route does around them (RMSNorm, rope, the MLP's gate,
+    the residual adds: :func:`project_qkv` and :func:`layer_output`, which the gemv path runs inside
+    its kernel calls), then the LM head (packed, gemv, or the module's plain weight), so the weights
+    stream from memory in the step's own proportions (the head alone is a fifth of SmolLM2's
+    bytes); two layers for prefill-sized products, which are bound by arithmetic. Attention and the
+    cache, the same on every path, are left out."""
     inputs = _ProbeInputs()
     plain = paths["plain"][0]
 
@@ -297,9 +299,10 @@ def _dense_probe(paths: dict[str, tuple[list[PreparedLayer], Any]], lm_head: nn.
         n = 2 if rows > SMALL_MAX_ROWS else len(plain)
         with torch.inference_mode():
             for ref, p in zip(plain[:n], layers[:n]):
-                for w, k in ((p.wqkv, ref.wqkv.shape[1]), (p.wo, ref.wo.shape[1]), (p.wgu, ref.wgu.shape[1]),
-                             (p.wd, ref.wd.shape[1])):
-                    linear(inputs(rows, k, ref.norm1.dtype), w, None, p.packed)
+                x = inputs(rows, ref.wqkv.shape[1], ref.norm1.dtype).view(1, rows, -1)
+                cos = torch.ones(1, 1, rows, p.head_dim, dtype=x.dtype)
+                project_qkv(p, x, cos, cos.new_zeros(()))
+                layer_output(p, x, inputs(rows, ref.wo.shape[1], ref.norm1.dtype).view(1, rows, -1))
             if rows <= SMALL_MAX_ROWS:
                 x = inputs(rows, lm_head.in_features, lm_head.weight.dtype)
                 if head is not None:
