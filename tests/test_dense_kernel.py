@@ -12,11 +12,12 @@ import subprocess
 import pytest
 import torch
 import torch.nn.functional as F
-from tolerance import matmul_bound
+from tolerance import U32, gamma, matmul_bound
 
 from genkit.cli import main as cli_main
 from genkit.errors import ConfigError
 from genkit.models import block_kernel, dense_kernel, kernel_choice
+from genkit.models.llama_infer import rms_norm
 from genkit.models.tiny import tiny_llama
 
 CC = block_kernel._compiler()
@@ -68,6 +69,60 @@ def test_products_equal_torchs_within_the_float32_bound(threads):
     _check(threads)
 
 
+def _prepared_input(pre: int, x: torch.Tensor, norm: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """What Gemv.fused multiplies, as torch computes it, and the relative bound on the kernel's own
+    evaluation of it (RMSNorm: a K-term sum of squares, then sqrt, division and two products;
+    the gate: exp, a sum, a division and a product, with exp's implementations up to 2 ulps apart)."""
+    k = x.shape[-1] // (2 if pre == dense_kernel.PRE_GATE else 1)
+    if pre == dense_kernel.PRE_RMS:
+        return rms_norm(x, norm, 1e-5), gamma(k) + 6 * U32
+    if pre == dense_kernel.PRE_GATE:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up, 8 * U32
+    return x, 0.0
+
+
+@needs_cc
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("pre", ["none", "rms", "gate"])
+def test_fused_products_equal_torchs_ops_within_the_float32_bound(threads, pre):
+    """Gemv.fused (the layer's RMSNorm or MLP gate before the product, the residual add after it,
+    in one kernel call) against torch's ops one by one: the product's bound for two summation
+    orders, plus the prepared input's own rounding carried through |W|, plus the residual add's."""
+    code = {"none": dense_kernel.PRE_NONE, "rms": dense_kernel.PRE_RMS, "gate": dense_kernel.PRE_GATE}[pre]
+    g = torch.Generator().manual_seed(7)
+    torch.set_num_threads(threads)
+    for n, k in SHAPES:
+        for layout, w in _layouts(n, k, g).items():
+            gemv = dense_kernel.Gemv(w)
+            for rows in (1, 2, 4):
+                x = torch.randn(1, rows, 2 * k if code == dense_kernel.PRE_GATE else k, generator=g)
+                norm, residual = torch.randn(k, generator=g), torch.randn(1, rows, n, generator=g)
+                got = gemv.fused(x, code, norm, 1e-5, residual)
+                xs, rel = _prepared_input(code, x[0], norm)
+                product = F.linear(xs, w)
+                want = residual[0] + product
+                bound = (matmul_bound(xs, w) + rel * (xs.abs().double() @ w.abs().double().t())
+                         + 2 * U32 * want.abs().double()).float() + torch.finfo(torch.float32).tiny
+                assert got is not None and got.shape == (1, rows, n)
+                assert ((got[0] - want).abs() <= bound).all(), (layout, n, k, rows, (got[0] - want).abs().max())
+                assert gemv.fused(x, code, norm, 1e-5, None) is not None
+
+
+@needs_cc
+def test_fused_declines_what_the_kernel_does_not_take():
+    """More rows than MAX_ROWS, another dtype, a non-contiguous input or a residual of the wrong
+    size: None, and the layer runs torch's ops instead (genkit/models/llama_infer.py:_gemv)."""
+    w = torch.randn(40, 24).t().contiguous().t()
+    gemv = dense_kernel.Gemv(w)
+    assert gemv.fused(torch.randn(dense_kernel.MAX_ROWS + 1, 24), dense_kernel.PRE_NONE) is None
+    assert gemv.fused(torch.randn(1, 24, dtype=torch.float64), dense_kernel.PRE_NONE) is None
+    assert gemv.fused(torch.randn(24, 2).t()[:1], dense_kernel.PRE_NONE) is None
+    assert gemv.fused(torch.randn(1, 24), dense_kernel.PRE_NONE, residual=torch.randn(1, 39)) is None
+    assert gemv.fused(torch.randn(1, 24), dense_kernel.PRE_GATE) is None  # the gate needs 2 x 24 values per row
+    assert gemv.fused(torch.randn(3, 24), dense_kernel.PRE_GATE) is None
+
+
 @needs_cc
 def test_it_is_built_into_the_verified_kernel_cache(home, monkeypatch, capsys):
     monkeypatch.setattr(dense_kernel, "_libs", {})  # this process loads it again, from this GENKIT_HOME
@@ -103,7 +158,7 @@ def test_every_vector_branch_compiles_without_warnings(tmp_path, flags):
         pytest.skip(f"{CC} does not know {flags}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     nm = subprocess.run(["nm", "-D", str(out)], capture_output=True, text=True, check=False).stdout
-    assert "gk_gemv_t" in nm and "gk_gemv_n" in nm
+    assert "gk_gemv_t" in nm and "gk_gemv_n" in nm and "gk_gemv_pre" in nm
 
 
 @pytest.mark.parametrize("why", ["no compiler", "switched off"])

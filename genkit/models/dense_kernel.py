@@ -132,8 +132,9 @@ class Gemv:
         halves: ``silu(gate) * up``); None when the kernel does not take this call (too many rows,
         another dtype, strided rows or residual): the caller then computes it with torch."""
         n, k = self.weight.shape
-        rows = self._rows(x, 2 * k if pre == PRE_GATE else k)
-        if not rows or x.stride(-1) != 1 or not x.is_contiguous():
+        width = 2 * k if pre == PRE_GATE else k
+        rows = self._rows(x, width)
+        if not rows or x.shape[-1] != width or not x.is_contiguous():
             return None
         if residual is not None and (residual.dtype != torch.float32 or not residual.is_contiguous()
                                      or residual.numel() != rows * n):
