@@ -4,13 +4,14 @@
  * A decode step's products read every weight once per token: they are bound by memory bandwidth, and
  * torch's linear over one row runs on one thread. Here OpenMP shares each product among `threads`,
  * the vector code is written with GCC vector extensions (16 floats: one AVX-512 register, two AVX2
- * ones, four SSE ones; -march=native picks), with software prefetch, and each weight vector loaded
- * is used for every row of x (at most a few) before the next is read.
+ * ones, four SSE ones; -march=native picks), and each weight vector loaded is used for every row of x
+ * (at most a few) before the next is read. gk_gemv_pre adds a decoder layer's work around the
+ * product in the same call (RMSNorm or the MLP's gate before it, the residual after it).
  *
  * Two layouts of W (N, K):
  * - column-major (stride (1, ldw): genkit's CPU layout, genkit/models/llama_infer.py:lay_out): W^T is
  *   K rows of N floats, read front to back. The K rows are split among the threads; each adds
- *   four rows at a time into its own partial y (the first thread's is y itself, the others' a
+ *   RT (8) rows at a time into its own partial y (the first thread's is y itself, the others' a
  *   per-calling-thread scratch buffer), and the partials are summed at the end;
  * - row-major (stride (ldw, 1): nn.Linear's own): the N rows are split among the threads; four
  *   rows at a time, each a dot product with every row of x.
@@ -23,7 +24,7 @@
 
 #define VW 16      /* floats per vector */
 #ifndef PF
-#define PF 128     /* prefetch distance, floats ahead in each stream */
+#define PF 128     /* the row-major product's prefetch distance, floats ahead in each stream */
 #endif
 #ifndef PFH
 #define PFH 3      /* prefetcht0 */

@@ -6,10 +6,12 @@ A decode step reads every weight once per token, so its products are bound by me
 and torch's linear over one row runs on one thread (a 49152x576 float32 LM head: 15.4 ms at 1
 thread, 18.0 ms at 2 on a 2-core EPYC). This kernel shares each product among torch's threads
 (OpenMP, the runtime torch loaded), with vector code for the CPU it is built on (``-march=native``:
-AVX-512, AVX2/FMA, or the compiler's portable vectors) and software prefetch, on the weight as
-genkit stores it: no copy, no repacking, so it costs no memory. Column-major weights (genkit's CPU
-layout, :func:`genkit.models.llama_infer.lay_out`) and row-major ones (``nn.Linear``'s own) both run
-on it.
+AVX-512, AVX2/FMA, or the compiler's portable vectors), on the weight as genkit stores it: no copy,
+no repacking, so it costs no memory. Column-major weights (genkit's CPU layout,
+:func:`genkit.models.llama_infer.lay_out`) and row-major ones (``nn.Linear``'s own) both run on it;
+on column-major ones one core reads the weights as fast as a sequential read loop (eight weight
+streams at once). :meth:`Gemv.fused` also runs a decoder layer's work around a product in the same
+call: the RMSNorm or the MLP's gate (``silu(gate) * up``) before it, the residual add after it.
 
 It is built and cached like the block kernel, with the same compiler, flags, verified cache and
 switch (:func:`genkit.models.block_kernel.build_cached`; ``GENKIT_BLOCK_KERNEL=0`` turns both
