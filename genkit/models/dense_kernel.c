@@ -35,6 +35,7 @@
 #ifndef PFT
 #define PFT 0      /* its prefetch distance in floats (0: none; the hardware's prefetchers suffice) */
 #endif
+#define NEXT_MAX 16384 /* passes over at most this many weights prefetch the next pass (o, down: ~10-25 % faster) */
 #define MIN_WORK 65536  /* products below this many weights run on one thread */
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
@@ -68,9 +69,12 @@ static void part_t(const float *x, int ldx, const float *w, long ldw, float *p, 
         if (M == 1) {  /* batch-1 decode: the RT values of x stay in registers */
             float xv[RT];
             for (int u = 0; u < RT; u++) xv[u] = x[k + u];
+            int ahead = (long)N * RT <= NEXT_MAX && k + 2 * RT <= k1;
             for (; j + VW <= N; j += VW) {
                 if (PFT > 0)
                     for (int u = 0; u < RT; u++) __builtin_prefetch(wr + u * ldw + j + PFT, 0, PFH);
+                if (ahead)  /* short rows: the next pass's rows, into L2 */
+                    for (int u = 0; u < RT; u++) __builtin_prefetch(wr + (RT + u) * ldw + j, 0, 2);
                 v16 s = *(v16 *)(p + j);
                 for (int u = 0; u < RT; u++) s += ld16(wr + u * ldw + j) * xv[u];
                 *(v16 *)(p + j) = s;
