@@ -456,6 +456,7 @@ class ContinuousBatchingManager:
         row = 0
         done = []
         plain = _plain_greedy([r for (r, _), w in zip(plan, want) if w], logits)
+        streamed = []
         for (r, n), w in zip(plan, want):
             r.cached += n
             if r.status == RequestStatus.PREFILLING and r.cached >= len(r.prompt_ids):
@@ -476,7 +477,8 @@ class ContinuousBatchingManager:
             if finished:
                 done.append((r, None))
             elif r.streaming:
-                self.output_router.deliver(r.output())
+                streamed.append(r.output())
+        self.output_router.deliver_all(streamed)  # the step's tokens, the readers woken once
         for r, error in done:
             if error is not None:
                 self.scheduler.active_requests.pop(r.request_id, None)
