@@ -62,7 +62,7 @@ def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
         try:
             import numpy as np
 
-            return torch.from_numpy(np.ascontiguousarray(np.argmax(scores.detach().numpy(), axis=-1))).long()
+            return torch.from_numpy(np.asarray(np.argmax(scores.detach().numpy(), axis=-1))).long()
         except (ImportError, RuntimeError):  # numpy is optional (the gguf extra brings it)
             pass
     return scores.argmax(dim=-1)
