@@ -28,8 +28,8 @@ import torch
 
 from genkit.errors import ConfigError, InvalidStateError, NotSupportedError, QueueFullError
 from genkit.models.paged import StepBatch, paged_store_for
-from genkit.strategy.finish import finish_codes, reason_names
-from genkit.strategy.sampling import choose
+from genkit.strategy.finish import eos_or_length, finish_codes, reason_names
+from genkit.strategy.sampling import argmax_rows, choose
 
 from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig
@@ -455,6 +455,8 @@ class ContinuousBatchingManager:
     def _after_step(self, plan: list[tuple[RequestState, int]], want: list[bool], logits: torch.Tensor) -> None:
         row = 0
         done = []
+        plain = _plain_greedy([r for (r, _), w in zip(plan, want) if w], logits)
+        streamed = []
         for (r, n), w in zip(plan, want):
             r.cached += n
             if r.status == RequestStatus.PREFILLING and r.cached >= len(r.prompt_ids):
@@ -462,7 +464,8 @@ class ContinuousBatchingManager:
             if not w:
                 continue
             try:
-                finished = self._choose(r, logits[row])
+                token = plain.get(row)
+                finished = self._choose(r, logits[row]) if token is None else _take(r, token)
             except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
                 done.append((r, f"choosing the next token failed: {exc}"))
                 row += 1
@@ -474,7 +477,8 @@ class ContinuousBatchingManager:
             if finished:
                 done.append((r, None))
             elif r.streaming:
-                self.output_router.deliver(r.output())
+                streamed.append(r.output())
+        self.output_router.deliver_all(streamed)  # the step's tokens, the readers woken once
         for r, error in done:
             if error is not None:
                 self.scheduler.active_requests.pop(r.request_id, None)
@@ -500,6 +504,28 @@ class ContinuousBatchingManager:
                              choice.tokens)
         r.finish_reason = reason_names(codes)[0]
         return r.finish_reason is not None
+
+
+def _plain_greedy(rows: list[RequestState], logits: torch.Tensor) -> dict[int, int]:
+    """The next token, by row of ``logits``, of each request that decodes greedily with nothing
+    else to apply (no logits processor, no stopping criterion but EOS and length, no
+    log-probabilities): one argmax over all their rows (the sampler's greedy choice,
+    :func:`~genkit.strategy.sampling.argmax_rows`) instead of one per request."""
+    picked = [i for i, r in enumerate(rows) if r.processors is None and not r.do_sample and not r.return_logprobs
+              and not r.top and r.stop is not None and not r.stop.criteria]
+    if not picked:
+        return {}
+    scores = logits if len(picked) == logits.shape[0] else logits.index_select(0, torch.tensor(picked))
+    return dict(zip(picked, argmax_rows(scores).tolist()))
+
+
+def _take(r: RequestState, token: int) -> bool:
+    """Record ``r``'s greedy ``token`` (from :func:`_plain_greedy`); whether it finishes ``r``
+    (:func:`~genkit.strategy.finish.eos_or_length`, ``generate``'s decision for these stop
+    conditions; the reason is recorded)."""
+    r.generated.append(token)
+    r.finish_reason = eos_or_length(r.stop, r.length, token)
+    return r.finish_reason is not None
 
 
 def _top_logprobs(request_id: str, top: int | None, default: bool) -> tuple[int, bool]:

@@ -36,17 +36,26 @@ class OutputRouter:
         self._alive = alive
 
     def deliver(self, out: GenerationOutput) -> None:
+        self.deliver_all([out])
+
+    def deliver_all(self, outs: list[GenerationOutput]) -> None:
+        """:meth:`deliver` each of ``outs`` in order, waking the readers once (a step's outputs)."""
+        handled = []
         with self._cond:
-            handler = self._handlers.get(out.request_id)
-            if handler is None:
-                entry = _Entry(out)
-                self._all.append(entry)
-                self._by_id.setdefault(out.request_id, deque()).append(entry)
+            for out in outs:
+                handler = self._handlers.get(out.request_id)
+                if handler is None:
+                    entry = _Entry(out)
+                    self._all.append(entry)
+                    self._by_id.setdefault(out.request_id, deque()).append(entry)
+                    continue
+                if out.is_finished():
+                    del self._handlers[out.request_id]
+                handled.append((handler, out))
+            if len(handled) < len(outs):
                 self._cond.notify_all()
-                return
-            if out.is_finished():
-                del self._handlers[out.request_id]
-        handler(out)
+        for handler, out in handled:
+            handler(out)
 
     def wake(self) -> None:
         """Wake every waiting reader (the manager stopped)."""
@@ -68,6 +77,21 @@ class OutputRouter:
                 if wait <= 0:
                     return None
                 self._cond.wait(wait)
+
+    def take_all(self, timeout: float | None = None) -> list[GenerationOutput]:
+        """Every output not yet taken, oldest first, once there is one; [] after ``timeout``
+        seconds (as :meth:`take`: without a timeout, at once when none can come any more). A reader
+        of every request takes a whole step's outputs in one call."""
+        first = self.take(None, timeout)
+        if first is None:
+            return []
+        outs = [first]
+        with self._cond:
+            while True:
+                out = self._pop(None)
+                if out is None:
+                    return outs
+                outs.append(out)
 
     def empty(self) -> bool:
         with self._cond:

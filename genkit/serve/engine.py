@@ -24,7 +24,7 @@ from genkit.strategy import choose, eos_token_ids
 
 logger = logging.getLogger("genkit.serve")
 
-__all__ = ["EngineStats", "GenerateEngine", "Request", "RequestStream", "TokenEvent"]
+__all__ = ["EngineStats", "GenerateEngine", "Request", "RequestStream", "TokenEvent", "push_all"]
 
 
 @dataclass
@@ -51,6 +51,22 @@ class TokenEvent:
     tokens: list[int | None]
     logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
     finish: list[str | None] | None = None
+
+
+def push_all(items: list[tuple[RequestStream, Any]]) -> None:
+    """:meth:`RequestStream.push` of each ``(stream, item)`` in order, with one call into each
+    stream's event loop for all of them (one wake-up of the loop for a batching step's tokens)."""
+    batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+    for stream, item in items:
+        batches.setdefault(stream.loop, []).append((stream.queue, item))
+    for loop, batch in batches.items():
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_put_all, batch)
+
+
+def _put_all(batch: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for q, item in batch:
+        q.put_nowait(item)
 
 
 class RequestStream:

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError
-from .engine import EngineStats, GenerateEngine, Request, RequestStream, TokenEvent
+from .engine import EngineStats, GenerateEngine, Request, RequestStream, TokenEvent, push_all
 
 logger = logging.getLogger("genkit.serve")
 
@@ -96,46 +96,50 @@ class ContinuousEngine:
         return stream
 
     def _dispatch(self) -> None:
-        from genkit.continuous import RequestStatus
-
         sent: dict[str, int] = {}
         while not self._stop.is_set():
-            out = self.manager.get_result(timeout=0.1)
+            outs = self.manager.output_router.take_all(timeout=0.1)  # a step's outputs at once
             self.stats.cache_free_blocks = self.manager.cache.free_blocks
-            if out is None:
-                continue
-            with self._lock:
-                route = self._routes.get(out.request_id)
-            if route is None:
-                continue
-            stream, choice = route
-            start = sent.get(out.request_id, 0)
-            if start == 0 and out.generated_tokens and not stream.marks.get("routed"):
-                _mark_first(stream, out)
-            sent[out.request_id] = len(out.generated_tokens)
-            if out.status != RequestStatus.FAILED:
-                self.stats.generated_tokens_total += len(out.generated_tokens) - start
-                for event in _events(out, start, choice, stream.request):
-                    stream.push(event)
-            if not out.is_finished():
-                continue
-            sent.pop(out.request_id, None)
-            with self._lock:
-                self._routes.pop(out.request_id, None)
-                still = self._open.get(id(stream))
-                if still is None:
-                    continue
-                still[choice] = False
-                failed = out.status == RequestStatus.FAILED and out.error != "cancelled"
-                if failed or not any(still):
-                    del self._open[id(stream)]
-                    self.stats.requests_running -= 1
-                    self.stats.requests_cancelled += stream.client_cancelled
-                    self.stats.requests_failed += failed
-            if failed:
-                stream.push(ValueError(out.error))
-            elif not any(still):
-                stream.push(None)
+            pushes: list[tuple[RequestStream, Any]] = []
+            for out in outs:
+                self._route(out, sent, pushes)
+            push_all(pushes)  # one wake-up of the event loop for the whole step
+
+    def _route(self, out: Any, sent: dict[str, int], pushes: list[tuple[RequestStream, Any]]) -> None:
+        """The events of one manager output for its request's stream, added to ``pushes``."""
+        from genkit.continuous import RequestStatus
+
+        with self._lock:
+            route = self._routes.get(out.request_id)
+        if route is None:
+            return
+        stream, choice = route
+        start = sent.get(out.request_id, 0)
+        if start == 0 and out.generated_tokens and not stream.marks.get("routed"):
+            _mark_first(stream, out)
+        sent[out.request_id] = len(out.generated_tokens)
+        if out.status != RequestStatus.FAILED:
+            self.stats.generated_tokens_total += len(out.generated_tokens) - start
+            pushes += [(stream, event) for event in _events(out, start, choice, stream.request)]
+        if not out.is_finished():
+            return
+        sent.pop(out.request_id, None)
+        with self._lock:
+            self._routes.pop(out.request_id, None)
+            still = self._open.get(id(stream))
+            if still is None:
+                return
+            still[choice] = False
+            failed = out.status == RequestStatus.FAILED and out.error != "cancelled"
+            if failed or not any(still):
+                del self._open[id(stream)]
+                self.stats.requests_running -= 1
+                self.stats.requests_cancelled += stream.client_cancelled
+                self.stats.requests_failed += failed
+        if failed:
+            pushes.append((stream, ValueError(out.error)))
+        elif not any(still):
+            pushes.append((stream, None))
 
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self.manager.is_running() and self.fallback.is_alive()

@@ -21,7 +21,8 @@ from genkit.config.resolve import (
 
 from .call import StopConditions, StrategyCall
 
-__all__ = ["FINISH_REASONS", "FinishTracker", "StreamerOnce", "eos_token_ids", "finish_codes", "finish_reason",
+__all__ = ["FINISH_REASONS", "FinishTracker", "StreamerOnce", "eos_or_length", "eos_token_ids", "finish_codes",
+           "finish_reason",
            "openai_finish_reason", "reason_names", "special_tokens"]
 
 #: Why a row finished, highest priority first: when several conditions end a row at the same step,
@@ -59,6 +60,17 @@ def finish_codes(stop: StopConditions, sequences: torch.Tensor, scores: torch.Te
         eos_hit = torch.isin(tokens.to(stop.eos.device), stop.eos).to(codes.device)
         codes = torch.where(eos_hit, _CODE["eos"], codes)
     return codes
+
+
+def eos_or_length(stop: StopConditions, length: int, token: int) -> str | None:
+    """:func:`finish_codes`' reason for one row whose ``stop`` has no criteria (EOS and
+    ``max_length`` only), from plain values: ``length`` tokens (prompt included) after choosing
+    ``token``. ``"eos"`` wins over ``"length"`` (:data:`FINISH_REASONS`' order)."""
+    if stop.criteria:
+        raise ValueError("eos_or_length decides for stop conditions without criteria; use finish_codes")
+    if stop.eos is not None and token in stop.eos.tolist():
+        return "eos"
+    return "length" if length >= stop.max_length else None
 
 
 def reason_names(codes: torch.Tensor) -> list[str | None]:
