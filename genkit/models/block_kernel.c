@@ -1192,3 +1192,6 @@ void gk_rope_table_llama(float base, int d, int start, int n, float *cos_, float
 void gk_rms_norm_llama(const float *x, const float *w, float eps, int rows, int n, float *out) {
     for (int r = 0; r < rows; r++) rms_norm_llama(x + (size_t)r * n, w, eps, n, out + (size_t)r * n);
 }
+
+/* numerics="llama.cpp": silu(g) * u over n values as ggml_vec_swiglu_f32 computes it (swiglu_llama) */
+void gk_swiglu_llama(const float *g, const float *u, float *out, int n) { swiglu_llama(g, u, out, n); }
