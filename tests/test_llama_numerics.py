@@ -259,7 +259,7 @@ def test_the_setting_is_refused_where_it_cannot_hold(tmp_path, smollm2_gguf, tin
     with pytest.raises(NotSupportedError, match="this model has genkit.quantize"):
         set_numerics(genkit.quantize(tiny_model, "int4"), "llama.cpp")
     path = tmp_path / "q.gguf"
-    write_quantized_gguf(path, "Q4_K")
+    write_quantized_gguf(path, "Q4_K", hidden=256, ffn=512)
     with pytest.raises(NotSupportedError, match="this model has Q4_K"):
         genkit.load_model(path, numerics="llama.cpp")
 
