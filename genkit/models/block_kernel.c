@@ -719,7 +719,8 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
  * GK_ACT_LLAMA_Q8_0) use the signed codes u - 8 (4-bit) or u - 128 (8-bit), as Q4_0 and Q8_0 store them. */
 static void panel_llama(int bits, int act, const uint8_t *w, int nb, const int8_t *q, const float *dx,
                         const float *sx, float *y) {
-    float acc[GK_ROWS][8], summ[GK_ROWS];
+    /* rows innermost: each row's operations stay in llama.cpp's order, the 16 rows go side by side */
+    float acc[8][GK_ROWS], summ[GK_ROWS], dw[GK_ROWS], mw[GK_ROWS];
     memset(acc, 0, sizeof acc);
     memset(summ, 0, sizeof summ);
     const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512, off = bits == 4 ? 8 : 128;
@@ -729,31 +730,31 @@ static void panel_llama(int bits, int act, const uint8_t *w, int nb, const int8_
         uint16_t dh[GK_ROWS], mh[GK_ROWS];
         memcpy(dh, wb + cb, sizeof dh);
         memcpy(mh, wb + cb + sizeof dh, sizeof mh);
-        int qs[8];
-        for (int l = 0; l < 8; l++) qs[l] = qb[4 * l] + qb[4 * l + 1] + qb[4 * l + 2] + qb[4 * l + 3];
         for (int r = 0; r < GK_ROWS; r++) {
-            int is[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (bits == 4) {
-                for (int c = 0; c < 4; c++)
-                    for (int j = 0; j < 4; j++) {
-                        int byte = wb[64 * c + 4 * r + j];
-                        is[2 * c] += (byte & 15) * qb[8 * c + j];
-                        is[2 * c + 1] += (byte >> 4) * qb[8 * c + 4 + j];
-                    }
-            } else {
-                for (int c = 0; c < 8; c++)
-                    for (int j = 0; j < 4; j++) is[c] += wb[64 * c + 4 * r + j] * qb[4 * c + j];
-            }
-            if (act == GK_ACT_LLAMA_Q8_0)
-                for (int l = 0; l < 8; l++) is[l] -= off * qs[l];
-            float d0d1 = f16_to_f32(dh[r]) * dx[b];
-            for (int l = 0; l < 8; l++) acc[r][l] = fmaf(d0d1, (float)is[l], acc[r][l]);
-            if (act == GK_ACT_LLAMA_Q8_1) summ[r] = fmaf(f16_to_f32(mh[r]), sx[b], summ[r]);
+            dw[r] = f16_to_f32(dh[r]) * dx[b];  /* d0 * d1 */
+            mw[r] = f16_to_f32(mh[r]);
         }
+        int is[8][GK_ROWS];
+        for (int l = 0; l < 8; l++) {
+            /* lane l holds the block's values 4l..4l+3: 4-bit chunk l/2, low nibbles for even l */
+            const uint8_t *chunk = wb + 64 * (bits == 4 ? l / 2 : l);
+            const int shift = bits == 4 ? 4 * (l & 1) : 0, mask = bits == 4 ? 15 : 255;
+            const int8_t *ql = qb + 4 * l;
+            const int qsum = act == GK_ACT_LLAMA_Q8_0 ? off * (ql[0] + ql[1] + ql[2] + ql[3]) : 0;
+            for (int r = 0; r < GK_ROWS; r++) {
+                const uint8_t *c4 = chunk + 4 * r;
+                is[l][r] = ((c4[0] >> shift) & mask) * ql[0] + ((c4[1] >> shift) & mask) * ql[1] +
+                           ((c4[2] >> shift) & mask) * ql[2] + ((c4[3] >> shift) & mask) * ql[3] - qsum;
+            }
+        }
+        for (int l = 0; l < 8; l++)
+            for (int r = 0; r < GK_ROWS; r++) acc[l][r] = fmaf(dw[r], (float)is[l][r], acc[l][r]);
+        if (act == GK_ACT_LLAMA_Q8_1)
+            for (int r = 0; r < GK_ROWS; r++) summ[r] = fmaf(mw[r], sx[b], summ[r]);
     }
     for (int r = 0; r < GK_ROWS; r++) {
-        float h0 = acc[r][4] + acc[r][0], h1 = acc[r][5] + acc[r][1], h2 = acc[r][6] + acc[r][2],
-              h3 = acc[r][7] + acc[r][3];
+        float h0 = acc[4][r] + acc[0][r], h1 = acc[5][r] + acc[1][r], h2 = acc[6][r] + acc[2][r],
+              h3 = acc[7][r] + acc[3][r];
         y[r] = ((h0 + h2) + (h1 + h3)) + summ[r];
     }
 }
