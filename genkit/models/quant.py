@@ -357,8 +357,10 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
         set_activation_digits(model, 1)
     for lay in layers:
         lay.numerics = numerics
+    from .llama import RMSNorm
+
     for module in model.modules():  # the final norm runs as its module
-        if hasattr(module, "eps") and hasattr(module, "weight") and type(module).__name__ == "RMSNorm":
+        if isinstance(module, RMSNorm):
             module.numerics = numerics
     model.numerics = numerics  # type: ignore[assignment]
     model._prepared = None  # type: ignore[assignment]  # the decoder's layer table holds the setting
