@@ -14,6 +14,8 @@ differing token is named.
 
 ``--activation-digits 1,2`` serves genkit once per setting (``genkit serve --activation-digits N``:
 1 is llama.cpp's activation rounding, 2 the default), all in the same alternating rounds.
+``--numerics llama.cpp`` serves genkit once more with ``genkit serve --numerics llama.cpp`` (llama.cpp's
+float operations op for op: its completions should be llama-server's, token for token).
 ``--llama-flags`` passes more flags to llama-server, e.g. ``"-ctk f32 -ctv f32 -fa off"`` (a float32
 KV cache and no flash attention: the float path closest to genkit's).
 
@@ -44,8 +46,19 @@ from bench_serve import PROMPTS, _free_port, _wait, round_  # noqa: E402  (the s
 BASELINE = "genkit baseline"  # --baseline-python: another genkit (e.g. main's venv) in the same rounds
 
 
+LLAMA_NUMERICS = "genkit (llama.cpp numerics)"  # genkit serve --numerics llama.cpp
+
+
 def _genkit_name(digits: int) -> str:
     return f"genkit ({digits} digit{'s' if digits > 1 else ''})"
+
+
+def _genkit_flags(name: str) -> list[str]:
+    if name == BASELINE:
+        return []
+    if name == LLAMA_NUMERICS:
+        return ["--numerics", "llama.cpp"]
+    return ["--activation-digits", name.split("(")[1].split()[0]]
 
 
 def _start(name: str, gguf: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
@@ -55,7 +68,7 @@ def _start(name: str, gguf: str, args: argparse.Namespace) -> tuple[subprocess.P
     if name.startswith("genkit"):
         python = args.baseline_python if name == BASELINE else sys.executable
         cmd = [python, "-m", "genkit", "serve", "--model", gguf, "--model-name", "m", "--port", str(port)]
-        cmd += [] if name == BASELINE else ["--activation-digits", name.split("(")[1].split()[0]]
+        cmd += _genkit_flags(name)
         cwd = "/" if name == BASELINE else None  # its own genkit, not the one of this folder
     else:
         slots = max(args.clients)
@@ -133,6 +146,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--activation-digits", default="2",
                         help="genkit's activation digits to serve, comma-separated (1,2: both, in the same rounds)")
+    parser.add_argument("--numerics", default="", help="'llama.cpp': serve genkit with --numerics llama.cpp too "
+                        "(llama.cpp's float operations op for op), in the same rounds")
     parser.add_argument("--llama-flags", default="", help="more llama-server flags, e.g. '-ctk f32 -ctv f32 -fa off'")
     parser.add_argument("--compare-tokens", type=int, default=64, help="greedy tokens per compared completion")
     parser.add_argument("--baseline-python", default=None,
@@ -140,7 +155,10 @@ def main() -> None:
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     gguf = args.gguf or demo_gguf_path(f"{genkit_home()}/bench-gguf")
-    ours = [_genkit_name(int(d)) for d in args.activation_digits.split(",")]
+    ours = [_genkit_name(int(d)) for d in args.activation_digits.split(",") if d]
+    if args.numerics not in ("", "llama.cpp"):
+        parser.error(f"--numerics must be 'llama.cpp' (or left out); got {args.numerics!r}")
+    ours += [LLAMA_NUMERICS] if args.numerics else []
     names = (*ours, BASELINE, "llama.cpp") if args.baseline_python else (*ours, "llama.cpp")
     servers = {name: _start(name, gguf, args) for name in names}
     try:

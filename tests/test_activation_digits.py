@@ -93,7 +93,7 @@ def test_one_digit_products_follow_llama_cpps_rounding(bits, symmetric, m):
 
 def test_the_kernel_refuses_an_unknown_rounding():
     codes, scale, minimum = _weight(4, 16, 32)
-    with pytest.raises(ConfigError, match=r"`act` must be one of 0, 1, 2; got 7"):
+    with pytest.raises(ConfigError, match=r"`act` must be one of 0-4 \(3 and 4 not for 6-bit weights\); got 7"):
         block_kernel.matmul(torch.ones(1, 32), block_kernel.pack(codes, scale, minimum, 4), 4, 16, 7)
 
 

@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--threads applies to --engine local; Ray gives each actor its CPUs (ray.init(num_cpus=))")
     if args.engine == "ray" and args.activation_digits is not None:
         raise ConfigError("--activation-digits applies to --engine local (Ray actors load the model with its defaults)")
+    if args.engine == "ray" and args.numerics is not None:
+        raise ConfigError("--numerics applies to --engine local (Ray actors load the model with its defaults)")
     kwargs = check_options(args)
     if args.engine == "local":
         apply_threads_option(args)
@@ -91,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                            revision=args.revision, dtype=args.dtype, device=args.device, batching=args.batching)
     else:
         model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
-                                  trust_remote_code=trust, activation_digits=args.activation_digits)
+                                  trust_remote_code=trust, activation_digits=args.activation_digits,
+                                  numerics=args.numerics)
         tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
         engine = make_local_engine(model, tokenizer, kwargs, batch_size=args.batch_size,
                                    custom_generate=args.custom_generate, trust_remote_code=trust,

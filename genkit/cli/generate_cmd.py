@@ -15,9 +15,11 @@ from ..errors import ConfigError, GenerationError
 from ..models.demo import DEMO_MODEL
 from .options import (
     add_activation_digits_option,
+    add_numerics_option,
     add_threads_option,
     apply_threads_option,
     check_activation_digits_option,
+    check_numerics_option,
     check_threads_option,
     read_prompt,
 )
@@ -73,6 +75,7 @@ def add_generation_options(p: Any) -> None:
     p.add_argument("--revision", default=None, help="Hub revision of --model")
     add_threads_option(p)
     add_activation_digits_option(p)
+    add_numerics_option(p)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any other generation parameter, e.g. --set repetition_penalty=1.2 (repeatable)")
 
@@ -204,6 +207,7 @@ def check_options(args: argparse.Namespace) -> dict[str, Any]:
     generation parameters."""
     check_threads_option(args)
     check_activation_digits_option(args)
+    check_numerics_option(args)
     kwargs = generation_kwargs(args)
     check_device(args.device)
     config = check_generation_options(kwargs, args.custom_generate)
@@ -267,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
                               trust_remote_code=True if args.trust_remote_code else None,
-                              activation_digits=args.activation_digits)
+                              activation_digits=args.activation_digits, numerics=args.numerics)
     tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
     if bars is not None:
         bars.close()

@@ -45,6 +45,25 @@ def check_activation_digits_option(args: argparse.Namespace) -> None:
         raise ConfigError(f"--activation-digits must be 1 or 2; got {digits}")
 
 
+NUMERICS_HELP = ("quantized GGUF models: 'genkit' (default) or 'llama.cpp': every float operation of a step as "
+                 "llama.cpp's CPU backend does it (one activation digit, float16 K/V cache, its flash attention), so "
+                 "greedy decoding gives llama.cpp's tokens. See docs/models.md, 'llama.cpp numerics'")
+
+
+def add_numerics_option(p: Any) -> None:
+    """``--numerics {genkit,llama.cpp}`` on a command that loads a model."""
+    p.add_argument("--numerics", default=None, metavar="{genkit,llama.cpp}", help=NUMERICS_HELP)
+
+
+def check_numerics_option(args: argparse.Namespace) -> None:
+    """Refuse a bad ``--numerics`` (or one contradicting ``--activation-digits``) before anything loads."""
+    numerics = getattr(args, "numerics", None)
+    if numerics is not None and numerics not in ("genkit", "llama.cpp"):
+        raise ConfigError(f"--numerics must be 'genkit' or 'llama.cpp'; got {numerics!r}")
+    if numerics == "llama.cpp" and getattr(args, "activation_digits", None) == 2:
+        raise ConfigError("--numerics llama.cpp rounds activations to one digit; --activation-digits 2 contradicts it")
+
+
 def apply_threads_option(args: argparse.Namespace) -> int:
     """Run torch with ``--threads`` (or the default policy, :mod:`genkit.threads`)."""
     from ..threads import apply_threads

@@ -16,9 +16,11 @@ from typing import Any
 from ..errors import ConfigError
 from .options import (
     add_activation_digits_option,
+    add_numerics_option,
     add_threads_option,
     apply_threads_option,
     check_activation_digits_option,
+    check_numerics_option,
     check_threads_option,
 )
 
@@ -66,6 +68,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--scheduler", default=None, help="continuous batching scheduler: fifo or prefill_first")
     add_threads_option(p)
     add_activation_digits_option(p)
+    add_numerics_option(p)
     p.set_defaults(func=run)
 
 
@@ -121,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     settings = _check_options(args)
     check_threads_option(args)
     check_activation_digits_option(args)
+    check_numerics_option(args)
     from genkit.serve.lifecycle import DrainingServer, bind
 
     sock = bind(args.host, args.port)
@@ -147,7 +151,8 @@ def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple
     from genkit.serve.engines import make_engine
     from genkit.serve.security import ServePolicy
 
-    model = genkit.load_model(ref, dtype=args.dtype, activation_digits=args.activation_digits)
+    model = genkit.load_model(ref, dtype=args.dtype, activation_digits=args.activation_digits,
+                              numerics=args.numerics)
     tokenizer = genkit.load_tokenizer(ref)
     context = getattr(model.config, "max_position_embeddings", None)
     if args.max_model_len is not None and context is not None and args.max_model_len > context:

@@ -19,8 +19,12 @@ from typing import Any
 
 import torch
 
+from ..errors import NotSupportedError
 from . import block_kernel
 from .cache import KVCache
+
+UNSUPPORTED = ("`numerics`='llama.cpp' runs every step on the block kernel's decoder: rows at one position with no "
+               "padding mask, genkit's KVCache or the paged store, no hidden states or attentions asked for")
 
 
 class _Layer(ctypes.Structure):
@@ -29,7 +33,8 @@ class _Layer(ctypes.Structure):
                 ("bits_qkv", ctypes.c_int), ("bits_o", ctypes.c_int), ("bits_gu", ctypes.c_int),
                 ("bits_d", ctypes.c_int), ("num_heads", ctypes.c_int), ("num_kv_heads", ctypes.c_int),
                 ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int), ("eps", ctypes.c_float),
-                ("act_qkv", ctypes.c_int), ("act_o", ctypes.c_int), ("act_gu", ctypes.c_int), ("act_d", ctypes.c_int)]
+                ("act_qkv", ctypes.c_int), ("act_o", ctypes.c_int), ("act_gu", ctypes.c_int), ("act_d", ctypes.c_int),
+                ("llama", ctypes.c_int)]
 
 
 class _CacheState:
@@ -67,11 +72,13 @@ class BlockDecoder:
         self.layers = layers  # keeps the weights (and so the pointers below) alive
         self.hidden = int(layers[0].norm1.shape[0])
         self.head_dim = int(layers[0].head_dim)
+        # numerics="llama.cpp" (genkit.models.quant.set_numerics): every step must run here
+        self.llama = getattr(layers[0].wqkv, "numerics", "genkit") == "llama.cpp"
         self.table = (_Layer * len(layers))(*[
             _Layer(p.wqkv.blocks.data_ptr(), p.wo.blocks.data_ptr(), p.wgu.blocks.data_ptr(), p.wd.blocks.data_ptr(),
                    p.norm1.data_ptr(), p.norm2.data_ptr(), p.wqkv.bits, p.wo.bits, p.wgu.bits, p.wd.bits,
                    p.num_heads, p.num_kv_heads, p.head_dim, p.wd.in_features, p.eps,
-                   p.wqkv.act, p.wo.act, p.wgu.act, p.wd.act)
+                   p.wqkv.act, p.wo.act, p.wgu.act, p.wd.act, int(self.llama))
             for p in layers])
         self.pointers = tuple(t.data_ptr() for p in layers for t in (p.wqkv.blocks, p.wo.blocks, p.wgu.blocks,
                                                                        p.wd.blocks, p.norm1, p.norm2))
@@ -134,6 +141,30 @@ class BlockDecoder:
             raise MemoryError("the block kernel could not allocate its scratch memory")
         cache.lengths[:n] = [pos + 1] * n
         return out
+
+    def steps(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, masks: dict[Any, Any], cache: Any,
+              num_layers: int | None) -> torch.Tensor:
+        """``numerics="llama.cpp"``: ``x`` ``(rows, T, hidden)`` one token at a time through
+        :meth:`__call__` (llama.cpp computes a prompt's rows as it computes decode steps);
+        NotSupportedError where a step cannot run here (a padding mask, a cache of another kind...)."""
+        t = x.shape[1]
+        if type(cache) is KVCache:  # room for the whole prompt first (the one-call step needs its buffers)
+            n = len(self.layers) if num_layers is None else num_layers
+            end = cache.lengths[0] + t
+            for i, p in enumerate(self.layers[:n]):
+                k = cache.keys[i]
+                if k is None or end > k.shape[2] or k.shape[0] != x.shape[0]:
+                    cache._grow(i, x.new_empty(x.shape[0], p.num_kv_heads, 1, p.head_dim), end)
+        outs = []
+        for i in range(t):
+            ci = cos[i:i + 1] if cos.dim() == 2 else cos[..., i:i + 1, :]
+            si = sin[i:i + 1] if sin.dim() == 2 else sin[..., i:i + 1, :]
+            # a batch-1 mask of a prompt is the causal pattern, which one token at a time follows
+            out = self(x[:, i:i + 1], ci, si, masks if t == 1 else dict.fromkeys(masks), cache, num_layers)
+            if out is None:
+                raise NotSupportedError(UNSUPPORTED)
+            outs.append(out)
+        return outs[0] if t == 1 else torch.cat(outs, dim=1)
 
     def paged(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, store: Any,
               blocks: list[list[int]]) -> torch.Tensor | None:

@@ -54,7 +54,9 @@
 #define GK_ROWS 16
 #define GK_GROUP 32
 #define GK_MT 4
-enum { GK_ACT_TWO = 0, GK_ACT_Q8_1 = 1, GK_ACT_Q8_0 = 2 };  /* how activations are rounded (see above) */
+/* how activations are rounded (see above); GK_ACT_LLAMA_Q8_1 / _Q8_0: the same one-digit rounding,
+ * with the products summed in llama.cpp's float order (numerics="llama.cpp": panel_llama below) */
+enum { GK_ACT_TWO = 0, GK_ACT_Q8_1 = 1, GK_ACT_Q8_0 = 2, GK_ACT_LLAMA_Q8_1 = 3, GK_ACT_LLAMA_Q8_0 = 4 };
 
 /* Per-operation wall time of the decode step, built only with -DGK_PROFILE (bench/profile_block_kernel.py):
  * gk_profile(out) copies the seconds spent per category into out[GK_PROF_N] and clears them. */
@@ -706,13 +708,89 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
 }
 #endif
 
+
+/* ---- numerics="llama.cpp": the float operations of llama.cpp's CPU backend (AVX2 build), in its order ----
+ * so that a decode step gives the same bits as ggml's, not just the same rule up to rounding. */
+
+/* One panel (16 rows) times one activation row, as ggml_vec_dot_q4_1_q8_1 / _q4_0_q8_0 / _q8_0_q8_0 sum
+ * on AVX2: per block, 8 lanes of 4 consecutive products (integer), each lane accumulated as
+ * fma(d_w * d_x, lane, acc); Q4_1's offsets as summs = fma(m, s_x, summs); the result is
+ * ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)) + summs (hsum_float_8). Symmetric weights (act
+ * GK_ACT_LLAMA_Q8_0) use the signed codes u - 8 (4-bit) or u - 128 (8-bit), as Q4_0 and Q8_0 store them. */
+static void panel_llama(int bits, int act, const uint8_t *w, int nb, const int8_t *q, const float *dx,
+                        const float *sx, float *y) {
+    /* rows innermost: each row's operations stay in llama.cpp's order, the 16 rows go side by side */
+    float acc[8][GK_ROWS], summ[GK_ROWS], dw[GK_ROWS], mw[GK_ROWS];
+    memset(acc, 0, sizeof acc);
+    memset(summ, 0, sizeof summ);
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512, off = bits == 4 ? 8 : 128;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        const int8_t *qb = q + (size_t)b * GK_GROUP;
+        uint16_t dh[GK_ROWS], mh[GK_ROWS];
+        memcpy(dh, wb + cb, sizeof dh);
+        memcpy(mh, wb + cb + sizeof dh, sizeof mh);
+        for (int r = 0; r < GK_ROWS; r++) {
+            dw[r] = f16_to_f32(dh[r]) * dx[b];  /* d0 * d1 */
+            mw[r] = f16_to_f32(mh[r]);
+        }
+        int is[8][GK_ROWS];
+        for (int l = 0; l < 8; l++) {
+            /* lane l holds the block's values 4l..4l+3: 4-bit chunk l/2, low nibbles for even l */
+            const uint8_t *chunk = wb + 64 * (bits == 4 ? l / 2 : l);
+            const int shift = bits == 4 ? 4 * (l & 1) : 0, mask = bits == 4 ? 15 : 255;
+            const int8_t *ql = qb + 4 * l;
+            const int qsum = act == GK_ACT_LLAMA_Q8_0 ? off * (ql[0] + ql[1] + ql[2] + ql[3]) : 0;
+            for (int r = 0; r < GK_ROWS; r++) {
+                const uint8_t *c4 = chunk + 4 * r;
+                is[l][r] = ((c4[0] >> shift) & mask) * ql[0] + ((c4[1] >> shift) & mask) * ql[1] +
+                           ((c4[2] >> shift) & mask) * ql[2] + ((c4[3] >> shift) & mask) * ql[3] - qsum;
+            }
+        }
+        for (int l = 0; l < 8; l++)
+            for (int r = 0; r < GK_ROWS; r++) acc[l][r] = fmaf(dw[r], (float)is[l][r], acc[l][r]);
+        if (act == GK_ACT_LLAMA_Q8_1)
+            for (int r = 0; r < GK_ROWS; r++) summ[r] = fmaf(mw[r], sx[b], summ[r]);
+    }
+    for (int r = 0; r < GK_ROWS; r++) {
+        float h0 = acc[4][r] + acc[0][r], h1 = acc[5][r] + acc[1][r], h2 = acc[6][r] + acc[2][r],
+              h3 = acc[7][r] + acc[3][r];
+        y[r] = ((h0 + h2) + (h1 + h3)) + summ[r];
+    }
+}
+
+/* gk_matmul for the llama.cpp-order acts: activations rounded as GK_ACT_Q8_1 / _Q8_0, then panel_llama */
+static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads,
+                        int act) {
+    int nb = K / GK_GROUP, panels = N / GK_ROWS;
+    size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
+    int8_t *q = (int8_t *)malloc((size_t)M * K + 4 * sizeof(float) * (size_t)M * nb + 64);
+    if (q == NULL) return -1;
+    float *dx = (float *)(((uintptr_t)(q + (size_t)M * K) + 63) & ~(uintptr_t)63);
+    float *sx = dx + (size_t)M * nb, *sx16 = sx + (size_t)M * nb;
+    quantize_rows(x, M, K, q, NULL, dx, sx, sx16, threads, act - 2);
+    if (threads > panels) threads = panels;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int p = 0; p < panels; p++) {
+        float out[GK_ROWS];
+        for (int m = 0; m < M; m++) {
+            panel_llama(bits, act, w + (size_t)p * panel_bytes, nb, q + (size_t)m * K, dx + (size_t)m * nb,
+                        sx + (size_t)m * nb, out);
+            memcpy(y + (size_t)m * N + (size_t)p * GK_ROWS, out, sizeof out);
+        }
+    }
+    free(q);
+    return 0;
+}
+
 /* y (M, N) = x (M, K) @ W^T; W in the block layout above (N a multiple of 16, K of 32); act: how
  * activations are rounded (GK_ACT_TWO, GK_ACT_Q8_1, GK_ACT_Q8_0). Returns 0, -1 when the scratch
  * memory cannot be had, -3 for bad bits, -4 for a bad act. */
 int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads, int act) {
     if (bits != 4 && bits != 6 && bits != 8) return -3;
-    if (act != GK_ACT_TWO && act != GK_ACT_Q8_1 && act != GK_ACT_Q8_0) return -4;
+    if (act < GK_ACT_TWO || act > GK_ACT_LLAMA_Q8_0 || (act >= GK_ACT_LLAMA_Q8_1 && bits == 6)) return -4;
     if (threads < 1) threads = 1;
+    if (act >= GK_ACT_LLAMA_Q8_1) return matmul_llama(bits, w, x, y, M, N, K, threads, act);
 #ifdef GK_AMX
     if (gk_amx_ready && gk_amx_min_rows > 0 && M >= gk_amx_min_rows && bits != 6)
         return matmul_amx(bits, w, x, y, M, N, K, threads, act);
@@ -797,6 +875,7 @@ typedef struct {
     int num_heads, num_kv_heads, head_dim, intermediate;
     float eps;
     int act_qkv, act_o, act_gu, act_d; /* each product's activation rounding (GK_ACT_*) */
+    int llama; /* numerics="llama.cpp": norm, rope, float16 K/V and attention, SwiGLU as ggml computes them */
 } gk_layer;
 
 static void rms_norm(const float *x, const float *w, float eps, int n, float *out) {
@@ -836,16 +915,132 @@ static inline size_t kv_at(const gk_kv *kv, int r, int j, int t, int nkv, int d)
     return (slot * nkv + j) * d;
 }
 
+/* ---- numerics="llama.cpp" in the decode step: ggml's CPU operations (AVX2 build), op for op ---- */
+
+/* ggml_compute_forward_rms_norm (fused with the weight): double sum, float mean, x * scale * w */
+static void rms_norm_llama(const float *x, const float *w, float eps, int n, float *out) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+/* ggml's rotate_pairs as gcc contracts it (checked against llama.cpp's rotated q): x0 cos - x1 sin
+ * as fma(x0, cos, -(x1 sin)), x0 sin + x1 cos as fma(x0, sin, x1 cos), the other product rounded
+ * (genkit's halves layout: pair i is (i, i + d/2); sin_ holds -s, s) */
+static void rope_llama(float *v, const float *cos_, const float *sin_, int d) {
+    int half = d / 2;
+    for (int i = 0; i < half; i++) {
+        float x0 = v[i], x1 = v[i + half], c = cos_[i], s = sin_[i + half];
+        v[i] = fmaf(x0, c, -(x1 * s));
+        v[i + half] = fmaf(x0, s, x1 * c);
+    }
+}
+
+/* llama.cpp's element e of a head is genkit's (e / 2) + (e % 2) * d / 2: the GGUF file interleaves
+ * the rotary halves of q and k, which genkit's loader undoes; the sums below go in llama.cpp's order */
+static inline int llama_index(int e, int d) { return (e >> 1) + (e & 1) * (d / 2); }
+
+/* ggml_vec_dot_f16 on AVX2 of k (genkit's order) and q (llama.cpp's order): 4 accumulators of 8
+ * lanes over steps of 32, reduced pairwise */
+static float dot_f16_llama(const float *x, const float *y, int n) {
+    float acc[4][8] = {{0}};
+    int np = n & ~31;
+    for (int i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 8; l++)
+                acc[j][l] = fmaf(x[llama_index(i + 8 * j + l, n)], y[i + 8 * j + l], acc[j][l]);
+    for (int l = 0; l < 8; l++) {
+        acc[0][l] += acc[2][l];
+        acc[1][l] += acc[3][l];
+    }
+    for (int l = 0; l < 8; l++) acc[0][l] += acc[1][l];
+    float t[4];
+    for (int l = 0; l < 4; l++) t[l] = acc[0][l] + acc[0][l + 4];
+    double sum = (double)((t[0] + t[1]) + (t[2] + t[3]));
+    for (int i = np; i < n; i++) sum += (double)(x[llama_index(i, n)] * y[i]);
+    return (float)sum;
+}
+
+/* llama.cpp's CPU flash attention with a float16 K/V cache (ggml_compute_forward_flash_attn_ext_f16_one_chunk):
+ * q rounded to float16, online softmax over positions 0..last with the weighted values summed in a
+ * float16 accumulator (each step fma in float32, then rounded), divided by the sum at the end. */
+static void attend_llama_row(const float *q, const float *kc, const float *vc, const gk_kv *kv, int r, int j,
+                             int last, int nkv, int d, float scale, float *o) {
+    float qh[512], acc[512];
+    for (int e = 0; e < d; e++) {
+        qh[e] = round_f16(q[llama_index(e, d)]);
+        acc[e] = 0.0f;
+    }
+    float M = -INFINITY, S = 0.0f;
+    for (int t = 0; t <= last; t++) {
+        float s = dot_f16_llama(kc + kv_at(kv, r, j, t, nkv, d), qh, d) * scale;
+        float ms = 1.0f, vs = 1.0f;
+        if (s > M) {
+            float old = M;
+            M = s;
+            ms = expf(old - M);
+            for (int e = 0; e < d; e++) acc[e] = round_f16(acc[e] * ms);
+        } else {
+            vs = expf(s - M);
+        }
+        const float *vt = vc + kv_at(kv, r, j, t, nkv, d);
+        for (int e = 0; e < d; e++) acc[e] = round_f16(fmaf(vt[e], vs, acc[e]));
+        S = fmaf(S, ms, vs);
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int e = 0; e < d; e++) o[e] = acc[e] * inv;
+}
+
+/* ggml_v_expf (AVX2), one lane */
+static float expf_llama(float x) {
+    union { float f; uint32_t u; } z, k, one = {1.0f}, s1, s2;
+    const float r = 0x1.8p23f;
+    z.f = fmaf(x, 0x1.715476p+0f, r);
+    const float n = z.f - r;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const uint32_t e = z.u << 23;
+    k.u = e + one.u;
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                         0x1.ffffecp-1f * b);
+    if (!(fabsf(n) > 126.0f)) return fmaf(j, k.f, k.f);
+    const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+    s1.u = g + 0x7f000000u;
+    s2.u = e - g;
+    if (fabsf(n) > 192.0f) return s1.f * s1.f;
+    return fmaf(s2.f, j, s2.f) * s1.f;
+}
+
+/* ggml_vec_swiglu_f32 on AVX2: silu(g) * u with ggml_v_silu (x / (1 + ggml_v_expf(-x))) in steps of
+ * 8, the rest with libm's expf */
+static void swiglu_llama(const float *g, const float *up, float *a, int n) {
+    int i = 0, nv = n & ~7;
+    for (; i < nv; i++) a[i] = g[i] / (1.0f + expf_llama(0.0f - g[i])) * up[i];
+    for (; i < n; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * up[i];
+}
+
 /* rope on q and k of every row (its own position's cos/sin), the new key/value into the cache */
 static void rope_and_store(const gk_layer *L, float *qkv, int rows, const float *cos_, const float *sin_, int cs_stride,
                            const int32_t *pos, float *kc, float *vc, const gk_kv *kv) {
     int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d;
     for (int r = 0; r < rows; r++) {
         float *qr = qkv + r * (size_t)nqkv;
-        for (int i = 0; i < nq + nkv; i++) rope(qr + (size_t)i * d, cos_ + (size_t)r * cs_stride, sin_ + (size_t)r * cs_stride, d);
+        for (int i = 0; i < nq + nkv; i++) {
+            float *v = qr + (size_t)i * d;
+            const float *c = cos_ + (size_t)r * cs_stride, *sn = sin_ + (size_t)r * cs_stride;
+            if (L->llama) rope_llama(v, c, sn, d); else rope(v, c, sn, d);
+        }
         for (int j = 0; j < nkv; j++) {
-            memcpy(kc + kv_at(kv, r, j, pos[r], nkv, d), qr + (size_t)(nq + j) * d, sizeof(float) * d);
-            memcpy(vc + kv_at(kv, r, j, pos[r], nkv, d), qr + (size_t)(nq + nkv + j) * d, sizeof(float) * d);
+            float *kt = kc + kv_at(kv, r, j, pos[r], nkv, d), *vt = vc + kv_at(kv, r, j, pos[r], nkv, d);
+            memcpy(kt, qr + (size_t)(nq + j) * d, sizeof(float) * d);
+            memcpy(vt, qr + (size_t)(nq + nkv + j) * d, sizeof(float) * d);
+            if (L->llama)  /* llama.cpp's default float16 K/V cache: the values it keeps */
+                for (int e = 0; e < d; e++) {
+                    kt[e] = round_f16(kt[e]);
+                    vt[e] = round_f16(vt[e]);
+                }
         }
     }
 }
@@ -861,6 +1056,10 @@ static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t 
         int r = ri / nq, i = ri % nq, j = i / group, last = pos[r];
         const float *q = qkv + r * (size_t)nqkv + (size_t)i * d;
         float *sc = scores + (size_t)ri * span, *o = att + r * (size_t)nq * d + (size_t)i * d;
+        if (L->llama) {
+            attend_llama_row(q, kc, vc, kv, r, j, last, nkv, d, scale, o);
+            continue;
+        }
         float mx = -INFINITY, sum = 0.0f;
         for (int t = 0; t <= last; t++) {
             sc[t] = dot(q, kc + kv_at(kv, r, j, t, nkv, d), d) * scale;
@@ -879,6 +1078,7 @@ static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t 
         }
     }
 }
+
 
 /* One decode step of `rows` tokens, row r at position pos[r] (cos/sin rows cs_stride apart; 0: shared). */
 static int decode_rows(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
@@ -906,7 +1106,8 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, inter = L->intermediate;
         int nqkv = (nq + 2 * nkv) * d;
         GK_T0;
-        for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm1, L->eps, hidden, h + r * (size_t)hidden);
+        for (int r = 0; r < rows; r++)
+            (L->llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, L->norm1, L->eps, hidden, h + r * (size_t)hidden);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_QKV);
         if ((rc = gk_matmul(L->bits_qkv, L->wqkv, h, qkv, rows, nqkv, hidden, threads, L->act_qkv))) break;
@@ -920,7 +1121,8 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);
-        for (int r = 0; r < rows; r++) rms_norm(x + r * (size_t)hidden, L->norm2, L->eps, hidden, h + r * (size_t)hidden);
+        for (int r = 0; r < rows; r++)
+            (L->llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, L->norm2, L->eps, hidden, h + r * (size_t)hidden);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_GU);
         if ((rc = gk_matmul(L->bits_gu, L->wgu, h, gu, rows, 2 * inter, hidden, threads, L->act_gu))) break;
@@ -928,6 +1130,10 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         for (int r = 0; r < rows; r++) {
             const float *g = gu + 2 * (size_t)r * inter;
             float *a = act + (size_t)r * inter;
+            if (L->llama) {
+                swiglu_llama(g, g + inter, a, inter);
+                continue;
+            }
             for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[inter + i];
         }
         GK_T(GK_P_SILU);
@@ -964,3 +1170,29 @@ int gk_decode_paged(int num_layers, const gk_layer *layers, float *x, int rows, 
     return decode_rows(num_layers, layers, x, rows, hidden, cos_, sin_, layers[0].head_dim, pos, kcache, vcache, &kv,
                        threads);
 }
+
+/* numerics="llama.cpp": rotary tables for positions start..start+n-1 as ggml_rope_cache_init builds
+ * them (theta_scale = powf(base, -2/dims), the angle multiplied by it pair after pair in float32,
+ * cosf/sinf), in genkit's layout: cos (n, d) with both halves equal, sin (n, d) holding -s, s. */
+void gk_rope_table_llama(float base, int d, int start, int n, float *cos_, float *sin_) {
+    const int half = d / 2;
+    const float theta_scale = powf(base, -2.0f / (float)d);
+    for (int p = 0; p < n; p++) {
+        float theta = (float)(start + p);
+        for (int i = 0; i < half; i++) {
+            float c = cosf(theta), sn = sinf(theta);
+            cos_[(size_t)p * d + i] = cos_[(size_t)p * d + half + i] = c;
+            sin_[(size_t)p * d + i] = -sn;
+            sin_[(size_t)p * d + half + i] = sn;
+            theta *= theta_scale;
+        }
+    }
+}
+
+/* numerics="llama.cpp": RMSNorm of `rows` rows of n (rms_norm_llama), for the model's final norm */
+void gk_rms_norm_llama(const float *x, const float *w, float eps, int rows, int n, float *out) {
+    for (int r = 0; r < rows; r++) rms_norm_llama(x + (size_t)r * n, w, eps, n, out + (size_t)r * n);
+}
+
+/* numerics="llama.cpp": silu(g) * u over n values as ggml_vec_swiglu_f32 computes it (swiglu_llama) */
+void gk_swiglu_llama(const float *g, const float *u, float *out, int n) { swiglu_llama(g, u, out, n); }

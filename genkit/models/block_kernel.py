@@ -126,6 +126,7 @@ def build_mode() -> str | None:
 
 
 ACT_TWO, ACT_Q8_1, ACT_Q8_0 = 0, 1, 2  # the C kernel's GK_ACT_* (how activations are rounded)
+ACT_LLAMA_Q8_1, ACT_LLAMA_Q8_0 = 3, 4  # the one-digit roundings with llama.cpp's float order (numerics="llama.cpp")
 ACTIVATION_DIGITS = (1, 2)
 
 
@@ -135,6 +136,32 @@ def act_mode(digits: int, symmetric: bool) -> int:
     GGUF Q4_0, Q8_0, Q6_K, ``genkit.quantize``; llama.cpp pairs them with Q8_0 activations) and
     :data:`ACT_Q8_1` for weights with a free minimum (Q4_1, Q4_K: Q8_1 activations)."""
     return ACT_TWO if check_activation_digits(digits) == 2 else (ACT_Q8_0 if symmetric else ACT_Q8_1)
+
+
+def llama_order(act: int) -> int:
+    """The one-digit ``act`` (:data:`ACT_Q8_1`, :data:`ACT_Q8_0`) with its products summed in
+    llama.cpp's float order (the C kernel's ``panel_llama``); ConfigError for :data:`ACT_TWO`."""
+    if act not in (ACT_Q8_1, ACT_Q8_0):
+        raise ConfigError("llama.cpp's float order applies to one activation digit (`activation_digits`=1)")
+    return act + 2
+
+
+def rope_table_llama(base: float, head_dim: int, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed-sin tables (``(positions, head_dim)`` float32, genkit's halves layout) built as
+    llama.cpp builds its rotary angles: ``powf(base, -2/dims)`` multiplied in pair after pair, cosf/sinf."""
+    cos = torch.empty(positions, head_dim, dtype=torch.float32)
+    sin = torch.empty(positions, head_dim, dtype=torch.float32)
+    library().gk_rope_table_llama(float(base), head_dim, 0, positions, cos.data_ptr(), sin.data_ptr())
+    return cos, sin
+
+
+def rms_norm_llama(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of the last dimension as ggml computes it (double sum, float32 mean, ``x * scale * w``)."""
+    flat = x.float().reshape(-1, x.shape[-1]).contiguous()
+    w = weight.detach().float().contiguous()
+    out = torch.empty_like(flat)
+    library().gk_rms_norm_llama(flat.data_ptr(), w.data_ptr(), float(eps), flat.shape[0], flat.shape[1], out.data_ptr())
+    return out.view(x.shape).to(x.dtype)
 
 
 def check_activation_digits(digits: Any) -> int:
@@ -159,6 +186,14 @@ def declare(lib: Any) -> None:
                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.gk_decode_paged.restype = ctypes.c_int
+    lib.gk_rope_table_llama.argtypes = [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                        ctypes.c_void_p]
+    lib.gk_rope_table_llama.restype = None
+    lib.gk_rms_norm_llama.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_void_p]
+    lib.gk_rms_norm_llama.restype = None
+    lib.gk_swiglu_llama.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.gk_swiglu_llama.restype = None
     lib.gk_amx_init.restype = ctypes.c_int
     lib.gk_set_amx_rows.argtypes = [ctypes.c_int]
     lib.gk_set_amx_rows.restype = None
@@ -269,7 +304,8 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, out_features: int, 
     if rc == -3:
         raise ConfigError(f"`bits` must be 4, 6 or 8; got {bits}")
     if rc == -4:
-        raise ConfigError(f"`act` must be one of {ACT_TWO}, {ACT_Q8_1}, {ACT_Q8_0}; got {act}")
+        raise ConfigError(f"`act` must be one of {ACT_TWO}-{ACT_LLAMA_Q8_0} ({ACT_LLAMA_Q8_1} and {ACT_LLAMA_Q8_0} not "
+                          f"for 6-bit weights); got {act} for {bits}-bit weights")
     if rc:
         raise MemoryError("the block kernel could not allocate its scratch memory")
     return y

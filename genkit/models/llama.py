@@ -30,6 +30,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "numerics", "genkit") == "llama.cpp":  # genkit.models.quant.set_numerics
+            from .block_kernel import rms_norm_llama
+
+            return rms_norm_llama(x, self.weight, self.eps)
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -255,12 +259,19 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         if (table is None or table[0].shape[0] < n or table[0].dtype != dtype or table[0].device != self.inv_freq.device
                 or (table[0].is_inference() and not torch.is_inference_mode_enabled())):  # built by generate()
             size = max(n, 2 * table[0].shape[0] if table is not None else 0, 256)
-            pos = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)
-            freqs = pos[:, None] * self.inv_freq[None, :]
-            cos = (torch.cat((freqs, freqs), dim=-1).cos() * self.attention_scaling).to(dtype)
-            s = freqs.sin() * self.attention_scaling
-            sin = torch.cat((-s, s), dim=-1).to(dtype)  # rotate_half(x) * sin == roll(x) * signed sin
-            table = (cos, sin)
+            if getattr(self, "numerics", "genkit") == "llama.cpp":  # genkit.models.quant.set_numerics
+                from .block_kernel import rope_table_llama
+
+                cos, sin = rope_table_llama(float(self.config.get("rope_theta", 10000.0)),
+                                            2 * self.inv_freq.shape[0], size)
+                table = (cos.to(dtype), sin.to(dtype))
+            else:
+                pos = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)
+                freqs = pos[:, None] * self.inv_freq[None, :]
+                cos = (torch.cat((freqs, freqs), dim=-1).cos() * self.attention_scaling).to(dtype)
+                s = freqs.sin() * self.attention_scaling
+                sin = torch.cat((-s, s), dim=-1).to(dtype)  # rotate_half(x) * sin == roll(x) * signed sin
+                table = (cos, sin)
             self._rope_cache = table
         return table
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_state
 
+from ..errors import NotSupportedError
 from . import weight_arena
 from .dense_kernel import PRE_GATE, PRE_NONE, PRE_RMS, Gemv
 from .kernel_choice import CLASSES, SMALL_MAX_ROWS
@@ -449,6 +450,13 @@ def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin:
     """The decoder layers (the first ``num_layers``, or all) on ``x`` (batch, seq, hidden); fills
     ``hidden`` with each layer's input."""
     b, t, _ = x.shape
+    if prepared.layers and getattr(prepared.layers[0].wqkv, "numerics", "genkit") == "llama.cpp":
+        # numerics="llama.cpp": every step on the block kernel's decoder, no torch path
+        if prepared.decoder is None or hidden is not None or any(m is not None and m.shape[0] != 1 for m in masks.values()):
+            from .block_decode import UNSUPPORTED
+
+            raise NotSupportedError(UNSUPPORTED)
+        return prepared.decoder.steps(x, cos, sin, masks, cache, num_layers)
     if t == 1 and hidden is None and prepared.decoder is not None:
         out = prepared.decoder(x, cos, sin, masks, cache, num_layers)
         if out is not None:

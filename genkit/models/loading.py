@@ -386,7 +386,7 @@ def read_config_json(path: str) -> ModelConfig:
 def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: torch.dtype | str | None = None,
                device: str | torch.device | None = None, trust_remote_code: bool | None = None,
                dequantize: bool = False, *, torch_dtype: torch.dtype | str | None = None,
-               device_map: Any = None, activation_digits: int | None = None) -> GenkitModel:
+               device_map: Any = None, activation_digits: int | None = None, numerics: str | None = None) -> GenkitModel:
     """Load a native model (an encoder-decoder checkpoint -- ``is_encoder_decoder`` in its
     ``config.json``: T5, BART, Pegasus, Marian, Whisper... -- is loaded by transformers and wrapped
     in genkit's adapter, :func:`genkit.models.seq2seq.load_seq2seq`).
@@ -412,6 +412,10 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
         activation_digits: quantized models only: 2 (the default) or 1, how the block kernel rounds
             activations (:func:`genkit.models.quant.set_activation_digits`; docs/models.md,
             "Activation rounding"). Given for a model that is not quantized: a ConfigError.
+        numerics: quantized GGUF models only: ``"genkit"`` (the default) or ``"llama.cpp"``, every
+            float operation of a step as llama.cpp's CPU backend does it, so greedy decoding gives
+            its tokens (:func:`genkit.models.quant.set_numerics`; docs/models.md, "llama.cpp
+            numerics"). Implies one activation digit: ``activation_digits=2`` with it is a ConfigError.
     """
     if not isinstance(dequantize, bool):
         raise ConfigError(f"`dequantize` must be True or False; got {dequantize!r}")
@@ -419,6 +423,12 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
         from .block_kernel import check_activation_digits
 
         check_activation_digits(activation_digits)
+    if numerics is not None:
+        from .quant import check_numerics
+
+        if check_numerics(numerics) == "llama.cpp" and activation_digits == 2:
+            raise ConfigError("`numerics`='llama.cpp' rounds activations to one digit as llama.cpp does; "
+                              "`activation_digits`=2 contradicts it (leave it out, or give 1)")
     dtype = _one_dtype(dtype, torch_dtype)
     device = device_from_map(device_map, device)
     check_device(device)
@@ -428,10 +438,19 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
     else:
         model, config = _load_folder(source, dtype, device)
         if config is None:  # an encoder-decoder model, loaded by transformers
-            return _activation_digits(model, activation_digits)
+            return _numerics(_activation_digits(model, activation_digits), numerics)
     config.name_or_path = os.fspath(ref)
     _attach_recipe(model, os.fspath(ref), source, revision, trust_remote_code)
-    return _activation_digits(model, activation_digits)
+    return _numerics(_activation_digits(model, activation_digits), numerics)
+
+
+def _numerics(model: Any, numerics: str | None) -> Any:
+    """The model with ``numerics`` applied when it was given (refused where it cannot hold)."""
+    if numerics is None:
+        return model
+    from .quant import set_numerics
+
+    return set_numerics(model, numerics)
 
 
 def _activation_digits(model: Any, digits: int | None) -> Any:

@@ -206,6 +206,11 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
         fused = prepared.decoder.paged(x[0], cos, sin, batch.positions, store, rows)
     if fused is not None:
         x = fused[None]
+    elif prepared.decoder is not None and prepared.decoder.llama:  # numerics="llama.cpp": no torch path
+        from .block_decode import UNSUPPORTED
+
+        raise NotSupportedError(f"{UNSUPPORTED}; this step's prompt chunks are too long for it "
+                                "(a smaller --max-batch-tokens splits them)")
     else:
         x = _paged_layers(prepared, store, batch, x, cos, sin, model.dtype)
     last = torch.tensor([s + n - 1 for (s, n), w in zip(batch.spans, batch.want_logits) if w], dtype=torch.long)

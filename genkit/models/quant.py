@@ -47,7 +47,7 @@ PACK_CHUNK = 16 * _PACK_TILE  # rows decoded and packed at a time
 KERNELS = ("auto", "blocks", "torch")
 
 __all__ = ["Int4Linear", "Int4Part", "QuantizedEmbedding", "WithBias", "kernel_available", "quantize",
-           "set_activation_digits"]
+           "set_activation_digits", "set_numerics", "check_numerics", "NUMERICS"]
 
 
 def kernel_available() -> bool:
@@ -137,6 +137,7 @@ class Int4Linear(nn.Module):
         self.bits = 4
         self.symmetric = False  # m = -2**(bits-1) * d in every block (see block_kernel.act_mode)
         self.activation_digits = 2  # int8 digits per activation value on the block kernel (set_activation_digits)
+        self.numerics = "genkit"  # or "llama.cpp": the products in llama.cpp's float order (set_numerics)
         self._parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         if self.kernel == "blocks":
             self._pack_blocks(row_chunks)
@@ -183,8 +184,10 @@ class Int4Linear(nn.Module):
 
     @property
     def act(self) -> int:
-        """The block kernel's activation rounding for this layer (:func:`block_kernel.act_mode`)."""
-        return block_kernel.act_mode(self.activation_digits, self.symmetric)
+        """The block kernel's activation rounding for this layer (:func:`block_kernel.act_mode`; with
+        ``numerics="llama.cpp"``, the same one-digit rounding summed in llama.cpp's order)."""
+        act = block_kernel.act_mode(self.activation_digits, self.symmetric)
+        return block_kernel.llama_order(act) if getattr(self, "numerics", "genkit") == "llama.cpp" else act
 
     def _apply(self, fn: Any, recurse: bool = True) -> Int4Linear:
         out = super()._apply(fn, recurse)
@@ -228,6 +231,7 @@ class Int4Linear(nn.Module):
         fused.kernel, fused.bits, fused.num_parts = first.kernel, first.bits, first.num_parts
         fused.symmetric = all(lay.symmetric for lay in layers)
         fused.activation_digits = first.activation_digits
+        fused.numerics = getattr(first, "numerics", "genkit")
         fused._parts = []
         if first.kernel == "blocks":
             fused.register_buffer("blocks", torch.cat([lay.blocks for lay in layers]))
@@ -312,6 +316,55 @@ def set_activation_digits(model: nn.Module, digits: int) -> nn.Module:
         lay.activation_digits = digits
     model.activation_digits = digits  # type: ignore[assignment]
     model._prepared = None  # type: ignore[assignment]  # fused copies hold the old setting
+    return model
+
+
+NUMERICS = ("genkit", "llama.cpp")
+LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGUF block types whose llama.cpp dot products numerics="llama.cpp" follows
+
+
+def check_numerics(numerics: Any) -> str:
+    """``numerics`` if it is an accepted setting (:data:`NUMERICS`), else a ConfigError."""
+    if not isinstance(numerics, str) or numerics not in NUMERICS:
+        raise ConfigError(f"`numerics` must be one of {', '.join(repr(n) for n in NUMERICS)}; got {numerics!r}")
+    return numerics
+
+
+def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
+    """How a quantized GGUF model computes a step; returns the model. ``"genkit"`` (the default):
+    genkit's own float operations. ``"llama.cpp"``: the float operations of llama.cpp's CPU backend
+    (AVX2 build) with its defaults, op for op, so that greedy decoding gives llama.cpp's tokens: one
+    activation digit (:func:`set_activation_digits`) with the products summed in ggml's order, its
+    RMSNorm, rotary tables and rotation, float16 K/V cache and flash attention (float16 value
+    accumulator), SwiGLU with ggml's vectorised exp. Every step then runs on the block kernel's
+    one-call decoder, a prompt one token at a time (docs/models.md, "llama.cpp numerics").
+
+    Refused (NotSupportedError) for layers not on the block kernel, for GGUF types other than
+    :data:`LLAMA_TYPES` (and for genkit.quantize's layers), and for rope scaling."""
+    numerics = check_numerics(numerics)
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    if numerics == "llama.cpp":
+        if not layers:
+            raise ConfigError("`numerics`='llama.cpp' applies to quantized GGUF models (kept quantized); "
+                              f"{type(model).__name__} has no quantized layers")
+        kinds = {part.split()[0] if " " in part else "genkit.quantize" for lay in layers for part in lay.source.split("+")}
+        if kinds - set(LLAMA_TYPES):
+            raise NotSupportedError(f"`numerics`='llama.cpp' follows llama.cpp's dot products of {', '.join(LLAMA_TYPES)} "
+                                    f"weights; this model has {', '.join(sorted(kinds - set(LLAMA_TYPES)))}")
+        config = getattr(model, "config", None)
+        if config is not None and (config.get("rope_scaling") or config.get("rope_parameters")):
+            raise NotSupportedError("`numerics`='llama.cpp' computes plain rotary tables; this model scales its rope")
+        set_activation_digits(model, 1)
+    for lay in layers:
+        lay.numerics = numerics
+    from .llama import RMSNorm
+
+    for module in model.modules():  # the final norm runs as its module
+        if isinstance(module, RMSNorm):
+            module.numerics = numerics
+    model.numerics = numerics  # type: ignore[assignment]
+    model._prepared = None  # type: ignore[assignment]  # the decoder's layer table holds the setting
+    model._rope_cache = None  # type: ignore[assignment]
     return model
 
 

@@ -1,0 +1,298 @@
+"""numerics="llama.cpp": each float rule of llama.cpp's CPU backend (AVX2 build) that the block kernel
+follows, against an exact reference of the rule (rational arithmetic rounded once to float32 where
+ggml fuses a multiply-add, IEEE float32 elsewhere), and the demo model's greedy tokens and logits
+against those llama.cpp gave (recorded: llama.cpp is no dependency)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from test_activation_digits import llama_cpp_round
+from test_block_kernel import _weight
+from test_quantized import IDS, MASK, write_quantized_gguf
+from test_quantized import smollm2_gguf as smollm2_gguf  # noqa: F401  (the fixture)
+
+import genkit
+from genkit.errors import ConfigError, NotSupportedError
+from genkit.models import block_kernel
+from genkit.models.quant import set_numerics
+
+pytestmark = pytest.mark.skipif(not block_kernel.available(), reason="no C compiler for the block kernel")
+F32 = np.float32
+
+
+def round_f32(value: Fraction) -> float:
+    """``value`` rounded once to the nearest float32 (ties to even; normal range)."""
+    if value == 0:
+        return 0.0
+    a = abs(value)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    e += 1 if a >= Fraction(2) ** (e + 1) else (-1 if a < Fraction(2) ** e else 0)
+    scale = Fraction(2) ** (23 - max(e, -126))
+    n, rem = divmod(a * scale, 1)
+    n += rem > Fraction(1, 2) or (rem == Fraction(1, 2) and n % 2 == 1)
+    return math.copysign(float(Fraction(n) / scale), value)
+
+
+def fma32(a: float, b: float, c: float) -> float:
+    """float32 fused multiply-add: ``a * b + c`` exactly, rounded once."""
+    return round_f32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
+
+
+def llama_cpp_dot_order(x, codes, scale, minimum, bits, symmetric):
+    """ggml_vec_dot_q4_1_q8_1 / q4_0_q8_0 / q8_0_q8_0 (AVX2) of every activation row and weight row:
+    per block, 8 lanes of 4 consecutive integer products, ``acc = fma(d * dx, lane, acc)``; Q4_1's
+    ``summs = fma(m, s, summs)``; ``((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)) + summs`` in float32."""
+    q, dx, s = llama_cpp_round(x, symmetric)
+    signed = codes.numpy().astype(np.int64) - (2 ** (bits - 1) if symmetric else 0)  # Q4_0/Q8_0's signed codes
+    rows, nb = scale.shape
+    out = np.zeros((x.shape[0], rows), dtype=F32)
+    for m in range(x.shape[0]):
+        for n in range(rows):
+            acc, summs = [0.0] * 8, 0.0
+            for b in range(nb):
+                d0d1 = F32(scale[n, b]) * F32(dx[m, b])
+                for lane in range(8):
+                    cols = slice(32 * b + 4 * lane, 32 * b + 4 * lane + 4)
+                    isum = int((signed[n, cols] * q[m, b, 4 * lane:4 * lane + 4].astype(np.int64)).sum())
+                    acc[lane] = fma32(d0d1, isum, acc[lane])
+                if not symmetric:
+                    summs = fma32(minimum[n, b], s[m, b], summs)
+            h = [F32(acc[i + 4]) + F32(acc[i]) for i in range(4)]
+            out[m, n] = ((h[0] + h[2]) + (h[1] + h[3])) + F32(summs)
+    return out
+
+
+@pytest.mark.parametrize(("bits", "symmetric"), [(4, False), (4, True), (8, True)])
+def test_products_are_summed_in_llama_cpps_order(bits, symmetric):
+    """Q4_1, Q4_0 and Q8_0 weights: the llama.cpp-order product equals the rule bit for bit, for one
+    row (decode) and several (the rows are independent, as in llama.cpp)."""
+    codes, scale, minimum = _weight(bits, 16, 128, seed=bits)
+    if symmetric:
+        minimum = -float(2 ** (bits - 1)) * scale
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(bits)) * torch.linspace(0.1, 10, 128)
+    x[:, 32:64] = 0  # an all-zero block
+    act = block_kernel.llama_order(block_kernel.act_mode(1, symmetric))
+    got = block_kernel.matmul(x, block_kernel.pack(codes, scale, minimum, bits), bits, 16, act)
+    want = llama_cpp_dot_order(x, codes, scale.numpy(), minimum.numpy(), bits, symmetric)
+    assert np.array_equal(got.numpy(), want)
+    assert np.array_equal(got[:1].numpy(), block_kernel.matmul(x[:1], block_kernel.pack(codes, scale, minimum, bits),
+                                                               bits, 16, act).numpy())
+
+
+def test_llama_order_needs_one_digit_and_refuses_6_bit_weights():
+    with pytest.raises(ConfigError, match="one activation digit"):
+        block_kernel.llama_order(block_kernel.ACT_TWO)
+    codes, scale, minimum = _weight(6, 16, 32)
+    with pytest.raises(ConfigError, match=r"not for 6-bit weights\); got 4 for 6-bit"):
+        block_kernel.matmul(torch.ones(1, 32), block_kernel.pack(codes, scale, minimum, 6), 6, 16,
+                            block_kernel.ACT_LLAMA_Q8_0)
+
+
+def _libm():
+    lib = ctypes.CDLL(ctypes.util.find_library("m"))
+    for name in ("cosf", "sinf", "expf"):
+        getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_float, [ctypes.c_float]
+    lib.powf.restype, lib.powf.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
+    return lib
+
+
+def test_rope_tables_are_llama_cpps_angles():
+    """ggml_rope_cache_init: ``theta_scale = powf(base, -2/d)``, the angle of pair i is the position
+    multiplied by it i times in float32, then cosf/sinf (genkit's halves layout, signed sin)."""
+    libm = _libm()
+    base, d, n = 100000.0, 64, 40
+    cos, sin = block_kernel.rope_table_llama(base, d, n)
+    theta_scale = F32(libm.powf(base, F32(-2.0) / F32(d)))
+    for p in range(n):
+        theta = F32(p)
+        for i in range(d // 2):
+            c, s = F32(libm.cosf(theta)), F32(libm.sinf(theta))
+            assert cos[p, i] == cos[p, i + d // 2] == c and sin[p, i + d // 2] == s and sin[p, i] == -s
+            theta = F32(theta * theta_scale)
+    # not genkit's own table (float32 position times inverse frequency): the rule is really in use
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    assert not torch.equal(cos[:, :d // 2], (torch.arange(n).float()[:, None] * inv[None]).cos())
+
+
+def test_rms_norm_is_ggmls():
+    """ggml_compute_forward_rms_norm: x*x in float32 summed in double (in order), the mean rounded to
+    float32, ``scale = 1 / sqrtf(mean + eps)``, then ``x * scale * w``."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 576, generator=g)
+    x[:, 7] = 300.0  # SmolLM2-like outlier
+    w = torch.rand(576, generator=g) + 0.5
+    got = block_kernel.rms_norm_llama(x, w, 1e-5).numpy()
+    for r in range(3):
+        xs = x[r].numpy()
+        total = 0.0
+        for v in xs:
+            total += float(F32(v * v))
+        mean = F32(total / 576)
+        scale = F32(1.0) / np.sqrt(mean + F32(1e-5))
+        assert np.array_equal(got[r], (xs * scale) * w.numpy())
+
+
+def expf_ggml(x: float) -> float:
+    """ggml_v_expf (AVX2), one lane, with each fused multiply-add rounded once."""
+    def bits(f):
+        return int(np.array(f, dtype=F32).view(np.uint32))
+
+    def flt(u):
+        return float(np.array(u & 0xFFFFFFFF, dtype=np.uint32).view(F32))
+
+    r = float.fromhex("0x1.8p23")
+    z = fma32(x, float.fromhex("0x1.715476p+0"), r)
+    n = float(F32(z) - F32(r))
+    b = fma32(-n, float.fromhex("0x1.7f7d1cp-20"), fma32(-n, float.fromhex("0x1.62e4p-1"), x))
+    e = (bits(z) << 23) & 0xFFFFFFFF
+    k = flt(e + bits(1.0))
+    u = float(F32(b) * F32(b))
+    j = fma32(fma32(fma32(float.fromhex("0x1.0e4020p-7"), b, float.fromhex("0x1.573e2ep-5")), u,
+                    fma32(float.fromhex("0x1.555e66p-3"), b, float.fromhex("0x1.fffdb6p-2"))),
+              u, float(F32(float.fromhex("0x1.ffffecp-1")) * F32(b)))
+    if not abs(n) > 126:
+        return fma32(j, k, k)
+    g = 0x82000000 if n <= 0 else 0
+    s1, s2 = flt(g + 0x7F000000), flt(e - g)
+    with np.errstate(over="ignore"):  # the overflow branches give inf as ggml's do
+        return float(F32(s1) * F32(s1)) if abs(n) > 192 else float(F32(fma32(s2, j, s2)) * F32(s1))
+
+
+def test_swiglu_is_ggmls():
+    """ggml_vec_swiglu_f32 (AVX2): ``x / (1 + ggml_v_expf(-x)) * u`` in steps of 8, libm's expf for
+    the rest; equal to that rule bit for bit (exp's overflow branches included), and within
+    4 float32 ulps of silu(x) * u where exp(-x) is finite (exp within 1.95 ulp, then three roundings)."""
+    libm = _libm()
+    g = torch.Generator().manual_seed(1)
+    x = torch.cat([torch.randn(40, generator=g) * 8, torch.tensor([-95.0, -150.0, -200.0, 90.0, 0.0, -1e-3])])
+    x = torch.cat([x, torch.randn(3, generator=g)])  # 49 values: 48 by the vector rule, 1 by the scalar one
+    up = torch.rand(x.shape[0], generator=g) + 0.5
+    out = torch.empty_like(x)
+    block_kernel.library().gk_swiglu_llama(x.data_ptr(), up.data_ptr(), out.data_ptr(), x.shape[0])
+    for i, (xi, ui) in enumerate(zip(x.numpy(), up.numpy())):
+        e = F32(expf_ggml(float(F32(0) - xi))) if i < 48 else F32(libm.expf(-xi))
+        assert out[i].item() == float(xi / (F32(1) + e) * ui), (i, xi)
+        if abs(xi) < 80:  # beyond, exp(-x) overflows float32 and silu is 0 or x
+            exact = float(xi) / (1 + math.exp(-float(xi))) * float(ui)
+            assert abs(out[i].item() - exact) <= 4 * 2.0**-23 * abs(exact)
+
+
+# The demo model's greedy tokens (first 32) from llama.cpp (llama_cpp_python 0.3.36's vendored
+# llama.cpp, AVX2 build, defaults: flash attention auto -> on, float16 K/V cache, 2 threads) on
+# bench/bench_serve.py's prompts, and the first step's three best logits (float32, hex).
+LLAMA_CPP = {
+    "The capital of France is": (
+        [7042, 30, 198, 198, 504, 1797, 1918, 553, 253, 2155, 282, 4723, 216, 35, 34, 33, 2215, 701, 30, 198, 198, 504,
+         1797, 1918, 553, 253, 2155, 282, 4723, 216, 35, 33],
+        {7042: "0x1.1bd246p+4", 260: "0x1.e77634p+3", 4528: "0x1.b67d58p+3"}),
+    "Once upon a time, in a small village by the sea,": (
+        [665, 436, 253, 9357, 1573, 4166, 3365, 3906, 4075, 30, 2306, 436, 253, 10632, 11239, 259, 284, 761, 253, 1767,
+         10274, 816, 1041, 856, 11239, 260, 1035, 6913, 282, 260, 905, 30],
+        {665: "0x1.a12692p+3", 253: "0x1.7c555ap+3", 260: "0x1.5a2b5ap+3"}),
+    "def fibonacci(n):": (
+        [472, 585, 304, 1758, 216, 32, 42, 448, 1003, 216, 33, 472, 1003, 2822, 24, 38572, 46477, 24, 94, 731, 216, 33,
+         25, 1232, 216, 33, 28, 304, 25, 198, 198, 19],
+        {472: "0x1.ec6c42p+4", 198: "0x1.aab46p+4", 3805: "0x1.9f42p+4"}),
+    "The three most important inventions of the twentieth century are": (
+        [260, 20440, 28, 260, 13698, 28, 284, 260, 8552, 30, 198, 198, 504, 20440, 436, 11396, 411, 10472, 41106, 30,
+         909, 3658, 253, 8329, 338, 5375, 253, 8329, 105, 8329, 30, 909],
+        {260: "0x1.f041f4p+3", 42: "0x1.b39026p+3", 27435: "0x1.aea896p+3"}),
+}
+
+
+@pytest.fixture(scope="module")
+def smollm2_llama(smollm2_gguf):  # noqa: F811
+    return genkit.load_model(smollm2_gguf, numerics="llama.cpp"), genkit.load_tokenizer(smollm2_gguf)
+
+
+def test_smollm2_gives_llama_cpps_greedy_tokens_and_logits(smollm2_llama):
+    """Every rule together on the Q4_1 demo file: llama.cpp's tokens, and its logits to the last bit
+    (the two-digit default parts from llama.cpp within 5-19 tokens on these prompts)."""
+    model, tok = smollm2_llama
+    for prompt, (tokens, logits) in LLAMA_CPP.items():
+        ids = torch.tensor([tok.encode(prompt)])
+        with torch.inference_mode():
+            out = model.generate(ids, max_new_tokens=len(tokens), do_sample=False, eos_token_id=None,
+                                 output_scores=True, return_dict_in_generate=True)
+        assert out.sequences[0, ids.shape[1]:].tolist() == tokens, prompt
+        assert {t: float(out.scores[0][0, t]).hex() for t in logits} == {t: float.fromhex(v).hex()
+                                                                          for t, v in logits.items()}
+
+
+def test_continuous_batching_gives_the_same_logits(smollm2_llama):
+    """The paged store's one-call steps (genkit serve): a prompt chunk and decode steps give the
+    logits of generate()'s KV-cache steps, bit for bit."""
+    from genkit.models.paged import StepBatch
+
+    model, tok = smollm2_llama
+    ids = tok.encode("def fibonacci(n):")
+    tokens = LLAMA_CPP["def fibonacci(n):"][0][:4]
+    store = model.new_paged_store(block_size=16, num_blocks=4)
+    with torch.inference_mode():
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=len(tokens), do_sample=False, eos_token_id=None,
+                             output_scores=True, return_dict_in_generate=True).scores
+        seq, cached = list(ids), 0
+        for step in range(len(tokens)):
+            new = seq[cached:]
+            batch = StepBatch(torch.tensor(new), torch.arange(cached, len(seq)), [(0, len(new))], [cached], [[0, 1]],
+                              [True])
+            logits = model.forward_paged(batch, store)
+            assert torch.equal(logits[0], ref[step][0].float()), step
+            cached = len(seq)
+            seq.append(tokens[step])
+
+
+def test_the_setting_is_refused_where_it_cannot_hold(tmp_path, smollm2_gguf, tiny_model):  # noqa: F811
+    with pytest.raises(ConfigError, match=r"`numerics` must be one of 'genkit', 'llama.cpp'; got 'ggml'"):
+        genkit.load_model(smollm2_gguf, numerics="ggml")
+    with pytest.raises(ConfigError, match="`activation_digits`=2 contradicts it"):
+        genkit.load_model(smollm2_gguf, numerics="llama.cpp", activation_digits=2)
+    with pytest.raises(ConfigError, match="applies to quantized GGUF models"):
+        set_numerics(tiny_model, "llama.cpp")
+    with pytest.raises(NotSupportedError, match="this model has genkit.quantize"):
+        set_numerics(genkit.quantize(tiny_model, "int4"), "llama.cpp")
+    path = tmp_path / "q.gguf"
+    write_quantized_gguf(path, "Q4_K", hidden=256, ffn=512)
+    with pytest.raises(NotSupportedError, match="this model has Q4_K"):
+        genkit.load_model(path, numerics="llama.cpp")
+
+
+def test_calls_it_cannot_run_exactly_are_refused(tmp_path):
+    """A padded batch, or hidden states asked for, would need the torch path: refused, not run
+    with other numerics."""
+    path = tmp_path / "q.gguf"
+    write_quantized_gguf(path, "Q4_1")
+    model = genkit.load_model(path, numerics="llama.cpp")
+    with torch.no_grad():
+        model.generate(IDS[:1], max_new_tokens=3, do_sample=False)  # one sequence: runs
+        with pytest.raises(NotSupportedError, match="no padding mask"):
+            model.generate(IDS, attention_mask=MASK, max_new_tokens=3, do_sample=False)
+        with pytest.raises(NotSupportedError, match="no hidden states"):
+            model(IDS[:1], output_hidden_states=True)
+    set_numerics(model, "genkit")  # and back: the torch path again
+    with torch.no_grad():
+        assert len(model(IDS[:1], output_hidden_states=True).hidden_states) == 3
+
+
+def test_the_cli_flag_reaches_the_model(smollm2_gguf, capsys):  # noqa: F811
+    from genkit.cli import main
+
+    prompt = "def fibonacci(n):"
+    tok = genkit.load_tokenizer(smollm2_gguf)
+    want = tok.decode(LLAMA_CPP[prompt][0][:20], skip_special_tokens=True)
+    assert main(["generate", "--prompt", prompt, "--model", smollm2_gguf, "--max-new-tokens", "20",
+                 "--set", "eos_token_id=null", "--numerics", "llama.cpp"]) == 0
+    assert capsys.readouterr().out.strip() == want.strip()
+    assert main(["generate", "--prompt", prompt, "--model", smollm2_gguf, "--numerics", "ggml"]) == 2
+    assert "--numerics must be 'genkit' or 'llama.cpp'; got 'ggml'" in capsys.readouterr().err
+    assert main(["serve", "--model", smollm2_gguf, "--numerics", "llama.cpp", "--activation-digits", "2"]) == 2
+    assert "--activation-digits 2 contradicts it" in capsys.readouterr().err
+    assert main(["batch", "in.jsonl", "out.jsonl", "--engine", "ray", "--numerics", "llama.cpp"]) == 2
+    assert "--numerics applies to --engine local" in capsys.readouterr().err
