@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import math
+import os
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from test_activation_digits import llama_cpp_round
-from test_block_kernel import _weight
+from test_block_kernel import _run, _weight
 from test_quantized import IDS, MASK, write_quantized_gguf
 from test_quantized import smollm2_gguf as smollm2_gguf  # noqa: F401  (the fixture)
 
@@ -84,6 +87,34 @@ def test_products_are_summed_in_llama_cpps_order(bits, symmetric):
     assert np.array_equal(got.numpy(), want)
     assert np.array_equal(got[:1].numpy(), block_kernel.matmul(x[:1], block_kernel.pack(codes, scale, minimum, bits),
                                                                bits, 16, act).numpy())
+
+
+LLAMA_PRODUCTS = """
+import json, torch
+from test_block_kernel import _weight
+from genkit.models import block_kernel as bk
+out = {}
+for bits, symmetric in ((4, False), (4, True), (8, True)):
+    codes, scale, minimum = _weight(bits, 48, 256, seed=7 + bits)
+    if symmetric:
+        minimum = -float(2 ** (bits - 1)) * scale
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(bits)) * torch.linspace(0.01, 30, 256)
+    act = bk.llama_order(bk.act_mode(1, symmetric))
+    y = bk.matmul(x, bk.pack(codes, scale, minimum, bits), bits, 48, act)
+    out[f"{bits}{symmetric}"] = [bk.simd(), y.view(torch.int32).tolist()]
+print(json.dumps(out))
+"""
+
+
+def test_the_vector_and_portable_llama_order_products_are_bit_identical(tmp_path):
+    """The vector build sums 8 rows per register; the portable build one row at a time: the same float
+    operations in the same order, so the same bits (Q4_1, Q4_0 and Q8_0 weights, 5 rows, 3 panels)."""
+    env = {"GENKIT_HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                                                      os.environ.get("PYTHONPATH", "")])}
+    native = json.loads(_run(LLAMA_PRODUCTS, env))
+    portable = json.loads(_run(LLAMA_PRODUCTS, {**env, "GENKIT_BLOCK_KERNEL": "portable"}))
+    for key, (simd, bits) in portable.items():
+        assert simd == "" and bits == native[key][1], key
 
 
 def test_llama_order_needs_one_digit_and_refuses_6_bit_weights():

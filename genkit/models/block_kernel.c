@@ -717,7 +717,7 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
  * fma(d_w * d_x, lane, acc); Q4_1's offsets as summs = fma(m, s_x, summs); the result is
  * ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)) + summs (hsum_float_8). Symmetric weights (act
  * GK_ACT_LLAMA_Q8_0) use the signed codes u - 8 (4-bit) or u - 128 (8-bit), as Q4_0 and Q8_0 store them. */
-static void panel_llama(int bits, int act, const uint8_t *w, int nb, const int8_t *q, const float *dx,
+static __attribute__((unused)) void panel_llama(int bits, int act, const uint8_t *w, int nb, const int8_t *q, const float *dx,
                         const float *sx, float *y) {
     /* rows innermost: each row's operations stay in llama.cpp's order, the 16 rows go side by side */
     float acc[8][GK_ROWS], summ[GK_ROWS], dw[GK_ROWS], mw[GK_ROWS];
@@ -759,6 +759,61 @@ static void panel_llama(int bits, int act, const uint8_t *w, int nb, const int8_
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* panel_llama with 8 rows per vector: the same integer lane sums (exact, however they are formed) and
+ * the same float operations per row in the same order (fma per lane and block, the offsets' fma, the
+ * pairwise final sum), so its results are panel_llama's bit for bit (tests/test_llama_numerics.py). */
+static inline __m256i lane_sums_llama(__m256i v, __m256i a, int bits, int high) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (bits == 4) {  /* codes 0..15 times int8: pair sums stay far inside int16 */
+        __m256i u = high ? _mm256_srli_epi16(v, 4) : v;
+        u = _mm256_and_si256(u, _mm256_set1_epi8(0x0F));
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones);
+    }
+    /* 8-bit codes u = s + 128: sum u q = sum s q + 128 sum q, with s q as |s| (sign(q, s)) */
+    __m256i s = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
+    __m256i sq = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(s, s), _mm256_sign_epi8(a, s)), ones);
+    __m256i qs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), ones);
+    return _mm256_add_epi32(sq, _mm256_slli_epi32(qs, 7));
+}
+
+static void panel_llama_avx2(int bits, int act, const uint8_t *w, int nb, const int8_t *q, const float *dx,
+                             const float *sx, float *y) {
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512, off = bits == 4 ? 8 : 128;
+    for (int g = 0; g < 2; g++) {  /* rows 8g..8g+7 */
+        __m256 acc[8], summ = _mm256_setzero_ps();
+        for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *wb = w + (size_t)b * bb;
+            const int8_t *qb = q + (size_t)b * GK_GROUP;
+            const __m256 dw = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + cb + 16 * g))),
+                                            _mm256_set1_ps(dx[b]));
+            for (int l = 0; l < 8; l++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 64 * (bits == 4 ? l / 2 : l) + 32 * g));
+                int32_t a4;
+                memcpy(&a4, qb + 4 * l, 4);
+                __m256i is = lane_sums_llama(v, _mm256_set1_epi32(a4), bits, l & 1);
+                if (act == GK_ACT_LLAMA_Q8_0) {
+                    const int8_t *ql = qb + 4 * l;
+                    is = _mm256_sub_epi32(is, _mm256_set1_epi32(off * (ql[0] + ql[1] + ql[2] + ql[3])));
+                }
+                acc[l] = _mm256_fmadd_ps(dw, _mm256_cvtepi32_ps(is), acc[l]);
+            }
+            if (act == GK_ACT_LLAMA_Q8_1) {
+                const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + cb + 32 + 16 * g)));
+                summ = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[b]), summ);
+            }
+        }
+        __m256 h0 = _mm256_add_ps(acc[4], acc[0]), h1 = _mm256_add_ps(acc[5], acc[1]);
+        __m256 h2 = _mm256_add_ps(acc[6], acc[2]), h3 = _mm256_add_ps(acc[7], acc[3]);
+        _mm256_storeu_ps(y + 8 * g, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(h0, h2), _mm256_add_ps(h1, h3)), summ));
+    }
+}
+#define GK_PANEL_LLAMA panel_llama_avx2
+#else
+#define GK_PANEL_LLAMA panel_llama
+#endif
+
 /* gk_matmul for the llama.cpp-order acts: activations rounded as GK_ACT_Q8_1 / _Q8_0, then panel_llama */
 static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads,
                         int act) {
@@ -774,8 +829,8 @@ static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, in
     for (int p = 0; p < panels; p++) {
         float out[GK_ROWS];
         for (int m = 0; m < M; m++) {
-            panel_llama(bits, act, w + (size_t)p * panel_bytes, nb, q + (size_t)m * K, dx + (size_t)m * nb,
-                        sx + (size_t)m * nb, out);
+            GK_PANEL_LLAMA(bits, act, w + (size_t)p * panel_bytes, nb, q + (size_t)m * K, dx + (size_t)m * nb,
+                           sx + (size_t)m * nb, out);
             memcpy(y + (size_t)m * N + (size_t)p * GK_ROWS, out, sizeof out);
         }
     }
