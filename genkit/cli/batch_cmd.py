@@ -49,19 +49,23 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from .generate_cmd import check_options
-    from .options import apply_threads_option
-
+def _check_engine_options(args: argparse.Namespace) -> None:
+    """Sizes >= 1; the local engine's model options refused with ``--engine ray``."""
     for name in ("batch_size", "chunk_size", "workers"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     if args.engine == "ray" and args.threads is not None:
         raise ConfigError("--threads applies to --engine local; Ray gives each actor its CPUs (ray.init(num_cpus=))")
-    if args.engine == "ray" and args.activation_digits is not None:
-        raise ConfigError("--activation-digits applies to --engine local (Ray actors load the model with its defaults)")
-    if args.engine == "ray" and args.numerics is not None:
-        raise ConfigError("--numerics applies to --engine local (Ray actors load the model with its defaults)")
+    for option, name in (("activation_digits", "--activation-digits"), ("numerics", "--numerics")):
+        if args.engine == "ray" and getattr(args, option) is not None:
+            raise ConfigError(f"{name} applies to --engine local (Ray actors load the model with its defaults)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .generate_cmd import check_options
+    from .options import apply_threads_option
+
+    _check_engine_options(args)
     kwargs = check_options(args)
     if args.engine == "local":
         apply_threads_option(args)

@@ -18,6 +18,7 @@ from genkit.config.resolve import (
     SPECIAL_TOKENS,
     eos_token_ids,  # the one reading of an eos_token_id setting
 )
+from genkit.errors import ConfigError
 
 from .call import StopConditions, StrategyCall
 
@@ -67,7 +68,7 @@ def eos_or_length(stop: StopConditions, length: int, token: int) -> str | None:
     ``max_length`` only), from plain values: ``length`` tokens (prompt included) after choosing
     ``token``. ``"eos"`` wins over ``"length"`` (:data:`FINISH_REASONS`' order)."""
     if stop.criteria:
-        raise ValueError("eos_or_length decides for stop conditions without criteria; use finish_codes")
+        raise ConfigError("eos_or_length decides for stop conditions without criteria; use finish_codes")
     if stop.eos is not None and token in stop.eos.tolist():
         return "eos"
     return "length" if length >= stop.max_length else None
