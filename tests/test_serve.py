@@ -122,6 +122,23 @@ def test_completion_equals_generate(client, reference):
     assert "".join(pieces) == text and len(pieces) > 5
 
 
+def test_a_prompt_sent_again_comes_from_the_prompt_cache_with_the_same_text(server, client, reference):
+    _, tok = reference
+    prompt = "A prompt for the prompt cache, sent twice by the same client: the second time"
+    ids = tok.encode(prompt)
+    text = _greedy(reference, ids, 12)[0]
+
+    def complete() -> str:
+        return client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=0).choices[0].text
+
+    first = complete()  # the counter is sampled as outputs are routed: settled once the response is complete
+    before = _metrics(server)["genkit_prompt_tokens_cached_total"]
+    second = complete()
+    cached = _metrics(server)["genkit_prompt_tokens_cached_total"] - before
+    assert first == second == text
+    assert cached == len(ids) - 1  # all but the last prompt token, whose logits give the first new token
+
+
 def test_chat_equals_generate_with_the_chat_template(client, reference):
     _, tok = reference
     messages = [{"role": "user", "content": "What is the capital of France?"}]

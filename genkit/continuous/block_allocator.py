@@ -2,16 +2,30 @@
 
 The K/V tensors live in the model's paged store (:class:`genkit.models.paged.PagedKVStore`); this
 module only counts blocks. A request owns a list of blocks (its block table). Blocks go back to the
-free list when their request finishes, fails, is cancelled or evicted. A full block of prompt
-tokens can be shared by requests whose prompts start with the same tokens (reference-counted,
-found by the whole prefix up to that block): such a block is never written again, since a request
-only ever writes past its shared prefix.
+pool when their request finishes, fails, is cancelled or evicted.
+
+**The prompt cache.** When a request's prompt has been computed, its prompt blocks are published:
+a block's keys and values depend only on the tokens up to its last position, so a block is found
+by the tokens it holds under the block before it (a chain from the prompt's start, compared token
+for token: no hash that two prompts could share). A later request whose prompt starts with the same
+tokens
+
+- takes the published *full* blocks of that prefix by reference (a full prompt block is never
+  written again: a request only writes past its prompt's cached part), and
+- gets a *copy* of the longest matching run of the next block (a partial block, or the start of a
+  full one), token for token, into a fresh block of its own: the copy is queued here
+  (:meth:`take_copies`) and made by the manager before the step that needs it.
+
+A published block nobody holds any more is not freed: it stays in the cache, idle, until an
+allocation needs it (least recently used first), so a prompt sent again after its first request
+finished is found too (what llama.cpp's server does per slot, and vLLM's automatic prefix caching
+does by blocks). At least one prompt token is always left to compute, for the first logits.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any
+import itertools
+from collections import OrderedDict, deque
 
 from genkit.models.paged import blocks_for
 
@@ -19,66 +33,152 @@ __all__ = ["BlockAllocator"]
 
 
 class BlockAllocator:
-    """Free list, reference counts and prefix sharing over ``num_blocks`` blocks of ``block_size``
-    slots (not thread-safe: the manager's loop owns it)."""
+    """Free list, reference counts and the prompt cache over ``num_blocks`` blocks of
+    ``block_size`` slots (not thread-safe: the manager's loop owns it)."""
 
     def __init__(self, *, block_size: int, num_blocks: int, allow_block_sharing: bool = True) -> None:
         self.block_size, self.num_blocks = block_size, num_blocks
         self._free: deque[int] = deque(range(num_blocks))
         self._refs = [0] * num_blocks
         self.allow_block_sharing = allow_block_sharing
-        self._by_prefix: dict[Any, int] = {}  # prefix key -> a full, shared prompt block
-        self._prefix_of: dict[int, Any] = {}
+        self._idle: OrderedDict[int, None] = OrderedDict()  # published blocks nobody holds, oldest first
+        self._entry: dict[int, tuple[int, int, tuple[int, ...]]] = {}  # block -> (its node, parent node, tokens)
+        self._full: dict[tuple[int, tuple[int, ...]], int] = {}  # (parent node, block_size tokens) -> block
+        self._children: dict[int, dict[int, tuple[int, ...]]] = {}  # parent node -> {block: its tokens}
+        self._nodes = itertools.count(1)  # node 0 is the prompt's start; a node id is never reused
+        self._copies: list[tuple[int, int, int]] = []  # (source, destination, tokens) before the next step
 
     # -- allocation -------------------------------------------------------------------------------
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks an allocation can take: the free ones and the idle cached ones."""
+        return len(self._free) + len(self._idle)
+
+    @property
+    def cached_blocks(self) -> int:
+        """Idle blocks that still hold a published prompt prefix."""
+        return len(self._idle)
 
     def blocks_for(self, tokens: int) -> int:
         return blocks_for(tokens, self.block_size)
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise MemoryError(f"the paged cache has {len(self._free)} free blocks; {n} needed")
-        out = [self._free.popleft() for _ in range(n)]
-        for b in out:
+        if n > self.free_blocks:
+            raise MemoryError(f"the paged cache has {self.free_blocks} free blocks; {n} needed")
+        out = []
+        for _ in range(n):
+            if self._free:
+                b = self._free.popleft()
+            else:
+                b, _ = self._idle.popitem(last=False)  # the least recently used cached prefix
+                self._forget(b)
             self._refs[b] = 1
+            out.append(b)
         return out
 
     def release(self, blocks: list[int]) -> None:
         for b in blocks:
             self._refs[b] -= 1
             if self._refs[b] == 0:
-                key = self._prefix_of.pop(b, None)
-                if key is not None and self._by_prefix.get(key) == b:
-                    del self._by_prefix[key]
-                self._free.append(b)
+                dropped = [c for c in self._copies if c[1] == b]  # copies into a block given back
+                if dropped:
+                    self._copies = [c for c in self._copies if c[1] != b]
+                    self.release([src for src, _, _ in dropped])
+                if b in self._entry:
+                    self._idle[b] = None
+                else:
+                    self._free.append(b)
 
-    # -- prefix sharing ---------------------------------------------------------------------------
-    def shared_prefix(self, prompt: list[int]) -> list[int]:
-        """The blocks already holding the longest run of full blocks of ``prompt`` (each gains a
-        reference). At least one prompt token is always left to compute, for the first logits."""
+    def _take(self, b: int) -> None:
+        """One more reference to ``b`` (out of the idle cache if nobody held it)."""
+        if self._refs[b] == 0:
+            del self._idle[b]
+        self._refs[b] += 1
+
+    def _forget(self, b: int) -> None:
+        """Unpublish ``b`` (it is about to hold other tokens); blocks published under it become
+        unreachable and leave the cache as they are reallocated."""
+        _, parent, tokens = self._entry.pop(b)
+        if self._full.get((parent, tokens)) == b:
+            del self._full[(parent, tokens)]
+        siblings = self._children.get(parent, {})
+        siblings.pop(b, None)
+        if not siblings:
+            self._children.pop(parent, None)
+
+    # -- the prompt cache -------------------------------------------------------------------------
+    def cached_prefix(self, prompt: list[int]) -> tuple[list[int], int]:
+        """The blocks a new request with ``prompt`` starts with, and how many of its tokens they
+        hold: the published full blocks of its longest cached prefix (each gains a reference),
+        then a fresh block into which the longest matching run of the next cached block is copied
+        (queued for :meth:`take_copies`). ``([], 0)`` when nothing matches."""
         if not self.allow_block_sharing:
-            return []
+            return [], 0
+        bs, limit = self.block_size, len(prompt) - 1
         out: list[int] = []
-        full = (len(prompt) - 1) // self.block_size
-        for i in range(full):
-            block = self._by_prefix.get(tuple(prompt[:(i + 1) * self.block_size]))
-            if block is None:
+        parent = 0
+        while (len(out) + 1) * bs <= limit:
+            b = self._full.get((parent, tuple(prompt[len(out) * bs:(len(out) + 1) * bs])))
+            if b is None:
                 break
-            out.append(block)
+            out.append(b)
+            parent = self._entry[b][0]
         for b in out:
-            self._refs[b] += 1
-        return out
+            self._take(b)
+        cached = len(out) * bs
+        src, n = self._longest_run(parent, prompt[cached:limit])
+        if n > 0 and self.free_blocks > (self._refs[src] == 0):
+            self._take(src)  # held until the copy is made
+            dst = self.allocate(1)[0]
+            self._copies.append((src, dst, n))
+            out.append(dst)
+            cached += n
+        return out, cached
+
+    def _longest_run(self, parent: int, rest: list[int]) -> tuple[int, int]:
+        """The cached block under ``parent`` whose tokens start like ``rest`` for longest, and how
+        many tokens match."""
+        best, most = -1, 0
+        for b, tokens in self._children.get(parent, {}).items():
+            n = 0
+            for x, y in zip(tokens, rest):
+                if x != y:
+                    break
+                n += 1
+            if n > most:
+                best, most = b, n
+        return best, most
 
     def publish(self, prompt: list[int], blocks: list[int], computed: int) -> None:
-        """Offer the full prompt blocks of a request (whose first ``computed`` tokens are in the
-        cache) to later requests with the same prefix."""
+        """Offer the prompt blocks of a request (whose first ``computed`` tokens are in the cache)
+        to later requests with the same prefix: full blocks by reference, the last partial one to
+        copy from."""
         if not self.allow_block_sharing:
             return
-        for i in range(min(computed, len(prompt) - 1) // self.block_size):
-            key = tuple(prompt[:(i + 1) * self.block_size])
-            if key not in self._by_prefix and blocks[i] not in self._prefix_of:
-                self._by_prefix[key] = blocks[i]
-                self._prefix_of[blocks[i]] = key
+        bs, end = self.block_size, min(computed, len(prompt))
+        parent = 0
+        for i in range(self.blocks_for(end)):
+            tokens, b = tuple(prompt[i * bs:min(end, (i + 1) * bs)]), blocks[i]
+            if b in self._entry:  # a block this request shares, published before
+                parent = self._entry[b][0]
+                continue
+            same = self._full.get((parent, tokens)) if len(tokens) == bs else None
+            if same is not None:  # the same prefix computed twice: follow the published one
+                parent = self._entry[same][0]
+                continue
+            if any(t[:len(tokens)] == tokens for t in self._children.get(parent, {}).values()):
+                return  # a partial run already cached (a partial block is always the last)
+            node = next(self._nodes)
+            self._entry[b] = (node, parent, tokens)
+            self._children.setdefault(parent, {})[b] = tokens
+            if len(tokens) == bs:
+                self._full[(parent, tokens)] = b
+            parent = node
+
+    def take_copies(self) -> list[tuple[int, int, int]]:
+        """The copies queued since the last call, ``(source block, destination block, tokens)``:
+        the caller copies the first ``tokens`` slots of each source into its destination, then
+        :meth:`release`\\ s the sources (held until then)."""
+        out, self._copies = self._copies, []
+        return out
+

@@ -95,6 +95,7 @@ class ContinuousBatchingManager:
         self.error: BaseException | None = None
         self._kept: dict[str, RequestState] = {}  # finished requests whose blocks stay (manual eviction)
         self.steps = 0
+        self.reused_prompt_tokens = 0  # prompt tokens the prompt cache held, not computed
         self.warmed_up = False
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -438,9 +439,13 @@ class ContinuousBatchingManager:
         ids: list[int] = []
         positions: list[int] = []
         spans, cached, blocks, want = [], [], [], []
+        for src, dst, n in self.cache.take_copies():  # the prompt cache's partial blocks
+            self.store.copy(src, dst, n)
+            self.cache.release([src])
         for r, n in plan:
             if r.started < 0:
                 r.started = time.perf_counter()
+                self.reused_prompt_tokens += r.cached  # taken from the prompt cache
             spans.append((len(ids), n))
             ids += r.tokens[r.cached:r.cached + n]
             positions += range(r.cached, r.cached + n)

@@ -208,8 +208,7 @@ class Scheduler(ABC):
             return False
         shared = waiting and not state.blocks and not state.generated
         if shared:
-            state.blocks = self.cache.shared_prefix(state.prompt_ids)
-            state.cached = len(state.blocks) * self.cache.block_size
+            state.blocks, state.cached = self.cache.cached_prefix(state.prompt_ids)
         if not self._add_chunk(state, plan, budget):
             if shared:
                 self.cache.release(state.blocks)

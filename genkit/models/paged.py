@@ -62,6 +62,12 @@ class PagedKVStore:
         table = torch.tensor(blocks, dtype=torch.long)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
+    def copy(self, src: int, dst: int, n: int) -> None:
+        """Copy the first ``n`` slots of block ``src`` into block ``dst``, in every layer."""
+        for kc, vc in zip(self.keys, self.values):
+            kc[dst, :n] = kc[src, :n]
+            vc[dst, :n] = vc[src, :n]
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys and values ``(kv_heads, T, head_dim)`` of layer ``layer`` at ``slots`` ``(T,)``."""
         kc, vc = self.keys[layer], self.values[layer]

@@ -147,8 +147,11 @@ _METRICS = {  # name: (type, help)
     "requests_cancelled": ("counter", "Requests cancelled because their client went away or the server shut down."),
     "requests_failed": ("counter", "Requests whose generation failed."),
     "prompt_tokens_total": ("counter", "Prompt tokens of the requests run (times their choices)."),
+    "prompt_tokens_cached_total": ("counter", "Prompt tokens taken from the prompt cache instead of computed."),
     "generated_tokens_total": ("counter", "Tokens generated."),
-    "cache_free_blocks": ("gauge", "Free blocks of the continuous batching engine's paged cache."),
+    "cache_free_blocks": ("gauge", "Free blocks of the continuous batching engine's paged cache (cached prompt "
+                                   "blocks included: an allocation takes them)."),
+    "cache_prompt_blocks": ("gauge", "Free blocks that still hold a cached prompt prefix."),
     "cache_blocks": ("gauge", "Blocks of the continuous batching engine's paged cache."),
 }
 

@@ -121,8 +121,10 @@ class EngineStats:
     requests_cancelled: int = 0
     requests_failed: int = 0
     prompt_tokens_total: int = 0
+    prompt_tokens_cached_total: int = 0
     generated_tokens_total: int = 0
     cache_free_blocks: int = 0
+    cache_prompt_blocks: int = 0
     cache_blocks: int = 0
 
 

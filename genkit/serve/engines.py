@@ -100,6 +100,8 @@ class ContinuousEngine:
         while not self._stop.is_set():
             outs = self.manager.output_router.take_all(timeout=0.1)  # a step's outputs at once
             self.stats.cache_free_blocks = self.manager.cache.free_blocks
+            self.stats.cache_prompt_blocks = self.manager.cache.cached_blocks
+            self.stats.prompt_tokens_cached_total = self.manager.reused_prompt_tokens
             pushes: list[tuple[RequestStream, Any]] = []
             for out in outs:
                 self._route(out, sent, pushes)

@@ -1,0 +1,145 @@
+"""The prompt cache of continuous batching (``genkit.continuous.block_allocator``): a prompt's
+blocks stay cached after its request finishes; a later prompt with the same start takes the full
+blocks by reference and a copy of the longest matching run of the next block, computes only the
+rest, and gets the tokens greedy ``generate`` gives for it alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_continuous_batching import _greedy
+from test_quantized import write_quantized_gguf
+
+import genkit
+from genkit.continuous.block_allocator import BlockAllocator
+from genkit.models import block_kernel
+from genkit.models.paged import PagedKVStore
+from genkit.models.tiny import tiny_llama
+
+
+def _cached(a: BlockAllocator, prompt: list[int]) -> list[int]:
+    """A request's whole life in the allocator: blocks for ``prompt``, published, given back."""
+    blocks = a.allocate(a.blocks_for(len(prompt)))
+    a.publish(prompt, blocks, len(prompt))
+    a.release(blocks)
+    return blocks
+
+
+def test_a_finished_prompt_stays_cached_and_a_repeat_reuses_all_but_its_last_token():
+    a = BlockAllocator(block_size=4, num_blocks=8)
+    prompt = list(range(10, 20))  # two full blocks and two tokens
+    old = _cached(a, prompt)
+    assert a.free_blocks == 8 and a.cached_blocks == 3
+    got, cached = a.cached_prefix(prompt)
+    assert got[:2] == old[:2] and len(got) == 3 and got[2] not in old and cached == 9
+    assert a.take_copies() == [(old[2], got[2], 1)]  # token 18 copied; 19 is computed for the logits
+    a.release([old[2]])  # the copy is made: the source goes back to the cache
+    assert a.cached_blocks == 1 and a.free_blocks == 8 - 3
+
+
+def test_a_prompt_that_parts_inside_a_block_copies_the_matching_run():
+    a = BlockAllocator(block_size=4, num_blocks=8)
+    old = _cached(a, list(range(10, 20)))
+    got, cached = a.cached_prefix([10, 11, 12, 13, 14, 15, 99, 98, 97])
+    assert got[0] == old[0] and cached == 6 and a.take_copies() == [(old[1], got[1], 2)]
+    a.release([old[1]])
+    assert a.cached_prefix([50, 51, 52]) == ([], 0)  # nothing in common
+
+
+def test_a_prompt_of_whole_blocks_takes_all_but_the_last_token_by_copy():
+    a = BlockAllocator(block_size=4, num_blocks=8)
+    old = _cached(a, list(range(8)))
+    got, cached = a.cached_prefix(list(range(8)))
+    assert got[0] == old[0] and cached == 7 and a.take_copies() == [(old[1], got[1], 3)]
+
+
+def test_allocation_evicts_the_least_recently_used_prefix_and_its_blocks_are_forgotten():
+    a = BlockAllocator(block_size=4, num_blocks=4)
+    first = _cached(a, [1, 2, 3, 4, 5])  # 2 blocks
+    _cached(a, [7, 8, 9, 10, 11])  # 2 blocks: now all 4 are idle, cached
+    assert a.free_blocks == 4 and a.cached_blocks == 4
+    taken = a.allocate(2)
+    assert sorted(taken) == sorted(first)  # the oldest went first
+    assert a.cached_prefix([1, 2, 3, 4, 5]) == ([], 0)
+    got, cached = a.cached_prefix([7, 8, 9, 10, 11])
+    assert cached == 4 and len(got) == 1 and a.take_copies() == []
+
+
+def test_a_block_published_under_an_evicted_one_is_unreachable():
+    a = BlockAllocator(block_size=2, num_blocks=3)
+    blocks = _cached(a, [1, 2, 3, 4, 5])  # 3 blocks chained
+    a.allocate(1)  # evicts the oldest idle block: the prompt's first
+    assert a.cached_prefix([1, 2, 3, 4, 5]) == ([], 0)
+    assert a.free_blocks == 2 and blocks[0] not in a._entry
+
+
+def test_giving_back_a_request_before_its_step_drops_its_copy_and_frees_the_source():
+    a = BlockAllocator(block_size=4, num_blocks=8)
+    _cached(a, [1, 2, 3, 4, 5, 6])
+    got, cached = a.cached_prefix([1, 2, 3, 4, 5, 6])
+    assert cached == 5
+    a.release(got)  # the scheduler could not fit it after all
+    assert a.take_copies() == [] and a.cached_blocks == 2 and a.free_blocks == 8
+
+
+def test_no_copy_when_the_source_would_be_the_last_free_block():
+    a = BlockAllocator(block_size=4, num_blocks=2)
+    _cached(a, [1, 2, 3])  # one idle block
+    held = a.allocate(1)  # the other block is in use
+    assert a.cached_prefix([1, 2, 3]) == ([], 0) and a.take_copies() == []
+    a.release(held)
+
+
+def test_sharing_off_caches_nothing():
+    a = BlockAllocator(block_size=4, num_blocks=8, allow_block_sharing=False)
+    _cached(a, list(range(10)))
+    assert a.cached_blocks == 0 and a.cached_prefix(list(range(10))) == ([], 0)
+
+
+def test_the_store_copies_a_blocks_first_slots_in_every_layer():
+    store = PagedKVStore(2, 1, 3, block_size=4, num_blocks=3, dtype=torch.float32)
+    for layer in range(2):
+        store.keys[layer].normal_()
+        store.values[layer].normal_()
+    before = [v[2].clone() for v in store.values]
+    store.copy(0, 2, 3)
+    for layer in range(2):
+        assert torch.equal(store.keys[layer][2, :3], store.keys[layer][0, :3])
+        assert torch.equal(store.values[layer][2, :3], store.values[layer][0, :3])
+        assert torch.equal(store.values[layer][2, 3], before[layer][3])  # past n: untouched
+
+
+SYSTEM = [(7 * i) % 120 + 3 for i in range(20)]  # a 20-token "system prompt": 2 full blocks of 8 and 4 tokens
+PROMPTS = [SYSTEM + [5, 9, 11], SYSTEM + [6, 2], SYSTEM + [5, 9, 11], SYSTEM[:13] + [44, 45], [60, 61, 62]]
+REUSED = [0, 20, 22, 13, 0]  # tokens each takes from the cache, in this order
+
+
+def _served_one_by_one(model, prompts, n=8):
+    manager = model.init_continuous_batching(continuous_batching_config={"block_size": 8, "num_blocks": 64})
+    outs, reused = [], []
+    with manager:
+        for p in prompts:
+            before = manager.reused_prompt_tokens
+            rid = manager.add_request(p, max_new_tokens=n, eos_token_id=None)
+            outs.append(manager.get_result(rid, timeout=60).generated_tokens)
+            reused.append(manager.reused_prompt_tokens - before)
+    return outs, reused
+
+
+def test_cached_prompts_give_the_tokens_of_greedy_generate():
+    torch.set_num_threads(1)
+    model = tiny_llama(seed=4)
+    outs, reused = _served_one_by_one(model, PROMPTS)
+    assert reused == REUSED
+    assert outs == [_greedy(model, p, 8) for p in PROMPTS]
+
+
+@pytest.mark.skipif(not block_kernel.available() or not block_kernel.simd(),
+                    reason="no C compiler or vector path for the block kernel on this CPU")
+def test_cached_prompts_on_the_block_kernel_give_the_tokens_of_greedy_generate(tmp_path):
+    path = tmp_path / "q.gguf"
+    write_quantized_gguf(path, "Q4_1")
+    model = genkit.load_model(path)
+    outs, reused = _served_one_by_one(model, PROMPTS)
+    assert reused == REUSED
+    assert outs == [_greedy(model, p, 8) for p in PROMPTS]
