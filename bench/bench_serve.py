@@ -13,6 +13,7 @@ Run: ``python bench/bench_serve.py [--model smollm2] [--requests-per-client 2]``
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import socket
 import statistics
@@ -45,7 +46,14 @@ def _wait(base: str, proc: subprocess.Popen[str]) -> None:
     raise RuntimeError("the server did not start")
 
 
-def round_(client: object, clients: int, per_client: int, new: int) -> tuple[list[float], float, int]:
+_FRESH = itertools.count()
+
+
+def round_(client: object, clients: int, per_client: int, new: int,
+           fresh: bool = False) -> tuple[list[float], float, int]:
+    """One round: ``clients`` threads, each sending ``per_client`` streaming completions in turn;
+    returns the times to first text, the wall time and the completion tokens. ``fresh``: each
+    prompt starts with a number no request had before, so no server finds it in a prompt cache."""
     ttfts: list[float] = []
     tokens = [0]
     lock = threading.Lock()
@@ -53,6 +61,8 @@ def round_(client: object, clients: int, per_client: int, new: int) -> tuple[lis
     def run(worker: int) -> None:
         for j in range(per_client):
             prompt = PROMPTS[(worker + j) % len(PROMPTS)]
+            if fresh:
+                prompt = f"{next(_FRESH) * 7919 % 100003} {prompt}"
             t = time.perf_counter()
             first = None
             n = 0

@@ -7,7 +7,10 @@ continuous batching) and the same context per slot. Each client is a thread that
 ``--requests-per-client`` streaming completions (greedy, ``--new-tokens`` each) one after the other;
 time to first token is from sending a request to its first text chunk, throughput is the completion
 tokens of all requests over the round's wall time. Rounds alternate between the two servers and
-repeat ``--repeats`` times; the tables give medians. Before timing, each server answers the same
+repeat ``--repeats`` times; the tables give medians. The clients cycle through four prompts, so
+both servers find a repeated prompt in their prompt cache (genkit's: docs/continuous_batching.md;
+llama-server's: each slot keeps its last prompt); ``--fresh-prompts`` starts every timed prompt
+with a new number, so that each request computes its whole prompt. Before timing, each server answers the same
 prompts greedily (non-streaming) and the completions are compared token by token (each text
 encoded with the GGUF's tokenizer): exact-equal completions are counted, and for the others the first
 differing token is named.
@@ -149,6 +152,9 @@ def main() -> None:
     parser.add_argument("--numerics", default="", help="'llama.cpp': serve genkit with --numerics llama.cpp too "
                         "(llama.cpp's float operations op for op), in the same rounds")
     parser.add_argument("--llama-flags", default="", help="more llama-server flags, e.g. '-ctk f32 -ctv f32 -fa off'")
+    parser.add_argument("--fresh-prompts", action="store_true",
+                        help="start every timed prompt with a new number: no prompt cache (genkit's or llama-server's "
+                        "per-slot one) can hold it, so each request computes its whole prompt")
     parser.add_argument("--compare-tokens", type=int, default=64, help="greedy tokens per compared completion")
     parser.add_argument("--baseline-python", default=None,
                         help="a Python whose genkit is served too, in the same alternating rounds (before/after)")
@@ -177,7 +183,8 @@ def main() -> None:
             for n in args.clients:
                 for name, client in clients.items():
                     load = os.getloadavg()[0]
-                    results[name][n].append(round_(client, n, args.requests_per_client, args.new_tokens))
+                    results[name][n].append(round_(client, n, args.requests_per_client, args.new_tokens,
+                                                          args.fresh_prompts))
                     ttfts, wall, tokens = results[name][n][-1]
                     print(f"round: {n} clients, {name}: {tokens / wall:.1f} tokens/s, TTFT p50 "
                           f"{statistics.median(ttfts):.3f} s, load average {load:.1f} -> {os.getloadavg()[0]:.1f}",
