@@ -143,3 +143,31 @@ def test_cached_prompts_on_the_block_kernel_give_the_tokens_of_greedy_generate(t
     outs, reused = _served_one_by_one(model, PROMPTS)
     assert reused == REUSED
     assert outs == [_greedy(model, p, 8) for p in PROMPTS]
+
+
+
+def _reuse_of_a_repeat(manager) -> int:
+    with manager:
+        for _ in range(2):
+            rid = manager.add_request(PROMPTS[0], max_new_tokens=2, eos_token_id=None)
+            manager.get_result(rid, timeout=60)
+    return manager.reused_prompt_tokens
+
+
+def test_without_block_sharing_every_prompt_is_computed_and_serve_can_ask_for_that():
+    """``allow_block_sharing=False``; ``genkit serve --no-prompt-cache`` sets it
+    (``make_engine(prompt_cache=False)``)."""
+    from genkit.serve.engines import make_engine
+
+    model = tiny_llama(seed=4)
+    on = model.init_continuous_batching(continuous_batching_config={"block_size": 8, "num_blocks": 16})
+    off = model.init_continuous_batching(continuous_batching_config={"block_size": 8, "num_blocks": 16,
+                                                                     "allow_block_sharing": False})
+    assert _reuse_of_a_repeat(on) == len(PROMPTS[0]) - 1
+    assert _reuse_of_a_repeat(off) == 0 and off.cache.cached_blocks == 0
+    served = [make_engine(model, None, prompt_cache=p) for p in (True, False)]
+    try:
+        assert [e.manager.cache.allow_block_sharing for e in served] == [True, False]
+    finally:
+        for e in served:
+            e.shutdown(10)

@@ -66,6 +66,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="token budget of one batching step (continuous batching engine)")
     p.add_argument("--scheduler", default=None, help="continuous batching scheduler: fifo or prefill_first")
+    p.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
+                   help="compute every prompt in full: no reuse of cached prompt prefixes between requests (on a "
+                        "server shared by parties who must not learn from its timing what the others sent)")
     add_threads_option(p)
     add_activation_digits_option(p)
     add_numerics_option(p)
@@ -157,7 +160,8 @@ def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple
     context = getattr(model.config, "max_position_embeddings", None)
     if args.max_model_len is not None and context is not None and args.max_model_len > context:
         raise ConfigError(f"--max-model-len {args.max_model_len} is over the model's context of {context} tokens")
-    engine = make_engine(model, tokenizer, scheduler=args.scheduler, max_batch_tokens=args.max_batch_tokens)
+    engine = make_engine(model, tokenizer, scheduler=args.scheduler, max_batch_tokens=args.max_batch_tokens,
+                         prompt_cache=args.prompt_cache)
     policy = ServePolicy(host=args.host, port=args.port, api_key=settings["api_key"],
                          allowed_hosts=settings["hosts"], allowed_origins=settings["origins"],
                          max_body_bytes=args.max_body_size)

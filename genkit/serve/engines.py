@@ -30,10 +30,10 @@ class ContinuousEngine:
     name = "continuous batching"
 
     def __init__(self, model: Any, tokenizer: Any, *, scheduler: str | None = None,
-                 max_batch_tokens: int | None = None) -> None:
+                 max_batch_tokens: int | None = None, prompt_cache: bool = True) -> None:
         from genkit.continuous import ContinuousBatchingConfig
 
-        cb = {}
+        cb: dict[str, Any] = {} if prompt_cache else {"allow_block_sharing": False}
         if scheduler is not None:
             cb["scheduler_type"] = scheduler
         if max_batch_tokens is not None:
@@ -172,8 +172,10 @@ def _events(out: Any, start: int, choice: int, request: Request) -> list[TokenEv
 
 
 def make_engine(model: Any, tokenizer: Any, *, scheduler: str | None = None,
-                max_batch_tokens: int | None = None) -> Any:
-    """Continuous batching for a native Llama-family model, else ``generate`` one request at a time."""
+                max_batch_tokens: int | None = None, prompt_cache: bool = True) -> Any:
+    """Continuous batching for a native Llama-family model, else ``generate`` one request at a time
+    (which computes every prompt in full). ``prompt_cache=False``: continuous batching computes
+    every prompt in full too (``allow_block_sharing=False``)."""
     from genkit.continuous.gate import model_refusal
     from genkit.errors import NotSupportedError
     from genkit.models.paged import require_paged
@@ -188,7 +190,8 @@ def make_engine(model: Any, tokenizer: Any, *, scheduler: str | None = None,
             raise ConfigError(f"--scheduler and --max-batch-tokens need continuous batching: {exc}") from exc
         logger.info("serving with the generate engine: %s", exc)
         return GenerateEngine(model, tokenizer)
-    return ContinuousEngine(model, tokenizer, scheduler=scheduler, max_batch_tokens=max_batch_tokens)
+    return ContinuousEngine(model, tokenizer, scheduler=scheduler, max_batch_tokens=max_batch_tokens,
+                            prompt_cache=prompt_cache)
 
 
 def _mark_first(stream: RequestStream, out: Any) -> None:
