@@ -44,7 +44,8 @@ class BlockAllocator:
         self._idle: OrderedDict[int, None] = OrderedDict()  # published blocks nobody holds, oldest first
         self._entry: dict[int, tuple[int, int, tuple[int, ...]]] = {}  # block -> (its node, parent node, tokens)
         self._full: dict[tuple[int, tuple[int, ...]], int] = {}  # (parent node, block_size tokens) -> block
-        self._children: dict[int, dict[int, tuple[int, ...]]] = {}  # parent node -> {block: its tokens}
+        # (parent node, first token) -> {block: its tokens}: the blocks that may continue a prefix
+        self._children: dict[tuple[int, int], dict[int, tuple[int, ...]]] = {}
         self._nodes = itertools.count(1)  # node 0 is the prompt's start; a node id is never reused
         self._copies: list[tuple[int, int, int]] = []  # (source, destination, tokens) before the next step
 
@@ -101,10 +102,10 @@ class BlockAllocator:
         _, parent, tokens = self._entry.pop(b)
         if self._full.get((parent, tokens)) == b:
             del self._full[(parent, tokens)]
-        siblings = self._children.get(parent, {})
+        siblings = self._children.get((parent, tokens[0]), {})
         siblings.pop(b, None)
         if not siblings:
-            self._children.pop(parent, None)
+            self._children.pop((parent, tokens[0]), None)
 
     # -- the prompt cache -------------------------------------------------------------------------
     def cached_prefix(self, prompt: list[int]) -> tuple[list[int], int]:
@@ -139,7 +140,7 @@ class BlockAllocator:
         """The cached block under ``parent`` whose tokens start like ``rest`` for longest, and how
         many tokens match."""
         best, most = -1, 0
-        for b, tokens in self._children.get(parent, {}).items():
+        for b, tokens in self._children.get((parent, rest[0]), {}).items() if rest else ():
             n = 0
             for x, y in zip(tokens, rest):
                 if x != y:
@@ -166,11 +167,12 @@ class BlockAllocator:
             if same is not None:  # the same prefix computed twice: follow the published one
                 parent = self._entry[same][0]
                 continue
-            if any(t[:len(tokens)] == tokens for t in self._children.get(parent, {}).values()):
+            siblings = self._children.setdefault((parent, tokens[0]), {})
+            if any(t[:len(tokens)] == tokens for t in siblings.values()):
                 return  # a partial run already cached (a partial block is always the last)
             node = next(self._nodes)
             self._entry[b] = (node, parent, tokens)
-            self._children.setdefault(parent, {})[b] = tokens
+            siblings[b] = tokens
             if len(tokens) == bs:
                 self._full[(parent, tokens)] = b
             parent = node
