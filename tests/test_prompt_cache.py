@@ -53,6 +53,16 @@ def test_a_prompt_of_whole_blocks_takes_all_but_the_last_token_by_copy():
     assert got[0] == old[0] and cached == 7 and a.take_copies() == [(old[1], got[1], 3)]
 
 
+def test_a_finished_request_publishes_its_completion_too_and_a_partial_run_grows():
+    a = BlockAllocator(block_size=4, num_blocks=8)
+    blocks = a.allocate(3)
+    a.publish([1, 2, 3, 4, 5, 6], blocks, 6)  # the prompt: a full block and a run of 2
+    a.publish([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], blocks, 9)  # finished: 4 more tokens, the last one never fed
+    a.release(blocks)
+    got, cached = a.cached_prefix([1, 2, 3, 4, 5, 6, 7, 8, 9, 42])  # the next turn of the conversation
+    assert got[:2] == blocks[:2] and cached == 9 and a.take_copies() == [(blocks[2], got[2], 1)]
+
+
 def test_allocation_evicts_the_least_recently_used_prefix_and_its_blocks_are_forgotten():
     a = BlockAllocator(block_size=4, num_blocks=4)
     first = _cached(a, [1, 2, 3, 4, 5])  # 2 blocks
@@ -143,7 +153,24 @@ def test_cached_prompts_on_the_block_kernel_give_the_tokens_of_greedy_generate(t
     outs, reused = _served_one_by_one(model, PROMPTS)
     assert reused == REUSED
     assert outs == [_greedy(model, p, 8) for p in PROMPTS]
+    first = PROMPTS[1]
+    answer = _greedy(model, first, 8)
+    turns = [first + answer + [17, 18, 19]]  # the conversation's next turn
+    outs, reused = _served_one_by_one(model, [first] + turns)
+    assert reused == [0, len(first) + len(answer) - 1]
+    assert outs == [answer, _greedy(model, turns[0], 8)]
 
+
+
+def test_the_next_turn_of_a_conversation_reuses_the_previous_prompt_and_completion():
+    torch.set_num_threads(1)
+    model = tiny_llama(seed=4)
+    first = PROMPTS[1]
+    answer = _greedy(model, first, 8)
+    turns = [first, first + answer + [17, 18, 19]]
+    outs, reused = _served_one_by_one(model, turns)
+    assert reused == [0, len(first) + len(answer) - 1]  # the answer's last token was never fed to the model
+    assert outs == [answer, _greedy(model, turns[1], 8)]
 
 
 def _reuse_of_a_repeat(manager) -> int:

@@ -4,7 +4,8 @@ The K/V tensors live in the model's paged store (:class:`genkit.models.paged.Pag
 module only counts blocks. A request owns a list of blocks (its block table). Blocks go back to the
 pool when their request finishes, fails, is cancelled or evicted.
 
-**The prompt cache.** When a request's prompt has been computed, its prompt blocks are published:
+**The prompt cache.** When a request's prompt has been computed, its prompt blocks are published
+(and when it finishes, the blocks of its completion too, for the next turn of a conversation):
 a block's keys and values depend only on the tokens up to its last position, so a block is found
 by the tokens it holds under the block before it (a chain from the prompt's start, compared token
 for token: no hash that two prompts could share). A later request whose prompt starts with the same
@@ -72,7 +73,7 @@ class BlockAllocator:
                 b = self._free.popleft()
             else:
                 b, _ = self._idle.popitem(last=False)  # the least recently used cached prefix
-                self._forget(b)
+                self._unindex(b)  # it is about to hold other tokens
             self._refs[b] = 1
             out.append(b)
         return out
@@ -95,17 +96,6 @@ class BlockAllocator:
         if self._refs[b] == 0:
             del self._idle[b]
         self._refs[b] += 1
-
-    def _forget(self, b: int) -> None:
-        """Unpublish ``b`` (it is about to hold other tokens); blocks published under it become
-        unreachable and leave the cache as they are reallocated."""
-        _, parent, tokens = self._entry.pop(b)
-        if self._full.get((parent, tokens)) == b:
-            del self._full[(parent, tokens)]
-        siblings = self._children.get((parent, tokens[0]), {})
-        siblings.pop(b, None)
-        if not siblings:
-            self._children.pop((parent, tokens[0]), None)
 
     # -- the prompt cache -------------------------------------------------------------------------
     def cached_prefix(self, prompt: list[int]) -> tuple[list[int], int]:
@@ -150,32 +140,55 @@ class BlockAllocator:
                 best, most = b, n
         return best, most
 
-    def publish(self, prompt: list[int], blocks: list[int], computed: int) -> None:
-        """Offer the prompt blocks of a request (whose first ``computed`` tokens are in the cache)
-        to later requests with the same prefix: full blocks by reference, the last partial one to
-        copy from."""
+    def publish(self, tokens: list[int], blocks: list[int], computed: int) -> None:
+        """Offer the blocks of a request whose first ``computed`` ``tokens`` are in the cache (its
+        prompt once computed; its prompt and completion when it finishes, for the next turn of a
+        conversation) to later requests whose prompts start the same way."""
         if not self.allow_block_sharing:
             return
-        bs, end = self.block_size, min(computed, len(prompt))
+        bs, end = self.block_size, min(computed, len(tokens))
         parent = 0
         for i in range(self.blocks_for(end)):
-            tokens, b = tuple(prompt[i * bs:min(end, (i + 1) * bs)]), blocks[i]
-            if b in self._entry:  # a block this request shares, published before
-                parent = self._entry[b][0]
-                continue
-            same = self._full.get((parent, tokens)) if len(tokens) == bs else None
+            parent = self._publish_block(blocks[i], parent, tuple(tokens[i * bs:min(end, (i + 1) * bs)]))
+            if parent < 0:
+                return
+
+    def _publish_block(self, b: int, parent: int, run: tuple[int, ...]) -> int:
+        """Publish block ``b``, holding ``run``, under node ``parent``; returns the node the next
+        block goes under (-1: stop here)."""
+        entry = self._entry.get(b)
+        if entry is not None:  # published before: a block this request shares, or its own partial run
+            node, parent, old = entry
+            if len(old) < len(run):  # the request wrote on after it: the longer run is cached now
+                self._unindex(b)
+                self._index(b, node, parent, run)
+        else:
+            same = self._full.get((parent, run)) if len(run) == self.block_size else None
             if same is not None:  # the same prefix computed twice: follow the published one
-                parent = self._entry[same][0]
-                continue
-            siblings = self._children.setdefault((parent, tokens[0]), {})
-            if any(t[:len(tokens)] == tokens for t in siblings.values()):
-                return  # a partial run already cached (a partial block is always the last)
+                return self._entry[same][0]
+            if any(t[:len(run)] == run for t in self._children.get((parent, run[0]), {}).values()):
+                return -1  # this run is cached already (a run shorter than a block is the last)
             node = next(self._nodes)
-            self._entry[b] = (node, parent, tokens)
-            siblings[b] = tokens
-            if len(tokens) == bs:
-                self._full[(parent, tokens)] = b
-            parent = node
+            self._index(b, node, parent, run)
+        canonical = self._full.get((parent, run), b) if len(run) == self.block_size else b
+        return self._entry[canonical][0] if canonical != b else node
+
+    def _index(self, b: int, node: int, parent: int, run: tuple[int, ...]) -> None:
+        self._entry[b] = (node, parent, run)
+        self._children.setdefault((parent, run[0]), {})[b] = run
+        if len(run) == self.block_size:
+            self._full.setdefault((parent, run), b)
+
+    def _unindex(self, b: int) -> None:
+        """Unpublish ``b``; blocks published under it become unreachable and leave the cache as
+        they are reallocated."""
+        _, parent, run = self._entry.pop(b)
+        if self._full.get((parent, run)) == b:
+            del self._full[(parent, run)]
+        siblings = self._children.get((parent, run[0]), {})
+        siblings.pop(b, None)
+        if not siblings:
+            self._children.pop((parent, run[0]), None)
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         """The copies queued since the last call, ``(source block, destination block, tokens)``:

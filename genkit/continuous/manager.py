@@ -411,6 +411,7 @@ class ContinuousBatchingManager:
             r.status, r.error, r.finish_reason = RequestStatus.FAILED, "cancelled", "cancelled"
         else:
             r.status = RequestStatus.FINISHED
+            self.cache.publish(r.tokens, r.blocks, r.cached)  # prompt and completion, for a next turn
             if self.manual_eviction:
                 self._kept[r.request_id] = r
             else:
