@@ -823,7 +823,9 @@ static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, in
     if (q == NULL) return -1;
     float *dx = (float *)(((uintptr_t)(q + (size_t)M * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)M * nb, *sx16 = sx + (size_t)M * nb;
+    GK_T0;
     quantize_rows(x, M, K, q, NULL, dx, sx, sx16, threads, act - 2);
+    GK_T(GK_P_QUANT);
     if (threads > panels) threads = panels;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int p = 0; p < panels; p++) {
@@ -834,6 +836,8 @@ static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, in
             memcpy(y + (size_t)m * N + (size_t)p * GK_ROWS, out, sizeof out);
         }
     }
+    GK_T(gk_prof_cat == GK_P_OTHER && M == 1 ? GK_P_HEAD : gk_prof_cat);
+    GK_CAT(GK_P_OTHER);
     free(q);
     return 0;
 }
@@ -999,7 +1003,7 @@ static inline int llama_index(int e, int d) { return (e >> 1) + (e & 1) * (d / 2
 
 /* ggml_vec_dot_f16 on AVX2 of k (genkit's order) and q (llama.cpp's order): 4 accumulators of 8
  * lanes over steps of 32, reduced pairwise */
-static float dot_f16_llama(const float *x, const float *y, int n) {
+static __attribute__((unused)) float dot_f16_llama(const float *x, const float *y, int n) {
     float acc[4][8] = {{0}};
     int np = n & ~31;
     for (int i = 0; i < np; i += 32)
@@ -1018,9 +1022,45 @@ static float dot_f16_llama(const float *x, const float *y, int n) {
     return (float)sum;
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define GK_LLAMA_VEC 1
+/* 8 floats rounded to float16 and back (vcvtps2ph with ties to even, as round_f16 and ggml's stores) */
+static inline __m256 round_f16_8(__m256 v) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* The 8 values of llama.cpp's elements 8g..8g+7 of a head in genkit's layout (d/2 = half): genkit's
+ * 4g..4g+3 (llama's even elements) in lanes 0-3, half+4g..half+4g+3 (its odd ones) in lanes 4-7 */
+static inline __m256 load_llama_group(const float *v, int g, int half) {
+    return _mm256_loadu2_m128(v + half + 4 * g, v + 4 * g);
+}
+
+/* dot_f16_llama with 8 lanes per register: the same fma per llama lane and step (lane 2m of llama's
+ * order is lane m here, lane 2m+1 lane 4+m: load_llama_group), the same lane-wise pair sums, then
+ * the same final sums of llama's lanes ((L0+L4)+(L1+L5)) + ((L2+L6)+(L3+L7)) and the tail. qa: the
+ * rounded q grouped as load_llama_group reads k (round_f16 of q, genkit's layout). */
+static float dot_f16_llama_avx2(const float *k, const float *qa, const float *qh, int n) {
+    const int half = n / 2, np = n & ~31;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; j++) {
+            const int g = i / 8 + j;
+            acc[j] = _mm256_fmadd_ps(load_llama_group(k, g, half), load_llama_group(qa, g, half), acc[j]);
+        }
+    acc[0] = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    float a[8];
+    _mm256_storeu_ps(a, acc[0]);
+    double sum = (double)(((a[0] + a[2]) + (a[4] + a[6])) + ((a[1] + a[3]) + (a[5] + a[7])));
+    for (int i = np; i < n; i++) sum += (double)(k[llama_index(i, n)] * qh[i]);
+    return (float)sum;
+}
+#endif
+
 /* llama.cpp's CPU flash attention with a float16 K/V cache (ggml_compute_forward_flash_attn_ext_f16_one_chunk):
  * q rounded to float16, online softmax over positions 0..last with the weighted values summed in a
- * float16 accumulator (each step fma in float32, then rounded), divided by the sum at the end. */
+ * float16 accumulator (each step fma in float32, then rounded), divided by the sum at the end. The
+ * vector build does each step's elementwise work 8 lanes at a time (the same operation per element,
+ * so the same bits) and the dot products with dot_f16_llama_avx2. */
 static void attend_llama_row(const float *q, const float *kc, const float *vc, const gk_kv *kv, int r, int j,
                              int last, int nkv, int d, float scale, float *o) {
     float qh[512], acc[512];
@@ -1028,20 +1068,42 @@ static void attend_llama_row(const float *q, const float *kc, const float *vc, c
         qh[e] = round_f16(q[llama_index(e, d)]);
         acc[e] = 0.0f;
     }
+#ifdef GK_LLAMA_VEC
+    float qa[512];
+    for (int e = 0; e < d; e++) qa[e] = round_f16(q[e]);
+    const int dv = d & ~7;
+#else
+    const int dv = 0;
+#endif
     float M = -INFINITY, S = 0.0f;
     for (int t = 0; t <= last; t++) {
-        float s = dot_f16_llama(kc + kv_at(kv, r, j, t, nkv, d), qh, d) * scale;
+        const float *kt = kc + kv_at(kv, r, j, t, nkv, d);
+#ifdef GK_LLAMA_VEC
+        float s = dot_f16_llama_avx2(kt, qa, qh, d) * scale;
+#else
+        float s = dot_f16_llama(kt, qh, d) * scale;
+#endif
         float ms = 1.0f, vs = 1.0f;
         if (s > M) {
             float old = M;
             M = s;
             ms = expf(old - M);
-            for (int e = 0; e < d; e++) acc[e] = round_f16(acc[e] * ms);
+#ifdef GK_LLAMA_VEC
+            const __m256 vms = _mm256_set1_ps(ms);
+            for (int e = 0; e < dv; e += 8)
+                _mm256_storeu_ps(acc + e, round_f16_8(_mm256_mul_ps(_mm256_loadu_ps(acc + e), vms)));
+#endif
+            for (int e = dv; e < d; e++) acc[e] = round_f16(acc[e] * ms);
         } else {
             vs = expf(s - M);
         }
         const float *vt = vc + kv_at(kv, r, j, t, nkv, d);
-        for (int e = 0; e < d; e++) acc[e] = round_f16(fmaf(vt[e], vs, acc[e]));
+#ifdef GK_LLAMA_VEC
+        const __m256 vvs = _mm256_set1_ps(vs);
+        for (int e = 0; e < dv; e += 8)
+            _mm256_storeu_ps(acc + e, round_f16_8(_mm256_fmadd_ps(_mm256_loadu_ps(vt + e), vvs, _mm256_loadu_ps(acc + e))));
+#endif
+        for (int e = dv; e < d; e++) acc[e] = round_f16(fmaf(vt[e], vs, acc[e]));
         S = fmaf(S, ms, vs);
     }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
@@ -1049,7 +1111,7 @@ static void attend_llama_row(const float *q, const float *kc, const float *vc, c
 }
 
 /* ggml_v_expf (AVX2), one lane */
-static float expf_llama(float x) {
+static __attribute__((unused)) float expf_llama(float x) {
     union { float f; uint32_t u; } z, k, one = {1.0f}, s1, s2;
     const float r = 0x1.8p23f;
     z.f = fmaf(x, 0x1.715476p+0f, r);
@@ -1068,18 +1130,61 @@ static float expf_llama(float x) {
     return fmaf(s2.f, j, s2.f) * s1.f;
 }
 
-/* ggml_vec_swiglu_f32 on AVX2: silu(g) * u with ggml_v_silu (x / (1 + ggml_v_expf(-x))) in steps of
- * 8, the rest with libm's expf */
+#ifdef GK_LLAMA_VEC
+/* ggml_v_expf on AVX2, instruction for instruction (vec.h) */
+static inline __m256 expf_llama_avx2(__m256 x) {
+    const __m256 r = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+    const __m256 n = _mm256_sub_ps(z, r);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1))));
+    const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n),
+                                                        _mm256_set1_ps(126), _CMP_GT_OQ));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    if (!_mm256_movemask_ps(_mm256_castsi256_ps(c))) return _mm256_fmadd_ps(j, k, k);
+    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                       _mm256_set1_epi32((int)0x82000000u));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256i dd = _mm256_castps_si256(_mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n),
+                                                         _mm256_set1_ps(192), _CMP_GT_OQ));
+    return _mm256_or_ps(
+        _mm256_and_ps(_mm256_castsi256_ps(dd), _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(_mm256_castsi256_ps(dd),
+                         _mm256_or_ps(_mm256_and_ps(_mm256_castsi256_ps(c), _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                                      _mm256_andnot_ps(_mm256_castsi256_ps(c), _mm256_fmadd_ps(k, j, k)))));
+}
+#endif
+
+/* ggml_vec_swiglu_f32 on AVX2: silu(g) * u with ggml_v_silu (x / (1 + ggml_v_expf(0 - x))) in steps of
+ * 8, the rest with libm's expf; the vector build runs the steps of 8 as ggml does (the same
+ * instructions), the portable one lane by lane (expf_llama: the same operations, so the same bits) */
 static void swiglu_llama(const float *g, const float *up, float *a, int n) {
     int i = 0, nv = n & ~7;
+#ifdef GK_LLAMA_VEC
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i < nv; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, expf_llama_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+#endif
     for (; i < nv; i++) a[i] = g[i] / (1.0f + expf_llama(0.0f - g[i])) * up[i];
     for (; i < n; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * up[i];
 }
 
-/* rope on q and k of every row (its own position's cos/sin), the new key/value into the cache */
+/* rope on q and k of every row (its own position's cos/sin), the new key/value into the cache (rows
+ * shared among threads: each writes its own cells) */
 static void rope_and_store(const gk_layer *L, float *qkv, int rows, const float *cos_, const float *sin_, int cs_stride,
-                           const int32_t *pos, float *kc, float *vc, const gk_kv *kv) {
+                           const int32_t *pos, float *kc, float *vc, const gk_kv *kv, int threads) {
     int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d;
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
     for (int r = 0; r < rows; r++) {
         float *qr = qkv + r * (size_t)nqkv;
         for (int i = 0; i < nq + nkv; i++) {
@@ -1135,6 +1240,28 @@ static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t 
 }
 
 
+/* the RMSNorm (weight w) of each row of x into h; rows are independent, so they are shared among threads */
+static void norm_rows(const gk_layer *L, const float *w, const float *x, float *h, int rows, int hidden, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
+    for (int r = 0; r < rows; r++)
+        (L->llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, w, L->eps, hidden, h + r * (size_t)hidden);
+}
+
+/* silu(gate) * up of each row (gu: gate then up per row) into act, rows shared among threads */
+static void swiglu_rows(const gk_layer *L, const float *gu, float *act, int rows, int threads) {
+    const int inter = L->intermediate;
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
+    for (int r = 0; r < rows; r++) {
+        const float *g = gu + 2 * (size_t)r * inter;
+        float *a = act + (size_t)r * inter;
+        if (L->llama) {
+            swiglu_llama(g, g + inter, a, inter);
+            continue;
+        }
+        for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[inter + i];
+    }
+}
+
 /* One decode step of `rows` tokens, row r at position pos[r] (cos/sin rows cs_stride apart; 0: shared). */
 static int decode_rows(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
                        const float *sin_, int cs_stride, const int32_t *pos, float *const *kcache,
@@ -1161,13 +1288,12 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, inter = L->intermediate;
         int nqkv = (nq + 2 * nkv) * d;
         GK_T0;
-        for (int r = 0; r < rows; r++)
-            (L->llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, L->norm1, L->eps, hidden, h + r * (size_t)hidden);
+        norm_rows(L, L->norm1, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_QKV);
         if ((rc = gk_matmul(L->bits_qkv, L->wqkv, h, qkv, rows, nqkv, hidden, threads, L->act_qkv))) break;
         GK_T0;
-        rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv);
+        rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv, threads);
         GK_T(GK_P_ROPE);
         attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
         GK_T(GK_P_ATTEND);
@@ -1176,21 +1302,12 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);
-        for (int r = 0; r < rows; r++)
-            (L->llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, L->norm2, L->eps, hidden, h + r * (size_t)hidden);
+        norm_rows(L, L->norm2, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_GU);
         if ((rc = gk_matmul(L->bits_gu, L->wgu, h, gu, rows, 2 * inter, hidden, threads, L->act_gu))) break;
         GK_T0;
-        for (int r = 0; r < rows; r++) {
-            const float *g = gu + 2 * (size_t)r * inter;
-            float *a = act + (size_t)r * inter;
-            if (L->llama) {
-                swiglu_llama(g, g + inter, a, inter);
-                continue;
-            }
-            for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[inter + i];
-        }
+        swiglu_rows(L, gu, act, rows, threads);
         GK_T(GK_P_SILU);
         GK_CAT(GK_P_DOWN);
         if ((rc = gk_matmul(L->bits_d, L->wd, act, tmp, rows, hidden, inter, threads, L->act_d))) break;
