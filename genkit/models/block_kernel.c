@@ -777,8 +777,15 @@ static inline __m256i lane_sums_llama(__m256i v, __m256i a, int bits, int high) 
     return _mm256_add_epi32(sq, _mm256_slli_epi32(qs, 7));
 }
 
-static void panel_llama_avx2(int bits, int act, const uint8_t *w, int nb, const int8_t *q, const float *dx,
-                             const float *sx, float *y) {
+/* sum (u - 128) q over each lane's 4 products of 8-bit codes u: |s| times q with s's sign, as ggml's
+ * mul_sum_i8_pairs_float does for Q8_0 (the same exact integers as lane_sums_llama less 128 sum q) */
+static inline __m256i signed_sums_llama(__m256i v, __m256i a) {
+    const __m256i s = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(s, s), _mm256_sign_epi8(a, s)), _mm256_set1_epi16(1));
+}
+
+static inline __attribute__((always_inline)) void panel_llama_avx2(
+        int bits, int act, const uint8_t *w, int nb, const int8_t *q, const float *dx, const float *sx, float *y) {
     const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512, off = bits == 4 ? 8 : 128;
     for (int g = 0; g < 2; g++) {  /* rows 8g..8g+7 */
         __m256 acc[8], summ = _mm256_setzero_ps();
@@ -792,10 +799,16 @@ static void panel_llama_avx2(int bits, int act, const uint8_t *w, int nb, const 
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 64 * (bits == 4 ? l / 2 : l) + 32 * g));
                 int32_t a4;
                 memcpy(&a4, qb + 4 * l, 4);
-                __m256i is = lane_sums_llama(v, _mm256_set1_epi32(a4), bits, l & 1);
-                if (act == GK_ACT_LLAMA_Q8_0) {
-                    const int8_t *ql = qb + 4 * l;
-                    is = _mm256_sub_epi32(is, _mm256_set1_epi32(off * (ql[0] + ql[1] + ql[2] + ql[3])));
+                const __m256i a = _mm256_set1_epi32(a4);
+                __m256i is;
+                if (bits == 8 && act == GK_ACT_LLAMA_Q8_0) {  /* Q8_0's signed codes s = u - 128 times q directly */
+                    is = signed_sums_llama(v, a);
+                } else {
+                    is = lane_sums_llama(v, a, bits, l & 1);
+                    if (act == GK_ACT_LLAMA_Q8_0) {
+                        const int8_t *ql = qb + 4 * l;
+                        is = _mm256_sub_epi32(is, _mm256_set1_epi32(off * (ql[0] + ql[1] + ql[2] + ql[3])));
+                    }
                 }
                 acc[l] = _mm256_fmadd_ps(dw, _mm256_cvtepi32_ps(is), acc[l]);
             }
@@ -809,7 +822,15 @@ static void panel_llama_avx2(int bits, int act, const uint8_t *w, int nb, const 
         _mm256_storeu_ps(y + 8 * g, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(h0, h2), _mm256_add_ps(h1, h3)), summ));
     }
 }
-#define GK_PANEL_LLAMA panel_llama_avx2
+/* panel_llama_avx2 specialised for each weight kind (bits and act as constants) */
+static void panel_llama_vec(int bits, int act, const uint8_t *w, int nb, const int8_t *q, const float *dx,
+                            const float *sx, float *y) {
+    if (bits == 4 && act == GK_ACT_LLAMA_Q8_1) panel_llama_avx2(4, GK_ACT_LLAMA_Q8_1, w, nb, q, dx, sx, y);
+    else if (bits == 4) panel_llama_avx2(4, GK_ACT_LLAMA_Q8_0, w, nb, q, dx, sx, y);
+    else if (act == GK_ACT_LLAMA_Q8_0) panel_llama_avx2(8, GK_ACT_LLAMA_Q8_0, w, nb, q, dx, sx, y);
+    else panel_llama_avx2(8, GK_ACT_LLAMA_Q8_1, w, nb, q, dx, sx, y);
+}
+#define GK_PANEL_LLAMA panel_llama_vec
 #else
 #define GK_PANEL_LLAMA panel_llama
 #endif
@@ -1056,58 +1077,112 @@ static float dot_f16_llama_avx2(const float *k, const float *qa, const float *qh
 }
 #endif
 
-/* llama.cpp's CPU flash attention with a float16 K/V cache (ggml_compute_forward_flash_attn_ext_f16_one_chunk):
- * q rounded to float16, online softmax over positions 0..last with the weighted values summed in a
- * float16 accumulator (each step fma in float32, then rounded), divided by the sum at the end. The
- * vector build does each step's elementwise work 8 lanes at a time (the same operation per element,
- * so the same bits) and the dot products with dot_f16_llama_avx2. */
-static void attend_llama_row(const float *q, const float *kc, const float *vc, const gk_kv *kv, int r, int j,
-                             int last, int nkv, int d, float scale, float *o) {
-    float qh[512], acc[512];
-    for (int e = 0; e < d; e++) {
-        qh[e] = round_f16(q[llama_index(e, d)]);
-        acc[e] = 0.0f;
-    }
+#define GK_ATT_HEADS 4 /* query heads of one K/V head that attend in one pass over the positions */
+#ifndef GK_ATT_AHEAD
+#define GK_ATT_AHEAD 4 /* positions between a key's prefetch and its use */
+#endif
+
+/* llama.cpp's CPU flash attention with a float16 K/V cache (ggml_compute_forward_flash_attn_ext_f16_one_chunk)
+ * for query heads q[0..n-1] (n <= GK_ATT_HEADS) of K/V head j: q rounded to float16, online softmax over
+ * positions 0..last with the weighted values summed in a float16 accumulator (each step fma in float32,
+ * then rounded), divided by the sum at the end. Each head's operations are llama.cpp's, in its order;
+ * the heads only share the pass over the cache (each key and value is read once for all of them). The
+ * vector build does each step's elementwise work 8 lanes at a time (the same operation per element, so
+ * the same bits) and the dot products with dot_f16_llama_avx2. */
+static void attend_llama_heads(const float *const *q, int n, const float *kc, const float *vc, const gk_kv *kv,
+                               int r, int j, int last, int nkv, int d, float scale, float *const *o) {
+    float qh[GK_ATT_HEADS][512], acc[GK_ATT_HEADS][512], M[GK_ATT_HEADS], S[GK_ATT_HEADS];
 #ifdef GK_LLAMA_VEC
-    float qa[512];
-    for (int e = 0; e < d; e++) qa[e] = round_f16(q[e]);
+    float qa[GK_ATT_HEADS][512];
     const int dv = d & ~7;
 #else
     const int dv = 0;
 #endif
-    float M = -INFINITY, S = 0.0f;
-    for (int t = 0; t <= last; t++) {
-        const float *kt = kc + kv_at(kv, r, j, t, nkv, d);
+    for (int h = 0; h < n; h++) {
+        for (int e = 0; e < d; e++) {
+            qh[h][e] = round_f16(q[h][llama_index(e, d)]);
+            acc[h][e] = 0.0f;
 #ifdef GK_LLAMA_VEC
-        float s = dot_f16_llama_avx2(kt, qa, qh, d) * scale;
-#else
-        float s = dot_f16_llama(kt, qh, d) * scale;
+            qa[h][e] = round_f16(q[h][e]);
 #endif
-        float ms = 1.0f, vs = 1.0f;
-        if (s > M) {
-            float old = M;
-            M = s;
-            ms = expf(old - M);
-#ifdef GK_LLAMA_VEC
-            const __m256 vms = _mm256_set1_ps(ms);
-            for (int e = 0; e < dv; e += 8)
-                _mm256_storeu_ps(acc + e, round_f16_8(_mm256_mul_ps(_mm256_loadu_ps(acc + e), vms)));
-#endif
-            for (int e = dv; e < d; e++) acc[e] = round_f16(acc[e] * ms);
-        } else {
-            vs = expf(s - M);
         }
-        const float *vt = vc + kv_at(kv, r, j, t, nkv, d);
-#ifdef GK_LLAMA_VEC
-        const __m256 vvs = _mm256_set1_ps(vs);
-        for (int e = 0; e < dv; e += 8)
-            _mm256_storeu_ps(acc + e, round_f16_8(_mm256_fmadd_ps(_mm256_loadu_ps(vt + e), vvs, _mm256_loadu_ps(acc + e))));
-#endif
-        for (int e = dv; e < d; e++) acc[e] = round_f16(fmaf(vt[e], vs, acc[e]));
-        S = fmaf(S, ms, vs);
+        M[h] = -INFINITY;
+        S[h] = 0.0f;
     }
-    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-    for (int e = 0; e < d; e++) o[e] = acc[e] * inv;
+    const float *kt = kc + kv_at(kv, r, j, 0, nkv, d), *vt = vc + kv_at(kv, r, j, 0, nkv, d);
+    for (int t = 0; t <= last; t++) {
+        const float *kn = kt, *vn = vt;
+        if (t < last) {
+            kn = kc + kv_at(kv, r, j, t + 1, nkv, d);
+            vn = vc + kv_at(kv, r, j, t + 1, nkv, d);
+        }
+        if (t + GK_ATT_AHEAD <= last) {  /* a later position's key and value, on their way while this one is summed */
+            const size_t at = kv_at(kv, r, j, t + GK_ATT_AHEAD, nkv, d);
+            for (int e = 0; e < d; e += 16) {
+                __builtin_prefetch(kc + at + e);
+                __builtin_prefetch(vc + at + e);
+            }
+        }
+        for (int h = 0; h < n; h++) {
+            float *ah = acc[h];
+#ifdef GK_LLAMA_VEC
+            const float s = dot_f16_llama_avx2(kt, qa[h], qh[h], d) * scale;
+#else
+            const float s = dot_f16_llama(kt, qh[h], d) * scale;
+#endif
+            float ms = 1.0f, vs = 1.0f;
+            if (s > M[h]) {
+                const float old = M[h];
+                M[h] = s;
+                ms = expf(old - s);
+#ifdef GK_LLAMA_VEC
+                const __m256 vms = _mm256_set1_ps(ms);
+                for (int e = 0; e < dv; e += 8)
+                    _mm256_storeu_ps(ah + e, round_f16_8(_mm256_mul_ps(_mm256_loadu_ps(ah + e), vms)));
+#endif
+                for (int e = dv; e < d; e++) ah[e] = round_f16(ah[e] * ms);
+            } else {
+                vs = expf(s - M[h]);
+            }
+#ifdef GK_LLAMA_VEC
+            const __m256 vvs = _mm256_set1_ps(vs);
+            for (int e = 0; e < dv; e += 8)
+                _mm256_storeu_ps(ah + e, round_f16_8(_mm256_fmadd_ps(_mm256_loadu_ps(vt + e), vvs, _mm256_loadu_ps(ah + e))));
+#endif
+            for (int e = dv; e < d; e++) ah[e] = round_f16(fmaf(vt[e], vs, ah[e]));
+            S[h] = fmaf(S[h], ms, vs);
+        }
+        kt = kn;
+        vt = vn;
+    }
+    for (int h = 0; h < n; h++) {
+        const float inv = S[h] == 0.0f ? 0.0f : 1.0f / S[h];
+        for (int e = 0; e < d; e++) o[h][e] = acc[h][e] * inv;
+    }
+}
+
+/* numerics="llama.cpp": each row's query heads over its positions 0..pos[r], up to GK_ATT_HEADS heads of one
+ * K/V head at a time (attend_llama_heads; fewer where that leaves under 3 items per thread); the (row,
+ * K/V head, heads) items shared among threads */
+static void attend_llama(const gk_layer *L, const float *qkv, int rows, const int32_t *pos, const float *kc,
+                         const float *vc, const gk_kv *kv, float *att, int threads) {
+    const int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
+    int per = group < GK_ATT_HEADS ? group : GK_ATT_HEADS;  /* heads per item: fewer when the threads would idle */
+    while (per > 1 && rows * nkv * ((group + per - 1) / per) < 3 * threads) per--;
+    const int chunks = (group + per - 1) / per, work = rows * nkv * chunks;
+    const float scale = 1.0f / sqrtf((float)d);
+#pragma omp parallel for num_threads(threads < work ? threads : work) schedule(static)
+    for (int w = 0; w < work; w++) {
+        const int r = w / (nkv * chunks), j = (w / chunks) % nkv, i0 = j * group + (w % chunks) * per;
+        const int n = j * group + group - i0 < per ? j * group + group - i0 : per;
+        const float *q[GK_ATT_HEADS];
+        float *o[GK_ATT_HEADS];
+        for (int h = 0; h < n; h++) {
+            q[h] = qkv + r * (size_t)nqkv + (size_t)(i0 + h) * d;
+            o[h] = att + r * (size_t)nq * d + (size_t)(i0 + h) * d;
+        }
+        attend_llama_heads(q, n, kc, vc, kv, r, j, pos[r], nkv, d, scale, o);
+    }
 }
 
 /* ggml_v_expf (AVX2), one lane */
@@ -1216,10 +1291,6 @@ static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t 
         int r = ri / nq, i = ri % nq, j = i / group, last = pos[r];
         const float *q = qkv + r * (size_t)nqkv + (size_t)i * d;
         float *sc = scores + (size_t)ri * span, *o = att + r * (size_t)nq * d + (size_t)i * d;
-        if (L->llama) {
-            attend_llama_row(q, kc, vc, kv, r, j, last, nkv, d, scale, o);
-            continue;
-        }
         float mx = -INFINITY, sum = 0.0f;
         for (int t = 0; t <= last; t++) {
             sc[t] = dot(q, kc + kv_at(kv, r, j, t, nkv, d), d) * scale;
@@ -1295,7 +1366,10 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         GK_T0;
         rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv, threads);
         GK_T(GK_P_ROPE);
-        attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
+        if (L->llama)
+            attend_llama(L, qkv, rows, pos, kcache[l], vcache[l], kv, att, threads);
+        else
+            attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
         GK_T(GK_P_ATTEND);
         GK_CAT(GK_P_O);
         if ((rc = gk_matmul(L->bits_o, L->wo, att, tmp, rows, hidden, nq * d, threads, L->act_o))) break;
