@@ -777,16 +777,41 @@ static inline __m256i lane_sums_llama(__m256i v, __m256i a, int bits, int high) 
     return _mm256_add_epi32(sq, _mm256_slli_epi32(qs, 7));
 }
 
-/* sum (u - 128) q over each lane's 4 products of 8-bit codes u: |s| times q with s's sign, as ggml's
- * mul_sum_i8_pairs_float does for Q8_0 (the same exact integers as lane_sums_llama less 128 sum q) */
-static inline __m256i signed_sums_llama(__m256i v, __m256i a) {
-    const __m256i s = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(s, s), _mm256_sign_epi8(a, s)), _mm256_set1_epi16(1));
+/* The codes of lane l from its weight bytes v: 4-bit, the nibbles (*u); Q8_0, the signed codes s = v - 128
+ * (*u) and |s| (*su); 8-bit Q8_1, v itself */
+static inline __attribute__((always_inline)) void lane_codes_llama(int bits, int act, int l, __m256i v, __m256i *u,
+                                                                   __m256i *su) {
+    *u = *su = v;
+    if (bits == 4) {
+        *u = _mm256_and_si256(l & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
+    } else if (act == GK_ACT_LLAMA_Q8_0) {
+        *u = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
+        *su = _mm256_sign_epi8(*u, *u);
+    }
 }
 
-static inline __attribute__((always_inline)) void panel_llama_avx2(
-        int bits, int act, const uint8_t *w, int nb, const int8_t *q, const float *dx, const float *sx, float *y) {
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512, off = bits == 4 ? 8 : 128;
+/* The 8 rows' integer sums of lane l (4 products each) with the activations ql[0..3] (lane_codes_llama's
+ * u, su of the weight bytes v): exact, as ggml's are; Q4_0's and Q8_0's are of the signed codes */
+static inline __attribute__((always_inline)) __m256i lane_sum_llama(int bits, int act, __m256i v, __m256i u, __m256i su,
+                                                                    const int8_t *ql) {
+    int32_t a4;
+    memcpy(&a4, ql, 4);
+    const __m256i a = _mm256_set1_epi32(a4), ones = _mm256_set1_epi16(1);
+    if (bits == 4) {  /* codes 0..15 times int8: pair sums stay far inside int16 */
+        __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones);
+        if (act == GK_ACT_LLAMA_Q8_0) is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * (ql[0] + ql[1] + ql[2] + ql[3])));
+        return is;
+    }
+    if (act == GK_ACT_LLAMA_Q8_0)  /* s q as |s| times q with s's sign */
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(su, _mm256_sign_epi8(a, u)), ones);
+    return lane_sums_llama(v, a, 8, 0);
+}
+
+/* One panel times one activation row, 8 panel rows per register, all 8 lanes in one pass over the blocks */
+static inline __attribute__((always_inline)) void panel_llama_avx2(int bits, int act, const uint8_t *w, int nb,
+                                                                   const int8_t *q, const float *dx, const float *sx,
+                                                                   float *y) {
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int g = 0; g < 2; g++) {  /* rows 8g..8g+7 */
         __m256 acc[8], summ = _mm256_setzero_ps();
         for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
@@ -797,20 +822,9 @@ static inline __attribute__((always_inline)) void panel_llama_avx2(
                                             _mm256_set1_ps(dx[b]));
             for (int l = 0; l < 8; l++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 64 * (bits == 4 ? l / 2 : l) + 32 * g));
-                int32_t a4;
-                memcpy(&a4, qb + 4 * l, 4);
-                const __m256i a = _mm256_set1_epi32(a4);
-                __m256i is;
-                if (bits == 8 && act == GK_ACT_LLAMA_Q8_0) {  /* Q8_0's signed codes s = u - 128 times q directly */
-                    is = signed_sums_llama(v, a);
-                } else {
-                    is = lane_sums_llama(v, a, bits, l & 1);
-                    if (act == GK_ACT_LLAMA_Q8_0) {
-                        const int8_t *ql = qb + 4 * l;
-                        is = _mm256_sub_epi32(is, _mm256_set1_epi32(off * (ql[0] + ql[1] + ql[2] + ql[3])));
-                    }
-                }
-                acc[l] = _mm256_fmadd_ps(dw, _mm256_cvtepi32_ps(is), acc[l]);
+                __m256i u, su;
+                lane_codes_llama(bits, act, l, v, &u, &su);
+                acc[l] = _mm256_fmadd_ps(dw, _mm256_cvtepi32_ps(lane_sum_llama(bits, act, v, u, su, qb + 4 * l)), acc[l]);
             }
             if (act == GK_ACT_LLAMA_Q8_1) {
                 const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + cb + 32 + 16 * g)));
@@ -822,17 +836,86 @@ static inline __attribute__((always_inline)) void panel_llama_avx2(
         _mm256_storeu_ps(y + 8 * g, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(h0, h2), _mm256_add_ps(h1, h3)), summ));
     }
 }
-/* panel_llama_avx2 specialised for each weight kind (bits and act as constants) */
-static void panel_llama_vec(int bits, int act, const uint8_t *w, int nb, const int8_t *q, const float *dx,
-                            const float *sx, float *y) {
-    if (bits == 4 && act == GK_ACT_LLAMA_Q8_1) panel_llama_avx2(4, GK_ACT_LLAMA_Q8_1, w, nb, q, dx, sx, y);
-    else if (bits == 4) panel_llama_avx2(4, GK_ACT_LLAMA_Q8_0, w, nb, q, dx, sx, y);
-    else if (act == GK_ACT_LLAMA_Q8_0) panel_llama_avx2(8, GK_ACT_LLAMA_Q8_0, w, nb, q, dx, sx, y);
-    else panel_llama_avx2(8, GK_ACT_LLAMA_Q8_1, w, nb, q, dx, sx, y);
+
+/* Lanes l0..l0+3 of panel rows 8g..8g+7 times two activation rows (q, q + K; dx, sx and dx, sx + nb) over
+ * all blocks, into acc[m][l0..l0+3] (and Q8_1's offset sums into summ[m] when l0 is 0): the rows share
+ * the weight loads and their unpacking; each accumulator's operations are panel_llama_avx2's */
+static inline __attribute__((always_inline)) void lanes2_llama_avx2(
+        int bits, int act, int l0, int g, const uint8_t *w, int nb, const int8_t *q, int K, const float *dx,
+        const float *sx, __m256 acc[2][8], __m256 summ[2]) {
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + cb + 16 * g)));
+        const __m256 dw[2] = {_mm256_mul_ps(d, _mm256_set1_ps(dx[b])), _mm256_mul_ps(d, _mm256_set1_ps(dx[nb + b]))};
+        for (int l = l0; l < l0 + 4; l++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 64 * (bits == 4 ? l / 2 : l) + 32 * g));
+            __m256i u, su;
+            lane_codes_llama(bits, act, l, v, &u, &su);
+            for (int m = 0; m < 2; m++) {
+                const __m256i is = lane_sum_llama(bits, act, v, u, su, q + (size_t)m * K + (size_t)b * GK_GROUP + 4 * l);
+                acc[m][l] = _mm256_fmadd_ps(dw[m], _mm256_cvtepi32_ps(is), acc[m][l]);
+            }
+        }
+        if (act == GK_ACT_LLAMA_Q8_1 && l0 == 0) {
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + cb + 32 + 16 * g)));
+            for (int m = 0; m < 2; m++) summ[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[(size_t)m * nb + b]), summ[m]);
+        }
+    }
 }
-#define GK_PANEL_LLAMA panel_llama_vec
+
+/* panel_llama_avx2 for two activation rows (row m: q + m K, dx/sx + m nb, y + m N): the lanes in two
+ * passes of 4 over the blocks (lanes2_llama_avx2), so that the two rows' accumulators fit the 16
+ * registers; then each row's final sums as panel_llama's */
+static inline __attribute__((always_inline)) void panel2_llama_avx2(int bits, int act, const uint8_t *w, int nb,
+                                                                    const int8_t *q, int K, const float *dx,
+                                                                    const float *sx, float *y, int N) {
+    for (int g = 0; g < 2; g++) {
+        __m256 acc[2][8], summ[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int m = 0; m < 2; m++)
+            for (int l = 0; l < 8; l++) acc[m][l] = _mm256_setzero_ps();
+        lanes2_llama_avx2(bits, act, 0, g, w, nb, q, K, dx, sx, acc, summ);
+        lanes2_llama_avx2(bits, act, 4, g, w, nb, q, K, dx, sx, acc, summ);
+        for (int m = 0; m < 2; m++) {
+            const __m256 *a = acc[m];
+            __m256 h0 = _mm256_add_ps(a[4], a[0]), h1 = _mm256_add_ps(a[5], a[1]);
+            __m256 h2 = _mm256_add_ps(a[6], a[2]), h3 = _mm256_add_ps(a[7], a[3]);
+            _mm256_storeu_ps(y + (size_t)m * N + 8 * g,
+                             _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(h0, h2), _mm256_add_ps(h1, h3)), summ[m]));
+        }
+    }
+}
+
+/* panel_llama_avx2 specialised for each weight kind and row count (constants): the M rows two at a time */
+#define GK_LLAMA_KIND(B, A)                                                                                    \
+    for (int m = 0; m < M; m += 2) {                                                                           \
+        if (M - m >= 2) {                                                                                      \
+            panel2_llama_avx2(B, A, w, nb, q + (size_t)m * K, K, dx + (size_t)m * nb, sx + (size_t)m * nb,       \
+                              y + (size_t)m * N, N);                                                           \
+        } else {                                                                                               \
+            float out[GK_ROWS];                                                                                \
+            panel_llama_avx2(B, A, w, nb, q + (size_t)m * K, dx + (size_t)m * nb, sx + (size_t)m * nb, out);     \
+            memcpy(y + (size_t)m * N, out, sizeof out);                                                        \
+        }                                                                                                      \
+    }
+static void panel_llama_rows(int bits, int act, const uint8_t *w, int nb, const int8_t *q, int K, const float *dx,
+                             const float *sx, float *y, int N, int M) {
+    if (bits == 4 && act == GK_ACT_LLAMA_Q8_1) GK_LLAMA_KIND(4, GK_ACT_LLAMA_Q8_1)
+    else if (bits == 4) GK_LLAMA_KIND(4, GK_ACT_LLAMA_Q8_0)
+    else if (act == GK_ACT_LLAMA_Q8_0) GK_LLAMA_KIND(8, GK_ACT_LLAMA_Q8_0)
+    else GK_LLAMA_KIND(8, GK_ACT_LLAMA_Q8_1)
+}
+#undef GK_LLAMA_KIND
 #else
-#define GK_PANEL_LLAMA panel_llama
+/* the portable build: panel_llama row after row */
+static void panel_llama_rows(int bits, int act, const uint8_t *w, int nb, const int8_t *q, int K, const float *dx,
+                             const float *sx, float *y, int N, int M) {
+    for (int m = 0; m < M; m++) {
+        float out[GK_ROWS];
+        panel_llama(bits, act, w, nb, q + (size_t)m * K, dx + (size_t)m * nb, sx + (size_t)m * nb, out);
+        memcpy(y + (size_t)m * N, out, sizeof out);
+    }
+}
 #endif
 
 /* gk_matmul for the llama.cpp-order acts: activations rounded as GK_ACT_Q8_1 / _Q8_0, then panel_llama */
@@ -849,14 +932,8 @@ static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, in
     GK_T(GK_P_QUANT);
     if (threads > panels) threads = panels;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int p = 0; p < panels; p++) {
-        float out[GK_ROWS];
-        for (int m = 0; m < M; m++) {
-            GK_PANEL_LLAMA(bits, act, w + (size_t)p * panel_bytes, nb, q + (size_t)m * K, dx + (size_t)m * nb,
-                           sx + (size_t)m * nb, out);
-            memcpy(y + (size_t)m * N + (size_t)p * GK_ROWS, out, sizeof out);
-        }
-    }
+    for (int p = 0; p < panels; p++)
+        panel_llama_rows(bits, act, w + (size_t)p * panel_bytes, nb, q, K, dx, sx, y + (size_t)p * GK_ROWS, N, M);
     GK_T(gk_prof_cat == GK_P_OTHER && M == 1 ? GK_P_HEAD : gk_prof_cat);
     GK_CAT(GK_P_OTHER);
     free(q);
