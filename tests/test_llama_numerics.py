@@ -322,6 +322,33 @@ def test_continuous_batching_gives_the_same_logits(smollm2_llama):
             seq.append(tokens[step])
 
 
+def test_a_long_prompt_runs_as_rows_of_one_call_steps_with_the_same_logits(smollm2_llama):
+    """generate() runs a prompt as rows of one-call steps (PROMPT_ROWS tokens each; step row r is token
+    r % T of cache row r // T): the logits equal continuous batching's single 45-row step and its next
+    decode step bit for bit, and two rows with the same prompt get the one row's logits."""
+    from genkit.models.block_decode import PROMPT_ROWS
+    from genkit.models.paged import StepBatch
+
+    model, tok = smollm2_llama
+    ids = tok.encode("Once upon a time, in a small village by the sea, there lived an old fisherman who "
+                     "told the children stories about the storms, the whales and the lighthouse keeper.")
+    assert len(ids) > PROMPT_ROWS
+    kw = {"max_new_tokens": 2, "do_sample": False, "eos_token_id": None, "output_scores": True,
+          "return_dict_in_generate": True}
+    store = model.new_paged_store(block_size=16, num_blocks=8)
+    with torch.inference_mode():
+        one = model.generate(torch.tensor([ids]), **kw)
+        two = model.generate(torch.tensor([ids, ids]), **kw)
+        n = len(ids)
+        prompt = model.forward_paged(StepBatch(torch.tensor(ids), torch.arange(n), [(0, n)], [0], [[0, 1, 2, 3, 4]],
+                                               [True]), store)
+        step = model.forward_paged(StepBatch(one.sequences[0, n:n + 1], torch.tensor([n]), [(0, 1)], [n],
+                                             [[0, 1, 2, 3, 4]], [True]), store)
+    assert torch.equal(prompt[0], one.scores[0][0].float()) and torch.equal(step[0], one.scores[1][0].float())
+    for k in range(2):
+        assert torch.equal(two.scores[k][0], one.scores[k][0]) and torch.equal(two.scores[k][1], one.scores[k][0])
+
+
 def test_the_setting_is_refused_where_it_cannot_hold(tmp_path, smollm2_gguf, tiny_model):  # noqa: F811
     with pytest.raises(ConfigError, match=r"`numerics` must be one of 'genkit', 'llama.cpp'; got 'ggml'"):
         genkit.load_model(smollm2_gguf, numerics="ggml")

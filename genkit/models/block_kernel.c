@@ -1058,16 +1058,18 @@ static inline float dot(const float *a, const float *b, int n) {
 }
 
 /* Where a row's key/value of head j at position t lives in its layer's cache: genkit's KVCache
- * (per row [kv_heads][capacity][head_dim]), or the paged store of continuous batching (slots of
+ * (per cache row [kv_heads][capacity][head_dim]; step row r is cache row r / seq: a prompt's tokens
+ * are seq consecutive step rows), or the paged store of continuous batching (slots of
  * [kv_heads][head_dim], slot = table[row][t / block_size] * block_size + t % block_size). */
 typedef struct {
     int capacity;          /* KVCache: positions per row; 0 for the paged store */
     const int32_t *table;  /* paged: rows x width block ids */
     int width, block_size;
+    int seq;               /* KVCache: step rows per cache row */
 } gk_kv;
 
 static inline size_t kv_at(const gk_kv *kv, int r, int j, int t, int nkv, int d) {
-    if (kv->table == NULL) return (((size_t)r * nkv + j) * kv->capacity + t) * d;
+    if (kv->table == NULL) return (((size_t)(kv->seq > 1 ? r / kv->seq : r) * nkv + j) * kv->capacity + t) * d;
     size_t slot = (size_t)kv->table[(size_t)r * kv->width + t / kv->block_size] * kv->block_size + t % kv->block_size;
     return (slot * nkv + j) * d;
 }
@@ -1421,7 +1423,7 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         int nqkv = (L->num_heads + 2 * L->num_kv_heads) * L->head_dim;
         if (nqkv > maxq) maxq = nqkv;
         if (L->intermediate > maxi) maxi = L->intermediate;
-        if (L->num_heads > heads_max) heads_max = L->num_heads;
+        if (L->num_heads > heads_max && !L->llama) heads_max = L->num_heads;  /* attend_llama keeps no scores */
         if (L->head_dim > 512 || L->head_dim % 2) return -2;
     }
     size_t R = (size_t)rows;
@@ -1470,15 +1472,19 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
     return rc ? -1 : 0;
 }
 
-/* Rows at the same position `pos` on genkit's KVCache (per row [kv_heads][capacity][head_dim]). */
+/* `tokens` tokens of each cache row of genkit's KVCache (per row [kv_heads][capacity][head_dim]) at
+ * positions pos..pos+tokens-1: step row r is token r % tokens of cache row r / tokens (rows = cache
+ * rows x tokens); cos/sin: one head_dim row shared by all rows (tokens 1), else one per step row. */
 int gk_decode(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
-              const float *sin_, int pos, float *const *kcache, float *const *vcache, int capacity,
+              const float *sin_, int pos, int tokens, float *const *kcache, float *const *vcache, int capacity,
               int threads) {
+    if (tokens < 1 || rows % tokens) return -2;
     int32_t *positions = (int32_t *)malloc(sizeof(int32_t) * (rows > 0 ? rows : 1));
     if (positions == NULL) return -1;
-    for (int r = 0; r < rows; r++) positions[r] = pos;
-    gk_kv kv = {capacity, NULL, 0, 0};
-    int rc = decode_rows(num_layers, layers, x, rows, hidden, cos_, sin_, 0, positions, kcache, vcache, &kv, threads);
+    for (int r = 0; r < rows; r++) positions[r] = pos + r % tokens;
+    gk_kv kv = {capacity, NULL, 0, 0, tokens};
+    int rc = decode_rows(num_layers, layers, x, rows, hidden, cos_, sin_, tokens > 1 ? layers[0].head_dim : 0, positions,
+                         kcache, vcache, &kv, threads);
     free(positions);
     return rc;
 }
@@ -1489,7 +1495,7 @@ int gk_decode(int num_layers, const gk_layer *layers, float *x, int rows, int hi
 int gk_decode_paged(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
                     const float *sin_, const int32_t *pos, float *const *kcache, float *const *vcache,
                     const int32_t *table, int width, int block_size, int threads) {
-    gk_kv kv = {0, table, width, block_size};
+    gk_kv kv = {0, table, width, block_size, 1};
     return decode_rows(num_layers, layers, x, rows, hidden, cos_, sin_, layers[0].head_dim, pos, kcache, vcache, &kv,
                        threads);
 }
