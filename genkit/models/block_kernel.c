@@ -1161,21 +1161,48 @@ static float dot_f16_llama_avx2(const float *k, const float *qa, const float *qh
 #define GK_ATT_AHEAD 4 /* positions between a key's prefetch and its use */
 #endif
 
+/* One position of llama.cpp's online softmax for one head (score s, value vt): a new maximum rescales
+ * the float16 accumulator acc by expf(old - s), else the value's weight is expf(s - max); then
+ * acc = round_f16(fma(v, weight, acc)) and S = fma(S, rescale, weight). The vector build does the
+ * elementwise work 8 lanes at a time (the same operation per element, so the same bits). */
+static inline void online_step_llama(float *acc, float *M, float *S, float s, const float *vt, int d) {
+#ifdef GK_LLAMA_VEC
+    const int dv = d & ~7;
+#else
+    const int dv = 0;
+#endif
+    float ms = 1.0f, vs = 1.0f;
+    if (s > *M) {
+        ms = expf(*M - s);
+        *M = s;
+#ifdef GK_LLAMA_VEC
+        const __m256 vms = _mm256_set1_ps(ms);
+        for (int e = 0; e < dv; e += 8) _mm256_storeu_ps(acc + e, round_f16_8(_mm256_mul_ps(_mm256_loadu_ps(acc + e), vms)));
+#endif
+        for (int e = dv; e < d; e++) acc[e] = round_f16(acc[e] * ms);
+    } else {
+        vs = expf(s - *M);
+    }
+#ifdef GK_LLAMA_VEC
+    const __m256 vvs = _mm256_set1_ps(vs);
+    for (int e = 0; e < dv; e += 8)
+        _mm256_storeu_ps(acc + e, round_f16_8(_mm256_fmadd_ps(_mm256_loadu_ps(vt + e), vvs, _mm256_loadu_ps(acc + e))));
+#endif
+    for (int e = dv; e < d; e++) acc[e] = round_f16(fmaf(vt[e], vs, acc[e]));
+    *S = fmaf(*S, ms, vs);
+}
+
 /* llama.cpp's CPU flash attention with a float16 K/V cache (ggml_compute_forward_flash_attn_ext_f16_one_chunk)
  * for query heads q[0..n-1] (n <= GK_ATT_HEADS) of K/V head j: q rounded to float16, online softmax over
  * positions 0..last with the weighted values summed in a float16 accumulator (each step fma in float32,
  * then rounded), divided by the sum at the end. Each head's operations are llama.cpp's, in its order;
  * the heads only share the pass over the cache (each key and value is read once for all of them). The
- * vector build does each step's elementwise work 8 lanes at a time (the same operation per element, so
- * the same bits) and the dot products with dot_f16_llama_avx2. */
+ * vector build computes the dot products with dot_f16_llama_avx2; each position's step: online_step_llama. */
 static void attend_llama_heads(const float *const *q, int n, const float *kc, const float *vc, const gk_kv *kv,
                                int r, int j, int last, int nkv, int d, float scale, float *const *o) {
     float qh[GK_ATT_HEADS][512], acc[GK_ATT_HEADS][512], M[GK_ATT_HEADS], S[GK_ATT_HEADS];
 #ifdef GK_LLAMA_VEC
     float qa[GK_ATT_HEADS][512];
-    const int dv = d & ~7;
-#else
-    const int dv = 0;
 #endif
     for (int h = 0; h < n; h++) {
         for (int e = 0; e < d; e++) {
@@ -1203,33 +1230,12 @@ static void attend_llama_heads(const float *const *q, int n, const float *kc, co
             }
         }
         for (int h = 0; h < n; h++) {
-            float *ah = acc[h];
 #ifdef GK_LLAMA_VEC
             const float s = dot_f16_llama_avx2(kt, qa[h], qh[h], d) * scale;
 #else
             const float s = dot_f16_llama(kt, qh[h], d) * scale;
 #endif
-            float ms = 1.0f, vs = 1.0f;
-            if (s > M[h]) {
-                const float old = M[h];
-                M[h] = s;
-                ms = expf(old - s);
-#ifdef GK_LLAMA_VEC
-                const __m256 vms = _mm256_set1_ps(ms);
-                for (int e = 0; e < dv; e += 8)
-                    _mm256_storeu_ps(ah + e, round_f16_8(_mm256_mul_ps(_mm256_loadu_ps(ah + e), vms)));
-#endif
-                for (int e = dv; e < d; e++) ah[e] = round_f16(ah[e] * ms);
-            } else {
-                vs = expf(s - M[h]);
-            }
-#ifdef GK_LLAMA_VEC
-            const __m256 vvs = _mm256_set1_ps(vs);
-            for (int e = 0; e < dv; e += 8)
-                _mm256_storeu_ps(ah + e, round_f16_8(_mm256_fmadd_ps(_mm256_loadu_ps(vt + e), vvs, _mm256_loadu_ps(ah + e))));
-#endif
-            for (int e = dv; e < d; e++) ah[e] = round_f16(fmaf(vt[e], vs, ah[e]));
-            S[h] = fmaf(S[h], ms, vs);
+            online_step_llama(acc[h], &M[h], &S[h], s, vt, d);
         }
         kt = kn;
         vt = vn;
