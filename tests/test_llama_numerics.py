@@ -117,6 +117,48 @@ def test_the_vector_and_portable_llama_order_products_are_bit_identical(tmp_path
         assert simd == "" and bits == native[key][1], key
 
 
+LLAMA_STEPS = """
+import json, sys, torch
+import genkit
+from test_quantized import write_quantized_gguf
+from genkit.models import block_kernel as bk
+torch.set_num_threads(2)
+out = {"simd": bk.simd()}
+g = torch.Generator().manual_seed(3)
+x = torch.cat([torch.randn(60, generator=g) * 8, torch.tensor([-95.0, -150.0, -200.0, 90.0, 0.0])])
+up = torch.rand(65, generator=g) + 0.5
+act = torch.empty(65)
+bk.library().gk_swiglu_llama(x.data_ptr(), up.data_ptr(), act.data_ptr(), 65)
+out["swiglu"] = act.view(torch.int32).tolist()
+for hidden in (256, 160):  # head_dim 64 (SmolLM2's) and 40 (a tail after the steps of 32)
+    path = f"{sys.argv[1]}/q{hidden}.gguf"
+    write_quantized_gguf(path, "Q4_1", hidden=hidden, ffn=2 * hidden, seed=hidden)
+    model = genkit.load_model(path, numerics="llama.cpp")
+    ids = torch.randint(3, 250, (1, 9), generator=g)
+    for rows in (1, 3):  # one sequence; three rows at one position
+        with torch.inference_mode():
+            res = model.generate(ids.repeat(rows, 1), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                                 output_scores=True, return_dict_in_generate=True)
+        out[f"{hidden}x{rows}"] = [s.view(torch.int32).tolist() for s in res.scores]
+print(json.dumps(out))
+"""
+
+
+def test_the_vector_and_portable_llama_decode_steps_are_bit_identical(tmp_path):
+    """The decode step's attention (8-lane dot products and float16 V accumulator, query heads sharing
+    a pass over the cache) and SwiGLU (ggml_v_expf in vectors) of the vector build against the portable
+    build's scalar loops: the same logits bit for bit, step after step (a prompt, then 24 tokens;
+    one row and three), head_dim 64 and 40, and SwiGLU on values that take exp's overflow branches."""
+    env = {"GENKIT_HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                                                      os.environ.get("PYTHONPATH", "")])}
+    native = json.loads(_run(LLAMA_STEPS, env, str(tmp_path)))
+    portable = json.loads(_run(LLAMA_STEPS, {**env, "GENKIT_BLOCK_KERNEL": "portable"}, str(tmp_path)))
+    assert native.pop("simd") != "" and portable.pop("simd") == ""
+    assert native.keys() == portable.keys() and len(native["256x3"]) == 24
+    for key in native:
+        assert native[key] == portable[key], key
+
+
 def test_llama_order_needs_one_digit_and_refuses_6_bit_weights():
     with pytest.raises(ConfigError, match="one activation digit"):
         block_kernel.llama_order(block_kernel.ACT_TWO)
@@ -278,6 +320,33 @@ def test_continuous_batching_gives_the_same_logits(smollm2_llama):
             assert torch.equal(logits[0], ref[step][0].float()), step
             cached = len(seq)
             seq.append(tokens[step])
+
+
+def test_a_long_prompt_runs_as_rows_of_one_call_steps_with_the_same_logits(smollm2_llama):
+    """generate() runs a prompt as rows of one-call steps (PROMPT_ROWS tokens each; step row r is token
+    r % T of cache row r // T): the logits equal continuous batching's single 45-row step and its next
+    decode step bit for bit, and two rows with the same prompt get the one row's logits."""
+    from genkit.models.block_decode import PROMPT_ROWS
+    from genkit.models.paged import StepBatch
+
+    model, tok = smollm2_llama
+    ids = tok.encode("Once upon a time, in a small village by the sea, there lived an old fisherman who "
+                     "told the children stories about the storms, the whales and the lighthouse keeper.")
+    assert len(ids) > PROMPT_ROWS
+    kw = {"max_new_tokens": 2, "do_sample": False, "eos_token_id": None, "output_scores": True,
+          "return_dict_in_generate": True}
+    store = model.new_paged_store(block_size=16, num_blocks=8)
+    with torch.inference_mode():
+        one = model.generate(torch.tensor([ids]), **kw)
+        two = model.generate(torch.tensor([ids, ids]), **kw)
+        n = len(ids)
+        prompt = model.forward_paged(StepBatch(torch.tensor(ids), torch.arange(n), [(0, n)], [0], [[0, 1, 2, 3, 4]],
+                                               [True]), store)
+        step = model.forward_paged(StepBatch(one.sequences[0, n:n + 1], torch.tensor([n]), [(0, 1)], [n],
+                                             [[0, 1, 2, 3, 4]], [True]), store)
+    assert torch.equal(prompt[0], one.scores[0][0].float()) and torch.equal(step[0], one.scores[1][0].float())
+    for k in range(2):
+        assert torch.equal(two.scores[k][0], one.scores[k][0]) and torch.equal(two.scores[k][1], one.scores[k][0])
 
 
 def test_the_setting_is_refused_where_it_cannot_hold(tmp_path, smollm2_gguf, tiny_model):  # noqa: F811

@@ -8,7 +8,8 @@ gate/up with SiLU, down projection) for all layers and every row in one call, wr
 genkit's :class:`~genkit.models.cache.KVCache` buffers in place. The rows must be at the same
 position with no padding (one sequence, beams, samples of one prompt); anything else (a prompt,
 a padding mask, a sliding window, hidden states asked for, a cache of another kind or without
-room) takes the torch path.
+room) takes the torch path. Under ``numerics="llama.cpp"`` a prompt runs here too, its tokens as rows
+of one step (:meth:`BlockDecoder.steps`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..errors import NotSupportedError
 from . import block_kernel
 from .cache import KVCache
 
+PROMPT_ROWS = 32  # numerics="llama.cpp": prompt tokens per one-call step (BlockDecoder.steps)
 UNSUPPORTED = ("`numerics`='llama.cpp' runs every step on the block kernel's decoder: rows at one position with no "
                "padding mask, genkit's KVCache or the paged store, no hidden states or attentions asked for")
 
@@ -110,9 +112,12 @@ class BlockDecoder:
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, masks: dict[Any, Any], cache: Any,
                  num_layers: int | None) -> torch.Tensor | None:
-        """``x`` after the first ``num_layers`` layers (all when None), or None: take the torch path."""
-        rows = x.shape[0]
-        if type(cache) is not KVCache or x.shape != (rows, 1, self.hidden) or x.dtype != torch.float32:
+        """``x`` ``(rows, T, hidden)`` after the first ``num_layers`` layers (all when None), or None:
+        take the torch path. ``T`` tokens per row (``cos``/``sin``: one ``head_dim`` row per token,
+        shared by the rows) run as ``rows * T`` rows of one step, each attending to its own row's
+        positions up to its own (a prompt's causal pattern; :meth:`steps`)."""
+        rows, t = x.shape[0], x.shape[1]
+        if type(cache) is not KVCache or x.shape != (rows, t, self.hidden) or x.dtype != torch.float32:
             return None
         if any(m is not None for m in masks.values()) or torch.is_grad_enabled() and x.requires_grad:
             return None
@@ -125,27 +130,30 @@ class BlockDecoder:
             state = self._state = _CacheState.check(cache, keys, values, rows)
             if state is None:
                 return None
-        if (pos >= state.capacity or state.rows != rows or cache.lengths[:n] != [pos] * n
+        if (pos + t > state.capacity or state.rows != rows or cache.lengths[:n] != [pos] * n
                 or state.inference and not torch.is_inference_mode_enabled()):
             return None
-        cos, sin = cos.reshape(-1), sin.reshape(-1)
-        if cos.shape[0] != self.head_dim or sin.shape[0] != self.head_dim:
+        if cos.numel() != t * self.head_dim or sin.numel() != t * self.head_dim:
             return None
+        cos, sin = cos.reshape(t, self.head_dim), sin.reshape(t, self.head_dim)
+        if t > 1:  # one row per step row (row r is token r % t of cache row r // t)
+            cos, sin = cos.repeat(rows, 1), sin.repeat(rows, 1)
         cos = cos if cos.dtype == torch.float32 and cos.is_contiguous() else cos.float().contiguous()
         sin = sin if sin.dtype == torch.float32 and sin.is_contiguous() else sin.float().contiguous()
         out = x.contiguous().clone()
-        rc = block_kernel.library().gk_decode(n, self.table, out.data_ptr(), rows, self.hidden, cos.data_ptr(),
-                                              sin.data_ptr(), pos, state.karr, state.varr, state.capacity,
+        rc = block_kernel.library().gk_decode(n, self.table, out.data_ptr(), rows * t, self.hidden, cos.data_ptr(),
+                                              sin.data_ptr(), pos, t, state.karr, state.varr, state.capacity,
                                               torch.get_num_threads())
         if rc:
             raise MemoryError("the block kernel could not allocate its scratch memory")
-        cache.lengths[:n] = [pos + 1] * n
+        cache.lengths[:n] = [pos + t] * n
         return out
 
     def steps(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, masks: dict[Any, Any], cache: Any,
               num_layers: int | None) -> torch.Tensor:
-        """``numerics="llama.cpp"``: ``x`` ``(rows, T, hidden)`` one token at a time through
-        :meth:`__call__` (llama.cpp computes a prompt's rows as it computes decode steps);
+        """``numerics="llama.cpp"``: ``x`` ``(rows, T, hidden)`` through :meth:`__call__`, up to
+        :data:`PROMPT_ROWS` tokens per call as rows of one step (llama.cpp computes a prompt batch's rows
+        independently, each as a decode step computes its row, so the rows give the same bits);
         NotSupportedError where a step cannot run here (a padding mask, a cache of another kind...)."""
         t = x.shape[1]
         if type(cache) is KVCache:  # room for the whole prompt first (the one-call step needs its buffers)
@@ -156,11 +164,12 @@ class BlockDecoder:
                 if k is None or end > k.shape[2] or k.shape[0] != x.shape[0]:
                     cache._grow(i, x.new_empty(x.shape[0], p.num_kv_heads, 1, p.head_dim), end)
         outs = []
-        for i in range(t):
-            ci = cos[i:i + 1] if cos.dim() == 2 else cos[..., i:i + 1, :]
-            si = sin[i:i + 1] if sin.dim() == 2 else sin[..., i:i + 1, :]
-            # a batch-1 mask of a prompt is the causal pattern, which one token at a time follows
-            out = self(x[:, i:i + 1], ci, si, masks if t == 1 else dict.fromkeys(masks), cache, num_layers)
+        for i in range(0, t, PROMPT_ROWS):
+            j = min(t, i + PROMPT_ROWS)
+            ci = cos[i:j] if cos.dim() == 2 else cos[..., i:j, :]
+            si = sin[i:j] if sin.dim() == 2 else sin[..., i:j, :]
+            # a batch-1 mask of a prompt is the causal pattern, which the step's rows follow
+            out = self(x[:, i:j], ci, si, masks if t == 1 else dict.fromkeys(masks), cache, num_layers)
             if out is None:
                 raise NotSupportedError(UNSUPPORTED)
             outs.append(out)

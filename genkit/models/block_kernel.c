@@ -777,9 +777,41 @@ static inline __m256i lane_sums_llama(__m256i v, __m256i a, int bits, int high) 
     return _mm256_add_epi32(sq, _mm256_slli_epi32(qs, 7));
 }
 
-static void panel_llama_avx2(int bits, int act, const uint8_t *w, int nb, const int8_t *q, const float *dx,
-                             const float *sx, float *y) {
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512, off = bits == 4 ? 8 : 128;
+/* The codes of lane l from its weight bytes v: 4-bit, the nibbles (*u); Q8_0, the signed codes s = v - 128
+ * (*u) and |s| (*su); 8-bit Q8_1, v itself */
+static inline __attribute__((always_inline)) void lane_codes_llama(int bits, int act, int l, __m256i v, __m256i *u,
+                                                                   __m256i *su) {
+    *u = *su = v;
+    if (bits == 4) {
+        *u = _mm256_and_si256(l & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
+    } else if (act == GK_ACT_LLAMA_Q8_0) {
+        *u = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
+        *su = _mm256_sign_epi8(*u, *u);
+    }
+}
+
+/* The 8 rows' integer sums of lane l (4 products each) with the activations ql[0..3] (lane_codes_llama's
+ * u, su of the weight bytes v): exact, as ggml's are; Q4_0's and Q8_0's are of the signed codes */
+static inline __attribute__((always_inline)) __m256i lane_sum_llama(int bits, int act, __m256i v, __m256i u, __m256i su,
+                                                                    const int8_t *ql) {
+    int32_t a4;
+    memcpy(&a4, ql, 4);
+    const __m256i a = _mm256_set1_epi32(a4), ones = _mm256_set1_epi16(1);
+    if (bits == 4) {  /* codes 0..15 times int8: pair sums stay far inside int16 */
+        __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones);
+        if (act == GK_ACT_LLAMA_Q8_0) is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * (ql[0] + ql[1] + ql[2] + ql[3])));
+        return is;
+    }
+    if (act == GK_ACT_LLAMA_Q8_0)  /* s q as |s| times q with s's sign */
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(su, _mm256_sign_epi8(a, u)), ones);
+    return lane_sums_llama(v, a, 8, 0);
+}
+
+/* One panel times one activation row, 8 panel rows per register, all 8 lanes in one pass over the blocks */
+static inline __attribute__((always_inline)) void panel_llama_avx2(int bits, int act, const uint8_t *w, int nb,
+                                                                   const int8_t *q, const float *dx, const float *sx,
+                                                                   float *y) {
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int g = 0; g < 2; g++) {  /* rows 8g..8g+7 */
         __m256 acc[8], summ = _mm256_setzero_ps();
         for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
@@ -790,14 +822,9 @@ static void panel_llama_avx2(int bits, int act, const uint8_t *w, int nb, const 
                                             _mm256_set1_ps(dx[b]));
             for (int l = 0; l < 8; l++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 64 * (bits == 4 ? l / 2 : l) + 32 * g));
-                int32_t a4;
-                memcpy(&a4, qb + 4 * l, 4);
-                __m256i is = lane_sums_llama(v, _mm256_set1_epi32(a4), bits, l & 1);
-                if (act == GK_ACT_LLAMA_Q8_0) {
-                    const int8_t *ql = qb + 4 * l;
-                    is = _mm256_sub_epi32(is, _mm256_set1_epi32(off * (ql[0] + ql[1] + ql[2] + ql[3])));
-                }
-                acc[l] = _mm256_fmadd_ps(dw, _mm256_cvtepi32_ps(is), acc[l]);
+                __m256i u, su;
+                lane_codes_llama(bits, act, l, v, &u, &su);
+                acc[l] = _mm256_fmadd_ps(dw, _mm256_cvtepi32_ps(lane_sum_llama(bits, act, v, u, su, qb + 4 * l)), acc[l]);
             }
             if (act == GK_ACT_LLAMA_Q8_1) {
                 const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + cb + 32 + 16 * g)));
@@ -809,9 +836,86 @@ static void panel_llama_avx2(int bits, int act, const uint8_t *w, int nb, const 
         _mm256_storeu_ps(y + 8 * g, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(h0, h2), _mm256_add_ps(h1, h3)), summ));
     }
 }
-#define GK_PANEL_LLAMA panel_llama_avx2
+
+/* Lanes l0..l0+3 of panel rows 8g..8g+7 times two activation rows (q, q + K; dx, sx and dx, sx + nb) over
+ * all blocks, into acc[m][l0..l0+3] (and Q8_1's offset sums into summ[m] when l0 is 0): the rows share
+ * the weight loads and their unpacking; each accumulator's operations are panel_llama_avx2's */
+static inline __attribute__((always_inline)) void lanes2_llama_avx2(
+        int bits, int act, int l0, int g, const uint8_t *w, int nb, const int8_t *q, int K, const float *dx,
+        const float *sx, __m256 acc[2][8], __m256 summ[2]) {
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + cb + 16 * g)));
+        const __m256 dw[2] = {_mm256_mul_ps(d, _mm256_set1_ps(dx[b])), _mm256_mul_ps(d, _mm256_set1_ps(dx[nb + b]))};
+        for (int l = l0; l < l0 + 4; l++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 64 * (bits == 4 ? l / 2 : l) + 32 * g));
+            __m256i u, su;
+            lane_codes_llama(bits, act, l, v, &u, &su);
+            for (int m = 0; m < 2; m++) {
+                const __m256i is = lane_sum_llama(bits, act, v, u, su, q + (size_t)m * K + (size_t)b * GK_GROUP + 4 * l);
+                acc[m][l] = _mm256_fmadd_ps(dw[m], _mm256_cvtepi32_ps(is), acc[m][l]);
+            }
+        }
+        if (act == GK_ACT_LLAMA_Q8_1 && l0 == 0) {
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + cb + 32 + 16 * g)));
+            for (int m = 0; m < 2; m++) summ[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[(size_t)m * nb + b]), summ[m]);
+        }
+    }
+}
+
+/* panel_llama_avx2 for two activation rows (row m: q + m K, dx/sx + m nb, y + m N): the lanes in two
+ * passes of 4 over the blocks (lanes2_llama_avx2), so that the two rows' accumulators fit the 16
+ * registers; then each row's final sums as panel_llama's */
+static inline __attribute__((always_inline)) void panel2_llama_avx2(int bits, int act, const uint8_t *w, int nb,
+                                                                    const int8_t *q, int K, const float *dx,
+                                                                    const float *sx, float *y, int N) {
+    for (int g = 0; g < 2; g++) {
+        __m256 acc[2][8], summ[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int m = 0; m < 2; m++)
+            for (int l = 0; l < 8; l++) acc[m][l] = _mm256_setzero_ps();
+        lanes2_llama_avx2(bits, act, 0, g, w, nb, q, K, dx, sx, acc, summ);
+        lanes2_llama_avx2(bits, act, 4, g, w, nb, q, K, dx, sx, acc, summ);
+        for (int m = 0; m < 2; m++) {
+            const __m256 *a = acc[m];
+            __m256 h0 = _mm256_add_ps(a[4], a[0]), h1 = _mm256_add_ps(a[5], a[1]);
+            __m256 h2 = _mm256_add_ps(a[6], a[2]), h3 = _mm256_add_ps(a[7], a[3]);
+            _mm256_storeu_ps(y + (size_t)m * N + 8 * g,
+                             _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(h0, h2), _mm256_add_ps(h1, h3)), summ[m]));
+        }
+    }
+}
+
+/* panel_llama_avx2 specialised for each weight kind and row count (constants): the M rows two at a time */
+#define GK_LLAMA_KIND(B, A)                                                                                    \
+    for (int m = 0; m < M; m += 2) {                                                                           \
+        if (M - m >= 2) {                                                                                      \
+            panel2_llama_avx2(B, A, w, nb, q + (size_t)m * K, K, dx + (size_t)m * nb, sx + (size_t)m * nb,       \
+                              y + (size_t)m * N, N);                                                           \
+        } else {                                                                                               \
+            float out[GK_ROWS];                                                                                \
+            panel_llama_avx2(B, A, w, nb, q + (size_t)m * K, dx + (size_t)m * nb, sx + (size_t)m * nb, out);     \
+            memcpy(y + (size_t)m * N, out, sizeof out);                                                        \
+        }                                                                                                      \
+    }
+static void panel_llama_rows(int bits, int act, const uint8_t *w, int nb, const int8_t *q, int K, const float *dx,
+                             const float *sx, float *y, int N, int M) {
+    if (bits == 4 && act == GK_ACT_LLAMA_Q8_1) GK_LLAMA_KIND(4, GK_ACT_LLAMA_Q8_1)
+    else if (bits == 4) GK_LLAMA_KIND(4, GK_ACT_LLAMA_Q8_0)
+    else if (act == GK_ACT_LLAMA_Q8_0) GK_LLAMA_KIND(8, GK_ACT_LLAMA_Q8_0)
+    else GK_LLAMA_KIND(8, GK_ACT_LLAMA_Q8_1)
+}
+#undef GK_LLAMA_KIND
 #else
-#define GK_PANEL_LLAMA panel_llama
+/* the portable build: panel_llama row after row */
+static void panel_llama_rows(int bits, int act, const uint8_t *w, int nb, const int8_t *q, int K, const float *dx,
+                             const float *sx, float *y, int N, int M) {
+    for (int m = 0; m < M; m++) {
+        float out[GK_ROWS];
+        panel_llama(bits, act, w, nb, q + (size_t)m * K, dx + (size_t)m * nb, sx + (size_t)m * nb, out);
+        memcpy(y + (size_t)m * N, out, sizeof out);
+    }
+}
 #endif
 
 /* gk_matmul for the llama.cpp-order acts: activations rounded as GK_ACT_Q8_1 / _Q8_0, then panel_llama */
@@ -823,17 +927,15 @@ static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, in
     if (q == NULL) return -1;
     float *dx = (float *)(((uintptr_t)(q + (size_t)M * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)M * nb, *sx16 = sx + (size_t)M * nb;
+    GK_T0;
     quantize_rows(x, M, K, q, NULL, dx, sx, sx16, threads, act - 2);
+    GK_T(GK_P_QUANT);
     if (threads > panels) threads = panels;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int p = 0; p < panels; p++) {
-        float out[GK_ROWS];
-        for (int m = 0; m < M; m++) {
-            GK_PANEL_LLAMA(bits, act, w + (size_t)p * panel_bytes, nb, q + (size_t)m * K, dx + (size_t)m * nb,
-                           sx + (size_t)m * nb, out);
-            memcpy(y + (size_t)m * N + (size_t)p * GK_ROWS, out, sizeof out);
-        }
-    }
+    for (int p = 0; p < panels; p++)
+        panel_llama_rows(bits, act, w + (size_t)p * panel_bytes, nb, q, K, dx, sx, y + (size_t)p * GK_ROWS, N, M);
+    GK_T(gk_prof_cat == GK_P_OTHER && M == 1 ? GK_P_HEAD : gk_prof_cat);
+    GK_CAT(GK_P_OTHER);
     free(q);
     return 0;
 }
@@ -956,16 +1058,18 @@ static inline float dot(const float *a, const float *b, int n) {
 }
 
 /* Where a row's key/value of head j at position t lives in its layer's cache: genkit's KVCache
- * (per row [kv_heads][capacity][head_dim]), or the paged store of continuous batching (slots of
+ * (per cache row [kv_heads][capacity][head_dim]; step row r is cache row r / seq: a prompt's tokens
+ * are seq consecutive step rows), or the paged store of continuous batching (slots of
  * [kv_heads][head_dim], slot = table[row][t / block_size] * block_size + t % block_size). */
 typedef struct {
     int capacity;          /* KVCache: positions per row; 0 for the paged store */
     const int32_t *table;  /* paged: rows x width block ids */
     int width, block_size;
+    int seq;               /* KVCache: step rows per cache row */
 } gk_kv;
 
 static inline size_t kv_at(const gk_kv *kv, int r, int j, int t, int nkv, int d) {
-    if (kv->table == NULL) return (((size_t)r * nkv + j) * kv->capacity + t) * d;
+    if (kv->table == NULL) return (((size_t)(kv->seq > 1 ? r / kv->seq : r) * nkv + j) * kv->capacity + t) * d;
     size_t slot = (size_t)kv->table[(size_t)r * kv->width + t / kv->block_size] * kv->block_size + t % kv->block_size;
     return (slot * nkv + j) * d;
 }
@@ -999,7 +1103,7 @@ static inline int llama_index(int e, int d) { return (e >> 1) + (e & 1) * (d / 2
 
 /* ggml_vec_dot_f16 on AVX2 of k (genkit's order) and q (llama.cpp's order): 4 accumulators of 8
  * lanes over steps of 32, reduced pairwise */
-static float dot_f16_llama(const float *x, const float *y, int n) {
+static __attribute__((unused)) float dot_f16_llama(const float *x, const float *y, int n) {
     float acc[4][8] = {{0}};
     int np = n & ~31;
     for (int i = 0; i < np; i += 32)
@@ -1018,38 +1122,156 @@ static float dot_f16_llama(const float *x, const float *y, int n) {
     return (float)sum;
 }
 
-/* llama.cpp's CPU flash attention with a float16 K/V cache (ggml_compute_forward_flash_attn_ext_f16_one_chunk):
- * q rounded to float16, online softmax over positions 0..last with the weighted values summed in a
- * float16 accumulator (each step fma in float32, then rounded), divided by the sum at the end. */
-static void attend_llama_row(const float *q, const float *kc, const float *vc, const gk_kv *kv, int r, int j,
-                             int last, int nkv, int d, float scale, float *o) {
-    float qh[512], acc[512];
-    for (int e = 0; e < d; e++) {
-        qh[e] = round_f16(q[llama_index(e, d)]);
-        acc[e] = 0.0f;
-    }
-    float M = -INFINITY, S = 0.0f;
-    for (int t = 0; t <= last; t++) {
-        float s = dot_f16_llama(kc + kv_at(kv, r, j, t, nkv, d), qh, d) * scale;
-        float ms = 1.0f, vs = 1.0f;
-        if (s > M) {
-            float old = M;
-            M = s;
-            ms = expf(old - M);
-            for (int e = 0; e < d; e++) acc[e] = round_f16(acc[e] * ms);
-        } else {
-            vs = expf(s - M);
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define GK_LLAMA_VEC 1
+/* 8 floats rounded to float16 and back (vcvtps2ph with ties to even, as round_f16 and ggml's stores) */
+static inline __m256 round_f16_8(__m256 v) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* The 8 values of llama.cpp's elements 8g..8g+7 of a head in genkit's layout (d/2 = half): genkit's
+ * 4g..4g+3 (llama's even elements) in lanes 0-3, half+4g..half+4g+3 (its odd ones) in lanes 4-7 */
+static inline __m256 load_llama_group(const float *v, int g, int half) {
+    return _mm256_loadu2_m128(v + half + 4 * g, v + 4 * g);
+}
+
+/* dot_f16_llama with 8 lanes per register: the same fma per llama lane and step (lane 2m of llama's
+ * order is lane m here, lane 2m+1 lane 4+m: load_llama_group), the same lane-wise pair sums, then
+ * the same final sums of llama's lanes ((L0+L4)+(L1+L5)) + ((L2+L6)+(L3+L7)) and the tail. qa: the
+ * rounded q grouped as load_llama_group reads k (round_f16 of q, genkit's layout). */
+static float dot_f16_llama_avx2(const float *k, const float *qa, const float *qh, int n) {
+    const int half = n / 2, np = n & ~31;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; j++) {
+            const int g = i / 8 + j;
+            acc[j] = _mm256_fmadd_ps(load_llama_group(k, g, half), load_llama_group(qa, g, half), acc[j]);
         }
-        const float *vt = vc + kv_at(kv, r, j, t, nkv, d);
-        for (int e = 0; e < d; e++) acc[e] = round_f16(fmaf(vt[e], vs, acc[e]));
-        S = fmaf(S, ms, vs);
+    acc[0] = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    float a[8];
+    _mm256_storeu_ps(a, acc[0]);
+    double sum = (double)(((a[0] + a[2]) + (a[4] + a[6])) + ((a[1] + a[3]) + (a[5] + a[7])));
+    for (int i = np; i < n; i++) sum += (double)(k[llama_index(i, n)] * qh[i]);
+    return (float)sum;
+}
+#endif
+
+#define GK_ATT_HEADS 4 /* query heads of one K/V head that attend in one pass over the positions */
+#ifndef GK_ATT_AHEAD
+#define GK_ATT_AHEAD 4 /* positions between a key's prefetch and its use */
+#endif
+
+/* One position of llama.cpp's online softmax for one head (score s, value vt): a new maximum rescales
+ * the float16 accumulator acc by expf(old - s), else the value's weight is expf(s - max); then
+ * acc = round_f16(fma(v, weight, acc)) and S = fma(S, rescale, weight). The vector build does the
+ * elementwise work 8 lanes at a time (the same operation per element, so the same bits). */
+static inline void online_step_llama(float *acc, float *M, float *S, float s, const float *vt, int d) {
+#ifdef GK_LLAMA_VEC
+    const int dv = d & ~7;
+#else
+    const int dv = 0;
+#endif
+    float ms = 1.0f, vs = 1.0f;
+    if (s > *M) {
+        ms = expf(*M - s);
+        *M = s;
+#ifdef GK_LLAMA_VEC
+        const __m256 vms = _mm256_set1_ps(ms);
+        for (int e = 0; e < dv; e += 8) _mm256_storeu_ps(acc + e, round_f16_8(_mm256_mul_ps(_mm256_loadu_ps(acc + e), vms)));
+#endif
+        for (int e = dv; e < d; e++) acc[e] = round_f16(acc[e] * ms);
+    } else {
+        vs = expf(s - *M);
     }
-    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-    for (int e = 0; e < d; e++) o[e] = acc[e] * inv;
+#ifdef GK_LLAMA_VEC
+    const __m256 vvs = _mm256_set1_ps(vs);
+    for (int e = 0; e < dv; e += 8)
+        _mm256_storeu_ps(acc + e, round_f16_8(_mm256_fmadd_ps(_mm256_loadu_ps(vt + e), vvs, _mm256_loadu_ps(acc + e))));
+#endif
+    for (int e = dv; e < d; e++) acc[e] = round_f16(fmaf(vt[e], vs, acc[e]));
+    *S = fmaf(*S, ms, vs);
+}
+
+/* llama.cpp's CPU flash attention with a float16 K/V cache (ggml_compute_forward_flash_attn_ext_f16_one_chunk)
+ * for query heads q[0..n-1] (n <= GK_ATT_HEADS) of K/V head j: q rounded to float16, online softmax over
+ * positions 0..last with the weighted values summed in a float16 accumulator (each step fma in float32,
+ * then rounded), divided by the sum at the end. Each head's operations are llama.cpp's, in its order;
+ * the heads only share the pass over the cache (each key and value is read once for all of them). The
+ * vector build computes the dot products with dot_f16_llama_avx2; each position's step: online_step_llama. */
+static void attend_llama_heads(const float *const *q, int n, const float *kc, const float *vc, const gk_kv *kv,
+                               int r, int j, int last, int nkv, int d, float scale, float *const *o) {
+    float qh[GK_ATT_HEADS][512], acc[GK_ATT_HEADS][512], M[GK_ATT_HEADS], S[GK_ATT_HEADS];
+#ifdef GK_LLAMA_VEC
+    float qa[GK_ATT_HEADS][512];
+#endif
+    for (int h = 0; h < n; h++) {
+        for (int e = 0; e < d; e++) {
+            qh[h][e] = round_f16(q[h][llama_index(e, d)]);
+            acc[h][e] = 0.0f;
+#ifdef GK_LLAMA_VEC
+            qa[h][e] = round_f16(q[h][e]);
+#endif
+        }
+        M[h] = -INFINITY;
+        S[h] = 0.0f;
+    }
+    const float *kt = kc + kv_at(kv, r, j, 0, nkv, d), *vt = vc + kv_at(kv, r, j, 0, nkv, d);
+    for (int t = 0; t <= last; t++) {
+        const float *kn = kt, *vn = vt;
+        if (t < last) {
+            kn = kc + kv_at(kv, r, j, t + 1, nkv, d);
+            vn = vc + kv_at(kv, r, j, t + 1, nkv, d);
+        }
+        if (t + GK_ATT_AHEAD <= last) {  /* a later position's key and value, on their way while this one is summed */
+            const size_t at = kv_at(kv, r, j, t + GK_ATT_AHEAD, nkv, d);
+            for (int e = 0; e < d; e += 16) {
+                __builtin_prefetch(kc + at + e);
+                __builtin_prefetch(vc + at + e);
+            }
+        }
+        for (int h = 0; h < n; h++) {
+#ifdef GK_LLAMA_VEC
+            const float s = dot_f16_llama_avx2(kt, qa[h], qh[h], d) * scale;
+#else
+            const float s = dot_f16_llama(kt, qh[h], d) * scale;
+#endif
+            online_step_llama(acc[h], &M[h], &S[h], s, vt, d);
+        }
+        kt = kn;
+        vt = vn;
+    }
+    for (int h = 0; h < n; h++) {
+        const float inv = S[h] == 0.0f ? 0.0f : 1.0f / S[h];
+        for (int e = 0; e < d; e++) o[h][e] = acc[h][e] * inv;
+    }
+}
+
+/* numerics="llama.cpp": each row's query heads over its positions 0..pos[r], up to GK_ATT_HEADS heads of one
+ * K/V head at a time (attend_llama_heads; fewer where that leaves under 3 items per thread); the (row,
+ * K/V head, heads) items shared among threads */
+static void attend_llama(const gk_layer *L, const float *qkv, int rows, const int32_t *pos, const float *kc,
+                         const float *vc, const gk_kv *kv, float *att, int threads) {
+    const int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
+    int per = group < GK_ATT_HEADS ? group : GK_ATT_HEADS;  /* heads per item: fewer when the threads would idle */
+    while (per > 1 && rows * nkv * ((group + per - 1) / per) < 3 * threads) per--;
+    const int chunks = (group + per - 1) / per, work = rows * nkv * chunks;
+    const float scale = 1.0f / sqrtf((float)d);
+#pragma omp parallel for num_threads(threads < work ? threads : work) schedule(static)
+    for (int w = 0; w < work; w++) {
+        const int r = w / (nkv * chunks), j = (w / chunks) % nkv, i0 = j * group + (w % chunks) * per;
+        const int n = j * group + group - i0 < per ? j * group + group - i0 : per;
+        const float *q[GK_ATT_HEADS];
+        float *o[GK_ATT_HEADS];
+        for (int h = 0; h < n; h++) {
+            q[h] = qkv + r * (size_t)nqkv + (size_t)(i0 + h) * d;
+            o[h] = att + r * (size_t)nq * d + (size_t)(i0 + h) * d;
+        }
+        attend_llama_heads(q, n, kc, vc, kv, r, j, pos[r], nkv, d, scale, o);
+    }
 }
 
 /* ggml_v_expf (AVX2), one lane */
-static float expf_llama(float x) {
+static __attribute__((unused)) float expf_llama(float x) {
     union { float f; uint32_t u; } z, k, one = {1.0f}, s1, s2;
     const float r = 0x1.8p23f;
     z.f = fmaf(x, 0x1.715476p+0f, r);
@@ -1068,18 +1290,61 @@ static float expf_llama(float x) {
     return fmaf(s2.f, j, s2.f) * s1.f;
 }
 
-/* ggml_vec_swiglu_f32 on AVX2: silu(g) * u with ggml_v_silu (x / (1 + ggml_v_expf(-x))) in steps of
- * 8, the rest with libm's expf */
+#ifdef GK_LLAMA_VEC
+/* ggml_v_expf on AVX2, instruction for instruction (vec.h) */
+static inline __m256 expf_llama_avx2(__m256 x) {
+    const __m256 r = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+    const __m256 n = _mm256_sub_ps(z, r);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1))));
+    const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n),
+                                                        _mm256_set1_ps(126), _CMP_GT_OQ));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    if (!_mm256_movemask_ps(_mm256_castsi256_ps(c))) return _mm256_fmadd_ps(j, k, k);
+    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                       _mm256_set1_epi32((int)0x82000000u));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256i dd = _mm256_castps_si256(_mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), n),
+                                                         _mm256_set1_ps(192), _CMP_GT_OQ));
+    return _mm256_or_ps(
+        _mm256_and_ps(_mm256_castsi256_ps(dd), _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(_mm256_castsi256_ps(dd),
+                         _mm256_or_ps(_mm256_and_ps(_mm256_castsi256_ps(c), _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                                      _mm256_andnot_ps(_mm256_castsi256_ps(c), _mm256_fmadd_ps(k, j, k)))));
+}
+#endif
+
+/* ggml_vec_swiglu_f32 on AVX2: silu(g) * u with ggml_v_silu (x / (1 + ggml_v_expf(0 - x))) in steps of
+ * 8, the rest with libm's expf; the vector build runs the steps of 8 as ggml does (the same
+ * instructions), the portable one lane by lane (expf_llama: the same operations, so the same bits) */
 static void swiglu_llama(const float *g, const float *up, float *a, int n) {
     int i = 0, nv = n & ~7;
+#ifdef GK_LLAMA_VEC
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i < nv; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, expf_llama_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+#endif
     for (; i < nv; i++) a[i] = g[i] / (1.0f + expf_llama(0.0f - g[i])) * up[i];
     for (; i < n; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * up[i];
 }
 
-/* rope on q and k of every row (its own position's cos/sin), the new key/value into the cache */
+/* rope on q and k of every row (its own position's cos/sin), the new key/value into the cache (rows
+ * shared among threads: each writes its own cells) */
 static void rope_and_store(const gk_layer *L, float *qkv, int rows, const float *cos_, const float *sin_, int cs_stride,
-                           const int32_t *pos, float *kc, float *vc, const gk_kv *kv) {
+                           const int32_t *pos, float *kc, float *vc, const gk_kv *kv, int threads) {
     int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d;
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
     for (int r = 0; r < rows; r++) {
         float *qr = qkv + r * (size_t)nqkv;
         for (int i = 0; i < nq + nkv; i++) {
@@ -1111,10 +1376,6 @@ static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t 
         int r = ri / nq, i = ri % nq, j = i / group, last = pos[r];
         const float *q = qkv + r * (size_t)nqkv + (size_t)i * d;
         float *sc = scores + (size_t)ri * span, *o = att + r * (size_t)nq * d + (size_t)i * d;
-        if (L->llama) {
-            attend_llama_row(q, kc, vc, kv, r, j, last, nkv, d, scale, o);
-            continue;
-        }
         float mx = -INFINITY, sum = 0.0f;
         for (int t = 0; t <= last; t++) {
             sc[t] = dot(q, kc + kv_at(kv, r, j, t, nkv, d), d) * scale;
@@ -1135,6 +1396,28 @@ static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t 
 }
 
 
+/* the RMSNorm (weight w) of each row of x into h; rows are independent, so they are shared among threads */
+static void norm_rows(const gk_layer *L, const float *w, const float *x, float *h, int rows, int hidden, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
+    for (int r = 0; r < rows; r++)
+        (L->llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, w, L->eps, hidden, h + r * (size_t)hidden);
+}
+
+/* silu(gate) * up of each row (gu: gate then up per row) into act, rows shared among threads */
+static void swiglu_rows(const gk_layer *L, const float *gu, float *act, int rows, int threads) {
+    const int inter = L->intermediate;
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
+    for (int r = 0; r < rows; r++) {
+        const float *g = gu + 2 * (size_t)r * inter;
+        float *a = act + (size_t)r * inter;
+        if (L->llama) {
+            swiglu_llama(g, g + inter, a, inter);
+            continue;
+        }
+        for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[inter + i];
+    }
+}
+
 /* One decode step of `rows` tokens, row r at position pos[r] (cos/sin rows cs_stride apart; 0: shared). */
 static int decode_rows(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
                        const float *sin_, int cs_stride, const int32_t *pos, float *const *kcache,
@@ -1146,7 +1429,7 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         int nqkv = (L->num_heads + 2 * L->num_kv_heads) * L->head_dim;
         if (nqkv > maxq) maxq = nqkv;
         if (L->intermediate > maxi) maxi = L->intermediate;
-        if (L->num_heads > heads_max) heads_max = L->num_heads;
+        if (L->num_heads > heads_max && !L->llama) heads_max = L->num_heads;  /* attend_llama keeps no scores */
         if (L->head_dim > 512 || L->head_dim % 2) return -2;
     }
     size_t R = (size_t)rows;
@@ -1161,36 +1444,29 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, inter = L->intermediate;
         int nqkv = (nq + 2 * nkv) * d;
         GK_T0;
-        for (int r = 0; r < rows; r++)
-            (L->llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, L->norm1, L->eps, hidden, h + r * (size_t)hidden);
+        norm_rows(L, L->norm1, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_QKV);
         if ((rc = gk_matmul(L->bits_qkv, L->wqkv, h, qkv, rows, nqkv, hidden, threads, L->act_qkv))) break;
         GK_T0;
-        rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv);
+        rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv, threads);
         GK_T(GK_P_ROPE);
-        attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
+        if (L->llama)
+            attend_llama(L, qkv, rows, pos, kcache[l], vcache[l], kv, att, threads);
+        else
+            attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
         GK_T(GK_P_ATTEND);
         GK_CAT(GK_P_O);
         if ((rc = gk_matmul(L->bits_o, L->wo, att, tmp, rows, hidden, nq * d, threads, L->act_o))) break;
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);
-        for (int r = 0; r < rows; r++)
-            (L->llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, L->norm2, L->eps, hidden, h + r * (size_t)hidden);
+        norm_rows(L, L->norm2, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_GU);
         if ((rc = gk_matmul(L->bits_gu, L->wgu, h, gu, rows, 2 * inter, hidden, threads, L->act_gu))) break;
         GK_T0;
-        for (int r = 0; r < rows; r++) {
-            const float *g = gu + 2 * (size_t)r * inter;
-            float *a = act + (size_t)r * inter;
-            if (L->llama) {
-                swiglu_llama(g, g + inter, a, inter);
-                continue;
-            }
-            for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[inter + i];
-        }
+        swiglu_rows(L, gu, act, rows, threads);
         GK_T(GK_P_SILU);
         GK_CAT(GK_P_DOWN);
         if ((rc = gk_matmul(L->bits_d, L->wd, act, tmp, rows, hidden, inter, threads, L->act_d))) break;
@@ -1202,15 +1478,19 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
     return rc ? -1 : 0;
 }
 
-/* Rows at the same position `pos` on genkit's KVCache (per row [kv_heads][capacity][head_dim]). */
+/* `tokens` tokens of each cache row of genkit's KVCache (per row [kv_heads][capacity][head_dim]) at
+ * positions pos..pos+tokens-1: step row r is token r % tokens of cache row r / tokens (rows = cache
+ * rows x tokens); cos/sin: one head_dim row shared by all rows (tokens 1), else one per step row. */
 int gk_decode(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
-              const float *sin_, int pos, float *const *kcache, float *const *vcache, int capacity,
+              const float *sin_, int pos, int tokens, float *const *kcache, float *const *vcache, int capacity,
               int threads) {
+    if (tokens < 1 || rows % tokens) return -2;
     int32_t *positions = (int32_t *)malloc(sizeof(int32_t) * (rows > 0 ? rows : 1));
     if (positions == NULL) return -1;
-    for (int r = 0; r < rows; r++) positions[r] = pos;
-    gk_kv kv = {capacity, NULL, 0, 0};
-    int rc = decode_rows(num_layers, layers, x, rows, hidden, cos_, sin_, 0, positions, kcache, vcache, &kv, threads);
+    for (int r = 0; r < rows; r++) positions[r] = pos + r % tokens;
+    gk_kv kv = {capacity, NULL, 0, 0, tokens};
+    int rc = decode_rows(num_layers, layers, x, rows, hidden, cos_, sin_, tokens > 1 ? layers[0].head_dim : 0, positions,
+                         kcache, vcache, &kv, threads);
     free(positions);
     return rc;
 }
@@ -1221,7 +1501,7 @@ int gk_decode(int num_layers, const gk_layer *layers, float *x, int rows, int hi
 int gk_decode_paged(int num_layers, const gk_layer *layers, float *x, int rows, int hidden, const float *cos_,
                     const float *sin_, const int32_t *pos, float *const *kcache, float *const *vcache,
                     const int32_t *table, int width, int block_size, int threads) {
-    gk_kv kv = {0, table, width, block_size};
+    gk_kv kv = {0, table, width, block_size, 1};
     return decode_rows(num_layers, layers, x, rows, hidden, cos_, sin_, layers[0].head_dim, pos, kcache, vcache, &kv,
                        threads);
 }
