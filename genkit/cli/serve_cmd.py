@@ -128,10 +128,9 @@ def run(args: argparse.Namespace) -> int:
     check_threads_option(args)
     check_activation_digits_option(args)
     check_numerics_option(args)
-    from genkit.serve.lifecycle import DrainingServer, bind, quick_thread_handoffs
+    from genkit.serve.lifecycle import DrainingServer, bind
 
     sock = bind(args.host, args.port)
-    quick_thread_handoffs()
     try:
         apply_threads_option(args)
         app, engine = _load(args, ref, settings)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 import time
 from typing import Any
 
@@ -21,24 +20,9 @@ from ..errors import ConfigError
 
 logger = logging.getLogger("genkit.serve")
 
-__all__ = ["SWITCH_INTERVAL", "DrainingServer", "bind", "quick_thread_handoffs"]
+__all__ = ["DrainingServer", "bind"]
 
 _CANCEL_GRACE = 5.0  # seconds cancelled requests get to end before the server closes anyway
-
-
-SWITCH_INTERVAL = 0.0005  # seconds: Python's default is 0.005
-
-
-def quick_thread_handoffs() -> float:
-    """Lower the interpreter's thread switch interval to :data:`SWITCH_INTERVAL` for the server
-    process; returns the one it had. Each token crosses three threads (the batching loop, the
-    dispatcher, the event loop), and a thread that waits for the GIL while another runs Python
-    waits up to the switch interval: at Python's 5 ms that is most of a small model's step. On
-    the demo model at one client, time to first token went from 21-26 to 17-24 ms and streaming
-    from 72-76 to 80-98 tokens/s (docs/benchmarks.md)."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL)
-    return before
 
 
 def bind(host: str, port: int) -> socket.socket:
