@@ -75,10 +75,20 @@ def test_allocation_evicts_the_least_recently_used_prefix_and_its_blocks_are_for
     assert cached == 4 and len(got) == 1 and a.take_copies() == []
 
 
-def test_a_block_published_under_an_evicted_one_is_unreachable():
+def test_a_cached_chain_is_evicted_from_its_end():
     a = BlockAllocator(block_size=2, num_blocks=3)
     blocks = _cached(a, [1, 2, 3, 4, 5])  # 3 blocks chained
-    a.allocate(1)  # evicts the oldest idle block: the prompt's first
+    assert a.allocate(1) == [blocks[2]]  # the chain's last block went idle first
+    assert a.cached_prefix([1, 2, 3, 4, 5]) == (blocks[:2], 4)
+
+
+def test_a_block_published_under_an_evicted_one_is_unreachable():
+    a = BlockAllocator(block_size=2, num_blocks=3)
+    blocks = a.allocate(3)
+    a.publish([1, 2, 3, 4, 5], blocks, 5)
+    for b in blocks:  # given back one by one: the chain's first block is the oldest idle one
+        a.release([b])
+    assert a.allocate(1) == [blocks[0]]
     assert a.cached_prefix([1, 2, 3, 4, 5]) == ([], 0)
     assert a.free_blocks == 2 and blocks[0] not in a._entry
 

@@ -79,7 +79,9 @@ class BlockAllocator:
         return out
 
     def release(self, blocks: list[int]) -> None:
-        for b in blocks:
+        """Give back one reference to each of ``blocks`` (a request's block table). The last
+        block goes idle first, so a cached chain is evicted from its end and its prefix stays."""
+        for b in reversed(blocks):
             self._refs[b] -= 1
             if self._refs[b] == 0:
                 dropped = [c for c in self._copies if c[1] == b]  # copies into a block given back
