@@ -31,10 +31,20 @@ def test_a_finished_prompt_stays_cached_and_a_repeat_reuses_all_but_its_last_tok
     old = _cached(a, prompt)
     assert a.free_blocks == 8 and a.cached_blocks == 3
     got, cached = a.cached_prefix(prompt)
-    assert got[:2] == old[:2] and len(got) == 3 and got[2] not in old and cached == 9
-    assert a.take_copies() == [(old[2], got[2], 1)]  # token 18 copied; 19 is computed for the logits
-    a.release([old[2]])  # the copy is made: the source goes back to the cache
-    assert a.cached_blocks == 1 and a.free_blocks == 8 - 3
+    assert got == old and cached == 9  # the partial block is taken back: 19 is computed again, in place
+    assert a.take_copies() == [] and a.cached_blocks == 0 and a.free_blocks == 8 - 3
+
+
+def test_a_partial_block_another_request_holds_is_copied():
+    a = BlockAllocator(block_size=4, num_blocks=8)
+    prompt = list(range(10, 20))
+    held = a.allocate(3)
+    a.publish(prompt, held, 10)  # its request still runs (and writes past its prompt)
+    got, cached = a.cached_prefix(prompt)
+    assert got[:2] == held[:2] and got[2] not in held and cached == 9
+    assert a.take_copies() == [(held[2], got[2], 1)]  # token 18 copied; 19 is computed for the logits
+    a.release([held[2]])  # the copy is made: the source's pin is given back
+    assert a.free_blocks == 8 - 4
 
 
 def test_a_prompt_that_parts_inside_a_block_copies_the_matching_run():
@@ -46,11 +56,11 @@ def test_a_prompt_that_parts_inside_a_block_copies_the_matching_run():
     assert a.cached_prefix([50, 51, 52]) == ([], 0)  # nothing in common
 
 
-def test_a_prompt_of_whole_blocks_takes_all_but_the_last_token_by_copy():
+def test_a_prompt_of_whole_blocks_takes_them_back_and_computes_its_last_token():
     a = BlockAllocator(block_size=4, num_blocks=8)
     old = _cached(a, list(range(8)))
     got, cached = a.cached_prefix(list(range(8)))
-    assert got[0] == old[0] and cached == 7 and a.take_copies() == [(old[1], got[1], 3)]
+    assert got == old and cached == 7 and a.take_copies() == []
 
 
 def test_a_finished_request_publishes_its_completion_too_and_a_partial_run_grows():
@@ -60,7 +70,7 @@ def test_a_finished_request_publishes_its_completion_too_and_a_partial_run_grows
     a.publish([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], blocks, 9)  # finished: 4 more tokens, the last one never fed
     a.release(blocks)
     got, cached = a.cached_prefix([1, 2, 3, 4, 5, 6, 7, 8, 9, 42])  # the next turn of the conversation
-    assert got[:2] == blocks[:2] and cached == 9 and a.take_copies() == [(blocks[2], got[2], 1)]
+    assert got == blocks and cached == 9 and a.take_copies() == []
 
 
 def test_allocation_evicts_the_least_recently_used_prefix_and_its_blocks_are_forgotten():
@@ -106,7 +116,7 @@ def test_no_copy_when_the_source_would_be_the_last_free_block():
     a = BlockAllocator(block_size=4, num_blocks=2)
     _cached(a, [1, 2, 3])  # one idle block
     held = a.allocate(1)  # the other block is in use
-    assert a.cached_prefix([1, 2, 3]) == ([], 0) and a.take_copies() == []
+    assert a.cached_prefix([1, 2, 9, 5]) == ([], 0) and a.take_copies() == []  # parts at token 2: a copy
     a.release(held)
 
 

@@ -13,9 +13,10 @@ tokens
 
 - takes the published *full* blocks of that prefix by reference (a full prompt block is never
   written again: a request only writes past its prompt's cached part), and
-- gets a *copy* of the longest matching run of the next block (a partial block, or the start of a
-  full one), token for token, into a fresh block of its own: the copy is queued here
-  (:meth:`take_copies`) and made by the manager before the step that needs it.
+- gets the longest matching run of the next block (a partial block, or the start of a full one),
+  token for token: the block itself when nobody holds it and the request writes only past that
+  run, else a *copy* into a fresh block of its own, queued here (:meth:`take_copies`) and made by
+  the manager before the step that needs it.
 
 A published block nobody holds any more is not freed: it stays in the cache, idle, until an
 allocation needs it (least recently used first), so a prompt sent again after its first request
@@ -120,13 +121,24 @@ class BlockAllocator:
             self._take(b)
         cached = len(out) * bs
         src, n = self._longest_run(parent, prompt[cached:limit])
-        if n > 0 and self.free_blocks > (self._refs[src] == 0):
+        if n > 0 and self._adoptable(src, n, prompt[cached:]):
+            self._take(src)  # the request writes past the block's cached run: no copy needed
+            out.append(src)
+            cached += n
+        elif n > 0 and self.free_blocks > (self._refs[src] == 0):
             self._take(src)  # held until the copy is made
             dst = self.allocate(1)[0]
             self._copies.append((src, dst, n))
             out.append(dst)
             cached += n
         return out, cached
+
+    def _adoptable(self, b: int, n: int, rest: list[int]) -> bool:
+        """Whether a request whose remaining prompt is ``rest`` (its first ``n`` tokens in ``b``)
+        can take the idle block ``b`` itself: it writes nothing over ``b``'s cached run but the
+        same token's keys and values again (its last prompt token, when the run holds it)."""
+        run = self._entry[b][2]
+        return self._refs[b] == 0 and (n == len(run) or (n == len(run) - 1 and rest[n] == run[n]))
 
     def _longest_run(self, parent: int, rest: list[int]) -> tuple[int, int]:
         """The cached block under ``parent`` whose tokens start like ``rest`` for longest, and how
