@@ -104,8 +104,9 @@ class BlockAllocator:
     def cached_prefix(self, prompt: list[int]) -> tuple[list[int], int]:
         """The blocks a new request with ``prompt`` starts with, and how many of its tokens they
         hold: the published full blocks of its longest cached prefix (each gains a reference),
-        then a fresh block into which the longest matching run of the next cached block is copied
-        (queued for :meth:`take_copies`). ``([], 0)`` when nothing matches."""
+        then the block holding the longest matching run of the next cached block: that block
+        itself when the request can take it (:meth:`_adoptable`), else a fresh block the run is
+        copied into (queued for :meth:`take_copies`). ``([], 0)`` when nothing matches."""
         if not self.allow_block_sharing:
             return [], 0
         bs, limit = self.block_size, len(prompt) - 1
@@ -185,7 +186,7 @@ class BlockAllocator:
             node = next(self._nodes)
             self._index(b, node, parent, run)
         canonical = self._full.get((parent, run), b) if len(run) == self.block_size else b
-        return self._entry[canonical][0] if canonical != b else node
+        return self._entry[canonical][0]  # b's own node unless another block holds the same prefix
 
     def _index(self, b: int, node: int, parent: int, run: tuple[int, ...]) -> None:
         self._entry[b] = (node, parent, run)

@@ -763,14 +763,10 @@ static __attribute__((unused)) void panel_llama(int bits, int act, const uint8_t
 /* panel_llama with 8 rows per vector: the same integer lane sums (exact, however they are formed) and
  * the same float operations per row in the same order (fma per lane and block, the offsets' fma, the
  * pairwise final sum), so its results are panel_llama's bit for bit (tests/test_llama_numerics.py). */
-static inline __m256i lane_sums_llama(__m256i v, __m256i a, int bits, int high) {
+/* 8-bit codes u = s + 128 times int8 q, 4 products per 32-bit lane: sum u q = sum s q + 128 sum q,
+ * with s q as |s| times sign(q, s) (exact) */
+static inline __m256i lane_sums_llama_u8(__m256i v, __m256i a) {
     const __m256i ones = _mm256_set1_epi16(1);
-    if (bits == 4) {  /* codes 0..15 times int8: pair sums stay far inside int16 */
-        __m256i u = high ? _mm256_srli_epi16(v, 4) : v;
-        u = _mm256_and_si256(u, _mm256_set1_epi8(0x0F));
-        return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones);
-    }
-    /* 8-bit codes u = s + 128: sum u q = sum s q + 128 sum q, with s q as |s| (sign(q, s)) */
     __m256i s = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
     __m256i sq = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(s, s), _mm256_sign_epi8(a, s)), ones);
     __m256i qs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), ones);
@@ -804,7 +800,7 @@ static inline __attribute__((always_inline)) __m256i lane_sum_llama(int bits, in
     }
     if (act == GK_ACT_LLAMA_Q8_0)  /* s q as |s| times q with s's sign */
         return _mm256_madd_epi16(_mm256_maddubs_epi16(su, _mm256_sign_epi8(a, u)), ones);
-    return lane_sums_llama(v, a, 8, 0);
+    return lane_sums_llama_u8(v, a);
 }
 
 /* One panel times one activation row, 8 panel rows per register, all 8 lanes in one pass over the blocks */
