@@ -15,8 +15,10 @@ Run: ``python bench/bench_batch.py [--rows 128] [--new 32] [--threads 1] [--repe
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -45,6 +47,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     _gguf, folder = demo_paths()
     work = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, work, True)
     src = os.path.join(work, "in.jsonl")
     with open(src, "w") as f:
         for i in range(args.rows):

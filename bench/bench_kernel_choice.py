@@ -16,7 +16,9 @@ this process waits for a core is left out (the memory bandwidth the others take 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -38,6 +40,7 @@ def _models(name: str) -> tuple[Any, str]:
         torch.manual_seed(0)
         hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**BASE, eos_token_id=None, pad_token_id=0)).eval()
         folder = tempfile.mkdtemp(prefix="bench-kc-")
+        atexit.register(shutil.rmtree, folder, True)  # 0.5 GB of weights: not left in /tmp
         hf.save_pretrained(folder)
         return hf, folder
     from genkit.models.demo import ensure_demo_model

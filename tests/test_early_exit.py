@@ -91,12 +91,12 @@ def test_same_tokens_and_passes_as_transformers_5(pair, caplog, policy, exit_lay
     assert stats["accepted"] + stats["full_passes"] == 30
 
 
-def test_passes_count_what_is_saved(pair, caplog):
+def test_passes_count_what_is_saved(pair, caplog, tmp_path):
     """A draft that the whole model always agrees with (the layers after the exit do nothing) is
     accepted whole: 30 tokens take 2 full passes (20 drafts + 1, then the 8 that fit + 1); greedy
     decoding takes 30."""
     hf, ours = pair
-    model = genkit.load_model(_damped_copy(hf, factor=0.0))
+    model = genkit.load_model(_damped_copy(hf, factor=0.0, path=tmp_path))
     ids = torch.tensor([PROMPTS[1]])
     tokens, stats = _genkit_run(model, ids, caplog, max_new_tokens=30, eos_token_id=None, assistant_early_exit=2,
                                 assistant_confidence_threshold=0.0)
@@ -104,16 +104,14 @@ def test_passes_count_what_is_saved(pair, caplog):
     assert stats == {"exit_layer": 2, "new_tokens": 30, "full_passes": 2, "drafted": 28, "accepted": 28}
 
 
-def _damped_copy(hf: Any, factor: float) -> Any:
+def _damped_copy(hf: Any, factor: float, path: Any) -> Any:
     import copy
-    import tempfile
 
     clone = copy.deepcopy(hf)
     with torch.no_grad():
         for layer in clone.model.layers[2:]:
             layer.self_attn.o_proj.weight.mul_(factor)
             layer.mlp.down_proj.weight.mul_(factor)
-    path = tempfile.mkdtemp(prefix="genkit-ee-")
     clone.save_pretrained(path)
     return path
 

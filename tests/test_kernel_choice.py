@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,21 +32,20 @@ DENSE_FORCED = {"packed": "packed", "plain": "plain", "mixed": "decode:plain,sma
                 "gemv-decode": "decode:gemv,small:gemv,prefill:plain"}
 
 
-def _load(monkeypatch, load: float) -> None:
+def _load(monkeypatch, load: float, folder: Path) -> None:
     """The machine's load as the probe sees it (the busy rule's inputs): the 1-minute load average
     (os.getloadavg) and, in a stand-in for /proc/loadavg, as many threads runnable elsewhere."""
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
-    folder = tempfile.mkdtemp()
     with open(os.path.join(folder, "loadavg"), "w", encoding="ascii") as fh:  # this thread is runnable too
         fh.write(f"{load:.2f} {load:.2f} {load:.2f} {int(load) + 1}/900 4242\n")
     monkeypatch.setattr(threads, "LOADAVG", os.path.join(folder, "loadavg"))
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
+def home(tmp_path, tmp_path_factory, monkeypatch) -> Path:
     monkeypatch.setenv("GENKIT_HOME", str(tmp_path))
     monkeypatch.delenv(kernel_choice.ENV, raising=False)
-    _load(monkeypatch, 0.0)  # a quiet machine, so the probe runs (tests/test_kernel_choice.py::test_busy... below)
+    _load(monkeypatch, 0.0, tmp_path_factory.mktemp("proc"))  # a quiet machine, so the probe runs (tests/test_kernel_choice.py::test_busy... below)
     kernel_choice.CHOSEN.clear()
     return tmp_path
 
@@ -225,8 +223,8 @@ def test_the_probe_warms_up_then_interleaves_rounds_in_turn_reversed():
         assert kernel_choice.PROBE_MIN_ROUNDS + 1 <= n <= kernel_choice.PROBE_ROUNDS + 1, cls
 
 
-def test_a_busy_machine_gets_the_default_unprobed_and_uncached(monkeypatch, capsys):
-    _load(monkeypatch, 50.0)
+def test_a_busy_machine_gets_the_default_unprobed_and_uncached(monkeypatch, capsys, tmp_path_factory):
+    _load(monkeypatch, 50.0, tmp_path_factory.mktemp("proc"))
     calls: list[tuple[str, int]] = []
     choice = kernel_choice.choose("dense", "sig-h", ("packed", "plain"), _runner(calls))
     assert calls == [] and choice.paths == dict.fromkeys(kernel_choice.CLASSES, "packed")
@@ -239,7 +237,7 @@ def test_a_busy_machine_gets_the_default_unprobed_and_uncached(monkeypatch, caps
     out = capsys.readouterr().out
     assert "(no choices cached yet" in out and f"this process: dense decode   packed  [sig-h] {why}" in out
     assert "machine now: busy (1-minute load average 50.0, " in out
-    _load(monkeypatch, 0.0)  # quiet again: the next process probes, and caches
+    _load(monkeypatch, 0.0, tmp_path_factory.mktemp("proc"))  # quiet again: the next process probes, and caches
     again = kernel_choice.choose("dense", "sig-h", ("packed", "plain"), _runner(calls))
     assert calls and again.paths == dict.fromkeys(kernel_choice.CLASSES, "plain")
     assert len(kernel_choice.cached_entries()) == len(kernel_choice.CLASSES)
