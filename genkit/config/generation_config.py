@@ -70,7 +70,8 @@ class GenerationConfig:
                 d[key] = _coerced(table[key], value)
             elif not self._from_model_config:  # a model config's other attributes are no generation entries
                 self._set_custom(key, value, table)
-        self.validate(user_set_attributes=user_set)
+        if kwargs:  # a config that sets nothing is valid (generate makes one per call: no checks to pay)
+            self.validate(user_set_attributes=user_set)
 
     # -- attributes: fields, metadata and custom entries ---------------------------------------
     def __setattr__(self, key: str, value: Any) -> None:
@@ -175,7 +176,7 @@ class GenerationConfig:
     def _apply(self, kwargs: dict[str, Any], *, defaults_only: bool = False,
                allow_custom_entries: bool = False) -> set[str]:
         table = field_table()
-        custom = self.custom_entries()
+        custom = self.custom_entries() if any(key not in table for key in kwargs) else {}
         used = set()
         for key, value in kwargs.items():
             if key in table or key in custom:

@@ -11,7 +11,6 @@ it is resolved):
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,8 +42,9 @@ def merge_for_generate(model_config: GenerationConfig | None, generation_config:
     config = generation_config.copy() if generation_config is not None else GenerationConfig()
     user_set = generation_config._set_fields() if generation_config is not None else set()
     if model_config is not None:
-        inherited = {k: v for k, v in model_config.to_dict().items() if k not in METADATA}
-        config._apply(copy.deepcopy(inherited), defaults_only=True, allow_custom_entries=True)
+        # what the model's config sets (to_diff_dict copies it): unset fields would set nothing here
+        inherited = {k: v for k, v in model_config.to_diff_dict().items() if k not in METADATA}
+        config._apply(inherited, defaults_only=True, allow_custom_entries=True)
     defaulted = config._fill_defaults()
     table = field_table()
     fields = {k: v for k, v in kwargs.items() if k in table}

@@ -17,8 +17,8 @@ from typing import Any
 
 from ..errors import ConfigError, NotSupportedError
 
-__all__ = ["CB_STRATEGIES", "UNSUPPORTED_ARGUMENTS", "UNSUPPORTED_FIELDS", "check", "check_model", "model_refusal",
-           "refusal", "refusal_for_kwargs"]
+__all__ = ["CB_STRATEGIES", "UNSUPPORTED_ARGUMENTS", "UNSUPPORTED_FIELDS", "argument_refusal", "check", "check_model",
+           "model_refusal", "refusal", "refusal_for_kwargs"]
 
 # the registered strategies whose decode step the manager runs itself
 CB_STRATEGIES = frozenset({"greedy", "sample"})
@@ -71,15 +71,15 @@ def refusal(config: Any, **arguments: Any) -> str | None:
     """Why continuous batching cannot run a request with the resolved ``config`` (a
     :class:`~genkit.GenerationConfig`) and these ``generate`` ``arguments`` (``custom_generate``,
     ``assistant_model``, ...; ``None`` means not given), naming the field; ``None`` when it can."""
-    why = _argument_refusal(arguments)
+    why = argument_refusal(arguments)
     if why is not None:
         return why
     from genkit.config import default_values
 
-    unset, defaults = _unset(), default_values()
+    defaults = default_values()
     for name, reason in UNSUPPORTED_FIELDS.items():
         value = getattr(config, name, None)
-        if not _off(name, value, unset, defaults):
+        if not _off(name, value, defaults):
             return f"`{name}`={value!r}: {reason}"
     return _strategy_refusal(config)
 
@@ -103,7 +103,7 @@ def refusal_for_kwargs(model: Any, kwargs: dict[str, Any], **arguments: Any) -> 
         return why_model
     settings = dict(kwargs)
     given = {k: settings.pop(k) for k in list(settings) if k in UNSUPPORTED_ARGUMENTS}
-    why = _argument_refusal({**given, **arguments})
+    why = argument_refusal({**given, **arguments})
     if why is not None:
         return why
     settings.pop("trust_remote_code", None)  # generate's argument; it matters with custom_generate only
@@ -114,7 +114,9 @@ def refusal_for_kwargs(model: Any, kwargs: dict[str, Any], **arguments: Any) -> 
     return refusal(config)
 
 
-def _argument_refusal(arguments: dict[str, Any]) -> str | None:
+def argument_refusal(arguments: dict[str, Any]) -> str | None:
+    """Why continuous batching cannot run a request given these ``generate`` ``arguments``
+    (``custom_generate``, ``assistant_model``, ...; ``None`` means not given), or ``None``."""
     for name, value in arguments.items():
         if name not in UNSUPPORTED_ARGUMENTS:
             raise ConfigError(f"the continuous batching gate knows no argument {name!r}; known: "
@@ -124,15 +126,10 @@ def _argument_refusal(arguments: dict[str, Any]) -> str | None:
     return None
 
 
-def _unset() -> dict[str, Any]:
-    """Each field's value in a config that sets nothing."""
-    from genkit.config import GenerationConfig
-
-    return GenerationConfig().to_dict()
-
-
-def _off(name: str, value: Any, unset: dict[str, Any], defaults: dict[str, Any]) -> bool:
-    if value is None or value is False or value in (unset.get(name), defaults.get(name)):
+def _off(name: str, value: Any, defaults: dict[str, Any]) -> bool:
+    """Whether ``value`` of field ``name`` leaves its feature off: unset (every field of a config
+    that sets nothing is ``None``), ``False``, or the global default."""
+    if value is None or value is False or value == defaults.get(name):
         return True
     return name == "guidance_scale" and value == 1
 
@@ -154,11 +151,11 @@ def _strategy_refusal(config: Any) -> str | None:
 def _selecting_fields(registry: Any, config: Any, chosen: str) -> list[str]:
     """The fields set in ``config`` whose default would select greedy or sampling; else those
     whose default would select another strategy than ``chosen``."""
-    from genkit.config import default_values
+    from genkit.config import default_values, field_table
 
     defaults = default_values()
     to_cb, to_other = [], []
-    for name in _unset():
+    for name in field_table():
         default = defaults.get(name)
         if getattr(config, name, default) == default:
             continue

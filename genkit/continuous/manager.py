@@ -33,7 +33,7 @@ from genkit.strategy.sampling import argmax_rows, choose
 
 from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig
-from .gate import UNSUPPORTED_ARGUMENTS, check_model, refusal
+from .gate import UNSUPPORTED_ARGUMENTS, argument_refusal, check_model, refusal
 from .outputs import OutputRouter, call_in_loop
 from .requests import GenerationOutput, RequestState, RequestStatus
 from .scheduler import scheduler_from
@@ -182,7 +182,7 @@ class ContinuousBatchingManager:
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, input_ids: list[int], request_id: str | None = None, max_new_tokens: int | None = None,
                     streaming: bool = False, record_timestamps: bool = False, eos_token_id: Any = _UNSET,
-                    top_logprobs: int | None = None, **generation_kwargs: Any) -> str:
+                    top_logprobs: int | None = None, raise_refusal: bool = False, **generation_kwargs: Any) -> str:
         """Queue a request; returns its id. ``generation_kwargs`` are this request's own
         generation fields (``do_sample``, ``temperature``, ``top_p``, ``repetition_penalty``,
         ``max_time``, ``stop_strings``, ``seed``…), over the manager's generation config, and what
@@ -196,7 +196,10 @@ class ContinuousBatchingManager:
         the cache) is returned at once as a failed output with an error saying why; the manager
         goes on. So is one whose settings continuous batching cannot run (beam search, contrastive
         search, ...: the gate, :func:`genkit.continuous.gate.refusal`), with an error naming the
-        field. With ``max_queue_size`` requests waiting, a new one is a :class:`QueueFullError`."""
+        field; with ``raise_refusal=True`` that refusal is raised instead (a
+        :class:`~genkit.errors.NotSupportedError`; nothing is queued), for a caller with another
+        engine to run it on (``genkit serve``). With ``max_queue_size`` requests waiting, a new one
+        is a :class:`QueueFullError`."""
         if request_id is None:
             request_id = f"req_{next(self._counter)}"
         if not isinstance(request_id, str):
@@ -206,6 +209,8 @@ class ContinuousBatchingManager:
                                     eos_token_id, generation_kwargs)
             state.top, state.return_logprobs = _top_logprobs(request_id, top_logprobs, state.return_logprobs)
         except (ValueError, TypeError) as exc:
+            if raise_refusal and isinstance(exc, NotSupportedError):
+                raise
             failed = RequestState(request_id, [int(t) for t in input_ids] if _ints(input_ids) else [], 0,
                                   None, None, None, status=RequestStatus.FAILED, error=str(exc))
             self.output_router.deliver(failed.output())
@@ -282,26 +287,21 @@ class ContinuousBatchingManager:
                    record_timestamps: bool, eos_token_id: Any, kwargs: dict[str, Any]) -> RequestState:
         from genkit.generation.api import prepare
 
-        if not prompt:
-            raise ConfigError(f"request {request_id!r}: the prompt is empty")
-        if not _ints(prompt):
-            raise ConfigError(f"request {request_id!r}: `input_ids` must be a list of token ids (ints)")
-        vocab = self.model.config.vocab_size
-        bad = [t for t in prompt if t < 0 or t >= vocab]
-        if bad:
-            raise ConfigError(f"request {request_id!r}: token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}")
+        self._check_prompt(request_id, prompt)
+        arguments = {k: kwargs.pop(k) for k in list(kwargs) if k in UNSUPPORTED_ARGUMENTS}
+        if arguments.get("custom_generate") is None:
+            kwargs.pop("trust_remote_code", None)  # generate's argument; it matters with custom_generate only
+        _refuse(request_id, argument_refusal(arguments))  # before the settings: a recipe's own are no fields
         max_new = self._max_new_tokens(request_id, len(prompt), max_new_tokens)
         seed = kwargs.pop("seed", None)
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request
             kwargs["eos_token_id"] = eos_token_id
         processors, criteria = kwargs.pop("logits_processor", None), kwargs.pop("stopping_criteria", None)
-        arguments = {k: kwargs.pop(k) for k in list(kwargs) if k in UNSUPPORTED_ARGUMENTS}
         prepared = prepare(self.model, torch.tensor([prompt]), self._given_config, processors, criteria, None, None,
                            {**kwargs, "max_new_tokens": max_new})
         config = prepared.config
-        why = refusal(config, **arguments)  # the one gate (gate.py): no setting is dropped on the way
-        if why is not None:
-            raise NotSupportedError(f"request {request_id!r}: continuous batching cannot run it: {why}")
+        _refuse(request_id, refusal(config))  # the one gate (gate.py): no setting is dropped on the way
+        self._check_fits(request_id, len(prompt), max_new)
         generator = torch.Generator()
         generator.manual_seed(int(seed) if seed is not None else self._draw_seed())
         return RequestState(request_id, prompt, max_new, prepared.stopping_criteria, config,
@@ -310,18 +310,27 @@ class ContinuousBatchingManager:
                             record_timestamps=record_timestamps, return_logprobs=self.cb_config.return_logprobs,
                             order=next(self._order))
 
+    def _check_prompt(self, request_id: str, prompt: list[int]) -> None:
+        if not prompt:
+            raise ConfigError(f"request {request_id!r}: the prompt is empty")
+        if not _ints(prompt):
+            raise ConfigError(f"request {request_id!r}: `input_ids` must be a list of token ids (ints)")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in prompt if t < 0 or t >= vocab]
+        if bad:
+            raise ConfigError(f"request {request_id!r}: token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}")
+        capacity = self.cache.num_blocks * self.cache.block_size
+        if len(prompt) + 1 > capacity:
+            raise ConfigError(f"request {request_id!r}: the prompt has {len(prompt)} tokens; the cache holds "
+                              f"{capacity} (num_blocks * block_size)")
+
     def _max_new_tokens(self, request_id: str, prompt_len: int, max_new_tokens: int | None) -> int:
-        """The request's limit: as asked (or the config's), capped by the model's context; a request
-        whose prompt and new tokens can never fit the cache is refused."""
+        """The request's limit: as asked (or the config's), capped by the model's context."""
         max_new = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
         if max_new is None:
             max_new = 20
         if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
             raise ConfigError(f"request {request_id!r}: `max_new_tokens` must be an int >= 1; got {max_new!r}")
-        capacity = self.cache.num_blocks * self.cache.block_size
-        if prompt_len + 1 > capacity:
-            raise ConfigError(f"request {request_id!r}: the prompt has {prompt_len} tokens; the cache holds "
-                              f"{capacity} (num_blocks * block_size)")
         context = getattr(self.model.config, "max_position_embeddings", None)
         if isinstance(context, int) and context > 0:
             if prompt_len >= context:
@@ -331,11 +340,16 @@ class ContinuousBatchingManager:
                 logger.info("request %r: max_new_tokens %d capped at %d by the model's context (%d)", request_id,
                             max_new, context - prompt_len, context)
                 max_new = context - prompt_len
+        return max_new
+
+    def _check_fits(self, request_id: str, prompt_len: int, max_new: int) -> None:
+        """Refuse a request whose prompt and new tokens can never fit the cache (its prompt alone
+        is checked with the prompt)."""
+        capacity = self.cache.num_blocks * self.cache.block_size
         if prompt_len + max_new > capacity:
             raise ConfigError(f"request {request_id!r}: the prompt ({prompt_len} tokens) and max_new_tokens "
                               f"({max_new}) can never fit the cache, which holds {capacity} tokens "
                               "(num_blocks * block_size); raise num_blocks or lower max_new_tokens")
-        return max_new
 
     def _draw_seed(self) -> int:
         with self._lock:
@@ -541,6 +555,12 @@ def _top_logprobs(request_id: str, top: int | None, default: bool) -> tuple[int,
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
         raise ConfigError(f"request {request_id!r}: `top_logprobs` must be an int >= 0 or None; got {top!r}")
     return top, True
+
+
+def _refuse(request_id: str, why: str | None) -> None:
+    """Raise the gate's refusal ``why`` of a request, if any."""
+    if why is not None:
+        raise NotSupportedError(f"request {request_id!r}: continuous batching cannot run it: {why}")
 
 
 def _ints(values: Any) -> bool:

@@ -226,6 +226,13 @@ static float round_f16(float f) {
 #endif
 }
 
+/* Panels are handed out in chunks of about an eighth of a thread's share, on demand: a thread the
+ * system takes off its core for a while (another process, the server's event loop) leaves its
+ * remaining chunks to the others instead of holding up the whole product (llama.cpp shares its
+ * products the same way). Every panel is computed whole by one thread: the results do not depend
+ * on which. */
+#define GK_CHUNK(panels, threads) ((panels) / (8 * (threads)) > 0 ? (panels) / (8 * (threads)) : 1)
+
 /* x (M, K) float32 -> int8 digits per value, per block the scale dx and the activation sums sx over
  * the block and over each half (sx16). act GK_ACT_TWO: two digits q1, q2 (q2's scale dx / 254),
  * sx = dx * sum(q1) + dx / 254 * sum(q2); one digit (llama.cpp's rounding): see the top comment.
@@ -927,7 +934,7 @@ static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, in
     quantize_rows(x, M, K, q, NULL, dx, sx, sx16, threads, act - 2);
     GK_T(GK_P_QUANT);
     if (threads > panels) threads = panels;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, GK_CHUNK(panels, threads))
     for (int p = 0; p < panels; p++)
         panel_llama_rows(bits, act, w + (size_t)p * panel_bytes, nb, q, K, dx, sx, y + (size_t)p * GK_ROWS, N, M);
     GK_T(gk_prof_cat == GK_P_OTHER && M == 1 ? GK_P_HEAD : gk_prof_cat);
@@ -960,7 +967,7 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
     GK_T(GK_P_QUANT);
     const int two = act == GK_ACT_TWO;
     if (threads > panels) threads = panels;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, GK_CHUNK(panels, threads))
     for (int p = 0; p < panels; p++) {
         const uint8_t *wp = w + (size_t)p * panel_bytes;
         for (int m0 = 0; m0 < M; m0 += GK_MT) {

@@ -52,8 +52,11 @@ class PagedKVStore:
         self.block_size, self.num_blocks = block_size, num_blocks
         # a block is contiguous, so gathering a request's blocks copies whole blocks
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros_like(k) for k in self.keys]
+        # one tensor for all layers' keys (and one for values), so that copying a block is one op each
+        self._all_keys = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
+        self._all_values = torch.zeros_like(self._all_keys)
+        self.keys = list(self._all_keys.unbind(0))
+        self.values = list(self._all_values.unbind(0))
         self.prepared = prepared
 
     def slots(self, blocks: list[int], start: int, stop: int) -> torch.Tensor:
@@ -64,9 +67,8 @@ class PagedKVStore:
 
     def copy(self, src: int, dst: int, n: int) -> None:
         """Copy the first ``n`` slots of block ``src`` into block ``dst``, in every layer."""
-        for kc, vc in zip(self.keys, self.values):
-            kc[dst, :n] = kc[src, :n]
-            vc[dst, :n] = vc[src, :n]
+        self._all_keys[:, dst, :n] = self._all_keys[:, src, :n]
+        self._all_values[:, dst, :n] = self._all_values[:, src, :n]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys and values ``(kv_heads, T, head_dim)`` of layer ``layer`` at ``slots`` ``(T,)``."""

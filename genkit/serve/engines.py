@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NotSupportedError
 from .engine import EngineStats, GenerateEngine, Request, RequestStream, TokenEvent, push_all
 
 logger = logging.getLogger("genkit.serve")
@@ -55,7 +55,8 @@ class ContinuousEngine:
     def refusal(self, request: Request) -> str | None:
         """Why continuous batching cannot run ``request`` (it goes to the generate engine), or
         None. The one gate (:mod:`genkit.continuous.gate`) decides on its settings; stop strings
-        are the server's own (it cuts the text and releases the request there)."""
+        are the server's own (it cuts the text and releases the request there). :meth:`submit`
+        asks the manager itself, which merges the settings once."""
         from genkit.continuous.gate import refusal_for_kwargs
 
         kwargs = {k: v for k, v in request.generate_kwargs.items() if k != "stop_strings"}
@@ -65,15 +66,21 @@ class ContinuousEngine:
         return self.refusal(request) is None
 
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> RequestStream:
-        why = self.refusal(request)
-        if why is not None:
-            logger.debug("request %s on the generate engine: %s", request.id, why)
-            return self.fallback.submit(request, loop)
+        """``request`` on the manager, or on the generate engine when the manager's gate refuses
+        its settings (the manager raises that refusal: nothing of it is queued)."""
         stream = RequestStream(request, loop)
-        kwargs = dict(request.generate_kwargs)
-        max_new = kwargs.pop("max_new_tokens", None)
-        kwargs.pop("stop_strings", None)  # the server cuts the text and releases the request there
         rids = [f"srv{next(self._ids)}" for _ in range(request.n)]
+        self._open_routes(stream, rids)
+        try:
+            self._add(stream, rids)
+        except NotSupportedError as exc:
+            self._close_routes(stream, rids)
+            logger.debug("request %s on the generate engine: %s", request.id, exc)
+            return self.fallback.submit(request, loop)
+        return stream
+
+    def _open_routes(self, stream: RequestStream, rids: list[str]) -> None:
+        request = stream.request
         with self._lock:
             self.stats.requests_total += 1
             self.stats.requests_running += 1
@@ -82,6 +89,25 @@ class ContinuousEngine:
             for i, rid in enumerate(rids):
                 self._routes[rid] = (stream, i)
 
+    def _close_routes(self, stream: RequestStream, rids: list[str]) -> None:
+        """Undo :meth:`_open_routes` for a request the manager refused."""
+        request = stream.request
+        with self._lock:
+            self.stats.requests_total -= 1
+            self.stats.requests_running -= 1
+            self.stats.prompt_tokens_total -= len(request.prompt_ids) * request.n
+            self._open.pop(id(stream), None)
+            for rid in rids:
+                self._routes.pop(rid, None)
+
+    def _add(self, stream: RequestStream, rids: list[str]) -> None:
+        """The request's choices on the manager; a refusal (the same settings for every choice, so
+        the first) cancels the choices already added and is raised."""
+        request = stream.request
+        kwargs = dict(request.generate_kwargs)
+        max_new = kwargs.pop("max_new_tokens", None)
+        kwargs.pop("stop_strings", None)  # the server cuts the text and releases the request there
+
         def cancel() -> None:
             for rid in rids:
                 self.manager.cancel_request(rid)
@@ -89,11 +115,15 @@ class ContinuousEngine:
         for i, rid in enumerate(rids):
             seed = None if request.seed is None else request.seed + i
             timed = i == 0 and logger.isEnabledFor(logging.DEBUG)  # the first token's way, logged by the app
-            self.manager.add_request(request.prompt_ids, request_id=rid, max_new_tokens=max_new, streaming=True,
-                                     record_timestamps=timed,
-                                     top_logprobs=request.logprobs, **({"seed": seed} if seed is not None else {}),
-                                     tokenizer=self.fallback.tokenizer, **kwargs)  # for structured outputs
-        return stream
+            try:
+                self.manager.add_request(request.prompt_ids, request_id=rid, max_new_tokens=max_new, streaming=True,
+                                         record_timestamps=timed, top_logprobs=request.logprobs, raise_refusal=True,
+                                         **({"seed": seed} if seed is not None else {}),
+                                         tokenizer=self.fallback.tokenizer, **kwargs)  # for structured outputs
+            except NotSupportedError:
+                for added in rids[:i]:
+                    self.manager.cancel_request(added)
+                raise
 
     def _dispatch(self) -> None:
         sent: dict[str, int] = {}
