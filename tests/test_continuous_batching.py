@@ -13,7 +13,7 @@ import torch
 
 import genkit
 from genkit.continuous import ContinuousBatchingConfig, RequestStatus
-from genkit.errors import ConfigError
+from genkit.errors import ConfigError, NotSupportedError
 from genkit.models.tiny import tiny_llama
 
 
@@ -144,6 +144,24 @@ def test_a_bad_request_fails_alone(model, prompt, kwargs, message):
     assert bad.status == RequestStatus.FAILED and message in bad.error
     assert outs[ids[0]].generated_tokens == _greedy(model, good[0], 6)
     assert outs[ids[2]].generated_tokens == _greedy(model, good[1], 6)
+
+
+def test_raise_refusal_raises_the_gates_refusal_and_queues_nothing(model):
+    """``raise_refusal=True`` (genkit serve's engine, which runs a refused request on generate): the
+    gate's refusal is raised, before the settings are read for a recipe; other bad requests still
+    fail alone as outputs; a request it can run is queued as usual."""
+    with model.init_continuous_batching(continuous_batching_config=_cb()) as manager:
+        with pytest.raises(NotSupportedError, match=r"request 'beam': continuous batching cannot run it: "
+                                                    r"`num_beams`=2 selects the strategy 'beam_search'"):
+            manager.add_request([5, 6], request_id="beam", num_beams=2, raise_refusal=True)
+        with pytest.raises(NotSupportedError, match=r"`custom_generate` is set"):
+            manager.add_request([5, 6], request_id="recipe", custom_generate="org/recipe", trust_remote_code=True,
+                                recipe_knob=3, raise_refusal=True)  # a recipe's own setting is no field
+        bad = manager.add_request([], request_id="empty", raise_refusal=True)
+        good = manager.add_request([5, 6], max_new_tokens=4, do_sample=False, eos_token_id=None, raise_refusal=True)
+        assert manager.get_result(bad, timeout=30).error == "request 'empty': the prompt is empty"
+        assert manager.get_result(good, timeout=30).generated_tokens == _greedy(model, [5, 6], 4)
+        assert manager.get_result("beam", timeout=0.2) is None and manager.get_result("recipe", timeout=0.2) is None
 
 
 def test_config_errors_name_the_field(model):
