@@ -52,22 +52,11 @@ class ContinuousEngine:
         self._thread = threading.Thread(target=self._dispatch, name="genkit-serve-dispatch", daemon=True)
         self._thread.start()
 
-    def refusal(self, request: Request) -> str | None:
-        """Why continuous batching cannot run ``request`` (it goes to the generate engine), or
-        None. The one gate (:mod:`genkit.continuous.gate`) decides on its settings; stop strings
-        are the server's own (it cuts the text and releases the request there). :meth:`submit`
-        asks the manager itself, which merges the settings once."""
-        from genkit.continuous.gate import refusal_for_kwargs
-
-        kwargs = {k: v for k, v in request.generate_kwargs.items() if k != "stop_strings"}
-        return refusal_for_kwargs(self.fallback.model, kwargs)
-
-    def runs(self, request: Request) -> bool:
-        return self.refusal(request) is None
-
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> RequestStream:
-        """``request`` on the manager, or on the generate engine when the manager's gate refuses
-        its settings (the manager raises that refusal: nothing of it is queued)."""
+        """``request`` on the manager, or on the generate engine when the manager's gate
+        (:mod:`genkit.continuous.gate`) refuses its settings: the manager merges them once and
+        raises that refusal, queueing nothing. Stop strings are the server's own (it cuts the
+        text and releases the request there)."""
         stream = RequestStream(request, loop)
         rids = [f"srv{next(self._ids)}" for _ in range(request.n)]
         self._open_routes(stream, rids)
@@ -77,6 +66,9 @@ class ContinuousEngine:
             self._close_routes(stream, rids)
             logger.debug("request %s on the generate engine: %s", request.id, exc)
             return self.fallback.submit(request, loop)
+        except BaseException:  # the manager's queue is full, or it stopped: nothing of it stays
+            self._close_routes(stream, rids)
+            raise
         return stream
 
     def _open_routes(self, stream: RequestStream, rids: list[str]) -> None:
@@ -102,7 +94,7 @@ class ContinuousEngine:
 
     def _add(self, stream: RequestStream, rids: list[str]) -> None:
         """The request's choices on the manager; a refusal (the same settings for every choice, so
-        the first) cancels the choices already added and is raised."""
+        the first) or another error cancels the choices already added and is raised."""
         request = stream.request
         kwargs = dict(request.generate_kwargs)
         max_new = kwargs.pop("max_new_tokens", None)
@@ -120,7 +112,7 @@ class ContinuousEngine:
                                          record_timestamps=timed, top_logprobs=request.logprobs, raise_refusal=True,
                                          **({"seed": seed} if seed is not None else {}),
                                          tokenizer=self.fallback.tokenizer, **kwargs)  # for structured outputs
-            except NotSupportedError:
+            except BaseException:
                 for added in rids[:i]:
                     self.manager.cancel_request(added)
                 raise
