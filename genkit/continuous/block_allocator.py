@@ -58,6 +58,11 @@ class BlockAllocator:
         return len(self._free) + len(self._idle)
 
     @property
+    def capacity(self) -> int:
+        """Tokens the whole cache holds (``num_blocks * block_size``)."""
+        return self.num_blocks * self.block_size
+
+    @property
     def cached_blocks(self) -> int:
         """Idle blocks that still hold a published prompt prefix."""
         return len(self._idle)

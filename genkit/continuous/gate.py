@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import ConfigError, NotSupportedError
 
 __all__ = ["CB_STRATEGIES", "UNSUPPORTED_ARGUMENTS", "UNSUPPORTED_FIELDS", "argument_refusal", "check", "check_model",
-           "model_refusal", "refusal", "refusal_for_kwargs"]
+           "model_refusal", "refusal", "refusal_for_kwargs", "take_arguments"]
 
 # the registered strategies whose decode step the manager runs itself
 CB_STRATEGIES = frozenset({"greedy", "sample"})
@@ -102,16 +102,23 @@ def refusal_for_kwargs(model: Any, kwargs: dict[str, Any], **arguments: Any) -> 
     if why_model is not None:
         return why_model
     settings = dict(kwargs)
-    given = {k: settings.pop(k) for k in list(settings) if k in UNSUPPORTED_ARGUMENTS}
-    why = argument_refusal({**given, **arguments})
+    why = argument_refusal({**take_arguments(settings), **arguments})
     if why is not None:
         return why
-    settings.pop("trust_remote_code", None)  # generate's argument; it matters with custom_generate only
     try:
         config, _ = merge_config(model, None, settings)
     except ValueError as exc:  # ConfigError, UnknownItemError, NotSupportedError: generate reports it
         return str(exc)
     return refusal(config)
+
+
+def take_arguments(settings: dict[str, Any]) -> dict[str, Any]:
+    """Pop the ``generate`` arguments the gate judges (:data:`UNSUPPORTED_ARGUMENTS`) out of
+    ``settings`` and return them; ``trust_remote_code`` goes too (it matters with
+    ``custom_generate`` only, which the gate refuses). What is left are generation settings."""
+    arguments = {k: settings.pop(k) for k in list(settings) if k in UNSUPPORTED_ARGUMENTS}
+    settings.pop("trust_remote_code", None)
+    return arguments
 
 
 def argument_refusal(arguments: dict[str, Any]) -> str | None:

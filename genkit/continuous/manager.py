@@ -33,7 +33,7 @@ from genkit.strategy.sampling import argmax_rows, choose
 
 from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig
-from .gate import UNSUPPORTED_ARGUMENTS, argument_refusal, check_model, refusal
+from .gate import argument_refusal, check_model, refusal, take_arguments
 from .outputs import OutputRouter, call_in_loop
 from .requests import GenerationOutput, RequestState, RequestStatus
 from .scheduler import scheduler_from
@@ -288,10 +288,8 @@ class ContinuousBatchingManager:
         from genkit.generation.api import prepare
 
         self._check_prompt(request_id, prompt)
-        arguments = {k: kwargs.pop(k) for k in list(kwargs) if k in UNSUPPORTED_ARGUMENTS}
-        if arguments.get("custom_generate") is None:
-            kwargs.pop("trust_remote_code", None)  # generate's argument; it matters with custom_generate only
-        _refuse(request_id, argument_refusal(arguments))  # before the settings: a recipe's own are no fields
+        # before the settings are read: a recipe's own are no fields
+        _refuse(request_id, argument_refusal(take_arguments(kwargs)))
         max_new = self._max_new_tokens(request_id, len(prompt), max_new_tokens)
         seed = kwargs.pop("seed", None)
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request
@@ -319,7 +317,7 @@ class ContinuousBatchingManager:
         bad = [t for t in prompt if t < 0 or t >= vocab]
         if bad:
             raise ConfigError(f"request {request_id!r}: token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}")
-        capacity = self.cache.num_blocks * self.cache.block_size
+        capacity = self.cache.capacity
         if len(prompt) + 1 > capacity:
             raise ConfigError(f"request {request_id!r}: the prompt has {len(prompt)} tokens; the cache holds "
                               f"{capacity} (num_blocks * block_size)")
@@ -345,7 +343,7 @@ class ContinuousBatchingManager:
     def _check_fits(self, request_id: str, prompt_len: int, max_new: int) -> None:
         """Refuse a request whose prompt and new tokens can never fit the cache (its prompt alone
         is checked with the prompt)."""
-        capacity = self.cache.num_blocks * self.cache.block_size
+        capacity = self.cache.capacity
         if prompt_len + max_new > capacity:
             raise ConfigError(f"request {request_id!r}: the prompt ({prompt_len} tokens) and max_new_tokens "
                               f"({max_new}) can never fit the cache, which holds {capacity} tokens "
