@@ -82,7 +82,7 @@ class ContinuousEngine:
                 self._routes[rid] = (stream, i)
 
     def _close_routes(self, stream: RequestStream, rids: list[str]) -> None:
-        """Undo :meth:`_open_routes` for a request the manager refused."""
+        """Undo :meth:`_open_routes` for a request the manager did not queue (refused, or it could not)."""
         request = stream.request
         with self._lock:
             self.stats.requests_total -= 1
