@@ -1387,10 +1387,108 @@ static void rope_and_store(const gk_layer *L, float *qkv, int rows, const float 
     }
 }
 
+#ifdef GK_LLAMA_VEC
+static inline float hsum_8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* Scores sc[h * span + t] = q[h] . k_t * scale of n query heads sharing K/V head j, t = 0..last, and
+ * each head's maximum: every key is read once for the n heads, four positions at a time (four
+ * independent chains); each score is one 8-lane sum in element order, whichever group it falls in. */
+static void scores_heads(const float *const *q, int n, const float *kc, const gk_kv *kv, int r, int j, int last,
+                         int nkv, int d, float scale, float *sc, int span, float *mx) {
+    for (int h = 0; h < n; h++) mx[h] = -INFINITY;
+    for (int t = 0; t <= last; t += 4) {
+        const int m = last + 1 - t < 4 ? last + 1 - t : 4;
+        const float *k[4];
+        for (int i = 0; i < 4; i++) k[i] = kc + kv_at(kv, r, j, t + (i < m ? i : 0), nkv, d);
+        if (t + 4 + GK_ATT_AHEAD <= last)
+            for (int i = 0; i < 4; i++) {
+                const float *f = kc + kv_at(kv, r, j, t + 4 + i, nkv, d);
+                for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
+            }
+        for (int h = 0; h < n; h++) {
+            __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int e = 0; e < d; e += 8) {
+                const __m256 qv = _mm256_loadu_ps(q[h] + e);
+                for (int i = 0; i < 4; i++) a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + e), a[i]);
+            }
+            for (int i = 0; i < m; i++) {
+                const float v = hsum_8(a[i]) * scale;
+                sc[(size_t)h * span + t + i] = v;
+                if (v > mx[h]) mx[h] = v;
+            }
+        }
+    }
+}
+
+/* o[h] = sum_t w[h][t] v_t for the n heads (weights sc[h * span + t] * inv[h]), 16 elements of all
+ * heads at a time in registers, every value read once for the n heads */
+static void values_heads(int n, const float *vc, const gk_kv *kv, int r, int j, int last, int nkv, int d,
+                         const float *sc, int span, const float *inv, float *const *o) {
+    for (int e0 = 0; e0 < d; e0 += 16) {
+        const int c = d - e0 >= 16 ? 2 : 1;
+        __m256 acc[GK_ATT_HEADS][2];
+        for (int h = 0; h < n; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+        for (int t = 0; t <= last; t++) {
+            const float *vt = vc + kv_at(kv, r, j, t, nkv, d) + e0;
+            if (e0 == 0 && t + GK_ATT_AHEAD <= last) {
+                const float *f = vc + kv_at(kv, r, j, t + GK_ATT_AHEAD, nkv, d);
+                for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
+            }
+            const __m256 v0 = _mm256_loadu_ps(vt), v1 = c == 2 ? _mm256_loadu_ps(vt + 8) : v0;
+            for (int h = 0; h < n; h++) {
+                const __m256 p = _mm256_set1_ps(sc[(size_t)h * span + t] * inv[h]);
+                acc[h][0] = _mm256_fmadd_ps(p, v0, acc[h][0]);
+                if (c == 2) acc[h][1] = _mm256_fmadd_ps(p, v1, acc[h][1]);
+            }
+        }
+        for (int h = 0; h < n; h++) {
+            _mm256_storeu_ps(o[h] + e0, acc[h][0]);
+            if (c == 2) _mm256_storeu_ps(o[h] + e0 + 8, acc[h][1]);
+        }
+    }
+}
+
+/* attend for head_dim a multiple of 8: up to GK_ATT_HEADS query heads of one K/V head per item, as
+ * attend_llama shares them among threads; per item scores_heads, softmax, values_heads */
+static void attend_vec(const gk_layer *L, const float *qkv, int rows, const int32_t *pos, const float *kc,
+                       const float *vc, const gk_kv *kv, float *scores, int span, float *att, int threads) {
+    const int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
+    int per = group < GK_ATT_HEADS ? group : GK_ATT_HEADS;
+    while (per > 1 && rows * nkv * ((group + per - 1) / per) < 3 * threads) per--;
+    const int chunks = (group + per - 1) / per, work = rows * nkv * chunks;
+    const float scale = 1.0f / sqrtf((float)d);
+#pragma omp parallel for num_threads(threads < work ? threads : work) schedule(static)
+    for (int w = 0; w < work; w++) {
+        const int r = w / (nkv * chunks), j = (w / chunks) % nkv, i0 = j * group + (w % chunks) * per;
+        const int n = j * group + group - i0 < per ? j * group + group - i0 : per;
+        const float *q[GK_ATT_HEADS];
+        float *o[GK_ATT_HEADS], mx[GK_ATT_HEADS], inv[GK_ATT_HEADS];
+        float *sc = scores + (size_t)(r * nq + i0) * span;
+        for (int h = 0; h < n; h++) {
+            q[h] = qkv + r * (size_t)nqkv + (size_t)(i0 + h) * d;
+            o[h] = att + r * (size_t)nq * d + (size_t)(i0 + h) * d;
+        }
+        scores_heads(q, n, kc, kv, r, j, pos[r], nkv, d, scale, sc, span, mx);
+        for (int h = 0; h < n; h++) inv[h] = 1.0f / exp_shifted(sc + (size_t)h * span, pos[r] + 1, mx[h]);
+        values_heads(n, vc, kv, r, j, pos[r], nkv, d, sc, span, inv, o);
+    }
+}
+#endif
+
 /* each row's query heads over its positions 0..pos[r] (grouped heads), into att */
 static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t *pos, const float *kc, const float *vc,
                    const gk_kv *kv, float *scores, int span, float *att, int threads) {
     int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
+#ifdef GK_LLAMA_VEC
+    if (d % 8 == 0) {
+        attend_vec(L, qkv, rows, pos, kc, vc, kv, scores, span, att, threads);
+        return;
+    }
+#endif
     float scale = 1.0f / sqrtf((float)d);
     int work = rows * nq, nthreads = threads < work ? threads : work;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
