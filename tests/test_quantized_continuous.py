@@ -95,6 +95,31 @@ def test_the_fused_decode_step_equals_the_torch_step(model):
     assert logits.shape == (3, model.config.vocab_size)
 
 
+def test_the_fused_step_checks_a_store_again_when_its_buffers_change(model):
+    """The decoder keeps a paged store's checked pointer arrays between steps; a buffer replaced
+    since is checked again: one the kernel cannot take sends the step the torch way (None), and a new
+    float32 buffer is written where it now is, the old one no longer."""
+    store, blocks = _prefilled(model, [[5, 9, 11]])
+    decoder = store.prepared.decoder
+
+    def step(pos):
+        with torch.inference_mode():
+            x = model.model.embed_tokens(torch.tensor([17]))
+            cos_t, sin_t = model._rope_table(pos + 1, x.dtype)
+            positions = torch.tensor([pos])
+            return decoder.paged(x, cos_t[positions], sin_t[positions], positions, store, blocks)
+
+    assert step(3) is not None
+    old = store.keys[0]
+    store.keys[0] = old.double()
+    assert step(4) is None
+    store.keys[0] = torch.zeros_like(old)
+    assert step(4) is not None
+    block, offset = blocks[0][1], 0  # position 4 with blocks of 4
+    assert bool(store.keys[0][block, offset].any()) and not bool(store.keys[0][blocks[0][0]].any())
+    assert not bool(old[block, offset].any()) and bool(old[blocks[0][0]].any())
+
+
 def _step(ids, spans, cached, blocks):
     positions = torch.cat([torch.arange(c, c + n) for (_, n), c in zip(spans, cached)])
     return StepBatch(torch.tensor(ids), positions, spans, cached, blocks, [True] * len(spans))

@@ -85,6 +85,7 @@ class BlockDecoder:
         self.pointers = tuple(t.data_ptr() for p in layers for t in (p.wqkv.blocks, p.wo.blocks, p.wgu.blocks,
                                                                        p.wd.blocks, p.norm1, p.norm2))
         self._state: _CacheState | None = None  # the last cache's checked buffers
+        self._paged: tuple[Any, tuple[Any, ...], Any, Any] | None = None  # the last paged store's, likewise
 
     @staticmethod
     def build(layers: list[Any]) -> BlockDecoder | None:
@@ -182,24 +183,39 @@ class BlockDecoder:
         the paged ``store`` (:class:`genkit.models.paged.PagedKVStore`); its keys and values are
         written there. Returns ``x`` after every layer, or None: take the torch path."""
         rows = x.shape[0]
-        keys, values = store.keys, store.values
-        if x.dtype != torch.float32 or x.shape != (rows, self.hidden) or len(keys) != len(self.layers):
+        if x.dtype != torch.float32 or x.shape != (rows, self.hidden) or cos.shape != (rows, self.head_dim):
             return None
-        if any(k.dtype != torch.float32 or not k.is_contiguous() for k in (*keys, *values)):
-            return None
-        if cos.shape != (rows, self.head_dim) or keys[0].shape[3] != self.head_dim:
+        arrays = self._store_arrays(store)
+        if arrays is None:
             return None
         width = max(len(b) for b in blocks)
         table = torch.tensor([b + [0] * (width - len(b)) for b in blocks], dtype=torch.int32)
         pos = positions.to(torch.int32).contiguous()
         cos, sin = cos.float().contiguous(), sin.float().contiguous()
         out = x.contiguous().clone()
-        n = len(self.layers)
-        karr = (ctypes.c_void_p * n)(*[k.data_ptr() for k in keys])
-        varr = (ctypes.c_void_p * n)(*[v.data_ptr() for v in values])
-        rc = block_kernel.library().gk_decode_paged(n, self.table, out.data_ptr(), rows, self.hidden, cos.data_ptr(),
-                                                    sin.data_ptr(), pos.data_ptr(), karr, varr, table.data_ptr(),
-                                                    width, store.block_size, torch.get_num_threads())
+        karr, varr = arrays
+        rc = block_kernel.library().gk_decode_paged(len(self.layers), self.table, out.data_ptr(), rows, self.hidden,
+                                                    cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), karr, varr,
+                                                    table.data_ptr(), width, store.block_size, torch.get_num_threads())
         if rc:
             raise MemoryError("the block kernel could not allocate its scratch memory")
         return out
+
+    def _store_arrays(self, store: Any) -> tuple[Any, Any] | None:
+        """The paged ``store``'s per-layer key and value pointers for the kernel, or None when its
+        buffers do not fit it (float32, contiguous, one per layer, this head size). Checked once per
+        store and reused while it holds the same tensor objects, held weakly (the check was 60
+        tensors a step)."""
+        keys, values = store.keys, store.values
+        held = self._paged
+        if (held is not None and held[0]() is store and len(held[1]) == len(keys) + len(values)
+                and all(a() is b for a, b in zip(held[1], (*keys, *values)))):
+            return held[2], held[3]
+        if len(keys) != len(self.layers) or len(values) != len(keys) or keys[0].shape[3] != self.head_dim:
+            return None
+        if any(k.dtype != torch.float32 or not k.is_contiguous() for k in (*keys, *values)):
+            return None
+        karr = (ctypes.c_void_p * len(keys))(*[k.data_ptr() for k in keys])
+        varr = (ctypes.c_void_p * len(values))(*[v.data_ptr() for v in values])
+        self._paged = (weakref.ref(store), tuple(weakref.ref(t) for t in (*keys, *values)), karr, varr)
+        return karr, varr

@@ -221,10 +221,13 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
                                 "(a smaller --max-batch-tokens splits them)")
     else:
         x = _paged_layers(prepared, store, batch, x, cos, sin, model.dtype)
-    last = torch.tensor([s + n - 1 for (s, n), w in zip(batch.spans, batch.want_logits) if w], dtype=torch.long)
-    if last.numel() == 0:
-        return torch.empty(0, model.config.vocab_size)
-    h = model.model.norm(x[0].index_select(0, last))
+    if len(batch.spans) == x.shape[1] and all(batch.want_logits):  # one token per request, all wanted: every row
+        h = model.model.norm(x[0])
+    else:
+        last = torch.tensor([s + n - 1 for (s, n), w in zip(batch.spans, batch.want_logits) if w], dtype=torch.long)
+        if last.numel() == 0:
+            return torch.empty(0, model.config.vocab_size)
+        h = model.model.norm(x[0].index_select(0, last))
     head = prepared.for_rows(h.shape[0])[1]
     if head is not None:  # the oneDNN-packed LM head of the inference path
         return linear(h, head, None, True).float()
