@@ -1452,13 +1452,13 @@ static void values_heads(int n, const float *vc, const gk_kv *kv, int r, int j, 
     }
 }
 
-/* attend for head_dim a multiple of 8: up to GK_ATT_HEADS query heads of one K/V head per item, as
- * attend_llama shares them among threads; per item scores_heads, softmax, values_heads */
+/* attend for head_dim a multiple of 8: up to GK_ATT_HEADS query heads of one K/V head per item (all
+ * of them, even where that leaves a thread idle: splitting a group reads its keys and values twice,
+ * and the step is memory-bound); per item scores_heads, softmax, values_heads */
 static void attend_vec(const gk_layer *L, const float *qkv, int rows, const int32_t *pos, const float *kc,
                        const float *vc, const gk_kv *kv, float *scores, int span, float *att, int threads) {
     const int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
-    int per = group < GK_ATT_HEADS ? group : GK_ATT_HEADS;
-    while (per > 1 && rows * nkv * ((group + per - 1) / per) < 3 * threads) per--;
+    const int per = group < GK_ATT_HEADS ? group : GK_ATT_HEADS;  /* not fewer for idle threads: each K/V read once */
     const int chunks = (group + per - 1) / per, work = rows * nkv * chunks;
     const float scale = 1.0f / sqrtf((float)d);
 #pragma omp parallel for num_threads(threads < work ? threads : work) schedule(static)
