@@ -1254,26 +1254,39 @@ static void attend_llama_heads(const float *const *q, int n, const float *kc, co
     }
 }
 
+/* Attention is shared among threads in items of (row, K/V head, up to `per` of its query heads):
+ * item w's row (returned), K/V head *j, its first query head *i0, and its heads' query and output
+ * rows in q[0..*n-1], o[0..*n-1] */
+static inline int head_item(const gk_layer *L, int w, int chunks, int per, const float *qkv, float *att,
+                            const float **q, float **o, int *j, int *i0, int *n) {
+    const int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
+    const int r = w / (nkv * chunks);
+    *j = (w / chunks) % nkv;
+    *i0 = *j * group + (w % chunks) * per;
+    *n = *j * group + group - *i0 < per ? *j * group + group - *i0 : per;
+    for (int h = 0; h < *n; h++) {
+        q[h] = qkv + r * (size_t)nqkv + (size_t)(*i0 + h) * d;
+        o[h] = att + r * (size_t)nq * d + (size_t)(*i0 + h) * d;
+    }
+    return r;
+}
+
 /* numerics="llama.cpp": each row's query heads over its positions 0..pos[r], up to GK_ATT_HEADS heads of one
  * K/V head at a time (attend_llama_heads; fewer where that leaves under 3 items per thread); the (row,
  * K/V head, heads) items shared among threads */
 static void attend_llama(const gk_layer *L, const float *qkv, int rows, const int32_t *pos, const float *kc,
                          const float *vc, const gk_kv *kv, float *att, int threads) {
-    const int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
+    const int nkv = L->num_kv_heads, d = L->head_dim, group = L->num_heads / nkv;
     int per = group < GK_ATT_HEADS ? group : GK_ATT_HEADS;  /* heads per item: fewer when the threads would idle */
     while (per > 1 && rows * nkv * ((group + per - 1) / per) < 3 * threads) per--;
     const int chunks = (group + per - 1) / per, work = rows * nkv * chunks;
     const float scale = 1.0f / sqrtf((float)d);
 #pragma omp parallel for num_threads(threads < work ? threads : work) schedule(static)
     for (int w = 0; w < work; w++) {
-        const int r = w / (nkv * chunks), j = (w / chunks) % nkv, i0 = j * group + (w % chunks) * per;
-        const int n = j * group + group - i0 < per ? j * group + group - i0 : per;
         const float *q[GK_ATT_HEADS];
         float *o[GK_ATT_HEADS];
-        for (int h = 0; h < n; h++) {
-            q[h] = qkv + r * (size_t)nqkv + (size_t)(i0 + h) * d;
-            o[h] = att + r * (size_t)nq * d + (size_t)(i0 + h) * d;
-        }
+        int j, i0, n;
+        const int r = head_item(L, w, chunks, per, qkv, att, q, o, &j, &i0, &n);
         attend_llama_heads(q, n, kc, vc, kv, r, j, pos[r], nkv, d, scale, o);
     }
 }
@@ -1457,21 +1470,17 @@ static void values_heads(int n, const float *vc, const gk_kv *kv, int r, int j, 
  * and the step is memory-bound); per item scores_heads, softmax, values_heads */
 static void attend_vec(const gk_layer *L, const float *qkv, int rows, const int32_t *pos, const float *kc,
                        const float *vc, const gk_kv *kv, float *scores, int span, float *att, int threads) {
-    const int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d, group = nq / nkv;
+    const int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, group = nq / nkv;
     const int per = group < GK_ATT_HEADS ? group : GK_ATT_HEADS;  /* not fewer for idle threads: each K/V read once */
     const int chunks = (group + per - 1) / per, work = rows * nkv * chunks;
     const float scale = 1.0f / sqrtf((float)d);
 #pragma omp parallel for num_threads(threads < work ? threads : work) schedule(static)
     for (int w = 0; w < work; w++) {
-        const int r = w / (nkv * chunks), j = (w / chunks) % nkv, i0 = j * group + (w % chunks) * per;
-        const int n = j * group + group - i0 < per ? j * group + group - i0 : per;
         const float *q[GK_ATT_HEADS];
         float *o[GK_ATT_HEADS], mx[GK_ATT_HEADS], inv[GK_ATT_HEADS];
+        int j, i0, n;
+        const int r = head_item(L, w, chunks, per, qkv, att, q, o, &j, &i0, &n);
         float *sc = scores + (size_t)(r * nq + i0) * span;
-        for (int h = 0; h < n; h++) {
-            q[h] = qkv + r * (size_t)nqkv + (size_t)(i0 + h) * d;
-            o[h] = att + r * (size_t)nq * d + (size_t)(i0 + h) * d;
-        }
         scores_heads(q, n, kc, kv, r, j, pos[r], nkv, d, scale, sc, span, mx);
         for (int h = 0; h < n; h++) inv[h] = 1.0f / exp_shifted(sc + (size_t)h * span, pos[r] + 1, mx[h]);
         values_heads(n, vc, kv, r, j, pos[r], nkv, d, sc, span, inv, o);
