@@ -52,6 +52,11 @@
 #endif
 
 #define GK_ROWS 16
+#ifndef GK_PREFETCH
+/* how far ahead one-row products prefetch their weights, in bytes (2 KB: 1 KB left a core's decode
+ * 10-20 % slower on the AMD EPYC, where one core reads 12-13 GB/s) */
+#define GK_PREFETCH 2048
+#endif
 #define GK_GROUP 32
 #define GK_MT 4
 /* how activations are rounded (see above); GK_ACT_LLAMA_Q8_1 / _Q8_0: the same one-digit rounding,
@@ -480,11 +485,7 @@ static inline __attribute__((always_inline)) void panel_avx2(
 /* One activation row against one panel (batch-1 decode), 4- or 8-bit codes: the same integer sums
  * and the same float operations per lane as panel_avx2 with MT = 1, but both groups of 8 rows in
  * one pass over the panel (each 64-byte chunk read once, each activation word broadcast once, two
- * independent chains of FMAs), the weights prefetched GK_PREFETCH bytes ahead (2 KB: 1 KB left a
- * core's decode 10-20 % slower on the AMD EPYC, where one core reads 12-13 GB/s). */
-#ifndef GK_PREFETCH
-#define GK_PREFETCH 2048
-#endif
+ * independent chains of FMAs), the weights prefetched GK_PREFETCH bytes ahead. */
 static inline __attribute__((always_inline)) void gk_fold(__m256 *acc, int two, __m256i isum, __m256i isum2, __m256 d,
                                                           __m256 m, float xd, float sxb) {
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(xd)), *acc);
