@@ -39,21 +39,35 @@ class _Layer(ctypes.Structure):
                 ("llama", ctypes.c_int)]
 
 
-class _CacheState:
-    """A cache's key/value buffers checked for the kernel once (same batch and capacity, float32,
-    contiguous) with their pointer arrays, reused while the cache holds the same buffer objects
-    (weakly: a grown, cloned or reordered cache has new buffers, and is checked again)."""
+class _Buffers:
+    """An owner's per-layer key/value buffers with their pointer arrays for the kernel, held weakly
+    and reused while the owner holds the same buffer objects (a grown, cloned or reordered cache, or
+    a replaced buffer, has new ones, and is checked again)."""
 
-    __slots__ = ("cache", "capacity", "inference", "karr", "keys", "rows", "values", "varr")
+    __slots__ = ("karr", "keys", "owner", "values", "varr")
 
-    def __init__(self, cache: KVCache, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        self.cache = weakref.ref(cache)
+    def __init__(self, owner: Any, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        self.owner = weakref.ref(owner)
         self.keys = [weakref.ref(k) for k in keys]
         self.values = [weakref.ref(v) for v in values]
-        self.rows, self.capacity = int(keys[0].shape[0]), int(keys[0].shape[2])
-        self.inference = any(k.is_inference() or v.is_inference() for k, v in zip(keys, values))
         self.karr = (ctypes.c_void_p * len(keys))(*[k.data_ptr() for k in keys])
         self.varr = (ctypes.c_void_p * len(values))(*[v.data_ptr() for v in values])
+
+    def holds(self, owner: Any, keys: list[Any], values: list[Any]) -> bool:
+        """Whether ``owner`` still holds exactly these checked buffers."""
+        return (self.owner() is owner and len(self.keys) == len(keys) and len(self.values) == len(values)
+                and all(r() is k for r, k in zip(self.keys, keys)) and all(r() is v for r, v in zip(self.values, values)))
+
+
+class _CacheState(_Buffers):
+    """A KVCache's buffers checked once (same batch and capacity, float32, contiguous)."""
+
+    __slots__ = ("capacity", "inference", "rows")
+
+    def __init__(self, cache: KVCache, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        super().__init__(cache, keys, values)
+        self.rows, self.capacity = int(keys[0].shape[0]), int(keys[0].shape[2])
+        self.inference = any(k.is_inference() or v.is_inference() for k, v in zip(keys, values))
 
     @staticmethod
     def check(cache: KVCache, keys: list[Any], values: list[Any], rows: int) -> _CacheState | None:
@@ -85,7 +99,7 @@ class BlockDecoder:
         self.pointers = tuple(t.data_ptr() for p in layers for t in (p.wqkv.blocks, p.wo.blocks, p.wgu.blocks,
                                                                        p.wd.blocks, p.norm1, p.norm2))
         self._state: _CacheState | None = None  # the last cache's checked buffers
-        self._paged: tuple[Any, tuple[Any, ...], Any, Any] | None = None  # the last paged store's, likewise
+        self._paged: _Buffers | None = None  # the last paged store's, likewise
 
     @staticmethod
     def build(layers: list[Any]) -> BlockDecoder | None:
@@ -126,8 +140,7 @@ class BlockDecoder:
         pos = cache.lengths[0]
         keys, values = cache.keys[:n], cache.values[:n]
         state = self._state
-        if (state is None or state.cache() is not cache or len(state.keys) != n
-                or any(r() is not k for r, k in zip(state.keys, keys)) or any(r() is not v for r, v in zip(state.values, values))):
+        if state is None or not state.holds(cache, keys, values):
             state = self._state = _CacheState.check(cache, keys, values, rows)
             if state is None:
                 return None
@@ -185,37 +198,31 @@ class BlockDecoder:
         rows = x.shape[0]
         if x.dtype != torch.float32 or x.shape != (rows, self.hidden) or cos.shape != (rows, self.head_dim):
             return None
-        arrays = self._store_arrays(store)
-        if arrays is None:
+        buffers = self._store_buffers(store)
+        if buffers is None:
             return None
         width = max(len(b) for b in blocks)
         table = torch.tensor([b + [0] * (width - len(b)) for b in blocks], dtype=torch.int32)
         pos = positions.to(torch.int32).contiguous()
         cos, sin = cos.float().contiguous(), sin.float().contiguous()
         out = x.contiguous().clone()
-        karr, varr = arrays
         rc = block_kernel.library().gk_decode_paged(len(self.layers), self.table, out.data_ptr(), rows, self.hidden,
-                                                    cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), karr, varr,
-                                                    table.data_ptr(), width, store.block_size, torch.get_num_threads())
+                                                    cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), buffers.karr,
+                                                    buffers.varr, table.data_ptr(), width, store.block_size,
+                                                    torch.get_num_threads())
         if rc:
             raise MemoryError("the block kernel could not allocate its scratch memory")
         return out
 
-    def _store_arrays(self, store: Any) -> tuple[Any, Any] | None:
-        """The paged ``store``'s per-layer key and value pointers for the kernel, or None when its
-        buffers do not fit it (float32, contiguous, one per layer, this head size). Checked once per
-        store and reused while it holds the same tensor objects, held weakly (the check was 60
-        tensors a step)."""
+    def _store_buffers(self, store: Any) -> _Buffers | None:
+        """The paged ``store``'s checked buffers (float32, contiguous, one per layer, this head
+        size), or None when they do not fit the kernel; checked once per store (:class:`_Buffers`)."""
         keys, values = store.keys, store.values
-        held = self._paged
-        if (held is not None and held[0]() is store and len(held[1]) == len(keys) + len(values)
-                and all(a() is b for a, b in zip(held[1], (*keys, *values)))):
-            return held[2], held[3]
+        if self._paged is not None and self._paged.holds(store, keys, values):
+            return self._paged
         if len(keys) != len(self.layers) or len(values) != len(keys) or keys[0].shape[3] != self.head_dim:
             return None
         if any(k.dtype != torch.float32 or not k.is_contiguous() for k in (*keys, *values)):
             return None
-        karr = (ctypes.c_void_p * len(keys))(*[k.data_ptr() for k in keys])
-        varr = (ctypes.c_void_p * len(values))(*[v.data_ptr() for v in values])
-        self._paged = (weakref.ref(store), tuple(weakref.ref(t) for t in (*keys, *values)), karr, varr)
-        return karr, varr
+        self._paged = _Buffers(store, keys, values)
+        return self._paged

@@ -1418,7 +1418,7 @@ static void scores_heads(const float *const *q, int n, const float *kc, const gk
         const int m = last + 1 - t < 4 ? last + 1 - t : 4;
         const float *k[4];
         for (int i = 0; i < 4; i++) k[i] = kc + kv_at(kv, r, j, t + (i < m ? i : 0), nkv, d);
-        if (t + 4 + GK_ATT_AHEAD <= last)
+        if (t + 7 <= last)  /* the next four positions' keys, on their way while these are summed */
             for (int i = 0; i < 4; i++) {
                 const float *f = kc + kv_at(kv, r, j, t + 4 + i, nkv, d);
                 for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
