@@ -55,16 +55,19 @@ def test_the_product_equals_the_float_product(bits, m):
     assert ((got - x @ dense.t()).abs() <= block_product_bound(x, dense)).all()
 
 
+@pytest.mark.parametrize("act", [block_kernel.ACT_TWO, block_kernel.ACT_Q8_1])
+@pytest.mark.parametrize("out", [64, 48])
 @pytest.mark.parametrize("bits", [4, 6, 8])
-def test_one_row_at_a_time_gives_the_rows_products_bit_for_bit(bits):
-    """The one-row kernel of decode steps (AVX2: both halves of a panel in one pass) and the
+def test_one_row_at_a_time_gives_the_rows_products_bit_for_bit(bits, out, act):
+    """The one-row kernel of decode steps (AVX2: both halves of a panel in one pass; AVX-512: two
+    panels at once, and the last one alone when their count is odd, as for 48 outputs) and the
     quantization of many rows at once (vectorised, shared among threads) give exactly the bits of
     the row tiles of a prompt: a token's logits do not depend on how many rows came with it."""
-    codes, scale, minimum = _weight(bits, 64, 1024, seed=bits)
+    codes, scale, minimum = _weight(bits, out, 1024, seed=bits)
     blocks = block_kernel.pack(codes, scale, minimum, bits)
     x = torch.randn(67, 1024, generator=torch.Generator().manual_seed(bits)) * torch.linspace(0.01, 30, 1024)
-    together = block_kernel.matmul(x, blocks, bits, 64)
-    one_by_one = torch.cat([block_kernel.matmul(x[i:i + 1], blocks, bits, 64) for i in range(x.shape[0])])
+    together = block_kernel.matmul(x, blocks, bits, out, act)
+    one_by_one = torch.cat([block_kernel.matmul(x[i:i + 1], blocks, bits, out, act) for i in range(x.shape[0])])
     assert torch.equal(together, one_by_one)
 
 

@@ -373,6 +373,106 @@ static inline __attribute__((always_inline)) void panel_vnni(
     }
     for (int i = 0; i < MT; i++) _mm512_storeu_ps(y + (size_t)i * ldy, _mm512_add_ps(acc[i], accm[i]));
 }
+/* One activation row (batch-1 decode) through P (1 or 2) neighbouring panels: panel_vnni's
+ * arithmetic for MT = 1, with the block's activation digits broadcast once for both panels, the
+ * integer sums of each split over two accumulators per digit (panel_vnni's single chain of eight
+ * dependent dpbusd bounded one row), and the weights fetched GK_PREFETCH bytes ahead. The float
+ * steps are panel_vnni's, in its order: the same results to the bit. On the AVX-512 Xeon the
+ * product then streams its weights at the core's memory speed (docs/benchmarks.md, session 9). */
+static inline __attribute__((always_inline)) void row_vnni(int bits, int two, const uint8_t *w, size_t pbytes,
+                                                           int P, int nb, const int8_t *q, const int8_t *q2,
+                                                           const float *dx, const float *sx, float *y) {
+    __m512 acc[2], accm[2];
+    for (int k = 0; k < P; k++) acc[k] = accm[k] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    for (int b = 0; b < nb; b++) {
+        const int8_t *qb = q + (size_t)b * GK_GROUP, *rb = two ? q2 + (size_t)b * GK_GROUP : qb;
+        __m512i s1a[2], s1b[2], s2a[2], s2b[2];
+        for (int k = 0; k < P; k++) {
+            const uint8_t *wb = w + k * pbytes + (size_t)b * bb;
+            if (GK_PREFETCH > 0)
+                for (int off = 0; off < bb; off += 64) _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
+            s1a[k] = s1b[k] = s2a[k] = s2b[k] = _mm512_setzero_si512();
+        }
+        if (bits == 4) {
+            for (int c = 0; c < 4; c++) {
+                int32_t a0, a1, r0, r1;
+                memcpy(&a0, qb + 8 * c, 4);
+                memcpy(&a1, qb + 8 * c + 4, 4);
+                memcpy(&r0, rb + 8 * c, 4);
+                memcpy(&r1, rb + 8 * c + 4, 4);
+                __m512i A0 = _mm512_set1_epi32(a0), A1 = _mm512_set1_epi32(a1), R0 = _mm512_set1_epi32(r0),
+                        R1 = _mm512_set1_epi32(r1);
+                for (int k = 0; k < P; k++) {
+                    __m512i p = _mm512_loadu_si512((const void *)(w + k * pbytes + (size_t)b * bb + 64 * c));
+                    __m512i lo = _mm512_and_si512(p, low), hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+                    s1a[k] = _mm512_dpbusd_epi32(s1a[k], lo, A0);
+                    s1b[k] = _mm512_dpbusd_epi32(s1b[k], hi, A1);
+                    if (!two) continue;
+                    s2a[k] = _mm512_dpbusd_epi32(s2a[k], lo, R0);
+                    s2b[k] = _mm512_dpbusd_epi32(s2b[k], hi, R1);
+                }
+            }
+        } else {
+            for (int c = 0; c < 8; c += 2) {
+                int32_t a0, a1, r0, r1;
+                memcpy(&a0, qb + 4 * c, 4);
+                memcpy(&a1, qb + 4 * c + 4, 4);
+                memcpy(&r0, rb + 4 * c, 4);
+                memcpy(&r1, rb + 4 * c + 4, 4);
+                __m512i A0 = _mm512_set1_epi32(a0), A1 = _mm512_set1_epi32(a1), R0 = _mm512_set1_epi32(r0),
+                        R1 = _mm512_set1_epi32(r1);
+                for (int k = 0; k < P; k++) {
+                    const uint8_t *wb = w + k * pbytes + (size_t)b * bb;
+                    __m512i p0 = _mm512_loadu_si512((const void *)(wb + 64 * c));
+                    __m512i p1 = _mm512_loadu_si512((const void *)(wb + 64 * c + 64));
+                    s1a[k] = _mm512_dpbusd_epi32(s1a[k], p0, A0);
+                    s1b[k] = _mm512_dpbusd_epi32(s1b[k], p1, A1);
+                    if (!two) continue;
+                    s2a[k] = _mm512_dpbusd_epi32(s2a[k], p0, R0);
+                    s2b[k] = _mm512_dpbusd_epi32(s2b[k], p1, R1);
+                }
+            }
+        }
+        float xd = dx[b];
+        __m512 xs = _mm512_set1_ps(xd), xs2 = _mm512_set1_ps(xd / 254.0f), sxb = _mm512_set1_ps(sx[b]);
+        for (int k = 0; k < P; k++) {
+            const uint8_t *wb = w + k * pbytes + (size_t)b * bb;
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb)));
+            __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb + 32)));
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s1a[k], s1b[k])), _mm512_mul_ps(d, xs), acc[k]);
+            if (two)
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s2a[k], s2b[k])), _mm512_mul_ps(d, xs2),
+                                         acc[k]);
+            accm[k] = _mm512_fmadd_ps(m, sxb, accm[k]);
+        }
+    }
+    for (int k = 0; k < P; k++) _mm512_storeu_ps(y + GK_ROWS * k, _mm512_add_ps(acc[k], accm[k]));
+}
+
+/* y (1, N) of a one-row product: panels in pairs through row_vnni, pairs shared among threads */
+static void matmul_row_vnni(int bits, int two, const uint8_t *w, size_t panel_bytes, int panels, int nb,
+                            const int8_t *q, const int8_t *q2, const float *dx, const float *sx, float *y,
+                            int threads) {
+    int pairs = (panels + 1) / 2;
+    if (threads > pairs) threads = pairs;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, GK_CHUNK(pairs, threads))
+    for (int h = 0; h < pairs; h++) {
+        const uint8_t *wp = w + (size_t)(2 * h) * panel_bytes;
+        float *yp = y + (size_t)(2 * h) * GK_ROWS;
+        const int both = 2 * h + 1 < panels;
+/* bits, digits and panel count as constants: each combination its own specialised loop */
+#define GK_ROW(B, D) (both ? row_vnni(B, D, wp, panel_bytes, 2, nb, q, q2, dx, sx, yp) \
+                           : row_vnni(B, D, wp, panel_bytes, 1, nb, q, q2, dx, sx, yp))
+        if (bits == 4) {
+            if (two) GK_ROW(4, 1); else GK_ROW(4, 0);
+        } else {
+            if (two) GK_ROW(8, 1); else GK_ROW(8, 0);
+        }
+#undef GK_ROW
+    }
+}
 #endif
 
 #ifdef GK_AVX2
@@ -973,6 +1073,15 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
     GK_T(GK_P_QUANT);
     const int two = act == GK_ACT_TWO;
     if (threads > panels) threads = panels;
+#ifdef GK_VNNI
+    if (M == 1 && bits != 6) {
+        matmul_row_vnni(bits, two, w, panel_bytes, panels, nb, q, q2, dx, sx, y, threads);
+        GK_T(gk_prof_cat == GK_P_OTHER ? GK_P_HEAD : gk_prof_cat);
+        GK_CAT(GK_P_OTHER);
+        free(q);
+        return 0;
+    }
+#endif
 #pragma omp parallel for num_threads(threads) schedule(dynamic, GK_CHUNK(panels, threads))
     for (int p = 0; p < panels; p++) {
         const uint8_t *wp = w + (size_t)p * panel_bytes;
