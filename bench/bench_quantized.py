@@ -100,13 +100,23 @@ def _genkit_prefill(model: Any, n: int, repeats: int, clock: Any = time.perf_cou
     return n / best
 
 
-def _llama_bench_rates(llama_bench: str, path: str, threads: int, repeats: int, cpu_time: bool) -> dict[str, float]:
-    """llama-bench's tg128 and pp512 tokens/s; with ``cpu_time``, tokens per CPU-second of the
-    child (each test run alone with ``--no-warmup``, less the CPU time of a 1-token run: loading)."""
+def _llama_bench_rates(llama_bench: str, path: str, threads: int, repeats: int, cpu_time: bool,
+                       prompt_bench: str | None = None) -> dict[str, float]:
+    """llama-bench's tg128 and pp512 tokens/s (pp512 from ``prompt_bench`` when given: a second
+    build, for a CPU where the first one's prompt path crashes); with ``cpu_time``, tokens per
+    CPU-second of the child (each test run alone with ``--no-warmup``, less the CPU time of a
+    1-token run: loading)."""
     base = [llama_bench, "-m", path, "-t", str(threads), "-r", str(repeats), "-o", "json"]
     if not cpu_time:
-        out = subprocess.run([*base, "-p", "512", "-n", "128"], capture_output=True, text=True, check=True)
-        return {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out.stdout)}
+        runs = [[*base, "-p", "512", "-n", "128"]] if prompt_bench is None else [
+            [*base, "-p", "0", "-n", "128"], [prompt_bench, *base[1:], "-p", "512", "-n", "0"]]
+        rates = {}
+        for cmd in runs:
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            rates.update({("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out.stdout)})
+        return rates
+    if prompt_bench is not None:
+        raise SystemExit("--llama-bench-prompt does not go with --cpu-time")
 
     def cpu(args: list[str]) -> float:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -120,7 +130,7 @@ def _llama_bench_rates(llama_bench: str, path: str, threads: int, repeats: int, 
 
 
 def llama_bench_table(llama_bench: str, path: str, models: dict[str, Any], threads: list[int], repeats: int,
-                      rounds: int = 1, cpu_time: bool = False) -> None:
+                      rounds: int = 1, cpu_time: bool = False, prompt_bench: str | None = None) -> None:
     """llama.cpp's ``llama-bench`` (tg128: decode 128 tokens; pp512: a 512-token prompt) against genkit's
     decode of 128 tokens after a 12-token prompt and one forward over 512 tokens: ``rounds`` rounds,
     each running llama-bench and then genkit, so that both see the same machine; medians of the rounds.
@@ -137,7 +147,7 @@ def llama_bench_table(llama_bench: str, path: str, models: dict[str, Any], threa
         ref: dict[str, list[float]] = {test: [] for test in tests}
         ours: dict[str, dict[str, list[float]]] = {name: {test: [] for test in tests} for name in models}
         for _ in range(rounds):
-            for test, rate in _llama_bench_rates(llama_bench, path, t, repeats, cpu_time).items():
+            for test, rate in _llama_bench_rates(llama_bench, path, t, repeats, cpu_time, prompt_bench).items():
                 ref[test].append(rate)
             clock = time.process_time if cpu_time else time.perf_counter
             for name, m in models.items():
@@ -159,6 +169,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--llama-bench", help="llama.cpp's llama-bench binary: adds the tg128 / pp512 table")
+    parser.add_argument("--llama-bench-prompt", help="a second llama-bench build for pp512 (where the first one's "
+                        "prompt path crashes: llama.cpp's AMX tiles on some Xeons)")
     parser.add_argument("--only-llama-bench", action="store_true", help="just the llama-bench table")
     parser.add_argument("--rounds", type=int, default=1,
                         help="llama-bench table: rounds of llama-bench then genkit (medians reported)")
@@ -181,7 +193,7 @@ def main() -> None:
     if args.llama_bench:
         table = dict(variants) if args.no_float32 else {**variants, "genkit float32": dense}
         llama_bench_table(args.llama_bench, path, table, [int(t) for t in args.threads.split(",")], args.repeats,
-                          args.rounds, args.cpu_time)
+                          args.rounds, args.cpu_time, args.llama_bench_prompt)
         if args.only_llama_bench:
             return
     print(f"{path}: batch-1 greedy decode, {ids.shape[1]}-token prompt, {new} new tokens, best of {args.repeats}; "
