@@ -12,12 +12,13 @@ import subprocess
 import pytest
 import torch
 import torch.nn.functional as F
-from tolerance import U32, gamma, matmul_bound
+from tolerance import U32, gamma, hidden_bound, matmul_bound
 
 from genkit.cli import main as cli_main
 from genkit.errors import ConfigError
 from genkit.models import block_kernel, dense_kernel, kernel_choice
-from genkit.models.llama_infer import rms_norm
+from genkit.models.block_decode import BlockDecoder
+from genkit.models.llama_infer import rms_norm, run_layers
 from genkit.models.tiny import tiny_llama
 
 CC = block_kernel._compiler()
@@ -175,3 +176,42 @@ def test_without_the_kernel_a_forced_gemv_is_refused_by_name(why, monkeypatch, t
     with pytest.raises(ConfigError, match=r"GENKIT_KERNEL asks for 'gemv' \(decode\), which this CPU or build does "
                                           r"not have; available here: plain"):
         model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
+
+
+@pytest.mark.parametrize("num_layers", [None, 1])
+def test_the_gemv_route_runs_a_decode_step_in_one_call_as_the_torch_path_does(num_layers, monkeypatch):
+    """Batch-1 decode on the gemv route runs every layer in one block-kernel call (gk_decode with the
+    dense kernel's product): the torch path's hidden state within the float32 bound of the same
+    computation summed in another order, the new keys and values written into the same cache;
+    more rows, and continuous batching's paged step, keep their own routes."""
+    if not dense_kernel.available() or not block_kernel.available():
+        pytest.skip("no C compiler: neither kernel exists here")
+    monkeypatch.setenv(kernel_choice.ENV, "gemv")
+    model = tiny_llama(seed=5)
+    ids = torch.tensor([[1, 17, 33, 5, 60, 9]])
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=1, do_sample=False)  # prepares the routes
+        prepared = model._prepared[1]
+        decoder = prepared.decoder
+        assert isinstance(decoder, BlockDecoder) and decoder.dense and not decoder.llama
+        pos = ids.shape[1]
+        x = torch.randn(1, 1, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        cos, sin = model.rope(torch.tensor([[pos]]), x.dtype, pos, 1)
+        ours_cache, torch_cache = (model(ids, use_cache=True).past_key_values for _ in range(2))
+        ours = decoder(x, cos, sin, {None: None}, ours_cache, num_layers)
+        prepared.decoder = None
+        try:
+            want = run_layers(prepared, x, cos, sin, {None: None}, torch_cache, None, num_layers)
+        finally:
+            prepared.decoder = decoder
+        assert ours is not None and not torch.equal(ours, x)
+        n = num_layers or len(prepared.layers)
+        torch.testing.assert_close(ours, want, rtol=0, atol=hidden_bound(model.config, pos + 1, n, want))
+        assert ours_cache.lengths == torch_cache.lengths == [pos + 1] * n + [pos] * (len(prepared.layers) - n)
+        for got, ref in zip(ours_cache.keys[:n], torch_cache.keys[:n]):
+            torch.testing.assert_close(got[:, :, :pos], ref[:, :, :pos], rtol=0, atol=0)  # the prompt's, untouched
+            assert got[:, :, pos].abs().sum() > 0  # the new position's, written
+        three = torch.randn(3, 1, model.config.hidden_size)
+        assert decoder(three, cos, sin, {None: None}, model(ids.repeat(3, 1), use_cache=True).past_key_values,
+                       None) is None  # 3 rows: the small route's products
+        assert decoder.paged(x[0], cos.reshape(1, -1), sin.reshape(1, -1), torch.tensor([pos]), None, [[0]]) is None

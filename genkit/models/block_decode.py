@@ -36,7 +36,29 @@ class _Layer(ctypes.Structure):
                 ("bits_d", ctypes.c_int), ("num_heads", ctypes.c_int), ("num_kv_heads", ctypes.c_int),
                 ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int), ("eps", ctypes.c_float),
                 ("act_qkv", ctypes.c_int), ("act_o", ctypes.c_int), ("act_gu", ctypes.c_int), ("act_d", ctypes.c_int),
-                ("llama", ctypes.c_int)]
+                ("llama", ctypes.c_int), ("gemv", ctypes.c_void_p), ("ld_qkv", ctypes.c_long), ("ld_o", ctypes.c_long),
+                ("ld_gu", ctypes.c_long), ("ld_d", ctypes.c_long)]
+
+
+def _dims(w: Any) -> tuple[int, int]:
+    """``(out, in)`` of a block weight (:class:`genkit.models.quant.Int4Linear`) or a dense one."""
+    return (w.out_features, w.in_features) if hasattr(w, "out_features") else (int(w.shape[0]), int(w.shape[1]))
+
+
+def _block_layer(p: Any, llama: bool) -> _Layer:
+    """A quantized layer's entry: its block weights, bit widths and activation roundings."""
+    return _Layer(p.wqkv.blocks.data_ptr(), p.wo.blocks.data_ptr(), p.wgu.blocks.data_ptr(), p.wd.blocks.data_ptr(),
+                  p.norm1.data_ptr(), p.norm2.data_ptr(), p.wqkv.bits, p.wo.bits, p.wgu.bits, p.wd.bits,
+                  p.num_heads, p.num_kv_heads, p.head_dim, p.wd.in_features, p.eps,
+                  p.wqkv.act, p.wo.act, p.wgu.act, p.wd.act, int(llama), None, 0, 0, 0, 0)
+
+
+def _dense_layer(p: Any, gemv: int) -> _Layer:
+    """A float32 layer's entry: its column-major weights for the dense kernel's product at ``gemv``."""
+    w = (p.wqkv, p.wo, p.wgu, p.wd)
+    return _Layer(*(g.weight.data_ptr() for g in w), p.norm1.data_ptr(), p.norm2.data_ptr(), 0, 0, 0, 0,
+                  p.num_heads, p.num_kv_heads, p.head_dim, int(p.wd.shape[1]), p.eps, 0, 0, 0, 0, 0, gemv,
+                  *(g.ld for g in w))
 
 
 class _Buffers:
@@ -82,22 +104,22 @@ class _CacheState(_Buffers):
 
 
 class BlockDecoder:
-    """The decoder layers of a prepared quantized model as one ``gk_decode`` call per token."""
+    """The decoder layers of a prepared quantized model as one ``gk_decode`` call per token; or of a
+    float32 model whose batch-1 products run on the dense kernel (``dense``: the same step with
+    :mod:`genkit.models.dense_kernel`'s product, for one row at a time only)."""
 
-    def __init__(self, layers: list[Any]) -> None:
+    def __init__(self, layers: list[Any], gemv: int | None = None) -> None:
         self.layers = layers  # keeps the weights (and so the pointers below) alive
         self.hidden = int(layers[0].norm1.shape[0])
         self.head_dim = int(layers[0].head_dim)
+        self.dense = gemv is not None
         # numerics="llama.cpp" (genkit.models.quant.set_numerics): every step must run here
-        self.llama = getattr(layers[0].wqkv, "numerics", "genkit") == "llama.cpp"
+        self.llama = not self.dense and getattr(layers[0].wqkv, "numerics", "genkit") == "llama.cpp"
         self.table = (_Layer * len(layers))(*[
-            _Layer(p.wqkv.blocks.data_ptr(), p.wo.blocks.data_ptr(), p.wgu.blocks.data_ptr(), p.wd.blocks.data_ptr(),
-                   p.norm1.data_ptr(), p.norm2.data_ptr(), p.wqkv.bits, p.wo.bits, p.wgu.bits, p.wd.bits,
-                   p.num_heads, p.num_kv_heads, p.head_dim, p.wd.in_features, p.eps,
-                   p.wqkv.act, p.wo.act, p.wgu.act, p.wd.act, int(self.llama))
-            for p in layers])
-        self.pointers = tuple(t.data_ptr() for p in layers for t in (p.wqkv.blocks, p.wo.blocks, p.wgu.blocks,
-                                                                       p.wd.blocks, p.norm1, p.norm2))
+            _dense_layer(p, gemv) if gemv is not None else _block_layer(p, self.llama) for p in layers])
+        weights = (lambda w: w.weight) if self.dense else (lambda w: w.blocks)
+        self.pointers = tuple(t.data_ptr() for p in layers for t in (weights(p.wqkv), weights(p.wo), weights(p.wgu),
+                                                                       weights(p.wd), p.norm1, p.norm2))
         self._state: _CacheState | None = None  # the last cache's checked buffers
         self._paged: _Buffers | None = None  # the last paged store's, likewise
 
@@ -108,22 +130,44 @@ class BlockDecoder:
 
         if not layers or not block_kernel.available():
             return None
-        hidden = layers[0].norm1.shape[0]
         for p in layers:
             weights = (p.wqkv, p.wo, p.wgu, p.wd)
             if any(type(w) is not Int4Linear or w.kernel != "blocks" for w in weights):
                 return None
-            if any(b is not None for b in (p.bqkv, p.bo, p.bgu, p.bd)) or p.window is not None or p.packed:
-                return None
-            if any(n.dtype != torch.float32 or not n.is_contiguous() or n.shape != (hidden,)
-                   for n in (p.norm1, p.norm2)):
-                return None
-            if p.head_dim != layers[0].head_dim or p.head_dim % 2 or p.head_dim > 512 or p.num_heads % p.num_kv_heads:
-                return None
-            if p.wqkv.out_features != (p.num_heads + 2 * p.num_kv_heads) * p.head_dim or p.wgu.out_features != 2 * \
-                    p.wd.in_features or p.wo.in_features != p.num_heads * p.head_dim:
+            if not BlockDecoder._fits(p, layers[0]):
                 return None
         return BlockDecoder(layers)
+
+    @staticmethod
+    def build_dense(layers: list[Any]) -> BlockDecoder | None:
+        """A one-call decoder for float32 layers whose products all run on the dense kernel's
+        column-major product (:class:`genkit.models.dense_kernel.Gemv`, the kernel choice's ``gemv``
+        route), or None when they do not all fit."""
+        from . import dense_kernel
+
+        if not layers or not block_kernel.available() or not dense_kernel.available():
+            return None
+        fn = dense_kernel.library().gk_gemv_t
+        for p in layers:
+            weights = (p.wqkv, p.wo, p.wgu, p.wd)
+            if any(type(w) is not dense_kernel.Gemv or w.fn is not fn for w in weights):
+                return None
+            if not BlockDecoder._fits(p, layers[0]):
+                return None
+        return BlockDecoder(layers, ctypes.cast(fn, ctypes.c_void_p).value)
+
+    @staticmethod
+    def _fits(p: Any, first: Any) -> bool:
+        """Whether a prepared layer's shapes and extras fit the kernel's step (``first``: the first layer)."""
+        hidden = first.norm1.shape[0]
+        if any(b is not None for b in (p.bqkv, p.bo, p.bgu, p.bd)) or p.window is not None or p.packed:
+            return False
+        if any(n.dtype != torch.float32 or not n.is_contiguous() or n.shape != (hidden,) for n in (p.norm1, p.norm2)):
+            return False
+        if p.head_dim != first.head_dim or p.head_dim % 2 or p.head_dim > 512 or p.num_heads % p.num_kv_heads:
+            return False
+        (qkv, _), (o_out, o_in), (gu, _), (_, d_in) = (_dims(w) for w in (p.wqkv, p.wo, p.wgu, p.wd))
+        return qkv == (p.num_heads + 2 * p.num_kv_heads) * p.head_dim and gu == 2 * d_in and o_in == p.num_heads * p.head_dim
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, masks: dict[Any, Any], cache: Any,
                  num_layers: int | None) -> torch.Tensor | None:
@@ -133,6 +177,8 @@ class BlockDecoder:
         positions up to its own (a prompt's causal pattern; :meth:`steps`)."""
         rows, t = x.shape[0], x.shape[1]
         if type(cache) is not KVCache or x.shape != (rows, t, self.hidden) or x.dtype != torch.float32:
+            return None
+        if self.dense and rows * t != 1:  # the gemv route is batch-1 decode's; more rows take their own route
             return None
         if any(m is not None for m in masks.values()) or torch.is_grad_enabled() and x.requires_grad:
             return None
@@ -196,7 +242,7 @@ class BlockDecoder:
         the paged ``store`` (:class:`genkit.models.paged.PagedKVStore`); its keys and values are
         written there. Returns ``x`` after every layer, or None: take the torch path."""
         rows = x.shape[0]
-        if x.dtype != torch.float32 or x.shape != (rows, self.hidden) or cos.shape != (rows, self.head_dim):
+        if self.dense or x.dtype != torch.float32 or x.shape != (rows, self.hidden) or cos.shape != (rows, self.head_dim):
             return None
         buffers = self._store_buffers(store)
         if buffers is None:

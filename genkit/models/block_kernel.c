@@ -1151,7 +1151,26 @@ typedef struct {
     float eps;
     int act_qkv, act_o, act_gu, act_d; /* each product's activation rounding (GK_ACT_*) */
     int llama; /* numerics="llama.cpp": norm, rope, float16 K/V and attention, SwiGLU as ggml computes them */
+    /* float32 layers: the dense kernel's column-major product (genkit/models/dense_kernel.c gk_gemv_t,
+     * its address passed in from that library) and each weight's leading dimension; NULL: block weights */
+    int (*gemv)(const float *x, int ldx, const float *w, long ldw, float *y, int M, int N, int K, int threads);
+    long ld_qkv, ld_o, ld_gu, ld_d;
 } gk_layer;
+
+enum { GK_W_QKV, GK_W_O, GK_W_GU, GK_W_D };
+
+/* y (rows, N) = x (rows, K) @ W^T for the layer's weight `which` (GK_W_*): the block kernel's
+ * product, or the dense kernel's for a float32 layer */
+static int layer_product(const gk_layer *L, int which, const float *x, float *y, int rows, int N, int K,
+                         int threads) {
+    const uint8_t *w[4] = {L->wqkv, L->wo, L->wgu, L->wd};
+    if (L->gemv != NULL) {
+        const long ld[4] = {L->ld_qkv, L->ld_o, L->ld_gu, L->ld_d};
+        return L->gemv(x, K, (const float *)w[which], ld[which], y, rows, N, K, threads);
+    }
+    const int bits[4] = {L->bits_qkv, L->bits_o, L->bits_gu, L->bits_d}, act[4] = {L->act_qkv, L->act_o, L->act_gu, L->act_d};
+    return gk_matmul(bits[which], w[which], x, y, rows, N, K, threads, act[which]);
+}
 
 static void rms_norm(const float *x, const float *w, float eps, int n, float *out) {
     float s = 0.0f;
@@ -1678,7 +1697,7 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         norm_rows(L, L->norm1, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_QKV);
-        if ((rc = gk_matmul(L->bits_qkv, L->wqkv, h, qkv, rows, nqkv, hidden, threads, L->act_qkv))) break;
+        if ((rc = layer_product(L, GK_W_QKV, h, qkv, rows, nqkv, hidden, threads))) break;
         GK_T0;
         rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv, threads);
         GK_T(GK_P_ROPE);
@@ -1688,19 +1707,19 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
             attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
         GK_T(GK_P_ATTEND);
         GK_CAT(GK_P_O);
-        if ((rc = gk_matmul(L->bits_o, L->wo, att, tmp, rows, hidden, nq * d, threads, L->act_o))) break;
+        if ((rc = layer_product(L, GK_W_O, att, tmp, rows, hidden, nq * d, threads))) break;
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);
         norm_rows(L, L->norm2, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_GU);
-        if ((rc = gk_matmul(L->bits_gu, L->wgu, h, gu, rows, 2 * inter, hidden, threads, L->act_gu))) break;
+        if ((rc = layer_product(L, GK_W_GU, h, gu, rows, 2 * inter, hidden, threads))) break;
         GK_T0;
         swiglu_rows(L, gu, act, rows, threads);
         GK_T(GK_P_SILU);
         GK_CAT(GK_P_DOWN);
-        if ((rc = gk_matmul(L->bits_d, L->wd, act, tmp, rows, hidden, inter, threads, L->act_d))) break;
+        if ((rc = layer_product(L, GK_W_D, act, tmp, rows, hidden, inter, threads))) break;
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);

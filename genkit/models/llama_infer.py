@@ -77,7 +77,7 @@ class PreparedModel:
                  choice: Any = None) -> None:
         self.routes = routes or {cls: (layers, head) for cls in CLASSES}
         self.layers, self.head = self.routes["decode"]
-        self.decoder = decoder  # a BlockDecoder: batch-1 decode steps in one kernel call (quantized models)
+        self.decoder = decoder  # a BlockDecoder: decode steps in one kernel call (quantized models; float32 on gemv)
         self.choice = choice  # the kernel_choice.Choice that made the routes (None: fixed by the caller)
 
     def for_rows(self, rows: int) -> tuple[list[PreparedLayer], torch.Tensor | None]:
@@ -237,7 +237,10 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
                 layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim, window,
                 rotations[attn.head_dim], False))
         routes, choice = _dense_routes(prepared, lm_head, matrices, packing)
-    return PreparedModel(*routes["decode"], routes=routes, choice=choice)
+    from .block_decode import BlockDecoder
+
+    # batch-1 decode on the gemv route: the whole step in one kernel call, as for quantized models
+    return PreparedModel(*routes["decode"], BlockDecoder.build_dense(routes["decode"][0]), routes=routes, choice=choice)
 
 
 def _dense_routes(plain: list[PreparedLayer], lm_head: nn.Linear, matrices: list[torch.Tensor],
