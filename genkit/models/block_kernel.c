@@ -373,6 +373,21 @@ static inline __attribute__((always_inline)) void panel_vnni(
     }
     for (int i = 0; i < MT; i++) _mm512_storeu_ps(y + (size_t)i * ldy, _mm512_add_ps(acc[i], accm[i]));
 }
+/* Eight activation digits from offset `off` of a block, each group of four broadcast to a register:
+ * the first digits' (q) at off and off + 4, the second digits' (r) likewise */
+static inline __attribute__((always_inline)) void digits_vnni(const int8_t *q, const int8_t *r, int off, __m512i *q0,
+                                                              __m512i *q1, __m512i *r0, __m512i *r1) {
+    int32_t a[4];
+    memcpy(&a[0], q + off, 4);
+    memcpy(&a[1], q + off + 4, 4);
+    memcpy(&a[2], r + off, 4);
+    memcpy(&a[3], r + off + 4, 4);
+    *q0 = _mm512_set1_epi32(a[0]);
+    *q1 = _mm512_set1_epi32(a[1]);
+    *r0 = _mm512_set1_epi32(a[2]);
+    *r1 = _mm512_set1_epi32(a[3]);
+}
+
 /* One activation row (batch-1 decode) through P (1 or 2) neighbouring panels: panel_vnni's
  * arithmetic for MT = 1, with the block's activation digits broadcast once for both panels, the
  * integer sums of each split over two accumulators per digit (panel_vnni's single chain of eight
@@ -397,13 +412,8 @@ static inline __attribute__((always_inline)) void row_vnni(int bits, int two, co
         }
         if (bits == 4) {
             for (int c = 0; c < 4; c++) {
-                int32_t a0, a1, r0, r1;
-                memcpy(&a0, qb + 8 * c, 4);
-                memcpy(&a1, qb + 8 * c + 4, 4);
-                memcpy(&r0, rb + 8 * c, 4);
-                memcpy(&r1, rb + 8 * c + 4, 4);
-                __m512i A0 = _mm512_set1_epi32(a0), A1 = _mm512_set1_epi32(a1), R0 = _mm512_set1_epi32(r0),
-                        R1 = _mm512_set1_epi32(r1);
+                __m512i A0, A1, R0, R1;
+                digits_vnni(qb, rb, 8 * c, &A0, &A1, &R0, &R1);
                 for (int k = 0; k < P; k++) {
                     __m512i p = _mm512_loadu_si512((const void *)(w + k * pbytes + (size_t)b * bb + 64 * c));
                     __m512i lo = _mm512_and_si512(p, low), hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
@@ -416,13 +426,8 @@ static inline __attribute__((always_inline)) void row_vnni(int bits, int two, co
             }
         } else {
             for (int c = 0; c < 8; c += 2) {
-                int32_t a0, a1, r0, r1;
-                memcpy(&a0, qb + 4 * c, 4);
-                memcpy(&a1, qb + 4 * c + 4, 4);
-                memcpy(&r0, rb + 4 * c, 4);
-                memcpy(&r1, rb + 4 * c + 4, 4);
-                __m512i A0 = _mm512_set1_epi32(a0), A1 = _mm512_set1_epi32(a1), R0 = _mm512_set1_epi32(r0),
-                        R1 = _mm512_set1_epi32(r1);
+                __m512i A0, A1, R0, R1;
+                digits_vnni(qb, rb, 4 * c, &A0, &A1, &R0, &R1);
                 for (int k = 0; k < P; k++) {
                     const uint8_t *wb = w + k * pbytes + (size_t)b * bb;
                     __m512i p0 = _mm512_loadu_si512((const void *)(wb + 64 * c));
