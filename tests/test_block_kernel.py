@@ -182,6 +182,19 @@ def _prefilled(model, ids):
         return model(ids, use_cache=True).past_key_values
 
 
+def one_call_and_torch_path(prepared, x, cos, sin, ours_cache, torch_cache, num_layers):
+    """A decode step through the prepared model's one-call decoder and through the per-layer torch
+    path (the decoder set aside meanwhile), each on its own cache."""
+    decoder = prepared.decoder
+    ours = decoder(x, cos, sin, {None: None}, ours_cache, num_layers)
+    prepared.decoder = None
+    try:
+        want = run_layers(prepared, x, cos, sin, {None: None}, torch_cache, None, num_layers)
+    finally:
+        prepared.decoder = decoder
+    return ours, want
+
+
 @pytest.mark.parametrize(("num_layers", "rows"), [(None, 1), (1, 1), (None, 3)])
 def test_a_decode_step_in_one_call_equals_the_torch_path(quantized, num_layers, rows):
     prepared = quantized._prepared[1]
@@ -193,12 +206,7 @@ def test_a_decode_step_in_one_call_equals_the_torch_path(quantized, num_layers, 
     cos, sin = quantized.rope(torch.tensor([[pos]]), x.dtype, pos, 1)
     with torch.no_grad():
         ours_cache, torch_cache = _prefilled(quantized, ids), _prefilled(quantized, ids)
-        ours = decoder(x, cos, sin, {None: None}, ours_cache, num_layers)
-        prepared.decoder = None
-        try:
-            want = run_layers(prepared, x, cos, sin, {None: None}, torch_cache, None, num_layers)
-        finally:
-            prepared.decoder = decoder
+        ours, want = one_call_and_torch_path(prepared, x, cos, sin, ours_cache, torch_cache, num_layers)
     # the same computation summed in another order; where that moves an activation across a
     # rounding boundary of its second int8 digit, the value moves by 1/64,516 of its block's largest
     assert ours is not None

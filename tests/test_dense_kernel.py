@@ -12,13 +12,14 @@ import subprocess
 import pytest
 import torch
 import torch.nn.functional as F
+from test_block_kernel import one_call_and_torch_path
 from tolerance import U32, gamma, hidden_bound, matmul_bound
 
 from genkit.cli import main as cli_main
 from genkit.errors import ConfigError
 from genkit.models import block_kernel, dense_kernel, kernel_choice
 from genkit.models.block_decode import BlockDecoder
-from genkit.models.llama_infer import rms_norm, run_layers
+from genkit.models.llama_infer import rms_norm
 from genkit.models.tiny import tiny_llama
 
 CC = block_kernel._compiler()
@@ -198,12 +199,7 @@ def test_the_gemv_route_runs_a_decode_step_in_one_call_as_the_torch_path_does(nu
         x = torch.randn(1, 1, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
         cos, sin = model.rope(torch.tensor([[pos]]), x.dtype, pos, 1)
         ours_cache, torch_cache = (model(ids, use_cache=True).past_key_values for _ in range(2))
-        ours = decoder(x, cos, sin, {None: None}, ours_cache, num_layers)
-        prepared.decoder = None
-        try:
-            want = run_layers(prepared, x, cos, sin, {None: None}, torch_cache, None, num_layers)
-        finally:
-            prepared.decoder = decoder
+        ours, want = one_call_and_torch_path(prepared, x, cos, sin, ours_cache, torch_cache, num_layers)
         assert ours is not None and not torch.equal(ours, x)
         n = num_layers or len(prepared.layers)
         torch.testing.assert_close(ours, want, rtol=0, atol=hidden_bound(model.config, pos + 1, n, want))
