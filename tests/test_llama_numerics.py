@@ -107,8 +107,9 @@ print(json.dumps(out))
 
 
 def test_the_vector_and_portable_llama_order_products_are_bit_identical(tmp_path):
-    """The vector build sums 8 rows per register; the portable build one row at a time: the same float
-    operations in the same order, so the same bits (Q4_1, Q4_0 and Q8_0 weights, 5 rows, 3 panels)."""
+    """The vector build sums 8 rows per register (AVX2) or a panel's 16 with one vpdpbusd per lane
+    (AVX-512 VNNI); the portable build one row at a time: the same float operations in the same
+    order, so the same bits (Q4_1, Q4_0 and Q8_0 weights, 5 rows, 3 panels)."""
     env = {"GENKIT_HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
                                                                       os.environ.get("PYTHONPATH", "")])}
     native = json.loads(_run(LLAMA_PRODUCTS, env))

@@ -1012,6 +1012,56 @@ static inline __attribute__((always_inline)) void panel2_llama_avx2(int bits, in
             memcpy(y + (size_t)m * N, out, sizeof out);                                                        \
         }                                                                                                      \
     }
+#ifdef GK_VNNI
+/* panel_llama with the panel's 16 rows in one register: a lane's sums of four products are one
+ * vpdpbusd (the same exact integers), and each row's float operations are panel_llama's in its order,
+ * so the results are panel_llama's bit for bit (tests/test_llama_numerics.py) */
+static inline __attribute__((always_inline)) void panel_llama_vnni(int bits, int act, const uint8_t *w, int nb,
+                                                                   const int8_t *q, const float *dx, const float *sx,
+                                                                   float *y) {
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512, off = bits == 4 ? 8 : 128;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[8], summ = _mm512_setzero_ps();
+    for (int l = 0; l < 8; l++) acc[l] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        const int8_t *qb = q + (size_t)b * GK_GROUP;
+        if (GK_PREFETCH > 0)
+            for (int o = 0; o < bb; o += 64) _mm_prefetch((const char *)(wb + GK_PREFETCH + o), _MM_HINT_T0);
+        const __m512 dw = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb))),
+                                        _mm512_set1_ps(dx[b]));
+        for (int l = 0; l < 8; l++) {
+            __m512i v = _mm512_loadu_si512((const void *)(wb + 64 * (bits == 4 ? l / 2 : l)));
+            if (bits == 4) v = _mm512_and_si512(l & 1 ? _mm512_srli_epi16(v, 4) : v, low);
+            const int8_t *ql = qb + 4 * l;
+            int32_t a;
+            memcpy(&a, ql, 4);
+            __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, _mm512_set1_epi32(a));
+            if (act == GK_ACT_LLAMA_Q8_0) is = _mm512_sub_epi32(is, _mm512_set1_epi32(off * (ql[0] + ql[1] + ql[2] + ql[3])));
+            acc[l] = _mm512_fmadd_ps(dw, _mm512_cvtepi32_ps(is), acc[l]);
+        }
+        if (act == GK_ACT_LLAMA_Q8_1) {
+            const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb + 32)));
+            summ = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[b]), summ);
+        }
+    }
+    __m512 h0 = _mm512_add_ps(acc[4], acc[0]), h1 = _mm512_add_ps(acc[5], acc[1]);
+    __m512 h2 = _mm512_add_ps(acc[6], acc[2]), h3 = _mm512_add_ps(acc[7], acc[3]);
+    _mm512_storeu_ps(y, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(h0, h2), _mm512_add_ps(h1, h3)), summ));
+}
+
+/* panel_llama_vnni specialised for each weight kind, row after row (the panel stays in L1) */
+#define GK_LLAMA_VNNI(B, A) \
+    for (int m = 0; m < M; m++) panel_llama_vnni(B, A, w, nb, q + (size_t)m * K, dx + (size_t)m * nb, sx + (size_t)m * nb, y + (size_t)m * N);
+static void panel_llama_rows(int bits, int act, const uint8_t *w, int nb, const int8_t *q, int K, const float *dx,
+                             const float *sx, float *y, int N, int M) {
+    if (bits == 4 && act == GK_ACT_LLAMA_Q8_1) GK_LLAMA_VNNI(4, GK_ACT_LLAMA_Q8_1)
+    else if (bits == 4) GK_LLAMA_VNNI(4, GK_ACT_LLAMA_Q8_0)
+    else if (act == GK_ACT_LLAMA_Q8_0) GK_LLAMA_VNNI(8, GK_ACT_LLAMA_Q8_0)
+    else GK_LLAMA_VNNI(8, GK_ACT_LLAMA_Q8_1)
+}
+#undef GK_LLAMA_VNNI
+#else
 static void panel_llama_rows(int bits, int act, const uint8_t *w, int nb, const int8_t *q, int K, const float *dx,
                              const float *sx, float *y, int N, int M) {
     if (bits == 4 && act == GK_ACT_LLAMA_Q8_1) GK_LLAMA_KIND(4, GK_ACT_LLAMA_Q8_1)
@@ -1019,6 +1069,7 @@ static void panel_llama_rows(int bits, int act, const uint8_t *w, int nb, const 
     else if (act == GK_ACT_LLAMA_Q8_0) GK_LLAMA_KIND(8, GK_ACT_LLAMA_Q8_0)
     else GK_LLAMA_KIND(8, GK_ACT_LLAMA_Q8_1)
 }
+#endif
 #undef GK_LLAMA_KIND
 #else
 /* the portable build: panel_llama row after row */
