@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_block_kernel import _weight
+from test_block_kernel import _weight, one_call_and_torch_path
 from test_quantized import IDS, MASK, _same_or_near_tie, write_quantized_gguf
 from test_quantized import smollm2_gguf as smollm2_gguf  # noqa: F401  (the fixture)
 from tolerance import gamma, hidden_bound, unit_roundoff
@@ -22,7 +22,6 @@ from genkit.errors import ConfigError, NotSupportedError
 from genkit.models import block_kernel
 from genkit.models.gguf import read_gguf
 from genkit.models.gguf_blocks import int4_parts_from_gguf
-from genkit.models.llama_infer import run_layers
 from genkit.models.paged import StepBatch, _paged_layers, paged_forward
 from genkit.models.quant import Int4Linear, set_activation_digits
 
@@ -179,12 +178,7 @@ def test_a_one_call_decode_step_equals_the_torch_path(one_digit):
     with torch.no_grad():
         ours_cache = one_digit(ids, use_cache=True).past_key_values
         torch_cache = one_digit(ids, use_cache=True).past_key_values
-        ours = decoder(x, cos, sin, {None: None}, ours_cache, None)
-        prepared.decoder = None
-        try:
-            want = run_layers(prepared, x, cos, sin, {None: None}, torch_cache, None, None)
-        finally:
-            prepared.decoder = decoder
+        ours, want = one_call_and_torch_path(prepared, x, cos, sin, ours_cache, torch_cache, None)
     # the same one-digit products; another summation order can move an activation across a rounding
     # boundary of its digit (by amax / 127 of its block)
     assert ours is not None

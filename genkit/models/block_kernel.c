@@ -1050,18 +1050,12 @@ static inline __attribute__((always_inline)) void panel_llama_vnni(int bits, int
     _mm512_storeu_ps(y, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(h0, h2), _mm512_add_ps(h1, h3)), summ));
 }
 
-/* panel_llama_vnni specialised for each weight kind, row after row (the panel stays in L1) */
-#define GK_LLAMA_VNNI(B, A) \
-    for (int m = 0; m < M; m++) panel_llama_vnni(B, A, w, nb, q + (size_t)m * K, dx + (size_t)m * nb, sx + (size_t)m * nb, y + (size_t)m * N);
-static void panel_llama_rows(int bits, int act, const uint8_t *w, int nb, const int8_t *q, int K, const float *dx,
-                             const float *sx, float *y, int N, int M) {
-    if (bits == 4 && act == GK_ACT_LLAMA_Q8_1) GK_LLAMA_VNNI(4, GK_ACT_LLAMA_Q8_1)
-    else if (bits == 4) GK_LLAMA_VNNI(4, GK_ACT_LLAMA_Q8_0)
-    else if (act == GK_ACT_LLAMA_Q8_0) GK_LLAMA_VNNI(8, GK_ACT_LLAMA_Q8_0)
-    else GK_LLAMA_VNNI(8, GK_ACT_LLAMA_Q8_1)
-}
-#undef GK_LLAMA_VNNI
-#else
+/* with AVX-512 VNNI: panel_llama_vnni for each weight kind, row after row (the panel stays in L1) */
+#undef GK_LLAMA_KIND
+#define GK_LLAMA_KIND(B, A)                                                                                  \
+    for (int m = 0; m < M; m++)                                                                              \
+        panel_llama_vnni(B, A, w, nb, q + (size_t)m * K, dx + (size_t)m * nb, sx + (size_t)m * nb, y + (size_t)m * N);
+#endif
 static void panel_llama_rows(int bits, int act, const uint8_t *w, int nb, const int8_t *q, int K, const float *dx,
                              const float *sx, float *y, int N, int M) {
     if (bits == 4 && act == GK_ACT_LLAMA_Q8_1) GK_LLAMA_KIND(4, GK_ACT_LLAMA_Q8_1)
@@ -1069,7 +1063,6 @@ static void panel_llama_rows(int bits, int act, const uint8_t *w, int nb, const 
     else if (act == GK_ACT_LLAMA_Q8_0) GK_LLAMA_KIND(8, GK_ACT_LLAMA_Q8_0)
     else GK_LLAMA_KIND(8, GK_ACT_LLAMA_Q8_1)
 }
-#endif
 #undef GK_LLAMA_KIND
 #else
 /* the portable build: panel_llama row after row */
@@ -1105,39 +1098,12 @@ static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, in
     return 0;
 }
 
-/* y (M, N) = x (M, K) @ W^T; W in the block layout above (N a multiple of 16, K of 32); act: how
- * activations are rounded (GK_ACT_TWO, GK_ACT_Q8_1, GK_ACT_Q8_0). Returns 0, -1 when the scratch
- * memory cannot be had, -3 for bad bits, -4 for a bad act. */
-int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads, int act) {
-    if (bits != 4 && bits != 6 && bits != 8) return -3;
-    if (act < GK_ACT_TWO || act > GK_ACT_LLAMA_Q8_0 || (act >= GK_ACT_LLAMA_Q8_1 && bits == 6)) return -4;
-    if (threads < 1) threads = 1;
-    if (act >= GK_ACT_LLAMA_Q8_1) return matmul_llama(bits, w, x, y, M, N, K, threads, act);
-#ifdef GK_AMX
-    if (gk_amx_ready && gk_amx_min_rows > 0 && M >= gk_amx_min_rows && bits != 6)
-        return matmul_amx(bits, w, x, y, M, N, K, threads, act);
-#endif
-    int nb = K / GK_GROUP, panels = N / GK_ROWS;
-    size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
-    int8_t *q = (int8_t *)malloc(2 * (size_t)M * K + 4 * sizeof(float) * (size_t)M * nb + 64);
-    if (q == NULL) return -1;
-    int8_t *q2 = q + (size_t)M * K;
-    float *dx = (float *)(((uintptr_t)(q2 + (size_t)M * K) + 63) & ~(uintptr_t)63);
-    float *sx = dx + (size_t)M * nb, *sx16 = sx + (size_t)M * nb;
-    GK_T0;
-    quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads, act);
-    GK_T(GK_P_QUANT);
-    const int two = act == GK_ACT_TWO;
-    if (threads > panels) threads = panels;
-#ifdef GK_VNNI
-    if (M == 1 && bits != 6) {
-        matmul_row_vnni(bits, two, w, panel_bytes, panels, nb, q, q2, dx, sx, y, threads);
-        GK_T(gk_prof_cat == GK_P_OTHER ? GK_P_HEAD : gk_prof_cat);
-        GK_CAT(GK_P_OTHER);
-        free(q);
-        return 0;
-    }
-#endif
+/* y (M, N) of gk_matmul's quantized activations (q, q2, dx, sx, sx16): each panel's rows GK_MT at a
+ * time through the vector tile (panel_vnni, panel_avx2, row_avx2) or the portable loops, panels
+ * shared among threads */
+static void matmul_panels(int bits, int two, const uint8_t *w, size_t panel_bytes, int panels, int nb,
+                          const int8_t *q, const int8_t *q2, const float *dx, const float *sx, const float *sx16,
+                          float *y, int M, int N, int K, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, GK_CHUNK(panels, threads))
     for (int p = 0; p < panels; p++) {
         const uint8_t *wp = w + (size_t)p * panel_bytes;
@@ -1188,6 +1154,38 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
 #endif
         }
     }
+}
+
+/* y (M, N) = x (M, K) @ W^T; W in the block layout above (N a multiple of 16, K of 32); act: how
+ * activations are rounded (GK_ACT_TWO, GK_ACT_Q8_1, GK_ACT_Q8_0). Returns 0, -1 when the scratch
+ * memory cannot be had, -3 for bad bits, -4 for a bad act. */
+int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads, int act) {
+    if (bits != 4 && bits != 6 && bits != 8) return -3;
+    if (act < GK_ACT_TWO || act > GK_ACT_LLAMA_Q8_0 || (act >= GK_ACT_LLAMA_Q8_1 && bits == 6)) return -4;
+    if (threads < 1) threads = 1;
+    if (act >= GK_ACT_LLAMA_Q8_1) return matmul_llama(bits, w, x, y, M, N, K, threads, act);
+#ifdef GK_AMX
+    if (gk_amx_ready && gk_amx_min_rows > 0 && M >= gk_amx_min_rows && bits != 6)
+        return matmul_amx(bits, w, x, y, M, N, K, threads, act);
+#endif
+    int nb = K / GK_GROUP, panels = N / GK_ROWS;
+    size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
+    int8_t *q = (int8_t *)malloc(2 * (size_t)M * K + 4 * sizeof(float) * (size_t)M * nb + 64);
+    if (q == NULL) return -1;
+    int8_t *q2 = q + (size_t)M * K;
+    float *dx = (float *)(((uintptr_t)(q2 + (size_t)M * K) + 63) & ~(uintptr_t)63);
+    float *sx = dx + (size_t)M * nb, *sx16 = sx + (size_t)M * nb;
+    GK_T0;
+    quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads, act);
+    GK_T(GK_P_QUANT);
+    const int two = act == GK_ACT_TWO;
+    if (threads > panels) threads = panels;
+#ifdef GK_VNNI
+    if (M == 1 && bits != 6)
+        matmul_row_vnni(bits, two, w, panel_bytes, panels, nb, q, q2, dx, sx, y, threads);
+    else
+#endif
+        matmul_panels(bits, two, w, panel_bytes, panels, nb, q, q2, dx, sx, sx16, y, M, N, K, threads);
     GK_T(gk_prof_cat == GK_P_OTHER && M == 1 ? GK_P_HEAD : gk_prof_cat);  /* from Python: one row is the LM head */
     GK_CAT(GK_P_OTHER);
     free(q);
