@@ -18,7 +18,9 @@ differing token is named.
 ``--activation-digits 1,2`` serves genkit once per setting (``genkit serve --activation-digits N``:
 1 is llama.cpp's activation rounding, 2 the default), all in the same alternating rounds.
 ``--numerics llama.cpp`` serves genkit once more with ``genkit serve --numerics llama.cpp`` (llama.cpp's
-float operations op for op: its completions should be llama-server's, token for token).
+float operations op for op, in the order of llama.cpp built for this CPU: its completions should be a
+native llama-server's, token for token); ``--numerics llama.cpp-avx2`` for a llama-server built with
+AVX2 only on an AVX-512 CPU.
 ``--llama-flags`` passes more flags to llama-server, e.g. ``"-ctk f32 -ctv f32 -fa off"`` (a float32
 KV cache and no flash attention: the float path closest to genkit's).
 
@@ -46,21 +48,23 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_serve import PROMPTS, _free_port, _wait, round_  # noqa: E402  (the same client as bench_serve.py)
 
+from genkit.models.quant import NUMERICS  # noqa: E402
+
 BASELINE = "genkit baseline"  # --baseline-python: another genkit (e.g. main's venv) in the same rounds
 
 
-LLAMA_NUMERICS = "genkit (llama.cpp numerics)"  # genkit serve --numerics llama.cpp
+LLAMA_NUMERICS = "genkit (llama.cpp numerics)"  # genkit serve --numerics <--numerics>
 
 
 def _genkit_name(digits: int) -> str:
     return f"genkit ({digits} digit{'s' if digits > 1 else ''})"
 
 
-def _genkit_flags(name: str) -> list[str]:
+def _genkit_flags(name: str, args: argparse.Namespace) -> list[str]:
     if name == BASELINE:
         return []
     if name == LLAMA_NUMERICS:
-        return ["--numerics", "llama.cpp"]
+        return ["--numerics", args.numerics]
     return ["--activation-digits", name.split("(")[1].split()[0]]
 
 
@@ -71,7 +75,7 @@ def _start(name: str, gguf: str, args: argparse.Namespace) -> tuple[subprocess.P
     if name.startswith("genkit"):
         python = args.baseline_python if name == BASELINE else sys.executable
         cmd = [python, "-m", "genkit", "serve", "--model", gguf, "--model-name", "m", "--port", str(port)]
-        cmd += _genkit_flags(name)
+        cmd += _genkit_flags(name, args)
         cwd = "/" if name == BASELINE else None  # its own genkit, not the one of this folder
     else:
         slots = max(args.clients)
@@ -149,8 +153,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--activation-digits", default="2",
                         help="genkit's activation digits to serve, comma-separated (1,2: both, in the same rounds)")
-    parser.add_argument("--numerics", default="", help="'llama.cpp': serve genkit with --numerics llama.cpp too "
-                        "(llama.cpp's float operations op for op), in the same rounds")
+    parser.add_argument("--numerics", default="", help="'llama.cpp' (or 'llama.cpp-avx2', 'llama.cpp-avx512'): serve "
+                        "genkit with that --numerics too (llama.cpp's float operations op for op), in the same rounds")
     parser.add_argument("--llama-flags", default="", help="more llama-server flags, e.g. '-ctk f32 -ctv f32 -fa off'")
     parser.add_argument("--fresh-prompts", action="store_true",
                         help="start every timed prompt with a new number: no prompt cache (genkit's or llama-server's "
@@ -162,8 +166,8 @@ def main() -> None:
     args.clients = [int(c) for c in args.clients.split(",")]
     gguf = args.gguf or demo_gguf_path(f"{genkit_home()}/bench-gguf")
     ours = [_genkit_name(int(d)) for d in args.activation_digits.split(",") if d]
-    if args.numerics not in ("", "llama.cpp"):
-        parser.error(f"--numerics must be 'llama.cpp' (or left out); got {args.numerics!r}")
+    if args.numerics and args.numerics not in NUMERICS[1:]:
+        parser.error(f"--numerics must be one of {', '.join(NUMERICS[1:])} (or left out); got {args.numerics!r}")
     ours += [LLAMA_NUMERICS] if args.numerics else []
     names = (*ours, BASELINE, "llama.cpp") if args.baseline_python else (*ours, "llama.cpp")
     servers = {name: _start(name, gguf, args) for name in names}

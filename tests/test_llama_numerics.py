@@ -1,7 +1,7 @@
-"""numerics="llama.cpp": each float rule of llama.cpp's CPU backend (AVX2 build) that the block kernel
-follows, against an exact reference of the rule (rational arithmetic rounded once to float32 where
-ggml fuses a multiply-add, IEEE float32 elsewhere), and the demo model's greedy tokens and logits
-against those llama.cpp gave (recorded: llama.cpp is no dependency)."""
+"""numerics="llama.cpp": each float rule of llama.cpp's CPU backend (its AVX2 and AVX-512 builds) that
+the block kernel follows, against an exact reference of the rule (rational arithmetic rounded once to
+float32 where ggml fuses a multiply-add, IEEE float32 elsewhere), and the demo model's greedy tokens
+and logits against those llama.cpp gave (recorded: llama.cpp is no dependency)."""
 
 from __future__ import annotations
 
@@ -129,35 +129,39 @@ g = torch.Generator().manual_seed(3)
 x = torch.cat([torch.randn(60, generator=g) * 8, torch.tensor([-95.0, -150.0, -200.0, 90.0, 0.0])])
 up = torch.rand(65, generator=g) + 0.5
 act = torch.empty(65)
-bk.library().gk_swiglu_llama(x.data_ptr(), up.data_ptr(), act.data_ptr(), 65)
-out["swiglu"] = act.view(torch.int32).tolist()
-for hidden in (256, 160):  # head_dim 64 (SmolLM2's) and 40 (a tail after the steps of 32)
+for order in (bk.LLAMA_AVX2, bk.LLAMA_AVX512):
+    bk.library().gk_swiglu_llama(x.data_ptr(), up.data_ptr(), act.data_ptr(), 65, order)
+    out[f"swiglu{order}"] = act.view(torch.int32).tolist()
+for hidden in (256, 160, 512):  # head_dim 64 (SmolLM2's), 40 (a tail after the steps of 32) and 128
     path = f"{sys.argv[1]}/q{hidden}.gguf"
     write_quantized_gguf(path, "Q4_1", hidden=hidden, ffn=2 * hidden, seed=hidden)
-    model = genkit.load_model(path, numerics="llama.cpp")
     ids = torch.randint(3, 250, (1, 9), generator=g)
-    for rows in (1, 3):  # one sequence; three rows at one position
-        with torch.inference_mode():
-            res = model.generate(ids.repeat(rows, 1), max_new_tokens=24, do_sample=False, eos_token_id=None,
-                                 output_scores=True, return_dict_in_generate=True)
-        out[f"{hidden}x{rows}"] = [s.view(torch.int32).tolist() for s in res.scores]
+    for numerics in ("llama.cpp-avx2", "llama.cpp-avx512"):
+        model = genkit.load_model(path, numerics=numerics)
+        for rows in (1, 3):  # one sequence; three rows at one position
+            with torch.inference_mode():
+                res = model.generate(ids.repeat(rows, 1), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                                     output_scores=True, return_dict_in_generate=True)
+            out[f"{numerics} {hidden}x{rows}"] = [s.view(torch.int32).tolist() for s in res.scores]
 print(json.dumps(out))
 """
 
 
 def test_the_vector_and_portable_llama_decode_steps_are_bit_identical(tmp_path):
-    """The decode step's attention (8-lane dot products and float16 V accumulator, query heads sharing
-    a pass over the cache) and SwiGLU (ggml_v_expf in vectors) of the vector build against the portable
-    build's scalar loops: the same logits bit for bit, step after step (a prompt, then 24 tokens;
-    one row and three), head_dim 64 and 40, and SwiGLU on values that take exp's overflow branches."""
+    """The decode step's attention (8- or 16-lane dot products and float16 V accumulator, query heads
+    sharing a pass over the cache) and SwiGLU (ggml_v_expf in vectors) of the vector build against the
+    portable build's scalar loops, in both of ggml's float orders (AVX2, AVX-512): the same logits bit
+    for bit, step after step (a prompt, then 24 tokens; one row and three), head_dim 64, 40 and 128,
+    and SwiGLU on values that take exp's overflow branches. The two orders' logits differ."""
     env = {"GENKIT_HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
                                                                       os.environ.get("PYTHONPATH", "")])}
     native = json.loads(_run(LLAMA_STEPS, env, str(tmp_path)))
     portable = json.loads(_run(LLAMA_STEPS, {**env, "GENKIT_BLOCK_KERNEL": "portable"}, str(tmp_path)))
     assert native.pop("simd") != "" and portable.pop("simd") == ""
-    assert native.keys() == portable.keys() and len(native["256x3"]) == 24
+    assert native.keys() == portable.keys() and len(native["llama.cpp-avx512 256x3"]) == 24
     for key in native:
         assert native[key] == portable[key], key
+    assert native["llama.cpp-avx2 256x1"] != native["llama.cpp-avx512 256x1"]
 
 
 def test_llama_order_needs_one_digit_and_refuses_6_bit_weights():
@@ -239,19 +243,40 @@ def expf_ggml(x: float) -> float:
         return float(F32(s1) * F32(s1)) if abs(n) > 192 else float(F32(fma32(s2, j, s2)) * F32(s1))
 
 
-def test_swiglu_is_ggmls():
-    """ggml_vec_swiglu_f32 (AVX2): ``x / (1 + ggml_v_expf(-x)) * u`` in steps of 8, libm's expf for
-    the rest; equal to that rule bit for bit (exp's overflow branches included), and within
-    4 float32 ulps of silu(x) * u where exp(-x) is finite (exp within 1.95 ulp, then three roundings)."""
+def expf_ggml512(x: float) -> float:
+    """ggml_v_expf (AVX-512), one lane: the polynomial ends with ``fma(c0, b, 1)``, then ``j * 2**n``
+    rounded once (vscalefps); inf or 0 beyond ``|n| > 192``."""
+    r = float.fromhex("0x1.8p23")
+    n = float(F32(fma32(x, float.fromhex("0x1.715476p+0"), r)) - F32(r))
+    b = fma32(-n, float.fromhex("0x1.7f7d1cp-20"), fma32(-n, float.fromhex("0x1.62e4p-1"), x))
+    u = float(F32(b) * F32(b))
+    j = fma32(fma32(fma32(float.fromhex("0x1.0e4020p-7"), b, float.fromhex("0x1.573e2ep-5")), u,
+                    fma32(float.fromhex("0x1.555e66p-3"), b, float.fromhex("0x1.fffdb6p-2"))),
+              u, fma32(float.fromhex("0x1.ffffecp-1"), b, 1.0))
+    if abs(n) > 192:
+        return 0.0 if n <= 0 else math.inf
+    scaled = Fraction(j) * Fraction(2) ** int(n)
+    return math.inf if scaled >= Fraction(2) ** 128 else round_f32(scaled)
+
+
+@pytest.mark.parametrize(("order", "rule", "step"), [(block_kernel.LLAMA_AVX2, expf_ggml, 8),
+                                                     (block_kernel.LLAMA_AVX512, expf_ggml512, 16)])
+def test_swiglu_is_ggmls(order, rule, step):
+    """ggml_vec_swiglu_f32 of its AVX2 and AVX-512 builds: ``x / (1 + ggml_v_expf(-x)) * u`` in steps
+    of 8 or 16 (each build's ggml_v_expf), libm's expf for the rest; equal to that rule bit for bit
+    (exp's overflow and underflow branches included), and within 4 float32 ulps of silu(x) * u where
+    exp(-x) is finite (exp within 1.95 ulp, then three roundings)."""
     libm = _libm()
     g = torch.Generator().manual_seed(1)
     x = torch.cat([torch.randn(40, generator=g) * 8, torch.tensor([-95.0, -150.0, -200.0, 90.0, 0.0, -1e-3])])
     x = torch.cat([x, torch.randn(3, generator=g)])  # 49 values: 48 by the vector rule, 1 by the scalar one
     up = torch.rand(x.shape[0], generator=g) + 0.5
     out = torch.empty_like(x)
-    block_kernel.library().gk_swiglu_llama(x.data_ptr(), up.data_ptr(), out.data_ptr(), x.shape[0])
+    block_kernel.library().gk_swiglu_llama(x.data_ptr(), up.data_ptr(), out.data_ptr(), x.shape[0], order)
+    assert 48 % step == 0
     for i, (xi, ui) in enumerate(zip(x.numpy(), up.numpy())):
-        e = F32(expf_ggml(float(F32(0) - xi))) if i < 48 else F32(libm.expf(-xi))
+        with np.errstate(over="ignore"):
+            e = F32(rule(float(F32(0) - xi))) if i < 48 else F32(libm.expf(-xi))
         assert out[i].item() == float(xi / (F32(1) + e) * ui), (i, xi)
         if abs(xi) < 80:  # beyond, exp(-x) overflows float32 and silu is 0 or x
             exact = float(xi) / (1 + math.exp(-float(xi))) * float(ui)
@@ -259,26 +284,49 @@ def test_swiglu_is_ggmls():
 
 
 # The demo model's greedy tokens (first 32) from llama.cpp (llama_cpp_python 0.3.36's vendored
-# llama.cpp, AVX2 build, defaults: flash attention auto -> on, float16 K/V cache, 2 threads) on
-# bench/bench_serve.py's prompts, and the first step's three best logits (float32, hex).
+# llama.cpp; llama-server's defaults: flash attention auto -> on, float16 K/V cache; 2 threads) on
+# bench/bench_serve.py's prompts, and the first step's three best logits (float32, hex), from its
+# AVX2 build (an AMD EPYC, and the same bits from an AVX2-only build on an Intel Xeon) and its native
+# build on an Intel Xeon with AVX-512 (AMX off: its AMX kernel crashes there).
 LLAMA_CPP = {
-    "The capital of France is": (
-        [7042, 30, 198, 198, 504, 1797, 1918, 553, 253, 2155, 282, 4723, 216, 35, 34, 33, 2215, 701, 30, 198, 198, 504,
-         1797, 1918, 553, 253, 2155, 282, 4723, 216, 35, 33],
-        {7042: "0x1.1bd246p+4", 260: "0x1.e77634p+3", 4528: "0x1.b67d58p+3"}),
-    "Once upon a time, in a small village by the sea,": (
-        [665, 436, 253, 9357, 1573, 4166, 3365, 3906, 4075, 30, 2306, 436, 253, 10632, 11239, 259, 284, 761, 253, 1767,
-         10274, 816, 1041, 856, 11239, 260, 1035, 6913, 282, 260, 905, 30],
-        {665: "0x1.a12692p+3", 253: "0x1.7c555ap+3", 260: "0x1.5a2b5ap+3"}),
-    "def fibonacci(n):": (
-        [472, 585, 304, 1758, 216, 32, 42, 448, 1003, 216, 33, 472, 1003, 2822, 24, 38572, 46477, 24, 94, 731, 216, 33,
-         25, 1232, 216, 33, 28, 304, 25, 198, 198, 19],
-        {472: "0x1.ec6c42p+4", 198: "0x1.aab46p+4", 3805: "0x1.9f42p+4"}),
-    "The three most important inventions of the twentieth century are": (
-        [260, 20440, 28, 260, 13698, 28, 284, 260, 8552, 30, 198, 198, 504, 20440, 436, 11396, 411, 10472, 41106, 30,
-         909, 3658, 253, 8329, 338, 5375, 253, 8329, 105, 8329, 30, 909],
-        {260: "0x1.f041f4p+3", 42: "0x1.b39026p+3", 27435: "0x1.aea896p+3"}),
+    "llama.cpp-avx2": {
+        "The capital of France is": (
+            [7042, 30, 198, 198, 504, 1797, 1918, 553, 253, 2155, 282, 4723, 216, 35, 34, 33, 2215, 701, 30, 198, 198,
+             504, 1797, 1918, 553, 253, 2155, 282, 4723, 216, 35, 33],
+            {7042: "0x1.1bd246p+4", 260: "0x1.e77634p+3", 4528: "0x1.b67d58p+3"}),
+        "Once upon a time, in a small village by the sea,": (
+            [665, 436, 253, 9357, 1573, 4166, 3365, 3906, 4075, 30, 2306, 436, 253, 10632, 11239, 259, 284, 761, 253,
+             1767, 10274, 816, 1041, 856, 11239, 260, 1035, 6913, 282, 260, 905, 30],
+            {665: "0x1.a12692p+3", 253: "0x1.7c555ap+3", 260: "0x1.5a2b5ap+3"}),
+        "def fibonacci(n):": (
+            [472, 585, 304, 1758, 216, 32, 42, 448, 1003, 216, 33, 472, 1003, 2822, 24, 38572, 46477, 24, 94, 731, 216,
+             33, 25, 1232, 216, 33, 28, 304, 25, 198, 198, 19],
+            {472: "0x1.ec6c42p+4", 198: "0x1.aab46p+4", 3805: "0x1.9f42p+4"}),
+        "The three most important inventions of the twentieth century are": (
+            [260, 20440, 28, 260, 13698, 28, 284, 260, 8552, 30, 198, 198, 504, 20440, 436, 11396, 411, 10472, 41106,
+             30, 909, 3658, 253, 8329, 338, 5375, 253, 8329, 105, 8329, 30, 909],
+            {260: "0x1.f041f4p+3", 42: "0x1.b39026p+3", 27435: "0x1.aea896p+3"}),
+    },
+    "llama.cpp-avx512": {
+        "The capital of France is": (
+            [7042, 30, 198, 198, 504, 1797, 1918, 553, 253, 2155, 282, 4723, 216, 35, 33, 33, 2215, 701, 30, 198, 198,
+             504, 1797, 1918, 553, 253, 2155, 282, 4723, 216, 35, 33],
+            {7042: "0x1.191b8p+4", 260: "0x1.e10d76p+3", 4528: "0x1.aed88cp+3"}),
+        "Once upon a time, in a small village by the sea,": (
+            [665, 436, 253, 9357, 1573, 267, 19341, 3365, 17644, 254, 30, 909, 4161, 281, 253, 11637, 10000, 411, 253,
+             3953, 4480, 4412, 351, 511, 11695, 282, 9077, 6734, 30, 198, 198, 1082],
+            {665: "0x1.997508p+3", 253: "0x1.77cec6p+3", 260: "0x1.54d8b2p+3"}),
+        "def fibonacci(n):": (
+            [472, 585, 304, 1758, 216, 32, 42, 448, 1003, 216, 33, 472, 1003, 304, 1672, 3987, 46477, 24, 94, 731, 216,
+             33, 25, 198, 198, 3272, 24, 38572, 46477, 24, 33, 32],
+            {472: "0x1.e7e3p+4", 198: "0x1.a8e1b6p+4", 3805: "0x1.9921d2p+4"}),
+        "The three most important inventions of the twentieth century are": (
+            [260, 20440, 28, 260, 13698, 28, 284, 260, 8552, 30, 198, 198, 504, 20440, 436, 11396, 411, 10472, 22074,
+             12585, 281, 216, 33, 40, 40, 37, 30, 378, 13698, 436, 11396, 411],
+            {260: "0x1.f0b8b8p+3", 42: "0x1.adee34p+3", 27435: "0x1.a9c8eap+3"}),
+    },
 }
+NATIVE = LLAMA_CPP[block_kernel.native_llama_numerics()]  # what numerics="llama.cpp" follows on this CPU
 
 
 @pytest.fixture(scope="module")
@@ -286,18 +334,33 @@ def smollm2_llama(smollm2_gguf):  # noqa: F811
     return genkit.load_model(smollm2_gguf, numerics="llama.cpp"), genkit.load_tokenizer(smollm2_gguf)
 
 
-def test_smollm2_gives_llama_cpps_greedy_tokens_and_logits(smollm2_llama):
-    """Every rule together on the Q4_1 demo file: llama.cpp's tokens, and its logits to the last bit
-    (the two-digit default parts from llama.cpp within 5-19 tokens on these prompts)."""
+@pytest.mark.parametrize("numerics", sorted(LLAMA_CPP))
+def test_smollm2_gives_llama_cpps_greedy_tokens_and_logits(smollm2_llama, numerics):
+    """Every rule together on the Q4_1 demo file, in each build's float order (whatever this CPU has):
+    llama.cpp's tokens, and its logits to the last bit (the two-digit default parts from llama.cpp
+    within 5-19 tokens on these prompts, and the two builds part from each other within 5-18)."""
     model, tok = smollm2_llama
-    for prompt, (tokens, logits) in LLAMA_CPP.items():
-        ids = torch.tensor([tok.encode(prompt)])
-        with torch.inference_mode():
-            out = model.generate(ids, max_new_tokens=len(tokens), do_sample=False, eos_token_id=None,
-                                 output_scores=True, return_dict_in_generate=True)
-        assert out.sequences[0, ids.shape[1]:].tolist() == tokens, prompt
-        assert {t: float(out.scores[0][0, t]).hex() for t in logits} == {t: float.fromhex(v).hex()
-                                                                          for t, v in logits.items()}
+    set_numerics(model, numerics)
+    try:
+        for prompt, (tokens, logits) in LLAMA_CPP[numerics].items():
+            ids = torch.tensor([tok.encode(prompt)])
+            with torch.inference_mode():
+                out = model.generate(ids, max_new_tokens=len(tokens), do_sample=False, eos_token_id=None,
+                                     output_scores=True, return_dict_in_generate=True)
+            assert out.sequences[0, ids.shape[1]:].tolist() == tokens, prompt
+            assert {t: float(out.scores[0][0, t]).hex() for t in logits} == {t: float.fromhex(v).hex()
+                                                                              for t, v in logits.items()}
+    finally:
+        set_numerics(model, "llama.cpp")
+
+
+def test_llama_cpp_means_the_build_for_this_cpu(smollm2_llama):
+    """``numerics="llama.cpp"`` resolves to the float order of llama.cpp built for this CPU (AVX-512
+    code where the CPU has AVX-512 F), and says so in ``model.numerics``."""
+    model, _ = smollm2_llama
+    assert model.numerics == ("llama.cpp-avx512" if "avx512f" in block_kernel.cpu_flags() else "llama.cpp-avx2")
+    assert block_kernel.llama_float_order("llama.cpp") == block_kernel.llama_float_order(model.numerics) > 0
+    assert block_kernel.llama_float_order("genkit") == 0
 
 
 def test_continuous_batching_gives_the_same_logits(smollm2_llama):
@@ -307,7 +370,7 @@ def test_continuous_batching_gives_the_same_logits(smollm2_llama):
 
     model, tok = smollm2_llama
     ids = tok.encode("def fibonacci(n):")
-    tokens = LLAMA_CPP["def fibonacci(n):"][0][:4]
+    tokens = NATIVE["def fibonacci(n):"][0][:4]
     store = model.new_paged_store(block_size=16, num_blocks=4)
     with torch.inference_mode():
         ref = model.generate(torch.tensor([ids]), max_new_tokens=len(tokens), do_sample=False, eos_token_id=None,
@@ -351,7 +414,8 @@ def test_a_long_prompt_runs_as_rows_of_one_call_steps_with_the_same_logits(smoll
 
 
 def test_the_setting_is_refused_where_it_cannot_hold(tmp_path, smollm2_gguf, tiny_model):  # noqa: F811
-    with pytest.raises(ConfigError, match=r"`numerics` must be one of 'genkit', 'llama.cpp'; got 'ggml'"):
+    with pytest.raises(ConfigError, match=r"`numerics` must be one of 'genkit', 'llama.cpp', 'llama.cpp-avx2', "
+                                          r"'llama.cpp-avx512'; got 'ggml'"):
         genkit.load_model(smollm2_gguf, numerics="ggml")
     with pytest.raises(ConfigError, match="`activation_digits`=2 contradicts it"):
         genkit.load_model(smollm2_gguf, numerics="llama.cpp", activation_digits=2)
@@ -387,12 +451,13 @@ def test_the_cli_flag_reaches_the_model(smollm2_gguf, capsys):  # noqa: F811
 
     prompt = "def fibonacci(n):"
     tok = genkit.load_tokenizer(smollm2_gguf)
-    want = tok.decode(LLAMA_CPP[prompt][0][:20], skip_special_tokens=True)
+    want = tok.decode(NATIVE[prompt][0][:20], skip_special_tokens=True)
     assert main(["generate", "--prompt", prompt, "--model", smollm2_gguf, "--max-new-tokens", "20",
                  "--set", "eos_token_id=null", "--numerics", "llama.cpp"]) == 0
     assert capsys.readouterr().out.strip() == want.strip()
     assert main(["generate", "--prompt", prompt, "--model", smollm2_gguf, "--numerics", "ggml"]) == 2
-    assert "--numerics must be 'genkit' or 'llama.cpp'; got 'ggml'" in capsys.readouterr().err
+    assert ("--numerics must be one of 'genkit', 'llama.cpp', 'llama.cpp-avx2', 'llama.cpp-avx512'; got 'ggml'"
+            in capsys.readouterr().err)
     assert main(["serve", "--model", smollm2_gguf, "--numerics", "llama.cpp", "--activation-digits", "2"]) == 2
     assert "--activation-digits 2 contradicts it" in capsys.readouterr().err
     assert main(["batch", "in.jsonl", "out.jsonl", "--engine", "ray", "--numerics", "llama.cpp"]) == 2

@@ -47,21 +47,25 @@ def check_activation_digits_option(args: argparse.Namespace) -> None:
 
 NUMERICS_HELP = ("quantized GGUF models: 'genkit' (default) or 'llama.cpp': every float operation of a step as "
                  "llama.cpp's CPU backend does it (one activation digit, float16 K/V cache, its flash attention), so "
-                 "greedy decoding gives llama.cpp's tokens. See docs/models.md, 'llama.cpp numerics'")
+                 "greedy decoding gives llama.cpp's tokens; 'llama.cpp' follows llama.cpp built for this CPU, "
+                 "'llama.cpp-avx2' / 'llama.cpp-avx512' name its build. See docs/models.md, 'llama.cpp numerics'")
+NUMERICS_METAVAR = "{genkit,llama.cpp,llama.cpp-avx2,llama.cpp-avx512}"
 
 
 def add_numerics_option(p: Any) -> None:
-    """``--numerics {genkit,llama.cpp}`` on a command that loads a model."""
-    p.add_argument("--numerics", default=None, metavar="{genkit,llama.cpp}", help=NUMERICS_HELP)
+    """``--numerics {genkit,llama.cpp,...}`` on a command that loads a model."""
+    p.add_argument("--numerics", default=None, metavar=NUMERICS_METAVAR, help=NUMERICS_HELP)
 
 
 def check_numerics_option(args: argparse.Namespace) -> None:
     """Refuse a bad ``--numerics`` (or one contradicting ``--activation-digits``) before anything loads."""
+    from ..models.quant import NUMERICS
+
     numerics = getattr(args, "numerics", None)
-    if numerics is not None and numerics not in ("genkit", "llama.cpp"):
-        raise ConfigError(f"--numerics must be 'genkit' or 'llama.cpp'; got {numerics!r}")
-    if numerics == "llama.cpp" and getattr(args, "activation_digits", None) == 2:
-        raise ConfigError("--numerics llama.cpp rounds activations to one digit; --activation-digits 2 contradicts it")
+    if numerics is not None and numerics not in NUMERICS:
+        raise ConfigError(f"--numerics must be one of {', '.join(repr(n) for n in NUMERICS)}; got {numerics!r}")
+    if numerics is not None and numerics.startswith("llama.cpp") and getattr(args, "activation_digits", None) == 2:
+        raise ConfigError(f"--numerics {numerics} rounds activations to one digit; --activation-digits 2 contradicts it")
 
 
 def apply_threads_option(args: argparse.Namespace) -> int:

@@ -45,12 +45,12 @@ def _dims(w: Any) -> tuple[int, int]:
     return (w.out_features, w.in_features) if hasattr(w, "out_features") else (int(w.shape[0]), int(w.shape[1]))
 
 
-def _block_layer(p: Any, llama: bool) -> _Layer:
+def _block_layer(p: Any, llama: int) -> _Layer:
     """A quantized layer's entry: its block weights, bit widths and activation roundings."""
     return _Layer(p.wqkv.blocks.data_ptr(), p.wo.blocks.data_ptr(), p.wgu.blocks.data_ptr(), p.wd.blocks.data_ptr(),
                   p.norm1.data_ptr(), p.norm2.data_ptr(), p.wqkv.bits, p.wo.bits, p.wgu.bits, p.wd.bits,
                   p.num_heads, p.num_kv_heads, p.head_dim, p.wd.in_features, p.eps,
-                  p.wqkv.act, p.wo.act, p.wgu.act, p.wd.act, int(llama), None, 0, 0, 0, 0)
+                  p.wqkv.act, p.wo.act, p.wgu.act, p.wd.act, llama, None, 0, 0, 0, 0)
 
 
 def _dense_layer(p: Any, gemv: int) -> _Layer:
@@ -113,8 +113,8 @@ class BlockDecoder:
         self.hidden = int(layers[0].norm1.shape[0])
         self.head_dim = int(layers[0].head_dim)
         self.dense = gemv is not None
-        # numerics="llama.cpp" (genkit.models.quant.set_numerics): every step must run here
-        self.llama = not self.dense and getattr(layers[0].wqkv, "numerics", "genkit") == "llama.cpp"
+        # numerics="llama.cpp" (genkit.models.quant.set_numerics): every step must run here; its float order
+        self.llama = 0 if self.dense else block_kernel.llama_float_order(getattr(layers[0].wqkv, "numerics", "genkit"))
         self.table = (_Layer * len(layers))(*[
             _dense_layer(p, gemv) if gemv is not None else _block_layer(p, self.llama) for p in layers])
         weights = (lambda w: w.weight) if self.dense else (lambda w: w.blocks)

@@ -1204,7 +1204,8 @@ typedef struct {
     int num_heads, num_kv_heads, head_dim, intermediate;
     float eps;
     int act_qkv, act_o, act_gu, act_d; /* each product's activation rounding (GK_ACT_*) */
-    int llama; /* numerics="llama.cpp": norm, rope, float16 K/V and attention, SwiGLU as ggml computes them */
+    int llama; /* numerics="llama.cpp": norm, rope, float16 K/V and attention, SwiGLU as ggml computes them, in the
+                * float order of its AVX2 build (GK_LLAMA_AVX2) or its AVX-512 build (GK_LLAMA_AVX512); 0: genkit's */
     /* float32 layers: the dense kernel's column-major product (genkit/models/dense_kernel.c gk_gemv_t,
      * its address passed in from that library) and each weight's leading dimension; NULL: block weights */
     int (*gemv)(const float *x, int ldx, const float *w, long ldw, float *y, int M, int N, int K, int threads);
@@ -1212,6 +1213,7 @@ typedef struct {
 } gk_layer;
 
 enum { GK_W_QKV, GK_W_O, GK_W_GU, GK_W_D };
+enum { GK_LLAMA_AVX2 = 1, GK_LLAMA_AVX512 = 2 };  /* gk_layer.llama: whose float order (ggml's SIMD build) */
 
 /* y (rows, N) = x (rows, K) @ W^T for the layer's weight `which` (GK_W_*): the block kernel's
  * product, or the dense kernel's for a float32 layer */
@@ -1313,6 +1315,52 @@ static __attribute__((unused)) float dot_f16_llama(const float *x, const float *
     return (float)sum;
 }
 
+/* ggml_vec_dot_f16 on AVX-512 (its F32x16 dot: 4 accumulators of 16 lanes over steps of 64, x0 + x2 and
+ * x1 + x3, their sum, then _mm512_reduce_add_ps as gcc builds it: the 256-bit halves, the 128-bit
+ * halves, then (t0 + t2) + (t1 + t3)) of k (genkit's order) and q (llama.cpp's order); the tail in double */
+static float reduce_16_llama(const float *a) {
+    float t8[8], t4[4];
+    for (int l = 0; l < 8; l++) t8[l] = a[l] + a[l + 8];
+    for (int l = 0; l < 4; l++) t4[l] = t8[l] + t8[l + 4];
+    return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+static __attribute__((unused)) float dot_f16_llama512(const float *x, const float *y, int n) {
+    float acc[4][16] = {{0}}, a[16];
+    int np = n & ~63;
+    for (int i = 0; i < np; i += 64)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 16; l++)
+                acc[j][l] = fmaf(x[llama_index(i + 16 * j + l, n)], y[i + 16 * j + l], acc[j][l]);
+    for (int l = 0; l < 16; l++) a[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    double sum = (double)reduce_16_llama(a);
+    for (int i = np; i < n; i++) sum += (double)(x[llama_index(i, n)] * y[i]);
+    return (float)sum;
+}
+
+#ifdef GK_VNNI
+/* dot_f16_llama512 with 16 lanes per register: llama.cpp's elements 16g..16g+15 are genkit's 8g..8g+7
+ * (its even ones) and half+8g..half+8g+7 (its odd ones), interleaved into llama's lane order; the
+ * same fma per lane and step, the same sums */
+static float dot_f16_llama512_vec(const float *k, const float *qh, int n) {
+    const int half = n / 2, np = n & ~63;
+    const __m512i inter = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int i = 0; i < np; i += 64)
+        for (int j = 0; j < 4; j++) {
+            const int g = i / 16 + j;
+            const __m512 kv = _mm512_permutex2var_ps(_mm512_castps256_ps512(_mm256_loadu_ps(k + 8 * g)), inter,
+                                                     _mm512_castps256_ps512(_mm256_loadu_ps(k + half + 8 * g)));
+            acc[j] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(qh + i + 16 * j), acc[j]);
+        }
+    float a[16];
+    _mm512_storeu_ps(a, _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+    double sum = (double)reduce_16_llama(a);
+    for (int i = np; i < n; i++) sum += (double)(k[llama_index(i, n)] * qh[i]);
+    return (float)sum;
+}
+#endif
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define GK_LLAMA_VEC 1
 /* 8 floats rounded to float16 and back (vcvtps2ph with ties to even, as round_f16 and ggml's stores) */
@@ -1346,6 +1394,24 @@ static float dot_f16_llama_avx2(const float *k, const float *qa, const float *qh
     return (float)sum;
 }
 #endif
+
+/* q . k of one position in the float order `order` (GK_LLAMA_*): qa is q rounded in genkit's layout, qh
+ * in llama.cpp's */
+static inline float dot_llama(int order, const float *k, const float *qa, const float *qh, int d) {
+    (void)qa;
+    if (order == GK_LLAMA_AVX512) {
+#ifdef GK_VNNI
+        return dot_f16_llama512_vec(k, qh, d);
+#else
+        return dot_f16_llama512(k, qh, d);
+#endif
+    }
+#ifdef GK_LLAMA_VEC
+    return dot_f16_llama_avx2(k, qa, qh, d);
+#else
+    return dot_f16_llama(k, qh, d);
+#endif
+}
 
 #define GK_ATT_HEADS 4 /* query heads of one K/V head that attend in one pass over the positions */
 #ifndef GK_ATT_AHEAD
@@ -1388,20 +1454,17 @@ static inline void online_step_llama(float *acc, float *M, float *S, float s, co
  * positions 0..last with the weighted values summed in a float16 accumulator (each step fma in float32,
  * then rounded), divided by the sum at the end. Each head's operations are llama.cpp's, in its order;
  * the heads only share the pass over the cache (each key and value is read once for all of them). The
- * vector build computes the dot products with dot_f16_llama_avx2; each position's step: online_step_llama. */
-static void attend_llama_heads(const float *const *q, int n, const float *kc, const float *vc, const gk_kv *kv,
-                               int r, int j, int last, int nkv, int d, float scale, float *const *o) {
-    float qh[GK_ATT_HEADS][512], acc[GK_ATT_HEADS][512], M[GK_ATT_HEADS], S[GK_ATT_HEADS];
-#ifdef GK_LLAMA_VEC
-    float qa[GK_ATT_HEADS][512];
-#endif
+ * dot products: dot_llama in the layer's order; each position's step: online_step_llama, the same in
+ * both orders for heads under 128 values (ggml's AVX-512 F16 steps of 128 leave them to its scalar
+ * loop, which gcc contracts to the AVX2 build's fma per element). */
+static void attend_llama_heads(int order, const float *const *q, int n, const float *kc, const float *vc,
+                               const gk_kv *kv, int r, int j, int last, int nkv, int d, float scale, float *const *o) {
+    float qh[GK_ATT_HEADS][512], qa[GK_ATT_HEADS][512], acc[GK_ATT_HEADS][512], M[GK_ATT_HEADS], S[GK_ATT_HEADS];
     for (int h = 0; h < n; h++) {
         for (int e = 0; e < d; e++) {
             qh[h][e] = round_f16(q[h][llama_index(e, d)]);
-            acc[h][e] = 0.0f;
-#ifdef GK_LLAMA_VEC
             qa[h][e] = round_f16(q[h][e]);
-#endif
+            acc[h][e] = 0.0f;
         }
         M[h] = -INFINITY;
         S[h] = 0.0f;
@@ -1421,11 +1484,7 @@ static void attend_llama_heads(const float *const *q, int n, const float *kc, co
             }
         }
         for (int h = 0; h < n; h++) {
-#ifdef GK_LLAMA_VEC
-            const float s = dot_f16_llama_avx2(kt, qa[h], qh[h], d) * scale;
-#else
-            const float s = dot_f16_llama(kt, qh[h], d) * scale;
-#endif
+            const float s = dot_llama(order, kt, qa[h], qh[h], d) * scale;
             online_step_llama(acc[h], &M[h], &S[h], s, vt, d);
         }
         kt = kn;
@@ -1470,7 +1529,7 @@ static void attend_llama(const gk_layer *L, const float *qkv, int rows, const in
         float *o[GK_ATT_HEADS];
         int j, i0, n;
         const int r = head_item(L, w, chunks, per, qkv, att, q, o, &j, &i0, &n);
-        attend_llama_heads(q, n, kc, vc, kv, r, j, pos[r], nkv, d, scale, o);
+        attend_llama_heads(L->llama, q, n, kc, vc, kv, r, j, pos[r], nkv, d, scale, o);
     }
 }
 
@@ -1526,20 +1585,67 @@ static inline __m256 expf_llama_avx2(__m256 x) {
 }
 #endif
 
-/* ggml_vec_swiglu_f32 on AVX2: silu(g) * u with ggml_v_silu (x / (1 + ggml_v_expf(0 - x))) in steps of
- * 8, the rest with libm's expf; the vector build runs the steps of 8 as ggml does (the same
- * instructions), the portable one lane by lane (expf_llama: the same operations, so the same bits) */
-static void swiglu_llama(const float *g, const float *up, float *a, int n) {
-    int i = 0, nv = n & ~7;
+/* ggml_v_expf (AVX-512: the polynomial's last step fma(c0, b, 1), then j scaled by 2^n with vscalefps
+ * rather than built from the exponent bits; beyond |n| > 192, inf or 0), one lane; ldexpf rounds as
+ * vscalefps does */
+static __attribute__((unused)) float expf_llama512(float x) {
+    const float r = 0x1.8p23f;
+    const float n = fmaf(x, 0x1.715476p+0f, r) - r;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                         fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (isnan(n)) return n;
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
+    return ldexpf(j, (int)n);
+}
+
+#ifdef GK_VNNI
+/* ggml_v_expf on AVX-512, instruction for instruction (vec.h) */
+static inline __m512 expf_llama512_vec(__m512 x) {
+    const __m512 r = _mm512_set1_ps(0x1.8p23f);
+    const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r), r);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+    const __m512 res = _mm512_scalef_ps(j, n);
+    if (!big) return res;
+    const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                            _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(big, res, alt);
+}
+#endif
+
+/* ggml_vec_swiglu_f32 in the float order `order` (GK_LLAMA_*): silu(g) * u with ggml_v_silu
+ * (x / (1 + ggml_v_expf(0 - x))) in steps of 8 (AVX2) or 16 (AVX-512, expf_llama512), the rest with
+ * libm's expf; the vector build runs the steps as ggml does (the same instructions), the portable one
+ * lane by lane (expf_llama / expf_llama512: the same operations, so the same bits) */
+static void swiglu_llama(int order, const float *g, const float *up, float *a, int n) {
+    const int wide = order == GK_LLAMA_AVX512;
+    int i = 0, nv = n & (wide ? ~15 : ~7);
+#ifdef GK_VNNI
+    const __m512 one16 = _mm512_set1_ps(1.0f);
+    for (; wide && i < nv; i += 16) {
+        const __m512 x = _mm512_loadu_ps(g + i);
+        const __m512 silu = _mm512_div_ps(x, _mm512_add_ps(one16, expf_llama512_vec(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        _mm512_storeu_ps(a + i, _mm512_mul_ps(silu, _mm512_loadu_ps(up + i)));
+    }
+#endif
 #ifdef GK_LLAMA_VEC
     const __m256 one = _mm256_set1_ps(1.0f);
-    for (; i < nv; i += 8) {
+    for (; !wide && i < nv; i += 8) {
         const __m256 x = _mm256_loadu_ps(g + i);
         const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, expf_llama_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x))));
         _mm256_storeu_ps(a + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
     }
 #endif
-    for (; i < nv; i++) a[i] = g[i] / (1.0f + expf_llama(0.0f - g[i])) * up[i];
+    float (*const exp_lane)(float) = wide ? expf_llama512 : expf_llama;
+    for (; i < nv; i++) a[i] = g[i] / (1.0f + exp_lane(0.0f - g[i])) * up[i];
     for (; i < n; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * up[i];
 }
 
@@ -1718,7 +1824,8 @@ static void swiglu_rows(const gk_layer *L, const float *gu, float *act, int rows
     for (int r = 0; r < rows; r++) {
         const float *g = gu + 2 * (size_t)r * inter;
         float *a = act + (size_t)r * inter;
-        swiglu_llama(g, g + inter, a, inter);  /* both numerics: ggml's vector silu (libm's expf was 5 ns a value) */
+        /* genkit's numerics too, in the AVX2 order: ggml's vector silu (libm's expf was 5 ns a value) */
+        swiglu_llama(L->llama == GK_LLAMA_AVX512 ? GK_LLAMA_AVX512 : GK_LLAMA_AVX2, g, g + inter, a, inter);
     }
 }
 
@@ -1833,5 +1940,8 @@ void gk_rms_norm_llama(const float *x, const float *w, float eps, int rows, int 
     for (int r = 0; r < rows; r++) rms_norm_llama(x + (size_t)r * n, w, eps, n, out + (size_t)r * n);
 }
 
-/* numerics="llama.cpp": silu(g) * u over n values as ggml_vec_swiglu_f32 computes it (swiglu_llama) */
-void gk_swiglu_llama(const float *g, const float *u, float *out, int n) { swiglu_llama(g, u, out, n); }
+/* numerics="llama.cpp": silu(g) * u over n values as ggml_vec_swiglu_f32 computes it in the float order
+ * `order` (GK_LLAMA_AVX2 or GK_LLAMA_AVX512: swiglu_llama) */
+void gk_swiglu_llama(const float *g, const float *u, float *out, int n, int order) {
+    swiglu_llama(order, g, u, out, n);
+}

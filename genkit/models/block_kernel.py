@@ -146,6 +146,29 @@ def llama_order(act: int) -> int:
     return act + 2
 
 
+LLAMA_AVX2, LLAMA_AVX512 = 1, 2  # numerics="llama.cpp-avx2" / "-avx512": ggml's float order in that SIMD build
+LLAMA_NUMERICS = {"llama.cpp-avx2": LLAMA_AVX2, "llama.cpp-avx512": LLAMA_AVX512}
+
+
+def cpu_flags() -> set[str]:
+    """The first CPU's feature flags (``/proc/cpuinfo``; empty where there is none)."""
+    return {flag for line in _cpu_key().splitlines() if line.startswith("flags") for flag in line.split(":", 1)[-1].split()}
+
+
+def native_llama_numerics() -> str:
+    """The float order of llama.cpp built for this CPU (natively, or the CPU variant its releases pick):
+    ``"llama.cpp-avx512"`` where the CPU has AVX-512 F, ggml's AVX-512 code; else ``"llama.cpp-avx2"``."""
+    return "llama.cpp-avx512" if "avx512f" in cpu_flags() else "llama.cpp-avx2"
+
+
+def llama_float_order(numerics: str) -> int:
+    """The block kernel's ``gk_layer.llama`` for a ``numerics`` setting: 0 for genkit's own operations,
+    :data:`LLAMA_AVX2` or :data:`LLAMA_AVX512` for llama.cpp's (``"llama.cpp"``: this CPU's, :func:`native_llama_numerics`)."""
+    if numerics == "llama.cpp":
+        numerics = native_llama_numerics()
+    return LLAMA_NUMERICS.get(numerics, 0)
+
+
 def rope_table_llama(base: float, head_dim: int, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and signed-sin tables (``(positions, head_dim)`` float32, genkit's halves layout) built as
     llama.cpp builds its rotary angles: ``powf(base, -2/dims)`` multiplied in pair after pair, cosf/sinf."""
@@ -192,7 +215,7 @@ def declare(lib: Any) -> None:
     lib.gk_rms_norm_llama.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_void_p]
     lib.gk_rms_norm_llama.restype = None
-    lib.gk_swiglu_llama.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.gk_swiglu_llama.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.gk_swiglu_llama.restype = None
     lib.gk_amx_init.restype = ctypes.c_int
     lib.gk_set_amx_rows.argtypes = [ctypes.c_int]

@@ -453,7 +453,7 @@ def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin:
     """The decoder layers (the first ``num_layers``, or all) on ``x`` (batch, seq, hidden); fills
     ``hidden`` with each layer's input."""
     b, t, _ = x.shape
-    if prepared.layers and getattr(prepared.layers[0].wqkv, "numerics", "genkit") == "llama.cpp":
+    if prepared.layers and getattr(prepared.layers[0].wqkv, "numerics", "genkit").startswith("llama.cpp"):
         # numerics="llama.cpp": every step on the block kernel's decoder, no torch path
         if prepared.decoder is None or hidden is not None or any(m is not None and m.shape[0] != 1 for m in masks.values()):
             from .block_decode import UNSUPPORTED

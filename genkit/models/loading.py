@@ -413,8 +413,9 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
             activations (:func:`genkit.models.quant.set_activation_digits`; docs/models.md,
             "Activation rounding"). Given for a model that is not quantized: a ConfigError.
         numerics: quantized GGUF models only: ``"genkit"`` (the default) or ``"llama.cpp"``, every
-            float operation of a step as llama.cpp's CPU backend does it, so greedy decoding gives
-            its tokens (:func:`genkit.models.quant.set_numerics`; docs/models.md, "llama.cpp
+            float operation of a step as llama.cpp's CPU backend (built for this CPU) does it, so
+            greedy decoding gives its tokens; ``"llama.cpp-avx2"`` / ``"llama.cpp-avx512"`` follow
+            that build of it (:func:`genkit.models.quant.set_numerics`; docs/models.md, "llama.cpp
             numerics"). Implies one activation digit: ``activation_digits=2`` with it is a ConfigError.
     """
     if not isinstance(dequantize, bool):
@@ -426,8 +427,8 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
     if numerics is not None:
         from .quant import check_numerics
 
-        if check_numerics(numerics) == "llama.cpp" and activation_digits == 2:
-            raise ConfigError("`numerics`='llama.cpp' rounds activations to one digit as llama.cpp does; "
+        if check_numerics(numerics).startswith("llama.cpp") and activation_digits == 2:
+            raise ConfigError(f"`numerics`={numerics!r} rounds activations to one digit as llama.cpp does; "
                               "`activation_digits`=2 contradicts it (leave it out, or give 1)")
     dtype = _one_dtype(dtype, torch_dtype)
     device = device_from_map(device_map, device)
