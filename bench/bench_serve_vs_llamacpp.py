@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--activation-digits", default="2",
                         help="genkit's activation digits to serve, comma-separated (1,2: both, in the same rounds)")
-    parser.add_argument("--numerics", default="", help="'llama.cpp' (or 'llama.cpp-avx2', 'llama.cpp-avx512'): serve "
+    parser.add_argument("--numerics", default="", help="'llama.cpp' (or a build's: 'llama.cpp-avx2', ...): serve "
                         "genkit with that --numerics too (llama.cpp's float operations op for op), in the same rounds")
     parser.add_argument("--llama-flags", default="", help="more llama-server flags, e.g. '-ctk f32 -ctv f32 -fa off'")
     parser.add_argument("--fresh-prompts", action="store_true",

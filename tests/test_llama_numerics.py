@@ -136,7 +136,7 @@ for hidden in (256, 160, 512):  # head_dim 64 (SmolLM2's), 40 (a tail after the 
     path = f"{sys.argv[1]}/q{hidden}.gguf"
     write_quantized_gguf(path, "Q4_1", hidden=hidden, ffn=2 * hidden, seed=hidden)
     ids = torch.randint(3, 250, (1, 9), generator=g)
-    for numerics in ("llama.cpp-avx2", "llama.cpp-avx512"):
+    for numerics in ("llama.cpp-avx2", "llama.cpp-avx512", "llama.cpp-avx512-fp16"):
         model = genkit.load_model(path, numerics=numerics)
         for rows in (1, 3):  # one sequence; three rows at one position
             with torch.inference_mode():
@@ -150,9 +150,11 @@ print(json.dumps(out))
 def test_the_vector_and_portable_llama_decode_steps_are_bit_identical(tmp_path):
     """The decode step's attention (8- or 16-lane dot products and float16 V accumulator, query heads
     sharing a pass over the cache) and SwiGLU (ggml_v_expf in vectors) of the vector build against the
-    portable build's scalar loops, in both of ggml's float orders (AVX2, AVX-512): the same logits bit
-    for bit, step after step (a prompt, then 24 tokens; one row and three), head_dim 64, 40 and 128,
-    and SwiGLU on values that take exp's overflow branches. The two orders' logits differ."""
+    portable build's scalar loops, in each of ggml's float orders (AVX2, AVX-512, AVX-512 with float16
+    arithmetic: AVX-512 FP16's vfmadd where the CPU has it, against fma_f16's exact integers): the same
+    logits bit for bit, step after step (a prompt, then 24 tokens; one row and three), head_dim 64, 40
+    and 128, and SwiGLU on values that take exp's overflow branches. The orders' logits differ where
+    they should: float16 arithmetic only for heads of 128 or more."""
     env = {"GENKIT_HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
                                                                       os.environ.get("PYTHONPATH", "")])}
     native = json.loads(_run(LLAMA_STEPS, env, str(tmp_path)))
@@ -162,6 +164,8 @@ def test_the_vector_and_portable_llama_decode_steps_are_bit_identical(tmp_path):
     for key in native:
         assert native[key] == portable[key], key
     assert native["llama.cpp-avx2 256x1"] != native["llama.cpp-avx512 256x1"]
+    assert native["llama.cpp-avx512 256x1"] == native["llama.cpp-avx512-fp16 256x1"]
+    assert native["llama.cpp-avx512 512x1"] != native["llama.cpp-avx512-fp16 512x1"]
 
 
 def test_llama_order_needs_one_digit_and_refuses_6_bit_weights():
@@ -287,7 +291,8 @@ def test_swiglu_is_ggmls(order, rule, step):
 # llama.cpp; llama-server's defaults: flash attention auto -> on, float16 K/V cache; 2 threads) on
 # bench/bench_serve.py's prompts, and the first step's three best logits (float32, hex), from its
 # AVX2 build (an AMD EPYC, and the same bits from an AVX2-only build on an Intel Xeon) and its native
-# build on an Intel Xeon with AVX-512 (AMX off: its AMX kernel crashes there).
+# build on an Intel Xeon with AVX-512 and AVX-512 FP16 (AMX off: its AMX kernel crashes there; the same
+# bits with -mno-avx512fp16, as heads of 64 take no float16 arithmetic).
 LLAMA_CPP = {
     "llama.cpp-avx2": {
         "The capital of France is": (
@@ -326,7 +331,43 @@ LLAMA_CPP = {
             {260: "0x1.f0b8b8p+3", 42: "0x1.adee34p+3", 27435: "0x1.a9c8eap+3"}),
     },
 }
+LLAMA_CPP["llama.cpp-avx512-fp16"] = LLAMA_CPP["llama.cpp-avx512"]  # heads of 64: the same bits (above)
 NATIVE = LLAMA_CPP[block_kernel.native_llama_numerics()]  # what numerics="llama.cpp" follows on this CPU
+
+
+# Heads of 128 (ggml's float16 steps of 128 under AVX-512 FP16): the 12 greedy steps (token: its logit)
+# of write_quantized_gguf(Q4_1, hidden=512, ffn=1024, seed=512) after the ids HEAD_128_IDS, from the
+# same llama.cpp builds on the Xeon (native, with AVX-512 FP16; with -mno-avx512fp16; AVX2 only) and
+# llama-server's defaults, 2 threads.
+HEAD_128_IDS = [5, 17, 99, 3, 42, 7, 8, 150, 23]
+HEAD_128 = {
+    "llama.cpp-avx2": "55:0x1.423072p+2 77:0x1.8339cp+2 225:0x1.439d96p+2 220:0x1.12dafcp+2 81:0x1.2afd14p+2 "
+                      "195:0x1.4108f2p+2 158:0x1.90ea1cp+2 178:0x1.319bd2p+2 114:0x1.56f0acp+2 68:0x1.4b4c74p+2 "
+                      "151:0x1.52a1p+2 48:0x1.7d8fdp+2",
+    "llama.cpp-avx512": "55:0x1.423072p+2 77:0x1.8339cp+2 225:0x1.439d96p+2 220:0x1.0e96a8p+2 81:0x1.2954bp+2 "
+                        "195:0x1.40c7c6p+2 158:0x1.90292cp+2 178:0x1.2e0576p+2 114:0x1.57b26cp+2 68:0x1.4abc4p+2 "
+                        "151:0x1.513df4p+2 48:0x1.7d4ad4p+2",
+    "llama.cpp-avx512-fp16": "55:0x1.3f1cep+2 77:0x1.852e78p+2 225:0x1.450e24p+2 220:0x1.11cd64p+2 81:0x1.2927acp+2 "
+                             "195:0x1.41f20ep+2 158:0x1.90c554p+2 178:0x1.2d2238p+2 114:0x1.52c2fp+2 "
+                             "68:0x1.4cff94p+2 151:0x1.54e0ecp+2 48:0x1.7d393ep+2",
+}
+
+
+@pytest.mark.parametrize("numerics", sorted(HEAD_128))
+def test_heads_of_128_follow_each_builds_value_sums(tmp_path, numerics):
+    """A model with heads of 128: llama.cpp's AVX-512 FP16 build sums the attention's values in float16
+    arithmetic, its other builds in float32 fma rounded to float16; each order gives its build's 12
+    greedy tokens and their logits to the last bit (on any CPU: the float16 steps run on AVX-512 FP16
+    where there is one, else as exact integers)."""
+    path = tmp_path / "h128.gguf"
+    write_quantized_gguf(path, "Q4_1", hidden=512, ffn=1024, seed=512)
+    model = genkit.load_model(path, numerics=numerics)
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([HEAD_128_IDS]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                             output_scores=True, return_dict_in_generate=True)
+    got = [(t, float(sc[0, t])) for t, sc in zip(out.sequences[0, len(HEAD_128_IDS):].tolist(), out.scores)]
+    want = [(int(t), float.fromhex(v)) for t, v in (step.split(":") for step in HEAD_128[numerics].split())]
+    assert got == want
 
 
 @pytest.fixture(scope="module")
@@ -356,9 +397,12 @@ def test_smollm2_gives_llama_cpps_greedy_tokens_and_logits(smollm2_llama, numeri
 
 def test_llama_cpp_means_the_build_for_this_cpu(smollm2_llama):
     """``numerics="llama.cpp"`` resolves to the float order of llama.cpp built for this CPU (AVX-512
-    code where the CPU has AVX-512 F), and says so in ``model.numerics``."""
+    code where the CPU has AVX-512 F, with float16 arithmetic where it has AVX-512 FP16), and says so
+    in ``model.numerics``."""
     model, _ = smollm2_llama
-    assert model.numerics == ("llama.cpp-avx512" if "avx512f" in block_kernel.cpu_flags() else "llama.cpp-avx2")
+    flags = block_kernel.cpu_flags()
+    assert model.numerics == ("llama.cpp-avx2" if "avx512f" not in flags else
+                              "llama.cpp-avx512-fp16" if "avx512_fp16" in flags else "llama.cpp-avx512")
     assert block_kernel.llama_float_order("llama.cpp") == block_kernel.llama_float_order(model.numerics) > 0
     assert block_kernel.llama_float_order("genkit") == 0
 
@@ -415,7 +459,7 @@ def test_a_long_prompt_runs_as_rows_of_one_call_steps_with_the_same_logits(smoll
 
 def test_the_setting_is_refused_where_it_cannot_hold(tmp_path, smollm2_gguf, tiny_model):  # noqa: F811
     with pytest.raises(ConfigError, match=r"`numerics` must be one of 'genkit', 'llama.cpp', 'llama.cpp-avx2', "
-                                          r"'llama.cpp-avx512'; got 'ggml'"):
+                                          r"'llama.cpp-avx512', 'llama.cpp-avx512-fp16'; got 'ggml'"):
         genkit.load_model(smollm2_gguf, numerics="ggml")
     with pytest.raises(ConfigError, match="`activation_digits`=2 contradicts it"):
         genkit.load_model(smollm2_gguf, numerics="llama.cpp", activation_digits=2)
@@ -456,8 +500,8 @@ def test_the_cli_flag_reaches_the_model(smollm2_gguf, capsys):  # noqa: F811
                  "--set", "eos_token_id=null", "--numerics", "llama.cpp"]) == 0
     assert capsys.readouterr().out.strip() == want.strip()
     assert main(["generate", "--prompt", prompt, "--model", smollm2_gguf, "--numerics", "ggml"]) == 2
-    assert ("--numerics must be one of 'genkit', 'llama.cpp', 'llama.cpp-avx2', 'llama.cpp-avx512'; got 'ggml'"
-            in capsys.readouterr().err)
+    assert ("--numerics must be one of 'genkit', 'llama.cpp', 'llama.cpp-avx2', 'llama.cpp-avx512', "
+            "'llama.cpp-avx512-fp16'; got 'ggml'" in capsys.readouterr().err)
     assert main(["serve", "--model", smollm2_gguf, "--numerics", "llama.cpp", "--activation-digits", "2"]) == 2
     assert "--activation-digits 2 contradicts it" in capsys.readouterr().err
     assert main(["batch", "in.jsonl", "out.jsonl", "--engine", "ray", "--numerics", "llama.cpp"]) == 2

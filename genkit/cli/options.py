@@ -48,8 +48,9 @@ def check_activation_digits_option(args: argparse.Namespace) -> None:
 NUMERICS_HELP = ("quantized GGUF models: 'genkit' (default) or 'llama.cpp': every float operation of a step as "
                  "llama.cpp's CPU backend does it (one activation digit, float16 K/V cache, its flash attention), so "
                  "greedy decoding gives llama.cpp's tokens; 'llama.cpp' follows llama.cpp built for this CPU, "
-                 "'llama.cpp-avx2' / 'llama.cpp-avx512' name its build. See docs/models.md, 'llama.cpp numerics'")
-NUMERICS_METAVAR = "{genkit,llama.cpp,llama.cpp-avx2,llama.cpp-avx512}"
+                 "'llama.cpp-avx2', 'llama.cpp-avx512', 'llama.cpp-avx512-fp16' name its build. See docs/models.md, "
+                 "'llama.cpp numerics'")
+NUMERICS_METAVAR = "{genkit,llama.cpp,llama.cpp-avx2,llama.cpp-avx512,llama.cpp-avx512-fp16}"
 
 
 def add_numerics_option(p: Any) -> None:

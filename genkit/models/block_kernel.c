@@ -1205,7 +1205,8 @@ typedef struct {
     float eps;
     int act_qkv, act_o, act_gu, act_d; /* each product's activation rounding (GK_ACT_*) */
     int llama; /* numerics="llama.cpp": norm, rope, float16 K/V and attention, SwiGLU as ggml computes them, in the
-                * float order of its AVX2 build (GK_LLAMA_AVX2) or its AVX-512 build (GK_LLAMA_AVX512); 0: genkit's */
+                * float order of its AVX2 build (GK_LLAMA_AVX2) or its AVX-512 builds (GK_LLAMA_AVX512, and
+                * GK_LLAMA_AVX512FP16 on CPUs with AVX-512 FP16); 0: genkit's */
     /* float32 layers: the dense kernel's column-major product (genkit/models/dense_kernel.c gk_gemv_t,
      * its address passed in from that library) and each weight's leading dimension; NULL: block weights */
     int (*gemv)(const float *x, int ldx, const float *w, long ldw, float *y, int M, int N, int K, int threads);
@@ -1213,7 +1214,8 @@ typedef struct {
 } gk_layer;
 
 enum { GK_W_QKV, GK_W_O, GK_W_GU, GK_W_D };
-enum { GK_LLAMA_AVX2 = 1, GK_LLAMA_AVX512 = 2 };  /* gk_layer.llama: whose float order (ggml's SIMD build) */
+/* gk_layer.llama: whose float order (ggml's SIMD build; AVX512FP16: AVX-512 with float16 arithmetic) */
+enum { GK_LLAMA_AVX2 = 1, GK_LLAMA_AVX512 = 2, GK_LLAMA_AVX512FP16 = 3 };
 
 /* y (rows, N) = x (rows, K) @ W^T for the layer's weight `which` (GK_W_*): the block kernel's
  * product, or the dense kernel's for a float32 layer */
@@ -1399,7 +1401,7 @@ static float dot_f16_llama_avx2(const float *k, const float *qa, const float *qh
  * in llama.cpp's */
 static inline float dot_llama(int order, const float *k, const float *qa, const float *qh, int d) {
     (void)qa;
-    if (order == GK_LLAMA_AVX512) {
+    if (order >= GK_LLAMA_AVX512) {
 #ifdef GK_VNNI
         return dot_f16_llama512_vec(k, qh, d);
 #else
@@ -1418,31 +1420,77 @@ static inline float dot_llama(int order, const float *k, const float *qa, const 
 #define GK_ATT_AHEAD 4 /* positions between a key's prefetch and its use */
 #endif
 
+/* x v + y of float16 values (held in floats) rounded once to float16, as AVX-512 FP16's vfmadd does:
+ * the exact sum in units of 2^-48 (128-bit integers), rounded to the float16 quantum at its size, ties
+ * to even; inf beyond 65504 */
+static __attribute__((unused)) float fma_f16(float x, float v, float y) {
+    const int64_t X = (int64_t)ldexpf(x, 24), V = (int64_t)ldexpf(v, 24), Y = (int64_t)ldexpf(y, 24);
+    const __int128 t = (__int128)X * V + (__int128)Y * ((__int128)1 << 24);
+    if (t == 0) return x * v + y;  /* the zero's sign as IEEE gives it */
+    const unsigned __int128 a = t < 0 ? -(unsigned __int128)t : (unsigned __int128)t;
+    const uint64_t hi = (uint64_t)(a >> 64);
+    const int bits = hi ? 128 - __builtin_clzll(hi) : 64 - __builtin_clzll((uint64_t)a);
+    const int shift = (bits - 49 > -14 ? bits - 49 : -14) + 38;  /* float16's quantum: 2^(max(e, -14) - 10) */
+    unsigned __int128 m = a >> shift;
+    const unsigned __int128 rem = a & ((((unsigned __int128)1) << shift) - 1), half = ((unsigned __int128)1) << (shift - 1);
+    if (rem > half || (rem == half && (m & 1))) m++;
+    float r = ldexpf((float)(uint64_t)m, shift - 48);
+    if (r > 65504.0f) r = INFINITY;
+    return t < 0 ? -r : r;
+}
+
+/* ggml's float16 vector steps under AVX-512 FP16 (ggml_vec_scale_f16 / ggml_vec_mad_f16 over n values, a
+ * multiple of 128): the weight rounded to float16, then acc * w and v * w + acc in float16 arithmetic,
+ * one rounding each (the product of two float16 values is exact in float32, so round_f16 of it is
+ * vmulph's). Where the kernel has AVX-512 FP16, vfmadd on 16 values at a time, else fma_f16. */
+static void scale_f16_llama(float *acc, int n, float m) {
+    const float mh = round_f16(m);
+    for (int e = 0; e < n; e++) acc[e] = round_f16(acc[e] * mh);
+}
+
+static void mad_f16_llama(float *acc, const float *v, int n, float w) {
+#if defined(__AVX512FP16__) && defined(__AVX512VL__)
+    const __m256h wh = _mm256_set1_ph((_Float16)w);
+    for (int e = 0; e < n; e += 16) {
+        const __m256h a = _mm512_cvtxps_ph(_mm512_loadu_ps(acc + e)), x = _mm512_cvtxps_ph(_mm512_loadu_ps(v + e));
+        _mm512_storeu_ps(acc + e, _mm512_cvtxph_ps(_mm256_fmadd_ph(x, wh, a)));
+    }
+#else
+    const float wh = round_f16(w);
+    for (int e = 0; e < n; e++) acc[e] = fma_f16(v[e], wh, acc[e]);
+#endif
+}
+
 /* One position of llama.cpp's online softmax for one head (score s, value vt): a new maximum rescales
  * the float16 accumulator acc by expf(old - s), else the value's weight is expf(s - max); then
  * acc = round_f16(fma(v, weight, acc)) and S = fma(S, rescale, weight). The vector build does the
- * elementwise work 8 lanes at a time (the same operation per element, so the same bits). */
-static inline void online_step_llama(float *acc, float *M, float *S, float s, const float *vt, int d) {
+ * elementwise work 8 lanes at a time (the same operation per element, so the same bits). Under
+ * GK_LLAMA_AVX512FP16 the first d & ~127 values take ggml's float16 steps (scale_f16_llama,
+ * mad_f16_llama) and the rest its scalar loop, as above. */
+static inline void online_step_llama(int order, float *acc, float *M, float *S, float s, const float *vt, int d) {
+    const int nh = order == GK_LLAMA_AVX512FP16 ? d & ~127 : 0;
 #ifdef GK_LLAMA_VEC
-    const int dv = d & ~7;
+    const int dv = nh + ((d - nh) & ~7);
 #else
-    const int dv = 0;
+    const int dv = nh;
 #endif
     float ms = 1.0f, vs = 1.0f;
     if (s > *M) {
         ms = expf(*M - s);
         *M = s;
+        scale_f16_llama(acc, nh, ms);
 #ifdef GK_LLAMA_VEC
         const __m256 vms = _mm256_set1_ps(ms);
-        for (int e = 0; e < dv; e += 8) _mm256_storeu_ps(acc + e, round_f16_8(_mm256_mul_ps(_mm256_loadu_ps(acc + e), vms)));
+        for (int e = nh; e < dv; e += 8) _mm256_storeu_ps(acc + e, round_f16_8(_mm256_mul_ps(_mm256_loadu_ps(acc + e), vms)));
 #endif
         for (int e = dv; e < d; e++) acc[e] = round_f16(acc[e] * ms);
     } else {
         vs = expf(s - *M);
     }
+    mad_f16_llama(acc, vt, nh, vs);
 #ifdef GK_LLAMA_VEC
     const __m256 vvs = _mm256_set1_ps(vs);
-    for (int e = 0; e < dv; e += 8)
+    for (int e = nh; e < dv; e += 8)
         _mm256_storeu_ps(acc + e, round_f16_8(_mm256_fmadd_ps(_mm256_loadu_ps(vt + e), vvs, _mm256_loadu_ps(acc + e))));
 #endif
     for (int e = dv; e < d; e++) acc[e] = round_f16(fmaf(vt[e], vs, acc[e]));
@@ -1455,7 +1503,7 @@ static inline void online_step_llama(float *acc, float *M, float *S, float s, co
  * then rounded), divided by the sum at the end. Each head's operations are llama.cpp's, in its order;
  * the heads only share the pass over the cache (each key and value is read once for all of them). The
  * dot products: dot_llama in the layer's order; each position's step: online_step_llama, the same in
- * both orders for heads under 128 values (ggml's AVX-512 F16 steps of 128 leave them to its scalar
+ * every order for heads under 128 values (ggml's AVX-512 FP16 steps of 128 leave them to its scalar
  * loop, which gcc contracts to the AVX2 build's fma per element). */
 static void attend_llama_heads(int order, const float *const *q, int n, const float *kc, const float *vc,
                                const gk_kv *kv, int r, int j, int last, int nkv, int d, float scale, float *const *o) {
@@ -1485,7 +1533,7 @@ static void attend_llama_heads(int order, const float *const *q, int n, const fl
         }
         for (int h = 0; h < n; h++) {
             const float s = dot_llama(order, kt, qa[h], qh[h], d) * scale;
-            online_step_llama(acc[h], &M[h], &S[h], s, vt, d);
+            online_step_llama(order, acc[h], &M[h], &S[h], s, vt, d);
         }
         kt = kn;
         vt = vn;
@@ -1626,7 +1674,7 @@ static inline __m512 expf_llama512_vec(__m512 x) {
  * libm's expf; the vector build runs the steps as ggml does (the same instructions), the portable one
  * lane by lane (expf_llama / expf_llama512: the same operations, so the same bits) */
 static void swiglu_llama(int order, const float *g, const float *up, float *a, int n) {
-    const int wide = order == GK_LLAMA_AVX512;
+    const int wide = order >= GK_LLAMA_AVX512;
     int i = 0, nv = n & (wide ? ~15 : ~7);
 #ifdef GK_VNNI
     const __m512 one16 = _mm512_set1_ps(1.0f);
@@ -1825,7 +1873,7 @@ static void swiglu_rows(const gk_layer *L, const float *gu, float *act, int rows
         const float *g = gu + 2 * (size_t)r * inter;
         float *a = act + (size_t)r * inter;
         /* genkit's numerics too, in the AVX2 order: ggml's vector silu (libm's expf was 5 ns a value) */
-        swiglu_llama(L->llama == GK_LLAMA_AVX512 ? GK_LLAMA_AVX512 : GK_LLAMA_AVX2, g, g + inter, a, inter);
+        swiglu_llama(L->llama >= GK_LLAMA_AVX512 ? L->llama : GK_LLAMA_AVX2, g, g + inter, a, inter);
     }
 }
 
@@ -1941,7 +1989,7 @@ void gk_rms_norm_llama(const float *x, const float *w, float eps, int rows, int 
 }
 
 /* numerics="llama.cpp": silu(g) * u over n values as ggml_vec_swiglu_f32 computes it in the float order
- * `order` (GK_LLAMA_AVX2 or GK_LLAMA_AVX512: swiglu_llama) */
+ * `order` (GK_LLAMA_*: swiglu_llama) */
 void gk_swiglu_llama(const float *g, const float *u, float *out, int n, int order) {
     swiglu_llama(order, g, u, out, n);
 }

@@ -146,8 +146,10 @@ def llama_order(act: int) -> int:
     return act + 2
 
 
-LLAMA_AVX2, LLAMA_AVX512 = 1, 2  # numerics="llama.cpp-avx2" / "-avx512": ggml's float order in that SIMD build
-LLAMA_NUMERICS = {"llama.cpp-avx2": LLAMA_AVX2, "llama.cpp-avx512": LLAMA_AVX512}
+# numerics="llama.cpp-avx2" / "-avx512" / "-avx512-fp16": ggml's float order in that SIMD build
+LLAMA_AVX2, LLAMA_AVX512, LLAMA_AVX512_FP16 = 1, 2, 3
+LLAMA_NUMERICS = {"llama.cpp-avx2": LLAMA_AVX2, "llama.cpp-avx512": LLAMA_AVX512,
+                  "llama.cpp-avx512-fp16": LLAMA_AVX512_FP16}
 
 
 def cpu_flags() -> set[str]:
@@ -157,8 +159,12 @@ def cpu_flags() -> set[str]:
 
 def native_llama_numerics() -> str:
     """The float order of llama.cpp built for this CPU (natively, or the CPU variant its releases pick):
-    ``"llama.cpp-avx512"`` where the CPU has AVX-512 F, ggml's AVX-512 code; else ``"llama.cpp-avx2"``."""
-    return "llama.cpp-avx512" if "avx512f" in cpu_flags() else "llama.cpp-avx2"
+    ``"llama.cpp-avx512-fp16"`` where the CPU has AVX-512 FP16 (ggml's AVX-512 code with float16
+    arithmetic), ``"llama.cpp-avx512"`` where it has AVX-512 F, else ``"llama.cpp-avx2"``."""
+    flags = cpu_flags()
+    if "avx512f" not in flags:
+        return "llama.cpp-avx2"
+    return "llama.cpp-avx512-fp16" if "avx512_fp16" in flags else "llama.cpp-avx512"
 
 
 def llama_float_order(numerics: str) -> int:

@@ -319,7 +319,7 @@ def set_activation_digits(model: nn.Module, digits: int) -> nn.Module:
     return model
 
 
-NUMERICS = ("genkit", "llama.cpp", "llama.cpp-avx2", "llama.cpp-avx512")
+NUMERICS = ("genkit", "llama.cpp", "llama.cpp-avx2", "llama.cpp-avx512", "llama.cpp-avx512-fp16")
 LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGUF block types whose llama.cpp dot products numerics="llama.cpp" follows
 
 
@@ -338,8 +338,9 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
     rotary tables and rotation, float16 K/V cache and flash attention (float16 value accumulator),
     SwiGLU with ggml's vectorised exp. ggml sums the attention's dot products and computes exp in
     the order of the SIMD code it was built with: ``"llama.cpp"`` follows llama.cpp built for this
-    CPU (:func:`genkit.models.block_kernel.native_llama_numerics`), ``"llama.cpp-avx2"`` and
-    ``"llama.cpp-avx512"`` name the build; ``model.numerics`` says which one runs. Every step then
+    CPU (:func:`genkit.models.block_kernel.native_llama_numerics`), ``"llama.cpp-avx2"``,
+    ``"llama.cpp-avx512"`` and ``"llama.cpp-avx512-fp16"`` name the build; ``model.numerics`` says
+    which one runs. Every step then
     runs on the block kernel's one-call decoder, a prompt one token at a time (docs/models.md,
     "llama.cpp numerics").
 
@@ -366,35 +367,17 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
 def _check_llama_numerics(model: nn.Module, layers: list[Int4Linear], numerics: str) -> str:
     """``numerics`` (a llama.cpp one) resolved to its build's (``"llama.cpp"``: this CPU's) if the model can
     follow it, else a ConfigError / NotSupportedError naming what stops it."""
-    name = numerics
     if not layers:
-        raise ConfigError(f"`numerics`={name!r} applies to quantized GGUF models (kept quantized); "
+        raise ConfigError(f"`numerics`={numerics!r} applies to quantized GGUF models (kept quantized); "
                           f"{type(model).__name__} has no quantized layers")
     kinds = {part.split()[0] if " " in part else "genkit.quantize" for lay in layers for part in lay.source.split("+")}
     if kinds - set(LLAMA_TYPES):
-        raise NotSupportedError(f"`numerics`={name!r} follows llama.cpp's dot products of {', '.join(LLAMA_TYPES)} "
+        raise NotSupportedError(f"`numerics`={numerics!r} follows llama.cpp's dot products of {', '.join(LLAMA_TYPES)} "
                                 f"weights; this model has {', '.join(sorted(kinds - set(LLAMA_TYPES)))}")
     config = getattr(model, "config", None)
     if config is not None and (config.get("rope_scaling") or config.get("rope_parameters")):
-        raise NotSupportedError(f"`numerics`={name!r} computes plain rotary tables; this model scales its rope")
-    if numerics == "llama.cpp":
-        numerics = block_kernel.native_llama_numerics()
-    head_dim = _head_dim(config)
-    if numerics == "llama.cpp-avx512" and head_dim >= 128 and "avx512_fp16" in block_kernel.cpu_flags():
-        logger.warning("numerics=%r: llama.cpp built for this CPU (AVX-512 FP16) sums the attention's values of "
-                       "heads of %d in float16 arithmetic, which genkit does not follow; its tokens can part from "
-                       "llama.cpp's", name, head_dim)
-    return numerics
-
-
-def _head_dim(config: Any) -> int:
-    """A Llama-family config's head size (``head_dim``, else hidden size over heads; 0 if unknown)."""
-    if config is None:
-        return 0
-    if config.get("head_dim"):
-        return int(config.get("head_dim"))
-    heads = config.get("num_attention_heads") or 0
-    return int(config.get("hidden_size", 0)) // int(heads) if heads else 0
+        raise NotSupportedError(f"`numerics`={numerics!r} computes plain rotary tables; this model scales its rope")
+    return block_kernel.native_llama_numerics() if numerics == "llama.cpp" else numerics
 
 
 def quantize(model: nn.Module, mode: str = "int8", activation_digits: int = 2) -> nn.Module:
