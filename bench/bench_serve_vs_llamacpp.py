@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_serve import PROMPTS, _free_port, _wait, round_  # noqa: E402  (the same client as bench_serve.py)
 
-from genkit.models.quant import NUMERICS  # noqa: E402
+from genkit.models.numerics import NUMERICS  # noqa: E402
 
 BASELINE = "genkit baseline"  # --baseline-python: another genkit (e.g. main's venv) in the same rounds
 

@@ -24,6 +24,7 @@ from test_quantized import smollm2_gguf as smollm2_gguf  # noqa: F401  (the fixt
 import genkit
 from genkit.errors import ConfigError, NotSupportedError
 from genkit.models import block_kernel
+from genkit.models import numerics as numerics_
 from genkit.models.quant import set_numerics
 
 pytestmark = pytest.mark.skipif(not block_kernel.available(), reason="no C compiler for the block kernel")
@@ -123,13 +124,14 @@ import json, sys, torch
 import genkit
 from test_quantized import write_quantized_gguf
 from genkit.models import block_kernel as bk
+from genkit.models.numerics import LLAMA_AVX2, LLAMA_AVX512
 torch.set_num_threads(2)
 out = {"simd": bk.simd()}
 g = torch.Generator().manual_seed(3)
 x = torch.cat([torch.randn(60, generator=g) * 8, torch.tensor([-95.0, -150.0, -200.0, 90.0, 0.0])])
 up = torch.rand(65, generator=g) + 0.5
 act = torch.empty(65)
-for order in (bk.LLAMA_AVX2, bk.LLAMA_AVX512):
+for order in (LLAMA_AVX2, LLAMA_AVX512):
     bk.library().gk_swiglu_llama(x.data_ptr(), up.data_ptr(), act.data_ptr(), 65, order)
     out[f"swiglu{order}"] = act.view(torch.int32).tolist()
 for hidden in (256, 160, 512):  # head_dim 64 (SmolLM2's), 40 (a tail after the steps of 32) and 128
@@ -263,8 +265,8 @@ def expf_ggml512(x: float) -> float:
     return math.inf if scaled >= Fraction(2) ** 128 else round_f32(scaled)
 
 
-@pytest.mark.parametrize(("order", "rule", "step"), [(block_kernel.LLAMA_AVX2, expf_ggml, 8),
-                                                     (block_kernel.LLAMA_AVX512, expf_ggml512, 16)])
+@pytest.mark.parametrize(("order", "rule", "step"), [(numerics_.LLAMA_AVX2, expf_ggml, 8),
+                                                     (numerics_.LLAMA_AVX512, expf_ggml512, 16)])
 def test_swiglu_is_ggmls(order, rule, step):
     """ggml_vec_swiglu_f32 of its AVX2 and AVX-512 builds: ``x / (1 + ggml_v_expf(-x)) * u`` in steps
     of 8 or 16 (each build's ggml_v_expf), libm's expf for the rest; equal to that rule bit for bit
@@ -332,7 +334,7 @@ LLAMA_CPP = {
     },
 }
 LLAMA_CPP["llama.cpp-avx512-fp16"] = LLAMA_CPP["llama.cpp-avx512"]  # heads of 64: the same bits (above)
-NATIVE = LLAMA_CPP[block_kernel.native_llama_numerics()]  # what numerics="llama.cpp" follows on this CPU
+NATIVE = LLAMA_CPP[numerics_.native_llama_numerics()]  # what numerics="llama.cpp" follows on this CPU
 
 
 # Heads of 128 (ggml's float16 steps of 128 under AVX-512 FP16): the 12 greedy steps (token: its logit)
@@ -403,8 +405,8 @@ def test_llama_cpp_means_the_build_for_this_cpu(smollm2_llama):
     flags = block_kernel.cpu_flags()
     assert model.numerics == ("llama.cpp-avx2" if "avx512f" not in flags else
                               "llama.cpp-avx512-fp16" if "avx512_fp16" in flags else "llama.cpp-avx512")
-    assert block_kernel.llama_float_order("llama.cpp") == block_kernel.llama_float_order(model.numerics) > 0
-    assert block_kernel.llama_float_order("genkit") == 0
+    assert numerics_.llama_float_order("llama.cpp") == numerics_.llama_float_order(model.numerics) > 0
+    assert numerics_.llama_float_order("genkit") == 0
 
 
 def test_continuous_batching_gives_the_same_logits(smollm2_llama):

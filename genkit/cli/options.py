@@ -60,7 +60,7 @@ def add_numerics_option(p: Any) -> None:
 
 def check_numerics_option(args: argparse.Namespace) -> None:
     """Refuse a bad ``--numerics`` (or one contradicting ``--activation-digits``) before anything loads."""
-    from ..models.quant import NUMERICS
+    from ..models.numerics import NUMERICS
 
     numerics = getattr(args, "numerics", None)
     if numerics is not None and numerics not in NUMERICS:

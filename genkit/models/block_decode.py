@@ -23,6 +23,7 @@ import torch
 from ..errors import NotSupportedError
 from . import block_kernel
 from .cache import KVCache
+from .numerics import llama_float_order
 
 PROMPT_ROWS = 32  # numerics="llama.cpp": prompt tokens per one-call step (BlockDecoder.steps)
 UNSUPPORTED = ("`numerics`='llama.cpp' runs every step on the block kernel's decoder: rows at one position with no "
@@ -114,7 +115,7 @@ class BlockDecoder:
         self.head_dim = int(layers[0].head_dim)
         self.dense = gemv is not None
         # numerics="llama.cpp" (genkit.models.quant.set_numerics): every step must run here; its float order
-        self.llama = 0 if self.dense else block_kernel.llama_float_order(getattr(layers[0].wqkv, "numerics", "genkit"))
+        self.llama = 0 if self.dense else llama_float_order(getattr(layers[0].wqkv, "numerics", "genkit"))
         self.table = (_Layer * len(layers))(*[
             _dense_layer(p, gemv) if gemv is not None else _block_layer(p, self.llama) for p in layers])
         weights = (lambda w: w.weight) if self.dense else (lambda w: w.blocks)

@@ -146,33 +146,9 @@ def llama_order(act: int) -> int:
     return act + 2
 
 
-# numerics="llama.cpp-avx2" / "-avx512" / "-avx512-fp16": ggml's float order in that SIMD build
-LLAMA_AVX2, LLAMA_AVX512, LLAMA_AVX512_FP16 = 1, 2, 3
-LLAMA_NUMERICS = {"llama.cpp-avx2": LLAMA_AVX2, "llama.cpp-avx512": LLAMA_AVX512,
-                  "llama.cpp-avx512-fp16": LLAMA_AVX512_FP16}
-
-
 def cpu_flags() -> set[str]:
     """The first CPU's feature flags (``/proc/cpuinfo``; empty where there is none)."""
     return {flag for line in _cpu_key().splitlines() if line.startswith("flags") for flag in line.split(":", 1)[-1].split()}
-
-
-def native_llama_numerics() -> str:
-    """The float order of llama.cpp built for this CPU (natively, or the CPU variant its releases pick):
-    ``"llama.cpp-avx512-fp16"`` where the CPU has AVX-512 FP16 (ggml's AVX-512 code with float16
-    arithmetic), ``"llama.cpp-avx512"`` where it has AVX-512 F, else ``"llama.cpp-avx2"``."""
-    flags = cpu_flags()
-    if "avx512f" not in flags:
-        return "llama.cpp-avx2"
-    return "llama.cpp-avx512-fp16" if "avx512_fp16" in flags else "llama.cpp-avx512"
-
-
-def llama_float_order(numerics: str) -> int:
-    """The block kernel's ``gk_layer.llama`` for a ``numerics`` setting: 0 for genkit's own operations,
-    :data:`LLAMA_AVX2` or :data:`LLAMA_AVX512` for llama.cpp's (``"llama.cpp"``: this CPU's, :func:`native_llama_numerics`)."""
-    if numerics == "llama.cpp":
-        numerics = native_llama_numerics()
-    return LLAMA_NUMERICS.get(numerics, 0)
 
 
 def rope_table_llama(base: float, head_dim: int, positions: int) -> tuple[torch.Tensor, torch.Tensor]:

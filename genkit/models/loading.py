@@ -425,7 +425,7 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
 
         check_activation_digits(activation_digits)
     if numerics is not None:
-        from .quant import check_numerics
+        from .numerics import check_numerics
 
         if check_numerics(numerics).startswith("llama.cpp") and activation_digits == 2:
             raise ConfigError(f"`numerics`={numerics!r} rounds activations to one digit as llama.cpp does; "

@@ -36,6 +36,7 @@ from ..errors import (
     UnsupportedModelError,
 )
 from . import block_kernel
+from .numerics import NUMERICS, check_numerics, llama_float_order, native_llama_numerics
 
 logger = logging.getLogger("genkit.models")
 
@@ -187,7 +188,7 @@ class Int4Linear(nn.Module):
         """The block kernel's activation rounding for this layer (:func:`block_kernel.act_mode`; with
         ``numerics="llama.cpp"``, the same one-digit rounding summed in llama.cpp's order)."""
         act = block_kernel.act_mode(self.activation_digits, self.symmetric)
-        return block_kernel.llama_order(act) if block_kernel.llama_float_order(getattr(self, "numerics", "genkit")) else act
+        return block_kernel.llama_order(act) if llama_float_order(getattr(self, "numerics", "genkit")) else act
 
     def _apply(self, fn: Any, recurse: bool = True) -> Int4Linear:
         out = super()._apply(fn, recurse)
@@ -319,15 +320,7 @@ def set_activation_digits(model: nn.Module, digits: int) -> nn.Module:
     return model
 
 
-NUMERICS = ("genkit", "llama.cpp", "llama.cpp-avx2", "llama.cpp-avx512", "llama.cpp-avx512-fp16")
 LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGUF block types whose llama.cpp dot products numerics="llama.cpp" follows
-
-
-def check_numerics(numerics: Any) -> str:
-    """``numerics`` if it is an accepted setting (:data:`NUMERICS`), else a ConfigError."""
-    if not isinstance(numerics, str) or numerics not in NUMERICS:
-        raise ConfigError(f"`numerics` must be one of {', '.join(repr(n) for n in NUMERICS)}; got {numerics!r}")
-    return numerics
 
 
 def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
@@ -338,7 +331,7 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
     rotary tables and rotation, float16 K/V cache and flash attention (float16 value accumulator),
     SwiGLU with ggml's vectorised exp. ggml sums the attention's dot products and computes exp in
     the order of the SIMD code it was built with: ``"llama.cpp"`` follows llama.cpp built for this
-    CPU (:func:`genkit.models.block_kernel.native_llama_numerics`), ``"llama.cpp-avx2"``,
+    CPU (:func:`genkit.models.numerics.native_llama_numerics`), ``"llama.cpp-avx2"``,
     ``"llama.cpp-avx512"`` and ``"llama.cpp-avx512-fp16"`` name the build; ``model.numerics`` says
     which one runs. Every step then
     runs on the block kernel's one-call decoder, a prompt one token at a time (docs/models.md,
@@ -377,7 +370,7 @@ def _check_llama_numerics(model: nn.Module, layers: list[Int4Linear], numerics: 
     config = getattr(model, "config", None)
     if config is not None and (config.get("rope_scaling") or config.get("rope_parameters")):
         raise NotSupportedError(f"`numerics`={numerics!r} computes plain rotary tables; this model scales its rope")
-    return block_kernel.native_llama_numerics() if numerics == "llama.cpp" else numerics
+    return native_llama_numerics() if numerics == "llama.cpp" else numerics
 
 
 def quantize(model: nn.Module, mode: str = "int8", activation_digits: int = 2) -> nn.Module:
