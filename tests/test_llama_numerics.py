@@ -249,6 +249,46 @@ def expf_ggml(x: float) -> float:
         return float(F32(s1) * F32(s1)) if abs(n) > 192 else float(F32(fma32(s2, j, s2)) * F32(s1))
 
 
+def round_f16(value: Fraction) -> float:
+    """``value`` rounded once to the nearest float16 (ties to even; subnormals; inf from 65520 on)."""
+    if value == 0:
+        return 0.0
+    a = abs(value)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    e += 1 if a >= Fraction(2) ** (e + 1) else (-1 if a < Fraction(2) ** e else 0)
+    scale = Fraction(2) ** (10 - max(e, -14))
+    n, rem = divmod(a * scale, 1)
+    n += rem > Fraction(1, 2) or (rem == Fraction(1, 2) and n % 2 == 1)
+    r = float(Fraction(n) / scale)
+    return math.copysign(math.inf if r > 65504 else r, value)
+
+
+def test_float16_fma_rounds_once():
+    """AVX-512 FP16's vfmadd, as numerics="llama.cpp-avx512-fp16" computes it where the CPU has none
+    (fma_f16): ``x v + y`` of float16 values exactly, rounded once to float16: random values, products
+    exactly on a rounding midpoint (ties to even, and a tiny addend that decides where rounding to
+    float32 first would tie), subnormal results and overflow."""
+    g = torch.Generator().manual_seed(5)
+    cases = torch.stack([torch.randn(400, generator=g) * 4, torch.rand(400, generator=g),
+                         torch.randn(400, generator=g) * 50], dim=1)
+    tiny = 2.0 ** -24  # the smallest float16
+    crafted = torch.tensor([
+        [1.5, 683 / 1024, 0.0], [1.5, 683 / 1024, tiny], [1.5, 683 / 1024, -tiny],  # x v = 1 + 2^-11, a midpoint
+        [1.75, 293 / 512, 0.0],  # x v = 1 + 3 * 2^-11: the tie goes up, to the even 1 + 2^-9
+        [2.0 ** -14, 2.0 ** -10, 0.0], [48 * tiny, 2.0 ** -5, 0.0], [48 * tiny, 2.0 ** -5, tiny],  # subnormals
+        [60000.0, 1.0, 6000.0], [-60000.0, 1.0, -6000.0], [2.0, 0.5, -1.0]])
+    x, v, y = (c.half().float().contiguous() for c in torch.cat([cases, crafted]).unbind(1))
+    assert torch.equal(torch.cat([cases, crafted])[400:], torch.stack([x, v, y], 1)[400:])  # all float16 values
+    out = torch.empty_like(x)
+    block_kernel.library().gk_fma_f16(x.data_ptr(), v.data_ptr(), y.data_ptr(), out.data_ptr(), x.shape[0])
+    for i in range(x.shape[0]):
+        want = round_f16(Fraction(x[i].item()) * Fraction(v[i].item()) + Fraction(y[i].item()))
+        assert out[i].item() == want, (i, x[i].item(), v[i].item(), y[i].item())
+    assert out[400:404].tolist() == [1.0, 1 + 2.0 ** -10, 1.0, 1 + 2.0 ** -9]
+    assert out[405].item() == 2 * tiny and out[406].item() == 2 * tiny  # 1.5 and 2.5 of the smallest: to even
+    assert out[407].item() == math.inf and out[408].item() == -math.inf
+
+
 def expf_ggml512(x: float) -> float:
     """ggml_v_expf (AVX-512), one lane: the polynomial ends with ``fma(c0, b, 1)``, then ``j * 2**n``
     rounded once (vscalefps); inf or 0 beyond ``|n| > 192``."""

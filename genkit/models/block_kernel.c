@@ -391,9 +391,10 @@ static inline __attribute__((always_inline)) void digits_vnni(const int8_t *q, c
 /* One activation row (batch-1 decode) through P (1 or 2) neighbouring panels: panel_vnni's
  * arithmetic for MT = 1, with the block's activation digits broadcast once for both panels, the
  * integer sums of each split over two accumulators per digit (panel_vnni's single chain of eight
- * dependent dpbusd bounded one row), and the weights fetched GK_PREFETCH bytes ahead. The float
- * steps are panel_vnni's, in its order: the same results to the bit. On the AVX-512 Xeon the
- * product then streams its weights at the core's memory speed (docs/benchmarks.md, session 9). */
+ * dependent dpbusd bounded one row), and the weights fetched GK_PREFETCH bytes ahead, those of the
+ * next pair of panels too (into L2): one core reads memory faster with more streams in flight (on
+ * the AVX-512 Xeon, 10-12 GB/s with one, 15.9 with eight; decode 11-15 % faster, session 10). The
+ * float steps are panel_vnni's, in its order: the same results to the bit. */
 static inline __attribute__((always_inline)) void row_vnni(int bits, int two, const uint8_t *w, size_t pbytes,
                                                            int P, int nb, const int8_t *q, const int8_t *q2,
                                                            const float *dx, const float *sx, float *y) {
@@ -407,7 +408,11 @@ static inline __attribute__((always_inline)) void row_vnni(int bits, int two, co
         for (int k = 0; k < P; k++) {
             const uint8_t *wb = w + k * pbytes + (size_t)b * bb;
             if (GK_PREFETCH > 0)
-                for (int off = 0; off < bb; off += 64) _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
+                for (int off = 0; off < bb; off += 64) {
+                    _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
+                    /* the next pair's weights as far ahead, into L2: twice the streams in flight */
+                    _mm_prefetch((const char *)(wb + 2 * pbytes + GK_PREFETCH + off), _MM_HINT_T1);
+                }
             s1a[k] = s1b[k] = s2a[k] = s2b[k] = _mm512_setzero_si512();
         }
         if (bits == 4) {
@@ -1421,9 +1426,10 @@ static inline float dot_llama(int order, const float *k, const float *qa, const 
 #endif
 
 /* x v + y of float16 values (held in floats) rounded once to float16, as AVX-512 FP16's vfmadd does:
- * the exact sum in units of 2^-48 (128-bit integers), rounded to the float16 quantum at its size, ties
- * to even; inf beyond 65504 */
+ * the exact sum in units of 2^-48 (128-bit integers: |x v| < 2^32, so it fits), rounded to the float16
+ * quantum at its size, ties to even; inf beyond 65504 */
 static __attribute__((unused)) float fma_f16(float x, float v, float y) {
+    if (!isfinite(x) || !isfinite(v) || !isfinite(y)) return round_f16(x * v + y);  /* inf and NaN as vfmadd */
     const int64_t X = (int64_t)ldexpf(x, 24), V = (int64_t)ldexpf(v, 24), Y = (int64_t)ldexpf(y, 24);
     const __int128 t = (__int128)X * V + (__int128)Y * ((__int128)1 << 24);
     if (t == 0) return x * v + y;  /* the zero's sign as IEEE gives it */
@@ -1986,6 +1992,12 @@ void gk_rope_table_llama(float base, int d, int start, int n, float *cos_, float
 /* numerics="llama.cpp": RMSNorm of `rows` rows of n (rms_norm_llama), for the model's final norm */
 void gk_rms_norm_llama(const float *x, const float *w, float eps, int rows, int n, float *out) {
     for (int r = 0; r < rows; r++) rms_norm_llama(x + (size_t)r * n, w, eps, n, out + (size_t)r * n);
+}
+
+/* numerics="llama.cpp-avx512-fp16": out = x v + y of float16 values rounded once to float16 (fma_f16, the
+ * portable form of ggml's float16 steps; exported for its test) */
+void gk_fma_f16(const float *x, const float *v, const float *y, float *out, int n) {
+    for (int i = 0; i < n; i++) out[i] = fma_f16(x[i], v[i], y[i]);
 }
 
 /* numerics="llama.cpp": silu(g) * u over n values as ggml_vec_swiglu_f32 computes it in the float order

@@ -199,6 +199,8 @@ def declare(lib: Any) -> None:
     lib.gk_rms_norm_llama.restype = None
     lib.gk_swiglu_llama.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.gk_swiglu_llama.restype = None
+    lib.gk_fma_f16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.gk_fma_f16.restype = None
     lib.gk_amx_init.restype = ctypes.c_int
     lib.gk_set_amx_rows.argtypes = [ctypes.c_int]
     lib.gk_set_amx_rows.restype = None
