@@ -1032,7 +1032,11 @@ static inline __attribute__((always_inline)) void panel_llama_vnni(int bits, int
         const uint8_t *wb = w + (size_t)b * bb;
         const int8_t *qb = q + (size_t)b * GK_GROUP;
         if (GK_PREFETCH > 0)
-            for (int o = 0; o < bb; o += 64) _mm_prefetch((const char *)(wb + GK_PREFETCH + o), _MM_HINT_T0);
+            for (int o = 0; o < bb; o += 64) {
+                _mm_prefetch((const char *)(wb + GK_PREFETCH + o), _MM_HINT_T0);
+                /* the next panel's weights as far ahead, into L2 (row_vnni's two streams per panel) */
+                _mm_prefetch((const char *)(wb + (size_t)nb * bb + GK_PREFETCH + o), _MM_HINT_T1);
+            }
         const __m512 dw = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb))),
                                         _mm512_set1_ps(dx[b]));
         for (int l = 0; l < 8; l++) {
