@@ -60,12 +60,12 @@ def add_numerics_option(p: Any) -> None:
 
 def check_numerics_option(args: argparse.Namespace) -> None:
     """Refuse a bad ``--numerics`` (or one contradicting ``--activation-digits``) before anything loads."""
-    from ..models.numerics import NUMERICS
+    from ..models.numerics import NUMERICS, is_llama_numerics
 
     numerics = getattr(args, "numerics", None)
     if numerics is not None and numerics not in NUMERICS:
         raise ConfigError(f"--numerics must be one of {', '.join(repr(n) for n in NUMERICS)}; got {numerics!r}")
-    if numerics is not None and numerics.startswith("llama.cpp") and getattr(args, "activation_digits", None) == 2:
+    if numerics is not None and is_llama_numerics(numerics) and getattr(args, "activation_digits", None) == 2:
         raise ConfigError(f"--numerics {numerics} rounds activations to one digit; --activation-digits 2 contradicts it")
 
 

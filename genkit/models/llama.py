@@ -20,6 +20,7 @@ from .base import GenkitModel, ModelConfig, eager_attention
 from .cache import KVCache
 from .llama_infer import PreparedModel, has_hooks, linear, prepare_layers, rms_norm, run_layers, weights_key
 from .mixin import GenerationMixin
+from .numerics import is_llama_numerics
 from .paged import PagedKVStore, StepBatch, paged_forward
 
 
@@ -30,7 +31,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if getattr(self, "numerics", "genkit").startswith("llama.cpp"):  # genkit.models.quant.set_numerics
+        if is_llama_numerics(getattr(self, "numerics", "genkit")):  # genkit.models.quant.set_numerics
             from .block_kernel import rms_norm_llama
 
             return rms_norm_llama(x, self.weight, self.eps)
@@ -259,7 +260,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         if (table is None or table[0].shape[0] < n or table[0].dtype != dtype or table[0].device != self.inv_freq.device
                 or (table[0].is_inference() and not torch.is_inference_mode_enabled())):  # built by generate()
             size = max(n, 2 * table[0].shape[0] if table is not None else 0, 256)
-            if getattr(self, "numerics", "genkit").startswith("llama.cpp"):  # genkit.models.quant.set_numerics
+            if is_llama_numerics(getattr(self, "numerics", "genkit")):  # genkit.models.quant.set_numerics
                 from .block_kernel import rope_table_llama
 
                 cos, sin = rope_table_llama(float(self.config.get("rope_theta", 10000.0)),

@@ -32,6 +32,7 @@ from ..errors import NotSupportedError
 from . import weight_arena
 from .dense_kernel import PRE_GATE, PRE_NONE, PRE_RMS, Gemv
 from .kernel_choice import CLASSES, SMALL_MAX_ROWS
+from .numerics import is_llama_numerics
 from .quant import Int4Linear
 
 logger = logging.getLogger("genkit.models")
@@ -453,7 +454,7 @@ def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin:
     """The decoder layers (the first ``num_layers``, or all) on ``x`` (batch, seq, hidden); fills
     ``hidden`` with each layer's input."""
     b, t, _ = x.shape
-    if prepared.layers and getattr(prepared.layers[0].wqkv, "numerics", "genkit").startswith("llama.cpp"):
+    if prepared.layers and is_llama_numerics(getattr(prepared.layers[0].wqkv, "numerics", "genkit")):
         # numerics="llama.cpp": every step on the block kernel's decoder, no torch path
         if prepared.decoder is None or hidden is not None or any(m is not None and m.shape[0] != 1 for m in masks.values()):
             from .block_decode import UNSUPPORTED

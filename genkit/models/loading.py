@@ -415,8 +415,8 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
         numerics: quantized GGUF models only: ``"genkit"`` (the default) or ``"llama.cpp"``, every
             float operation of a step as llama.cpp's CPU backend (built for this CPU) does it, so
             greedy decoding gives its tokens; ``"llama.cpp-avx2"``, ``"llama.cpp-avx512"`` and
-            ``"llama.cpp-avx512-fp16"`` follow that build of it (:func:`genkit.models.quant.set_numerics`; docs/models.md, "llama.cpp
-            numerics"). Implies one activation digit: ``activation_digits=2`` with it is a ConfigError.
+            ``"llama.cpp-avx512-fp16"`` follow that build of it
+            (:func:`genkit.models.quant.set_numerics`; docs/models.md, "llama.cpp numerics"). Implies one activation digit: ``activation_digits=2`` with it is a ConfigError.
     """
     if not isinstance(dequantize, bool):
         raise ConfigError(f"`dequantize` must be True or False; got {dequantize!r}")
@@ -425,9 +425,9 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
 
         check_activation_digits(activation_digits)
     if numerics is not None:
-        from .numerics import check_numerics
+        from .numerics import check_numerics, is_llama_numerics
 
-        if check_numerics(numerics).startswith("llama.cpp") and activation_digits == 2:
+        if is_llama_numerics(check_numerics(numerics)) and activation_digits == 2:
             raise ConfigError(f"`numerics`={numerics!r} rounds activations to one digit as llama.cpp does; "
                               "`activation_digits`=2 contradicts it (leave it out, or give 1)")
     dtype = _one_dtype(dtype, torch_dtype)

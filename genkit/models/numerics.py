@@ -25,6 +25,12 @@ def check_numerics(numerics: Any) -> str:
     return numerics
 
 
+def is_llama_numerics(numerics: str) -> bool:
+    """Whether a ``numerics`` setting is one of llama.cpp's (``"llama.cpp"`` or a build's): every step on
+    the block kernel's decoder, with one activation digit."""
+    return numerics.startswith("llama.cpp")
+
+
 def native_llama_numerics() -> str:
     """The float order of llama.cpp built for this CPU (natively, or the CPU variant its releases pick):
     ``"llama.cpp-avx512-fp16"`` where the CPU has AVX-512 FP16 (ggml's AVX-512 code with float16

@@ -36,7 +36,7 @@ from ..errors import (
     UnsupportedModelError,
 )
 from . import block_kernel
-from .numerics import NUMERICS, check_numerics, llama_float_order, native_llama_numerics
+from .numerics import NUMERICS, check_numerics, is_llama_numerics, native_llama_numerics
 
 logger = logging.getLogger("genkit.models")
 
@@ -188,7 +188,7 @@ class Int4Linear(nn.Module):
         """The block kernel's activation rounding for this layer (:func:`block_kernel.act_mode`; with
         ``numerics="llama.cpp"``, the same one-digit rounding summed in llama.cpp's order)."""
         act = block_kernel.act_mode(self.activation_digits, self.symmetric)
-        return block_kernel.llama_order(act) if llama_float_order(getattr(self, "numerics", "genkit")) else act
+        return block_kernel.llama_order(act) if is_llama_numerics(getattr(self, "numerics", "genkit")) else act
 
     def _apply(self, fn: Any, recurse: bool = True) -> Int4Linear:
         out = super()._apply(fn, recurse)
@@ -333,15 +333,14 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
     the order of the SIMD code it was built with: ``"llama.cpp"`` follows llama.cpp built for this
     CPU (:func:`genkit.models.numerics.native_llama_numerics`), ``"llama.cpp-avx2"``,
     ``"llama.cpp-avx512"`` and ``"llama.cpp-avx512-fp16"`` name the build; ``model.numerics`` says
-    which one runs. Every step then
-    runs on the block kernel's one-call decoder, a prompt one token at a time (docs/models.md,
-    "llama.cpp numerics").
+    which one runs. Every step then runs on the block kernel's one-call decoder, a prompt one token
+    at a time (docs/models.md, "llama.cpp numerics").
 
     Refused (NotSupportedError) for layers not on the block kernel, for GGUF types other than
     :data:`LLAMA_TYPES` (and for genkit.quantize's layers), and for rope scaling."""
     numerics = check_numerics(numerics)
     layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
-    if numerics.startswith("llama.cpp"):
+    if is_llama_numerics(numerics):
         numerics = _check_llama_numerics(model, layers, numerics)
         set_activation_digits(model, 1)
     for lay in layers:
