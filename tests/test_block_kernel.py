@@ -71,6 +71,29 @@ def test_one_row_at_a_time_gives_the_rows_products_bit_for_bit(bits, out, act):
     assert torch.equal(together, one_by_one)
 
 
+@pytest.mark.parametrize("act", [block_kernel.ACT_TWO, block_kernel.ACT_LLAMA_Q8_1])
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_products_do_not_depend_on_how_many_threads_share_them(bits, rows, act):
+    """Each thread takes its own contiguous range of panels, then helps with the others' (more
+    threads than ranges, 70, start by helping): every panel is computed whole by one thread, so
+    any thread count gives the bits of one thread, an odd panel count (67) and short last chunks
+    included."""
+    codes, scale, minimum = _weight(bits, 16 * 67, 256, seed=bits + rows)
+    blocks = block_kernel.pack(codes, scale, minimum, bits)
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)) * torch.linspace(0.1, 10, 256)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3, 7, 70):
+            torch.set_num_threads(threads)
+            results.append(block_kernel.matmul(x, blocks, bits, 16 * 67, act))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(results[0], r) for r in results[1:])
+    assert not torch.equal(results[0], torch.zeros_like(results[0]))
+
+
 def test_pack_refuses_other_widths():
     codes, scale, minimum = _weight(4, 16, 32)
     with pytest.raises(ValueError, match=r"`bits` must be 4, 6 or 8; got 5"):
