@@ -10,9 +10,10 @@
  *
  * Two layouts of W (N, K):
  * - column-major (stride (1, ldw): genkit's CPU layout, genkit/models/llama_infer.py:lay_out): W^T is
- *   K rows of N floats, read front to back. The K rows are split among the threads; each adds
- *   RT (8) rows at a time into its own partial y (the first thread's is y itself, the others' a
- *   per-calling-thread scratch buffer), and the partials are summed at the end;
+ *   K rows of N floats, read front to back. The K rows are split among the threads; each adds its
+ *   rows into its own partial y (the first thread's is y itself, the others' a per-calling-thread
+ *   scratch buffer), one row of x from four long streams of rows at once, more rows RT (8)
+ *   consecutive rows at a time; the partials are summed at the end;
  * - row-major (stride (ldw, 1): nn.Linear's own): the N rows are split among the threads; four
  *   rows at a time, each a dot product with every row of x.
  */
@@ -32,10 +33,12 @@
 #ifndef RT
 #define RT 8       /* rows of W^T per pass of the column-major product */
 #endif
+#ifndef RS
+#define RS 4       /* weight streams of the one-row column-major product (part_t_row) */
+#endif
 #ifndef PFT
 #define PFT 0      /* its prefetch distance in floats (0: none; the hardware's prefetchers suffice) */
 #endif
-#define NEXT_MAX 16384 /* passes over at most this many weights prefetch the next pass (o, down: ~10-25 % faster) */
 #define MIN_WORK 65536  /* products below this many weights run on one thread */
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
@@ -55,31 +58,51 @@ static float *scratch(size_t n) {
     return scratch_buf;
 }
 
-/* p (M, N) = x[:, k0:k1] @ Wt[k0:k1, :], Wt row k at w + k * ldw: RT rows of Wt per pass, each
- * vector of p loaded once, the RT weight vectors added into it, stored once. RT weight streams at
- * once keep enough of memory's reads in flight for one core to read at the speed of a plain
- * sequential read loop (4 streams with prefetch: ~15 % slower on a Zen 3 EPYC); the rows of x
- * (at most a few) reuse each weight vector from L1. */
+/* p (1, N) = x[k0:k1] @ Wt[k0:k1, :] for one row of x (batch-1 decode), Wt row k at w + k * ldw: RS
+ * weight streams at once, stream u reading rows k0 + u * span ... k0 + (u + 1) * span - 1 front to
+ * back, each vector of p loaded once per step, the RS weight vectors added into it, stored once. Each
+ * stream is one long sequential read, so the hardware prefetchers never restart (eight streams of one
+ * row each, restarting every eight rows, read 8-10 % slower on a 2-core Zen 5 EPYC). Rows left over
+ * (RS * span < k1 - k0) are added one at a time. */
+static void part_t_row(const float *x, const float *w, long ldw, float *p, int N, int k0, int k1) {
+    memset(p, 0, sizeof(float) * (size_t)N);
+    const long span = (k1 - k0) / RS;
+    for (long r = 0; r < span; r++) {
+        const float *wr = w + (size_t)(k0 + r) * ldw;
+        float xv[RS];
+        for (int u = 0; u < RS; u++) xv[u] = x[k0 + r + u * span];
+        int j = 0;
+        for (; j + VW <= N; j += VW) {
+            v16 s = *(v16 *)(p + j);
+            for (int u = 0; u < RS; u++) s += ld16(wr + u * span * ldw + j) * xv[u];
+            *(v16 *)(p + j) = s;
+        }
+        for (; j < N; j++) {
+            float s = p[j];
+            for (int u = 0; u < RS; u++) s += wr[u * span * ldw + j] * xv[u];
+            p[j] = s;
+        }
+    }
+    for (long k = k0 + RS * span; k < k1; k++) {
+        const float *w0 = w + (size_t)k * ldw;
+        const float xk = x[k];
+        for (int j = 0; j < N; j++) p[j] += w0[j] * xk;
+    }
+}
+
+/* p (M, N) = x[:, k0:k1] @ Wt[k0:k1, :]: one row through part_t_row; more rows RT rows of Wt per
+ * pass, each vector of p loaded once, the RT weight vectors added into it, stored once, the rows of
+ * x (at most a few) reusing each weight vector from L1. */
 static void part_t(const float *x, int ldx, const float *w, long ldw, float *p, int M, int N, int k0, int k1) {
+    if (M == 1) {
+        part_t_row(x, w, ldw, p, N, k0, k1);
+        return;
+    }
     memset(p, 0, sizeof(float) * (size_t)M * N);
     int k = k0;
     for (; k + RT <= k1; k += RT) {
         const float *wr = w + (size_t)k * ldw;
         int j = 0;
-        if (M == 1) {  /* batch-1 decode: the RT values of x stay in registers */
-            float xv[RT];
-            for (int u = 0; u < RT; u++) xv[u] = x[k + u];
-            int ahead = (long)N * RT <= NEXT_MAX && k + 2 * RT <= k1;
-            for (; j + VW <= N; j += VW) {
-                if (PFT > 0)
-                    for (int u = 0; u < RT; u++) __builtin_prefetch(wr + u * ldw + j + PFT, 0, PFH);
-                if (ahead)  /* short rows: the next pass's rows, into L2 */
-                    for (int u = 0; u < RT; u++) __builtin_prefetch(wr + (RT + u) * ldw + j, 0, 2);
-                v16 s = *(v16 *)(p + j);
-                for (int u = 0; u < RT; u++) s += ld16(wr + u * ldw + j) * xv[u];
-                *(v16 *)(p + j) = s;
-            }
-        }
         for (; j + VW <= N; j += VW) {
             if (PFT > 0)
                 for (int u = 0; u < RT; u++) __builtin_prefetch(wr + u * ldw + j + PFT, 0, PFH);

@@ -9,9 +9,10 @@ thread, 18.0 ms at 2 on a 2-core EPYC). This kernel shares each product among to
 AVX-512, AVX2/FMA, or the compiler's portable vectors), on the weight as genkit stores it: no copy,
 no repacking, so it costs no memory. Column-major weights (genkit's CPU layout,
 :func:`genkit.models.llama_infer.lay_out`) and row-major ones (``nn.Linear``'s own) both run on it;
-on column-major ones one core reads the weights as fast as a sequential read loop (eight weight
-streams at once). :meth:`Gemv.fused` also runs a decoder layer's work around a product in the same
-call: the RMSNorm or the MLP's gate (``silu(gate) * up``) before it, the residual add after it.
+on column-major ones one core reads the weights about as fast as a sequential read loop (one row of
+x: four weight streams at once, each a long sequential read of a quarter of the rows).
+:meth:`Gemv.fused` also runs a decoder layer's work around a product in the same call: the RMSNorm
+or the MLP's gate (``silu(gate) * up``) before it, the residual add after it.
 
 It is built and cached like the block kernel, with the same compiler, flags, verified cache and
 switch (:func:`genkit.models.block_kernel.build_cached`; ``GENKIT_BLOCK_KERNEL=0`` turns both
