@@ -421,16 +421,17 @@ static inline __attribute__((always_inline)) void digits_vnni(const int8_t *q, c
     *r1 = _mm512_set1_epi32(a[3]);
 }
 
-/* One activation row (batch-1 decode) through P (1 or 2) neighbouring panels: panel_vnni's
+/* One activation row (batch-1 decode) through P (1 or 2) panels `gap` panels apart: panel_vnni's
  * arithmetic for MT = 1, with the block's activation digits broadcast once for both panels, the
  * integer sums of each split over two accumulators per digit (panel_vnni's single chain of eight
- * dependent dpbusd bounded one row), and the weights fetched GK_PREFETCH bytes ahead, those of the
- * next pair of panels too (into L2): one core reads memory faster with more streams in flight (on
- * the AVX-512 Xeon, 10-12 GB/s with one, 15.9 with eight; decode 11-15 % faster, session 10). The
- * float steps are panel_vnni's, in its order: the same results to the bit. */
+ * dependent dpbusd bounded one row), and the weights fetched GK_PREFETCH bytes ahead, and two panels
+ * further on too (into L2): one core reads memory faster with more reads in flight (on the AVX-512
+ * Xeon, 10-12 GB/s with one stream, 15.9 with eight; decode 11-15 % faster, session 10). The float
+ * steps are panel_vnni's, in its order: the same results to the bit. */
 static inline __attribute__((always_inline)) void row_vnni(int bits, int two, const uint8_t *w, size_t pbytes,
-                                                           int P, int nb, const int8_t *q, const int8_t *q2,
-                                                           const float *dx, const float *sx, float *y) {
+                                                           size_t gap, int P, int nb, const int8_t *q,
+                                                           const int8_t *q2, const float *dx, const float *sx,
+                                                           float *y) {
     __m512 acc[2], accm[2];
     for (int k = 0; k < P; k++) acc[k] = accm[k] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(0x0F);
@@ -439,11 +440,11 @@ static inline __attribute__((always_inline)) void row_vnni(int bits, int two, co
         const int8_t *qb = q + (size_t)b * GK_GROUP, *rb = two ? q2 + (size_t)b * GK_GROUP : qb;
         __m512i s1a[2], s1b[2], s2a[2], s2b[2];
         for (int k = 0; k < P; k++) {
-            const uint8_t *wb = w + k * pbytes + (size_t)b * bb;
+            const uint8_t *wb = w + k * gap * pbytes + (size_t)b * bb;
             if (GK_PREFETCH > 0)
                 for (int off = 0; off < bb; off += 64) {
                     _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
-                    /* the next pair's weights as far ahead, into L2: twice the streams in flight */
+                    /* two panels further on in the same stream, into L2 */
                     _mm_prefetch((const char *)(wb + 2 * pbytes + GK_PREFETCH + off), _MM_HINT_T1);
                 }
             s1a[k] = s1b[k] = s2a[k] = s2b[k] = _mm512_setzero_si512();
@@ -453,7 +454,7 @@ static inline __attribute__((always_inline)) void row_vnni(int bits, int two, co
                 __m512i A0, A1, R0, R1;
                 digits_vnni(qb, rb, 8 * c, &A0, &A1, &R0, &R1);
                 for (int k = 0; k < P; k++) {
-                    __m512i p = _mm512_loadu_si512((const void *)(w + k * pbytes + (size_t)b * bb + 64 * c));
+                    __m512i p = _mm512_loadu_si512((const void *)(w + k * gap * pbytes + (size_t)b * bb + 64 * c));
                     __m512i lo = _mm512_and_si512(p, low), hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
                     s1a[k] = _mm512_dpbusd_epi32(s1a[k], lo, A0);
                     s1b[k] = _mm512_dpbusd_epi32(s1b[k], hi, A1);
@@ -467,7 +468,7 @@ static inline __attribute__((always_inline)) void row_vnni(int bits, int two, co
                 __m512i A0, A1, R0, R1;
                 digits_vnni(qb, rb, 4 * c, &A0, &A1, &R0, &R1);
                 for (int k = 0; k < P; k++) {
-                    const uint8_t *wb = w + k * pbytes + (size_t)b * bb;
+                    const uint8_t *wb = w + k * gap * pbytes + (size_t)b * bb;
                     __m512i p0 = _mm512_loadu_si512((const void *)(wb + 64 * c));
                     __m512i p1 = _mm512_loadu_si512((const void *)(wb + 64 * c + 64));
                     s1a[k] = _mm512_dpbusd_epi32(s1a[k], p0, A0);
@@ -481,7 +482,7 @@ static inline __attribute__((always_inline)) void row_vnni(int bits, int two, co
         float xd = dx[b];
         __m512 xs = _mm512_set1_ps(xd), xs2 = _mm512_set1_ps(xd / 254.0f), sxb = _mm512_set1_ps(sx[b]);
         for (int k = 0; k < P; k++) {
-            const uint8_t *wb = w + k * pbytes + (size_t)b * bb;
+            const uint8_t *wb = w + k * gap * pbytes + (size_t)b * bb;
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb)));
             __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb + 32)));
             acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s1a[k], s1b[k])), _mm512_mul_ps(d, xs), acc[k]);
@@ -491,26 +492,29 @@ static inline __attribute__((always_inline)) void row_vnni(int bits, int two, co
             accm[k] = _mm512_fmadd_ps(m, sxb, accm[k]);
         }
     }
-    for (int k = 0; k < P; k++) _mm512_storeu_ps(y + GK_ROWS * k, _mm512_add_ps(acc[k], accm[k]));
+    for (int k = 0; k < P; k++) _mm512_storeu_ps(y + GK_ROWS * gap * k, _mm512_add_ps(acc[k], accm[k]));
 }
 
-/* y (1, N) of a one-row product: panels in pairs through row_vnni, pairs shared among threads */
+/* y (1, N) of a one-row product: panels in pairs through row_vnni, pairs shared among threads. Pair h
+ * is panels h and h + pairs, so a thread's range of pairs reads two long sequential streams of
+ * weights (neighbouring panels as pairs restarted both streams every pair: 1 thread 5-8 % slower on
+ * a 2-core Zen 5 EPYC) */
 static void matmul_row_vnni(int bits, int two, const uint8_t *w, size_t panel_bytes, int panels, int nb,
                             const int8_t *q, const int8_t *q2, const float *dx, const float *sx, float *y,
                             int threads) {
     int pairs = (panels + 1) / 2;
     if (threads > pairs) threads = pairs;
 /* bits, digits and panel count as constants: each combination its own specialised loop */
-#define GK_ROW(B, D) (both ? row_vnni(B, D, wp, panel_bytes, 2, nb, q, q2, dx, sx, yp) \
-                           : row_vnni(B, D, wp, panel_bytes, 1, nb, q, q2, dx, sx, yp))
+#define GK_ROW(B, D) (both ? row_vnni(B, D, wp, panel_bytes, pairs, 2, nb, q, q2, dx, sx, yp) \
+                           : row_vnni(B, D, wp, panel_bytes, pairs, 1, nb, q, q2, dx, sx, yp))
     gk_share share;
     share_init(&share, pairs, threads);
 #pragma omp parallel num_threads(threads)
     for (int t = omp_get_thread_num(), r = 0, a, b; share_next(&share, t, &r, &a, &b);) {
-        for (int h = a; h < b; h++) {
-            const uint8_t *wp = w + (size_t)(2 * h) * panel_bytes;
-            float *yp = y + (size_t)(2 * h) * GK_ROWS;
-            const int both = 2 * h + 1 < panels;
+        for (int h = a; h < b; h++) {  /* pair h: panels h and h + pairs */
+            const uint8_t *wp = w + (size_t)h * panel_bytes;
+            float *yp = y + (size_t)h * GK_ROWS;
+            const int both = h + pairs < panels;
             if (bits == 4) {
                 if (two) GK_ROW(4, 1); else GK_ROW(4, 0);
             } else {
