@@ -5,6 +5,7 @@ environment variable wins over the cache, and `genkit info` shows the choice and
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -143,6 +144,16 @@ def test_the_probe_choice_is_cached_and_verified(home):
     again = kernel_choice.choose("dense", "sig-a", ("packed", "plain"), _runner(calls))
     assert calls == [] and again.paths == first.paths
     assert all(why.startswith("cached probe at") for why in again.reasons.values())
+
+
+def test_the_cache_key_covers_the_c_kernels_code(home):
+    """A choice measured on one version of the block or dense kernel is not read for another: the
+    cache file's key is a digest of the CPU, torch, genkit, the probe rule and both C sources."""
+    models = Path(kernel_choice.__file__).parent
+    sources = hashlib.sha256(b"".join((models / n).read_bytes() for n in ("block_kernel.c", "dense_kernel.c")))
+    text = (f"{kernel_choice._cpu_model()}\0{torch.__version__}\0{genkit.__version__}\0"
+            f"probe-v{kernel_choice.PROBE_VERSION}\0{sources.hexdigest()[:16]}")
+    assert kernel_choice.cache_path().name == f"choice-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
 
 
 def test_a_tampered_cache_file_is_refused(home, caplog):

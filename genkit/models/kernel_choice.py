@@ -41,8 +41,8 @@ first use (one to two seconds on a 135M model, once per machine), by this rule:
   the same tokens as a later, cached one).
 
 A quiet probe's result is cached in ``$GENKIT_HOME/kernels/choice-<key>.json``, one file per CPU
-model and flags, torch version, genkit version and probe rule (PROBE_VERSION: choices made by an
-older rule are not read), written atomically with its sha256 recorded beside it and checked before
+model and flags, torch version, genkit version, probe rule (PROBE_VERSION: choices made by an
+older rule are not read) and the C kernels' code (a changed kernel is probed anew), written atomically with its sha256 recorded beside it and checked before
 it is read (:func:`genkit.models.kernel_cache.store` / :func:`~genkit.models.kernel_cache.read_checked`:
 a tampered file is refused with a warning and the probe runs again).
 
@@ -145,14 +145,29 @@ def _cpu_model() -> str:
     return f"{name}|{flags}"
 
 
+KERNEL_SOURCES = ("block_kernel.c", "dense_kernel.c")  # the C paths' code: a change in either is probed anew
+
+
+def _kernels_digest() -> str:
+    """A digest of the C kernels' sources (empty where one is missing), so that choices measured on
+    an earlier version of a path are not read for a new one."""
+    digest = hashlib.sha256()
+    for name in KERNEL_SOURCES:
+        try:
+            digest.update(Path(__file__).with_name(name).read_bytes())
+        except OSError:
+            digest.update(b"-")
+    return digest.hexdigest()[:16]
+
+
 def cache_path() -> Path:
-    """The cache file of this CPU model and flags, torch version and genkit version."""
+    """The cache file of this CPU model and flags, torch version, genkit version and C kernels' code."""
     import torch
 
     from .. import __version__
     from .demo import genkit_home
 
-    text = f"{_cpu_model()}\0{torch.__version__}\0{__version__}\0probe-v{PROBE_VERSION}"
+    text = f"{_cpu_model()}\0{torch.__version__}\0{__version__}\0probe-v{PROBE_VERSION}\0{_kernels_digest()}"
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
     return Path(genkit_home()) / "kernels" / f"choice-{key}.json"
 
