@@ -244,7 +244,9 @@ static float round_f16(float f) {
  * on which. */
 #define GK_SHARE_PARTS 64
 typedef struct {
-    struct { int next, end; char pad[56]; } part[GK_SHARE_PARTS];  /* one cache line each */
+    struct {
+        int next, end;
+    } __attribute__((aligned(64))) part[GK_SHARE_PARTS]; /* a cache line each */
     int parts, chunk;
 } gk_share;
 
