@@ -238,10 +238,10 @@ static float round_f16(float f) {
  * of weights and its prefetches run on into its next chunk; a thread whose range is done takes the
  * chunks left in the others' ranges, one at a time from their fronts. So a thread the system takes
  * off its core for a while (another process, the server's event loop) leaves its remaining chunks
- * to the others instead of holding up the whole product, while a quiet machine reads each range
- * in one stream (chunks handed out in turn made each chunk a new stream: on a 2-core Zen 5 EPYC, 2-thread
- * decode ran at 303 tok/s against 396 this way). Threads beyond GK_SHARE_PARTS start by helping. Every panel is computed whole by one thread: the results do not depend
- * on which. */
+ * to the others instead of holding up the whole product, while on a quiet machine each thread reads
+ * its range as one stream (chunks handed out in turn made each chunk a new stream: on a 2-core Zen 5
+ * EPYC, 2-thread decode ran at 303 tok/s against 396 this way). Threads beyond GK_SHARE_PARTS start
+ * by helping. Every panel is computed whole by one thread: the results do not depend on which. */
 #define GK_SHARE_PARTS 64
 typedef struct {
     struct {
@@ -456,7 +456,8 @@ static inline __attribute__((always_inline)) void row_vnni(int bits, int two, co
                 __m512i A0, A1, R0, R1;
                 digits_vnni(qb, rb, 8 * c, &A0, &A1, &R0, &R1);
                 for (int k = 0; k < P; k++) {
-                    __m512i p = _mm512_loadu_si512((const void *)(w + k * gap * pbytes + (size_t)b * bb + 64 * c));
+                    const uint8_t *wb = w + k * gap * pbytes + (size_t)b * bb;
+                    __m512i p = _mm512_loadu_si512((const void *)(wb + 64 * c));
                     __m512i lo = _mm512_and_si512(p, low), hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
                     s1a[k] = _mm512_dpbusd_epi32(s1a[k], lo, A0);
                     s1b[k] = _mm512_dpbusd_epi32(s1b[k], hi, A1);
