@@ -31,17 +31,23 @@ pytestmark = pytest.mark.skipif(not block_kernel.available(), reason="no C compi
 F32 = np.float32
 
 
-def round_f32(value: Fraction) -> float:
-    """``value`` rounded once to the nearest float32 (ties to even; normal range)."""
+def _round_binary(value: Fraction, mantissa: int, min_exponent: int) -> float:
+    """``|value|`` rounded once to the nearest binary float with ``mantissa`` stored bits and
+    exponents from ``min_exponent`` (subnormals below it), ties to even; no overflow handling."""
     if value == 0:
         return 0.0
     a = abs(value)
     e = a.numerator.bit_length() - a.denominator.bit_length()
     e += 1 if a >= Fraction(2) ** (e + 1) else (-1 if a < Fraction(2) ** e else 0)
-    scale = Fraction(2) ** (23 - max(e, -126))
+    scale = Fraction(2) ** (mantissa - max(e, min_exponent))
     n, rem = divmod(a * scale, 1)
     n += rem > Fraction(1, 2) or (rem == Fraction(1, 2) and n % 2 == 1)
-    return math.copysign(float(Fraction(n) / scale), value)
+    return float(Fraction(n) / scale)
+
+
+def round_f32(value: Fraction) -> float:
+    """``value`` rounded once to the nearest float32 (ties to even; normal range)."""
+    return math.copysign(_round_binary(value, 23, -126), value)
 
 
 def fma32(a: float, b: float, c: float) -> float:
@@ -251,15 +257,7 @@ def expf_ggml(x: float) -> float:
 
 def round_f16(value: Fraction) -> float:
     """``value`` rounded once to the nearest float16 (ties to even; subnormals; inf from 65520 on)."""
-    if value == 0:
-        return 0.0
-    a = abs(value)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    e += 1 if a >= Fraction(2) ** (e + 1) else (-1 if a < Fraction(2) ** e else 0)
-    scale = Fraction(2) ** (10 - max(e, -14))
-    n, rem = divmod(a * scale, 1)
-    n += rem > Fraction(1, 2) or (rem == Fraction(1, 2) and n % 2 == 1)
-    r = float(Fraction(n) / scale)
+    r = _round_binary(value, 10, -14)
     return math.copysign(math.inf if r > 65504 else r, value)
 
 

@@ -42,9 +42,10 @@ first use (one to two seconds on a 135M model, once per machine), by this rule:
 
 A quiet probe's result is cached in ``$GENKIT_HOME/kernels/choice-<key>.json``, one file per CPU
 model and flags, torch version, genkit version, probe rule (PROBE_VERSION: choices made by an
-older rule are not read) and the C kernels' code (a changed kernel is probed anew), written atomically with its sha256 recorded beside it and checked before
-it is read (:func:`genkit.models.kernel_cache.store` / :func:`~genkit.models.kernel_cache.read_checked`:
-a tampered file is refused with a warning and the probe runs again).
+older rule are not read) and the C kernels' code (a changed kernel is probed anew), written
+atomically with its sha256 recorded beside it and checked before it is read
+(:func:`genkit.models.kernel_cache.store` / :func:`~genkit.models.kernel_cache.read_checked`: a
+tampered file is refused with a warning and the probe runs again).
 
 ``GENKIT_KERNEL`` overrides the choice: a comma-separated list of ``PATH`` (every class) or
 ``CLASS:PATH`` items, e.g. ``GENKIT_KERNEL=plain`` or ``GENKIT_KERNEL=decode:plain,prefill:packed``;
@@ -54,6 +55,7 @@ cached choices and this process's, with the probe's timings or ``not cached: mac
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -148,9 +150,10 @@ def _cpu_model() -> str:
 KERNEL_SOURCES = ("block_kernel.c", "dense_kernel.c")  # the C paths' code: a change in either is probed anew
 
 
+@functools.cache
 def _kernels_digest() -> str:
-    """A digest of the C kernels' sources (empty where one is missing), so that choices measured on
-    an earlier version of a path are not read for a new one."""
+    """A digest of the C kernels' sources ("-" for one that is missing), so that choices measured on
+    an earlier version of a path are not read for a new one; read once per process."""
     digest = hashlib.sha256()
     for name in KERNEL_SOURCES:
         try:
