@@ -414,10 +414,9 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
             "Activation rounding"). Given for a model that is not quantized: a ConfigError.
         numerics: quantized GGUF models only: ``"genkit"`` (the default) or ``"llama.cpp"``, every
             float operation of a step as llama.cpp's CPU backend (built for this CPU) does it, so
-            greedy decoding gives its tokens; ``"llama.cpp-avx2"``, ``"llama.cpp-avx512"`` and
-            ``"llama.cpp-avx512-fp16"`` follow that build of it
-            (:func:`genkit.models.quant.set_numerics`; docs/models.md, "llama.cpp numerics").
-            Implies one activation digit: ``activation_digits=2`` with it is a ConfigError.
+            greedy decoding gives its tokens; ``"llama.cpp-avx2"``, ``"llama.cpp-avx512"``, ``"llama.cpp-avx512-fp16"``
+            follow that build (:func:`genkit.models.quant.set_numerics`; docs/models.md, "llama.cpp
+            numerics"). Implies one activation digit: ``activation_digits=2`` with it is a ConfigError.
     """
     if not isinstance(dequantize, bool):
         raise ConfigError(f"`dequantize` must be True or False; got {dequantize!r}")
