@@ -223,6 +223,30 @@ def test_every_transformers_keyword_and_config_is_accepted(model):
         ContinuousBatchingConfig.coerce({"use_cuda_graphs": True})
 
 
+def test_settings_that_have_no_effect_are_named_in_one_warning(model, caplog):
+    prompts = _prompts(2, seed=12)
+    with caplog.at_level("WARNING", logger="genkit"):
+        model.generate_batch(prompts, max_new_tokens=3, eos_token_id=None,
+                             continuous_batching_config={"block_size": 8, "num_blocks": 64})
+    assert "no effect" not in caplog.text
+    gpu_only = ContinuousBatchingConfig(use_cuda_graph=True, page_size=16, max_memory_percent=0.5,
+                                        varlen_compile_config={"fullgraph": True}, cpu_offload_space=1.0)
+    with caplog.at_level("WARNING", logger="genkit"):
+        model.generate_batch(prompts, max_new_tokens=3, eos_token_id=None, continuous_batching_config=gpu_only)
+        model.generate_batch(prompts, max_new_tokens=3, eos_token_id=None, continuous_batching_config=gpu_only)
+    lines = [r.getMessage() for r in caplog.records if "no effect in genkit" in r.getMessage()]
+    assert len(lines) == 1, lines  # once per process
+    assert lines[0].startswith("continuous_batching_config: `max_memory_percent`, `use_cuda_graph`, "
+                               "`varlen_compile_config`, `cpu_offload_space` have no effect in genkit (")
+    assert "page_size" not in lines[0] and "CUDA graphs" in lines[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="genkit"):
+        model.init_continuous_batching(num_q_padding_intervals=4, workload_hints={"max_prompt_length": 64})
+    assert "`num_q_padding_intervals` has no effect in genkit" in caplog.text
+    assert "`num_kv_padding_intervals`" not in caplog.text  # left at 0
+    assert "`workload_hints` has no effect in genkit" in caplog.text
+
+
 def test_persistent_manager_is_kept_by_the_model(model):
     prompts = _prompts(2, seed=12)
     model.generate_batch(prompts, max_new_tokens=3, persistent_manager=True, continuous_batching_config=CB)

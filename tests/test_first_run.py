@@ -86,6 +86,17 @@ def test_unavailable_device_is_one_line_and_v_shows_traceback():
         assert verbose.stderr.rstrip().splitlines()[-1] == lines[0]
 
 
+@pytest.mark.parametrize("command", ["batch", "serve"])
+def test_batch_and_serve_refuse_an_unavailable_device_before_loading(command, tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"prompt": "hi"}\n', encoding="utf-8")
+    where = [str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl")] if command == "batch" else ["--port", "8765"]
+    proc = run_cli(command, *where, "--model", str(tmp_path / "no-such-model"), "--device", "cuda:99")
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert len(lines) == 1 and lines[0].startswith("genkit: error: --device 'cuda:99' is not available"), lines
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 # 3. every returned sequence is printed, numbered; the common flags exist
 def test_num_return_sequences_prints_all_numbered(demo_home):
     env = {"GENKIT_HOME": demo_home["home"]}

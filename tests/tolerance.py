@@ -106,7 +106,8 @@ def head_terms(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | No
     try:
         with torch.no_grad():
             model(input_ids, attention_mask=attention_mask)
-            rows = head(torch.eye(norm.weight.shape[-1], dtype=caught[0].dtype)).float()  # (H, V)
+            eye = torch.eye(norm.weight.shape[-1], dtype=caught[0].dtype, device=caught[0].device)
+            rows = head(eye).float()  # (H, V)
     finally:
         handle.remove()
     return float((caught[0].float().abs() @ rows.abs()).max())

@@ -15,10 +15,12 @@ from ..errors import ConfigError, GenerationError
 from ..models.demo import DEMO_MODEL
 from .options import (
     add_activation_digits_option,
+    add_device_option,
     add_numerics_option,
     add_threads_option,
     apply_threads_option,
     check_activation_digits_option,
+    check_device_option,
     check_numerics_option,
     check_threads_option,
     read_prompt,
@@ -71,7 +73,7 @@ def add_generation_options(p: Any) -> None:
                         "--num-beams the N best beams")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "auto"],
                    help="weights dtype (default: the checkpoint's)")
-    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: cpu)")
+    add_device_option(p)
     p.add_argument("--revision", default=None, help="Hub revision of --model")
     add_threads_option(p)
     add_activation_digits_option(p)
@@ -152,31 +154,6 @@ def make_streamer(tokenizer: Any) -> Any:
     return TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
 
 
-def check_device(name: str | None) -> None:
-    """Refuse a ``--device`` this torch build cannot use, naming the devices it can."""
-    if name is None:
-        return
-    import torch
-
-    available = ["cpu"]
-    if torch.cuda.is_available():
-        available += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        available.append("mps")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise ConfigError(f"--device {name!r} is not a device name; available here: {', '.join(available)}") from None
-    ok = device.type == "cpu" or (
-        device.type == "cuda" and torch.cuda.is_available()
-        and (device.index is None or device.index < torch.cuda.device_count())
-    ) or (device.type == "mps" and "mps" in available)
-    if not ok:
-        why = " (this torch build has no CUDA support)" if device.type == "cuda" and not torch.backends.cuda.is_built() \
-            else ""
-        raise ConfigError(f"--device {name!r} is not available{why}; available here: {', '.join(available)}")
-
-
 def check_generation_options(kwargs: dict[str, Any], custom_generate: str | None) -> Any:
     """Validate the generation options before the model loads (seconds earlier than generate would).
 
@@ -209,7 +186,7 @@ def check_options(args: argparse.Namespace) -> dict[str, Any]:
     check_activation_digits_option(args)
     check_numerics_option(args)
     kwargs = generation_kwargs(args)
-    check_device(args.device)
+    check_device_option(args)
     config = check_generation_options(kwargs, args.custom_generate)
     if getattr(args, "stream", False):
         n = int(kwargs.get("num_return_sequences", 1))

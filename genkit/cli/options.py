@@ -1,5 +1,5 @@
 """Options several commands share: ``--threads`` (every command that runs a model),
-``--activation-digits`` (generate, batch, serve) and the prompt argument. No torch import here: the thread count is applied before torch loads."""
+``--activation-digits``, ``--numerics`` and ``--device`` (generate, batch, serve) and the prompt argument. No torch import here: the thread count is applied before torch loads."""
 
 from __future__ import annotations
 
@@ -67,6 +67,37 @@ def check_numerics_option(args: argparse.Namespace) -> None:
         raise ConfigError(f"--numerics must be one of {', '.join(repr(n) for n in NUMERICS)}; got {numerics!r}")
     if numerics is not None and is_llama_numerics(numerics) and getattr(args, "activation_digits", None) == 2:
         raise ConfigError(f"--numerics {numerics} rounds activations to one digit; --activation-digits 2 contradicts it")
+
+
+def add_device_option(p: Any) -> None:
+    """``--device NAME`` on a command that loads a model."""
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: cpu)")
+
+
+def check_device_option(args: argparse.Namespace) -> None:
+    """Refuse a ``--device`` this torch build cannot use, naming the devices it can."""
+    name = getattr(args, "device", None)
+    if name is None:
+        return
+    import torch
+
+    available = ["cpu"]
+    if torch.cuda.is_available():
+        available += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        available.append("mps")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"--device {name!r} is not a device name; available here: {', '.join(available)}") from None
+    ok = device.type == "cpu" or (
+        device.type == "cuda" and torch.cuda.is_available()
+        and (device.index is None or device.index < torch.cuda.device_count())
+    ) or (device.type == "mps" and "mps" in available)
+    if not ok:
+        why = " (this torch build has no CUDA support)" if device.type == "cuda" and not torch.backends.cuda.is_built() \
+            else ""
+        raise ConfigError(f"--device {name!r} is not available{why}; available here: {', '.join(available)}")
 
 
 def apply_threads_option(args: argparse.Namespace) -> int:

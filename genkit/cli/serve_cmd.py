@@ -16,10 +16,12 @@ from typing import Any
 from ..errors import ConfigError
 from .options import (
     add_activation_digits_option,
+    add_device_option,
     add_numerics_option,
     add_threads_option,
     apply_threads_option,
     check_activation_digits_option,
+    check_device_option,
     check_numerics_option,
     check_threads_option,
 )
@@ -63,6 +65,7 @@ def add_parser(subparsers: Any) -> None:
                    help="on SIGINT/SIGTERM, how long running requests may finish before they are cancelled "
                         "(default: 30)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "auto"])
+    add_device_option(p)
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="token budget of one batching step (continuous batching engine)")
     p.add_argument("--scheduler", default=None, help="continuous batching scheduler: fifo or prefill_first")
@@ -128,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     check_threads_option(args)
     check_activation_digits_option(args)
     check_numerics_option(args)
+    check_device_option(args)
     from genkit.serve.lifecycle import DrainingServer, bind
 
     sock = bind(args.host, args.port)
@@ -154,7 +158,7 @@ def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple
     from genkit.serve.engines import make_engine
     from genkit.serve.security import ServePolicy
 
-    model = genkit.load_model(ref, dtype=args.dtype, activation_digits=args.activation_digits,
+    model = genkit.load_model(ref, dtype=args.dtype, device=args.device, activation_digits=args.activation_digits,
                               numerics=args.numerics)
     tokenizer = genkit.load_tokenizer(ref)
     context = getattr(model.config, "max_position_embeddings", None)

@@ -33,11 +33,16 @@ def init_continuous_batching(model: Any, generation_config: Any = None, manual_e
     is one. The keywords are those of transformers 5.2 (``manual_eviction``, ``max_queue_size``,
     ``num_q_padding_intervals``, ``num_kv_padding_intervals``, ``allow_block_sharing``) and 5.24
     (``continuous_batching_config``: genkit's, transformers' or a dict; ``workload_hints``). The
-    padding intervals (CUDA graphs) and ``workload_hints`` (GPU memory sizing) have no effect on a
-    CPU. A transformers model gets its own manager (transformers 5's), with the settings translated."""
+    padding intervals (CUDA graphs) and ``workload_hints`` (GPU memory sizing) have no effect (a
+    warning names them). A transformers model gets its own manager (transformers 5's), with the settings translated."""
     _refuse_unknown("init_continuous_batching", unknown)
     _check_no_effect(num_q_padding_intervals=num_q_padding_intervals,
                      num_kv_padding_intervals=num_kv_padding_intervals)
+    if workload_hints is not None:
+        from genkit.config.warn import warn_once
+
+        warn_once("`workload_hints` has no effect in genkit (transformers sizes GPU memory from them; genkit sizes the "
+                  "cache from continuous_batching_config's num_blocks)")
     check_model(model)
     hf = transformers_model(model)
     if hf is not None:
@@ -185,7 +190,11 @@ def _refuse_unknown(function: str, unknown: dict[str, Any]) -> None:
 
 
 def _check_no_effect(**values: Any) -> None:
-    """Keywords that only size CUDA graphs: ints >= 0, no effect on a CPU."""
+    """Keywords that only size CUDA graphs: ints >= 0, no effect in genkit (a warning says so)."""
+    from genkit.config.warn import warn_once
+
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"`{name}` must be an int >= 0 (CUDA graph padding; no effect on a CPU); got {value!r}")
+            raise ConfigError(f"`{name}` must be an int >= 0 (CUDA graph padding; no effect in genkit); got {value!r}")
+        if value:
+            warn_once(f"`{name}` has no effect in genkit (it pads steps for CUDA graphs, which genkit does not use)")

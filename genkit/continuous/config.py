@@ -1,9 +1,10 @@
 """``ContinuousBatchingConfig``: the engine's sizes and policies, under transformers 5's names.
 
 Every field of transformers' ``ContinuousBatchingConfig`` (5.24, the installed reference) is a
-field here. Those that only concern GPUs in transformers (CUDA graphs, compile configs, memory
-fractions, offloading, tensor parallelism) are accepted and have no effect on a CPU: they are
-listed, with why, in ``NO_EFFECT`` (and in docs/continuous_batching.md).
+field here. Those that only concern transformers' GPU engine (CUDA graphs, compile configs, memory
+fractions, offloading, tensor parallelism) are accepted and have no effect, on a CPU or a GPU: they
+are listed, with why, in ``NO_EFFECT`` (and in docs/continuous_batching.md); one given another value
+than its default is named in a warning (:func:`warn_no_effect`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from genkit.errors import ConfigError
 
-__all__ = ["NO_EFFECT", "ContinuousBatchingConfig"]
+__all__ = ["NO_EFFECT", "ContinuousBatchingConfig", "warn_no_effect"]
 
 NO_EFFECT = {
     "max_memory_percent": "sizes the cache from free GPU memory; genkit sizes it from num_blocks (see there)",
@@ -27,7 +28,7 @@ NO_EFFECT = {
     "decode_compile_config": "torch.compile of the GPU decode path",
     "default_compile_level": "default compile configs of the GPU paths",
     "auto_switch_to_flash": "switches the attention to flash-attention kernels (GPU)",
-    "cpu_offload_space": "offloads a preempted request's GPU cache to CPU memory; genkit's cache is in CPU memory",
+    "cpu_offload_space": "offloads a preempted request's GPU cache to CPU memory; genkit's preempted requests recompute",
     "cpu_offload_space_safety_threshold": "caps cpu_offload_space",
     "per_request_processors": "genkit always applies each request's own processors and settings",
     "drop_unsupported_processors": "genkit runs every logits processor; none is unsupported",
@@ -187,3 +188,16 @@ def _is_scheduler_class(value: Any) -> bool:
     from .scheduler import Scheduler
 
     return isinstance(value, type) and issubclass(value, Scheduler)
+
+
+def warn_no_effect(cb: ContinuousBatchingConfig) -> None:
+    """Warn (once per setting) about the :data:`NO_EFFECT` fields ``cb`` gives another value than
+    their default: accepted for transformers' sake, but nothing in genkit acts on them."""
+    from genkit.config.warn import warn_once
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ContinuousBatchingConfig)}
+    given = [name for name in NO_EFFECT if getattr(cb, name) != defaults.get(name)]
+    if given:
+        verb = "has" if len(given) == 1 else "have"
+        warn_once(f"continuous_batching_config: {', '.join(f'`{n}`' for n in given)} {verb} no effect in genkit "
+                  f"({'; '.join(f'{n}: {NO_EFFECT[n]}' for n in given)}); docs/continuous_batching.md")

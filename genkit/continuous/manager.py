@@ -32,7 +32,7 @@ from genkit.strategy.finish import eos_or_length, finish_codes, reason_names
 from genkit.strategy.sampling import argmax_rows, choose
 
 from .block_allocator import BlockAllocator
-from .config import ContinuousBatchingConfig
+from .config import ContinuousBatchingConfig, warn_no_effect
 from .gate import argument_refusal, check_model, refusal, take_arguments
 from .outputs import OutputRouter, call_in_loop
 from .requests import GenerationOutput, RequestState, RequestStatus
@@ -70,7 +70,8 @@ class ContinuousBatchingManager:
         self.manual_eviction = manual_eviction
         if getattr(self.generation_config, "compile_config", None) is not None:
             logger.warning("`compile_config` has no effect on continuous batching: genkit does not torch.compile "
-                           "the paged forward on a CPU")
+                           "the paged forward")
+        warn_no_effect(cb)
         self.store = paged_store_for(model, block_size=cb.block_size, num_blocks=cb.num_blocks)  # the K/V tensors
         # which blocks of the store each request holds
         self.cache = BlockAllocator(block_size=cb.block_size, num_blocks=cb.num_blocks,
@@ -300,7 +301,7 @@ class ContinuousBatchingManager:
         config = prepared.config
         _refuse(request_id, refusal(config))  # the one gate (gate.py): no setting is dropped on the way
         self._check_fits(request_id, len(prompt), max_new)
-        generator = torch.Generator()
+        generator = torch.Generator(device=self.model.device)  # where the logits are sampled
         generator.manual_seed(int(seed) if seed is not None else self._draw_seed())
         return RequestState(request_id, prompt, max_new, prepared.stopping_criteria, config,
                             prepared.logits_processor if len(prepared.logits_processor) else None,
@@ -508,7 +509,7 @@ class ContinuousBatchingManager:
         """Choose ``r``'s next token (the sampler of ``generate``) and record it; whether it
         finishes the request (the finish decision of ``generate``, whose reason is recorded)."""
         scores = logits[None]
-        history = torch.tensor([r.tokens])  # built once a step: the processors' input, then the finish decision's
+        history = torch.tensor([r.tokens], device=logits.device)  # built once a step: the processors' input, then the finish decision's
         if r.processors is not None:
             scores = r.processors(history, scores)
         choice = choose(scores, r.do_sample, r.generator, logprobs=r.return_logprobs, top=r.top)
@@ -533,7 +534,8 @@ def _plain_greedy(rows: list[RequestState], logits: torch.Tensor) -> dict[int, i
               and not r.top and r.stop is not None and not r.stop.criteria]
     if not picked:
         return {}
-    scores = logits if len(picked) == logits.shape[0] else logits.index_select(0, torch.tensor(picked))
+    scores = logits if len(picked) == logits.shape[0] else logits.index_select(0, torch.tensor(picked,
+                                                                                              device=logits.device))
     return dict(zip(picked, argmax_rows(scores).tolist()))
 
 

@@ -17,7 +17,7 @@ requests' slots, and returns the logits of the last token of each request that a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -61,8 +61,9 @@ class PagedKVStore:
 
     def slots(self, blocks: list[int], start: int, stop: int) -> torch.Tensor:
         """Slot indices of token positions ``start..stop-1`` of a request holding ``blocks``."""
-        pos = torch.arange(start, stop)
-        table = torch.tensor(blocks, dtype=torch.long)
+        device = self._all_keys.device
+        pos = torch.arange(start, stop, device=device)
+        table = torch.tensor(blocks, dtype=torch.long, device=device)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def copy(self, src: int, dst: int, n: int) -> None:
@@ -121,31 +122,33 @@ class _Attention:
 
     def __init__(self, store: PagedKVStore, batch: StepBatch, dtype: torch.dtype) -> None:
         self.dtype, bs = dtype, store.block_size
+        on = {"dtype": torch.long, "device": store.keys[0].device}  # the plan's index tensors live with the cache
         decode = [i for i, (_, n) in enumerate(batch.spans) if n == 1 and batch.cached[i] > 0]
-        self.decode_rows = torch.tensor([batch.spans[i][0] for i in decode], dtype=torch.long)
+        self.decode_rows = torch.tensor([batch.spans[i][0] for i in decode], **on)
         self.decode_blocks = self.decode_mask = None
         if decode:
             lengths = [batch.cached[i] + 1 for i in decode]
             width = max(blocks_for(n, bs) for n in lengths)
             self.decode_blocks = torch.tensor([batch.blocks[i][:width] + [0] * (width - len(batch.blocks[i][:width]))
-                                               for i in decode], dtype=torch.long).reshape(-1)
-            self.decode_mask = (torch.arange(width * bs)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
+                                               for i in decode], **on).reshape(-1)
+            self.decode_mask = (torch.arange(width * bs, **on)[None, :]
+                                < torch.tensor(lengths, **on)[:, None])[:, None, None, :]
         in_decode = set(decode)
         self.chunks = []
         for i in (i for i in range(len(batch.spans)) if i not in in_decode):
             start, n = batch.spans[i]
             c = batch.cached[i]
-            blocks = torch.tensor(batch.blocks[i][:blocks_for(c + n, bs)], dtype=torch.long)
+            blocks = torch.tensor(batch.blocks[i][:blocks_for(c + n, bs)], **on)
             mask = None
             if c > 0:  # query j (position c + j) sees keys 0..c + j
-                mask = (torch.arange(c + n)[None, :] <= (c + torch.arange(n))[:, None])[None, None]
+                mask = (torch.arange(c + n, **on)[None, :] <= (c + torch.arange(n, **on))[:, None])[None, None]
             self.chunks.append((start, n, c + n, blocks, mask))
 
     def __call__(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
         """Attention output ``(T, heads, head_dim)`` for queries ``q`` ``(heads, T, head_dim)``."""
         nq, t, d = q.shape
         nkv, dtype = kc.shape[2], self.dtype
-        out = torch.empty(t, nq, d, dtype=q.dtype)
+        out = torch.empty(t, nq, d, dtype=q.dtype, device=q.device)
         if self.decode_blocks is not None:
             r = self.decode_rows.shape[0]
             keys = kc.index_select(0, self.decode_blocks).view(r, -1, nkv, d).transpose(1, 2)
@@ -201,6 +204,9 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
     ``want_logits``, in order."""
     prepared = store.prepared
     assert prepared is not None, "a paged store made by model.new_paged_store() carries the prepared weights"
+    device = store.keys[0].device
+    if batch.ids.device != device:  # the manager builds a step's ids on the CPU; the model may be on a GPU
+        batch = replace(batch, ids=batch.ids.to(device), positions=batch.positions.to(device))
     x = model.model.embed_tokens(batch.ids)[None]  # (1, T, hidden)
     positions = int(batch.positions.max()) + 1
     cos_table, sin_table = model._rope_table(positions, x.dtype)
@@ -224,9 +230,10 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
     if len(batch.spans) == x.shape[1] and all(batch.want_logits):  # one token per request, all wanted: every row
         h = model.model.norm(x[0])
     else:
-        last = torch.tensor([s + n - 1 for (s, n), w in zip(batch.spans, batch.want_logits) if w], dtype=torch.long)
+        last = torch.tensor([s + n - 1 for (s, n), w in zip(batch.spans, batch.want_logits) if w], dtype=torch.long,
+                            device=device)
         if last.numel() == 0:
-            return torch.empty(0, model.config.vocab_size)
+            return torch.empty(0, model.config.vocab_size, device=device)
         h = model.model.norm(x[0].index_select(0, last))
     head = prepared.for_rows(h.shape[0])[1]
     if head is not None:  # the oneDNN-packed LM head of the inference path

@@ -137,7 +137,8 @@ class _Stop:
         self.stream = stream
 
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.stream.cancelled.is_set(), dtype=torch.bool)
+        return torch.full((input_ids.shape[0],), self.stream.cancelled.is_set(), dtype=torch.bool,
+                          device=input_ids.device)
 
 
 class _Streamer:

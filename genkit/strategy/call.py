@@ -66,7 +66,8 @@ class StopConditions:
         if self.eos is not None:
             done = done | torch.isin(input_ids[:, -1], self.eos.to(input_ids.device))
         for criterion in self.criteria:
-            done = done | criterion(input_ids, scores, **kwargs)
+            # a criterion may answer on another device (a CPU tensor for a model on a GPU)
+            done = done | torch.as_tensor(criterion(input_ids, scores, **kwargs), device=done.device)
         return done
 
     def as_list(self) -> StoppingCriteriaList:
