@@ -153,6 +153,61 @@ def test_draft_model_verification_reproduces_greedy_on_the_device(pair):
     assert torch.equal(got, ours.generate(_on(IDS1), **args))
 
 
+# every other built-in strategy, and the outputs a dict carries: greedy-like choices, so the device's
+# tokens must be the CPU's (float32, the same weights: the logits differ by rounding only)
+STRATEGIES = {
+    "contrastive": {"penalty_alpha": 0.6, "top_k": 4},
+    "contrastive_low_memory": {"penalty_alpha": 0.6, "top_k": 4, "low_memory": True},
+    "dola_low": {"dola_layers": "low"},
+    "dola_high_penalty": {"dola_layers": "high", "repetition_penalty": 1.2},
+    "diverse_beams": {"num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 1.0, "num_return_sequences": 2},
+    "constrained_beams": {"num_beams": 3, "force_words_ids": [[30, 31]]},
+    "guidance": {"guidance_scale": 1.5},
+    "early_exit": {"assistant_early_exit": 1},
+    "prompt_lookup_batch": {"prompt_lookup_num_tokens": 2},
+    "outputs": {"return_dict_in_generate": True, "output_scores": True, "output_logits": True,
+                "output_attentions": True, "output_hidden_states": True},
+}
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_strategy_gives_the_cpus_tokens_on_the_device(pair, on_cpu, name):
+    _, ours = pair
+    kw = {"max_new_tokens": 10, "eos_token_id": None, "pad_token_id": 0, "do_sample": False, **STRATEGIES[name]}
+    batch = name not in ("guidance", "early_exit", "prompt_lookup_batch")
+    ids, mask = (IDS3, MASK3) if batch else (IDS1, torch.ones_like(IDS1))
+    ref = genkit.generate(on_cpu, ids, attention_mask=mask, **kw)
+    got = genkit.generate(ours, _on(ids), attention_mask=_on(mask), **kw)
+    if isinstance(ref, torch.Tensor):
+        assert got.device.type == torch.device(DEVICE).type
+        assert torch.equal(got.cpu(), ref), f"{name}: {got.tolist()} vs the CPU's {ref.tolist()}"
+        return
+    assert torch.equal(got.sequences.cpu(), ref.sequences)
+    for field in ("scores", "logits"):
+        for a, b in zip(getattr(got, field), getattr(ref, field)):
+            assert a.device.type == torch.device(DEVICE).type
+            torch.testing.assert_close(a.cpu(), b, rtol=0, atol=logits_bound(on_cpu, ref.sequences, None))
+    assert len(got.attentions) == len(ref.attentions) and len(got.hidden_states) == len(ref.hidden_states)
+    assert got.hidden_states[-1][-1].device.type == torch.device(DEVICE).type
+
+
+@pytest.mark.parametrize("scheme", ["lefthash", "selfhash"])
+def test_watermark_and_detector_equal_transformers_on_the_device(pair, scheme):
+    """The green lists come from ``torch.randperm`` on the device (transformers' design), so the
+    reference is transformers on the same device, generator and detector alike."""
+    from genkit.watermarking import WatermarkDetector
+
+    hf, ours = pair
+    settings = {"bias": 4.0, "seeding_scheme": scheme}
+    kw = {"max_new_tokens": 12, "pad_token_id": 0, "eos_token_id": None, "attention_mask": _on(MASK3)}
+    ref = hf.generate(_on(IDS3), do_sample=False, watermarking_config=transformers.WatermarkingConfig(**settings), **kw)
+    got = genkit.generate(ours, _on(IDS3), watermarking_config=settings, **kw)
+    assert torch.equal(got.cpu(), ref.cpu())
+    new = got[:, IDS3.shape[1]:]
+    want = transformers.WatermarkDetector(hf.config, DEVICE, transformers.WatermarkingConfig(**settings))(new)
+    assert WatermarkDetector(ours.config, DEVICE, settings)(new).tolist() == want.tolist()
+
+
 @pytest.mark.parametrize("kw", [{"num_beams": 3, "max_new_tokens": 8}, {"max_new_tokens": 12},
                                 {"repetition_penalty": 1.5, "max_new_tokens": 12}])
 def test_genkit_strategies_run_a_transformers_model_on_the_device(pair, kw):
