@@ -1,4 +1,4 @@
-"""Benchmark: SmolLM2-135M-Instruct (the demo model), float32, CPU.
+"""Benchmark: SmolLM2-135M-Instruct (the demo model), float32 (and bfloat16 with --dtype), CPU.
 
 Workloads (same run, interleaved rounds, median reported):
   A. batch 1, greedy, 128 new tokens
@@ -10,8 +10,11 @@ Engines:
   transformers -- ``generate`` of transformers' LlamaForCausalLM loaded from the same GGUF
 EOS is disabled so every run produces exactly the requested number of tokens.
 Peak RSS is measured per engine in a child process (load + workload B).
+``--dtype bfloat16`` (or ``float32,bfloat16``) loads both engines' weights in that dtype (genkit's
+``load_model(..., dtype=...)``, transformers' ``from_pretrained(..., dtype=...)``); the greedy
+workload's tokens are compared between genkit and transformers and the first difference printed.
 
-    python bench/bench_models.py --threads 1 --rounds 5
+    python bench/bench_models.py --threads 1 --rounds 5 [--dtype float32,bfloat16]
 """
 
 from __future__ import annotations
@@ -47,17 +50,17 @@ def demo_paths() -> tuple[str, str]:
     return gguf, folder
 
 
-def load(engine: str, gguf: str, folder: str):
+def load(engine: str, gguf: str, folder: str, dtype: torch.dtype = torch.float32):
     if engine == "transformers":
         import transformers
 
-        model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf),
-                                                                  gguf_file=os.path.basename(gguf)).eval()
+        model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
+                                                                  dtype=dtype).eval()
         model.generation_config.eos_token_id = None
         return model
     import genkit
 
-    model = genkit.load_model(folder)
+    model = genkit.load_model(folder, dtype=dtype)
     model.generation_config.eos_token_id = None
     return model
 
@@ -97,7 +100,7 @@ def inputs(tokenizer, batch: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return enc["input_ids"], enc["attention_mask"]
 
 
-def run_workload(engine: str, model, ids, mask, new: int, sample: bool) -> float:
+def run_workload(engine: str, model, ids, mask, new: int, sample: bool, keep: list | None = None) -> float:
     torch.manual_seed(0)
     t = time.perf_counter()
     with torch.inference_mode():
@@ -109,6 +112,8 @@ def run_workload(engine: str, model, ids, mask, new: int, sample: bool) -> float
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False)
     elapsed = time.perf_counter() - t
     assert out.shape[1] == ids.shape[1] + new, (engine, out.shape)
+    if keep is not None:
+        keep.append(out)
     return elapsed
 
 
@@ -121,36 +126,27 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def child_rss(engine: str, threads: int) -> None:
+def child_rss(engine: str, threads: int, dtype: torch.dtype) -> None:
     torch.set_num_threads(threads)
     import genkit
 
     gguf, folder = demo_paths()
     tok = genkit.load_tokenizer(folder)
-    model = load("transformers" if engine == "transformers" else "genkit", gguf, folder)
+    model = load("transformers" if engine == "transformers" else "genkit", gguf, folder, dtype)
     ids, mask = inputs(tok, batch=True)
     run_workload(engine, model, ids, mask, 64, True)
     print(json.dumps({"engine": engine, "peak_rss_mb": peak_rss_mb()}))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every engine")
-    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per workload (after one warm-up)")
-    ap.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.rss_child:
-        child_rss(args.rss_child, args.threads)
-        return
-    torch.set_num_threads(args.threads)
-    load_start = f"{os.getloadavg()[0]:.2f}"
-    import transformers
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """The first position where two (batch, length) outputs differ; None when they are equal."""
+    diff = (a != b).any(dim=0).nonzero()
+    return None if diff.numel() == 0 else int(diff[0])
 
-    import genkit
 
-    gguf, folder = demo_paths()
-    tok = genkit.load_tokenizer(folder)
-    models = {"genkit": load("genkit", gguf, folder), "transformers": load("transformers", gguf, folder)}
+def measure(dtype: torch.dtype, rounds: int, tok, gguf: str, folder: str) -> dict[str, dict[str, float]]:
+    """Tokens/s (median and best-of times) of the three engines on both workloads, in ``dtype``."""
+    models = {"genkit": load("genkit", gguf, folder, dtype), "transformers": load("transformers", gguf, folder, dtype)}
     models["bare"] = models["genkit"]
     engines = ["genkit", "bare", "transformers"]
     workloads = {"batch1_greedy_128": (False, 128, False), "batch8_sample_64": (True, 64, True)}
@@ -158,35 +154,72 @@ def main() -> None:
     for wname, (batch, new, sample) in workloads.items():
         ids, mask = inputs(tok, batch)
         times: dict[str, list[float]] = {e: [] for e in engines}
+        outs: dict[str, list] = {e: [] for e in engines}
         for e in engines:  # warm-up
             run_workload(e, models[e], ids, mask, min(new, 8), sample)
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             for e in engines:
-                times[e].append(run_workload(e, models[e], ids, mask, new, sample))
+                times[e].append(run_workload(e, models[e], ids, mask, new, sample, outs[e]))
         tokens = ids.shape[0] * new
         results[wname] = {e: tokens / statistics.median(t) for e, t in times.items()}
         results[wname].update({f"{e}_s": statistics.median(t) for e, t in times.items()})
         results[wname].update({f"{e}_min_s": min(t) for e, t in times.items()})
-    del models
-    rss = {}
-    for e in ("genkit", "transformers"):
-        proc = subprocess.run([sys.executable, __file__, "--rss-child", e, "--threads", str(args.threads)],
-                              capture_output=True, text=True, check=True)
-        rss[e] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+        if not sample:
+            at = first_difference(outs["genkit"][-1][:, ids.shape[1]:], outs["transformers"][-1][:, ids.shape[1]:])
+            results[wname]["first_difference"] = -1 if at is None else at
+    return results
 
-    print(f"SmolLM2-135M-Instruct fp32 CPU, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"threads={args.threads}, rounds={args.rounds} (median; best-of in brackets), "
+
+def report(dtype_name: str, args: argparse.Namespace, results: dict, rss: dict, load_start: str) -> None:
+    import transformers
+
+    print(f"SmolLM2-135M-Instruct {dtype_name} CPU, torch {torch.__version__}, transformers "
+          f"{transformers.__version__}, threads={args.threads}, rounds={args.rounds} (median; best-of in brackets), "
           f"load average at start/end: {load_start} / {os.getloadavg()[0]:.2f}")
     print(f"{'workload':<20} {'genkit tok/s':>13} {'bare tok/s':>11} {'HF tok/s':>9} {'genkit/HF':>10} "
           f"{'genkit time/bare':>17}")
     for wname, r in results.items():
+        same = ""
+        if "first_difference" in r:
+            same = "  greedy tokens: " + ("identical" if r["first_difference"] < 0 else
+                                          f"differ from new token {r['first_difference']}")
         print(f"{wname:<20} {r['genkit']:>13.1f} {r['bare']:>11.1f} {r['transformers']:>9.1f} "
               f"{r['genkit'] / r['transformers']:>9.2f}x {r['genkit_s'] / r['bare_s']:>16.3f}x   "
               f"[best-of: genkit/HF {r['transformers_min_s'] / r['genkit_min_s']:.2f}x, "
-              f"genkit/bare time {r['genkit_min_s'] / r['bare_min_s']:.3f}x]")
+              f"genkit/bare time {r['genkit_min_s'] / r['bare_min_s']:.3f}x]{same}")
     print(f"peak RSS (load + batch-8 sampling, separate processes): genkit {rss['genkit']:.0f} MB, "
           f"transformers {rss['transformers']:.0f} MB")
-    print(json.dumps({"results": results, "peak_rss_mb": rss}))
+    print(json.dumps({"dtype": dtype_name, "results": results, "peak_rss_mb": rss}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every engine")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per workload (after one warm-up)")
+    ap.add_argument("--dtype", default="float32", help="comma-separated: float32, bfloat16 (default: float32)")
+    ap.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    dtypes = [d.strip() for d in args.dtype.split(",")]
+    bad = [d for d in dtypes if d not in ("float32", "bfloat16")]
+    if bad:
+        ap.error(f"--dtype takes float32 and bfloat16; got {bad[0]!r}")
+    if args.rss_child:
+        child_rss(args.rss_child, args.threads, getattr(torch, dtypes[0]))
+        return
+    torch.set_num_threads(args.threads)
+    import genkit
+
+    gguf, folder = demo_paths()
+    tok = genkit.load_tokenizer(folder)
+    for dtype_name in dtypes:
+        load_start = f"{os.getloadavg()[0]:.2f}"
+        results = measure(getattr(torch, dtype_name), args.rounds, tok, gguf, folder)
+        rss = {}
+        for e in ("genkit", "transformers"):
+            proc = subprocess.run([sys.executable, __file__, "--rss-child", e, "--threads", str(args.threads),
+                                   "--dtype", dtype_name], capture_output=True, text=True, check=True)
+            rss[e] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+        report(dtype_name, args, results, rss, load_start)
 
 
 if __name__ == "__main__":
