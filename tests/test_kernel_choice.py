@@ -203,6 +203,14 @@ def test_genkit_info_prints_the_choice_and_why(capsys, monkeypatch):
     assert cli_main(["info"]) == 0
     out = capsys.readouterr().out
     assert "cpu: " in out and "block kernel: " in out and str(kernel_choice.cache_path()) in out
+    gpu = [line for line in out.splitlines() if line.startswith("gpu: ")]
+    assert len(gpu) == 1
+    if not torch.backends.cuda.is_built():
+        assert gpu[0] == "gpu: none (this torch build has no CUDA support; --device cpu)"
+    elif torch.cuda.is_available():
+        assert gpu[0].startswith(f"gpu: cuda:0 {torch.cuda.get_device_name(0)}")
+    else:
+        assert gpu[0] == f"gpu: none visible (torch {torch.version.cuda} CUDA build; --device cpu)"
     for cls in kernel_choice.CLASSES:
         assert any(f"dense {cls}" in line and "plain" in line and "[sig-f] probe at" in line
                    for line in out.splitlines()), cls

@@ -1,7 +1,7 @@
 """``genkit info``: this machine as genkit's kernels see it, and which kernel runs what here.
 
-Prints the CPU (name and the flags the kernels care about), torch's version and ATen vector
-capability, whether the CPU has native bfloat16 products, the block kernel's path (AVX-512 VNNI,
+Prints the CPU (name and the flags the kernels care about), the GPUs torch sees (``--device``),
+torch's version and ATen vector capability, whether the CPU has native bfloat16 products, the block kernel's path (AVX-512 VNNI,
 AVX2, AMX), and every per-CPU kernel choice cached under ``$GENKIT_HOME`` with the reason it was
 made (see :mod:`genkit.models.kernel_choice`). ``--probe`` makes the choices for the demo model
 first (loading it, a few seconds)."""
@@ -44,6 +44,19 @@ def cpu_lines() -> list[str]:
     return [f"cpu: {name or 'unknown'}", f"cpu flags (of {', '.join(FLAGS)}): {have}"]
 
 
+def gpu_line() -> str:
+    """The CUDA devices torch sees (what ``--device cuda:N`` can name), or why there are none."""
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return "gpu: none (this torch build has no CUDA support; --device cpu)"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not count:
+        return f"gpu: none visible (torch {torch.version.cuda} CUDA build; --device cpu)"
+    names = ", ".join(f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(count))
+    return f"gpu: {names} (CUDA {torch.version.cuda}; --device cuda runs the model there, docs/models.md 'On a GPU')"
+
+
 def _probe() -> None:
     import torch
 
@@ -66,7 +79,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.probe:
         _probe()
     lines = [f"genkit {__version__}, torch {torch.__version__} (ATen capability "
-             f"{torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads", *cpu_lines()]
+             f"{torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads", *cpu_lines(),
+             gpu_line()]
     lines.append("bfloat16 products: " + ("native (oneDNN packs bfloat16 weights)" if packing_available(torch.bfloat16)
                                           else "emulated: keep float32 on this CPU"))
     simd = block_kernel.simd() if block_kernel.available() else ""
