@@ -86,6 +86,18 @@ def test_unavailable_device_is_one_line_and_v_shows_traceback():
         assert verbose.stderr.rstrip().splitlines()[-1] == lines[0]
 
 
+def test_the_cli_refuses_the_meta_device_the_library_accepts():
+    import argparse
+
+    from genkit.cli.options import check_device_option
+    from genkit.errors import ConfigError
+    from genkit.models.loading import check_device
+
+    check_device("meta")  # the library's: torch's placeholder device (no weights) is a device
+    with pytest.raises(ConfigError, match=r"^--device 'meta' is not available; available here: cpu"):
+        check_device_option(argparse.Namespace(device="meta"))
+
+
 @pytest.mark.parametrize("command", ["batch", "serve"])
 def test_batch_and_serve_refuse_an_unavailable_device_before_loading(command, tmp_path):
     (tmp_path / "in.jsonl").write_text('{"prompt": "hi"}\n', encoding="utf-8")

@@ -75,29 +75,29 @@ def add_device_option(p: Any) -> None:
 
 
 def check_device_option(args: argparse.Namespace) -> None:
-    """Refuse a ``--device`` this torch build cannot use, naming the devices it can."""
+    """Refuse a ``--device`` this torch build cannot use, naming the devices it can (the decision is
+    :func:`genkit.models.loading.check_device`'s)."""
     name = getattr(args, "device", None)
     if name is None:
         return
     import torch
 
-    available = ["cpu"]
-    if torch.cuda.is_available():
-        available += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        available.append("mps")
+    from ..models.loading import available_devices, check_device
+
+    available = ", ".join(available_devices())
     try:
-        device = torch.device(name)
+        torch.device(name)
     except (RuntimeError, ValueError):
-        raise ConfigError(f"--device {name!r} is not a device name; available here: {', '.join(available)}") from None
-    ok = device.type == "cpu" or (
-        device.type == "cuda" and torch.cuda.is_available()
-        and (device.index is None or device.index < torch.cuda.device_count())
-    ) or (device.type == "mps" and "mps" in available)
-    if not ok:
-        why = " (this torch build has no CUDA support)" if device.type == "cuda" and not torch.backends.cuda.is_built() \
-            else ""
-        raise ConfigError(f"--device {name!r} is not available{why}; available here: {', '.join(available)}")
+        raise ConfigError(f"--device {name!r} is not a device name; available here: {available}") from None
+    kind = torch.device(name).type
+    try:
+        check_device(name)
+        usable = kind in ("cpu", "cuda", "mps")  # not meta: a command needs weights to run
+    except ConfigError:
+        usable = False
+    if not usable:
+        why = " (this torch build has no CUDA support)" if kind == "cuda" and not torch.backends.cuda.is_built() else ""
+        raise ConfigError(f"--device {name!r} is not available{why}; available here: {available}")
 
 
 def apply_threads_option(args: argparse.Namespace) -> int:

@@ -544,6 +544,17 @@ def _load_folder(source: str, dtype: Any, device: Any) -> tuple[Any, ModelConfig
     return model, config
 
 
+def available_devices() -> list[str]:
+    """The device names this torch build and machine have: ``cpu``, then ``cuda`` and each
+    ``cuda:N``, then ``mps`` (what ``check_device`` accepts, for messages that list them)."""
+    names = ["cpu"]
+    if torch.cuda.is_available():
+        names += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        names.append("mps")
+    return names
+
+
 def check_device(device: str | torch.device | None) -> None:
     """A :class:`~genkit.errors.ConfigError` when ``device`` is not a device this torch build and
     machine have (``"cuda"`` on a CPU-only build, a GPU index past the last one, ...)."""
