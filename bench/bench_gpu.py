@@ -6,9 +6,11 @@ Models (random weights, saved once by transformers and loaded by both, so the we
 Workloads (EOS off, so every run makes the requested tokens):
   batch1_greedy_128  -- batch 1, greedy, 128 new tokens (tokens compared between the engines)
   batch8_sample_64   -- batch 8, top-k 50 sampling, 64 new tokens
+  cb32_greedy_64     -- continuous batching: ``generate_batch`` of 32 prompts of 8-96 tokens, greedy,
+                        64 new tokens each (transformers 5's own ``generate_batch``; tokens compared)
 The time of each run ends with torch.cuda.synchronize(); the median of the rounds is reported.
 
-    python bench/bench_gpu.py --rounds 3 [--models smollm2-135m:float32,llama-1b:bfloat16]
+    python bench/bench_gpu.py --rounds 3 [--models smollm2-135m:float32,llama-1b:bfloat16] [--no-cb]
 """
 
 from __future__ import annotations
@@ -73,13 +75,47 @@ def run(model, ids: torch.Tensor, new: int, sample: bool) -> tuple[float, torch.
     return time.perf_counter() - t, out
 
 
+def run_batch(model, prompts: list[list[int]], new: int) -> tuple[float, list[list[int]]]:
+    """``generate_batch`` (continuous batching) of ``prompts``, greedy: (seconds, tokens per prompt)."""
+    import transformers
+
+    device = str(next(model.parameters()).device)
+    sync(device)
+    t = time.perf_counter()
+    if not isinstance(model, transformers.PreTrainedModel):  # genkit's
+        out = model.generate_batch(prompts, max_new_tokens=new, do_sample=False, eos_token_id=None)
+    else:
+        config = transformers.GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = model.generate_batch(prompts, generation_config=config)
+    sync(device)
+    seconds = time.perf_counter() - t
+    return seconds, [out[k].generated_tokens for k in sorted(out, key=lambda k: int(k.split("_")[1]))]
+
+
+def bench_batch(models: dict, vocab: int, rounds: int) -> dict:
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(8, 97, (32,), generator=g)]
+    for m in models.values():  # warm-up
+        run_batch(m, prompts[:2], 4)
+    times: dict[str, list[float]] = {e: [] for e in models}
+    outs: dict[str, list[list[int]]] = {}
+    for _ in range(rounds):
+        for e, m in models.items():
+            seconds, outs[e] = run_batch(m, prompts, 64)
+            times[e].append(seconds)
+    row = {f"{e}_tok_s": 32 * 64 / statistics.median(t) for e, t in times.items()}
+    row["genkit/transformers"] = row["genkit_tok_s"] / row["transformers_tok_s"]
+    row["same_tokens"] = sum(a == b for a, b in zip(outs["genkit"], outs["transformers"]))
+    return row
+
+
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
     """The first generated position where the two greedy outputs differ (None: identical)."""
     diff = (a != b).any(dim=0).nonzero()
     return None if diff.numel() == 0 else int(diff[0])
 
 
-def bench_model(shape: str, dtype: torch.dtype, device: str, rounds: int) -> dict:
+def bench_model(shape: str, dtype: torch.dtype, device: str, rounds: int, cb: bool = True) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         save_random(shape, dtype, folder, device)
         models = load_both(folder, dtype, device)
@@ -101,6 +137,8 @@ def bench_model(shape: str, dtype: torch.dtype, device: str, rounds: int) -> dic
         if not sample:
             row["first_difference"] = first_difference(outs["genkit"][:, 24:], outs["transformers"][:, 24:])
         result[wname] = row
+    if cb:
+        result["cb32_greedy_64"] = bench_batch(models, SHAPES[shape]["vocab_size"], rounds)
     return result
 
 
@@ -110,6 +148,7 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2-135m:float32,smollm2-135m:bfloat16,llama-1b:bfloat16",
                     help=f"comma-separated shape:dtype pairs (shapes: {', '.join(SHAPES)})")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--no-cb", action="store_true", help="leave out the continuous batching workload")
     args = ap.parse_args()
     import transformers
 
@@ -120,11 +159,13 @@ def main() -> None:
     results = {}
     for item in args.models.split(","):
         shape, dtype_name = item.split(":")
-        r = bench_model(shape, getattr(torch, dtype_name), args.device, args.rounds)
+        r = bench_model(shape, getattr(torch, dtype_name), args.device, args.rounds, cb=not args.no_cb)
         results[item] = r
         for wname, row in r.items():
             same = "" if "first_difference" not in row else (
                 "identical" if row["first_difference"] is None else f"differ from new token {row['first_difference']}")
+            if "same_tokens" in row:
+                same = f"{row['same_tokens']} of 32 prompts identical"
             print(f"{item:<24} {wname:<18} {row['genkit_tok_s']:>13.1f} {row['transformers_tok_s']:>9.1f} "
                   f"{row['genkit/transformers']:>9.2f}x  {same}", flush=True)
     print(json.dumps(results))
