@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import tempfile
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_models import first_difference  # noqa: E402  (the same comparison as bench_models.py)
 
 SHAPES = {
     "smollm2-135m": {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
@@ -107,12 +112,6 @@ def bench_batch(models: dict, vocab: int, rounds: int) -> dict:
     row["genkit/transformers"] = row["genkit_tok_s"] / row["transformers_tok_s"]
     row["same_tokens"] = sum(a == b for a, b in zip(outs["genkit"], outs["transformers"]))
     return row
-
-
-def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
-    """The first generated position where the two greedy outputs differ (None: identical)."""
-    diff = (a != b).any(dim=0).nonzero()
-    return None if diff.numel() == 0 else int(diff[0])
 
 
 def bench_model(shape: str, dtype: torch.dtype, device: str, rounds: int, cb: bool = True) -> dict:

@@ -86,10 +86,9 @@ def check_device_option(args: argparse.Namespace) -> None:
 
     available = ", ".join(available_devices())
     try:
-        torch.device(name)
+        kind = torch.device(name).type
     except (RuntimeError, ValueError):
         raise ConfigError(f"--device {name!r} is not a device name; available here: {available}") from None
-    kind = torch.device(name).type
     try:
         check_device(name)
         usable = kind in ("cpu", "cuda", "mps")  # not meta: a command needs weights to run

@@ -59,11 +59,15 @@ class PagedKVStore:
         self.values = list(self._all_values.unbind(0))
         self.prepared = prepared
 
+    @property
+    def device(self) -> torch.device:
+        """Where the cache lives (the model's device): a step's index tensors are built there."""
+        return self._all_keys.device
+
     def slots(self, blocks: list[int], start: int, stop: int) -> torch.Tensor:
         """Slot indices of token positions ``start..stop-1`` of a request holding ``blocks``."""
-        device = self._all_keys.device
-        pos = torch.arange(start, stop, device=device)
-        table = torch.tensor(blocks, dtype=torch.long, device=device)
+        pos = torch.arange(start, stop, device=self.device)
+        table = torch.tensor(blocks, dtype=torch.long, device=self.device)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def copy(self, src: int, dst: int, n: int) -> None:
@@ -122,7 +126,7 @@ class _Attention:
 
     def __init__(self, store: PagedKVStore, batch: StepBatch, dtype: torch.dtype) -> None:
         self.dtype, bs = dtype, store.block_size
-        on = {"dtype": torch.long, "device": store.keys[0].device}  # the plan's index tensors live with the cache
+        on = {"dtype": torch.long, "device": store.device}  # the plan's index tensors live with the cache
         decode = [i for i, (_, n) in enumerate(batch.spans) if n == 1 and batch.cached[i] > 0]
         self.decode_rows = torch.tensor([batch.spans[i][0] for i in decode], **on)
         self.decode_blocks = self.decode_mask = None
@@ -204,7 +208,7 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
     ``want_logits``, in order."""
     prepared = store.prepared
     assert prepared is not None, "a paged store made by model.new_paged_store() carries the prepared weights"
-    device = store.keys[0].device
+    device = store.device
     if batch.ids.device != device:  # the manager builds a step's ids on the CPU; the model may be on a GPU
         batch = replace(batch, ids=batch.ids.to(device), positions=batch.positions.to(device))
     x = model.model.embed_tokens(batch.ids)[None]  # (1, T, hidden)
