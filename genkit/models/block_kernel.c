@@ -234,43 +234,81 @@ static float round_f16(float f) {
 #define GK_CHUNK(panels, threads) ((panels) / (8 * (threads)) > 0 ? (panels) / (8 * (threads)) : 1)
 
 /* How a product's panels are shared among threads. Each thread owns a contiguous range of the
- * panels and takes its chunks (about an eighth of the range each) in order, so it reads one stream
- * of weights and its prefetches run on into its next chunk; a thread whose range is done takes the
- * chunks left in the others' ranges, one at a time from their fronts. So a thread the system takes
- * off its core for a while (another process, the server's event loop) leaves its remaining chunks
- * to the others instead of holding up the whole product, while on a quiet machine each thread reads
- * its range as one stream (chunks handed out in turn made each chunk a new stream: on a 2-core Zen 5
- * EPYC, 2-thread decode ran at 303 tok/s against 396 this way). Threads beyond GK_SHARE_PARTS start
- * by helping. Every panel is computed whole by one thread: the results do not depend on which. */
+ * panels and takes its chunks (about an eighth of the range each) in order from the front, so it
+ * reads one stream of weights and its prefetches run on into its next chunk. A thread whose range is
+ * done takes half of what another range has left, from its end, and makes it its own range (so
+ * others can take from it in turn): the owner goes on down its stream undisturbed, and the two
+ * threads touch the same range's cache line a few times a product, not once a chunk (taking single
+ * chunks from the owner's front made both threads bounce that line for every chunk to the end: with
+ * SmolLM2's weights in the cache, 2-thread one-row products took 2-5 % longer on a Zen 5 EPYC). So a
+ * thread the system takes off its core for a while (another process, the server's event loop) leaves
+ * its remaining chunks to the others instead of holding up the whole product, while on a quiet
+ * machine each thread reads its range as one stream (chunks handed out in turn made each chunk a new
+ * stream: on a 2-core Zen 5 EPYC, 2-thread decode ran at 303 tok/s against 396 this way). Threads
+ * beyond GK_SHARE_PARTS share a range with another. Every panel is computed whole by one thread: the
+ * results do not depend on which. */
 #define GK_SHARE_PARTS 64
 typedef struct {
     struct {
-        int next, end;
+        uint64_t range; /* what is left of the part to take: next (low 32 bits) up to end (high 32 bits) */
     } __attribute__((aligned(64))) part[GK_SHARE_PARTS]; /* a cache line each */
     int parts, chunk;
 } gk_share;
 
+static inline uint64_t share_range(int next, int end) { return (uint64_t)(uint32_t)end << 32 | (uint32_t)next; }
+
 static void share_init(gk_share *s, int items, int threads) {
     s->parts = threads < GK_SHARE_PARTS ? threads : GK_SHARE_PARTS;
     s->chunk = GK_CHUNK(items, s->parts);
-    for (int t = 0; t < s->parts; t++) {
-        s->part[t].next = (int)((long)items * t / s->parts);
-        s->part[t].end = (int)((long)items * (t + 1) / s->parts);
-    }
+    for (int t = 0; t < s->parts; t++)
+        s->part[t].range = share_range((int)((long)items * t / s->parts), (int)((long)items * (t + 1) / s->parts));
 }
 
-/* The next chunk [*a, *b) for thread t (its own range first, then the others'); 0 when none is left.
- * *r: the ranges the thread has finished, starting from 0. */
-static inline int share_next(gk_share *s, int t, int *r, int *a, int *b) {
-    for (; *r < s->parts; ++*r) {
-        int o = (t + *r) % s->parts, c = __atomic_fetch_add(&s->part[o].next, s->chunk, __ATOMIC_RELAXED);
-        if (c < s->part[o].end) {
-            *a = c;
-            *b = c + s->chunk < s->part[o].end ? c + s->chunk : s->part[o].end;
+/* Half of what is left in part o (all of it when no more than a chunk), taken from its end; 0 when
+ * nothing is left. */
+static int share_steal(gk_share *s, int o, int *a, int *b) {
+    uint64_t old = __atomic_load_n(&s->part[o].range, __ATOMIC_RELAXED);
+    for (;;) {
+        int next = (int)(uint32_t)old, end = (int)(old >> 32), left = end - next;
+        if (left <= 0) return 0;
+        int take = left <= s->chunk ? left : (left + 1) / 2;
+        if (__atomic_compare_exchange_n(&s->part[o].range, &old, share_range(next, end - take), 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            *a = end - take;
+            *b = end;
             return 1;
         }
     }
-    return 0;
+}
+
+/* The next chunk [*a, *b) for thread t: from the front of its own part; when that is done, half of
+ * what another part has left, from its end, which becomes the thread's own part (a thread beyond
+ * GK_SHARE_PARTS, which shares its part, does what it takes whole); 0 when nothing is left. *r: the
+ * parts looked at since the own part ran out, starting from 0. */
+static inline int share_next(gk_share *s, int t, int *r, int *a, int *b) {
+    int own = t % s->parts;
+    for (;;) {
+        if (*r == 0) {
+            uint64_t old = __atomic_fetch_add(&s->part[own].range, (uint64_t)s->chunk, __ATOMIC_RELAXED);
+            int next = (int)(uint32_t)old, end = (int)(old >> 32);
+            if (next < end) {
+                *a = next;
+                *b = next + s->chunk < end ? next + s->chunk : end;
+                return 1;
+            }
+            *r = 1;
+        }
+        int sa = 0, sb = 0;
+        while (*r < s->parts && !share_steal(s, (t + *r) % s->parts, &sa, &sb)) ++*r;
+        if (*r == s->parts) return 0;
+        if (t >= s->parts) {
+            *a = sa;
+            *b = sb;
+            return 1;
+        }
+        __atomic_store_n(&s->part[own].range, share_range(sa, sb), __ATOMIC_RELAXED);
+        *r = 0;
+    }
 }
 
 /* x (M, K) float32 -> int8 digits per value, per block the scale dx and the activation sums sx over
