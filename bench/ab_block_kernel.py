@@ -27,6 +27,7 @@ import torch
 
 import genkit
 from genkit.models import block_kernel
+from genkit.models.cpu import describe
 from genkit.models.demo import demo_gguf_path, genkit_home
 
 
@@ -65,6 +66,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--mode", default="native", help="genkit's build mode: native (this CPU) or avx2")
     args = ap.parse_args()
+    print(describe(), flush=True)  # the CPU kind these figures belong to
     pairs = [s.split("=", 1) for s in args.sources]
     if len(pairs) < 2 or any(len(p) != 2 for p in pairs):
         raise SystemExit("give two or more sources as label=path")

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 import genkit
+from genkit.models.cpu import describe
 
 WORDS = ("the of and to in is that for it as with was on be by this are or his from at which but have an not they "
          "you were her all she there would their we him been has when who will more no if out so said what up its "
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--quantized", action="store_true",
                         help="also: generate_batch on the Q4_1 GGUF (block kernel) against float32, interleaved")
     args = parser.parse_args()
+    print(describe(), flush=True)  # the CPU kind these figures belong to
     torch.set_num_threads(args.threads)
     from genkit.models.demo import ensure_demo_model
 

@@ -149,6 +149,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--no-cb", action="store_true", help="leave out the continuous batching workload")
     args = ap.parse_args()
+    from genkit.models.cpu import describe
+
+    print(describe(), flush=True)  # the CPU kind these figures belong to
     import transformers
 
     name = torch.cuda.get_device_name(args.device) if "cuda" in args.device else "CPU"

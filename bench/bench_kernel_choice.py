@@ -28,6 +28,7 @@ import torch
 
 import genkit
 from genkit.models import kernel_choice
+from genkit.models.cpu import describe
 
 BASE = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
             num_key_value_heads=12, max_position_embeddings=1024, tie_word_embeddings=False)
@@ -98,6 +99,7 @@ def main() -> None:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall: elapsed time; cpu: the generating thread's CPU time (--threads 1 only)")
     args = ap.parse_args()
+    print(describe(), flush=True)  # the CPU kind these figures belong to
     if args.clock == "cpu" and args.threads != "1":
         ap.error(f"--clock cpu times one thread: use it with --threads 1 (got --threads {args.threads})")
     global CLOCK

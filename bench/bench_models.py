@@ -208,6 +208,9 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     import genkit
+    from genkit.models.cpu import describe
+
+    print(describe(), flush=True)  # the CPU kind these figures belong to
 
     gguf, folder = demo_paths()
     tok = genkit.load_tokenizer(folder)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 import genkit
+from genkit.models.cpu import describe
 from genkit.models.demo import demo_gguf_path, genkit_home
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -180,6 +181,7 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true",
                         help="llama-bench table: tokens per CPU-second (a shared machine; 1 thread only)")
     args = parser.parse_args()
+    print(describe(), flush=True)  # the CPU kind these figures belong to
     if args.cpu_time and args.threads != "1":
         parser.error(f"--cpu-time measures one thread (spinning threads count as CPU time); got --threads {args.threads}")
     path = demo_gguf_path(f"{genkit_home()}/bench-gguf")

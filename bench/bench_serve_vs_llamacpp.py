@@ -48,6 +48,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_serve import PROMPTS, _free_port, _wait, round_  # noqa: E402  (the same client as bench_serve.py)
 
+from genkit.models.cpu import describe
 from genkit.models.numerics import NUMERICS  # noqa: E402
 
 BASELINE = "genkit baseline"  # --baseline-python: another genkit (e.g. main's venv) in the same rounds
@@ -163,6 +164,7 @@ def main() -> None:
     parser.add_argument("--baseline-python", default=None,
                         help="a Python whose genkit is served too, in the same alternating rounds (before/after)")
     args = parser.parse_args()
+    print(describe(), flush=True)  # the CPU kind these figures belong to
     args.clients = [int(c) for c in args.clients.split(",")]
     gguf = args.gguf or demo_gguf_path(f"{genkit_home()}/bench-gguf")
     ours = [_genkit_name(int(d)) for d in args.activation_digits.split(",") if d]

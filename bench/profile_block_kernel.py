@@ -20,6 +20,7 @@ import torch
 
 import genkit
 from genkit.models import block_kernel
+from genkit.models.cpu import describe
 from genkit.models.demo import demo_gguf_path, genkit_home
 
 NAMES = ("rms norms", "activation quantization", "q/k/v product", "rope + cache write", "attention",
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args()
+    print(describe(), flush=True)  # the CPU kind these figures belong to
     with tempfile.TemporaryDirectory() as folder:
         lib = profiled_library(folder)
         path = demo_gguf_path(f"{genkit_home()}/bench-gguf")

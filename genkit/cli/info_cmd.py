@@ -11,9 +11,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
-         "amx_bf16", "avx_vnni")
-
 
 def add_parser(subparsers: Any) -> None:
     """Add ``genkit info`` to the ``genkit`` parser."""
@@ -26,22 +23,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cpu_lines() -> list[str]:
-    """The CPU's name and which of FLAGS it has."""
-    name, flags = "", set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name") and not name:
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith(("flags", "Features")):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        import platform
+    """The CPU's name, family and model, and which of the kernels' flags it has."""
+    from genkit.models.cpu import KERNEL_FLAGS, cpu_info
 
-        name = platform.processor()
-    have = " ".join(f for f in FLAGS if f in flags) or "(none of them)"
-    return [f"cpu: {name or 'unknown'}", f"cpu flags (of {', '.join(FLAGS)}): {have}"]
+    info = cpu_info()
+    kind = f" (family {info.family} model {info.model})" if info.family else ""
+    have = " ".join(f for f in KERNEL_FLAGS if f in info.flags) or "(none of them)"
+    return [f"cpu: {info.name}{kind}", f"cpu flags (of {', '.join(KERNEL_FLAGS)}): {have}"]
 
 
 def gpu_line() -> str:

@@ -25,7 +25,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import sysconfig
@@ -36,6 +35,7 @@ import torch
 
 from ..errors import ConfigError, KernelUnavailableError
 from . import kernel_cache
+from .cpu import cpu_info
 
 logger = logging.getLogger("genkit.models")
 
@@ -64,17 +64,8 @@ def _compiler() -> str | None:
 
 
 def _cpu_key() -> str:
-    flags = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith(("flags", "model name", "Features")):
-                    flags += line
-                if line.strip() == "":
-                    break
-    except OSError:
-        flags = platform.processor()
-    return flags
+    info = cpu_info()
+    return f"{info.name}|{info.raw_flags}"
 
 
 def _cache_dir() -> Path:
@@ -148,7 +139,7 @@ def llama_order(act: int) -> int:
 
 def cpu_flags() -> set[str]:
     """The first CPU's feature flags (``/proc/cpuinfo``; empty where there is none)."""
-    return {flag for line in _cpu_key().splitlines() if line.startswith("flags") for flag in line.split(":", 1)[-1].split()}
+    return set(cpu_info().flags)
 
 
 def rope_table_llama(base: float, head_dim: int, positions: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -60,7 +60,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -70,6 +69,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import kernel_cache
+from .cpu import cpu_info
 
 logger = logging.getLogger("genkit.models")
 
@@ -132,19 +132,9 @@ def parse_override(text: str | None = None) -> dict[str, str]:
 
 
 def _cpu_model() -> str:
-    """``model name|flags`` of the first CPU in /proc/cpuinfo (``platform.processor()`` elsewhere)."""
-    name, flags = platform.processor(), ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith(("flags", "Features")):
-                    flags = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{name}|{flags}"
+    """``model name|flags`` of the first CPU (:mod:`genkit.models.cpu`)."""
+    info = cpu_info()
+    return f"{info.name}|{info.raw_flags}"
 
 
 KERNEL_SOURCES = ("block_kernel.c", "dense_kernel.c")  # the C paths' code: a change in either is probed anew
