@@ -9,6 +9,8 @@ model itself). The tokens must be identical.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from hub_server import group_beam_recipe, write_recipe
@@ -125,6 +127,35 @@ def test_guide_recipe_verbatim_gives_20_new_tokens_with_no_length_set(tiny_pair,
     padded = genkit.generate(ours, input_ids=IDS, custom_generate=folder, left_padding=5)
     assert padded.shape == (2, IDS.shape[1] + 20)  # the guide sizes max_length before padding
     assert torch.equal(padded[:, :5], torch.zeros(2, 5, dtype=torch.long))
+
+
+# a recipe that hands everything on to genkit.generate (as docs/examples/demo_recipe does)
+PASS_ON = '''import genkit
+
+
+def generate(model, input_ids, generation_config=None, **kwargs):
+    return genkit.generate(model, input_ids, generation_config=generation_config, **kwargs)
+'''
+
+
+def test_the_callers_length_reaches_the_recipes_config_and_conflicts_with_nothing(tiny_pair, tmp_path, caplog):
+    """With no generation_config from the caller, the recipe's config carries the caller's
+    max_new_tokens (no made-up max_length of prompt + 20 beside it): the guide recipe, which reads
+    only the config, gives the 8 tokens asked for, and a recipe passing both config and arguments on
+    to generate raises no "both max_new_tokens and max_length" warning."""
+    hf, ours = tiny_pair
+    guide = _recipe(tmp_path, "guide", GUIDE)
+    out = genkit.generate(ours, input_ids=IDS, custom_generate=guide, max_new_tokens=8)
+    assert out.shape == (2, IDS.shape[1] + 8)
+    assert torch.equal(out, hf.generate(IDS, do_sample=False, max_new_tokens=8))
+    passing = _recipe(tmp_path, "pass_on", PASS_ON)
+    with caplog.at_level(logging.WARNING, logger="genkit"):
+        out = genkit.generate(ours, input_ids=IDS, custom_generate=passing, max_new_tokens=6, do_sample=False)
+    assert out.shape == (2, IDS.shape[1] + 6)
+    assert torch.equal(out, genkit.generate(ours, IDS, max_new_tokens=6, do_sample=False))
+    assert not [r for r in caplog.records if "takes precedence" in r.getMessage()]
+    # the caller's max_length is passed the same way (a total length, prompt included)
+    assert genkit.generate(ours, input_ids=IDS, custom_generate=guide, max_length=7).shape == (2, 7)
 
 
 def test_greedy_recipe_with_a_custom_argument_same_tokens(tiny_pair, tmp_path):

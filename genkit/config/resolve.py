@@ -114,7 +114,7 @@ def resolve_lengths(config: ResolvedConfig, input_length: int, max_positions: in
     raised before anything is allocated for it."""
     max_length = config.max_length
     if config.max_new_tokens is not None:
-        if "max_length" in config.user_set:
+        if "max_length" in config.user_set and config.max_length != input_length + config.max_new_tokens:
             warn_once(f"both `max_new_tokens` (={config.max_new_tokens}) and `max_length` (={config.max_length}) "
                       "are set; `max_new_tokens` takes precedence.")
         max_length = input_length + config.max_new_tokens

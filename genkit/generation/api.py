@@ -89,7 +89,8 @@ def _run_recipe(model: Any, ref: str, trust_remote_code: bool | None, forwarded:
         prompt = forwarded.get("inputs")
         prompt = kwargs.get("input_ids") if prompt is None else prompt
         length = int(prompt.shape[-1]) if isinstance(prompt, torch.Tensor) else 0
-        forwarded["generation_config"] = resolved_generation_config(given, length)
+        lengths = {k: kwargs[k] for k in ("max_new_tokens", "max_length") if kwargs.get(k) is not None}
+        forwarded["generation_config"] = resolved_generation_config(given, length, lengths)
     with torch.no_grad():
         return recipe.generate(given, **{k: v for k, v in forwarded.items() if v is not None}, **kwargs)
 

@@ -7,9 +7,12 @@ generation config (see docs/recipes.md, "Recipes written for transformers").
   written against transformers' ``GenerationMixin`` run on it unchanged; without transformers, as
   it is.
 - With no ``generation_config`` from the caller, the recipe gets the model's generation config
-  with transformers' global defaults filled in and, when it sets no length, ``max_length`` at the
-  prompt's length + 20 (capped by the model's context): transformers' own ``generate`` resolves
-  an unset length the same way ("by default let's always generate 20 new tokens").
+  with transformers' global defaults filled in and the length: the caller's ``max_new_tokens`` /
+  ``max_length`` arguments when given (also left in the arguments; ``max_new_tokens`` with the
+  ``max_length`` it makes for this prompt, as a recipe reading either expects), else the model's, else
+  ``max_length`` at the prompt's length + 20 (capped by the model's context): transformers' own
+  ``generate`` resolves an unset length the same way ("by default let's always generate 20 new
+  tokens"). A recipe that passes both on to ``generate`` so gives one length, not two that conflict.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ def recipe_model(model: Any) -> Any:
 DEFAULT_NEW_TOKENS = 20  # transformers' default length, counted from the end of the prompt
 
 
-def resolved_generation_config(model: Any, prompt_length: int = 0) -> Any:
+def resolved_generation_config(model: Any, prompt_length: int = 0, lengths: dict[str, int] | None = None) -> Any:
     """``model``'s generation config (genkit's or transformers') with every unset field at its
-    global default and an unset length at ``prompt_length`` + 20 new tokens (capped by the model's
-    context); a copy, the model's own is untouched."""
+    global default and the length: ``lengths`` (the caller's ``max_new_tokens`` / ``max_length``
+    arguments) when given, else the model's, else ``prompt_length`` + 20 new tokens (capped by the
+    model's context); a copy, the model's own is untouched."""
     config = getattr(model, "generation_config", None)
     length_set = config is not None and (
         getattr(config, "max_length", None) is not None or getattr(config, "max_new_tokens", None) is not None)
@@ -49,7 +53,12 @@ def resolved_generation_config(model: Any, prompt_length: int = 0) -> Any:
     else:  # transformers' GenerationConfig
         resolved = copy.deepcopy(config)
         resolved.update(**resolved._get_default_generation_params(), defaults_only=True)
-    if not length_set:
+    if lengths:  # where the recipe reads them, in agreement (a length of its own would conflict)
+        for name, value in lengths.items():
+            setattr(resolved, name, value)
+        if lengths.get("max_new_tokens") is not None:
+            resolved.max_length = prompt_length + lengths["max_new_tokens"]
+    elif not length_set:
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         max_length = prompt_length + DEFAULT_NEW_TOKENS
         resolved.max_length = max_length if limit is None else min(max_length, limit)
