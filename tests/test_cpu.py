@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from genkit.cli.info_cmd import cpu_lines
-from genkit.models import block_kernel, cpu, kernel_choice
+from genkit.models import block_kernel, cpu
 
 # two logical CPUs of a Xeon guest as Linux prints them: only the first entry is read
 XEON = """processor\t: 0
@@ -47,7 +47,7 @@ def test_the_first_cpu_entry_gives_name_family_model_and_flags(cpuinfo: Path) ->
     assert info.raw_flags.startswith("fpu sse2 avx2")
     assert block_kernel.cpu_flags() == set(info.flags)
     # the kernel-choice cache key keeps its format (name|flags line), so cached choices stay valid
-    assert kernel_choice._cpu_model() == "Intel(R) Xeon(R) Processor|" + info.raw_flags
+    assert cpu.cache_key() == "Intel(R) Xeon(R) Processor|" + info.raw_flags
 
 
 def test_describe_and_genkit_info_name_the_cpu_kind_and_the_kernel_flags(cpuinfo: Path) -> None:

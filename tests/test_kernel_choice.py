@@ -20,7 +20,7 @@ import genkit
 from genkit import threads
 from genkit.cli import main as cli_main
 from genkit.errors import ConfigError
-from genkit.models import block_kernel, dense_kernel, kernel_choice
+from genkit.models import block_kernel, cpu, dense_kernel, kernel_choice
 from genkit.models.llama_infer import packing_available
 from genkit.models.tiny import tiny_llama
 
@@ -151,7 +151,7 @@ def test_the_cache_key_covers_the_c_kernels_code(home):
     cache file's key is a digest of the CPU, torch, genkit, the probe rule and both C sources."""
     models = Path(kernel_choice.__file__).parent
     sources = hashlib.sha256(b"".join((models / n).read_bytes() for n in ("block_kernel.c", "dense_kernel.c")))
-    text = (f"{kernel_choice._cpu_model()}\0{torch.__version__}\0{genkit.__version__}\0"
+    text = (f"{cpu.cache_key()}\0{torch.__version__}\0{genkit.__version__}\0"
             f"probe-v{kernel_choice.PROBE_VERSION}\0{sources.hexdigest()[:16]}")
     assert kernel_choice.cache_path().name == f"choice-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
 

@@ -24,12 +24,10 @@ def add_parser(subparsers: Any) -> None:
 
 def cpu_lines() -> list[str]:
     """The CPU's name, family and model, and which of the kernels' flags it has."""
-    from genkit.models.cpu import KERNEL_FLAGS, cpu_info
+    from genkit.models.cpu import KERNEL_FLAGS, kernel_flags, kind
 
-    info = cpu_info()
-    kind = f" (family {info.family} model {info.model})" if info.family else ""
-    have = " ".join(f for f in KERNEL_FLAGS if f in info.flags) or "(none of them)"
-    return [f"cpu: {info.name}{kind}", f"cpu flags (of {', '.join(KERNEL_FLAGS)}): {have}"]
+    have = " ".join(kernel_flags()) or "(none of them)"
+    return [f"cpu: {kind()}", f"cpu flags (of {', '.join(KERNEL_FLAGS)}): {have}"]
 
 
 def gpu_line() -> str:

@@ -35,7 +35,7 @@ import torch
 
 from ..errors import ConfigError, KernelUnavailableError
 from . import kernel_cache
-from .cpu import cpu_info
+from .cpu import cache_key, cpu_info
 
 logger = logging.getLogger("genkit.models")
 
@@ -63,11 +63,6 @@ def _compiler() -> str | None:
     return exe
 
 
-def _cpu_key() -> str:
-    info = cpu_info()
-    return f"{info.name}|{info.raw_flags}"
-
-
 def _cache_dir() -> Path:
     from .demo import genkit_home
 
@@ -88,7 +83,7 @@ def cache_name(cc: str, mode: str = "native", source: Path = SOURCE, stem: str =
     ``--version``), the CPU and the flags, so any change builds a new library."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256(b"\0".join(part.encode() if isinstance(part, str) else part for part in (
-        source.read_bytes(), cc, version, _cpu_key(), " ".join(_flags(mode))))).hexdigest()[:16]
+        source.read_bytes(), cc, version, cache_key(), " ".join(_flags(mode))))).hexdigest()[:16]
     return f"{stem}-{key}.so"
 
 

@@ -49,9 +49,26 @@ def cpu_info() -> CpuInfo:
                    flags=frozenset(flags.split()), raw_flags=flags)
 
 
+def cache_key() -> str:
+    """``name|flags``: the CPU a kernel build or a kernel choice cached under ``$GENKIT_HOME`` was
+    made for (another CPU kind, or a VM that hides a flag, gets its own)."""
+    info = cpu_info()
+    return f"{info.name}|{info.raw_flags}"
+
+
+def kind() -> str:
+    """The CPU's name with its family and model where /proc/cpuinfo gives them (many VMs name only
+    "Intel(R) Xeon(R) Processor" or "AMD EPYC")."""
+    info = cpu_info()
+    return f"{info.name} (family {info.family} model {info.model})" if info.family else info.name
+
+
+def kernel_flags() -> list[str]:
+    """Which of :data:`KERNEL_FLAGS` this CPU has, in that order."""
+    return [f for f in KERNEL_FLAGS if f in cpu_info().flags]
+
+
 def describe() -> str:
     """One line naming this CPU kind: name, family and model, logical CPUs, the kernel flags it has."""
-    info = cpu_info()
-    kind = f" (family {info.family} model {info.model})" if info.family else ""
-    have = " ".join(f for f in KERNEL_FLAGS if f in info.flags) or "(none of the kernels' flags)"
-    return f"cpu: {info.name}{kind}, {os.cpu_count() or 1} logical CPUs; flags: {have}"
+    have = " ".join(kernel_flags()) or "(none of the kernels' flags)"
+    return f"cpu: {kind()}, {os.cpu_count() or 1} logical CPUs; flags: {have}"

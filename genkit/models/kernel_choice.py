@@ -69,7 +69,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import kernel_cache
-from .cpu import cpu_info
+from .cpu import cache_key, cpu_info
 
 logger = logging.getLogger("genkit.models")
 
@@ -131,12 +131,6 @@ def parse_override(text: str | None = None) -> dict[str, str]:
     return out
 
 
-def _cpu_model() -> str:
-    """``model name|flags`` of the first CPU (:mod:`genkit.models.cpu`)."""
-    info = cpu_info()
-    return f"{info.name}|{info.raw_flags}"
-
-
 KERNEL_SOURCES = ("block_kernel.c", "dense_kernel.c")  # the C paths' code: a change in either is probed anew
 
 
@@ -160,7 +154,7 @@ def cache_path() -> Path:
     from .. import __version__
     from .demo import genkit_home
 
-    text = f"{_cpu_model()}\0{torch.__version__}\0{__version__}\0probe-v{PROBE_VERSION}\0{_kernels_digest()}"
+    text = f"{cache_key()}\0{torch.__version__}\0{__version__}\0probe-v{PROBE_VERSION}\0{_kernels_digest()}"
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
     return Path(genkit_home()) / "kernels" / f"choice-{key}.json"
 
@@ -183,7 +177,7 @@ def cached_entries() -> dict[str, dict[str, str]]:
 def _store(new: dict[str, dict[str, str]]) -> None:
     path = cache_path()
     entries = {**cached_entries(), **new}
-    payload = json.dumps({"cpu": _cpu_model().split("|")[0], "entries": entries}, indent=1, sort_keys=True)
+    payload = json.dumps({"cpu": cpu_info().name, "entries": entries}, indent=1, sort_keys=True)
     try:
         kernel_cache.store(path.parent, path.name, lambda out: out.write_text(payload, encoding="utf-8"))
     except OSError as exc:
