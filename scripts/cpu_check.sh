@@ -21,9 +21,16 @@ cd "$(dirname "$0")/.."
 DIR=.cpucheck
 MARCH=${LLAMA_MARCH:-sapphirerapids}
 
-build_llama() {  # $1: source folder, $2: build folder, $3: extra compiler flags
+# ggml compiles its SIMD and AMX code by these options, not by -march alone (without the AMX ones the
+# "AMX build" has no tile instruction); LLAMA_ISA replaces them for another CPU kind
+ISA=${LLAMA_ISA:-"-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON
+  -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"}
+AMX="-DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON -DGGML_AMX_BF16=ON"
+
+build_llama() {  # $1: source folder, $2: build folder, $3: extra compiler flags, $4: extra ggml options
   local flags="-march=$MARCH $3"
-  cmake -S "$1" -B "$2" -DGGML_NATIVE=OFF -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
+  # shellcheck disable=SC2086  # option words
+  cmake -S "$1" -B "$2" -DGGML_NATIVE=OFF -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" $ISA $4 \
     -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
     -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" > "$2.cfg.log" 2>&1
   cmake --build "$2" -j "$(nproc)" --target llama-bench > "$2.build.log" 2>&1
@@ -40,8 +47,9 @@ print(demo_gguf_path(f"{genkit_home()}/bench-gguf"))')" "$DIR/gguf"
   tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
   local src
   src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
-  build_llama "$src" "$work/amx" ""
-  build_llama "$src" "$work/noamx" "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  build_llama "$src" "$work/amx" "" "$AMX"
+  build_llama "$src" "$work/noamx" "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" ""
+  grep "CPU backend variant" "$work/amx.cfg.log" "$work/noamx.cfg.log"
   strip -o "$DIR/bin/llama-bench" "$work/amx/bin/llama-bench"
   strip -o "$DIR/bin/llama-bench-noamx" "$work/noamx/bin/llama-bench"
   cp "$(ldd "$DIR/bin/llama-bench" | awk '/libgomp/{print $3}')" "$DIR/lib/"  # the OpenMP runtime it links
