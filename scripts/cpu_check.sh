@@ -21,8 +21,9 @@ cd "$(dirname "$0")/.."
 DIR=.cpucheck
 MARCH=${LLAMA_MARCH:-sapphirerapids}
 
-# ggml compiles its SIMD and AMX code by these options, not by -march alone (without the AMX ones the
-# "AMX build" has no tile instruction); LLAMA_ISA replaces them for another CPU kind
+# ggml's own feature options, so that its configure log names the variant it builds (the code itself
+# follows the compiler's macros, which -march sets: the same 102 AMX tile instructions with or without
+# them); LLAMA_ISA replaces them for another CPU kind
 ISA=${LLAMA_ISA:-"-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON
   -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"}
 AMX="-DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON -DGGML_AMX_BF16=ON"
