@@ -1,6 +1,7 @@
 """Two (or more) versions of the block kernel's C source, timed against each other in one process.
 
-Each source is compiled with genkit's own flags for this CPU; the demo model (SmolLM2-135M-Instruct
+Each source is built and loaded as genkit loads its kernel (its flags for this CPU, the verified
+kernel cache under ``$GENKIT_HOME``, so an unchanged source is not built again); the demo model (SmolLM2-135M-Instruct
 Q4_1) then decodes with each build in turn, round after round (builds alternating, so that a machine
 whose speed drifts moves all of them alike), and the median tokens/s per build is printed with
 whether every build gave the same greedy tokens. A kernel change is kept or dropped on such an A/B,
@@ -15,11 +16,9 @@ Run: ``python bench/ab_block_kernel.py old=/tmp/block_kernel_before.c new=genkit
 from __future__ import annotations
 
 import argparse
-import ctypes
+import os
 import statistics
-import subprocess
-import tempfile
-import time
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +29,20 @@ from genkit.models import block_kernel
 from genkit.models.cpu import describe
 from genkit.models.demo import demo_gguf_path, genkit_home
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kernel_choice import _decode  # noqa: E402  (generation time less a 1-token run's, as there)
 
-def build(label: str, source: str, folder: str, mode: str) -> Any:
+
+def build(label: str, source: str, mode: str) -> Any:
+    """``source`` built and loaded as genkit loads its own kernel (:func:`block_kernel.build_cached`:
+    genkit's flags for ``mode``, the verified kernel cache, AMX tiles granted in native mode)."""
     cc = block_kernel._compiler()
     if cc is None:
         raise SystemExit("no C compiler found: the block kernel cannot be built here")
-    out = Path(folder) / f"ab_{label}.so"
-    subprocess.run([cc, *block_kernel._flags(mode), source, "-o", str(out), "-lm"], check=True)
-    lib = ctypes.CDLL(str(out))
+    lib = block_kernel.build_cached(cc, mode, Path(source), stem=f"genkit_blocks_ab_{label}")
     block_kernel.declare(lib)
+    if mode == "native":
+        lib.gk_amx_init()  # as block_kernel.library() does: multi-row products may then take the AMX path
     return lib
 
 
@@ -47,15 +51,13 @@ def use(lib: Any) -> None:
     block_kernel._lib, block_kernel._tried = lib, True
 
 
-def tokens_per_second(model: Any, ids: torch.Tensor, new: int) -> tuple[float, list[int]]:
-    """Decode speed of ``new`` tokens (the prompt's share taken out by a 1-token run) and the tokens."""
-    kw = {"eos_token_id": None, "pad_token_id": 0, "do_sample": False}
-    t = time.perf_counter()
-    out = model.generate(ids, max_new_tokens=new + 1, **kw)
-    whole = time.perf_counter() - t
-    t = time.perf_counter()
-    model.generate(ids, max_new_tokens=1, **kw)
-    return new / (whole - (time.perf_counter() - t)), out[0].tolist()
+def ab_round(model: Any, ids: torch.Tensor, libs: dict[str, Any], new: int, rates: dict[str, list[float]],
+             tokens: dict[str, list[int]]) -> None:
+    """One round: each build decodes ``new`` tokens in turn; its tokens/s and tokens are recorded."""
+    for label, lib in libs.items():
+        use(lib)
+        ms, tokens[label] = _decode(model, ids, new)
+        rates[label].append(1e3 / ms)
 
 
 def main() -> None:
@@ -70,26 +72,20 @@ def main() -> None:
     pairs = [s.split("=", 1) for s in args.sources]
     if len(pairs) < 2 or any(len(p) != 2 for p in pairs):
         raise SystemExit("give two or more sources as label=path")
-    with tempfile.TemporaryDirectory() as folder:
-        libs = {label: build(label, path, folder, args.mode) for label, path in pairs}
-        model = genkit.load_model(demo_gguf_path(f"{genkit_home()}/bench-gguf"))
-        ids = torch.randint(3, 40000, (1, 12), generator=torch.Generator().manual_seed(1))
-        for threads in [int(t) for t in args.threads.split(",")]:
-            torch.set_num_threads(threads)
-            for lib in libs.values():  # warm-up: first calls fault the weights in
-                use(lib)
-                tokens_per_second(model, ids, 4)
-            rates: dict[str, list[float]] = {label: [] for label in libs}
-            tokens: dict[str, list[int]] = {}
-            for _ in range(args.rounds):
-                for label, lib in libs.items():
-                    use(lib)
-                    rate, tokens[label] = tokens_per_second(model, ids, args.tokens)
-                    rates[label].append(rate)
-            same = len({tuple(t) for t in tokens.values()}) == 1
-            cells = "  ".join(f"{label} {statistics.median(r):.1f}" for label, r in rates.items())
-            print(f"{threads} thread(s), {args.mode}, medians of {args.rounds} (tok/s): {cells}; "
-                  f"{'same tokens' if same else 'TOKENS DIFFER'}", flush=True)
+    libs = {label: build(label, path, args.mode) for label, path in pairs}
+    model = genkit.load_model(demo_gguf_path(f"{genkit_home()}/bench-gguf"))
+    ids = torch.randint(3, 40000, (1, 12), generator=torch.Generator().manual_seed(1))
+    for threads in [int(t) for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        rates: dict[str, list[float]] = {label: [] for label in libs}
+        tokens: dict[str, list[int]] = {}
+        ab_round(model, ids, libs, 4, {label: [] for label in libs}, {})  # warm-up: faults the weights in
+        for _ in range(args.rounds):
+            ab_round(model, ids, libs, args.tokens, rates, tokens)
+        same = len({tuple(t) for t in tokens.values()}) == 1
+        cells = "  ".join(f"{label} {statistics.median(r):.1f}" for label, r in rates.items())
+        print(f"{threads} thread(s), {args.mode}, medians of {args.rounds} (tok/s): {cells}; "
+              f"{'same tokens' if same else 'TOKENS DIFFER'}", flush=True)
 
 
 if __name__ == "__main__":
