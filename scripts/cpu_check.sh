@@ -68,7 +68,7 @@ pick_llama() {  # the AMX build when it decodes here, else the AMX-off build; ""
 run() {
   local py=${PYTHON:-python3} out=${OUT:-/tmp/cpu-check} gguf tg pp args
   mkdir -p "$out"
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/genkit-site .whl/*.whl
+  PYTHON=$py bash scripts/gpu_check.sh install  # .whl/ into /tmp/genkit-site
   export PYTHONPATH=/tmp/genkit-site PYTHONUNBUFFERED=1 GENKIT_HOME=${GENKIT_HOME:-/tmp/cpu-check-home}
   export GENKIT_DEMO_WHEEL_DIR=$GENKIT_HOME/wheel LD_LIBRARY_PATH=$PWD/$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   gguf=$("$py" scripts/gguf_carry.py unpack "$DIR/gguf" "$GENKIT_HOME/bench-gguf")

@@ -6,6 +6,7 @@
 #                                       packages the GPU machine may lack, into .whl/ (gitignored)
 #   bash scripts/gpu_check.sh run       there, in a copy of the repository holding .whl/: installs
 #                                       them into /tmp/genkit-site, runs the tests, then the benchmark
+#   bash scripts/gpu_check.sh install   only the install step of `run` (scripts/cpu_check.sh calls it)
 #
 # GPU_CHECK_BENCH="--rounds 3" passes options to bench/bench_gpu.py; GPU_CHECK_BENCH=skip skips it.
 # Results are echoed and, when $OUT is set, written there (pytest.log, bench.log).
@@ -30,12 +31,19 @@ prepare() {
   ls "$WHEELS"
 }
 
+SITE=/tmp/genkit-site  # where `install` puts the wheels (PYTHONPATH for what runs there)
+
+install() {  # .whl/ into $SITE, beside the machine's own torch (scripts/cpu_check.sh uses it too)
+  "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "$WHEELS"/*.whl
+}
+
 run() {
-  local py=${PYTHON:-python3} site=/tmp/genkit-site out=${OUT:-/tmp/genkit-gpu-check} repo=$PWD
+  local py=${PYTHON:-python3} out=${OUT:-/tmp/genkit-gpu-check} repo=$PWD
   case $py in */*) [ "${py#/}" != "$py" ] || py=$repo/$py ;; esac  # a relative path: from the checkout
   mkdir -p "$out"
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$WHEELS"/*.whl
-  export PYTHONPATH=$site PYTHONUNBUFFERED=1
+  PYTHON=$py install
+  export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
   "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   # from outside the checkout, so that the installed genkit is imported, not ./genkit
@@ -50,5 +58,6 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) run ;;
-  *) echo "gpu_check.sh: give 'prepare' (here) or 'run' (on the GPU machine)" >&2; exit 2 ;;
+  install) install ;;
+  *) echo "gpu_check.sh: give 'prepare' (here), 'run' (on the GPU machine) or 'install' (the wheels only)" >&2; exit 2 ;;
 esac
