@@ -142,6 +142,21 @@ def test_a_flag_the_caller_sets_is_warned_about_once(tiny_model, caplog):
     assert len(warned) == 1 and "`temperature`" in warned[0] and "do_sample" in warned[0]
 
 
+def test_both_lengths_are_warned_about_only_when_they_disagree(tiny_model, caplog):
+    """``max_new_tokens`` wins either way; a ``max_length`` equal to prompt + ``max_new_tokens`` is no
+    conflict (a recipe handing its resolved config and the caller's arguments on), another one is."""
+    prompt = IDS[:1]
+    n = prompt.shape[1]
+    with caplog.at_level(logging.WARNING, logger="genkit.config"):
+        out = tiny_model.generate(prompt, max_new_tokens=3, max_length=n + 3, do_sample=False)
+    assert out.shape[1] == n + 3 and _config_warnings(caplog) == []
+    with caplog.at_level(logging.WARNING, logger="genkit.config"):
+        out = tiny_model.generate(prompt, max_new_tokens=3, max_length=n + 11, do_sample=False)
+    assert out.shape[1] == n + 3
+    assert [m for m in _config_warnings(caplog) if "takes precedence" in m] == [
+        f"both `max_new_tokens` (=3) and `max_length` (={n + 11}) are set; `max_new_tokens` takes precedence."]
+
+
 # (config, fields the caller set (None: all)) -> transformers 5 and genkit flag the same fields
 PROVENANCE = [
     ({"do_sample": False, "temperature": 0.6, "top_p": 0.9}, {"do_sample"}),
