@@ -14,7 +14,8 @@
 # llama.cpp is built from llama-cpp-python's sdist (LLAMA_CPP_PYTHON, default 0.3.36), never installed.
 # Its AMX build dies with SIGILL on any prompt on the Xeons met so far, so `run` takes tg128 from the
 # AMX build when that decodes and pp512 from the AMX-off build. CPU_CHECK_AB="a=path b=path" also runs
-# bench/ab_block_kernel.py on those block_kernel.c versions (put them under .cpucheck/ to carry them).
+# bench/ab_block_kernel.py on those block_kernel.c versions (put them under .cpucheck/ to carry them);
+# CPU_CHECK_STEP_AB=1 runs bench/ab_step_ends.py; CPU_CHECK_FLOAT32=0 leaves out the float32 table.
 # Results are echoed and, when $OUT is set, written there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,8 +89,14 @@ run() {
   fi
   timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_quantized.py "${args[@]}" --rounds "${CPU_CHECK_ROUNDS:-3}" \
     --repeats 1 --threads 1,2 --activation-digits 1,2 2>&1 | grep -v "it/s" | tee "$out/quantized.log" || true
-  timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_kernel_choice.py --threads 1,2 --rounds 3 --new-tokens 32 2>&1 \
-    | grep -v "it/s" | tee "$out/kernel_choice.log" || true
+  if [ "${CPU_CHECK_FLOAT32:-1}" = 1 ]; then
+    timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_kernel_choice.py --threads 1,2 --rounds 3 --new-tokens 32 2>&1 \
+      | grep -v "it/s" | tee "$out/kernel_choice.log" || true
+  fi
+  if [ "${CPU_CHECK_STEP_AB:-0}" = 1 ]; then
+    timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/ab_step_ends.py --threads 2,1 --rounds 7 2>&1 \
+      | grep -v "it/s" | tee "$out/step_ends.log" || true
+  fi
   if [ -n "${CPU_CHECK_AB:-}" ]; then
     # shellcheck disable=SC2086  # label=path words
     timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/ab_block_kernel.py $CPU_CHECK_AB --threads 2,1 --rounds 7 2>&1 \

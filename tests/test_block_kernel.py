@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_quantized import IDS, MASK, write_quantized_gguf
-from tolerance import U_BLOCK_ACTIVATION_NORM, block_product_bound, hidden_bound
+from tolerance import U_BLOCK_ACTIVATION_NORM, block_product_bound, hidden_bound, norm_and_head_bound
 
 import genkit
 from genkit.models import block_kernel
@@ -309,3 +309,81 @@ def test_generation_gives_the_torch_paths_tokens(quantized):
         prepared.decoder = decoder
     for a, b in zip(ours, want):
         assert torch.equal(a, b)
+
+
+# -- a decode step with its ends (embedding, final norm, LM head) in the same call ---------------------
+
+def _step(model, cache, token, **kw):
+    with torch.no_grad():
+        return model(torch.tensor([[token]]), past_key_values=cache, **kw).logits
+
+
+def _on_the_usual_path(model):
+    """A forward hook on the final norm: the step's ends must run as modules (the hook sees the norm's
+    output once per step)."""
+    seen = []
+    handle = model.model.norm.register_forward_hook(lambda _m, _a, out: seen.append(out.detach().clone()))
+    return handle, seen
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_decode_step_with_its_ends_in_one_call_equals_the_modules(quantized, rows):
+    """The step from token ids to logits in one kernel call (embedding, layers, final norm, LM head)
+    against the same step with the ends run as modules (a hook on the final norm keeps them there):
+    the layers and the embedding are the same computation, the final norm is summed in another order,
+    and the head is the same product on the norm's output (tolerance.norm_and_head_bound)."""
+    ids = IDS[:1].expand(rows, -1)
+    with torch.no_grad():
+        fast_cache, usual_cache = quantized(ids).past_key_values, quantized(ids).past_key_values
+    tokens = torch.tensor([[7], [250], [3]])[:rows]
+    with torch.no_grad():
+        fast = quantized(tokens, past_key_values=fast_cache).logits
+        handle, seen = _on_the_usual_path(quantized)
+        try:
+            usual = quantized(tokens, past_key_values=usual_cache).logits
+        finally:
+            handle.remove()
+    assert len(seen) == 1 and fast.shape == usual.shape == (rows, 1, quantized.config.vocab_size)
+    assert fast_cache.lengths == usual_cache.lengths == [7] * len(fast_cache.lengths)
+    for a, b in zip(fast_cache.keys + fast_cache.values, usual_cache.keys + usual_cache.values):
+        assert torch.equal(a[:, :, :7], b[:, :, :7])  # the same layers on the same embedding
+    h = seen[0].reshape(rows, -1)
+    with torch.no_grad():
+        w = quantized.lm_head(torch.eye(h.shape[1])).t()  # (vocab, hidden): the head's rows
+    assert ((fast.reshape(rows, -1) - usual.reshape(rows, -1)).abs() <= norm_and_head_bound(h, w)).all()
+
+
+def test_a_decode_step_in_one_call_honours_positions_masks_and_bad_ids(quantized):
+    """Positions and a mask that a cache implies give the one-call step's logits; other positions take
+    the usual path and count (the logits move); a token id outside the vocabulary is refused by the
+    embedding as on the usual path, with the cache left as it was."""
+    with torch.no_grad():
+        caches = [quantized(IDS[:1]).past_key_values for _ in range(4)]
+    plain = _step(quantized, caches[0], 9)
+    implied = _step(quantized, caches[1], 9, attention_mask=torch.ones(1, 7, dtype=torch.long),
+                    position_ids=torch.tensor([[6]]))
+    assert torch.equal(plain, implied)
+    moved = _step(quantized, caches[2], 9, position_ids=torch.tensor([[9]]))
+    assert not torch.allclose(moved, plain)
+    with pytest.raises(IndexError):
+        _step(quantized, caches[3], quantized.config.vocab_size)
+    assert caches[3].lengths == [6] * len(caches[3].lengths)
+
+
+def test_llama_numerics_one_call_step_is_bit_identical_to_the_modules(tmp_path):
+    """Under numerics="llama.cpp" the final norm is ggml's in both places (rms_norm_llama): the
+    one-call step's logits equal those of the same step with the ends run as modules, bit for bit."""
+    from genkit.models.quant import set_numerics
+
+    path = tmp_path / "q.gguf"
+    write_quantized_gguf(path, "Q4_1")
+    model = set_numerics(genkit.load_model(path), "llama.cpp")
+    with torch.no_grad():
+        fast_cache, usual_cache = model(IDS[:1]).past_key_values, model(IDS[:1]).past_key_values
+    fast = _step(model, fast_cache, 11)
+    handle, seen = _on_the_usual_path(model)
+    try:
+        usual = _step(model, usual_cache, 11)
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and torch.equal(fast, usual)

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 from test_quantized import write_quantized_gguf
-from tolerance import U_BLOCK_ACTIVATION_NORM, hidden_bound
+from tolerance import U_BLOCK_ACTIVATION_NORM, hidden_bound, norm_and_head_bound
 
 import genkit
 from genkit.continuous import ContinuousBatchingConfig
@@ -129,7 +129,8 @@ def test_prompt_chunks_and_mixed_steps_run_fused_and_equal_the_torch_step(model)
     """Any step, prompt chunks included, is one ``gk_decode_paged`` call (each token a row at its
     own position with its request's blocks): its hidden states and keys/values equal the torch
     path's, a prompt's rows attending to each other causally; and paged_forward's logits are those
-    of the fused hidden states. On main a step holding a prompt chunk took the torch path."""
+    of the fused hidden states, through the final norm and LM head as the decoder runs them (within
+    the bound of two norms' orders of the modules'). On main a step holding a prompt chunk took the torch path."""
     prepared = model.new_paged_store(block_size=4, num_blocks=64).prepared
     stores = [model.new_paged_store(block_size=4, num_blocks=64) for _ in range(3)]  # fused, torch, paged_forward
     blocks = [[0, 1, 2], [3, 4, 5, 6], [7, 8]]
@@ -154,5 +155,10 @@ def test_prompt_chunks_and_mixed_steps_run_fused_and_equal_the_torch_step(model)
                 torch.testing.assert_close(got, want, rtol=0, atol=atol)
         last = torch.tensor([s + n - 1 for s, n in batch.spans])
         with torch.inference_mode():
-            want_logits = model.lm_head(model.model.norm(fused.index_select(0, last))).float()
-        assert torch.equal(logits, want_logits)
+            h = fused.index_select(0, last)
+            kernel = prepared.decoder.final_logits(h, model.kernel_ends(prepared.decoder))
+            normed = model.model.norm(h)
+            modules = model.lm_head(normed).float()
+            w = model.lm_head(torch.eye(h.shape[1])).t()
+        assert torch.equal(logits, kernel)  # the decoder's final norm and head, as in generate's one-call step
+        assert ((logits - modules).abs() <= norm_and_head_bound(normed, w)).all()

@@ -61,6 +61,19 @@ def positions_from_mask(attention_mask: torch.Tensor | None, q_len: int) -> torc
     return pos.masked_fill(attention_mask == 0, 1)[:, -q_len:]
 
 
+def _kept(x: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The positions of ``x`` (batch, seq, hidden) whose logits a forward returns: the last
+    ``logits_to_keep`` (all for 0), or those a tensor of indices names."""
+    if isinstance(logits_to_keep, int):
+        return x[:, -logits_to_keep:] if logits_to_keep > 0 else x
+    return x[:, logits_to_keep]
+
+
+def _output(out: CausalLMOutput, return_dict: bool | None) -> Any:
+    """A forward's output as asked: the output, or its tuple with ``return_dict=False``."""
+    return out.to_tuple() if return_dict is False else out
+
+
 def _refuse_forward_kwargs(kwargs: dict[str, Any]) -> None:
     """Refuse keyword arguments ``forward`` does not take, by name (none is silently ignored)."""
     unknown = sorted(kwargs)
@@ -154,6 +167,14 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         hidden state."""
         raise NotImplementedError
 
+    def one_call_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                      position_ids: torch.Tensor | None, cache: Any, logits_to_keep: int | torch.Tensor
+                      ) -> torch.Tensor | None:
+        """The logits of a decode step (one new token per row, on a cache) computed in one kernel
+        call, embedding to LM head, or None: :meth:`forward` takes its usual path. None here; a
+        model with such a kernel overrides it (:class:`~genkit.models.llama.LlamaForCausalLM`)."""
+        return None
+
     def output_logits(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
         """The LM head on the final-normed hidden state of the kept positions."""
         return self.lm_head(x)
@@ -187,6 +208,11 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         if kwargs:
             _refuse_forward_kwargs(kwargs)
         depth = self._partial_depth(num_layers)
+        if (past_key_values is not None and use_cache and input_ids is not None and inputs_embeds is None
+                and labels is None and depth is None and not output_hidden_states and not output_attentions):
+            logits = self.one_call_step(input_ids, attention_mask, position_ids, past_key_values, logits_to_keep)
+            if logits is not None:
+                return _output(CausalLMOutput(logits=logits, past_key_values=past_key_values), return_dict)
         inputs_embeds = self._embed(input_ids, inputs_embeds, past_key_values)
         from .cache import native_cache
 
@@ -203,18 +229,13 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         x = self.decoder(inputs_embeds, attention_mask, position_ids, cache, past_len, hidden, **extra)
         if hidden is not None:
             hidden.append(x)
-        if isinstance(logits_to_keep, int):
-            if logits_to_keep > 0:
-                x = x[:, -logits_to_keep:]
-        else:
-            x = x[:, logits_to_keep]
-        logits = self.output_logits(x, cache)
+        logits = self.output_logits(_kept(x, logits_to_keep), cache)
         out = CausalLMOutput(
             loss=None if labels is None else causal_lm_loss(logits, labels, num_items_in_batch),
             logits=logits, past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(hidden) if hidden is not None else None,
             attentions=tuple(extra["attentions"]) if output_attentions else None)
-        return out.to_tuple() if return_dict is False else out
+        return _output(out, return_dict)
 
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, cache: Any) -> torch.Tensor:
         """``inputs_embeds``, or the embeddings of ``input_ids`` (checked against the vocabulary)."""

@@ -19,11 +19,12 @@ import weakref
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from ..errors import NotSupportedError
 from . import block_kernel
 from .cache import KVCache
-from .numerics import llama_float_order
+from .numerics import is_llama_numerics, llama_float_order
 
 PROMPT_ROWS = 32  # numerics="llama.cpp": prompt tokens per one-call step (BlockDecoder.steps)
 UNSUPPORTED = ("`numerics`='llama.cpp' runs every step on the block kernel's decoder: rows at one position with no "
@@ -39,6 +40,52 @@ class _Layer(ctypes.Structure):
                 ("act_qkv", ctypes.c_int), ("act_o", ctypes.c_int), ("act_gu", ctypes.c_int), ("act_d", ctypes.c_int),
                 ("llama", ctypes.c_int), ("gemv", ctypes.c_void_p), ("ld_qkv", ctypes.c_long), ("ld_o", ctypes.c_long),
                 ("ld_gu", ctypes.c_long), ("ld_d", ctypes.c_long)]
+
+
+class _Ends(ctypes.Structure):
+    """``gk_ends``: the token embedding, the final norm and the LM head around the layers."""
+
+    _fields_ = [("embed", ctypes.c_void_p), ("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+                ("vocab", ctypes.c_longlong), ("norm", ctypes.c_void_p), ("eps", ctypes.c_float),
+                ("llama", ctypes.c_int), ("head", ctypes.c_void_p), ("head_bits", ctypes.c_int),
+                ("head_act", ctypes.c_int), ("outputs", ctypes.c_int)]
+
+
+def _end_tensors(embed: Any, norm: Any, head: Any) -> tuple[torch.Tensor, ...] | None:
+    """The tensors the step's ends read: the embedding's table (or codes and scales), the final
+    norm's weight and the LM head's blocks; None for modules without them."""
+    table = (getattr(embed, "codes", None), getattr(embed, "scales", None)) if hasattr(embed, "codes") else (
+        getattr(embed, "weight", None),)
+    tensors = (*table, getattr(norm, "weight", None), getattr(head, "blocks", None))
+    return tensors if all(isinstance(t, torch.Tensor) for t in tensors) else None
+
+
+def _ends(embed: Any, norm: torch.Tensor, eps: float, llama: bool, head: Any, hidden: int) -> _Ends | None:
+    """The ends of a step for these modules, or None when one does not fit the kernel: ``embed`` a
+    float32 :class:`torch.nn.Embedding` (no ``max_norm``) or a float32-out
+    :class:`~genkit.models.quant.QuantizedEmbedding`; ``norm`` the final RMSNorm's weight (float32,
+    ``(hidden,)``), computed as ggml does with ``llama``; ``head`` a block-kernel
+    :class:`~genkit.models.quant.Int4Linear` from ``hidden``."""
+    from .quant import GROUP, Int4Linear, QuantizedEmbedding
+
+    if type(head) is not Int4Linear or head.kernel != "blocks" or head.in_features != hidden:
+        return None
+    if norm.dtype != torch.float32 or norm.shape != (hidden,) or not norm.is_contiguous():
+        return None
+    if type(embed) is QuantizedEmbedding:
+        if embed.dtype != torch.float32 or embed.embedding_dim != hidden or hidden % GROUP:
+            return None
+        table: tuple[int, int, int] = (0, embed.codes.data_ptr(), embed.scales.data_ptr())
+        vocab = embed.num_embeddings
+    elif type(embed) is torch.nn.Embedding and embed.max_norm is None:
+        w = embed.weight
+        if w.dtype != torch.float32 or w.shape[1] != hidden or not w.is_contiguous() or w.device.type != "cpu":
+            return None
+        table, vocab = (w.data_ptr(), 0, 0), int(w.shape[0])
+    else:
+        return None
+    return _Ends(*table, vocab, norm.data_ptr(), eps, int(llama), head.blocks.data_ptr(), head.bits, head.act,
+                 head.out_features)
 
 
 def _dims(w: Any) -> tuple[int, int]:
@@ -123,6 +170,8 @@ class BlockDecoder:
                                                                        weights(p.wd), p.norm1, p.norm2))
         self._state: _CacheState | None = None  # the last cache's checked buffers
         self._paged: _Buffers | None = None  # the last paged store's, likewise
+        # the last ends, with their key and the tensors they point into
+        self._ends: tuple[tuple[Any, ...], _Ends | None, tuple[torch.Tensor, ...]] | None = None
 
     @staticmethod
     def build(layers: list[Any]) -> BlockDecoder | None:
@@ -185,14 +234,8 @@ class BlockDecoder:
             return None
         n = len(self.layers) if num_layers is None else num_layers
         pos = cache.lengths[0]
-        keys, values = cache.keys[:n], cache.values[:n]
-        state = self._state
-        if state is None or not state.holds(cache, keys, values):
-            state = self._state = _CacheState.check(cache, keys, values, rows)
-            if state is None:
-                return None
-        if (pos + t > state.capacity or state.rows != rows or cache.lengths[:n] != [pos] * n
-                or state.inference and not torch.is_inference_mode_enabled()):
+        state = self._cache_state(cache, rows, t, n)
+        if state is None:
             return None
         if cos.numel() != t * self.head_dim or sin.numel() != t * self.head_dim:
             return None
@@ -208,6 +251,81 @@ class BlockDecoder:
         if rc:
             raise MemoryError("the block kernel could not allocate its scratch memory")
         cache.lengths[:n] = [pos + t] * n
+        return out
+
+    def _cache_state(self, cache: KVCache, rows: int, t: int, n: int) -> _CacheState | None:
+        """The checked buffers of the first ``n`` layers of ``cache`` when a step of ``t`` tokens of
+        ``rows`` rows can write them in place (every layer at one length, room for the tokens)."""
+        pos = cache.lengths[0]
+        keys, values = cache.keys[:n], cache.values[:n]
+        state = self._state
+        if state is None or not state.holds(cache, keys, values):
+            state = self._state = _CacheState.check(cache, keys, values, rows)
+            if state is None:
+                return None
+        if (pos + t > state.capacity or state.rows != rows or cache.lengths[:n] != [pos] * n
+                or state.inference and not torch.is_inference_mode_enabled()):
+            return None
+        return state
+
+    def step_ends(self, embed: Any, norm: Any, head: Any) -> _Ends | None:
+        """:func:`_ends` for the modules around the layers: ``embed`` the input embedding, ``norm``
+        the final norm (an RMSNorm module: ``weight``, ``eps``, ``numerics``), ``head`` the LM head.
+        None when one does not fit or has a hook (they then run as modules). Kept while the modules,
+        their tensors' memory and the hooks registered anywhere (``RemovableHandle.next_id``) stay
+        the same; it holds references to the tensors, so its pointers stay valid."""
+        tensors = None if self.dense else _end_tensors(embed, norm, head)
+        if tensors is None:
+            return None
+        eps, llama = float(norm.eps), is_llama_numerics(getattr(norm, "numerics", "genkit"))
+        key = (RemovableHandle.next_id, id(embed), id(norm), id(head), eps, llama,
+               *((id(t), t.data_ptr()) for t in tensors))
+        if self._ends is not None and self._ends[0] == key:
+            return self._ends[1]
+        from .llama_infer import has_hooks
+
+        ends = None if has_hooks([embed, norm, head]) else _ends(embed, tensors[-2], eps, llama, head, self.hidden)
+        self._ends = (key, ends, tensors)
+        return ends
+
+    def logits(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends
+               ) -> torch.Tensor | None:
+        """A decode step of token ``ids`` ``(rows, 1)`` through every layer in one call, embedding,
+        final norm and LM head included (``ends``: :meth:`step_ends`): the logits ``(rows, 1,
+        vocab)``, or None: take the usual path (nothing has been written then; an id outside the
+        vocabulary too, so that the embedding module reports it)."""
+        rows = ids.shape[0]
+        if type(cache) is not KVCache or ids.shape != (rows, 1) or ids.device.type != "cpu":
+            return None
+        n = len(self.layers)
+        state = self._cache_state(cache, rows, 1, n)
+        if state is None or cos.numel() != self.head_dim or sin.numel() != self.head_dim:
+            return None
+        ids = ids if ids.dtype == torch.long and ids.is_contiguous() else ids.long().contiguous()
+        cos = cos if cos.dtype == torch.float32 and cos.is_contiguous() else cos.float().contiguous()
+        sin = sin if sin.dtype == torch.float32 and sin.is_contiguous() else sin.float().contiguous()
+        out = torch.empty(rows, 1, ends.outputs)
+        pos = cache.lengths[0]
+        rc = block_kernel.library().gk_decode_logits(n, self.table, ctypes.byref(ends), ids.data_ptr(), rows, self.hidden,
+                                                     cos.data_ptr(), sin.data_ptr(), pos, state.karr, state.varr,
+                                                     state.capacity, torch.get_num_threads(), out.data_ptr())
+        if rc == -5:
+            return None
+        if rc:
+            raise MemoryError("the block kernel could not allocate its scratch memory")
+        cache.lengths[:n] = [pos + 1] * n
+        return out
+
+    def final_logits(self, x: torch.Tensor, ends: _Ends) -> torch.Tensor:
+        """The logits ``(rows, vocab)`` of hidden states ``x`` ``(rows, hidden)`` that came out of this
+        decoder: the final norm and LM head of ``ends`` (:meth:`step_ends`) in one call, computed as
+        :meth:`logits` computes them."""
+        x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+        out = torch.empty(x.shape[0], ends.outputs)
+        rc = block_kernel.library().gk_logits(ctypes.byref(ends), x.data_ptr(), x.shape[0], self.hidden, out.data_ptr(),
+                                              torch.get_num_threads())
+        if rc:
+            raise MemoryError("the block kernel could not allocate its scratch memory")
         return out
 
     def steps(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, masks: dict[Any, Any], cache: Any,

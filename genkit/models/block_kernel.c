@@ -2064,6 +2064,63 @@ int gk_decode_paged(int num_layers, const gk_layer *layers, float *x, int rows, 
                        threads);
 }
 
+/* ---- the ends of a decode step: the token embeddings in, the final norm and the LM head out ----
+ * With them a batch-1 step is one call from Python: what runs between two calls does so with the
+ * caches cold (the layers stream the weights through them), and a handful of small torch operations
+ * there cost more than they do hot. */
+typedef struct {
+    const float *embed;    /* a float32 table (vocab, hidden), or NULL and the next two: */
+    const int8_t *codes;   /* int8 codes (vocab, hidden), each GK_GROUP of them */
+    const float *scales;   /* times their float scale (vocab, hidden / GK_GROUP) */
+    long long vocab;       /* the table's rows */
+    const float *norm;     /* the final RMSNorm's weight (hidden) */
+    float eps;
+    int llama;             /* the norm as ggml computes it (rms_norm_llama); 0: rms_norm */
+    const uint8_t *head;   /* the LM head's block weights, `outputs` rows */
+    int head_bits, head_act, outputs;
+} gk_ends;
+
+/* the embedding rows of ids into x (ids checked by the caller) */
+static void embed_rows(const gk_ends *e, const int64_t *ids, int rows, int hidden, float *x) {
+    for (int r = 0; r < rows; r++) {
+        float *out = x + (size_t)r * hidden;
+        if (e->embed != NULL) {
+            memcpy(out, e->embed + (size_t)ids[r] * hidden, sizeof(float) * hidden);
+            continue;
+        }
+        const int8_t *q = e->codes + (size_t)ids[r] * hidden;
+        const float *s = e->scales + (size_t)ids[r] * (hidden / GK_GROUP);
+        for (int i = 0; i < hidden; i++) out[i] = (float)q[i] * s[i / GK_GROUP];
+    }
+}
+
+/* logits (rows, outputs) of the hidden states x (rows, hidden): the final norm, then the LM head */
+int gk_logits(const gk_ends *e, const float *x, int rows, int hidden, float *logits, int threads) {
+    float *h = (float *)malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * hidden);
+    if (h == NULL) return -1;
+    for (int r = 0; r < rows; r++)
+        (e->llama ? rms_norm_llama : rms_norm)(x + (size_t)r * hidden, e->norm, e->eps, hidden, h + (size_t)r * hidden);
+    int rc = gk_matmul(e->head_bits, e->head, h, logits, rows, e->outputs, hidden, threads, e->head_act);
+    free(h);
+    return rc;
+}
+
+/* A decode step of one token per cache row from token ids to logits (rows, outputs): the embedding,
+ * gk_decode (tokens 1), gk_logits. -5, with nothing written, when an id lies outside the table. */
+int gk_decode_logits(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int rows,
+                     int hidden, const float *cos_, const float *sin_, int pos, float *const *kcache,
+                     float *const *vcache, int capacity, int threads, float *logits) {
+    for (int r = 0; r < rows; r++)
+        if (ids[r] < 0 || ids[r] >= e->vocab) return -5;
+    float *x = (float *)malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * hidden);
+    if (x == NULL) return -1;
+    embed_rows(e, ids, rows, hidden, x);
+    int rc = gk_decode(num_layers, layers, x, rows, hidden, cos_, sin_, pos, 1, kcache, vcache, capacity, threads);
+    if (rc == 0) rc = gk_logits(e, x, rows, hidden, logits, threads);
+    free(x);
+    return rc;
+}
+
 /* numerics="llama.cpp": rotary tables for positions start..start+n-1 as ggml_rope_cache_init builds
  * them (theta_scale = powf(base, -2/dims), the angle multiplied by it pair after pair in float32,
  * cosf/sinf), in genkit's layout: cos (n, d) with both halves equal, sin (n, d) holding -s, s. */

@@ -211,6 +211,14 @@ def layer_windows(config: ModelConfig) -> list[int | None]:
     return [int(window)] * n
 
 
+def _implied(attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None, rows: int, past_len: int) -> bool:
+    """Whether a decode step's mask and positions are the ones a cache of ``past_len`` positions
+    implies: no mask or one of all ones, no positions or ``past_len`` in every row."""
+    if attention_mask is not None and (attention_mask.shape != (rows, past_len + 1) or not bool(attention_mask.all())):
+        return False
+    return position_ids is None or (position_ids.numel() == rows and bool((position_ids == past_len).all()))
+
+
 def _module_path() -> bool:
     """Whether to run the modules rather than the inference path: with autograd on (training), and
     under ``torch.compile`` (preparing edits parameters in place, and inductor cannot lower the
@@ -392,6 +400,36 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         """Whether the inference path runs on oneDNN-packed weights (decided at the last cache start)."""
         prepared = self._prepared[1] if self._prepared is not None else None
         return bool(prepared is not None and any(layers and layers[0].packed for layers, _ in prepared.routes.values()))
+
+    def one_call_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                      position_ids: torch.Tensor | None, cache: Any, logits_to_keep: int | torch.Tensor
+                      ) -> torch.Tensor | None:
+        """A decode step on the block kernel's one-call decoder with the embedding, the final norm
+        and the LM head in the same call (:meth:`BlockDecoder.logits`): between two calls of a
+        step's kernel the CPU caches are cold, and the small torch operations around the layers
+        cost several times what they cost warm. Only where the usual path would compute the same
+        step: every row one token at the cache's length, positions and mask implied by it."""
+        rows = input_ids.shape[0]
+        if (input_ids.dim() != 2 or input_ids.shape[1] != 1 or not isinstance(logits_to_keep, int)
+                or type(cache) is not KVCache or self.attn_implementation == "eager" or _module_path()):
+            return None
+        past_len = cache.get_seq_length()
+        if past_len == 0 or not _implied(attention_mask, position_ids, rows, past_len):
+            return None
+        kept, prepared = self._weights_on(cache)
+        decoder = prepared.decoder if kept and prepared is not None else None
+        ends = None if decoder is None else self.kernel_ends(decoder)
+        if decoder is None or ends is None:
+            return None
+        cos, sin = self.rope(None, torch.float32, past_len, 1)
+        return decoder.logits(input_ids, cos, sin, cache, ends)
+
+    def kernel_ends(self, decoder: Any) -> Any:
+        """The embedding, final norm and LM head as ``decoder`` (a
+        :class:`~genkit.models.block_decode.BlockDecoder`) runs them in its calls, or None when they
+        must run as modules (:meth:`BlockDecoder.step_ends`; a final norm of another kind)."""
+        norm = self.model.norm
+        return decoder.step_ends(self.model.embed_tokens, norm, self.lm_head) if type(norm) is RMSNorm else None
 
     def output_logits(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         prepared = self._weights_on(cache)[1] if cache is not None and not _module_path() else None

@@ -222,8 +222,10 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
         # rows before any row attends, so a prompt chunk's rows see each other causally
         rows = [blocks for blocks, (_, n) in zip(batch.blocks, batch.spans) for _ in range(n)]
         fused = prepared.decoder.paged(x[0], cos, sin, batch.positions, store, rows)
+    ends = None
     if fused is not None:
         x = fused[None]
+        ends = model.kernel_ends(prepared.decoder)  # the final norm and LM head as the fused decode step runs them
     elif prepared.decoder is not None and prepared.decoder.llama:  # numerics="llama.cpp": no torch path
         from .block_decode import UNSUPPORTED
 
@@ -232,13 +234,16 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
     else:
         x = _paged_layers(prepared, store, batch, x, cos, sin, model.dtype)
     if len(batch.spans) == x.shape[1] and all(batch.want_logits):  # one token per request, all wanted: every row
-        h = model.model.norm(x[0])
+        h = x[0]
     else:
         last = torch.tensor([s + n - 1 for (s, n), w in zip(batch.spans, batch.want_logits) if w], dtype=torch.long,
                             device=device)
         if last.numel() == 0:
             return torch.empty(0, model.config.vocab_size, device=device)
-        h = model.model.norm(x[0].index_select(0, last))
+        h = x[0].index_select(0, last)
+    if ends is not None:
+        return prepared.decoder.final_logits(h, ends)
+    h = model.model.norm(h)
     head = prepared.for_rows(h.shape[0])[1]
     if head is not None:  # the oneDNN-packed LM head of the inference path
         return linear(h, head, None, True).float()

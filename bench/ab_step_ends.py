@@ -1,0 +1,71 @@
+"""A quantized decode step with its ends in the kernel call, against the same step with them as modules.
+
+genkit runs a batch-1 decode step of a quantized Llama on the block kernel in one call; since
+session 14 that call also takes the token embedding in and gives the logits out (the final norm and
+the LM head: :meth:`genkit.models.llama.LlamaForCausalLM.one_call_step`), where before they ran as
+torch modules around it, with the CPU caches cold after the layers. This times both ways in one
+process, round after round (alternating, so that a machine whose speed drifts moves both alike), on
+the demo model (SmolLM2-135M-Instruct Q4_1), and says whether both gave the same greedy tokens.
+
+"modules" is the path every step took before: the model's ``one_call_step`` answers None, so its
+forward runs the embedding, the one-call layers, the final norm and the LM head as before.
+
+Run: ``python bench/ab_step_ends.py --threads 2,1 --rounds 7 --tokens 128``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from typing import Any
+
+import torch
+
+import genkit
+from genkit.models.cpu import describe
+from genkit.models.demo import demo_gguf_path, genkit_home
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kernel_choice import _decode  # noqa: E402  (generation time less a 1-token run's, as there)
+
+
+def set_ends(model: Any, in_kernel: bool) -> None:
+    """Ends in the kernel call (genkit's own method), or as modules (an instance attribute that
+    answers None shadows it: the forward's path before the change)."""
+    if in_kernel:
+        model.__dict__.pop("one_call_step", None)
+    else:
+        model.__dict__["one_call_step"] = lambda *args: None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", default="2,1")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--tokens", type=int, default=128)
+    args = ap.parse_args()
+    print(describe(), flush=True)  # the CPU kind these figures belong to
+    model = genkit.load_model(demo_gguf_path(f"{genkit_home()}/bench-gguf"))
+    ids = torch.randint(3, 40000, (1, 12), generator=torch.Generator().manual_seed(1))
+    ways = {"modules": False, "in-kernel": True}
+    for threads in [int(t) for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        rates: dict[str, list[float]] = {way: [] for way in ways}
+        tokens: dict[str, list[int]] = {}
+        for rnd in range(args.rounds + 1):  # round 0 warms up (faults the weights in)
+            for way, in_kernel in ways.items():
+                set_ends(model, in_kernel)
+                ms, tokens[way] = _decode(model, ids, args.tokens if rnd else 4)
+                if rnd:
+                    rates[way].append(1e3 / ms)
+        set_ends(model, True)
+        same = len({tuple(t) for t in tokens.values()}) == 1
+        a, b = (statistics.median(rates[w]) for w in ways)
+        print(f"{threads} thread(s), medians of {args.rounds} (tok/s): modules {a:.1f}  in-kernel {b:.1f} "
+              f"({b / a:.3f}x); {'same tokens' if same else 'TOKENS DIFFER'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
