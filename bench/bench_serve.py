@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import urllib.request
+from typing import IO
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,", "def fibonacci(n):",
            "The three most important inventions of the twentieth century are"]
@@ -33,11 +34,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait(base: str, proc: subprocess.Popen[str]) -> None:
+def _wait(base: str, proc: subprocess.Popen[str], log: IO[str] | None = None) -> None:
+    """Until the server at ``base`` answers /health; an error naming its last output (``log``: the
+    file its output goes to) when it exits first."""
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError("the server exited")
+            tail = ""
+            if log is not None:
+                log.seek(0)
+                tail = ": ..." + log.read()[-2000:]
+            raise RuntimeError(f"the server exited with code {proc.returncode} ({' '.join(map(str, proc.args))}){tail}")
         try:
             with urllib.request.urlopen(base + "/health", timeout=2):
                 return

@@ -43,6 +43,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -77,15 +78,16 @@ def _start(name: str, gguf: str, args: argparse.Namespace) -> tuple[subprocess.P
         python = args.baseline_python if name == BASELINE else sys.executable
         cmd = [python, "-m", "genkit", "serve", "--model", gguf, "--model-name", "m", "--port", str(port)]
         cmd += _genkit_flags(name, args)
-        cwd = "/" if name == BASELINE else None  # its own genkit, not the one of this folder
+        cwd = "/"  # the installed genkit (the baseline's own), not the source tree of this folder
     else:
         slots = max(args.clients)
         cmd = [args.llama_server, "-m", gguf, "--port", str(port), "--host", "127.0.0.1", "-t", str(args.threads),
                "-tb", str(args.threads), "--parallel", str(slots), "-c", str(slots * args.context), "--no-webui",
                *args.llama_flags.split()]
-    proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+    log = tempfile.TemporaryFile("w+")  # the server's output, named if it exits before answering
+    proc = subprocess.Popen(cmd, env=env, text=True, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
     base = f"http://127.0.0.1:{port}"
-    _wait(base, proc)
+    _wait(base, proc, log)
     return proc, base
 
 
