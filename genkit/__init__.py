@@ -6,12 +6,22 @@
 from __future__ import annotations
 
 import importlib
+import os as _os
 from typing import TYPE_CHECKING, Any
 
 from .generation.engines import register_engine as _register_engine
 from .models.continuous_mixin import register_continuous_batching as _register_continuous_batching
 
 __version__ = "0.1.0"
+
+# A checkout's genkit/ imported from the checkout's root (`python -m genkit` or `python -c` there put
+# the working directory first on sys.path) lacks the two subpackages an install maps in from beside it
+# (pyproject.toml's package-dir: genkit.builtin_strategies, genkit.sandbox): they are looked for there.
+_CHECKOUT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if not _os.path.isdir(_os.path.join(__path__[0], "sandbox")) and all(
+        _os.path.isfile(_os.path.join(_CHECKOUT, folder, name))
+        for folder, name in (("sandbox", "importer.py"), ("builtin_strategies", "decoding.py"))):
+    __path__.append(_CHECKOUT)
 
 # This package wires the layers together (docs/architecture.md): generate(cache_implementation="paged")
 # runs on continuous batching, which sits above generation; the engine is named here and imported

@@ -82,6 +82,14 @@ def test_installing_into_a_fresh_venv_adds_only_genkit(wheel, tmp_path):
     genkit_file, sandbox_file, shape = proc.stdout.split(maxsplit=2)
     assert genkit_file.startswith(str(site)) and sandbox_file.startswith(str(site / "genkit" / "sandbox"))
     assert shape.strip() == "(1, 6)"
+    # from the checkout's root, Python imports the checkout's genkit/ (the working directory comes
+    # first on sys.path): its mapped subpackages are found beside it (`python -m genkit serve` there
+    # failed with "No module named 'genkit.sandbox'")
+    proc = subprocess.run([str(py), "-c", check], capture_output=True, text=True, timeout=300, check=False,
+                          cwd=str(REPO), env={"PATH": "/usr/bin:/bin", "GENKIT_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert proc.returncode == 0, proc.stderr
+    genkit_file, sandbox_file, _ = proc.stdout.split(maxsplit=2)
+    assert genkit_file == str(REPO / "genkit" / "__init__.py") and sandbox_file == str(REPO / "sandbox" / "__init__.py")
 
 
 RECIPE_RUN = """
