@@ -9,8 +9,11 @@ the demo model (SmolLM2-135M-Instruct Q4_1), and says whether both gave the same
 
 "modules" is the path every step took before: the model's ``one_call_step`` answers None, so its
 forward runs the embedding, the one-call layers, the final norm and the LM head as before.
+``--model float32`` times the demo model's float32 conversion instead, whose batch-1 steps run in one
+call on the ``gemv`` route (the kernel choice's; ``GENKIT_KERNEL=decode:gemv`` forces it): the same
+change for its float32 embedding, final norm and LM head (the dense kernel's product).
 
-Run: ``python bench/ab_step_ends.py --threads 2,1 --rounds 7 --tokens 128``.
+Run: ``python bench/ab_step_ends.py --threads 2,1 --rounds 7 --tokens 128 [--model float32]``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 
 import genkit
 from genkit.models.cpu import describe
-from genkit.models.demo import demo_gguf_path, genkit_home
+from genkit.models.demo import demo_gguf_path, ensure_demo_model, genkit_home
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kernel_choice import _decode  # noqa: E402  (generation time less a 1-token run's, as there)
@@ -45,9 +48,11 @@ def main() -> None:
     ap.add_argument("--threads", default="2,1")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--model", choices=("q4_1", "float32"), default="q4_1")
     args = ap.parse_args()
     print(describe(), flush=True)  # the CPU kind these figures belong to
-    model = genkit.load_model(demo_gguf_path(f"{genkit_home()}/bench-gguf"))
+    path = demo_gguf_path(f"{genkit_home()}/bench-gguf") if args.model == "q4_1" else ensure_demo_model()
+    model = genkit.load_model(path)
     ids = torch.randint(3, 40000, (1, 12), generator=torch.Generator().manual_seed(1))
     ways = {"modules": False, "in-kernel": True}
     for threads in [int(t) for t in args.threads.split(",")]:
@@ -63,7 +68,7 @@ def main() -> None:
         set_ends(model, True)
         same = len({tuple(t) for t in tokens.values()}) == 1
         a, b = (statistics.median(rates[w]) for w in ways)
-        print(f"{threads} thread(s), medians of {args.rounds} (tok/s): modules {a:.1f}  in-kernel {b:.1f} "
+        print(f"{threads} thread(s), {args.model}, medians of {args.rounds} (tok/s): modules {a:.1f}  in-kernel {b:.1f} "
               f"({b / a:.3f}x); {'same tokens' if same else 'TOKENS DIFFER'}", flush=True)
 
 

@@ -338,6 +338,7 @@ def test_a_decode_step_with_its_ends_in_one_call_equals_the_modules(quantized, r
     tokens = torch.tensor([[7], [250], [3]])[:rows]
     with torch.no_grad():
         fast = quantized(tokens, past_key_values=fast_cache).logits
+        assert quantized._prepared[1].decoder._ends[1] is not None  # the step took its ends into the call
         handle, seen = _on_the_usual_path(quantized)
         try:
             usual = quantized(tokens, past_key_values=usual_cache).logits

@@ -211,3 +211,39 @@ def test_the_gemv_route_runs_a_decode_step_in_one_call_as_the_torch_path_does(nu
         assert decoder(three, cos, sin, {None: None}, model(ids.repeat(3, 1), use_cache=True).past_key_values,
                        None) is None  # 3 rows: the small route's products
         assert decoder.paged(x[0], cos.reshape(1, -1), sin.reshape(1, -1), torch.tensor([pos]), None, [[0]]) is None
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_gemv_routes_step_with_its_ends_in_one_call_equals_the_modules(tied, monkeypatch):
+    """On the gemv route a batch-1 decode step runs from token id to logits in one call: the float32
+    embedding row (a tied head's column-major table read with its strides), every layer, the final
+    RMSNorm and the LM head on the dense kernel. Against the same step with the ends as modules (a
+    hook on the final norm keeps them there): the same layers, the norm summed in another order, the
+    head the same float product on either norm's output (tolerance.norm_and_head_bound)."""
+    from tolerance import norm_and_head_bound
+
+    if not dense_kernel.available() or not block_kernel.available():
+        pytest.skip("no C compiler: neither kernel exists here")
+    monkeypatch.setenv(kernel_choice.ENV, "gemv")
+    model = tiny_llama(seed=6, tie_word_embeddings=tied)
+    if tied:
+        model.tie_weights()
+    ids = torch.tensor([[1, 17, 33, 5, 60, 9]])
+    seen = []
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=1, do_sample=False)  # prepares the routes (and lays out a tied table)
+        assert model._prepared[1].decoder.dense
+        assert (model.model.embed_tokens.weight.stride(0) == 1) is tied  # column-major when it is the head's
+        fast_cache, usual_cache = (model(ids, use_cache=True).past_key_values for _ in range(2))
+        fast = model(torch.tensor([[77]]), past_key_values=fast_cache).logits
+        assert model._prepared[1].decoder._ends[1] is not None  # the step took its ends into the call
+        handle = model.model.norm.register_forward_hook(lambda _m, _a, out: seen.append(out.detach().clone()))
+        try:
+            usual = model(torch.tensor([[77]]), past_key_values=usual_cache).logits
+        finally:
+            handle.remove()
+    assert len(seen) == 1 and fast.shape == usual.shape == (1, 1, model.config.vocab_size)
+    for a, b in zip(fast_cache.keys + fast_cache.values, usual_cache.keys + usual_cache.values):
+        assert torch.equal(a[:, :, :7], b[:, :, :7])  # the same layers on the same embedding row
+    h, w = seen[0].reshape(1, -1), model.lm_head.weight.detach()
+    assert ((fast.reshape(1, -1) - usual.reshape(1, -1)).abs() <= norm_and_head_bound(h, w, matmul_bound)).all()

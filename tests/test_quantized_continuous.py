@@ -156,7 +156,7 @@ def test_prompt_chunks_and_mixed_steps_run_fused_and_equal_the_torch_step(model)
         last = torch.tensor([s + n - 1 for s, n in batch.spans])
         with torch.inference_mode():
             h = fused.index_select(0, last)
-            kernel = prepared.decoder.final_logits(h, model.kernel_ends(prepared.decoder))
+            kernel = prepared.decoder.final_logits(h, model.kernel_ends(prepared))
             normed = model.model.norm(h)
             modules = model.lm_head(normed).float()
             w = model.lm_head(torch.eye(h.shape[1])).t()

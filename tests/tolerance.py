@@ -140,16 +140,18 @@ def block_product_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return rounding + matmul_bound(x, w)
 
 
-def norm_and_head_bound(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Elementwise bound on the difference of two evaluations of the block kernel's LM head after two
-    RMSNorms of the same hidden states (the kernel's sum of squares and torch's, in other orders):
-    ``h`` (M, K) one norm's output, ``W`` (N, K) the head's rows. Each norm is within ``gamma(K + 6)``
-    of the exact one, relative, per element (K squares summed, the mean, eps, the square root, its
-    inverse and two products), so the two differ by ``rel = 2 gamma(K + 6)`` of ``|h|``; the head's
-    float product carries that over (``rel |h| |W|``), and each side's activation rounding and sums
-    stay within :func:`block_product_bound` (of inputs up to ``1 + rel`` times larger)."""
+def norm_and_head_bound(h: torch.Tensor, w: torch.Tensor, product=None) -> torch.Tensor:
+    """Elementwise bound on the difference of two evaluations of an LM head after two RMSNorms of the
+    same hidden states (the kernel's sum of squares and torch's, in other orders): ``h`` (M, K) one
+    norm's output, ``W`` (N, K) the head's rows. Each norm is within ``gamma(K + 6)`` of the exact
+    one, relative, per element (K squares summed, the mean, eps, the square root, its inverse and two
+    products), so the two differ by ``rel = 2 gamma(K + 6)`` of ``|h|``; the head's float product
+    carries that over (``rel |h| |W|``), and each side's product stays within ``product(h, W)`` (of
+    inputs up to ``1 + rel`` times larger): :func:`block_product_bound` (the default, the block
+    kernel's head) or :func:`matmul_bound` (a float32 head)."""
     rel = 2 * gamma(h.shape[-1] + 6)
-    return 2 * block_product_bound(h, w) * (1 + rel) + rel * (h.abs().double() @ w.abs().double().t())
+    one = (product or block_product_bound)(h, w).double()
+    return 2 * one * (1 + rel) + rel * (h.abs().double() @ w.abs().double().t())
 
 
 def bf16_operands_bound(x: torch.Tensor, w: torch.Tensor, w_terms: torch.Tensor) -> torch.Tensor:

@@ -45,47 +45,65 @@ class _Layer(ctypes.Structure):
 class _Ends(ctypes.Structure):
     """``gk_ends``: the token embedding, the final norm and the LM head around the layers."""
 
-    _fields_ = [("embed", ctypes.c_void_p), ("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p),
-                ("vocab", ctypes.c_longlong), ("norm", ctypes.c_void_p), ("eps", ctypes.c_float),
-                ("llama", ctypes.c_int), ("head", ctypes.c_void_p), ("head_bits", ctypes.c_int),
-                ("head_act", ctypes.c_int), ("outputs", ctypes.c_int)]
+    _fields_ = [("embed", ctypes.c_void_p), ("s0", ctypes.c_longlong), ("s1", ctypes.c_longlong),
+                ("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("vocab", ctypes.c_longlong),
+                ("norm", ctypes.c_void_p), ("eps", ctypes.c_float), ("llama", ctypes.c_int), ("head", ctypes.c_void_p),
+                ("head_bits", ctypes.c_int), ("head_act", ctypes.c_int), ("outputs", ctypes.c_int),
+                ("gemv", ctypes.c_void_p), ("head_ld", ctypes.c_long)]
 
 
 def _end_tensors(embed: Any, norm: Any, head: Any) -> tuple[torch.Tensor, ...] | None:
     """The tensors the step's ends read: the embedding's table (or codes and scales), the final
-    norm's weight and the LM head's blocks; None for modules without them."""
+    norm's weight and the LM head's blocks (or float32 weight); None for modules without them."""
     table = (getattr(embed, "codes", None), getattr(embed, "scales", None)) if hasattr(embed, "codes") else (
         getattr(embed, "weight", None),)
-    tensors = (*table, getattr(norm, "weight", None), getattr(head, "blocks", None))
+    weight = getattr(head, "blocks", None) if hasattr(head, "blocks") else getattr(head, "weight", None)
+    tensors = (*table, getattr(norm, "weight", None), weight)
     return tensors if all(isinstance(t, torch.Tensor) for t in tensors) else None
 
 
-def _ends(embed: Any, norm: torch.Tensor, eps: float, llama: bool, head: Any, hidden: int) -> _Ends | None:
-    """The ends of a step for these modules, or None when one does not fit the kernel: ``embed`` a
-    float32 :class:`torch.nn.Embedding` (no ``max_norm``) or a float32-out
-    :class:`~genkit.models.quant.QuantizedEmbedding`; ``norm`` the final RMSNorm's weight (float32,
-    ``(hidden,)``), computed as ggml does with ``llama``; ``head`` a block-kernel
-    :class:`~genkit.models.quant.Int4Linear` from ``hidden``."""
-    from .quant import GROUP, Int4Linear, QuantizedEmbedding
+def _table(embed: Any, hidden: int) -> tuple[int, int, int, int, int, int] | None:
+    """``gk_ends``' embedding fields (table, its strides, codes, scales, rows) for a float32
+    :class:`torch.nn.Embedding` (no ``max_norm``; any strides, a tied head's column-major layout
+    included) or a float32-out :class:`~genkit.models.quant.QuantizedEmbedding`; None for others."""
+    from .quant import GROUP, QuantizedEmbedding
 
-    if type(head) is not Int4Linear or head.kernel != "blocks" or head.in_features != hidden:
-        return None
-    if norm.dtype != torch.float32 or norm.shape != (hidden,) or not norm.is_contiguous():
-        return None
     if type(embed) is QuantizedEmbedding:
         if embed.dtype != torch.float32 or embed.embedding_dim != hidden or hidden % GROUP:
             return None
-        table: tuple[int, int, int] = (0, embed.codes.data_ptr(), embed.scales.data_ptr())
-        vocab = embed.num_embeddings
-    elif type(embed) is torch.nn.Embedding and embed.max_norm is None:
+        return 0, 0, 0, embed.codes.data_ptr(), embed.scales.data_ptr(), embed.num_embeddings
+    if type(embed) is torch.nn.Embedding and embed.max_norm is None:
         w = embed.weight
-        if w.dtype != torch.float32 or w.shape[1] != hidden or not w.is_contiguous() or w.device.type != "cpu":
-            return None
-        table, vocab = (w.data_ptr(), 0, 0), int(w.shape[0])
-    else:
+        if w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2 and w.shape[1] == hidden:
+            return w.data_ptr(), w.stride(0), w.stride(1), 0, 0, int(w.shape[0])
+    return None
+
+
+def _head(head: Any, hidden: int, gemv: int | None) -> tuple[int, int, int, int, int, int] | None:
+    """``gk_ends``' head fields (weight, bits, activation rounding, outputs, product, leading
+    dimension): a block-kernel :class:`~genkit.models.quant.Int4Linear`, or with ``gemv`` (the dense
+    kernel's column-major product) a :class:`~genkit.models.dense_kernel.Gemv` on it; None for others."""
+    from .dense_kernel import Gemv
+    from .quant import Int4Linear
+
+    if gemv is None:
+        if type(head) is Int4Linear and head.kernel == "blocks" and head.in_features == hidden:
+            return head.blocks.data_ptr(), head.bits, head.act, head.out_features, 0, 0
         return None
-    return _Ends(*table, vocab, norm.data_ptr(), eps, int(llama), head.blocks.data_ptr(), head.bits, head.act,
-                 head.out_features)
+    if type(head) is Gemv and head.fn is not None and ctypes.cast(head.fn, ctypes.c_void_p).value == gemv:
+        n, k = head.shape
+        return (head.weight.data_ptr(), 0, 0, int(n), gemv, head.ld) if k == hidden else None
+    return None
+
+
+def _ends(embed: Any, norm: torch.Tensor, eps: float, llama: bool, head: Any, hidden: int,
+          gemv: int | None) -> _Ends | None:
+    """The ends of a step (:func:`_table`, :func:`_head`, the final RMSNorm's float32 weight
+    ``norm`` computed as ggml does with ``llama``), or None when one does not fit the kernel."""
+    table, out = _table(embed, hidden), _head(head, hidden, gemv)
+    if table is None or out is None or norm.dtype != torch.float32 or norm.shape != (hidden,) or not norm.is_contiguous():
+        return None
+    return _Ends(*table, norm.data_ptr(), eps, int(llama), *out)
 
 
 def _dims(w: Any) -> tuple[int, int]:
@@ -158,6 +176,7 @@ class BlockDecoder:
 
     def __init__(self, layers: list[Any], gemv: int | None = None) -> None:
         self.layers = layers  # keeps the weights (and so the pointers below) alive
+        self.gemv = gemv  # the dense kernel's product (float32 layers), or None: block weights
         self.hidden = int(layers[0].norm1.shape[0])
         self.head_dim = int(layers[0].head_dim)
         self.dense = gemv is not None
@@ -268,23 +287,27 @@ class BlockDecoder:
             return None
         return state
 
-    def step_ends(self, embed: Any, norm: Any, head: Any) -> _Ends | None:
+    def step_ends(self, embed: Any, norm: Any, lm_head: Any, head: Any = None) -> _Ends | None:
         """:func:`_ends` for the modules around the layers: ``embed`` the input embedding, ``norm``
-        the final norm (an RMSNorm module: ``weight``, ``eps``, ``numerics``), ``head`` the LM head.
-        None when one does not fit or has a hook (they then run as modules). Kept while the modules,
-        their tensors' memory and the hooks registered anywhere (``RemovableHandle.next_id``) stay
-        the same; it holds references to the tensors, so its pointers stay valid."""
-        tensors = None if self.dense else _end_tensors(embed, norm, head)
+        the final norm (an RMSNorm module: ``weight``, ``eps``, ``numerics``), ``lm_head`` the LM
+        head module and ``head`` what computes it (the prepared inference route's; default the
+        module). None when one does not fit or has a hook (they then run as modules). Kept while
+        the modules, their tensors' memory and the hooks registered anywhere
+        (``RemovableHandle.next_id``) stay the same; it holds references to the tensors, so its
+        pointers stay valid."""
+        head = lm_head if head is None else head
+        tensors = _end_tensors(embed, norm, head)
         if tensors is None:
             return None
         eps, llama = float(norm.eps), is_llama_numerics(getattr(norm, "numerics", "genkit"))
-        key = (RemovableHandle.next_id, id(embed), id(norm), id(head), eps, llama,
+        key = (RemovableHandle.next_id, id(embed), id(norm), id(lm_head), id(head), eps, llama,
                *((id(t), t.data_ptr()) for t in tensors))
         if self._ends is not None and self._ends[0] == key:
             return self._ends[1]
         from .llama_infer import has_hooks
 
-        ends = None if has_hooks([embed, norm, head]) else _ends(embed, tensors[-2], eps, llama, head, self.hidden)
+        fits = not has_hooks([embed, norm, lm_head])
+        ends = _ends(embed, tensors[-2], eps, llama, head, self.hidden, self.gemv) if fits else None
         self._ends = (key, ends, tensors)
         return ends
 
@@ -295,8 +318,8 @@ class BlockDecoder:
         vocab)``, or None: take the usual path (nothing has been written then; an id outside the
         vocabulary too, so that the embedding module reports it)."""
         rows = ids.shape[0]
-        if type(cache) is not KVCache or ids.shape != (rows, 1) or ids.device.type != "cpu":
-            return None
+        if type(cache) is not KVCache or ids.shape != (rows, 1) or ids.device.type != "cpu" or self.dense and rows != 1:
+            return None  # (the gemv route is batch-1 decode's)
         n = len(self.layers)
         state = self._cache_state(cache, rows, 1, n)
         if state is None or cos.numel() != self.head_dim or sin.numel() != self.head_dim:

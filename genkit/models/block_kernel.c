@@ -2069,15 +2069,20 @@ int gk_decode_paged(int num_layers, const gk_layer *layers, float *x, int rows, 
  * caches cold (the layers stream the weights through them), and a handful of small torch operations
  * there cost more than they do hot. */
 typedef struct {
-    const float *embed;    /* a float32 table (vocab, hidden), or NULL and the next two: */
+    const float *embed;    /* a float32 table (vocab, hidden), element (i, j) at embed[i * s0 + j * s1] */
+    long long s0, s1;      /* (a tied LM head's column-major layout included), or NULL and the next two: */
     const int8_t *codes;   /* int8 codes (vocab, hidden), each GK_GROUP of them */
     const float *scales;   /* times their float scale (vocab, hidden / GK_GROUP) */
     long long vocab;       /* the table's rows */
     const float *norm;     /* the final RMSNorm's weight (hidden) */
     float eps;
     int llama;             /* the norm as ggml computes it (rms_norm_llama); 0: rms_norm */
-    const uint8_t *head;   /* the LM head's block weights, `outputs` rows */
+    const void *head;      /* the LM head, `outputs` rows: block weights, or with gemv a float32 weight */
     int head_bits, head_act, outputs;
+    /* a float32 head: the dense kernel's product (as gk_layer.gemv) on its weight of leading dimension
+     * head_ld; NULL: block weights */
+    int (*gemv)(const float *x, int ldx, const float *w, long ldw, float *y, int M, int N, int K, int threads);
+    long head_ld;
 } gk_ends;
 
 /* the embedding rows of ids into x (ids checked by the caller) */
@@ -2085,7 +2090,11 @@ static void embed_rows(const gk_ends *e, const int64_t *ids, int rows, int hidde
     for (int r = 0; r < rows; r++) {
         float *out = x + (size_t)r * hidden;
         if (e->embed != NULL) {
-            memcpy(out, e->embed + (size_t)ids[r] * hidden, sizeof(float) * hidden);
+            const float *row = e->embed + (size_t)ids[r] * (size_t)e->s0;
+            if (e->s1 == 1)
+                memcpy(out, row, sizeof(float) * hidden);
+            else
+                for (int i = 0; i < hidden; i++) out[i] = row[(size_t)i * (size_t)e->s1];
             continue;
         }
         const int8_t *q = e->codes + (size_t)ids[r] * hidden;
@@ -2100,7 +2109,10 @@ int gk_logits(const gk_ends *e, const float *x, int rows, int hidden, float *log
     if (h == NULL) return -1;
     for (int r = 0; r < rows; r++)
         (e->llama ? rms_norm_llama : rms_norm)(x + (size_t)r * hidden, e->norm, e->eps, hidden, h + (size_t)r * hidden);
-    int rc = gk_matmul(e->head_bits, e->head, h, logits, rows, e->outputs, hidden, threads, e->head_act);
+    int rc = e->gemv != NULL
+                 ? e->gemv(h, hidden, (const float *)e->head, e->head_ld, logits, rows, e->outputs, hidden, threads)
+                 : gk_matmul(e->head_bits, (const uint8_t *)e->head, h, logits, rows, e->outputs, hidden, threads,
+                             e->head_act);
     free(h);
     return rc;
 }

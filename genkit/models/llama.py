@@ -417,19 +417,21 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         if past_len == 0 or not _implied(attention_mask, position_ids, rows, past_len):
             return None
         kept, prepared = self._weights_on(cache)
-        decoder = prepared.decoder if kept and prepared is not None else None
-        ends = None if decoder is None else self.kernel_ends(decoder)
-        if decoder is None or ends is None:
+        ends = self.kernel_ends(prepared) if kept and prepared is not None else None
+        if ends is None or prepared is None:
             return None
         cos, sin = self.rope(None, torch.float32, past_len, 1)
-        return decoder.logits(input_ids, cos, sin, cache, ends)
+        return prepared.decoder.logits(input_ids, cos, sin, cache, ends)
 
-    def kernel_ends(self, decoder: Any) -> Any:
-        """The embedding, final norm and LM head as ``decoder`` (a
-        :class:`~genkit.models.block_decode.BlockDecoder`) runs them in its calls, or None when they
-        must run as modules (:meth:`BlockDecoder.step_ends`; a final norm of another kind)."""
-        norm = self.model.norm
-        return decoder.step_ends(self.model.embed_tokens, norm, self.lm_head) if type(norm) is RMSNorm else None
+    def kernel_ends(self, prepared: PreparedModel) -> Any:
+        """The embedding, final norm and LM head as ``prepared``'s one-call decoder (a
+        :class:`~genkit.models.block_decode.BlockDecoder`) runs them in its calls, or None when there
+        is none or they must run as modules (:meth:`BlockDecoder.step_ends`; a final norm of another
+        kind)."""
+        norm, decoder = self.model.norm, prepared.decoder
+        if decoder is None or type(norm) is not RMSNorm:
+            return None
+        return decoder.step_ends(self.model.embed_tokens, norm, self.lm_head, prepared.for_rows(1)[1])
 
     def output_logits(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         prepared = self._weights_on(cache)[1] if cache is not None and not _module_path() else None

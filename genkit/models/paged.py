@@ -225,7 +225,7 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
     ends = None
     if fused is not None:
         x = fused[None]
-        ends = model.kernel_ends(prepared.decoder)  # the final norm and LM head as the fused decode step runs them
+        ends = model.kernel_ends(prepared)  # the final norm and LM head as the fused decode step runs them
     elif prepared.decoder is not None and prepared.decoder.llama:  # numerics="llama.cpp": no torch path
         from .block_decode import UNSUPPORTED
 
