@@ -10,6 +10,12 @@ position with no padding (one sequence, beams, samples of one prompt); anything 
 a padding mask, a sliding window, hidden states asked for, a cache of another kind or without
 room) takes the torch path. Under ``numerics="llama.cpp"`` a prompt runs here too, its tokens as rows
 of one step (:meth:`BlockDecoder.steps`).
+
+A decode step on genkit's own model also takes its ends into the call (``gk_decode_logits``,
+:meth:`BlockDecoder.logits`): the token ids in, the embedding, the layers, the final RMSNorm and the
+LM head, the logits out (``gk_logits`` alone: :meth:`BlockDecoder.final_logits`). Between two calls
+the layers have streamed the weights through the CPU caches, so the small torch operations that ran
+those ends cost several times their warm time.
 """
 
 from __future__ import annotations
