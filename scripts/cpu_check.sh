@@ -63,9 +63,11 @@ print(demo_gguf_path(f"{genkit_home()}/bench-gguf"))')" "$DIR/gguf"
   # compressed: 36 MB of binaries in 11 (a device call carries 64 MiB in all); `run` unpacks them
   tar -C "$work" -cJf "$DIR/bins.tar.xz" llama-bench llama-bench-noamx llama-server
   rm -rf "$work"
-  # the serve benchmark's client (openai) and the server's ASGI stack, for the device's Python 3.12
-  "$py" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux2014_x86_64 -d .whl openai uvicorn starlette
+  # the serve benchmark's client (openai) and the server's ASGI stack, for the device's Python
+  # (CPU_CHECK_PYTHON_VERSION, default 3.12: the GPU loans' hosts so far), apart from genkit's wheels:
+  # on another Python `run` skips only the serve row
+  "$py" -m pip download -q --only-binary=:all: --python-version "${CPU_CHECK_PYTHON_VERSION:-3.12}" \
+    --implementation cp --platform manylinux2014_x86_64 -d .whl/serve openai uvicorn starlette
   du -sh "$DIR" .whl
 }
 
@@ -108,7 +110,10 @@ run() {
     timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_continuous_batching.py --threads 2 --repeats 1 \
       --skip-transformers --no-sequential --no-concurrency --quantized 2>&1 | grep -v "it/s" | tee "$out/cb.log" || true
   fi
-  if [ "${CPU_CHECK_SERVE:-1}" = 1 ]; then  # genkit serve against llama-server (AMX off), 1, 8 and 32 clients
+  if [ "${CPU_CHECK_SERVE:-1}" = 1 ] && ! "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/genkit-site .whl/serve/*.whl; then
+    echo "the serve row is skipped: .whl/serve/ does not install on this Python (CPU_CHECK_PYTHON_VERSION at prepare)"
+  elif [ "${CPU_CHECK_SERVE:-1}" = 1 ]; then  # genkit serve against llama-server (AMX off), 1, 8 and 32 clients
     timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_serve_vs_llamacpp.py --llama-server "$PWD/$DIR/bin/llama-server" \
       --gguf "$gguf" --threads 2 --repeats 1 --clients 1,8,32 2>&1 | grep -v "it/s" | tee "$out/serve.log" || true
   fi
