@@ -30,7 +30,9 @@ from torch.utils.hooks import RemovableHandle
 from ..errors import NotSupportedError
 from . import block_kernel
 from .cache import KVCache
+from .dense_kernel import Gemv
 from .numerics import is_llama_numerics, llama_float_order
+from .quant import GROUP, Int4Linear, QuantizedEmbedding
 
 PROMPT_ROWS = 32  # numerics="llama.cpp": prompt tokens per one-call step (BlockDecoder.steps)
 UNSUPPORTED = ("`numerics`='llama.cpp' runs every step on the block kernel's decoder: rows at one position with no "
@@ -60,11 +62,22 @@ class _Ends(ctypes.Structure):
 
 def _end_tensors(embed: Any, norm: Any, head: Any) -> tuple[torch.Tensor, ...] | None:
     """The tensors the step's ends read: the embedding's table (or codes and scales), the final
-    norm's weight and the LM head's blocks (or float32 weight); None for modules without them."""
-    table = (getattr(embed, "codes", None), getattr(embed, "scales", None)) if hasattr(embed, "codes") else (
-        getattr(embed, "weight", None),)
-    weight = getattr(head, "blocks", None) if hasattr(head, "blocks") else getattr(head, "weight", None)
-    tensors = (*table, getattr(norm, "weight", None), weight)
+    norm's weight and the LM head's blocks (or float32 weight); None for other kinds of module.
+    (Read from the modules' own dicts: this runs every step, and a missing attribute of a module
+    costs an exception.)"""
+    if type(embed) is QuantizedEmbedding:
+        table: tuple[Any, ...] = (embed._buffers.get("codes"), embed._buffers.get("scales"))
+    elif type(embed) is torch.nn.Embedding:
+        table = (embed._parameters.get("weight"),)
+    else:
+        return None
+    if type(head) is Int4Linear:
+        weight = head._buffers.get("blocks")
+    elif type(head) is Gemv:
+        weight = head.weight
+    else:
+        return None
+    tensors = (*table, norm._parameters.get("weight") if isinstance(norm, torch.nn.Module) else None, weight)
     return tensors if all(isinstance(t, torch.Tensor) for t in tensors) else None
 
 
@@ -72,8 +85,6 @@ def _table(embed: Any, hidden: int) -> tuple[int, int, int, int, int, int] | Non
     """``gk_ends``' embedding fields (table, its strides, codes, scales, rows) for a float32
     :class:`torch.nn.Embedding` (no ``max_norm``; any strides, a tied head's column-major layout
     included) or a float32-out :class:`~genkit.models.quant.QuantizedEmbedding`; None for others."""
-    from .quant import GROUP, QuantizedEmbedding
-
     if type(embed) is QuantizedEmbedding:
         if embed.dtype != torch.float32 or embed.embedding_dim != hidden or hidden % GROUP:
             return None
@@ -89,9 +100,6 @@ def _head(head: Any, hidden: int, gemv: int | None) -> tuple[int, int, int, int,
     """``gk_ends``' head fields (weight, bits, activation rounding, outputs, product, leading
     dimension): a block-kernel :class:`~genkit.models.quant.Int4Linear`, or with ``gemv`` (the dense
     kernel's column-major product) a :class:`~genkit.models.dense_kernel.Gemv` on it; None for others."""
-    from .dense_kernel import Gemv
-    from .quant import Int4Linear
-
     if gemv is None:
         if type(head) is Int4Linear and head.kernel == "blocks" and head.in_features == hidden:
             return head.blocks.data_ptr(), head.bits, head.act, head.out_features, 0, 0
@@ -201,8 +209,6 @@ class BlockDecoder:
     @staticmethod
     def build(layers: list[Any]) -> BlockDecoder | None:
         """A decoder for these prepared layers, or None when they do not all fit the kernel."""
-        from .quant import Int4Linear
-
         if not layers or not block_kernel.available():
             return None
         for p in layers:
@@ -305,7 +311,7 @@ class BlockDecoder:
         tensors = _end_tensors(embed, norm, head)
         if tensors is None:
             return None
-        eps, llama = float(norm.eps), is_llama_numerics(getattr(norm, "numerics", "genkit"))
+        eps, llama = float(norm.eps), is_llama_numerics(norm.__dict__.get("numerics", "genkit"))
         key = (RemovableHandle.next_id, id(embed), id(norm), id(lm_head), id(head), eps, llama,
                *((id(t), t.data_ptr()) for t in tensors))
         if self._ends is not None and self._ends[0] == key:
