@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_block_kernel import one_call_and_torch_path
-from tolerance import U32, gamma, hidden_bound, matmul_bound
+from tolerance import U32, gamma, hidden_bound, matmul_bound, norm_and_head_bound
 
 from genkit.cli import main as cli_main
 from genkit.errors import ConfigError
@@ -220,8 +220,6 @@ def test_the_gemv_routes_step_with_its_ends_in_one_call_equals_the_modules(tied,
     RMSNorm and the LM head on the dense kernel. Against the same step with the ends as modules (a
     hook on the final norm keeps them there): the same layers, the norm summed in another order, the
     head the same float product on either norm's output (tolerance.norm_and_head_bound)."""
-    from tolerance import norm_and_head_bound
-
     if not dense_kernel.available() or not block_kernel.available():
         pytest.skip("no C compiler: neither kernel exists here")
     monkeypatch.setenv(kernel_choice.ENV, "gemv")

@@ -1957,11 +1957,13 @@ static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t 
 }
 
 
-/* the RMSNorm (weight w) of each row of x into h; rows are independent, so they are shared among threads */
-static void norm_rows(const gk_layer *L, const float *w, const float *x, float *h, int rows, int hidden, int threads) {
+/* the RMSNorm (weight w, eps; as ggml computes it with llama) of each row of x into h; rows are
+ * independent, so they are shared among threads */
+static void norm_rows(int llama, float eps, const float *w, const float *x, float *h, int rows, int hidden,
+                      int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
     for (int r = 0; r < rows; r++)
-        (L->llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, w, L->eps, hidden, h + r * (size_t)hidden);
+        (llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, w, eps, hidden, h + r * (size_t)hidden);
 }
 
 /* silu(gate) * up of each row (gu: gate then up per row) into act, rows shared among threads */
@@ -2002,7 +2004,7 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, inter = L->intermediate;
         int nqkv = (nq + 2 * nkv) * d;
         GK_T0;
-        norm_rows(L, L->norm1, x, h, rows, hidden, threads);
+        norm_rows(L->llama, L->eps, L->norm1, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_QKV);
         if ((rc = layer_product(L, GK_W_QKV, h, qkv, rows, nqkv, hidden, threads))) break;
@@ -2019,7 +2021,7 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);
-        norm_rows(L, L->norm2, x, h, rows, hidden, threads);
+        norm_rows(L->llama, L->eps, L->norm2, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_GU);
         if ((rc = layer_product(L, GK_W_GU, h, gu, rows, 2 * inter, hidden, threads))) break;
@@ -2107,8 +2109,7 @@ static void embed_rows(const gk_ends *e, const int64_t *ids, int rows, int hidde
 int gk_logits(const gk_ends *e, const float *x, int rows, int hidden, float *logits, int threads) {
     float *h = (float *)malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * hidden);
     if (h == NULL) return -1;
-    for (int r = 0; r < rows; r++)
-        (e->llama ? rms_norm_llama : rms_norm)(x + (size_t)r * hidden, e->norm, e->eps, hidden, h + (size_t)r * hidden);
+    norm_rows(e->llama, e->eps, e->norm, x, h, rows, hidden, threads);
     int rc = e->gemv != NULL
                  ? e->gemv(h, hidden, (const float *)e->head, e->head_ld, logits, rows, e->outputs, hidden, threads)
                  : gk_matmul(e->head_bits, (const uint8_t *)e->head, h, logits, rows, e->outputs, hidden, threads,
@@ -2153,7 +2154,7 @@ void gk_rope_table_llama(float base, int d, int start, int n, float *cos_, float
 
 /* numerics="llama.cpp": RMSNorm of `rows` rows of n (rms_norm_llama), for the model's final norm */
 void gk_rms_norm_llama(const float *x, const float *w, float eps, int rows, int n, float *out) {
-    for (int r = 0; r < rows; r++) rms_norm_llama(x + (size_t)r * n, w, eps, n, out + (size_t)r * n);
+    norm_rows(1, eps, w, x, out, rows, n, 1);
 }
 
 /* numerics="llama.cpp-avx512-fp16": out = x v + y of float16 values rounded once to float16 (fma_f16, the

@@ -409,16 +409,15 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         step's kernel the CPU caches are cold, and the small torch operations around the layers
         cost several times what they cost warm. Only where the usual path would compute the same
         step: every row one token at the cache's length, positions and mask implied by it."""
-        rows = input_ids.shape[0]
         if (input_ids.dim() != 2 or input_ids.shape[1] != 1 or not isinstance(logits_to_keep, int)
                 or type(cache) is not KVCache or self.attn_implementation == "eager" or _module_path()):
             return None
         past_len = cache.get_seq_length()
-        if past_len == 0 or not _implied(attention_mask, position_ids, rows, past_len):
+        if past_len == 0 or not _implied(attention_mask, position_ids, input_ids.shape[0], past_len):
             return None
-        kept, prepared = self._weights_on(cache)
-        ends = self.kernel_ends(prepared) if kept and prepared is not None else None
-        if ends is None or prepared is None:
+        prepared = self._weights_on(cache)[1]  # None: the cache did not start here, or runs the modules
+        ends = None if prepared is None else self.kernel_ends(prepared)
+        if prepared is None or ends is None:
             return None
         cos, sin = self.rope(None, torch.float32, past_len, 1)
         return prepared.decoder.logits(input_ids, cos, sin, cache, ends)
