@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from typing import Any
 
@@ -31,12 +30,13 @@ from genkit.models.cpu import describe
 from genkit.models.demo import demo_gguf_path, ensure_demo_model, genkit_home
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel_choice import _decode  # noqa: E402  (generation time less a 1-token run's, as there)
+from ab_rounds import alternate  # noqa: E402
 
 
 def set_ends(model: Any, in_kernel: bool) -> None:
     """Ends in the kernel call (genkit's own method), or as modules (an instance attribute that
     answers None shadows it: the forward's path before the change)."""
+    model.__dict__["greedy_step"] = lambda *args: None  # both ways give the logits (ab_greedy_step.py times that)
     if in_kernel:
         model.__dict__.pop("one_call_step", None)
     else:
@@ -54,23 +54,8 @@ def main() -> None:
     path = demo_gguf_path(f"{genkit_home()}/bench-gguf") if args.model == "q4_1" else ensure_demo_model()
     model = genkit.load_model(path)
     ids = torch.randint(3, 40000, (1, 12), generator=torch.Generator().manual_seed(1))
-    ways = {"modules": False, "in-kernel": True}
-    for threads in [int(t) for t in args.threads.split(",")]:
-        torch.set_num_threads(threads)
-        rates: dict[str, list[float]] = {way: [] for way in ways}
-        tokens: dict[str, list[int]] = {}
-        for rnd in range(args.rounds + 1):  # round 0 warms up (faults the weights in)
-            for way, in_kernel in ways.items():
-                set_ends(model, in_kernel)
-                ms, tokens[way] = _decode(model, ids, args.tokens if rnd else 4)
-                if rnd:
-                    rates[way].append(1e3 / ms)
-        set_ends(model, True)
-        same = len({tuple(t) for t in tokens.values()}) == 1
-        a, b = (statistics.median(rates[w]) for w in ways)
-        print(f"{threads} thread(s), {args.model}, medians of {args.rounds} (tok/s): modules {a:.1f}  in-kernel {b:.1f} "
-              f"({b / a:.3f}x); {'same tokens' if same else 'TOKENS DIFFER'}", flush=True)
-
+    alternate(model, ids, ("modules", "in-kernel"), set_ends, [int(t) for t in args.threads.split(",")], args.rounds,
+              args.tokens, args.model)
 
 if __name__ == "__main__":
     main()

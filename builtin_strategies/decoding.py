@@ -38,18 +38,28 @@ def decode_loop(call: StrategyCall, *, do_sample: bool) -> GenerateDecoderOnlyOu
     stepper = Stepper(call, output_hidden_states=record.want_hidden)
     processors = call.logits_processor
     with FinishTracker(call) as finish:
-        logits = stepper.prefill()
+        logits: torch.Tensor | None = stepper.prefill()
         recording = record.recording
+        # greedy with nothing reading the scores: the model may give the argmax alone (Stepper.forward_greedy)
+        argmax_only = (not do_sample and not recording and isinstance(processors, list) and not processors
+                       and not finish.reads_scores)
+        chosen = scores = None
         while True:
-            if recording:
-                record.model_step(logits, stepper.hidden_states, stepper.attentions)
-            scores = processors(stepper.sequences, logits)
-            if recording:  # kept scores must not share the model's output buffer (a model may reuse it)
-                record.processed(scores, copy=scores.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr())
-            tokens = finish.pad(choose_tokens(scores, do_sample))
+            if logits is None:  # the model gave the tokens: no scores this step
+                scores = None
+            else:
+                if recording:
+                    record.model_step(logits, stepper.hidden_states, stepper.attentions)
+                scores = processors(stepper.sequences, logits)
+                if recording:  # kept scores must not share the model's output buffer (a model may reuse it)
+                    record.processed(scores,
+                                     copy=scores.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr())
+                chosen = choose_tokens(scores, do_sample)
+            tokens = finish.pad(chosen)
             stepper.push(tokens)
             if finish.update(stepper.sequences, scores, tokens):
                 break
-            logits = stepper.forward()
+            chosen = stepper.forward_greedy() if argmax_only else None
+            logits = stepper.forward() if chosen is None else None
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, past_key_values=stepper.cache,
                                      finish_reasons=finish.reasons, **record.as_tuples())

@@ -175,6 +175,16 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         model with such a kernel overrides it (:class:`~genkit.models.llama.LlamaForCausalLM`)."""
         return None
 
+    def greedy_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                    position_ids: torch.Tensor | None, cache: Any) -> torch.Tensor | None:
+        """Each row's greedy token ``(rows,)`` after a decode step of one new token per row on a
+        cache: the first maximum of the logits :meth:`forward` would give for the same arguments,
+        computed without them where a model can (the cache advances as in :meth:`forward`); or None,
+        with nothing done: the caller runs :meth:`forward`. None here; a model with such a kernel
+        overrides it (:class:`~genkit.models.llama.LlamaForCausalLM`). Greedy search asks for it when
+        nothing else reads the step's scores (:meth:`genkit.strategy.Stepper.forward_greedy`)."""
+        return None
+
     def output_logits(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
         """The LM head on the final-normed hidden state of the kept positions."""
         return self.lm_head(x)

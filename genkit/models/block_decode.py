@@ -57,7 +57,8 @@ class _Ends(ctypes.Structure):
                 ("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("vocab", ctypes.c_longlong),
                 ("norm", ctypes.c_void_p), ("eps", ctypes.c_float), ("llama", ctypes.c_int), ("head", ctypes.c_void_p),
                 ("head_bits", ctypes.c_int), ("head_act", ctypes.c_int), ("outputs", ctypes.c_int),
-                ("gemv", ctypes.c_void_p), ("head_ld", ctypes.c_long)]
+                ("gemv", ctypes.c_void_p), ("head_ld", ctypes.c_long), ("proxy", ctypes.c_void_p),
+                ("bound", ctypes.c_void_p), ("proxy_rows", ctypes.c_int), ("gemv_cols", ctypes.c_void_p)]
 
 
 def _end_tensors(embed: Any, norm: Any, head: Any) -> tuple[torch.Tensor, ...] | None:
@@ -118,6 +119,12 @@ def _ends(embed: Any, norm: torch.Tensor, eps: float, llama: bool, head: Any, hi
     if table is None or out is None or norm.dtype != torch.float32 or norm.shape != (hidden,) or not norm.is_contiguous():
         return None
     return _Ends(*table, norm.data_ptr(), eps, int(llama), *out)
+
+
+def _dense_library() -> Any:
+    from . import dense_kernel
+
+    return dense_kernel.library()
 
 
 def _dims(w: Any) -> tuple[int, int]:
@@ -205,6 +212,8 @@ class BlockDecoder:
         self._paged: _Buffers | None = None  # the last paged store's, likewise
         # the last ends, with their key and the tensors they point into
         self._ends: tuple[tuple[Any, ...], _Ends | None, tuple[torch.Tensor, ...]] | None = None
+        # greedy steps of a float32 head: its 8-bit copy and bounds (block_kernel.head_proxy), with its key
+        self._proxy: tuple[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
     @staticmethod
     def build(layers: list[Any]) -> BlockDecoder | None:
@@ -329,27 +338,62 @@ class BlockDecoder:
         final norm and LM head included (``ends``: :meth:`step_ends`): the logits ``(rows, 1,
         vocab)``, or None: take the usual path (nothing has been written then; an id outside the
         vocabulary too, so that the embedding module reports it)."""
+        out = torch.empty(ids.shape[0], 1, ends.outputs)
+        return out if self._one_call("gk_decode_logits", ids, cos, sin, cache, ends, out) else None
+
+    def argmax(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends
+               ) -> torch.Tensor | None:
+        """A greedy decode step: :meth:`logits`' step, and of each row's logits only the index of the
+        first maximum ``(rows,)`` (numpy's argmax: a NaN counts as the largest), computed in the same
+        call. A float32 head (the gemv route) is read through its 8-bit copy, and only the logits that
+        can be the largest are computed exactly (``gk_decode_argmax`` in block_kernel.c says why the
+        token is the one all of them give); the copy is made at the first such step (1.125 bytes per
+        head weight, kept while the head's tensor is unchanged). None: take the usual path."""
+        ends = self._greedy_ends(ends)
+        tokens = torch.empty(ids.shape[0], dtype=torch.long)
+        scratch = torch.empty(ids.shape[0], ends.outputs)
+        return tokens if self._one_call("gk_decode_argmax", ids, cos, sin, cache, ends, scratch, tokens) else None
+
+    def _one_call(self, fn: str, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends,
+                  *out: torch.Tensor) -> bool:
+        """Run ``fn`` (``gk_decode_logits`` or ``gk_decode_argmax``) for a step of ``ids`` ``(rows, 1)``
+        into ``out``; False (nothing written) where it does not take this step."""
         rows = ids.shape[0]
         if type(cache) is not KVCache or ids.shape != (rows, 1) or ids.device.type != "cpu" or self.dense and rows != 1:
-            return None  # (the gemv route is batch-1 decode's)
+            return False  # (the gemv route is batch-1 decode's)
         n = len(self.layers)
         state = self._cache_state(cache, rows, 1, n)
         if state is None or cos.numel() != self.head_dim or sin.numel() != self.head_dim:
-            return None
+            return False
         ids = ids if ids.dtype == torch.long and ids.is_contiguous() else ids.long().contiguous()
         cos = cos if cos.dtype == torch.float32 and cos.is_contiguous() else cos.float().contiguous()
         sin = sin if sin.dtype == torch.float32 and sin.is_contiguous() else sin.float().contiguous()
-        out = torch.empty(rows, 1, ends.outputs)
         pos = cache.lengths[0]
-        rc = block_kernel.library().gk_decode_logits(n, self.table, ctypes.byref(ends), ids.data_ptr(), rows, self.hidden,
-                                                     cos.data_ptr(), sin.data_ptr(), pos, state.karr, state.varr,
-                                                     state.capacity, torch.get_num_threads(), out.data_ptr())
+        rc = getattr(block_kernel.library(), fn)(n, self.table, ctypes.byref(ends), ids.data_ptr(), rows, self.hidden,
+                                                 cos.data_ptr(), sin.data_ptr(), pos, state.karr, state.varr,
+                                                 state.capacity, torch.get_num_threads(), *(t.data_ptr() for t in out))
         if rc == -5:
-            return None
+            return False
         if rc:
             raise MemoryError("the block kernel could not allocate its scratch memory")
         cache.lengths[:n] = [pos + 1] * n
-        return out
+        return True
+
+    def _greedy_ends(self, ends: _Ends) -> _Ends:
+        """``ends`` with the 8-bit copy of its float32 head filled in (made now if the head's tensor is
+        new or was written since; left empty where the copy cannot be made or the head is of blocks)."""
+        if not self.dense or self._ends is None or self._ends[1] is not ends:
+            return ends
+        weight = self._ends[2][-1]
+        key = (id(weight), weight.data_ptr(), weight._version, ends.head_ld)
+        if self._proxy is None or self._proxy[0] != key:
+            self._proxy = None  # the old copy goes first
+            self._proxy = (key, block_kernel.head_proxy(weight))
+        made = self._proxy[1]
+        ends.proxy, ends.bound = (made[0].data_ptr(), made[1].data_ptr()) if made is not None else (None, None)
+        ends.proxy_rows = made[0].shape[0] * block_kernel.ROWS if made is not None else 0
+        ends.gemv_cols = ctypes.cast(_dense_library().gk_gemv_t_cols, ctypes.c_void_p).value if made is not None else None
+        return ends
 
     def final_logits(self, x: torch.Tensor, ends: _Ends) -> torch.Tensor:
         """The logits ``(rows, vocab)`` of hidden states ``x`` ``(rows, hidden)`` that came out of this

@@ -2085,6 +2085,14 @@ typedef struct {
      * head_ld; NULL: block weights */
     int (*gemv)(const float *x, int ldx, const float *w, long ldw, float *y, int M, int N, int K, int threads);
     long head_ld;
+    /* greedy steps of a float32 head (gk_decode_argmax): its 8-bit copy (gk_head_proxy: proxy_rows rows of
+     * block weights) with each row's bound, and the dense kernel's gk_gemv_t_cols for the exact logits of the
+     * rows that can hold the argmax; NULL: every logit is computed */
+    const uint8_t *proxy;
+    const float *bound;
+    int proxy_rows;
+    int (*gemv_cols)(const float *x, const float *w, long ldw, float *y, int N, int K, int threads, const int *blocks,
+                     int n);
 } gk_ends;
 
 /* the embedding rows of ids into x (ids checked by the caller) */
@@ -2105,15 +2113,20 @@ static void embed_rows(const gk_ends *e, const int64_t *ids, int rows, int hidde
     }
 }
 
+/* logits (rows, outputs) of the final-normed hidden states h (rows, hidden): the LM head */
+static int head_product(const gk_ends *e, const float *h, int rows, int hidden, float *logits, int threads) {
+    return e->gemv != NULL
+               ? e->gemv(h, hidden, (const float *)e->head, e->head_ld, logits, rows, e->outputs, hidden, threads)
+               : gk_matmul(e->head_bits, (const uint8_t *)e->head, h, logits, rows, e->outputs, hidden, threads,
+                           e->head_act);
+}
+
 /* logits (rows, outputs) of the hidden states x (rows, hidden): the final norm, then the LM head */
 int gk_logits(const gk_ends *e, const float *x, int rows, int hidden, float *logits, int threads) {
     float *h = (float *)malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * hidden);
     if (h == NULL) return -1;
     norm_rows(e->llama, e->eps, e->norm, x, h, rows, hidden, threads);
-    int rc = e->gemv != NULL
-                 ? e->gemv(h, hidden, (const float *)e->head, e->head_ld, logits, rows, e->outputs, hidden, threads)
-                 : gk_matmul(e->head_bits, (const uint8_t *)e->head, h, logits, rows, e->outputs, hidden, threads,
-                             e->head_act);
+    int rc = head_product(e, h, rows, hidden, logits, threads);
     free(h);
     return rc;
 }
@@ -2130,6 +2143,170 @@ int gk_decode_logits(int num_layers, const gk_layer *layers, const gk_ends *e, c
     embed_rows(e, ids, rows, hidden, x);
     int rc = gk_decode(num_layers, layers, x, rows, hidden, cos_, sin_, pos, 1, kcache, vcache, capacity, threads);
     if (rc == 0) rc = gk_logits(e, x, rows, hidden, logits, threads);
+    free(x);
+    return rc;
+}
+
+/* ---- greedy steps: the argmax of the logits, computed from a few of them ----
+ * A float32 LM head is a fifth of the bytes a small model's decode step reads (SmolLM2-135M: 113 of
+ * 540 MB). A greedy step needs only the index of the largest logit, so it reads an 8-bit copy of the
+ * head instead (a quarter of the bytes), bounds how far each row's exact logit can be from its copy's,
+ * and computes exactly only the rows whose bound reaches the largest lower bound: the exact argmax is
+ * among them, and the token is the one the whole head gives (the first maximum; numpy's argmax).
+ *
+ * The bound of row r, for a final-normed hidden state h with X = ||h||_2 (exact logit l_r, the
+ * copy's logit p_r, the copy's weights w~_r, h~ the copy's product's rounding of h into two int8
+ * digits per 32 values): |l_r - p_r| <= ||w_r - w~_r|| X (the copy's rounding) + ||w~_r|| ||h - h~||
+ * (h's rounding: each value within max|block| / 21505, so ||h - h~|| <= 2.7e-4 X) + the float
+ * rounding of either product (gamma(K + 8) ||w_r|| X for the exact one; gamma(3 K / 32 + 40) times
+ * the magnitudes of the copy's block terms, 383 |d_b| for codes of 0..255 and m = -128 d, times
+ * ||h~_b||_1 <= 6 ||h_b||_2: 2300 ||d_r|| X). gk_head_proxy stores bound_r = that over X, rounded up
+ * and widened by 0.1 %. */
+#define GK_PROXY_BLOCKS 64 /* at most this many 16-row blocks computed exactly, else the whole head */
+
+static inline double gamma_n(int n) { return n * 0x1p-24 / (1.0 - n * 0x1p-24); }
+
+/* float16 bits of f, a value float16 holds exactly (round_f16's) */
+static uint16_t f16_bits(float f) {
+#if defined(GK_VNNI) || defined(GK_AVX2)
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint16_t sign = signbit(f) ? 0x8000 : 0;
+    float a = fabsf(f);
+    if (a == 0.0f) return sign;
+    if (a < 6.103515625e-05f) return sign | (uint16_t)(a * 16777216.0f); /* subnormal: a multiple of 2^-24 */
+    int e;
+    float m = frexpf(a, &e); /* a = m 2^e, m in [0.5, 1) */
+    return sign | (uint16_t)((e + 14) << 10) | (uint16_t)(m * 2048.0f - 1024.0f);
+#endif
+}
+
+/* One panel (rows n0.., GK_ROWS of them, those past N zero) of the copy: codes, scales, and per row
+ * the sums of squares of the rounding error, the copy's weights, the weights and the scales.
+ * Returns -6 when a weight is not finite or a scale leaves float16's range. */
+static int proxy_panel(const float *w, long ldw, int N, int K, int n0, uint8_t *out, double (*sums)[4]) {
+    const int nb = K / GK_GROUP;
+    memset(sums, 0, sizeof(double) * 4 * GK_ROWS);
+    for (int b = 0; b < nb; b++) {
+        uint8_t *blk = out + (size_t)b * gk_block_bytes(8);
+        for (int r = 0; r < GK_ROWS; r++) {
+            float v[GK_GROUP], amax = 0.0f;
+            for (int k = 0; k < GK_GROUP; k++) {
+                v[k] = n0 + r < N ? w[(size_t)(b * GK_GROUP + k) * (size_t)ldw + (size_t)(n0 + r)] : 0.0f;
+                if (!isfinite(v[k])) return -6;
+                amax = fmaxf(amax, fabsf(v[k]));
+            }
+            float d = round_f16(amax / 127.0f), inv = d > 0.0f ? 1.0f / d : 0.0f;
+            if (!(d < 511.0f)) return -6; /* m = -128 d must be a float16 too */
+            for (int k = 0; k < GK_GROUP; k++) {
+                float c = fminf(fmaxf(nearbyintf(v[k] * inv), -128.0f), 127.0f);
+                blk[(k / 4) * 64 + r * 4 + k % 4] = (uint8_t)(c + 128.0f);
+                double wt = (double)d * c, dw = (double)v[k] - wt;
+                sums[r][0] += dw * dw;
+                sums[r][1] += wt * wt;
+                sums[r][2] += (double)v[k] * v[k];
+            }
+            sums[r][3] += (double)d * d;
+            uint16_t dh = f16_bits(d), mh = f16_bits(-128.0f * d);
+            memcpy(blk + 512 + 2 * r, &dh, 2);
+            memcpy(blk + 544 + 2 * r, &mh, 2);
+        }
+    }
+    return 0;
+}
+
+/* The 8-bit copy of a float32 head w (N, K) stored column-major (element (n, k) at w[k * ldw + n]) for
+ * gk_decode_argmax: out in gk_matmul's block layout for bits 8 (N rounded up to GK_ROWS rows, the extra
+ * ones zero; K a multiple of GK_GROUP), bound (N) as the comment above says. Returns 0, or -6 (see
+ * proxy_panel). */
+int gk_head_proxy(const float *w, long ldw, int N, int K, uint8_t *out, float *bound, int threads) {
+    const int panels = (N + GK_ROWS - 1) / GK_ROWS;
+    const size_t pbytes = (size_t)(K / GK_GROUP) * gk_block_bytes(8);
+    const double gk = gamma_n(K + 8), gn = gamma_n(3 * (K / GK_GROUP) + 40);
+    int rc = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1) reduction(min : rc)
+    for (int p = 0; p < panels; p++) {
+        double sums[GK_ROWS][4];
+        int prc = proxy_panel(w, ldw, N, K, p * GK_ROWS, out + (size_t)p * pbytes, sums);
+        if (prc < rc) rc = prc;
+        for (int r = 0; r < GK_ROWS && p * GK_ROWS + r < N; r++) {
+            double c = (sqrt(sums[r][0]) + 2.7e-4 * sqrt(sums[r][1]) + gk * sqrt(sums[r][2]) +
+                        gn * 2300.0 * sqrt(sums[r][3])) * 1.001;
+            float f = (float)c;
+            bound[p * GK_ROWS + r] = (double)f < c ? nextafterf(f, INFINITY) : f;
+        }
+    }
+    return rc;
+}
+
+/* the first index of the largest of v[0..n-1], a NaN counting as the largest (numpy's argmax) */
+static int64_t first_max(const float *v, int n) {
+    int64_t best = 0;
+    for (int i = 0; i < n; i++) {
+        if (v[i] != v[i]) return i;
+        if (v[i] > v[best]) best = i;
+    }
+    return best;
+}
+
+/* The argmax of one final-normed hidden state h (hidden K) through e's 8-bit copy (see above): 1 with
+ * *token set, 0 when the whole head must be computed (a value not finite, or more than GK_PROXY_BLOCKS
+ * blocks of rows to compute exactly), -1 when memory cannot be had. logits: scratch of e->outputs. */
+static int proxy_argmax(const gk_ends *e, const float *h, int K, float *logits, int64_t *token, int threads) {
+    const int N = e->outputs;
+    double ss = 0.0;
+    for (int i = 0; i < K; i++) ss += (double)h[i] * h[i];
+    const double X = sqrt(ss);
+    float *p = (float *)malloc(sizeof(float) * (size_t)e->proxy_rows);
+    if (p == NULL) return -1;
+    int rc = isfinite(X) ? gk_matmul(8, e->proxy, h, p, 1, e->proxy_rows, K, threads, GK_ACT_TWO) : 1;
+    double top = -INFINITY; /* the largest lower bound */
+    for (int r = 0; rc == 0 && r < N; r++) {
+        double lo = (double)p[r] - (double)e->bound[r] * X;
+        if (!isfinite(lo)) rc = 1;
+        top = lo > top ? lo : top;
+    }
+    int blocks[GK_PROXY_BLOCKS], n = 0;
+    for (int r = 0; rc == 0 && r < N; r++) {
+        double hi = (double)p[r] + (double)e->bound[r] * X;
+        if (hi < top - 1e-12 * (fabs(top) + fabs(hi)) || (n > 0 && blocks[n - 1] == r / 16)) continue;
+        if (n == GK_PROXY_BLOCKS) rc = 1;
+        else blocks[n++] = r / 16;
+    }
+    free(p);
+    if (rc != 0) return rc < 0 ? -1 : 0;
+    e->gemv_cols(h, (const float *)e->head, e->head_ld, logits, N, K, threads, blocks, n);
+    int64_t best = -1;
+    for (int i = 0; i < n; i++) /* every row of these blocks is exact: the first maximum among them */
+        for (int r = 16 * blocks[i]; r < N && r < 16 * blocks[i] + 16; r++) {
+            if (logits[r] != logits[r]) return 0;
+            if (best < 0 || logits[r] > logits[best]) best = r;
+        }
+    *token = best;
+    return 1;
+}
+
+/* A greedy decode step of one token per cache row: gk_decode_logits' step, the argmax of each row's logits
+ * into tokens (the first maximum, a NaN counting as the largest, as numpy's argmax). A batch-1 step with
+ * e->proxy computes a few logits exactly (proxy_argmax), else every logit into `logits` (rows, outputs). */
+int gk_decode_argmax(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int rows,
+                     int hidden, const float *cos_, const float *sin_, int pos, float *const *kcache,
+                     float *const *vcache, int capacity, int threads, float *logits, int64_t *tokens) {
+    for (int r = 0; r < rows; r++)
+        if (ids[r] < 0 || ids[r] >= e->vocab) return -5;
+    float *x = (float *)malloc(sizeof(float) * 2 * (size_t)(rows > 0 ? rows : 1) * hidden);
+    if (x == NULL) return -1;
+    float *h = x + (size_t)(rows > 0 ? rows : 1) * hidden;
+    embed_rows(e, ids, rows, hidden, x);
+    int rc = gk_decode(num_layers, layers, x, rows, hidden, cos_, sin_, pos, 1, kcache, vcache, capacity, threads);
+    if (rc == 0) {
+        norm_rows(e->llama, e->eps, e->norm, x, h, rows, hidden, threads);
+        int done = e->proxy != NULL && e->gemv_cols != NULL && rows == 1
+                       ? proxy_argmax(e, h, hidden, logits, tokens, threads) : 0;
+        rc = done < 0 ? -1 : (done ? 0 : head_product(e, h, rows, hidden, logits, threads));
+        for (int r = 0; rc == 0 && !done && r < rows; r++)
+            tokens[r] = first_max(logits + (size_t)r * e->outputs, e->outputs);
+    }
     free(x);
     return rc;
 }

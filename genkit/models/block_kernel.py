@@ -183,6 +183,11 @@ def declare(lib: Any) -> None:
     lib.gk_decode_logits.restype = ctypes.c_int
     lib.gk_logits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     lib.gk_logits.restype = ctypes.c_int
+    lib.gk_decode_argmax.argtypes = [*lib.gk_decode_logits.argtypes, ctypes.c_void_p]
+    lib.gk_decode_argmax.restype = ctypes.c_int
+    lib.gk_head_proxy.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                  ctypes.c_void_p, ctypes.c_int]
+    lib.gk_head_proxy.restype = ctypes.c_int
     lib.gk_rope_table_llama.argtypes = [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                         ctypes.c_void_p]
     lib.gk_rope_table_llama.restype = None
@@ -308,3 +313,22 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, out_features: int, 
     if rc:
         raise MemoryError("the block kernel could not allocate its scratch memory")
     return y
+
+
+def head_proxy(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The 8-bit copy of a float32 LM head ``weight`` ``(N, K)`` stored column-major (stride ``(1,
+    ld)``) that greedy decode steps read instead of it (``gk_head_proxy`` in block_kernel.c): its
+    blocks (bits 8, ``N`` rounded up to a multiple of :data:`ROWS`) and per row the bound of the
+    distance between its logit and the exact one, per unit of the hidden state's norm. None where
+    it cannot be made (``K`` not a multiple of :data:`GROUP`, a weight not finite, a scale too large
+    for float16)."""
+    n, k = weight.shape
+    if (weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.stride(0) != 1 or k % GROUP
+            or weight.stride(1) < n):
+        return None
+    panels = (n + ROWS - 1) // ROWS
+    blocks = torch.empty(panels, k // GROUP, BLOCK_BYTES[8], dtype=torch.uint8)
+    bound = torch.empty(n, dtype=torch.float32)
+    rc = library().gk_head_proxy(weight.data_ptr(), weight.stride(1), n, k, blocks.data_ptr(), bound.data_ptr(),
+                                 torch.get_num_threads())
+    return (blocks, bound) if rc == 0 else None

@@ -161,6 +161,29 @@ int gk_gemv_t(const float *x, int ldx, const float *w, long ldw, float *y, int M
     return 0;
 }
 
+/* y[j] for the columns j of the 16-column blocks `blocks` (n of them) of a one-row column-major
+ * product, each bit for bit as gk_gemv_t(x, K, w, ldw, y, 1, N, K, threads) computes it (the same
+ * split of K among `threads`, the same part_t_row on each part, the parts added in the same order),
+ * on the calling thread; other columns of y are not written. A greedy decode step's LM head computes
+ * only the columns that can hold the argmax this way (block_kernel.c, proxy_argmax). Returns 0. */
+int gk_gemv_t_cols(const float *x, const float *w, long ldw, float *y, int N, int K, int threads,
+                   const int *blocks, int n) {
+    if ((long)N * K < MIN_WORK || threads < 1) threads = 1;
+    if (threads > K / RT) threads = K / RT > 0 ? K / RT : 1;
+    const int per = ((K + threads - 1) / threads + RT - 1) / RT * RT;
+    float part[VW];
+    for (int i = 0; i < n; i++) {
+        const int j0 = blocks[i] * VW, width = N - j0 < VW ? N - j0 : VW;
+        for (int t = 0; t < threads; t++) {
+            int k0 = t * per < K ? t * per : K, k1 = k0 + per < K ? k0 + per : K;
+            part_t_row(x, w + j0, ldw, t == 0 ? y + j0 : part, width, k0, k1);
+            if (t > 0)
+                for (int j = 0; j < width; j++) y[j0 + j] = y[j0 + j] + part[j];
+        }
+    }
+    return 0;
+}
+
 static inline float hsum(const v16 *v) {
     float s = 0.0f;
     for (int i = 0; i < VW; i++) s += (*v)[i];

@@ -51,6 +51,9 @@ def _declare(lib: Any) -> Any:
         fn.restype = ctypes.c_int
     lib.gk_gemv_pre.argtypes = [ctypes.c_int, *args, ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p]
     lib.gk_gemv_pre.restype = ctypes.c_int
+    lib.gk_gemv_t_cols.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    lib.gk_gemv_t_cols.restype = ctypes.c_int
     return lib
 
 

@@ -409,8 +409,26 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         step's kernel the CPU caches are cold, and the small torch operations around the layers
         cost several times what they cost warm. Only where the usual path would compute the same
         step: every row one token at the cache's length, positions and mask implied by it."""
-        if (input_ids.dim() != 2 or input_ids.shape[1] != 1 or not isinstance(logits_to_keep, int)
-                or type(cache) is not KVCache or self.attn_implementation == "eager" or _module_path()):
+        if not isinstance(logits_to_keep, int):
+            return None
+        return self._one_call("logits", input_ids, attention_mask, position_ids, cache)
+
+    def greedy_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                    position_ids: torch.Tensor | None, cache: Any) -> torch.Tensor | None:
+        """:meth:`one_call_step`'s step giving each row's greedy token ``(rows,)`` (the argmax of
+        the logits :meth:`forward` would give) instead of the logits
+        (:meth:`~genkit.models.block_decode.BlockDecoder.argmax`: a float32 head is read through an
+        8-bit copy, and only the logits that can be the largest are computed exactly); None where
+        that step does not apply."""
+        return self._one_call("argmax", input_ids, attention_mask, position_ids, cache)
+
+    def _one_call(self, what: str, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                  position_ids: torch.Tensor | None, cache: Any) -> torch.Tensor | None:
+        """The one-call decoder's ``what`` (:meth:`BlockDecoder.logits` or :meth:`BlockDecoder.argmax`)
+        for a decode step where the usual path would compute the same step (see
+        :meth:`one_call_step`), else None."""
+        if (input_ids.dim() != 2 or input_ids.shape[1] != 1 or type(cache) is not KVCache
+                or self.attn_implementation == "eager" or _module_path()):
             return None
         past_len = cache.get_seq_length()
         if past_len == 0 or not _implied(attention_mask, position_ids, input_ids.shape[0], past_len):
@@ -420,7 +438,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         if prepared is None or ends is None:
             return None
         cos, sin = self.rope(None, torch.float32, past_len, 1)
-        return prepared.decoder.logits(input_ids, cos, sin, cache, ends)
+        return getattr(prepared.decoder, what)(input_ids, cos, sin, cache, ends)  # type: ignore[no-any-return]
 
     def kernel_ends(self, prepared: PreparedModel) -> Any:
         """The embedding, final norm and LM head as ``prepared``'s one-call decoder (a

@@ -179,6 +179,12 @@ class FinishTracker:
             streamer, self.streamer = self.streamer, None
             streamer.end()
 
+    @property
+    def reads_scores(self) -> bool:
+        """Whether :meth:`update` hands the step's scores to anything: a stopping criterion, or a
+        streamer's ``put_step`` (a greedy step without them may skip computing the logits)."""
+        return bool(self.criteria) or getattr(self.streamer, "put_step", None) is not None
+
     # -- per step ------------------------------------------------------------------------------
     def pad(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens`` ``(rows,)`` with the pad token in rows that are already finished."""

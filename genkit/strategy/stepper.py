@@ -135,6 +135,26 @@ class Stepper:
             return out.logits[:, -1, :].float()
         return out.logits[:, -keep:, :].float()
 
+    def forward_greedy(self) -> torch.Tensor | None:
+        """:meth:`forward` for one pending token per row when only the argmax of its logits is
+        wanted (greedy search with nothing else reading the scores): each row's token ``(rows,)``
+        from the model's ``greedy_step`` (:meth:`genkit.models.base.GenkitModel.greedy_step`: the
+        same tokens, without computing every logit), or None, with nothing run, where the model or
+        this step has no such path; the caller then calls :meth:`forward`."""
+        greedy_step = getattr(self.model, "greedy_step", None)
+        if (greedy_step is None or not self.use_cache or self.cache is None or self.output_hidden_states
+                or self.output_attentions or self._shallow is not None or self.length - self._fed != 1):
+            return None
+        n = self.length
+        pos = None
+        if self._shift is not None and n - 1 >= self.call.prompt_len:
+            pos = torch.arange(n - 1, n, device=self.ids.device)[None, :] - self._shift
+        mask = self.mask[:, :n] if self.mask is not None else None
+        tokens = greedy_step(self.ids[:, n - 1:n], mask, pos, self.cache)
+        if tokens is not None:
+            self._held(n, None)
+        return cast("torch.Tensor | None", tokens)
+
     def advance(self) -> None:
         """Run the pending tokens for the cache and :attr:`hidden_states` only, without the LM
         head: for a strategy that projects the hidden states itself (DoLa reads the final and the

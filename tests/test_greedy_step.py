@@ -1,0 +1,280 @@
+"""Greedy steps that give the argmax without every logit (issue 32, float32 batch 1).
+
+Where greedy search has nothing else reading a step's scores (no logits processor, no
+``output_scores``/``output_logits``, no stopping criterion, no streamer ``put_step``), it asks the
+model for the token alone (``Stepper.forward_greedy`` -> ``greedy_step``). genkit's Llama then runs
+the one-call step and takes each row's argmax in the same kernel call; a float32 head on the gemv
+route is read through an 8-bit copy, with a bound on how far each row's exact logit can lie from
+the copy's, and only the rows that can hold the maximum are computed exactly, by the same float
+operations as the whole head. The tokens must be those of the logits path, bit for bit: ties go to
+the first index, a NaN counts as the largest, as numpy's argmax."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_block_kernel import quantized  # noqa: F401  (the tiny Q4_1 GGUF model fixture)
+
+from genkit.models import block_kernel, dense_kernel, kernel_choice
+from genkit.models.tiny import tiny_llama
+from genkit.strategy import StoppingCriteriaList
+
+pytestmark = pytest.mark.skipif(block_kernel._compiler() is None or not dense_kernel.available(),
+                                reason="no C compiler: neither kernel exists here")
+IDS = torch.tensor([[1, 17, 33, 5, 60, 9]])
+KW = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+@pytest.fixture(autouse=True)
+def gemv_route(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENKIT_HOME", str(tmp_path))
+    monkeypatch.setenv(kernel_choice.ENV, "gemv")
+    kernel_choice.CHOSEN.clear()
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+    kernel_choice.CHOSEN.clear()
+
+
+def _counting(model):
+    """Count the greedy steps that gave tokens (the model's own method runs)."""
+    calls = {"tokens": 0, "none": 0}
+    method = type(model).greedy_step.__get__(model)
+
+    def greedy_step(*args, **kwargs):
+        out = method(*args, **kwargs)
+        calls["none" if out is None else "tokens"] += 1
+        return out
+
+    model.greedy_step = greedy_step
+    return calls
+
+
+def _without_greedy_steps(model, **kw):
+    model.greedy_step = lambda *args, **kwargs: None  # every step through forward's logits
+    try:
+        with torch.no_grad():
+            return model.generate(IDS, **{**KW, **kw})
+    finally:
+        del model.greedy_step
+
+
+def _greedy(model, **kw):
+    calls = _counting(model)
+    try:
+        with torch.no_grad():
+            out = model.generate(IDS, **{**KW, **kw})
+    finally:
+        del model.greedy_step
+    return out, calls
+
+
+# -- the kernel pieces -----------------------------------------------------------------------------
+@pytest.mark.parametrize(("n", "k"), [(128, 64), (100, 203), (300, 256), (2053, 67), (16, 8)])
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+def test_chosen_columns_are_bit_for_bit_the_whole_products(n, k, threads):
+    """gk_gemv_t_cols gives the columns of the blocks it is asked for with the very bits gk_gemv_t
+    gives them (the same split of K among threads, the same operations), tails of 16 and of the
+    weight streams included, and leaves the other columns alone."""
+    lib = dense_kernel.library()
+    g = torch.Generator().manual_seed(n + k + threads)
+    w = torch.randn(k, n, generator=g).t()  # column-major (n, k)
+    x = torch.randn(1, k, generator=g)
+    whole = torch.empty(1, n)
+    assert lib.gk_gemv_t(x.data_ptr(), k, w.data_ptr(), n, whole.data_ptr(), 1, n, k, threads) == 0
+    nblocks = (n + 15) // 16
+    for blocks in (list(range(nblocks)), sorted({0, nblocks - 1, nblocks // 2})):
+        chosen = torch.tensor(blocks, dtype=torch.int32)
+        got = torch.full((n,), 7.0)
+        lib.gk_gemv_t_cols(x.data_ptr(), w.data_ptr(), n, got.data_ptr(), n, k, threads, chosen.data_ptr(), len(blocks))
+        cols = torch.tensor([j for b in blocks for j in range(16 * b, min(16 * b + 16, n))])
+        assert torch.equal(got[cols], whole[0, cols])
+        rest = torch.ones(n, dtype=torch.bool)
+        rest[cols] = False
+        assert (got[rest] == 7.0).all()
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-3, 300.0])
+def test_the_heads_8_bit_copy_keeps_every_logit_within_its_bound(scale):
+    """head_proxy's bound holds for every row: |exact logit - the copy's| <= bound * ||h||, for
+    hidden states of either sign pattern, one aligned with a row's rounding error (the worst case
+    for that row) and one of mixed magnitudes, for rows of very different scales."""
+    g = torch.Generator().manual_seed(3)
+    n, k = 200, 96
+    w = (torch.randn(n, k, generator=g) * torch.logspace(-3, 1, n)[:, None] * scale).t().contiguous().t()
+    made = block_kernel.head_proxy(w)
+    assert made is not None
+    blocks, bound = made
+    assert blocks.shape == (13, 3, block_kernel.BLOCK_BYTES[8]) and bound.shape == (n,) and (bound > 0).all()
+    copy = block_kernel.matmul(torch.eye(k), blocks, 8, 13 * 16)[:, :n].t().double()  # the copy's weights
+    worst = torch.sign(w.double() - copy)[5].float()  # aligned with row 5's rounding error
+    for x in (torch.randn(4, k, generator=g), worst[None] * 3.0, torch.randn(1, k, generator=g) * torch.logspace(-4, 2, k)):
+        exact = torch.empty(x.shape[0], n)
+        assert dense_kernel.library().gk_gemv_t(x.data_ptr(), k, w.data_ptr(), n, exact.data_ptr(), x.shape[0], n, k, 1) == 0
+        proxy = block_kernel.matmul(x, blocks, 8, 13 * 16)[:, :n]
+        gap = (exact.double() - proxy.double()).abs()
+        assert (gap <= bound.double() * x.double().norm(dim=1, keepdim=True)).all()
+    assert float(gap[0, 5] / (bound[5] * x.double().norm())) < 1  # (not vacuous: the rows differ)
+
+
+def test_a_head_the_copy_cannot_hold_has_none():
+    w = torch.randn(64, 128).t().contiguous().t()
+    assert block_kernel.head_proxy(w) is not None
+    bad = w.clone()
+    bad[3, 5] = float("nan")
+    assert block_kernel.head_proxy(bad) is None  # not finite
+    assert block_kernel.head_proxy(w.contiguous()) is None  # row-major: not the gemv route's head
+    assert block_kernel.head_proxy(torch.randn(40, 64).t()[:, :50]) is None  # K not a multiple of 32
+    assert block_kernel.head_proxy(w * 1e5) is None  # scales past float16
+
+
+# -- generate ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("tied", [False, True])
+def test_greedy_tokens_through_the_copy_equal_the_logits_paths(threads, tied):
+    """On the gemv route every greedy step after the prompt gives its token without the logits,
+    and the tokens are the logits path's."""
+    torch.set_num_threads(threads)
+    model = tiny_llama(seed=11, tie_word_embeddings=tied, vocab_size=512)
+    if tied:
+        model.tie_weights()
+    want = _without_greedy_steps(model, max_new_tokens=24)
+    got, calls = _greedy(model, max_new_tokens=24)
+    assert torch.equal(got, want)
+    assert calls == {"tokens": 23, "none": 0}
+    assert model._prepared[1].decoder._proxy[1] is not None  # the 8-bit copy was made and used
+
+
+def _last_step(model, ids):
+    """Logits of the step after ``ids`` through forward, and the greedy step's tokens, each on its own cache."""
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=1, **KW)  # prepares the routes
+        a, b = (model(ids[:, :-1], use_cache=True).past_key_values for _ in range(2))
+        logits = model(ids[:, -1:], past_key_values=a).logits[:, -1]
+        tokens = model.greedy_step(ids[:, -1:], None, None, b)
+    return logits, tokens
+
+
+def test_ties_go_to_the_first_index_and_a_nan_wins():
+    """Rows of the head equal to the winning row (here the first, a middle and the last ones)
+    tie with it bit for bit: the first of them is the token, as numpy's argmax gives. A NaN in the
+    head: the copy cannot be made, every logit is computed, and the first NaN is the token."""
+    model = tiny_llama(seed=4, vocab_size=512)
+    logits, _ = _last_step(model, IDS)
+    top = int(logits.argmax())
+    with torch.no_grad():
+        for row in (0, 250, 511):
+            model.lm_head.weight[row] = model.lm_head.weight[top]
+    model._prepared = None
+    logits, tokens = _last_step(model, IDS)
+    assert logits[0, 0] == logits[0, top] == logits[0, 511] and tokens.tolist() == [0] == [int(logits.argmax())]
+    with torch.no_grad():
+        model.lm_head.weight[300, 3] = float("nan")
+    model._prepared = None
+    logits, tokens = _last_step(model, IDS)
+    assert model._prepared[1].decoder._proxy[1] is None and tokens.tolist() == [300] == [int(logits.argmax())]
+
+
+def test_rows_the_copy_cannot_tell_apart_are_computed_exactly():
+    """Twenty rows of the head a hair's breadth from the winning row (0.1 % of its scale): the 8-bit
+    copy ranks them otherwise than the exact logits do (checked), and the greedy step still gives
+    the exact argmax, from the rows it computes exactly."""
+    model = tiny_llama(seed=4, vocab_size=512)
+    logits, _ = _last_step(model, IDS)
+    top = int(logits.argmax())
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        w = model.lm_head.weight
+        for row in range(100, 500, 20):
+            w[row] = w[top] + 1e-3 * w[top].abs().max() * torch.randn(w.shape[1], generator=g)
+    model._prepared = None
+    seen = []
+    handle = model.model.norm.register_forward_hook(lambda _m, _a, out: seen.append(out[:, -1].detach().clone()))
+    try:
+        logits, _ = _last_step(model, IDS)  # (the hook keeps the modules: the final norm's output is seen)
+    finally:
+        handle.remove()
+    model._prepared = None
+    _, tokens = _last_step(model, IDS)
+    blocks, _bound = model._prepared[1].decoder._proxy[1]
+    copy = block_kernel.matmul(torch.eye(64), blocks, 8, 512).t()
+    assert int((seen[-1] @ copy.t()).argmax()) != int(logits.argmax())  # the copy alone would be wrong
+    assert tokens.tolist() == [int(logits.argmax())]
+
+
+def test_too_many_near_rows_compute_the_whole_head():
+    """A head of 2048 equal rows puts every row within the bound of the largest: more blocks than
+    the exact pass takes, so the whole head is computed; the token is still the first index."""
+    model = tiny_llama(seed=2, vocab_size=2048)
+    with torch.no_grad():
+        model.lm_head.weight[:] = model.lm_head.weight[7]
+    logits, tokens = _last_step(model, IDS)
+    assert (logits == logits[0, 0]).all() and tokens.tolist() == [0]
+
+
+def test_a_head_written_in_place_gets_a_new_copy():
+    """The copy is keyed by the head tensor's version: an in-place edit between two generations
+    (here making one row win every step) is seen by the next greedy step."""
+    model = tiny_llama(seed=9, vocab_size=512)
+    _greedy(model, max_new_tokens=4)
+    first = model._prepared[1].decoder._proxy
+    with torch.no_grad():
+        model.lm_head.weight[77] = model.model.norm.weight * 50.0  # aligned with the final norm's output
+    want = _without_greedy_steps(model, max_new_tokens=8)
+    got, calls = _greedy(model, max_new_tokens=8)
+    assert torch.equal(got, want) and calls["tokens"] == 7
+    assert model._prepared[1].decoder._proxy is not first
+
+
+def test_a_quantized_heads_greedy_step_takes_the_argmax_of_all_its_logits(quantized):  # noqa: F811
+    """A block-weight head has no copy: every logit is computed in the call, and the argmax is taken
+    there; the tokens are the logits path's, for one row and for three rows at one position."""
+    for ids in (IDS, IDS.repeat(3, 1) + torch.arange(3)[:, None]):
+        logits, tokens = _last_step(quantized, ids)
+        assert tokens is not None and tokens.tolist() == logits.argmax(-1).tolist()
+    want = _without_greedy_steps(quantized, max_new_tokens=12)
+    got, calls = _greedy(quantized, max_new_tokens=12)
+    assert torch.equal(got, want) and calls == {"tokens": 11, "none": 0}
+
+
+# -- when greedy search asks for tokens alone ------------------------------------------------------
+def test_a_logits_processor_keeps_the_logits_path():
+    """A repetition penalty changes the tokens here; with it, no step asks for the argmax alone."""
+    model = tiny_llama(seed=11, vocab_size=512)
+    plain = _without_greedy_steps(model, max_new_tokens=24)
+    got, calls = _greedy(model, max_new_tokens=24, repetition_penalty=3.0)
+    assert calls == {"tokens": 0, "none": 0}
+    assert torch.equal(got, _without_greedy_steps(model, max_new_tokens=24, repetition_penalty=3.0))
+    assert not torch.equal(got, plain)
+
+
+@pytest.mark.parametrize("ask", ["output_scores", "output_logits", "criterion", "put_step"])
+def test_whatever_reads_the_scores_gets_them_every_step(ask):
+    model = tiny_llama(seed=11, vocab_size=512)
+    seen = []
+
+    class Criterion:
+        def __call__(self, input_ids, scores):
+            seen.append(scores)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    class Streamer:
+        def put(self, value):
+            pass
+
+        def end(self):
+            pass
+
+        def put_step(self, scores, finished):
+            seen.append(scores)
+
+    kw = {"output_scores": {"output_scores": True, "return_dict_in_generate": True},
+          "output_logits": {"output_logits": True, "return_dict_in_generate": True},
+          "criterion": {"stopping_criteria": StoppingCriteriaList([Criterion()])},
+          "put_step": {"streamer": Streamer()}}[ask]
+    out, calls = _greedy(model, max_new_tokens=6, **kw)
+    assert calls == {"tokens": 0, "none": 0}
+    if ask in ("criterion", "put_step"):
+        assert len(seen) == 6 and all(s is not None and s.shape == (1, 512) for s in seen)
+    else:
+        assert len(out.scores if ask == "output_scores" else out.logits) == 6
