@@ -232,6 +232,21 @@ def test_the_default_stays_unless_another_path_is_clearly_faster():
     assert kernel_choice.decide({"vnni": [1.0, 1.0, 1.0], "amx": [1.2, 0.5, 1.2]})[0] == "vnni"
 
 
+def test_a_preferred_path_wins_within_the_slack_of_a_faster_one():
+    """Dense decode prefers gemv (its steps run in one call, which the probe's unit does not time):
+    within 0.05 of a faster path that also beats the default, not when further behind, and never
+    when it does not beat the default by the margin itself."""
+    assert kernel_choice.PREFERRED == {("dense", "decode"): "gemv"}
+    close = {"packed": [10.0] * 5, "plain": [8.6] * 5, "gemv": [8.9] * 5}
+    assert kernel_choice.decide(close)[0] == "plain"
+    winner, why = kernel_choice.decide(close, "gemv")
+    assert winner == "gemv" and why.endswith("plain/packed 0.86 (below 0.90 replaces the default); gemv (0.89) "
+                                             "preferred within 0.05 of it")
+    assert kernel_choice.decide({"packed": [10.0] * 5, "plain": [7.0] * 5, "gemv": [8.0] * 5}, "gemv")[0] == "plain"
+    assert kernel_choice.decide({"packed": [10.0] * 5, "plain": [9.2] * 5, "gemv": [9.3] * 5}, "gemv")[0] == "packed"
+    assert kernel_choice.decide({"packed": [10.0] * 5, "plain": [8.0] * 5, "gemv": [9.2] * 5}, "gemv")[0] == "plain"
+
+
 def test_the_probe_warms_up_then_interleaves_rounds_in_turn_reversed():
     calls: list[tuple[str, int]] = []
     kernel_choice.choose("dense", "sig-g", ("packed", "plain"), _runner(calls))
