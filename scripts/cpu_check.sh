@@ -15,7 +15,8 @@
 # Its AMX build dies with SIGILL on any prompt on the Xeons met so far, so `run` takes tg128 from the
 # AMX build when that decodes and pp512 from the AMX-off build. CPU_CHECK_AB="a=path b=path" also runs
 # bench/ab_block_kernel.py on those block_kernel.c versions (put them under .cpucheck/ to carry them);
-# CPU_CHECK_STEP_AB=1 runs bench/ab_step_ends.py; CPU_CHECK_FLOAT32=0, CPU_CHECK_CB=0 and
+# CPU_CHECK_STEP_AB=1 runs bench/ab_step_ends.py, CPU_CHECK_GREEDY_AB=1 bench/ab_greedy_step.py (float32
+# greedy steps with the head's 8-bit copy against the logits, SmolLM2 and the 124M Llama); CPU_CHECK_FLOAT32=0, CPU_CHECK_CB=0 and
 # CPU_CHECK_SERVE=0 leave out the float32 table, continuous batching (Q4_1 against float32) and
 # genkit serve against llama-server (the AMX-off build; 1, 8 and 32 clients). All of it: about 8 min
 # on the Xeon host of the GPU loans (session 14), so give the call its 600 s.
@@ -120,6 +121,12 @@ run() {
   if [ "${CPU_CHECK_STEP_AB:-0}" = 1 ]; then
     timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/ab_step_ends.py --threads 2,1 --rounds 7 2>&1 \
       | grep -v "it/s" | tee "$out/step_ends.log" || true
+  fi
+  if [ "${CPU_CHECK_GREEDY_AB:-0}" = 1 ]; then
+    for m in float32 llama-124m; do
+      timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/ab_greedy_step.py --model "$m" --threads 2,1 --rounds 5 \
+        --tokens 64 2>&1 | grep -v "it/s" | tee -a "$out/greedy.log" || true
+    done
   fi
   if [ -n "${CPU_CHECK_AB:-}" ]; then
     # shellcheck disable=SC2086  # label=path words

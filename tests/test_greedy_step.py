@@ -237,6 +237,47 @@ def test_a_quantized_heads_greedy_step_takes_the_argmax_of_all_its_logits(quanti
     assert torch.equal(got, want) and calls == {"tokens": 11, "none": 0}
 
 
+@pytest.mark.parametrize("how", ["forward hook", "pre-hook", "global hook", "subclass", "instance forward"])
+def test_whatever_wraps_the_models_forward_runs_every_step(how):
+    """A hook on the model, a global one, or a forward of a subclass or of the instance may change
+    the logits (here: every step forced to token 5): greedy steps then run the model's forward."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    def force(_m, _args, out):
+        out.logits[..., :] = -1.0
+        out.logits[..., 5] = 1.0
+        return out
+
+    class Forced(type(tiny_llama())):
+        def forward(self, *args, **kwargs):
+            return force(self, args, super().forward(*args, **kwargs))
+
+    model = tiny_llama(seed=11, vocab_size=512)
+    handle = None
+    if how == "forward hook":
+        handle = model.register_forward_hook(force)
+    elif how == "pre-hook":
+        seen = []
+        handle = model.register_forward_pre_hook(lambda _m, args: seen.append(1))
+    elif how == "global hook":
+        handle = register_module_forward_hook(lambda m, a, out: force(m, a, out) if m is model else out)
+    elif how == "subclass":
+        model.__class__ = Forced
+    else:
+        plain = model.forward
+        model.forward = lambda *args, **kwargs: force(model, args, plain(*args, **kwargs))
+    try:
+        out, calls = _greedy(model, max_new_tokens=8)
+    finally:
+        if handle is not None:
+            handle.remove()
+    assert calls["tokens"] == 0
+    if how == "pre-hook":
+        assert len(seen) == 8  # the prompt and seven steps
+    else:
+        assert out[0, IDS.shape[1]:].tolist() == [5] * 8
+
+
 # -- when greedy search asks for tokens alone ------------------------------------------------------
 def test_a_logits_processor_keeps_the_logits_path():
     """A repetition penalty changes the tokens here; with it, no step asks for the argmax alone."""

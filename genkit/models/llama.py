@@ -419,7 +419,11 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         the logits :meth:`forward` would give) instead of the logits
         (:meth:`~genkit.models.block_decode.BlockDecoder.argmax`: a float32 head is read through an
         8-bit copy, and only the logits that can be the largest are computed exactly); None where
-        that step does not apply."""
+        that step does not apply, or where calling the model would run more than
+        :meth:`GenkitModel.forward` (a forward hook or pre-hook on it or global, a ``forward`` of a
+        subclass or of the instance: they may change the logits)."""
+        if "forward" in self.__dict__ or type(self).forward is not GenkitModel.forward or has_hooks([self]):
+            return None
         return self._one_call("argmax", input_ids, attention_mask, position_ids, cache)
 
     def _one_call(self, what: str, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
