@@ -21,6 +21,7 @@ those ends cost several times their warm time.
 from __future__ import annotations
 
 import ctypes
+import logging
 import weakref
 from typing import Any
 
@@ -33,6 +34,8 @@ from .cache import KVCache
 from .dense_kernel import Gemv
 from .numerics import is_llama_numerics, llama_float_order
 from .quant import GROUP, Int4Linear, QuantizedEmbedding
+
+logger = logging.getLogger("genkit.models")
 
 PROMPT_ROWS = 32  # numerics="llama.cpp": prompt tokens per one-call step (BlockDecoder.steps)
 UNSUPPORTED = ("`numerics`='llama.cpp' runs every step on the block kernel's decoder: rows at one position with no "
@@ -388,7 +391,11 @@ class BlockDecoder:
         key = (id(weight), weight.data_ptr(), weight._version, ends.head_ld)
         if self._proxy is None or self._proxy[0] != key:
             self._proxy = None  # the old copy goes first
-            self._proxy = (key, block_kernel.head_proxy(weight))
+            try:
+                self._proxy = (key, block_kernel.head_proxy(weight))
+            except (RuntimeError, MemoryError) as exc:  # (torch's out-of-memory error is a RuntimeError)
+                logger.warning("no 8-bit copy of the LM head for greedy steps (%s): every logit is computed", exc)
+                self._proxy = (key, None)
         made = self._proxy[1]
         ends.proxy, ends.bound = (made[0].data_ptr(), made[1].data_ptr()) if made is not None else (None, None)
         ends.proxy_rows = made[0].shape[0] * block_kernel.ROWS if made is not None else 0
