@@ -146,11 +146,8 @@ class Stepper:
                 or self.output_attentions or self._shallow is not None or self.length - self._fed != 1):
             return None
         n = self.length
-        pos = None
-        if self._shift is not None and n - 1 >= self.call.prompt_len:
-            pos = torch.arange(n - 1, n, device=self.ids.device)[None, :] - self._shift
         mask = self.mask[:, :n] if self.mask is not None else None
-        tokens = greedy_step(self.ids[:, n - 1:n], mask, pos, self.cache)
+        tokens = greedy_step(self.ids[:, n - 1:n], mask, self._positions(n - 1, n), self.cache)
         if tokens is not None:
             self._held(n, None)
         return cast("torch.Tensor | None", tokens)
@@ -167,12 +164,8 @@ class Stepper:
         if not self.use_cache:
             return self._run(self.ids[:, :n], attention_mask=mask, position_ids=None, keep=want, num_layers=num_layers)
         start = self._start(num_layers)
-        pos = None
-        if self._shift is not None and start >= self.call.prompt_len:
-            # generated tokens of a left-padded batch: index minus the row's pad count (prompt
-            # tokens get theirs from the mask, in the model)
-            pos = torch.arange(start, n, device=self.ids.device)[None, :] - self._shift
-        out = self._run(self.ids[:, start:n], attention_mask=mask, position_ids=pos, keep=want, num_layers=num_layers)
+        out = self._run(self.ids[:, start:n], attention_mask=mask, position_ids=self._positions(start, n), keep=want,
+                        num_layers=num_layers)
         self._held(n, num_layers)
         return out
 
@@ -209,6 +202,14 @@ class Stepper:
                 self.cache.crop(self._fed)
             self._shallow = None
         return self._fed
+
+    def _positions(self, start: int, n: int) -> torch.Tensor | None:
+        """Positions of the history's tokens ``start..n-1`` for a cached forward: generated tokens of
+        a left-padded batch count from the row's first real token (index minus its pad count); None
+        otherwise (prompt tokens get theirs from the mask, in the model)."""
+        if self._shift is not None and start >= self.call.prompt_len:
+            return torch.arange(start, n, device=self.ids.device)[None, :] - self._shift
+        return None
 
     def _held(self, n: int, num_layers: int | None) -> None:
         """After a cached forward up to position ``n`` at depth ``num_layers`` (None: every layer)."""
