@@ -354,11 +354,10 @@ class BlockDecoder:
         head weight, kept while the head's tensor is unchanged). None: take the usual path."""
         ends = self._greedy_ends(ends)
         tokens = torch.empty(ids.shape[0], dtype=torch.long)
-        scratch = torch.empty(ids.shape[0], ends.outputs)
-        return tokens if self._one_call("gk_decode_argmax", ids, cos, sin, cache, ends, scratch, tokens) else None
+        return tokens if self._one_call("gk_decode_argmax", ids, cos, sin, cache, ends, tokens) else None
 
     def _one_call(self, fn: str, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends,
-                  *out: torch.Tensor) -> bool:
+                  out: torch.Tensor) -> bool:
         """Run ``fn`` (``gk_decode_logits`` or ``gk_decode_argmax``) for a step of ``ids`` ``(rows, 1)``
         into ``out``; False (nothing written) where it does not take this step."""
         rows = ids.shape[0]
@@ -374,7 +373,7 @@ class BlockDecoder:
         pos = cache.lengths[0]
         rc = getattr(block_kernel.library(), fn)(n, self.table, ctypes.byref(ends), ids.data_ptr(), rows, self.hidden,
                                                  cos.data_ptr(), sin.data_ptr(), pos, state.karr, state.varr,
-                                                 state.capacity, torch.get_num_threads(), *(t.data_ptr() for t in out))
+                                                 state.capacity, torch.get_num_threads(), out.data_ptr())
         if rc == -5:
             return False
         if rc:

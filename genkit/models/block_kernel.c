@@ -2288,15 +2288,16 @@ static int proxy_argmax(const gk_ends *e, const float *h, int K, float *logits, 
 
 /* A greedy decode step of one token per cache row: gk_decode_logits' step, the argmax of each row's logits
  * into tokens (the first maximum, a NaN counting as the largest, as numpy's argmax). A batch-1 step with
- * e->proxy computes a few logits exactly (proxy_argmax), else every logit into `logits` (rows, outputs). */
+ * e->proxy computes a few logits exactly (proxy_argmax), else every logit (into scratch memory). */
 int gk_decode_argmax(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int rows,
                      int hidden, const float *cos_, const float *sin_, int pos, float *const *kcache,
-                     float *const *vcache, int capacity, int threads, float *logits, int64_t *tokens) {
+                     float *const *vcache, int capacity, int threads, int64_t *tokens) {
     for (int r = 0; r < rows; r++)
         if (ids[r] < 0 || ids[r] >= e->vocab) return -5;
-    float *x = (float *)malloc(sizeof(float) * 2 * (size_t)(rows > 0 ? rows : 1) * hidden);
+    const size_t n = (size_t)(rows > 0 ? rows : 1);
+    float *x = (float *)malloc(sizeof(float) * n * (2 * (size_t)hidden + (size_t)e->outputs));
     if (x == NULL) return -1;
-    float *h = x + (size_t)(rows > 0 ? rows : 1) * hidden;
+    float *h = x + n * hidden, *logits = h + n * hidden;
     embed_rows(e, ids, rows, hidden, x);
     int rc = gk_decode(num_layers, layers, x, rows, hidden, cos_, sin_, pos, 1, kcache, vcache, capacity, threads);
     if (rc == 0) {
