@@ -352,9 +352,11 @@ class BlockDecoder:
         can be the largest are computed exactly (``gk_decode_argmax`` in block_kernel.c says why the
         token is the one all of them give); the copy is made at the first such step (1.125 bytes per
         head weight, kept while the head's tensor is unchanged). None: take the usual path."""
-        ends = self._greedy_ends(ends)
+        ends, copy = self._greedy_ends(ends)  # (the copy held until the call returns: another thread may replace it)
         tokens = torch.empty(ids.shape[0], dtype=torch.long)
-        return tokens if self._one_call("gk_decode_argmax", ids, cos, sin, cache, ends, tokens) else None
+        done = self._one_call("gk_decode_argmax", ids, cos, sin, cache, ends, tokens)
+        del copy
+        return tokens if done else None
 
     def _one_call(self, fn: str, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends,
                   out: torch.Tensor) -> bool:
@@ -381,11 +383,12 @@ class BlockDecoder:
         cache.lengths[:n] = [pos + 1] * n
         return True
 
-    def _greedy_ends(self, ends: _Ends) -> _Ends:
+    def _greedy_ends(self, ends: _Ends) -> tuple[_Ends, Any]:
         """``ends`` with the 8-bit copy of its float32 head filled in (made now if the head's tensor is
-        new or was written since; left empty where the copy cannot be made or the head is of blocks)."""
+        new or was written since; left empty where the copy cannot be made or the head is of blocks),
+        and the copy's tensors, which the caller holds while the kernel reads them."""
         if not self.dense or self._ends is None or self._ends[1] is not ends:
-            return ends
+            return ends, None
         weight = self._ends[2][-1]
         key = (id(weight), weight.data_ptr(), weight._version, ends.head_ld)
         if self._proxy is None or self._proxy[0] != key:
@@ -399,7 +402,7 @@ class BlockDecoder:
         ends.proxy, ends.bound = (made[0].data_ptr(), made[1].data_ptr()) if made is not None else (None, None)
         ends.proxy_rows = made[0].shape[0] * block_kernel.ROWS if made is not None else 0
         ends.gemv_cols = ctypes.cast(_dense_library().gk_gemv_t_cols, ctypes.c_void_p).value if made is not None else None
-        return ends
+        return ends, made
 
     def final_logits(self, x: torch.Tensor, ends: _Ends) -> torch.Tensor:
         """The logits ``(rows, vocab)`` of hidden states ``x`` ``(rows, hidden)`` that came out of this
