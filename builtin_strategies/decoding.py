@@ -21,6 +21,8 @@ from genkit.strategy import (
     choose_tokens,
 )
 
+from .logits_process import top_k_first
+
 
 def greedy_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> GenerateDecoderOnlyOutput:
     """Pick the highest-scoring token at each step."""
@@ -40,9 +42,11 @@ def decode_loop(call: StrategyCall, *, do_sample: bool) -> GenerateDecoderOnlyOu
     with FinishTracker(call) as finish:
         logits: torch.Tensor | None = stepper.prefill()
         recording = record.recording
-        # greedy with nothing reading the scores: the model may give the argmax alone (Stepper.forward_greedy)
+        # greedy with nothing reading the scores: the model may give the argmax alone (Stepper.forward_greedy);
+        # sampling that filters to the k largest first: only the logits that can be among them (forward_top)
         argmax_only = (not do_sample and not recording and isinstance(processors, list) and not processors
                        and not finish.reads_scores)
+        top_k = top_k_first(processors) if do_sample and not record.want_logits else None
         chosen = scores = None
         while True:
             if logits is None:  # the model gave the tokens: no scores this step
@@ -60,6 +64,8 @@ def decode_loop(call: StrategyCall, *, do_sample: bool) -> GenerateDecoderOnlyOu
             if finish.update(stepper.sequences, scores, tokens):
                 break
             chosen = stepper.forward_greedy() if argmax_only else None
-            logits = stepper.forward() if chosen is None else None
+            logits = None if chosen is not None else stepper.forward_top(top_k) if top_k else None
+            if chosen is None and logits is None:
+                logits = stepper.forward()
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, past_key_values=stepper.cache,
                                      finish_reasons=finish.reasons, **record.as_tuples())

@@ -217,6 +217,19 @@ class TopKLogitsWarper(LogitsProcessor):
         return scores.masked_fill(scores < _kth_largest(scores, self.top_k), self.filter_value)
 
 
+def top_k_first(processors: Any) -> int | None:
+    """The ``k`` of a :class:`TopKLogitsWarper` that only :class:`TemperatureLogitsWarper` s precede
+    in ``processors`` (genkit's own classes): every score below the k-th largest is then filtered
+    before anything else reads it, so a step may give only the logits that can be among the ``k``
+    largest (:meth:`genkit.strategy.Stepper.forward_top`). None otherwise."""
+    for p in processors if isinstance(processors, list) else ():
+        if type(p) is TopKLogitsWarper:
+            return p.top_k
+        if type(p) is not TemperatureLogitsWarper:
+            return None
+    return None
+
+
 class TopPLogitsWarper(LogitsProcessor):
     """Nucleus sampling: keep the smallest set of best tokens whose probability reaches ``top_p``."""
 

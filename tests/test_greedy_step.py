@@ -1,4 +1,5 @@
-"""Greedy steps that give the argmax without every logit (issue 32, float32 batch 1).
+"""Greedy and top-k steps that give the argmax, or the logits a top-k filter keeps, without every
+logit (issue 32, float32 batch 1).
 
 Where greedy search has nothing else reading a step's scores (no logits processor, no
 ``output_scores``/``output_logits``, no stopping criterion, no streamer ``put_step``), it asks the
@@ -7,7 +8,10 @@ the one-call step and takes each row's argmax in the same kernel call; a float32
 route is read through an 8-bit copy, with a bound on how far each row's exact logit can lie from
 the copy's, and only the rows that can hold the maximum are computed exactly, by the same float
 operations as the whole head. The tokens must be those of the logits path, bit for bit: ties go to
-the first index, a NaN counts as the largest, as numpy's argmax."""
+the first index, a NaN counts as the largest, as numpy's argmax. Sampling whose processors begin
+with temperatures and a top-k filter asks for the logits that can be among the k largest
+(``Stepper.forward_top`` -> ``top_logits_step``): the rest are -inf, and the filtered scores, the
+draws and the recorded scores must be the logits path's, bit for bit."""
 
 from __future__ import annotations
 
@@ -15,6 +19,13 @@ import pytest
 import torch
 from test_block_kernel import quantized  # noqa: F401  (the tiny Q4_1 GGUF model fixture)
 
+from builtin_strategies.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    top_k_first,
+)
 from genkit.models import block_kernel, dense_kernel, kernel_choice
 from genkit.models.tiny import tiny_llama
 from genkit.strategy import StoppingCriteriaList
@@ -36,36 +47,38 @@ def gemv_route(tmp_path, monkeypatch):
     kernel_choice.CHOSEN.clear()
 
 
-def _counting(model):
-    """Count the greedy steps that gave tokens (the model's own method runs)."""
+def _counting(model, name="greedy_step"):
+    """Count the steps of the model's ``name`` that gave tokens or logits (its own method runs)."""
     calls = {"tokens": 0, "none": 0}
-    method = type(model).greedy_step.__get__(model)
+    method = getattr(type(model), name).__get__(model)
 
-    def greedy_step(*args, **kwargs):
+    def step(*args, **kwargs):
         out = method(*args, **kwargs)
         calls["none" if out is None else "tokens"] += 1
         return out
 
-    model.greedy_step = greedy_step
+    setattr(model, name, step)
     return calls
 
 
-def _without_greedy_steps(model, **kw):
-    model.greedy_step = lambda *args, **kwargs: None  # every step through forward's logits
+def _without_greedy_steps(model, name="greedy_step", ids=IDS, **kw):
+    setattr(model, name, lambda *args, **kwargs: None)  # every step through forward's logits
     try:
+        torch.manual_seed(7)
         with torch.no_grad():
-            return model.generate(IDS, **{**KW, **kw})
+            return model.generate(ids, **{**KW, **kw})
     finally:
-        del model.greedy_step
+        delattr(model, name)
 
 
-def _greedy(model, **kw):
-    calls = _counting(model)
+def _greedy(model, name="greedy_step", ids=IDS, **kw):
+    calls = _counting(model, name)
     try:
+        torch.manual_seed(7)
         with torch.no_grad():
-            out = model.generate(IDS, **{**KW, **kw})
+            out = model.generate(ids, **{**KW, **kw})
     finally:
-        del model.greedy_step
+        delattr(model, name)
     return out, calls
 
 
@@ -175,19 +188,24 @@ def test_ties_go_to_the_first_index_and_a_nan_wins():
     assert model._prepared[1].decoder._proxy[1] is None and tokens.tolist() == [300] == [int(logits.argmax())]
 
 
+def _crowd(model, like, rows, seed):
+    """Head rows ``rows`` set a hair's breadth (0.1 % of its scale) from row ``like``: logits the 8-bit
+    copy cannot order; the prepared weights are dropped so that the next step makes a new copy."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = model.lm_head.weight
+        for row in rows:
+            w[row] = w[like] + 1e-3 * w[like].abs().max() * torch.randn(w.shape[1], generator=g)
+    model._prepared = None
+
+
 def test_rows_the_copy_cannot_tell_apart_are_computed_exactly():
     """Twenty rows of the head a hair's breadth from the winning row (0.1 % of its scale): the 8-bit
     copy ranks them otherwise than the exact logits do (checked), and the greedy step still gives
     the exact argmax, from the rows it computes exactly."""
     model = tiny_llama(seed=4, vocab_size=512)
     logits, _ = _last_step(model, IDS)
-    top = int(logits.argmax())
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        w = model.lm_head.weight
-        for row in range(100, 500, 20):
-            w[row] = w[top] + 1e-3 * w[top].abs().max() * torch.randn(w.shape[1], generator=g)
-    model._prepared = None
+    _crowd(model, int(logits.argmax()), range(100, 500, 20), 0)
     seen = []
     handle = model.model.norm.register_forward_hook(lambda _m, _a, out: seen.append(out[:, -1].detach().clone()))
     try:
@@ -343,3 +361,68 @@ def test_whatever_reads_the_scores_gets_them_every_step(ask):
         assert len(seen) == 6 and all(s is not None and s.shape == (1, 512) for s in seen)
     else:
         assert len(out.scores if ask == "output_scores" else out.logits) == 6
+
+
+# -- top-k sampling ----------------------------------------------------------------------------------
+SAMPLE = dict(do_sample=True, top_k=20, temperature=0.7, top_p=0.9, max_new_tokens=24, output_scores=True,
+              return_dict_in_generate=True)
+
+
+def test_the_top_k_filter_must_come_first():
+    temp, top, nucleus = TemperatureLogitsWarper(0.5), TopKLogitsWarper(7), TopPLogitsWarper(0.9)
+    assert top_k_first([top]) == 7 and top_k_first([temp, top, nucleus]) == 7
+    assert top_k_first([temp, temp, TopKLogitsWarper(3, min_tokens_to_keep=5)]) == 5
+    assert top_k_first([RepetitionPenaltyLogitsProcessor(1.2), top]) is None
+    assert top_k_first([temp, nucleus, top]) is None and top_k_first([]) is None and top_k_first([temp]) is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_top_k_sampling_draws_and_scores_equal_the_logits_paths(threads):
+    """Temperature, top-k and top-p sampling: every step after the prompt gives the logits that can
+    be among the 20 largest (the rest -inf), and the draws and the recorded (processed) scores are
+    the logits path's, bit for bit."""
+    torch.set_num_threads(threads)
+    model = tiny_llama(seed=11, vocab_size=512)
+    want = _without_greedy_steps(model, "top_logits_step", **SAMPLE)
+    got, calls = _greedy(model, "top_logits_step", **SAMPLE)
+    assert calls == {"tokens": 23, "none": 0}
+    assert torch.equal(got.sequences, want.sequences)
+    assert len(got.scores) == 24 and all(torch.equal(a, b) for a, b in zip(got.scores, want.scores))
+    assert all(int(torch.isfinite(s).sum()) <= 20 for s in got.scores)  # (the filter ran on them)
+
+
+@pytest.mark.parametrize("k", [1, 5, 40, 600])
+def test_a_top_k_step_is_exact_wherever_the_filter_keeps_a_logit(k):
+    """Rows a hair's breadth from the one at the k-th largest logit (the copy cannot order them):
+    the step's logits equal forward's at every entry a temperature and top-k filter keeps, and the
+    filtered scores are equal; k past the vocabulary computes every logit."""
+    model = tiny_llama(seed=4, vocab_size=512)
+    logits, _ = _last_step(model, IDS)
+    _crowd(model, int(logits[0].topk(min(k, 512)).indices[-1]), range(3, 500, 25), 1)
+    with torch.no_grad():
+        model.generate(IDS, max_new_tokens=1, **KW)
+        a, b = (model(IDS[:, :-1], use_cache=True).past_key_values for _ in range(2))
+        full = model(IDS[:, -1:], past_key_values=a).logits[:, -1]
+        top = model.top_logits_step(IDS[:, -1:], None, None, b, k)[:, -1]
+    assert b.lengths == a.lengths
+    warp = [TemperatureLogitsWarper(0.3), TopKLogitsWarper(k)]
+    filtered = [full, top]
+    for p in warp:
+        filtered = [p(IDS, f) for f in filtered]
+    assert torch.equal(filtered[0], filtered[1])
+    kept = torch.isfinite(filtered[0])
+    assert torch.equal(top[kept], full[kept]) and int(kept.sum()) >= min(k, 512)
+    if k >= 512:
+        assert torch.equal(top, full)
+    else:
+        assert bool(torch.isinf(top).any())  # (not every logit was computed)
+
+
+def test_what_the_filter_does_not_lead_keeps_the_logits_path():
+    """A repetition penalty before the filter, raw logits recorded, or more than one row: no top-k
+    steps, and the same draws as the logits path."""
+    model = tiny_llama(seed=11, vocab_size=512)
+    for kw in ({"repetition_penalty": 1.3}, {"output_logits": True}, {"ids": IDS.repeat(2, 1)}):
+        want = _without_greedy_steps(model, "top_logits_step", **{**SAMPLE, **kw})
+        got, calls = _greedy(model, "top_logits_step", **{**SAMPLE, **kw})
+        assert calls["tokens"] == 0 and torch.equal(got.sequences, want.sequences), kw

@@ -185,6 +185,16 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         nothing else reads the step's scores (:meth:`genkit.strategy.Stepper.forward_greedy`)."""
         return None
 
+    def top_logits_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                        position_ids: torch.Tensor | None, cache: Any, k: int) -> torch.Tensor | None:
+        """:meth:`greedy_step` for a filter to the ``k`` largest logits (top-k sampling): the step's
+        logits ``(rows, 1, vocab)`` float32, equal to :meth:`forward`'s at every entry that can be
+        among the ``k`` largest (ties included; room left for a temperature's rounding) and -inf
+        elsewhere, where a model can compute fewer than all of them; or None, with nothing done.
+        Sampling asks for it when its processors begin with temperatures and such a filter, so that
+        what they give is the same (:meth:`genkit.strategy.Stepper.forward_top`). None here."""
+        return None
+
     def output_logits(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
         """The LM head on the final-normed hidden state of the kept positions."""
         return self.lm_head(x)

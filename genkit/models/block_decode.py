@@ -215,7 +215,7 @@ class BlockDecoder:
         self._paged: _Buffers | None = None  # the last paged store's, likewise
         # the last ends, with their key and the tensors they point into
         self._ends: tuple[tuple[Any, ...], _Ends | None, tuple[torch.Tensor, ...]] | None = None
-        # greedy steps of a float32 head: its 8-bit copy and bounds (block_kernel.head_proxy), with its key
+        # greedy and top-k steps of a float32 head: its 8-bit copy and bounds (block_kernel.head_proxy), with its key
         self._proxy: tuple[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
     @staticmethod
@@ -342,26 +342,34 @@ class BlockDecoder:
         vocab)``, or None: take the usual path (nothing has been written then; an id outside the
         vocabulary too, so that the embedding module reports it)."""
         out = torch.empty(ids.shape[0], 1, ends.outputs)
-        return out if self._one_call("gk_decode_logits", ids, cos, sin, cache, ends, out) else None
+        return out if self._one_call(ids, cos, sin, cache, ends, out, 0, None) else None
 
     def argmax(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends
                ) -> torch.Tensor | None:
         """A greedy decode step: :meth:`logits`' step, and of each row's logits only the index of the
         first maximum ``(rows,)`` (numpy's argmax: a NaN counts as the largest), computed in the same
         call. A float32 head (the gemv route) is read through its 8-bit copy, and only the logits that
-        can be the largest are computed exactly (``gk_decode_argmax`` in block_kernel.c says why the
+        can be the largest are computed exactly (``gk_decode_top`` in block_kernel.c says why the
         token is the one all of them give); the copy is made at the first such step (1.125 bytes per
         head weight, kept while the head's tensor is unchanged). None: take the usual path."""
-        ends, copy = self._greedy_ends(ends)  # (the copy held until the call returns: another thread may replace it)
         tokens = torch.empty(ids.shape[0], dtype=torch.long)
-        done = self._one_call("gk_decode_argmax", ids, cos, sin, cache, ends, tokens)
-        del copy
-        return tokens if done else None
+        return tokens if self._one_call(ids, cos, sin, cache, ends, None, -1, tokens) else None
 
-    def _one_call(self, fn: str, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends,
-                  out: torch.Tensor) -> bool:
-        """Run ``fn`` (``gk_decode_logits`` or ``gk_decode_argmax``) for a step of ``ids`` ``(rows, 1)``
-        into ``out``; False (nothing written) where it does not take this step."""
+    def top(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends, k: int
+            ) -> torch.Tensor | None:
+        """:meth:`logits`' step for a filter to the ``k`` largest logits: the logits ``(rows, 1,
+        vocab)`` exact at every entry that can be among the ``k`` largest (ties included, and with room
+        for a temperature's rounding), -inf elsewhere; through the float32 head's 8-bit copy as
+        :meth:`argmax` (batch 1 on the gemv route; elsewhere every logit is computed). None: take the
+        usual path."""
+        out = torch.empty(ids.shape[0], 1, ends.outputs)
+        return out if self._one_call(ids, cos, sin, cache, ends, out, k, None) else None
+
+    def _one_call(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends,
+                  logits: torch.Tensor | None, top: int, tokens: torch.Tensor | None) -> bool:
+        """``gk_decode_top`` for a step of ``ids`` ``(rows, 1)`` into ``logits`` or ``tokens`` (``top``:
+        0 every logit, k > 0 those that can be among the k largest, -1 the argmax alone); False
+        (nothing written) where it does not take this step."""
         rows = ids.shape[0]
         if type(cache) is not KVCache or ids.shape != (rows, 1) or ids.device.type != "cpu" or self.dense and rows != 1:
             return False  # (the gemv route is batch-1 decode's)
@@ -373,9 +381,12 @@ class BlockDecoder:
         cos = cos if cos.dtype == torch.float32 and cos.is_contiguous() else cos.float().contiguous()
         sin = sin if sin.dtype == torch.float32 and sin.is_contiguous() else sin.float().contiguous()
         pos = cache.lengths[0]
-        rc = getattr(block_kernel.library(), fn)(n, self.table, ctypes.byref(ends), ids.data_ptr(), rows, self.hidden,
-                                                 cos.data_ptr(), sin.data_ptr(), pos, state.karr, state.varr,
-                                                 state.capacity, torch.get_num_threads(), out.data_ptr())
+        ends, copy = self._copy_ends(ends) if top else (ends, None)  # (held through the call: see _copy_ends)
+        rc = block_kernel.library().gk_decode_top(
+            n, self.table, ctypes.byref(ends), ids.data_ptr(), rows, self.hidden, cos.data_ptr(), sin.data_ptr(), pos,
+            state.karr, state.varr, state.capacity, torch.get_num_threads(), 0 if logits is None else logits.data_ptr(),
+            top, 0 if tokens is None else tokens.data_ptr())
+        del copy
         if rc == -5:
             return False
         if rc:
@@ -383,10 +394,11 @@ class BlockDecoder:
         cache.lengths[:n] = [pos + 1] * n
         return True
 
-    def _greedy_ends(self, ends: _Ends) -> tuple[_Ends, Any]:
+    def _copy_ends(self, ends: _Ends) -> tuple[_Ends, Any]:
         """``ends`` with the 8-bit copy of its float32 head filled in (made now if the head's tensor is
         new or was written since; left empty where the copy cannot be made or the head is of blocks),
-        and the copy's tensors, which the caller holds while the kernel reads them."""
+        and the copy's tensors, which the caller holds while the kernel reads them (another thread
+        making a copy at the same time may replace this one)."""
         if not self.dense or self._ends is None or self._ends[1] is not ends:
             return ends, None
         weight = self._ends[2][-1]

@@ -2085,7 +2085,7 @@ typedef struct {
      * head_ld; NULL: block weights */
     int (*gemv)(const float *x, int ldx, const float *w, long ldw, float *y, int M, int N, int K, int threads);
     long head_ld;
-    /* greedy steps of a float32 head (gk_decode_argmax): its 8-bit copy (gk_head_proxy: proxy_rows rows of
+    /* greedy and top-k steps of a float32 head (gk_decode_top): its 8-bit copy (gk_head_proxy: proxy_rows rows of
      * block weights) with each row's bound, and the dense kernel's gk_gemv_t_cols for the exact logits of the
      * rows that can hold the argmax; NULL: every logit is computed */
     const uint8_t *proxy;
@@ -2131,20 +2131,18 @@ int gk_logits(const gk_ends *e, const float *x, int rows, int hidden, float *log
     return rc;
 }
 
+int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int rows, int hidden,
+                  const float *cos_, const float *sin_, int pos, float *const *kcache, float *const *vcache,
+                  int capacity, int threads, float *logits, int top, int64_t *tokens);
+
 /* A decode step of one token per cache row from token ids to logits (rows, outputs): the embedding,
- * gk_decode (tokens 1), gk_logits. -5, with nothing written, when an id lies outside the table. */
+ * gk_decode (tokens 1), the final norm and the LM head as gk_logits computes them (gk_decode_top with
+ * every logit). -5, with nothing written, when an id lies outside the table. */
 int gk_decode_logits(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int rows,
                      int hidden, const float *cos_, const float *sin_, int pos, float *const *kcache,
                      float *const *vcache, int capacity, int threads, float *logits) {
-    for (int r = 0; r < rows; r++)
-        if (ids[r] < 0 || ids[r] >= e->vocab) return -5;
-    float *x = (float *)malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * hidden);
-    if (x == NULL) return -1;
-    embed_rows(e, ids, rows, hidden, x);
-    int rc = gk_decode(num_layers, layers, x, rows, hidden, cos_, sin_, pos, 1, kcache, vcache, capacity, threads);
-    if (rc == 0) rc = gk_logits(e, x, rows, hidden, logits, threads);
-    free(x);
-    return rc;
+    return gk_decode_top(num_layers, layers, e, ids, rows, hidden, cos_, sin_, pos, kcache, vcache, capacity, threads,
+                         logits, 0, NULL);
 }
 
 /* ---- greedy steps: the argmax of the logits, computed from a few of them ----
@@ -2162,7 +2160,7 @@ int gk_decode_logits(int num_layers, const gk_layer *layers, const gk_ends *e, c
  * the magnitudes of the copy's block terms, 383 |d_b| for codes of 0..255 and m = -128 d, times
  * ||h~_b||_1 <= 6 ||h_b||_2: 2300 ||d_r|| X). gk_head_proxy stores bound_r = that over X, rounded up
  * and widened by 0.1 %. */
-#define GK_PROXY_BLOCKS 64 /* at most this many 16-row blocks computed exactly, else the whole head */
+#define GK_PROXY_BLOCKS 512 /* at most this many 16-row blocks computed exactly (an eighth for an argmax) */
 
 static inline double gamma_n(int n) { return n * 0x1p-24 / (1.0 - n * 0x1p-24); }
 
@@ -2216,7 +2214,7 @@ static int proxy_panel(const float *w, long ldw, int N, int K, int n0, uint8_t *
 }
 
 /* The 8-bit copy of a float32 head w (N, K) stored column-major (element (n, k) at w[k * ldw + n]) for
- * gk_decode_argmax: out in gk_matmul's block layout for bits 8 (N rounded up to GK_ROWS rows, the extra
+ * gk_decode_top: out in gk_matmul's block layout for bits 8 (N rounded up to GK_ROWS rows, the extra
  * ones zero; K a multiple of GK_GROUP), bound (N) as the comment above says. Returns 0, or -6 (see
  * proxy_panel). */
 int gk_head_proxy(const float *w, long ldw, int N, int K, uint8_t *out, float *bound, int threads) {
@@ -2249,65 +2247,112 @@ static int64_t first_max(const float *v, int n) {
     return best;
 }
 
-/* The argmax of one final-normed hidden state h (hidden K) through e's 8-bit copy (see above): 1 with
- * *token set, 0 when the whole head must be computed (a value not finite, or more than GK_PROXY_BLOCKS
- * blocks of rows to compute exactly), -1 when memory cannot be had. logits: scratch of e->outputs. */
-static int proxy_argmax(const gk_ends *e, const float *h, int K, float *logits, int64_t *token, int threads) {
+/* The k-th largest of v[0..n-1] (1 <= k <= n), reordering v (quickselect) */
+static double kth_largest(double *v, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        double pivot = v[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] > pivot) i++;
+            while (v[j] < pivot) j--;
+            if (i <= j) {
+                double t = v[i];
+                v[i++] = v[j];
+                v[j--] = t;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else break;
+    }
+    return v[want];
+}
+
+/* The 16-row blocks of e's head that hold every row whose exact logit can reach the k-th largest (see
+ * above), into blocks (ascending, at most cap): their number, 0 > -1 when memory cannot be had, -2 when
+ * the whole head must be computed (a value not finite, more than cap blocks). The cut is the k-th largest
+ * lower bound, less 2^-20 of its size: a row left out is below the k-th largest logit by more than that,
+ * so it stays below it when the scores are divided by a temperature (each quotient rounded). */
+static int proxy_blocks(const gk_ends *e, const float *h, int K, int k, int *blocks, int cap, int threads) {
     const int N = e->outputs;
     double ss = 0.0;
     for (int i = 0; i < K; i++) ss += (double)h[i] * h[i];
     const double X = sqrt(ss);
     float *p = (float *)malloc(sizeof(float) * (size_t)e->proxy_rows);
-    if (p == NULL) return -1;
-    int rc = isfinite(X) ? gk_matmul(8, e->proxy, h, p, 1, e->proxy_rows, K, threads, GK_ACT_TWO) : 1;
-    double top = -INFINITY; /* the largest lower bound */
+    double *lo = (double *)malloc(sizeof(double) * (size_t)N);
+    int rc = p == NULL || lo == NULL ? -1 : (isfinite(X) && k <= N ? 0 : -2);
+    if (rc == 0 && gk_matmul(8, e->proxy, h, p, 1, e->proxy_rows, K, threads, GK_ACT_TWO) != 0) rc = -1;
     for (int r = 0; rc == 0 && r < N; r++) {
-        double lo = (double)p[r] - (double)e->bound[r] * X;
-        if (!isfinite(lo)) rc = 1;
-        top = lo > top ? lo : top;
+        lo[r] = (double)p[r] - (double)e->bound[r] * X;
+        if (!isfinite(lo[r])) rc = -2;
     }
-    int blocks[GK_PROXY_BLOCKS], n = 0;
+    double cut = rc == 0 ? kth_largest(lo, N, k) : 0.0;
+    cut -= 0x1p-20 * fabs(cut);
+    int n = 0;
     for (int r = 0; rc == 0 && r < N; r++) {
         double hi = (double)p[r] + (double)e->bound[r] * X;
-        if (hi < top - 1e-12 * (fabs(top) + fabs(hi)) || (n > 0 && blocks[n - 1] == r / 16)) continue;
-        if (n == GK_PROXY_BLOCKS) rc = 1;
+        if (hi < cut - 1e-12 * (fabs(cut) + fabs(hi)) || (n > 0 && blocks[n - 1] == r / 16)) continue;
+        if (n == cap) rc = -2;
         else blocks[n++] = r / 16;
     }
     free(p);
-    if (rc != 0) return rc < 0 ? -1 : 0;
+    free(lo);
+    return rc < 0 ? rc : n;
+}
+
+/* The exact logits of the blocks (see proxy_blocks) into logits (with fill, the other rows -inf; else
+ * left as they are): 1, or 0 when a value is not finite (the whole head must be computed) */
+static int proxy_logits(const gk_ends *e, const float *h, int K, const int *blocks, int n, int fill, float *logits,
+                        int threads) {
+    const int N = e->outputs;
+    for (int r = 0; fill && r < N; r++) logits[r] = -INFINITY;
     e->gemv_cols(h, (const float *)e->head, e->head_ld, logits, N, K, threads, blocks, n);
-    int64_t best = -1;
-    for (int i = 0; i < n; i++) /* every row of these blocks is exact: the first maximum among them */
-        for (int r = 16 * blocks[i]; r < N && r < 16 * blocks[i] + 16; r++) {
-            if (logits[r] != logits[r]) return 0;
-            if (best < 0 || logits[r] > logits[best]) best = r;
-        }
-    *token = best;
+    for (int i = 0; i < n; i++)
+        for (int r = 16 * blocks[i]; r < N && r < 16 * blocks[i] + 16; r++)
+            if (!isfinite(logits[r])) return 0;
     return 1;
 }
 
-/* A greedy decode step of one token per cache row: gk_decode_logits' step, the argmax of each row's logits
- * into tokens (the first maximum, a NaN counting as the largest, as numpy's argmax). A batch-1 step with
- * e->proxy computes a few logits exactly (proxy_argmax), else every logit (into scratch memory). */
-int gk_decode_argmax(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int rows,
-                     int hidden, const float *cos_, const float *sin_, int pos, float *const *kcache,
-                     float *const *vcache, int capacity, int threads, int64_t *tokens) {
+/* the first maximum of the logits of the blocks' rows: every row that can hold the largest logit is there */
+static int64_t blocks_first_max(const float *logits, int N, const int *blocks, int n) {
+    int64_t best = -1;
+    for (int i = 0; i < n; i++)
+        for (int r = 16 * blocks[i]; r < N && r < 16 * blocks[i] + 16; r++)
+            if (best < 0 || logits[r] > logits[best]) best = r;
+    return best;
+}
+
+/* A decode step of one token per cache row from token ids (gk_decode_logits' step; -5 the same way) to
+ * logits whose rows `top` needs: with top = 0 every logit; with 0 < top, for a batch-1 step on e's 8-bit copy, the
+ * exact logit of every row that can be among the `top` largest (proxy_blocks; ties included) and -inf
+ * for the others, which a filter to the `top` largest (after a temperature) removes anyway; and for
+ * top < 0, only tokens: the first maximum of each row's logits (a NaN counting as the largest, as
+ * numpy's argmax), into `tokens`. Where the copy does not serve, every logit is computed. */
+int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int rows, int hidden,
+                  const float *cos_, const float *sin_, int pos, float *const *kcache, float *const *vcache,
+                  int capacity, int threads, float *logits, int top, int64_t *tokens) {
     for (int r = 0; r < rows; r++)
         if (ids[r] < 0 || ids[r] >= e->vocab) return -5;
     const size_t n = (size_t)(rows > 0 ? rows : 1);
-    float *x = (float *)malloc(sizeof(float) * n * (2 * (size_t)hidden + (size_t)e->outputs));
+    float *x = (float *)malloc(sizeof(float) * n * (2 * (size_t)hidden + (top < 0 ? (size_t)e->outputs : 0)));
     if (x == NULL) return -1;
-    float *h = x + n * hidden, *logits = h + n * hidden;
+    float *h = x + n * hidden, *out = top < 0 ? h + n * hidden : logits;
     embed_rows(e, ids, rows, hidden, x);
     int rc = gk_decode(num_layers, layers, x, rows, hidden, cos_, sin_, pos, 1, kcache, vcache, capacity, threads);
+    int blocks[GK_PROXY_BLOCKS], nb = -2, done = 0;
     if (rc == 0) {
         norm_rows(e->llama, e->eps, e->norm, x, h, rows, hidden, threads);
-        int done = e->proxy != NULL && e->gemv_cols != NULL && rows == 1
-                       ? proxy_argmax(e, h, hidden, logits, tokens, threads) : 0;
-        rc = done < 0 ? -1 : (done ? 0 : head_product(e, h, rows, hidden, logits, threads));
-        for (int r = 0; rc == 0 && !done && r < rows; r++)
-            tokens[r] = first_max(logits + (size_t)r * e->outputs, e->outputs);
+        if (e->proxy != NULL && e->gemv_cols != NULL && rows == 1 && top != 0)
+            nb = proxy_blocks(e, h, hidden, top < 0 ? 1 : top, blocks, top < 0 ? GK_PROXY_BLOCKS / 8 : GK_PROXY_BLOCKS,
+                              threads);
+        rc = nb == -1 ? -1 : 0;
+        done = nb >= 0 && proxy_logits(e, h, hidden, blocks, nb, top > 0, out, threads);
     }
+    if (rc == 0 && !done) rc = head_product(e, h, rows, hidden, out, threads);
+    if (rc == 0 && done && top < 0) tokens[0] = blocks_first_max(out, e->outputs, blocks, nb);
+    for (int r = 0; rc == 0 && !done && top < 0 && r < rows; r++)
+        tokens[r] = first_max(out + (size_t)r * e->outputs, e->outputs);
     free(x);
     return rc;
 }

@@ -165,7 +165,7 @@ int gk_gemv_t(const float *x, int ldx, const float *w, long ldw, float *y, int M
  * product, each bit for bit as gk_gemv_t(x, K, w, ldw, y, 1, N, K, threads) computes it (the same
  * split of K among `threads`, the same part_t_row on each part, the parts added in the same order),
  * on the calling thread; other columns of y are not written. A greedy decode step's LM head computes
- * only the columns that can hold the argmax this way (block_kernel.c, proxy_argmax). Returns 0. */
+ * only the columns that can hold the argmax this way (block_kernel.c, gk_decode_top). Returns 0. */
 int gk_gemv_t_cols(const float *x, const float *w, long ldw, float *y, int N, int K, int threads,
                    const int *blocks, int n) {
     if ((long)N * K < MIN_WORK || threads < 1) threads = 1;
@@ -174,6 +174,9 @@ int gk_gemv_t_cols(const float *x, const float *w, long ldw, float *y, int N, in
     float part[VW];
     for (int i = 0; i < n; i++) {
         const int j0 = blocks[i] * VW, width = N - j0 < VW ? N - j0 : VW;
+        /* a block's K cache lines lie ldw floats apart, where no hardware prefetcher follows: the next
+         * block's are asked for while this one is computed, so many reads are in flight at once */
+        for (int k = 0; i + 1 < n && k < K; k++) __builtin_prefetch(w + (size_t)k * ldw + blocks[i + 1] * VW, 0, 3);
         for (int t = 0; t < threads; t++) {
             int k0 = t * per < K ? t * per : K, k1 = k0 + per < K ? k0 + per : K;
             part_t_row(x, w + j0, ldw, t == 0 ? y + j0 : part, width, k0, k1);

@@ -422,15 +422,30 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         that step does not apply, or where calling the model would run more than
         :meth:`GenkitModel.forward` (a forward hook or pre-hook on it or global, a ``forward`` of a
         subclass or of the instance: they may change the logits)."""
-        if "forward" in self.__dict__ or type(self).forward is not GenkitModel.forward or has_hooks([self]):
+        if not self._forward_as_is():
             return None
         return self._one_call("argmax", input_ids, attention_mask, position_ids, cache)
 
+    def top_logits_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                        position_ids: torch.Tensor | None, cache: Any, k: int) -> torch.Tensor | None:
+        """:meth:`one_call_step`'s step for a filter to the ``k`` largest logits
+        (:meth:`~genkit.models.block_decode.BlockDecoder.top`: exact where an entry can be among them,
+        -inf elsewhere; a float32 head read through its 8-bit copy); None as for :meth:`greedy_step`."""
+        if not self._forward_as_is():
+            return None
+        return self._one_call("top", input_ids, attention_mask, position_ids, cache, k)
+
+    def _forward_as_is(self) -> bool:
+        """Whether calling the model runs :meth:`GenkitModel.forward` and nothing else: no forward hook
+        or pre-hook on it or global, no ``forward`` of a subclass or of the instance (they may change
+        the logits a step gives)."""
+        return "forward" not in self.__dict__ and type(self).forward is GenkitModel.forward and not has_hooks([self])
+
     def _one_call(self, what: str, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                  position_ids: torch.Tensor | None, cache: Any) -> torch.Tensor | None:
-        """The one-call decoder's ``what`` (:meth:`BlockDecoder.logits` or :meth:`BlockDecoder.argmax`)
-        for a decode step where the usual path would compute the same step (see
-        :meth:`one_call_step`), else None."""
+                  position_ids: torch.Tensor | None, cache: Any, *extra: Any) -> torch.Tensor | None:
+        """The one-call decoder's ``what`` (:meth:`BlockDecoder.logits`, :meth:`BlockDecoder.argmax`,
+        :meth:`BlockDecoder.top` with ``extra``) for a decode step where the usual path would compute
+        the same step (see :meth:`one_call_step`), else None."""
         if (input_ids.dim() != 2 or input_ids.shape[1] != 1 or type(cache) is not KVCache
                 or self.attn_implementation == "eager" or _module_path()):
             return None
@@ -442,7 +457,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         if prepared is None or ends is None:
             return None
         cos, sin = self.rope(None, torch.float32, past_len, 1)
-        return getattr(prepared.decoder, what)(input_ids, cos, sin, cache, ends)  # type: ignore[no-any-return]
+        return getattr(prepared.decoder, what)(input_ids, cos, sin, cache, ends, *extra)  # type: ignore[no-any-return]
 
     def kernel_ends(self, prepared: PreparedModel) -> Any:
         """The embedding, final norm and LM head as ``prepared``'s one-call decoder (a

@@ -141,16 +141,30 @@ class Stepper:
         from the model's ``greedy_step`` (:meth:`genkit.models.base.GenkitModel.greedy_step`: the
         same tokens, without computing every logit), or None, with nothing run, where the model or
         this step has no such path; the caller then calls :meth:`forward`."""
-        greedy_step = getattr(self.model, "greedy_step", None)
-        if (greedy_step is None or not self.use_cache or self.cache is None or self.output_hidden_states
+        return cast("torch.Tensor | None", self._one_token("greedy_step"))
+
+    def forward_top(self, k: int) -> torch.Tensor | None:
+        """:meth:`forward` for one pending token per row when the scores are filtered to the ``k``
+        largest before anything else reads them (sampling whose processors begin with temperatures
+        and a top-k filter): the logits ``(rows, vocab)`` from the model's ``top_logits_step``
+        (:meth:`genkit.models.base.GenkitModel.top_logits_step`: -inf where an entry cannot be among
+        the ``k`` largest, so the filtered scores are the same), or None as :meth:`forward_greedy`."""
+        out = self._one_token("top_logits_step", k)
+        return None if out is None else cast(torch.Tensor, out[:, -1, :])
+
+    def _one_token(self, method: str, *extra: Any) -> Any:
+        """The model's optional ``method`` for one pending token per row (no hidden states or
+        attentions kept, every layer, on a cache), or None where there is none or it declines."""
+        fn = getattr(self.model, method, None)
+        if (fn is None or not self.use_cache or self.cache is None or self.output_hidden_states
                 or self.output_attentions or self._shallow is not None or self.length - self._fed != 1):
             return None
         n = self.length
         mask = self.mask[:, :n] if self.mask is not None else None
-        tokens = greedy_step(self.ids[:, n - 1:n], mask, self._positions(n - 1, n), self.cache)
-        if tokens is not None:
+        out = fn(self.ids[:, n - 1:n], mask, self._positions(n - 1, n), self.cache, *extra)
+        if out is not None:
             self._held(n, None)
-        return cast("torch.Tensor | None", tokens)
+        return out
 
     def advance(self) -> None:
         """Run the pending tokens for the cache and :attr:`hidden_states` only, without the LM
