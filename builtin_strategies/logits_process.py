@@ -218,16 +218,16 @@ class TopKLogitsWarper(LogitsProcessor):
 
 
 def top_k_first(processors: Any) -> int | None:
-    """The ``k`` of a :class:`TopKLogitsWarper` that only :class:`TemperatureLogitsWarper` s precede
-    in ``processors`` (genkit's own classes): every score below the k-th largest is then filtered
-    before anything else reads it, so a step may give only the logits that can be among the ``k``
-    largest (:meth:`genkit.strategy.Stepper.forward_top`). None otherwise."""
-    for p in processors if isinstance(processors, list) else ():
-        if type(p) is TopKLogitsWarper:
-            return p.top_k
-        if type(p) is not TemperatureLogitsWarper:
-            return None
-    return None
+    """The ``k`` of a :class:`TopKLogitsWarper` first in ``processors``, or second after one
+    :class:`TemperatureLogitsWarper` of 1e-3 to 1e3 (genkit's own classes; the order ``generate``
+    builds): every score below the k-th largest is then filtered before anything else reads it, so
+    a step may give only the logits that can be among the ``k`` largest
+    (:meth:`genkit.strategy.Stepper.forward_top`; the temperature's range keeps the quotients
+    normal floats, see ``proxy_blocks`` in genkit/models/block_kernel.c). None otherwise."""
+    lead = list(processors[:2]) if isinstance(processors, list) else []
+    if lead and type(lead[0]) is TemperatureLogitsWarper and 1e-3 <= lead[0].temperature <= 1e3:
+        lead = lead[1:]
+    return lead[0].top_k if lead and type(lead[0]) is TopKLogitsWarper else None
 
 
 class TopPLogitsWarper(LogitsProcessor):

@@ -9,7 +9,7 @@ route is read through an 8-bit copy, with a bound on how far each row's exact lo
 the copy's, and only the rows that can hold the maximum are computed exactly, by the same float
 operations as the whole head. The tokens must be those of the logits path, bit for bit: ties go to
 the first index, a NaN counts as the largest, as numpy's argmax. Sampling whose processors begin
-with temperatures and a top-k filter asks for the logits that can be among the k largest
+with a temperature and a top-k filter asks for the logits that can be among the k largest
 (``Stepper.forward_top`` -> ``top_logits_step``): the rest are -inf, and the filtered scores, the
 draws and the recorded scores must be the logits path's, bit for bit."""
 
@@ -371,7 +371,9 @@ SAMPLE = dict(do_sample=True, top_k=20, temperature=0.7, top_p=0.9, max_new_toke
 def test_the_top_k_filter_must_come_first():
     temp, top, nucleus = TemperatureLogitsWarper(0.5), TopKLogitsWarper(7), TopPLogitsWarper(0.9)
     assert top_k_first([top]) == 7 and top_k_first([temp, top, nucleus]) == 7
-    assert top_k_first([temp, temp, TopKLogitsWarper(3, min_tokens_to_keep=5)]) == 5
+    assert top_k_first([temp, TopKLogitsWarper(3, min_tokens_to_keep=5)]) == 5
+    assert top_k_first([temp, temp, top]) is None  # (generate builds one temperature)
+    assert top_k_first([TemperatureLogitsWarper(1e-4), top]) is None  # quotients could leave float's range
     assert top_k_first([RepetitionPenaltyLogitsProcessor(1.2), top]) is None
     assert top_k_first([temp, nucleus, top]) is None and top_k_first([]) is None and top_k_first([temp]) is None
 

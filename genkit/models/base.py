@@ -191,7 +191,7 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         logits ``(rows, 1, vocab)`` float32, equal to :meth:`forward`'s at every entry that can be
         among the ``k`` largest (ties included; room left for a temperature's rounding) and -inf
         elsewhere, where a model can compute fewer than all of them; or None, with nothing done.
-        Sampling asks for it when its processors begin with temperatures and such a filter, so that
+        Sampling asks for it when its processors begin with such a filter (after a temperature), so that
         what they give is the same (:meth:`genkit.strategy.Stepper.forward_top`). None here."""
         return None
 

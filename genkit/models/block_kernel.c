@@ -2271,9 +2271,11 @@ static double kth_largest(double *v, int n, int k) {
 
 /* The 16-row blocks of e's head that hold every row whose exact logit can reach the k-th largest (see
  * above), into blocks (ascending, at most cap): their number, 0 > -1 when memory cannot be had, -2 when
- * the whole head must be computed (a value not finite, more than cap blocks). The cut is the k-th largest
- * lower bound, less 2^-20 of its size: a row left out is below the k-th largest logit by more than that,
- * so it stays below it when the scores are divided by a temperature (each quotient rounded). */
+ * the whole head must be computed (a value not finite, more than cap blocks, a k-th largest lower bound
+ * L outside 1e-30..1e30 in size). The cut is L less 2^-20 of its size: a row left out is below the cut,
+ * and the cut below L (so below the k-th largest logit) by 2^-20 of it, so the row stays below the k-th
+ * largest logit when the scores are divided by a temperature of 1e-3..1e3 (each quotient rounded to a
+ * normal float: strictly monotone across such a gap). */
 static int proxy_blocks(const gk_ends *e, const float *h, int K, int k, int *blocks, int cap, int threads) {
     const int N = e->outputs;
     double ss = 0.0;
@@ -2288,6 +2290,7 @@ static int proxy_blocks(const gk_ends *e, const float *h, int K, int k, int *blo
         if (!isfinite(lo[r])) rc = -2;
     }
     double cut = rc == 0 ? kth_largest(lo, N, k) : 0.0;
+    if (rc == 0 && !(fabs(cut) >= 1e-30 && fabs(cut) <= 1e30)) rc = -2; /* a quotient could leave float's range */
     cut -= 0x1p-20 * fabs(cut);
     int n = 0;
     for (int r = 0; rc == 0 && r < N; r++) {

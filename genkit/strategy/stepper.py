@@ -145,7 +145,7 @@ class Stepper:
 
     def forward_top(self, k: int) -> torch.Tensor | None:
         """:meth:`forward` for one pending token per row when the scores are filtered to the ``k``
-        largest before anything else reads them (sampling whose processors begin with temperatures
+        largest before anything else reads them (sampling whose processors begin with a temperature
         and a top-k filter): the logits ``(rows, vocab)`` from the model's ``top_logits_step``
         (:meth:`genkit.models.base.GenkitModel.top_logits_step`: -inf where an entry cannot be among
         the ``k`` largest, so the filtered scores are the same), or None as :meth:`forward_greedy`."""
