@@ -27,6 +27,7 @@ from builtin_strategies.logits_process import (
     top_k_first,
 )
 from genkit.models import block_kernel, dense_kernel, kernel_choice
+from genkit.models.llama import LlamaForCausalLM
 from genkit.models.tiny import tiny_llama
 from genkit.strategy import StoppingCriteriaList
 
@@ -40,6 +41,8 @@ KW = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 def gemv_route(tmp_path, monkeypatch):
     monkeypatch.setenv("GENKIT_HOME", str(tmp_path))
     monkeypatch.setenv(kernel_choice.ENV, "gemv")
+    # the one-token greedy step itself (tests/test_self_speculation.py: steps that check drafts)
+    monkeypatch.setattr(LlamaForCausalLM, "self_speculation", False)
     kernel_choice.CHOSEN.clear()
     threads = torch.get_num_threads()
     yield

@@ -294,6 +294,7 @@ class BlockDecoder:
         if rc:
             raise MemoryError("the block kernel could not allocate its scratch memory")
         cache.lengths[:n] = [pos + t] * n
+        cache.ahead = None
         return out
 
     def _cache_state(self, cache: KVCache, rows: int, t: int, n: int) -> _CacheState | None:
@@ -392,7 +393,42 @@ class BlockDecoder:
         if rc:
             raise MemoryError("the block kernel could not allocate its scratch memory")
         cache.lengths[:n] = [pos + 1] * n
+        cache.ahead = None
         return True
+
+    def verify(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends,
+               logits: torch.Tensor | None = None) -> torch.Tensor | None:
+        """A speculative step's check on a batch-1 cache: the tokens ``ids`` ``(T,)`` (T <= 16) at the
+        cache's next T positions, run as rows of one step (``gk_decode_verify``; ``cos``/``sin``: one
+        ``head_dim`` row per token), and for each the first maximum of its logits ``(T,)``: the token
+        greedy search picks after it, as a one-token step computes it. Writes the T positions'
+        keys and values and advances the cache by T; with ``logits`` (a contiguous float32 ``(T,
+        vocab)`` tensor) the logits are left there too. None, with nothing written, where this step
+        does not apply (another cache, no room)."""
+        t = ids.shape[0]
+        if type(cache) is not KVCache or ids.dim() != 1 or not 1 <= t <= 16 or cos.shape != (t, self.head_dim):
+            return None
+        if logits is not None and (logits.shape != (t, ends.outputs) or logits.dtype != torch.float32
+                                   or not logits.is_contiguous()):
+            return None
+        n = len(self.layers)
+        state = self._cache_state(cache, 1, t, n)
+        if state is None:
+            return None
+        ids = ids if ids.dtype == torch.long and ids.is_contiguous() else ids.long().contiguous()
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        pos, tokens = cache.lengths[0], torch.empty(t, dtype=torch.long)
+        rc = block_kernel.library().gk_decode_verify(
+            n, self.table, ctypes.byref(ends), ids.data_ptr(), t, self.hidden, cos.data_ptr(), sin.data_ptr(), pos,
+            state.karr, state.varr, state.capacity, torch.get_num_threads(), tokens.data_ptr(),
+            None if logits is None else logits.data_ptr())
+        if rc == -5:
+            return None
+        if rc:
+            raise MemoryError("the block kernel could not allocate its scratch memory")
+        cache.lengths[:n] = [pos + t] * n
+        cache.ahead = None
+        return tokens
 
     def _copy_ends(self, ends: _Ends) -> tuple[_Ends, Any]:
         """``ends`` with the 8-bit copy of its float32 head filled in (made now if the head's tensor is

@@ -2360,6 +2360,38 @@ int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, cons
     return rc;
 }
 
+/* A speculative step's check (genkit/models/self_speculation.py): `tokens` token ids of one cache row at
+ * positions pos..pos+tokens-1 (cos/sin: one head_dim row per token) through every layer, the final norm
+ * and the LM head as rows of one step, into the first maximum of each token's logits (out[t]: the token
+ * greedy search picks after token t). Each row is computed as a one-token step computes it (per-row
+ * norms, rotary embedding, SwiGLU and attention over the row's own positions; on the dense kernel's
+ * product, which gives a row of up to 16 the same bits as alone), so out[t] is the token a step of
+ * ids[t] alone gives once ids[0..t-1] are in the cache. With `logits` (tokens, outputs) not NULL the
+ * logits are left there too. -5, with nothing written, when an id lies outside the table; -2 for more
+ * than 16 tokens. */
+int gk_decode_verify(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int tokens,
+                     int hidden, const float *cos_, const float *sin_, int pos, float *const *kcache,
+                     float *const *vcache, int capacity, int threads, int64_t *out, float *logits) {
+    if (tokens < 1 || tokens > 16) return -2;
+    for (int r = 0; r < tokens; r++)
+        if (ids[r] < 0 || ids[r] >= e->vocab) return -5;
+    const size_t n = (size_t)tokens;
+    float *x = (float *)malloc(sizeof(float) * n * (2 * (size_t)hidden + (logits == NULL ? (size_t)e->outputs : 0)));
+    if (x == NULL) return -1;
+    float *h = x + n * hidden;
+    if (logits == NULL) logits = h + n * hidden;
+    embed_rows(e, ids, tokens, hidden, x);
+    int rc = gk_decode(num_layers, layers, x, tokens, hidden, cos_, sin_, pos, tokens, kcache, vcache, capacity,
+                       threads);
+    if (rc == 0) {
+        norm_rows(e->llama, e->eps, e->norm, x, h, tokens, hidden, threads);
+        rc = head_product(e, h, tokens, hidden, logits, threads);
+    }
+    for (int r = 0; rc == 0 && r < tokens; r++) out[r] = first_max(logits + (size_t)r * e->outputs, e->outputs);
+    free(x);
+    return rc;
+}
+
 /* numerics="llama.cpp": rotary tables for positions start..start+n-1 as ggml_rope_cache_init builds
  * them (theta_scale = powf(base, -2/dims), the angle multiplied by it pair after pair in float32,
  * cosf/sinf), in genkit's layout: cos (n, d) with both halves equal, sin (n, d) holding -s, s. */

@@ -27,15 +27,19 @@ class KVCache:
         # weak references to the model and its inference weights (or None) this cache started with,
         # and the hook-handle count then
         self.prepared: tuple[Any, Any, int] | None = None
+        # positions a model computed beyond the length, with their greedy tokens
+        # (genkit.models.self_speculation.Ahead); any other write drops them
+        self.ahead: Any = None
 
     def __getstate__(self) -> dict[str, object]:
         # copies and pickles leave the model's prepared weights behind (oneDNN-packed tensors cannot
         # be copied); the model checks them again on the copy's first use
-        return {**self.__dict__, "prepared": None}
+        return {**self.__dict__, "prepared": None, "ahead": None}
 
     # -- writing ----------------------------------------------------------------------------
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``k``/``v`` (``batch, heads, new, dim``) and return views of the whole layer."""
+        self.ahead = None
         start = self.lengths[layer]
         end = start + k.shape[2]
         kbuf = self.keys[layer]
@@ -55,6 +59,7 @@ class KVCache:
         return kbuf[:, :, :end], vbuf[:, :, :end]
 
     def _grow(self, layer: int, k: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.ahead = None  # (the new buffers hold the first `lengths` positions only)
         old_k, old_v = self.keys[layer], self.values[layer]
         cap = max(needed, self.capacity_hint, 64)
         if old_k is not None:
@@ -105,6 +110,7 @@ class KVCache:
     # -- editing ----------------------------------------------------------------------------
     def crop(self, max_length: int) -> None:
         """Keep the first ``max_length`` positions (negative: drop that many from the end)."""
+        self.ahead = None
         for i in range(self.num_layers):
             n = max_length if max_length >= 0 else self.lengths[i] + max_length
             if n < 0:
@@ -112,6 +118,7 @@ class KVCache:
             self.lengths[i] = min(self.lengths[i], n)
 
     def _map(self, fn) -> None:  # type: ignore[no-untyped-def]
+        self.ahead = None
         for i in range(self.num_layers):
             if self.keys[i] is not None:
                 n = self.lengths[i]
@@ -120,6 +127,7 @@ class KVCache:
 
     def reorder(self, index: torch.Tensor) -> None:
         """Reorder batch rows (beam search): row ``i`` becomes old row ``index[i]``."""
+        self.ahead = None
         for i in range(self.num_layers):
             k, v = self.keys[i], self.values[i]
             if k is not None and v is not None:

@@ -39,6 +39,12 @@
 #ifndef PFT
 #define PFT 0      /* its prefetch distance in floats (0: none; the hardware's prefetchers suffice) */
 #endif
+#ifndef EXACT_ROWS
+#define EXACT_ROWS 16 /* up to this many rows, each row's product is the same bits as alone (part_t_rows) */
+#endif
+#ifndef RR
+#define RR 4 /* part_t_rows: steps of the RS streams per pass */
+#endif
 #define MIN_WORK 65536  /* products below this many weights run on one thread */
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
@@ -90,12 +96,66 @@ static void part_t_row(const float *x, const float *w, long ldw, float *p, int N
     }
 }
 
-/* p (M, N) = x[:, k0:k1] @ Wt[k0:k1, :]: one row through part_t_row; more rows RT rows of Wt per
+/* part_t_row for M <= EXACT_ROWS rows of x at once: each weight vector of the RS streams is loaded
+ * once and used for every row, and each row's partial sums take exactly the steps part_t_row takes for
+ * that row alone (the same streams, the same fused multiply-adds in the same order), so a row's
+ * product is the same bits whatever rows are computed beside it. A speculative step's check runs
+ * the draft's tokens as rows of one step and must give each token what a one-token step gives
+ * (genkit/models/self_speculation.py). */
+static void part_t_rows(const float *x, int ldx, const float *w, long ldw, float *p, int M, int N, int k0, int k1) {
+    memset(p, 0, sizeof(float) * (size_t)M * N);
+    const long span = (k1 - k0) / RS;
+    /* RR consecutive steps r per pass: each vector of p is loaded once, takes the RR steps' RS weight
+     * vectors in the order part_t_row adds them (r, then the streams u), and is stored once */
+    for (long r = 0; r < span; r += RR) {
+        const int steps = span - r < RR ? (int)(span - r) : RR;
+        const float *wr = w + (size_t)(k0 + r) * ldw;
+        float xv[EXACT_ROWS][RR][RS]; /* the rows' x values of these steps, read once (p may alias x for all C knows) */
+        for (int m = 0; m < M; m++)
+            for (int q = 0; q < steps; q++)
+                for (int u = 0; u < RS; u++) xv[m][q][u] = x[(size_t)m * ldx + k0 + r + q + u * span];
+        int j = 0;
+        if (steps == RR)
+            for (; j + VW <= N; j += VW) {
+                v16 wv[RR][RS];
+                for (int q = 0; q < RR; q++)
+                    for (int u = 0; u < RS; u++) wv[q][u] = ld16(wr + (q + u * span) * ldw + j);
+                for (int m = 0; m < M; m++) {
+                    v16 s = *(v16 *)(p + (size_t)m * N + j);
+                    for (int q = 0; q < RR; q++)
+                        for (int u = 0; u < RS; u++) s += wv[q][u] * xv[m][q][u];
+                    *(v16 *)(p + (size_t)m * N + j) = s;
+                }
+            }
+        for (; j < N; j++)
+            for (int m = 0; m < M; m++) {
+                float s = p[(size_t)m * N + j];
+                for (int q = 0; q < steps; q++)
+                    for (int u = 0; u < RS; u++) s += wr[(q + u * span) * ldw + j] * xv[m][q][u];
+                p[(size_t)m * N + j] = s;
+            }
+    }
+    for (long k = k0 + RS * span; k < k1; k++) {
+        const float *w0 = w + (size_t)k * ldw;
+        for (int m = 0; m < M; m++) {
+            const float xk = x[(size_t)m * ldx + k];
+            float *pm = p + (size_t)m * N;
+            for (int j = 0; j < N; j++) pm[j] += w0[j] * xk;
+        }
+    }
+}
+
+/* p (M, N) = x[:, k0:k1] @ Wt[k0:k1, :]: one row through part_t_row, up to EXACT_ROWS rows through
+ * part_t_rows (each row's bits as alone); more rows RT rows of Wt per
  * pass, each vector of p loaded once, the RT weight vectors added into it, stored once, the rows of
  * x (at most a few) reusing each weight vector from L1. */
 static void part_t(const float *x, int ldx, const float *w, long ldw, float *p, int M, int N, int k0, int k1) {
     if (M == 1) {
         part_t_row(x, w, ldw, p, N, k0, k1);
+        return;
+    }
+    if (M <= EXACT_ROWS) {
+        part_t_rows(x, ldx, w, ldw, p, M, N, k0, k1);
         return;
     }
     memset(p, 0, sizeof(float) * (size_t)M * N);

@@ -6,6 +6,7 @@ safetensors files load as they are.
 
 from __future__ import annotations
 
+import logging
 import math
 import weakref
 from typing import Any
@@ -22,6 +23,9 @@ from .llama_infer import PreparedModel, has_hooks, linear, prepare_layers, rms_n
 from .mixin import GenerationMixin
 from .numerics import is_llama_numerics
 from .paged import PagedKVStore, StepBatch, paged_forward
+from .self_speculation import SelfDraft, build_draft, speculate, take_ahead
+
+logger = logging.getLogger("genkit.models")
 
 
 class RMSNorm(nn.Module):
@@ -234,6 +238,10 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
     #: None packs float32 and bfloat16 CPU models whose matrices are big enough to gain and whose copies stay
     #: under 2 GiB; True always packs (float32 or bfloat16, CPU); False never does.
     cpu_weight_packing: bool | None = None
+    #: greedy steps of a float32 model on the dense one-call decoder draft tokens with an 8-bit copy of
+    #: the model and check them in one step (genkit.models.self_speculation; the same tokens, bit for
+    #: bit); False: one token per step
+    self_speculation: bool = True
     supports_partial_depth = True
 
     def __init__(self, config: ModelConfig) -> None:
@@ -393,7 +401,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
     def __getstate__(self) -> dict[str, Any]:
         # deepcopy / torch.save(model) leave the prepared weights behind (oneDNN-packed tensors
         # cannot be copied or pickled); they are rebuilt on first use
-        return {**super().__getstate__(), "_prepared": None}
+        return {**super().__getstate__(), "_prepared": None, "_self_draft": None}
 
     @property
     def weights_packed(self) -> bool:
@@ -424,7 +432,63 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         subclass or of the instance: they may change the logits)."""
         if not self._forward_as_is():
             return None
+        if self.self_speculation:
+            token = self._speculative(input_ids, attention_mask, position_ids, cache)
+            if token is not None:
+                return token
         return self._one_call("argmax", input_ids, attention_mask, position_ids, cache)
+
+    def _speculative(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                     position_ids: torch.Tensor | None, cache: Any) -> torch.Tensor | None:
+        """:meth:`greedy_step` by exact self-speculation (:mod:`genkit.models.self_speculation`): the
+        token computed ahead, or a round of drafts checked in one step; None where that does not
+        apply (batch 1, a float32 model on the dense one-call decoder, as :meth:`one_call_step`)."""
+        if (tuple(input_ids.shape) != (1, 1) or type(cache) is not KVCache or self.attn_implementation == "eager"
+                or _module_path()):
+            return None
+        past_len = cache.get_seq_length()
+        if past_len == 0 or not _implied(attention_mask, position_ids, 1, past_len):
+            return None
+        prepared = self._weights_on(cache)[1]
+        decoder = None if prepared is None else prepared.decoder
+        if decoder is None or not decoder.dense:
+            return None
+        token = int(input_ids[0, 0])
+        known = take_ahead(cache, token, id(decoder))
+        draft = self._draft_for(prepared)
+        if known is not None:
+            if draft is not None:
+                draft.stats.answered_ahead += 1
+            return torch.tensor([known])
+        ends = self.kernel_ends(prepared)
+        if ends is None or draft is None:
+            return None
+        out = speculate(draft, decoder, ends, lambda start, n: self.rope(None, torch.float32, start, n), token, cache)
+        return None if out is None else torch.tensor([out])
+
+    def _draft_for(self, prepared: PreparedModel) -> SelfDraft | None:
+        """The 8-bit draft of ``prepared`` (made at its first speculative step, kept while it is the
+        model's prepared weights), or None where it cannot be made."""
+        kept = self.__dict__.get("_self_draft")
+        if kept is not None and kept[0]() is prepared:
+            return kept[1]  # type: ignore[no-any-return]
+        self.__dict__["_self_draft"] = None  # the old draft goes first
+        head = prepared.for_rows(1)[1]
+        try:
+            draft = build_draft(prepared, self.model.embed_tokens, self.model.norm,
+                                self.lm_head.weight if head is None else head)
+        except (RuntimeError, MemoryError) as exc:  # (torch's out-of-memory error is a RuntimeError)
+            logger.warning("no 8-bit draft for self-speculative greedy steps (%s): one token per step", exc)
+            draft = None
+        self.__dict__["_self_draft"] = (weakref.ref(prepared), draft)
+        return draft
+
+    @property
+    def speculation_stats(self) -> dict[str, int] | None:
+        """What self-speculative greedy steps did on the current prepared weights (checks run, tokens
+        drafted, drafts kept, tokens answered from what was computed ahead), or None before any."""
+        kept = self.__dict__.get("_self_draft")
+        return None if kept is None or kept[1] is None else kept[1].stats.as_dict()
 
     def top_logits_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                         position_ids: torch.Tensor | None, cache: Any, k: int) -> torch.Tensor | None:

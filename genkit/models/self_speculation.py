@@ -1,0 +1,235 @@
+"""Exact self-speculative greedy decoding for float32 models on the dense kernel's one-call step.
+
+A batch-1 float32 decode step reads every weight once per token, so it runs at the speed of memory
+(on several CPUs one core reads what transformers reads: no faster kernel is left). A step that runs
+T tokens as rows of one product reads the weights once for all T. So a greedy step here:
+
+1. drafts ``gamma`` tokens with an 8-bit copy of the model (the **draft**: every decoder product and
+   the LM head as int8 codes with one scale per 32 weights, on the block kernel; a quarter of the
+   bytes). The draft writes its keys and values into the model's own cache, after the positions the
+   model itself computed, so it needs no cache, prompt or history of its own;
+2. checks them with the model itself in one step (``gk_decode_verify``): the pending token and the
+   ``gamma`` drafts as rows, each row computed exactly as a one-token step computes it (the dense
+   kernel gives a row of up to 16 the same bits as alone; norms, rotary embedding, attention and
+   SwiGLU are per row). Row ``t``'s argmax is the token greedy search picks after token ``t``;
+3. keeps the drafts up to the first one the model disagrees with. Their keys and values, the model's
+   own, stay in the cache beyond its length, with the tokens the model gives after each (the cache's
+   ``ahead``): the next greedy steps whose token is the one drafted take their answer from there
+   without running anything.
+
+The tokens are those of plain greedy search, bit for bit, whatever the draft proposes: a draft only
+decides how many tokens one check yields. Anything that writes the cache by another way (a forward,
+a crop, a reorder, a grown buffer) drops what is ahead. ``model.self_speculation = False`` turns it off.
+
+Draft length: chosen before each round for the most tokens per second (:class:`Pace`): the time of a
+draft step and of a check of each length as measured in earlier rounds, and the share of drafts the
+model agreed with, give each length's expected tokens over its expected time. A check's time grows
+little with its rows while the step is bound by memory, and steeply once it is bound by arithmetic:
+where that happens depends on the CPU and the model, so it is measured, not assumed. Lengths not yet
+measured are estimated from the nearest shorter one (10 % more a row), so the choice tries longer
+checks while they pay.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .block_decode import BlockDecoder, _ends
+from .cache import KVCache
+from .quant import GROUP, Int4Linear, _int8_symmetric
+
+logger = logging.getLogger("genkit.models")
+
+GAMMA_START = 4
+GAMMA_MAX = 15  # a check runs at most 16 rows (gk_decode_verify)
+EMA = 0.25  # weight of the latest measurement in the running times
+UNMEASURED_ROW = 0.1  # an unmeasured check: the nearest shorter one's time, this much more per row
+MIN_ROWS = 16  # the block kernel's weights hold rows in blocks of 16
+
+
+@dataclass
+class Ahead:
+    """Positions the model has computed beyond a cache's length: at ``start + i`` the token
+    ``inputs[i]`` (its keys and values are in the cache's buffers) and the greedy token after it,
+    ``outputs[i]``. ``owner`` is the decoder whose check wrote them."""
+
+    start: int
+    inputs: list[int]
+    outputs: list[int]
+    owner: int
+
+
+@dataclass
+class Stats:
+    """What the draft did: checks run, tokens drafted, drafts kept, tokens answered from ``ahead``."""
+
+    checks: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    answered_ahead: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"checks": self.checks, "drafted": self.drafted, "accepted": self.accepted,
+                "answered_ahead": self.answered_ahead}
+
+
+@dataclass
+class Pace:
+    """Running measurements of the rounds: seconds per draft step, seconds per check of ``T`` rows, and
+    drafts kept against drafts the model disagreed with (at most one per check)."""
+
+    draft_s: float | None = None
+    check_s: dict[int, float] = field(default_factory=dict)
+    kept: int = 0
+    rejected: int = 0
+
+    def record(self, drafts: int, draft_s: float, rows: int, check_s: float, kept: int) -> None:
+        if drafts:
+            per = draft_s / drafts
+            self.draft_s = per if self.draft_s is None else (1 - EMA) * self.draft_s + EMA * per
+        old = self.check_s.get(rows)
+        self.check_s[rows] = check_s if old is None else (1 - EMA) * old + EMA * check_s
+        self.kept += kept
+        self.rejected += kept < drafts
+
+    def _check_time(self, rows: int) -> float:
+        if rows in self.check_s:
+            return self.check_s[rows]
+        shorter = [t for t in self.check_s if t < rows]
+        base = max(shorter) if shorter else min(self.check_s)
+        return self.check_s[base] * (1 + UNMEASURED_ROW * (rows - base))
+
+    def best(self, limit: int) -> int:
+        """The draft length (1..``limit``) with the most expected tokens per second; GAMMA_START
+        (within the limit) before anything was measured."""
+        if self.draft_s is None or not self.check_s:
+            return max(1, min(GAMMA_START, limit))
+        agree = (self.kept + 1) / (self.kept + self.rejected + 2)  # each draft's chance, one of each assumed
+
+        def rate(g: int) -> float:
+            tokens = (1 - agree ** (g + 1)) / (1 - agree) if agree < 1 else g + 1.0
+            return tokens / (g * self.draft_s + self._check_time(g + 1))  # type: ignore[operator]
+
+        return max(range(1, max(1, limit) + 1), key=rate)
+
+
+@dataclass
+class SelfDraft:
+    """The 8-bit draft of one prepared float32 model: its decoder (block-kernel layers) and ends (the
+    model's float32 embedding and final norm, an 8-bit LM head), and the current draft length."""
+
+    decoder: BlockDecoder
+    ends: Any
+    head: Int4Linear  # keeps the head's blocks (the ends point into them) alive
+    prepared: Any  # a weak reference to the prepared model it copies
+    gamma: int = GAMMA_START  # the last round's draft length
+    stats: Stats = field(default_factory=Stats)
+    pace: Pace = field(default_factory=Pace)
+
+
+def _int8(weight: Any) -> Int4Linear | None:
+    """An 8-bit block-kernel copy of a float32 ``(out, in)`` weight (a Gemv's or a tensor), or None
+    when its shape does not fit the kernel."""
+    w = getattr(weight, "weight", weight)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] % MIN_ROWS or w.shape[1] % GROUP:
+        return None
+    with torch.no_grad():
+        return Int4Linear(int(w.shape[1]), int(w.shape[0]), _int8_symmetric(w.detach()), source="self-draft",
+                          kernel="blocks")
+
+
+def build_draft(prepared: Any, embed: Any, norm: Any, head_weight: Any) -> SelfDraft | None:
+    """The draft of ``prepared`` (a float32 model on the dense one-call decoder) with the model's
+    embedding module ``embed``, final RMSNorm module ``norm`` and LM head weight, or None when a
+    weight's shape or a module does not fit the block kernel."""
+    layers = []
+    for p in prepared.layers:
+        weights = [_int8(w) for w in (p.wqkv, p.wo, p.wgu, p.wd)]
+        if any(w is None for w in weights):
+            return None
+        layers.append(p._replace(wqkv=weights[0], wo=weights[1], wgu=weights[2], wd=weights[3]))
+    decoder = BlockDecoder.build(layers)
+    head = _int8(head_weight)
+    if decoder is None or head is None:
+        return None
+    ends = _ends(embed, norm.weight.detach(), float(norm.eps), False, head, decoder.hidden, None)
+    if ends is None:
+        return None
+    return SelfDraft(decoder, ends, head, weakref.ref(prepared))
+
+
+def take_ahead(cache: KVCache, token: int, owner: int) -> int | None:
+    """The greedy token after ``token`` at the cache's length when the model computed it ahead (and
+    the cache now holds that position), else None (dropping what is ahead)."""
+    ahead: Ahead | None = cache.ahead
+    if ahead is None:
+        return None
+    pos = cache.lengths[0]
+    if ahead.owner != owner or ahead.start != pos or not ahead.inputs or ahead.inputs[0] != token:
+        cache.ahead = None
+        return None
+    out = ahead.outputs.pop(0)
+    ahead.inputs.pop(0)
+    ahead.start += 1
+    cache.lengths[:] = [pos + 1] * len(cache.lengths)
+    if not ahead.inputs:
+        cache.ahead = None
+    return out
+
+
+def _room(cache: KVCache, need: int) -> bool:
+    """Grow every layer's buffers to hold ``need`` positions (as a write of that many would); False
+    when a layer is empty."""
+    for i, k in enumerate(cache.keys):
+        if k is None:
+            return False
+        if k.shape[2] < need:
+            cache._grow(i, k[:, :, :1], need)
+    return True
+
+
+def speculate(draft: SelfDraft, decoder: BlockDecoder, ends: Any, rope: Any, token: int, cache: KVCache
+              ) -> int | None:
+    """One round: drafts after ``token`` (at the cache's length; as many as :meth:`Pace.best` says),
+    checked by the model's ``decoder`` with ``ends``; returns the greedy token after ``token``,
+    leaves the cache one position longer and the kept drafts in ``cache.ahead``. ``rope(start, n)``:
+    the model's cos/sin rows for positions ``start..start+n-1``. None, with the cache as it was, where
+    a step declines."""
+    pos, layers = cache.lengths[0], len(cache.lengths)
+    gamma = draft.gamma = draft.pace.best(GAMMA_MAX)
+    if not _room(cache, pos + gamma + 1):
+        return None
+    cache.ahead = None
+    tokens = [token]
+    start = time.perf_counter()
+    for i in range(gamma):
+        cos, sin = rope(pos + i, 1)
+        out = draft.decoder.argmax(torch.tensor([[tokens[-1]]]), cos, sin, cache, draft.ends)
+        if out is None:
+            break
+        tokens.append(int(out[0]))
+    cache.lengths[:] = [pos] * layers
+    t = len(tokens)
+    cos, sin = rope(pos, t)
+    drafted = time.perf_counter()
+    checked = decoder.verify(torch.tensor(tokens), cos.reshape(t, -1), sin.reshape(t, -1), cache, ends)
+    if checked is None:
+        cache.lengths[:] = [pos] * layers
+        return None
+    greedy = checked.tolist()
+    kept = 0
+    while kept < t - 1 and tokens[kept + 1] == greedy[kept]:
+        kept += 1
+    draft.pace.record(t - 1, drafted - start, t, time.perf_counter() - drafted, kept)
+    cache.lengths[:] = [pos + 1] * layers
+    if kept:
+        cache.ahead = Ahead(pos + 1, tokens[1:kept + 1], greedy[1:kept + 1], id(decoder))
+    stats = draft.stats
+    stats.checks, stats.drafted, stats.accepted = stats.checks + 1, stats.drafted + t - 1, stats.accepted + kept
+    return int(greedy[0])

@@ -1,0 +1,178 @@
+"""Exact self-speculative greedy steps (genkit.models.self_speculation; issue 32, float32 batch 1).
+
+Greedy search on a float32 model on the dense one-call decoder drafts tokens with an 8-bit copy of
+the model and checks them in one step whose rows each compute what a one-token step computes. The
+tokens must be plain greedy search's, whatever the draft proposes; the checks here compare bits
+(products, logits, keys and values), not closeness."""
+
+from __future__ import annotations
+
+import copy
+import weakref
+
+import pytest
+import torch
+
+from genkit.models import block_kernel, dense_kernel, kernel_choice
+from genkit.models.cache import KVCache
+from genkit.models.self_speculation import GAMMA_MAX, build_draft
+from genkit.models.tiny import tiny_llama
+
+pytestmark = pytest.mark.skipif(block_kernel._compiler() is None or not dense_kernel.available(),
+                                reason="no C compiler: neither kernel exists here")
+IDS = torch.tensor([[1, 17, 33, 5, 60, 9]])
+KW = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+@pytest.fixture(autouse=True)
+def gemv_route(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENKIT_HOME", str(tmp_path))
+    monkeypatch.setenv(kernel_choice.ENV, "gemv")
+    kernel_choice.CHOSEN.clear()
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+    kernel_choice.CHOSEN.clear()
+
+
+def _greedy(model, spec, **kw):
+    model.self_speculation = spec
+    return model.generate(IDS, **{**KW, "max_new_tokens": 48, **kw})
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "k"), [(96, 64), (50, 200), (1000, 40), (7, 37)])
+def test_a_rows_product_is_the_same_bits_as_the_row_alone(n, k, threads):
+    """The dense kernel's column-major product over up to 16 rows gives each row the bits of that row
+    alone (the check of a speculative step relies on it); N and K off the vector width and the
+    kernel's stream count included."""
+    lib = dense_kernel.library()
+    gen = torch.Generator().manual_seed(n * k)
+    w = torch.randn(k, n, generator=gen).t()  # (n, k) column-major, as genkit lays weights out
+    for m in (2, 3, 5, 16):
+        x = torch.randn(m, k, generator=gen)
+        rows = torch.empty(m, n)
+        assert lib.gk_gemv_t(x.data_ptr(), k, w.data_ptr(), n, rows.data_ptr(), m, n, k, threads) == 0
+        for i in range(m):
+            alone = torch.empty(1, n)
+            xi = x[i:i + 1].clone()
+            assert lib.gk_gemv_t(xi.data_ptr(), k, w.data_ptr(), n, alone.data_ptr(), 1, n, k, threads) == 0
+            assert torch.equal(rows[i], alone[0]), (m, i)
+        torch.testing.assert_close(rows, x @ w.t(), rtol=1e-4, atol=1e-4)
+
+
+def _prepared_cache(model, new=3):
+    model.self_speculation = False
+    out = model.generate(IDS, **KW, max_new_tokens=new, return_dict_in_generate=True)
+    cache = out.past_key_values
+    prepared = model._weights_on(cache)[1]
+    assert prepared is not None and prepared.decoder is not None and prepared.decoder.dense
+    return out.sequences, cache, prepared
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_check_gives_each_token_the_logits_keys_and_values_of_a_one_token_step(threads):
+    torch.set_num_threads(threads)
+    model = tiny_llama(seed=3)
+    seq, cache, prepared = _prepared_cache(model)
+    decoder, ends = prepared.decoder, model.kernel_ends(prepared)
+    tokens = torch.tensor([int(seq[0, -1]), 7, 99, 7, 12, 3, 64, 5])
+    t, pos = tokens.shape[0], cache.lengths[0]
+    with torch.inference_mode():  # (the cache's buffers were made by generate, in inference mode)
+        alone = copy.deepcopy(cache)
+        steps = []
+        for i in range(t):
+            cos, sin = model.rope(None, torch.float32, pos + i, 1)
+            steps.append(decoder.logits(tokens[i:i + 1].view(1, 1), cos, sin, alone, ends)[0, 0])
+        cos, sin = model.rope(None, torch.float32, pos, t)
+        logits = torch.empty(t, ends.outputs)
+        greedy = decoder.verify(tokens, cos.reshape(t, -1), sin.reshape(t, -1), cache, ends, logits)
+    assert cache.lengths == [pos + t] * len(cache.lengths) == alone.lengths
+    for i in range(t):
+        assert torch.equal(logits[i], steps[i]), i
+    assert greedy.tolist() == [int(torch.argmax(s)) for s in steps]
+    for layer in range(len(cache.lengths)):
+        assert torch.equal(cache.keys[layer][:, :, :pos + t], alone.keys[layer][:, :, :pos + t])
+        assert torch.equal(cache.values[layer][:, :, :pos + t], alone.values[layer][:, :, :pos + t])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_greedy_tokens_are_plain_greedy_search(seed, threads):
+    torch.set_num_threads(threads)
+    model = tiny_llama(seed=seed)
+    plain = _greedy(model, False)
+    assert model.speculation_stats is None
+    spec = _greedy(model, True)
+    assert torch.equal(spec, plain)
+    stats = model.speculation_stats
+    assert stats["checks"] > 0 and stats["accepted"] > 0 and stats["answered_ahead"] > 0
+    # fewer model steps than tokens: that is the point
+    assert stats["checks"] + stats["answered_ahead"] == plain.shape[1] - IDS.shape[1] - 1
+
+
+def test_a_draft_that_disagrees_changes_no_token():
+    """A draft made from another model's weights proposes other tokens: each check keeps fewer, and
+    the tokens stay plain greedy search's."""
+    model, other = tiny_llama(seed=4), tiny_llama(seed=5)
+    plain = _greedy(model, False)
+    _, _, prepared = _prepared_cache(model)
+    _, _, other_prepared = _prepared_cache(other)
+    wrong = build_draft(other_prepared, other.model.embed_tokens, other.model.norm, other.lm_head.weight)
+    model.__dict__["_self_draft"] = (weakref.ref(prepared), wrong)
+    model.self_speculation = True
+    assert torch.equal(model.generate(IDS, **KW, max_new_tokens=48), plain)
+    stats = model.speculation_stats
+    assert stats["accepted"] < stats["drafted"] and stats["checks"] > 0
+
+
+def test_eos_stop_strings_of_criteria_and_the_returned_cache_are_plain_greedy_search():
+    model = tiny_llama(seed=6)
+    plain = _greedy(model, False)
+    eos = int(plain[0, IDS.shape[1] + 20])  # a token greedy search gives mid-way
+    a = _greedy(model, False, eos_token_id=eos, return_dict_in_generate=True)
+    b = _greedy(model, True, eos_token_id=eos, return_dict_in_generate=True)
+    assert torch.equal(a.sequences, b.sequences) and a.sequences.shape[1] < plain.shape[1]
+    assert b.past_key_values.lengths == a.past_key_values.lengths
+    # generation continued from the returned cache: the same as from plain greedy search's
+    more = dict(max_new_tokens=12, return_dict_in_generate=True)
+    model.self_speculation = False
+    cont_a = model.generate(a.sequences, past_key_values=a.past_key_values, **KW, **more)
+    model.self_speculation = True
+    cont_b = model.generate(b.sequences, past_key_values=b.past_key_values, **KW, **more)
+    assert torch.equal(cont_a.sequences, cont_b.sequences)
+
+
+def test_steps_that_read_the_scores_or_batches_do_not_speculate():
+    model = tiny_llama(seed=7)
+    model.self_speculation = True
+    batch = torch.cat([IDS, IDS.flip(1)])
+    model.generate(batch, **KW, max_new_tokens=8)
+    model.generate(IDS, **KW, max_new_tokens=8, output_scores=True, return_dict_in_generate=True)
+    model.generate(IDS, **KW, max_new_tokens=8, logits_processor=[lambda ids, scores: scores])
+    assert model.speculation_stats is None or model.speculation_stats["checks"] == 0
+
+
+def test_any_other_write_drops_what_was_computed_ahead():
+    model = tiny_llama(seed=8)
+    for new in range(6, 30):  # a length at which the last check kept drafts beyond the last token
+        out = _greedy(model, True, max_new_tokens=new, return_dict_in_generate=True)
+        cache = out.past_key_values
+        if cache.ahead is not None:
+            break
+    assert isinstance(cache, KVCache) and cache.ahead is not None
+    cache.crop(cache.lengths[0] - 1)
+    assert cache.ahead is None
+    # the continuation after a crop is plain greedy search's again
+    model.self_speculation = False
+    ref = model.generate(out.sequences[:, :-1], **KW, max_new_tokens=16)
+    model.self_speculation = True
+    again = model.generate(out.sequences[:, :-1], past_key_values=cache, **KW, max_new_tokens=16)
+    assert torch.equal(again, ref)
+
+
+def test_the_draft_length_stays_within_what_one_check_runs():
+    model = tiny_llama(seed=9)
+    _greedy(model, True, max_new_tokens=120)
+    draft = model.__dict__["_self_draft"][1]
+    assert 1 <= draft.gamma <= GAMMA_MAX <= 15
