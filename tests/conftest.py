@@ -29,6 +29,21 @@ def _fresh_warn_once():
 
 
 @pytest.fixture
+def gemv_route(tmp_path, monkeypatch):
+    """The float32 decode route on genkit's dense kernel (``GENKIT_KERNEL=gemv``), with a fresh
+    kernel choice under a temporary ``GENKIT_HOME``; the thread count restored after."""
+    from genkit.models import kernel_choice
+
+    monkeypatch.setenv("GENKIT_HOME", str(tmp_path))
+    monkeypatch.setenv(kernel_choice.ENV, "gemv")
+    kernel_choice.CHOSEN.clear()
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+    kernel_choice.CHOSEN.clear()
+
+
+@pytest.fixture
 def tiny_model():
     from genkit.models.tiny import tiny_llama
 

@@ -26,7 +26,7 @@ from builtin_strategies.logits_process import (
     TopPLogitsWarper,
     top_k_first,
 )
-from genkit.models import block_kernel, dense_kernel, kernel_choice
+from genkit.models import block_kernel, dense_kernel
 from genkit.models.llama import LlamaForCausalLM
 from genkit.models.tiny import tiny_llama
 from genkit.strategy import StoppingCriteriaList
@@ -38,16 +38,10 @@ KW = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 
 
 @pytest.fixture(autouse=True)
-def gemv_route(tmp_path, monkeypatch):
-    monkeypatch.setenv("GENKIT_HOME", str(tmp_path))
-    monkeypatch.setenv(kernel_choice.ENV, "gemv")
-    # the one-token greedy step itself (tests/test_self_speculation.py: steps that check drafts)
+def one_token_steps(gemv_route, monkeypatch):
+    """The gemv route, and the one-token greedy step itself (tests/test_self_speculation.py: steps
+    that check drafts)."""
     monkeypatch.setattr(LlamaForCausalLM, "self_speculation", False)
-    kernel_choice.CHOSEN.clear()
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-    kernel_choice.CHOSEN.clear()
 
 
 def _counting(model, name="greedy_step"):

@@ -234,7 +234,9 @@ def test_deep_json_is_a_400(guarded, depth):
     assert _request(guarded, "GET", "/health")[0] == 200
 
 
-def test_health_answers_within_100ms_while_a_1mb_prompt_is_tokenized(guarded):
+def test_health_answers_while_a_1mb_prompt_is_tokenized(guarded):
+    """/health is not held behind the tokenization (about a second): each answer within 250 ms, half of
+    them within 50 ms (one of 40 took 112 ms on a 2-core machine running the suite on both cores)."""
     answer: list = []
     prompt = "hello world, this is a test. " * (1024 * 1024 // 29)
     sender = threading.Thread(target=lambda: answer.append(
@@ -249,7 +251,7 @@ def test_health_answers_within_100ms_while_a_1mb_prompt_is_tokenized(guarded):
         time.sleep(0.01)
     sender.join(300)
     assert len(latencies) >= 5, "the prompt was tokenized too fast to measure /health during it"
-    assert max(latencies) < 0.1, latencies
+    assert max(latencies) < 0.25 and sorted(latencies)[len(latencies) // 2] < 0.05, latencies
     status, _, raw = answer[0]
     assert status == 400 and _error(raw)["param"] == "prompt"  # then refused: over --max-model-len
 

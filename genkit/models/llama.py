@@ -6,6 +6,7 @@ safetensors files load as they are.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import weakref
@@ -23,7 +24,7 @@ from .llama_infer import PreparedModel, has_hooks, linear, prepare_layers, rms_n
 from .mixin import GenerationMixin
 from .numerics import is_llama_numerics
 from .paged import PagedKVStore, StepBatch, paged_forward
-from .self_speculation import SelfDraft, build_draft, speculate, take_ahead
+from .self_speculation import DRAFT_MAX_BYTES, SelfDraft, build_draft, draft_bytes, speculate, take_ahead
 
 logger = logging.getLogger("genkit.models")
 
@@ -240,8 +241,9 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
     cpu_weight_packing: bool | None = None
     #: greedy steps of a float32 model on the dense one-call decoder draft tokens with an 8-bit copy of
     #: the model and check them in one step (genkit.models.self_speculation; the same tokens, bit for
-    #: bit); False: one token per step
-    self_speculation: bool = True
+    #: bit): None does so where the copy stays under 2 GiB (about 2B parameters), True always, False
+    #: never (one token per step)
+    self_speculation: bool | None = None
     supports_partial_depth = True
 
     def __init__(self, config: ModelConfig) -> None:
@@ -432,7 +434,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         subclass or of the instance: they may change the logits)."""
         if not self._forward_as_is():
             return None
-        if self.self_speculation:
+        if self.self_speculation is not False:
             token = self._speculative(input_ids, attention_mask, position_ids, cache)
             if token is not None:
                 return token
@@ -470,17 +472,18 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         """The 8-bit draft of ``prepared`` (made at its first speculative step, kept while it is the
         model's prepared weights), or None where it cannot be made."""
         kept = self.__dict__.get("_self_draft")
-        if kept is not None and kept[0]() is prepared:
+        if kept is not None and kept[0]() is prepared and (kept[1] is not None or kept[2] == self.self_speculation):
             return kept[1]  # type: ignore[no-any-return]
         self.__dict__["_self_draft"] = None  # the old draft goes first
         head = prepared.for_rows(1)[1]
-        try:
-            draft = build_draft(prepared, self.model.embed_tokens, self.model.norm,
-                                self.lm_head.weight if head is None else head)
-        except (RuntimeError, MemoryError) as exc:  # (torch's out-of-memory error is a RuntimeError)
-            logger.warning("no 8-bit draft for self-speculative greedy steps (%s): one token per step", exc)
-            draft = None
-        self.__dict__["_self_draft"] = (weakref.ref(prepared), draft)
+        head = self.lm_head.weight if head is None else head
+        draft = None
+        if self.self_speculation or draft_bytes(prepared, head) <= DRAFT_MAX_BYTES:
+            try:
+                draft = build_draft(prepared, self.model.embed_tokens, self.model.norm, head)
+            except (RuntimeError, MemoryError) as exc:  # (torch's out-of-memory error is a RuntimeError)
+                logger.warning("no 8-bit draft for self-speculative greedy steps (%s): one token per step", exc)
+        self.__dict__["_self_draft"] = (weakref.ref(prepared), draft, self.self_speculation)
         return draft
 
     @property
@@ -488,7 +491,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         """What self-speculative greedy steps did on the current prepared weights (checks run, tokens
         drafted, drafts kept, tokens answered from what was computed ahead), or None before any."""
         kept = self.__dict__.get("_self_draft")
-        return None if kept is None or kept[1] is None else kept[1].stats.as_dict()
+        return None if kept is None or kept[1] is None else dataclasses.asdict(kept[1].stats)
 
     def top_logits_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                         position_ids: torch.Tensor | None, cache: Any, k: int) -> torch.Tensor | None:

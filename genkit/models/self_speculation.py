@@ -19,7 +19,9 @@ T tokens as rows of one product reads the weights once for all T. So a greedy st
 
 The tokens are those of plain greedy search, bit for bit, whatever the draft proposes: a draft only
 decides how many tokens one check yields. Anything that writes the cache by another way (a forward,
-a crop, a reorder, a grown buffer) drops what is ahead. ``model.self_speculation = False`` turns it off.
+a crop, a reorder, a grown buffer) drops what is ahead. ``model.self_speculation``: None (the
+default) makes the draft where it takes at most :data:`DRAFT_MAX_BYTES` (2 GiB: about 2B parameters;
+SmolLM2-135M's takes 142 MB), True always, False never (one token per step).
 
 Draft length: chosen before each round for the most tokens per second (:class:`Pace`): the time of a
 draft step and of a check of each length as measured in earlier rounds, and the share of drafts the
@@ -51,6 +53,8 @@ GAMMA_MAX = 15  # a check runs at most 16 rows (gk_decode_verify)
 EMA = 0.25  # weight of the latest measurement in the running times
 UNMEASURED_ROW = 0.1  # an unmeasured check: the nearest shorter one's time, this much more per row
 MIN_ROWS = 16  # the block kernel's weights hold rows in blocks of 16
+DRAFT_MAX_BYTES = 2 << 30  # model.self_speculation = None makes a draft only up to this size
+BYTES_PER_WEIGHT = 9 / 8  # the block kernel's 8-bit blocks: 576 bytes per 16 rows of 32 weights
 
 
 @dataclass
@@ -73,10 +77,6 @@ class Stats:
     drafted: int = 0
     accepted: int = 0
     answered_ahead: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {"checks": self.checks, "drafted": self.drafted, "accepted": self.accepted,
-                "answered_ahead": self.answered_ahead}
 
 
 @dataclass
@@ -107,16 +107,18 @@ class Pace:
 
     def best(self, limit: int) -> int:
         """The draft length (1..``limit``) with the most expected tokens per second; GAMMA_START
-        (within the limit) before anything was measured."""
+        (within the limit) before anything was measured; 0 for a limit under 1."""
+        if limit < 1:
+            return 0
         if self.draft_s is None or not self.check_s:
-            return max(1, min(GAMMA_START, limit))
+            return min(GAMMA_START, limit)
         agree = (self.kept + 1) / (self.kept + self.rejected + 2)  # each draft's chance, one of each assumed
 
         def rate(g: int) -> float:
             tokens = (1 - agree ** (g + 1)) / (1 - agree) if agree < 1 else g + 1.0
             return tokens / (g * self.draft_s + self._check_time(g + 1))  # type: ignore[operator]
 
-        return max(range(1, max(1, limit) + 1), key=rate)
+        return max(range(1, limit + 1), key=rate)
 
 
 @dataclass
@@ -142,6 +144,13 @@ def _int8(weight: Any) -> Int4Linear | None:
     with torch.no_grad():
         return Int4Linear(int(w.shape[1]), int(w.shape[0]), _int8_symmetric(w.detach()), source="self-draft",
                           kernel="blocks")
+
+
+def draft_bytes(prepared: Any, head_weight: Any) -> int:
+    """The memory the draft of ``prepared`` (:func:`build_draft`) takes, in bytes."""
+    weights = [getattr(w, "weight", w) for p in prepared.layers for w in (p.wqkv, p.wo, p.wgu, p.wd)]
+    weights.append(getattr(head_weight, "weight", head_weight))
+    return int(sum(w.numel() for w in weights if isinstance(w, torch.Tensor)) * BYTES_PER_WEIGHT)
 
 
 def build_draft(prepared: Any, embed: Any, norm: Any, head_weight: Any) -> SelfDraft | None:
@@ -194,6 +203,14 @@ def _room(cache: KVCache, need: int) -> bool:
     return True
 
 
+def _useful(cache: KVCache, pos: int) -> int:
+    """The most drafts worth checking at position ``pos``: GAMMA_MAX, or fewer where the cache was
+    sized for a generation (``capacity_hint``: its max_length) that ends sooner (a check yields at
+    most one token more than its drafts; 0 for the last token, which a plain step gives)."""
+    hint = cache.capacity_hint
+    return GAMMA_MAX if hint <= pos + 1 else min(GAMMA_MAX, hint - pos - 2)
+
+
 def speculate(draft: SelfDraft, decoder: BlockDecoder, ends: Any, rope: Any, token: int, cache: KVCache
               ) -> int | None:
     """One round: drafts after ``token`` (at the cache's length; as many as :meth:`Pace.best` says),
@@ -202,9 +219,10 @@ def speculate(draft: SelfDraft, decoder: BlockDecoder, ends: Any, rope: Any, tok
     the model's cos/sin rows for positions ``start..start+n-1``. None, with the cache as it was, where
     a step declines."""
     pos, layers = cache.lengths[0], len(cache.lengths)
-    gamma = draft.gamma = draft.pace.best(GAMMA_MAX)
-    if not _room(cache, pos + gamma + 1):
+    gamma = draft.pace.best(_useful(cache, pos))
+    if gamma < 1 or not _room(cache, pos + gamma + 1):
         return None
+    draft.gamma = gamma
     cache.ahead = None
     tokens = [token]
     start = time.perf_counter()
