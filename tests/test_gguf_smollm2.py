@@ -228,3 +228,26 @@ def test_stop_strings_work_with_the_tokenizer(demo, tokenizer):
     text = tokenizer.decode(stopped[0])
     assert text.endswith(" Paris") and stopped.shape[1] < full.shape[1]
     assert torch.equal(stopped[0], full[0, :stopped.shape[1]])
+
+
+@pytest.mark.usefixtures("gemv_route")
+def test_self_speculative_greedy_gives_one_token_steps_tokens_on_smollm2(demo, tokenizer):
+    """SmolLM2-135M float32 on the gemv route: greedy search that drafts with the model's 8-bit copy
+    and checks the drafts in one step gives the tokens of one token per step, bit for bit."""
+    from genkit.models import block_kernel, dense_kernel
+
+    if block_kernel._compiler() is None or not dense_kernel.available():
+        pytest.skip("no C compiler: neither kernel exists here")
+    model = genkit.load_model(demo["folder"])
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Why is the sea salty?"}],
+                                         add_generation_prompt=True, tokenize=False)
+    kw = dict(do_sample=False, max_new_tokens=96, eos_token_id=None)
+    for prompt in ["def fibonacci(n):", chat]:
+        enc = tokenizer(prompt, return_tensors="pt")
+        model.self_speculation = False
+        plain = model.generate(**enc, **kw)
+        model.self_speculation = None
+        spec = model.generate(**enc, **kw)
+        assert torch.equal(spec, plain), (prompt, tokenizer.decode(spec[0]), tokenizer.decode(plain[0]))
+    stats = model.speculation_stats
+    assert stats["checks"] > 0 and stats["accepted"] > stats["checks"]  # more than one token per check
