@@ -233,18 +233,20 @@ def test_the_default_stays_unless_another_path_is_clearly_faster():
 
 
 def test_a_preferred_path_wins_within_the_slack_of_a_faster_one():
-    """Dense decode prefers gemv (its steps run in one call, which the probe's unit does not time):
-    within 0.05 of a faster path that also beats the default, not when further behind, and never
-    when it does not beat the default by the margin itself."""
+    """Dense decode prefers gemv (its steps run in one call and greedy steps speculate, which the
+    probe's unit does not time): within 0.15 of a faster path, or of the default when nothing beats
+    it by the margin, not when further behind, and never when slower than the default."""
     assert kernel_choice.PREFERRED == {("dense", "decode"): "gemv"}
     close = {"packed": [10.0] * 5, "plain": [8.6] * 5, "gemv": [8.9] * 5}
     assert kernel_choice.decide(close)[0] == "plain"
     winner, why = kernel_choice.decide(close, "gemv")
     assert winner == "gemv" and why.endswith("plain/packed 0.86 (below 0.90 replaces the default); gemv (0.89) "
-                                             "preferred within 0.05 of it")
-    assert kernel_choice.decide({"packed": [10.0] * 5, "plain": [7.0] * 5, "gemv": [8.0] * 5}, "gemv")[0] == "plain"
-    assert kernel_choice.decide({"packed": [10.0] * 5, "plain": [9.2] * 5, "gemv": [9.3] * 5}, "gemv")[0] == "packed"
-    assert kernel_choice.decide({"packed": [10.0] * 5, "plain": [8.0] * 5, "gemv": [9.2] * 5}, "gemv")[0] == "plain"
+                                             "preferred within 0.15 of it")
+    assert kernel_choice.decide({"packed": [10.0] * 5, "plain": [7.0] * 5, "gemv": [8.6] * 5}, "gemv")[0] == "plain"
+    assert kernel_choice.decide({"packed": [10.0] * 5, "plain": [7.0] * 5, "gemv": [8.4] * 5}, "gemv")[0] == "gemv"
+    assert kernel_choice.decide({"packed": [10.0] * 5, "plain": [9.2] * 5, "gemv": [9.3] * 5}, "gemv")[0] == "gemv"
+    assert kernel_choice.decide({"packed": [10.0] * 5, "plain": [9.2] * 5, "gemv": [10.4] * 5}, "gemv")[0] == "packed"
+    assert kernel_choice.decide({"packed": [10.0] * 5, "gemv": [9.99] * 5}, "gemv")[0] == "gemv"
 
 
 def test_the_probe_warms_up_then_interleaves_rounds_in_turn_reversed():

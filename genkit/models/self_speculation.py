@@ -5,9 +5,10 @@ A batch-1 float32 decode step reads every weight once per token, so it runs at t
 T tokens as rows of one product reads the weights once for all T. So a greedy step here:
 
 1. drafts ``gamma`` tokens with an 8-bit copy of the model (the **draft**: every decoder product and
-   the LM head as int8 codes with one scale per 32 weights, on the block kernel; a quarter of the
-   bytes). The draft writes its keys and values into the model's own cache, after the positions the
-   model itself computed, so it needs no cache, prompt or history of its own;
+   the LM head as int8 codes with one scale per 32 weights, on the block kernel, activations rounded
+   to one int8 digit; under a third of the bytes). The draft writes its keys and values into the
+   model's own cache, after the positions the model itself computed, so it needs no cache, prompt or
+   history of its own;
 2. checks them with the model itself in one step (``gk_decode_verify``): the pending token and the
    ``gamma`` drafts as rows, each row computed exactly as a one-token step computes it (the dense
    kernel gives a row of up to 16 the same bits as alone; norms, rotary embedding, attention and
@@ -34,7 +35,6 @@ checks while they pay.
 
 from __future__ import annotations
 
-import logging
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -46,14 +46,14 @@ from .block_decode import BlockDecoder, _ends
 from .cache import KVCache
 from .quant import GROUP, Int4Linear, _int8_symmetric
 
-logger = logging.getLogger("genkit.models")
-
 GAMMA_START = 4
 GAMMA_MAX = 15  # a check runs at most 16 rows (gk_decode_verify)
 EMA = 0.25  # weight of the latest measurement in the running times
 UNMEASURED_ROW = 0.1  # an unmeasured check: the nearest shorter one's time, this much more per row
 MIN_ROWS = 16  # the block kernel's weights hold rows in blocks of 16
 DRAFT_MAX_BYTES = 2 << 30  # model.self_speculation = None makes a draft only up to this size
+DRAFT_DIGITS = 1  # activations as one int8 digit a value (llama.cpp's Q8_0 rounding): SmolLM2's draft
+# steps 8 % faster than with two, the same drafts kept (a draft only needs to agree, not to be exact)
 BYTES_PER_WEIGHT = 9 / 8  # the block kernel's 8-bit blocks: 576 bytes per 16 rows of 32 weights
 
 
@@ -142,8 +142,10 @@ def _int8(weight: Any) -> Int4Linear | None:
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] % MIN_ROWS or w.shape[1] % GROUP:
         return None
     with torch.no_grad():
-        return Int4Linear(int(w.shape[1]), int(w.shape[0]), _int8_symmetric(w.detach()), source="self-draft",
-                          kernel="blocks")
+        lin = Int4Linear(int(w.shape[1]), int(w.shape[0]), _int8_symmetric(w.detach()), source="self-draft",
+                         kernel="blocks")
+    lin.activation_digits = DRAFT_DIGITS
+    return lin
 
 
 def draft_bytes(prepared: Any, head_weight: Any) -> int:
