@@ -33,7 +33,7 @@ first use (one to two seconds on a 135M model, once per machine), by this rule:
 - **a preferred path within the slack**: where the probe's unit leaves out work one path saves
   (:data:`PREFERRED`: dense decode on ``"gemv"`` runs each step in one kernel call, embedding to
   LM head, a greedy step reads the head's 8-bit copy, and greedy search speculates exactly, drafting
-  with an 8-bit copy of the model and checking up to 16 tokens in one step: 1.3-1.85x on a Zen 5,
+  with an 8-bit copy of the model and checking up to 16 tokens in one step: 1.5-1.75x on a Zen 5,
   genkit/models/self_speculation.py; the unit times each layer's products alone), that path wins
   when it is no slower than the default and its ratio is within PREFER_SLACK (0.15) of the fastest
   path's. On the Xeon host of session 13 the 124M model's 2-thread probe gave ``plain`` 0.87-0.88

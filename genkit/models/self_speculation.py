@@ -22,7 +22,7 @@ The tokens are those of plain greedy search, bit for bit, whatever the draft pro
 decides how many tokens one check yields. Anything that writes the cache by another way (a forward,
 a crop, a reorder, a grown buffer) drops what is ahead. ``model.self_speculation``: None (the
 default) makes the draft where it takes at most :data:`DRAFT_MAX_BYTES` (2 GiB: about 2B parameters;
-SmolLM2-135M's takes 142 MB), True always, False never (one token per step).
+SmolLM2-135M's takes 151 MB), True always, False never (one token per step).
 
 Draft length: chosen before each round for the most tokens per second (:class:`Pace`): the time of a
 draft step and of a check of each length as measured in earlier rounds, and the share of drafts the
