@@ -198,3 +198,53 @@ def test_no_drafts_past_the_generation_the_cache_was_sized_for():
     three = _greedy(model, True, max_new_tokens=3)
     assert torch.equal(three, _greedy(model, False, max_new_tokens=3))
     assert model.speculation_stats["drafted"] == 1  # one draft: the most that can be used
+
+
+FORCED_SCRIPT = """
+import json, os, torch
+from genkit.models import block_kernel, dense_kernel
+from genkit.models.tiny import tiny_llama
+lib = dense_kernel.library()
+gen = torch.Generator().manual_seed(0)
+w = torch.randn(37, 50, generator=gen).t()
+x = torch.randn(5, 37, generator=gen)
+rows, same = torch.empty(5, 50), True
+lib.gk_gemv_t(x.data_ptr(), 37, w.data_ptr(), 50, rows.data_ptr(), 5, 50, 37, 2)
+for i in range(5):
+    alone, xi = torch.empty(1, 50), x[i:i + 1].clone()
+    lib.gk_gemv_t(xi.data_ptr(), 37, w.data_ptr(), 50, alone.data_ptr(), 1, 50, 37, 2)
+    same = same and torch.equal(rows[i], alone[0])
+model = tiny_llama(seed=2)
+ids = torch.tensor([[1, 17, 33, 5, 60, 9]])
+kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0, max_new_tokens=40)
+model.self_speculation = False
+plain = model.generate(ids, **kw)
+model.self_speculation = True
+spec = model.generate(ids, **kw)
+print(json.dumps({"rows": same, "tokens": torch.equal(plain, spec), "stats": model.speculation_stats,
+                  "simd": block_kernel.library().gk_simd()}))
+"""
+
+
+@pytest.mark.parametrize("build", ["avx2", "portable"])
+def test_forced_builds_speculate_exactly(build, tmp_path):
+    """The kernels another CPU builds (GENKIT_BLOCK_KERNEL=avx2: AVX2 vectors and FMA; portable: the
+    compiler's generic vectors, no FMA): a row of several is still the row alone, bit for bit, and
+    self-speculative greedy search gives plain greedy search's tokens."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_block_kernel import HAS_AVX2
+
+    if build == "avx2" and not HAS_AVX2:
+        pytest.skip("this CPU has no AVX2: the AVX2 build cannot run here")
+    env = {**os.environ, "GENKIT_BLOCK_KERNEL": build, "GENKIT_HOME": str(tmp_path), "GENKIT_KERNEL": "gemv",
+           "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-c", FORCED_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["simd"] == {"avx2": 1, "portable": 0}[build]  # the build asked for
+    assert got["rows"] and got["tokens"], got
+    assert got["stats"]["checks"] > 0 and got["stats"]["accepted"] > 0
