@@ -248,3 +248,15 @@ def test_forced_builds_speculate_exactly(build, tmp_path):
     assert got["simd"] == {"avx2": 1, "portable": 0}[build]  # the build asked for
     assert got["rows"] and got["tokens"], got
     assert got["stats"]["checks"] > 0 and got["stats"]["accepted"] > 0
+
+
+def test_the_draft_goes_with_the_prepared_weights_it_copies():
+    model = tiny_llama(seed=12)
+    _greedy(model, True, max_new_tokens=8)
+    assert model.speculation_stats is not None
+    model._prepared = None  # (what a dtype change or an edited weight does: the prepared weights are rebuilt)
+    import gc
+
+    gc.collect()
+    assert model.__dict__["_self_draft"] is None and model.speculation_stats is None
+    assert torch.equal(_greedy(model, True, max_new_tokens=8), _greedy(model, False, max_new_tokens=8))

@@ -25,7 +25,8 @@ logger = logging.getLogger("genkit.models")
 
 _CACHE_FIELD = "cache"
 # genkit attributes a recipe may still use on the view (read from the native model)
-NATIVE_ATTRIBUTES = frozenset({"new_cache", "lm_head_logits", "supports_partial_depth", "cpu_weight_packing"})
+NATIVE_ATTRIBUTES = frozenset({"new_cache", "lm_head_logits", "supports_partial_depth", "cpu_weight_packing",
+                               "self_speculation", "speculation_stats"})
 
 
 def transformers_view(model: Any) -> Any:

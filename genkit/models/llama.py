@@ -7,6 +7,7 @@ safetensors files load as they are.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import weakref
@@ -27,6 +28,14 @@ from .paged import PagedKVStore, StepBatch, paged_forward
 from .self_speculation import DRAFT_MAX_BYTES, SelfDraft, build_draft, draft_bytes, speculate, take_ahead
 
 logger = logging.getLogger("genkit.models")
+
+
+def _drop_draft(model_ref: Any, prepared_ref: Any) -> None:
+    """Release a model's self-speculation draft once the prepared weights it copies are gone."""
+    model = model_ref()
+    kept = None if model is None else model.__dict__.get("_self_draft")
+    if kept is not None and kept[0] is prepared_ref:
+        model.__dict__["_self_draft"] = None
 
 
 class RMSNorm(nn.Module):
@@ -483,7 +492,8 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
                 draft = build_draft(prepared, self.model.embed_tokens, self.model.norm, head)
             except (RuntimeError, MemoryError) as exc:  # (torch's out-of-memory error is a RuntimeError)
                 logger.warning("no 8-bit draft for self-speculative greedy steps (%s): one token per step", exc)
-        self.__dict__["_self_draft"] = (weakref.ref(prepared), draft, self.self_speculation)
+        self.__dict__["_self_draft"] = (weakref.ref(prepared, functools.partial(_drop_draft, weakref.ref(self))), draft,
+                                        self.self_speculation)
         return draft
 
     @property
