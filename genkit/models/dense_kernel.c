@@ -43,7 +43,11 @@
 #define EXACT_ROWS 16 /* up to this many rows, each row's product is the same bits as alone (part_t_rows) */
 #endif
 #ifndef RR
-#define RR 4 /* part_t_rows: steps of the RS streams per pass */
+#ifdef __AVX512F__
+#define RR 4 /* part_t_rows: steps of the RS streams per pass (RR * RS weight vectors held in registers) */
+#else
+#define RR 1 /* (16 vector registers: four steps' weights would spill; one pass per step was fastest) */
+#endif
 #endif
 #define MIN_WORK 65536  /* products below this many weights run on one thread */
 
