@@ -260,3 +260,12 @@ def test_the_draft_goes_with_the_prepared_weights_it_copies():
     gc.collect()
     assert model.__dict__["_self_draft"] is None and model.speculation_stats is None
     assert torch.equal(_greedy(model, True, max_new_tokens=8), _greedy(model, False, max_new_tokens=8))
+
+
+def test_a_bad_setting_is_refused_with_the_accepted_values():
+    from genkit.errors import ConfigError
+
+    model = tiny_llama(seed=13)
+    model.self_speculation = "yes"
+    with pytest.raises(ConfigError, match=r"`self_speculation` must be None, True or False; got 'yes'"):
+        model.generate(IDS, **KW, max_new_tokens=4)

@@ -454,13 +454,9 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         """:meth:`greedy_step` by exact self-speculation (:mod:`genkit.models.self_speculation`): the
         token computed ahead, or a round of drafts checked in one step; None where that does not
         apply (batch 1, a float32 model on the dense one-call decoder, as :meth:`one_call_step`)."""
-        if (tuple(input_ids.shape) != (1, 1) or type(cache) is not KVCache or self.attn_implementation == "eager"
-                or _module_path()):
-            return None
-        past_len = cache.get_seq_length()
-        if past_len == 0 or not _implied(attention_mask, position_ids, 1, past_len):
-            return None
-        prepared = self._weights_on(cache)[1]
+        if self.self_speculation not in (None, True):
+            raise ConfigError(f"`self_speculation` must be None, True or False; got {self.self_speculation!r}")
+        prepared = self._step_prepared(input_ids, attention_mask, position_ids, cache) if input_ids.shape[0] == 1 else None
         decoder = None if prepared is None else prepared.decoder
         if decoder is None or not decoder.dense:
             return None
@@ -523,18 +519,25 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         """The one-call decoder's ``what`` (:meth:`BlockDecoder.logits`, :meth:`BlockDecoder.argmax`,
         :meth:`BlockDecoder.top` with ``extra``) for a decode step where the usual path would compute
         the same step (see :meth:`one_call_step`), else None."""
+        prepared = self._step_prepared(input_ids, attention_mask, position_ids, cache)
+        ends = None if prepared is None else self.kernel_ends(prepared)
+        if prepared is None or ends is None:
+            return None
+        cos, sin = self.rope(None, torch.float32, cache.get_seq_length(), 1)
+        return getattr(prepared.decoder, what)(input_ids, cos, sin, cache, ends, *extra)  # type: ignore[no-any-return]
+
+    def _step_prepared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                       position_ids: torch.Tensor | None, cache: Any) -> PreparedModel | None:
+        """The prepared weights a one-call decode step of ``input_ids`` runs on, or None where the usual
+        path would compute another step (see :meth:`one_call_step`), the cache did not start on this
+        model or runs the modules."""
         if (input_ids.dim() != 2 or input_ids.shape[1] != 1 or type(cache) is not KVCache
                 or self.attn_implementation == "eager" or _module_path()):
             return None
         past_len = cache.get_seq_length()
         if past_len == 0 or not _implied(attention_mask, position_ids, input_ids.shape[0], past_len):
             return None
-        prepared = self._weights_on(cache)[1]  # None: the cache did not start here, or runs the modules
-        ends = None if prepared is None else self.kernel_ends(prepared)
-        if prepared is None or ends is None:
-            return None
-        cos, sin = self.rope(None, torch.float32, past_len, 1)
-        return getattr(prepared.decoder, what)(input_ids, cos, sin, cache, ends, *extra)  # type: ignore[no-any-return]
+        return self._weights_on(cache)[1]
 
     def kernel_ends(self, prepared: PreparedModel) -> Any:
         """The embedding, final norm and LM head as ``prepared``'s one-call decoder (a
