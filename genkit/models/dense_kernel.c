@@ -42,16 +42,21 @@
 #ifndef EXACT_ROWS
 #define EXACT_ROWS 16 /* up to this many rows, each row's product is the same bits as alone (part_t_rows) */
 #endif
-#ifndef RR
+/* part_t_rows' vectors (PW floats: one register of the build's widest) and steps of the RS streams per
+ * pass (RR; AVX2's 16 registers cannot hold all RR * RS weight vectors, but the ones reloaded come from
+ * L1: RR 4 was still the fastest there) */
 #ifdef __AVX512F__
-#define RR 4 /* part_t_rows: steps of the RS streams per pass (RR * RS weight vectors held in registers) */
+#define PW 16
 #else
-#define RR 1 /* (16 vector registers: four steps' weights would spill; one pass per step was fastest) */
+#define PW 8
 #endif
+#ifndef RR
+#define RR 4
 #endif
 #define MIN_WORK 65536  /* products below this many weights run on one thread */
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef float pv __attribute__((vector_size(PW * 4), aligned(4)));
 
 #define ld16(p) (*(const v16 *)(p))
 
@@ -106,29 +111,30 @@ static void part_t_row(const float *x, const float *w, long ldw, float *p, int N
  * product is the same bits whatever rows are computed beside it. A speculative step's check runs
  * the draft's tokens as rows of one step and must give each token what a one-token step gives
  * (genkit/models/self_speculation.py). */
-static void part_t_rows(const float *x, int ldx, const float *w, long ldw, float *p, int M, int N, int k0, int k1) {
+static inline __attribute__((always_inline)) void rows_pass(const float *x, int ldx, const float *w, long ldw,
+                                                             float *p, int M, int N, int k0, int k1, const int rr) {
     memset(p, 0, sizeof(float) * (size_t)M * N);
     const long span = (k1 - k0) / RS;
-    /* RR consecutive steps r per pass: each vector of p is loaded once, takes the RR steps' RS weight
+    /* rr consecutive steps r per pass: each vector of p is loaded once, takes the rr steps' RS weight
      * vectors in the order part_t_row adds them (r, then the streams u), and is stored once */
-    for (long r = 0; r < span; r += RR) {
-        const int steps = span - r < RR ? (int)(span - r) : RR;
+    for (long r = 0; r < span; r += rr) {
+        const int steps = span - r < rr ? (int)(span - r) : rr;
         const float *wr = w + (size_t)(k0 + r) * ldw;
         float xv[EXACT_ROWS][RR][RS]; /* the rows' x values of these steps, read once (p may alias x for all C knows) */
         for (int m = 0; m < M; m++)
             for (int q = 0; q < steps; q++)
                 for (int u = 0; u < RS; u++) xv[m][q][u] = x[(size_t)m * ldx + k0 + r + q + u * span];
         int j = 0;
-        if (steps == RR)
-            for (; j + VW <= N; j += VW) {
-                v16 wv[RR][RS];
-                for (int q = 0; q < RR; q++)
-                    for (int u = 0; u < RS; u++) wv[q][u] = ld16(wr + (q + u * span) * ldw + j);
+        if (steps == rr)
+            for (; j + PW <= N; j += PW) {
+                pv wv[RR][RS];
+                for (int q = 0; q < rr; q++)
+                    for (int u = 0; u < RS; u++) wv[q][u] = *(const pv *)(wr + (q + u * span) * ldw + j);
                 for (int m = 0; m < M; m++) {
-                    v16 s = *(v16 *)(p + (size_t)m * N + j);
-                    for (int q = 0; q < RR; q++)
+                    pv s = *(pv *)(p + (size_t)m * N + j);
+                    for (int q = 0; q < rr; q++)
                         for (int u = 0; u < RS; u++) s += wv[q][u] * xv[m][q][u];
-                    *(v16 *)(p + (size_t)m * N + j) = s;
+                    *(pv *)(p + (size_t)m * N + j) = s;
                 }
             }
         for (; j < N; j++)
@@ -147,6 +153,13 @@ static void part_t_rows(const float *x, int ldx, const float *w, long ldw, float
             for (int j = 0; j < N; j++) pm[j] += w0[j] * xk;
         }
     }
+}
+
+static void part_t_rows(const float *x, int ldx, const float *w, long ldw, float *p, int M, int N, int k0, int k1) {
+    if (PW == 8 && M <= 2) /* (AVX2: two rows ran faster one step per pass) */
+        rows_pass(x, ldx, w, ldw, p, M, N, k0, k1, 1);
+    else
+        rows_pass(x, ldx, w, ldw, p, M, N, k0, k1, RR);
 }
 
 /* p (M, N) = x[:, k0:k1] @ Wt[k0:k1, :]: one row through part_t_row, up to EXACT_ROWS rows through
