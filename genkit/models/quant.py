@@ -213,6 +213,22 @@ class Int4Linear(nn.Module):
         return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     @staticmethod
+    def from_blocks(blocks: torch.Tensor, in_features: int, out_features: int, bits: int, symmetric: bool,
+                    source: str = "") -> Int4Linear:
+        """A block-kernel layer on ``blocks`` already in the kernel's layout (``(out / 16, in / 32,
+        bytes)``, as :func:`block_kernel.head_proxy` makes them for bits 8)."""
+        if tuple(blocks.shape) != (out_features // block_kernel.ROWS, in_features // GROUP, block_kernel.BLOCK_BYTES[bits]):
+            raise ConfigError(f"blocks of shape {tuple(blocks.shape)} do not hold a ({out_features}, {in_features}) "
+                              f"{bits}-bit weight")
+        layer = Int4Linear.__new__(Int4Linear)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features, layer.source = in_features, out_features, source
+        layer.kernel, layer.bits, layer.num_parts, layer.symmetric = "blocks", bits, 1, symmetric
+        layer.activation_digits, layer.numerics, layer._parts = 2, "genkit", []
+        layer.register_buffer("blocks", blocks)
+        return layer
+
+    @staticmethod
     def fuse(layers: list[Int4Linear]) -> Int4Linear | None:
         """One layer computing the concatenation of the layers' outputs, or None when the packed
         layout does not allow it (it packs rows in tiles of 64: every layer but the last needs a

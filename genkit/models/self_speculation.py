@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from . import block_kernel, weight_arena
 from .block_decode import BlockDecoder, _ends
 from .cache import KVCache
 from .quant import GROUP, Int4Linear, _int8_symmetric
@@ -141,9 +142,11 @@ def _int8(weight: Any) -> Int4Linear | None:
     w = getattr(weight, "weight", weight)
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] % MIN_ROWS or w.shape[1] % GROUP:
         return None
+    n, k = int(w.shape[0]), int(w.shape[1])
     with torch.no_grad():
-        lin = Int4Linear(int(w.shape[1]), int(w.shape[0]), _int8_symmetric(w.detach()), source="self-draft",
-                         kernel="blocks")
+        made = block_kernel.head_proxy(w.detach())  # genkit's column-major float32 weights: in C, 3.6x faster
+        lin = (Int4Linear.from_blocks(made[0], k, n, 8, True, "self-draft") if made is not None
+               else Int4Linear(k, n, _int8_symmetric(w.detach()), source="self-draft", kernel="blocks"))
     lin.activation_digits = DRAFT_DIGITS
     return lin
 
@@ -165,9 +168,13 @@ def build_draft(prepared: Any, embed: Any, norm: Any, head_weight: Any) -> SelfD
         if any(w is None for w in weights):
             return None
         layers.append(p._replace(wqkv=weights[0], wo=weights[1], wgu=weights[2], wd=weights[3]))
-    decoder = BlockDecoder.build(layers)
     head = _int8(head_weight)
-    if decoder is None or head is None:
+    if head is None:
+        return None
+    # in huge pages, in the order a draft step reads them, as a quantized model's (before the decoder keeps pointers)
+    weight_arena.place([w.blocks for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd)] + [head.blocks])
+    decoder = BlockDecoder.build(layers)
+    if decoder is None:
         return None
     ends = _ends(embed, norm.weight.detach(), float(norm.eps), False, head, decoder.hidden, None)
     if ends is None:
