@@ -269,3 +269,21 @@ def test_a_bad_setting_is_refused_with_the_accepted_values():
     model.self_speculation = "yes"
     with pytest.raises(ConfigError, match=r"`self_speculation` must be None, True or False; got 'yes'"):
         model.generate(IDS, **KW, max_new_tokens=4)
+
+
+def test_the_draft_weights_are_the_int8_quantization_made_in_c():
+    """The draft's 8-bit blocks come from C (block_kernel.head_proxy's rounding); they are the blocks of
+    quantize's int8 rounding but where a value lies on a rounding tie (one code apart there)."""
+    from genkit.errors import ConfigError
+    from genkit.models.quant import Int4Linear, _int8_symmetric
+    from genkit.models.self_speculation import _int8
+
+    w = torch.randn(96, 320, generator=torch.Generator().manual_seed(3)).t()  # (320, 96) column-major
+    made = _int8(w)
+    ref = Int4Linear(96, 320, _int8_symmetric(w), kernel="blocks")
+    assert made.blocks.shape == ref.blocks.shape and made.bits == 8 and made.symmetric
+    differ = made.blocks != ref.blocks
+    assert differ.float().mean() < 1e-3
+    assert ((made.blocks.int() - ref.blocks.int()).abs()[differ] == 1).all()
+    with pytest.raises(ConfigError, match=r"blocks of shape \(20, 3, 576\) do not hold a \(320, 64\) 8-bit weight"):
+        Int4Linear.from_blocks(made.blocks, 64, 320, 8, True)
