@@ -16,7 +16,10 @@
 # AMX build when that decodes and pp512 from the AMX-off build. CPU_CHECK_AB="a=path b=path" also runs
 # bench/ab_block_kernel.py on those block_kernel.c versions (put them under .cpucheck/ to carry them);
 # CPU_CHECK_STEP_AB=1 runs bench/ab_step_ends.py, CPU_CHECK_GREEDY_AB=1 bench/ab_greedy_step.py (float32
-# greedy steps with the head's 8-bit copy against the logits, SmolLM2 and the 124M Llama); CPU_CHECK_FLOAT32=0, CPU_CHECK_CB=0 and
+# greedy steps with the head's 8-bit copy against the logits, SmolLM2 and the 124M Llama); CPU_CHECK_SPEC=1
+# (the default) bench/ab_self_speculation.py (float32 greedy with self-speculation, one token per step and
+# transformers, SmolLM2 and the 124M Llama, 1 and 2 threads: about 2 min more; with CPU_CHECK_CB=0 and
+# CPU_CHECK_SERVE=0 the float32 rows fit one call with room to spare); CPU_CHECK_FLOAT32=0, CPU_CHECK_CB=0 and
 # CPU_CHECK_SERVE=0 leave out the float32 table, continuous batching (Q4_1 against float32) and
 # genkit serve against llama-server (the AMX-off build; 1, 8 and 32 clients). All of it: about 8 min
 # on the Xeon host of the GPU loans (session 14), so give the call its 600 s.
@@ -106,6 +109,10 @@ run() {
   if [ "${CPU_CHECK_FLOAT32:-1}" = 1 ]; then
     timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_kernel_choice.py --threads 1,2 --rounds 3 --new-tokens 32 2>&1 \
       | grep -v "it/s" | tee "$out/kernel_choice.log" || true
+  fi
+  if [ "${CPU_CHECK_SPEC:-1}" = 1 ]; then  # float32 greedy: self-speculation, one token per step, transformers
+    timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/ab_self_speculation.py --models smollm2,llama-124m --prompt text \
+      --threads 1,2 --rounds 3 --tokens 64 2>&1 | grep -v "it/s" | tee "$out/self_speculation.log" || true
   fi
   if [ "${CPU_CHECK_CB:-1}" = 1 ]; then  # continuous batching, Q4_1 against float32
     timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_continuous_batching.py --threads 2 --repeats 1 \
