@@ -287,3 +287,20 @@ def test_the_draft_weights_are_the_int8_quantization_made_in_c():
     assert ((made.blocks.int() - ref.blocks.int()).abs()[differ] == 1).all()
     with pytest.raises(ConfigError, match=r"blocks of shape \(20, 3, 576\) do not hold a \(320, 64\) 8-bit weight"):
         Int4Linear.from_blocks(made.blocks, 64, 320, 8, True)
+
+
+def test_true_where_nothing_can_speculate_says_so_once(monkeypatch, caplog):
+    import logging
+
+    from genkit.models import kernel_choice
+
+    monkeypatch.setenv(kernel_choice.ENV, "decode:plain")  # torch's linear: no one-call decoder
+    kernel_choice.CHOSEN.clear()
+    model = tiny_llama(seed=14)
+    plain = _greedy(model, False, max_new_tokens=8)
+    with caplog.at_level(logging.WARNING, logger="genkit.models"):
+        assert torch.equal(_greedy(model, True, max_new_tokens=8), plain)
+        _greedy(model, True, max_new_tokens=8)
+    said = [r.getMessage() for r in caplog.records if "self_speculation=True" in r.getMessage()]
+    assert len(said) == 1 and "GENKIT_KERNEL=decode:gemv" in said[0] and "one token per step" in said[0]
+    assert model.speculation_stats is None

@@ -459,6 +459,11 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         prepared = self._step_prepared(input_ids, attention_mask, position_ids, cache) if input_ids.shape[0] == 1 else None
         decoder = None if prepared is None else prepared.decoder
         if decoder is None or not decoder.dense:
+            if self.self_speculation and prepared is not None and not self.__dict__.get("_speculation_warned"):
+                self.__dict__["_speculation_warned"] = True  # (said once per model)
+                logger.warning("self_speculation=True: this model's decode steps do not run on the float32 one-call "
+                               "decoder (a float32 model on the kernel choice's 'gemv' route: GENKIT_KERNEL=decode:gemv), "
+                               "so greedy search takes one token per step")
             return None
         token = int(input_ids[0, 0])
         known = take_ahead(cache, token, id(decoder))
