@@ -12,8 +12,9 @@
  * - column-major (stride (1, ldw): genkit's CPU layout, genkit/models/llama_infer.py:lay_out): W^T is
  *   K rows of N floats, read front to back. The K rows are split among the threads; each adds its
  *   rows into its own partial y (the first thread's is y itself, the others' a per-calling-thread
- *   scratch buffer), one row of x from four long streams of rows at once, more rows RT (8)
- *   consecutive rows at a time; the partials are summed at the end;
+ *   scratch buffer), up to 16 rows of x from four long streams of rows at once (a row's bits the
+ *   same whatever rows are beside it: rows_pass), more rows RT (8) consecutive rows at a time; the
+ *   partials are summed at the end;
  * - row-major (stride (ldw, 1): nn.Linear's own): the N rows are split among the threads; four
  *   rows at a time, each a dot product with every row of x.
  */
@@ -73,44 +74,16 @@ static float *scratch(size_t n) {
     return scratch_buf;
 }
 
-/* p (1, N) = x[k0:k1] @ Wt[k0:k1, :] for one row of x (batch-1 decode), Wt row k at w + k * ldw: RS
+/* p (M, N) = x[:, k0:k1] @ Wt[k0:k1, :] for M <= EXACT_ROWS rows of x, Wt row k at w + k * ldw: RS
  * weight streams at once, stream u reading rows k0 + u * span ... k0 + (u + 1) * span - 1 front to
- * back, each vector of p loaded once per step, the RS weight vectors added into it, stored once. Each
- * stream is one long sequential read, so the hardware prefetchers never restart (eight streams of one
- * row each, restarting every eight rows, read 8-10 % slower on a 2-core Zen 5 EPYC). Rows left over
- * (RS * span < k1 - k0) are added one at a time. */
-static void part_t_row(const float *x, const float *w, long ldw, float *p, int N, int k0, int k1) {
-    memset(p, 0, sizeof(float) * (size_t)N);
-    const long span = (k1 - k0) / RS;
-    for (long r = 0; r < span; r++) {
-        const float *wr = w + (size_t)(k0 + r) * ldw;
-        float xv[RS];
-        for (int u = 0; u < RS; u++) xv[u] = x[k0 + r + u * span];
-        int j = 0;
-        for (; j + VW <= N; j += VW) {
-            v16 s = *(v16 *)(p + j);
-            for (int u = 0; u < RS; u++) s += ld16(wr + u * span * ldw + j) * xv[u];
-            *(v16 *)(p + j) = s;
-        }
-        for (; j < N; j++) {
-            float s = p[j];
-            for (int u = 0; u < RS; u++) s += wr[u * span * ldw + j] * xv[u];
-            p[j] = s;
-        }
-    }
-    for (long k = k0 + RS * span; k < k1; k++) {
-        const float *w0 = w + (size_t)k * ldw;
-        const float xk = x[k];
-        for (int j = 0; j < N; j++) p[j] += w0[j] * xk;
-    }
-}
-
-/* part_t_row for M <= EXACT_ROWS rows of x at once: each weight vector of the RS streams is loaded
- * once and used for every row, and each row's partial sums take exactly the steps part_t_row takes for
- * that row alone (the same streams, the same fused multiply-adds in the same order), so a row's
- * product is the same bits whatever rows are computed beside it. A speculative step's check runs
- * the draft's tokens as rows of one step and must give each token what a one-token step gives
- * (genkit/models/self_speculation.py). */
+ * back, each vector of p loaded once per pass of rr steps, the rr steps' RS weight vectors added into
+ * it (r, then the streams u), stored once; each weight vector loaded once for all M rows. Each stream
+ * is one long sequential read, so the hardware prefetchers never restart (eight streams of one row
+ * each, restarting every eight rows, read 8-10 % slower on a 2-core Zen 5 EPYC). Rows left over
+ * (RS * span < k1 - k0) are added one at a time. A row's partial sums take the same steps in the same
+ * order whatever M and rr are, so a row's product is the same bits whatever rows are computed beside
+ * it: a speculative step's check runs the draft's tokens as rows of one step and must give each token
+ * what a one-token step gives (genkit/models/self_speculation.py). */
 static inline __attribute__((always_inline)) void rows_pass(const float *x, int ldx, const float *w, long ldw,
                                                              float *p, int M, int N, int k0, int k1, const int rr) {
     memset(p, 0, sizeof(float) * (size_t)M * N);
@@ -153,6 +126,11 @@ static inline __attribute__((always_inline)) void rows_pass(const float *x, int 
             for (int j = 0; j < N; j++) pm[j] += w0[j] * xk;
         }
     }
+}
+
+/* one row of x (batch-1 decode): rows_pass, one step per pass */
+static void part_t_row(const float *x, const float *w, long ldw, float *p, int N, int k0, int k1) {
+    rows_pass(x, 0, w, ldw, p, 1, N, k0, k1, 1);
 }
 
 static void part_t_rows(const float *x, int ldx, const float *w, long ldw, float *p, int M, int N, int k0, int k1) {
