@@ -244,25 +244,32 @@ def test_a_head_written_in_place_gets_a_new_copy():
 def test_threads_generating_on_one_model_get_their_own_tokens():
     """Four threads generate greedily on one float32 model at once, from different prompts (each
     making the copy at its first step, racing the others): each gets the tokens it gets alone."""
-    import threading
-
     model = tiny_llama(seed=13, vocab_size=512)
     prompts = [IDS + i for i in range(4)]
     with torch.no_grad():
         alone = [model.generate(p, max_new_tokens=32, **KW) for p in prompts]
     model._prepared = None  # the copy is made again, by whichever thread gets there first
-    got: list = [None] * 4
+    got = generate_at_once(model, prompts, max_new_tokens=32, **KW)
+    assert all(torch.equal(a, b) for a, b in zip(got, alone))
+
+
+def generate_at_once(model, prompts, **kwargs):
+    """``model.generate(prompt, **kwargs)`` for every prompt, each in a thread of its own, all at once
+    (tests/test_self_speculation.py too); the outputs in the prompts' order."""
+    import threading
+
+    got: list = [None] * len(prompts)
 
     def run(i):
         with torch.no_grad():
-            got[i] = model.generate(prompts[i], max_new_tokens=32, **KW)
+            got[i] = model.generate(prompts[i], **kwargs)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
-    assert all(torch.equal(a, b) for a, b in zip(got, alone))
+    return got
 
 
 def test_a_quantized_heads_greedy_step_takes_the_argmax_of_all_its_logits(quantized):  # noqa: F811

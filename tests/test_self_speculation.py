@@ -309,7 +309,7 @@ def test_true_where_nothing_can_speculate_says_so_once(monkeypatch, caplog):
 def test_threads_speculating_on_one_model_get_their_own_tokens():
     """Four threads generate greedily on one float32 model at once, each speculating (the draft made
     by whichever gets there first, its pace shared): each gets plain greedy search's tokens."""
-    import threading
+    from test_greedy_step import generate_at_once
 
     model = tiny_llama(seed=15, vocab_size=512)
     prompts = [IDS + i for i in range(4)]
@@ -319,15 +319,6 @@ def test_threads_speculating_on_one_model_get_their_own_tokens():
         alone.append(model.generate(p, max_new_tokens=40, **KW))
     model._prepared = None  # prepared weights and draft made again, by the racing threads
     model.self_speculation = True
-    got: list = [None] * 4
-
-    def run(i):
-        got[i] = model.generate(prompts[i], max_new_tokens=40, **KW)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    got = generate_at_once(model, prompts, max_new_tokens=40, **KW)
     assert all(torch.equal(a, b) for a, b in zip(got, alone))
     assert model.speculation_stats["checks"] > 0

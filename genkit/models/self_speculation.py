@@ -36,7 +36,6 @@ checks while they pay.
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +129,6 @@ class SelfDraft:
     decoder: BlockDecoder
     ends: Any
     head: Int4Linear  # keeps the head's blocks (the ends point into them) alive
-    prepared: Any  # a weak reference to the prepared model it copies
     gamma: int = GAMMA_START  # the last round's draft length
     stats: Stats = field(default_factory=Stats)
     pace: Pace = field(default_factory=Pace)
@@ -179,7 +177,7 @@ def build_draft(prepared: Any, embed: Any, norm: Any, head_weight: Any) -> SelfD
     ends = _ends(embed, norm.weight.detach(), float(norm.eps), False, head, decoder.hidden, None)
     if ends is None:
         return None
-    return SelfDraft(decoder, ends, head, weakref.ref(prepared))
+    return SelfDraft(decoder, ends, head)
 
 
 def take_ahead(cache: KVCache, token: int, owner: int) -> int | None:
@@ -246,8 +244,7 @@ def speculate(draft: SelfDraft, decoder: BlockDecoder, ends: Any, rope: Any, tok
     cos, sin = rope(pos, t)
     drafted = time.perf_counter()
     checked = decoder.verify(torch.tensor(tokens), cos.reshape(t, -1), sin.reshape(t, -1), cache, ends)
-    if checked is None:
-        cache.lengths[:] = [pos] * layers
+    if checked is None:  # (nothing written: the cache is at pos already)
         return None
     greedy = checked.tolist()
     kept = 0
