@@ -15,7 +15,7 @@ import torch
 
 from genkit.models import block_kernel, dense_kernel
 from genkit.models.cache import KVCache
-from genkit.models.self_speculation import GAMMA_MAX, build_draft
+from genkit.models.self_speculation import GAMMA_MAX, GAMMA_START, Pace, build_draft
 from genkit.models.tiny import tiny_llama
 
 pytestmark = [pytest.mark.skipif(block_kernel._compiler() is None or not dense_kernel.available(),
@@ -84,6 +84,58 @@ def test_the_check_gives_each_token_the_logits_keys_and_values_of_a_one_token_st
     for layer in range(len(cache.lengths)):
         assert torch.equal(cache.keys[layer][:, :, :pos + t], alone.keys[layer][:, :, :pos + t])
         assert torch.equal(cache.values[layer][:, :, :pos + t], alone.values[layer][:, :, :pos + t])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("head", ["as made", "twin rows", "one row repeated"])
+def test_a_check_through_the_heads_copy_gives_the_whole_heads_tokens(threads, head):
+    """A check that wants only tokens reads the float32 head through its 8-bit copy (once for all
+    rows), then the exact logits of the blocks that can hold each row's largest: the tokens are the
+    whole head's first maxima, ties (twin rows: every logit twice) included."""
+    torch.set_num_threads(threads)
+    model = tiny_llama(seed=4)
+    with torch.no_grad():
+        w = model.lm_head.weight
+        if head == "twin rows":
+            w[1::2] = w[0::2]
+        elif head == "one row repeated":
+            w[:] = w[5]
+    seq, cache, prepared = _prepared_cache(model)
+    decoder, ends = prepared.decoder, model.kernel_ends(prepared)
+    gen = torch.Generator().manual_seed(threads)
+    pos = cache.lengths[0]
+    for t in (1, 2, 7, 16):
+        tokens = torch.randint(0, model.config.vocab_size, (t,), generator=gen)
+        cos, sin = model.rope(None, torch.float32, pos, t)
+        cos, sin = cos.reshape(t, -1), sin.reshape(t, -1)
+        with torch.inference_mode():
+            logits = torch.empty(t, ends.outputs)
+            ways = {"logits": decoder.verify(tokens, cos, sin, copy.deepcopy(cache), ends, logits),
+                    "whole head": decoder.verify(tokens, cos, sin, copy.deepcopy(cache), ends, head_copy=False),
+                    "copy": decoder.verify(tokens, cos, sin, copy.deepcopy(cache), ends)}
+        first_max = [int(torch.argmax(row)) for row in logits]  # (torch's argmax: the first maximum)
+        assert {w: v.tolist() for w, v in ways.items()} == {w: first_max for w in ways}, t
+        if head == "one row repeated":
+            assert first_max == [0] * t
+    assert decoder._proxy is not None and decoder._proxy[1] is not None  # the copy was made and read
+
+
+def test_the_pace_leaves_each_lengths_first_check_untimed_and_times_both_ways_of_reading_the_head():
+    pace = Pace()
+    pace.record(4, 0.020, 5, 0.175, 4)  # the first check at 5 rows: a warm-up (the head's copy made in it)
+    assert pace.check_s == {} and pace.draft_s == pytest.approx(0.005)
+    assert pace.best(GAMMA_MAX) == GAMMA_START and pace.head_copy(5)
+    pace.record(4, 0.020, 5, 0.018, 4)
+    assert pace.check_s == {(5, True): 0.018}
+    assert not pace.head_copy(5)  # the whole head next: warmed up, then timed
+    pace.record(4, 0.020, 5, 0.030, 4, copy=False)
+    assert not pace.head_copy(5) and (5, False) not in pace.check_s
+    pace.record(4, 0.020, 5, 0.020, 4, copy=False)
+    assert pace.head_copy(5)  # 18 ms through the copy against 20 for the whole head
+    for _ in range(8):
+        pace.record(4, 0.020, 5, 0.030, 4)  # the copy turns slower: the running time follows
+    assert not pace.head_copy(5)
+    assert pace.best(GAMMA_MAX) > 4  # every draft kept: longer checks than the one measured pay
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

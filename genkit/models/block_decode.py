@@ -397,14 +397,15 @@ class BlockDecoder:
         return True
 
     def verify(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends,
-               logits: torch.Tensor | None = None) -> torch.Tensor | None:
+               logits: torch.Tensor | None = None, head_copy: bool = True) -> torch.Tensor | None:
         """A speculative step's check on a batch-1 cache: the tokens ``ids`` ``(T,)`` (T <= 16) at the
         cache's next T positions, run as rows of one step (``gk_decode_verify``; ``cos``/``sin``: one
         ``head_dim`` row per token), and for each the first maximum of its logits ``(T,)``: the token
         greedy search picks after it, as a one-token step computes it. Writes the T positions'
         keys and values and advances the cache by T; with ``logits`` (a contiguous float32 ``(T,
-        vocab)`` tensor) the logits are left there too. None, with nothing written, where this step
-        does not apply (another cache, no room)."""
+        vocab)`` tensor) the logits are left there too, and without, with ``head_copy``, a float32 head
+        is read through its 8-bit copy as :meth:`argmax` reads it (once for all T rows). None, with
+        nothing written, where this step does not apply (another cache, no room)."""
         t = ids.shape[0]
         if type(cache) is not KVCache or ids.dim() != 1 or not 1 <= t <= 16 or cos.shape != (t, self.head_dim):
             return None
@@ -418,10 +419,17 @@ class BlockDecoder:
         ids = ids if ids.dtype == torch.long and ids.is_contiguous() else ids.long().contiguous()
         cos, sin = cos.float().contiguous(), sin.float().contiguous()
         pos, tokens = cache.lengths[0], torch.empty(t, dtype=torch.long)
+        copy = None
+        if logits is None and head_copy:
+            ends, copy = self._copy_ends(ends)  # (held through the call)
+        elif ends.proxy:  # the whole head: the ends without the copy an earlier step filled in (others read it)
+            ends = type(ends).from_buffer_copy(ends)
+            ends.proxy = None
         rc = block_kernel.library().gk_decode_verify(
             n, self.table, ctypes.byref(ends), ids.data_ptr(), t, self.hidden, cos.data_ptr(), sin.data_ptr(), pos,
             state.karr, state.varr, state.capacity, torch.get_num_threads(), tokens.data_ptr(),
             None if logits is None else logits.data_ptr())
+        del copy
         if rc == -5:
             return None
         if rc:

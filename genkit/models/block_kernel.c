@@ -2270,38 +2270,71 @@ static double kth_largest(double *v, int n, int k) {
 }
 
 /* The 16-row blocks of e's head that hold every row whose exact logit can reach the k-th largest (see
- * above), into blocks (ascending, at most cap): their number, 0 > -1 when memory cannot be had, -2 when
+ * above), from the copy's logits p (e->proxy_rows) of a final-normed hidden state of norm X (lo: scratch
+ * of e->outputs doubles), into blocks (ascending, at most cap): their number, or -2 when
  * the whole head must be computed (a value not finite, more than cap blocks, a k-th largest lower bound
  * L outside 1e-30..1e30 in size). The cut is L less 2^-20 of its size: a row left out is below the cut,
  * and the cut below L (so below the k-th largest logit) by 2^-20 of it, so the row stays below the k-th
  * largest logit when the scores are divided by a temperature of 1e-3..1e3 (each quotient rounded to a
  * normal float: strictly monotone across such a gap). */
-static int proxy_blocks(const gk_ends *e, const float *h, int K, int k, int *blocks, int cap, int threads) {
+static int proxy_select(const gk_ends *e, const float *p, double X, int k, int *blocks, int cap, double *lo) {
     const int N = e->outputs;
-    double ss = 0.0;
-    for (int i = 0; i < K; i++) ss += (double)h[i] * h[i];
-    const double X = sqrt(ss);
-    float *p = (float *)malloc(sizeof(float) * (size_t)e->proxy_rows);
-    double *lo = (double *)malloc(sizeof(double) * (size_t)N);
-    int rc = p == NULL || lo == NULL ? -1 : (isfinite(X) && k <= N ? 0 : -2);
-    if (rc == 0 && gk_matmul(8, e->proxy, h, p, 1, e->proxy_rows, K, threads, GK_ACT_TWO) != 0) rc = -1;
-    for (int r = 0; rc == 0 && r < N; r++) {
-        lo[r] = (double)p[r] - (double)e->bound[r] * X;
-        if (!isfinite(lo[r])) rc = -2;
+    if (!isfinite(X) || k > N) return -2;
+    double cut;
+    if (k == 1) { /* the largest lower bound: four running maxima (no chain of dependent compares); chk turns NaN
+                   * at a value not finite */
+        double m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, chk[4] = {0.0, 0.0, 0.0, 0.0};
+        int r = 0;
+        for (; r + 4 <= N; r += 4)
+            for (int j = 0; j < 4; j++) {
+                double v = (double)p[r + j] - (double)e->bound[r + j] * X;
+                chk[j] += v * 0.0;
+                m[j] = v > m[j] ? v : m[j];
+            }
+        for (; r < N; r++) {
+            double v = (double)p[r] - (double)e->bound[r] * X;
+            chk[0] += v * 0.0;
+            m[0] = v > m[0] ? v : m[0];
+        }
+        if (isnan(chk[0] + chk[1] + chk[2] + chk[3])) return -2;
+        cut = fmax(fmax(m[0], m[1]), fmax(m[2], m[3]));
+    } else {
+        for (int r = 0; r < N; r++) {
+            lo[r] = (double)p[r] - (double)e->bound[r] * X;
+            if (!isfinite(lo[r])) return -2;
+        }
+        cut = kth_largest(lo, N, k);
     }
-    double cut = rc == 0 ? kth_largest(lo, N, k) : 0.0;
-    if (rc == 0 && !(fabs(cut) >= 1e-30 && fabs(cut) <= 1e30)) rc = -2; /* a quotient could leave float's range */
+    if (!(fabs(cut) >= 1e-30 && fabs(cut) <= 1e30)) return -2; /* a quotient could leave float's range */
     cut -= 0x1p-20 * fabs(cut);
     int n = 0;
-    for (int r = 0; rc == 0 && r < N; r++) {
+    for (int r = 0; r < N; r++) {
         double hi = (double)p[r] + (double)e->bound[r] * X;
         if (hi < cut - 1e-12 * (fabs(cut) + fabs(hi)) || (n > 0 && blocks[n - 1] == r / 16)) continue;
-        if (n == cap) rc = -2;
-        else blocks[n++] = r / 16;
+        if (n == cap) return -2;
+        blocks[n++] = r / 16;
     }
+    return n;
+}
+
+/* ||h||_2 of a row of K values, in double */
+static double row_norm(const float *h, int K) {
+    double ss = 0.0;
+    for (int i = 0; i < K; i++) ss += (double)h[i] * h[i];
+    return sqrt(ss);
+}
+
+/* proxy_select for the final-normed hidden state h (K values) of a batch-1 step: the copy's product
+ * of h, then the blocks; -1 when memory cannot be had */
+static int proxy_blocks(const gk_ends *e, const float *h, int K, int k, int *blocks, int cap, int threads) {
+    float *p = (float *)malloc(sizeof(float) * (size_t)e->proxy_rows);
+    double *lo = (double *)malloc(sizeof(double) * (size_t)e->outputs);
+    int rc = p == NULL || lo == NULL ? -1 : 0;
+    if (rc == 0 && gk_matmul(8, e->proxy, h, p, 1, e->proxy_rows, K, threads, GK_ACT_TWO) != 0) rc = -1;
+    if (rc == 0) rc = proxy_select(e, p, row_norm(h, K), k, blocks, cap, lo);
     free(p);
     free(lo);
-    return rc < 0 ? rc : n;
+    return rc;
 }
 
 /* The exact logits of the blocks (see proxy_blocks) into logits (with fill, the other rows -inf; else
@@ -2360,6 +2393,35 @@ int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, cons
     return rc;
 }
 
+/* The first maximum of each of the `tokens` rows of logits of final-normed hidden states h (tokens,
+ * hidden) as a one-token greedy step finds it (gk_decode_top with top < 0): the head's 8-bit copy read
+ * once for all rows (the block product gives each row the bits of that row alone), then per row the
+ * exact logits of the blocks that can hold its largest (into that row of `logits`, the scratch), or
+ * where the copy does not serve, the whole row. */
+static int verify_tokens(const gk_ends *e, const float *h, int tokens, int hidden, float *logits, int64_t *out,
+                         int threads) {
+    float *p = (float *)malloc(sizeof(float) * (size_t)tokens * (size_t)e->proxy_rows);
+    double *lo = (double *)malloc(sizeof(double) * (size_t)e->outputs);
+    int rc = p == NULL || lo == NULL ? -1 : 0;
+    if (rc == 0 && gk_matmul(8, e->proxy, h, p, tokens, e->proxy_rows, hidden, threads, GK_ACT_TWO) != 0) rc = -1;
+    for (int r = 0; rc == 0 && r < tokens; r++) {
+        const float *hr = h + (size_t)r * hidden;
+        float *lr = logits + (size_t)r * e->outputs;
+        int blocks[GK_PROXY_BLOCKS / 8];
+        int nb = proxy_select(e, p + (size_t)r * e->proxy_rows, row_norm(hr, hidden), 1, blocks, GK_PROXY_BLOCKS / 8,
+                              lo);
+        if (nb >= 0 && proxy_logits(e, hr, hidden, blocks, nb, 0, lr, threads)) {
+            out[r] = blocks_first_max(lr, e->outputs, blocks, nb);
+            continue;
+        }
+        rc = head_product(e, hr, 1, hidden, lr, threads);
+        if (rc == 0) out[r] = first_max(lr, e->outputs);
+    }
+    free(p);
+    free(lo);
+    return rc;
+}
+
 /* A speculative step's check (genkit/models/self_speculation.py): `tokens` token ids of one cache row at
  * positions pos..pos+tokens-1 (cos/sin: one head_dim row per token) through every layer, the final norm
  * and the LM head as rows of one step, into the first maximum of each token's logits (out[t]: the token
@@ -2367,7 +2429,8 @@ int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, cons
  * norms, rotary embedding, SwiGLU and attention over the row's own positions; on the dense kernel's
  * product, which gives a row of up to 16 the same bits as alone), so out[t] is the token a step of
  * ids[t] alone gives once ids[0..t-1] are in the cache. With `logits` (tokens, outputs) not NULL the
- * logits are left there too. -5, with nothing written, when an id lies outside the table; -2 for more
+ * logits are left there too; without, a float32 head with its 8-bit copy in e is read through the copy
+ * (verify_tokens). -5, with nothing written, when an id lies outside the table; -2 for more
  * than 16 tokens. */
 int gk_decode_verify(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int tokens,
                      int hidden, const float *cos_, const float *sin_, int pos, float *const *kcache,
@@ -2376,18 +2439,24 @@ int gk_decode_verify(int num_layers, const gk_layer *layers, const gk_ends *e, c
     for (int r = 0; r < tokens; r++)
         if (ids[r] < 0 || ids[r] >= e->vocab) return -5;
     const size_t n = (size_t)tokens;
-    float *x = (float *)malloc(sizeof(float) * n * (2 * (size_t)hidden + (logits == NULL ? (size_t)e->outputs : 0)));
+    const int keep = logits != NULL;
+    float *x = (float *)malloc(sizeof(float) * n * (2 * (size_t)hidden + (keep ? 0 : (size_t)e->outputs)));
     if (x == NULL) return -1;
     float *h = x + n * hidden;
-    if (logits == NULL) logits = h + n * hidden;
+    if (!keep) logits = h + n * hidden;
     embed_rows(e, ids, tokens, hidden, x);
     int rc = gk_decode(num_layers, layers, x, tokens, hidden, cos_, sin_, pos, tokens, kcache, vcache, capacity,
                        threads);
     if (rc == 0) {
         norm_rows(e->llama, e->eps, e->norm, x, h, tokens, hidden, threads);
-        rc = head_product(e, h, tokens, hidden, logits, threads);
+        if (keep || e->proxy == NULL || e->gemv_cols == NULL) {
+            rc = head_product(e, h, tokens, hidden, logits, threads);
+            for (int r = 0; rc == 0 && r < tokens; r++)
+                out[r] = first_max(logits + (size_t)r * e->outputs, e->outputs);
+        } else {
+            rc = verify_tokens(e, h, tokens, hidden, logits, out, threads);
+        }
     }
-    for (int r = 0; rc == 0 && r < tokens; r++) out[r] = first_max(logits + (size_t)r * e->outputs, e->outputs);
     free(x);
     return rc;
 }

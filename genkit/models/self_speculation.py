@@ -81,36 +81,56 @@ class Stats:
 
 @dataclass
 class Pace:
-    """Running measurements of the rounds: seconds per draft step, seconds per check of ``T`` rows, and
+    """Running measurements of the rounds: seconds per draft step, seconds per check of ``T`` rows for
+    each way of reading the LM head (``copy``: through its 8-bit copy; else the whole float32 head), and
     drafts kept against drafts the model disagreed with (at most one per check)."""
 
     draft_s: float | None = None
-    check_s: dict[int, float] = field(default_factory=dict)
+    check_s: dict[tuple[int, bool], float] = field(default_factory=dict)
     kept: int = 0
     rejected: int = 0
+    warmed: set[tuple[int, bool]] = field(default_factory=set)
 
-    def record(self, drafts: int, draft_s: float, rows: int, check_s: float, kept: int) -> None:
+    def record(self, drafts: int, draft_s: float, rows: int, check_s: float, kept: int, copy: bool = True) -> None:
+        """Take a round's measurements; the first check of each length and way is a warm-up, not timed
+        (its first-call work, scratch memory faulted in, would make that length look slow for good)."""
         if drafts:
             per = draft_s / drafts
             self.draft_s = per if self.draft_s is None else (1 - EMA) * self.draft_s + EMA * per
-        old = self.check_s.get(rows)
-        self.check_s[rows] = check_s if old is None else (1 - EMA) * old + EMA * check_s
+        key = (rows, copy)
+        if key in self.warmed:
+            old = self.check_s.get(key)
+            self.check_s[key] = check_s if old is None else (1 - EMA) * old + EMA * check_s
+        self.warmed.add(key)
         self.kept += kept
         self.rejected += kept < drafts
 
+    def head_copy(self, rows: int) -> bool:
+        """How a check of ``rows`` reads the LM head: through its 8-bit copy (a quarter of the bytes,
+        and an 8-bit product of every row plus a few exact logits a row) unless the whole float32 head
+        was measured faster at that many rows; each way is timed (after its warm-up) before the times
+        decide."""
+        copy, whole = self.check_s.get((rows, True)), self.check_s.get((rows, False))
+        if copy is None or whole is None:
+            return whole is not None or copy is None
+        return copy <= whole
+
     def _check_time(self, rows: int) -> float:
-        if rows in self.check_s:
-            return self.check_s[rows]
-        shorter = [t for t in self.check_s if t < rows]
-        base = max(shorter) if shorter else min(self.check_s)
-        return self.check_s[base] * (1 + UNMEASURED_ROW * (rows - base))
+        measured: dict[int, float] = {}
+        for (t, _), s in self.check_s.items():
+            measured[t] = min(s, measured.get(t, s))
+        if rows in measured:
+            return measured[rows]
+        shorter = [t for t in measured if t < rows]
+        base = max(shorter) if shorter else min(measured)
+        return measured[base] * (1 + UNMEASURED_ROW * (rows - base))
 
     def best(self, limit: int) -> int:
         """The draft length (1..``limit``) with the most expected tokens per second; GAMMA_START
         (within the limit) before anything was measured; 0 for a limit under 1."""
         if limit < 1:
             return 0
-        if self.draft_s is None or not self.check_s:
+        if self.draft_s is None or not self.check_s:  # (nothing timed yet: warm-ups only)
             return min(GAMMA_START, limit)
         agree = (self.kept + 1) / (self.kept + self.rejected + 2)  # each draft's chance, one of each assumed
 
@@ -243,14 +263,16 @@ def speculate(draft: SelfDraft, decoder: BlockDecoder, ends: Any, rope: Any, tok
     t = len(tokens)
     cos, sin = rope(pos, t)
     drafted = time.perf_counter()
-    checked = decoder.verify(torch.tensor(tokens), cos.reshape(t, -1), sin.reshape(t, -1), cache, ends)
+    copy = draft.pace.head_copy(t)
+    checked = decoder.verify(torch.tensor(tokens), cos.reshape(t, -1), sin.reshape(t, -1), cache, ends,
+                             head_copy=copy)
     if checked is None:  # (nothing written: the cache is at pos already)
         return None
     greedy = checked.tolist()
     kept = 0
     while kept < t - 1 and tokens[kept + 1] == greedy[kept]:
         kept += 1
-    draft.pace.record(t - 1, drafted - start, t, time.perf_counter() - drafted, kept)
+    draft.pace.record(t - 1, drafted - start, t, time.perf_counter() - drafted, kept, copy)
     cache.lengths[:] = [pos + 1] * layers
     if kept:
         cache.ahead = Ahead(pos + 1, tokens[1:kept + 1], greedy[1:kept + 1], id(decoder))
