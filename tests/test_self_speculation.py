@@ -15,7 +15,7 @@ import torch
 
 from genkit.models import block_kernel, dense_kernel
 from genkit.models.cache import KVCache
-from genkit.models.self_speculation import GAMMA_MAX, GAMMA_START, Pace, build_draft
+from genkit.models.self_speculation import EXPLORE, GAMMA_MAX, GAMMA_START, Pace, build_draft
 from genkit.models.tiny import tiny_llama
 
 pytestmark = [pytest.mark.skipif(block_kernel._compiler() is None or not dense_kernel.available(),
@@ -136,6 +136,34 @@ def test_the_pace_leaves_each_lengths_first_check_untimed_and_times_both_ways_of
         pace.record(4, 0.020, 5, 0.030, 4)  # the copy turns slower: the running time follows
     assert not pace.head_copy(5)
     assert pace.best(GAMMA_MAX) > 4  # every draft kept: longer checks than the one measured pay
+
+
+def test_one_slow_check_does_not_keep_its_length_out():
+    """Timing noise only adds time: a check preempted once moves its length's running time a quarter
+    of the way, the next normal one most of the way back; and every EXPLORE rounds a length next to
+    the best is checked (longer, then shorter), so a length measured slow is measured again."""
+    pace = Pace()
+    for rows in (4, 5, 6):
+        pace.record(rows - 1, 0.005 * (rows - 1), rows, 0.1, rows - 1)  # warm-ups
+        pace.record(rows - 1, 0.005 * (rows - 1), rows, 0.015 + 0.001 * rows, rows - 1)
+    pace.record(5, 0.025, 6, 0.2, 5)  # preempted
+    assert pace.check_s[6, True] == pytest.approx(0.75 * 0.021 + 0.25 * 0.2)
+    pace.record(5, 0.025, 6, 0.021, 5)
+    assert pace.check_s[6, True] == pytest.approx(0.25 * (0.75 * 0.021 + 0.25 * 0.2) + 0.75 * 0.021)
+    pace = Pace()
+    check = [0.008 * 1.25 ** rows for rows in range(GAMMA_MAX + 2)]  # a check's time grows faster the longer
+    for rows in range(2, GAMMA_MAX + 2):
+        for _ in range(2):  # (a warm-up, then timed)
+            pace.record(rows - 1, 0.005 * (rows - 1), rows, check[rows], rows - 1)
+    pace.rounds = 0
+    lengths = []
+    for _ in range(2 * EXPLORE):
+        lengths.append(pace.best(GAMMA_MAX))
+        pace.record(lengths[-1], 0.005 * lengths[-1], lengths[-1] + 1, check[lengths[-1] + 1], lengths[-1])
+    usual = max(set(lengths), key=lengths.count)
+    assert 1 < usual < GAMMA_MAX
+    assert lengths[EXPLORE - 1] == usual + 1 and lengths[2 * EXPLORE - 1] == usual - 1
+    assert lengths.count(usual) == 2 * EXPLORE - 2
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
