@@ -15,7 +15,7 @@ import torch
 
 from genkit.models import block_kernel, dense_kernel
 from genkit.models.cache import KVCache
-from genkit.models.self_speculation import EXPLORE, GAMMA_MAX, GAMMA_START, Pace, build_draft
+from genkit.models.self_speculation import EXPLORE, GAMMA_MAX, GAMMA_START, RESCORE, Pace, build_draft
 from genkit.models.tiny import tiny_llama
 
 pytestmark = [pytest.mark.skipif(block_kernel._compiler() is None or not dense_kernel.available(),
@@ -118,6 +118,32 @@ def test_a_check_through_the_heads_copy_gives_the_whole_heads_tokens(threads, he
         if head == "one row repeated":
             assert first_max == [0] * t
     assert decoder._proxy is not None and decoder._proxy[1] is not None  # the copy was made and read
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_draft_step_takes_the_largest_float32_logit_among_its_4_bit_heads_best(threads):
+    """The draft's head is 4-bit; a draft step computes the blocks of its RESCORE largest logits again
+    from the model's float32 head and takes the first maximum there: on a tiny model (8 blocks of 16
+    tokens) that is the argmax of the draft's layers followed by the float32 head."""
+    from genkit.models.block_decode import _ends
+
+    torch.set_num_threads(threads)
+    model = tiny_llama(seed=5)
+    seq, cache, prepared = _prepared_cache(model, new=24)
+    draft, head = model._draft_for(prepared), prepared.for_rows(1)[1]
+    assert draft.head.bits == 4 and draft.ends.rescore == RESCORE
+    exact = _ends(model.model.embed_tokens, model.model.norm.weight.detach(), float(model.model.norm.eps), False,
+                  head, draft.decoder.hidden, model.kernel_ends(prepared).gemv)
+    with torch.inference_mode():
+        for pos in range(IDS.shape[1], seq.shape[1]):
+            token, steps = seq[0, pos:pos + 1].view(1, 1), []
+            for ends in (draft.ends, exact):
+                at = copy.deepcopy(cache)
+                at.lengths[:] = [pos] * len(at.lengths)
+                cos, sin = model.rope(None, torch.float32, pos, 1)
+                step = draft.decoder.argmax if ends is draft.ends else draft.decoder.logits
+                steps.append(step(token, cos, sin, at, ends))
+            assert int(steps[0][0]) == int(torch.argmax(steps[1][0, 0])), pos
 
 
 def test_the_pace_leaves_each_lengths_first_check_untimed_and_times_both_ways_of_reading_the_head():
@@ -260,7 +286,9 @@ def test_the_default_makes_a_draft_only_up_to_its_size_limit(monkeypatch):
     _, _, prepared = _prepared_cache(model)
     draft = model._draft_for(prepared)  # (self_speculation False: asked directly)
     blocks = sum(lin.blocks.numel() for p in draft.decoder.layers for lin in (p.wqkv, p.wo, p.wgu, p.wd))
-    assert llama.draft_bytes(prepared, model.lm_head.weight) == blocks + draft.head.blocks.numel()
+    head = prepared.for_rows(1)[1]  # (the float32 head a step reads: the draft's head is 4-bit, rescored on it)
+    assert draft.head.bits == 4 and draft.ends.rescore == RESCORE
+    assert llama.draft_bytes(prepared, head) == blocks + draft.head.blocks.numel()
     monkeypatch.setattr(llama, "DRAFT_MAX_BYTES", blocks)  # a limit under this model's draft
     model.__dict__.pop("_self_draft")
     assert torch.equal(_greedy(model, None), plain)

@@ -61,7 +61,8 @@ class _Ends(ctypes.Structure):
                 ("norm", ctypes.c_void_p), ("eps", ctypes.c_float), ("llama", ctypes.c_int), ("head", ctypes.c_void_p),
                 ("head_bits", ctypes.c_int), ("head_act", ctypes.c_int), ("outputs", ctypes.c_int),
                 ("gemv", ctypes.c_void_p), ("head_ld", ctypes.c_long), ("proxy", ctypes.c_void_p),
-                ("bound", ctypes.c_void_p), ("proxy_rows", ctypes.c_int), ("gemv_cols", ctypes.c_void_p)]
+                ("bound", ctypes.c_void_p), ("proxy_rows", ctypes.c_int), ("gemv_cols", ctypes.c_void_p),
+                ("rescore_w", ctypes.c_void_p), ("rescore_ld", ctypes.c_long), ("rescore", ctypes.c_int)]
 
 
 def _end_tensors(embed: Any, norm: Any, head: Any) -> tuple[torch.Tensor, ...] | None:

@@ -2093,6 +2093,12 @@ typedef struct {
     int proxy_rows;
     int (*gemv_cols)(const float *x, const float *w, long ldw, float *y, int N, int K, int threads, const int *blocks,
                      int n);
+    /* a self-speculative draft's greedy steps (genkit/models/self_speculation.py) on a block head: the 16-row
+     * blocks of its `rescore` largest logits computed again by gemv_cols on the model's float32 head (rescore_w,
+     * column-major, leading dimension rescore_ld), the token the first maximum of those; 0: the block head's */
+    const float *rescore_w;
+    long rescore_ld;
+    int rescore;
 } gk_ends;
 
 /* the embedding rows of ids into x (ids checked by the caller) */
@@ -2359,12 +2365,44 @@ static int64_t blocks_first_max(const float *logits, int N, const int *blocks, i
     return best;
 }
 
+/* The 16-row blocks (ascending, at most GK_RESCORE_MAX) of the e->rescore largest of logits[0..N-1], a
+ * value that is not a number never among them (a draft's guess: a NaN only makes it a poor one) */
+#define GK_RESCORE_MAX 16
+static int rescore_blocks(const gk_ends *e, const float *logits, int *blocks) {
+    const int N = e->outputs, R = e->rescore < GK_RESCORE_MAX ? e->rescore : GK_RESCORE_MAX;
+    float best[GK_RESCORE_MAX];
+    int at[GK_RESCORE_MAX], have = 0;
+    for (int r = 0; r < N; r++) {
+        const float v = logits[r];
+        if (have == R && !(v > best[R - 1])) continue; /* (a NaN: never taken) */
+        if (v != v) continue;
+        int i = have < R ? have++ : R - 1;
+        for (; i > 0 && best[i - 1] < v; i--) {
+            best[i] = best[i - 1];
+            at[i] = at[i - 1];
+        }
+        best[i] = v;
+        at[i] = r;
+    }
+    int n = 0;
+    for (int i = 0; i < have; i++) {
+        int b = at[i] / 16, k = n;
+        while (k > 0 && blocks[k - 1] > b) k--;
+        if (k > 0 && blocks[k - 1] == b) continue;
+        memmove(blocks + k + 1, blocks + k, sizeof(int) * (size_t)(n - k));
+        blocks[k] = b;
+        n++;
+    }
+    return n;
+}
+
 /* A decode step of one token per cache row from token ids (gk_decode_logits' step; -5 the same way) to
  * logits whose rows `top` needs: with top = 0 every logit; with 0 < top, for a batch-1 step on e's 8-bit copy, the
  * exact logit of every row that can be among the `top` largest (proxy_blocks; ties included) and -inf
  * for the others, which a filter to the `top` largest (after a temperature) removes anyway; and for
  * top < 0, only tokens: the first maximum of each row's logits (a NaN counting as the largest, as
- * numpy's argmax), into `tokens`. Where the copy does not serve, every logit is computed. */
+ * numpy's argmax), into `tokens`. Where the copy does not serve, every logit is computed. A draft's
+ * batch-1 greedy step with e->rescore takes the first maximum over its rescored blocks instead. */
 int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int rows, int hidden,
                   const float *cos_, const float *sin_, int pos, float *const *kcache, float *const *vcache,
                   int capacity, int threads, float *logits, int top, int64_t *tokens) {
@@ -2386,6 +2424,11 @@ int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, cons
         done = nb >= 0 && proxy_logits(e, h, hidden, blocks, nb, top > 0, out, threads);
     }
     if (rc == 0 && !done) rc = head_product(e, h, rows, hidden, out, threads);
+    if (rc == 0 && !done && top < 0 && rows == 1 && e->rescore > 0 && e->rescore_w != NULL && e->gemv_cols != NULL) {
+        nb = rescore_blocks(e, out, blocks);
+        e->gemv_cols(h, e->rescore_w, e->rescore_ld, out, e->outputs, hidden, threads, blocks, nb);
+        done = nb > 0;
+    }
     if (rc == 0 && done && top < 0) tokens[0] = blocks_first_max(out, e->outputs, blocks, nb);
     for (int r = 0; rc == 0 && !done && top < 0 && r < rows; r++)
         tokens[r] = first_max(out + (size_t)r * e->outputs, e->outputs);
