@@ -4,9 +4,10 @@ A batch-1 float32 decode step reads every weight once per token, so it runs at t
 (on several CPUs one core reads what transformers reads: no faster kernel is left). A step that runs
 T tokens as rows of one product reads the weights once for all T. So a greedy step here:
 
-1. drafts ``gamma`` tokens with an 8-bit copy of the model (the **draft**: every decoder product and
-   the LM head as int8 codes with one scale per 32 weights, on the block kernel, activations rounded
-   to one int8 digit; under a third of the bytes). The draft writes its keys and values into the
+1. drafts ``gamma`` tokens with an 8-bit copy of the model (the **draft**: every decoder product as
+   int8 codes with one scale per 32 weights, on the block kernel, activations rounded to one int8
+   digit; the LM head in 4 bits, the blocks of its :data:`RESCORE` largest logits computed again from
+   the model's float32 head; under a third of the bytes). The draft writes its keys and values into the
    model's own cache, after the positions the model itself computed, so it needs no cache, prompt or
    history of its own;
 2. checks them with the model itself in one step (``gk_decode_verify``): the pending token and the
@@ -22,7 +23,7 @@ The tokens are those of plain greedy search, bit for bit, whatever the draft pro
 decides how many tokens one check yields. Anything that writes the cache by another way (a forward,
 a crop, a reorder, a grown buffer) drops what is ahead. ``model.self_speculation``: None (the
 default) makes the draft where it takes at most :data:`DRAFT_MAX_BYTES` (2 GiB: about 2B parameters;
-SmolLM2-135M's takes 151 MB), True always, False never (one token per step).
+SmolLM2-135M's takes 137 MB), True always, False never (one token per step).
 
 Draft length: chosen before each round for the most tokens per second (:class:`Pace`): the time of a
 draft step and of a check of each length as measured in earlier rounds, and the share of drafts the
