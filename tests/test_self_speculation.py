@@ -164,6 +164,43 @@ def test_the_pace_leaves_each_lengths_first_check_untimed_and_times_both_ways_of
     assert pace.best(GAMMA_MAX) > 4  # every draft kept: longer checks than the one measured pay
 
 
+def test_the_pace_takes_one_token_steps_where_they_were_measured_faster():
+    """With a long context every draft step and every row of a check attends over all of it, and a
+    round can be slower per token than one-token steps (SmolLM2 at 3000 tokens of context: 0.86x
+    before this rule). The pace times speculation first, then one-token steps (a warm-up, then timed),
+    takes the faster, and the other every EXPLORE steps to keep both measured."""
+    pace = Pace()
+    for _ in range(2):  # a warm-up, then timed: 5 drafts at 5 ms and a check of 6 rows at 20 ms, all kept
+        pace.record(5, 0.025, 6, 0.020, 5)
+    assert pace.plain(GAMMA_MAX)  # one-token steps not measured yet
+    pace.record_plain(0.5)  # (a warm-up: not timed)
+    assert pace.plain_s is None and pace.plain(GAMMA_MAX)
+    pace.record_plain(0.012)  # 83 tokens/s against a round's 6 / 45 ms = 133
+    decisions = [pace.plain(GAMMA_MAX) for _ in range(2 * EXPLORE)]
+    assert decisions.count(True) == 2  # one-token steps only to measure them again
+    for _ in range(3):
+        pace.record_plain(0.004)  # 250 tokens/s
+    decisions = [pace.plain(GAMMA_MAX) for _ in range(2 * EXPLORE)]
+    assert decisions.count(False) == 2  # rounds only to measure them again
+    assert not pace.plain(0)  # (nothing to draft: the caller's one-token step, not the pace's)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_default_may_take_one_token_steps_and_true_always_speculates(threads):
+    torch.set_num_threads(threads)
+    model = tiny_llama(seed=12)
+    plain = _greedy(model, False, max_new_tokens=96)
+    draft = model._draft_for(_prepared_cache(model)[2])
+    draft.pace = Pace(draft_s=1.0, check_s={(t, c): 1.0 for t in range(1, 17) for c in (True, False)},
+                      warmed={(t, c) for t in range(1, 17) for c in (True, False)})  # rounds measured very slow
+    assert torch.equal(_greedy(model, None, max_new_tokens=96), plain)
+    stats = model.speculation_stats
+    assert stats["one_token"] > 60 and stats["checks"] <= 10  # (two timings, then a round every EXPLORE steps)
+    draft.stats = type(draft.stats)()
+    assert torch.equal(_greedy(model, True, max_new_tokens=96), plain)
+    assert model.speculation_stats["one_token"] == 0 and model.speculation_stats["checks"] > 0
+
+
 def test_one_slow_check_does_not_keep_its_length_out():
     """Timing noise only adds time: a check preempted once moves its length's running time a quarter
     of the way, the next normal one most of the way back; and every EXPLORE rounds a length next to

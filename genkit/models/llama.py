@@ -250,8 +250,9 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
     cpu_weight_packing: bool | None = None
     #: greedy steps of a float32 model on the dense one-call decoder draft tokens with an 8-bit copy of
     #: the model and check them in one step (genkit.models.self_speculation; the same tokens, bit for
-    #: bit): None does so where the copy stays under 2 GiB (about 2B parameters), True always, False
-    #: never (one token per step)
+    #: bit): None does so where the copy stays under 2 GiB (about 2B parameters) and a round is measured
+    #: faster than one token per step (long contexts may not be), True always, False never (one token
+    #: per step)
     self_speculation: bool | None = None
     supports_partial_depth = True
 
@@ -475,7 +476,8 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         ends = self.kernel_ends(prepared)
         if ends is None or draft is None:
             return None
-        out = speculate(draft, decoder, ends, lambda start, n: self.rope(None, torch.float32, start, n), token, cache)
+        out = speculate(draft, decoder, ends, lambda start, n: self.rope(None, torch.float32, start, n), token, cache,
+                        always=self.self_speculation is True)
         return None if out is None else torch.tensor([out])
 
     def _draft_for(self, prepared: PreparedModel) -> SelfDraft | None:

@@ -23,7 +23,10 @@ The tokens are those of plain greedy search, bit for bit, whatever the draft pro
 decides how many tokens one check yields. Anything that writes the cache by another way (a forward,
 a crop, a reorder, a grown buffer) drops what is ahead. ``model.self_speculation``: None (the
 default) makes the draft where it takes at most :data:`DRAFT_MAX_BYTES` (2 GiB: about 2B parameters;
-SmolLM2-135M's takes 137 MB), True always, False never (one token per step).
+SmolLM2-135M's takes 137 MB) and speculates while rounds are measured faster than one-token steps
+(:meth:`Pace.plain`: with a long context every draft step and every row of a check attends over all
+of it; SmolLM2 after a 3000-token prompt ran 0.86x one token per step before this rule, 1.05x with
+it), True always (any size, every step), False never (one token per step).
 
 Draft length: chosen before each round for the most tokens per second (:class:`Pace`): the time of a
 draft step and of a check of each length as measured in earlier rounds, and the share of drafts the
@@ -86,12 +89,14 @@ class Ahead:
 
 @dataclass
 class Stats:
-    """What the draft did: checks run, tokens drafted, drafts kept, tokens answered from ``ahead``."""
+    """What the draft did: checks run, tokens drafted, drafts kept, tokens answered from ``ahead``,
+    one-token steps taken where the pace measured them faster."""
 
     checks: int = 0
     drafted: int = 0
     accepted: int = 0
     answered_ahead: int = 0
+    one_token: int = 0  # steps the pace ran one token at a time, measured faster
 
 
 @dataclass
@@ -106,6 +111,9 @@ class Pace:
     rejected: int = 0
     warmed: set[tuple[int, bool]] = field(default_factory=set)
     rounds: int = 0
+    plain_s: float | None = None  # a one-token greedy step's running time
+    plain_warmed: bool = False
+    steps: int = 0  # steps decided by :meth:`plain`
 
     def record(self, drafts: int, draft_s: float, rows: int, check_s: float, kept: int, copy: bool = True) -> None:
         """Take a round's measurements; the first check of each length and way is a warm-up, not timed
@@ -143,7 +151,33 @@ class Pace:
         base = max(shorter) if shorter else min(measured)
         return measured[base] * (1 + UNMEASURED_ROW * (rows - base))
 
-    def best(self, limit: int) -> int:
+    def record_plain(self, seconds: float) -> None:
+        """Take a one-token greedy step's time (the first is a warm-up, not timed)."""
+        if self.plain_warmed:
+            self.plain_s = seconds if self.plain_s is None else _running(self.plain_s, seconds)
+        self.plain_warmed = True
+
+    def plain(self, limit: int) -> bool:
+        """Whether the next step should be one token without drafts: when one-token steps were
+        measured faster than the best round's tokens per second (long contexts: every draft step and
+        every row of a check attends over all of them), with the other way taken every
+        :data:`EXPLORE` steps to keep both measured. Speculation is timed first, then two one-token
+        steps (a warm-up and one timed)."""
+        self.steps += 1
+        if limit < 1 or self.draft_s is None or not self.check_s:
+            return False
+        if self.plain_s is None:
+            return True
+        faster = 1.0 / self.plain_s >= self._rate(self.best(limit, explore=False))
+        return faster != (self.steps % EXPLORE == 0)
+
+    def _rate(self, g: int) -> float:
+        """Expected tokens per second of a round of ``g`` drafts."""
+        agree = (self.kept + 1) / (self.kept + self.rejected + 2)  # each draft's chance, one of each assumed
+        tokens = (1 - agree ** (g + 1)) / (1 - agree) if agree < 1 else g + 1.0
+        return tokens / (g * self.draft_s + self._check_time(g + 1))  # type: ignore[operator]
+
+    def best(self, limit: int, explore: bool = True) -> int:
         """The draft length (1..``limit``) with the most expected tokens per second (every
         :data:`EXPLORE` rounds one next to it, longer and shorter in turn); GAMMA_START (within the
         limit) before anything was measured; 0 for a limit under 1."""
@@ -151,14 +185,8 @@ class Pace:
             return 0
         if self.draft_s is None or not self.check_s:  # (nothing timed yet: warm-ups only)
             return min(GAMMA_START, limit)
-        agree = (self.kept + 1) / (self.kept + self.rejected + 2)  # each draft's chance, one of each assumed
-
-        def rate(g: int) -> float:
-            tokens = (1 - agree ** (g + 1)) / (1 - agree) if agree < 1 else g + 1.0
-            return tokens / (g * self.draft_s + self._check_time(g + 1))  # type: ignore[operator]
-
-        best = max(range(1, limit + 1), key=rate)
-        if self.rounds % EXPLORE == EXPLORE - 1:
+        best = max(range(1, limit + 1), key=self._rate)
+        if explore and self.rounds % EXPLORE == EXPLORE - 1:
             up = (self.rounds // EXPLORE) % 2 == 0
             best = best + 1 if up and best < limit or best == 1 and limit > 1 else max(1, best - 1)
         return best
@@ -291,15 +319,31 @@ def _useful(cache: KVCache, pos: int) -> int:
     return GAMMA_MAX if hint <= pos + 1 else min(GAMMA_MAX, hint - pos - 2)
 
 
-def speculate(draft: SelfDraft, decoder: BlockDecoder, ends: Any, rope: Any, token: int, cache: KVCache
-              ) -> int | None:
+def _plain_step(pace: Pace, decoder: BlockDecoder, ends: Any, rope: Any, token: int, cache: KVCache) -> int | None:
+    """A one-token greedy step of the model (:meth:`BlockDecoder.argmax`), timed for the pace."""
+    cos, sin = rope(cache.lengths[0], 1)
+    start = time.perf_counter()
+    out = decoder.argmax(torch.tensor([[token]]), cos, sin, cache, ends)
+    if out is None:
+        return None
+    pace.record_plain(time.perf_counter() - start)
+    return int(out[0])
+
+
+def speculate(draft: SelfDraft, decoder: BlockDecoder, ends: Any, rope: Any, token: int, cache: KVCache,
+              always: bool = False) -> int | None:
     """One round: drafts after ``token`` (at the cache's length; as many as :meth:`Pace.best` says),
-    checked by the model's ``decoder`` with ``ends``; returns the greedy token after ``token``,
+    checked by the model's ``decoder`` with ``ends``, or (unless ``always``) a one-token step where
+    :meth:`Pace.plain` says it is faster; returns the greedy token after ``token``,
     leaves the cache one position longer and the kept drafts in ``cache.ahead``. ``rope(start, n)``:
     the model's cos/sin rows for positions ``start..start+n-1``. None, with the cache as it was, where
     a step declines."""
     pos, layers = cache.lengths[0], len(cache.lengths)
-    gamma = draft.pace.best(_useful(cache, pos))
+    useful = _useful(cache, pos)
+    if not always and draft.pace.plain(useful):
+        draft.stats.one_token += 1
+        return _plain_step(draft.pace, decoder, ends, rope, token, cache)
+    gamma = draft.pace.best(useful)
     if gamma < 1 or not _room(cache, pos + gamma + 1):
         return None
     draft.gamma = gamma
