@@ -11,7 +11,8 @@ gave the same greedy tokens, and the drafts kept per check.
 Models: ``smollm2`` (the demo model's float32 conversion, SmolLM2-135M-Instruct) and
 ``llama-124m`` (bench_kernel_choice's random 12-layer, 768-hidden Llama). Prompts: ``--prompt
 random`` (12 random token ids, bench_kernel_choice's protocol) or ``text`` (a chat-style English
-request through the model's tokenizer; smollm2 only).
+request through the model's tokenizer, or with ``--context N`` the first N tokens of this
+repository's README and model docs; smollm2 only: the 124M Llama always gets the random ids).
 
 Run: ``python bench/ab_self_speculation.py --models smollm2,llama-124m --threads 1,2 --rounds 5``.
 """
@@ -38,8 +39,15 @@ TEXT = ("<|im_start|>user\nWrite a short paragraph about why the sea is salty, f
 WAYS = ("transformers", "genkit one token", "genkit self-spec")
 
 
-def _prompt(kind: str, folder: str) -> torch.Tensor:
+def _prompt(kind: str, folder: str, context: int = 0) -> torch.Tensor:
     if kind == "text":
+        if context:  # a long prompt: this repository's README and model docs, cut to `context` tokens
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            text = "".join(open(os.path.join(root, f), encoding="utf-8").read() for f in ("README.md", "docs/models.md"))
+            ids = genkit.load_tokenizer(folder)(text, return_tensors="pt")["input_ids"]
+            if ids.shape[1] < context:
+                raise SystemExit(f"--context {context}: the text holds only {ids.shape[1]} tokens")
+            return ids[:, :context]
         return genkit.load_tokenizer(folder)(TEXT, return_tensors="pt")["input_ids"]
     return torch.randint(3, 30000, (1, 12), generator=torch.Generator().manual_seed(1))
 
@@ -74,7 +82,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--models", default="smollm2,llama-124m")
-    ap.add_argument("--prompt", choices=("random", "text"), default="random")
+    ap.add_argument("--prompt", choices=("random", "text"), default="random",
+                    help="random: 12 random ids; text: a chat request (smollm2; the 124M Llama, whose weights "
+                         "are random, always gets the random ids)")
+    ap.add_argument("--context", type=int, default=0,
+                    help="with --prompt text: a prompt of this many tokens of README.md and docs/models.md instead")
     args = ap.parse_args()
     print(describe(), flush=True)  # the CPU kind these figures belong to
     os.environ[kernel_choice.ENV] = "decode:gemv"  # the route self-speculation runs on
@@ -82,9 +94,11 @@ def main() -> None:
         hf, folder = _models(name)
         engines = {WAYS[0]: hf, WAYS[1]: genkit.load_model(folder)}
         engines[WAYS[2]] = engines[WAYS[1]]  # the same model, switched between rounds
-        ids = _prompt(args.prompt if name == "smollm2" else "random", folder)
+        kind = args.prompt if name == "smollm2" else "random"
+        ids = _prompt(kind, folder, args.context)
+        label = f"{name} ({kind} prompt, {ids.shape[1]} tokens)"
         for n in [int(t) for t in args.threads.split(",")]:
-            _run(engines, ids, n, args.rounds, args.tokens, f"{name} ({args.prompt} prompt)")
+            _run(engines, ids, n, args.rounds, args.tokens, label)
 
 
 if __name__ == "__main__":
