@@ -15,7 +15,7 @@ import torch
 
 from genkit.models import block_kernel, dense_kernel
 from genkit.models.cache import KVCache
-from genkit.models.self_speculation import EXPLORE, GAMMA_MAX, GAMMA_START, RESCORE, Pace, build_draft
+from genkit.models.self_speculation import EXPLORE, GAMMA_MAX, GAMMA_START, RESCORE, Pace, _room, build_draft
 from genkit.models.tiny import tiny_llama
 
 pytestmark = [pytest.mark.skipif(block_kernel._compiler() is None or not dense_kernel.available(),
@@ -61,14 +61,18 @@ def _prepared_cache(model, new=3):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_check_gives_each_token_the_logits_keys_and_values_of_a_one_token_step(threads):
+@pytest.mark.parametrize("context", [3, 70])
+def test_the_check_gives_each_token_the_logits_keys_and_values_of_a_one_token_step(threads, context):
+    """(The check's attention reads each position's key and value once for all its tokens, 12 query
+    vectors at a time, where a one-token step reads them for its own: the same bits.)"""
     torch.set_num_threads(threads)
     model = tiny_llama(seed=3)
-    seq, cache, prepared = _prepared_cache(model)
+    seq, cache, prepared = _prepared_cache(model, new=context)
     decoder, ends = prepared.decoder, model.kernel_ends(prepared)
     tokens = torch.tensor([int(seq[0, -1]), 7, 99, 7, 12, 3, 64, 5])
     t, pos = tokens.shape[0], cache.lengths[0]
     with torch.inference_mode():  # (the cache's buffers were made by generate, in inference mode)
+        assert _room(cache, pos + t)  # (as a speculative round makes it)
         alone = copy.deepcopy(cache)
         steps = []
         for i in range(t):
