@@ -150,6 +150,39 @@ def test_a_draft_step_takes_the_largest_float32_logit_among_its_4_bit_heads_best
             assert int(steps[0][0]) == int(torch.argmax(steps[1][0, 0])), pos
 
 
+def test_a_draft_attends_over_a_window_and_the_tokens_stay_plain_greedy_search(monkeypatch):
+    """A draft step attends over the first DRAFT_SINK positions and the last DRAFT_WINDOW only (its
+    cost stays flat with the context): other drafts than with every position, the same tokens."""
+    from genkit.models import self_speculation
+
+    model = tiny_llama(seed=13)
+    plain = _greedy(model, False, max_new_tokens=96)
+    drafts = {}
+    for window in (0, 8):  # (0: every position)
+        monkeypatch.setattr(self_speculation, "DRAFT_WINDOW", window)
+        monkeypatch.setattr(self_speculation, "DRAFT_SINK", 2)
+        model.__dict__.pop("_self_draft", None)
+        assert torch.equal(_greedy(model, True, max_new_tokens=96), plain)
+        assert all(layer.window == window for layer in model.__dict__["_self_draft"][1].decoder.table)
+        drafts[window] = model.speculation_stats
+    assert drafts[8]["checks"] > 0
+    # the kernel attends over the window: a draft step's logits past sink + window differ from those over
+    # every position, and are the same bits where the context is not longer than sink + window
+    seq, cache, prepared = _prepared_cache(model, new=40)
+    draft = model._draft_for(prepared)
+    for pos, same in ((seq.shape[1] - 1, False), (9, True)):
+        cos, sin = model.rope(None, torch.float32, pos, 1)
+        steps = []
+        for window in (8, 0):
+            for layer in draft.decoder.table:
+                layer.window = window
+            at = copy.deepcopy(cache)
+            at.lengths[:] = [pos] * len(at.lengths)
+            with torch.inference_mode():
+                steps.append(draft.decoder.logits(seq[:, pos:pos + 1], cos, sin, at, draft.ends))
+        assert torch.equal(steps[0], steps[1]) == same, pos
+
+
 def test_the_pace_leaves_each_lengths_first_check_untimed_and_times_both_ways_of_reading_the_head():
     pace = Pace()
     pace.record(4, 0.020, 5, 0.175, 4)  # the first check at 5 rows: a warm-up (the head's copy made in it)

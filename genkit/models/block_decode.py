@@ -50,7 +50,7 @@ class _Layer(ctypes.Structure):
                 ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int), ("eps", ctypes.c_float),
                 ("act_qkv", ctypes.c_int), ("act_o", ctypes.c_int), ("act_gu", ctypes.c_int), ("act_d", ctypes.c_int),
                 ("llama", ctypes.c_int), ("gemv", ctypes.c_void_p), ("ld_qkv", ctypes.c_long), ("ld_o", ctypes.c_long),
-                ("ld_gu", ctypes.c_long), ("ld_d", ctypes.c_long)]
+                ("ld_gu", ctypes.c_long), ("ld_d", ctypes.c_long), ("window", ctypes.c_int), ("sink", ctypes.c_int)]
 
 
 class _Ends(ctypes.Structure):

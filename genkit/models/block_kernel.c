@@ -1309,6 +1309,10 @@ typedef struct {
      * its address passed in from that library) and each weight's leading dimension; NULL: block weights */
     int (*gemv)(const float *x, int ldx, const float *w, long ldw, float *y, int M, int N, int K, int threads);
     long ld_qkv, ld_o, ld_gu, ld_d;
+    /* a self-speculative draft's layers (genkit/models/self_speculation.py): attention over the first `sink`
+     * positions and the last `window` only (a guess needs no more; its step's cost stays flat with the
+     * context); 0: every position */
+    int window, sink;
 } gk_layer;
 
 enum { GK_W_QKV, GK_W_O, GK_W_GU, GK_W_D };
@@ -1843,13 +1847,12 @@ static inline float hsum_8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-/* Scores sc[h * span + t] = q[h] . k_t * scale of n query heads sharing K/V head j, t = 0..last, and
- * each head's maximum: every key is read once for the n heads, four positions at a time (four
+/* Scores sc[h * span + t - t0] = q[h] . k_t * scale of n query heads sharing K/V head j, t = t0..last,
+ * and each head's maximum (mx[h], raised from what it holds): every key is read once for the n heads, four positions at a time (four
  * independent chains); each score is one 8-lane sum in element order, whichever group it falls in. */
-static void scores_heads(const float *const *q, int n, const float *kc, const gk_kv *kv, int r, int j, int last,
-                         int nkv, int d, float scale, float *sc, int span, float *mx) {
-    for (int h = 0; h < n; h++) mx[h] = -INFINITY;
-    for (int t = 0; t <= last; t += 4) {
+static void scores_heads(const float *const *q, int n, const float *kc, const gk_kv *kv, int r, int j, int t0,
+                         int last, int nkv, int d, float scale, float *sc, int span, float *mx) {
+    for (int t = t0; t <= last; t += 4) {
         const int m = last + 1 - t < 4 ? last + 1 - t : 4;
         const float *k[4];
         for (int i = 0; i < 4; i++) k[i] = kc + kv_at(kv, r, j, t + (i < m ? i : 0), nkv, d);
@@ -1866,22 +1869,23 @@ static void scores_heads(const float *const *q, int n, const float *kc, const gk
             }
             for (int i = 0; i < m; i++) {
                 const float v = hsum_8(a[i]) * scale;
-                sc[(size_t)h * span + t + i] = v;
+                sc[(size_t)h * span + t - t0 + i] = v;
                 if (v > mx[h]) mx[h] = v;
             }
         }
     }
 }
 
-/* o[h] = sum_t w[h][t] v_t for the n heads (weights sc[h * span + t] * inv[h]), 16 elements of all
- * heads at a time in registers, every value read once for the n heads */
+/* o[h] = sum_t w[h][t] v_t for the n heads (weights sc[h * span + i] * inv[h], i counting the positions
+ * t taken: 0..sink-1, then from..last; sink = last + 1 for all of them), 16 elements of all heads at a
+ * time in registers, every value read once for the n heads */
 static void values_heads(int n, const float *vc, const gk_kv *kv, int r, int j, int last, int nkv, int d,
-                         const float *sc, int span, const float *inv, float *const *o) {
+                         const float *sc, int span, const float *inv, float *const *o, int sink, int from) {
     for (int e0 = 0; e0 < d; e0 += 16) {
         const int c = d - e0 >= 16 ? 2 : 1;
         __m256 acc[GK_ATT_HEADS][2];
         for (int h = 0; h < n; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
-        for (int t = 0; t <= last; t++) {
+        for (int t = sink > 0 ? 0 : from, i = 0; t <= last; t = t + 1 == sink ? from : t + 1, i++) {
             const float *vt = vc + kv_at(kv, r, j, t, nkv, d) + e0;
             if (e0 == 0 && t + GK_ATT_AHEAD <= last) {
                 const float *f = vc + kv_at(kv, r, j, t + GK_ATT_AHEAD, nkv, d);
@@ -1889,7 +1893,7 @@ static void values_heads(int n, const float *vc, const gk_kv *kv, int r, int j, 
             }
             const __m256 v0 = _mm256_loadu_ps(vt), v1 = c == 2 ? _mm256_loadu_ps(vt + 8) : v0;
             for (int h = 0; h < n; h++) {
-                const __m256 p = _mm256_set1_ps(sc[(size_t)h * span + t] * inv[h]);
+                const __m256 p = _mm256_set1_ps(sc[(size_t)h * span + i] * inv[h]);
                 acc[h][0] = _mm256_fmadd_ps(p, v0, acc[h][0]);
                 if (c == 2) acc[h][1] = _mm256_fmadd_ps(p, v1, acc[h][1]);
             }
@@ -1915,11 +1919,17 @@ static void attend_vec(const gk_layer *L, const float *qkv, int rows, const int3
         const float *q[GK_ATT_HEADS];
         float *o[GK_ATT_HEADS], mx[GK_ATT_HEADS], inv[GK_ATT_HEADS];
         int j, i0, n;
-        const int r = head_item(L, w, chunks, per, qkv, att, q, o, &j, &i0, &n);
+        const int r = head_item(L, w, chunks, per, qkv, att, q, o, &j, &i0, &n), last = pos[r];
         float *sc = scores + (size_t)(r * nq + i0) * span;
-        scores_heads(q, n, kc, kv, r, j, pos[r], nkv, d, scale, sc, span, mx);
-        for (int h = 0; h < n; h++) inv[h] = 1.0f / exp_shifted(sc + (size_t)h * span, pos[r] + 1, mx[h]);
-        values_heads(n, vc, kv, r, j, pos[r], nkv, d, sc, span, inv, o);
+        /* positions 0..sink-1 and from..last (every one without a window) */
+        const int windowed = L->window > 0 && last + 1 > L->sink + L->window;
+        const int sink = windowed ? L->sink : last + 1, from = windowed ? last + 1 - L->window : last + 1;
+        for (int h = 0; h < n; h++) mx[h] = -INFINITY;
+        if (sink > 0) scores_heads(q, n, kc, kv, r, j, 0, sink - 1, nkv, d, scale, sc, span, mx);
+        if (from <= last) scores_heads(q, n, kc, kv, r, j, from, last, nkv, d, scale, sc + sink, span, mx);
+        const int taken = sink + (last + 1 - from);
+        for (int h = 0; h < n; h++) inv[h] = 1.0f / exp_shifted(sc + (size_t)h * span, taken, mx[h]);
+        values_heads(n, vc, kv, r, j, last, nkv, d, sc, span, inv, o, sink, from);
     }
 }
 #endif

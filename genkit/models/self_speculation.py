@@ -69,6 +69,8 @@ MIN_ROWS = 16  # the block kernel's weights hold rows in blocks of 16
 DRAFT_MAX_BYTES = 2 << 30  # model.self_speculation = None makes a draft only up to this size
 DRAFT_DIGITS = 1  # activations as one int8 digit a value (llama.cpp's Q8_0 rounding): SmolLM2's draft
 # steps 8 % faster than with two, the same drafts kept (a draft only needs to agree, not to be exact)
+DRAFT_WINDOW = 512  # a draft step attends over the first DRAFT_SINK positions and the last DRAFT_WINDOW
+DRAFT_SINK = 4
 BYTES_PER_WEIGHT = 9 / 8  # the block kernel's 8-bit blocks: 576 bytes per 16 rows of 32 weights
 HEAD_BYTES_PER_WEIGHT = 5 / 8  # its 4-bit blocks (the draft's LM head where it is rescored): 320 bytes
 RESCORE = 8  # a draft step's 4-bit head: the blocks of its 8 largest logits computed again from the model's
@@ -272,6 +274,8 @@ def build_draft(prepared: Any, embed: Any, norm: Any, head_weight: Any) -> SelfD
     decoder = BlockDecoder.build(layers)
     if decoder is None:
         return None
+    for layer in decoder.table:
+        layer.window, layer.sink = DRAFT_WINDOW, DRAFT_SINK
     ends = _ends(embed, norm.weight.detach(), float(norm.eps), False, head, decoder.hidden, None)
     if ends is None:
         return None
