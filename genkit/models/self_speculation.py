@@ -7,7 +7,9 @@ T tokens as rows of one product reads the weights once for all T. So a greedy st
 1. drafts ``gamma`` tokens with an 8-bit copy of the model (the **draft**: every decoder product as
    int8 codes with one scale per 32 weights, on the block kernel, activations rounded to one int8
    digit; the LM head in 4 bits, the blocks of its :data:`RESCORE` largest logits computed again from
-   the model's float32 head; under a third of the bytes). The draft writes its keys and values into the
+   the model's float32 head; under a third of the bytes; attention over the first
+   :data:`DRAFT_SINK` positions and the last :data:`DRAFT_WINDOW`, so that its step's cost stays flat
+   with the context). The draft writes its keys and values into the
    model's own cache, after the positions the model itself computed, so it needs no cache, prompt or
    history of its own;
 2. checks them with the model itself in one step (``gk_decode_verify``): the pending token and the
