@@ -238,6 +238,21 @@ def test_the_default_may_take_one_token_steps_and_true_always_speculates(threads
     assert model.speculation_stats["one_token"] == 0 and model.speculation_stats["checks"] > 0
 
 
+def test_the_share_of_drafts_kept_follows_the_recent_rounds():
+    """After many rounds whose drafts all agreed (a short prompt), rounds keeping one draft of five (a
+    long context, say) make the pace draft little within some 60 rounds, not hundreds."""
+    pace = Pace()
+    for rows in range(2, GAMMA_MAX + 2):
+        for _ in range(2):  # (a warm-up, then timed)
+            pace.record(rows - 1, 0.005 * (rows - 1), rows, 0.010 + 0.001 * rows, rows - 1)
+    for _ in range(500):
+        pace.record(5, 0.025, 6, 0.016, 5)
+    assert pace.best(GAMMA_MAX, explore=False) == GAMMA_MAX
+    for _ in range(60):
+        pace.record(5, 0.025, 6, 0.016, 1)
+    assert pace.best(GAMMA_MAX, explore=False) <= 3
+
+
 def test_one_slow_check_does_not_keep_its_length_out():
     """Timing noise only adds time: a check preempted once moves its length's running time a quarter
     of the way, the next normal one most of the way back; and every EXPLORE rounds a length next to

@@ -65,6 +65,8 @@ GAMMA_START = 4
 GAMMA_MAX = 15  # a check runs at most 16 rows (gk_decode_verify)
 EMA = 0.25  # weight of the latest measurement in the running times
 EMA_FASTER = 0.75  # ... when it is faster than the running time: timing noise (a preemption) only adds time
+AGREE_MEMORY = 0.98  # the share of drafts kept counts the recent rounds (each earlier one weighs 0.98 times
+# the next: about the last 50), so a prompt whose drafts agree less (a long context) is soon seen as such
 EXPLORE = 16  # every this many rounds a length next to the best is checked, so none stays measured slow once
 UNMEASURED_ROW = 0.1  # an unmeasured check: the nearest shorter one's time, this much more per row
 MIN_ROWS = 16  # the block kernel's weights hold rows in blocks of 16
@@ -107,12 +109,13 @@ class Stats:
 class Pace:
     """Running measurements of the rounds: seconds per draft step, seconds per check of ``T`` rows for
     each way of reading the LM head (``copy``: through its 8-bit copy; else the whole float32 head), and
-    drafts kept against drafts the model disagreed with (at most one per check)."""
+    drafts kept against drafts the model disagreed with (at most one per check), recent rounds weighing
+    most."""
 
     draft_s: float | None = None
     check_s: dict[tuple[int, bool], float] = field(default_factory=dict)
-    kept: int = 0
-    rejected: int = 0
+    kept: float = 0.0  # drafts kept, and checks that disagreed with one, over the recent rounds (AGREE_MEMORY)
+    rejected: float = 0.0
     warmed: set[tuple[int, bool]] = field(default_factory=set)
     rounds: int = 0
     plain_s: float | None = None  # a one-token greedy step's running time
@@ -131,8 +134,8 @@ class Pace:
             old = self.check_s.get(key)
             self.check_s[key] = check_s if old is None else _running(old, check_s)
         self.warmed.add(key)
-        self.kept += kept
-        self.rejected += kept < drafts
+        self.kept = AGREE_MEMORY * self.kept + kept
+        self.rejected = AGREE_MEMORY * self.rejected + (kept < drafts)
         self.rounds += 1
 
     def head_copy(self, rows: int) -> bool:
