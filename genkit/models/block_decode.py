@@ -423,7 +423,8 @@ class BlockDecoder:
         copy = None
         if logits is None and head_copy:
             ends, copy = self._copy_ends(ends)  # (held through the call)
-        elif ends.proxy:  # the whole head: the ends without the copy an earlier step filled in (others read it)
+        elif logits is None and ends.proxy:
+            # the whole head: the ends without the copy an earlier step filled in (which other steps read)
             ends = type(ends).from_buffer_copy(ends)
             ends.proxy = None
         rc = block_kernel.library().gk_decode_verify(

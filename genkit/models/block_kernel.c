@@ -1848,8 +1848,9 @@ static inline float hsum_8(__m256 v) {
 }
 
 /* Scores sc[h * span + t - t0] = q[h] . k_t * scale of n query heads sharing K/V head j, t = t0..last,
- * and each head's maximum (mx[h], raised from what it holds): every key is read once for the n heads, four positions at a time (four
- * independent chains); each score is one 8-lane sum in element order, whichever group it falls in. */
+ * and each head's maximum (mx[h], raised from what it holds): every key is read once for the n heads,
+ * four positions at a time (four independent chains); each score is one 8-lane sum in element order,
+ * whichever group it falls in. */
 static void scores_heads(const float *const *q, int n, const float *kc, const gk_kv *kv, int r, int j, int t0,
                          int last, int nkv, int d, float scale, float *sc, int span, float *mx) {
     for (int t = t0; t <= last; t += 4) {
@@ -2287,7 +2288,7 @@ static double kth_largest(double *v, int n, int k) {
 
 /* The 16-row blocks of e's head that hold every row whose exact logit can reach the k-th largest (see
  * above), from the copy's logits p (e->proxy_rows) of a final-normed hidden state of norm X (lo: scratch
- * of e->outputs doubles), into blocks (ascending, at most cap): their number, or -2 when
+ * of e->outputs doubles for k > 1, unused for k = 1), into blocks (ascending, at most cap): their number, or -2 when
  * the whole head must be computed (a value not finite, more than cap blocks, a k-th largest lower bound
  * L outside 1e-30..1e30 in size). The cut is L less 2^-20 of its size: a row left out is below the cut,
  * and the cut below L (so below the k-th largest logit) by 2^-20 of it, so the row stays below the k-th
@@ -2344,8 +2345,8 @@ static double row_norm(const float *h, int K) {
  * of h, then the blocks; -1 when memory cannot be had */
 static int proxy_blocks(const gk_ends *e, const float *h, int K, int k, int *blocks, int cap, int threads) {
     float *p = (float *)malloc(sizeof(float) * (size_t)e->proxy_rows);
-    double *lo = (double *)malloc(sizeof(double) * (size_t)e->outputs);
-    int rc = p == NULL || lo == NULL ? -1 : 0;
+    double *lo = k > 1 ? (double *)malloc(sizeof(double) * (size_t)e->outputs) : NULL;
+    int rc = p == NULL || (k > 1 && lo == NULL) ? -1 : 0;
     if (rc == 0 && gk_matmul(8, e->proxy, h, p, 1, e->proxy_rows, K, threads, GK_ACT_TWO) != 0) rc = -1;
     if (rc == 0) rc = proxy_select(e, p, row_norm(h, K), k, blocks, cap, lo);
     free(p);
@@ -2373,6 +2374,33 @@ static int64_t blocks_first_max(const float *logits, int N, const int *blocks, i
         for (int r = 16 * blocks[i]; r < N && r < 16 * blocks[i] + 16; r++)
             if (best < 0 || logits[r] > logits[best]) best = r;
     return best;
+}
+
+/* The first maximum of each of the `rows` rows of logits of final-normed hidden states h (rows, hidden)
+ * through e's 8-bit copy of a float32 head (a greedy step of gk_decode_top, a check of gk_decode_verify):
+ * the copy read once for all rows (the block product gives each row the bits of that row alone), then
+ * per row the exact logits of the blocks that can hold its largest (into that row of `logits`, the
+ * scratch), or where the copy does not serve, the whole row. -1 when memory cannot be had. */
+static int argmax_rows(const gk_ends *e, const float *h, int rows, int hidden, float *logits, int64_t *out,
+                       int threads) {
+    float *p = (float *)malloc(sizeof(float) * (size_t)rows * (size_t)e->proxy_rows);
+    int rc = p == NULL ? -1 : 0;
+    if (rc == 0 && gk_matmul(8, e->proxy, h, p, rows, e->proxy_rows, hidden, threads, GK_ACT_TWO) != 0) rc = -1;
+    for (int r = 0; rc == 0 && r < rows; r++) {
+        const float *hr = h + (size_t)r * hidden;
+        float *lr = logits + (size_t)r * e->outputs;
+        int blocks[GK_PROXY_BLOCKS / 8];
+        int nb = proxy_select(e, p + (size_t)r * e->proxy_rows, row_norm(hr, hidden), 1, blocks, GK_PROXY_BLOCKS / 8,
+                              NULL);
+        if (nb >= 0 && proxy_logits(e, hr, hidden, blocks, nb, 0, lr, threads)) {
+            out[r] = blocks_first_max(lr, e->outputs, blocks, nb);
+            continue;
+        }
+        rc = head_product(e, hr, 1, hidden, lr, threads);
+        if (rc == 0) out[r] = first_max(lr, e->outputs);
+    }
+    free(p);
+    return rc;
 }
 
 /* The 16-row blocks (ascending, at most GK_RESCORE_MAX) of the e->rescore largest of logits[0..N-1], a
@@ -2425,13 +2453,17 @@ int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, cons
     embed_rows(e, ids, rows, hidden, x);
     int rc = gk_decode(num_layers, layers, x, rows, hidden, cos_, sin_, pos, 1, kcache, vcache, capacity, threads);
     int blocks[GK_PROXY_BLOCKS], nb = -2, done = 0;
+    const int copy = e->proxy != NULL && e->gemv_cols != NULL && rows == 1;
     if (rc == 0) {
         norm_rows(e->llama, e->eps, e->norm, x, h, rows, hidden, threads);
-        if (e->proxy != NULL && e->gemv_cols != NULL && rows == 1 && top != 0)
-            nb = proxy_blocks(e, h, hidden, top < 0 ? 1 : top, blocks, top < 0 ? GK_PROXY_BLOCKS / 8 : GK_PROXY_BLOCKS,
-                              threads);
+        if (copy && top < 0) {
+            rc = argmax_rows(e, h, 1, hidden, out, tokens, threads);
+            free(x);
+            return rc;
+        }
+        if (copy && top > 0) nb = proxy_blocks(e, h, hidden, top, blocks, GK_PROXY_BLOCKS, threads);
         rc = nb == -1 ? -1 : 0;
-        done = nb >= 0 && proxy_logits(e, h, hidden, blocks, nb, top > 0, out, threads);
+        done = nb >= 0 && proxy_logits(e, h, hidden, blocks, nb, 1, out, threads);
     }
     if (rc == 0 && !done) rc = head_product(e, h, rows, hidden, out, threads);
     if (rc == 0 && !done && top < 0 && rows == 1 && e->rescore > 0 && e->rescore_w != NULL && e->gemv_cols != NULL) {
@@ -2446,35 +2478,6 @@ int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, cons
     return rc;
 }
 
-/* The first maximum of each of the `tokens` rows of logits of final-normed hidden states h (tokens,
- * hidden) as a one-token greedy step finds it (gk_decode_top with top < 0): the head's 8-bit copy read
- * once for all rows (the block product gives each row the bits of that row alone), then per row the
- * exact logits of the blocks that can hold its largest (into that row of `logits`, the scratch), or
- * where the copy does not serve, the whole row. */
-static int verify_tokens(const gk_ends *e, const float *h, int tokens, int hidden, float *logits, int64_t *out,
-                         int threads) {
-    float *p = (float *)malloc(sizeof(float) * (size_t)tokens * (size_t)e->proxy_rows);
-    double *lo = (double *)malloc(sizeof(double) * (size_t)e->outputs);
-    int rc = p == NULL || lo == NULL ? -1 : 0;
-    if (rc == 0 && gk_matmul(8, e->proxy, h, p, tokens, e->proxy_rows, hidden, threads, GK_ACT_TWO) != 0) rc = -1;
-    for (int r = 0; rc == 0 && r < tokens; r++) {
-        const float *hr = h + (size_t)r * hidden;
-        float *lr = logits + (size_t)r * e->outputs;
-        int blocks[GK_PROXY_BLOCKS / 8];
-        int nb = proxy_select(e, p + (size_t)r * e->proxy_rows, row_norm(hr, hidden), 1, blocks, GK_PROXY_BLOCKS / 8,
-                              lo);
-        if (nb >= 0 && proxy_logits(e, hr, hidden, blocks, nb, 0, lr, threads)) {
-            out[r] = blocks_first_max(lr, e->outputs, blocks, nb);
-            continue;
-        }
-        rc = head_product(e, hr, 1, hidden, lr, threads);
-        if (rc == 0) out[r] = first_max(lr, e->outputs);
-    }
-    free(p);
-    free(lo);
-    return rc;
-}
-
 /* A speculative step's check (genkit/models/self_speculation.py): `tokens` token ids of one cache row at
  * positions pos..pos+tokens-1 (cos/sin: one head_dim row per token) through every layer, the final norm
  * and the LM head as rows of one step, into the first maximum of each token's logits (out[t]: the token
@@ -2483,7 +2486,7 @@ static int verify_tokens(const gk_ends *e, const float *h, int tokens, int hidde
  * product, which gives a row of up to 16 the same bits as alone), so out[t] is the token a step of
  * ids[t] alone gives once ids[0..t-1] are in the cache. With `logits` (tokens, outputs) not NULL the
  * logits are left there too; without, a float32 head with its 8-bit copy in e is read through the copy
- * (verify_tokens). -5, with nothing written, when an id lies outside the table; -2 for more
+ * (argmax_rows). -5, with nothing written, when an id lies outside the table; -2 for more
  * than 16 tokens. */
 int gk_decode_verify(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int tokens,
                      int hidden, const float *cos_, const float *sin_, int pos, float *const *kcache,
@@ -2507,7 +2510,7 @@ int gk_decode_verify(int num_layers, const gk_layer *layers, const gk_ends *e, c
             for (int r = 0; rc == 0 && r < tokens; r++)
                 out[r] = first_max(logits + (size_t)r * e->outputs, e->outputs);
         } else {
-            rc = verify_tokens(e, h, tokens, hidden, logits, out, threads);
+            rc = argmax_rows(e, h, tokens, hidden, logits, out, threads);
         }
     }
     free(x);

@@ -86,8 +86,8 @@ static float *scratch(size_t n) {
  * (RS * span < k1 - k0) are added one at a time. Over 2+ rows of x, a narrow W^T (N <= PF_NARROW:
  * rows of at most a page, too short for the hardware's prefetchers to run ahead while the rows'
  * arithmetic holds the core) has the next pass's weights asked for during this pass (SmolLM2's down
- * product at 8 rows, 1 thread, Zen 5: 0.176 -> 0.113 ms; wider ones were no faster). A row's partial sums take the same steps in the same
- * order whatever M and rr are, so a row's product is the same bits whatever rows are computed beside
+ * product at 8 rows, 1 thread, Zen 5: 0.176 -> 0.113 ms; wider ones were no faster). A row's partial
+ * sums take the same steps in the same order whatever M and rr are, so a row's product is the same bits whatever rows are computed beside
  * it: a speculative step's check runs the draft's tokens as rows of one step and must give each token
  * what a one-token step gives (genkit/models/self_speculation.py). */
 static inline __attribute__((always_inline)) void rows_pass(const float *x, int ldx, const float *w, long ldw,

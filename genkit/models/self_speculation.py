@@ -144,19 +144,25 @@ class Pace:
         was measured faster at that many rows; each way is timed (after its warm-up) before the times
         decide."""
         copy, whole = self.check_s.get((rows, True)), self.check_s.get((rows, False))
-        if copy is None or whole is None:
-            return whole is not None or copy is None
+        if copy is None:
+            return True
+        if whole is None:
+            return False
         return copy <= whole
 
-    def _check_time(self, rows: int) -> float:
+    def _check_times(self, limit: int) -> list[float]:
+        """The expected time of a check of 1..``limit`` rows (index: rows - 1), read the faster way:
+        measured, or the nearest shorter measured length's (else the shortest's) plus
+        :data:`UNMEASURED_ROW` a row."""
         measured: dict[int, float] = {}
         for (t, _), s in self.check_s.items():
             measured[t] = min(s, measured.get(t, s))
-        if rows in measured:
-            return measured[rows]
-        shorter = [t for t in measured if t < rows]
-        base = max(shorter) if shorter else min(measured)
-        return measured[base] * (1 + UNMEASURED_ROW * (rows - base))
+        times = []
+        for rows in range(1, limit + 1):
+            shorter = [t for t in measured if t <= rows]
+            base = max(shorter) if shorter else min(measured)
+            times.append(measured[base] * (1 + UNMEASURED_ROW * (rows - base)))
+        return times
 
     def record_plain(self, seconds: float) -> None:
         """Take a one-token greedy step's time (the first is a warm-up, not timed)."""
@@ -175,14 +181,18 @@ class Pace:
             return False
         if self.plain_s is None:
             return True
-        faster = 1.0 / self.plain_s >= self._rate(self.best(limit, explore=False))
+        faster = 1.0 / self.plain_s >= max(self._rates(limit))
         return faster != (self.steps % EXPLORE == 0)
 
-    def _rate(self, g: int) -> float:
-        """Expected tokens per second of a round of ``g`` drafts."""
+    def _rates(self, limit: int) -> list[float]:
+        """Expected tokens per second of a round of 1..``limit`` drafts (index: drafts - 1)."""
         agree = (self.kept + 1) / (self.kept + self.rejected + 2)  # each draft's chance, one of each assumed
-        tokens = (1 - agree ** (g + 1)) / (1 - agree) if agree < 1 else g + 1.0
-        return tokens / (g * self.draft_s + self._check_time(g + 1))  # type: ignore[operator]
+        checks = self._check_times(limit + 1)
+        rates = []
+        for g in range(1, limit + 1):
+            tokens = (1 - agree ** (g + 1)) / (1 - agree) if agree < 1 else g + 1.0
+            rates.append(tokens / (g * self.draft_s + checks[g]))  # type: ignore[operator]
+        return rates
 
     def best(self, limit: int, explore: bool = True) -> int:
         """The draft length (1..``limit``) with the most expected tokens per second (every
@@ -192,7 +202,8 @@ class Pace:
             return 0
         if self.draft_s is None or not self.check_s:  # (nothing timed yet: warm-ups only)
             return min(GAMMA_START, limit)
-        best = max(range(1, limit + 1), key=self._rate)
+        rates = self._rates(limit)
+        best = 1 + rates.index(max(rates))  # (the shortest of equals, as max over the lengths gave)
         if explore and self.rounds % EXPLORE == EXPLORE - 1:
             up = (self.rounds // EXPLORE) % 2 == 0
             best = best + 1 if up and best < limit or best == 1 and limit > 1 else max(1, best - 1)
