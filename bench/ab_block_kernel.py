@@ -2,11 +2,14 @@
 
 Each source is built and loaded as genkit loads its kernel (its flags for this CPU, the verified
 kernel cache under ``$GENKIT_HOME``, so an unchanged source is not built again); the demo model (SmolLM2-135M-Instruct
-Q4_1) then decodes with each build in turn, round after round (builds alternating, so that a machine
+Q4_1, or with ``--float32`` its float32 conversion on the one-call dense decoder, the ``gemv`` route, one token per
+step unless ``--self-speculation``) then decodes after a prompt of ``--context`` random ids with each build in turn, round after round (builds alternating, so that a machine
 whose speed drifts moves all of them alike), and the median tokens/s per build is printed with
 whether every build gave the same greedy tokens. A kernel change is kept or dropped on such an A/B,
 not on two runs minutes apart: on the shared machines this project meets, speed moves 20-30 % from
 one minute to the next.
+
+Attention's cost grows with the context: ``--context 3000`` times steps after 3000 prompt positions.
 
 Run: ``python bench/ab_block_kernel.py old=/tmp/block_kernel_before.c new=genkit/models/block_kernel.c
 --threads 2,1 --rounds 7 --tokens 128`` (``git show HEAD:genkit/models/block_kernel.c >
@@ -60,6 +63,19 @@ def ab_round(model: Any, ids: torch.Tensor, libs: dict[str, Any], new: int, rate
         rates[label].append(1e3 / ms)
 
 
+def _model(float32: bool, speculate: bool) -> Any:
+    """The demo GGUF (Q4_1), or its float32 conversion on the dense one-call decoder."""
+    if not float32:
+        return genkit.load_model(demo_gguf_path(f"{genkit_home()}/bench-gguf"))
+    from genkit.models import kernel_choice
+    from genkit.models.demo import ensure_demo_model
+
+    os.environ[kernel_choice.ENV] = "gemv"  # the one-call dense decoder, whose steps the block kernel runs
+    model = genkit.load_model(ensure_demo_model())
+    model.self_speculation = None if speculate else False
+    return model
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("sources", nargs="+", help="label=path of a block_kernel.c version (two or more)")
@@ -67,14 +83,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--mode", default="native", help="genkit's build mode: native (this CPU) or avx2")
+    ap.add_argument("--context", type=int, default=12, help="prompt length (random ids)")
+    ap.add_argument("--float32", action="store_true", help="the demo model's float32 conversion (gemv route)")
+    ap.add_argument("--self-speculation", action="store_true",
+                    help="with --float32: model.self_speculation = None (genkit's default) instead of False")
     args = ap.parse_args()
     print(describe(), flush=True)  # the CPU kind these figures belong to
     pairs = [s.split("=", 1) for s in args.sources]
     if len(pairs) < 2 or any(len(p) != 2 for p in pairs):
         raise SystemExit("give two or more sources as label=path")
     libs = {label: build(label, path, args.mode) for label, path in pairs}
-    model = genkit.load_model(demo_gguf_path(f"{genkit_home()}/bench-gguf"))
-    ids = torch.randint(3, 40000, (1, 12), generator=torch.Generator().manual_seed(1))
+    model = _model(args.float32, args.self_speculation)
+    ids = torch.randint(3, 40000, (1, args.context), generator=torch.Generator().manual_seed(1))
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         rates: dict[str, list[float]] = {label: [] for label in libs}
@@ -84,7 +104,7 @@ def main() -> None:
             ab_round(model, ids, libs, args.tokens, rates, tokens)
         same = len({tuple(t) for t in tokens.values()}) == 1
         cells = "  ".join(f"{label} {statistics.median(r):.1f}" for label, r in rates.items())
-        print(f"{threads} thread(s), {args.mode}, medians of {args.rounds} (tok/s): {cells}; "
+        print(f"{threads} thread(s), {args.mode}, context {args.context}, medians of {args.rounds} (tok/s): {cells}; "
               f"{'same tokens' if same else 'TOKENS DIFFER'}", flush=True)
 
 

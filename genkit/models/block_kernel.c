@@ -1841,69 +1841,272 @@ static void rope_and_store(const gk_layer *L, float *qkv, int rows, const float 
 }
 
 #ifdef GK_LLAMA_VEC
-static inline float hsum_8(__m256 v) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+#if defined(__AVX512F__) && defined(__AVX512VL__)
+#define GK_ATT_REGS 32 /* vector registers one head group's sums may take */
+#else
+#define GK_ATT_REGS 16
+#endif
+#ifndef GK_ATT_PREFETCH
+#define GK_ATT_PREFETCH 16 /* positions between a key's or value's prefetch and its use (4 left the float32 path
+                            * 10-15 % slower after 3000 positions on the Zen 5) */
+#endif
+
+/* Each of four 8-lane sums a[i] added up as one score is: its halves (lanes l + l+4), then lanes 0 + 2 and
+ * 1 + 3 of that, then those two; the four results in one vector, position i in lane i */
+static inline __attribute__((always_inline)) __m128 hsum_8x4(const __m256 *a) {
+    __m128 s[4];
+    for (int i = 0; i < 4; i++) s[i] = _mm_add_ps(_mm256_castps256_ps128(a[i]), _mm256_extractf128_ps(a[i], 1));
+    const __m128 u0 = _mm_add_ps(_mm_unpacklo_ps(s[0], s[1]), _mm_unpackhi_ps(s[0], s[1]));
+    const __m128 u1 = _mm_add_ps(_mm_unpacklo_ps(s[2], s[3]), _mm_unpackhi_ps(s[2], s[3]));
+    return _mm_add_ps(_mm_movelh_ps(u0, u1), _mm_movehl_ps(u1, u0));
 }
 
-/* Scores sc[h * span + t - t0] = q[h] . k_t * scale of n query heads sharing K/V head j, t = t0..last,
- * and each head's maximum (mx[h], raised from what it holds): every key is read once for the n heads,
- * four positions at a time (four independent chains); each score is one 8-lane sum in element order,
- * whichever group it falls in. */
-static void scores_heads(const float *const *q, int n, const float *kc, const gk_kv *kv, int r, int j, int t0,
-                         int last, int nkv, int d, float scale, float *sc, int span, float *mx) {
-    for (int t = t0; t <= last; t += 4) {
-        const int m = last + 1 - t < 4 ? last + 1 - t : 4;
-        const float *k[4];
-        for (int i = 0; i < 4; i++) k[i] = kc + kv_at(kv, r, j, t + (i < m ? i : 0), nkv, d);
-        if (t + 7 <= last)  /* the next four positions' keys, on their way while these are summed */
+/* Scores of `got` positions (v: their 4-position groups' vectors, scaled here) into out, and their maximum
+ * into *top */
+static inline __attribute__((always_inline)) void scores_out(__m128 *v, int groups, int got, float scale, float *out,
+                                                             __m128 *top) {
+    for (int b = 0; b < groups; b++) {
+        v[b] = _mm_mul_ps(v[b], _mm_set1_ps(scale));
+        if (got >= 4 * (b + 1)) {
+            _mm_storeu_ps(out + 4 * b, v[b]);
+        } else {  /* the last group: the positions past `got` repeat the first and are not scores */
+            float tmp[4];
+            _mm_storeu_ps(tmp, v[b]);
             for (int i = 0; i < 4; i++) {
-                const float *f = kc + kv_at(kv, r, j, t + 4 + i, nkv, d);
-                for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
+                if (4 * b + i < got) out[4 * b + i] = tmp[i];
+                else tmp[i] = -INFINITY;
             }
-        for (int h = 0; h < n; h++) {
-            __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            for (int e = 0; e < d; e += 8) {
-                const __m256 qv = _mm256_loadu_ps(q[h] + e);
-                for (int i = 0; i < 4; i++) a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + e), a[i]);
-            }
-            for (int i = 0; i < m; i++) {
-                const float v = hsum_8(a[i]) * scale;
-                sc[(size_t)h * span + t - t0 + i] = v;
-                if (v > mx[h]) mx[h] = v;
+            v[b] = _mm_loadu_ps(tmp);
+        }
+        *top = _mm_max_ps(*top, v[b]);
+    }
+}
+
+/* Keys of positions t..t+n-1 (positions past last: t's, so that a partial group reads only cached keys),
+ * and a prefetch of those GK_ATT_PREFETCH positions later */
+static inline __attribute__((always_inline)) void keys_at(const float **k, int n, const float *kc, const gk_kv *kv,
+                                                          int r, int j, int t, int last, int nkv, int d) {
+    for (int i = 0; i < n; i++) k[i] = kc + kv_at(kv, r, j, t + (t + i <= last ? i : 0), nkv, d);
+    if (t + GK_ATT_PREFETCH + n - 1 <= last)
+        for (int i = 0; i < n; i++) {
+            const float *f = kc + kv_at(kv, r, j, t + GK_ATT_PREFETCH + i, nkv, d);
+            for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
+        }
+}
+
+static inline __attribute__((always_inline)) void max_out(const __m128 *top, int NH, float *mx) {
+    for (int h = 0; h < NH; h++) {
+        float tmp[4];
+        _mm_storeu_ps(tmp, top[h]);
+        for (int i = 0; i < 4; i++)
+            if (tmp[i] > mx[h]) mx[h] = tmp[i];
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+/* scores_heads for NH (a constant, <= 4) heads, eight positions at a time: two positions' 8-lane sums
+ * in one 512-bit register (the query's 8 elements in both halves), so that each score is the same 8-lane
+ * sum in the same order as with 256-bit vectors; all sums in registers, each key element loaded once */
+static inline __attribute__((always_inline)) void scores_nh(const int NH, const float *const *q, const float *kc,
+                                                            const gk_kv *kv, int r, int j, int t0, int last, int nkv,
+                                                            int d, float scale, float *sc, int span, float *mx) {
+    __m128 top[GK_ATT_HEADS];
+    for (int h = 0; h < NH; h++) top[h] = _mm_set1_ps(-INFINITY);
+    for (int t = t0; t <= last; t += 8) {
+        const float *k[8];
+        keys_at(k, 8, kc, kv, r, j, t, last, nkv, d);
+        __m512 a[GK_ATT_HEADS][4];
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < 4; i++) a[h][i] = _mm512_setzero_ps();
+        for (int e = 0; e < d; e += 8) {
+            __m512 kk[4];
+            for (int i = 0; i < 4; i++)
+                kk[i] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(k[2 * i] + e)),
+                                           _mm256_loadu_ps(k[2 * i + 1] + e), 1);
+            for (int h = 0; h < NH; h++) {
+                const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q[h] + e));
+                for (int i = 0; i < 4; i++) a[h][i] = _mm512_fmadd_ps(qv, kk[i], a[h][i]);
             }
         }
+        for (int h = 0; h < NH; h++) {
+            __m256 y[8];
+            for (int i = 0; i < 4; i++) {
+                y[2 * i] = _mm512_castps512_ps256(a[h][i]);
+                y[2 * i + 1] = _mm512_extractf32x8_ps(a[h][i], 1);
+            }
+            __m128 v[2] = {hsum_8x4(y), hsum_8x4(y + 4)};
+            scores_out(v, 2, last + 1 - t, scale, sc + (size_t)h * span + t - t0, &top[h]);
+        }
+    }
+    max_out(top, NH, mx);
+}
+#else
+/* scores_heads for NH (a constant) heads, four positions at a time: all sums in registers, each key element
+ * loaded once for the NH heads */
+static inline __attribute__((always_inline)) void scores_nh(const int NH, const float *const *q, const float *kc,
+                                                            const gk_kv *kv, int r, int j, int t0, int last, int nkv,
+                                                            int d, float scale, float *sc, int span, float *mx) {
+    __m128 top[GK_ATT_HEADS];
+    for (int h = 0; h < NH; h++) top[h] = _mm_set1_ps(-INFINITY);
+    for (int t = t0; t <= last; t += 4) {
+        const float *k[4];
+        keys_at(k, 4, kc, kv, r, j, t, last, nkv, d);
+        __m256 a[GK_ATT_HEADS][4];
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < 4; i++) a[h][i] = _mm256_setzero_ps();
+        for (int e = 0; e < d; e += 8) {
+            __m256 kk[4];
+            for (int i = 0; i < 4; i++) kk[i] = _mm256_loadu_ps(k[i] + e);
+            for (int h = 0; h < NH; h++) {
+                const __m256 qv = _mm256_loadu_ps(q[h] + e);
+                for (int i = 0; i < 4; i++) a[h][i] = _mm256_fmadd_ps(qv, kk[i], a[h][i]);
+            }
+        }
+        for (int h = 0; h < NH; h++) {
+            __m128 v = hsum_8x4(a[h]);
+            scores_out(&v, 1, last + 1 - t, scale, sc + (size_t)h * span + t - t0, &top[h]);
+        }
+    }
+    max_out(top, NH, mx);
+}
+#endif
+
+/* Scores sc[h * span + t - t0] = q[h] . k_t * scale of n query heads sharing K/V head j, t = t0..last,
+ * and each head's maximum (mx[h], raised from what it holds): each score one 8-lane sum in element
+ * order, added up as hsum_8x4 says; as many heads at a time as the registers hold (16: two) */
+static void scores_heads(const float *const *q, int n, const float *kc, const gk_kv *kv, int r, int j, int t0,
+                         int last, int nkv, int d, float scale, float *sc, int span, float *mx) {
+    for (int h = 0; h < n;) {
+        const int left = n - h, take = GK_ATT_REGS >= 32 ? left : (left > 2 ? 2 : left);
+        float *s = sc + (size_t)h * span;
+        if (take == 4) scores_nh(4, q + h, kc, kv, r, j, t0, last, nkv, d, scale, s, span, mx + h);
+        else if (take == 3) scores_nh(3, q + h, kc, kv, r, j, t0, last, nkv, d, scale, s, span, mx + h);
+        else if (take == 2) scores_nh(2, q + h, kc, kv, r, j, t0, last, nkv, d, scale, s, span, mx + h);
+        else scores_nh(1, q + h, kc, kv, r, j, t0, last, nkv, d, scale, s, span, mx + h);
+        h += take;
+    }
+}
+
+/* exp_shifted for NH (a constant) heads' scores (sc + h * span, n each) at once, inv[h] = 1 / their sum:
+ * the same bits, the heads' in-order sums interleaved */
+static inline __attribute__((always_inline)) void exp_nh(const int NH, float *sc, int span, int n, const float *mx,
+                                                         float *inv) {
+    float sum[GK_ATT_HEADS];
+    for (int h = 0; h < NH; h++) sum[h] = 0.0f;
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        float e[GK_ATT_HEADS][8];
+        for (int h = 0; h < NH; h++) {
+            float *v = sc + (size_t)h * span + t;
+            const __m256 x = expf_llama_avx2(_mm256_sub_ps(_mm256_loadu_ps(v), _mm256_set1_ps(mx[h])));
+            _mm256_storeu_ps(v, x);
+            _mm256_storeu_ps(e[h], x);
+        }
+        for (int i = 0; i < 8; i++)
+            for (int h = 0; h < NH; h++) sum[h] += e[h][i];
+    }
+    for (; t < n; t++)
+        for (int h = 0; h < NH; h++) {
+            float *v = sc + (size_t)h * span + t;
+            *v = expf_llama(*v - mx[h]);
+            sum[h] += *v;
+        }
+    for (int h = 0; h < NH; h++) inv[h] = 1.0f / sum[h];
+}
+
+static void exp_heads(float *sc, int span, int heads, int n, const float *mx, float *inv) {
+    if (heads == 4) exp_nh(4, sc, span, n, mx, inv);
+    else if (heads == 3) exp_nh(3, sc, span, n, mx, inv);
+    else if (heads == 2) exp_nh(2, sc, span, n, mx, inv);
+    else exp_nh(1, sc, span, n, mx, inv);
+}
+
+/* The positions a head attends to, in order: 0..sink-1, then from..last (sink = last + 1: all of them) */
+#define GK_FOR_TAKEN(t, i, sink, from, last) \
+    for (int t = (sink) > 0 ? 0 : (from), i = 0; t <= (last); t = t + 1 == (sink) ? (from) : t + 1, i++)
+
+#if defined(__AVX512F__)
+/* values_heads for NH heads (a constant) over W 16-element vectors from e0 (a constant), the sums in registers */
+static inline __attribute__((always_inline)) void values_nw(const int NH, const int W, const float *vc,
+                                                            const gk_kv *kv, int r, int j, int last, int nkv, int d,
+                                                            int e0, const float *sc, int span, const float *inv,
+                                                            float *const *o, int sink, int from) {
+    __m512 acc[GK_ATT_HEADS][4];
+    for (int h = 0; h < NH; h++)
+        for (int c = 0; c < W; c++) acc[h][c] = _mm512_setzero_ps();
+    GK_FOR_TAKEN(t, i, sink, from, last) {
+        const float *vt = vc + kv_at(kv, r, j, t, nkv, d) + e0;
+        if (e0 == 0 && t + GK_ATT_PREFETCH <= last) {
+            const float *f = vc + kv_at(kv, r, j, t + GK_ATT_PREFETCH, nkv, d);
+            for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
+        }
+        for (int h = 0; h < NH; h++) {
+            const __m512 p = _mm512_set1_ps(sc[(size_t)h * span + i] * inv[h]);
+            for (int c = 0; c < W; c++) acc[h][c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vt + 16 * c), acc[h][c]);
+        }
+    }
+    for (int h = 0; h < NH; h++)
+        for (int c = 0; c < W; c++) _mm512_storeu_ps(o[h] + e0 + 16 * c, acc[h][c]);
+}
+#define GK_VALUE_LANES 16
+#else
+/* values_heads for NH heads (a constant) over W 8-element vectors from e0 (a constant), the sums in registers */
+static inline __attribute__((always_inline)) void values_nw(const int NH, const int W, const float *vc,
+                                                            const gk_kv *kv, int r, int j, int last, int nkv, int d,
+                                                            int e0, const float *sc, int span, const float *inv,
+                                                            float *const *o, int sink, int from) {
+    __m256 acc[GK_ATT_HEADS][4];
+    for (int h = 0; h < NH; h++)
+        for (int c = 0; c < W; c++) acc[h][c] = _mm256_setzero_ps();
+    GK_FOR_TAKEN(t, i, sink, from, last) {
+        const float *vt = vc + kv_at(kv, r, j, t, nkv, d) + e0;
+        if (e0 == 0 && t + GK_ATT_PREFETCH <= last) {
+            const float *f = vc + kv_at(kv, r, j, t + GK_ATT_PREFETCH, nkv, d);
+            for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
+        }
+        for (int h = 0; h < NH; h++) {
+            const __m256 p = _mm256_set1_ps(sc[(size_t)h * span + i] * inv[h]);
+            for (int c = 0; c < W; c++) acc[h][c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + 8 * c), acc[h][c]);
+        }
+    }
+    for (int h = 0; h < NH; h++)
+        for (int c = 0; c < W; c++) _mm256_storeu_ps(o[h] + e0 + 8 * c, acc[h][c]);
+}
+#define GK_VALUE_LANES 8
+#endif
+
+/* values_heads for NH heads (a constant): up to 4 vectors of each head's output at a time (fewer where
+ * their sums would not fit the registers), then 256-bit vectors for what is left */
+static inline __attribute__((always_inline)) void values_nh(const int NH, const float *vc, const gk_kv *kv, int r,
+                                                            int j, int last, int nkv, int d, const float *sc, int span,
+                                                            const float *inv, float *const *o, int sink, int from) {
+    const int wide = NH * 4 + NH <= GK_ATT_REGS ? 4 : 2, lanes = GK_VALUE_LANES;
+    int e0 = 0;
+    for (; wide == 4 && e0 + 4 * lanes <= d; e0 += 4 * lanes)
+        values_nw(NH, 4, vc, kv, r, j, last, nkv, d, e0, sc, span, inv, o, sink, from);
+    for (; e0 + 2 * lanes <= d; e0 += 2 * lanes)
+        values_nw(NH, 2, vc, kv, r, j, last, nkv, d, e0, sc, span, inv, o, sink, from);
+    for (; e0 + lanes <= d; e0 += lanes) values_nw(NH, 1, vc, kv, r, j, last, nkv, d, e0, sc, span, inv, o, sink, from);
+    for (; e0 < d; e0 += 8) {  /* 8 elements left of 16-lane vectors */
+        __m256 acc[GK_ATT_HEADS];
+        for (int h = 0; h < NH; h++) acc[h] = _mm256_setzero_ps();
+        GK_FOR_TAKEN(t, i, sink, from, last) {
+            const __m256 v = _mm256_loadu_ps(vc + kv_at(kv, r, j, t, nkv, d) + e0);
+            for (int h = 0; h < NH; h++)
+                acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(sc[(size_t)h * span + i] * inv[h]), v, acc[h]);
+        }
+        for (int h = 0; h < NH; h++) _mm256_storeu_ps(o[h] + e0, acc[h]);
     }
 }
 
 /* o[h] = sum_t w[h][t] v_t for the n heads (weights sc[h * span + i] * inv[h], i counting the positions
- * t taken: 0..sink-1, then from..last; sink = last + 1 for all of them), 16 elements of all heads at a
- * time in registers, every value read once for the n heads */
+ * t taken, GK_FOR_TAKEN), each element one sum in position order: every value read once for the n heads */
 static void values_heads(int n, const float *vc, const gk_kv *kv, int r, int j, int last, int nkv, int d,
                          const float *sc, int span, const float *inv, float *const *o, int sink, int from) {
-    for (int e0 = 0; e0 < d; e0 += 16) {
-        const int c = d - e0 >= 16 ? 2 : 1;
-        __m256 acc[GK_ATT_HEADS][2];
-        for (int h = 0; h < n; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
-        for (int t = sink > 0 ? 0 : from, i = 0; t <= last; t = t + 1 == sink ? from : t + 1, i++) {
-            const float *vt = vc + kv_at(kv, r, j, t, nkv, d) + e0;
-            if (e0 == 0 && t + GK_ATT_AHEAD <= last) {
-                const float *f = vc + kv_at(kv, r, j, t + GK_ATT_AHEAD, nkv, d);
-                for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
-            }
-            const __m256 v0 = _mm256_loadu_ps(vt), v1 = c == 2 ? _mm256_loadu_ps(vt + 8) : v0;
-            for (int h = 0; h < n; h++) {
-                const __m256 p = _mm256_set1_ps(sc[(size_t)h * span + i] * inv[h]);
-                acc[h][0] = _mm256_fmadd_ps(p, v0, acc[h][0]);
-                if (c == 2) acc[h][1] = _mm256_fmadd_ps(p, v1, acc[h][1]);
-            }
-        }
-        for (int h = 0; h < n; h++) {
-            _mm256_storeu_ps(o[h] + e0, acc[h][0]);
-            if (c == 2) _mm256_storeu_ps(o[h] + e0 + 8, acc[h][1]);
-        }
-    }
+    if (n == 4) values_nh(4, vc, kv, r, j, last, nkv, d, sc, span, inv, o, sink, from);
+    else if (n == 3) values_nh(3, vc, kv, r, j, last, nkv, d, sc, span, inv, o, sink, from);
+    else if (n == 2) values_nh(2, vc, kv, r, j, last, nkv, d, sc, span, inv, o, sink, from);
+    else values_nh(1, vc, kv, r, j, last, nkv, d, sc, span, inv, o, sink, from);
 }
 
 /* attend for head_dim a multiple of 8: up to GK_ATT_HEADS query heads of one K/V head per item (all
@@ -1929,7 +2132,7 @@ static void attend_vec(const gk_layer *L, const float *qkv, int rows, const int3
         if (sink > 0) scores_heads(q, n, kc, kv, r, j, 0, sink - 1, nkv, d, scale, sc, span, mx);
         if (from <= last) scores_heads(q, n, kc, kv, r, j, from, last, nkv, d, scale, sc + sink, span, mx);
         const int taken = sink + (last + 1 - from);
-        for (int h = 0; h < n; h++) inv[h] = 1.0f / exp_shifted(sc + (size_t)h * span, taken, mx[h]);
+        exp_heads(sc, span, n, taken, mx, inv);
         values_heads(n, vc, kv, r, j, last, nkv, d, sc, span, inv, o, sink, from);
     }
 }
