@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,31 @@ from genkit.models import block_kernel
 from genkit.models.cpu import describe
 from genkit.models.demo import demo_gguf_path, genkit_home
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel_choice import _decode  # noqa: E402  (generation time less a 1-token run's, as there)
+
+class _Clock:
+    """A streamer that notes when each put arrives (the prompt's first, then each step's tokens)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.tokens: list[int] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(time.perf_counter())
+        if len(self.times) > 1:
+            self.tokens += value.reshape(-1).tolist()
+
+    def end(self) -> None:
+        pass
+
+
+def _decode(model: Any, ids: torch.Tensor, new: int) -> tuple[float, list[int]]:
+    """ms per token of the decode steps alone (from the first new token to the last: no prefill), and the
+    tokens."""
+    clock = _Clock()
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=new + 1, do_sample=False, eos_token_id=None, pad_token_id=0,
+                       streamer=clock)
+    return (clock.times[-1] - clock.times[1]) / (len(clock.tokens) - 1) * 1e3, clock.tokens
 
 
 def build(label: str, source: str, mode: str) -> Any:
