@@ -1883,11 +1883,22 @@ static inline __attribute__((always_inline)) void scores_out(__m128 *v, int grou
 }
 
 /* Keys of positions t..t+n-1 (positions past last: t's, so that a partial group reads only cached keys),
- * and a prefetch of those GK_ATT_PREFETCH positions later */
+ * and a prefetch of those GK_ATT_PREFETCH positions later: one pointer apart where the cache keeps them in
+ * a run (the KVCache; a paged block), each looked up otherwise */
 static inline __attribute__((always_inline)) void keys_at(const float **k, int n, const float *kc, const gk_kv *kv,
                                                           int r, int j, int t, int last, int nkv, int d) {
-    for (int i = 0; i < n; i++) k[i] = kc + kv_at(kv, r, j, t + (t + i <= last ? i : 0), nkv, d);
-    if (t + GK_ATT_PREFETCH + n - 1 <= last)
+    const int ahead = t + GK_ATT_PREFETCH + n - 1 <= last;
+    const float *k0 = kc + kv_at(kv, r, j, t, nkv, d);
+    if (kv->table == NULL && t + n - 1 <= last) {  /* positions t.. are d floats apart */
+        for (int i = 0; i < n; i++) k[i] = k0 + (size_t)i * d;
+        if (ahead) {
+            const float *f = k0 + (size_t)GK_ATT_PREFETCH * d;
+            for (int e = 0; e < n * d; e += 16) __builtin_prefetch(f + e);
+        }
+        return;
+    }
+    for (int i = 0; i < n; i++) k[i] = i == 0 ? k0 : kc + kv_at(kv, r, j, t + (t + i <= last ? i : 0), nkv, d);
+    if (ahead)
         for (int i = 0; i < n; i++) {
             const float *f = kc + kv_at(kv, r, j, t + GK_ATT_PREFETCH + i, nkv, d);
             for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
@@ -2034,10 +2045,12 @@ static inline __attribute__((always_inline)) void values_nw(const int NH, const 
     __m512 acc[GK_ATT_HEADS][4];
     for (int h = 0; h < NH; h++)
         for (int c = 0; c < W; c++) acc[h][c] = _mm512_setzero_ps();
+    const float *run = kv->table == NULL ? vc + kv_at(kv, r, j, 0, nkv, d) : NULL; /* position t at t * d */
     GK_FOR_TAKEN(t, i, sink, from, last) {
-        const float *vt = vc + kv_at(kv, r, j, t, nkv, d) + e0;
+        const float *vt = (run != NULL ? run + (size_t)t * d : vc + kv_at(kv, r, j, t, nkv, d)) + e0;
         if (e0 == 0 && t + GK_ATT_PREFETCH <= last) {
-            const float *f = vc + kv_at(kv, r, j, t + GK_ATT_PREFETCH, nkv, d);
+            const float *f = run != NULL ? run + (size_t)(t + GK_ATT_PREFETCH) * d
+                                         : vc + kv_at(kv, r, j, t + GK_ATT_PREFETCH, nkv, d);
             for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
         }
         for (int h = 0; h < NH; h++) {
@@ -2058,10 +2071,12 @@ static inline __attribute__((always_inline)) void values_nw(const int NH, const 
     __m256 acc[GK_ATT_HEADS][4];
     for (int h = 0; h < NH; h++)
         for (int c = 0; c < W; c++) acc[h][c] = _mm256_setzero_ps();
+    const float *run = kv->table == NULL ? vc + kv_at(kv, r, j, 0, nkv, d) : NULL; /* position t at t * d */
     GK_FOR_TAKEN(t, i, sink, from, last) {
-        const float *vt = vc + kv_at(kv, r, j, t, nkv, d) + e0;
+        const float *vt = (run != NULL ? run + (size_t)t * d : vc + kv_at(kv, r, j, t, nkv, d)) + e0;
         if (e0 == 0 && t + GK_ATT_PREFETCH <= last) {
-            const float *f = vc + kv_at(kv, r, j, t + GK_ATT_PREFETCH, nkv, d);
+            const float *f = run != NULL ? run + (size_t)(t + GK_ATT_PREFETCH) * d
+                                         : vc + kv_at(kv, r, j, t + GK_ATT_PREFETCH, nkv, d);
             for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
         }
         for (int h = 0; h < NH; h++) {
