@@ -2036,41 +2036,33 @@ static void exp_heads(float *sc, int span, int heads, int n, const float *mx, fl
 #define GK_FOR_TAKEN(t, i, sink, from, last) \
     for (int t = (sink) > 0 ? 0 : (from), i = 0; t <= (last); t = t + 1 == (sink) ? (from) : t + 1, i++)
 
+/* The values' vectors: 16 floats on AVX-512, else 8 (each lane's fused multiply-adds the same either way) */
 #if defined(__AVX512F__)
-/* values_heads for NH heads (a constant) over W 16-element vectors from e0 (a constant), the sums in registers */
-static inline __attribute__((always_inline)) void values_nw(const int NH, const int W, const float *vc,
-                                                            const gk_kv *kv, int r, int j, int last, int nkv, int d,
-                                                            int e0, const float *sc, int span, const float *inv,
-                                                            float *const *o, int sink, int from) {
-    __m512 acc[GK_ATT_HEADS][4];
-    for (int h = 0; h < NH; h++)
-        for (int c = 0; c < W; c++) acc[h][c] = _mm512_setzero_ps();
-    const float *run = kv->table == NULL ? vc + kv_at(kv, r, j, 0, nkv, d) : NULL; /* position t at t * d */
-    GK_FOR_TAKEN(t, i, sink, from, last) {
-        const float *vt = (run != NULL ? run + (size_t)t * d : vc + kv_at(kv, r, j, t, nkv, d)) + e0;
-        if (e0 == 0 && t + GK_ATT_PREFETCH <= last) {
-            const float *f = run != NULL ? run + (size_t)(t + GK_ATT_PREFETCH) * d
-                                         : vc + kv_at(kv, r, j, t + GK_ATT_PREFETCH, nkv, d);
-            for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
-        }
-        for (int h = 0; h < NH; h++) {
-            const __m512 p = _mm512_set1_ps(sc[(size_t)h * span + i] * inv[h]);
-            for (int c = 0; c < W; c++) acc[h][c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vt + 16 * c), acc[h][c]);
-        }
-    }
-    for (int h = 0; h < NH; h++)
-        for (int c = 0; c < W; c++) _mm512_storeu_ps(o[h] + e0 + 16 * c, acc[h][c]);
-}
+typedef __m512 gk_vf;
 #define GK_VALUE_LANES 16
+#define gk_vf_zero _mm512_setzero_ps
+#define gk_vf_set1 _mm512_set1_ps
+#define gk_vf_load _mm512_loadu_ps
+#define gk_vf_store _mm512_storeu_ps
+#define gk_vf_fmadd _mm512_fmadd_ps
 #else
-/* values_heads for NH heads (a constant) over W 8-element vectors from e0 (a constant), the sums in registers */
+typedef __m256 gk_vf;
+#define GK_VALUE_LANES 8
+#define gk_vf_zero _mm256_setzero_ps
+#define gk_vf_set1 _mm256_set1_ps
+#define gk_vf_load _mm256_loadu_ps
+#define gk_vf_store _mm256_storeu_ps
+#define gk_vf_fmadd _mm256_fmadd_ps
+#endif
+
+/* values_heads for NH heads (a constant) over W vectors (a constant) from element e0, the sums in registers */
 static inline __attribute__((always_inline)) void values_nw(const int NH, const int W, const float *vc,
                                                             const gk_kv *kv, int r, int j, int last, int nkv, int d,
                                                             int e0, const float *sc, int span, const float *inv,
                                                             float *const *o, int sink, int from) {
-    __m256 acc[GK_ATT_HEADS][4];
+    gk_vf acc[GK_ATT_HEADS][4];
     for (int h = 0; h < NH; h++)
-        for (int c = 0; c < W; c++) acc[h][c] = _mm256_setzero_ps();
+        for (int c = 0; c < W; c++) acc[h][c] = gk_vf_zero();
     const float *run = kv->table == NULL ? vc + kv_at(kv, r, j, 0, nkv, d) : NULL; /* position t at t * d */
     GK_FOR_TAKEN(t, i, sink, from, last) {
         const float *vt = (run != NULL ? run + (size_t)t * d : vc + kv_at(kv, r, j, t, nkv, d)) + e0;
@@ -2080,15 +2072,14 @@ static inline __attribute__((always_inline)) void values_nw(const int NH, const 
             for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
         }
         for (int h = 0; h < NH; h++) {
-            const __m256 p = _mm256_set1_ps(sc[(size_t)h * span + i] * inv[h]);
-            for (int c = 0; c < W; c++) acc[h][c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + 8 * c), acc[h][c]);
+            const gk_vf p = gk_vf_set1(sc[(size_t)h * span + i] * inv[h]);
+            for (int c = 0; c < W; c++)
+                acc[h][c] = gk_vf_fmadd(p, gk_vf_load(vt + GK_VALUE_LANES * c), acc[h][c]);
         }
     }
     for (int h = 0; h < NH; h++)
-        for (int c = 0; c < W; c++) _mm256_storeu_ps(o[h] + e0 + 8 * c, acc[h][c]);
+        for (int c = 0; c < W; c++) gk_vf_store(o[h] + e0 + GK_VALUE_LANES * c, acc[h][c]);
 }
-#define GK_VALUE_LANES 8
-#endif
 
 /* values_heads for NH heads (a constant): up to 4 vectors of each head's output at a time (fewer where
  * their sums would not fit the registers), then 256-bit vectors for what is left */
