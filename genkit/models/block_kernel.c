@@ -1882,27 +1882,39 @@ static inline __attribute__((always_inline)) void scores_out(__m128 *v, int grou
     }
 }
 
+/* Position t's row of K/V head j in cache c, and how many positions after it follow a step apart in the
+ * cache (*left; the step: d floats in the KVCache, nkv * d within a paged block) */
+static inline __attribute__((always_inline)) const float *kv_run(const float *c, const gk_kv *kv, int r, int j, int t,
+                                                                 int nkv, int d, int *left) {
+    *left = kv->table == NULL ? INT32_MAX : kv->block_size - 1 - t % kv->block_size;
+    return c + kv_at(kv, r, j, t, nkv, d);
+}
+
 /* Keys of positions t..t+n-1 (positions past last: t's, so that a partial group reads only cached keys),
- * and a prefetch of those GK_ATT_PREFETCH positions later: d floats apart in the KVCache, each looked up in
- * the paged store (stepping within a paged block instead was 1.08x there and slowed the KVCache's loops) */
+ * and a prefetch of those GK_ATT_PREFETCH positions later: d floats apart in the KVCache, nkv * d apart
+ * within a paged block (kv_run), each looked up across blocks */
 static inline __attribute__((always_inline)) void keys_at(const float **k, int n, const float *kc, const gk_kv *kv,
                                                           int r, int j, int t, int last, int nkv, int d) {
     const int ahead = t + GK_ATT_PREFETCH + n - 1 <= last;
-    const float *k0 = kc + kv_at(kv, r, j, t, nkv, d);
-    if (kv->table == NULL && t + n - 1 <= last) {  /* positions t.. are d floats apart */
-        for (int i = 0; i < n; i++) k[i] = k0 + (size_t)i * d;
-        if (ahead) {
-            const float *f = k0 + (size_t)GK_ATT_PREFETCH * d;
-            for (int e = 0; e < n * d; e += 16) __builtin_prefetch(f + e);
-        }
+    if (kv->table == NULL && t + n - 1 <= last) {  /* the KVCache: positions t.. d floats apart */
+        k[0] = kc + kv_at(kv, r, j, t, nkv, d);
+        for (int i = 1; i < n; i++) k[i] = k[0] + (size_t)i * d;
+        if (ahead)
+            for (int e = 0; e < n * d; e += 16) __builtin_prefetch(k[0] + (size_t)GK_ATT_PREFETCH * d + e);
         return;
     }
-    for (int i = 0; i < n; i++) k[i] = i == 0 ? k0 : kc + kv_at(kv, r, j, t + (t + i <= last ? i : 0), nkv, d);
-    if (ahead)
+    const size_t step = kv->table == NULL ? (size_t)d : (size_t)nkv * d;
+    int left;
+    k[0] = kv_run(kc, kv, r, j, t, nkv, d, &left);
+    for (int i = 1; i < n; i++)
+        k[i] = t + i > last ? k[0] : i <= left ? k[0] + i * step : kc + kv_at(kv, r, j, t + i, nkv, d);
+    if (ahead) {
+        const float *f = kv_run(kc, kv, r, j, t + GK_ATT_PREFETCH, nkv, d, &left);
         for (int i = 0; i < n; i++) {
-            const float *f = kc + kv_at(kv, r, j, t + GK_ATT_PREFETCH + i, nkv, d);
-            for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
+            const float *fi = i <= left ? f + i * step : kc + kv_at(kv, r, j, t + GK_ATT_PREFETCH + i, nkv, d);
+            for (int e = 0; e < d; e += 16) __builtin_prefetch(fi + e);
         }
+    }
 }
 
 static inline __attribute__((always_inline)) void max_out(const __m128 *top, int NH, float *mx) {
@@ -2055,26 +2067,57 @@ typedef __m256 gk_vf;
 #define gk_vf_fmadd _mm256_fmadd_ps
 #endif
 
-/* values_heads for NH heads (a constant) over W vectors (a constant) from element e0, the sums in registers */
-static inline __attribute__((always_inline)) void values_nw(const int NH, const int W, const float *vc,
+/* One position's value row vt (from element e0) weighted into the NH heads' W vectors of sums */
+static inline __attribute__((always_inline)) void values_add(const int NH, const int W, gk_vf (*acc)[4],
+                                                             const float *vt, const float *sc, int span,
+                                                             const float *inv, int i) {
+    for (int h = 0; h < NH; h++) {
+        const gk_vf p = gk_vf_set1(sc[(size_t)h * span + i] * inv[h]);
+        for (int c = 0; c < W; c++) acc[h][c] = gk_vf_fmadd(p, gk_vf_load(vt + GK_VALUE_LANES * c), acc[h][c]);
+    }
+}
+
+static inline __attribute__((always_inline)) void prefetch_row(const float *f, int d) {
+    for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
+}
+
+/* values_heads for NH heads (a constant) over W vectors (a constant) from element e0, the sums in registers;
+ * the KVCache's rows a run of d floats apart, the paged store's (PAGED, a constant) nkv * d apart within a block
+ * (kv_run) */
+static inline __attribute__((always_inline)) void values_nw(const int NH, const int W, const int PAGED,
+                                                            const float *vc,
                                                             const gk_kv *kv, int r, int j, int last, int nkv, int d,
                                                             int e0, const float *sc, int span, const float *inv,
                                                             float *const *o, int sink, int from) {
     gk_vf acc[GK_ATT_HEADS][4];
     for (int h = 0; h < NH; h++)
         for (int c = 0; c < W; c++) acc[h][c] = gk_vf_zero();
-    const float *run = kv->table == NULL ? vc + kv_at(kv, r, j, 0, nkv, d) : NULL; /* position t at t * d */
-    GK_FOR_TAKEN(t, i, sink, from, last) {
-        const float *vt = (run != NULL ? run + (size_t)t * d : vc + kv_at(kv, r, j, t, nkv, d)) + e0;
-        if (e0 == 0 && t + GK_ATT_PREFETCH <= last) {
-            const float *f = run != NULL ? run + (size_t)(t + GK_ATT_PREFETCH) * d
-                                         : vc + kv_at(kv, r, j, t + GK_ATT_PREFETCH, nkv, d);
-            for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
+    if (!PAGED) {
+        const float *run = vc + kv_at(kv, r, j, 0, nkv, d); /* position t at t * d */
+        GK_FOR_TAKEN(t, i, sink, from, last) {
+            const float *vt = run + (size_t)t * d + e0;
+            if (e0 == 0 && t + GK_ATT_PREFETCH <= last) prefetch_row(run + (size_t)(t + GK_ATT_PREFETCH) * d, d);
+            for (int h = 0; h < NH; h++) {
+                const gk_vf p = gk_vf_set1(sc[(size_t)h * span + i] * inv[h]);
+                for (int c = 0; c < W; c++)
+                    acc[h][c] = gk_vf_fmadd(p, gk_vf_load(vt + GK_VALUE_LANES * c), acc[h][c]);
+            }
         }
-        for (int h = 0; h < NH; h++) {
-            const gk_vf p = gk_vf_set1(sc[(size_t)h * span + i] * inv[h]);
-            for (int c = 0; c < W; c++)
-                acc[h][c] = gk_vf_fmadd(p, gk_vf_load(vt + GK_VALUE_LANES * c), acc[h][c]);
+    } else {
+        const size_t step = (size_t)nkv * d;
+        const float *row = NULL, *f = NULL;  /* the last position's row and the last prefetched, with their runs */
+        int left = 0, f_left = 0, row_t = -2, f_t = -2;
+        GK_FOR_TAKEN(t, i, sink, from, last) {
+            if (t == row_t + 1 && left > 0) row += step, left--;
+            else row = kv_run(vc, kv, r, j, t, nkv, d, &left);
+            row_t = t;
+            if (e0 == 0 && t + GK_ATT_PREFETCH <= last) {
+                if (t + GK_ATT_PREFETCH == f_t + 1 && f_left > 0) f += step, f_left--;
+                else f = kv_run(vc, kv, r, j, t + GK_ATT_PREFETCH, nkv, d, &f_left);
+                f_t = t + GK_ATT_PREFETCH;
+                prefetch_row(f, d);
+            }
+            values_add(NH, W, acc, row + e0, sc, span, inv, i);
         }
     }
     for (int h = 0; h < NH; h++)
@@ -2083,16 +2126,17 @@ static inline __attribute__((always_inline)) void values_nw(const int NH, const 
 
 /* values_heads for NH heads (a constant): up to 4 vectors of each head's output at a time (fewer where
  * their sums would not fit the registers), then 256-bit vectors for what is left */
-static inline __attribute__((always_inline)) void values_nh(const int NH, const float *vc, const gk_kv *kv, int r,
+static inline __attribute__((always_inline)) void values_nh(const int NH, const int PAGED, const float *vc, const gk_kv *kv, int r,
                                                             int j, int last, int nkv, int d, const float *sc, int span,
                                                             const float *inv, float *const *o, int sink, int from) {
     const int wide = NH * 4 + NH <= GK_ATT_REGS ? 4 : 2, lanes = GK_VALUE_LANES;
     int e0 = 0;
     for (; wide == 4 && e0 + 4 * lanes <= d; e0 += 4 * lanes)
-        values_nw(NH, 4, vc, kv, r, j, last, nkv, d, e0, sc, span, inv, o, sink, from);
+        values_nw(NH, 4, PAGED, vc, kv, r, j, last, nkv, d, e0, sc, span, inv, o, sink, from);
     for (; e0 + 2 * lanes <= d; e0 += 2 * lanes)
-        values_nw(NH, 2, vc, kv, r, j, last, nkv, d, e0, sc, span, inv, o, sink, from);
-    for (; e0 + lanes <= d; e0 += lanes) values_nw(NH, 1, vc, kv, r, j, last, nkv, d, e0, sc, span, inv, o, sink, from);
+        values_nw(NH, 2, PAGED, vc, kv, r, j, last, nkv, d, e0, sc, span, inv, o, sink, from);
+    for (; e0 + lanes <= d; e0 += lanes)
+        values_nw(NH, 1, PAGED, vc, kv, r, j, last, nkv, d, e0, sc, span, inv, o, sink, from);
     for (; e0 < d; e0 += 8) {  /* 8 elements left of 16-lane vectors */
         __m256 acc[GK_ATT_HEADS];
         for (int h = 0; h < NH; h++) acc[h] = _mm256_setzero_ps();
@@ -2109,10 +2153,13 @@ static inline __attribute__((always_inline)) void values_nh(const int NH, const 
  * t taken, GK_FOR_TAKEN), each element one sum in position order: every value read once for the n heads */
 static void values_heads(int n, const float *vc, const gk_kv *kv, int r, int j, int last, int nkv, int d,
                          const float *sc, int span, const float *inv, float *const *o, int sink, int from) {
-    if (n == 4) values_nh(4, vc, kv, r, j, last, nkv, d, sc, span, inv, o, sink, from);
-    else if (n == 3) values_nh(3, vc, kv, r, j, last, nkv, d, sc, span, inv, o, sink, from);
-    else if (n == 2) values_nh(2, vc, kv, r, j, last, nkv, d, sc, span, inv, o, sink, from);
-    else values_nh(1, vc, kv, r, j, last, nkv, d, sc, span, inv, o, sink, from);
+#define GK_VALUES(NH, PAGED) values_nh(NH, PAGED, vc, kv, r, j, last, nkv, d, sc, span, inv, o, sink, from)
+    const int paged = kv->table != NULL;
+    if (n == 4) paged ? GK_VALUES(4, 1) : GK_VALUES(4, 0);
+    else if (n == 3) paged ? GK_VALUES(3, 1) : GK_VALUES(3, 0);
+    else if (n == 2) paged ? GK_VALUES(2, 1) : GK_VALUES(2, 0);
+    else paged ? GK_VALUES(1, 1) : GK_VALUES(1, 0);
+#undef GK_VALUES
 }
 
 /* attend for head_dim a multiple of 8: up to GK_ATT_HEADS query heads of one K/V head per item (all
