@@ -5,7 +5,8 @@ Each source is compiled into a small program (this file's harness, ``#include``-
 flags for ``--mode``) that fills a K/V cache and queries with fixed pseudo-random floats and calls the
 kernel's ``attend`` (what a decode step runs for each layer) over and over: one row after ``context``
 positions, or ``rows`` rows sharing one cache row as a self-speculative check does; the cache either
-the KVCache's layout or paged blocks of 16 in reverse order; ``hot`` (one layer's cache, read again
+the KVCache's layout or paged blocks of 16 in reverse order (each key and value set by its layer, head,
+position and element, so that versions with different cache layouts read the same numbers); ``hot`` (one layer's cache, read again
 and again) or ``cold`` (30 layers' caches in turn, as a step reads them). The versions run
 alternately, round after round; the medians and the ratio against the first version are printed, and
 a hash of each version's output bits.
@@ -31,6 +32,8 @@ HARNESS = r"""
 #include <time.h>
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 static float next(unsigned *s) { *s = *s * 1664525u + 1013904223u; return (float)(*s >> 8) / 8388608.0f - 1.0f; }
+/* The K/V cache's values are set by position (kv_at), so versions whose cache layouts differ read the same
+ * values and give the same bits when they compute the same */
 int main(int argc, char **argv) {
     if (argc != 10) return 2;
     const int nq = atoi(argv[1]), nkv = atoi(argv[2]), d = atoi(argv[3]), context = atoi(argv[4]);
@@ -51,8 +54,16 @@ int main(int argc, char **argv) {
     }
     const size_t n = (size_t)nkv * cap * d;
     unsigned s = 1;
-    float *k = malloc(sizeof(float) * n * layers), *v = malloc(sizeof(float) * n * layers);
-    for (size_t i = 0; i < n * layers; i++) { k[i] = next(&s); v[i] = next(&s); }
+    float *k = calloc(n * layers, sizeof(float)), *v = calloc(n * layers, sizeof(float));
+    for (int l = 0; l < layers; l++)  /* each (layer, head, position, element) its own value, wherever the layout puts it */
+        for (int j = 0; j < nkv; j++)
+            for (int t = 0; t < context + rows; t++)
+                for (int e = 0; e < d; e++) {
+                    unsigned h = (unsigned)(((l * 131 + j) * 1000003 + t) * 613 + e) * 2654435761u;
+                    const size_t at = n * l + kv_at(&kv, 0, j, t, nkv, d) + e;
+                    k[at] = next(&h);
+                    v[at] = next(&h);
+                }
     const int nqkv = (nq + 2 * nkv) * d;
     float *qkv = malloc(sizeof(float) * (size_t)rows * nqkv), *scores = malloc(sizeof(float) * (size_t)rows * nq * cap);
     float *att = malloc(sizeof(float) * (size_t)rows * nq * d);

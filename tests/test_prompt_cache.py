@@ -133,10 +133,11 @@ def test_the_store_copies_a_blocks_first_slots_in_every_layer():
         store.values[layer].normal_()
     before = [v[2].clone() for v in store.values]
     store.copy(0, 2, 3)
-    for layer in range(2):
-        assert torch.equal(store.keys[layer][2, :3], store.keys[layer][0, :3])
-        assert torch.equal(store.values[layer][2, :3], store.values[layer][0, :3])
-        assert torch.equal(store.values[layer][2, 3], before[layer][3])  # past n: untouched
+    for layer in range(2):  # a block is (kv_heads, block_size, head_dim): its slots are the second axis
+        assert torch.equal(store.keys[layer][2, :, :3], store.keys[layer][0, :, :3])
+        assert torch.equal(store.values[layer][2, :, :3], store.values[layer][0, :, :3])
+        assert torch.equal(store.values[layer][2, :, 3], before[layer][:, 3])  # past n: untouched
+        assert not torch.equal(store.keys[layer][2, :, 3], store.keys[layer][0, :, 3])
 
 
 SYSTEM = [(7 * i) % 120 + 3 for i in range(20)]  # a 20-token "system prompt": 2 full blocks of 8 and 4 tokens

@@ -1356,8 +1356,8 @@ static inline float dot(const float *a, const float *b, int n) {
 
 /* Where a row's key/value of head j at position t lives in its layer's cache: genkit's KVCache
  * (per cache row [kv_heads][capacity][head_dim]; step row r is cache row r / seq: a prompt's tokens
- * are seq consecutive step rows), or the paged store of continuous batching (slots of
- * [kv_heads][head_dim], slot = table[row][t / block_size] * block_size + t % block_size). */
+ * are seq consecutive step rows), or the paged store of continuous batching (blocks of
+ * [kv_heads][block_size][head_dim]; position t in block table[row][t / block_size], at t % block_size). */
 typedef struct {
     int capacity;          /* KVCache: positions per row; 0 for the paged store */
     const int32_t *table;  /* paged: rows x width block ids */
@@ -1367,8 +1367,8 @@ typedef struct {
 
 static inline size_t kv_at(const gk_kv *kv, int r, int j, int t, int nkv, int d) {
     if (kv->table == NULL) return (((size_t)(kv->seq > 1 ? r / kv->seq : r) * nkv + j) * kv->capacity + t) * d;
-    size_t slot = (size_t)kv->table[(size_t)r * kv->width + t / kv->block_size] * kv->block_size + t % kv->block_size;
-    return (slot * nkv + j) * d;
+    const size_t block = (size_t)kv->table[(size_t)r * kv->width + t / kv->block_size];
+    return ((block * nkv + j) * kv->block_size + t % kv->block_size) * d;
 }
 
 /* ---- numerics="llama.cpp" in the decode step: ggml's CPU operations (AVX2 build), op for op ---- */
@@ -1882,8 +1882,8 @@ static inline __attribute__((always_inline)) void scores_out(__m128 *v, int grou
     }
 }
 
-/* Position t's row of K/V head j in cache c, and how many positions after it follow a step apart in the
- * cache (*left; the step: d floats in the KVCache, nkv * d within a paged block) */
+/* Position t's row of K/V head j in cache c, and how many positions after it follow d floats apart (*left:
+ * all of them in the KVCache, the rest of its block in the paged store) */
 static inline __attribute__((always_inline)) const float *kv_run(const float *c, const gk_kv *kv, int r, int j, int t,
                                                                  int nkv, int d, int *left) {
     *left = kv->table == NULL ? INT32_MAX : kv->block_size - 1 - t % kv->block_size;
@@ -1891,8 +1891,8 @@ static inline __attribute__((always_inline)) const float *kv_run(const float *c,
 }
 
 /* Keys of positions t..t+n-1 (positions past last: t's, so that a partial group reads only cached keys),
- * and a prefetch of those GK_ATT_PREFETCH positions later: d floats apart in the KVCache, nkv * d apart
- * within a paged block (kv_run), each looked up across blocks */
+ * and a prefetch of those GK_ATT_PREFETCH positions later: d floats apart in the KVCache and within a
+ * paged block (kv_run), each looked up across blocks */
 static inline __attribute__((always_inline)) void keys_at(const float **k, int n, const float *kc, const gk_kv *kv,
                                                           int r, int j, int t, int last, int nkv, int d) {
     const int ahead = t + GK_ATT_PREFETCH + n - 1 <= last;
@@ -1903,7 +1903,7 @@ static inline __attribute__((always_inline)) void keys_at(const float **k, int n
             for (int e = 0; e < n * d; e += 16) __builtin_prefetch(k[0] + (size_t)GK_ATT_PREFETCH * d + e);
         return;
     }
-    const size_t step = kv->table == NULL ? (size_t)d : (size_t)nkv * d;
+    const size_t step = (size_t)d;
     int left;
     k[0] = kv_run(kc, kv, r, j, t, nkv, d, &left);
     for (int i = 1; i < n; i++)
@@ -2082,8 +2082,7 @@ static inline __attribute__((always_inline)) void prefetch_row(const float *f, i
 }
 
 /* values_heads for NH heads (a constant) over W vectors (a constant) from element e0, the sums in registers;
- * the KVCache's rows a run of d floats apart, the paged store's (PAGED, a constant) nkv * d apart within a block
- * (kv_run) */
+ * the KVCache's rows a run of d floats apart, the paged store's (PAGED, a constant) within a block (kv_run) */
 static inline __attribute__((always_inline)) void values_nw(const int NH, const int W, const int PAGED,
                                                             const float *vc,
                                                             const gk_kv *kv, int r, int j, int last, int nkv, int d,
@@ -2104,7 +2103,7 @@ static inline __attribute__((always_inline)) void values_nw(const int NH, const 
             }
         }
     } else {
-        const size_t step = (size_t)nkv * d;
+        const size_t step = (size_t)d;
         const float *row = NULL, *f = NULL;  /* the last position's row and the last prefetched, with their runs */
         int left = 0, f_left = 0, row_t = -2, f_t = -2;
         GK_FOR_TAKEN(t, i, sink, from, last) {

@@ -37,10 +37,12 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 
 class PagedKVStore:
-    """The K/V tensors of the paged cache: per layer, ``num_blocks`` blocks of ``block_size`` slots
-    (``(blocks, block_size, kv_heads, head_dim)``). A request holding ``blocks`` keeps its token
-    ``i`` in slot ``blocks[i // block_size] * block_size + i % block_size`` of the flattened tensor.
-    Which blocks a request holds is the block allocator's business (``genkit.continuous``).
+    """The K/V tensors of the paged cache: per layer, ``num_blocks`` blocks of ``block_size`` slots,
+    each K/V head's slots of a block together (``(blocks, kv_heads, block_size, head_dim)``: a head's
+    keys for consecutive positions are adjacent, as in the KVCache). A request holding ``blocks``
+    keeps its token ``i`` in slot ``blocks[i // block_size] * block_size + i % block_size``: block
+    ``slot // block_size``, offset ``slot % block_size``. Which blocks a request holds is the block
+    allocator's business (``genkit.continuous``).
 
     ``prepared`` are the model's inference weights, checked once when the store is made."""
 
@@ -51,7 +53,7 @@ class PagedKVStore:
                              f"{num_blocks}")
         self.block_size, self.num_blocks = block_size, num_blocks
         # a block is contiguous, so gathering a request's blocks copies whole blocks
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        shape = (num_blocks, num_kv_heads, block_size, head_dim)
         # one tensor for all layers' keys (and one for values), so that copying a block is one op each
         self._all_keys = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
         self._all_values = torch.zeros_like(self._all_keys)
@@ -72,14 +74,15 @@ class PagedKVStore:
 
     def copy(self, src: int, dst: int, n: int) -> None:
         """Copy the first ``n`` slots of block ``src`` into block ``dst``, in every layer."""
-        self._all_keys[:, dst, :n] = self._all_keys[:, src, :n]
-        self._all_values[:, dst, :n] = self._all_values[:, src, :n]
+        self._all_keys[:, dst, :, :n] = self._all_keys[:, src, :, :n]
+        self._all_values[:, dst, :, :n] = self._all_values[:, src, :, :n]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys and values ``(kv_heads, T, head_dim)`` of layer ``layer`` at ``slots`` ``(T,)``."""
         kc, vc = self.keys[layer], self.values[layer]
-        kc.view(-1, *kc.shape[2:]).index_copy_(0, slots, k.transpose(0, 1).to(kc.dtype))
-        vc.view(-1, *vc.shape[2:]).index_copy_(0, slots, v.transpose(0, 1).to(vc.dtype))
+        block, offset = slots // self.block_size, slots % self.block_size
+        kc[block, :, offset] = k.transpose(0, 1).to(kc.dtype)  # (T, kv_heads, head_dim) into each slot
+        vc[block, :, offset] = v.transpose(0, 1).to(vc.dtype)
 
 
 @dataclass
@@ -151,24 +154,30 @@ class _Attention:
     def __call__(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
         """Attention output ``(T, heads, head_dim)`` for queries ``q`` ``(heads, T, head_dim)``."""
         nq, t, d = q.shape
-        nkv, dtype = kc.shape[2], self.dtype
+        nkv, dtype = kc.shape[1], self.dtype
         out = torch.empty(t, nq, d, dtype=q.dtype, device=q.device)
         if self.decode_blocks is not None:
             r = self.decode_rows.shape[0]
-            keys = kc.index_select(0, self.decode_blocks).view(r, -1, nkv, d).transpose(1, 2)
-            values = vc.index_select(0, self.decode_blocks).view(r, -1, nkv, d).transpose(1, 2)
+            keys, values = (_gathered(c, self.decode_blocks, r) for c in (kc, vc))  # (r, kv_heads, slots, d)
             qd = q.index_select(1, self.decode_rows).transpose(0, 1)[:, :, None]  # (r, nq, 1, d)
             o = F.scaled_dot_product_attention(qd, keys.to(dtype), values.to(dtype), attn_mask=self.decode_mask,
                                                enable_gqa=nkv != nq)
             out.index_copy_(0, self.decode_rows, o[:, :, 0])
         for start, n, length, blocks, mask in self.chunks:
-            keys = kc.index_select(0, blocks).view(-1, nkv, d)[:length].transpose(0, 1)[None]
-            values = vc.index_select(0, blocks).view(-1, nkv, d)[:length].transpose(0, 1)[None]
+            keys, values = (_gathered(c, blocks, 1)[:, :, :length] for c in (kc, vc))
             o = F.scaled_dot_product_attention(q[None, :, start:start + n], keys.to(dtype), values.to(dtype),
                                                attn_mask=mask, is_causal=mask is None and n > 1,
                                                enable_gqa=nkv != nq)
             out[start:start + n] = o[0].transpose(0, 1)
         return out
+
+
+def _gathered(cache: torch.Tensor, blocks: torch.Tensor, rows: int) -> torch.Tensor:
+    """The blocks ``blocks`` (``rows`` requests' in turn, as many each) of one layer's keys or values as
+    ``(rows, kv_heads, slots, head_dim)``, each request's slots in block order."""
+    got = cache.index_select(0, blocks)  # (rows * width, kv_heads, block_size, d)
+    _, nkv, bs, d = got.shape
+    return got.view(rows, -1, nkv, bs, d).transpose(1, 2).reshape(rows, nkv, -1, d)
 
 
 def _paged_layers(prepared: PreparedModel, store: PagedKVStore, batch: StepBatch, x: torch.Tensor, cos: torch.Tensor,
