@@ -175,9 +175,8 @@ class _Attention:
 def _gathered(cache: torch.Tensor, blocks: torch.Tensor, rows: int) -> torch.Tensor:
     """The blocks ``blocks`` (``rows`` requests' in turn, as many each) of one layer's keys or values as
     ``(rows, kv_heads, slots, head_dim)``, each request's slots in block order."""
-    got = cache.index_select(0, blocks)  # (rows * width, kv_heads, block_size, d)
-    _, nkv, bs, d = got.shape
-    return got.view(rows, -1, nkv, bs, d).transpose(1, 2).reshape(rows, nkv, -1, d)
+    got = cache.transpose(0, 1).index_select(1, blocks)  # (kv_heads, rows * width, block_size, d): one copy
+    return got.view(got.shape[0], rows, -1, got.shape[3]).transpose(0, 1)
 
 
 def _paged_layers(prepared: PreparedModel, store: PagedKVStore, batch: StepBatch, x: torch.Tensor, cos: torch.Tensor,
