@@ -1,10 +1,12 @@
 """Two (or more) versions of the block kernel's C source, timed against each other in one process.
 
 Each source is built and loaded as genkit loads its kernel (its flags for this CPU, the verified
-kernel cache under ``$GENKIT_HOME``, so an unchanged source is not built again); the demo model (SmolLM2-135M-Instruct
-Q4_1, or with ``--float32`` its float32 conversion on the one-call dense decoder, the ``gemv`` route, one token per
-step unless ``--self-speculation``) then decodes after a prompt of ``--context`` random ids with each build in turn, round after round (builds alternating, so that a machine
-whose speed drifts moves all of them alike), and the median tokens/s per build is printed with
+kernel cache under ``$GENKIT_HOME``, so an unchanged source is not built again); the demo model
+(SmolLM2-135M-Instruct Q4_1, or with ``--float32`` its float32 conversion on the one-call dense
+decoder, the ``gemv`` route, one token per step unless ``--self-speculation``) then decodes after a
+prompt of ``--context`` random ids with each build in turn, round after round (builds alternating,
+so that a machine whose speed drifts moves all of them alike), timing the decode steps alone (no
+prefill), and the median tokens/s per build is printed with
 whether every build gave the same greedy tokens. A kernel change is kept or dropped on such an A/B,
 not on two runs minutes apart: on the shared machines this project meets, speed moves 20-30 % from
 one minute to the next.
@@ -127,8 +129,8 @@ def main() -> None:
             ab_round(model, ids, libs, args.tokens, rates, tokens)
         same = len({tuple(t) for t in tokens.values()}) == 1
         cells = "  ".join(f"{label} {statistics.median(r):.1f}" for label, r in rates.items())
-        print(f"{threads} thread(s), {args.mode}, context {args.context}, medians of {args.rounds} (tok/s): {cells}; "
-              f"{'same tokens' if same else 'TOKENS DIFFER'}", flush=True)
+        print(f"{threads} thread(s), {args.mode}, context {args.context}, medians of {args.rounds} (tok/s): "
+              f"{cells}; {'same tokens' if same else 'TOKENS DIFFER'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1882,6 +1882,11 @@ static inline __attribute__((always_inline)) void scores_out(__m128 *v, int grou
     }
 }
 
+/* Asks for the n floats from f (a key's or value's row, or a run of them) on their way to the caches */
+static inline __attribute__((always_inline)) void prefetch_row(const float *f, int n) {
+    for (int e = 0; e < n; e += 16) __builtin_prefetch(f + e);
+}
+
 /* Position t's row of K/V head j in cache c, and how many positions after it follow d floats apart (*left:
  * all of them in the KVCache, the rest of its block in the paged store) */
 static inline __attribute__((always_inline)) const float *kv_run(const float *c, const gk_kv *kv, int r, int j, int t,
@@ -1899,21 +1904,17 @@ static inline __attribute__((always_inline)) void keys_at(const float **k, int n
     if (kv->table == NULL && t + n - 1 <= last) {  /* the KVCache: positions t.. d floats apart */
         k[0] = kc + kv_at(kv, r, j, t, nkv, d);
         for (int i = 1; i < n; i++) k[i] = k[0] + (size_t)i * d;
-        if (ahead)
-            for (int e = 0; e < n * d; e += 16) __builtin_prefetch(k[0] + (size_t)GK_ATT_PREFETCH * d + e);
+        if (ahead) prefetch_row(k[0] + (size_t)GK_ATT_PREFETCH * d, n * d);
         return;
     }
-    const size_t step = (size_t)d;
     int left;
     k[0] = kv_run(kc, kv, r, j, t, nkv, d, &left);
     for (int i = 1; i < n; i++)
-        k[i] = t + i > last ? k[0] : i <= left ? k[0] + i * step : kc + kv_at(kv, r, j, t + i, nkv, d);
+        k[i] = t + i > last ? k[0] : i <= left ? k[0] + (size_t)i * d : kc + kv_at(kv, r, j, t + i, nkv, d);
     if (ahead) {
         const float *f = kv_run(kc, kv, r, j, t + GK_ATT_PREFETCH, nkv, d, &left);
-        for (int i = 0; i < n; i++) {
-            const float *fi = i <= left ? f + i * step : kc + kv_at(kv, r, j, t + GK_ATT_PREFETCH + i, nkv, d);
-            for (int e = 0; e < d; e += 16) __builtin_prefetch(fi + e);
-        }
+        for (int i = 0; i < n; i++)
+            prefetch_row(i <= left ? f + (size_t)i * d : kc + kv_at(kv, r, j, t + GK_ATT_PREFETCH + i, nkv, d), d);
     }
 }
 
@@ -2077,41 +2078,30 @@ static inline __attribute__((always_inline)) void values_add(const int NH, const
     }
 }
 
-static inline __attribute__((always_inline)) void prefetch_row(const float *f, int d) {
-    for (int e = 0; e < d; e += 16) __builtin_prefetch(f + e);
-}
-
 /* values_heads for NH heads (a constant) over W vectors (a constant) from element e0, the sums in registers;
  * the KVCache's rows a run of d floats apart, the paged store's (PAGED, a constant) within a block (kv_run) */
 static inline __attribute__((always_inline)) void values_nw(const int NH, const int W, const int PAGED,
-                                                            const float *vc,
-                                                            const gk_kv *kv, int r, int j, int last, int nkv, int d,
-                                                            int e0, const float *sc, int span, const float *inv,
-                                                            float *const *o, int sink, int from) {
+                                                            const float *vc, const gk_kv *kv, int r, int j, int last,
+                                                            int nkv, int d, int e0, const float *sc, int span,
+                                                            const float *inv, float *const *o, int sink, int from) {
     gk_vf acc[GK_ATT_HEADS][4];
     for (int h = 0; h < NH; h++)
         for (int c = 0; c < W; c++) acc[h][c] = gk_vf_zero();
     if (!PAGED) {
         const float *run = vc + kv_at(kv, r, j, 0, nkv, d); /* position t at t * d */
         GK_FOR_TAKEN(t, i, sink, from, last) {
-            const float *vt = run + (size_t)t * d + e0;
             if (e0 == 0 && t + GK_ATT_PREFETCH <= last) prefetch_row(run + (size_t)(t + GK_ATT_PREFETCH) * d, d);
-            for (int h = 0; h < NH; h++) {
-                const gk_vf p = gk_vf_set1(sc[(size_t)h * span + i] * inv[h]);
-                for (int c = 0; c < W; c++)
-                    acc[h][c] = gk_vf_fmadd(p, gk_vf_load(vt + GK_VALUE_LANES * c), acc[h][c]);
-            }
+            values_add(NH, W, acc, run + (size_t)t * d + e0, sc, span, inv, i);
         }
     } else {
-        const size_t step = (size_t)d;
         const float *row = NULL, *f = NULL;  /* the last position's row and the last prefetched, with their runs */
         int left = 0, f_left = 0, row_t = -2, f_t = -2;
         GK_FOR_TAKEN(t, i, sink, from, last) {
-            if (t == row_t + 1 && left > 0) row += step, left--;
+            if (t == row_t + 1 && left > 0) row += d, left--;
             else row = kv_run(vc, kv, r, j, t, nkv, d, &left);
             row_t = t;
             if (e0 == 0 && t + GK_ATT_PREFETCH <= last) {
-                if (t + GK_ATT_PREFETCH == f_t + 1 && f_left > 0) f += step, f_left--;
+                if (t + GK_ATT_PREFETCH == f_t + 1 && f_left > 0) f += d, f_left--;
                 else f = kv_run(vc, kv, r, j, t + GK_ATT_PREFETCH, nkv, d, &f_left);
                 f_t = t + GK_ATT_PREFETCH;
                 prefetch_row(f, d);
@@ -2125,9 +2115,10 @@ static inline __attribute__((always_inline)) void values_nw(const int NH, const 
 
 /* values_heads for NH heads (a constant): up to 4 vectors of each head's output at a time (fewer where
  * their sums would not fit the registers), then 256-bit vectors for what is left */
-static inline __attribute__((always_inline)) void values_nh(const int NH, const int PAGED, const float *vc, const gk_kv *kv, int r,
-                                                            int j, int last, int nkv, int d, const float *sc, int span,
-                                                            const float *inv, float *const *o, int sink, int from) {
+static inline __attribute__((always_inline)) void values_nh(const int NH, const int PAGED, const float *vc,
+                                                            const gk_kv *kv, int r, int j, int last, int nkv, int d,
+                                                            const float *sc, int span, const float *inv,
+                                                            float *const *o, int sink, int from) {
     const int wide = NH * 4 + NH <= GK_ATT_REGS ? 4 : 2, lanes = GK_VALUE_LANES;
     int e0 = 0;
     for (; wide == 4 && e0 + 4 * lanes <= d; e0 += 4 * lanes)

@@ -87,9 +87,9 @@ static float *scratch(size_t n) {
  * rows of at most a page, too short for the hardware's prefetchers to run ahead while the rows'
  * arithmetic holds the core) has the next pass's weights asked for during this pass (SmolLM2's down
  * product at 8 rows, 1 thread, Zen 5: 0.176 -> 0.113 ms; wider ones were no faster). A row's partial
- * sums take the same steps in the same order whatever M and rr are, so a row's product is the same bits whatever rows are computed beside
- * it: a speculative step's check runs the draft's tokens as rows of one step and must give each token
- * what a one-token step gives (genkit/models/self_speculation.py). */
+ * sums take the same steps in the same order whatever M and rr are, so a row's product is the same bits
+ * whatever rows are computed beside it: a speculative step's check runs the draft's tokens as rows of
+ * one step and must give each token what a one-token step gives (genkit/models/self_speculation.py). */
 static inline __attribute__((always_inline)) void rows_pass(const float *x, int ldx, const float *w, long ldw,
                                                              float *p, int M, int N, int k0, int k1, const int rr) {
     memset(p, 0, sizeof(float) * (size_t)M * N);
