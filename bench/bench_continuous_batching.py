@@ -12,6 +12,11 @@ Tokens/s = generated tokens / wall time; every engine's tokens are checked again
 ``generate``. Then time to first token and throughput with 1, 8 and 32 concurrent requests through
 the manager (streaming requests added at once).
 
+``--long-prompts 1500-3000`` measures instead what long prompts cost the decode steps: a few requests
+(``--requests``, default 4) of that many prompt tokens added at once to ``generate_batch`` on the
+float32 model and the Q4_1 GGUF, the decoding rate counted after the last request's first token
+(every request decoding; the prefills' time left out).
+
 Run: ``python bench/bench_continuous_batching.py [--threads 2] [--repeats 2] [--skip-transformers]``
 """
 
@@ -35,11 +40,11 @@ WORDS = ("the of and to in is that for it as with was on be by this are or his f
 NEW = 64
 
 
-def prompts_for(tok: Any, n: int = 32, seed: int = 0) -> list[list[int]]:
+def prompts_for(tok: Any, n: int = 32, seed: int = 0, lengths: tuple[int, int] = (20, 200)) -> list[list[int]]:
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        target = rng.randint(20, 200)
+        target = rng.randint(*lengths)
         ids = tok.encode(" ".join(rng.choice(WORDS) for _ in range(target)))[:target]
         out.append(ids)
     return out
@@ -113,6 +118,45 @@ def quantized_vs_float(dense: Any, prompts: list[list[int]], seq: list[list[int]
               f"{t_f / t:.2f}x | {same} {what} |", flush=True)
 
 
+def decode_rate(model: Any, prompts: list[list[int]]) -> tuple[float, float, list[list[int]]]:
+    """(s until every request had its first token, tokens/s counted after that, the tokens) for one
+    ``generate_batch`` of ``prompts``: the rate of steps in which every request decodes."""
+    res = model.generate_batch(prompts, max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                               record_timestamps=True)
+    outs = list(res.values())
+    start = min(o.lifespan[0] for o in outs)
+    t1 = max(o.timestamps[0] for o in outs)
+    t2 = max(o.timestamps[-1] for o in outs)
+    after = sum(t > t1 for o in outs for t in o.timestamps)
+    return t1 - start, after / (t2 - t1), [o.generated_tokens for o in outs]
+
+
+def long_prompts(dense: Any, tok: Any, lengths: tuple[int, int], n: int, repeats: int) -> None:
+    """Decode rate with ``n`` long prompts in the paged cache, float32 and Q4_1 alternating."""
+    from genkit.models.demo import demo_gguf_path, genkit_home
+
+    quantized = genkit.load_model(demo_gguf_path(f"{genkit_home()}/bench-gguf"))
+    prompts = prompts_for(tok, n, lengths=lengths)
+    print(f"{n} requests of {min(map(len, prompts))}-{max(map(len, prompts))} prompt tokens added at once, "
+          f"{NEW} new tokens each, greedy; median of {repeats}\n", flush=True)
+    runs: dict[str, list[tuple[float, float]]] = {"float32": [], "Q4_1": []}
+    tokens: dict[str, list[list[int]]] = {}
+    for m in (dense, quantized):
+        m.generate_batch(prompts[:1], max_new_tokens=2)  # warm-up
+    for _ in range(repeats):
+        for name, m in (("float32", dense), ("Q4_1", quantized)):
+            prefill, rate, tokens[name] = decode_rate(m, prompts)
+            runs[name].append((prefill, rate))
+    print("| model | prefills s | decode tokens/s, every request decoding (all runs) | same tokens as generate "
+          "(first request) |\n|---|---|---|---|")
+    for name, m in (("float32", dense), ("Q4_1", quantized)):
+        ref = m.generate(torch.tensor([prompts[0]]), max_new_tokens=NEW, do_sample=False,
+                         eos_token_id=None)[0, len(prompts[0]):].tolist()
+        rates = [r for _, r in runs[name]]
+        print(f"| {name} | {statistics.median(p for p, _ in runs[name]):.2f} | {statistics.median(rates):.1f} "
+              f"({', '.join(f'{r:.1f}' for r in rates)}) | {tokens[name][0] == ref} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -122,6 +166,9 @@ def main() -> None:
     parser.add_argument("--no-concurrency", action="store_true", help="skip the concurrency table")
     parser.add_argument("--quantized", action="store_true",
                         help="also: generate_batch on the Q4_1 GGUF (block kernel) against float32, interleaved")
+    parser.add_argument("--long-prompts", metavar="LO-HI",
+                        help="only: the decode rate of --requests requests with LO-HI prompt tokens each")
+    parser.add_argument("--requests", type=int, default=4, help="requests for --long-prompts (default 4)")
     args = parser.parse_args()
     print(describe(), flush=True)  # the CPU kind these figures belong to
     torch.set_num_threads(args.threads)
@@ -129,6 +176,10 @@ def main() -> None:
 
     folder = ensure_demo_model()
     model, tok = genkit.load_model(folder), genkit.load_tokenizer(folder)
+    if args.long_prompts:
+        lo, _, hi = args.long_prompts.partition("-")
+        long_prompts(model, tok, (int(lo), int(hi or lo)), args.requests, max(args.repeats, 3))
+        return
     prompts = prompts_for(tok)
     total = len(prompts) * NEW
     print(f"SmolLM2-135M-Instruct float32, {len(prompts)} prompts of {min(map(len, prompts))}-"

@@ -175,8 +175,11 @@ class _Attention:
 def _gathered(cache: torch.Tensor, blocks: torch.Tensor, rows: int) -> torch.Tensor:
     """The blocks ``blocks`` (``rows`` requests' in turn, as many each) of one layer's keys or values as
     ``(rows, kv_heads, slots, head_dim)``, each request's slots in block order."""
-    got = cache.transpose(0, 1).index_select(1, blocks)  # (kv_heads, rows * width, block_size, d): one copy
-    return got.view(got.shape[0], rows, -1, got.shape[3]).transpose(0, 1)
+    got = cache.index_select(0, blocks)  # (rows * width, kv_heads, block_size, d): only these blocks copied
+    _, nkv, bs, d = got.shape
+    # index_select over dim 1 of the head-major view would need one copy less, but torch copies the
+    # whole store to make that view contiguous first (10x slower steps, session 19)
+    return got.view(rows, -1, nkv, bs, d).transpose(1, 2).reshape(rows, nkv, -1, d)
 
 
 def _paged_layers(prepared: PreparedModel, store: PagedKVStore, batch: StepBatch, x: torch.Tensor, cos: torch.Tensor,
