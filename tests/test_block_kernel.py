@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 from test_quantized import IDS, MASK, write_quantized_gguf
-from tolerance import U_BLOCK_ACTIVATION_NORM, block_product_bound, hidden_bound, norm_and_head_bound
+from tolerance import (
+    U32,
+    U_BLOCK_ACTIVATION_NORM,
+    block_product_bound,
+    gamma,
+    hidden_bound,
+    norm_and_head_bound,
+)
 
 import genkit
 from genkit.models import block_kernel
@@ -388,3 +395,33 @@ def test_llama_numerics_one_call_step_is_bit_identical_to_the_modules(tmp_path):
     finally:
         handle.remove()
     assert len(seen) == 1 and torch.equal(fast, usual)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "block_size"),
+                         [(9, 3, 64, 16), (8, 2, 16, 5), (4, 4, 8, 16), (6, 3, 12, 4)])
+def test_attention_over_the_paged_store_in_place_equals_attention_over_gathered_blocks(heads, kv_heads, head_dim,
+                                                                                      block_size):
+    """block_kernel.attend_paged (continuous batching's float32 torch path: decoding rows attend over
+    their blocks where they are) against float64 attention over each row's blocks gathered in order,
+    within the bound of two float32 evaluations: scores of head_dim terms, a softmax of n + 1 terms and
+    the weighted values of n terms (tests/tolerance.py), the exp within 4 units of roundoff (ggml's
+    vector expf is within 1.5 ulp, SLEEF's within 1)."""
+    g = torch.Generator().manual_seed(heads * 100 + head_dim)
+    keys, values = (torch.randn(24, kv_heads, block_size, head_dim, generator=g) for _ in range(2))
+    positions = torch.tensor([0, 3 * block_size + 1, 5 * block_size - 1])
+    table = torch.stack([torch.randperm(24, generator=g)[:5] for _ in positions])  # 5 blocks each, any order
+    q = torch.randn(len(positions), heads, head_dim, generator=g) * 2
+    got = block_kernel.attend_paged(q, keys, values, table, positions, block_size)
+    group, scale = heads // kv_heads, head_dim ** -0.5
+    for r, last in enumerate(positions.tolist()):
+        k, v = (c[table[r]].transpose(0, 1).reshape(kv_heads, -1, head_dim)[:, :last + 1].double()
+                for c in (keys, values))  # (kv_heads, n, d)
+        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        qd = q[r].double()[:, None]  # (heads, 1, d)
+        p = torch.softmax((qd @ k.transpose(1, 2)) * scale, -1)  # (heads, 1, n)
+        want = (p @ v)[:, 0]
+        n = last + 1
+        score_err = 2 * gamma(head_dim) * scale * (qd.abs() @ k.abs().transpose(1, 2)).amax(-1, keepdim=True)
+        rel = 2 * score_err + 2 * 4 * U32 + 4 * gamma(n + 1)  # each weight's relative error, two evaluations
+        bound = ((rel + 2 * gamma(n)) * (p @ v.abs()))[:, 0]
+        assert ((got[r].double() - want).abs() <= bound * 1.01 + 1e-30).all(), (r, float((got[r] - want).abs().max()))

@@ -2323,6 +2323,28 @@ int gk_decode_paged(int num_layers, const gk_layer *layers, float *x, int rows, 
                        threads);
 }
 
+/* Attention alone over one layer of the paged store, for continuous batching's torch path (a step
+ * whose products run in torch): row r's nq query heads q[r] ((rows, nq, d), after rotary embedding)
+ * at position pos[r] over its positions 0..pos[r] in blocks table[r][0..width-1] of keys kc and values
+ * vc (as gk_decode_paged), into out (rows, nq, d); as gk_decode_paged attends, without gathering the
+ * blocks. scratch: rows * (nq + 2 * nkv) * d + rows * nq * (max pos + 1) floats. */
+int gk_attend_paged(const float *q, int rows, int nq, int nkv, int d, const int32_t *pos, const float *kc,
+                    const float *vc, const int32_t *table, int width, int block_size, float *scratch, float *out,
+                    int threads) {
+    if (rows < 1 || nkv < 1 || nq % nkv || d < 1 || d > 512 || d % 2) return -2;
+    gk_layer L;
+    memset(&L, 0, sizeof L);
+    L.num_heads = nq, L.num_kv_heads = nkv, L.head_dim = d;
+    const size_t nqkv = (size_t)(nq + 2 * nkv) * d;
+    int span = 0;
+    for (int r = 0; r < rows; r++) span = pos[r] + 1 > span ? pos[r] + 1 : span;
+    float *qkv = scratch, *scores = scratch + rows * nqkv;  /* each row's query heads where attend reads them */
+    for (int r = 0; r < rows; r++) memcpy(qkv + r * nqkv, q + (size_t)r * nq * d, sizeof(float) * nq * d);
+    gk_kv kv = {0, table, width, block_size, 1};
+    attend(&L, qkv, rows, pos, kc, vc, &kv, scores, span, out, threads);
+    return 0;
+}
+
 /* ---- the ends of a decode step: the token embeddings in, the final norm and the LM head out ----
  * With them a batch-1 step is one call from Python: what runs between two calls does so with the
  * caches cold (the layers stream the weights through them), and a handful of small torch operations

@@ -177,6 +177,10 @@ def declare(lib: Any) -> None:
                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.gk_decode_paged.restype = ctypes.c_int
+    lib.gk_attend_paged.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.gk_attend_paged.restype = ctypes.c_int
     lib.gk_decode_logits.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                      ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
@@ -315,6 +319,31 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, out_features: int, 
     if rc:
         raise MemoryError("the block kernel could not allocate its scratch memory")
     return y
+
+
+def attend_paged(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor,
+                 positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Attention of ``q`` ``(rows, heads, head_dim)`` (float32, rotary embedding applied), row ``r`` at
+    position ``positions[r]`` over its positions ``0..positions[r]`` in the blocks ``table[r]`` of one
+    layer of the paged store (``keys``/``values``: ``(num_blocks, kv_heads, block_size, head_dim)``,
+    float32, contiguous; grouped heads when ``heads > kv_heads``); returns ``(rows, heads, head_dim)``.
+    The kernel reads the blocks where they are (no gathered copy) and attends as its one-call
+    paged step does."""
+    rows, nq, d = q.shape
+    nkv = keys.shape[1]
+    q = q.contiguous()
+    table = table.to(torch.int32).contiguous()
+    pos = positions.to(torch.int32).contiguous()
+    span = int(pos.max()) + 1
+    scratch = torch.empty(rows * ((nq + 2 * nkv) * d + nq * span), dtype=torch.float32)
+    out = torch.empty(rows, nq, d, dtype=torch.float32)
+    rc = library().gk_attend_paged(q.data_ptr(), rows, nq, nkv, d, pos.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                                   table.data_ptr(), table.shape[1], block_size, scratch.data_ptr(), out.data_ptr(),
+                                   torch.get_num_threads())
+    if rc:
+        raise ConfigError(f"attention over the paged store takes heads a multiple of kv_heads and an even head_dim "
+                          f"<= 512; got heads={nq}, kv_heads={nkv}, head_dim={d}")
+    return out
 
 
 def head_proxy(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from genkit.errors import ConfigError, NotSupportedError
 
+from . import block_kernel
 from .llama_infer import PreparedModel, layer_output, linear, project_qkv
 
 __all__ = ["PagedKVStore", "StepBatch", "blocks_for", "paged_forward", "paged_store_for", "paged_unsupported",
@@ -129,6 +130,7 @@ class _Attention:
 
     def __init__(self, store: PagedKVStore, batch: StepBatch, dtype: torch.dtype) -> None:
         self.dtype, bs = dtype, store.block_size
+        self.block_size = bs
         on = {"dtype": torch.long, "device": store.device}  # the plan's index tensors live with the cache
         decode = [i for i, (_, n) in enumerate(batch.spans) if n == 1 and batch.cached[i] > 0]
         self.decode_rows = torch.tensor([batch.spans[i][0] for i in decode], **on)
@@ -140,6 +142,14 @@ class _Attention:
                                                for i in decode], **on).reshape(-1)
             self.decode_mask = (torch.arange(width * bs, **on)[None, :]
                                 < torch.tensor(lengths, **on)[:, None])[:, None, None, :]
+        # decoding rows attend on the block kernel over the blocks in place (float32 on the CPU): a
+        # gathered copy of every request's blocks per layer cost more than the attention itself
+        self.kernel = (bool(decode) and dtype == torch.float32 and store.keys[0].dtype == torch.float32
+                       and store.device.type == "cpu" and block_kernel.available())
+        if self.kernel:
+            self.decode_table = torch.tensor([batch.blocks[i][:width] + [0] * (width - len(batch.blocks[i][:width]))
+                                              for i in decode], dtype=torch.int32)
+            self.decode_positions = torch.tensor([batch.cached[i] for i in decode], dtype=torch.int32)
         in_decode = set(decode)
         self.chunks = []
         for i in (i for i in range(len(batch.spans)) if i not in in_decode):
@@ -156,7 +166,11 @@ class _Attention:
         nq, t, d = q.shape
         nkv, dtype = kc.shape[1], self.dtype
         out = torch.empty(t, nq, d, dtype=q.dtype, device=q.device)
-        if self.decode_blocks is not None:
+        if self.kernel:
+            qd = q.index_select(1, self.decode_rows).transpose(0, 1)  # (r, nq, d)
+            o = block_kernel.attend_paged(qd, kc, vc, self.decode_table, self.decode_positions, self.block_size)
+            out.index_copy_(0, self.decode_rows, o)
+        elif self.decode_blocks is not None:
             r = self.decode_rows.shape[0]
             keys, values = (_gathered(c, self.decode_blocks, r) for c in (kc, vc))  # (r, kv_heads, slots, d)
             qd = q.index_select(1, self.decode_rows).transpose(0, 1)[:, :, None]  # (r, nq, 1, d)
