@@ -184,7 +184,7 @@ def test_the_gemv_route_runs_a_decode_step_in_one_call_as_the_torch_path_does(nu
     """Batch-1 decode on the gemv route runs every layer in one block-kernel call (gk_decode with the
     dense kernel's product): the torch path's hidden state within the float32 bound of the same
     computation summed in another order, the new keys and values written into the same cache;
-    more rows, and continuous batching's paged step, keep their own routes."""
+    more rows keep their own routes."""
     if not dense_kernel.available() or not block_kernel.available():
         pytest.skip("no C compiler: neither kernel exists here")
     monkeypatch.setenv(kernel_choice.ENV, "gemv")
@@ -210,7 +210,6 @@ def test_the_gemv_route_runs_a_decode_step_in_one_call_as_the_torch_path_does(nu
         three = torch.randn(3, 1, model.config.hidden_size)
         assert decoder(three, cos, sin, {None: None}, model(ids.repeat(3, 1), use_cache=True).past_key_values,
                        None) is None  # 3 rows: the small route's products
-        assert decoder.paged(x[0], cos.reshape(1, -1), sin.reshape(1, -1), torch.tensor([pos]), None, [[0]]) is None
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -245,3 +244,32 @@ def test_the_gemv_routes_step_with_its_ends_in_one_call_equals_the_modules(tied,
         assert torch.equal(a[:, :, :7], b[:, :, :7])  # the same layers on the same embedding row
     h, w = seen[0].reshape(1, -1), model.lm_head.weight.detach()
     assert ((fast.reshape(1, -1) - usual.reshape(1, -1)).abs() <= norm_and_head_bound(h, w, matmul_bound)).all()
+
+
+def test_continuous_batching_steps_one_request_on_the_gemv_route_with_generates_bits(monkeypatch):
+    """A continuous-batching step of one decoding request runs where the kernel choice put one row
+    (the gemv route: the one-call decoder, over the paged store) and so gives generate's logits bit
+    for bit; a prompt of several tokens takes the route chosen for that many rows (plain here), as
+    generate's prompt does."""
+    if not dense_kernel.available() or not block_kernel.available():
+        pytest.skip("no C compiler: neither kernel exists here")
+    from genkit.models.paged import StepBatch
+
+    monkeypatch.setenv(kernel_choice.ENV, "decode:gemv,small:plain,prefill:plain")
+    model = tiny_llama(seed=7)
+    ids = [1, 17, 33, 5, 60, 9]
+    n, steps = len(ids), 4
+    kw = {"max_new_tokens": steps, "do_sample": False, "eos_token_id": None, "output_scores": True,
+          "return_dict_in_generate": True}
+    with torch.no_grad():
+        one = model.generate(torch.tensor([ids]), **kw)
+    assert model._prepared[1].decoder.dense
+    store, blocks = model.new_paged_store(block_size=4, num_blocks=8), [[5, 2, 7]]
+    with torch.inference_mode():
+        got = [model.forward_paged(StepBatch(torch.tensor(ids), torch.arange(n), [(0, n)], [0], blocks, [True]), store)]
+        for k in range(1, steps):
+            token = one.sequences[0, n + k - 1:n + k]
+            got.append(model.forward_paged(StepBatch(token, torch.tensor([n + k - 1]), [(0, 1)], [n + k - 1], blocks,
+                                                     [True]), store))
+    for k in range(steps):
+        assert torch.equal(got[k][0], one.scores[k][0].float()), k

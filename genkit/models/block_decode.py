@@ -507,7 +507,7 @@ class BlockDecoder:
         the paged ``store`` (:class:`genkit.models.paged.PagedKVStore`); its keys and values are
         written there. Returns ``x`` after every layer, or None: take the torch path."""
         rows = x.shape[0]
-        if self.dense or x.dtype != torch.float32 or x.shape != (rows, self.hidden) or cos.shape != (rows, self.head_dim):
+        if x.dtype != torch.float32 or x.shape != (rows, self.hidden) or cos.shape != (rows, self.head_dim):
             return None
         buffers = self._store_buffers(store)
         if buffers is None:

@@ -136,31 +136,33 @@ def paged_store_for(model: Any, *, block_size: int, num_blocks: int) -> PagedKVS
 
 
 class _Attention:
-    """The step's attention plan: which requests decode one token (one batched call over their
-    gathered blocks) and which compute prompt chunks (one causal call each)."""
+    """The step's attention plan: which requests decode one token (one batched call: the block
+    kernel's over their blocks in place, or SDPA over a gathered copy) and which compute prompt
+    chunks (one causal call each)."""
 
     def __init__(self, store: PagedKVStore, batch: StepBatch, dtype: torch.dtype) -> None:
-        self.dtype, bs = dtype, store.block_size
-        self.block_size = bs
+        self.dtype, self.block_size = dtype, store.block_size
+        bs = store.block_size
         on = {"dtype": torch.long, "device": store.device}  # the plan's index tensors live with the cache
         decode = [i for i, (_, n) in enumerate(batch.spans) if n == 1 and batch.cached[i] > 0]
         self.decode_rows = torch.tensor([batch.spans[i][0] for i in decode], **on)
+        # decoding rows attend on the block kernel over their blocks where they are (float32 on the
+        # CPU): SDPA needs a gathered copy of every request's blocks per layer, which cost more than
+        # the attention itself (120 -> 51 ms a SmolLM2 step of 4 requests at 2000 positions)
+        self.in_place = (bool(decode) and dtype == torch.float32 and store.keys[0].dtype == torch.float32
+                         and store.device.type == "cpu" and block_kernel.available())
         self.decode_blocks = self.decode_mask = None
         if decode:
             lengths = [batch.cached[i] + 1 for i in decode]
             width = max(blocks_for(n, bs) for n in lengths)
-            self.decode_blocks = torch.tensor([batch.blocks[i][:width] + [0] * (width - len(batch.blocks[i][:width]))
-                                               for i in decode], **on).reshape(-1)
-            self.decode_mask = (torch.arange(width * bs, **on)[None, :]
-                                < torch.tensor(lengths, **on)[:, None])[:, None, None, :]
-        # decoding rows attend on the block kernel over the blocks in place (float32 on the CPU): a
-        # gathered copy of every request's blocks per layer cost more than the attention itself
-        self.kernel = (bool(decode) and dtype == torch.float32 and store.keys[0].dtype == torch.float32
-                       and store.device.type == "cpu" and block_kernel.available())
-        if self.kernel:
-            self.decode_table = torch.tensor([batch.blocks[i][:width] + [0] * (width - len(batch.blocks[i][:width]))
-                                              for i in decode], dtype=torch.int32)
-            self.decode_positions = torch.tensor([batch.cached[i] for i in decode], dtype=torch.int32)
+            table = [batch.blocks[i][:width] + [0] * (width - len(batch.blocks[i][:width])) for i in decode]
+            if self.in_place:
+                self.decode_blocks = torch.tensor(table, dtype=torch.int32)
+                self.decode_positions = torch.tensor(lengths, dtype=torch.int32) - 1
+            else:
+                self.decode_blocks = torch.tensor(table, **on).reshape(-1)
+                self.decode_mask = (torch.arange(width * bs, **on)[None, :]
+                                    < torch.tensor(lengths, **on)[:, None])[:, None, None, :]
         in_decode = set(decode)
         self.chunks = []
         for i in (i for i in range(len(batch.spans)) if i not in in_decode):
@@ -177,9 +179,9 @@ class _Attention:
         nq, t, d = q.shape
         nkv, dtype = kc.shape[1], self.dtype
         out = torch.empty(t, nq, d, dtype=q.dtype, device=q.device)
-        if self.kernel:
+        if self.in_place:
             qd = q.index_select(1, self.decode_rows).transpose(0, 1)  # (r, nq, d)
-            o = block_kernel.attend_paged(qd, kc, vc, self.decode_table, self.decode_positions, self.block_size)
+            o = block_kernel.attend_paged(qd, kc, vc, self.decode_blocks, self.decode_positions, self.block_size)
             out.index_copy_(0, self.decode_rows, o)
         elif self.decode_blocks is not None:
             r = self.decode_rows.shape[0]
@@ -237,6 +239,17 @@ def _fused_fits(batch: StepBatch, heads: int, positions: int) -> bool:
     return start * heads * positions <= _FUSED_SCORES
 
 
+def _one_call(prepared: PreparedModel, rows: int) -> bool:
+    """Whether a step of ``rows`` tokens may run on ``prepared``'s one-call decoder: a quantized
+    model's always; a float32 model's (its products the dense kernel's, the gemv route) only where
+    the kernel choice chose that route for this many rows (one decoding request; a few on CPUs
+    where gemv wins the small class), so that every step's products stay the ones chosen."""
+    decoder = prepared.decoder
+    if decoder is None:
+        return False
+    return not decoder.dense or prepared.for_rows(rows) is prepared.routes["decode"]
+
+
 @torch.inference_mode()
 def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Tensor:
     """Run ``batch`` (see :class:`StepBatch`) through a Llama-family ``model`` whose inference
@@ -252,10 +265,10 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
     cos_table, sin_table = model._rope_table(positions, x.dtype)
     cos, sin = cos_table[batch.positions], sin_table[batch.positions]  # (T, head_dim)
     fused = None
-    if prepared.decoder is not None and _fused_fits(batch, model.config.num_attention_heads, positions):
-        # the whole step is one block-kernel call (quantized models): every token is a row at its
-        # own position with its request's blocks; the kernel stores a layer's keys and values of all
-        # rows before any row attends, so a prompt chunk's rows see each other causally
+    if _one_call(prepared, batch.ids.shape[0]) and _fused_fits(batch, model.config.num_attention_heads, positions):
+        # the whole step is one block-kernel call: every token is a row at its own position with
+        # its request's blocks; the kernel stores a layer's keys and values of all rows before any
+        # row attends, so a prompt chunk's rows see each other causally
         rows = [blocks for blocks, (_, n) in zip(batch.blocks, batch.spans) for _ in range(n)]
         fused = prepared.decoder.paged(x[0], cos, sin, batch.positions, store, rows)
     ends = None
