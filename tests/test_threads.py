@@ -115,3 +115,15 @@ def test_apply_threads_sets_torch_and_the_openmp_environment():
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.split() == ["1", "1", "1", "1"], out.stderr
+
+
+def test_releasing_the_openmp_workers_lets_this_threads_pool_go():
+    """After parallel work at 2 threads, the OpenMP runtime (torch's, already loaded) keeps a worker
+    beside this thread; release_openmp_workers() lets it go (the process runs one thread fewer) and
+    the next parallel work makes it again (continuous batching calls it before its thread starts)."""
+    code = ("import os, torch; from genkit.threads import release_openmp_workers; torch.set_num_threads(2); "
+            "tasks = lambda: len(os.listdir('/proc/self/task')); x = torch.randn(1 << 21); x.exp(); "
+            "before = tasks(); ok = release_openmp_workers(); after = tasks(); x.exp(); "
+            "print('OpenMP' in torch.__config__.parallel_info(), ok, before - after, tasks() - after)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "True", "1", "1"], (out.stdout, out.stderr)

@@ -30,6 +30,7 @@ from genkit.errors import ConfigError, InvalidStateError, NotSupportedError, Que
 from genkit.models.paged import StepBatch, paged_store_for
 from genkit.strategy.finish import eos_or_length, finish_codes, reason_names
 from genkit.strategy.sampling import argmax_rows, choose
+from genkit.threads import release_openmp_workers
 
 from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig, warn_no_effect
@@ -106,6 +107,9 @@ class ContinuousBatchingManager:
             return
         self._stop.clear()
         self._hard_stop = True
+        # the steps run in the manager's thread: the caller's idle OpenMP pool beside its pool would
+        # make the runtime put workers to sleep between parallel regions (genkit.threads)
+        release_openmp_workers()
         self._thread = threading.Thread(target=self._loop, name="genkit-continuous-batching", daemon=True)
         self._thread.start()
 
