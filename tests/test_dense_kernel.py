@@ -273,3 +273,20 @@ def test_continuous_batching_steps_one_request_on_the_gemv_route_with_generates_
                                                      [True]), store))
     for k in range(steps):
         assert torch.equal(got[k][0], one.scores[k][0].float()), k
+
+
+def test_continuous_batching_on_the_gemv_route_gives_greedy_generates_tokens(monkeypatch):
+    """Where gemv won the small class, steps of up to 16 decoding requests run on the one-call
+    decoder (the kernel's products over 5-16 rows too): six requests' greedy tokens are each one's
+    own greedy generate's."""
+    if not dense_kernel.available() or not block_kernel.available():
+        pytest.skip("no C compiler: neither kernel exists here")
+    monkeypatch.setenv(kernel_choice.ENV, "decode:gemv,small:gemv,prefill:plain")
+    model = tiny_llama(seed=8)
+    prompts = [[3 + i, 40 + 7 * i, 9, 100 - i] + [11] * i for i in range(6)]
+    with torch.no_grad():
+        want = [model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None)[0, len(p):]
+                .tolist() for p in prompts]
+    assert model._prepared[1].decoder.dense
+    got = model.generate_batch(prompts, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    assert [o.generated_tokens for o in got.values()] == want

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from genkit.errors import ConfigError, NotSupportedError
 
-from . import block_kernel, dense_kernel
+from . import block_kernel
+from .kernel_choice import SMALL_MAX_ROWS
 from .llama_infer import PreparedModel, layer_output, linear, project_qkv
 
 __all__ = ["PagedKVStore", "StepBatch", "blocks_for", "paged_forward", "paged_store_for", "paged_unsupported",
@@ -242,13 +243,14 @@ def _fused_fits(batch: StepBatch, heads: int, positions: int) -> bool:
 def _one_call(prepared: PreparedModel, rows: int) -> bool:
     """Whether a step of ``rows`` tokens may run on ``prepared``'s one-call decoder: a quantized
     model's always; a float32 model's (its products the dense kernel's, the gemv route) only where
-    the kernel choice chose that route for this many rows and the route runs them on the kernel
-    (one decoding request; up to ``dense_kernel.MAX_ROWS`` where gemv wins the small class), so
-    that every step's products stay the ones chosen."""
+    the kernel choice chose that route for this many rows: one decoding request, and up to
+    ``SMALL_MAX_ROWS`` where gemv won the small class. (The route's own modules run 5-16 rows on
+    torch's linear; the one-call step runs them on the kernel, as self-speculation's checks do:
+    2.2-2.8x faster steps of 6-16 SmolLM2 requests at 1 thread, docs/benchmarks.md, session 19.)"""
     decoder = prepared.decoder
     if decoder is None:
         return False
-    return not decoder.dense or (rows <= dense_kernel.MAX_ROWS and prepared.for_rows(rows) is prepared.routes["decode"])
+    return not decoder.dense or (rows <= SMALL_MAX_ROWS and prepared.for_rows(rows) is prepared.routes["decode"])
 
 
 @torch.inference_mode()
