@@ -23,6 +23,7 @@ from tolerance import (
 )
 
 import genkit
+from genkit.errors import ConfigError
 from genkit.models import block_kernel
 from genkit.models.block_decode import BlockDecoder
 from genkit.models.llama_infer import run_layers
@@ -425,3 +426,13 @@ def test_attention_over_the_paged_store_in_place_equals_attention_over_gathered_
         rel = 2 * score_err + 2 * 4 * U32 + 4 * gamma(n + 1)  # each weight's relative error, two evaluations
         bound = ((rel + 2 * gamma(n)) * (p @ v.abs()))[:, 0]
         assert ((got[r].double() - want).abs() <= bound * 1.01 + 1e-30).all(), (r, float((got[r] - want).abs().max()))
+
+
+def test_attention_over_the_paged_store_refuses_shapes_it_does_not_take_by_name():
+    """A head size the kernel's attention does not take is declined up front (``attends``, so the
+    step keeps SDPA) and refused with the accepted shapes when asked anyway."""
+    assert block_kernel.attends(64) and not block_kernel.attends(7) and not block_kernel.attends(1024)
+    keys = torch.zeros(2, 1, 4, 7)
+    with pytest.raises(ConfigError, match=r"an even head_dim <= 512 \(`attends`\); got heads=2, kv_heads=1, head_dim=7"):
+        block_kernel.attend_paged(torch.zeros(1, 2, 7), keys, keys, torch.zeros(1, 1, dtype=torch.int32),
+                                  torch.tensor([0]), 4)

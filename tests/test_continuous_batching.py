@@ -4,6 +4,7 @@ The reference is ``generate`` on each prompt alone (greedy), on the same tiny ra
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -357,3 +358,21 @@ def test_a_paged_step_copies_only_its_requests_blocks(model):
     for seq, row in zip((prompts[0] + [15], prompts[1] + [23, 24]), got):
         ids = torch.tensor([seq])
         assert (row - model(ids).logits[0, -1]).abs().max() <= logits_bound(model, ids)
+
+
+def test_without_the_block_kernel_decoding_rows_attend_over_gathered_blocks():
+    """With no block kernel (GENKIT_BLOCK_KERNEL=0: no C compiler, as on a GPU or with bfloat16)
+    decoding rows attend through SDPA over a gathered copy of their blocks: the same greedy
+    tokens as each prompt's own generate."""
+    import subprocess
+    import sys
+
+    code = ("import json, torch; from genkit.models import block_kernel; from genkit.models.tiny import tiny_llama; "
+            "from test_continuous_batching import _prompts, _greedy; m = tiny_llama(seed=1); ps = _prompts(5, seed=3); "
+            "out = m.generate_batch(ps, max_new_tokens=10, do_sample=False, eos_token_id=None); "
+            "print(json.dumps([block_kernel.available(), [o.generated_tokens for o in out.values()] == "
+            "[_greedy(m, p, 10) for p in ps]]))")
+    env = {**os.environ, "GENKIT_BLOCK_KERNEL": "0",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.stdout.strip().splitlines()[-1:] == ["[false, true]"], out.stderr[-3000:]

@@ -321,6 +321,11 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, out_features: int, 
     return y
 
 
+def attends(head_dim: int) -> bool:
+    """Whether the kernel is here and its attention takes heads of ``head_dim`` (even, at most 512)."""
+    return head_dim % 2 == 0 and 0 < head_dim <= 512 and available()
+
+
 def attend_paged(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor,
                  positions: torch.Tensor, block_size: int) -> torch.Tensor:
     """Attention of ``q`` ``(rows, heads, head_dim)`` (float32, rotary embedding applied), row ``r`` at
@@ -342,7 +347,7 @@ def attend_paged(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tabl
                                    torch.get_num_threads())
     if rc:
         raise ConfigError(f"attention over the paged store takes heads a multiple of kv_heads and an even head_dim "
-                          f"<= 512; got heads={nq}, kv_heads={nkv}, head_dim={d}")
+                          f"<= 512 (`attends`); got heads={nq}, kv_heads={nkv}, head_dim={d}")
     return out
 
 
