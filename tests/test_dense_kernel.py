@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_block_kernel import one_call_and_torch_path
+from test_continuous_batching import _greedy
 from tolerance import U32, gamma, hidden_bound, matmul_bound, norm_and_head_bound
 
 from genkit.cli import main as cli_main
@@ -285,8 +286,7 @@ def test_continuous_batching_on_the_gemv_route_gives_greedy_generates_tokens(mon
     model = tiny_llama(seed=8)
     prompts = [[3 + i, 40 + 7 * i, 9, 100 - i] + [11] * i for i in range(6)]
     with torch.no_grad():
-        want = [model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None)[0, len(p):]
-                .tolist() for p in prompts]
+        want = [_greedy(model, p, 12) for p in prompts]
     assert model._prepared[1].decoder.dense
     got = model.generate_batch(prompts, max_new_tokens=12, do_sample=False, eos_token_id=None)
     assert [o.generated_tokens for o in got.values()] == want
