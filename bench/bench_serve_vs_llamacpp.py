@@ -31,7 +31,9 @@ llama-cpp-python's sdist vendors (``pip download --no-deps --no-binary :all: lla
         -DGGML_NATIVE=ON -DGGML_AMX=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
     cmake --build build -j2 --target llama-server llama-bench
 
-(``-DGGML_AMX=OFF``: llama.cpp's AMX kernel crashes on some Xeons.)
+(``-DGGML_AMX=OFF``: llama.cpp's AMX kernel crashes on some Xeons.) A newer llama.cpp source folder
+builds the same way; add ``-DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF`` (its web UI and HTTPS: neither is
+measured, and the UI's prebuilt files are downloaded at configure time).
 
 Run: ``python bench/bench_serve_vs_llamacpp.py --llama-server build/bin/llama-server --threads 2``
 """

@@ -11,7 +11,9 @@
 #   bash scripts/cpu_check.sh run       there, in a copy of the repository holding .whl/ and .cpucheck/
 #                                       (a device call: carry [".whl", ".cpucheck"])
 #
-# llama.cpp is built from llama-cpp-python's sdist (LLAMA_CPP_PYTHON, default 0.3.36), never installed.
+# llama.cpp is built from llama-cpp-python's sdist (LLAMA_CPP_PYTHON, default 0.3.36), never installed, or
+# from the llama.cpp source folder LLAMA_SRC names (e.g. a newer snapshot checked out beside the project;
+# session 20 used upstream 82bb48500 of August 2026). The newer sources' web UI and HTTPS are left out.
 # Its AMX build dies with SIGILL on any prompt on the Xeons met so far, so `run` takes tg128 from the
 # AMX build when that decodes and pp512 from the AMX-off build. CPU_CHECK_AB="a=path b=path" also runs
 # bench/ab_block_kernel.py on those block_kernel.c versions (put them under .cpucheck/ to carry them);
@@ -40,7 +42,7 @@ build_llama() {  # $1: source, $2: build folder, $3: extra compiler flags, $4: e
   local flags="-march=$MARCH $3"
   # shellcheck disable=SC2086  # option words
   cmake -S "$1" -B "$2" -DGGML_NATIVE=OFF -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" $ISA $4 \
-    -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
     -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" > "$2.cfg.log" 2>&1
   # shellcheck disable=SC2086  # target words
   cmake --build "$2" -j "$(nproc)" --target ${5:-llama-bench} > "$2.build.log" 2>&1
@@ -53,10 +55,12 @@ prepare() {
   "$py" scripts/gguf_carry.py pack "$("$py" -c 'from genkit.models.demo import demo_gguf_path, genkit_home
 print(demo_gguf_path(f"{genkit_home()}/bench-gguf"))')" "$DIR/gguf"
   work=$(mktemp -d /tmp/cpucheck-llama.XXXX)
-  "$py" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==${LLAMA_CPP_PYTHON:-0.3.36}" -d "$work"
-  tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
-  local src
-  src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
+  local src=${LLAMA_SRC:-}
+  if [ -z "$src" ]; then
+    "$py" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==${LLAMA_CPP_PYTHON:-0.3.36}" -d "$work"
+    tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
+    src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
+  fi
   build_llama "$src" "$work/amx" "" "$AMX"
   build_llama "$src" "$work/noamx" "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" "" "llama-bench llama-server"
   grep "CPU backend variant" "$work/amx.cfg.log" "$work/noamx.cfg.log"
