@@ -132,7 +132,10 @@ class PagedLM(Protocol):
 
     def forward_paged(self, batch: Any, store: Any) -> torch.Tensor:
         """One step (:class:`genkit.models.paged.StepBatch`): the logits ``(k, vocab)`` of the
-        requests that want them, in order; every new key and value written to ``store``."""
+        requests that want them, in order; every new key and value written to ``store``. A model
+        whose ``forward_paged`` also takes ``greedy=True`` (every request that wants logits picks
+        their first maximum and reads nothing else) may return those token ids ``(k,)`` (int64)
+        instead; the manager passes it only to a model whose signature has it."""
         ...
 
 

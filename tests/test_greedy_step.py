@@ -432,3 +432,83 @@ def test_what_the_filter_does_not_lead_keeps_the_logits_path():
         want = _without_greedy_steps(model, "top_logits_step", **{**SAMPLE, **kw})
         got, calls = _greedy(model, "top_logits_step", **{**SAMPLE, **kw})
         assert calls["tokens"] == 0 and torch.equal(got.sequences, want.sequences), kw
+
+
+# -- continuous batching ----------------------------------------------------------------------------
+def _paged_decode_step(model, prompts, greedy):
+    """The prompts' logits steps on a new paged store, then one decode step of every request (the
+    next token after each prompt: its argmax) with ``greedy``: what ``forward_paged`` returns."""
+    from genkit.models.paged import StepBatch
+
+    store = model.new_paged_store(block_size=4, num_blocks=64)
+    blocks = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
+    nexts = []
+    with torch.inference_mode():
+        for p, b in zip(prompts, blocks):
+            logits = model.forward_paged(StepBatch(torch.tensor(p), torch.arange(len(p)), [(0, len(p))], [0], [b],
+                                                   [True]), store)
+            nexts.append(int(logits[0].argmax()))
+        k = len(prompts)
+        step = StepBatch(torch.tensor(nexts), torch.tensor([len(p) for p in prompts]), [(i, 1) for i in range(k)],
+                         [len(p) for p in prompts], blocks, [True] * k)
+        return model.forward_paged(step, store, greedy=greedy)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_continuous_batching_greedy_step_gives_its_logits_argmax_through_the_copy(threads):
+    """A one-call paged step asked for greedy tokens (every request plain greedy) reads the float32
+    head through its 8-bit copy, for all rows at once, and gives each row's first maximum of the
+    logits the same step gives: with head rows the copy ranks wrongly (checked) too."""
+    torch.set_num_threads(threads)
+    model = tiny_llama(seed=4, vocab_size=512)
+    prompts = [[1, 17, 33, 5, 60, 9], [4, 8, 15, 16], [23, 42, 7, 7, 7, 7, 7], [99]]
+    logits = _paged_decode_step(model, prompts, greedy=False)
+    _crowd(model, int(logits[0].argmax()), range(100, 500, 20), 0)
+    logits = _paged_decode_step(model, prompts, greedy=False)
+    assert logits.dtype == torch.float32 and model._prepared[1].decoder._proxy is None  # no copy for logits
+    tokens = _paged_decode_step(model, prompts, greedy=True)
+    blocks, _bound = model._prepared[1].decoder._proxy[1]  # the copy was made and read
+    assert tokens.dtype == torch.long and tokens.tolist() == logits.argmax(-1).tolist()
+    copy = block_kernel.matmul(torch.eye(64), blocks, 8, 512).t()
+    hidden = torch.linalg.lstsq(model.lm_head.weight.detach(), logits.t()).solution.t()  # the final norm's output
+    assert int((hidden[0] @ copy.t()).argmax()) != tokens[0]  # the copy alone would pick another token
+
+
+def test_continuous_batching_gives_plain_greedy_requests_their_tokens_through_the_copy():
+    """``generate_batch`` of plain greedy requests runs its steps' heads through the 8-bit copy, and
+    every request's tokens are its own generate's through the logits."""
+    model = tiny_llama(seed=4, vocab_size=512)
+    _crowd(model, 300, range(100, 500, 20), 1)
+    prompts = [[1, 17, 33, 5, 60, 9], [4, 8, 15, 16], [23, 42, 7, 7, 7, 7, 7]]
+    want = [_without_greedy_steps(model, ids=torch.tensor([p]), max_new_tokens=10)[0, len(p):].tolist()
+            for p in prompts]
+    model._prepared = None
+    got = model.generate_batch(prompts, max_new_tokens=10, do_sample=False, eos_token_id=None)
+    assert model._prepared[1].decoder._proxy[1] is not None
+    assert [o.generated_tokens for o in got.values()] == want
+
+
+def test_a_paged_model_without_greedy_steps_gets_logits_and_requests_with_logprobs_keep_theirs():
+    """A model whose ``forward_paged`` takes no ``greedy`` (the protocol before it) is asked for
+    logits; a request that records log-probabilities among plain greedy ones makes its steps give
+    logits, and its log-probabilities are recorded."""
+    class LogitsOnly(LlamaForCausalLM):
+        def forward_paged(self, batch, store):
+            return super().forward_paged(batch, store)
+
+    base = tiny_llama(seed=5, vocab_size=512)
+    model = LogitsOnly(base.config)
+    model.load_state_dict(base.state_dict())
+    prompts = [[1, 17, 33, 5, 60, 9], [4, 8, 15, 16]]
+    want = [_without_greedy_steps(base, ids=torch.tensor([p]), max_new_tokens=6)[0, len(p):].tolist()
+            for p in prompts]
+    got = model.generate_batch(prompts, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    assert [o.generated_tokens for o in got.values()] == want
+    from genkit.continuous.manager import ContinuousBatchingManager
+
+    with ContinuousBatchingManager(base) as manager:
+        plain = manager.add_request(prompts[0], max_new_tokens=6, do_sample=False, eos_token_id=None)
+        scored = manager.add_request(prompts[1], max_new_tokens=6, do_sample=False, eos_token_id=None, top_logprobs=0)
+        outs = {o.request_id: o for o in (manager.get_result(rid, timeout=30) for rid in (plain, scored))}
+    assert [outs[plain].generated_tokens, outs[scored].generated_tokens] == want
+    assert len(outs[scored].logprobs) == 6 and all(lp <= 0 for lp in outs[scored].logprobs)

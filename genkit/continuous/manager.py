@@ -15,6 +15,7 @@ which hands each one out exactly once.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import queue
@@ -74,6 +75,8 @@ class ContinuousBatchingManager:
                            "the paged forward")
         warn_no_effect(cb)
         self.store = paged_store_for(model, block_size=cb.block_size, num_blocks=cb.num_blocks)  # the K/V tensors
+        # a model whose step can give plain greedy requests their tokens alone (protocols.PagedLM)
+        self._paged_greedy = "greedy" in inspect.signature(model.forward_paged).parameters
         # which blocks of the store each request holds
         self.cache = BlockAllocator(block_size=cb.block_size, num_blocks=cb.num_blocks,
                                     allow_block_sharing=cb.allow_block_sharing)
@@ -471,7 +474,10 @@ class ContinuousBatchingManager:
             blocks.append(r.blocks)
             want.append(r.cached + n == r.length)
         batch = StepBatch(torch.tensor(ids), torch.tensor(positions), spans, cached, blocks, want)
-        logits = self.model.forward_paged(batch, self.store)
+        if self._paged_greedy and any(want) and all(_is_plain_greedy(r) for (r, _), w in zip(plan, want) if w):
+            logits = self.model.forward_paged(batch, self.store, greedy=True)  # the tokens, or the logits
+        else:
+            logits = self.model.forward_paged(batch, self.store)
         self.steps += 1
         self._after_step(plan, want, logits)
 
@@ -529,13 +535,21 @@ class ContinuousBatchingManager:
         return r.finish_reason is not None
 
 
+def _is_plain_greedy(r: RequestState) -> bool:
+    """Whether ``r`` decodes greedily with nothing else to apply (no logits processor, no stopping
+    criterion but EOS and length, no log-probabilities): its next token is its logits' first maximum."""
+    return (r.processors is None and not r.do_sample and not r.return_logprobs and not r.top and r.stop is not None
+            and not r.stop.criteria)
+
+
 def _plain_greedy(rows: list[RequestState], logits: torch.Tensor) -> dict[int, int]:
-    """The next token, by row of ``logits``, of each request that decodes greedily with nothing
-    else to apply (no logits processor, no stopping criterion but EOS and length, no
-    log-probabilities): one argmax over all their rows (the sampler's greedy choice,
-    :func:`~genkit.strategy.sampling.argmax_rows`) instead of one per request."""
-    picked = [i for i, r in enumerate(rows) if r.processors is None and not r.do_sample and not r.return_logprobs
-              and not r.top and r.stop is not None and not r.stop.criteria]
+    """The next token, by row of ``logits``, of each plain greedy request (:func:`_is_plain_greedy`):
+    one argmax over all their rows (the sampler's greedy choice,
+    :func:`~genkit.strategy.sampling.argmax_rows`) instead of one per request. ``logits`` may be
+    those tokens already (a step asked for them: every row's request is plain greedy)."""
+    if logits.dtype == torch.long:
+        return dict(enumerate(logits.tolist()))
+    picked = [i for i, r in enumerate(rows) if _is_plain_greedy(r)]
     if not picked:
         return {}
     scores = logits if len(picked) == logits.shape[0] else logits.index_select(0, torch.tensor(picked,

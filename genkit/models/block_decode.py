@@ -217,7 +217,8 @@ class BlockDecoder:
         # the last ends, with their key and the tensors they point into
         self._ends: tuple[tuple[Any, ...], _Ends | None, tuple[torch.Tensor, ...]] | None = None
         # greedy and top-k steps of a float32 head: its 8-bit copy and bounds (block_kernel.head_proxy), with its key
-        self._proxy: tuple[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor] | None] | None = None
+        # and the address of the dense kernel's gk_gemv_t_cols (which computes the exact blocks)
+        self._proxy: tuple[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor] | None, int | None] | None = None
 
     @staticmethod
     def build(layers: list[Any]) -> BlockDecoder | None:
@@ -452,14 +453,17 @@ class BlockDecoder:
         if self._proxy is None or self._proxy[0] != key:
             self._proxy = None  # the old copy goes first
             try:
-                self._proxy = (key, block_kernel.head_proxy(weight))
+                copy = block_kernel.head_proxy(weight)
             except (RuntimeError, MemoryError) as exc:  # (torch's out-of-memory error is a RuntimeError)
                 logger.warning("no 8-bit copy of the LM head for greedy steps (%s): every logit is computed", exc)
-                self._proxy = (key, None)
-        made = self._proxy[1]
+                copy = None
+            # the exact columns' product, looked up once with the copy (the library lookup is 24 us a step)
+            cols = ctypes.cast(_dense_library().gk_gemv_t_cols, ctypes.c_void_p).value if copy is not None else None
+            self._proxy = (key, copy, cols)
+        _, made, cols = self._proxy
         ends.proxy, ends.bound = (made[0].data_ptr(), made[1].data_ptr()) if made is not None else (None, None)
         ends.proxy_rows = made[0].shape[0] * block_kernel.ROWS if made is not None else 0
-        ends.gemv_cols = ctypes.cast(_dense_library().gk_gemv_t_cols, ctypes.c_void_p).value if made is not None else None
+        ends.gemv_cols = cols
         return ends, made
 
     def final_logits(self, x: torch.Tensor, ends: _Ends) -> torch.Tensor:
@@ -473,6 +477,20 @@ class BlockDecoder:
         if rc:
             raise MemoryError("the block kernel could not allocate its scratch memory")
         return out
+
+    def final_argmax(self, x: torch.Tensor, ends: _Ends) -> torch.Tensor:
+        """The greedy tokens ``(rows,)`` of hidden states ``x`` ``(rows, hidden)`` that came out of this
+        decoder: the first maximum of the logits :meth:`final_logits` gives (a NaN counts as the
+        largest), a float32 head read through its 8-bit copy as :meth:`argmax` reads it (``gk_argmax``)."""
+        x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+        tokens = torch.empty(x.shape[0], dtype=torch.long)
+        ends, copy = self._copy_ends(ends)  # (held through the call)
+        rc = block_kernel.library().gk_argmax(ctypes.byref(ends), x.data_ptr(), x.shape[0], self.hidden,
+                                              tokens.data_ptr(), torch.get_num_threads())
+        del copy
+        if rc:
+            raise MemoryError("the block kernel could not allocate its scratch memory")
+        return tokens
 
     def steps(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, masks: dict[Any, Any], cache: Any,
               num_layers: int | None) -> torch.Tensor:

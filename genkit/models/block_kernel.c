@@ -2709,6 +2709,28 @@ static int rescore_blocks(const gk_ends *e, const float *logits, int *blocks) {
  * top < 0, only tokens: the first maximum of each row's logits (a NaN counting as the largest, as
  * numpy's argmax), into `tokens`. Where the copy does not serve, every logit is computed. A draft's
  * batch-1 greedy step with e->rescore takes the first maximum over its rescored blocks instead. */
+/* Greedy tokens of hidden states x (rows, hidden) that came out of the decoder layers (continuous
+ * batching's fused step): the first maximum of each row's logits, the final norm and LM head as
+ * gk_logits computes them. With a float32 head's 8-bit copy filled in (e->proxy, e->gemv_cols), through
+ * it as gk_decode_top's greedy step: the copy's product for all rows at once, then per row the exact
+ * logits of the 16-row blocks that can hold its maximum (argmax_rows); else every logit. */
+int gk_argmax(const gk_ends *e, const float *x, int rows, int hidden, int64_t *tokens, int threads) {
+    const size_t n = (size_t)(rows > 0 ? rows : 1);
+    float *h = (float *)malloc(sizeof(float) * n * ((size_t)hidden + (size_t)e->outputs));
+    if (h == NULL) return -1;
+    float *logits = h + n * hidden;  /* only the blocks computed are written (and touched) on the copy's way */
+    norm_rows(e->llama, e->eps, e->norm, x, h, rows, hidden, threads);
+    int rc;
+    if (e->proxy != NULL && e->gemv_cols != NULL) {
+        rc = argmax_rows(e, h, rows, hidden, logits, tokens, threads);
+    } else {
+        rc = head_product(e, h, rows, hidden, logits, threads);
+        for (int r = 0; rc == 0 && r < rows; r++) tokens[r] = first_max(logits + (size_t)r * e->outputs, e->outputs);
+    }
+    free(h);
+    return rc;
+}
+
 int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int rows, int hidden,
                   const float *cos_, const float *sin_, int pos, float *const *kcache, float *const *vcache,
                   int capacity, int threads, float *logits, int top, int64_t *tokens) {

@@ -187,6 +187,8 @@ def declare(lib: Any) -> None:
     lib.gk_decode_logits.restype = ctypes.c_int
     lib.gk_logits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     lib.gk_logits.restype = ctypes.c_int
+    lib.gk_argmax.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    lib.gk_argmax.restype = ctypes.c_int
     lib.gk_decode_top.argtypes = [*lib.gk_decode_logits.argtypes, ctypes.c_int, ctypes.c_void_p]
     lib.gk_decode_top.restype = ctypes.c_int
     lib.gk_decode_verify.argtypes = [*lib.gk_decode_logits.argtypes[:-1], ctypes.c_void_p, ctypes.c_void_p]

@@ -364,10 +364,11 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
                             num_blocks=num_blocks, dtype=self.dtype, device=self.device,
                             prepared=self._inference_weights(None, 0))
 
-    def forward_paged(self, batch: StepBatch, store: PagedKVStore) -> torch.Tensor:
+    def forward_paged(self, batch: StepBatch, store: PagedKVStore, greedy: bool = False) -> torch.Tensor:
         """One continuous-batching step (:func:`genkit.models.paged.paged_forward`): the logits
-        ``(k, vocab)`` of the requests in ``batch`` that want them."""
-        return paged_forward(self, store, batch)
+        ``(k, vocab)`` of the requests in ``batch`` that want them; with ``greedy``, their greedy
+        tokens ``(k,)`` (int64) where the step runs in one kernel call."""
+        return paged_forward(self, store, batch, greedy)
 
     def _weights_on(self, cache: KVCache) -> tuple[bool, PreparedModel | None]:
         """(True, the prepared weights ``cache`` started with, or None for the module path); (False,

@@ -255,10 +255,14 @@ def _one_call(prepared: PreparedModel, rows: int) -> bool:
 
 
 @torch.inference_mode()
-def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Tensor:
+def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch, greedy: bool = False) -> torch.Tensor:
     """Run ``batch`` (see :class:`StepBatch`) through a Llama-family ``model`` whose inference
     weights are ``store.prepared``; returns the logits ``(k, vocab)`` of the requests with
-    ``want_logits``, in order."""
+    ``want_logits``, in order. With ``greedy`` (every such request picks its logits' first maximum
+    and reads nothing else of them) a step run in one kernel call returns those tokens instead,
+    ``(k,)`` int64: its float32 head read through the 8-bit copy greedy ``generate`` reads
+    (:meth:`~genkit.models.block_decode.BlockDecoder.final_argmax`), the same tokens; other steps
+    return the logits."""
     prepared = store.prepared
     assert prepared is not None, "a paged store made by model.new_paged_store() carries the prepared weights"
     device = store.device
@@ -294,6 +298,8 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch) -> torch.Te
         if last.numel() == 0:
             return torch.empty(0, model.config.vocab_size, device=device)
         h = x[0].index_select(0, last)
+    if ends is not None and greedy:
+        return prepared.decoder.final_argmax(h, ends)
     if ends is not None:
         return prepared.decoder.final_logits(h, ends)
     h = model.model.norm(h)
