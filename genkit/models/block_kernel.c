@@ -2702,13 +2702,6 @@ static int rescore_blocks(const gk_ends *e, const float *logits, int *blocks) {
     return n;
 }
 
-/* A decode step of one token per cache row from token ids (gk_decode_logits' step; -5 the same way) to
- * logits whose rows `top` needs: with top = 0 every logit; with 0 < top, for a batch-1 step on e's 8-bit copy, the
- * exact logit of every row that can be among the `top` largest (proxy_blocks; ties included) and -inf
- * for the others, which a filter to the `top` largest (after a temperature) removes anyway; and for
- * top < 0, only tokens: the first maximum of each row's logits (a NaN counting as the largest, as
- * numpy's argmax), into `tokens`. Where the copy does not serve, every logit is computed. A draft's
- * batch-1 greedy step with e->rescore takes the first maximum over its rescored blocks instead. */
 /* Greedy tokens of hidden states x (rows, hidden) that came out of the decoder layers (continuous
  * batching's fused step): the first maximum of each row's logits, the final norm and LM head as
  * gk_logits computes them. With a float32 head's 8-bit copy filled in (e->proxy, e->gemv_cols), through
@@ -2731,6 +2724,13 @@ int gk_argmax(const gk_ends *e, const float *x, int rows, int hidden, int64_t *t
     return rc;
 }
 
+/* A decode step of one token per cache row from token ids (gk_decode_logits' step; -5 the same way) to
+ * logits whose rows `top` needs: with top = 0 every logit; with 0 < top, for a batch-1 step on e's 8-bit copy, the
+ * exact logit of every row that can be among the `top` largest (proxy_blocks; ties included) and -inf
+ * for the others, which a filter to the `top` largest (after a temperature) removes anyway; and for
+ * top < 0, only tokens: the first maximum of each row's logits (a NaN counting as the largest, as
+ * numpy's argmax), into `tokens`. Where the copy does not serve, every logit is computed. A draft's
+ * batch-1 greedy step with e->rescore takes the first maximum over its rescored blocks instead. */
 int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int rows, int hidden,
                   const float *cos_, const float *sin_, int pos, float *const *kcache, float *const *vcache,
                   int capacity, int threads, float *logits, int top, int64_t *tokens) {
