@@ -360,6 +360,31 @@ def test_a_paged_step_copies_only_its_requests_blocks(model):
         assert (row - model(ids).logits[0, -1]).abs().max() <= logits_bound(model, ids)
 
 
+def _rss_kb(kind):
+    """This process's resident memory of ``kind`` (``RssAnon``: private, ``RssShmem``: shared anonymous), kB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(kind + ":"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc/self/status")
+def test_the_paged_store_takes_private_memory_only_where_it_is_written(model):
+    """A store sized for far more tokens than run costs nothing until its blocks are written (the OS
+    hands out zeroed pages on first touch), and the pages written are private memory, not shared
+    anonymous memory (shmem: dearer first touches, no transparent huge pages)."""
+    per_block = 2 * model.config.num_hidden_layers * model.new_paged_store(block_size=8, num_blocks=1).keys[0].numel() * 4
+    num_blocks = (256 << 20) // per_block
+    anon, shared = _rss_kb("RssAnon"), _rss_kb("RssShmem")
+    store = model.new_paged_store(block_size=8, num_blocks=num_blocks)
+    total_kb = per_block * num_blocks >> 10
+    assert _rss_kb("RssAnon") - anon < total_kb // 16 and _rss_kb("RssShmem") - shared < total_kb // 16
+    assert not store.keys[0][num_blocks // 2].any()  # reads zeros (and maps no memory of its own)
+    quarter = store.keys[0][: num_blocks // 4]
+    quarter.fill_(1.0)
+    written_kb = quarter.numel() * 4 >> 10
+    assert _rss_kb("RssAnon") - anon >= written_kb * 9 // 10
+    assert _rss_kb("RssShmem") - shared < written_kb // 10
+
+
 def test_without_the_block_kernel_decoding_rows_attend_over_gathered_blocks():
     """With no block kernel (GENKIT_BLOCK_KERNEL=0: no C compiler, as on a GPU or with bfloat16)
     decoding rows attend through SDPA over a gathered copy of their blocks: the same greedy
