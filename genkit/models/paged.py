@@ -45,7 +45,9 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | st
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     count = math.prod(shape)
-    mapping = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    private = getattr(mmap, "MAP_PRIVATE", None)  # POSIX; Windows' anonymous maps are the process's own
+    size = count * dtype.itemsize
+    mapping = mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(mapping, dtype=dtype, count=count).view(shape)
 
 
