@@ -1186,10 +1186,11 @@ static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, in
 /* A product of at least this many rows asks for the next panel's weights while it works on a panel:
  * a panel's tiles take long enough that the hardware's prefetchers, which do not look past the 4 KB
  * page, leave the next panel's first reads waiting on memory (Zen 5 EPYC, 1 thread: the LM head's
- * product of 16-64 rows 24-30 % faster, a whole quantized continuous-batching run 5-7 %); fewer rows
- * are bound by reading the weights, which those prefetchers stream well (4 rows: 5-30 % slower with
- * it). matmul_llama's panels are bound by their float steps: no gain there, none asked. */
-#define GK_PANEL_PREFETCH_ROWS 16
+ * product of 16-64 rows 24-30 % faster, a quantized continuous-batching run of 32 requests 5-7 %, of 8
+ * requests 4.5 % more with 8 rows than with 16 as the threshold); fewer rows are bound by reading the
+ * weights, which those prefetchers stream well (4 rows: 5-30 % slower with it, a run of 4 requests
+ * 8 %). matmul_llama's panels are bound by their float steps: no gain there, none asked. */
+#define GK_PANEL_PREFETCH_ROWS 8
 
 /* Asks for the part of the next panel (`next`, panel_bytes long) that rows m0..m0+mt-1 of M stand
  * for, so that the panel's tiles together ask for all of it, spread over their work */
