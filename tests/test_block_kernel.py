@@ -140,7 +140,9 @@ for bits in (4, 6, 8):
         minimum = -32 * scale
     x = torch.randn(5, 128, generator=g)
     dense = codes.float() * scale.repeat_interleave(group, 1) + minimum.repeat_interleave(group, 1)
-    out[bits] = [bk.matmul(x, bk.pack(codes, scale, minimum, bits), bits, 64).tolist(), x.tolist(), dense.tolist()]
+    packed = bk.pack(codes, scale, minimum, bits)
+    out[bits] = [bk.matmul(x, packed, bits, 64).tolist(), x.tolist(), dense.tolist()]
+    out[f"{bits} one row"] = bk.matmul(x[:1], packed, bits, 64).tolist()  # batch-1 decode's own loop
 print(json.dumps({"simd": bk.simd(), "out": out}))
 """
 
@@ -153,19 +155,25 @@ def _cpu_flags() -> set[str]:
 FLAGS = _cpu_flags() if os.path.exists("/proc/cpuinfo") else set()
 HAS_AVX2 = {"avx2", "fma", "f16c"} <= FLAGS
 # what -march=native builds on this CPU
-NATIVE = "avx512-vnni" if {"avx512f", "avx512bw", "avx512_vnni"} <= FLAGS else ("avx2" if HAS_AVX2 else "")
+HAS_AVX_VNNI = HAS_AVX2 and "avx_vnni" in FLAGS
+NATIVE = ("avx512-vnni" if {"avx512f", "avx512bw", "avx512_vnni"} <= FLAGS
+          else "avx-vnni" if HAS_AVX_VNNI else "avx2" if HAS_AVX2 else "")
 
 
 def test_the_portable_loops_agree_with_the_vector_kernels(tmp_path):
     """The native build takes the CPU's best vector path; the portable build (forced) and the AVX2
-    build compute the same products; each library lands in the cache folder, written whole (no
-    build folder left behind)."""
+    build compute the same products; the AVX-VNNI build (where the CPU has it) gives the AVX2
+    build's results bit for bit (the same integer sums, the same float steps); each library lands in
+    the cache folder, written whole (no build folder left behind)."""
     native = json.loads(_run(PRODUCT, {"GENKIT_HOME": str(tmp_path)}))
     portable = json.loads(_run(PRODUCT, {"GENKIT_HOME": str(tmp_path), "GENKIT_BLOCK_KERNEL": "portable"}))
     builds = [native, portable]
     if HAS_AVX2:
         builds.append(json.loads(_run(PRODUCT, {"GENKIT_HOME": str(tmp_path), "GENKIT_BLOCK_KERNEL": "avx2"})))
         assert builds[-1]["simd"] == "avx2"
+    if HAS_AVX_VNNI:
+        builds.append(json.loads(_run(PRODUCT, {"GENKIT_HOME": str(tmp_path), "GENKIT_BLOCK_KERNEL": "avx-vnni"})))
+        assert builds[-1]["simd"] == "avx-vnni" and builds[-1]["out"] == builds[-2]["out"]
     assert portable["simd"] == ""
     if NATIVE:  # (a CPU with neither runs torch's kernels by default: no library is loaded)
         assert native["simd"] == NATIVE
@@ -193,7 +201,7 @@ def test_the_switch_turns_the_kernel_off_or_names_its_values(tmp_path):
     bad = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
                          env={**os.environ, "GENKIT_BLOCK_KERNEL": "fast"}, timeout=300)
     assert bad.returncode != 0
-    assert "GENKIT_BLOCK_KERNEL must be one of '0', '1', 'portable', 'avx2'; got 'fast'" in bad.stderr
+    assert "GENKIT_BLOCK_KERNEL must be one of '0', '1', 'portable', 'avx2', 'avx-vnni'; got 'fast'" in bad.stderr
 
 
 # -- batch-1 decode steps in one call -----------------------------------------------------------------

@@ -44,6 +44,9 @@
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define GK_AVX2 1
 #include <immintrin.h>
+#ifdef __AVXVNNI__
+#define GK_AVXVNNI 1 /* AVX-VNNI (256-bit vpdpbusd) without AVX-512: Intel's client CPUs since Alder Lake, Xeon 6 E-cores */
+#endif
 #endif
 #if defined(GK_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
 #define GK_AMX 1  /* AMX int8 tiles for products of many rows; used only after gk_amx_init() says yes */
@@ -95,10 +98,12 @@ void gk_profile(double *out) {
 
 int gk_block_bytes(int bits) { return bits == 4 ? 320 : (bits == 6 ? 640 : 576); }
 
-/* 2: AVX-512 VNNI, 1: AVX2 (+FMA, F16C), 0: the portable loops */
+/* 2: AVX-512 VNNI, 3: AVX2 with AVX-VNNI, 1: AVX2 (+FMA, F16C), 0: the portable loops */
 int gk_simd(void) {
 #if defined(GK_VNNI)
     return 2;
+#elif defined(GK_AVXVNNI)
+    return 3;
 #elif defined(GK_AVX2)
     return 1;
 #else
@@ -576,6 +581,17 @@ static inline __m256i gk_dp(__m256i acc, __m256i u, __m256i s, __m256i f) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), f));
 }
 
+/* A 4-bit block's sums: acc + u . s per 4 bytes, and the int32 lanes at the end. With AVX-VNNI one
+ * vpdpbusd into int32 (the same exact sums); else vpmaddubsw into int16 (which hold a block's, above)
+ * and one vpmaddwd at the end. `one` is the int16 1s vpmaddwd takes. */
+#ifdef GK_AVXVNNI
+#define GK_DOT(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#define GK_DOT_END(acc) (acc)
+#else
+#define GK_DOT(acc, u, s) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s))
+#define GK_DOT_END(acc) _mm256_madd_epi16(acc, one)
+#endif
+
 static inline __m256i gk_bcast(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -592,7 +608,8 @@ static inline __attribute__((always_inline)) void panel_avx2(
         const float *sx, const float *sx16, int K, int MT, float *y, int ldy) {
     __m256 acc[GK_MT];
     for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __attribute__((unused)) const __m256i one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);  /* not with AVX-VNNI */
     const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb + 32 * g;
@@ -604,8 +621,13 @@ static inline __attribute__((always_inline)) void panel_avx2(
                     __m256i p = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
                     for (int i = 0; i < MT; i++) {
                         size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
+#ifdef GK_AVXVNNI
+                        h1[i] = _mm256_dpbusd_avx_epi32(h1[i], p, gk_bcast(q + off));
+                        if (two) h2[i] = _mm256_dpbusd_avx_epi32(h2[i], p, gk_bcast(q2 + off));
+#else
                         h1[i] = gk_dp(h1[i], p, gk_bcast(q + off), one);
                         if (two) h2[i] = gk_dp(h2[i], p, gk_bcast(q2 + off), one);
+#endif
                     }
                 }
                 __m256 d = _mm256_loadu_ps((const float *)(wb - 32 * g + cb + 64 * half + 32 * g));
@@ -627,18 +649,29 @@ static inline __attribute__((always_inline)) void panel_avx2(
                 __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
                 for (int i = 0; i < MT; i++) {
                     size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 8 * c;
-                    s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(lo, gk_bcast(q + off)));
-                    s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(hi, gk_bcast(q + off + 4)));
+                    s1[i] = GK_DOT(s1[i], lo, gk_bcast(q + off));
+                    s1[i] = GK_DOT(s1[i], hi, gk_bcast(q + off + 4));
                     if (!two) continue;
-                    s2[i] = _mm256_add_epi16(s2[i], _mm256_maddubs_epi16(lo, gk_bcast(q2 + off)));
-                    s2[i] = _mm256_add_epi16(s2[i], _mm256_maddubs_epi16(hi, gk_bcast(q2 + off + 4)));
+                    s2[i] = GK_DOT(s2[i], lo, gk_bcast(q2 + off));
+                    s2[i] = GK_DOT(s2[i], hi, gk_bcast(q2 + off + 4));
                 }
             }
             for (int i = 0; i < MT; i++) {
-                isum[i] = _mm256_madd_epi16(s1[i], one);
-                isum2[i] = two ? _mm256_madd_epi16(s2[i], one) : isum[i];
+                isum[i] = GK_DOT_END(s1[i]);
+                isum2[i] = two ? GK_DOT_END(s2[i]) : isum[i];
             }
         } else {
+#ifdef GK_AVXVNNI /* 8-bit codes straight into vpdpbusd: no nibbles */
+            for (int i = 0; i < MT; i++) isum[i] = isum2[i] = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                __m256i p = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                for (int i = 0; i < MT; i++) {
+                    size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
+                    isum[i] = _mm256_dpbusd_avx_epi32(isum[i], p, gk_bcast(q + off));
+                    if (two) isum2[i] = _mm256_dpbusd_avx_epi32(isum2[i], p, gk_bcast(q2 + off));
+                }
+            }
+#else
             __m256i l1[GK_MT], l2[GK_MT], u1[GK_MT], u2[GK_MT];
             for (int i = 0; i < MT; i++) l1[i] = l2[i] = u1[i] = u2[i] = _mm256_setzero_si256();
             for (int c = 0; c < 8; c++) {
@@ -659,6 +692,7 @@ static inline __attribute__((always_inline)) void panel_avx2(
                 isum[i] = _mm256_add_epi32(_mm256_madd_epi16(l1[i], one), _mm256_madd_epi16(u1[i], sixteen));
                 isum2[i] = !two ? isum[i] : _mm256_add_epi32(_mm256_madd_epi16(l2[i], one), _mm256_madd_epi16(u2[i], sixteen));
             }
+#endif
         }
         const uint8_t *scales = wb - 32 * g + cb;
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16 * g)));
@@ -686,7 +720,8 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, int two, co
                                                            const int8_t *q, const int8_t *q2, const float *dx,
                                                            const float *sx, float *y) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __attribute__((unused)) const __m256i one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);  /* not with AVX-VNNI */
     const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb;
@@ -702,18 +737,32 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, int two, co
                 __m256i loa = _mm256_and_si256(pa, low), hia = _mm256_and_si256(_mm256_srli_epi16(pa, 4), low);
                 __m256i lob = _mm256_and_si256(pb, low), hib = _mm256_and_si256(_mm256_srli_epi16(pb, 4), low);
                 __m256i a0 = gk_bcast(qb + 8 * c), a1 = gk_bcast(qb + 8 * c + 4);
-                s1a = _mm256_add_epi16(s1a, _mm256_add_epi16(_mm256_maddubs_epi16(loa, a0), _mm256_maddubs_epi16(hia, a1)));
-                s1b = _mm256_add_epi16(s1b, _mm256_add_epi16(_mm256_maddubs_epi16(lob, a0), _mm256_maddubs_epi16(hib, a1)));
+                s1a = GK_DOT(GK_DOT(s1a, loa, a0), hia, a1);
+                s1b = GK_DOT(GK_DOT(s1b, lob, a0), hib, a1);
                 if (!two) continue;
                 __m256i r0 = gk_bcast(rb + 8 * c), r1 = gk_bcast(rb + 8 * c + 4);
-                s2a = _mm256_add_epi16(s2a, _mm256_add_epi16(_mm256_maddubs_epi16(loa, r0), _mm256_maddubs_epi16(hia, r1)));
-                s2b = _mm256_add_epi16(s2b, _mm256_add_epi16(_mm256_maddubs_epi16(lob, r0), _mm256_maddubs_epi16(hib, r1)));
+                s2a = GK_DOT(GK_DOT(s2a, loa, r0), hia, r1);
+                s2b = GK_DOT(GK_DOT(s2b, lob, r0), hib, r1);
             }
-            i1a = _mm256_madd_epi16(s1a, one);
-            i2a = _mm256_madd_epi16(s2a, one);
-            i1b = _mm256_madd_epi16(s1b, one);
-            i2b = _mm256_madd_epi16(s2b, one);
+            i1a = GK_DOT_END(s1a);
+            i2a = GK_DOT_END(s2a);
+            i1b = GK_DOT_END(s1b);
+            i2b = GK_DOT_END(s2b);
         } else {
+#ifdef GK_AVXVNNI /* 8-bit codes straight into vpdpbusd: no nibbles */
+            i1a = i2a = i1b = i2b = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                __m256i pa = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                __m256i pb = _mm256_loadu_si256((const __m256i *)(wb + 64 * c + 32));
+                __m256i a = gk_bcast(qb + 4 * c);
+                i1a = _mm256_dpbusd_avx_epi32(i1a, pa, a);
+                i1b = _mm256_dpbusd_avx_epi32(i1b, pb, a);
+                if (!two) continue;
+                __m256i r = gk_bcast(rb + 4 * c);
+                i2a = _mm256_dpbusd_avx_epi32(i2a, pa, r);
+                i2b = _mm256_dpbusd_avx_epi32(i2b, pb, r);
+            }
+#else
             __m256i l1a = _mm256_setzero_si256(), u1a = l1a, l2a = l1a, u2a = l1a, l1b = l1a, u1b = l1a, l2b = l1a,
                     u2b = l1a;
             for (int c = 0; c < 8; c++) {
@@ -738,6 +787,7 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, int two, co
             i2a = _mm256_add_epi32(_mm256_madd_epi16(l2a, one), _mm256_madd_epi16(u2a, sixteen));
             i1b = _mm256_add_epi32(_mm256_madd_epi16(l1b, one), _mm256_madd_epi16(u1b, sixteen));
             i2b = _mm256_add_epi32(_mm256_madd_epi16(l2b, one), _mm256_madd_epi16(u2b, sixteen));
+#endif
         }
         const uint8_t *scales = wb + cb;
         float xd = dx[b], sxb = sx[b];

@@ -35,7 +35,7 @@ import torch
 
 from ..errors import ConfigError, KernelUnavailableError
 from . import kernel_cache
-from .cpu import cache_key, cpu_info
+from .cpu import cache_key, cpu_info, kernel_flags
 
 logger = logging.getLogger("genkit.models")
 
@@ -69,9 +69,11 @@ def _cache_dir() -> Path:
     return Path(genkit_home()) / "kernels"
 
 
-BUILD_FLAGS = {"native": ["-march=native"], "avx2": ["-mavx2", "-mfma", "-mf16c"], "portable": []}
-SIMD_NAMES = {2: "avx512-vnni", 1: "avx2", 0: ""}
-SETTINGS = ("0", "1", "portable", "avx2")
+BUILD_FLAGS = {"native": ["-march=native"], "avx2": ["-mavx2", "-mfma", "-mf16c"],
+               "avx-vnni": ["-mavx2", "-mfma", "-mf16c", "-mavxvnni"], "portable": []}
+SIMD_NAMES = {2: "avx512-vnni", 3: "avx-vnni", 1: "avx2", 0: ""}
+SETTINGS = ("0", "1", "portable", "avx2", "avx-vnni")
+FORCED = ("portable", "avx2", "avx-vnni")  # the settings that name a build; the rest are on/off
 
 
 def _flags(mode: str) -> list[str]:
@@ -101,14 +103,18 @@ def build_cached(cc: str, mode: str = "native", source: Path = SOURCE, stem: str
 
 
 def build_mode() -> str | None:
-    """The build :data:`ENV_SWITCH` asks for (``"native"``, ``"portable"``, ``"avx2"``), or None
-    when it switches the C kernels off; ConfigError for a value not in :data:`SETTINGS`."""
+    """The build :data:`ENV_SWITCH` asks for (``"native"``, ``"portable"``, ``"avx2"``, ``"avx-vnni"``),
+    or None when it switches the C kernels off; ConfigError for a value not in :data:`SETTINGS`, and
+    for ``"avx-vnni"`` on a CPU without AVX-VNNI (its build would stop on an illegal instruction)."""
     setting = os.environ.get(ENV_SWITCH, "1").strip().lower()
     if setting in ("0", "false", "no", "off"):
         return None
-    if setting not in ("", "1", "true", "yes", "on", "portable", "avx2"):
+    if setting not in ("", "1", "true", "yes", "on", *FORCED):
         raise ConfigError(f"{ENV_SWITCH} must be one of {', '.join(repr(v) for v in SETTINGS)}; got {setting!r}")
-    return setting if setting in ("portable", "avx2") else "native"
+    if setting == "avx-vnni" and "avx_vnni" not in kernel_flags():
+        raise ConfigError(f"{ENV_SWITCH}=avx-vnni needs a CPU with AVX-VNNI; this one has "
+                          f"{' '.join(kernel_flags()) or 'none of the kernel flags'} (use 1, avx2 or portable)")
+    return setting if setting in FORCED else "native"
 
 
 ACT_TWO, ACT_Q8_1, ACT_Q8_0 = 0, 1, 2  # the C kernel's GK_ACT_* (how activations are rounded)
@@ -266,8 +272,8 @@ def available() -> bool:
 
 
 def simd() -> str:
-    """The loaded kernel's vector path: ``"avx512-vnni"``, ``"avx2"``, or ``""`` (the portable
-    loops, or no kernel)."""
+    """The loaded kernel's vector path: ``"avx512-vnni"``, ``"avx-vnni"`` (AVX2 with 256-bit VNNI),
+    ``"avx2"``, or ``""`` (the portable loops, or no kernel)."""
     lib = library()
     return SIMD_NAMES[int(lib.gk_simd())] if lib is not None else ""
 
