@@ -573,19 +573,26 @@ static void matmul_row_vnni(int bits, int two, const uint8_t *w, size_t panel_by
 
 #ifdef GK_AVX2
 /* AVX2 has no VNNI: u8 x s8 products go through vpmaddubsw (pairs summed into int16) and vpmaddwd
- * (pairs of int16 summed into int32, times f). A panel is done as two halves of 8 rows (one ymm of
+ * (pairs of int16 summed into int32). A panel is done as two halves of 8 rows (one ymm of
  * int32 lanes each: bytes 32g..32g+31 of every 64-byte chunk). Bounds: |q| <= 127, so a 4-bit code
  * pair is at most 3810 and eight of them (a whole block) still fit int16; 8-bit codes are split into
- * nibbles (the high one weighted 16 by vpmaddwd); 6-bit pairs (<= 16002) are widened at once. */
-static inline __m256i gk_dp(__m256i acc, __m256i u, __m256i s, __m256i f) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), f));
+ * nibbles (the high one weighted 16 by vpmaddwd); 6-bit pairs (<= 16002) are widened at once (gk_dp).
+ * With AVX-VNNI (GK_AVXVNNI) vpdpbusd sums each 4 bytes straight into int32: the same exact sums. */
+
+/* acc + u . s per 4 bytes, in int32 lanes */
+static inline __m256i gk_dp(__m256i acc, __m256i u, __m256i s) {
+#ifdef GK_AVXVNNI
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
 }
 
-/* A 4-bit block's sums: acc + u . s per 4 bytes, and the int32 lanes at the end. With AVX-VNNI one
- * vpdpbusd into int32 (the same exact sums); else vpmaddubsw into int16 (which hold a block's, above)
- * and one vpmaddwd at the end. `one` is the int16 1s vpmaddwd takes. */
+/* A 4-bit block's sums: acc + u . s per 4 bytes, and the int32 lanes at the end. With AVX-VNNI gk_dp
+ * (int32 at once); else vpmaddubsw into int16 (which hold a block's, above) and one vpmaddwd at the
+ * end. `one` is the int16 1s vpmaddwd takes. */
 #ifdef GK_AVXVNNI
-#define GK_DOT(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#define GK_DOT(acc, u, s) gk_dp(acc, u, s)
 #define GK_DOT_END(acc) (acc)
 #else
 #define GK_DOT(acc, u, s) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s))
@@ -621,13 +628,8 @@ static inline __attribute__((always_inline)) void panel_avx2(
                     __m256i p = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
                     for (int i = 0; i < MT; i++) {
                         size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
-#ifdef GK_AVXVNNI
-                        h1[i] = _mm256_dpbusd_avx_epi32(h1[i], p, gk_bcast(q + off));
-                        if (two) h2[i] = _mm256_dpbusd_avx_epi32(h2[i], p, gk_bcast(q2 + off));
-#else
-                        h1[i] = gk_dp(h1[i], p, gk_bcast(q + off), one);
-                        if (two) h2[i] = gk_dp(h2[i], p, gk_bcast(q2 + off), one);
-#endif
+                        h1[i] = gk_dp(h1[i], p, gk_bcast(q + off));
+                        if (two) h2[i] = gk_dp(h2[i], p, gk_bcast(q2 + off));
                     }
                 }
                 __m256 d = _mm256_loadu_ps((const float *)(wb - 32 * g + cb + 64 * half + 32 * g));
@@ -667,8 +669,8 @@ static inline __attribute__((always_inline)) void panel_avx2(
                 __m256i p = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
                 for (int i = 0; i < MT; i++) {
                     size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
-                    isum[i] = _mm256_dpbusd_avx_epi32(isum[i], p, gk_bcast(q + off));
-                    if (two) isum2[i] = _mm256_dpbusd_avx_epi32(isum2[i], p, gk_bcast(q2 + off));
+                    isum[i] = gk_dp(isum[i], p, gk_bcast(q + off));
+                    if (two) isum2[i] = gk_dp(isum2[i], p, gk_bcast(q2 + off));
                 }
             }
 #else
@@ -755,12 +757,12 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, int two, co
                 __m256i pa = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
                 __m256i pb = _mm256_loadu_si256((const __m256i *)(wb + 64 * c + 32));
                 __m256i a = gk_bcast(qb + 4 * c);
-                i1a = _mm256_dpbusd_avx_epi32(i1a, pa, a);
-                i1b = _mm256_dpbusd_avx_epi32(i1b, pb, a);
+                i1a = gk_dp(i1a, pa, a);
+                i1b = gk_dp(i1b, pb, a);
                 if (!two) continue;
                 __m256i r = gk_bcast(rb + 4 * c);
-                i2a = _mm256_dpbusd_avx_epi32(i2a, pa, r);
-                i2b = _mm256_dpbusd_avx_epi32(i2b, pb, r);
+                i2a = gk_dp(i2a, pa, r);
+                i2b = gk_dp(i2b, pb, r);
             }
 #else
             __m256i l1a = _mm256_setzero_si256(), u1a = l1a, l2a = l1a, u2a = l1a, l1b = l1a, u1b = l1a, l2b = l1a,
