@@ -46,6 +46,8 @@
 #include <immintrin.h>
 #ifdef __AVXVNNI__
 #define GK_AVXVNNI 1 /* AVX-VNNI (256-bit vpdpbusd) without AVX-512: Intel's client CPUs since Alder Lake, Xeon 6 E-cores */
+#else
+#define GK_WIDE 1 /* AVX2 alone: 6- and 8-bit codes against the two digits combined in int16 (gk_dw below) */
 #endif
 #endif
 #if defined(GK_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
@@ -575,8 +577,9 @@ static void matmul_row_vnni(int bits, int two, const uint8_t *w, size_t panel_by
 /* AVX2 has no VNNI: u8 x s8 products go through vpmaddubsw (pairs summed into int16) and vpmaddwd
  * (pairs of int16 summed into int32). A panel is done as two halves of 8 rows (one ymm of
  * int32 lanes each: bytes 32g..32g+31 of every 64-byte chunk). Bounds: |q| <= 127, so a 4-bit code
- * pair is at most 3810 and eight of them (a whole block) still fit int16; 8-bit codes are split into
- * nibbles (the high one weighted 16 by vpmaddwd); 6-bit pairs (<= 16002) are widened at once (gk_dp).
+ * pair is at most 3810 and eight of them (a whole block) still fit int16. 6- and 8-bit codes meet the
+ * two digits combined into one int16 in vpmaddwd (gk_dw); with one digit, 8-bit codes are split into
+ * nibbles (the high one weighted 16 by vpmaddwd) and 6-bit pairs (<= 16002) are widened at once (gk_dp).
  * With AVX-VNNI (GK_AVXVNNI) vpdpbusd sums each 4 bytes straight into int32: the same exact sums. */
 
 /* acc + u . s per 4 bytes, in int32 lanes */
@@ -605,14 +608,50 @@ static inline __m256i gk_bcast(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
+#ifdef GK_WIDE
+/* Without VNNI an 8-bit code times a digit overflows vpmaddubsw's int16 pairs, so codes were split
+ * into nibbles: four vpmaddubsw per 4 codes and row for the two digits. Instead the two digits are
+ * combined once per activation row into a = 254 q1 + q2 (|a| <= 32385, an int16) and the codes,
+ * widened to int16 (even and odd bytes of each 4-byte lane), meet them in vpmaddwd: two per 4 codes
+ * and row, whose int32 sums are 254 sum(u q1) + sum(u q2) exactly (digits256's integer: at most
+ * 32 * 255 * 32385 < 2^31 a block), so the results keep their bits. combine_digits writes each
+ * group of 4 as a0 a2 a1 a3: a 32-bit broadcast then gives the even bytes' pair, the next one the odd. */
+static void combine_digits(const int8_t *q1, const int8_t *q2, int16_t *a, size_t n) {
+    const __m256i f = _mm256_set1_epi16(254);
+    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    for (size_t i = 0; i < n; i += 16) {
+        __m256i v1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q1 + i)));
+        __m256i v2 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q2 + i)));
+        __m256i v = _mm256_add_epi16(_mm256_mullo_epi16(v1, f), v2);
+        _mm256_storeu_si256((__m256i *)(a + i), _mm256_shuffle_epi8(v, order));
+    }
+}
+
+/* acc + the 4 codes of each 32-bit lane of p (6- or 8-bit) times the combined digits a[0..3] */
+static inline __attribute__((always_inline)) __m256i gk_dw(__m256i acc, __m256i even, __m256i odd, const int16_t *a) {
+    int32_t e, o;
+    memcpy(&e, a, 4);
+    memcpy(&o, a + 2, 4);
+    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(even, _mm256_set1_epi32(e)),
+                                                  _mm256_madd_epi16(odd, _mm256_set1_epi32(o))));
+}
+#define GK_EVEN(p) _mm256_and_si256(p, _mm256_set1_epi16(0xFF))
+#define GK_ODD(p) _mm256_srli_epi16(p, 8)
+#define GK_APART(bits, two) ((two) && (bits) == 4) /* whether a block's two digit sums come apart (4-bit codes) */
+#else
+#define GK_APART(bits, two) (two)
+#endif
+
 /* digits512 in 8 lanes */
 static inline __attribute__((always_inline)) __m256i digits256(int two, __m256i s1, __m256i s2) {
     return two ? _mm256_add_epi32(_mm256_mullo_epi32(s1, _mm256_set1_epi32(254)), s2) : s1;
 }
 
 static inline __attribute__((always_inline)) void panel_avx2(
-        int bits, int two, const uint8_t *w, int g, int nb, const int8_t *q, const int8_t *q2, const float *dx,
-        const float *sx, const float *sx16, int K, int MT, float *y, int ldy) {
+        int bits, int two, const uint8_t *w, int g, int nb, const int8_t *q, const int8_t *q2, const int16_t *a,
+        const float *dx, const float *sx, const float *sx16, int K, int MT, float *y, int ldy) {
+    const int apart = GK_APART(bits, two);
     __m256 acc[GK_MT];
     for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F);
@@ -626,8 +665,17 @@ static inline __attribute__((always_inline)) void panel_avx2(
                 for (int i = 0; i < MT; i++) h1[i] = h2[i] = _mm256_setzero_si256();
                 for (int c = 4 * half; c < 4 * half + 4; c++) {
                     __m256i p = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+#ifdef GK_WIDE
+                    const __m256i ev = GK_EVEN(p), od = GK_ODD(p);
+#endif
                     for (int i = 0; i < MT; i++) {
                         size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
+#ifdef GK_WIDE
+                        if (two) {
+                            h1[i] = gk_dw(h1[i], ev, od, a + off);
+                            continue;
+                        }
+#endif
                         h1[i] = gk_dp(h1[i], p, gk_bcast(q + off));
                         if (two) h2[i] = gk_dp(h2[i], p, gk_bcast(q2 + off));
                     }
@@ -635,7 +683,7 @@ static inline __attribute__((always_inline)) void panel_avx2(
                 __m256 d = _mm256_loadu_ps((const float *)(wb - 32 * g + cb + 64 * half + 32 * g));
                 __m256 m = _mm256_mul_ps(d, _mm256_set1_ps(-32.0f));
                 for (int i = 0; i < MT; i++) {
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(digits256(two, h1[i], h2[i])),
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(digits256(apart, h1[i], h2[i])),
                                              _mm256_mul_ps(d, _mm256_set1_ps(dx[(size_t)i * nb + b])), acc[i]);
                     acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx16[2 * ((size_t)i * nb + b) + half]), acc[i]);
                 }
@@ -674,25 +722,28 @@ static inline __attribute__((always_inline)) void panel_avx2(
                 }
             }
 #else
-            __m256i l1[GK_MT], l2[GK_MT], u1[GK_MT], u2[GK_MT];
-            for (int i = 0; i < MT; i++) l1[i] = l2[i] = u1[i] = u2[i] = _mm256_setzero_si256();
-            for (int c = 0; c < 8; c++) {
-                __m256i p = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
-                __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
-                for (int i = 0; i < MT; i++) {
-                    size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 4 * c;
-                    __m256i a = gk_bcast(q + off);
-                    l1[i] = _mm256_add_epi16(l1[i], _mm256_maddubs_epi16(lo, a));
-                    u1[i] = _mm256_add_epi16(u1[i], _mm256_maddubs_epi16(hi, a));
-                    if (!two) continue;
-                    __m256i r = gk_bcast(q2 + off);
-                    l2[i] = _mm256_add_epi16(l2[i], _mm256_maddubs_epi16(lo, r));
-                    u2[i] = _mm256_add_epi16(u2[i], _mm256_maddubs_epi16(hi, r));
+            if (two) { /* the digits combined (gk_dw) */
+                for (int i = 0; i < MT; i++) isum[i] = isum2[i] = _mm256_setzero_si256();
+                for (int c = 0; c < 8; c++) {
+                    __m256i p = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                    const __m256i ev = GK_EVEN(p), od = GK_ODD(p);
+                    for (int i = 0; i < MT; i++)
+                        isum[i] = gk_dw(isum[i], ev, od, a + (size_t)i * K + (size_t)b * GK_GROUP + 4 * c);
                 }
-            }
-            for (int i = 0; i < MT; i++) {
-                isum[i] = _mm256_add_epi32(_mm256_madd_epi16(l1[i], one), _mm256_madd_epi16(u1[i], sixteen));
-                isum2[i] = !two ? isum[i] : _mm256_add_epi32(_mm256_madd_epi16(l2[i], one), _mm256_madd_epi16(u2[i], sixteen));
+            } else { /* one digit: the codes as nibbles (the high one weighted 16 by vpmaddwd) */
+                __m256i l1[GK_MT], u1[GK_MT];
+                for (int i = 0; i < MT; i++) l1[i] = u1[i] = _mm256_setzero_si256();
+                for (int c = 0; c < 8; c++) {
+                    __m256i p = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                    __m256i lo = _mm256_and_si256(p, low), hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+                    for (int i = 0; i < MT; i++) {
+                        __m256i x = gk_bcast(q + (size_t)i * K + (size_t)b * GK_GROUP + 4 * c);
+                        l1[i] = _mm256_add_epi16(l1[i], _mm256_maddubs_epi16(lo, x));
+                        u1[i] = _mm256_add_epi16(u1[i], _mm256_maddubs_epi16(hi, x));
+                    }
+                }
+                for (int i = 0; i < MT; i++)
+                    isum[i] = isum2[i] = _mm256_add_epi32(_mm256_madd_epi16(l1[i], one), _mm256_madd_epi16(u1[i], sixteen));
             }
 #endif
         }
@@ -700,7 +751,7 @@ static inline __attribute__((always_inline)) void panel_avx2(
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16 * g)));
         __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32 + 16 * g)));
         for (int i = 0; i < MT; i++) {
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(digits256(two, isum[i], isum2[i])),
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(digits256(apart, isum[i], isum2[i])),
                                      _mm256_mul_ps(d, _mm256_set1_ps(dx[(size_t)i * nb + b])), acc[i]);
             acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[(size_t)i * nb + b]), acc[i]);
         }
@@ -719,8 +770,9 @@ static inline __attribute__((always_inline)) void gk_fold(__m256 *acc, int two, 
 }
 
 static inline __attribute__((always_inline)) void row_avx2(int bits, int two, const uint8_t *w, int nb,
-                                                           const int8_t *q, const int8_t *q2, const float *dx,
-                                                           const float *sx, float *y) {
+                                                           const int8_t *q, const int8_t *q2, const int16_t *a,
+                                                           const float *dx, const float *sx, float *y) {
+    const int apart = GK_APART(bits, two);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F);
     __attribute__((unused)) const __m256i one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);  /* not with AVX-VNNI */
@@ -765,37 +817,40 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, int two, co
                 i2b = gk_dp(i2b, pb, r);
             }
 #else
-            __m256i l1a = _mm256_setzero_si256(), u1a = l1a, l2a = l1a, u2a = l1a, l1b = l1a, u1b = l1a, l2b = l1a,
-                    u2b = l1a;
-            for (int c = 0; c < 8; c++) {
-                __m256i pa = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
-                __m256i pb = _mm256_loadu_si256((const __m256i *)(wb + 64 * c + 32));
-                __m256i loa = _mm256_and_si256(pa, low), hia = _mm256_and_si256(_mm256_srli_epi16(pa, 4), low);
-                __m256i lob = _mm256_and_si256(pb, low), hib = _mm256_and_si256(_mm256_srli_epi16(pb, 4), low);
-                __m256i a = gk_bcast(qb + 4 * c);
-                l1a = _mm256_add_epi16(l1a, _mm256_maddubs_epi16(loa, a));
-                u1a = _mm256_add_epi16(u1a, _mm256_maddubs_epi16(hia, a));
-                if (two) {
-                    __m256i r = gk_bcast(rb + 4 * c);
-                    l2a = _mm256_add_epi16(l2a, _mm256_maddubs_epi16(loa, r));
-                    u2a = _mm256_add_epi16(u2a, _mm256_maddubs_epi16(hia, r));
-                    l2b = _mm256_add_epi16(l2b, _mm256_maddubs_epi16(lob, r));
-                    u2b = _mm256_add_epi16(u2b, _mm256_maddubs_epi16(hib, r));
+            if (two) { /* the digits combined (gk_dw) */
+                const int16_t *ab = a + (size_t)b * GK_GROUP;
+                i1a = i1b = _mm256_setzero_si256();
+                for (int c = 0; c < 8; c++) {
+                    __m256i pa = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                    __m256i pb = _mm256_loadu_si256((const __m256i *)(wb + 64 * c + 32));
+                    i1a = gk_dw(i1a, GK_EVEN(pa), GK_ODD(pa), ab + 4 * c);
+                    i1b = gk_dw(i1b, GK_EVEN(pb), GK_ODD(pb), ab + 4 * c);
                 }
-                l1b = _mm256_add_epi16(l1b, _mm256_maddubs_epi16(lob, a));
-                u1b = _mm256_add_epi16(u1b, _mm256_maddubs_epi16(hib, a));
+            } else { /* one digit: the codes as nibbles (the high one weighted 16 by vpmaddwd) */
+                __m256i l1a = _mm256_setzero_si256(), u1a = l1a, l1b = l1a, u1b = l1a;
+                for (int c = 0; c < 8; c++) {
+                    __m256i pa = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+                    __m256i pb = _mm256_loadu_si256((const __m256i *)(wb + 64 * c + 32));
+                    __m256i loa = _mm256_and_si256(pa, low), hia = _mm256_and_si256(_mm256_srli_epi16(pa, 4), low);
+                    __m256i lob = _mm256_and_si256(pb, low), hib = _mm256_and_si256(_mm256_srli_epi16(pb, 4), low);
+                    __m256i x = gk_bcast(qb + 4 * c);
+                    l1a = _mm256_add_epi16(l1a, _mm256_maddubs_epi16(loa, x));
+                    u1a = _mm256_add_epi16(u1a, _mm256_maddubs_epi16(hia, x));
+                    l1b = _mm256_add_epi16(l1b, _mm256_maddubs_epi16(lob, x));
+                    u1b = _mm256_add_epi16(u1b, _mm256_maddubs_epi16(hib, x));
+                }
+                i1a = _mm256_add_epi32(_mm256_madd_epi16(l1a, one), _mm256_madd_epi16(u1a, sixteen));
+                i1b = _mm256_add_epi32(_mm256_madd_epi16(l1b, one), _mm256_madd_epi16(u1b, sixteen));
             }
-            i1a = _mm256_add_epi32(_mm256_madd_epi16(l1a, one), _mm256_madd_epi16(u1a, sixteen));
-            i2a = _mm256_add_epi32(_mm256_madd_epi16(l2a, one), _mm256_madd_epi16(u2a, sixteen));
-            i1b = _mm256_add_epi32(_mm256_madd_epi16(l1b, one), _mm256_madd_epi16(u1b, sixteen));
-            i2b = _mm256_add_epi32(_mm256_madd_epi16(l2b, one), _mm256_madd_epi16(u2b, sixteen));
+            i2a = i1a;
+            i2b = i1b;
 #endif
         }
         const uint8_t *scales = wb + cb;
         float xd = dx[b], sxb = sx[b];
-        gk_fold(&acc0, two, i1a, i2a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)scales)),
+        gk_fold(&acc0, apart, i1a, i2a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)scales)),
                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32))), xd, sxb);
-        gk_fold(&acc1, two, i1b, i2b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16))),
+        gk_fold(&acc1, apart, i1b, i2b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16))),
                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 48))), xd, sxb);
     }
     _mm256_storeu_ps(y, acc0);
@@ -1255,8 +1310,8 @@ static inline void prefetch_panel_part(const uint8_t *next, size_t panel_bytes, 
  * time through the vector tile (panel_vnni, panel_avx2, row_avx2) or the portable loops, panels
  * shared among threads */
 static void matmul_panels(int bits, int two, const uint8_t *w, size_t panel_bytes, int panels, int nb,
-                          const int8_t *q, const int8_t *q2, const float *dx, const float *sx, const float *sx16,
-                          float *y, int M, int N, int K, int threads) {
+                          const int8_t *q, const int8_t *q2, const int16_t *a16, const float *dx, const float *sx,
+                          const float *sx16, float *y, int M, int N, int K, int threads) {
     gk_share share;
     share_init(&share, panels, threads);
 #pragma omp parallel num_threads(threads)
@@ -1267,6 +1322,7 @@ static void matmul_panels(int bits, int two, const uint8_t *w, size_t panel_byte
                 int mt = M - m0 < GK_MT ? M - m0 : GK_MT;
                 if (M >= GK_PANEL_PREFETCH_ROWS && p + 1 < b) prefetch_panel_part(wp + panel_bytes, panel_bytes, m0, mt, M);
                 const int8_t *qm = q + (size_t)m0 * K, *rm = q2 + (size_t)m0 * K;
+                __attribute__((unused)) const int16_t *am = a16 == NULL ? NULL : a16 + (size_t)m0 * K;
                 const float *dm = dx + (size_t)m0 * nb, *sm = sx + (size_t)m0 * nb, *hm = sx16 + 2 * (size_t)m0 * nb;
                 float *ym = y + (size_t)m0 * N + (size_t)p * GK_ROWS;
 #if defined(GK_VNNI) || defined(GK_AVX2)
@@ -1282,10 +1338,10 @@ static void matmul_panels(int bits, int two, const uint8_t *w, size_t panel_byte
 #define GK_TILE(B, D, MT) panel_vnni(B, D, wp, nb, qm, rm, dm, sm, hm, K, MT, ym, N)
 #define GK_TILES(B, D) GK_SWITCH(B, D)
 #else /* AVX2: a panel's 16 rows as two groups of 8 */
-#define GK_TILE(B, D, MT) panel_avx2(B, D, wp, g, nb, qm, rm, dm, sm, hm, K, MT, ym, N)
+#define GK_TILE(B, D, MT) panel_avx2(B, D, wp, g, nb, qm, rm, am, dm, sm, hm, K, MT, ym, N)
 #define GK_TILES(B, D)                                                     \
     if (mt == 1 && B != 6)                                                 \
-        row_avx2(B, D, wp, nb, qm, rm, dm, sm, ym);                        \
+        row_avx2(B, D, wp, nb, qm, rm, am, dm, sm, ym);                    \
     else                                                                   \
         for (int g = 0; g < 2; g++) { GK_SWITCH(B, D) }
 #endif
@@ -1328,22 +1384,31 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
 #endif
     int nb = K / GK_GROUP, panels = N / GK_ROWS;
     size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
-    int8_t *q = (int8_t *)malloc(2 * (size_t)M * K + 4 * sizeof(float) * (size_t)M * nb + 64);
+    const int two = act == GK_ACT_TWO;
+#ifdef GK_WIDE
+    const size_t wide = two && bits != 4 ? sizeof(int16_t) * (size_t)M * K : 0;  /* the digits combined (gk_dw) */
+#else
+    const size_t wide = 0;
+#endif
+    int8_t *q = (int8_t *)malloc(2 * (size_t)M * K + 4 * sizeof(float) * (size_t)M * nb + wide + 128);
     if (q == NULL) return -1;
     int8_t *q2 = q + (size_t)M * K;
     float *dx = (float *)(((uintptr_t)(q2 + (size_t)M * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)M * nb, *sx16 = sx + (size_t)M * nb;
+    int16_t *a16 = wide ? (int16_t *)(((uintptr_t)(sx16 + 2 * (size_t)M * nb) + 63) & ~(uintptr_t)63) : NULL;
     GK_T0;
     quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads, act);
+#ifdef GK_WIDE
+    if (wide) combine_digits(q, q2, a16, (size_t)M * K);
+#endif
     GK_T(GK_P_QUANT);
-    const int two = act == GK_ACT_TWO;
     if (threads > panels) threads = panels;
 #ifdef GK_VNNI
     if (M == 1 && bits != 6)
         matmul_row_vnni(bits, two, w, panel_bytes, panels, nb, q, q2, dx, sx, y, threads);
     else
 #endif
-        matmul_panels(bits, two, w, panel_bytes, panels, nb, q, q2, dx, sx, sx16, y, M, N, K, threads);
+        matmul_panels(bits, two, w, panel_bytes, panels, nb, q, q2, a16, dx, sx, sx16, y, M, N, K, threads);
     GK_T(gk_prof_cat == GK_P_OTHER && M == 1 ? GK_P_HEAD : gk_prof_cat);  /* from Python: one row is the LM head */
     GK_CAT(GK_P_OTHER);
     free(q);
