@@ -1,0 +1,174 @@
+"""One spine, settings: a generation setting means the same on ``generate()``, the continuous
+batching manager, ``generate_batch``, ``generate(cache_implementation="paged")`` and ``genkit
+batch``'s engines, whether the call, a ``GenerationConfig`` or the model folder's
+``generation_config.json`` sets it; a request's settings never reach another request of the same
+batch; a setting a path cannot run is an error naming it, never dropped.
+
+The reference is ``generate()`` on the same tiny random model, token for token."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import genkit
+from genkit.errors import ConfigError
+from genkit.models.tiny import tiny_llama
+
+PROMPT = [5, 17, 33, 8, 90]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return tiny_llama(seed=1)
+
+
+def _generate(model, prompt=PROMPT, **kw):
+    return model.generate(torch.tensor([prompt]), **kw)[0, len(prompt):].tolist()
+
+
+def _manager(model, prompt=PROMPT, **kw):
+    with model.init_continuous_batching() as manager:
+        out = manager.get_result(manager.add_request(prompt, **kw), timeout=120)
+    assert out is not None
+    return out
+
+
+def _cb_engines(model, prompt=PROMPT, **kw):
+    """The new tokens of the manager, generate_batch and generate(cache_implementation="paged")."""
+    by_manager = _manager(model, prompt, **kw)
+    assert by_manager.error is None, by_manager.error
+    by_batch = model.generate_batch([prompt], **kw)["req_0"]
+    assert by_batch.error is None, by_batch.error
+    paged = model.generate(torch.tensor([prompt]), cache_implementation="paged", **kw)[0, len(prompt):].tolist()
+    return by_manager.generated_tokens, by_batch.generated_tokens, paged
+
+
+def test_max_length_counts_the_prompt_on_every_engine(model):
+    want = _generate(model, max_length=9, eos_token_id=None)
+    assert len(want) == 9 - len(PROMPT)
+    assert _cb_engines(model, max_length=9, eos_token_id=None) == (want, want, want)
+    # max_new_tokens still wins over max_length, as in generate
+    want = _generate(model, max_length=9, max_new_tokens=6, eos_token_id=None)
+    assert len(want) == 6
+    assert _cb_engines(model, max_length=9, max_new_tokens=6, eos_token_id=None) == (want, want, want)
+    # a GenerationConfig's max_length too
+    config = genkit.GenerationConfig(max_length=8, eos_token_id=None)
+    want = _generate(model, generation_config=config)
+    assert len(want) == 3
+    assert model.generate_batch([PROMPT], generation_config=config)["req_0"].generated_tokens == want
+
+
+def test_a_prompt_as_long_as_max_length_fails_as_generate_does(model):
+    with pytest.raises(ConfigError, match=r"`max_length` \(5\) must be larger than the input length \(5\)") as exc:
+        _generate(model, max_length=5)
+    out = _manager(model, max_length=5)
+    assert out.error == str(exc.value)
+
+
+@pytest.fixture(scope="module")
+def folder_model(tmp_path_factory):
+    """The tiny model from a folder whose generation_config.json sets a total length, a penalty,
+    an n-gram ban and a list of EOS ids."""
+    folder = tmp_path_factory.mktemp("tiny_gc")
+    tiny_llama(seed=1).save_pretrained(folder)
+    settings = {"max_length": 12, "repetition_penalty": 1.4, "no_repeat_ngram_size": 2, "eos_token_id": [3, 4]}
+    (folder / "generation_config.json").write_text(json.dumps(settings))
+    return genkit.load_model(folder)
+
+
+def test_generation_config_json_applies_on_every_engine(folder_model):
+    want = _generate(folder_model)
+    assert len(want) == 12 - len(PROMPT)  # the file's max_length counts the prompt
+    assert want != _generate(folder_model, repetition_penalty=1.0)  # the file's penalty acts
+    assert _cb_engines(folder_model) == (want, want, want)
+
+
+def test_generation_config_json_applies_on_genkit_batch(folder_model):
+    from test_batch import _raw_tokenizer
+
+    from genkit.batch import ContinuousEngine, LocalEngine, make_local_engine
+    from genkit.batch.rows import BatchRow
+    from genkit.tokenizer import Tokenizer
+
+    tok = Tokenizer(_raw_tokenizer(), {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+    row = BatchRow("a", 1, prompt="alpha bravo charlie delta")
+    prompt = tok(row.prompt)["input_ids"]
+    want = _generate(folder_model, prompt)
+    assert len(want) == 12 - len(prompt)
+    continuous = make_local_engine(folder_model, tok, batching="continuous")
+    static = make_local_engine(folder_model, tok, batching="static")
+    assert isinstance(continuous, ContinuousEngine) and isinstance(static, LocalEngine)
+    for engine in (continuous, static):
+        assert engine.run([row])[0]["token_ids"] == want
+
+
+class Ban:
+    """A user's logits processor: one token never comes."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, self.token] = -float("inf")
+        return scores
+
+
+REQUESTS = [
+    (PROMPT, {"repetition_penalty": 1.5}),
+    (PROMPT, {}),
+    (PROMPT, {"do_sample": True, "top_k": 10, "seed": 3}),
+    (PROMPT, {"logits_processor": [Ban(73)]}),
+    ([9, 9, 9], {"no_repeat_ngram_size": 1}),
+    (PROMPT, {"do_sample": True, "temperature": 0.5, "presence_penalty": 1.0, "seed": 9}),
+    (PROMPT, {"sequence_bias": {(39,): 4.0}, "min_new_tokens": 5, "eos_token_id": [39]}),
+    ([7, 8], {"suppress_tokens": [116, 73], "begin_suppress_tokens": [0], "max_length": 9}),
+]
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "prefill_first"])
+def test_requests_in_one_batch_keep_their_own_settings(model, scheduler):
+    want = []
+    for prompt, kw in REQUESTS:
+        kw = {"max_new_tokens": 10, "eos_token_id": None, **kw}
+        if "max_length" in kw:
+            del kw["max_new_tokens"]
+        seed = kw.pop("seed", None)
+        if seed is not None:
+            torch.manual_seed(seed)
+        want.append(_generate(model, prompt, **kw))
+    assert len({tuple(w) for w in want}) == len(want)  # every setting changes the tokens
+    with model.init_continuous_batching(continuous_batching_config={"scheduler_type": scheduler}) as manager:
+        ids = []
+        for prompt, kw in REQUESTS:  # all queued before the first step: they run side by side
+            kw = {"max_new_tokens": None if "max_length" in kw else 10, "eos_token_id": None, **kw}
+            ids.append(manager.add_request(prompt, **kw))
+        got = [manager.get_result(rid, timeout=120) for rid in ids]
+    assert [o.generated_tokens for o in got] == want
+
+
+def test_a_kept_manager_refuses_another_config_instead_of_dropping_it(model):
+    first = genkit.GenerationConfig(max_new_tokens=6, eos_token_id=None)
+    other = genkit.GenerationConfig(max_new_tokens=6, eos_token_id=None, repetition_penalty=1.5)
+    try:
+        out = model.generate_batch([PROMPT], generation_config=first, persistent_manager=True)
+        assert next(iter(out.values())).generated_tokens == _generate(model, generation_config=first)
+        # the same config again runs on the kept manager
+        out = model.generate_batch([PROMPT], generation_config=first, persistent_manager=True)
+        assert next(iter(out.values())).generated_tokens == _generate(model, generation_config=first)
+        with pytest.raises(ConfigError, match="made with another `generation_config`.*"
+                                              "destroy_cached_continuous_batching_manager"):
+            model.generate_batch([PROMPT], generation_config=other)
+        with pytest.raises(ConfigError, match="made with another `continuous_batching_config`"):
+            model.init_continuous_batching(continuous_batching_config={"block_size": 16})
+        # a request's own settings still act on the kept manager
+        out = model.generate_batch([PROMPT], generation_config=first, repetition_penalty=1.5)
+        assert next(iter(out.values())).generated_tokens == _generate(model, generation_config=other)
+    finally:
+        model.destroy_cached_continuous_batching_manager()
+    out = model.generate_batch([PROMPT], generation_config=other)["req_0"]
+    assert out.generated_tokens == _generate(model, generation_config=other)
