@@ -172,3 +172,33 @@ def test_a_kept_manager_refuses_another_config_instead_of_dropping_it(model):
         model.destroy_cached_continuous_batching_manager()
     out = model.generate_batch([PROMPT], generation_config=other)["req_0"]
     assert out.generated_tokens == _generate(model, generation_config=other)
+
+
+# -- a transformers model: transformers' own continuous batching, with what it cannot run refused ----
+def test_a_transformers_models_generate_batch_reads_the_length_as_generate_does(tiny_pair):
+    hf, _ = tiny_pair
+    for kw in ({}, {"max_length": 9}, {"max_new_tokens": 6, "suppress_tokens": [78, 12]}):
+        want = genkit.generate(hf, torch.tensor([PROMPT]), eos_token_id=None, **kw)[0, len(PROMPT):].tolist()
+        out = genkit.generate_batch(hf, [PROMPT], eos_token_id=None, **kw)
+        assert [o.generated_tokens for o in out.values()] == [want], kw
+    assert len(want) == 6
+    with pytest.raises(genkit.errors.NotSupportedError, match="`max_length`=9 counts the prompt, and these prompts "
+                                                             "have 2 to 5 tokens.*set `max_new_tokens`"):
+        genkit.generate_batch(hf, [PROMPT, [3, 4]], max_length=9)
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"repetition_penalty": 1.5}, "`repetition_penalty`=1.5: .* set it to 1.0 to run without it"),
+    ({"min_new_tokens": 3}, "`min_new_tokens`=3"),
+    ({"no_repeat_ngram_size": 2}, "`no_repeat_ngram_size`=2: .* set it to 0 to run without it"),
+    ({"bad_words_ids": [[5]]}, r"`bad_words_ids`=\[\[5\]\]"),
+    ({"max_time": 5.0}, "`max_time`=5.0"),
+    ({"num_beams": 2}, "`num_beams`=2"),
+    ({"do_sample": True, "min_p": 0.1}, "`min_p`=0.1"),
+])
+def test_a_transformers_models_continuous_batching_refuses_what_it_would_drop(tiny_pair, setting, message):
+    hf, _ = tiny_pair
+    with pytest.raises(genkit.errors.NotSupportedError, match=message):
+        genkit.generate_batch(hf, [PROMPT], max_new_tokens=4, **setting)
+    with pytest.raises(genkit.errors.NotSupportedError, match=message):
+        genkit.init_continuous_batching(hf, genkit.GenerationConfig(max_new_tokens=4, **setting))
