@@ -95,15 +95,19 @@ def test_generation_config_json_applies_on_genkit_batch(folder_model):
     from genkit.tokenizer import Tokenizer
 
     tok = Tokenizer(_raw_tokenizer(), {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
-    row = BatchRow("a", 1, prompt="alpha bravo charlie delta")
-    prompt = tok(row.prompt)["input_ids"]
-    want = _generate(folder_model, prompt)
-    assert len(want) == 12 - len(prompt)
+    # prompts of different lengths: a static batch pads them to one width, which must not shorten the short one
+    rows = [BatchRow("a", 1, prompt="alpha bravo charlie delta"), BatchRow("b", 2, prompt="alpha bravo"),
+            BatchRow("c", 3, prompt="alpha bravo", settings={"max_length": 6, "eos_token_id": None}),
+            BatchRow("d", 4, prompt="alpha bravo charlie", settings={"max_length": 6, "eos_token_id": None})]
+    prompts = [tok(row.prompt)["input_ids"] for row in rows]
+    want = [_generate(folder_model, p, **row.settings) for p, row in zip(prompts, rows)]
+    assert [len(w) for w in want] == [12 - len(prompts[0]), 12 - len(prompts[1]), 6 - len(prompts[2]),
+                                      6 - len(prompts[3])]
     continuous = make_local_engine(folder_model, tok, batching="continuous")
     static = make_local_engine(folder_model, tok, batching="static")
     assert isinstance(continuous, ContinuousEngine) and isinstance(static, LocalEngine)
     for engine in (continuous, static):
-        assert engine.run([row])[0]["token_ids"] == want
+        assert [out["token_ids"] for out in engine.run(rows)] == want
 
 
 class Ban:
