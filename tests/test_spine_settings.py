@@ -62,6 +62,17 @@ def test_max_length_counts_the_prompt_on_every_engine(model):
     assert model.generate_batch([PROMPT], generation_config=config)["req_0"].generated_tokens == want
 
 
+def test_max_length_on_a_left_padded_batch_with_the_paged_cache(model):
+    """generate counts a batch's max_length from its padded width; the paged cache gives every row
+    the same new tokens, the same sequences."""
+    ids = torch.tensor([[0, 0, 0, 5, 6], PROMPT])
+    mask = torch.tensor([[0, 0, 0, 1, 1], [1] * 5])
+    kw = {"attention_mask": mask, "eos_token_id": None, "pad_token_id": 0, "max_length": 9}
+    want = model.generate(ids, **kw)
+    assert want.shape == (2, 9)
+    assert torch.equal(model.generate(ids, cache_implementation="paged", **kw), want)
+
+
 def test_a_prompt_as_long_as_max_length_fails_as_generate_does(model):
     with pytest.raises(ConfigError, match=r"`max_length` \(5\) must be larger than the input length \(5\)") as exc:
         _generate(model, max_length=5)
