@@ -48,6 +48,7 @@ class LocalEngine:
             pad = model.config.get("pad_token_id") if hasattr(model.config, "get") else None
         eos = eos_token_ids(getattr(model.generation_config, "eos_token_id", None))
         self.pad = int(pad if pad is not None else (min(eos) if eos else 0))
+        self._length_rule: dict[str, bool] = {}  # settings -> whether their length counts the prompt
 
     def encode(self, row: BatchRow) -> list[int]:
         if row.messages is not None:
@@ -71,7 +72,10 @@ class LocalEngine:
             except Exception as exc:  # noqa: BLE001 - the row's error
                 results[i] = BadRow(row.line, row.id, f"cannot encode the prompt: {exc}")
                 continue
-            key = json.dumps({**self.kwargs, **row.settings}, sort_keys=True, default=str)
+            settings = {**self.kwargs, **row.settings}
+            key = json.dumps(settings, sort_keys=True, default=str)
+            if self._counts_prompt(key, settings):  # a batch's padded width would count for each row
+                key += f"\n{len(ids)}"
             groups.setdefault(key, []).append((i, row, ids))
         for items in groups.values():
             size = self.batch_size if "stop_strings" not in {**self.kwargs, **items[0][1].settings} else 1
@@ -93,6 +97,23 @@ class LocalEngine:
                 for (i, row, ids), out in zip(chunk, outs):
                     results[i] = out if isinstance(out, BadRow) else self.result_row(row, ids, out)
         return [results[i] for i in range(len(rows))]
+
+    def _counts_prompt(self, key: str, settings: dict[str, Any]) -> bool:
+        """Whether the length of rows with these settings counts the prompt (a ``max_length`` set by
+        them or the model's generation config, no ``max_new_tokens``): such rows share a batch with
+        prompts of their own length only, so each gets the new tokens ``generate`` gives it alone."""
+        if key not in self._length_rule:
+            from genkit.config import field_table
+            from genkit.generation.api import merge_config
+
+            table = field_table()
+            try:
+                config, _ = merge_config(self.model, None, {k: v for k, v in settings.items() if k in table})
+            except ValueError:  # generate reports it, row by row
+                config = None
+            self._length_rule[key] = (config is not None and config.max_new_tokens is None
+                                      and "max_length" not in config.defaulted)
+        return self._length_rule[key]
 
     def _generate(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> list[tuple[list[int], str]]:
         """Each prompt's new tokens (through the first EOS) and why it finished (``generate``'s

@@ -52,6 +52,7 @@ def init_continuous_batching(model: Any, generation_config: Any = None, manual_e
                                            allow_block_sharing)
     cached = getattr(model, "_cached_continuous_batching_manager", None)
     if isinstance(cached, ContinuousBatchingManager):
+        _check_kept(cached, model, generation_config, continuous_batching_config, allow_block_sharing)
         logger.info("reusing the continuous batching manager the model kept (destroy_cached_continuous_batching_manager "
                     "drops it)")
         return cached
@@ -182,6 +183,25 @@ def _check_request_kwargs(model: Any, generation_config: Any, kwargs: dict[str, 
 
     fields = {k: v for k, v in kwargs.items() if k not in _REQUEST_ARGUMENTS and k not in UNSUPPORTED_ARGUMENTS}
     merge_config(model, generation_config, fields)
+
+
+def _check_kept(kept: ContinuousBatchingManager, model: Any, generation_config: Any, continuous_batching_config: Any,
+                allow_block_sharing: bool | None) -> None:
+    """The manager the model kept runs with the configs it was made with: a ``generation_config`` or
+    a continuous batching config given now that differs from those is refused (naming it), not
+    dropped."""
+    differs = []
+    if generation_config is not None and generation_config != kept._given_config:
+        differs.append("generation_config")
+    cb = _cb_config(model, generation_config, continuous_batching_config, allow_block_sharing)
+    if cb is not None and cb.resolved(model) != kept.cb_config:
+        differs.append("continuous_batching_config" if allow_block_sharing is None else
+                       "continuous_batching_config / allow_block_sharing")
+    if differs:
+        raise ConfigError(f"the model keeps a continuous batching manager (persistent_manager=True) made with another "
+                          f"{' and '.join(f'`{d}`' for d in differs)}, which it would run with instead of this one; "
+                          "call model.destroy_cached_continuous_batching_manager() first, or give the settings "
+                          "per request (generation keyword arguments)")
 
 
 def _refuse_unknown(function: str, unknown: dict[str, Any]) -> None:

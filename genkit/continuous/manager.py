@@ -298,7 +298,7 @@ class ContinuousBatchingManager:
         self._check_prompt(request_id, prompt)
         # before the settings are read: a recipe's own are no fields
         _refuse(request_id, argument_refusal(take_arguments(kwargs)))
-        max_new = self._max_new_tokens(request_id, len(prompt), max_new_tokens)
+        max_new = self._max_new_tokens(request_id, len(prompt), max_new_tokens, kwargs)
         seed = kwargs.pop("seed", None)
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request
             kwargs["eos_token_id"] = eos_token_id
@@ -330,11 +330,12 @@ class ContinuousBatchingManager:
             raise ConfigError(f"request {request_id!r}: the prompt has {len(prompt)} tokens; the cache holds "
                               f"{capacity} (num_blocks * block_size)")
 
-    def _max_new_tokens(self, request_id: str, prompt_len: int, max_new_tokens: int | None) -> int:
-        """The request's limit: as asked (or the config's), capped by the model's context."""
-        max_new = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if max_new is None:
-            max_new = 20
+    def _max_new_tokens(self, request_id: str, prompt_len: int, max_new_tokens: int | None,
+                        kwargs: dict[str, Any]) -> int:
+        """The request's limit: as asked, else what ``generate`` runs for its settings (``kwargs``)
+        over the manager's config (``max_new_tokens``, or ``max_length`` less the prompt:
+        :func:`genkit.config.resolve_lengths`), capped by the model's context."""
+        max_new = self._configured_max_new(prompt_len, kwargs) if max_new_tokens is None else max_new_tokens
         if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
             raise ConfigError(f"request {request_id!r}: `max_new_tokens` must be an int >= 1; got {max_new!r}")
         context = getattr(self.model.config, "max_position_embeddings", None)
@@ -347,6 +348,17 @@ class ContinuousBatchingManager:
                             max_new, context - prompt_len, context)
                 max_new = context - prompt_len
         return max_new
+
+    def _configured_max_new(self, prompt_len: int, kwargs: dict[str, Any]) -> int:
+        """The new tokens ``generate`` allows a prompt of ``prompt_len`` tokens with these request
+        settings: the one reading of ``max_new_tokens`` / ``max_length`` (a ``max_length`` from the
+        call, the manager's config or the model's ``generation_config.json`` counts the prompt)."""
+        from genkit.config import field_table, resolve_lengths
+        from genkit.generation.api import merge_config
+
+        table = field_table()
+        config, _ = merge_config(self.model, self._given_config, {k: v for k, v in kwargs.items() if k in table})
+        return int(resolve_lengths(config, prompt_len).max_length) - prompt_len
 
     def _check_fits(self, request_id: str, prompt_len: int, max_new: int) -> None:
         """Refuse a request whose prompt and new tokens can never fit the cache (its prompt alone

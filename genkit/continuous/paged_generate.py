@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..config import resolve_lengths
 from ..errors import ConfigError, GenkitError, NotSupportedError
 
 
@@ -26,10 +27,15 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
     kwargs.pop("cache_implementation", None)
     if inputs is None:
         inputs = kwargs.pop("input_ids", None)
-    _check_gate(model, generation_config, refused, kwargs)
+    merged = _check_gate(model, generation_config, refused, kwargs)
     if not isinstance(inputs, torch.Tensor) or inputs.dim() not in (1, 2):
         raise ConfigError("cache_implementation=\"paged\" needs `input_ids` as a 1-D or 2-D LongTensor")
     ids = inputs[None] if inputs.dim() == 1 else inputs
+    if merged.max_new_tokens is None and "max_length" not in merged.defaulted:
+        # a max_length counts the batch's width (its padding too), as generate counts it: every row
+        # gets the same number of new tokens
+        kwargs.pop("max_length", None)
+        kwargs["max_new_tokens"] = int(resolve_lengths(merged, ids.shape[1]).max_length) - ids.shape[1]
     mask = kwargs.pop("attention_mask", None)
     rows = [row[m.bool()].tolist() if mask is not None else row.tolist() for row, m in
             zip(ids, mask if mask is not None else ids)]
@@ -49,8 +55,9 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
     return torch.tensor([s + [pad] * (width - len(s)) for s in seqs], dtype=torch.long, device=ids.device)
 
 
-def _check_gate(model: Any, generation_config: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> None:
-    """Refuse what continuous batching cannot run (the gate, :mod:`genkit.continuous.gate`), naming the field."""
+def _check_gate(model: Any, generation_config: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> Any:
+    """Refuse what continuous batching cannot run (the gate, :mod:`genkit.continuous.gate`), naming the
+    field; the merged config when it can run."""
     from ..generation.api import merge_config
     from .gate import check_model, refusal
 
@@ -61,3 +68,4 @@ def _check_gate(model: Any, generation_config: Any, arguments: dict[str, Any], k
     if why is not None:
         raise NotSupportedError(f"cache_implementation=\"paged\" (continuous batching) cannot run this request: {why}; "
                                 "drop the setting or use another cache_implementation")
+    return config

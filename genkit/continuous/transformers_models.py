@@ -37,6 +37,45 @@ def hf_generation_config(model: Any, generation_config: Any, kwargs: dict[str, A
     return config
 
 
+# the generation fields transformers' continuous batching (5.24) runs as genkit.generate runs them:
+# greedy search and sampling with temperature, top-k and top-p (the processors it marks as supported),
+# suppress_tokens, the length in new tokens (``max_length`` is turned into them first: _new_tokens), the
+# special tokens, several sequences per prompt; and
+# fields that do not change the tokens. It drops others (repetition_penalty, min_new_tokens: a log
+# line), fails on others (no_repeat_ngram_size, bad_words_ids) and never reads the rest (stop_strings,
+# max_time, num_beams...): those are refused here, naming them.
+HF_CB_FIELDS = frozenset({
+    "do_sample", "temperature", "top_k", "top_p", "suppress_tokens", "max_new_tokens", "num_return_sequences",
+    "max_length", "eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id", "use_cache", "cache_implementation",
+    "continuous_batching_config", "compile_config", "disable_compile", "transformers_version",
+})
+
+
+def hf_refusal(config: Any) -> str | None:
+    """Why transformers' continuous batching would not run the transformers ``GenerationConfig``
+    ``config`` as ``genkit.generate`` runs it (a field set, and not to its "off" value, that it
+    drops, fails on or never reads), naming the field; ``None`` when it runs it."""
+    from genkit.config import default_values
+
+    defaults = default_values()
+    for name, value in config.to_dict().items():
+        if name in HF_CB_FIELDS or name.startswith("_") or value is None or value is False:
+            continue
+        if value == defaults.get(name) or (name == "guidance_scale" and value == 1):
+            continue
+        off = f"set it to {defaults[name]!r} to run without it, or " if name in defaults else ""
+        return (f"`{name}`={value!r}: a transformers model runs transformers' own continuous batching, which does "
+                f"not run it as genkit.generate does; {off}use genkit.generate (or the model loaded with "
+                "genkit.load_model, on genkit's engine)")
+    return None
+
+
+def _check_hf(config: Any) -> None:
+    why = hf_refusal(config)
+    if why is not None:
+        raise NotSupportedError(f"continuous batching cannot run this request: {why}")
+
+
 def hf_cb_config(continuous_batching_config: Any, positions: int) -> Any:
     """The transformers ``ContinuousBatchingConfig`` to use: the caller's, or one sized like genkit's
     own (``positions`` cache positions in genkit's block size, genkit's step budget): left to itself,
@@ -71,11 +110,36 @@ def hf_generate_batch(model: Any, inputs: list[list[int]], generation_config: An
     config = hf_generation_config(model, generation_config, kwargs)
     if max_new is not None:
         config.max_new_tokens = max_new
+    _new_tokens(config, inputs)
+    _check_hf(config)
     cb = hf_cb_config(continuous_batching_config, workload_positions(inputs, config))
     if allow_block_sharing is not None:
         cb.allow_block_sharing = allow_block_sharing
     return dict(model.generate_batch(inputs, generation_config=config, continuous_batching_config=cb,
                                      record_timestamps=record_timestamps, progress_bar=progress_bar, **options))
+
+
+def _new_tokens(config: Any, inputs: list[list[int]]) -> None:
+    """Set ``config.max_new_tokens`` when unset, as ``generate`` reads the length: transformers'
+    continuous batching counts new tokens only. Without a ``max_length`` (transformers 5 leaves it
+    unset), the default length counts new tokens (20); a ``max_length`` that was set counts the prompt
+    too, which gives each prompt its own number of new tokens: the same for every prompt, or an
+    error naming it."""
+    if config.max_new_tokens is not None:
+        return
+    from genkit.config import default_values
+
+    max_length = config.max_length
+    if max_length is None:
+        config.max_new_tokens = default_values()["max_length"]
+        return
+    lengths = sorted({len(p) for p in inputs})
+    if len(lengths) != 1 or max_length <= lengths[0]:
+        prompts = f"these prompts have {lengths[0]} to {lengths[-1]} tokens" if lengths else "the prompts are not known yet"
+        raise NotSupportedError(f"`max_length`={max_length} counts the prompt, and {prompts}: transformers' continuous "
+                                "batching (a transformers model's) takes one number of new tokens for every prompt; set "
+                                "`max_new_tokens`")
+    config.max_new_tokens = max_length - lengths[0]
 
 
 def hf_init_continuous_batching(model: Any, generation_config: Any, continuous_batching_config: Any,
@@ -85,5 +149,7 @@ def hf_init_continuous_batching(model: Any, generation_config: Any, continuous_b
         cb.max_queue_size = max_queue_size
     if allow_block_sharing is not None:
         cb.allow_block_sharing = allow_block_sharing
-    return model.init_continuous_batching(generation_config=hf_generation_config(model, generation_config, {}),
-                                          continuous_batching_config=cb)
+    config = hf_generation_config(model, generation_config, {})
+    _new_tokens(config, [])
+    _check_hf(config)
+    return model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
