@@ -217,3 +217,23 @@ def test_a_transformers_models_continuous_batching_refuses_what_it_would_drop(ti
         genkit.generate_batch(hf, [PROMPT], max_new_tokens=4, **setting)
     with pytest.raises(genkit.errors.NotSupportedError, match=message):
         genkit.init_continuous_batching(hf, genkit.GenerationConfig(max_new_tokens=4, **setting))
+
+
+def test_a_transformers_models_manager_starts_with_a_max_length_from_its_generation_config(tiny_pair):
+    """A model file's max_length (Llama 3's generation_config.json has one) counts each prompt: the manager
+    still starts, and a request giving max_new_tokens gets generate's tokens."""
+    hf, _ = tiny_pair
+    saved = hf.generation_config.max_length
+    hf.generation_config.max_length = 64
+    try:
+        want = genkit.generate(hf, torch.tensor([PROMPT]), max_new_tokens=5, eos_token_id=None)[0, len(PROMPT):].tolist()
+        manager = genkit.init_continuous_batching(hf)
+        manager.start()
+        try:
+            rid = manager.add_request(PROMPT, max_new_tokens=5)
+            result = manager.get_result(request_id=rid, timeout=60)
+        finally:
+            manager.stop(block=True)
+        assert result is not None and list(result.generated_tokens) == want
+    finally:
+        hf.generation_config.max_length = saved

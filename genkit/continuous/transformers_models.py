@@ -150,6 +150,7 @@ def hf_init_continuous_batching(model: Any, generation_config: Any, continuous_b
     if allow_block_sharing is not None:
         cb.allow_block_sharing = allow_block_sharing
     config = hf_generation_config(model, generation_config, {})
-    _new_tokens(config, [])
+    if config.max_length is None:  # a max_length counts each prompt: its requests give max_new_tokens
+        _new_tokens(config, [])
     _check_hf(config)
     return model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
