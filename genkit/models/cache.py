@@ -37,8 +37,13 @@ class KVCache:
         return {**self.__dict__, "prepared": None, "ahead": None}
 
     # -- writing ----------------------------------------------------------------------------
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k``/``v`` (``batch, heads, new, dim``) and return views of the whole layer."""
+    def update(self, layer: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor | int,
+               cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k``/``v`` (``batch, heads, new, dim``) to ``layer`` and return views of the whole
+        layer. transformers' order, ``update(key_states, value_states, layer_idx)``, is read too."""
+        if isinstance(layer, torch.Tensor):  # transformers' Cache.update(key_states, value_states, layer_idx)
+            layer, k, v = v, layer, k  # type: ignore[assignment]
+        assert isinstance(layer, int) and isinstance(v, torch.Tensor)
         self.ahead = None
         start = self.lengths[layer]
         end = start + k.shape[2]
@@ -144,6 +149,19 @@ class KVCache:
     def repeat_interleave(self, repeats: int) -> None:
         """Repeat each batch row ``repeats`` times (expanding prompts to beams or samples)."""
         self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    # -- transformers' Cache method names (code written for transformers calls them) ------------
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        """:meth:`reorder` under transformers' name."""
+        self.reorder(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """:meth:`select` under transformers' name."""
+        self.select(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """:meth:`repeat_interleave` under transformers' name."""
+        self.repeat_interleave(repeats)
 
 
 class TransformersCacheLayers:
