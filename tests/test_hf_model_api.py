@@ -297,3 +297,30 @@ def test_native_cache_answers_transformers_cache_methods(tiny_pair):
     got, want = mine.update(k, v, 1), theirs.update(k, v, 1)
     assert all(torch.equal(a[:, :, -1:], b[:, :, -1:]) for a, b in zip(got, want))
     assert [a.shape for a in got] == [b.shape for b in want] == [(2, 2, 4, 16)] * 2
+
+
+def test_native_forward_writes_transformers_sliding_window_and_static_caches(tmp_path):
+    """transformers' caches whose layers hand back other than one key per position seen --
+    `DynamicCache(config=...)` of a sliding-window model (the window's positions only), `StaticCache`
+    (its whole buffer) -- written by the native forward give transformers' logits on a prompt longer
+    than the window, and genkit's generate on them transformers' tokens."""
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=5,
+                                        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    hf = transformers.MistralForCausalLM(config).eval()
+    hf.save_pretrained(tmp_path / "mistral")
+    ours = genkit.load_model(tmp_path / "mistral")
+    ids = torch.randint(3, 128, (2, 12))
+    bound = logits_bound(ours, ids)
+    for make in (lambda: transformers.DynamicCache(config=config),
+                 lambda: transformers.StaticCache(config=config, max_cache_len=16)):
+        mine, theirs = make(), make()
+        for part in (ids[:, :9], ids[:, 9:11], ids[:, 11:]):  # a prefill past the window, then steps
+            got, want = ours(part, cache=mine).logits, hf(part, cache=theirs).logits
+            assert (got - want).abs().max() <= bound
+        assert int(mine.get_seq_length()) == 12
+    ref = hf.generate(ids, max_new_tokens=6, do_sample=False)
+    out = genkit.generate(ours, ids, max_new_tokens=6, do_sample=False,
+                          past_key_values=transformers.DynamicCache(config=config))
+    assert torch.equal(out, ref)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from ..errors import ConfigError
 
@@ -174,9 +175,19 @@ class TransformersCacheLayers:
         self.cache = cache
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k``/``v`` to ``layer`` and return the whole layer (transformers' argument order)."""
-        out = self.cache.update(k, v, layer)
-        return out[0], out[1]
+        """Append ``k``/``v`` to ``layer`` and return the whole layer, one key per position seen, as
+        genkit's layers and masks expect. transformers' layers return other lengths: a static layer
+        its whole buffer (the positions seen first: cut to them), a sliding-window layer
+        (``DynamicCache(config=...)`` of a model with ``sliding_window``, ``StaticCache``'s sliding
+        layers) the last positions only (padded before with zeros to the positions seen: the
+        window's mask leaves those out)."""
+        keys, values = self.cache.update(k, v, layer)[:2]
+        seen, held = int(self.cache.get_seq_length(layer)), keys.shape[-2]
+        if held > seen:
+            return keys[:, :, :seen], values[:, :, :seen]
+        if held < seen:
+            return F.pad(keys, (0, 0, seen - held, 0)), F.pad(values, (0, 0, seen - held, 0))
+        return keys, values
 
     def get_seq_length(self, layer: int = 0) -> int:
         return int(self.cache.get_seq_length(layer))

@@ -139,6 +139,12 @@ def _view_class() -> type:
         def get_output_embeddings(self) -> Any:
             return self.genkit_model.get_output_embeddings()
 
+        def create_masks_for_generate(self, attention_mask: Any = None, **kwargs: Any) -> Any:
+            """The mask as given: transformers' ``prepare_inputs_for_generation`` asks for 4-D masks
+            laid out on a static cache's buffer; the native forward builds its own from the 2-D mask
+            (its cache gives it one key per position, :class:`~genkit.models.cache.TransformersCacheLayers`)."""
+            return attention_mask
+
         def __getattr__(self, name: str) -> Any:
             try:
                 return super().__getattr__(name)
