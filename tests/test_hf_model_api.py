@@ -324,3 +324,17 @@ def test_native_forward_writes_transformers_sliding_window_and_static_caches(tmp
     out = genkit.generate(ours, ids, max_new_tokens=6, do_sample=False,
                           past_key_values=transformers.DynamicCache(config=config))
     assert torch.equal(out, ref)
+
+
+def test_transformers_generation_config_set_on_a_native_model_is_read(tiny_hf_dir):
+    """`model.generation_config = transformers.GenerationConfig(...)` (as transformers users set it)
+    is what `generate` reads on a native model, as on transformers' (it was silently left out)."""
+    hf = transformers.LlamaForCausalLM.from_pretrained(tiny_hf_dir).eval()
+    ours = LlamaForCausalLM.from_pretrained(tiny_hf_dir)
+    settings = dict(max_new_tokens=9, do_sample=False, repetition_penalty=1.4, no_repeat_ngram_size=2)
+    hf.generation_config = transformers.GenerationConfig(**settings)
+    ours.generation_config = transformers.GenerationConfig(**settings)
+    want = hf.generate(IDS)
+    assert want.shape == (2, IDS.shape[1] + 9)
+    assert torch.equal(ours.generate(IDS), want) and torch.equal(genkit.generate(ours, IDS), want)
+    assert not torch.equal(genkit.load_model(tiny_hf_dir).generate(IDS, max_new_tokens=9, do_sample=False), want)
