@@ -124,3 +124,29 @@ def test_prompt_lookup_decoding_crops_the_mapped_cache(hf_models):
     ids = torch.tensor([[1, 7, 8, 9, 10, 7, 8, 9, 10, 7, 8]])
     ref = hf.generate(ids, max_new_tokens=16, prompt_lookup_num_tokens=3)
     assert torch.equal(genkit.generate(hf, ids, max_new_tokens=16, prompt_lookup_num_tokens=3), ref)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_generate_on_a_transformers_model_logs_no_deprecation(hf_models, name):
+    """transformers >= 5.24 logs "`past_key_values`/`cache_params` are deprecated" when its outputs'
+    cache is read or set under the old name; genkit's generate on a transformers model uses neither
+    name on transformers' objects (the adapter returns genkit's output, holding the caller's cache)."""
+    import logging
+
+    hf = hf_models[name]
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    transformers.utils.logging.warning_once.cache_clear()  # (said once per process otherwise)
+    try:
+        ids = torch.tensor([[1, 10, 20, 30, 40]])
+        out = genkit.generate(hf, ids, max_new_tokens=4, num_beams=2, return_dict_in_generate=True)
+        genkit.generate(hf, ids, max_new_tokens=4)
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records if "deprecated" in r.getMessage()] == []
+    assert out.cache.get_seq_length() == 8
+    step = wrap_transformers_model(hf)(ids)
+    assert type(step).__name__ == "CausalLMOutput" and type(step.past_key_values).__name__ == "TransformersCache"

@@ -12,6 +12,7 @@ import pickle
 import pytest
 import torch
 from hub_server import hub_server  # noqa: F401
+from tolerance import logits_bound
 
 import genkit
 from genkit.errors import ConfigError, NotSupportedError
@@ -237,3 +238,103 @@ def test_attn_implementation_eager_is_honoured(arch, tiny_hf_dir, tiny_pair, gpt
     if arch == "llama":
         with pytest.raises(NotSupportedError, match="attn_implementation='eager'"):
             eager.generate(IDS, max_new_tokens=2, cache_implementation="paged")
+
+
+def test_transformers_5_24_cache_names_and_cache_position_on_the_native_forward(tiny_pair):
+    """transformers 5.24 passes the cache as `cache=` and returns it as `.cache`; code written for
+    transformers 4 passes `cache_position`. The native forward reads each as transformers does (the
+    logits of transformers' incremental forward), and refuses a `cache_position` that is not the
+    cache's next positions, or both cache names at once."""
+    hf, ours = tiny_pair
+    hf_cache, cache = transformers.DynamicCache(config=hf.config), transformers.DynamicCache(config=hf.config)
+    hf(IDS[:, :3], cache=hf_cache, cache_position=torch.arange(3))
+    ref = hf(IDS[:, 3:], cache=hf_cache, cache_position=torch.arange(3, 5)).logits
+    first = ours(IDS[:, :3], cache=cache, cache_position=torch.arange(3))
+    assert first.cache is cache and first.past_key_values is cache and cache.get_seq_length() == 3
+    step = ours(IDS[:, 3:], cache=first.cache, cache_position=torch.arange(3, 5))
+    bound = logits_bound(ours, IDS)
+    assert (step.logits - ref).abs().max() <= bound
+    native = ours(IDS[:, :3]).cache  # genkit's own cache, under the new name too
+    assert (ours(IDS[:, 3:], cache=native).logits - ref).abs().max() <= bound
+    with pytest.raises(ConfigError, match=r"pass `cache` or `past_key_values` \(its old name\), not both"):
+        ours(IDS, cache=native, past_key_values=native)
+    with pytest.raises(ConfigError, match=r"`cache_position` must be the positions after the cache's, "
+                                          r"torch.arange\(3, 5\) here .*; got \[0, 1\]"):
+        ours(IDS[:, 3:], cache=ours(IDS[:, :3]).cache, cache_position=torch.arange(2))
+    # use_cache=None reads the config, as in transformers
+    assert ours(IDS, use_cache=None).cache is not None and hf(IDS, use_cache=None).cache is not None
+    out = ours(IDS)
+    out.cache = None
+    assert list(out.keys()) == ["logits"] and out.past_key_values is None
+
+
+def test_native_cache_answers_transformers_cache_methods(tiny_pair):
+    """genkit's KVCache (what the native forward returns) under transformers' Cache method names:
+    `update(key_states, value_states, layer_idx)`, `reorder_cache`, `batch_select_indices`,
+    `batch_repeat_interleave`, `crop(-n)`; each leaves the cache as the same call leaves transformers'
+    DynamicCache filled by transformers' model on the same prompt."""
+    hf, ours = tiny_pair
+    mine, theirs = ours(IDS).cache, hf(IDS).cache
+    bound = logits_bound(ours, IDS)
+
+    def same():
+        assert mine.get_seq_length() == theirs.get_seq_length()
+        for layer in range(hf.config.num_hidden_layers):
+            for a, b in zip(mine[layer], (theirs.layers[layer].keys, theirs.layers[layer].values)):
+                assert a.shape == b.shape and (a - b).abs().max() <= bound
+
+    same()
+    index = torch.tensor([1, 0])
+    mine.reorder_cache(index), theirs.reorder_cache(index)
+    same()
+    mine.batch_repeat_interleave(2), theirs.batch_repeat_interleave(2)
+    same()
+    mine.batch_select_indices(torch.tensor([0, 3])), theirs.batch_select_indices(torch.tensor([0, 3]))
+    same()
+    mine.crop(-2), theirs.crop(-2)
+    same()
+    k, v = torch.randn(2, 2, 1, 16), torch.randn(2, 2, 1, 16)
+    got, want = mine.update(k, v, 1), theirs.update(k, v, 1)
+    assert all(torch.equal(a[:, :, -1:], b[:, :, -1:]) for a, b in zip(got, want))
+    assert [a.shape for a in got] == [b.shape for b in want] == [(2, 2, 4, 16)] * 2
+
+
+def test_native_forward_writes_transformers_sliding_window_and_static_caches(tmp_path):
+    """transformers' caches whose layers hand back other than one key per position seen --
+    `DynamicCache(config=...)` of a sliding-window model (the window's positions only), `StaticCache`
+    (its whole buffer) -- written by the native forward give transformers' logits on a prompt longer
+    than the window, and genkit's generate on them transformers' tokens."""
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=5,
+                                        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    hf = transformers.MistralForCausalLM(config).eval()
+    hf.save_pretrained(tmp_path / "mistral")
+    ours = genkit.load_model(tmp_path / "mistral")
+    ids = torch.randint(3, 128, (2, 12))
+    bound = logits_bound(ours, ids)
+    for make in (lambda: transformers.DynamicCache(config=config),
+                 lambda: transformers.StaticCache(config=config, max_cache_len=16)):
+        mine, theirs = make(), make()
+        for part in (ids[:, :9], ids[:, 9:11], ids[:, 11:]):  # a prefill past the window, then steps
+            got, want = ours(part, cache=mine).logits, hf(part, cache=theirs).logits
+            assert (got - want).abs().max() <= bound
+        assert int(mine.get_seq_length()) == 12
+    ref = hf.generate(ids, max_new_tokens=6, do_sample=False)
+    out = genkit.generate(ours, ids, max_new_tokens=6, do_sample=False,
+                          past_key_values=transformers.DynamicCache(config=config))
+    assert torch.equal(out, ref)
+
+
+def test_transformers_generation_config_set_on_a_native_model_is_read(tiny_hf_dir):
+    """`model.generation_config = transformers.GenerationConfig(...)` (as transformers users set it)
+    is what `generate` reads on a native model, as on transformers' (it was silently left out)."""
+    hf = transformers.LlamaForCausalLM.from_pretrained(tiny_hf_dir).eval()
+    ours = LlamaForCausalLM.from_pretrained(tiny_hf_dir)
+    settings = dict(max_new_tokens=9, do_sample=False, repetition_penalty=1.4, no_repeat_ngram_size=2)
+    hf.generation_config = transformers.GenerationConfig(**settings)
+    ours.generation_config = transformers.GenerationConfig(**settings)
+    want = hf.generate(IDS)
+    assert want.shape == (2, IDS.shape[1] + 9)
+    assert torch.equal(ours.generate(IDS), want) and torch.equal(genkit.generate(ours, IDS), want)
+    assert not torch.equal(genkit.load_model(tiny_hf_dir).generate(IDS, max_new_tokens=9, do_sample=False), want)

@@ -212,3 +212,81 @@ def test_what_the_recipe_is_given(tiny_pair, tmp_path):
     # a recipe may hand the view (and the transformers config it got) back to genkit.generate
     assert torch.equal(genkit.generate(given, IDS, generation_config=config, max_new_tokens=4),
                        genkit.generate(ours, IDS, max_new_tokens=4))
+
+
+# a recipe's own loop over a left-padded batch: the mask, no positions (transformers' forward then
+# counts positions from the cache's length, pads included), the cache under transformers 5.24's name
+PADDED_LOOP = '''import torch
+
+
+def generate(model, input_ids, attention_mask=None, max_new_tokens=5, **kwargs):
+    ids, mask, step, cache = input_ids, attention_mask, input_ids, None
+    for _ in range(max_new_tokens):
+        out = model(step, attention_mask=mask, cache=cache, use_cache=True)
+        cache, step = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, step], dim=-1)
+        mask = torch.cat([mask, torch.ones_like(step)], dim=-1)
+    return ids
+'''
+
+
+def test_recipe_loop_on_a_left_padded_batch_gets_transformers_positions(tmp_path):
+    """On GPT-2 (learned absolute positions) a recipe that calls the model with a padded mask and no
+    positions gets transformers' tokens on the view: the positions transformers' forward gives, not
+    genkit's count of real tokens (which the native model keeps, and genkit's own generate matches
+    transformers' generate with)."""
+    torch.manual_seed(1)
+    config = transformers.GPT2Config(vocab_size=160, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                     bos_token_id=1, eos_token_id=2)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    hf.save_pretrained(tmp_path / "gpt2")
+    ours = genkit.load_model(tmp_path / "gpt2")
+    folder = _recipe(tmp_path, "padded", PADDED_LOOP)
+    ids = torch.tensor([[0, 0, 42, 7, 9], [1, 99, 3, 64, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    outs = _three_ways((hf, ours), folder, input_ids=ids, attention_mask=mask, max_new_tokens=6)
+    assert outs[0].shape == (2, 11)
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+    # genkit's generate counts real tokens, as transformers' generate does: another answer on row 0
+    plain = genkit.generate(ours, ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    assert torch.equal(plain, hf.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False))
+    assert not torch.equal(plain[0], outs[0][0]) and torch.equal(plain[1], outs[0][1])
+
+
+# greedy decoding two ways a transformers user writes it on a sliding-window model: transformers'
+# generate on a static cache, or a loop of the forward on `DynamicCache(config=...)` (whose layers
+# keep the window's positions only)
+WINDOWED = '''import torch
+from transformers import DynamicCache
+
+
+def generate(model, input_ids, max_new_tokens=6, static=False, **kwargs):
+    if static:
+        return model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False, cache_implementation="static")
+    cache, ids, step = DynamicCache(config=model.config), input_ids, input_ids
+    for _ in range(max_new_tokens):
+        step = model(step, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, step], dim=-1)
+    return ids
+'''
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_recipe_on_transformers_sliding_window_and_static_caches_same_tokens(static, tmp_path):
+    """A recipe on transformers' own caches for a sliding-window Mistral (a prompt longer than the
+    window): the view's forward writes them (their layers hand back the window's positions, or a
+    static buffer) and gives transformers' tokens, as genkit's generate does."""
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=5,
+                                        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    hf = transformers.MistralForCausalLM(config).eval()
+    hf.save_pretrained(tmp_path / "mistral")
+    ours = genkit.load_model(tmp_path / "mistral")
+    folder = _recipe(tmp_path, "windowed", WINDOWED)
+    ids = torch.randint(3, 128, (2, 12))
+    outs = _three_ways((hf, ours), folder, input_ids=ids, max_new_tokens=8, static=static)
+    assert outs[0].shape == (2, 20)
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+    if static:  # (the loop runs past EOS; generate stops there)
+        assert torch.equal(genkit.generate(ours, ids, max_new_tokens=8, do_sample=False), outs[0])

@@ -239,9 +239,14 @@ class Prepared:
 
 def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs: dict[str, Any]) -> tuple[
         ResolvedConfig, dict[str, Any]]:
-    """generation_config < model's generation_config (what it leaves unset) < defaults < kwargs
+    """generation_config < model's generation_config (what it leaves unset; a transformers
+    ``GenerationConfig`` set on the model is read as genkit's) < defaults < kwargs
     (``genkit.config.merge_for_generate``). Returns (config, model kwargs)."""
     base = getattr(model, "generation_config", None)
+    if base is not None and type(base).__module__.startswith("transformers."):
+        from ..models.adapter import genkit_generation_config
+
+        base = genkit_generation_config(base)  # a transformers GenerationConfig set on a native model
     config, rest = merge_for_generate(base if isinstance(base, GenerationConfig) else None, generation_config, kwargs)
     model_kwargs = {k: v for k, v in rest.items() if k in MODEL_KWARGS}
     unknown = [k for k in rest if k not in MODEL_KWARGS]

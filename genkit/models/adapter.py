@@ -18,6 +18,7 @@ import torch
 
 from ..errors import ConfigError, NotSupportedError
 from .base import positions_from_mask
+from .outputs import CausalLMOutput
 
 logger = logging.getLogger("genkit.models.adapter")
 
@@ -165,9 +166,10 @@ class TransformersModelAdapter:
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache,
             output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep, return_dict=True, **kwargs,
         )
-        if use_cache and cache is not None:
-            out.past_key_values = cache  # the caller's cache object, in genkit's protocol
-        return out
+        # genkit's output class, the caller's cache object in genkit's protocol: transformers >= 5.24's
+        # outputs name the field `cache` and log a deprecation warning when `past_key_values` is used
+        return CausalLMOutput(loss=out.get("loss"), logits=out.logits, past_key_values=cache if use_cache else None,
+                              hidden_states=out.get("hidden_states"), attentions=out.get("attentions"))
 
     forward = __call__
 

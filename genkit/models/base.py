@@ -79,9 +79,43 @@ def _refuse_forward_kwargs(kwargs: dict[str, Any]) -> None:
     unknown = sorted(kwargs)
     if unknown:
         raise ConfigError(f"unknown keyword argument(s) {', '.join(repr(k) for k in unknown)} for the model's forward; "
-                          "accepted: input_ids, attention_mask, position_ids, past_key_values, use_cache, "
-                          "output_hidden_states, output_attentions, logits_to_keep, inputs_embeds, labels, "
+                          "accepted: input_ids, attention_mask, position_ids, past_key_values (or cache), cache_position, "
+                          "use_cache, output_hidden_states, output_attentions, logits_to_keep, inputs_embeds, labels, "
                           "num_items_in_batch, return_dict, num_layers")
+
+
+def cache_arguments(past_key_values: Any, cache: Any, cache_position: torch.Tensor | None, use_cache: bool | None,
+                    config: ModelConfig, inputs: torch.Tensor | None) -> tuple[Any, bool]:
+    """A forward's cache and ``use_cache`` as transformers' arguments give them: the cache as
+    ``past_key_values`` or under transformers 5.24's name ``cache`` (not both); ``use_cache=None``
+    the config's (True when unset); ``cache_position`` checked (:func:`check_cache_position`)."""
+    if cache is not None:
+        if past_key_values is not None:
+            raise ConfigError("pass `cache` or `past_key_values` (its old name), not both")
+        past_key_values = cache
+    if use_cache is None:
+        use_cache = config.use_cache is not False
+    if cache_position is not None:
+        check_cache_position(cache_position, past_key_values, inputs)
+    return past_key_values, use_cache
+
+
+def check_cache_position(cache_position: torch.Tensor, cache: Any, inputs: torch.Tensor | None) -> None:
+    """``cache_position`` must be the positions of ``inputs`` (ids or embeddings) after the ones
+    ``cache`` holds: genkit writes the new keys and values at the end of the cache, whatever it
+    says (a ConfigError else)."""
+    from .cache import native_cache
+
+    if inputs is None:
+        return  # no input: the forward refuses the call itself
+    layers_cache = native_cache(cache)
+    past = layers_cache.get_seq_length() if layers_cache is not None else 0
+    new = int(inputs.shape[1])
+    want = torch.arange(past, past + new)
+    if not isinstance(cache_position, torch.Tensor) or not torch.equal(cache_position.reshape(-1).cpu(), want):
+        got = cache_position.tolist() if isinstance(cache_position, torch.Tensor) else cache_position
+        raise ConfigError(f"`cache_position` must be the positions after the cache's, torch.arange({past}, "
+                          f"{past + new}) here (genkit writes new keys and values at the end of the cache); got {got}")
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None,
@@ -206,7 +240,7 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         past_key_values: Any = None,
-        use_cache: bool = True,
+        use_cache: bool | None = True,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         logits_to_keep: int | torch.Tensor = 0,
@@ -215,10 +249,14 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         num_items_in_batch: int | torch.Tensor | None = None,
         return_dict: bool | None = None,
         num_layers: int | None = None,
+        cache: Any = None,
+        cache_position: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Any:
         """transformers' calling convention (see docs/models.md, "The model protocol").
 
+        ``cache`` (transformers 5.24's ``past_key_values``), ``cache_position``, ``use_cache=None``:
+        as transformers reads them (:func:`cache_arguments`).
         ``labels``: the loss as transformers computes it (:func:`causal_lm_loss`) in ``.loss``.
         ``output_attentions``: every layer's attention weights in ``.attentions`` (the layers then
         run as modules, with attention computed step by step). ``return_dict=False`` returns
@@ -227,6 +265,8 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         are the final norm and LM head on their output."""
         if kwargs:
             _refuse_forward_kwargs(kwargs)
+        inputs = input_ids if inputs_embeds is None else inputs_embeds
+        past_key_values, use_cache = cache_arguments(past_key_values, cache, cache_position, use_cache, self.config, inputs)
         depth = self._partial_depth(num_layers)
         if (past_key_values is not None and use_cache and input_ids is not None and inputs_embeds is None
                 and labels is None and depth is None and not output_hidden_states and not output_attentions):
@@ -234,28 +274,33 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
             if logits is not None:
                 return _output(CausalLMOutput(logits=logits, past_key_values=past_key_values), return_dict)
         inputs_embeds = self._embed(input_ids, inputs_embeds, past_key_values)
-        from .cache import native_cache
-
-        if past_key_values is None and use_cache:
-            past_key_values = self.new_cache()
-        cache = native_cache(past_key_values)
-        past_len = cache.get_seq_length() if cache is not None else 0
+        past_key_values, layers_cache, past_len = self._caches(past_key_values, use_cache)
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask, inputs_embeds.shape[1])
         hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
         extra: dict[str, Any] = {} if depth is None else {"num_layers": depth}
         if output_attentions or self.attn_implementation == "eager":  # eager: the layers compute the weights
             extra["attentions"] = []
-        x = self.decoder(inputs_embeds, attention_mask, position_ids, cache, past_len, hidden, **extra)
+        x = self.decoder(inputs_embeds, attention_mask, position_ids, layers_cache, past_len, hidden, **extra)
         if hidden is not None:
             hidden.append(x)
-        logits = self.output_logits(_kept(x, logits_to_keep), cache)
+        logits = self.output_logits(_kept(x, logits_to_keep), layers_cache)
         out = CausalLMOutput(
             loss=None if labels is None else causal_lm_loss(logits, labels, num_items_in_batch),
             logits=logits, past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(hidden) if hidden is not None else None,
             attentions=tuple(extra["attentions"]) if output_attentions else None)
         return _output(out, return_dict)
+
+    def _caches(self, past_key_values: Any, use_cache: bool) -> tuple[Any, Any, int]:
+        """The forward's cache (a new one when it needs one and has none), the cache its layers
+        write (:func:`~genkit.models.cache.native_cache`) and the positions it holds."""
+        from .cache import native_cache
+
+        if past_key_values is None and use_cache:
+            past_key_values = self.new_cache()
+        layers_cache = native_cache(past_key_values)
+        return past_key_values, layers_cache, layers_cache.get_seq_length() if layers_cache is not None else 0
 
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, cache: Any) -> torch.Tensor:
         """``inputs_embeds``, or the embeddings of ``input_ids`` (checked against the vocabulary)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from ..errors import ConfigError
 
@@ -37,8 +38,13 @@ class KVCache:
         return {**self.__dict__, "prepared": None, "ahead": None}
 
     # -- writing ----------------------------------------------------------------------------
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k``/``v`` (``batch, heads, new, dim``) and return views of the whole layer."""
+    def update(self, layer: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor | int,
+               cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k``/``v`` (``batch, heads, new, dim``) to ``layer`` and return views of the whole
+        layer. transformers' order, ``update(key_states, value_states, layer_idx)``, is read too."""
+        if isinstance(layer, torch.Tensor):  # transformers' Cache.update(key_states, value_states, layer_idx)
+            layer, k, v = v, layer, k  # type: ignore[assignment]
+        assert isinstance(layer, int) and isinstance(v, torch.Tensor)
         self.ahead = None
         start = self.lengths[layer]
         end = start + k.shape[2]
@@ -145,6 +151,19 @@ class KVCache:
         """Repeat each batch row ``repeats`` times (expanding prompts to beams or samples)."""
         self._map(lambda t: t.repeat_interleave(repeats, dim=0))
 
+    # -- transformers' Cache method names (code written for transformers calls them) ------------
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        """:meth:`reorder` under transformers' name."""
+        self.reorder(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """:meth:`select` under transformers' name."""
+        self.select(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """:meth:`repeat_interleave` under transformers' name."""
+        self.repeat_interleave(repeats)
+
 
 class TransformersCacheLayers:
     """A transformers cache (``DynamicCache``, ...) written by native layers: the forward of a native
@@ -156,9 +175,19 @@ class TransformersCacheLayers:
         self.cache = cache
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k``/``v`` to ``layer`` and return the whole layer (transformers' argument order)."""
-        out = self.cache.update(k, v, layer)
-        return out[0], out[1]
+        """Append ``k``/``v`` to ``layer`` and return the whole layer, one key per position seen, as
+        genkit's layers and masks expect. transformers' layers return other lengths: a static layer
+        its whole buffer (the positions seen first: cut to them), a sliding-window layer
+        (``DynamicCache(config=...)`` of a model with ``sliding_window``, ``StaticCache``'s sliding
+        layers) the last positions only (padded before with zeros to the positions seen: the
+        window's mask leaves those out)."""
+        keys, values = self.cache.update(k, v, layer)[:2]
+        seen, held = int(self.cache.get_seq_length(layer)), keys.shape[-2]
+        if held > seen:
+            return keys[:, :, :seen], values[:, :, :seen]
+        if held < seen:
+            return F.pad(keys, (0, 0, seen - held, 0)), F.pad(values, (0, 0, seen - held, 0))
+        return keys, values
 
     def get_seq_length(self, layer: int = 0) -> int:
         return int(self.cache.get_seq_length(layer))

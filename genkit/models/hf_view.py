@@ -69,8 +69,9 @@ def _view_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, 
                   cache: Any = None, inputs_embeds: Any = None, labels: Any = None, use_cache: bool | None = None,
                   logits_to_keep: Any = 0, output_attentions: bool | None = None,
                   output_hidden_states: bool | None = None, return_dict: bool | None = None, **kwargs: Any) -> Any:
-    """The view's forward: the native forward, with transformers' arguments and output class
-    (``past_key_values`` is read as ``cache``, its name before transformers 5.24)."""
+    """The view's forward: the native forward, with transformers' arguments, positions
+    (:func:`_transformers_positions`) and output class (``past_key_values`` is read as ``cache``,
+    its name before transformers 5.24)."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     kwargs.pop("cache_position", None)  # positions come from the cache's length
@@ -80,6 +81,8 @@ def _view_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, 
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.config)
+    if position_ids is None:
+        position_ids = _transformers_positions(attention_mask, cache, input_ids if inputs_embeds is None else inputs_embeds)
     out = self.genkit_model(
         input_ids, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
         inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache is not False,
@@ -88,6 +91,19 @@ def _view_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, 
     result = CausalLMOutputWithPast(loss=out.loss, logits=out.logits, hidden_states=out.hidden_states,
                                     attentions=out.attentions, **{_CACHE_FIELD: out.past_key_values})
     return result.to_tuple() if return_dict is False else result
+
+
+def _transformers_positions(attention_mask: Any, cache: Any, inputs: Any) -> Any:
+    """The positions transformers' forward gives where genkit's would differ: with a padded 2-D
+    ``attention_mask`` and no ``position_ids``, transformers counts from the cache's length, pads
+    included (its ``generate`` passes positions of its own), genkit the real tokens only. Elsewhere
+    None (the native forward's positions are the same)."""
+    if inputs is None or attention_mask is None or attention_mask.dim() != 2 or bool(attention_mask.all()):
+        return None
+    import torch
+
+    past = int(cache.get_seq_length()) if cache is not None else 0
+    return torch.arange(past, past + int(inputs.shape[1]), device=inputs.device).unsqueeze(0)
 
 
 @functools.cache
@@ -122,6 +138,12 @@ def _view_class() -> type:
 
         def get_output_embeddings(self) -> Any:
             return self.genkit_model.get_output_embeddings()
+
+        def create_masks_for_generate(self, attention_mask: Any = None, **kwargs: Any) -> Any:
+            """The mask as given: transformers' ``prepare_inputs_for_generation`` asks for 4-D masks
+            laid out on a static cache's buffer; the native forward builds its own from the 2-D mask
+            (its cache gives it one key per position, :class:`~genkit.models.cache.TransformersCacheLayers`)."""
+            return attention_mask
 
         def __getattr__(self, name: str) -> Any:
             try:

@@ -58,7 +58,8 @@ class ModelOutput(OrderedDict):  # type: ignore[type-arg]
 @dataclass(eq=False, repr=False)
 class CausalLMOutput(ModelOutput):
     """What a native causal LM's forward returns (transformers' ``CausalLMOutputWithPast``):
-    ``loss`` (with ``labels=``), ``logits``, ``past_key_values``, ``hidden_states`` (embeddings
+    ``loss`` (with ``labels=``), ``logits``, ``past_key_values`` (also read and set as ``cache``,
+    transformers 5.24's name), ``hidden_states`` (embeddings
     first), ``attentions`` (one ``(batch, heads, query, key)`` tensor per layer, with
     ``output_attentions=True``)."""
 
@@ -67,6 +68,15 @@ class CausalLMOutput(ModelOutput):
     past_key_values: Any = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def cache(self) -> Any:
+        """``past_key_values`` under transformers 5.24's name for it."""
+        return self.past_key_values
+
+    @cache.setter
+    def cache(self, value: Any) -> None:
+        self.past_key_values = value
 
     def __repr__(self) -> str:
         return f"CausalLMOutput(keys={list(self.keys())})"
