@@ -340,6 +340,12 @@ def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerSt
             raise APIError(message, names[0] if names else None,
                            code="not_supported" if isinstance(exc, NotSupportedError) else None) from exc
         values = {k: getattr(config, k) for k in ("num_beams", "top_k", "penalty_alpha")}
+        if (config.num_beams or 1) > 1 and parsed.engine_logprobs is not None:
+            raise APIError("`logprobs` cannot be reported with beam search (num_beams > 1): a token's log-probability "
+                           "is its beam's, not the sequence's; drop one of them" if parsed.logprobs is not None else
+                           "`best_of` > `n` ranks choices by their log-probability, which beam search (num_beams > 1) "
+                           "does not report; send `n`: beam search returns its best hypotheses",
+                           "logprobs" if parsed.logprobs is not None else "best_of")
     check_width(values.get("num_beams"), values.get("top_k"), values.get("penalty_alpha"), len(parsed.prompts),
                 parsed.best_of, state.limits)
 
