@@ -252,9 +252,28 @@ def test_serve_and_batch_run_a_recipe_with_the_tokenizer(model, tokenizer, tmp_p
     assert _read(tmp_path / "out.jsonl")[0]["token_ids"] == want
 
 
-def test_serve_refuses_logprobs_with_beams(server):
-    status, raw = _post(server, {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "num_beams": 2, "logprobs": 2})
-    assert status != 200 and b"`logprobs` cannot be reported with beam search" in raw
+@pytest.mark.parametrize("settings", [{"penalty_alpha": 0.6, "top_k": 4}, {"dola_layers": "low"},
+                                      {"custom_generate": "greedy"}], ids=lambda s: next(iter(s)))
+def test_serve_n_choices_of_a_deterministic_strategy_on_generate(server, model, settings):
+    """``n`` greedy choices are n equal texts on either engine; on generate a deterministic strategy
+    refused ``num_return_sequences`` once the request ran (a 400 after the queue, an error event in a
+    200 stream)."""
+    want = _reference(model, PROMPT, max_new_tokens=8, **{k: v for k, v in settings.items() if k != "custom_generate"})
+    for stream in (False, True):
+        got = _complete(server, {"max_tokens": 8, "temperature": 0, "n": 2, "stream": stream, **settings})
+        assert got == [_words(want[0])] * 2
+
+
+@pytest.mark.parametrize(("fields", "param"), [({"logprobs": 2}, "logprobs"), ({"n": 1, "best_of": 2}, "best_of"),
+                                               ({"logprobs": 2, "stream": True}, "logprobs")])
+def test_serve_refuses_logprobs_with_beams(server, fields, param):
+    """Before anything is queued, naming the field (it was a failed generation, param null, or an
+    error event in a 200 stream)."""
+    status, raw = _post(server, {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "num_beams": 2, **fields})
+    error = json.loads(raw)["error"]
+    assert status == 400 and error["param"] == param, raw
+    assert "cannot be reported with beam search" in error["message"] or "beam search (num_beams > 1) does not report" \
+        in error["message"]
 
 
 def test_serve_greedy_and_sampling_still_batch_continuously(server, model):

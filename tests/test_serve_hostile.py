@@ -117,7 +117,8 @@ def test_a_post_that_is_not_json_is_refused(guarded, content_type):
     assert _error(raw)["param"] == "content-type"
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.2:{port}"])
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.2:{port}",
+                                  "127.0.0.1:{port}, evil.example", "localhost:x", "[::1]evil.example"])
 def test_a_wrong_host_is_refused(guarded, host):
     status, _, raw = _request(guarded, "GET", "/health", headers={"Host": host.format(port=guarded["port"])})
     assert status == 421 and _error(raw)["param"] == "host"
@@ -159,6 +160,25 @@ def test_without_the_api_key_every_route_but_health_is_401(guarded, method, path
     ({"response_format": {"type": "xml"}}, "response_format", "`response_format` must be"),
     ({"guided_regex": "([a-z"}, "guided_regex", "`guided_regex` is not a valid regex"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "chat only"),
+    # beams and contrastive search's candidates are sequences too (num_beams 10**6 was the OOM killer's)
+    ({"num_beams": 17}, "num_beams", "`num_beams` must be <= 16"),
+    ({"num_beams": 16, "prompt": ["a"] * 5}, "num_beams", "5 prompts x 16 sequences each"),
+    ({"penalty_alpha": 0.5, "top_k": 17}, "top_k", "`top_k` must be <= 16"),
+    ({"penalty_alpha": 0.5, "top_k": 16, "prompt": ["a"] * 5}, "top_k", "5 prompts x 16 sequences each"),
+    # a generation field's value is checked before anything is queued, and named
+    ({"top_k": -5}, "top_k", "`top_k` must be an int >= 0"),
+    ({"min_new_tokens": 100}, "min_new_tokens", "`min_new_tokens` (100) must be <= `max_new_tokens` (2)"),
+    ({"num_beams": 4, "num_beam_groups": 3}, "num_beams", "must be divisible by `num_beam_groups`"),
+    ({"token_healing": True}, "token_healing", "not supported by genkit yet"),
+    # what the server never returns, or decides itself, is refused rather than ignored
+    ({"output_scores": True}, "output_scores", "not supported by genkit serve"),
+    ({"return_dict_in_generate": True}, "return_dict_in_generate", "not supported by genkit serve"),
+    ({"cache_implementation": "paged"}, "cache_implementation", "not supported by genkit serve"),
+    ({"max_length": 10**9}, "max_length", "set through OpenAI's fields"),
+    ({"stream": True, "stream_options": {"include_usag": True}}, "stream_options",
+     "unknown field `stream_options.include_usag`"),
+    ({"stream": True, "stream_options": {"include_usage": "no"}}, "stream_options", "true or false"),
+    ({"user": 123}, "user", "`user` must be a string"),
 ])
 def test_each_completions_limit_is_a_400_naming_the_field(guarded, fields, param, words):
     body = {k: v for k, v in _completion(**fields).items() if v is not None}
@@ -232,6 +252,46 @@ def test_deep_json_is_a_400(guarded, depth):
     status, _, raw = _request(guarded, "POST", "/v1/completions", body)
     assert status == 400 and _error(raw)["param"] == "body" and "32 levels" in _error(raw)["message"]
     assert _request(guarded, "GET", "/health")[0] == 200
+
+
+@pytest.mark.parametrize("fields", [{"top_k": -5}, {"num_beams": 17}, {"min_new_tokens": 100}])
+def test_a_bad_setting_of_a_stream_is_a_400_not_an_error_event(guarded, fields):
+    """A stream answers 200 with its first byte: a bad value found once the request ran came as an
+    error event in a 200 stream (``param`` null), or, for num_beams, as no check at all."""
+    status, headers, raw = _request(guarded, "POST", "/v1/completions", _completion(stream=True, **fields))
+    assert status == 400 and headers["content-type"] == "application/json", raw
+    assert _error(raw)["param"] == next(iter(fields))
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/completions", '{"model": M, "prompt": "a", "max_tokens": 1' + "0" * 5000 + "}", "body"),
+    ("/v1/completions", '{"model": M, "prompt": "a\\ud800", "max_tokens": 1}', "prompt"),
+    ("/v1/completions", '{"model": M, "prompt": ["ok", "\\udfff"], "max_tokens": 1}', "prompt"),
+    ("/v1/chat/completions", '{"model": M, "messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 1}',
+     "messages"),
+    ("/tokenize", '{"prompt": "\\ud800"}', "prompt"),
+])
+def test_a_number_or_string_python_cannot_take_is_a_400(guarded, path, body, param):
+    """A 5000-digit integer (over Python's int_max_str_digits) and a lone UTF-16 surrogate (no text a
+    tokenizer encodes) were 500s (an exception past the route); a surrogate pair is a character."""
+    body = body.replace("M", json.dumps(_model_name()))
+    status, _, raw = _request(guarded, "POST", path, body)
+    assert status == 400 and _error(raw)["param"] == param, raw
+    for bad, good in (("\\ud800", "\\ud83d\\ude00"), ("\\udfff", "x"), ("0" * 5000, "")):
+        body = body.replace(bad, good)
+    assert _request(guarded, "POST", path, body)[0] == 200, body
+
+
+@pytest.mark.parametrize(("path", "body", "param", "words"), [
+    ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "messages", "not both"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "add_special_tokens": False},
+     "add_special_tokens", "goes with `prompt`"),
+    ("/detokenize", {"tokens": [1], "skip_special_tokens": True}, "skip_special_tokens", "unknown field"),
+    ("/detokenize", {"tokens": [1], "model": "gpt-9"}, "model", "does not exist"),
+])
+def test_tokenize_and_detokenize_take_no_field_they_ignore(guarded, path, body, param, words):
+    status, _, raw = _request(guarded, "POST", path, body)
+    assert status in (400, 404) and _error(raw)["param"] == param and words in _error(raw)["message"], raw
 
 
 def test_health_answers_while_a_1mb_prompt_is_tokenized(guarded):
@@ -363,7 +423,8 @@ def test_host_names_the_policy_answers_to():
 
     local = ServePolicy(host="127.0.0.1", port=8000, allowed_hosts=["api.internal"])
     assert all(local.host_allowed(h) for h in ("127.0.0.1:8000", "localhost", "[::1]:8000", "API.internal:8000"))
-    assert not any(local.host_allowed(h) for h in ("evil.example", "10.0.0.5:8000", "", "api.internal.evil.example"))
+    assert not any(local.host_allowed(h) for h in ("evil.example", "10.0.0.5:8000", "", "api.internal.evil.example",
+                                                   "127.0.0.1:8000, evil.example", "localhost:x", "[::1]x", "[::1"))
     every = ServePolicy(host="0.0.0.0")  # noqa: S104 - bound everywhere: IP literals yes, names no (rebinding)
     assert every.host_allowed("10.0.0.5:8000") and every.host_allowed("[fe80::1]:8000")
     assert not every.host_allowed("evil.example:8000")

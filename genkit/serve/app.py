@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from functools import partial
@@ -24,10 +25,11 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from genkit.errors import NotSupportedError
 from genkit.strategy import openai_finish_reason
 
 from .engine import Request, RequestStream
-from .limits import Limits, load_json
+from .limits import Limits, check_width, load_json
 from .openai_api import (
     APIError,
     ParsedRequest,
@@ -185,18 +187,29 @@ async def _tokenize(request: HTTPRequest, state: ServerState) -> Response:
         body = await _json_body(request, state)
         if not isinstance(body, dict) or not (isinstance(body.get("prompt"), str) or "messages" in body):
             raise APIError("`/tokenize` takes {\"prompt\": \"text\"} or {\"messages\": [...]}", "prompt")
-        unknown = set(body) - _TOKENIZE_FIELDS
-        if unknown:
-            raise APIError(f"unknown field `{sorted(unknown)[0]}` for /tokenize", sorted(unknown)[0])
+        _check_fields(body, _TOKENIZE_FIELDS, "/tokenize", state)
+        if "prompt" in body and "messages" in body:
+            raise APIError("`/tokenize` takes `prompt` or `messages`, not both", "messages")
         misplaced = [name for name in ("tools", "tool_choice") if name in body and "messages" not in body]
+        misplaced += ["add_special_tokens"] if "add_special_tokens" in body and "messages" in body else []
         if misplaced:
-            raise APIError(f"`{misplaced[0]}` goes with chat `messages`, not with `prompt`", misplaced[0])
-        if body.get("model") is not None and body["model"] != state.model_name:
-            raise APIError(f"the model `{body['model']}` does not exist", "model", 404, code="model_not_found")
+            other = "`prompt`" if misplaced[0] == "add_special_tokens" else "chat `messages`"
+            raise APIError(f"`{misplaced[0]}` goes with {other} (the chat template adds the special tokens)",
+                           misplaced[0])
         ids = await run_in_threadpool(_tokenize_body, body, state)
     except APIError as exc:
         return _error(exc)
     return JSONResponse({"count": len(ids), "max_model_len": state.limits.max_model_len, "tokens": ids})
+
+
+def _check_fields(body: dict[str, Any], fields: set[str], route: str, state: ServerState) -> None:
+    """Every field of ``body`` one that ``route`` takes, and its ``model`` (optional) the served one."""
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise APIError(f"unknown field `{unknown[0][:100]}` for {route}; it takes {', '.join(sorted(fields))}",
+                       unknown[0][:100])
+    if body.get("model") is not None and body["model"] != state.model_name:
+        raise APIError(f"the model `{str(body['model'])[:100]}` does not exist", "model", 404, code="model_not_found")
 
 
 def _tokenize_body(body: dict[str, Any], state: ServerState) -> list[int]:
@@ -213,6 +226,8 @@ async def _detokenize(request: HTTPRequest, state: ServerState) -> Response:
     try:
         body = await _json_body(request, state)
         tokens = body.get("tokens") if isinstance(body, dict) else None
+        if isinstance(body, dict):
+            _check_fields(body, {"model", "tokens"}, "/detokenize", state)
         vocab = len(state.tokenizer)
         if (not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
                                                     for t in tokens)):
@@ -240,6 +255,7 @@ def _parse_and_submit_now(body: Any, state: ServerState, chat: bool, loop: async
                            limits=state.limits, generation_fields=state.generation_fields,
                            chat_template=state.chat_template)
     _check_custom_generate(parsed, state)
+    _check_settings(parsed, body, state)
     if state.shutting_down:
         raise APIError("the server is shutting down", status=503, type_="server_error")
     parsed_at = time.perf_counter()
@@ -297,6 +313,41 @@ def _check_custom_generate(parsed: ParsedRequest, state: ServerState) -> None:
     raise APIError(f"`custom_generate` {ref[:200]!r} is neither a registered strategy nor a recipe this server "
                    "allows: the operator allows recipes with `genkit serve --trust-remote-code --allowed-recipes "
                    "org/name`", "custom_generate", 403, type_="permission_error")
+
+
+# generation fields an OpenAI field sets (a message naming one is about that field of the body)
+_SET_BY = {"max_new_tokens": ("max_completion_tokens", "max_tokens"), "do_sample": ("temperature",),
+           "num_return_sequences": ("best_of", "n"), "stop_strings": ("stop",), "sequence_bias": ("logit_bias",)}
+
+
+def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerState) -> None:
+    """The request's settings merged over the model's, as ``generate`` merges them, before anything
+    is queued: a bad value is a 400 naming its field (not a failed generation, nor an error event in
+    a stream that already answered 200), and beams and contrastive candidates are within the
+    limits (:func:`genkit.serve.limits.check_width`). A Hub recipe reads its settings itself."""
+    from genkit.generation.api import merge_config
+    from genkit.plugins import get_registry
+
+    settings = {k: v for k, v in parsed.generate_kwargs.items() if k not in ("custom_generate", "trust_remote_code")}
+    recipe = parsed.custom_generate is not None and parsed.custom_generate not in get_registry().items["strategy"]
+    values: Any = settings
+    if not recipe:
+        try:
+            config, _ = merge_config(state.model, None, settings)
+        except ValueError as exc:  # ConfigError and its kin
+            message = public_message(exc)
+            names = [f for name in re.findall(r"`(\w+)`", message) for f in (name, *_SET_BY.get(name, ())) if f in body]
+            raise APIError(message, names[0] if names else None,
+                           code="not_supported" if isinstance(exc, NotSupportedError) else None) from exc
+        values = {k: getattr(config, k) for k in ("num_beams", "top_k", "penalty_alpha")}
+        if (config.num_beams or 1) > 1 and parsed.engine_logprobs is not None:
+            raise APIError("`logprobs` cannot be reported with beam search (num_beams > 1): a token's log-probability "
+                           "is its beam's, not the sequence's; drop one of them" if parsed.logprobs is not None else
+                           "`best_of` > `n` ranks choices by their log-probability, which beam search (num_beams > 1) "
+                           "does not report; send `n`: beam search returns its best hypotheses",
+                           "logprobs" if parsed.logprobs is not None else "best_of")
+    check_width(values.get("num_beams"), values.get("top_k"), values.get("penalty_alpha"), len(parsed.prompts),
+                parsed.best_of, state.limits)
 
 
 def _recipe_allowed(ref: str, allowed: list[str]) -> bool:

@@ -279,7 +279,9 @@ class GenerateEngine:
         self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
         if request.seed is not None:
             torch.manual_seed(request.seed)
-        if request.n > 1:
+        if request.n > 1 and streams:  # a row per choice: what num_return_sequences expands the prompt to, and
+            ids = ids.repeat(request.n, 1)  # a deterministic strategy (greedy, contrastive, DoLa) runs it too
+        elif request.n > 1:  # beam search: the n best hypotheses
             kwargs["num_return_sequences"] = request.n
         with torch.no_grad():
             out = genkit.generate(self.model, ids, tokenizer=self.tokenizer, streamer=streamer if streams else None,

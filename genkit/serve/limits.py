@@ -8,10 +8,11 @@ nesting depth when it is parsed (:func:`load_json`); the rest by the request par
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Limits", "load_json"]
+__all__ = ["Limits", "check_width", "load_json"]
 
 
 @dataclass(frozen=True)
@@ -19,9 +20,9 @@ class Limits:
     """Per-request bounds (``max_model_len``: prompt + completion tokens, ``--max-model-len``)."""
 
     max_model_len: int | None = None
-    max_n: int = 16  # n and best_of
+    max_n: int = 16  # n and best_of; num_beams; contrastive search's top_k
     max_prompts: int = 32  # prompts in one /v1/completions request
-    max_choices: int = 64  # prompts x best_of
+    max_choices: int = 64  # prompts x the sequences each computes at once (best_of, beams, candidates)
     max_stops: int = 4
     max_stop_chars: int = 256
     max_logprobs: int = 5  # completions' logprobs
@@ -32,8 +33,9 @@ class Limits:
 
 
 def load_json(raw: bytes, max_depth: int) -> Any:
-    """Parse a request body; too deep a nesting is a 400 (before and after the parser's own
-    recursion limit), never a 500."""
+    """Parse a request body; too deep a nesting, a number Python will not convert (over 4300
+    digits) or a string holding a lone UTF-16 surrogate (``"\\ud800"``: no text a tokenizer can
+    encode) is a 400, never a 500."""
     from .openai_api import APIError
 
     try:
@@ -44,6 +46,8 @@ def load_json(raw: bytes, max_depth: int) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(f"the request body is not valid JSON: {exc.__class__.__name__} at {_where(exc)}",
                        "body") from None
+    except ValueError as exc:  # an integer literal over Python's int_max_str_digits
+        raise APIError(f"the request body is not valid JSON here: {exc}", "body") from None
     else:
         too_deep = _depth(body, max_depth) > max_depth
     if too_deep:
@@ -52,19 +56,58 @@ def load_json(raw: bytes, max_depth: int) -> Any:
     return body
 
 
+def check_width(num_beams: Any, top_k: Any, penalty_alpha: Any, prompts: int, best_of: int, limits: Limits) -> None:
+    """The sequences a request computes at once, bounded before anything is allocated: beam
+    search runs ``num_beams`` of them per prompt, contrastive search (``penalty_alpha`` > 0) scores
+    ``top_k`` candidates of each of its ``best_of`` choices; each of ``num_beams`` and that
+    ``top_k`` at most ``limits.max_n``, and all prompts' together at most ``limits.max_choices``."""
+    from .openai_api import APIError
+
+    beams = num_beams if isinstance(num_beams, int) else 1
+    contrastive = isinstance(penalty_alpha, (int, float)) and penalty_alpha > 0 and isinstance(top_k, int)
+    name, width = ("num_beams", beams) if beams > 1 else ("top_k", top_k) if contrastive else (None, 1)
+    if name is None:
+        return
+    if width > limits.max_n:
+        what = "beams" if name == "num_beams" else "candidates per step (contrastive search)"
+        raise APIError(f"`{name}` must be <= {limits.max_n} on this server ({what}); got {width}", name)
+    rows = width if name == "num_beams" else width * best_of
+    if prompts * rows > limits.max_choices:
+        raise APIError(f"{prompts} prompts x {rows} sequences each (`{name}` {width}"
+                       f"{f' x best_of {best_of}' if name == 'top_k' else ''}) is over this server's limit of "
+                       f"{limits.max_choices} sequences per request", name)
+
+
 def _where(exc: Exception) -> str:
     return f"position {getattr(exc, 'pos', getattr(exc, 'start', '?'))}"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _depth(value: Any, limit: int) -> int:
-    """The nesting depth of ``value`` (iteratively; stops counting past ``limit``)."""
+    """The nesting depth of ``value`` (iteratively; stops counting past ``limit``). A string (a
+    key or a value) holding a lone surrogate is a 400 naming the top-level field it is in."""
+    from .openai_api import APIError
+
     deepest = 0
-    todo = [(value, 1)]
+    todo: list[tuple[Any, int, str]] = [(value, 1, "body")]
     while todo:
-        item, depth = todo.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            if deepest > limit:
-                return deepest
-            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+        item, depth, field = todo.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise APIError(f"`{field}` holds a lone UTF-16 surrogate (an escape such as \\ud800 that is no "
+                               "character); send valid Unicode text", field)
+            continue
+        if not isinstance(item, (dict, list)):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        if isinstance(item, list):
+            todo.extend((v, depth + 1, field) for v in item)
+            continue
+        for k, v in item.items():
+            inner = k if depth == 1 and not _SURROGATE.search(k) else field
+            todo += [(k, depth + 1, field), (v, depth + 1, inner)]
     return deepest

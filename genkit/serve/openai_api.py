@@ -27,8 +27,14 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 # (response_format and guided_* are generation fields: genkit.serve.structured; tools: genkit.serve.tools)
 _CHAT = _COMMON | {"messages", "top_logprobs", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls"}
-# generation fields the OpenAI fields set: a body may not set them twice
-_SHADOWED = {"max_new_tokens", "do_sample", "num_return_sequences", "stop_strings"}
+# generation fields the OpenAI fields set: a body may not set them twice (max_length: max_new_tokens,
+# which max_tokens sets, would override it)
+_SHADOWED = {"max_new_tokens", "max_length", "do_sample", "num_return_sequences", "stop_strings"}
+# generation fields for the caller of generate, not for a client: what generate returns besides the
+# tokens (the server answers text, and logprobs), and how the engine runs (the server's engine decides)
+_NOT_FOR_CLIENTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states",
+                    "return_dict_in_generate", "cache_implementation", "cache_config", "max_cache_len",
+                    "compile_config", "disable_compile", "continuous_batching_config", "prefill_chunk_size")
 # chat roles the template renders ("developer" is OpenAI's newer name for "system")
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")
@@ -131,9 +137,9 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
     max_tokens = _max_tokens(body, chat, max(len(p) for p in prompts), limits)
     n, best_of = _choices(body, chat, len(prompts), limits)
     stream = _bool(body, "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or (options and not stream):
-        raise APIError("`stream_options` must be an object, sent with `stream: true`", "stream_options")
+    options = _stream_options(body, stream)
+    if body.get("user") is not None and not isinstance(body["user"], str):  # it changes nothing, but is typed
+        raise APIError(f"`user` must be a string; got {_short(body['user'])}", "user")
     if stream and best_of > n:
         raise APIError("`best_of` > `n` cannot stream: the best choices are known at the end", "best_of")
     logprobs = _logprobs(body, chat, limits)
@@ -149,10 +155,28 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
         raise APIError("`custom_generate` must be a registered strategy name or a recipe reference", "custom_generate")
     prefix = "chatcmpl" if chat else "cmpl"
     return ParsedRequest(chat=chat, prompts=prompts, n=n, best_of=best_of, stream=stream,
-                         include_usage=bool(options.get("include_usage", False)), stop=stops,
+                         include_usage=bool(options.get("include_usage")), stop=stops,
                          seed=_int(body, "seed", 0, 2**63 - 1), logprobs=logprobs, max_tokens=max_tokens, echo=echo,
                          generate_kwargs=kwargs, custom_generate=custom, tools=tools,
                          id=f"{prefix}-{uuid.uuid4().hex[:24]}", created=int(time.time()))
+
+
+def _stream_options(body: dict[str, Any], stream: bool) -> dict[str, Any]:
+    """``stream_options``: an object with ``include_usage`` (true or false) only, sent with
+    ``stream: true``."""
+    options = body.get("stream_options")
+    if options is None:
+        return {}
+    if not isinstance(options, dict) or (options and not stream):
+        raise APIError("`stream_options` must be an object, sent with `stream: true`", "stream_options")
+    unknown = sorted(set(options) - {"include_usage"})
+    if unknown:
+        raise APIError(f"unknown field `stream_options.{unknown[0][:100]}`: `stream_options` takes `include_usage`",
+                       "stream_options")
+    if options.get("include_usage") not in (None, True, False):
+        raise APIError(f"`stream_options.include_usage` must be true or false; got {_short(options['include_usage'])}",
+                       "stream_options")
+    return options
 
 
 # --- structured outputs and tools --------------------------------------------------------------
@@ -179,6 +203,9 @@ def _check_keys(body: dict[str, Any], allowed: Any, generation_fields: set[str])
     for key in body:
         if key in _SHADOWED:
             raise APIError(f"`{key}` is set through OpenAI's fields here (max_tokens, temperature, n, stop)", key)
+        if key in _NOT_FOR_CLIENTS and body[key] not in (None, False):
+            raise APIError(f"`{key}` is not supported by genkit serve: the server answers text (and `logprobs`), "
+                           "and its engine decides how a request runs", key, code="not_supported")
         if key not in allowed and key not in generation_fields:
             close = difflib.get_close_matches(key, sorted(allowed | generation_fields), n=3)
             hint = f"; did you mean {', '.join(f'`{c}`' for c in close)}?" if close else ""

@@ -78,13 +78,21 @@ class ServePolicy:
 
 
 def _host_name(header: str) -> str | None:
+    """The name of a ``Host`` header (``name``, ``name:port``, ``[v6]``, ``[v6]:port``); ``None``
+    for anything else (a port that is not a number, more after it)."""
     header = header.strip().lower()
-    if not header:
-        return None
     if header.startswith("["):  # [::1]:8000
         end = header.find("]")
-        return header[1:end] if end > 0 else None
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+        name, port = (header[1:end], header[end + 1:]) if end > 0 else ("", "")
+    elif header.count(":") == 1:
+        name, colon, number = header.partition(":")
+        port = colon + number
+    else:
+        name, port = header, ""
+    digits = port[1:]  # RFC 3986: port = *DIGIT
+    if not name or (port and not (port[0] == ":" and digits.isascii() and (digits.isdigit() or not digits))):
+        return None
+    return name
 
 
 def _is_ip(name: str) -> bool:
