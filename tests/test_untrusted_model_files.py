@@ -151,6 +151,31 @@ def test_quantized_shapes_are_checked_against_the_config(tmp_path):
         torch_load(path)
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "F32"])
+def test_q_and_k_rows_are_checked_before_they_are_reordered(tmp_path, qtype):
+    """a Q projection of 62 rows for 4 heads of 16 was a RuntimeError from the reshape that puts
+    llama.cpp's rope rows back in transformers' order"""
+    from test_quantized import HIDDEN
+    path = tmp_path / "q_rows.gguf"
+    write_quantized_gguf(path, qtype)
+    data = bytearray(path.read_bytes())
+    at = data.index(_s("blk.0.attn_q.weight")) + len(_s("blk.0.attn_q.weight"))
+    assert struct.unpack_from("<IQQ", data, at) == (2, HIDDEN, HIDDEN)
+    struct.pack_into("<Q", data, at + 12, HIDDEN - 2)  # fewer rows: the tensor still lies inside the file
+    path.write_bytes(bytes(data))
+    _refused(path, "q_rows.gguf: tensor 'model.layers.0.self_attn.q_proj.weight' has shape (62, 64), but "
+             "`num_attention_heads`=4 heads of 16 need 64 rows")
+
+
+def test_an_odd_head_size_is_refused(tmp_path):
+    """an odd head size was loaded, then every forward failed in rope's split into halves"""
+    from safetensors.torch import save_file
+    folder = _folder(tmp_path, head_dim=7)
+    save_file({k: v.contiguous() for k, v in tiny_llama(head_dim=7).state_dict().items()},
+              str(folder / "model.safetensors"))  # weights that match the config
+    _refused(folder, "config.json: the head size (7 rotary dimensions) must be even")
+
+
 def torch_load(path: Path):
     import genkit
     return genkit.load_model(path)

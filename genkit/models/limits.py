@@ -151,6 +151,10 @@ def check_config(config: Any, where: str, shapes: Mapping[str, tuple[int, ...]] 
     assert layers is not None and hidden is not None and heads is not None  # required above
     if values.get("head_dim") is None and hidden % heads:
         raise ModelFileError(f"{where}: `{hidden_key}`={hidden} is not a multiple of `{heads_key}`={heads}")
+    rotary = int((values.get("head_dim") or hidden // heads) * config.get("partial_rotary_factor", 1.0))
+    if not gpt2 and rotary % 2:
+        raise ModelFileError(f"{where}: the head size ({rotary} rotary dimensions) must be even: rope turns "
+                             "pairs of dimensions")
     kv = values.get("num_key_value_heads")
     if kv is not None and heads % kv:
         raise ModelFileError(f"{where}: `num_attention_heads`={heads} is not a multiple of "
