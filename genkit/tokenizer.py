@@ -409,9 +409,15 @@ class Tokenizer:
         if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
             raise ConfigError("`conversation` must be a list of {'role': ..., 'content': ...} dicts")
         special = {name: getattr(self, name) for name in _SPECIAL_NAMES}
-        text = _compile_template(template).render(
-            messages=conversation, add_generation_prompt=add_generation_prompt, **special, **template_kwargs
-        )
+        from jinja2.exceptions import TemplateError
+
+        try:
+            text = _compile_template(template).render(
+                messages=conversation, add_generation_prompt=add_generation_prompt, **special, **template_kwargs
+            )
+        except TemplateError as exc:  # a template that does not compile, or refuses these messages
+            raise ConfigError(f"the chat template{' of ' + self.name_or_path if self.name_or_path else ''} "
+                              f"cannot render this conversation ({type(exc).__name__}: {exc})") from exc
         if continue_final_message and conversation:
             final = conversation[-1].get("content")
             if isinstance(final, str) and final.strip() and final.strip() in text:
@@ -462,10 +468,48 @@ def _compile_template(template: str) -> Any:
 
 # -- loading ----------------------------------------------------------------------------------
 def _read_json(path: str) -> dict[str, Any]:
+    """The JSON object in ``path`` ({} when there is no such file); a CorruptModelError naming it
+    when it is not UTF-8 JSON holding an object."""
     if not os.path.isfile(path):
         return {}
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise CorruptModelError(f"{path}: not valid UTF-8 JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict):
+        raise CorruptModelError(f"{path}: must hold a JSON object; got a {type(data).__name__}")
+    return data
+
+
+def _check_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """``config`` (tokenizer_config.json and the files read with it, or a GGUF's settings) when
+    the fields the tokenizer reads have their types; a CorruptModelError naming the field if not."""
+    def bad(key: str, want: str) -> CorruptModelError:
+        return CorruptModelError(f"{where}: `{key}` must be {want}; got {config[key]!r}")
+
+    for name in _SPECIAL_NAMES:
+        value = config.get(name)
+        if value is not None and not isinstance(value, str) and not (
+                isinstance(value, dict) and isinstance(value.get("content"), str)):
+            raise bad(name, "a string or an object with a string `content`")
+    template = config.get("chat_template")
+    if template is not None and not isinstance(template, str) and not (
+            isinstance(template, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                               and isinstance(t.get("template"), str) for t in template)):
+        raise bad("chat_template", "a string or a list of {\"name\", \"template\"} strings")
+    for key in ("padding_side", "truncation_side"):
+        if config.get(key) is not None and config[key] not in ("left", "right"):
+            raise bad(key, "'left' or 'right'")
+    value = config.get("model_max_length")
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise bad("model_max_length", "a positive number")
+        config["model_max_length"] = int(value)  # a count of tokens, whatever the file wrote
+    for key in ("add_bos_token", "add_eos_token", "clean_up_tokenization_spaces"):
+        if config.get(key) is not None and not isinstance(config[key], bool):
+            raise bad(key, "true or false")
+    return config
 
 
 def tokenizer_from_folder(folder: str | os.PathLike[str]) -> Tokenizer:
@@ -481,14 +525,19 @@ def tokenizer_from_folder(folder: str | os.PathLike[str]) -> Tokenizer:
         backend = Backend.from_file(path)
     except Exception as exc:
         raise CorruptModelError(f"{path}: cannot be read as a tokenizers file ({exc})") from exc
-    config = _read_json(os.path.join(folder, "special_tokens_map.json"))
-    config.update(_read_json(os.path.join(folder, "tokenizer_config.json")))
+    config: dict[str, Any] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        config.update(_check_config(_read_json(os.path.join(folder, name)), os.path.join(folder, name)))
     jinja = os.path.join(folder, "chat_template.jinja")
     if os.path.isfile(jinja):
-        with open(jinja, encoding="utf-8") as fh:
-            config["chat_template"] = fh.read()
-    elif "chat_template" not in config:
-        tpl = _read_json(os.path.join(folder, "chat_template.json")).get("chat_template")
+        try:
+            with open(jinja, encoding="utf-8") as fh:
+                config["chat_template"] = fh.read()
+        except UnicodeDecodeError as exc:
+            raise CorruptModelError(f"{jinja}: not UTF-8 text ({exc})") from None
+    elif config.get("chat_template") is None:
+        path = os.path.join(folder, "chat_template.json")
+        tpl = _check_config({"chat_template": _read_json(path).get("chat_template")}, path)["chat_template"]
         if tpl is not None:
             config["chat_template"] = tpl
     return Tokenizer(backend, config, name_or_path=folder)
@@ -534,10 +583,15 @@ def sentencepiece_merges(tokens: Sequence[str], scores: Sequence[float]) -> list
     """
     vocab = {tok: i for i, tok in enumerate(tokens)}  # a duplicated piece keeps its last id, as in llama.cpp
     score_of = dict(zip(tokens, (float(s) for s in scores)))
+    # a split point leaves two pieces of lengths the vocabulary has: only those are tried (a long
+    # piece would otherwise cost a slice per character, quadratic in its length)
+    has_length = {len(t) for t in vocab}
+    lengths = sorted(has_length)
     ranked: list[tuple[float, str, str]] = []
     for piece, score in score_of.items():
-        splits = [(piece[:k], piece[k:]) for k in range(1, len(piece))
-                  if piece[:k] in vocab and piece[k:] in vocab]
+        n = len(piece)
+        splits = [(piece[:k], piece[k:]) for k in lengths if k < n and n - k in has_length
+                  and piece[:k] in vocab and piece[k:] in vocab]
         splits.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
         ranked.extend((score, left, right) for left, right in splits)
     # stable sort, best first: equal keys keep the order above
@@ -571,7 +625,7 @@ def _byte_level_backend(meta: dict[str, Any], tokens: list[str]) -> tuple[Any, d
     return backend, vocab
 
 
-def _sentencepiece_backend(meta: dict[str, Any], tokens: list[str]) -> tuple[Any, dict[str, int]]:
+def _sentencepiece_backend(meta: dict[str, Any], tokens: list[str], where: str) -> tuple[Any, dict[str, int]]:
     """SentencePiece BPE with byte fallback (``tokenizer.ggml.model == "llama"``).
 
     Spaces are spelled ``▁`` and one ``▁`` is put in front of the text (unless
@@ -589,7 +643,7 @@ def _sentencepiece_backend(meta: dict[str, Any], tokens: list[str]) -> tuple[Any
     else:
         scores = list(meta.get("scores") or [])
         if len(scores) != len(tokens):
-            raise CorruptModelError(f"GGUF tokenizer: `tokenizer.ggml.scores` has {len(scores)} entries for "
+            raise CorruptModelError(f"{where} `tokenizer.ggml.scores` has {len(scores)} entries for "
                                     f"{len(tokens)} tokens; a 'llama' vocabulary needs one score per token")
         merges = sentencepiece_merges(tokens, scores)
     unk_id = meta.get("unknown_token_id")
@@ -654,6 +708,40 @@ def _gguf_post_processor(config: dict[str, Any], tokens: list[str], vocab: dict[
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
 
 
+_GGUF_META_TYPES: dict[str, tuple[str, Any]] = {  # key -> (what it must be, check of one value)
+    "pre": ("a string", lambda v: isinstance(v, str)),
+    "chat_template": ("a string", lambda v: isinstance(v, str)),
+    "add_bos_token": ("a boolean", lambda v: isinstance(v, bool)),
+    "add_eos_token": ("a boolean", lambda v: isinstance(v, bool)),
+    "add_space_prefix": ("a boolean", lambda v: isinstance(v, bool)),
+    **{f"{name}_id": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
+       for name in ("bos_token", "eos_token", "unknown_token", "padding_token")},
+}
+_GGUF_ARRAY_TYPES: dict[str, tuple[str, Any]] = {  # key -> (what its elements must be, check of one)
+    "tokens": ("strings", lambda v: isinstance(v, str)),
+    "merges": ("strings of two pieces split by a space", lambda v: isinstance(v, str) and len(v.split(" ", 1)) == 2),
+    "scores": ("numbers (not NaN)", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v == v),
+    "token_type": ("integers", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+}
+
+
+def _check_gguf_meta(meta: dict[str, Any], where: str) -> None:
+    """The types of a GGUF's tokenizer metadata (a value of the wrong GGUF type was a bare
+    ValueError or TypeError, or ``"false"`` read as true); a CorruptModelError naming the key."""
+    for key, (want, ok) in _GGUF_META_TYPES.items():
+        if meta.get(key) is not None and not ok(meta[key]):
+            name = "tokenizer.chat_template" if key == "chat_template" else f"tokenizer.ggml.{key}"
+            raise CorruptModelError(f"{where} `{name}` must be {want}; got {meta[key]!r}")
+    for key, (want, ok) in _GGUF_ARRAY_TYPES.items():
+        values = meta.get(key)
+        if values is None:
+            continue
+        bad = next((i for i, v in enumerate(values) if not ok(v)), None) if isinstance(values, list) else -1
+        if bad is not None:
+            got = values if bad == -1 else f"{values[bad]!r} at index {bad}"
+            raise CorruptModelError(f"{where} `tokenizer.ggml.{key}` must be an array of {want}; got {got}")
+
+
 def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -> Tokenizer:
     """Build the tokenizer a GGUF's ``tokenizer.ggml.*`` metadata describes.
 
@@ -666,20 +754,30 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any], name_or_path: str = "") -
     as llama.cpp does).
     """
     kind = meta.get("model")
-    if kind not in GGUF_TOKENIZER_MODELS:
+    if not isinstance(kind, str) or kind not in GGUF_TOKENIZER_MODELS:
         raise UnsupportedModelError(f"`tokenizer.ggml.model`: GGUF tokenizer model {kind!r} is not supported; accepted: "
                                     "'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE with byte fallback)")
+    where = f"{name_or_path or 'GGUF tokenizer'}: metadata"
     if not meta.get("tokens"):
-        raise CorruptModelError("GGUF tokenizer: the file has no `tokenizer.ggml.tokens`")
-    tokens: list[str] = [str(t) for t in meta["tokens"]]
+        raise CorruptModelError(f"{where}: the file has no `tokenizer.ggml.tokens`")
+    _check_gguf_meta(meta, where)
+    tokens: list[str] = list(meta["tokens"])
+    try:
+        if kind == "gpt2":
+            backend, vocab = _byte_level_backend(meta, tokens)
+        else:
+            backend, vocab = _sentencepiece_backend(meta, tokens, where)
+    except CorruptModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library refused the vocabulary or merges
+        raise CorruptModelError(f"{where} `tokenizer.ggml.tokens` / `tokenizer.ggml.merges` do not make a "
+                                f"{kind!r} tokenizer: {exc}") from None
     if kind == "gpt2":
-        backend, vocab = _byte_level_backend(meta, tokens)
         spelled = set(bytes_to_unicode().values())
 
         def usable(t: str) -> bool:  # a control token outside the byte alphabet is a mislabel
             return set(t) <= spelled
     else:
-        backend, vocab = _sentencepiece_backend(meta, tokens)
 
         def usable(t: str) -> bool:
             return True

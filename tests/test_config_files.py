@@ -216,3 +216,12 @@ def test_set_seed_seeds_what_transformers_seeds():
     assert draws() != ref
     with pytest.raises(ValueError, match=r"`seed` must be an int in \[0, 2\*\*32\)"):
         genkit.set_seed(-1)
+
+
+def test_a_deeply_nested_file_is_a_config_error_naming_it(tmp_path):
+    """json's RecursionError escaped from GenerationConfig.from_pretrained (and load_model)"""
+    from genkit.errors import ConfigError
+    path = tmp_path / "generation_config.json"
+    path.write_text('{"temperature": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ConfigError, match=rf"{path} is not valid JSON: nested too deeply"):
+        GenerationConfig.from_pretrained(tmp_path)

@@ -151,3 +151,35 @@ def test_the_cli_takes_max_line_bytes(capsys):
     with pytest.raises(SystemExit):
         cli(["batch", "--help"])
     assert f"(default: {MAX_LINE_BYTES}, 1 MiB)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_deeply_nested_line_is_a_bad_row_and_the_job_goes_on(tmp_path, engine):
+    deep = '{"id": "deep", "prompt": ' + "[" * 200_000 + "]" * 200_000 + "}"  # 400 kB: under the line limit
+    rows = _write_rows(tmp_path / "in.jsonl", 3, extra=[deep, "[" * 300_000])
+    out = tmp_path / "out.jsonl"
+    summary = run_batch(tmp_path / "in.jsonl", out, engine)
+    assert [r["id"] for r in _read(out)] == [r["id"] for r in rows]
+    assert [(e["line"], e["error"]) for e in _errors(out)] == [(4, "not a JSON object: nested too deeply"),
+                                                               (5, "not a JSON object: nested too deeply")]
+    assert (summary.written, summary.bad) == (3, 2)
+
+
+def test_a_file_that_is_not_parquet_is_a_config_error_naming_it(tmp_path, engine):
+    pytest.importorskip("pyarrow")
+    for name, data in [("empty.parquet", b""), ("garbage.parquet", b"PAR1 not really PAR1")]:
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ConfigError, match=rf"the input '.*{name}' is not a readable Parquet file \(after 0 rows\)"):
+            run_batch(tmp_path / name, tmp_path / "out.jsonl", engine)
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_deeply_nested_parquet_messages_are_a_bad_row(tmp_path, engine):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"id": ["deep", "ok"], "prompt": [None, "alpha bravo"],
+                             "messages": ["[" * 100_000, None]}), tmp_path / "in.parquet")
+    out = tmp_path / "out.jsonl"
+    run_batch(tmp_path / "in.parquet", out, engine)
+    assert [r["id"] for r in _read(out)] == ["ok"]
+    assert [(e["line"], e["id"]) for e in _errors(out)] == [(1, "deep")]
+    assert "`messages` must be a non-empty list" in _errors(out)[0]["error"]

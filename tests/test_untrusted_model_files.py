@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -150,6 +151,31 @@ def test_quantized_shapes_are_checked_against_the_config(tmp_path):
         torch_load(path)
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "F32"])
+def test_q_and_k_rows_are_checked_before_they_are_reordered(tmp_path, qtype):
+    """a Q projection of 62 rows for 4 heads of 16 was a RuntimeError from the reshape that puts
+    llama.cpp's rope rows back in transformers' order"""
+    from test_quantized import HIDDEN
+    path = tmp_path / "q_rows.gguf"
+    write_quantized_gguf(path, qtype)
+    data = bytearray(path.read_bytes())
+    at = data.index(_s("blk.0.attn_q.weight")) + len(_s("blk.0.attn_q.weight"))
+    assert struct.unpack_from("<IQQ", data, at) == (2, HIDDEN, HIDDEN)
+    struct.pack_into("<Q", data, at + 12, HIDDEN - 2)  # fewer rows: the tensor still lies inside the file
+    path.write_bytes(bytes(data))
+    _refused(path, "q_rows.gguf: tensor 'model.layers.0.self_attn.q_proj.weight' has shape (62, 64), but "
+             "`num_attention_heads`=4 heads of 16 need 64 rows")
+
+
+def test_an_odd_head_size_is_refused(tmp_path):
+    """an odd head size was loaded, then every forward failed in rope's split into halves"""
+    from safetensors.torch import save_file
+    folder = _folder(tmp_path, head_dim=7)
+    save_file({k: v.contiguous() for k, v in tiny_llama(head_dim=7).state_dict().items()},
+              str(folder / "model.safetensors"))  # weights that match the config
+    _refused(folder, "config.json: the head size (7 rotary dimensions) must be even")
+
+
 def torch_load(path: Path):
     import genkit
     return genkit.load_model(path)
@@ -172,6 +198,47 @@ def _folder(tmp_path: Path, name: str = "model", **config) -> Path:
                                          ("num_attention_heads", 0), ("hidden_size", "64")])
 def test_config_json_sizes_are_checked(tmp_path, field, value):
     _refused(_folder(tmp_path, **{field: value}), "config.json", f"`{field}`")
+
+
+@pytest.mark.parametrize("field,value,accepted", [
+    ("rms_norm_eps", float("nan"), "a finite number >= 0"), ("rms_norm_eps", "x", "a finite number >= 0"),
+    ("rope_theta", 0, "a finite number > 0"), ("rope_theta", "abc", "a finite number > 0"),
+    ("rope_theta", float("inf"), "a finite number > 0"), ("partial_rotary_factor", 2.0, "a finite number in"),
+    ("max_position_embeddings", "x", "an integer >= 0"), ("sliding_window", -5, "an integer >= 0"),
+    ("tie_word_embeddings", "no", "true or false"), ("attention_bias", "yes", "true or false"),
+    ("model_type", ["llama"], "a string"), ("hidden_act", ["silu"], "a string"),
+    ("architectures", "LlamaForCausalLM", "a list of strings"), ("architectures", 5, "a list of strings"),
+    ("layer_types", [1, 2], "a list of strings"), ("rope_scaling", [1], "an object"),
+    ("rope_scaling", {"rope_type": "linear", "factor": "x"}, "a finite number > 0"),
+    ("rope_scaling", {"rope_type": 3}, "a string")])
+def test_config_json_fields_are_checked(tmp_path, field, value, accepted):
+    """a value of the wrong type or range was a bare ValueError / TypeError, or was loaded: a NaN
+    norm epsilon gave NaN logits, `"tie_word_embeddings": "no"` tied the embeddings"""
+    import genkit
+    folder = _folder(tmp_path, **{field: value})
+    with pytest.raises(ModelFileError, match=rf"config\.json: `{field}(\.\w+)?` must be {re.escape(accepted)}"):
+        genkit.load_model(folder)
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"layer_types": ["full_attention"] * 3}, "`layer_types` has 3 entries for `num_hidden_layers`=2 layers"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 2.0}},
+     "`low_freq_factor` and `high_freq_factor` must differ"),
+    ({"get": 5}, "'get' cannot be a config field"), ({"to_dict": 1, "__init__": 0}, "'__init__', 'to_dict' cannot")])
+def test_config_json_fields_that_cannot_be_read_are_refused(tmp_path, config, message):
+    import genkit
+    with pytest.raises(ModelFileError, match=re.escape(message)):
+        genkit.load_model(_folder(tmp_path, **config))
+
+
+def test_real_config_fields_still_load(tmp_path):
+    import genkit
+    folder = _folder(tmp_path, rope_scaling=None, sliding_window=None, layer_types=["full_attention"] * 2,
+                     partial_rotary_factor=1.0, rms_norm_eps=0, max_position_embeddings=10**7,
+                     attention_bias=False, hidden_act="silu")
+    ids = torch.tensor([[1, 2, 3]])
+    expected = tiny_llama(rms_norm_eps=0)(ids).logits
+    assert torch.equal(genkit.load_model(folder)(ids).logits, expected)
 
 
 def test_config_sizes_are_checked_against_the_embedding(tmp_path):

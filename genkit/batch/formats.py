@@ -98,18 +98,31 @@ def _lines(f: Any, limit: int) -> Iterator[bytes | None]:
 
 def _read_parquet(path: str | os.PathLike[str]) -> Iterator[BatchRow | BadRow]:
     pq = require_pyarrow()
+    import pyarrow as pa
+
     n = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-        for record in batch.to_pylist():
-            n += 1
-            # a column some rows leave empty is null in the others: not a setting of theirs
-            record = {k: v for k, v in record.items() if v is not None}
-            if isinstance(record.get("messages"), str):  # messages stored as a JSON string
-                try:
-                    record["messages"] = json.loads(record["messages"])
-                except ValueError:
-                    pass
-            yield parse_record(n, record)
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=4096)
+        for batch in batches:
+            for record in batch.to_pylist():
+                n += 1
+                yield parse_record(n, _parquet_record(record))
+    except (pa.ArrowException, OSError) as exc:  # not Parquet, truncated, or corrupt past row n
+        raise ConfigError(f"the input {os.fspath(path)!r} is not a readable Parquet file (after {n} rows): "
+                          f"{exc}") from None
+
+
+def _parquet_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A Parquet row as a JSONL row would be: null columns left out, ``messages`` stored as a JSON
+    string decoded (left as the string, which the row check refuses, when it is not JSON)."""
+    # a column some rows leave empty is null in the others: not a setting of theirs
+    record = {k: v for k, v in record.items() if v is not None}
+    if isinstance(record.get("messages"), str):  # messages stored as a JSON string
+        try:
+            record["messages"] = json.loads(record["messages"])
+        except (ValueError, RecursionError):
+            pass
+    return record
 
 
 def output_schema() -> Any:

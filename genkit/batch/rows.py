@@ -43,6 +43,8 @@ def parse_row(line_no: int, text: str) -> BatchRow | BadRow:
         data = json.loads(text)
     except ValueError as exc:
         return BadRow(line_no, None, f"not a JSON object: {exc}")
+    except RecursionError:
+        return BadRow(line_no, None, "not a JSON object: nested too deeply")
     if not isinstance(data, dict):
         return BadRow(line_no, None, f"not a JSON object: {type(data).__name__}")
     return parse_record(line_no, data)

@@ -33,6 +33,8 @@ def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
             data = json.load(fh)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{os.fspath(path)} is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"{os.fspath(path)} is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{os.fspath(path)} must hold a JSON object of generation settings; "
                           f"got a {type(data).__name__}")

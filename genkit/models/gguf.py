@@ -153,11 +153,13 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
         if tokens is not None:
             config["vocab_size"] = len(tokens.data)
     config.setdefault("num_key_value_heads", config.get("num_attention_heads"))
-    check_config(config, path, _hf_shapes(reader, path, arch))
+    shapes = _hf_shapes(reader, path, arch)
+    check_config(config, path, shapes)
     rope_dim = _contents(reader, f"{arch}.rope.dimension_count", path)
     if rope_dim is not None and rope_dim != config["hidden_size"] // config["num_attention_heads"]:
         config["head_dim"] = rope_dim
         check_config(config, path)
+    _check_qk_rows(config, shapes, path)
     names = {t.name for t in reader.tensors}
     config["tie_word_embeddings"] = "output.weight" not in names
     # Qwen2's q/k/v biases follow from model_type (as in transformers' Qwen2 config);
@@ -171,6 +173,18 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
             raise ModelFileError(f"{path}: metadata 'tokenizer.ggml.{meta}' must be an integer; got {value!r}")
     config["torch_dtype"] = "float32"
     return config, reader
+
+
+def _check_qk_rows(config: dict[str, Any], shapes: dict[str, tuple[int, ...]], path: str) -> None:
+    """The Q and K projections have one row per head dimension of each (key/value) head: checked
+    before their rows are put back in transformers' order, which splits them per head."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    for name, shape in shapes.items():
+        for proj, heads_key in (("q_proj", "num_attention_heads"), ("k_proj", "num_key_value_heads")):
+            rows = config[heads_key] * head_dim
+            if f".self_attn.{proj}." in name and shape[0] != rows:
+                raise ModelFileError(f"{path}: tensor {name!r} has shape {shape}, but `{heads_key}`="
+                                     f"{config[heads_key]} heads of {head_dim} need {rows} rows")
 
 
 def _hf_shapes(reader: Any, path: str, arch: str) -> dict[str, tuple[int, ...]]:

@@ -8,6 +8,7 @@ raised with its environment variable (a positive integer). A refusal is a
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -73,10 +74,75 @@ def _int_field(config: Any, key: str, kind: str, where: str, required: bool) -> 
     return value
 
 
+# config fields the native models read besides the sizes: field -> what it must be (None is
+# always accepted: the field is left at its default)
+_FLOAT_FIELDS = {"rms_norm_eps": "a finite number >= 0", "layer_norm_epsilon": "a finite number >= 0",
+                 "rope_theta": "a finite number > 0", "partial_rotary_factor": "a finite number in (0, 1]"}
+_COUNT_FIELDS = ("max_position_embeddings", "sliding_window", "max_window_layers")  # integers >= 0
+_BOOL_FIELDS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "scale_attn_weights",
+                "scale_attn_by_inverse_layer_idx", "is_encoder_decoder")
+_STR_FIELDS = ("model_type", "hidden_act", "activation_function")
+_ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "rope_theta")
+
+
+def _float_ok(key: str, value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    if key == "partial_rotary_factor":
+        return 0 < value <= 1
+    return value > 0 if key == "rope_theta" else value >= 0
+
+
+def _check_rope(config: Any, where: str) -> None:
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = config.get(key)
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            raise ModelFileError(f"{where}: `{key}` must be an object (or null); got {rope!r}")
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if not isinstance(kind, str):
+            raise ModelFileError(f"{where}: `{key}.rope_type` must be a string; got {kind!r}")
+        for name in _ROPE_NUMBERS:
+            value = rope.get(name)
+            if value is not None and not (_float_ok("rope_theta", value)):
+                raise ModelFileError(f"{where}: `{key}.{name}` must be a finite number > 0; got {value!r}")
+        if kind == "llama3" and rope.get("low_freq_factor", 1.0) == rope.get("high_freq_factor", 4.0):
+            raise ModelFileError(f"{where}: `{key}`: `low_freq_factor` and `high_freq_factor` must differ")
+
+
+def _check_fields(config: Any, where: str) -> None:
+    """The types and ranges of the config fields the native models read besides the sizes: a
+    ``ModelFileError`` naming the field, never a NaN norm or a string read as true."""
+    for key, accepted in _FLOAT_FIELDS.items():
+        value = config.get(key)
+        if value is not None and not _float_ok(key, value):
+            raise ModelFileError(f"{where}: `{key}` must be {accepted}; got {value!r}")
+    for key in _COUNT_FIELDS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ModelFileError(f"{where}: `{key}` must be an integer >= 0 (or null); got {value!r}")
+    for key in _BOOL_FIELDS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ModelFileError(f"{where}: `{key}` must be true or false; got {value!r}")
+    for key in _STR_FIELDS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ModelFileError(f"{where}: `{key}` must be a string; got {value!r}")
+    for key in ("architectures", "layer_types"):
+        value = config.get(key)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+            raise ModelFileError(f"{where}: `{key}` must be a list of strings; got {value!r}")
+    _check_rope(config, where)
+
+
 def check_config(config: Any, where: str, shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
-    """Check a model config's sizes: positive integers within the limits, consistent with each
+    """Check a model config: its sizes positive integers within the limits, consistent with each
     other and, given the ``shapes`` of the file's tensors, with what the file holds (as many
-    layers as it says, an embedding of ``vocab_size x hidden_size``)."""
+    layers as it says, an embedding of ``vocab_size x hidden_size``); its other fields of the
+    type and range the models read (finite norms and rope settings, booleans, strings)."""
+    _check_fields(config, where)
     gpt2 = config.get("model_type") == "gpt2" or "GPT2LMHeadModel" in (config.get("architectures") or ())
     fields = _GPT2_FIELDS if gpt2 else _LLAMA_FIELDS
     values = {key: _int_field(config, key, kind, where, i < 4) for i, (key, kind) in enumerate(fields.items())}
@@ -85,10 +151,17 @@ def check_config(config: Any, where: str, shapes: Mapping[str, tuple[int, ...]] 
     assert layers is not None and hidden is not None and heads is not None  # required above
     if values.get("head_dim") is None and hidden % heads:
         raise ModelFileError(f"{where}: `{hidden_key}`={hidden} is not a multiple of `{heads_key}`={heads}")
+    rotary = int((values.get("head_dim") or hidden // heads) * config.get("partial_rotary_factor", 1.0))
+    if not gpt2 and rotary % 2:
+        raise ModelFileError(f"{where}: the head size ({rotary} rotary dimensions) must be even: rope turns "
+                             "pairs of dimensions")
     kv = values.get("num_key_value_heads")
     if kv is not None and heads % kv:
         raise ModelFileError(f"{where}: `num_attention_heads`={heads} is not a multiple of "
                              f"`num_key_value_heads`={kv}")
+    if config.get("layer_types") is not None and len(config.get("layer_types")) != layers:
+        raise ModelFileError(f"{where}: `layer_types` has {len(config.get('layer_types'))} entries for "
+                             f"`{layers_key}`={layers} layers")
     if shapes is None:
         return
     found = {int(m.group(1)) for name in shapes if (m := _LAYER_INDEX.search(name))}

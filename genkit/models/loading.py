@@ -380,6 +380,10 @@ def read_config_json(path: str) -> ModelConfig:
         raise ModelFileError(f"{path}: not valid JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict):
         raise ModelFileError(f"{path}: not a JSON object of config fields")
+    shadowing = sorted(key for key in data if hasattr(ModelConfig, key))
+    if shadowing:  # {"get": 5} would replace the method every reader of the config calls
+        raise ModelFileError(f"{path}: {', '.join(map(repr, shadowing))} cannot be a config field (the name of a "
+                             "ModelConfig method or attribute)")
     return ModelConfig(**data)
 
 

@@ -1,0 +1,134 @@
+"""Tokenizer files as untrusted input: a folder's tokenizer_config.json, special_tokens_map.json,
+chat_template.jinja / .json, and a GGUF's tokenizer metadata. Whatever they hold, loading the
+tokenizer either works or raises a CorruptModelError naming the file and the field (it was a bare
+UnicodeDecodeError, JSONDecodeError, RecursionError, TypeError or ValueError, or a value of the
+wrong type was silently misread: ``add_bos_token: "false"`` added BOS)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from genkit.errors import ConfigError, CorruptModelError
+from genkit.models.loading import load_tokenizer
+from genkit.tokenizer import sentencepiece_merges, tokenizer_from_gguf_metadata
+
+DEEP = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+def _folder(tmp_path, files: dict[str, bytes]):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "b": 1, "<s>": 2, "[UNK]": 3}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.save(str(tmp_path / "tokenizer.json"))
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name,data,message", [
+    ("tokenizer_config.json", b"\xff\xfe{}", "not valid UTF-8 JSON (UnicodeDecodeError"),
+    ("tokenizer_config.json", b"{", "not valid UTF-8 JSON (JSONDecodeError"),
+    ("tokenizer_config.json", DEEP, "not valid UTF-8 JSON (RecursionError"),
+    ("tokenizer_config.json", b"[1]", "must hold a JSON object; got a list"),
+    ("special_tokens_map.json", b"[1]", "must hold a JSON object; got a list"),
+    ("chat_template.json", b"[1]", "must hold a JSON object; got a list"),
+    ("chat_template.jinja", b"\xff", "not UTF-8 text"),
+    ("tokenizer_config.json", b'{"chat_template": 5}', '`chat_template` must be a string or a list of {"name", '
+                                                       '"template"} strings; got 5'),
+    ("chat_template.json", b'{"chat_template": [{"name": 1}]}', "`chat_template` must be a string"),
+    ("tokenizer_config.json", b'{"bos_token": {"content": 5}}', "`bos_token` must be a string or an object"),
+    ("special_tokens_map.json", b'{"eos_token": 7}', "`eos_token` must be a string or an object"),
+    ("tokenizer_config.json", b'{"model_max_length": "x"}', "`model_max_length` must be a positive number"),
+    ("tokenizer_config.json", b'{"padding_side": "up"}', "`padding_side` must be 'left' or 'right'; got 'up'"),
+    ("tokenizer_config.json", b'{"add_bos_token": "false"}', "`add_bos_token` must be true or false"),
+])
+def test_bad_tokenizer_files_name_the_file_and_field(tmp_path, name, data, message):
+    folder = _folder(tmp_path, {name: data})
+    with pytest.raises(CorruptModelError, match=re.escape(f"{folder / name}: {message}")):
+        load_tokenizer(folder)
+
+
+def test_good_tokenizer_files_still_load(tmp_path):
+    folder = _folder(tmp_path, {"tokenizer_config.json": b'{"bos_token": {"content": "<s>"}, "model_max_length": '
+                                                         b'1e30, "padding_side": "left", "chat_template": null}',
+                                "chat_template.json": b'{"chat_template": "{{ messages[0].content }}!"}'})
+    tok = load_tokenizer(folder)
+    assert (tok.bos_token_id, tok.padding_side, tok.model_max_length) == (2, "left", int(1e30))
+    assert tok.apply_chat_template([{"role": "user", "content": "a b"}], tokenize=False) == "a b!"
+
+
+@pytest.mark.parametrize("template", ["{% for %}", "{{ raise_exception('roles must alternate') }}"])
+def test_a_chat_template_that_cannot_render_is_a_config_error(tmp_path, template):
+    folder = _folder(tmp_path, {"chat_template.jinja": template.encode()})
+    tok = load_tokenizer(folder)
+    with pytest.raises(ConfigError, match=rf"the chat template of {re.escape(str(folder))} cannot render this "
+                                          r"conversation \(Template(Syntax)?Error: "):
+        tok.apply_chat_template([{"role": "user", "content": "a"}])
+
+
+# --- GGUF tokenizer metadata ------------------------------------------------------------------
+
+TOKENS = ["<unk>", "<s>", "</s>", "a", "b", "ab"]
+META = {"model": "llama", "tokens": TOKENS, "scores": [0.0, 0.0, 0.0, -1.0, -2.0, -0.5],
+        "token_type": [2, 3, 3, 1, 1, 1], "bos_token_id": 1, "eos_token_id": 2, "unknown_token_id": 0}
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"bos_token_id": "x"}, "`tokenizer.ggml.bos_token_id` must be an integer; got 'x'"),
+    ({"unknown_token_id": 1.5}, "`tokenizer.ggml.unknown_token_id` must be an integer; got 1.5"),
+    ({"add_bos_token": "false"}, "`tokenizer.ggml.add_bos_token` must be a boolean; got 'false'"),
+    ({"chat_template": 5}, "`tokenizer.chat_template` must be a string; got 5"),
+    ({"pre": 5}, "`tokenizer.ggml.pre` must be a string; got 5"),
+    ({"tokens": [0, 1, 2]}, "`tokenizer.ggml.tokens` must be an array of strings; got 0 at index 0"),
+    ({"merges": ["ab"]}, "`tokenizer.ggml.merges` must be an array of strings of two pieces split by a space; "
+                         "got 'ab' at index 0"),
+    ({"merges": [1]}, "`tokenizer.ggml.merges` must be an array of strings"),
+    ({"scores": ["x"] * 6}, "`tokenizer.ggml.scores` must be an array of numbers (not NaN); got 'x' at index 0"),
+    ({"scores": [float("nan")] * 6}, "`tokenizer.ggml.scores` must be an array of numbers (not NaN)"),
+    ({"scores": [0.0]}, "`tokenizer.ggml.scores` has 1 entries for 6 tokens"),
+    ({"token_type": "x"}, "`tokenizer.ggml.token_type` must be an array of integers; got x"),
+    ({"merges": ["zz yy"]}, "`tokenizer.ggml.tokens` / `tokenizer.ggml.merges` do not make a 'llama' tokenizer: "),
+    ({"model": "gpt2", "merges": ["zz yy"]}, "`tokenizer.ggml.tokens` / `tokenizer.ggml.merges` do not make a "
+                                             "'gpt2' tokenizer: "),
+])
+def test_bad_gguf_tokenizer_metadata_names_the_key(change, message):
+    with pytest.raises(CorruptModelError, match=re.escape(f"model.gguf: metadata {message}")):
+        tokenizer_from_gguf_metadata({**META, **change}, name_or_path="model.gguf")
+
+
+def test_a_gguf_file_with_a_string_bos_id_is_refused_by_load_tokenizer(tmp_path):
+    """load_tokenizer reads the metadata without load_model's config checks: int('x') was a
+    bare ValueError"""
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), arch="llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(TOKENS)
+    w.add_token_scores(META["scores"])
+    w.add_key_value("tokenizer.ggml.bos_token_id", "x", gguf.GGUFValueType.STRING)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(CorruptModelError, match=r"t\.gguf: metadata `tokenizer\.ggml\.bos_token_id` must be an "
+                                                r"integer; got 'x'"):
+        load_tokenizer(tmp_path / "t.gguf")
+
+
+def test_good_gguf_metadata_still_builds_the_tokenizer():
+    tok = tokenizer_from_gguf_metadata(dict(META), name_or_path="model.gguf")
+    assert tok.encode("ab") == [1, 0, 5]  # BOS, the unknown "\u2581" prefix, "ab"
+
+
+def test_long_pieces_do_not_make_the_merges_quadratic():
+    """every split point of a piece was sliced and looked up: 100 pieces of 60,000 characters
+    (a 6 MB token array) took about half a minute; only split points that leave two pieces of
+    lengths the vocabulary has are tried now"""
+    tokens = ["a", "b", "ab", "ba"] + [f"{i:03d}" + "ab" * 30_000 for i in range(100)]
+    start = time.perf_counter()
+    merges = sentencepiece_merges(tokens, [0.0, 0.0, -1.0, -2.0] + [-3.0] * 100)
+    assert time.perf_counter() - start < 2.0
+    assert merges == [("a", "b"), ("b", "a")]
