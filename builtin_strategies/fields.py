@@ -154,9 +154,12 @@ GUIDED_REGEX = FieldSpec("guided_regex", None, lambda v: isinstance(v, str) and 
 GUIDED_GRAMMAR = FieldSpec("guided_grammar", None, lambda v: isinstance(v, str) and bool(v.strip()),
                            "a non-empty context-free grammar (Lark or GBNF text) or None",
                            "Constrain the output to this context-free grammar (vLLM's field).")
+# llguidance builds a grammar of at most 65525 symbols and panics past it (somewhere past 30,000 short
+# choices): the longest choice list taken, checked before anything is compiled
+MAX_CHOICES = 16384
 GUIDED_CHOICE = FieldSpec("guided_choice", None,
-                          lambda v: isinstance(v, (list, tuple)) and len(v) > 0
+                          lambda v: isinstance(v, (list, tuple)) and 0 < len(v) <= MAX_CHOICES
                           and all(isinstance(s, str) and s for s in v),
-                          "a non-empty list of non-empty strings or None",
+                          f"a non-empty list of at most {MAX_CHOICES} non-empty strings or None",
                           "The output is exactly one of these strings (vLLM's field).")
 STRUCTURED = (RESPONSE_FORMAT, GUIDED_JSON, GUIDED_REGEX, GUIDED_GRAMMAR, GUIDED_CHOICE)

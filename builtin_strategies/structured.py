@@ -28,6 +28,8 @@ import torch
 from genkit.errors import ConfigError, NotSupportedError
 from genkit.strategy.processing import LogitsProcessor, ProcessorContext
 
+from .fields import MAX_CHOICES
+
 logger = logging.getLogger("genkit.structured")
 
 __all__ = ["EXTRA_HINT", "STRUCTURED_FIELDS", "GrammarLogitsProcessor", "compile_grammar", "grammar_request",
@@ -78,6 +80,8 @@ def compile_grammar(kind: str, value: Any, field: str | None = None) -> str:
     name = field or kind
     if kind not in _KINDS:
         raise ConfigError(f"the grammar kind must be one of {', '.join(_KINDS)}; got {kind!r}")
+    if kind == "choice" and len(value) > MAX_CHOICES:
+        raise ConfigError(f"`{name}` may list at most {MAX_CHOICES} choices; got {len(value)}")
     try:
         if kind == "choice":
             grammar = llg.grammar_from("choice", json.dumps(list(value)))
@@ -142,8 +146,8 @@ class GrammarLogitsProcessor(LogitsProcessor):
         self.kind, self.field = kind, field or kind
         self.grammar = compile_grammar(kind, value, self.field)
         self._root = _llguidance().LLMatcher(self.tokenizer, self.grammar, log_level=0)
-        if self._root.is_error():
-            raise ConfigError(f"`{self.field}`: {self._root.get_error()}")
+        if self._root.is_error():  # the first line: a panic's message comes with llguidance's backtrace
+            raise ConfigError(f"`{self.field}`: {self._root.get_error().splitlines()[0]}")
         self.prompt_length = prompt_length
         self.vocab = self.tokenizer.vocab_size
         self._states: dict[tuple[int, ...], Any] = {}

@@ -148,12 +148,18 @@ def test_eos_only_where_the_grammar_accepts(demo):
 
 
 def test_errors_name_the_field(demo):
+    from genkit.builtin_strategies.structured import GrammarLogitsProcessor
+
     model, tok = demo
     ids = _prompt(tok, "Hi")
     with pytest.raises(ConfigError, match=r"`response_format` must be .*json_schema"):
         genkit.GenerationConfig(response_format={"type": "xml"})
-    with pytest.raises(ConfigError, match="`guided_choice` must be a non-empty list of non-empty strings"):
-        genkit.GenerationConfig(guided_choice=[])
+    for bad in ([], [f"option {i}" for i in range(16385)]):
+        with pytest.raises(ConfigError, match="`guided_choice` must be a non-empty list of at most 16384 non-empty "
+                                              "strings"):
+            genkit.GenerationConfig(guided_choice=bad)
+    with pytest.raises(ConfigError, match="`choice` may list at most 16384 choices; got 100000"):
+        GrammarLogitsProcessor(tok, choice=[f"option {i}" for i in range(100_000)])
     with pytest.raises(ConfigError, match="`guided_json` must be a JSON schema"):
         genkit.GenerationConfig(guided_json="{not json")
     with pytest.raises(ConfigError, match="one structured-output field at a time; got `guided_json`, `guided_regex`"):
