@@ -13,6 +13,7 @@ import pytest
 import torch
 from hub_server import hub_server  # noqa: F401
 from tolerance import logits_bound
+from windowed_model import windowed_mistral
 
 import genkit
 from genkit.errors import ConfigError, NotSupportedError
@@ -304,13 +305,7 @@ def test_native_forward_writes_transformers_sliding_window_and_static_caches(tmp
     `DynamicCache(config=...)` of a sliding-window model (the window's positions only), `StaticCache`
     (its whole buffer) -- written by the native forward give transformers' logits on a prompt longer
     than the window, and genkit's generate on them transformers' tokens."""
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=5,
-                                        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    hf = transformers.MistralForCausalLM(config).eval()
-    hf.save_pretrained(tmp_path / "mistral")
-    ours = genkit.load_model(tmp_path / "mistral")
+    config, hf, ours = windowed_mistral(tmp_path / "mistral")
     ids = torch.randint(3, 128, (2, 12))
     bound = logits_bound(ours, ids)
     for make in (lambda: transformers.DynamicCache(config=config),

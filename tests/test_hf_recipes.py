@@ -14,6 +14,7 @@ import logging
 import pytest
 import torch
 from hub_server import group_beam_recipe, write_recipe
+from windowed_model import windowed_mistral
 
 import genkit
 
@@ -276,13 +277,7 @@ def test_recipe_on_transformers_sliding_window_and_static_caches_same_tokens(sta
     """A recipe on transformers' own caches for a sliding-window Mistral (a prompt longer than the
     window): the view's forward writes them (their layers hand back the window's positions, or a
     static buffer) and gives transformers' tokens, as genkit's generate does."""
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=5,
-                                        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    hf = transformers.MistralForCausalLM(config).eval()
-    hf.save_pretrained(tmp_path / "mistral")
-    ours = genkit.load_model(tmp_path / "mistral")
+    _, hf, ours = windowed_mistral(tmp_path / "mistral")
     folder = _recipe(tmp_path, "windowed", WINDOWED)
     ids = torch.randint(3, 128, (2, 12))
     outs = _three_ways((hf, ours), folder, input_ids=ids, max_new_tokens=8, static=static)
