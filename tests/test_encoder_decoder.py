@@ -185,6 +185,45 @@ def test_attentions_and_hidden_states_match_transformers(models, name):
         torch.testing.assert_close(getattr(out, field), getattr(ref, field))
 
 
+@pytest.mark.parametrize("name", ["bart", "whisper", "vision"])
+@pytest.mark.parametrize("strategy", [{"num_beams": 3, "num_return_sequences": 2},
+                                      {"do_sample": True, "num_return_sequences": 3}])
+def test_encoder_outputs_keep_one_row_per_input(models, name, strategy):
+    """transformers reports the encoder's hidden states and attentions once per input, not per
+    beam or returned sequence (its `_expand_inputs_for_generation` leaves their tuples alone)."""
+    model, x = models[name], S.inputs(name)
+    kw = dict(output_attentions=True, output_hidden_states=True, return_dict_in_generate=True, max_new_tokens=4,
+              **strategy)
+    torch.manual_seed(6)
+    ref = reference(model, **x, **kw)
+    torch.manual_seed(6)
+    out = genkit.generate(model, **x, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    for field in ("encoder_attentions", "encoder_hidden_states"):
+        assert getattr(out, field)[0].shape[0] == 2
+        torch.testing.assert_close(getattr(out, field), getattr(ref, field))
+    for field in ("decoder_attentions", "cross_attentions", "decoder_hidden_states"):
+        torch.testing.assert_close(getattr(out, field), getattr(ref, field))
+
+
+def test_precomputed_encoder_outputs_report_their_states_when_asked(models):
+    model, x = models["bart"], S.inputs("bart")
+    mask = x["attention_mask"]
+
+    def encoder_outputs():  # a fresh one per call: transformers' generate repeats its rows in place
+        return model.get_encoder()(**x, output_hidden_states=True, output_attentions=True)
+
+    for asked in (False, True):
+        kw = dict(return_dict_in_generate=True, output_hidden_states=asked, num_beams=2, **FIXED)
+        ref = reference(model, encoder_outputs=encoder_outputs(), attention_mask=mask, do_sample=False, **kw)
+        out = genkit.generate(model, encoder_outputs=encoder_outputs(), attention_mask=mask, **kw)
+        assert torch.equal(out.sequences, ref.sequences)
+        assert (out.encoder_hidden_states is None) == (ref.encoder_hidden_states is None) == (not asked)
+        assert out.encoder_attentions is None and ref.encoder_attentions is None
+        if asked:
+            torch.testing.assert_close(out.encoder_hidden_states, ref.encoder_hidden_states)
+
+
 def test_output_attentions_on_a_decoder_only_transformers_model():
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)
