@@ -308,6 +308,18 @@ def test_assisted_decoding_matches_transformers(models, kw):
     assert torch.equal(genkit.generate(model, **x, max_new_tokens=10, **kw), ref)
 
 
+@pytest.mark.parametrize("name", ["vision", "whisper"])
+def test_assisted_decoding_on_models_with_a_nested_decoder_config(models, name):
+    """A vision-encoder-decoder model's vocabulary is its `config.decoder`'s (its own config has no
+    `vocab_size`): the assistant's vocabulary check reads the decoder's."""
+    model, x = models[name], S.inputs(name, batch=1)
+    for assistant in (model, S.build(name, seed=5)):
+        ref = reference(model, **x, assistant_model=assistant, do_sample=False, max_new_tokens=8)
+        assert torch.equal(genkit.generate(model, **x, assistant_model=assistant, max_new_tokens=8), ref)
+    with pytest.raises(ConfigError, match=r"`force_words_ids` holds token id 200, outside the vocabulary \[0, 96\)"):
+        genkit.generate(model, **x, num_beams=2, force_words_ids=[[200]], max_new_tokens=2)
+
+
 SEQ2SEQ_FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SEQ2SEQ_REFS = json.loads((SEQ2SEQ_FIXTURES / "seq2seq_refs.json").read_text(encoding="utf-8"))
 
