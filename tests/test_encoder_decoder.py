@@ -256,6 +256,24 @@ def test_refusals_name_what_is_not_supported(models):
         genkit.generate(model, **x, decoder_input_ids=torch.tensor([[0, 5]]), max_new_tokens=2)
 
 
+@pytest.mark.parametrize(("name", "input_name"), [("whisper", "input_features"), ("vision", "pixel_values")])
+def test_no_audio_or_pixels_is_refused_naming_the_input(models, name, input_name, tmp_path, capsys):
+    """An encoder that reads audio or pixels gets no BOS token ids in their place (transformers
+    fails deep inside: "not enough values to unpack", "pad the input mel features to 32")."""
+    from genkit.cli import main
+
+    model = models[name]
+    want = f"no encoder input given: this model's encoder reads `{input_name}` .* pass `{input_name}` or `encoder_outputs`"
+    for kw in ({}, {"input_ids": torch.tensor([[model.generation_config.decoder_start_token_id, 5]])}):
+        with pytest.raises(ConfigError, match=want):
+            genkit.generate(model, max_new_tokens=2, **kw)
+    S.save_with_tokenizer(model, str(tmp_path))
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "w5 w6", "--max-new-tokens", "2"]) == 2
+    assert (f"genkit: error: genkit generate reads text prompts, but {type(model).__name__}'s encoder reads "
+            f"`{input_name}` (audio or images): run it from Python with genkit.generate(model, {input_name}=...)"
+            in capsys.readouterr().err)
+
+
 def test_continuous_batching_refuses_encoder_decoder_models(models):
     from genkit.continuous.gate import refusal_for_kwargs
     from genkit.models.adapter import wrap_transformers_model

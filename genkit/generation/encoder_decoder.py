@@ -64,7 +64,7 @@ class Seq2SeqInputs:
             if self.inputs is not None and self.input_name == "input_ids":
                 self.state.input_ids = self.inputs.to(device)
         else:
-            inputs = self.inputs if self.inputs is not None else _bos_inputs(config, device)
+            inputs = self.inputs if self.inputs is not None else _bos_inputs(config, self.input_name, device)
             self.state = model.encode(inputs.to(device), self.input_name, attention_mask=mask,
                                       output_attentions=bool(config.output_attentions),
                                       output_hidden_states=bool(config.output_hidden_states), **self.encoder_kwargs)
@@ -129,7 +129,11 @@ def _start_tokens(config: Any, batch: int, device: torch.device) -> torch.Tensor
     return torch.full((batch, 1), int(start), dtype=torch.long, device=device)
 
 
-def _bos_inputs(config: Any, device: torch.device) -> torch.Tensor:
+def _bos_inputs(config: Any, input_name: str, device: torch.device) -> torch.Tensor:
+    """No encoder input: a text encoder reads ``bos_token_id`` (as in transformers)."""
+    if input_name != "input_ids":  # audio, pixels: token ids are no stand-in (transformers fails deep inside)
+        raise ConfigError(f"no encoder input given: this model's encoder reads `{input_name}` (its `input_ids` are "
+                          f"the decoder's tokens); pass `{input_name}` or `encoder_outputs`")
     if config.bos_token_id is None:
         raise ConfigError("no encoder input given: pass `inputs` (or the model's input by name, e.g. `input_ids`, "
                           "`input_features`, `pixel_values`) or `encoder_outputs`")
