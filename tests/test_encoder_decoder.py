@@ -274,6 +274,34 @@ def test_no_audio_or_pixels_is_refused_naming_the_input(models, name, input_name
             in capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("name", ["t5", "vision"])
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"decoder_start_token_id": 200},
+     r"`decoder_start_token_id` holds the token id 200, outside the model's vocabulary \(ids 0 to 95\)"),
+    ({"decoder_input_ids": [[1, 5], [1, -3]]},
+     r"`decoder_input_ids` holds the token id -3, outside the model's vocabulary \(ids 0 to 95\)"),
+    ({"forced_bos_token_id": 96},
+     r"`forced_bos_token_id` holds token ids \[96\] outside the model's vocabulary \(size 96\); accepted ids are 0..95"),
+    ({"forced_eos_token_id": [2, 300]},
+     r"`forced_eos_token_id` holds token ids \[300\] outside the model's vocabulary \(size 96\)"),
+])
+def test_token_ids_outside_the_vocabulary_are_refused_before_the_first_step(models, name, kw, message):
+    """(transformers: an IndexError from the embedding lookup or the forcing processor)"""
+    model, x = models[name], S.inputs(name)
+    rec = []
+    with pytest.raises(ConfigError, match=message):
+        genkit.generate(model, **x, max_new_tokens=4, streamer=type("R", (), {"put": rec.append, "end": lambda s: None})(),
+                        **kw)
+    assert rec == []  # nothing was streamed
+
+
+def test_encoder_token_ids_outside_the_vocabulary_are_refused(models):
+    model, x = models["bart"], S.inputs("bart")
+    x["input_ids"][1, 4] = 96
+    with pytest.raises(ConfigError, match=r"`input_ids` holds the token id 96, outside the model's vocabulary"):
+        genkit.generate(model, **x, max_new_tokens=2)
+
+
 def test_continuous_batching_refuses_encoder_decoder_models(models):
     from genkit.continuous.gate import refusal_for_kwargs
     from genkit.models.adapter import wrap_transformers_model

@@ -19,6 +19,7 @@ import torch
 
 from ..config import field_table
 from ..errors import ConfigError, NotSupportedError
+from ..strategy.processing import model_vocab_size
 
 logger = logging.getLogger("genkit.generation")
 
@@ -65,6 +66,8 @@ class Seq2SeqInputs:
                 self.state.input_ids = self.inputs.to(device)
         else:
             inputs = self.inputs if self.inputs is not None else _bos_inputs(config, self.input_name, device)
+            if self.input_name == "input_ids":
+                _check_vocab("input_ids", torch.as_tensor(inputs), _encoder_vocab(model))
             self.state = model.encode(inputs.to(device), self.input_name, attention_mask=mask,
                                       output_attentions=bool(config.output_attentions),
                                       output_hidden_states=bool(config.output_hidden_states), **self.encoder_kwargs)
@@ -91,6 +94,7 @@ class Seq2SeqInputs:
     def _decoder_ids(self, model: Any, config: Any, device: torch.device) -> torch.Tensor:
         batch = self.state.rows
         start = _start_tokens(config, batch, device)
+        _check_vocab("decoder_start_token_id", start, model_vocab_size(model))
         ids = self.decoder_input_ids
         if ids is None:
             return start
@@ -100,9 +104,28 @@ class Seq2SeqInputs:
             raise ConfigError(f"`decoder_input_ids` must be a 2-D LongTensor with {batch} rows (one per encoder "
                               f"input); got {getattr(ids, 'shape', type(ids).__name__)}")
         ids = ids.to(device=device, dtype=torch.long)
+        _check_vocab("decoder_input_ids", ids, model_vocab_size(model))
         if _keeps_decoder_ids(model) or ids.shape[1] == 0 or not bool((ids[:, 0] != start[:, 0]).all()):
             return ids if ids.shape[1] else start
         return torch.cat([start, ids], dim=-1)
+
+
+def _check_vocab(name: str, ids: torch.Tensor, vocab: int | None) -> None:
+    """Token ids must lie in ``[0, vocab)`` (the embedding lookup fails with an IndexError)."""
+    if vocab is None or not ids.numel():
+        return
+    bad = ids[(ids < 0) | (ids >= vocab)]
+    if bad.numel():
+        raise ConfigError(f"`{name}` holds the token id {int(bad[0])}, outside the model's vocabulary (ids 0 to "
+                          f"{vocab - 1})")
+
+
+def _encoder_vocab(model: Any) -> int | None:
+    """The number of token ids the encoder's embedding has (``None`` when it does not say)."""
+    try:
+        return int(model.hf_model.get_encoder().get_input_embeddings().num_embeddings)
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
 
 
 def _keeps_decoder_ids(model: Any) -> bool:
