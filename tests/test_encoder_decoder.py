@@ -206,6 +206,18 @@ def test_encoder_outputs_keep_one_row_per_input(models, name, strategy):
         torch.testing.assert_close(getattr(out, field), getattr(ref, field))
 
 
+def test_the_encoder_runs_without_autograd(models):
+    """Its graph would keep every encoder activation alive while the decoder runs (transformers'
+    generate runs it under no_grad too); the adapter's `encode` is what the assistant's encoder runs."""
+    from genkit.models.seq2seq import TransformersSeq2SeqAdapter
+
+    model, x = models["bart"], S.inputs("bart")
+    out = genkit.generate(model, **x, output_hidden_states=True, return_dict_in_generate=True, max_new_tokens=2)
+    assert not any(t.requires_grad for t in out.encoder_hidden_states)
+    state = TransformersSeq2SeqAdapter(model).encode(x["input_ids"], "input_ids", attention_mask=x["attention_mask"])
+    assert not state.hidden.requires_grad and state.hidden.grad_fn is None
+
+
 def test_precomputed_encoder_outputs_report_their_states_when_asked(models):
     model, x = models["bart"], S.inputs("bart")
     mask = x["attention_mask"]
