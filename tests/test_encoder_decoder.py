@@ -307,6 +307,24 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_the_first_step(mode
     assert rec == []  # nothing was streamed
 
 
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda x: x.update(attention_mask=x["attention_mask"][:, :5]),
+     r"`attention_mask` shape \(2, 5\) must match the encoder's `input_ids` \(2, 7\) \(batch, sequence_length\)"),
+    (lambda x: x.update(attention_mask=x["attention_mask"].tolist()), "`attention_mask` must be a tensor; got list"),
+    (lambda x: x.update(input_ids=x["input_ids"].float()), "`input_ids` must hold integer token ids; got dtype torch.float32"),
+    (lambda x: x.update(input_ids=x["input_ids"][0]), r"`input_ids` must be a 2-D LongTensor \(batch, sequence_length\)"),
+    (lambda x: x.update(input_ids=x["input_ids"].tolist()), r"`input_ids` must be a 2-D LongTensor"),
+    (lambda x: x.update(input_ids=x["input_ids"][:, :0], attention_mask=x["attention_mask"][:, :0]),
+     r"the prompt is empty: `input_ids` has shape \(2, 0\)"),
+])
+def test_malformed_encoder_inputs_are_refused(models, change, message):
+    """(transformers fails inside the model: a size mismatch, an IndexError, a reshape of 0 elements)"""
+    model, x = models["t5"], S.inputs("t5")
+    change(x)
+    with pytest.raises(ConfigError, match=message):
+        genkit.generate(model, **x, max_new_tokens=2)
+
+
 def test_encoder_token_ids_outside_the_vocabulary_are_refused(models):
     model, x = models["bart"], S.inputs("bart")
     x["input_ids"][1, 4] = 96

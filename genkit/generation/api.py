@@ -355,6 +355,8 @@ def _start_seq2seq(model: Any, seq2seq: Seq2SeqInputs, config: ResolvedConfig, m
     if config.guidance_scale not in (None, 1, 1.0):
         raise NotSupportedError("`guidance_scale` (classifier-free guidance) is supported for decoder-only models "
                                 "only: its unconditional pass runs the prompt through a decoder-only model")
+    if seq2seq.inputs is not None and seq2seq.input_name == "input_ids":  # checked as a decoder-only prompt is
+        seq2seq.inputs = _prompt_ids(seq2seq.inputs, config, device)
     return seq2seq.start(model, config, device)
 
 

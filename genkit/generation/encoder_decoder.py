@@ -59,6 +59,7 @@ class Seq2SeqInputs:
         tokens ``(batch, n)``."""
         from ..models.seq2seq import encoder_state_from_outputs
 
+        self._check_mask(self.attention_mask)
         mask = self.attention_mask.to(device) if self.attention_mask is not None else None
         if self.encoder_outputs is not None:
             self.state = encoder_state_from_outputs(self.encoder_outputs, mask)
@@ -75,6 +76,17 @@ class Seq2SeqInputs:
         if mask is not None and mask.shape[0] != self.state.rows:
             raise ConfigError(f"`attention_mask` has {mask.shape[0]} rows but the encoder output has {self.state.rows}")
         return self._decoder_ids(model, config, device)
+
+    def _check_mask(self, mask: torch.Tensor | None) -> None:
+        """A text encoder's mask covers its tokens: ``(batch, sequence_length)`` of the ids or embeddings."""
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            raise ConfigError(f"`attention_mask` must be a tensor; got {type(mask).__name__}")
+        if mask is None or self.inputs is None or self.input_name not in ("input_ids", "inputs_embeds"):
+            return
+        want = tuple(self.inputs.shape[:2])
+        if tuple(mask.shape) != want:
+            raise ConfigError(f"`attention_mask` shape {tuple(mask.shape)} must match the encoder's `{self.input_name}` "
+                              f"{want} (batch, sequence_length)")
 
     def bind_assistant(self, assistant: Any, config: Any) -> Any:
         """The assistant model of assisted decoding as the strategy runs it: an encoder-decoder
