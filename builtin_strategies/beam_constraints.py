@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError
+from genkit.strategy import model_vocab_size
 from genkit.strategy.outputs import GenerateBeamDecoderOnlyOutput
 
 from .beam_common import NEG, BeamRun, beam_call, extend, sequence_buffer
@@ -137,7 +138,7 @@ def _read_constraints(call: Any, model: Any) -> tuple[int, list[list[list[int]]]
     beams = int(cfg.num_beams)
     if beams < 2:
         raise ConfigError(f"constrained beam search needs `num_beams` > 1; got {beams}")
-    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    vocab_size = model_vocab_size(model)
     # as in transformers: `constraints` first, then the phrases and sets of `force_words_ids`
     constraints = parse_constraints(cfg.constraints, vocab_size) if cfg.constraints else []
     if cfg.force_words_ids is not None:

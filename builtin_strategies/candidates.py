@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError, NotSupportedError
-from genkit.strategy import eos_token_ids
+from genkit.strategy import eos_token_ids, model_vocab_size
 
 logger = logging.getLogger("genkit.candidates")
 
@@ -226,14 +226,13 @@ def draft_model(model: Any, config: Any, *, assistant_model: Any = None, logits_
     Reads ``num_assistant_tokens``, ``num_assistant_tokens_schedule``,
     ``assistant_confidence_threshold`` and ``do_sample`` from the config.
     """
-    if getattr(model, "config", None) is not None and getattr(assistant_model, "config", None) is not None:
-        tv, av = model.config.vocab_size, assistant_model.config.vocab_size
-        if tv is not None and av is not None and tv != av:
-            raise ConfigError(
-                 f"`assistant_model` has another vocabulary (vocab_size {av} vs the target's {tv}): pass "
-                 "`tokenizer=` (the target's) and `assistant_tokenizer=` (the assistant's) for universal assisted "
-                 "decoding"
-             )
+    tv, av = model_vocab_size(model), model_vocab_size(assistant_model)
+    if tv is not None and av is not None and tv != av:
+        raise ConfigError(
+            f"`assistant_model` has another vocabulary (vocab_size {av} vs the target's {tv}): pass "
+            "`tokenizer=` (the target's) and `assistant_tokenizer=` (the assistant's) for universal assisted "
+            "decoding"
+        )
     threshold = config.assistant_confidence_threshold
     return DraftModelCandidateGenerator(
         assistant_model,

@@ -665,9 +665,18 @@ class ForcedBOSTokenLogitsProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if input_ids.shape[-1] != 1:
             return scores
+        check_forced_ids("forced_bos_token_id", [self.bos_token_id], scores.shape[-1])
         out = torch.full_like(scores, NEG_INF)
         out[:, self.bos_token_id] = 0
         return out
+
+
+def check_forced_ids(name: str, ids: list[int], vocab: int) -> None:
+    """A forced token must be one the model can score (transformers fails with an IndexError)."""
+    outside = [i for i in ids if i >= vocab]
+    if outside:
+        raise ConfigError(f"`{name}` holds token ids {outside} outside the model's vocabulary (size {vocab}); "
+                          f"accepted ids are 0..{vocab - 1}")
 
 
 class ForcedEOSTokenLogitsProcessor(LogitsProcessor):
@@ -681,6 +690,7 @@ class ForcedEOSTokenLogitsProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if input_ids.shape[-1] != self.max_length - 1:
             return scores
+        check_forced_ids("forced_eos_token_id", self.eos_token_id.tolist(), scores.shape[-1])
         out = torch.full_like(scores, NEG_INF)
         out[:, self.eos_token_id.to(scores.device)] = 0
         return out

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError
-from genkit.strategy.processing import LogitsProcessor, ProcessorContext
+from genkit.strategy.processing import LogitsProcessor, ProcessorContext, model_vocab_size
 
 logger = logging.getLogger("genkit.watermark")
 
@@ -159,10 +159,7 @@ def make_watermark(config: Any, ctx: ProcessorContext) -> Any:
     wm = config.watermarking_config
     if wm is None:
         return None
-    model_config = getattr(ctx.model, "config", None)
-    get_text_config = getattr(model_config, "get_text_config", None)
-    text_config = get_text_config() if callable(get_text_config) else model_config
-    vocab_size = getattr(text_config, "vocab_size", None)
+    vocab_size = model_vocab_size(ctx.model)
     if vocab_size is None:
         raise ConfigError("`watermarking_config` needs the model's vocabulary size (model.config.vocab_size)")
     return wm.construct_processor(int(vocab_size), ctx.device)

@@ -185,6 +185,57 @@ def test_attentions_and_hidden_states_match_transformers(models, name):
         torch.testing.assert_close(getattr(out, field), getattr(ref, field))
 
 
+@pytest.mark.parametrize("name", ["bart", "whisper", "vision"])
+@pytest.mark.parametrize("strategy", [{"num_beams": 3, "num_return_sequences": 2},
+                                      {"do_sample": True, "num_return_sequences": 3}])
+def test_encoder_outputs_keep_one_row_per_input(models, name, strategy):
+    """transformers reports the encoder's hidden states and attentions once per input, not per
+    beam or returned sequence (its `_expand_inputs_for_generation` leaves their tuples alone)."""
+    model, x = models[name], S.inputs(name)
+    kw = dict(output_attentions=True, output_hidden_states=True, return_dict_in_generate=True, max_new_tokens=4,
+              **strategy)
+    torch.manual_seed(6)
+    ref = reference(model, **x, **kw)
+    torch.manual_seed(6)
+    out = genkit.generate(model, **x, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    for field in ("encoder_attentions", "encoder_hidden_states"):
+        assert getattr(out, field)[0].shape[0] == 2
+        torch.testing.assert_close(getattr(out, field), getattr(ref, field))
+    for field in ("decoder_attentions", "cross_attentions", "decoder_hidden_states"):
+        torch.testing.assert_close(getattr(out, field), getattr(ref, field))
+
+
+def test_the_encoder_runs_without_autograd(models):
+    """Its graph would keep every encoder activation alive while the decoder runs (transformers'
+    generate runs it under no_grad too); the adapter's `encode` is what the assistant's encoder runs."""
+    from genkit.models.seq2seq import TransformersSeq2SeqAdapter
+
+    model, x = models["bart"], S.inputs("bart")
+    out = genkit.generate(model, **x, output_hidden_states=True, return_dict_in_generate=True, max_new_tokens=2)
+    assert not any(t.requires_grad for t in out.encoder_hidden_states)
+    state = TransformersSeq2SeqAdapter(model).encode(x["input_ids"], "input_ids", attention_mask=x["attention_mask"])
+    assert not state.hidden.requires_grad and state.hidden.grad_fn is None
+
+
+def test_precomputed_encoder_outputs_report_their_states_when_asked(models):
+    model, x = models["bart"], S.inputs("bart")
+    mask = x["attention_mask"]
+
+    def encoder_outputs():  # a fresh one per call: transformers' generate repeats its rows in place
+        return model.get_encoder()(**x, output_hidden_states=True, output_attentions=True)
+
+    for asked in (False, True):
+        kw = dict(return_dict_in_generate=True, output_hidden_states=asked, num_beams=2, **FIXED)
+        ref = reference(model, encoder_outputs=encoder_outputs(), attention_mask=mask, do_sample=False, **kw)
+        out = genkit.generate(model, encoder_outputs=encoder_outputs(), attention_mask=mask, **kw)
+        assert torch.equal(out.sequences, ref.sequences)
+        assert (out.encoder_hidden_states is None) == (ref.encoder_hidden_states is None) == (not asked)
+        assert out.encoder_attentions is None and ref.encoder_attentions is None
+        if asked:
+            torch.testing.assert_close(out.encoder_hidden_states, ref.encoder_hidden_states)
+
+
 def test_output_attentions_on_a_decoder_only_transformers_model():
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)
@@ -215,6 +266,70 @@ def test_refusals_name_what_is_not_supported(models):
         genkit.generate(model, **x, guidance_scale=1.5, max_new_tokens=2)
     with pytest.raises(ConfigError, match="decoder_input_ids"):
         genkit.generate(model, **x, decoder_input_ids=torch.tensor([[0, 5]]), max_new_tokens=2)
+
+
+@pytest.mark.parametrize(("name", "input_name"), [("whisper", "input_features"), ("vision", "pixel_values")])
+def test_no_audio_or_pixels_is_refused_naming_the_input(models, name, input_name, tmp_path, capsys):
+    """An encoder that reads audio or pixels gets no BOS token ids in their place (transformers
+    fails deep inside: "not enough values to unpack", "pad the input mel features to 32")."""
+    from genkit.cli import main
+
+    model = models[name]
+    want = f"no encoder input given: this model's encoder reads `{input_name}` .* pass `{input_name}` or `encoder_outputs`"
+    for kw in ({}, {"input_ids": torch.tensor([[model.generation_config.decoder_start_token_id, 5]])}):
+        with pytest.raises(ConfigError, match=want):
+            genkit.generate(model, max_new_tokens=2, **kw)
+    S.save_with_tokenizer(model, str(tmp_path))
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "w5 w6", "--max-new-tokens", "2"]) == 2
+    assert (f"genkit: error: genkit generate reads text prompts, but {type(model).__name__}'s encoder reads "
+            f"`{input_name}` (audio or images): run it from Python with genkit.generate(model, {input_name}=...)"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("name", ["t5", "vision"])
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"decoder_start_token_id": 200},
+     r"`decoder_start_token_id` holds the token id 200, outside the model's vocabulary \(ids 0 to 95\)"),
+    ({"decoder_input_ids": [[1, 5], [1, -3]]},
+     r"`decoder_input_ids` holds the token id -3, outside the model's vocabulary \(ids 0 to 95\)"),
+    ({"forced_bos_token_id": 96},
+     r"`forced_bos_token_id` holds token ids \[96\] outside the model's vocabulary \(size 96\); accepted ids are 0..95"),
+    ({"forced_eos_token_id": [2, 300]},
+     r"`forced_eos_token_id` holds token ids \[300\] outside the model's vocabulary \(size 96\)"),
+])
+def test_token_ids_outside_the_vocabulary_are_refused_before_the_first_step(models, name, kw, message):
+    """(transformers: an IndexError from the embedding lookup or the forcing processor)"""
+    model, x = models[name], S.inputs(name)
+    rec = []
+    with pytest.raises(ConfigError, match=message):
+        genkit.generate(model, **x, max_new_tokens=4, streamer=type("R", (), {"put": rec.append, "end": lambda s: None})(),
+                        **kw)
+    assert rec == []  # nothing was streamed
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda x: x.update(attention_mask=x["attention_mask"][:, :5]),
+     r"`attention_mask` shape \(2, 5\) must match the encoder's `input_ids` \(2, 7\) \(batch, sequence_length\)"),
+    (lambda x: x.update(attention_mask=x["attention_mask"].tolist()), "`attention_mask` must be a tensor; got list"),
+    (lambda x: x.update(input_ids=x["input_ids"].float()), "`input_ids` must hold integer token ids; got dtype torch.float32"),
+    (lambda x: x.update(input_ids=x["input_ids"][0]), r"`input_ids` must be a 2-D LongTensor \(batch, sequence_length\)"),
+    (lambda x: x.update(input_ids=x["input_ids"].tolist()), r"`input_ids` must be a 2-D LongTensor"),
+    (lambda x: x.update(input_ids=x["input_ids"][:, :0], attention_mask=x["attention_mask"][:, :0]),
+     r"the prompt is empty: `input_ids` has shape \(2, 0\)"),
+])
+def test_malformed_encoder_inputs_are_refused(models, change, message):
+    """(transformers fails inside the model: a size mismatch, an IndexError, a reshape of 0 elements)"""
+    model, x = models["t5"], S.inputs("t5")
+    change(x)
+    with pytest.raises(ConfigError, match=message):
+        genkit.generate(model, **x, max_new_tokens=2)
+
+
+def test_encoder_token_ids_outside_the_vocabulary_are_refused(models):
+    model, x = models["bart"], S.inputs("bart")
+    x["input_ids"][1, 4] = 96
+    with pytest.raises(ConfigError, match=r"`input_ids` holds the token id 96, outside the model's vocabulary"):
+        genkit.generate(model, **x, max_new_tokens=2)
 
 
 def test_continuous_batching_refuses_encoder_decoder_models(models):
@@ -267,6 +382,18 @@ def test_assisted_decoding_matches_transformers(models, kw):
     ref = reference(model, **x, max_new_tokens=10, **kw)
     torch.manual_seed(2)
     assert torch.equal(genkit.generate(model, **x, max_new_tokens=10, **kw), ref)
+
+
+@pytest.mark.parametrize("name", ["vision", "whisper"])
+def test_assisted_decoding_on_models_with_a_nested_decoder_config(models, name):
+    """A vision-encoder-decoder model's vocabulary is its `config.decoder`'s (its own config has no
+    `vocab_size`): the assistant's vocabulary check reads the decoder's."""
+    model, x = models[name], S.inputs(name, batch=1)
+    for assistant in (model, S.build(name, seed=5)):
+        ref = reference(model, **x, assistant_model=assistant, do_sample=False, max_new_tokens=8)
+        assert torch.equal(genkit.generate(model, **x, assistant_model=assistant, max_new_tokens=8), ref)
+    with pytest.raises(ConfigError, match=r"`force_words_ids` holds token id 200, outside the vocabulary \[0, 96\)"):
+        genkit.generate(model, **x, num_beams=2, force_words_ids=[[200]], max_new_tokens=2)
 
 
 SEQ2SEQ_FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from ..errors import ConfigError, GenerationError
+from ..errors import ConfigError, GenerationError, NotSupportedError
 from ..models.demo import DEMO_MODEL
 from .options import (
     add_activation_digits_option,
@@ -227,6 +227,15 @@ def _print_result(out: Any, prompt_length: int, tokenizer: Any, streamed: bool) 
     return new.numel()
 
 
+def _check_text_encoder(model: Any) -> None:
+    """The prompt is text: an encoder-decoder model whose encoder reads audio or pixels is refused."""
+    name = getattr(model, "encoder_input_name", "input_ids") if getattr(model, "is_encoder_decoder", False) else None
+    if name not in (None, "input_ids"):
+        raise NotSupportedError(f"genkit generate reads text prompts, but {getattr(model, 'hf_model', model).__class__.__name__}"
+                                f"'s encoder reads `{name}` (audio or images): run it from Python with "
+                                f"genkit.generate(model, {name}=...) (docs/encoder_decoder.md)")
+
+
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt, args.prompt_option)
     if not prompt and not args.chat:
@@ -249,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
     model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
                               trust_remote_code=True if args.trust_remote_code else None,
                               activation_digits=args.activation_digits, numerics=args.numerics)
+    _check_text_encoder(model)
     tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
     if bars is not None:
         bars.close()

@@ -194,8 +194,10 @@ def _finish_output(result: Any, config: GenerationConfig, seq2seq: Seq2SeqInputs
     if seq2seq is not None:
         from ..strategy.outputs import as_encoder_decoder_output
 
-        expand = max(int(config.num_beams), int(config.num_return_sequences))
-        result = as_encoder_decoder_output(result, seq2seq.state.hidden_states, seq2seq.state.attentions, expand)
+        # transformers: the encoder's (a precomputed `encoder_outputs`' too) when asked for, one row per input
+        result = as_encoder_decoder_output(
+            result, seq2seq.state.hidden_states if config.output_hidden_states else None,
+            seq2seq.state.attentions if config.output_attentions else None)
     from ..strategy.outputs import as_transformers_output
 
     return as_transformers_output(result)
@@ -353,6 +355,8 @@ def _start_seq2seq(model: Any, seq2seq: Seq2SeqInputs, config: ResolvedConfig, m
     if config.guidance_scale not in (None, 1, 1.0):
         raise NotSupportedError("`guidance_scale` (classifier-free guidance) is supported for decoder-only models "
                                 "only: its unconditional pass runs the prompt through a decoder-only model")
+    if seq2seq.inputs is not None and seq2seq.input_name == "input_ids":  # checked as a decoder-only prompt is
+        seq2seq.inputs = _prompt_ids(seq2seq.inputs, config, device)
     return seq2seq.start(model, config, device)
 
 

@@ -19,6 +19,7 @@ import torch
 
 from ..config import field_table
 from ..errors import ConfigError, NotSupportedError
+from ..strategy.processing import model_vocab_size
 
 logger = logging.getLogger("genkit.generation")
 
@@ -58,13 +59,16 @@ class Seq2SeqInputs:
         tokens ``(batch, n)``."""
         from ..models.seq2seq import encoder_state_from_outputs
 
+        self._check_mask(self.attention_mask)
         mask = self.attention_mask.to(device) if self.attention_mask is not None else None
         if self.encoder_outputs is not None:
             self.state = encoder_state_from_outputs(self.encoder_outputs, mask)
             if self.inputs is not None and self.input_name == "input_ids":
                 self.state.input_ids = self.inputs.to(device)
         else:
-            inputs = self.inputs if self.inputs is not None else _bos_inputs(config, device)
+            inputs = self.inputs if self.inputs is not None else _bos_inputs(config, self.input_name, device)
+            if self.input_name == "input_ids":
+                _check_vocab("input_ids", torch.as_tensor(inputs), _encoder_vocab(model))
             self.state = model.encode(inputs.to(device), self.input_name, attention_mask=mask,
                                       output_attentions=bool(config.output_attentions),
                                       output_hidden_states=bool(config.output_hidden_states), **self.encoder_kwargs)
@@ -72,6 +76,17 @@ class Seq2SeqInputs:
         if mask is not None and mask.shape[0] != self.state.rows:
             raise ConfigError(f"`attention_mask` has {mask.shape[0]} rows but the encoder output has {self.state.rows}")
         return self._decoder_ids(model, config, device)
+
+    def _check_mask(self, mask: torch.Tensor | None) -> None:
+        """A text encoder's mask covers its tokens: ``(batch, sequence_length)`` of the ids or embeddings."""
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            raise ConfigError(f"`attention_mask` must be a tensor; got {type(mask).__name__}")
+        if mask is None or self.inputs is None or self.input_name not in ("input_ids", "inputs_embeds"):
+            return
+        want = tuple(self.inputs.shape[:2])
+        if tuple(mask.shape) != want:
+            raise ConfigError(f"`attention_mask` shape {tuple(mask.shape)} must match the encoder's `{self.input_name}` "
+                              f"{want} (batch, sequence_length)")
 
     def bind_assistant(self, assistant: Any, config: Any) -> Any:
         """The assistant model of assisted decoding as the strategy runs it: an encoder-decoder
@@ -91,6 +106,7 @@ class Seq2SeqInputs:
     def _decoder_ids(self, model: Any, config: Any, device: torch.device) -> torch.Tensor:
         batch = self.state.rows
         start = _start_tokens(config, batch, device)
+        _check_vocab("decoder_start_token_id", start, model_vocab_size(model))
         ids = self.decoder_input_ids
         if ids is None:
             return start
@@ -100,9 +116,28 @@ class Seq2SeqInputs:
             raise ConfigError(f"`decoder_input_ids` must be a 2-D LongTensor with {batch} rows (one per encoder "
                               f"input); got {getattr(ids, 'shape', type(ids).__name__)}")
         ids = ids.to(device=device, dtype=torch.long)
+        _check_vocab("decoder_input_ids", ids, model_vocab_size(model))
         if _keeps_decoder_ids(model) or ids.shape[1] == 0 or not bool((ids[:, 0] != start[:, 0]).all()):
             return ids if ids.shape[1] else start
         return torch.cat([start, ids], dim=-1)
+
+
+def _check_vocab(name: str, ids: torch.Tensor, vocab: int | None) -> None:
+    """Token ids must lie in ``[0, vocab)`` (the embedding lookup fails with an IndexError)."""
+    if vocab is None or not ids.numel():
+        return
+    bad = ids[(ids < 0) | (ids >= vocab)]
+    if bad.numel():
+        raise ConfigError(f"`{name}` holds the token id {int(bad[0])}, outside the model's vocabulary (ids 0 to "
+                          f"{vocab - 1})")
+
+
+def _encoder_vocab(model: Any) -> int | None:
+    """The number of token ids the encoder's embedding has (``None`` when it does not say)."""
+    try:
+        return int(model.hf_model.get_encoder().get_input_embeddings().num_embeddings)
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
 
 
 def _keeps_decoder_ids(model: Any) -> bool:
@@ -129,7 +164,11 @@ def _start_tokens(config: Any, batch: int, device: torch.device) -> torch.Tensor
     return torch.full((batch, 1), int(start), dtype=torch.long, device=device)
 
 
-def _bos_inputs(config: Any, device: torch.device) -> torch.Tensor:
+def _bos_inputs(config: Any, input_name: str, device: torch.device) -> torch.Tensor:
+    """No encoder input: a text encoder reads ``bos_token_id`` (as in transformers)."""
+    if input_name != "input_ids":  # audio, pixels: token ids are no stand-in (transformers fails deep inside)
+        raise ConfigError(f"no encoder input given: this model's encoder reads `{input_name}` (its `input_ids` are "
+                          f"the decoder's tokens); pass `{input_name}` or `encoder_outputs`")
     if config.bos_token_id is None:
         raise ConfigError("no encoder input given: pass `inputs` (or the model's input by name, e.g. `input_ids`, "
                           "`input_features`, `pixel_values`) or `encoder_outputs`")

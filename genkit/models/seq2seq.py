@@ -198,11 +198,13 @@ class TransformersSeq2SeqAdapter(TransformersModelAdapter):
         """Whether the encoder's forward names ``name`` (a catch-all ``**kwargs`` does not count)."""
         return name in self._encoder_params
 
+    @torch.no_grad()
     def encode(self, inputs: torch.Tensor, input_name: str, *, attention_mask: torch.Tensor | None = None,
                output_attentions: bool = False, output_hidden_states: bool = False,
                **encoder_kwargs: Any) -> EncoderState:
         """Run the encoder once on ``inputs`` (passed as ``input_name``: ``input_ids``,
-        ``inputs_embeds``, ``input_features``, ``pixel_values``...)."""
+        ``inputs_embeds``, ``input_features``, ``pixel_values``...), without autograd (its graph
+        would hold every encoder activation for as long as the decoding runs)."""
         encoder = self.hf_model.get_encoder()
         kwargs = dict(encoder_kwargs)
         if attention_mask is not None:

@@ -59,7 +59,7 @@ from .outputs import (
     GenerateDecoderOnlyOutput,
     GenerateEncoderDecoderOutput,
 )
-from .processing import LogitsProcessorList, StoppingCriteriaList
+from .processing import LogitsProcessorList, StoppingCriteriaList, model_vocab_size
 from .record import StepOutputs
 from .sampling import Choice, choose, choose_tokens, log_probs
 from .stepper import Stepper
@@ -70,6 +70,6 @@ __all__ = [
     "GenerateBeamDecoderOnlyOutput", "GenerateBeamEncoderDecoderOutput", "GenerateDecoderOnlyOutput",
     "GenerateEncoderDecoderOutput", "GenkitError", "LogitsProcessorList",
     "ModelOutput", "NotSupportedError", "PartialDepthLM", "StepOutputs", "Stepper", "StopConditions",
-    "StoppingCriteriaList", "StrategyCall", "Streamer", "StreamerOnce", "choose_tokens",
+    "StoppingCriteriaList", "StrategyCall", "Streamer", "StreamerOnce", "choose_tokens", "model_vocab_size",
 ]
 

@@ -104,10 +104,10 @@ class GenerateBeamEncoderDecoderOutput(_Output):
     past_key_values: Any = None
 
 
-def as_encoder_decoder_output(result: Any, encoder_hidden_states: tuple[torch.Tensor, ...] | None,
-                              encoder_attentions: tuple[torch.Tensor, ...] | None, expand: int) -> Any:
+def as_encoder_decoder_output(result: Any, encoder_hidden_states: tuple[Any, ...] | None,
+                              encoder_attentions: tuple[Any, ...] | None) -> Any:
     """A strategy's decoder-only output class as the encoder-decoder one: the decoder's
-    ``attentions`` / ``hidden_states`` renamed, the encoder's added (each row ``expand`` times, one
+    ``attentions`` / ``hidden_states`` renamed, the encoder's added (one row per encoder input, not
     per beam or returned sequence, as transformers reports them). Other objects pass through."""
     if isinstance(result, GenerateBeamDecoderOnlyOutput):
         target: type[GenerateBeamEncoderDecoderOutput | GenerateEncoderDecoderOutput] = GenerateBeamEncoderDecoderOutput
@@ -115,16 +115,12 @@ def as_encoder_decoder_output(result: Any, encoder_hidden_states: tuple[torch.Te
         target = GenerateEncoderDecoderOutput
     else:
         return result
-
-    def rows(items: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
-        return None if items is None else tuple(t.repeat_interleave(expand, dim=0) for t in items)
-
     values = {f.name: getattr(result, f.name) for f in fields(result)
               if f.name not in ("attentions", "hidden_states")}
     if target is GenerateBeamEncoderDecoderOutput:
         values.pop("finish_reasons", None)
     return target(**values, decoder_attentions=result.attentions, decoder_hidden_states=result.hidden_states,
-                  encoder_attentions=rows(encoder_attentions), encoder_hidden_states=rows(encoder_hidden_states))
+                  encoder_attentions=encoder_attentions, encoder_hidden_states=encoder_hidden_states)
 
 
 _OUTPUT_CLASSES = (GenerateDecoderOnlyOutput, GenerateBeamDecoderOnlyOutput, GenerateEncoderDecoderOutput,
