@@ -4,7 +4,10 @@ Finished rows go to ``<output>.parts/part-NNNNNN.jsonl`` (or ``.parquet``), each
 temporary file and renamed into place (a crash never leaves half a part). When the job ends, the
 existing output and the parts are joined into ``<output>`` the same way, and the parts folder is
 removed. A re-run with the same output reads the ids already written (in the output and in the
-parts) and skips them. Bad rows go to ``<output>.errors.jsonl`` (JSONL whatever the output format).
+parts) and skips them. The job's settings (what makes its rows: the model, the generation settings)
+are kept beside the parts in ``<output>.parts/job.json``; a re-run that would add rows made with
+other settings to them is refused. Bad rows go to ``<output>.errors.jsonl`` (JSONL whatever the
+output format).
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from genkit.errors import GenkitError
+from genkit.errors import ConfigError, GenkitError
 from genkit.fileutil import atomic_path, atomic_write_text
 
 from .formats import file_format, output_schema, require_pyarrow, rows_table
@@ -50,11 +55,20 @@ def _ids_in(path: Path, fmt: str) -> list[str]:
     return ids
 
 
-class ChunkedOutput:
-    """Committed chunks of output rows, the ids already done, and the errors file."""
+SETTINGS_FILE = "job.json"
+"""The job's settings, kept in the parts folder beside the committed parts."""
 
-    def __init__(self, output: str | os.PathLike[str]) -> None:
+
+class ChunkedOutput:
+    """Committed chunks of output rows, the ids already done, and the errors file. ``settings``
+    (JSON values) describe what makes the rows; a parts folder left by a run with other settings is
+    refused (:class:`~genkit.errors.ConfigError`) rather than resumed. ``read_state=False`` makes
+    only the checks (the folders, the settings), without reading back the ids already written."""
+
+    def __init__(self, output: str | os.PathLike[str], settings: Mapping[str, Any] | None = None, *,
+                 read_state: bool = True) -> None:
         self.path = Path(output)
+        self.settings = None if settings is None else json.loads(json.dumps(settings, default=str))
         self.format = file_format(self.path, "output")
         if self.format == "parquet":
             require_pyarrow()
@@ -64,6 +78,10 @@ class ChunkedOutput:
         self._next = 0
         self.done: set[str] = set()
         self._check_parts_folder()
+        self._check_settings()
+        self._check_writable()
+        if not read_state:
+            return
         if self.path.exists():
             self.done.update(_ids_in(self.path, self.format))
         for part in self._part_files():
@@ -76,6 +94,38 @@ class ChunkedOutput:
             raise CorruptOutputError(f"{self.parts} is a symlink or not a folder; genkit writes the job's parts "
                                      "only into a folder of its own: remove it and run the job again")
 
+    def _check_settings(self) -> None:
+        """Refuse to add rows made with other settings to the parts of an interrupted run."""
+        record = self.parts / SETTINGS_FILE
+        if self.settings is None or not record.is_file():
+            return
+        try:
+            before = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:
+            raise CorruptOutputError(f"{record}: the job's settings cannot be read ({type(exc).__name__}); move "
+                                     f"{self.parts} away (or repair it) and run the job again") from None
+        if not isinstance(before, dict):
+            raise CorruptOutputError(f"{record}: the job's settings are not a JSON object; move {self.parts} away "
+                                     "and run the job again")
+        changed = [f"{key}: {before.get(key)!r} then, {self.settings.get(key)!r} now"
+                   for key in sorted(set(before) | set(self.settings)) if before.get(key) != self.settings.get(key)]
+        if changed:
+            raise ConfigError(f"{self.parts} holds rows of an interrupted run with other settings ({'; '.join(changed)}"
+                              f"); resume it with the same settings, or write to another output (or remove "
+                              f"{self.parts} to start over)")
+
+    def _check_writable(self) -> None:
+        """Fail now, not after the first chunk's work, when the output's folder cannot be written."""
+        folder = self.path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".tmp-genkit-write-check-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise ConfigError(f"the output {os.fspath(self.path)!r} cannot be written: its folder {os.fspath(folder)!r}"
+                              f" is not writable ({exc.strerror or exc})") from None
+
     def _part_files(self) -> list[Path]:
         return sorted(self.parts.glob(f"part-*.{self.ext}")) if self.parts.is_dir() else []
 
@@ -84,6 +134,8 @@ class ChunkedOutput:
         if not rows:
             return
         self._check_parts_folder()
+        if self.settings is not None and not (self.parts / SETTINGS_FILE).exists():
+            atomic_write_text(self.parts / SETTINGS_FILE, json.dumps(self.settings, sort_keys=True) + "\n")
         part = self.parts / f"part-{self._next:06d}.{self.ext}"
         if self.format == "parquet":
             pq = require_pyarrow()
