@@ -130,3 +130,66 @@ def test_cli_sigterm_stops_between_commits_and_the_job_resumes(tmp_path):
     out = _read(tmp_path / "out.jsonl")
     assert [r["id"] for r in out] == [str(i) for i in range(3000)]  # every row once, in order
     assert out[: len(committed)] == committed
+
+
+def test_bad_rows_are_written_as_they_come_not_held_in_memory(tmp_path, tokenizer):
+    """A hostile input of short bad lines: each costs an error record of a hundred bytes, which
+    goes to disk as it comes (before: every record was held until the end, ~600 bytes of memory
+    per 2-byte line)."""
+    import tracemalloc
+
+    (tmp_path / "in.jsonl").write_bytes(b"x\n" * 100_000 + b'{"id": "ok", "prompt": "alpha"}\n')
+    engine = _Counting(_engine(tokenizer))
+    tracemalloc.start()
+    try:
+        summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (summary.bad, summary.written) == (100_000, 1) and engine.seen == ["ok"]
+    assert peak < 8 << 20, peak
+    errors = _read(tmp_path / "out.jsonl.errors.jsonl")
+    assert [e["line"] for e in errors] == list(range(1, 100_001))
+    assert errors[0] == {"line": 1, "id": None, "error": "not a JSON object: Expecting value: line 1 column 1 (char 0)"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl", "out.jsonl.errors.jsonl"]
+
+
+def test_an_interrupted_run_leaves_no_errors_file_and_keeps_the_last_one(tmp_path, tokenizer):
+    _write_rows(tmp_path / "in.jsonl", 30, extra=["not json"])
+    (tmp_path / "out.jsonl.errors.jsonl").write_text('{"line": 1, "id": null, "error": "an earlier run"}\n')
+    _crash_after_two_chunks(tmp_path, tokenizer, None)
+    assert _read(tmp_path / "out.jsonl.errors.jsonl") == [{"line": 1, "id": None, "error": "an earlier run"}]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]  # the run's errors went with it
+    run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", _engine(tokenizer), chunk_size=10)
+    (error,) = _read(tmp_path / "out.jsonl.errors.jsonl")
+    assert error["line"] == 31 and error["error"].startswith("not a JSON object")
+
+
+def test_joining_a_large_output_does_not_hold_it_in_memory(tmp_path, tokenizer):
+    """The final join keeps a digest per id to find repeats, not each row's text (before: the whole
+    output was in memory at the end of the job)."""
+    import tracemalloc
+
+    n = 4000
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "prompt": "alpha"}) + "\n" for i in range(n)))
+    parts = tmp_path / "out.jsonl.parts"
+    parts.mkdir()
+    text = "bravo " * 2000  # 12 kB a row, 48 MB in all
+    rows = [{"id": str(i), "text": text, "token_ids": [4], "finish_reason": "length",
+             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}} for i in range(n)]
+    for k in range(4):
+        (parts / f"part-{k:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[k * 1000:(k + 1) * 1000]))
+    (parts / "part-000004.jsonl").write_text(json.dumps(rows[7]) + "\n")  # a repeat, word for word
+    del rows
+    engine = _Counting(_engine(tokenizer))
+    tracemalloc.start()
+    try:
+        summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (summary.skipped, summary.written, summary.bad) == (n, 0, 0) and engine.seen == []
+    assert peak < 16 << 20, peak
+    with open(tmp_path / "out.jsonl", encoding="utf-8") as f:
+        assert [json.loads(line)["id"] for line in f] == [str(i) for i in range(n)]
+    assert not (tmp_path / "out.jsonl.errors.jsonl").exists()

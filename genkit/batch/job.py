@@ -74,17 +74,20 @@ def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike
     _check_paths(input_path, output_path)
     job = _Job(ChunkedOutput(output_path, settings), progress, on_result)
     try:
-        for result in _results(engine, job.pending(input_path, max_line_bytes), chunk_size):
-            job.take(result)
-            if job.taken >= chunk_size:
+        try:
+            for result in _results(engine, job.pending(input_path, max_line_bytes), chunk_size):
+                job.take(result)
+                if job.taken >= chunk_size:
+                    job.commit()
+            if job.taken:
                 job.commit()
-        if job.taken:
-            job.commit()
-    except KeyboardInterrupt:
-        logger.warning("interrupted: %d rows are committed under %s; run the same job again (same input and "
-                       "output) to resume where it stopped", len(job.out.done), job.out.parts)
-        raise
-    job.out.finalize(job.errors)
+        except KeyboardInterrupt:
+            logger.warning("interrupted: %d rows are committed under %s; run the same job again (same input and "
+                           "output) to resume where it stopped", len(job.out.done), job.out.parts)
+            raise
+        job.out.finalize()
+    finally:
+        job.out.errors.discard()  # an interrupted run's errors (its bad rows are found again when it resumes)
     job.summary.seconds = time.perf_counter() - job.start
     logger.info("batch job: %s", job.summary.to_dict())
     return job.summary
@@ -121,7 +124,6 @@ class _Job:
                  on_result: Callable[[BatchSummary], None] | None) -> None:
         self.out, self.progress, self.on_result = out, progress, on_result
         self.summary = BatchSummary()
-        self.errors: list[dict[str, Any]] = []
         self.start = time.perf_counter()
         self.good: list[dict[str, Any]] = []
         self.chunk_ids: set[str] = set()
@@ -133,7 +135,7 @@ class _Job:
         for row in read_rows(input_path, max_line_bytes=max_line_bytes):
             summary.rows_read += 1
             if isinstance(row, BadRow):
-                self.errors.append(row.to_json())
+                self.out.errors.add(row.to_json())
                 summary.bad += 1
             elif row.id in self.out.done:
                 summary.skipped += 1
@@ -145,7 +147,7 @@ class _Job:
         summary = self.summary
         self.taken += 1
         if isinstance(result, BadRow):
-            self.errors.append(result.to_json())
+            self.out.errors.add(result.to_json())
             summary.bad += 1
         elif str(result["id"]) not in self.out.done and str(result["id"]) not in self.chunk_ids:
             self.good.append(result)  # (an engine that ran a row twice, e.g. on a retry, writes it once)

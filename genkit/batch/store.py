@@ -12,6 +12,7 @@ output format).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from genkit.errors import ConfigError, GenkitError
-from genkit.fileutil import atomic_path, atomic_write_text
+from genkit.fileutil import atomic_path, atomic_write_text, current_umask
 
 from .formats import file_format, output_schema, require_pyarrow, rows_table
 
@@ -55,6 +56,51 @@ def _ids_in(path: Path, fmt: str) -> list[str]:
     return ids
 
 
+class ErrorLog:
+    """The bad rows of a run, appended as they come to a temporary file beside the errors file (a
+    hostile input of a million bad lines costs disk, not memory), which :meth:`commit` renames
+    into place when the job ends; :meth:`discard` drops it (an interrupted job)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.count = 0
+        self._tmp: str | None = None
+        self._file: Any = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            fd, self._tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=self.path.name)
+            os.fchmod(fd, 0o666 & ~current_umask())  # as open() would create it
+            self._file = os.fdopen(fd, "w", encoding="utf-8")
+        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.count += 1
+
+    def commit(self) -> None:
+        """Put this run's errors file in place; remove an earlier run's when this one had none."""
+        if self._file is None:
+            if self.path.exists():
+                self.path.unlink()
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        os.replace(str(self._tmp), self.path)
+        self._tmp = None
+
+    def discard(self) -> None:
+        """Drop what was written (nothing once committed)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tmp is not None:
+            try:
+                os.unlink(self._tmp)
+            except FileNotFoundError:
+                pass
+            self._tmp = None
+
+
 SETTINGS_FILE = "job.json"
 """The job's settings, kept in the parts folder beside the committed parts."""
 
@@ -75,6 +121,7 @@ class ChunkedOutput:
         self.ext = "parquet" if self.format == "parquet" else "jsonl"
         self.parts = self.path.with_name(self.path.name + ".parts")
         self.errors_path = self.path.with_name(self.path.name + ".errors.jsonl")
+        self.errors = ErrorLog(self.errors_path)
         self._next = 0
         self.done: set[str] = set()
         self._check_parts_folder()
@@ -146,8 +193,8 @@ class ChunkedOutput:
         self._next += 1
         self.done.update(str(r["id"]) for r in rows)
 
-    def finalize(self, errors: list[dict[str, Any]]) -> None:
-        """Join the output and the parts into the output file; write the errors file."""
+    def finalize(self) -> None:
+        """Join the output and the parts into the output file; put the errors file in place."""
         parts = self._part_files()
         if parts or not self.path.exists():
             sources = ([self.path] if self.path.exists() else []) + parts
@@ -155,20 +202,18 @@ class ChunkedOutput:
                 if self.format == "parquet":
                     _join_parquet(sources, tmp)
                 else:
-                    errors = errors + _join_jsonl(sources, tmp)
+                    for error in _join_jsonl(sources, tmp):
+                        self.errors.add(error)
         if self.parts.is_dir():
             shutil.rmtree(self.parts)
-        if errors:
-            atomic_write_text(self.errors_path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in errors))
-        elif self.errors_path.exists():
-            self.errors_path.unlink()
+        self.errors.commit()
 
 
 def _join_jsonl(sources: list[Path], target: str) -> list[dict[str, Any]]:
     """Join the JSONL ``sources`` into ``target``, each id once. A repeat of a row already written
     (a crash between the join's rename and the parts' removal leaves both) is dropped; a different
     row under an id already written is kept out too, and reported (the returned error records)."""
-    seen: dict[str, str] = {}
+    seen: dict[str, bytes] = {}  # id -> its row's digest: the output is never held in memory
     repeats = []
     with open(target, "w", encoding="utf-8") as out:
         for source in sources:
@@ -177,10 +222,11 @@ def _join_jsonl(sources: list[Path], target: str) -> list[dict[str, Any]]:
                     if not line.strip():
                         continue
                     rid = str(json.loads(line)["id"])
+                    digest = hashlib.blake2b(line.rstrip("\n").encode("utf-8"), digest_size=16).digest()
                     if rid not in seen:
-                        seen[rid] = line.rstrip("\n")
+                        seen[rid] = digest
                         out.write(line if line.endswith("\n") else line + "\n")
-                    elif seen[rid] != line.rstrip("\n"):
+                    elif seen[rid] != digest:
                         repeats.append({"line": n, "id": rid, "error": f"duplicate id {rid!r} in {source}: another "
                                         "row with this id is already in the output; this one was not written"})
     return repeats
