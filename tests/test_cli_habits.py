@@ -149,6 +149,10 @@ def test_batch_options_and_paths_are_checked_before_the_model_loads(tmp_path):
     for args, message in (
         (["--max-line-bytes", "0"], "--max-line-bytes must be >= 1; got 0"),
         (["--seed", "-9223372036854775809"], "--seed must be an integer from -9223372036854775808"),
+        (["--workers", "4"], "--workers applies to --engine ray (the local engine runs one model in this process)"),
+        (["--ray-address", "auto"], "--ray-address applies to --engine ray"),
+        (["--num-return-sequences", "3"], "--num-return-sequences must be 1 in genkit batch (one output row per "
+                                          "input row); got 3"),
     ):
         out = genkit_cli("batch", str(src), str(tmp_path / "out.jsonl"), "--model", MISSING, *args)
         assert out.returncode == 2 and message in out.stderr, out.stderr

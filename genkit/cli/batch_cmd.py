@@ -37,7 +37,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--batching", default="auto", choices=BATCHING,
                    help="the engine on each machine: 'continuous' batching, 'static' left-padded batches, or 'auto' (continuous "
                         "where the model and settings allow it; default: auto)")
-    p.add_argument("--workers", type=int, default=1, help="Ray actors, one model each (--engine ray; default: 1)")
+    p.add_argument("--workers", type=int, default=None, help="Ray actors, one model each (--engine ray; default: 1)")
     p.add_argument("--ray-address", default=None,
                    help="Ray cluster to join (--engine ray): 'auto' or ray://host:port (default: a local Ray)")
     p.add_argument("--batch-size", type=int, default=16,
@@ -58,6 +58,10 @@ def _check_engine_options(args: argparse.Namespace) -> None:
     for name in ("batch_size", "chunk_size", "workers", "max_line_bytes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    for option, name in (("workers", "--workers"), ("ray_address", "--ray-address")):
+        if args.engine == "local" and getattr(args, option) is not None:
+            raise ConfigError(f"{name} applies to --engine ray (the local engine runs one model in this process); "
+                              "add --engine ray or drop it")
     if args.engine == "ray" and args.threads is not None:
         raise ConfigError("--threads applies to --engine local; Ray gives each actor its CPUs (ray.init(num_cpus=))")
     for option, name in (("activation_digits", "--activation-digits"), ("numerics", "--numerics")):
@@ -102,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
 
     _check_engine_options(args)
     kwargs = check_options(args)
+    n = kwargs.get("num_return_sequences")
+    if n is not None and n != 1:
+        raise ConfigError(f"--num-return-sequences must be 1 in genkit batch (one output row per input row); got {n}")
     if args.engine == "local":
         apply_threads_option(args)  # before torch loads
     import torch
@@ -129,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
             if not ray.is_initialized():
                 ray.init(num_cpus=os.cpu_count(), log_to_driver=False)
 
-        engine = RayEngine(args.model, kwargs, batch_size=args.batch_size, workers=args.workers,
+        engine = RayEngine(args.model, kwargs, batch_size=args.batch_size, workers=args.workers or 1,
                            address=args.ray_address, custom_generate=args.custom_generate, trust_remote_code=trust,
                            revision=args.revision, dtype=args.dtype, device=args.device, batching=args.batching)
     else:
