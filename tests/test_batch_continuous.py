@@ -91,6 +91,10 @@ def test_engine_choice(tokenizer):
         make_local_engine(model, tokenizer, {}, custom_generate="greedy", batching="continuous")
     with pytest.raises(ValueError, match=r"`batching` must be one of 'auto', 'continuous', 'static'; got 'paged'"):
         make_local_engine(model, tokenizer, {}, batching="paged")
+    for batching in ("auto", "static"):  # every row would fail: refused once, before any row runs
+        with pytest.raises(ValueError, match=r"`num_return_sequences` must be 1 in a batch job \(one output row per "
+                                             r"input row\); got 2$"):
+            make_local_engine(model, tokenizer, {"num_return_sequences": 2, "do_sample": True}, batching=batching)
 
 
 def test_resume_through_the_streaming_path(tmp_path, tokenizer):

@@ -79,6 +79,8 @@ def test_sampling_options_imply_sampling_and_n_sequences_alone_work(model_dir):
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--set", "max_new_tokenz=3"], "`max_new_tokenz` is not a generation parameter"),
     (["--system", "be brief"], "--system needs --chat"),
+    (["--seed", str(1 << 64)], "--seed must be an integer from -9223372036854775808 to 18446744073709551615; got "
+                               "18446744073709551616"),
 ])
 def test_options_are_checked_before_the_model_loads(args, message):
     """The model path does not exist: an error about the option, not about the model, proves the
@@ -128,9 +130,36 @@ def test_one_name_for_the_demo_model():
     assert "`demo`" not in docs
 
 
-def test_threads_option_on_every_command_that_runs_a_model():
-    for command in ("generate", "batch", "serve", "check"):
-        assert "--threads N" in genkit_cli(command, "--help").stdout, command
+def test_threads_option_on_every_command_that_runs_a_model(tmp_path):
+    for command in ("generate", "batch", "serve", "check", "publish", "info"):
+        text = " ".join(genkit_cli(command, "--help").stdout.split())  # (help wraps its lines)
+        assert "--threads N" in text and "never lowered from the load" in text, command
+    root = write_recipe(tmp_path / "recipe", {"custom_generate/generate.py": "def generate(model, **kw):\n    pass\n"})
+    publish = genkit_cli("publish", str(root), "org/name", "--threads", "0")  # publish's check smoke-runs the recipe
+    assert publish.returncode == 2 and "--threads 0 is not valid; accepted: an integer from 1 to" in publish.stderr
+    info = genkit_cli("info", "--threads", "1")
+    assert info.returncode == 2
+    assert info.stderr == "genkit: error: --threads applies to --probe (the thread count the kernel choices are made for)\n"
+
+
+def test_batch_options_and_paths_are_checked_before_the_model_loads(tmp_path):
+    """The model does not exist: the error about the option or the paths proves they came first."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": 1, "prompt": "hi"}\n')
+    for args, message in (
+        (["--max-line-bytes", "0"], "--max-line-bytes must be >= 1; got 0"),
+        (["--seed", "-9223372036854775809"], "--seed must be an integer from -9223372036854775808"),
+        (["--workers", "4"], "--workers applies to --engine ray (the local engine runs one model in this process)"),
+        (["--ray-address", "auto"], "--ray-address applies to --engine ray"),
+        (["--num-return-sequences", "3"], "--num-return-sequences must be 1 in genkit batch (one output row per "
+                                          "input row); got 3"),
+    ):
+        out = genkit_cli("batch", str(src), str(tmp_path / "out.jsonl"), "--model", MISSING, *args)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+    same = genkit_cli("batch", str(src), str(src), "--model", MISSING, "--threads", "1")
+    assert same.returncode == 2
+    assert same.stderr == (f"genkit: error: the output {str(src)!r} is the input file: an existing output is resumed "
+                           "(its rows are taken as done), so write to another file\n")
 
 
 def test_threads_set_torch_threads(model_dir, tmp_path):

@@ -225,10 +225,25 @@ def test_install_dry_run_resolves_bundled_packs():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (f"$ {sys.executable} -m pip install --no-deps "
                                    f"{REPO / 'plugins' / 'genkit-sampling-pack'}")
-    proc = genkit_cli("uninstall", "events", "--dry-run")
+
+
+
+def test_uninstall_removes_packs_only(pack_site):
+    proc = genkit_cli("uninstall", "events", "--dry-run", paths=(pack_site,))
     assert proc.stdout.strip() == f"$ {sys.executable} -m pip uninstall -y genkit-events-pack"
-    proc = genkit_cli("uninstall", "genkit-lm")
-    assert proc.returncode == 2 and "refusing to uninstall 'genkit-lm'" in proc.stderr
+    proc = genkit_cli("uninstall", "Genkit_Sampling.Pack", "--dry-run", paths=(pack_site,))  # pip's name rules
+    assert proc.stdout.strip() == f"$ {sys.executable} -m pip uninstall -y genkit-sampling-pack"
+    for name in ("genkit-lm", "Genkit_LM", "torch"):
+        proc = genkit_cli("uninstall", name, "--dry-run")
+        assert proc.returncode == 2 and f"refusing to uninstall {name!r}: genkit needs it" in proc.stderr
+    # a dependency of genkit, or anything that is no pack: refused before pip runs (was: uninstalled;
+    # --dry-run here so that a regression prints the command instead of breaking the environment)
+    for name in ("numpy", "tokenizers", "no-such-dist"):
+        proc = genkit_cli("uninstall", name, "events", "--dry-run", paths=(pack_site,))
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr == (f"genkit: error: refusing to uninstall {name!r}: it is not an installed genkit pack (a "
+                               "distribution with a `genkit` entry point); installed packs: genkit-events-pack, "
+                               "genkit-sampling-pack\n")
 
 
 def test_install_and_uninstall_in_genkit_environment(tmp_path):

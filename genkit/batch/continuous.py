@@ -139,11 +139,15 @@ class ContinuousEngine:
 def check_batching(batching: str, generation_kwargs: dict[str, Any], custom_generate: Any = None,
                    model: Any = None) -> str | None:
     """Why the job's settings need static batches (None: continuous batching runs them); with
-    ``batching="continuous"`` that reason is an error. Checks ``batching`` itself. ``model``
+    ``batching="continuous"`` that reason is an error. Checks ``batching`` itself, and refuses a
+    job-wide ``num_return_sequences`` other than 1. ``model``
     (None before it loads) gives the generation config the settings go over."""
     if batching not in BATCHING:
         raise ConfigError(f"`batching` must be one of {', '.join(repr(b) for b in BATCHING)}; got {batching!r}")
     classify(custom_generate)  # a reference that names nothing fails before any row runs
+    n = generation_kwargs.get("num_return_sequences")
+    if n is not None and n != 1:  # every row would fail
+        raise ConfigError(f"`num_return_sequences` must be 1 in a batch job (one output row per input row); got {n!r}")
     why = continuous_refusal(model, generation_kwargs, custom_generate)
     if batching == "continuous" and why is not None:
         raise ConfigError(f"`batching='continuous'` cannot run this job: {why}; use 'auto' or 'static'")

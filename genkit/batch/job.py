@@ -7,7 +7,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,7 +51,7 @@ class BatchSummary:
 def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], engine: BatchEngine,
               chunk_size: int = 256, progress: Callable[[BatchSummary], None] | None = None,
               on_result: Callable[[BatchSummary], None] | None = None,
-              max_line_bytes: int = MAX_LINE_BYTES) -> BatchSummary:
+              max_line_bytes: int = MAX_LINE_BYTES, settings: Mapping[str, Any] | None = None) -> BatchSummary:
     """Run ``engine`` over the rows of ``input_path`` into ``output_path`` (JSONL or Parquet, each by
     its extension; see :mod:`genkit.batch.store` for how the output is committed and resumed); bad
     rows go to ``<output>.errors.jsonl``. ``progress`` is called with the summary after every
@@ -64,27 +64,56 @@ def run_batch(input_path: str | os.PathLike[str], output_path: str | os.PathLike
     committed as one chunk.
 
     A JSONL input line over ``max_line_bytes`` bytes (default 1 MiB), or not UTF-8, is a bad row.
-    On Ctrl-C the chunks committed so far stay, and a warning says how to resume (run the same
+    ``settings`` (JSON values: the model, the generation settings, ...) are recorded beside the
+    committed chunks; resuming them with other settings is a :class:`~genkit.errors.ConfigError`
+    (the rows would mix). The output must not be the input. On Ctrl-C the chunks committed so far stay, and a warning says how to resume (run the same
     job again)."""
     if chunk_size < 1:
         raise ConfigError(f"`chunk_size` must be >= 1; got {chunk_size}")
     file_format(input_path, "input")
-    job = _Job(ChunkedOutput(output_path), progress, on_result)
+    _check_paths(input_path, output_path)
+    job = _Job(ChunkedOutput(output_path, settings), progress, on_result)
     try:
-        for result in _results(engine, job.pending(input_path, max_line_bytes), chunk_size):
-            job.take(result)
-            if job.taken >= chunk_size:
+        try:
+            for result in _results(engine, job.pending(input_path, max_line_bytes), chunk_size):
+                job.take(result)
+                if job.taken >= chunk_size:
+                    job.commit()
+            if job.taken:
                 job.commit()
-        if job.taken:
-            job.commit()
-    except KeyboardInterrupt:
-        logger.warning("interrupted: %d rows are committed under %s; run the same job again (same input and "
-                       "output) to resume where it stopped", len(job.out.done), job.out.parts)
-        raise
-    job.out.finalize(job.errors)
+        except KeyboardInterrupt:
+            logger.warning("interrupted: %d rows are committed under %s; run the same job again (same input and "
+                           "output) to resume where it stopped", len(job.out.done), job.out.parts)
+            raise
+        job.out.finalize()
+    finally:
+        job.out.errors.discard()  # an interrupted run's errors (its bad rows are found again when it resumes)
     job.summary.seconds = time.perf_counter() - job.start
     logger.info("batch job: %s", job.summary.to_dict())
     return job.summary
+
+
+def check_job(input_path: str | os.PathLike[str], output_path: str | os.PathLike[str],
+              settings: Mapping[str, Any] | None = None) -> None:
+    """The checks :func:`run_batch` makes before any row runs (the formats, the input readable, the
+    output another file in a writable folder, an interrupted run's settings the same), for a caller
+    to make before it loads a model."""
+    file_format(input_path, "input")
+    with open(input_path, "rb"):
+        pass
+    _check_paths(input_path, output_path)
+    ChunkedOutput(output_path, settings, read_state=False)
+
+
+def _check_paths(input_path: str | os.PathLike[str], output_path: str | os.PathLike[str]) -> None:
+    """The output must be another file than the input: an existing output is resumed, so the
+    input's rows would be taken for rows already written."""
+    same = os.path.realpath(input_path) == os.path.realpath(output_path)
+    if not same and os.path.exists(input_path) and os.path.exists(output_path):
+        same = os.path.samefile(input_path, output_path)
+    if same:
+        raise ConfigError(f"the output {os.fspath(output_path)!r} is the input file: an existing output is resumed "
+                          "(its rows are taken as done), so write to another file")
 
 
 class _Job:
@@ -95,7 +124,6 @@ class _Job:
                  on_result: Callable[[BatchSummary], None] | None) -> None:
         self.out, self.progress, self.on_result = out, progress, on_result
         self.summary = BatchSummary()
-        self.errors: list[dict[str, Any]] = []
         self.start = time.perf_counter()
         self.good: list[dict[str, Any]] = []
         self.chunk_ids: set[str] = set()
@@ -107,7 +135,7 @@ class _Job:
         for row in read_rows(input_path, max_line_bytes=max_line_bytes):
             summary.rows_read += 1
             if isinstance(row, BadRow):
-                self.errors.append(row.to_json())
+                self.out.errors.add(row.to_json())
                 summary.bad += 1
             elif row.id in self.out.done:
                 summary.skipped += 1
@@ -119,7 +147,7 @@ class _Job:
         summary = self.summary
         self.taken += 1
         if isinstance(result, BadRow):
-            self.errors.append(result.to_json())
+            self.out.errors.add(result.to_json())
             summary.bad += 1
         elif str(result["id"]) not in self.out.done and str(result["id"]) not in self.chunk_ids:
             self.good.append(result)  # (an engine that ran a row twice, e.g. on a retry, writes it once)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ConfigError
@@ -33,7 +37,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--batching", default="auto", choices=BATCHING,
                    help="the engine on each machine: 'continuous' batching, 'static' left-padded batches, or 'auto' (continuous "
                         "where the model and settings allow it; default: auto)")
-    p.add_argument("--workers", type=int, default=1, help="Ray actors, one model each (--engine ray; default: 1)")
+    p.add_argument("--workers", type=int, default=None, help="Ray actors, one model each (--engine ray; default: 1)")
     p.add_argument("--ray-address", default=None,
                    help="Ray cluster to join (--engine ray): 'auto' or ray://host:port (default: a local Ray)")
     p.add_argument("--batch-size", type=int, default=16,
@@ -51,14 +55,49 @@ def add_parser(subparsers: Any) -> None:
 
 def _check_engine_options(args: argparse.Namespace) -> None:
     """Sizes >= 1; the local engine's model options refused with ``--engine ray``."""
-    for name in ("batch_size", "chunk_size", "workers"):
-        if getattr(args, name) < 1:
+    for name in ("batch_size", "chunk_size", "workers", "max_line_bytes"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    for option, name in (("workers", "--workers"), ("ray_address", "--ray-address")):
+        if args.engine == "local" and getattr(args, option) is not None:
+            raise ConfigError(f"{name} applies to --engine ray (the local engine runs one model in this process); "
+                              "add --engine ray or drop it")
     if args.engine == "ray" and args.threads is not None:
         raise ConfigError("--threads applies to --engine local; Ray gives each actor its CPUs (ray.init(num_cpus=))")
     for option, name in (("activation_digits", "--activation-digits"), ("numerics", "--numerics")):
         if args.engine == "ray" and getattr(args, option) is not None:
             raise ConfigError(f"{name} applies to --engine local (Ray actors load the model with its defaults)")
+
+
+def job_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What makes the job's rows, recorded beside its committed chunks: resuming them with other
+    settings is refused (docs/batch.md, "Committed chunks, resume, errors")."""
+    model = os.path.abspath(args.model) if os.path.exists(args.model) else args.model
+    return {"model": model, "revision": args.revision, "dtype": args.dtype, "generation": kwargs,
+            "custom_generate": args.custom_generate, "activation_digits": args.activation_digits,
+            "numerics": args.numerics}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a scheduler's stop): the job stops as on Ctrl-C, keeping its committed chunks."""
+
+
+@contextmanager
+def sigterm_stops_the_job() -> Iterator[None]:
+    """While the job runs, SIGTERM raises :class:`Terminated` in the main thread (as Ctrl-C raises
+    KeyboardInterrupt) so that the job stops between two commits, never halfway through writing one."""
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,12 +106,19 @@ def run(args: argparse.Namespace) -> int:
 
     _check_engine_options(args)
     kwargs = check_options(args)
+    n = kwargs.get("num_return_sequences")
+    if n is not None and n != 1:
+        raise ConfigError(f"--num-return-sequences must be 1 in genkit batch (one output row per input row); got {n}")
     if args.engine == "local":
-        apply_threads_option(args)
+        apply_threads_option(args)  # before torch loads
     import torch
 
     import genkit
     from genkit.batch import make_local_engine, run_batch
+    from genkit.batch.job import check_job
+
+    settings = job_settings(args, kwargs)
+    check_job(args.input, args.output, settings)  # before the model loads
 
     if args.seed is not None:
         torch.manual_seed(args.seed)
@@ -85,14 +131,12 @@ def run(args: argparse.Namespace) -> int:
         check_batching(args.batching, kwargs, args.custom_generate)  # before any actor loads a model
 
         if args.ray_address is None:
-            import os
-
             import ray
 
             if not ray.is_initialized():
                 ray.init(num_cpus=os.cpu_count(), log_to_driver=False)
 
-        engine = RayEngine(args.model, kwargs, batch_size=args.batch_size, workers=args.workers,
+        engine = RayEngine(args.model, kwargs, batch_size=args.batch_size, workers=args.workers or 1,
                            address=args.ray_address, custom_generate=args.custom_generate, trust_remote_code=trust,
                            revision=args.revision, dtype=args.dtype, device=args.device, batching=args.batching)
     else:
@@ -107,10 +151,12 @@ def run(args: argparse.Namespace) -> int:
 
     bar = BatchBar() if sys.stderr.isatty() else None
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), sigterm_stops_the_job():
             summary = run_batch(args.input, args.output, engine, chunk_size=args.chunk_size, progress=bar,
-                                on_result=bar.result if bar is not None else None,
+                                on_result=bar.result if bar is not None else None, settings=settings,
                                 **({} if args.max_line_bytes is None else {"max_line_bytes": args.max_line_bytes}))
+    except Terminated:
+        return 128 + signal.SIGTERM
     finally:
         if bar is not None:
             bar.close()

@@ -178,11 +178,23 @@ def check_generation_options(kwargs: dict[str, Any], custom_generate: str | None
     return config
 
 
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+"""The seeds ``torch.manual_seed`` takes."""
+
+
+def check_seed_option(args: argparse.Namespace) -> None:
+    """Refuse a ``--seed`` torch cannot take (it would fail after the model loaded, without naming it)."""
+    seed = getattr(args, "seed", None)
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ConfigError(f"--seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}; got {seed}")
+
+
 def check_options(args: argparse.Namespace) -> dict[str, Any]:
     """Every check of the options that needs no model (``genkit generate`` and ``genkit batch``):
     the generation parameters, the recipe or strategy name, ``--device``, ``--threads``. Returns the
     generation parameters."""
     check_threads_option(args)
+    check_seed_option(args)
     check_activation_digits_option(args)
     check_numerics_option(args)
     kwargs = generation_kwargs(args)

@@ -4,12 +4,16 @@ Prints the CPU (name and the flags the kernels care about), the GPUs torch sees 
 torch's version and ATen vector capability, whether the CPU has native bfloat16 products, the block kernel's path (AVX-512 VNNI,
 AVX2, AMX), and every per-CPU kernel choice cached under ``$GENKIT_HOME`` with the reason it was
 made (see :mod:`genkit.models.kernel_choice`). ``--probe`` makes the choices for the demo model
-first (loading it, a few seconds)."""
+first (loading it, a few seconds), with the threads ``genkit generate`` would run (``--threads N``
+to choose)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from ..errors import ConfigError
+from .options import add_threads_option, apply_threads_option
 
 
 def add_parser(subparsers: Any) -> None:
@@ -19,6 +23,7 @@ def add_parser(subparsers: Any) -> None:
                                           "path and the per-CPU kernel choices (GENKIT_KERNEL overrides them).")
     p.add_argument("--probe", action="store_true",
                    help="make the kernel choices for the demo model now (float32 and quantized), then show them")
+    add_threads_option(p)
     p.set_defaults(func=cmd_info)
 
 
@@ -56,6 +61,10 @@ def _probe() -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.probe:
+        apply_threads_option(args)  # the probe runs the model: its choices are for the count generate runs with
+    elif args.threads is not None:
+        raise ConfigError("--threads applies to --probe (the thread count the kernel choices are made for)")
     import torch
 
     from genkit import __version__

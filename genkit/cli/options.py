@@ -10,7 +10,8 @@ from typing import Any
 from ..errors import ConfigError
 
 THREADS_HELP = ("CPU threads for the model (default: the physical cores available to this process, or "
-                "OMP_NUM_THREADS when set; fewer when the load average says the machine is busy). See docs/threads.md")
+                "OMP_NUM_THREADS when set; never lowered from the load: a busy machine gets a warning). See "
+                "docs/threads.md")
 
 
 def add_threads_option(p: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +57,9 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=cmd_install)
 
     p = subparsers.add_parser("uninstall", help="pip-uninstall a genkit pack from genkit's own environment",
-                              description="Run `python -m pip uninstall -y` with the Python that runs genkit.")
+                              description="Run `python -m pip uninstall -y` with the Python that runs genkit. PACK "
+                                          "is an installed pack (a distribution with a `genkit` entry point) or the "
+                                          "name of a bundled pack (e.g. 'sampling'); anything else is refused.")
     p.add_argument("packs", nargs="+", metavar="PACK")
     p.add_argument("--dry-run", action="store_true", help="print the pip command without running it")
     p.set_defaults(func=cmd_uninstall)
@@ -247,12 +250,39 @@ def cmd_install(args: argparse.Namespace) -> int:
 PROTECTED = {"genkit-lm", "genkit_lm", "pluggy", "torch"}
 
 
+def _normalized(name: str) -> str:
+    """A distribution name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_packs() -> dict[str, str]:
+    """The installed genkit packs, distributions with an entry point in the ``genkit`` group, by
+    their normalized name (the name as installed)."""
+    from importlib import metadata
+
+    from ..plugins import ENTRY_POINT_GROUP
+
+    packs = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and any(ep.group == ENTRY_POINT_GROUP for ep in dist.entry_points):
+            packs[_normalized(name)] = name
+    return packs
+
+
 def cmd_uninstall(args: argparse.Namespace) -> int:
-    for spec in args.packs:
-        if spec.lower() in PROTECTED:
-            raise ConfigError(f"refusing to uninstall {spec!r}: genkit needs it; `genkit uninstall` is for packs")
+    """``pip uninstall -y`` of packs only: anything else (numpy, tokenizers, ...) is one of genkit's
+    own dependencies or unrelated to it, and is refused before pip runs."""
     names = []
+    packs = installed_packs()
     for spec in args.packs:
+        if _normalized(spec) in {_normalized(n) for n in PROTECTED}:
+            raise ConfigError(f"refusing to uninstall {spec!r}: genkit needs it; `genkit uninstall` is for packs")
         bundled = bundled_pack(spec) if not os.path.exists(spec) else None
-        names.append(bundled.name if bundled is not None else spec)
+        name = bundled.name if bundled is not None else spec
+        if _normalized(name) not in packs:
+            listed = ", ".join(sorted(packs.values())) or "none"
+            raise ConfigError(f"refusing to uninstall {spec!r}: it is not an installed genkit pack (a distribution "
+                              f"with a `genkit` entry point); installed packs: {listed}")
+        names.append(packs[_normalized(name)])
     return _run_pip([sys.executable, "-m", "pip", "uninstall", "-y", *names], args.dry_run)

@@ -43,6 +43,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--private", action="store_true", help="create the repo as private")
     p.add_argument("-m", "--message", default=None, help="commit message")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke run of the check")
+    add_threads_option(p)
     p.set_defaults(func=cmd_publish)
 
     p = subparsers.add_parser("inspect", help="show a recipe's README, files, requirements and audit without "
@@ -94,6 +95,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     from ..recipes.publish import RecipeCheckFailed, publish_recipe
 
+    if not args.no_smoke:
+        apply_threads_option(args)
     try:
         done = publish_recipe(args.path, args.repo_id, revision=args.revision, private=args.private,
                               commit_message=args.message, smoke=_smoke(args))
