@@ -87,8 +87,8 @@ class FieldSpec:
     off_when_none: bool = False
 
     def validate(self, value: Any) -> None:
-        if value is None or value == self.default or self.check is None:
-            return
+        if value is None or self.check is None or (type(value) is type(self.default) and value == self.default):
+            return  # (the type too: True == 1 and 20.0 == 20, but neither is an int count)
         try:
             ok = bool(self.check(value))
         except Exception:  # a check that cannot even look at the value rejects it

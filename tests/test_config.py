@@ -25,6 +25,11 @@ INVALID = [
     ({"max_new_tokens": -1}, "max_new_tokens", ">= 1"),
     ({"max_new_tokens": 0}, "max_new_tokens", ">= 1"),
     ({"max_new_tokens": True}, "max_new_tokens", "an int"),
+    # equal to the default, but not an int count: True == 1, 20.0 == 20, False == 0
+    ({"num_return_sequences": True}, "num_return_sequences", "an int >= 1"),
+    ({"num_beams": True}, "num_beams", "an int >= 1"),
+    ({"max_length": 20.0}, "max_length", "an int >= 1"),
+    ({"min_length": False}, "min_length", "an int >= 0"),
     ({"max_length": 0}, "max_length", ">= 1"),
     ({"min_new_tokens": 5, "max_new_tokens": 3}, "min_new_tokens", "<= `max_new_tokens`"),
     ({"min_length": 30, "max_length": 20}, "min_length", "<= `max_length`"),
