@@ -146,7 +146,7 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
     echo = _echo(body, chat, prompts, tokenizer, logprobs)
     stops = _stops(body, limits)
     kwargs: dict[str, Any] = {k: v for k, v in body.items() if k in generation_fields and k not in allowed}
-    kwargs.update(_penalties(body, tokenizer, limits, kwargs))
+    kwargs.update(_penalties(body, limits, kwargs))
     kwargs.update(_sampling_kwargs(body, kwargs, max_tokens, best_of, stops))
     kwargs.update(structured)
     constrain(kwargs, tools)
@@ -265,7 +265,7 @@ def _stops(body: dict[str, Any], limits: Limits) -> list[str]:
     return [s for s in stops if s]
 
 
-def _penalties(body: dict[str, Any], tokenizer: Any, limits: Limits, fields: dict[str, Any]) -> dict[str, Any]:
+def _penalties(body: dict[str, Any], limits: Limits, fields: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` as the generation
     fields whose processors ``generate`` runs (``sequence_bias`` with one-token sequences)."""
     kwargs: dict[str, Any] = {}
@@ -278,17 +278,18 @@ def _penalties(body: dict[str, Any], tokenizer: Any, limits: Limits, fields: dic
         return kwargs
     if "sequence_bias" in fields:
         raise APIError("`logit_bias` and `sequence_bias` set the same processor; send one", "logit_bias")
-    vocab = len(tokenizer)
     if not isinstance(bias, dict) or len(bias) > limits.max_logit_bias:
         raise APIError(f"`logit_bias` must be an object of at most {limits.max_logit_bias} "
                        "{\"token id\": bias} entries", "logit_bias")
     pairs = []
     for key, value in bias.items():
-        token = int(key) if isinstance(key, str) and key.strip().isdigit() else -1
-        if not 0 <= token < vocab or isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not -100 <= value <= 100:
-            raise APIError(f"`logit_bias` maps token ids (0 to {vocab - 1}) to numbers between -100 and 100; got "
-                           f"{_short(key)}: {_short(value)}", "logit_bias")
+        # the ids' upper bound is the model's vocabulary, checked with the other settings' token ids
+        # (genkit.config.checks.check_vocabulary, as `sequence_bias`)
+        digits = key.strip() if isinstance(key, str) else ""
+        token = int(digits) if digits.isascii() and digits.isdecimal() and len(digits) <= 12 else -1
+        if token < 0 or isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise APIError(f"`logit_bias` maps token ids (ints >= 0, as strings) to numbers between -100 and 100; "
+                           f"got {_short(key)}: {_short(value)}", "logit_bias")
         if value:
             pairs.append([[token], float(value)])
     if pairs:
