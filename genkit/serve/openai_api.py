@@ -37,6 +37,11 @@ _NOT_FOR_CLIENTS = ("output_scores", "output_logits", "output_attentions", "outp
                     "compile_config", "disable_compile", "continuous_batching_config", "prefill_chunk_size")
 # chat roles the template renders ("developer" is OpenAI's newer name for "system")
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# the fields of OpenAI's chat messages, by role (``name`` on a tool result too, as vLLM and clients
+# such as LangChain send it): the template receives them as sent (as transformers'
+# apply_chat_template and vLLM give them); another key is a 400 naming it
+_MESSAGE_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
+                   "assistant": ("name", "tool_calls", "refusal"), "tool": ("name", "tool_call_id")}
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")
 
 
@@ -380,15 +385,36 @@ def _message(i: int, m: Any, native: bool = False) -> dict[str, Any]:
     if role == "function":
         raise APIError(f"`messages[{i}]`: the legacy `function` role is not supported; use `tool`", "messages",
                        code="not_supported")
+    if role not in _MESSAGE_FIELDS:
+        raise APIError(f"`messages[{i}].role` must be one of {', '.join(sorted(_MESSAGE_FIELDS))}; got "
+                       f"{_short(role)}", "messages")
+    passed = _passed_fields(i, m, role)
     if role == "tool" or m.get("tool_calls") is not None:
         from .tools import tool_message
 
         calls = role == "assistant" and m.get("tool_calls") is not None
-        return tool_message(i, m, _content(i, m, optional=calls), native)
-    if role not in _ROLES:
-        raise APIError(f"`messages[{i}].role` must be one of {', '.join(sorted(_ROLES | {'tool': ''}))}; got "
-                       f"{_short(role)}", "messages")
-    return {"role": _ROLES[role], "content": _content(i, m)}
+        return {**tool_message(i, m, _content(i, m, optional=calls), native), **passed}
+    return {"role": _ROLES[role], "content": _content(i, m), **passed}
+
+
+def _passed_fields(i: int, m: dict[str, Any], role: str) -> dict[str, Any]:
+    """The message's other OpenAI fields that go to the template as sent (``name``, an assistant's
+    ``refusal``), checked; a key OpenAI's message of this role does not have is a 400 naming it."""
+    known = ("role", "content", *_MESSAGE_FIELDS[role])
+    unknown = [k for k in m if k not in known]
+    if unknown:
+        raise APIError(f"`messages[{i}]` (role `{role}`) has fields this server does not take: "
+                       f"{', '.join(_short(k) for k in unknown[:8])}; it takes {', '.join(known)}", "messages")
+    passed = {}
+    for key in ("name", "refusal", "tool_call_id"):
+        value = m.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise APIError(f"`messages[{i}].{key}` must be a string; got {_short(value)}", "messages")
+        if key != "tool_call_id":  # the tool path writes it (genkit.serve.tools.tool_message)
+            passed[key] = value
+    return passed
 
 
 def _content(i: int, m: dict[str, Any], optional: bool = False) -> str:
@@ -403,6 +429,10 @@ def _content(i: int, m: dict[str, Any], optional: bool = False) -> str:
                    for p in content):
             raise APIError(f"`messages[{i}].content` parts must be {{\"type\": \"text\", \"text\": ...}} (this model "
                            "reads text only)", "messages")
+        unknown = sorted({k for p in content for k in p if k not in ("type", "text")})
+        if unknown:
+            raise APIError(f"`messages[{i}].content` parts have fields a text part does not take: "
+                           f"{', '.join(_short(k) for k in unknown[:8])}; it takes type, text", "messages")
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise APIError(f"`messages[{i}].content` must be a string or a list of text parts", "messages")
