@@ -6,6 +6,7 @@ import json
 from numbers import Integral, Real
 from typing import Any
 
+from genkit.config.fields import token_ids_in
 from genkit.errors import ConfigError
 from genkit.plugins import FieldSpec
 
@@ -57,6 +58,12 @@ def _sequence_bias(v: Any) -> bool:
     return len(items) > 0 and all(_ids(list(k)) and len(k) > 0 and _num(b) for k, b in items)
 
 
+def _bias_ids(v: Any) -> list[Any]:
+    """The token ids the sequences of a ``sequence_bias`` value hold."""
+    keys = [parse_bias_key(k) for k in v] if isinstance(v, dict) else [pair[0] for pair in v]
+    return token_ids_in(keys)
+
+
 def _temperature(v: Any) -> bool:
     return _num(v) and 0 <= v < float("inf")
 
@@ -66,9 +73,10 @@ def _decay(v: Any) -> bool:
             and _num(v[1]) and v[1] > 1.0)
 
 
-def _switch(name: str, default: Any, check: Any, accepted: str) -> FieldSpec:
-    """A processor's field: ``None`` passed to generate turns the processor off (transformers 5)."""
-    return FieldSpec(name, default, check, accepted, off_when_none=True)
+def _switch(name: str, default: Any, check: Any, accepted: str, token_ids: Any = None) -> FieldSpec:
+    """A processor's field: ``None`` passed to generate turns the processor off (transformers 5).
+    ``token_ids``: the ids a value holds, checked against the model's vocabulary."""
+    return FieldSpec(name, default, check, accepted, off_when_none=True, token_ids=token_ids)
 
 
 TEMPERATURE = _switch("temperature", 1.0, _temperature, "a finite number >= 0 (> 0 when sampling)")
@@ -90,21 +98,23 @@ NO_REPEAT_NGRAM_SIZE = _switch("no_repeat_ngram_size", 0, lambda v: _int(v) and 
 ENCODER_NO_REPEAT_NGRAM_SIZE = _switch("encoder_no_repeat_ngram_size", 0, lambda v: _int(v) and v >= 0,
                                        "an int >= 0")
 BAD_WORDS_IDS = _switch("bad_words_ids", None, _id_lists,
-                        "a non-empty list of non-empty lists of token ids >= 0, or None")
+                        "a non-empty list of non-empty lists of token ids >= 0, or None", token_ids_in)
 RENORMALIZE_LOGITS = _switch("renormalize_logits", False, lambda v: isinstance(v, bool), "True or False")
-FORCED_BOS = _switch("forced_bos_token_id", None, lambda v: _int(v) and v >= 0, "a token id >= 0 or None")
+FORCED_BOS = _switch("forced_bos_token_id", None, lambda v: _int(v) and v >= 0, "a token id >= 0 or None",
+                     token_ids_in)
 FORCED_EOS = _switch("forced_eos_token_id", None,
                      lambda v: (_int(v) and v >= 0) or (_ids(v) and len(v) > 0),
-                     "a token id >= 0, a list of ids, or None")
+                     "a token id >= 0, a list of ids, or None", token_ids_in)
 REMOVE_INVALID = _switch("remove_invalid_values", False, lambda v: isinstance(v, bool), "True or False")
 DECAY = _switch("exponential_decay_length_penalty", None, _decay,
                 "a pair (start_index: int >= 0, decay_factor: number > 1.0) or None")
-SUPPRESS = _switch("suppress_tokens", None, lambda v: _ids(v) and len(v) > 0, "a list of token ids >= 0 or None")
+SUPPRESS = _switch("suppress_tokens", None, lambda v: _ids(v) and len(v) > 0, "a list of token ids >= 0 or None",
+                   token_ids_in)
 BEGIN_SUPPRESS = _switch("begin_suppress_tokens", None, lambda v: _ids(v) and len(v) > 0,
-                         "a list of token ids >= 0 or None")
+                         "a list of token ids >= 0 or None", token_ids_in)
 SEQUENCE_BIAS = _switch("sequence_bias", None, _sequence_bias,
                         "a non-empty dict {tuple of token ids: bias} or a non-empty list of [list of token ids, bias] "
-                        "pairs, or None")
+                        "pairs, or None", _bias_ids)
 
 ALL = (TEMPERATURE, TOP_K, TOP_P, MIN_P, TOP_H, TYPICAL_P, EPSILON_CUTOFF, ETA_CUTOFF, REPETITION_PENALTY,
        ENCODER_REPETITION_PENALTY, NO_REPEAT_NGRAM_SIZE, ENCODER_NO_REPEAT_NGRAM_SIZE, BAD_WORDS_IDS,

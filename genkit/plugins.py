@@ -75,7 +75,10 @@ class FieldSpec:
     object the field holds, when the field is set; it may raise ``ConfigError`` naming the field.
     ``off_when_none=True`` (a logits processor's switch): an explicit ``None`` passed to
     ``generate`` turns the processor off, as in transformers 5 (``top_k=None`` samples without
-    top-k), instead of meaning the default.
+    top-k), instead of meaning the default. ``token_ids(value) -> iterable of ints``, when given,
+    lists the token ids a (valid) value holds: ``generate`` refuses a value holding an id outside
+    the model's vocabulary with a ``ConfigError`` naming the field
+    (:func:`genkit.config.checks.check_vocabulary`).
     """
 
     name: str
@@ -85,6 +88,7 @@ class FieldSpec:
     doc: str = ""
     coerce: Callable[[Any], Any] | None = None
     off_when_none: bool = False
+    token_ids: Callable[[Any], Iterable[Any]] | None = None
 
     def validate(self, value: Any) -> None:
         if value is None or self.check is None or (type(value) is type(self.default) and value == self.default):

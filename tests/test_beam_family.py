@@ -69,7 +69,7 @@ def test_streamer_with_beams_is_refused(tiny_model):
     ({"num_beams": 2, "early_stopping": "sometimes"}, "early_stopping"),
     ({"num_beams": 2, "force_words_ids": [[5, "x"]]}, "`force_words_ids` must be"),
     ({"num_beams": 2, "force_words_ids": [[]]}, "`force_words_ids` must be"),
-    ({"num_beams": 2, "force_words_ids": [[5000]]}, r"token id 5000, outside the vocabulary \[0, 128\)"),
+    ({"num_beams": 2, "force_words_ids": [[5000]]}, r"`force_words_ids` holds token ids \[5000\] outside the model's vocabulary \(size 128\)"),
 ])
 def test_invalid_combinations(tiny_model, kw, msg):
     with pytest.raises(ValueError, match=msg):

@@ -225,3 +225,41 @@ def test_a_deeply_nested_file_is_a_config_error_naming_it(tmp_path):
     path.write_text('{"temperature": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(ConfigError, match=rf"{path} is not valid JSON: nested too deeply"):
         GenerationConfig.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"temperature": NaN, "do_sample": true}', "`temperature` must be a finite number >= 0 (> 0 when sampling); got nan."),
+    ('{"top_k": -3}', "`top_k` must be an int >= 0 (0 disables); got -3."),
+    ('{"num_beams": 4, "num_return_sequences": 8}', "`num_return_sequences` (8) must be <= `num_beams` (4)."),
+])
+def test_a_bad_value_in_the_file_is_a_config_error_naming_the_file(tmp_path, text, message):
+    """The error named the field but not the file it came from (a model folder's, a Hub repo's)."""
+    from genkit.errors import ConfigError
+    path = tmp_path / "generation_config.json"
+    path.write_text(text)
+    for load in (lambda: GenerationConfig.from_pretrained(tmp_path), lambda: GenerationConfig.from_pretrained(path),
+                 lambda: GenerationConfig.from_json_file(path)):
+        with pytest.raises(ConfigError) as exc:
+            load()
+        assert str(exc.value) == f"{path}: {message}"
+
+
+def test_a_bad_override_of_a_good_file_is_the_callers_error(tmp_path):
+    from genkit.errors import ConfigError
+    (tmp_path / "generation_config.json").write_text('{"top_k": 5}')
+    with pytest.raises(ConfigError) as exc:
+        GenerationConfig.from_pretrained(tmp_path, top_k=-1)
+    assert str(exc.value) == "`top_k` must be an int >= 0 (0 disables); got -1."
+    config, unused = GenerationConfig.from_pretrained(tmp_path, top_p=0.5, foo=1, return_unused_kwargs=True)
+    assert (config.top_k, config.top_p, unused) == (5, 0.5, {"foo": 1})
+    assert config._loaded_hash == hash(config)  # saved back as loaded: validated leniently, as from_dict does
+
+
+def test_load_model_names_the_generation_config_file(tmp_path, tiny_hf_dir):
+    from genkit.errors import ConfigError
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_hf_dir, folder)
+    (folder / "generation_config.json").write_text('{"top_k": -3}')
+    with pytest.raises(ConfigError) as exc:
+        genkit.load_model(folder)
+    assert str(exc.value) == f"{folder / 'generation_config.json'}: `top_k` must be an int >= 0 (0 disables); got -3."

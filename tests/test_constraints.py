@@ -61,5 +61,6 @@ def test_constraints_that_cannot_run_are_refused_naming_them(model):
         genkit.generate(model, IDS, max_new_tokens=4, num_beams=2, do_sample=True, constraints=[[40, 41]])
     with pytest.raises(ConfigError, match="`constraints` must be a list of constraints .* got \\[<object"):
         genkit.generate(model, IDS, max_new_tokens=4, num_beams=2, constraints=[object()])
-    with pytest.raises(ValueError, match=r"`constraints` holds token id 500, outside the vocabulary \[0, 128\)"):
+    with pytest.raises(ConfigError, match=r"`constraints` holds token ids \[500\] outside the model's vocabulary "
+                                          r"\(size 128\); accepted ids are 0..127"):
         genkit.generate(model, IDS, max_new_tokens=4, num_beams=2, constraints=[[500]])

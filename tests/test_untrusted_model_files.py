@@ -224,11 +224,29 @@ def test_config_json_fields_are_checked(tmp_path, field, value, accepted):
     ({"layer_types": ["full_attention"] * 3}, "`layer_types` has 3 entries for `num_hidden_layers`=2 layers"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 2.0}},
      "`low_freq_factor` and `high_freq_factor` must differ"),
-    ({"get": 5}, "'get' cannot be a config field"), ({"to_dict": 1, "__init__": 0}, "'__init__', 'to_dict' cannot")])
+    ({"get": 5}, "'get' cannot be a config field"), ({"to_dict": 1, "__init__": 0}, "'__init__', 'to_dict' cannot"),
+    ({"text_config": {"vocab_size": 128, "get": 5}}, "config.json: 'text_config.get' cannot be a config field"),
+    ({"text_config": {"get_text_config": 1, "__class__": 0}},
+     "config.json: 'text_config.__class__', 'text_config.get_text_config' cannot be a config field")])
 def test_config_json_fields_that_cannot_be_read_are_refused(tmp_path, config, message):
     import genkit
     with pytest.raises(ModelFileError, match=re.escape(message)):
         genkit.load_model(_folder(tmp_path, **config))
+
+
+def test_a_nested_text_config_cannot_shadow_the_config_methods_either():
+    """get_text_config() built a ModelConfig from `text_config` without the check config.json has:
+    `{"text_config": {"get": 5}}` replaced `get` of the text config every reader calls."""
+    from genkit.errors import ConfigError
+    from genkit.models.base import ModelConfig
+
+    config = ModelConfig(vocab_size=8, text_config={"vocab_size": 8, "get": 5})
+    with pytest.raises(ConfigError, match=re.escape("'get' cannot be a config field (the name of a ModelConfig "
+                                                    "method or attribute)")):
+        config.get_text_config()
+    with pytest.raises(ConfigError, match=re.escape("'to_dict' cannot be a config field")):
+        ModelConfig(to_dict=1)
+    assert ModelConfig(text_config={"vocab_size": 8}).get_text_config().get("vocab_size") == 8
 
 
 def test_real_config_fields_still_load(tmp_path):

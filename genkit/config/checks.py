@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 from ..plugins import FieldSpec
 from .fields import EXTRA_OUTPUT_FLAGS, field_table, is_int, is_num
+from .warn import warn_once
 
 if TYPE_CHECKING:
     from .generation_config import GenerationConfig
@@ -65,6 +66,58 @@ def check_combinations(c: GenerationConfig) -> None:
             raise ConfigError(f"`{name}` (constrained beam search) needs num_beams > 1 and do_sample=False.")
     _check_forced_not_suppressed(c)
     _check_layer_strategies(c)
+
+
+# special tokens a model's own config may hold outside its vocabulary: transformers' configs keep
+# their defaults when a test model shrinks the vocabulary (GPT2Config(vocab_size=64) keeps GPT-2's
+# 50256), and transformers generates with them; what each means then
+MODEL_SPECIAL_TOKENS = {
+    "eos_token_id": "it never ends a row",
+    "pad_token_id": "rows that finish early are padded with the first EOS id inside it, else 0",
+    "bos_token_id": "a generation without a prompt cannot start from it",
+    "decoder_start_token_id": "the decoder cannot start from it",
+}
+
+
+def model_vocab_size(model: Any) -> int | None:
+    """The width of a model's logits: its (decoder's) config's ``vocab_size``, not its tokenizer's
+    length (a head may be padded past the tokenizer, or a tokenizer know more ids than the head
+    scores); ``None`` for a model without one."""
+    model_config = getattr(model, "config", None)
+    get_text_config = getattr(model_config, "get_text_config", None)
+    text = get_text_config(decoder=True) if callable(get_text_config) else model_config
+    vocab = getattr(text, "vocab_size", None)
+    return int(vocab) if is_int(vocab) and vocab > 0 else None
+
+
+def model_token_issue(name: str, ids: list[int], vocab_size: int) -> str:
+    """The warning about a model's special token outside its vocabulary (:data:`MODEL_SPECIAL_TOKENS`)."""
+    return (f"the model's `{name}` holds token ids {ids[:8]} outside its vocabulary (size {vocab_size}): "
+            f"{MODEL_SPECIAL_TOKENS[name]}")
+
+
+def check_vocabulary(c: GenerationConfig, vocab_size: int) -> None:
+    """Every token id a field holds (the fields whose :class:`~genkit.plugins.FieldSpec` lists its
+    ``token_ids``: the special tokens, ``suppress_tokens``, ``bad_words_ids``, ``sequence_bias``, a
+    pack's) lies below ``vocab_size``, the width of the model's logits: a ``ConfigError`` naming
+    the field and the vocabulary otherwise (an id the model can never score would be ignored, or
+    fail in the middle of a generation). The one exception: a special token of
+    :data:`MODEL_SPECIAL_TOKENS` the caller did not set (a resolved config's ``user_set``; the
+    model's) is warned about. Negative ids are the fields' own business (the "matches no token"
+    sentinel of ``eos_token_id`` / ``pad_token_id``)."""
+    user_set = getattr(c, "user_set", None)
+    for name, spec in field_table().items():
+        value = getattr(c, name, None)
+        if spec.token_ids is None or value is None:
+            continue
+        too_big = sorted({int(i) for i in spec.token_ids(value) if is_int(i) and i >= vocab_size})
+        if not too_big:
+            continue
+        if name in MODEL_SPECIAL_TOKENS and user_set is not None and name not in user_set:
+            warn_once(model_token_issue(name, too_big, vocab_size))
+            continue
+        raise ConfigError(f"`{name}` holds token ids {too_big[:8]} outside the model's vocabulary "
+                          f"(size {vocab_size}); accepted ids are 0..{vocab_size - 1}")
 
 
 def _check_forced_not_suppressed(c: GenerationConfig) -> None:

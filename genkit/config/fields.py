@@ -67,14 +67,28 @@ def _id_or_sentinel(v: Any) -> bool:
     return is_int(v)
 
 
+def token_ids_in(v: Any) -> list[Any]:
+    """The ints a token-id value holds at any depth: one id, a list of ids, lists of those (a
+    :class:`~genkit.plugins.FieldSpec`'s ``token_ids``)."""
+    found, todo = [], [v]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, (list, tuple)):
+            todo.extend(x)
+        elif is_int(x):
+            found.append(x)
+    return found
+
+
 def _str_or_strs(v: Any) -> bool:
     if isinstance(v, str):
         return len(v) > 0
     return isinstance(v, (list, tuple)) and len(v) > 0 and all(isinstance(s, str) and s for s in v)
 
 
-def _F(name: str, default: Any, check: Any = None, accepted: str = "", doc: str = "", coerce: Any = None) -> FieldSpec:
-    return FieldSpec(name, default, check, accepted, doc, coerce)
+def _F(name: str, default: Any, check: Any = None, accepted: str = "", doc: str = "", coerce: Any = None,
+       token_ids: Any = None) -> FieldSpec:
+    return FieldSpec(name, default, check, accepted, doc, coerce, token_ids=token_ids)
 
 
 def _constraint_list(v: Any) -> bool:
@@ -128,10 +142,11 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("penalty_alpha", None, lambda v: is_num(v) and 0 <= v <= 1, "a number in [0, 1] or None"),
     _F("dola_layers", None, lambda v: v in ("low", "high") or (isinstance(v, list) and all(is_int(x) for x in v)),
        '"low", "high", a list of layer indices, or None'),
-    _F("force_words_ids", None, lambda v: isinstance(v, list) and len(v) > 0, "a non-empty list or None"),
+    _F("force_words_ids", None, lambda v: isinstance(v, list) and len(v) > 0, "a non-empty list or None",
+       token_ids=token_ids_in),
     _F("constraints", None, _constraint_list, "a list of constraints (each a phrase or a disjunctive set "
        "as in force_words_ids, or an object with `token_ids` such as transformers 4's PhrasalConstraint and "
-       "DisjunctiveConstraint) or None", coerce=_as_constraint_list),
+       "DisjunctiveConstraint) or None", coerce=_as_constraint_list, token_ids=token_ids_in),
     _F("use_cache", True, _is_bool, "True or False"),
     _F("cache_implementation", None, lambda v: v in CACHE_IMPLEMENTATIONS,
        ", ".join(f'"{v}"' for v in CACHE_IMPLEMENTATIONS) + " or None"),
@@ -160,11 +175,11 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("return_dict_in_generate", False, _is_bool, "True or False"),
     # special tokens
     _F("pad_token_id", None, _id_or_sentinel, "a token id >= 0 (a negative id is treated as unset, with a "
-       "warning) or None"),
-    _F("bos_token_id", None, _token_id, "a token id >= 0 or None"),
+       "warning) or None", token_ids=token_ids_in),
+    _F("bos_token_id", None, _token_id, "a token id >= 0 or None", token_ids=token_ids_in),
     _F("eos_token_id", None, lambda v: _token_ids(v, _id_or_sentinel), "a token id >= 0, a non-empty list of ids "
-       "(a negative id matches no token, with a warning), or None"),
-    _F("decoder_start_token_id", None, _token_ids, "a token id >= 0 or None"),
+       "(a negative id matches no token, with a warning), or None", token_ids=token_ids_in),
+    _F("decoder_start_token_id", None, _token_ids, "a token id >= 0 or None", token_ids=token_ids_in),
     # assisted decoding
     _F("is_assistant", False, _is_bool, "True or False"),
     _F("num_assistant_tokens", 20, lambda v: is_int(v) and v >= 1, "an int >= 1"),

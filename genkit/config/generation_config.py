@@ -13,7 +13,8 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ConfigError, FrozenConfigError
@@ -35,6 +36,15 @@ from .fields import (
 )
 from .files import push_config_file, read_config_json, resolve_config_file
 from .warn import logger, warn_once
+
+
+@contextmanager
+def _naming_file(path: str | os.PathLike[str]) -> Iterator[None]:
+    """A ``ConfigError`` raised in the block names the file whose values it is about."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise type(exc)(f"{os.fspath(path)}: {exc}") from exc  # its kind kept (NotSupportedError, ...)
 
 
 def _file_name(config_file_name: str | os.PathLike[str] | None,
@@ -266,7 +276,10 @@ class GenerationConfig:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike[str]) -> GenerationConfig:
-        return cls.from_dict(read_config_json(path))  # type: ignore[no-any-return]
+        """The config a JSON file holds; a bad value is a ``ConfigError`` naming the file."""
+        data = read_config_json(path)
+        with _naming_file(path):
+            return cls.from_dict(data)  # type: ignore[no-any-return]
 
     @classmethod
     def from_pretrained(
@@ -292,9 +305,14 @@ class GenerationConfig:
             force_download=force_download, local_files_only=local_files_only, token=token, revision=revision,
             **kwargs)
         data = read_config_json(path)
-        if kwargs.pop("_from_model_config", False):
-            return cls.from_model_config(data)
-        return cls.from_dict(data, return_unused_kwargs=return_unused_kwargs, **kwargs)
+        with _naming_file(path):  # a bad value in the file names it (the keyword overrides are the caller's)
+            if kwargs.pop("_from_model_config", False):
+                return cls.from_model_config(data)
+            config = cls(**data)
+        unused = config.update(**kwargs)  # as from_dict applies them
+        _log_unused(unused)
+        config._loaded_hash = hash(config)
+        return (config, unused) if return_unused_kwargs else config
 
     def save_pretrained(
         self,

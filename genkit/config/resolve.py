@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
-from .checks import negative_pad_issue
+from .checks import model_token_issue, negative_pad_issue
 from .fields import METADATA, field_table, negative_id, none_means_off
 from .generation_config import GenerationConfig, ResolvedConfig, valid_fields
 from .warn import warn_once
@@ -89,20 +89,27 @@ def _negative_ids(config: ResolvedConfig) -> dict[str, Any]:
     return {"pad_token_id": None}
 
 
-def resolve_special_tokens(config: ResolvedConfig, model_tokens: Mapping[str, Any]) -> ResolvedConfig:
+def resolve_special_tokens(config: ResolvedConfig, model_tokens: Mapping[str, Any],
+                           vocab_size: int | None = None) -> ResolvedConfig:
     """``config`` with its unset special tokens taken from ``model_tokens`` (the model config's, for a
     model without a generation config of its own; an invalid id there is left out) and an unset ``pad_token_id`` set to the first
     EOS id, as transformers does. A negative ``eos_token_id`` / ``pad_token_id`` is warned about: the
-    EOS id matches no token (:func:`eos_token_ids` leaves it out), the pad id counts as unset."""
+    EOS id matches no token (:func:`eos_token_ids` leaves it out), the pad id counts as unset. So does
+    a pad id at or past ``vocab_size`` (the model's: the caller's is refused,
+    :func:`genkit.config.checks.check_vocabulary`); the pad id defaults to the first EOS id inside it."""
     given = valid_fields({name: model_tokens.get(name) for name in SPECIAL_TOKENS}, field_table())
     changes = {name: value for name, value in given.items() if getattr(config, name) is None}
     config = config.replace(**changes) if changes else config
     changes = _negative_ids(config)
     if changes and given.get("pad_token_id") is not None:  # a negative pad id is unset: the model's applies
         changes["pad_token_id"] = given["pad_token_id"]
-    eos_ids = eos_token_ids(config.eos_token_id)
-    if changes.get("pad_token_id", config.pad_token_id) is None and eos_ids:
-        changes["pad_token_id"] = eos_ids[0]
+    inside = [i for i in eos_token_ids(config.eos_token_id) if vocab_size is None or i < vocab_size]
+    pad = changes.get("pad_token_id", config.pad_token_id)
+    if vocab_size is not None and pad is not None and pad >= vocab_size:  # the caller's is refused before
+        warn_once(model_token_issue("pad_token_id", [pad], vocab_size))
+        changes["pad_token_id"] = pad = None
+    if pad is None and inside:
+        changes["pad_token_id"] = inside[0]
     return config.replace(**changes) if changes else config
 
 

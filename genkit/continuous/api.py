@@ -178,10 +178,13 @@ _REQUEST_ARGUMENTS = frozenset({"seed", "tokenizer", "logits_processor", "stoppi
 
 
 def _check_request_kwargs(model: Any, generation_config: Any, kwargs: dict[str, Any]) -> None:
-    """An unknown generation keyword is an error before any request runs (each request would fail)."""
+    """An unknown generation keyword, or a bad value (an ``eos_token_id`` outside the vocabulary
+    included), is an error before any request runs (each request would fail)."""
     from genkit.generation.api import merge_config
 
     fields = {k: v for k, v in kwargs.items() if k not in _REQUEST_ARGUMENTS and k not in UNSUPPORTED_ARGUMENTS}
+    if kwargs.get("eos_token_id") is not None:  # None: no end-of-sequence token
+        fields["eos_token_id"] = kwargs["eos_token_id"]
     merge_config(model, generation_config, fields)
 
 

@@ -19,6 +19,7 @@ from ..config import (
     resolve_lengths,
     unknown_key_error,
 )
+from ..config.checks import check_vocabulary, model_vocab_size
 from ..errors import ConfigError
 from ..plugins import get_registry
 from ..strategy import StopConditions, StreamerOnce
@@ -258,7 +259,17 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
         raise unknown_key_error(unknown[0], list(field_table()) + sorted(MODEL_KWARGS),
                                 what="generation parameter (GenerationConfig field or model input)")
     check_supported(config)
+    check_token_ids(model, config)
     return config, model_kwargs
+
+
+def check_token_ids(model: Any, config: GenerationConfig) -> None:
+    """The config's token ids (``eos_token_id``, ``suppress_tokens``, ``sequence_bias``, ...) lie in
+    the model's vocabulary, the width of its logits (:func:`genkit.config.checks.check_vocabulary`).
+    A model without a ``vocab_size`` is not checked."""
+    vocab = model_vocab_size(model)
+    if vocab is not None:
+        check_vocabulary(config, vocab)
 
 
 def prepare(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
@@ -280,6 +291,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     config, model_kwargs = merge_config(model, generation_config, kwargs)
     _check_attentions(model, config)
     config, eos_ids = special_tokens(model, config)
+    check_token_ids(model, config)  # the special tokens it took from the model's config
     device = getattr(model, "device", torch.device("cpu"))
     if seq2seq is None:
         inputs = _embeddings_prompt(inputs, forwarded, config, model_kwargs)

@@ -21,9 +21,15 @@ _SUB_CONFIGS = frozenset({"text_config", "vision_config", "audio_config"})
 
 
 class ModelConfig:
-    """A model's ``config.json`` as attributes (the fields transformers' configs use)."""
+    """A model's ``config.json`` as attributes (the fields transformers' configs use). A field may
+    not have the name of a method or attribute (``{"get": 5}`` would replace the method every reader
+    of the config calls): a ``ConfigError`` naming it (:func:`shadowing_fields`)."""
 
     def __init__(self, **kwargs: Any) -> None:
+        shadowing = [key for key in kwargs if hasattr(ModelConfig, key)]
+        if shadowing:
+            raise ConfigError(f"{', '.join(map(repr, sorted(shadowing)))} cannot be a config field (the name of a "
+                              "ModelConfig method or attribute)")
         self.__dict__.update(kwargs)
 
     def __getattr__(self, key: str) -> Any:
@@ -51,6 +57,17 @@ class ModelConfig:
 
     def __repr__(self) -> str:
         return f"ModelConfig({json.dumps(self.__dict__, default=str, sort_keys=True)})"
+
+
+def shadowing_fields(data: dict[str, Any]) -> list[str]:
+    """The fields of a config's ``data`` that :class:`ModelConfig` refuses (the name of one of its
+    methods or attributes), its ``text_config``'s included (as ``text_config.<name>``: the config
+    ``get_text_config()`` builds)."""
+    found = [key for key in data if hasattr(ModelConfig, key)]
+    sub = data.get("text_config")
+    if isinstance(sub, dict):
+        found += [f"text_config.{key}" for key in sub if hasattr(ModelConfig, key)]
+    return sorted(found)
 
 
 def positions_from_mask(attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import ConfigError, CorruptModelError, ModelFileError, ModelLoadError, UnsupportedModelError
 from ..tokenizer import Tokenizer, tokenizer_from_folder, tokenizer_from_gguf_metadata
-from .base import GenkitModel, ModelConfig
+from .base import GenkitModel, ModelConfig, shadowing_fields
 from .limits import check_config, limit, over
 
 logger = logging.getLogger("genkit.models")
@@ -380,7 +380,7 @@ def read_config_json(path: str) -> ModelConfig:
         raise ModelFileError(f"{path}: not valid JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict):
         raise ModelFileError(f"{path}: not a JSON object of config fields")
-    shadowing = sorted(key for key in data if hasattr(ModelConfig, key))
+    shadowing = shadowing_fields(data)
     if shadowing:  # {"get": 5} would replace the method every reader of the config calls
         raise ModelFileError(f"{path}: {', '.join(map(repr, shadowing))} cannot be a config field (the name of a "
                              "ModelConfig method or attribute)")

@@ -336,6 +336,8 @@ def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerSt
             config, _ = merge_config(state.model, None, settings)
         except ValueError as exc:  # ConfigError and its kin
             message = public_message(exc)
+            if "logit_bias" in body and "sequence_bias" not in body:  # the client sent it as logit_bias
+                message = message.replace("`sequence_bias`", "`logit_bias`")
             names = [f for name in re.findall(r"`(\w+)`", message) for f in (name, *_SET_BY.get(name, ())) if f in body]
             raise APIError(message, names[0] if names else None,
                            code="not_supported" if isinstance(exc, NotSupportedError) else None) from exc

@@ -37,6 +37,11 @@ _NOT_FOR_CLIENTS = ("output_scores", "output_logits", "output_attentions", "outp
                     "compile_config", "disable_compile", "continuous_batching_config", "prefill_chunk_size")
 # chat roles the template renders ("developer" is OpenAI's newer name for "system")
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# the fields of OpenAI's chat messages, by role (``name`` on a tool result too, as vLLM and clients
+# such as LangChain send it): the template receives them as sent (as transformers'
+# apply_chat_template and vLLM give them); another key is a 400 naming it
+_MESSAGE_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
+                   "assistant": ("name", "tool_calls", "refusal"), "tool": ("name", "tool_call_id")}
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")
 
 
@@ -146,7 +151,7 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
     echo = _echo(body, chat, prompts, tokenizer, logprobs)
     stops = _stops(body, limits)
     kwargs: dict[str, Any] = {k: v for k, v in body.items() if k in generation_fields and k not in allowed}
-    kwargs.update(_penalties(body, tokenizer, limits, kwargs))
+    kwargs.update(_penalties(body, limits, kwargs))
     kwargs.update(_sampling_kwargs(body, kwargs, max_tokens, best_of, stops))
     kwargs.update(structured)
     constrain(kwargs, tools)
@@ -265,7 +270,7 @@ def _stops(body: dict[str, Any], limits: Limits) -> list[str]:
     return [s for s in stops if s]
 
 
-def _penalties(body: dict[str, Any], tokenizer: Any, limits: Limits, fields: dict[str, Any]) -> dict[str, Any]:
+def _penalties(body: dict[str, Any], limits: Limits, fields: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` as the generation
     fields whose processors ``generate`` runs (``sequence_bias`` with one-token sequences)."""
     kwargs: dict[str, Any] = {}
@@ -278,17 +283,18 @@ def _penalties(body: dict[str, Any], tokenizer: Any, limits: Limits, fields: dic
         return kwargs
     if "sequence_bias" in fields:
         raise APIError("`logit_bias` and `sequence_bias` set the same processor; send one", "logit_bias")
-    vocab = len(tokenizer)
     if not isinstance(bias, dict) or len(bias) > limits.max_logit_bias:
         raise APIError(f"`logit_bias` must be an object of at most {limits.max_logit_bias} "
                        "{\"token id\": bias} entries", "logit_bias")
     pairs = []
     for key, value in bias.items():
-        token = int(key) if isinstance(key, str) and key.strip().isdigit() else -1
-        if not 0 <= token < vocab or isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not -100 <= value <= 100:
-            raise APIError(f"`logit_bias` maps token ids (0 to {vocab - 1}) to numbers between -100 and 100; got "
-                           f"{_short(key)}: {_short(value)}", "logit_bias")
+        # the ids' upper bound is the model's vocabulary, checked with the other settings' token ids
+        # (genkit.config.checks.check_vocabulary, as `sequence_bias`)
+        digits = key.strip() if isinstance(key, str) else ""
+        token = int(digits) if digits.isascii() and digits.isdecimal() and len(digits) <= 12 else -1
+        if token < 0 or isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise APIError(f"`logit_bias` maps token ids (ints >= 0, as strings) to numbers between -100 and 100; "
+                           f"got {_short(key)}: {_short(value)}", "logit_bias")
         if value:
             pairs.append([[token], float(value)])
     if pairs:
@@ -379,15 +385,36 @@ def _message(i: int, m: Any, native: bool = False) -> dict[str, Any]:
     if role == "function":
         raise APIError(f"`messages[{i}]`: the legacy `function` role is not supported; use `tool`", "messages",
                        code="not_supported")
+    if role not in _MESSAGE_FIELDS:
+        raise APIError(f"`messages[{i}].role` must be one of {', '.join(sorted(_MESSAGE_FIELDS))}; got "
+                       f"{_short(role)}", "messages")
+    passed = _passed_fields(i, m, role)
     if role == "tool" or m.get("tool_calls") is not None:
         from .tools import tool_message
 
         calls = role == "assistant" and m.get("tool_calls") is not None
-        return tool_message(i, m, _content(i, m, optional=calls), native)
-    if role not in _ROLES:
-        raise APIError(f"`messages[{i}].role` must be one of {', '.join(sorted(_ROLES | {'tool': ''}))}; got "
-                       f"{_short(role)}", "messages")
-    return {"role": _ROLES[role], "content": _content(i, m)}
+        return {**tool_message(i, m, _content(i, m, optional=calls), native), **passed}
+    return {"role": _ROLES[role], "content": _content(i, m), **passed}
+
+
+def _passed_fields(i: int, m: dict[str, Any], role: str) -> dict[str, Any]:
+    """The message's other OpenAI fields that go to the template as sent (``name``, an assistant's
+    ``refusal``), checked; a key OpenAI's message of this role does not have is a 400 naming it."""
+    known = ("role", "content", *_MESSAGE_FIELDS[role])
+    unknown = [k for k in m if k not in known]
+    if unknown:
+        raise APIError(f"`messages[{i}]` (role `{role}`) has fields this server does not take: "
+                       f"{', '.join(_short(k) for k in unknown[:8])}; it takes {', '.join(known)}", "messages")
+    passed = {}
+    for key in ("name", "refusal", "tool_call_id"):
+        value = m.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise APIError(f"`messages[{i}].{key}` must be a string; got {_short(value)}", "messages")
+        if key != "tool_call_id":  # the tool path writes it (genkit.serve.tools.tool_message)
+            passed[key] = value
+    return passed
 
 
 def _content(i: int, m: dict[str, Any], optional: bool = False) -> str:
@@ -402,6 +429,10 @@ def _content(i: int, m: dict[str, Any], optional: bool = False) -> str:
                    for p in content):
             raise APIError(f"`messages[{i}].content` parts must be {{\"type\": \"text\", \"text\": ...}} (this model "
                            "reads text only)", "messages")
+        unknown = sorted({k for p in content for k in p if k not in ("type", "text")})
+        if unknown:
+            raise APIError(f"`messages[{i}].content` parts have fields a text part does not take: "
+                           f"{', '.join(_short(k) for k in unknown[:8])}; it takes type, text", "messages")
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise APIError(f"`messages[{i}].content` must be a string or a list of text parts", "messages")

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from genkit.config import GenerationConfig, ResolvedConfig, resolve_special_tokens
+from genkit.config.checks import model_vocab_size
 from genkit.config.resolve import (
     SPECIAL_TOKENS,
     eos_token_ids,  # the one reading of an eos_token_id setting
@@ -90,12 +91,12 @@ def openai_finish_reason(reason: str | None) -> str | None:
 def special_tokens(model: Any, config: ResolvedConfig) -> tuple[ResolvedConfig, list[int]]:
     """The config of a generation with its special tokens resolved, and its EOS ids: a model
     without a generation config of its own gives its model config's EOS / BOS / pad ids to fields
-    the config leaves unset, and the pad id defaults to the first EOS id
+    the config leaves unset, and the pad id defaults to the first EOS id the model's vocabulary holds
     (:func:`genkit.config.resolve_special_tokens`)."""
     mc = getattr(model, "config", None)
     own = isinstance(getattr(model, "generation_config", None), GenerationConfig)
     model_tokens = {} if own or mc is None else {name: getattr(mc, name, None) for name in SPECIAL_TOKENS}
-    config = resolve_special_tokens(config, model_tokens)
+    config = resolve_special_tokens(config, model_tokens, model_vocab_size(model))
     return config, eos_token_ids(config.eos_token_id)
 
 
