@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from genkit.config.checks import outside_vocabulary
 from genkit.errors import ConfigError
 from genkit.strategy import model_vocab_size
 from genkit.strategy.outputs import GenerateBeamDecoderOnlyOutput
@@ -60,9 +61,11 @@ def parse_force_words_ids(force_words_ids: Any, vocab_size: int | None = None,
         if not isinstance(p, (list, tuple)) or not p or not all(isinstance(t, int) and not isinstance(t, bool)
                                                                 for t in p):
             raise ConfigError(f"{accepted}; got the phrase {p!r}")
-        for t in p:
-            if t < 0 or (vocab_size is not None and t >= vocab_size):
-                raise ConfigError(f"`{name}` holds token id {t}, outside the vocabulary [0, {vocab_size})")
+        outside = sorted({t for t in p if t < 0 or (vocab_size is not None and t >= vocab_size)})
+        if outside:
+            if vocab_size is None:
+                raise ConfigError(f"`{name}` holds negative token ids {outside}; token ids are >= 0")
+            raise ConfigError(outside_vocabulary(name, outside, vocab_size))
         return [int(t) for t in p]
 
     out = []

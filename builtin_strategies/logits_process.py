@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from genkit.config.checks import outside_vocabulary
 from genkit.errors import ConfigError
 from genkit.strategy.processing import LogitsProcessor
 
@@ -672,11 +673,12 @@ class ForcedBOSTokenLogitsProcessor(LogitsProcessor):
 
 
 def check_forced_ids(name: str, ids: list[int], vocab: int) -> None:
-    """A forced token must be one the model can score (transformers fails with an IndexError)."""
+    """A forced token must be one the model can score (transformers fails with an IndexError); generate
+    checks its settings before the first step (genkit.config.checks.check_vocabulary), this a processor
+    made by hand."""
     outside = [i for i in ids if i >= vocab]
     if outside:
-        raise ConfigError(f"`{name}` holds token ids {outside} outside the model's vocabulary (size {vocab}); "
-                          f"accepted ids are 0..{vocab - 1}")
+        raise ConfigError(outside_vocabulary(name, outside, vocab))
 
 
 class ForcedEOSTokenLogitsProcessor(LogitsProcessor):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from genkit.strategy.processing import ProcessorContext, model_vocab_size
+from genkit.strategy.processing import ProcessorContext
 
 from . import logits_process as lp
 from .beam_select import is_constrained_beam_search
@@ -127,24 +127,13 @@ def _beams_per_call(config: Any) -> int:
 def make_forced_bos(config: Any, ctx: ProcessorContext) -> Any:
     if config.forced_bos_token_id is None:
         return None
-    processor = lp.ForcedBOSTokenLogitsProcessor(config.forced_bos_token_id)
-    _check_forced_up_front("forced_bos_token_id", [processor.bos_token_id], ctx)
-    return processor
+    return lp.ForcedBOSTokenLogitsProcessor(config.forced_bos_token_id)
 
 
 def make_forced_eos(config: Any, ctx: ProcessorContext) -> Any:
     if config.forced_eos_token_id is None:
         return None
-    processor = lp.ForcedEOSTokenLogitsProcessor(config.max_length, config.forced_eos_token_id, device=ctx.device)
-    _check_forced_up_front("forced_eos_token_id", processor.eos_token_id.tolist(), ctx)
-    return processor
-
-
-def _check_forced_up_front(name: str, ids: list[int], ctx: ProcessorContext) -> None:
-    """Before the first step (the processor checks again against the scores it gets)."""
-    vocab = model_vocab_size(ctx.model)
-    if vocab is not None:
-        lp.check_forced_ids(name, ids, vocab)
+    return lp.ForcedEOSTokenLogitsProcessor(config.max_length, config.forced_eos_token_id, device=ctx.device)
 
 
 def make_remove_invalid_values(config: Any, ctx: ProcessorContext) -> Any:

@@ -289,9 +289,9 @@ def test_no_audio_or_pixels_is_refused_naming_the_input(models, name, input_name
 @pytest.mark.parametrize("name", ["t5", "vision"])
 @pytest.mark.parametrize(("kw", "message"), [
     ({"decoder_start_token_id": 200},
-     r"`decoder_start_token_id` holds the token id 200, outside the model's vocabulary \(ids 0 to 95\)"),
+     r"`decoder_start_token_id` holds token ids \[200\] outside the model's vocabulary \(size 96\); accepted ids are 0..95"),
     ({"decoder_input_ids": [[1, 5], [1, -3]]},
-     r"`decoder_input_ids` holds the token id -3, outside the model's vocabulary \(ids 0 to 95\)"),
+     r"`decoder_input_ids` holds token ids \[-3\] outside the model's vocabulary \(size 96\); accepted ids are 0..95"),
     ({"forced_bos_token_id": 96},
      r"`forced_bos_token_id` holds token ids \[96\] outside the model's vocabulary \(size 96\); accepted ids are 0..95"),
     ({"forced_eos_token_id": [2, 300]},
@@ -328,7 +328,7 @@ def test_malformed_encoder_inputs_are_refused(models, change, message):
 def test_encoder_token_ids_outside_the_vocabulary_are_refused(models):
     model, x = models["bart"], S.inputs("bart")
     x["input_ids"][1, 4] = 96
-    with pytest.raises(ConfigError, match=r"`input_ids` holds the token id 96, outside the model's vocabulary"):
+    with pytest.raises(ConfigError, match=r"`input_ids` holds token ids \[96\] outside the model's vocabulary \(size 96\)"):
         genkit.generate(model, **x, max_new_tokens=2)
 
 
@@ -392,7 +392,7 @@ def test_assisted_decoding_on_models_with_a_nested_decoder_config(models, name):
     for assistant in (model, S.build(name, seed=5)):
         ref = reference(model, **x, assistant_model=assistant, do_sample=False, max_new_tokens=8)
         assert torch.equal(genkit.generate(model, **x, assistant_model=assistant, max_new_tokens=8), ref)
-    with pytest.raises(ConfigError, match=r"`force_words_ids` holds token id 200, outside the vocabulary \[0, 96\)"):
+    with pytest.raises(ConfigError, match=r"`force_words_ids` holds token ids \[200\] outside the model's vocabulary \(size 96\)"):
         genkit.generate(model, **x, num_beams=2, force_words_ids=[[200]], max_new_tokens=2)
 
 

@@ -16,8 +16,8 @@ from genkit.models.tiny import TINY_LLAMA
 
 @pytest.mark.parametrize("bad", [99999, 128, -1])
 def test_token_ids_outside_the_vocabulary_are_a_config_error(tiny_model, bad):
-    with pytest.raises(ConfigError, match=rf"`input_ids` holds the token id {bad}, outside the model's vocabulary "
-                                          r"\(ids 0 to 127\)"):
+    with pytest.raises(ConfigError, match=rf"`input_ids` holds token ids \[{bad}\] outside the model's vocabulary "
+                                          r"\(size 128\); accepted ids are 0..127; check the tokenizer"):
         genkit.generate(tiny_model, torch.tensor([[1, bad]]), max_new_tokens=2)
     with pytest.raises(ConfigError, match="outside the model's vocabulary"):
         tiny_model(torch.tensor([[bad, 1]]))

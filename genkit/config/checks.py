@@ -116,8 +116,13 @@ def check_vocabulary(c: GenerationConfig, vocab_size: int) -> None:
         if name in MODEL_SPECIAL_TOKENS and user_set is not None and name not in user_set:
             warn_once(model_token_issue(name, too_big, vocab_size))
             continue
-        raise ConfigError(f"`{name}` holds token ids {too_big[:8]} outside the model's vocabulary "
-                          f"(size {vocab_size}); accepted ids are 0..{vocab_size - 1}")
+        raise ConfigError(outside_vocabulary(name, too_big, vocab_size))
+
+
+def outside_vocabulary(name: str, ids: list[int], vocab_size: int) -> str:
+    """The message for token ids of ``name`` the model's logits (``vocab_size`` wide) cannot hold."""
+    return (f"`{name}` holds token ids {ids[:8]} outside the model's vocabulary (size {vocab_size}); "
+            f"accepted ids are 0..{vocab_size - 1}")
 
 
 def _check_forced_not_suppressed(c: GenerationConfig) -> None:
@@ -136,8 +141,6 @@ def _check_forced_not_suppressed(c: GenerationConfig) -> None:
                 f"while suppressing it leaves no token to generate. Remove it from one of the two (to prevent "
                 "an early EOS, use `min_new_tokens`)."
             )
-
-
 
 
 def _check_layer_strategies(c: GenerationConfig) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..config import field_table
+from ..config.checks import outside_vocabulary
 from ..errors import ConfigError, NotSupportedError
 from ..strategy.processing import model_vocab_size
 
@@ -128,8 +129,7 @@ def _check_vocab(name: str, ids: torch.Tensor, vocab: int | None) -> None:
         return
     bad = ids[(ids < 0) | (ids >= vocab)]
     if bad.numel():
-        raise ConfigError(f"`{name}` holds the token id {int(bad[0])}, outside the model's vocabulary (ids 0 to "
-                          f"{vocab - 1})")
+        raise ConfigError(outside_vocabulary(name, sorted({int(i) for i in bad.tolist()}), vocab))
 
 
 def _encoder_vocab(model: Any) -> int | None:

@@ -333,11 +333,11 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         """Token ids must lie in ``[0, vocab_size)`` (a ConfigError naming the first one outside)."""
         vocab = int(self.input_embeddings().num_embeddings)
         if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+            from ..config.checks import outside_vocabulary
             from ..errors import ConfigError
 
-            bad = input_ids[(input_ids < 0) | (input_ids >= vocab)][0]
-            raise ConfigError(f"`input_ids` holds the token id {int(bad)}, outside the model's vocabulary "
-                              f"(ids 0 to {vocab - 1}); check the tokenizer matches the model")
+            bad = sorted({int(i) for i in input_ids[(input_ids < 0) | (input_ids >= vocab)].tolist()})
+            raise ConfigError(outside_vocabulary("input_ids", bad, vocab) + "; check the tokenizer matches the model")
 
     def _partial_depth(self, num_layers: int | None) -> int | None:
         """``num_layers`` checked against the model (None when it asks for every layer)."""
