@@ -409,15 +409,14 @@ class Tokenizer:
         if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
             raise ConfigError("`conversation` must be a list of {'role': ..., 'content': ...} dicts")
         special = {name: getattr(self, name) for name in _SPECIAL_NAMES}
-        from jinja2.exceptions import TemplateError
+        from .chat_template import render
 
         try:
-            text = _compile_template(template).render(
-                messages=conversation, add_generation_prompt=add_generation_prompt, **special, **template_kwargs
-            )
-        except TemplateError as exc:  # a template that does not compile, or refuses these messages
+            text = render(template, messages=conversation, add_generation_prompt=add_generation_prompt, **special,
+                          **template_kwargs)
+        except ConfigError as exc:  # a template that does not compile, refuses these messages, or runs past a budget
             raise ConfigError(f"the chat template{' of ' + self.name_or_path if self.name_or_path else ''} "
-                              f"cannot render this conversation ({type(exc).__name__}: {exc})") from exc
+                              f"cannot render this conversation ({exc})") from exc
         if continue_final_message and conversation:
             final = conversation[-1].get("content")
             if isinstance(final, str) and final.strip() and final.strip() in text:
@@ -446,24 +445,6 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(name_or_path={self.name_or_path!r}, vocab_size={len(self)}, "
                 f"bos={self.bos_token!r}, eos={self.eos_token!r}, pad={self.pad_token!r})")
-
-
-@lru_cache(maxsize=16)
-def _compile_template(template: str) -> Any:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        from jinja2.exceptions import TemplateError
-
-        raise TemplateError(message)
-
-    def tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
-        return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(template)
 
 
 # -- loading ----------------------------------------------------------------------------------
