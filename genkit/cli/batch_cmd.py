@@ -113,8 +113,7 @@ def run(args: argparse.Namespace) -> int:
         apply_threads_option(args)  # before torch loads
     import torch
 
-    import genkit
-    from genkit.batch import make_local_engine, run_batch
+    from genkit.batch import run_batch
     from genkit.batch.job import check_job
 
     settings = job_settings(args, kwargs)
@@ -122,31 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seed is not None:
         torch.manual_seed(args.seed)
-    trust = True if args.trust_remote_code else None
-    engine: Any
-    if args.engine == "ray":
-        from genkit.batch.continuous import check_batching
-        from genkit.ray import RayEngine
-
-        check_batching(args.batching, kwargs, args.custom_generate)  # before any actor loads a model
-
-        if args.ray_address is None:
-            import ray
-
-            if not ray.is_initialized():
-                ray.init(num_cpus=os.cpu_count(), log_to_driver=False)
-
-        engine = RayEngine(args.model, kwargs, batch_size=args.batch_size, workers=args.workers or 1,
-                           address=args.ray_address, custom_generate=args.custom_generate, trust_remote_code=trust,
-                           revision=args.revision, dtype=args.dtype, device=args.device, batching=args.batching)
-    else:
-        model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
-                                  trust_remote_code=trust, activation_digits=args.activation_digits,
-                                  numerics=args.numerics)
-        tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
-        engine = make_local_engine(model, tokenizer, kwargs, batch_size=args.batch_size,
-                                   custom_generate=args.custom_generate, trust_remote_code=trust,
-                                   batching=args.batching)
+    engine = _make_engine(args, kwargs)
     from .progress import BatchBar
 
     bar = BatchBar() if sys.stderr.isatty() else None
@@ -162,3 +137,33 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     print(json.dumps(summary.to_dict()), file=sys.stderr)
     return 0
+
+
+def _make_engine(args: argparse.Namespace, kwargs: dict[str, Any]) -> Any:
+    """The job's engine: Ray actors (``--engine ray``) or the model loaded here."""
+    import genkit
+
+    trust = True if args.trust_remote_code else None
+    if args.engine == "ray":
+        from genkit.batch.continuous import check_batching
+        from genkit.ray import RayEngine
+
+        check_batching(args.batching, kwargs, args.custom_generate)  # before any actor loads a model
+
+        if args.ray_address is None:
+            import ray
+
+            if not ray.is_initialized():
+                ray.init(num_cpus=os.cpu_count(), log_to_driver=False)
+
+        return RayEngine(args.model, kwargs, batch_size=args.batch_size, workers=args.workers or 1,
+                         address=args.ray_address, custom_generate=args.custom_generate, trust_remote_code=trust,
+                         revision=args.revision, dtype=args.dtype, device=args.device, batching=args.batching)
+    from genkit.batch import make_local_engine
+
+    model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
+                              trust_remote_code=trust, activation_digits=args.activation_digits,
+                              numerics=args.numerics)
+    tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
+    return make_local_engine(model, tokenizer, kwargs, batch_size=args.batch_size,
+                             custom_generate=args.custom_generate, trust_remote_code=trust, batching=args.batching)
