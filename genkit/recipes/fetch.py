@@ -24,7 +24,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from genkit.fileutil import atomic_write_bytes, atomic_write_text
-from genkit.sandbox.tree import FOLDER, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, check_relpath
+from genkit.sandbox.tree import (
+    COMPILED_PROBLEM,
+    COMPILED_SUFFIXES,
+    FOLDER,
+    MAX_FILE_BYTES,
+    MAX_FILES,
+    MAX_TOTAL_BYTES,
+    SKIPPED_DIRS,
+    check_relpath,
+)
 
 from .errors import RecipeFetchError, RecipeNotFoundError
 from .hub import with_retries
@@ -41,8 +50,21 @@ def git_blob_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\x00" % len(data) + data).hexdigest()
 
 
-def wanted(path: str) -> bool:
+def in_recipe(path: str) -> bool:
+    """Whether a repo path is the recipe's (``README.md`` or under ``custom_generate/``)."""
     return path == "README.md" or path.startswith(f"{FOLDER}/")
+
+
+def ignored(path: str) -> bool:
+    """A dot-file or anything under a dot-folder or ``__pycache__/``: never downloaded, never
+    importable (as :func:`genkit.sandbox.tree.scan_tree` skips them in a local folder)."""
+    parts = path.split("/")[1:]
+    return any(p.startswith(".") for p in parts) or any(p in SKIPPED_DIRS for p in parts[:-1])
+
+
+def wanted(path: str) -> bool:
+    """Whether a listed file is downloaded: the recipe's, not ignored."""
+    return in_recipe(path) and not ignored(path)
 
 
 def manifest_path(repo_id: str, commit: str) -> Path:
@@ -193,19 +215,28 @@ def _valid_hash(meta: dict[str, Any]) -> bool:
 
 def listing_problems(repo_id: str, listing: Listing) -> list[Any]:
     """Why the recipe files of a listing are refused before anything is downloaded: odd paths,
-    sizes that are not sizes, hashes that are not hashes, a file over the per-file limit, too many
-    files or bytes in all, no ``custom_generate/generate.py``."""
+    compiled code, two names that differ only in case, sizes that are not sizes, hashes that are
+    not hashes, a file over the per-file limit, too many files or bytes in all, no
+    ``custom_generate/generate.py``. Dot-files and ``__pycache__/`` are left out (never downloaded)."""
     from genkit.sandbox.errors import Problem
 
     problems = []
     count = total = 0
+    folded: dict[str, str] = {}
     for path, meta in sorted(listing.items()):
-        if not wanted(path):
+        if not in_recipe(path):
             continue
         why = check_relpath(path)
         size = meta.get("size")
         if why:
             problems.append(Problem(path, None, why))
+        elif ignored(path):
+            continue
+        elif path.lower() in folded:
+            problems.append(Problem(path, None, f"the name differs from {folded[path.lower()]} only in case: on a "
+                                    "case-insensitive file system (macOS, Windows) they are one file; not downloaded"))
+        elif path.endswith(COMPILED_SUFFIXES):
+            problems.append(Problem(path, None, f"{COMPILED_PROBLEM} (not downloaded)"))
         elif not _valid_size(size):
             problems.append(Problem(path, None, f"the listing gives no valid size ({size!r}); not downloaded"))
         elif not _valid_hash(meta):
@@ -216,9 +247,10 @@ def listing_problems(repo_id: str, listing: Listing) -> list[Any]:
                                     "limit for recipe files (not downloaded)"))
         else:
             count, total = count + 1, total + size
-    paths = {p for p in listing if wanted(p)}
-    for path in sorted(paths):
-        if any(path.startswith(other + "/") for other in _parents(path) & paths):
+        folded.setdefault(path.lower(), path)
+    paths = {p.lower() for p in listing if wanted(p)}  # in any case: one file on macOS and Windows
+    for path in sorted(p for p in listing if wanted(p)):
+        if _parents(path.lower()) & paths:
             problems.append(Problem(path, None, "the listing has a file where this path needs a folder; not "
                                     "downloaded"))
     if count > MAX_FILES + 1:  # + README.md
@@ -325,7 +357,7 @@ def fetch(ref: RecipeRef, commit: str) -> Fetched:
             check_listing(repo_id, full)
             listing = {p: m for p, m in full.items() if wanted(p)}
             outside = frozenset(p.split("/")[0].removesuffix(".py") for p in full
-                                if not wanted(p) and not p.startswith("."))
+                                if not in_recipe(p) and not p.startswith("."))
         files: dict[str, bytes] = {}
         for rel, meta in sorted(listing.items()):
             data = _cached(snapshot, rel, meta, blobs)
