@@ -5,12 +5,16 @@ imports that stay inside custom_generate/) and absolute imports of installed pac
 Refused, with file:line: relative imports that climb out of custom_generate/, relative imports
 of files that do not exist, absolute imports of the recipe's own modules (``import utils``,
 ``import custom_generate.x``), imports of files or folders next to custom_generate/, syntax
-errors, and circular module-level imports between the recipe's files.
+errors, and circular module-level imports between the recipe's files. An absolute import of a
+name that is also installed (``import json`` in a recipe with a ``json.py``) is allowed: it is
+the installed module, as Python and transformers import it.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import sys
 from dataclasses import dataclass
 
 from .errors import Problem
@@ -88,6 +92,17 @@ class _ImportVisitor(ast.NodeVisitor):
         self.found.append((node, self.depth == 0))
 
 
+def installed(name: str) -> bool:
+    """Whether an absolute import of the top-level ``name`` finds a module outside the recipe: the
+    standard library or an installed package (looked up, never imported)."""
+    if name in sys.stdlib_module_names or name in sys.builtin_module_names:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def check_imports(tree: SourceTree, parsed: dict[str, ast.Module]) -> list[Problem]:
     """Every import rule violation in the recipe, plus circular module-level imports."""
     modules = tree.modules()
@@ -136,6 +151,8 @@ def check_imports(tree: SourceTree, parsed: dict[str, ast.Module]) -> list[Probl
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             for name in names:
                 top = name.split(".")[0]
+                if top != FOLDER and installed(top):
+                    continue  # `import json` next to a json.py: Python (and transformers) import the installed one
                 if top == FOLDER or top in own_top:
                     problems.append(Problem(shown, node.lineno, f"absolute import of the recipe's own module "
                                             f"`{name}`; write a relative import (`from .{name.split('.', 1)[-1] if top == FOLDER else name} import ...`)"))

@@ -7,7 +7,9 @@ commits; file oids are real git blob sha1s, commit shas are derived from the con
 consistent but not git's.
 
 Every request is recorded in ``server.log`` (method, path) so tests can assert what was asked for.
-Faults can be injected for retry tests: ``fail_next``, ``delay_next``, ``truncate_next``, ``oversize_next``.
+Faults can be injected for retry tests: ``fail_next``, ``delay_next``, ``truncate_next``, ``oversize_next``;
+and answers a real Hub never gives: ``answer_next`` (any status, headers and body: bad JSON, endless
+pages, redirects) and ``drip_next`` (a body sent a byte at a time).
 A misbehaving server for hostile tests: ``listing_overrides`` (a listing that lies about a file),
 ``late_files`` (files that appear in listings and downloads only after the first listing),
 ``any_revision`` (every revision name answered with the default branch). ``sent`` records the body
@@ -79,11 +81,13 @@ class Repo:
 
 @dataclass
 class Fault:
-    kind: str  # "status" | "delay" | "truncate" | "oversize"
+    kind: str  # "status" | "delay" | "truncate" | "oversize" | "answer" | "drip"
     remaining: int
     match: Callable[[str, str], bool]
     status: int = 500
     seconds: float = 0.0
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class HubState:
@@ -174,11 +178,23 @@ class HubState:
         Content-Length to match) on the next ``n`` matching GETs of a file."""
         self.faults.append(Fault("oversize", n, self._matcher(match), status=extra))
 
+    def answer_next(self, n: int, match: str, status: int = 200, body: bytes = b"",
+                    headers: dict[str, str] | None = None) -> None:
+        """Answer the next ``n`` matching requests with ``status``, ``headers`` and ``body`` instead of
+        the truth; ``{endpoint}`` in a header value is the server's address."""
+        self.faults.append(Fault("answer", n, self._matcher(match), status=status, body=body,
+                                 headers=dict(headers or {})))
+
+    def drip_next(self, n: int, seconds: float, match: str | None = None) -> None:
+        """Send the body of the next ``n`` matching GETs one byte every ``seconds`` (a slow server
+        that never lets a read time out)."""
+        self.faults.append(Fault("drip", n, self._matcher(match), seconds=seconds))
+
     def take_fault(self, method: str, path: str) -> Fault | None:
         with self.lock:
             for fault in self.faults:
                 if fault.remaining > 0 and fault.match(method, path):
-                    if fault.kind in ("truncate", "oversize") and method != "GET":
+                    if fault.kind in ("truncate", "oversize", "drip") and method != "GET":
                         continue
                     fault.remaining -= 1
                     return fault
@@ -240,10 +256,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = body[: len(body) // 2] if truncate else body
         sent = 0
+        piece = 1 if self._drip else 1 << 16
         try:  # in pieces, so a client that stops reading is seen (and `sent` says how much it took)
-            for start in range(0, len(body), 1 << 16):
-                self.wfile.write(body[start:start + (1 << 16)])
-                sent += min(1 << 16, len(body) - start)
+            for start in range(0, len(body), piece):
+                self.wfile.write(body[start:start + piece])
+                sent += min(piece, len(body) - start)
+                if self._drip:
+                    self.wfile.flush()
+                    time.sleep(self._drip)
             self.wfile.flush()
         finally:
             if record is not None:
@@ -266,7 +286,16 @@ class _Handler(BaseHTTPRequestHandler):
         fault = self.state.take_fault(method, path)
         self._truncate = False
         self._oversize = 0
+        self._drip = 0.0
         if fault is not None:
+            if fault.kind == "answer":
+                headers = {k: v.replace("{endpoint}", self.server.endpoint) for k, v in fault.headers.items()}
+                try:
+                    self._send(fault.status, fault.body, headers, head=method == "HEAD", record=path)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+                return
+            self._drip = fault.seconds if fault.kind == "drip" else 0.0
             if fault.kind == "status":
                 self._error(fault.status, None, f"injected {fault.status}", head=method == "HEAD")
                 return

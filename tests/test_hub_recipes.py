@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -326,3 +327,25 @@ def test_cli_publish_private_branch_and_refusal(hub_server, tmp_path, capsys):
     assert cli(["publish", str(bad), "me/bad"]) == 1
     assert "first parameter of generate() must be `model`" in capsys.readouterr().err
     assert hub_server.state.repo("me/bad") is None  # nothing uploaded
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (["a--b/c"], "repo id 'a--b/c' must look like 'org/name'"),
+    (["me/x", "--revision", "../main"], "`revision` \\(the branch to publish to\\) '../main' is not a valid git revision"),
+    (["me/x", "--revision", "a b"], "is not a valid git revision"),
+])
+def test_cli_publish_refuses_bad_names_before_any_request(hub_server, tmp_path, capsys, args, why):
+    folder = write_recipe(tmp_path / "ok", {"custom_generate/generate.py": ECHO.format(version="p")})
+    assert cli(["publish", str(folder), *args, "--no-smoke"]) != 0
+    assert re.search(why, capsys.readouterr().err)
+    assert not [p for _, p in hub_server.state.log if "/api/agent" not in p]
+
+
+def test_publish_upload_failure_is_a_fetch_error(hub_server, tmp_path):
+    from genkit.recipes import RecipeFetchError
+    from genkit.recipes.publish import publish_recipe
+
+    folder = write_recipe(tmp_path / "ok", {"custom_generate/generate.py": ECHO.format(version="p")})
+    hub_server.state.fail_next(1, status=403, match="/commit/")
+    with pytest.raises(RecipeFetchError, match=r"uploading .*ok to 'me/up' on http://127\.0\.0\.1:\d+ failed: .*403"):
+        publish_recipe(folder, "me/up")

@@ -20,6 +20,7 @@ from hub_server import hub_server, write_recipe  # noqa: F401
 
 import genkit
 from genkit.cli import main as cli
+from genkit.errors import ConfigError
 from genkit.generation.smoke import smoke_run
 from genkit.recipes import RecipeNotFoundError, RecipeTrustError, RecipeValidationError, load_recipe
 from genkit.recipes.check import check_recipe
@@ -480,3 +481,25 @@ def test_a_listing_that_does_not_match_the_served_files_is_refused(hub_server, m
                        match="does not match the Hub listing|Consistency|sent more than the 10 bytes its listing"):
         load_recipe("org/liar", trust_remote_code=True)
     assert {k for k in sys.modules if k.startswith("_genkit_recipe_")} == before
+
+
+@pytest.mark.parametrize("value", ["false", "true", 1, 0])
+def test_a_trust_flag_that_is_not_a_bool_is_refused_before_any_request(hub_server, monkeypatch, value):
+    hub_server.state.commit("org/flag", {"custom_generate/generate.py": PLAIN})
+    monkeypatch.setenv("GENKIT_TRUSTED_REPOS", "org/*")  # a pattern names the repo: trust would be possible
+    with pytest.raises(ConfigError, match=f"`trust_remote_code` must be True, False or None; got {value!r}"):
+        load_recipe("org/flag", trust_remote_code=value)
+    assert not [p for _, p in hub_server.state.log if "/api/agent" not in p]
+
+
+def test_load_model_refuses_a_trust_flag_that_is_not_a_bool(tmp_path, tiny_model, caplog):
+    from safetensors.torch import save_file
+
+    from genkit.models.tiny import TINY_LLAMA
+
+    folder = _recipe(tmp_path, "model_repo", "def generate(model, **kw):\n    return 'recipe'\n")
+    (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
+    save_file({k: v.contiguous() for k, v in tiny_model.state_dict().items()}, str(folder / "model.safetensors"))
+    with pytest.raises(ConfigError, match="`trust_remote_code` must be True, False or None; got 'true'"):
+        genkit.load_model(folder, trust_remote_code="true")  # was: the recipe left unbound, silently
+    assert genkit.load_model(folder, trust_remote_code=True).generate() == "recipe"

@@ -134,9 +134,13 @@ def test_inspect_reports_a_hub_file_the_loader_would_refuse(hub_server):
     assert "encoding declaration 'latin-1'" in problems
     assert "'my-mod.py' is not an importable module name" in problems
     assert "compiled or native code is not allowed" in problems
+    with pytest.raises(RecipeValidationError, match=r"fast.so: compiled or native code .*\(not downloaded\)"):
+        load_recipe("org/odd", trust_remote_code=True)  # refused from the listing, before any download
+    hub_server.state.commit("org/odd", {}, deleted=("custom_generate/fast.so",))
+    clear_cache()  # "main" moved
     with pytest.raises(RecipeValidationError) as err:
         load_recipe("org/odd", trust_remote_code=True)
-    for line in ("encoding declaration 'latin-1'", "not an importable module name", "compiled or native code"):
+    for line in ("encoding declaration 'latin-1'", "not an importable module name"):
         assert line in str(err.value)
 
 
@@ -304,4 +308,45 @@ def test_a_listing_with_a_file_where_a_folder_is_needed_is_refused(hub_server):
     hub_server.state.log.clear()
     with pytest.raises(RecipeValidationError, match="a file where this path needs a folder"):
         load_recipe("org/clash", trust_remote_code=True)
+    assert not hub_server.state.file_requests()
+
+
+# -- what a listing names is checked before anything is written: nothing compiled, nothing ignored ---
+@pytest.mark.parametrize("name", ["native.so", "pkg/helper.pyc", "lib.pyd"])
+def test_compiled_files_in_a_listing_are_refused_before_download(hub_server, name):
+    sha = _hub_recipe(hub_server, "org/native", **{name: b"\x7fELF not python"})
+    with pytest.raises(RecipeValidationError, match=f"custom_generate/{name}: compiled or native code is not "
+                                                    r"allowed in a recipe; ship Python source \(not downloaded\)"):
+        load_recipe(f"org/native@{sha}", trust_remote_code=True)
+    assert not hub_server.state.file_requests()
+    assert not _cache().exists() or not [p for p in _cache().rglob("*") if p.is_file()]
+    assert f"custom_generate/{name}: compiled or native code" in "\n".join(inspect_recipe(f"org/native@{sha}").problems)
+
+
+@pytest.mark.parametrize("name", ["__pycache__/generate.cpython-311.pyc", ".hidden.py", ".git/hooks/post-checkout",
+                                  "pkg/__pycache__/x.cpython-311.pyc"])
+def test_ignored_files_of_a_listing_are_never_downloaded(hub_server, tiny_model, name):
+    sha = _hub_recipe(hub_server, "org/ignored", **{name: b"import os\nos.environ['PWNED'] = '1'\n",
+                                                    "pkg/__init__.py": ""})
+    recipe = load_recipe(f"org/ignored@{sha}", trust_remote_code=True)
+    assert recipe(tiny_model) == "plain"
+    assert not _file_gets(hub_server, name.rsplit("/", 1)[-1])
+    on_disk = sorted(p.relative_to(recipe.path).as_posix() for p in recipe.path.rglob("*") if p.is_file())
+    assert on_disk == ["README.md", "custom_generate/generate.py", "custom_generate/pkg/__init__.py"]
+
+
+@pytest.mark.parametrize("other", ["Generate.py", "GENERATE.PY"])
+def test_names_that_differ_only_in_case_are_refused(hub_server, other):
+    sha = _hub_recipe(hub_server, "org/case", **{other: "def generate(model, **kw):\n    return 'other'\n"})
+    with pytest.raises(RecipeValidationError, match=f"custom_generate/generate.py: the name differs from "
+                                                    f"custom_generate/{other} only in case"):
+        load_recipe(f"org/case@{sha}", trust_remote_code=True)
+    assert not hub_server.state.file_requests()
+
+
+def test_a_file_and_a_folder_that_differ_only_in_case_are_refused(hub_server):
+    sha = _hub_recipe(hub_server, "org/casedir", **{"Utils": "x", "utils/__init__.py": ""})
+    with pytest.raises(RecipeValidationError, match="custom_generate/utils/__init__.py: the listing has a file where "
+                                                    "this path needs a folder"):
+        load_recipe(f"org/casedir@{sha}", trust_remote_code=True)
     assert not hub_server.state.file_requests()

@@ -65,3 +65,24 @@ def test_bad_lines_are_named(line, why):
 
 def test_prereleases_count_as_installed_versions():
     assert check_requirements(f"packaging=={PACKAGING}\n")[0].ok
+
+
+def test_more_than_the_limit_of_requirement_lines_is_refused_before_any_look_up(tmp_path):
+    from genkit.recipes import load_recipe
+    from genkit.recipes.inspection import inspect_recipe
+    from genkit.recipes.requirements import MAX_REQUIREMENTS
+
+    assert MAX_REQUIREMENTS == 256
+    lines = ["# one comment per line does not count", ""] * 300 + ["torch>=1"] * 256
+    assert all(s.ok for s in check_requirements("\n".join(lines)))
+    text = "\n".join([*lines, "numpy>=1"])
+    with pytest.raises(RequirementsFormatError, match="custom_generate/requirements.txt:857: more than 256 "
+                                                      "requirement lines"):
+        check_requirements(text)
+    root = tmp_path / "many"
+    (root / "custom_generate").mkdir(parents=True)
+    (root / "custom_generate" / "generate.py").write_text("def generate(model, **kw):\n    return 1\n")
+    (root / "custom_generate" / "requirements.txt").write_text(text)
+    with pytest.raises(RequirementsFormatError, match="more than 256 requirement lines"):
+        load_recipe(str(root))
+    assert any("more than 256 requirement lines" in p for p in inspect_recipe(str(root)).problems)

@@ -387,6 +387,16 @@ def read_config_json(path: str) -> ModelConfig:
     return ModelConfig(**data)
 
 
+def _check_flags(dequantize: object, trust_remote_code: object) -> None:
+    """``dequantize`` is a bool; ``trust_remote_code`` True, False or None (a string "true" would
+    leave the repo's recipe unbound, silently), before anything is downloaded."""
+    from ..recipes.trust import check_flag
+
+    if not isinstance(dequantize, bool):
+        raise ConfigError(f"`dequantize` must be True or False; got {dequantize!r}")
+    check_flag(trust_remote_code)
+
+
 def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: torch.dtype | str | None = None,
                device: str | torch.device | None = None, trust_remote_code: bool | None = None,
                dequantize: bool = False, *, torch_dtype: torch.dtype | str | None = None,
@@ -422,8 +432,7 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
             follow that build (:func:`genkit.models.quant.set_numerics`; docs/models.md, "llama.cpp
             numerics"). Implies one activation digit: ``activation_digits=2`` with it is a ConfigError.
     """
-    if not isinstance(dequantize, bool):
-        raise ConfigError(f"`dequantize` must be True or False; got {dequantize!r}")
+    _check_flags(dequantize, trust_remote_code)
     if activation_digits is not None:
         from .block_kernel import check_activation_digits
 

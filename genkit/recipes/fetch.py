@@ -21,14 +21,24 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from genkit.fileutil import atomic_write_bytes, atomic_write_text
-from genkit.sandbox.tree import FOLDER, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES, check_relpath
+from genkit.sandbox.tree import (
+    COMPILED_PROBLEM,
+    COMPILED_SUFFIXES,
+    FOLDER,
+    MAX_FILE_BYTES,
+    MAX_FILES,
+    MAX_TOTAL_BYTES,
+    SKIPPED_DIRS,
+    check_relpath,
+)
 
 from .errors import RecipeFetchError, RecipeNotFoundError
-from .hub import api, with_retries
+from .hub import with_retries
 from .resolve import SHA_RE, RecipeRef, check_revision, storage_folder
-from .settings import genkit_home, hub_cache_dir, hub_endpoint, hub_offline, hub_timeout
+from .settings import genkit_home, hub_cache_dir, hub_endpoint, hub_offline
 
 logger = logging.getLogger("genkit.recipes")
 
@@ -40,8 +50,21 @@ def git_blob_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\x00" % len(data) + data).hexdigest()
 
 
-def wanted(path: str) -> bool:
+def in_recipe(path: str) -> bool:
+    """Whether a repo path is the recipe's (``README.md`` or under ``custom_generate/``)."""
     return path == "README.md" or path.startswith(f"{FOLDER}/")
+
+
+def ignored(path: str) -> bool:
+    """A dot-file or anything under a dot-folder or ``__pycache__/``: never downloaded, never
+    importable (as :func:`genkit.sandbox.tree.scan_tree` skips them in a local folder)."""
+    parts = path.split("/")[1:]
+    return any(p.startswith(".") for p in parts) or any(p in SKIPPED_DIRS for p in parts[:-1])
+
+
+def wanted(path: str) -> bool:
+    """Whether a listed file is downloaded: the recipe's, not ignored."""
+    return in_recipe(path) and not ignored(path)
 
 
 def manifest_path(repo_id: str, commit: str) -> Path:
@@ -124,16 +147,52 @@ def _drop_unlisted(snapshot: Path, files: Listing, repo_id: str, commit: str) ->
         _discard(snapshot / rel)
 
 
-def list_files(repo_id: str, commit: str) -> Listing:
-    """``{path: {"size", "oid", "lfs", "sha256"}}`` for every file of the commit (one tree request,
-    retried). Sizes are kept as the server sent them; :func:`check_listing` refuses bad ones."""
-    from huggingface_hub.hf_api import RepoFile
+#: pages of one file listing that are followed (the Hub sends 1000 entries a page), and their bytes in all
+MAX_LISTING_PAGES = 200
+MAX_LISTING_BYTES = 64_000_000
 
-    entries = with_retries("listing files of", repo_id,
-                           lambda: list(api().list_repo_tree(repo_id, revision=commit, recursive=True)))
-    return {e.path: {"size": e.size, "oid": e.blob_id, "lfs": e.lfs is not None,
-                     "sha256": e.lfs.sha256 if e.lfs is not None else None}
-            for e in entries if isinstance(e, RepoFile) and isinstance(e.path, str)}
+
+def list_files(repo_id: str, commit: str) -> Listing:
+    """``{path: {"size", "oid", "lfs", "sha256"}}`` for every file of the commit (one tree listing,
+    retried, at most :data:`MAX_LISTING_PAGES` pages of :data:`MAX_LISTING_BYTES` bytes in all, each
+    page on the endpoint's host). Sizes and hashes are kept as the server sent them:
+    :func:`check_listing` refuses bad ones; an entry that is not a file or folder is refused here."""
+    what = f"listing the files of {repo_id}@{commit}"
+    first = f"{hub_endpoint()}/api/models/{repo_id}/tree/{commit}?recursive=true&expand=false"
+    return with_retries("listing files of", repo_id, lambda: _listing_pages(first, what))
+
+
+def _listing_pages(url: str | None, what: str) -> Listing:
+    from .hub import MAX_JSON_BYTES, get_json
+
+    listing: Listing = {}
+    pages = read = 0
+    origin = urlsplit(hub_endpoint())[:2]
+    while url is not None:
+        if pages == MAX_LISTING_PAGES:
+            raise RecipeFetchError(f"{what}: the Hub sent more than {MAX_LISTING_PAGES} pages; not read further")
+        if urlsplit(url)[:2] != origin:
+            raise RecipeFetchError(f"{what}: the Hub's next page is on another host ({url[:100]!r}); not followed")
+        page, response, size = get_json(url, what, min(MAX_JSON_BYTES, MAX_LISTING_BYTES - read))
+        pages, read = pages + 1, read + size
+        if not isinstance(page, list):
+            raise RecipeFetchError(f"{what}: the Hub's answer is a JSON {type(page).__name__}, not a list of entries")
+        for entry in page:
+            _add_entry(listing, entry, what)
+        url = response.links.get("next", {}).get("url")
+    return listing
+
+
+def _add_entry(listing: Listing, entry: Any, what: str) -> None:
+    """One tree entry into ``listing`` (files only; folders are implied by the files' paths)."""
+    kind = entry.get("type") if isinstance(entry, dict) else None
+    if kind not in ("file", "directory") or not isinstance(entry.get("path"), str):
+        raise RecipeFetchError(f"{what}: the Hub's listing has an entry that is not a file or folder with a path: "
+                               f"{str(entry)[:120]}")
+    if kind == "file":
+        lfs = entry.get("lfs")
+        listing[entry["path"]] = {"size": entry.get("size"), "oid": entry.get("oid"), "lfs": lfs is not None,
+                                  "sha256": lfs.get("oid") if isinstance(lfs, dict) else None}
 
 
 def _parents(path: str) -> set[str]:
@@ -156,19 +215,28 @@ def _valid_hash(meta: dict[str, Any]) -> bool:
 
 def listing_problems(repo_id: str, listing: Listing) -> list[Any]:
     """Why the recipe files of a listing are refused before anything is downloaded: odd paths,
-    sizes that are not sizes, hashes that are not hashes, a file over the per-file limit, too many
-    files or bytes in all, no ``custom_generate/generate.py``."""
+    compiled code, two names that differ only in case, sizes that are not sizes, hashes that are
+    not hashes, a file over the per-file limit, too many files or bytes in all, no
+    ``custom_generate/generate.py``. Dot-files and ``__pycache__/`` are left out (never downloaded)."""
     from genkit.sandbox.errors import Problem
 
     problems = []
     count = total = 0
+    folded: dict[str, str] = {}
     for path, meta in sorted(listing.items()):
-        if not wanted(path):
+        if not in_recipe(path):
             continue
         why = check_relpath(path)
         size = meta.get("size")
         if why:
             problems.append(Problem(path, None, why))
+        elif ignored(path):
+            continue
+        elif path.lower() in folded:
+            problems.append(Problem(path, None, f"the name differs from {folded[path.lower()]} only in case: on a "
+                                    "case-insensitive file system (macOS, Windows) they are one file; not downloaded"))
+        elif path.endswith(COMPILED_SUFFIXES):
+            problems.append(Problem(path, None, f"{COMPILED_PROBLEM} (not downloaded)"))
         elif not _valid_size(size):
             problems.append(Problem(path, None, f"the listing gives no valid size ({size!r}); not downloaded"))
         elif not _valid_hash(meta):
@@ -179,9 +247,10 @@ def listing_problems(repo_id: str, listing: Listing) -> list[Any]:
                                     "limit for recipe files (not downloaded)"))
         else:
             count, total = count + 1, total + size
-    paths = {p for p in listing if wanted(p)}
-    for path in sorted(paths):
-        if any(path.startswith(other + "/") for other in _parents(path) & paths):
+        folded.setdefault(path.lower(), path)
+    paths = {p.lower() for p in listing if wanted(p)}  # in any case: one file on macOS and Windows
+    for path in sorted(p for p in listing if wanted(p)):
+        if _parents(path.lower()) & paths:
             problems.append(Problem(path, None, "the listing has a file where this path needs a folder; not "
                                     "downloaded"))
     if count > MAX_FILES + 1:  # + README.md
@@ -208,30 +277,22 @@ def check_listing(repo_id: str, listing: Listing) -> None:
 def read_listed(repo_id: str, commit: str, path: str, meta: dict[str, Any]) -> bytes:
     """One listed file of a commit, through the Hub client's session, streamed and cut off at its
     listed size, then compared with the listing's hash. A body longer than listed is refused at
-    once (:class:`RecipeValidationError`); a short or different one is read again (it may be a
-    dropped transfer) and ends as :class:`RecipeFetchError` naming the file."""
+    once (:class:`RecipeValidationError`); a short or different one, or one slower than the Hub's
+    deadline (:func:`genkit.recipes.hub.bounded_get`), is read again (it may be a dropped transfer)
+    and ends as :class:`RecipeFetchError` naming the file."""
     from huggingface_hub import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     from genkit.sandbox.errors import Problem, SandboxError
+
+    from .hub import bounded_get
 
     size = meta["size"]
     url = hf_hub_url(repo_id, path, revision=commit, endpoint=hub_endpoint())
 
     def get() -> bytes:
-        with get_session().stream("GET", url, headers=build_hf_headers(), timeout=hub_timeout(),
-                                  follow_redirects=True) as response:
-            if response.status_code >= 400:
-                response.read()
-                hf_raise_for_status(response)
-            chunks, total = [], 0
-            for chunk in response.iter_bytes():
-                total += len(chunk)
-                if total > size:
-                    raise SandboxError([Problem(path, None, f"the Hub sent more than the {size} bytes its listing "
-                                                            "gives; not read further")], where=f"Hub recipe {repo_id}")
-                chunks.append(chunk)
-        data = b"".join(chunks)
+        data, _ = bounded_get(url, size, lambda: SandboxError([Problem(path, None, f"the Hub sent more than the {size} "
+                                                                       "bytes its listing gives; not read further")],
+                                                              where=f"Hub recipe {repo_id}"))
         if not matches(data, meta):
             raise OSError(f"Consistency check failed: {path} ({len(data)} bytes read) does not match the Hub listing "
                           f"({size} bytes, {'sha256 ' + str(meta.get('sha256')) if meta.get('lfs') else 'blob ' + str(meta.get('oid'))})")
@@ -296,7 +357,7 @@ def fetch(ref: RecipeRef, commit: str) -> Fetched:
             check_listing(repo_id, full)
             listing = {p: m for p, m in full.items() if wanted(p)}
             outside = frozenset(p.split("/")[0].removesuffix(".py") for p in full
-                                if not wanted(p) and not p.startswith("."))
+                                if not in_recipe(p) and not p.startswith("."))
         files: dict[str, bytes] = {}
         for rel, meta in sorted(listing.items()):
             data = _cached(snapshot, rel, meta, blobs)

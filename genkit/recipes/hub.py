@@ -1,15 +1,23 @@
 """Thin layer over the real ``huggingface_hub`` client: explicit endpoint, retries of transient
-failures (5xx, 429, timeouts, dropped or truncated transfers) and errors that name the repo."""
+failures (5xx, 429, timeouts, dropped or truncated transfers) and errors that name the repo.
+
+What the loader reads from the Hub (a revision, the file listing, the recipe files) is read by
+:func:`bounded_get` through the client's HTTP session, never by the client's own helpers, which
+have no timeout on the listing, follow any number of pages, read whole bodies of any size and
+sleep for as long as a ``Retry-After`` header says: every answer here has ``GENKIT_HUB_TIMEOUT``
+seconds per read and :data:`DEADLINE_FACTOR` times that in all, and a byte limit."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from .errors import RecipeFetchError, RecipeNotFoundError
-from .settings import hub_endpoint, hub_retries
+from .settings import hub_endpoint, hub_retries, hub_timeout
 
 logger = logging.getLogger("genkit.recipes")
 T = TypeVar("T")
@@ -61,6 +69,84 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return tuple(out)
 
 
+#: a whole answer (headers and body) must arrive within this many times GENKIT_HUB_TIMEOUT seconds
+DEADLINE_FACTOR = 6
+#: bytes of one JSON answer (a revision, one page of a file listing) and of an error body that are read
+MAX_JSON_BYTES = 16_000_000
+MAX_ERROR_BYTES = 64_000
+
+
+def bounded_get(url: str, limit: int, too_long: Callable[[], BaseException],
+                params: dict[str, str] | None = None) -> tuple[bytes, Any]:
+    """GET ``url`` with the Hub client's session and headers: at most ``GENKIT_HUB_TIMEOUT`` seconds
+    per read and :data:`DEADLINE_FACTOR` times that for the whole answer (a ``TimeoutError``, which
+    is retried), the body read only up to ``limit`` bytes (then ``too_long()`` is raised). An error
+    status raises the client's error (read from at most :data:`MAX_ERROR_BYTES` of its body).
+    Returns the body and the response (for its headers)."""
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    timeout = hub_timeout()
+    deadline = time.monotonic() + DEADLINE_FACTOR * timeout
+    with get_session().stream("GET", url, params=params, headers=build_hf_headers(), timeout=timeout,
+                              follow_redirects=True) as response:
+        error = response.status_code >= 400
+        chunks, total = [], 0
+        for chunk in response.iter_bytes():
+            total += len(chunk)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"GET {urlsplit(url).path} did not finish within {DEADLINE_FACTOR * timeout:g} s")
+            if total > (MAX_ERROR_BYTES if error else limit):
+                if error:
+                    break  # enough of an error body to say what went wrong
+                raise too_long()
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        if error:
+            _raise_for_status(response, body)
+    return body, response
+
+
+def _raise_for_status(response: Any, body: bytes) -> None:
+    """The Hub client's error for an error answer, built from its status, headers and the part of
+    the body that was read (not the whole body, which may never end)."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    headers = {k: v for k, v in response.headers.items()
+               if k.lower() not in ("content-length", "content-encoding", "transfer-encoding")}
+    hf_raise_for_status(type(response)(response.status_code, headers=headers, content=body,
+                                       request=response.request))
+
+
+def get_json(url: str, what: str, limit: int = MAX_JSON_BYTES) -> tuple[Any, Any, int]:
+    """The parsed JSON answer of ``url`` (bounded as :func:`bounded_get`), the response and the
+    body's length; an answer that is not JSON, or longer than ``limit`` bytes, is a
+    :class:`RecipeFetchError` naming ``what``."""
+    body, response = bounded_get(url, limit, lambda: RecipeFetchError(
+        f"{what}: the Hub's answer is longer than {limit} bytes; not read further"))
+    try:
+        return json.loads(body), response, len(body)
+    except (ValueError, RecursionError) as exc:
+        raise RecipeFetchError(f"{what}: the Hub's answer is not JSON ({type(exc).__name__}: "
+                               f"{str(exc)[:100]})") from exc
+
+
+def _http_errors() -> tuple[type[BaseException], ...]:
+    """Errors of the Hub client and its HTTP library that are not worth another try."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    out: list[type[BaseException]] = [HfHubHTTPError]
+    for name in ("httpx2", "httpx", "requests"):
+        try:
+            module = __import__(name)
+        except ImportError:
+            continue
+        for attr in ("HTTPError", "InvalidURL", "StreamError", "RequestException"):
+            cls = getattr(module, attr, None)
+            if isinstance(cls, type) and issubclass(cls, BaseException):
+                out.append(cls)
+    return tuple(out)
+
+
 def with_retries(what: str, repo_id: str, fn: Callable[[], T]) -> T:
     """Run ``fn``; retry transient failures with backoff; raise RecipeFetchError / RecipeNotFoundError
     naming ``repo_id`` and the endpoint."""
@@ -73,6 +159,8 @@ def with_retries(what: str, repo_id: str, fn: Callable[[], T]) -> T:
             if not_found(exc):
                 raise RecipeNotFoundError(f"{what} {repo_id!r} on {hub_endpoint()}: {_short(exc)}") from exc
             if not transient(exc):
+                if isinstance(exc, _http_errors()):  # a 4xx, too many redirects, a bad URL...
+                    raise RecipeFetchError(f"{what} {repo_id!r} from {hub_endpoint()}: {_short(exc)}") from exc
                 raise
             last = exc
             if attempt < attempts:

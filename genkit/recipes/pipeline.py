@@ -111,7 +111,7 @@ def _read_local(parsed: RecipeRef, strict: bool, readme_limit: int | None) -> So
 
 
 def _read_hub(parsed: RecipeRef, commit: str, store: bool, strict: bool, readme_limit: int | None) -> Source:
-    from .fetch import fetch, list_files, listing_problems, read_listed, wanted
+    from .fetch import fetch, in_recipe, list_files, listing_problems, read_listed, wanted
 
     repo_id = parsed.repo_id or ""
     label = f"Hub recipe {repo_id}@{commit}"
@@ -139,7 +139,7 @@ def _read_hub(parsed: RecipeRef, commit: str, store: bool, strict: bool, readme_
             files[path] = read_listed(repo_id, commit, path, meta)
         root = Path(f"<{repo_id}@{commit}>")
         outside = frozenset(p.split("/")[0].removesuffix(".py") for p in full
-                            if not wanted(p) and not p.startswith("."))
+                            if not in_recipe(p) and not p.startswith("."))
     readme_bytes = files.get("README.md")
     readme = None if readme_bytes is None else readme_bytes[:readme_limit or MAX_README_BYTES].decode("utf-8", "replace")
     prefix = f"{FOLDER}/"

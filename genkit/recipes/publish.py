@@ -12,8 +12,10 @@ from pathlib import Path
 
 from ..errors import ConfigError, RecipeError
 from .check import CheckReport, SmokeRun, check_recipe
-from .hub import api, with_retries
-from .resolve import REPO_RE
+from .errors import RecipeFetchError
+from .hub import _http_errors, _short, _transport_errors, api, with_retries
+from .resolve import REPO_RE, check_revision
+from .settings import hub_endpoint
 from .validate import with_tag
 
 logger = logging.getLogger("genkit.recipes")
@@ -58,8 +60,11 @@ def publish_recipe(path: str | os.PathLike[str], repo_id: str, *, revision: str 
                    commit_message: str | None = None, smoke: SmokeRun | None = None) -> Published:
     """Check ``path`` (with the smoke run ``smoke``, see :func:`~genkit.recipes.check.check_recipe`) (errors raise :class:`RecipeCheckFailed`, nothing is uploaded), create the repo
     (and branch ``revision``) if needed and upload the folder; returns the commit."""
-    if not REPO_RE.fullmatch(repo_id or "") or ".." in repo_id:
-        raise ConfigError(f"repo id {repo_id!r} must look like 'org/name'")
+    if not REPO_RE.fullmatch(repo_id or "") or ".." in repo_id or "--" in repo_id:
+        raise ConfigError(f"repo id {repo_id!r} must look like 'org/name' (letters, digits, '-', '_', '.'; no '--' "
+                          "or '..', which the Hub refuses)")
+    if revision is not None:
+        check_revision(revision, "`revision` (the branch to publish to)")
     root = Path(os.path.abspath(os.fspath(path)))
     report = check_recipe(root, smoke=smoke)
     if not report.ok:
@@ -71,6 +76,9 @@ def publish_recipe(path: str | os.PathLike[str], repo_id: str, *, revision: str 
                      lambda: hf.create_branch(repo_id, branch=revision, exist_ok=True))
     with tempfile.TemporaryDirectory(prefix="genkit-publish-") as tmp:
         _stage(root, Path(tmp))
-        info = hf.upload_folder(repo_id=repo_id, folder_path=tmp, revision=revision,
-                                commit_message=commit_message or f"Publish recipe {root.name} with genkit")
+        try:  # not retried: a commit that landed but whose answer was lost must not be made twice
+            info = hf.upload_folder(repo_id=repo_id, folder_path=tmp, revision=revision,
+                                    commit_message=commit_message or f"Publish recipe {root.name} with genkit")
+        except (*_http_errors(), *_transport_errors()) as exc:
+            raise RecipeFetchError(f"uploading {root} to {repo_id!r} on {hub_endpoint()} failed: {_short(exc)}") from exc
     return Published(repo_id, url, info.oid, revision or "main", report)

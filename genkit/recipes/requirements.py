@@ -1,6 +1,6 @@
 """Step 5: check ``custom_generate/requirements.txt`` against the installed distributions (PEP 508).
 
-Accepted lines: ``name``, ``name>=1,<2``, ``name[extra]>=1``, ``name>=1; python_version >= "3.10"``,
+At most :data:`MAX_REQUIREMENTS` requirement lines. Accepted lines: ``name``, ``name>=1,<2``, ``name[extra]>=1``, ``name>=1; python_version >= "3.10"``,
 comments (``#``, whole-line or trailing) and blank lines. Refused with the line number: malformed
 requirements, URL requirements (``name @ https://…``, ``git+https://…``) and pip options
 (``-r``, ``-e``, ``--index-url`` …) — a recipe cannot make genkit install or fetch anything.
@@ -9,6 +9,7 @@ All unmet lines are reported together in one ``ImportError``: ``name>=x (install
 
 from __future__ import annotations
 
+import functools
 import shlex
 from dataclasses import dataclass
 from importlib import metadata
@@ -44,8 +45,14 @@ class Status:
         return f"{shown} (installed: {self.installed}{self.detail})"
 
 
+#: requirement lines (not comments or blank lines) a recipe may have: each costs a look-up of the
+#: installed distributions, and ``genkit inspect`` checks them for recipes nobody trusts yet
+MAX_REQUIREMENTS = 256
+
+
 def parse_requirements(text: str, source: str = "custom_generate/requirements.txt", label: str = "recipe") -> list[Line]:
-    """Parse the file; raise :class:`RequirementsFormatError` naming the first bad line(s)."""
+    """Parse the file; raise :class:`RequirementsFormatError` naming the first bad line(s), or the
+    line past :data:`MAX_REQUIREMENTS` requirements (before any of them is looked up)."""
     lines: list[Line] = []
     errors: list[str] = []
     text = text.removeprefix("\ufeff")  # a UTF-8 BOM (Windows editors write one)
@@ -53,6 +60,9 @@ def parse_requirements(text: str, source: str = "custom_generate/requirements.tx
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
             continue
+        if len(lines) + len(errors) == MAX_REQUIREMENTS:
+            raise RequirementsFormatError(f"{label}: cannot accept its requirements: {source}:{number}: more than "
+                                          f"{MAX_REQUIREMENTS} requirement lines; a recipe lists what it imports")
         body = stripped.split(" #", 1)[0].split("\t#", 1)[0].strip()
         where = f"{source}:{number}: {stripped!r}"
         if body.startswith("-"):
@@ -77,6 +87,7 @@ def parse_requirements(text: str, source: str = "custom_generate/requirements.tx
     return lines
 
 
+@functools.lru_cache(maxsize=4096)
 def _installed(name: str) -> str | None:
     try:
         return metadata.version(name)
@@ -92,23 +103,32 @@ def _satisfies(req: Requirement, version: str) -> bool:
     return req.specifier.contains(version, prereleases=True)
 
 
+@functools.lru_cache(maxsize=512)
+def _extra_requirements(name: str) -> tuple[Requirement, ...]:
+    """The installed distribution ``name``'s requirements that only an extra pulls in."""
+    try:
+        requires = metadata.requires(name) or []
+    except metadata.PackageNotFoundError:
+        return ()
+    out = []
+    for spec in requires:
+        try:
+            dep = Requirement(spec)
+        except InvalidRequirement:
+            continue
+        if dep.marker is not None and not dep.marker.evaluate({**default_environment(), "extra": ""}):
+            out.append(dep)
+    return tuple(out)
+
+
 def _extras_unmet(req: Requirement) -> list[str]:
     """Requirements that ``req``'s extras pull in and that are not satisfied."""
     unmet = []
-    try:
-        requires = metadata.requires(req.name) or []
-    except metadata.PackageNotFoundError:
-        return []
+    environment = default_environment()
     for extra in sorted(req.extras):
-        for spec in requires:
-            try:
-                dep = Requirement(spec)
-            except InvalidRequirement:
+        for dep in _extra_requirements(req.name):
+            if dep.marker is None or not dep.marker.evaluate({**environment, "extra": extra}):
                 continue
-            if dep.marker is None or not dep.marker.evaluate({**default_environment(), "extra": extra}):
-                continue
-            if dep.marker.evaluate({**default_environment(), "extra": ""}):
-                continue  # not specific to the extra
             have = _installed(dep.name)
             if have is None or not _satisfies(dep, have):
                 unmet.append(f"{dep.name}{dep.specifier} for extra [{extra}] (installed: {have})")
@@ -118,6 +138,8 @@ def _extras_unmet(req: Requirement) -> list[str]:
 def check_requirements(text: str, source: str = "custom_generate/requirements.txt",
                        label: str = "recipe") -> list[Status]:
     """The status of every line (lines whose marker does not apply are ``skipped``)."""
+    _installed.cache_clear()  # distributions may have changed since the last check
+    _extra_requirements.cache_clear()
     out = []
     for line in parse_requirements(text, source, label):
         req = line.requirement

@@ -7,11 +7,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from ..errors import ConfigError
 from .errors import RecipeNotFoundError
-from .hub import api, with_retries
-from .settings import hub_cache_dir, hub_offline, hub_timeout
+from .hub import get_json, with_retries
+from .settings import hub_cache_dir, hub_endpoint, hub_offline
 
 logger = logging.getLogger("genkit.recipes")
 
@@ -128,9 +129,11 @@ def resolve_commit(ref: RecipeRef) -> str:
             f"offline mode (HF_HUB_OFFLINE=1) and revision {ref.revision!r} of {ref.repo_id!r} is not in the Hub "
             f"cache {hub_cache_dir()}; load it once online or pin a cached commit 'org/repo@<sha>'"
         )
-    info = with_retries("resolving revision " + repr(ref.revision) + " of", ref.repo_id,
-                        lambda: api().model_info(ref.repo_id, revision=ref.revision, timeout=hub_timeout()))
-    sha = getattr(info, "sha", None)
-    if not sha or not SHA_RE.fullmatch(sha):
-        raise RecipeNotFoundError(f"the Hub gave no commit sha for {ref.repo_id}@{ref.revision}")
+    what = f"resolving revision {ref.revision!r} of"
+    url = f"{hub_endpoint()}/api/models/{ref.repo_id}/revision/{quote(ref.revision, safe='')}"
+    info, _, _ = with_retries(what, ref.repo_id, lambda: get_json(url, f"{what} {ref.repo_id!r}"))
+    sha = info.get("sha") if isinstance(info, dict) else None
+    if not isinstance(sha, str) or not SHA_RE.fullmatch(sha):
+        raise RecipeNotFoundError(f"the Hub gave no commit sha for {ref.repo_id}@{ref.revision} (its answer's "
+                                  f"'sha' field is {str(sha)[:60]!r})")
     return sha

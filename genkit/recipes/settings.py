@@ -4,7 +4,8 @@
 * ``settings.json``: ``{"trusted_repos": ["org/*", "me/recipe@<sha>"], "trust_local_recipes": true}``.
 * ``GENKIT_TRUSTED_REPOS``: comma/space separated patterns added to the file's list.
 * ``GENKIT_TRUST_LOCAL_RECIPES=0``: local recipe folders need ``trust_remote_code=True`` too.
-* ``GENKIT_HUB_RETRIES`` (3) and ``GENKIT_HUB_TIMEOUT`` (10 s): Hub request policy.
+* ``GENKIT_HUB_RETRIES`` (3) and ``GENKIT_HUB_TIMEOUT`` (10 s per read; 6x that for a whole answer):
+  Hub request policy.
 * Hub client: ``HF_ENDPOINT``, ``HF_HUB_CACHE`` / ``HF_HOME``, ``HF_HUB_OFFLINE`` — read from the
   environment on every call, falling back to ``huggingface_hub.constants``.
 """
@@ -120,14 +121,24 @@ def hub_offline() -> bool:
 
 
 def hub_retries() -> int:
+    """Attempts of one Hub request (``GENKIT_HUB_RETRIES``, default 3): an integer >= 1."""
+    raw = os.environ.get("GENKIT_HUB_RETRIES", "3")
     try:
-        return max(1, int(os.environ.get("GENKIT_HUB_RETRIES", "3")))
-    except ValueError as exc:
-        raise ConfigError("GENKIT_HUB_RETRIES must be a positive integer") from exc
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"GENKIT_HUB_RETRIES={raw!r} is not accepted; use a whole number of attempts >= 1")
+    return value
 
 
 def hub_timeout() -> float:
+    """Seconds per read of a Hub answer (``GENKIT_HUB_TIMEOUT``, default 10): a finite number > 0."""
+    raw = os.environ.get("GENKIT_HUB_TIMEOUT", "10")
     try:
-        return float(os.environ.get("GENKIT_HUB_TIMEOUT", "10"))
-    except ValueError as exc:
-        raise ConfigError("GENKIT_HUB_TIMEOUT must be a number of seconds") from exc
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"GENKIT_HUB_TIMEOUT={raw!r} is not accepted; use a number of seconds > 0")
+    return value

@@ -24,9 +24,17 @@ def matching_pattern(repo_id: str, commit: str | None) -> str | None:
     return None
 
 
+def check_flag(trust_remote_code: object) -> None:
+    """``trust_remote_code`` is True, False or None (a string such as ``"false"`` is an error, before
+    any request)."""
+    if trust_remote_code is not None and not isinstance(trust_remote_code, bool):
+        raise ConfigError(f"`trust_remote_code` must be True, False or None; got {trust_remote_code!r}")
+
+
 def could_be_trusted(ref: RecipeRef, trust_remote_code: bool | None) -> bool:
     """Whether trust is possible before the commit is known (so an untrusted Hub recipe is refused
     without a single request): the flag is True, or a trusted-repos pattern names the repo."""
+    check_flag(trust_remote_code)
     if trust_remote_code is True or ref.kind == "local":
         return True
     if trust_remote_code is False:
@@ -36,8 +44,7 @@ def could_be_trusted(ref: RecipeRef, trust_remote_code: bool | None) -> bool:
 
 def check_trust(ref: RecipeRef, commit: str | None, trust_remote_code: bool | None) -> str:
     """Return why the recipe may run, or raise :class:`RecipeTrustError` saying how to give trust."""
-    if trust_remote_code is not None and not isinstance(trust_remote_code, bool):
-        raise ConfigError(f"`trust_remote_code` must be True, False or None; got {trust_remote_code!r}")
+    check_flag(trust_remote_code)
     if ref.kind == "local":
         if trust_remote_code is False:
             raise RecipeTrustError(f"trust_remote_code=False forbids running the local recipe {ref.ref!r}; pass "
