@@ -132,20 +132,24 @@ def test_cli_sigterm_stops_between_commits_and_the_job_resumes(tmp_path):
     assert out[: len(committed)] == committed
 
 
+def _peak_memory(run):
+    """What ``run()`` returns, and the most memory Python held while it ran (tracemalloc)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        return run(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_bad_rows_are_written_as_they_come_not_held_in_memory(tmp_path, tokenizer):
     """A hostile input of short bad lines: each costs an error record of a hundred bytes, which
     goes to disk as it comes (before: every record was held until the end, ~600 bytes of memory
     per 2-byte line)."""
-    import tracemalloc
-
     (tmp_path / "in.jsonl").write_bytes(b"x\n" * 100_000 + b'{"id": "ok", "prompt": "alpha"}\n')
     engine = _Counting(_engine(tokenizer))
-    tracemalloc.start()
-    try:
-        summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    summary, peak = _peak_memory(lambda: run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine))
     assert (summary.bad, summary.written) == (100_000, 1) and engine.seen == ["ok"]
     assert peak < 8 << 20, peak
     errors = _read(tmp_path / "out.jsonl.errors.jsonl")
@@ -168,8 +172,6 @@ def test_an_interrupted_run_leaves_no_errors_file_and_keeps_the_last_one(tmp_pat
 def test_joining_a_large_output_does_not_hold_it_in_memory(tmp_path, tokenizer):
     """The final join keeps a digest per id to find repeats, not each row's text (before: the whole
     output was in memory at the end of the job)."""
-    import tracemalloc
-
     n = 4000
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "prompt": "alpha"}) + "\n" for i in range(n)))
     parts = tmp_path / "out.jsonl.parts"
@@ -182,12 +184,7 @@ def test_joining_a_large_output_does_not_hold_it_in_memory(tmp_path, tokenizer):
     (parts / "part-000004.jsonl").write_text(json.dumps(rows[7]) + "\n")  # a repeat, word for word
     del rows
     engine = _Counting(_engine(tokenizer))
-    tracemalloc.start()
-    try:
-        summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    summary, peak = _peak_memory(lambda: run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine))
     assert (summary.skipped, summary.written, summary.bad) == (n, 0, 0) and engine.seen == []
     assert peak < 16 << 20, peak
     with open(tmp_path / "out.jsonl", encoding="utf-8") as f:

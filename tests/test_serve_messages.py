@@ -10,11 +10,9 @@ token id, test_engine_gate's), with a template that writes each field it receive
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
 import pytest
 import torch
+from serve_client import post_json
 from test_engine_gate import SPECIALS, _raw_tokenizer, _serving
 
 from genkit.models.tiny import tiny_llama
@@ -39,18 +37,8 @@ def server():
         yield base
 
 
-def _post(base: str, path: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def _tokens(server, messages: list[dict]) -> list[int]:
-    status, body = _post(server, "/tokenize", {"messages": messages})
+    status, body = post_json(server, "/tokenize", {"messages": messages})
     assert status == 200, body
     return body["tokens"]
 
@@ -99,7 +87,7 @@ def test_text_parts_reach_the_template_as_text(server):
 @pytest.mark.parametrize("path", ["/tokenize", "/v1/chat/completions"])
 def test_an_unknown_or_bad_message_field_is_a_400_naming_it(server, path, messages, message):
     extra = {"max_tokens": 2} if path != "/tokenize" else {}
-    status, body = _post(server, path, {"model": "tiny", "messages": messages, **extra})
+    status, body = post_json(server, path, {"model": "tiny", "messages": messages, **extra})
     assert status == 400, body
     assert body["error"]["message"] == message
     assert body["error"]["param"] == "messages"

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_client import post_json  # noqa: E402
 from structured_helpers import demo_folder, running_server, schemas  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
@@ -147,36 +146,26 @@ def test_tool_call_round_trip(client):
     assert answer.usage.prompt_tokens > first.usage.prompt_tokens + 20  # the call and the result are in the prompt
 
 
-def _post(base: str, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=300) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def test_tokenize_renders_the_prompt_the_chat_completion_runs(server, client):
     """``/tokenize`` with ``tools`` gives the chat completion's prompt: as many tokens as its usage
     says, and those tokens sent as a plain completion give the same greedy text. On main
     ``tools`` was an unknown field of /tokenize."""
-    status, body = _post(server, "/tokenize", {"model": "smollm2", "messages": ASK, "tools": [WEATHER]})
+    status, body = post_json(server, "/tokenize", {"model": "smollm2", "messages": ASK, "tools": [WEATHER]})
     assert status == 200, body
     chat = _chat(client, messages=ASK, max_tokens=12, tools=[WEATHER])
     assert body["count"] == len(body["tokens"]) == chat.usage.prompt_tokens
     plain = client.completions.create(model="smollm2", prompt=body["tokens"], max_tokens=12, temperature=0)
     assert plain.choices[0].text == chat.choices[0].message.content
     kw = {"tools": [WEATHER, TIME], "tool_choice": "required"}
-    body = _post(server, "/tokenize", {"messages": ASK, **kw})[1]
+    body = post_json(server, "/tokenize", {"messages": ASK, **kw})[1]
     assert body["count"] == _chat(client, messages=ASK, max_tokens=4, **kw).usage.prompt_tokens
-    bare = _post(server, "/tokenize", {"messages": ASK})[1]["tokens"]
-    with_tools = _post(server, "/tokenize", {"messages": ASK, "tools": [WEATHER]})[1]["tokens"]
+    bare = post_json(server, "/tokenize", {"messages": ASK})[1]["tokens"]
+    with_tools = post_json(server, "/tokenize", {"messages": ASK, "tools": [WEATHER]})[1]["tokens"]
     assert len(with_tools) > len(bare) + 40  # the tools are in the prompt
-    assert _post(server, "/tokenize", {"messages": ASK, "tools": [WEATHER], "tool_choice": "none"})[1]["tokens"] == bare
-    status, body = _post(server, "/tokenize", {"prompt": "Hi", "tools": [WEATHER]})
+    assert post_json(server, "/tokenize", {"messages": ASK, "tools": [WEATHER], "tool_choice": "none"})[1]["tokens"] == bare
+    status, body = post_json(server, "/tokenize", {"prompt": "Hi", "tools": [WEATHER]})
     assert status == 400 and body["error"]["param"] == "tools"
-    status, body = _post(server, "/tokenize", {"messages": ASK, "tools": [{"type": "function"}]})
+    status, body = post_json(server, "/tokenize", {"messages": ASK, "tools": [{"type": "function"}]})
     assert status == 400 and body["error"]["param"] == "tools"
 
 

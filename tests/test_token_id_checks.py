@@ -10,10 +10,10 @@ embedding's IndexError), and serve's ``logit_bias`` was checked against the toke
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 import torch
+from serve_client import post_json
 from test_engine_gate import _serving
 
 import genkit
@@ -126,16 +126,6 @@ def _tokenizer(words: int):
     return Tokenizer(raw, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
 
 
-def _post(base: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_serve_refuses_a_logit_bias_id_the_model_cannot_score(model, stream):
     """A tokenizer longer than the LM head: id 150 is a word, but no logit; a 400 naming the field
@@ -143,12 +133,12 @@ def test_serve_refuses_a_logit_bias_id_the_model_cannot_score(model, stream):
     from genkit.serve import build_app
 
     with _serving(build_app(model, tokenizer=_tokenizer(200), model_name="tiny")) as base:
-        status, body = _post(base, {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "stream": stream,
+        status, body = post_json(base, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "stream": stream,
                                     "logit_bias": {"150": 5}})
         assert status == 400, body
         assert body["error"]["param"] == "logit_bias"
         assert body["error"]["message"] == _message("logit_bias", [150])
-        status, body = _post(base, {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "stream": stream,
+        status, body = post_json(base, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "stream": stream,
                                     "suppress_tokens": [3, 128]})
         assert status == 400, body
         assert body["error"]["param"] == "suppress_tokens"
@@ -164,7 +154,7 @@ def test_serve_takes_a_logit_bias_id_past_the_tokenizer_the_model_scores(model):
                            sequence_bias={(120,): 100.0})[0, len(PROMPT):].tolist()
     assert want == [120, 120]
     with _serving(build_app(model, tokenizer=_tokenizer(100), model_name="tiny")) as base:
-        status, body = _post(base, {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "temperature": 0,
+        status, body = post_json(base, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "temperature": 0,
                                     "logit_bias": {"120": 100}})
     assert status == 200, body
     assert body["usage"]["completion_tokens"] == 2
@@ -175,7 +165,7 @@ def test_serve_logit_bias_keys_must_be_decimal_ids(model, key):
     from genkit.serve import build_app
 
     with _serving(build_app(model, tokenizer=_tokenizer(128), model_name="tiny")) as base:
-        status, body = _post(base, {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "logit_bias": {key: 1}})
+        status, body = post_json(base, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "logit_bias": {key: 1}})
     assert status == 400, body
     assert body["error"]["param"] == "logit_bias"
     assert "maps token ids (ints >= 0, as strings)" in body["error"]["message"]
