@@ -107,6 +107,9 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
     call = StrategyCall.from_kwargs("the assisted strategy", model, input_ids,
                                     accept=("assistant_model", "assistant_tokenizer"), **kwargs)
     call.refuse("position_ids")
+    if call.config.num_return_sequences != 1:
+        raise NotSupportedError(f"assisted decoding returns one sequence: `num_return_sequences` must be 1; got "
+                                f"{call.config.num_return_sequences}")
     if call.batch != 1:
         raise NotSupportedError(f"assisted decoding supports batch size 1; got input_ids with batch size {call.batch}")
     if not call.use_cache:

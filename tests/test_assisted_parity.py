@@ -118,3 +118,20 @@ def test_heuristic_count_carries_over_to_the_next_call_as_in_transformers(tiny_p
         assert counts[1][0] != 5
     else:
         assert counts[1] == [5, 5]
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"num_beams": 2}, r"`assistant_model` \(assisted decoding\) works with num_beams=1; got num_beams=2"),
+    ({"num_return_sequences": 2, "do_sample": True},
+     r"assisted decoding returns one sequence: `num_return_sequences` must be 1; got 2"),
+])
+def test_what_assisted_decoding_cannot_do_is_named(tiny_pair, assistants, kw, message):
+    """transformers drops the assistant under beams (a warning) and refuses ``num_return_sequences``;
+    genkit refuses both, naming the setting (not "unexpected model inputs" or a batch size the
+    caller never passed)."""
+    (hf, ours), (hf_a, ours_a) = tiny_pair, assistants
+    for target, assistant in ((ours, ours_a), (hf, hf_a)):
+        with pytest.raises(ConfigError, match=message):
+            genkit.generate(target, PROMPT, assistant_model=assistant, max_new_tokens=4, **kw)
+    with pytest.raises(ConfigError, match=r"`prompt_lookup_num_tokens` works with num_beams=1; got num_beams=2"):
+        genkit.generate(ours, PROMPT, prompt_lookup_num_tokens=2, num_beams=2, max_new_tokens=4)
