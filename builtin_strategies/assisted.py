@@ -107,6 +107,9 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
     call = StrategyCall.from_kwargs("the assisted strategy", model, input_ids,
                                     accept=("assistant_model", "assistant_tokenizer"), **kwargs)
     call.refuse("position_ids")
+    if call.config.num_return_sequences != 1:
+        raise NotSupportedError(f"assisted decoding returns one sequence: `num_return_sequences` must be 1; got "
+                                f"{call.config.num_return_sequences}")
     if call.batch != 1:
         raise NotSupportedError(f"assisted decoding supports batch size 1; got input_ids with batch size {call.batch}")
     if not call.use_cache:
@@ -131,8 +134,8 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
             rounds += 1
             drafted_total += k
             accepted_total += min(n_matches, kept)
-            if not done:
-                generator.update_candidate_strategy(stepper.sequences, torch.stack(new_scores, dim=1), n_matches)
+            # every round, the last one too, as transformers does (a "heuristic" count carries over)
+            generator.update_candidate_strategy(stepper.sequences, torch.stack(new_scores, dim=1), n_matches)
     logger.debug("assisted decoding: %d rounds, %d drafted, %d accepted", rounds, drafted_total, accepted_total)
     out = record.as_tuples()
     return GenerateDecoderOnlyOutput(sequences=stepper.sequences, scores=out["scores"], logits=out["logits"],
@@ -230,21 +233,30 @@ def _accept(stepper: Stepper, finish: FinishTracker, accepted: torch.Tensor, nex
 
 def _speculative_accept(candidates: torch.Tensor, candidate_logits: torch.Tensor | None,
                         new_scores: list[torch.Tensor]) -> tuple[int, int]:
-    """Speculative sampling acceptance; returns (accepted candidates, the extra token)."""
+    """Speculative sampling acceptance; returns (accepted candidates, the extra token).
+
+    The random draws are transformers 5's, in its order, so a seed gives its tokens: with draft
+    scores, one uniform number per candidate at once (``rand_like`` of the ``k`` ratios
+    ``p(x) / q(x)``; a candidate is accepted while its number is at most its ratio), then one draw
+    from ``max(0, p - q)`` renormalised (from ``p`` after ``k`` acceptances). Without draft scores
+    (n-gram lookup: a draft with all its mass on its candidate) a token is drawn from ``p`` at every
+    position at once and the candidates are kept up to the first that differs from its draw, as
+    transformers does; the same distribution."""
     k = candidates.shape[1]
-    p = [torch.softmax(s[0], dim=-1) for s in new_scores]  # target distributions, k + 1 of them
-    for i in range(k):
-        x = int(candidates[0, i])
-        if candidate_logits is not None:
-            q = torch.softmax(candidate_logits[0, i].float().to(p[i].device), dim=-1)
-        else:
-            q = torch.zeros_like(p[i])
-            q[x] = 1.0
-        px, qx = float(p[i][x]), float(q[x])
-        if qx > 0 and float(torch.rand(())) < min(1.0, px / qx):
-            continue
-        residual = (p[i] - q).clamp_min(0)
-        total = float(residual.sum())
-        dist = residual / total if total > 0 else p[i]
-        return i, int(torch.multinomial(dist, 1))
-    return k, int(torch.multinomial(p[k], 1))
+    p = torch.softmax(torch.cat(new_scores, dim=0), dim=-1)  # (k + 1, vocab): the target's distributions
+    if candidate_logits is None:
+        drawn = torch.multinomial(p, num_samples=1).squeeze(1)  # (k + 1,)
+        agree = (drawn[:k] == candidates[0].to(drawn.device)).long()
+        n_matches = int(agree.cumprod(0).sum()) if k else 0
+        return n_matches, int(drawn[n_matches])
+    q = torch.softmax(candidate_logits[0, :k].float().to(p.device), dim=-1)  # (k, vocab)
+    rows, ids = torch.arange(k, device=p.device), candidates[0].to(p.device)
+    ratio = p[rows, ids] / q[rows, ids]  # a draft token the draft gave no mass: inf, always accepted
+    accepted = torch.rand_like(ratio) <= ratio
+    n_matches = int(((~accepted).cumsum(dim=-1) < 1).sum())
+    if n_matches == k:
+        return k, int(torch.multinomial(p[k], 1))
+    residual = (p[n_matches] - q[n_matches]).clamp_min(0)
+    total = float(residual.sum())
+    dist = residual / total if total > 0 else p[n_matches]
+    return n_matches, int(torch.multinomial(dist, 1))

@@ -28,7 +28,10 @@ from genkit.strategy import eos_token_ids, model_vocab_size
 logger = logging.getLogger("genkit.candidates")
 
 __all__ = ["DraftModelCandidateGenerator", "PromptLookupCandidateGenerator", "adapted_threshold", "draft_model",
-           "prompt_lookup"]
+           "draft_policy", "prompt_lookup"]
+
+# the draft policy: transformers reads it from the assistant's own generation config
+DRAFT_POLICY = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
 
 class PromptLookupCandidateGenerator:
@@ -82,10 +85,15 @@ class PromptLookupCandidateGenerator:
 class DraftModelCandidateGenerator:
     """Drafts with a smaller assistant model that keeps its own cache.
 
-    ``num_assistant_tokens`` tokens are drafted per round. With the ``"heuristic"`` schedules the
-    number grows by 2 after a round in which every draft token was accepted and shrinks by 1
-    (not below 1) otherwise. Drafting stops early when the assistant's probability for its own
-    choice falls below ``assistant_confidence_threshold`` (0 disables). With ``adaptive_threshold``
+    ``num_assistant_tokens`` tokens are drafted per round, fewer where the target's ``max_length``
+    leaves less room (as transformers does: the assistant never drafts a token that could not be
+    kept), and none after an EOS token of the target's (``eos_token_ids``: the draft ends there, as
+    transformers' assistant stops at EOS). With the ``"heuristic"`` schedules the number grows by 2
+    after a round in which every drafted token was accepted (a draft cut short by the confidence
+    threshold or the length included) and shrinks by 1 (not below 1) otherwise; with
+    ``"heuristic"`` it is written to ``keep_count_in`` (the assistant's generation config), so the
+    next call starts from it (transformers' difference from ``"heuristic_transient"``). Drafting
+    stops early when the assistant's probability for its own choice falls below ``assistant_confidence_threshold`` (0 disables). With ``adaptive_threshold``
     (the default, as transformers does when scikit-learn is installed) that threshold is re-chosen
     after every round from the drafts seen so far: the one on their ROC curve (draft probability
     vs. accepted) that minimises ``false positive rate + 3 * false negative rate``
@@ -97,7 +105,9 @@ class DraftModelCandidateGenerator:
 
     def __init__(self, assistant_model: Any, *, num_assistant_tokens: int = 20,
                  schedule: str = "constant", confidence_threshold: float = 0.0, do_sample: bool = False,
-                 logits_processor: Any = None, adaptive_threshold: bool = True) -> None:
+                 logits_processor: Any = None, adaptive_threshold: bool = True,
+                 max_length: int | None = None, eos_token_ids: list[int] | None = None,
+                 keep_count_in: Any = None) -> None:
         if assistant_model is None:
             raise ConfigError("the `draft_model` candidate generator needs `assistant_model=` in generate()")
         if schedule not in ("constant", "heuristic", "heuristic_transient"):
@@ -107,6 +117,9 @@ class DraftModelCandidateGenerator:
              )
         self.model = assistant_model
         self.num_assistant_tokens = int(num_assistant_tokens)
+        self.max_length = max_length
+        self.eos_token_ids = set(eos_token_ids or ())
+        self.keep_count_in = keep_count_in if schedule == "heuristic" else None
         self.schedule = schedule
         self.confidence_threshold = float(confidence_threshold)
         self.adaptive_threshold = adaptive_threshold and self.confidence_threshold > 0
@@ -130,6 +143,8 @@ class DraftModelCandidateGenerator:
         if input_ids.shape[0] != 1:
             raise NotSupportedError("draft-model drafting supports batch size 1")
         k = self.num_assistant_tokens
+        if self.max_length is not None:
+            k = min(k, self.max_length - input_ids.shape[1] - 1)
         if k < 1:
             return input_ids, None
         if self.cache is not None:
@@ -160,8 +175,8 @@ class DraftModelCandidateGenerator:
             if self.adaptive_threshold:
                 self._probs.append(float(probs.gather(1, token).min()))
             seq = torch.cat([seq, token], dim=1)
-            if self.confidence_threshold > 0 and i < k - 1 \
-                    and float(probs.gather(1, token).min()) < self.confidence_threshold:
+            if int(token) in self.eos_token_ids or (self.confidence_threshold > 0 and i < k - 1
+                                                     and float(probs.gather(1, token).min()) < self.confidence_threshold):
                 break
             if i < k - 1:
                 logits = self._forward(token if self.cache is not None else seq)
@@ -171,10 +186,12 @@ class DraftModelCandidateGenerator:
 
     def update_candidate_strategy(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: int) -> None:
         if self.schedule in ("heuristic", "heuristic_transient"):
-            if num_matches >= self.num_assistant_tokens:
+            if num_matches >= scores.shape[1] - 1:  # every drafted token accepted (transformers' rule)
                 self.num_assistant_tokens += 2
             else:
                 self.num_assistant_tokens = max(1, self.num_assistant_tokens - 1)
+            if self.keep_count_in is not None:  # "heuristic": the count carries over to the next call
+                self.keep_count_in.num_assistant_tokens = self.num_assistant_tokens
         if self.adaptive_threshold:
             # the accepted drafts are 1s, the first rejected one a 0; later drafts were never judged
             self._matches.extend([1] * num_matches)
@@ -219,12 +236,35 @@ def prompt_lookup(model: Any, config: Any, **kwargs: Any) -> PromptLookupCandida
     )
 
 
+def draft_policy(config: Any, assistant_model: Any) -> dict[str, Any]:
+    """``num_assistant_tokens``, ``num_assistant_tokens_schedule`` and ``assistant_confidence_threshold``
+    of a call. transformers reads them from the assistant's own ``generation_config`` (where the
+    ``"heuristic"`` schedule also keeps its count between calls), so a value set there is used;
+    one the caller set for this call (``generate(num_assistant_tokens=...)``, which transformers
+    ignores) wins over it; else the call's config (the target's file, the defaults)."""
+    from genkit.config.fields import field_table
+
+    own = getattr(assistant_model, "generation_config", None)
+    table, user_set = field_table(), getattr(config, "user_set", frozenset())
+    policy = {}
+    for name in DRAFT_POLICY:
+        value, theirs = getattr(config, name), getattr(own, name, None)
+        if name not in user_set and theirs is not None:
+            try:
+                table[name].validate(theirs)
+            except ConfigError as exc:
+                raise ConfigError(f"assistant_model.generation_config: {exc}") from None
+            value = theirs
+        policy[name] = value
+    return policy
+
+
 def draft_model(model: Any, config: Any, *, assistant_model: Any = None, logits_processor: Any = None,
                 **kwargs: Any) -> DraftModelCandidateGenerator:
     """Factory of the ``"draft_model"`` candidate generator (the assistant model drafts).
 
-    Reads ``num_assistant_tokens``, ``num_assistant_tokens_schedule``,
-    ``assistant_confidence_threshold`` and ``do_sample`` from the config.
+    Reads the draft policy (:func:`draft_policy`), ``do_sample``, ``max_length`` and the EOS ids
+    from the config.
     """
     tv, av = model_vocab_size(model), model_vocab_size(assistant_model)
     if tv is not None and av is not None and tv != av:
@@ -233,12 +273,15 @@ def draft_model(model: Any, config: Any, *, assistant_model: Any = None, logits_
             "`tokenizer=` (the target's) and `assistant_tokenizer=` (the assistant's) for universal assisted "
             "decoding"
         )
-    threshold = config.assistant_confidence_threshold
+    policy = draft_policy(config, assistant_model)
     return DraftModelCandidateGenerator(
         assistant_model,
-        num_assistant_tokens=kwargs.get("num_assistant_tokens", config.num_assistant_tokens),
-        schedule=config.num_assistant_tokens_schedule,
-        confidence_threshold=kwargs.get("confidence_threshold", threshold),
+        num_assistant_tokens=kwargs.get("num_assistant_tokens", policy["num_assistant_tokens"]),
+        schedule=policy["num_assistant_tokens_schedule"],
+        confidence_threshold=kwargs.get("confidence_threshold", policy["assistant_confidence_threshold"]),
         do_sample=bool(config.do_sample),
         logits_processor=logits_processor,
+        max_length=config.max_length,
+        eos_token_ids=eos_token_ids(config.eos_token_id),
+        keep_count_in=getattr(assistant_model, "generation_config", None),
     )

@@ -28,7 +28,7 @@ import torch
 
 from genkit.errors import ConfigError
 
-from .candidates import DraftModelCandidateGenerator
+from .candidates import DraftModelCandidateGenerator, draft_policy
 
 logger = logging.getLogger("genkit.candidates")
 
@@ -67,7 +67,7 @@ class UniversalCandidateGenerator:
 
     def __init__(self, assistant_model: Any, target_tokenizer: Any, assistant_tokenizer: Any, *,
                  num_assistant_tokens: int = 20, schedule: str = "constant", confidence_threshold: float = 0.0,
-                 target_lookbehind: int = 10, assistant_lookbehind: int = 10) -> None:
+                 target_lookbehind: int = 10, assistant_lookbehind: int = 10, keep_count_in: Any = None) -> None:
         for name, tok in (("tokenizer", target_tokenizer), ("assistant_tokenizer", assistant_tokenizer)):
             if not (callable(getattr(tok, "encode", None)) and callable(getattr(tok, "decode", None))):
                 raise ConfigError(f"`{name}` must be a tokenizer with encode(text, add_special_tokens=) and "
@@ -79,6 +79,7 @@ class UniversalCandidateGenerator:
         self.target_tokenizer = target_tokenizer
         self.assistant_tokenizer = assistant_tokenizer
         self.schedule = schedule
+        self.keep_count_in = keep_count_in if schedule == "heuristic" else None  # as the draft model's
         self.target_lookbehind = int(target_lookbehind)
         self.assistant_lookbehind = int(assistant_lookbehind)
         self.device = getattr(assistant_model, "device", torch.device("cpu"))
@@ -138,24 +139,28 @@ class UniversalCandidateGenerator:
                 self.drafter.num_assistant_tokens += 2
             else:
                 self.drafter.num_assistant_tokens = max(1, self.drafter.num_assistant_tokens - 1)
+            if self.keep_count_in is not None:
+                self.keep_count_in.num_assistant_tokens = self.drafter.num_assistant_tokens
 
 
 def universal_assisted(model: Any, config: Any, *, assistant_model: Any = None, tokenizer: Any = None,
                        assistant_tokenizer: Any = None, **kwargs: Any) -> UniversalCandidateGenerator:
     """Factory of the ``"universal_assisted"`` candidate generator: ``assistant_model`` with its own
-    ``assistant_tokenizer``; ``tokenizer`` is the target's. Reads ``num_assistant_tokens``,
-    ``num_assistant_tokens_schedule``, ``assistant_confidence_threshold``, ``target_lookbehind``
-    and ``assistant_lookbehind`` from the config."""
+    ``assistant_tokenizer``; ``tokenizer`` is the target's. Reads the draft policy
+    (:func:`~genkit.builtin_strategies.candidates.draft_policy`), ``target_lookbehind`` and
+    ``assistant_lookbehind`` from the config."""
     if assistant_model is None:
         raise ConfigError("universal assisted decoding needs `assistant_model=` in generate()")
     if tokenizer is None or assistant_tokenizer is None:
         missing = "tokenizer" if tokenizer is None else "assistant_tokenizer"
         raise ConfigError(f"universal assisted decoding needs both `tokenizer=` (the target's) and "
                           f"`assistant_tokenizer=` (the assistant's); `{missing}` is missing")
+    policy = draft_policy(config, assistant_model)
     return UniversalCandidateGenerator(
         assistant_model, tokenizer, assistant_tokenizer,
-        num_assistant_tokens=kwargs.get("num_assistant_tokens", config.num_assistant_tokens),
-        schedule=config.num_assistant_tokens_schedule,
-        confidence_threshold=kwargs.get("confidence_threshold", config.assistant_confidence_threshold),
+        num_assistant_tokens=kwargs.get("num_assistant_tokens", policy["num_assistant_tokens"]),
+        schedule=policy["num_assistant_tokens_schedule"],
+        confidence_threshold=kwargs.get("confidence_threshold", policy["assistant_confidence_threshold"]),
         target_lookbehind=config.target_lookbehind, assistant_lookbehind=config.assistant_lookbehind,
+        keep_count_in=getattr(assistant_model, "generation_config", None),
     )

@@ -163,8 +163,8 @@ def _check_layer_strategies(c: GenerationConfig) -> None:
     if len(chosen) > 1 or (chosen and drafts):
         raise ConfigError(f"{' and '.join(f'`{n}`' for n in chosen + drafts)} select different strategies; set one "
                           "of them.")
-    if chosen and v('num_beams') != 1:
-        raise ConfigError(f"`{chosen[0]}` works with num_beams=1; got num_beams={v('num_beams')!r}.")
+    if (chosen or drafts) and v('num_beams') != 1:  # (transformers warns and drops the setting)
+        raise ConfigError(f"`{(chosen + drafts)[0]}` works with num_beams=1; got num_beams={v('num_beams')!r}.")
 
 
 _SAMPLING_FLAGS = (("temperature", 1.0), ("top_p", 1.0), ("min_p", None), ("top_h", None), ("typical_p", 1.0),

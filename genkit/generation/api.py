@@ -154,6 +154,9 @@ def _pick_strategy(custom_generate: Any, config: GenerationConfig, assistant_mod
     if callable(custom_generate):
         logger.debug("generating with callable %s", getattr(custom_generate, "__name__", custom_generate))
         return custom_generate  # type: ignore[no-any-return]
+    if assistant_model is not None and custom_generate is None and config.num_beams != 1:
+        # (transformers warns and generates without the assistant)
+        raise ConfigError(f"`assistant_model` (assisted decoding) works with num_beams=1; got num_beams={config.num_beams}")
     registry = get_registry()
     item = (registry.get("strategy", os.fspath(custom_generate)) if custom_generate is not None
             else registry.select_strategy(_with_assistant(config, assistant_model)))
