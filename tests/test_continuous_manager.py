@@ -289,6 +289,37 @@ def test_limits_context_cap_cache_fit_and_queue_size(model, caplog):
     assert "`compile_config` has no effect on continuous batching" in caplog.text
 
 
+def test_a_request_id_in_use_is_refused_and_generated_ids_skip_it(model):
+    first, other = _prompts(2, seed=15, low=12, high=12)
+    manager = model.init_continuous_batching(manual_eviction=True, continuous_batching_config=CB)
+    start = manager.cache.free_blocks
+    assert manager.add_request(first, request_id="req_0", max_new_tokens=6, eos_token_id=None) == "req_0"
+    with pytest.raises(ConfigError, match=r"`request_id` 'req_0' is in use: a request with that id is still running; "
+                                          r"give another id"):
+        manager.add_request(other, request_id="req_0", max_new_tokens=6)
+    assert manager.add_request(other, max_new_tokens=6, eos_token_id=None) == "req_1"  # req_0 is taken
+    with manager:
+        outs = {rid: manager.get_result(rid, timeout=60) for rid in ("req_0", "req_1")}
+        assert outs["req_0"].prompt_ids == first and outs["req_0"].generated_tokens == _greedy(model, first, 6)
+        assert outs["req_1"].prompt_ids == other and outs["req_1"].generated_tokens == _greedy(model, other, 6)
+        with pytest.raises(ConfigError, match=r"a request with that id keeps its cache blocks \(manual_eviction\): "
+                                              r"evict_request_from_cache\('req_0'\) first"):
+            manager.add_request(other, request_id="req_0", max_new_tokens=6)
+        for rid in outs:
+            manager.evict_request_from_cache(rid)
+        deadline = time.monotonic() + 10
+        while manager.cache.free_blocks != start and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert manager.cache.free_blocks == start  # the first request's blocks were lost to the second
+        again = manager.get_result(manager.add_request(other, request_id="req_0", max_new_tokens=6,
+                                                       eos_token_id=None), timeout=60)
+        assert again.generated_tokens == outs["req_1"].generated_tokens
+        refused = manager.add_request(other, request_id="bad", max_new_tokens=0)  # fails on arrival: id free
+        assert manager.get_result(refused, timeout=5).status == RequestStatus.FAILED
+        assert manager.get_result(manager.add_request(other, request_id="bad", max_new_tokens=2), timeout=60).status \
+            == RequestStatus.FINISHED
+
+
 def test_soak_1000_requests_4_threads_cancelled_at_random_moments(model):
     """1,000 requests from 4 threads, 10% cancelled before scheduling, during prefill or during
     decode; results read through get_result(id), request_id_iter and iteration at once."""

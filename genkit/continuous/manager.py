@@ -207,31 +207,58 @@ class ContinuousBatchingManager:
         field; with ``raise_refusal=True`` that refusal is raised instead (a
         :class:`~genkit.errors.NotSupportedError`; nothing is queued), for a caller with another
         engine to run it on (``genkit serve``). With ``max_queue_size`` requests waiting, a new one
-        is a :class:`QueueFullError`."""
-        if request_id is None:
-            request_id = f"req_{next(self._counter)}"
-        if not isinstance(request_id, str):
-            raise ConfigError(f"`request_id` must be a str or None; got {type(request_id).__name__}")
+        is a :class:`QueueFullError`. The id of a request still running (or keeping its blocks under
+        ``manual_eviction``) is a :class:`ConfigError`; generated ids skip the ids in use."""
+        request_id = self._reserve_id(request_id)
         try:
             state = self._new_state(list(input_ids), request_id, max_new_tokens, streaming, record_timestamps,
                                     eos_token_id, generation_kwargs)
             state.top, state.return_logprobs = _top_logprobs(request_id, top_logprobs, state.return_logprobs)
         except (ValueError, TypeError) as exc:
+            self._unreserve_id(request_id)
             if raise_refusal and isinstance(exc, NotSupportedError):
                 raise
             failed = RequestState(request_id, [int(t) for t in input_ids] if _ints(input_ids) else [], 0,
                                   None, None, None, status=RequestStatus.FAILED, error=str(exc))
             self.output_router.deliver(failed.output())
             return request_id
+        except BaseException:
+            self._unreserve_id(request_id)
+            raise
         with self._lock:
             waiting = self._input.qsize() + len(self.scheduler.waiting_requests)
             if self.max_queue_size and waiting >= self.max_queue_size:
+                self._live.discard(request_id)
+                self.scheduler.forget_cancellation(request_id)
                 raise QueueFullError(f"request {request_id!r}: {waiting} requests are waiting, the most "
                                      f"`max_queue_size` allows ({self.max_queue_size}); add it once some have started")
-            self._live.add(request_id)
             self._input.put(state)
         self._wake.set()
         return request_id
+
+    def _reserve_id(self, request_id: str | None) -> str:
+        """Take ``request_id`` (None: the next free ``req_N``) for a new request: two requests with
+        one id would share the scheduler's entry, and the first would never end nor free its blocks."""
+        if request_id is not None and not isinstance(request_id, str):
+            raise ConfigError(f"`request_id` must be a str or None; got {type(request_id).__name__}")
+        with self._lock:
+            if request_id is None:
+                request_id = next(rid for rid in (f"req_{i}" for i in self._counter) if not self._id_taken(rid))
+            elif self._id_taken(request_id):
+                why = (f"keeps its cache blocks (manual_eviction): evict_request_from_cache({request_id!r}) first, "
+                       "or give another id" if request_id in self._kept else "is still running; give another id")
+                raise ConfigError(f"`request_id` {request_id!r} is in use: a request with that id {why}")
+            self._live.add(request_id)  # cancel_request finds it from now on
+        return request_id
+
+    def _id_taken(self, request_id: str) -> bool:
+        return request_id in self._live or request_id in self._kept
+
+    def _unreserve_id(self, request_id: str) -> None:
+        """Give back the id of a request that failed on arrival (with any cancellation mark it got)."""
+        with self._lock:
+            self._live.discard(request_id)
+            self.scheduler.forget_cancellation(request_id)
 
     def add_requests(self, inputs: list[list[int]], max_new_tokens: int | None = None, streaming: bool = False,
                      record_timestamps: bool = False, **generation_kwargs: Any) -> list[str]:
@@ -437,16 +464,17 @@ class ContinuousBatchingManager:
 
     def _complete(self, r: RequestState) -> None:
         self.scheduler.active_requests.pop(r.request_id, None)
+        if self.manual_eviction:  # before it leaves the live set: its id stays taken while it keeps blocks
+            self._kept[r.request_id] = r
         if self._close(r):  # cancelled while its last token was computed: never a finished result
+            self._kept.pop(r.request_id, None)
             self.cache.release(r.blocks)
             r.blocks = []
             r.status, r.error, r.finish_reason = RequestStatus.FAILED, "cancelled", "cancelled"
         else:
             r.status = RequestStatus.FINISHED
             self.cache.publish(r.tokens, r.blocks, r.cached)  # prompt and completion, for a next turn
-            if self.manual_eviction:
-                self._kept[r.request_id] = r
-            else:
+            if not self.manual_eviction:
                 self.cache.release(r.blocks)
                 r.blocks = []
         self.output_router.deliver(r.output())
