@@ -65,6 +65,15 @@ def test_generate_batch_stops_at_eos_and_records_timestamps(model):
         assert out.lifespan[0] <= out.lifespan[1]
 
 
+def test_generate_batch_waits_for_room_in_a_bounded_queue(model):
+    prompts = _prompts(10, seed=4)
+    results = model.generate_batch(prompts, continuous_batching_config=_cb(max_queue_size=2), max_new_tokens=4,
+                                   do_sample=False, eos_token_id=None)  # raised QueueFullError at the 5th prompt
+    assert list(results) == [f"req_{i}" for i in range(10)]
+    for out, prompt in zip(results.values(), prompts):
+        assert out.status == RequestStatus.FINISHED and out.generated_tokens == _greedy(model, prompt, 4)
+
+
 def test_seeded_sampling_is_reproducible(model):
     prompts = _prompts(8, seed=5)
     kw = {"max_new_tokens": 10, "do_sample": True, "top_k": 20, "temperature": 0.9}

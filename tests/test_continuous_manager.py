@@ -282,8 +282,15 @@ def test_limits_context_cap_cache_fit_and_queue_size(model, caplog):
     manager = model.init_continuous_batching(max_queue_size=2)
     manager.add_request(prompt[:5])
     manager.add_request(prompt[:5])
-    with pytest.raises(QueueFullError, match=r"2 requests are waiting, the most `max_queue_size` allows \(2\)"):
+    with pytest.raises(QueueFullError, match=r"request 'req_2': 2 requests are waiting, the most `max_queue_size` "
+                                             r"allows \(2\)"):
         manager.add_request(prompt[:5])
+    with manager:  # a full queue took no id
+        assert manager.get_result("req_0", timeout=60).is_finished()
+        deadline = time.monotonic() + 30
+        while manager.scheduler.waiting_requests and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert manager.add_request(prompt[:5]) == "req_2"
     with caplog.at_level(logging.WARNING, logger="genkit.continuous"):
         model.init_continuous_batching(genkit.GenerationConfig(compile_config={"fullgraph": True}))
     assert "`compile_config` has no effect on continuous batching" in caplog.text

@@ -87,7 +87,7 @@ class ContinuousBatchingManager:
         self.output_router = OutputRouter(self.is_running)
         self._lock = threading.Lock()  # request ids, the live set, the seeder, the queue bound
         self._live: set[str] = set()  # requests added and not yet delivered as finished or failed
-        self._counter = itertools.count()
+        self._next_id = 0  # of the next generated request id, req_N
         self._order = itertools.count()
         self._seeder = None if cb.seed is None else torch.Generator().manual_seed(cb.seed)
         self._wake = threading.Event()
@@ -226,12 +226,12 @@ class ContinuousBatchingManager:
             self._unreserve_id(request_id)
             raise
         with self._lock:
-            waiting = self._input.qsize() + len(self.scheduler.waiting_requests)
-            if self.max_queue_size and waiting >= self.max_queue_size:
+            try:
+                self._check_room(request_id)  # again: other threads may have queued requests meanwhile
+            except QueueFullError:
                 self._live.discard(request_id)
                 self.scheduler.forget_cancellation(request_id)
-                raise QueueFullError(f"request {request_id!r}: {waiting} requests are waiting, the most "
-                                     f"`max_queue_size` allows ({self.max_queue_size}); add it once some have started")
+                raise
             self._input.put(state)
         self._wake.set()
         return request_id
@@ -243,13 +243,26 @@ class ContinuousBatchingManager:
             raise ConfigError(f"`request_id` must be a str or None; got {type(request_id).__name__}")
         with self._lock:
             if request_id is None:
-                request_id = next(rid for rid in (f"req_{i}" for i in self._counter) if not self._id_taken(rid))
+                while self._id_taken(f"req_{self._next_id}"):
+                    self._next_id += 1
+                self._check_room(f"req_{self._next_id}")  # a full queue takes no id
+                request_id = f"req_{self._next_id}"
+                self._next_id += 1
             elif self._id_taken(request_id):
                 why = (f"keeps its cache blocks (manual_eviction): evict_request_from_cache({request_id!r}) first, "
                        "or give another id" if request_id in self._kept else "is still running; give another id")
                 raise ConfigError(f"`request_id` {request_id!r} is in use: a request with that id {why}")
+            else:
+                self._check_room(request_id)
             self._live.add(request_id)  # cancel_request finds it from now on
         return request_id
+
+    def _check_room(self, request_id: str) -> None:
+        """Raise :class:`QueueFullError` when ``max_queue_size`` requests wait already (under ``_lock``)."""
+        waiting = self._input.qsize() + len(self.scheduler.waiting_requests)
+        if self.max_queue_size and waiting >= self.max_queue_size:
+            raise QueueFullError(f"request {request_id!r}: {waiting} requests are waiting, the most "
+                                 f"`max_queue_size` allows ({self.max_queue_size}); add it once some have started")
 
     def _id_taken(self, request_id: str) -> bool:
         return request_id in self._live or request_id in self._kept
