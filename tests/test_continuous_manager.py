@@ -327,6 +327,24 @@ def test_a_request_id_in_use_is_refused_and_generated_ids_skip_it(model):
             == RequestStatus.FINISHED
 
 
+def test_a_requests_own_prefill_chunk_size_applies_and_its_own_batching_config_is_refused(model, caplog):
+    prompt = _prompts(1, seed=16, low=40, high=40)[0]
+    with model.init_continuous_batching(continuous_batching_config=CB) as manager:
+        out = manager.get_result(manager.add_request(prompt, max_new_tokens=2, eos_token_id=None,
+                                                     prefill_chunk_size=4), timeout=60)
+        assert out.generated_tokens == _greedy(model, prompt, 2)
+        assert manager.steps == 40 // 4 + 1  # was 2: the prompt in one step, the setting dropped
+        refused = manager.get_result(manager.add_request(prompt, continuous_batching_config={"block_size": 2}),
+                                     timeout=5)
+        assert refused.status == RequestStatus.FAILED and refused.error == (
+            f"request {refused.request_id!r}: `continuous_batching_config` configures the manager "
+            "(init_continuous_batching / generate_batch's continuous_batching_config=), not one request")
+        with caplog.at_level(logging.WARNING, logger="genkit.continuous"):
+            rid = manager.add_request(prompt, max_new_tokens=1, compile_config={"fullgraph": True})
+        assert manager.get_result(rid, timeout=60).status == RequestStatus.FINISHED
+    assert f"request {rid!r}: `compile_config` has no effect on continuous batching" in caplog.text
+
+
 def test_soak_1000_requests_4_threads_cancelled_at_random_moments(model):
     """1,000 requests from 4 threads, 10% cancelled before scheduling, during prefill or during
     decode; results read through get_result(id), request_id_iter and iteration at once."""

@@ -343,6 +343,7 @@ class ContinuousBatchingManager:
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request
             kwargs["eos_token_id"] = eos_token_id
         processors, criteria = kwargs.pop("logits_processor", None), kwargs.pop("stopping_criteria", None)
+        _check_request_fields(request_id, kwargs)
         prepared = prepare(self.model, torch.tensor([prompt]), self._given_config, processors, criteria, None, None,
                            {**kwargs, "max_new_tokens": max_new})
         config = prepared.config
@@ -626,6 +627,17 @@ def _top_logprobs(request_id: str, top: int | None, default: bool) -> tuple[int,
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
         raise ConfigError(f"request {request_id!r}: `top_logprobs` must be an int >= 0 or None; got {top!r}")
     return top, True
+
+
+def _check_request_fields(request_id: str, kwargs: dict[str, Any]) -> None:
+    """Refuse a request's own ``continuous_batching_config`` (the manager's, fixed when it was made:
+    it would be dropped); say that its own ``compile_config`` has no effect, as for the manager's."""
+    if kwargs.get("continuous_batching_config") is not None:
+        raise ConfigError(f"request {request_id!r}: `continuous_batching_config` configures the manager "
+                          "(init_continuous_batching / generate_batch's continuous_batching_config=), not one request")
+    if kwargs.get("compile_config") is not None:
+        logger.warning("request %r: `compile_config` has no effect on continuous batching: genkit does not "
+                       "torch.compile the paged forward", request_id)
 
 
 def _refuse(request_id: str, why: str | None) -> None:

@@ -69,7 +69,8 @@ class Scheduler(ABC):
 
     ``safety_margin``: the share of the cache that admissions leave free (None: the class's
     ``default_safety_margin``). ``max_requests_per_batch``: requests in one step.
-    ``prefill_chunk_size``: at most this many prompt tokens of a request in one step (None: no cap).
+    ``prefill_chunk_size``: at most this many prompt tokens of a request in one step (None: no cap);
+    a request whose config sets its own (``add_request(prefill_chunk_size=...)``) uses that.
     """
 
     default_safety_margin: float = 0.0
@@ -239,8 +240,9 @@ class Scheduler(ABC):
 
     def _add_chunk(self, r: RequestState, plan: Plan, budget: Budget, *, admitted: bool) -> bool:
         n = min(r.pending, budget.tokens)
-        if self.prefill_chunk_size:
-            n = min(n, self.prefill_chunk_size)
+        chunk = getattr(r.config, "prefill_chunk_size", None) or self.prefill_chunk_size  # the request's own first
+        if chunk:
+            n = min(n, chunk)
         if not budget.allows(r, n):
             return False
         need = self.cache.blocks_for(r.cached + n) - len(r.blocks)
