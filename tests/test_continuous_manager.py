@@ -168,6 +168,55 @@ def test_flush_stop_finishes_requests_and_hard_stop_fails_them(model):
     assert out.status == RequestStatus.FAILED and out.error == "the continuous batching manager stopped"
 
 
+def test_start_after_a_stop_without_block_runs_again(model):
+    prompts = _prompts(3, seed=17)
+    manager = model.init_continuous_batching(continuous_batching_config=CB)
+    manager.start()
+    long = [manager.add_request(p, max_new_tokens=400, eos_token_id=None) for p in prompts[:2]]
+    deadline = time.monotonic() + 30
+    while len(manager.scheduler.active_requests) < 2 and time.monotonic() < deadline:  # the loop runs them
+        time.sleep(0.01)
+    manager.stop(block=False)
+    manager.start()  # warned "already running" and left the loop to end: nothing ran after it
+    try:
+        assert manager.is_running()
+        out = manager.get_result(manager.add_request(prompts[2], max_new_tokens=5, eos_token_id=None), timeout=60)
+        assert out is not None and out.generated_tokens == _greedy(model, prompts[2], 5)
+    finally:
+        manager.stop(timeout=30)
+    assert {manager.get_result(r, timeout=1).error for r in long} == {"the continuous batching manager stopped"}
+
+
+def test_a_flush_stop_ends_while_requests_keep_coming_and_they_run_after_the_next_start(model):
+    prompt = _prompts(1, seed=18)[0]
+    manager = model.init_continuous_batching(continuous_batching_config=CB)
+    manager.start()
+    added, done = [], threading.Event()
+
+    def client():
+        while not done.is_set():
+            added.append(manager.add_request(prompt, max_new_tokens=30, eos_token_id=None))
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        time.sleep(0.2)
+        manager.stop(hard_stop=False, timeout=30)  # the flush took every new request: it never ended
+        assert not manager.is_running()
+    finally:
+        done.set()
+        thread.join(10)
+    finished = {o.request_id for o in iter(lambda: manager.get_result(timeout=0.1), None)}
+    later = [rid for rid in added if rid not in finished]
+    assert later  # added once the stop was asked: they wait for the next start
+    with manager:
+        outs = [manager.get_result(rid, timeout=60) for rid in later]
+    want = _greedy(model, prompt, 30)
+    assert all(o.status == RequestStatus.FINISHED and o.generated_tokens == want for o in outs)
+    assert manager.cache.free_blocks == manager.initial_free_blocks
+
+
 def test_pause_warmup_and_result_handler(model):
     prompt = _prompts(1, seed=10)[0]
     seen = []

@@ -83,6 +83,7 @@ class ContinuousBatchingManager:
         self.scheduler = scheduler_from(cb, self.cache, self.generation_config.prefill_chunk_size)
         self.initial_free_blocks = self.cache.free_blocks
         self._input: queue.Queue[RequestState] = queue.Queue()
+        self._held: list[RequestState] = []  # added once stop() was called: they run from the next start()
         self._evict: queue.Queue[str] = queue.Queue()
         self.output_router = OutputRouter(self.is_running)
         self._lock = threading.Lock()  # request ids, the live set, the seeder, the queue bound
@@ -105,10 +106,19 @@ class ContinuousBatchingManager:
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        if self.is_running():
-            logger.warning("the continuous batching manager is already running")
-            return
-        self._stop.clear()
+        """Start the loop's thread; after ``stop(block=False)`` (or a stop whose ``timeout`` passed),
+        first wait for that stop to end (it fails or finishes the requests it holds)."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            if not self._stop.is_set():
+                logger.warning("the continuous batching manager is already running")
+                return
+            thread.join()
+        with self._lock:
+            self._stop.clear()
+            for state in self._held:  # added while it was stopping or stopped
+                self._input.put(state)
+            self._held.clear()
         self._hard_stop = True
         # the steps run in the manager's thread: the caller's idle OpenMP pool beside its pool would
         # make the runtime put workers to sleep between parallel regions (genkit.threads)
@@ -125,10 +135,12 @@ class ContinuousBatchingManager:
         failed with an error saying so; ``hard_stop=False`` (transformers' flush) lets the loop
         finish every request it holds first. ``block``: wait for the thread (at most ``timeout``
         seconds). ``keep_for_next_session``: the model keeps this manager, and its next
-        ``init_continuous_batching`` returns it."""
+        ``init_continuous_batching`` returns it. A request added from now on waits for the next
+        ``start()`` (a flush would otherwise never end while requests keep coming)."""
         trigger = time.perf_counter()
         self._hard_stop = hard_stop is not False
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         self._wake.set()
         if block:
             self.join(trigger, timeout)
@@ -232,7 +244,10 @@ class ContinuousBatchingManager:
                 self._live.discard(request_id)
                 self.scheduler.forget_cancellation(request_id)
                 raise
-            self._input.put(state)
+            if self._stop.is_set():  # stopping or stopped: the next start() runs it
+                self._held.append(state)
+            else:
+                self._input.put(state)
         self._wake.set()
         return request_id
 
@@ -259,7 +274,7 @@ class ContinuousBatchingManager:
 
     def _check_room(self, request_id: str) -> None:
         """Raise :class:`QueueFullError` when ``max_queue_size`` requests wait already (under ``_lock``)."""
-        waiting = self._input.qsize() + len(self.scheduler.waiting_requests)
+        waiting = self._input.qsize() + len(self._held) + len(self.scheduler.waiting_requests)
         if self.max_queue_size and waiting >= self.max_queue_size:
             raise QueueFullError(f"request {request_id!r}: {waiting} requests are waiting, the most "
                                  f"`max_queue_size` allows ({self.max_queue_size}); add it once some have started")
