@@ -152,9 +152,12 @@ def test_scheduler_type_and_scheduler_pick_a_registered_or_given_class(tiny_mode
     manager = tiny_model.init_continuous_batching(continuous_batching_config={"scheduler": LastInFirstOut,
                                                                               "num_blocks": 64, "block_size": 8})
     assert type(manager.scheduler) is LastInFirstOut
+    with pytest.raises(ConfigError, match=r"`continuous_batching_config.scheduler` must be 'fifo' or "
+                                          r"'prefill_first', a genkit.Scheduler subclass or None; got 'lifo'"):
+        ContinuousBatchingConfig(scheduler="lifo")  # named scheduler_type, which the caller did not set
     with pytest.raises(ConfigError, match=r"`continuous_batching_config.scheduler_type` must be 'fifo' or "
                                           r"'prefill_first'; got 'lifo'"):
-        ContinuousBatchingConfig(scheduler="lifo")
+        ContinuousBatchingConfig(scheduler_type="lifo")
     with pytest.raises(ConfigError, match=r"`continuous_batching_config.scheduler` must be a registered scheduler "
                                           r"name, a genkit.Scheduler subclass or None; got <class 'int'>"):
         ContinuousBatchingConfig(scheduler=int)
