@@ -521,10 +521,25 @@ class ContinuousBatchingManager:
             self.cache.release(kept.blocks)
         self._kept.clear()
 
+    def _evict_oldest_kept(self) -> bool:
+        """Nothing can run: free the blocks of the request kept longest for ``evict_request_from_cache``
+        (``manual_eviction``), if any, so that kept blocks never stall the requests that run. Its
+        prompt and completion stay in the prompt cache while no allocation needs their blocks."""
+        if not self._kept:
+            return False
+        request_id, kept = next(iter(self._kept.items()))
+        del self._kept[request_id]
+        logger.warning("request %r: its kept blocks are freed before evict_request_from_cache (manual_eviction): the "
+                       "requests that run need them", request_id)
+        self.cache.release(kept.blocks)
+        kept.blocks = []
+        return True
+
     def _step(self) -> None:
         plan = self.scheduler.schedule_batch(self.cb_config.max_batch_tokens, None)
         if not plan:
-            time.sleep(0.001)
+            if not self._evict_oldest_kept():
+                time.sleep(0.001)
             return
         ids: list[int] = []
         positions: list[int] = []
