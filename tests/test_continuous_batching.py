@@ -4,6 +4,7 @@ The reference is ``generate`` on each prompt alone (greedy), on the same tiny ra
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -63,6 +64,15 @@ def test_generate_batch_stops_at_eos_and_records_timestamps(model):
         assert out.generated_tokens == want
         assert len(out.timestamps) == len(want) and out.timestamps == sorted(out.timestamps)
         assert out.lifespan[0] <= out.lifespan[1]
+
+
+def test_generate_batch_waits_for_room_in_a_bounded_queue(model):
+    prompts = _prompts(10, seed=4)
+    results = model.generate_batch(prompts, continuous_batching_config=_cb(max_queue_size=2), max_new_tokens=4,
+                                   do_sample=False, eos_token_id=None)  # raised QueueFullError at the 5th prompt
+    assert list(results) == [f"req_{i}" for i in range(10)]
+    for out, prompt in zip(results.values(), prompts):
+        assert out.status == RequestStatus.FINISHED and out.generated_tokens == _greedy(model, prompt, 4)
 
 
 def test_seeded_sampling_is_reproducible(model):
@@ -191,6 +201,18 @@ def test_manual_eviction_keeps_blocks_until_evicted(model):
         while manager.cache.free_blocks != start and time.monotonic() < deadline:
             time.sleep(0.01)
     assert manager.cache.free_blocks == start
+
+
+def test_blocks_kept_for_manual_eviction_never_stall_the_requests_that_run(model, caplog):
+    kept, running = _prompts(2, seed=19, low=10, high=10)
+    manager = model.init_continuous_batching(manual_eviction=True, continuous_batching_config=_cb(num_blocks=4,
+                                                                                                   block_size=4))
+    with manager, caplog.at_level(logging.WARNING, logger="genkit.continuous"):
+        first = manager.get_result(manager.add_request(kept, max_new_tokens=2, eos_token_id=None), timeout=60)
+        assert first.status == RequestStatus.FINISHED and manager.cache.free_blocks == 1  # 3 blocks kept
+        out = manager.get_result(manager.add_request(running, max_new_tokens=4, eos_token_id=None), timeout=60)
+        assert out is not None and out.generated_tokens == _greedy(model, running, 4)  # was None: it waited forever
+    assert f"request {first.request_id!r}: its kept blocks are freed before evict_request_from_cache" in caplog.text
 
 
 def test_prompts_with_a_common_prefix_share_blocks(model):

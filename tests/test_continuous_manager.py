@@ -168,6 +168,55 @@ def test_flush_stop_finishes_requests_and_hard_stop_fails_them(model):
     assert out.status == RequestStatus.FAILED and out.error == "the continuous batching manager stopped"
 
 
+def test_start_after_a_stop_without_block_runs_again(model):
+    prompts = _prompts(3, seed=17)
+    manager = model.init_continuous_batching(continuous_batching_config=CB)
+    manager.start()
+    long = [manager.add_request(p, max_new_tokens=400, eos_token_id=None) for p in prompts[:2]]
+    deadline = time.monotonic() + 30
+    while len(manager.scheduler.active_requests) < 2 and time.monotonic() < deadline:  # the loop runs them
+        time.sleep(0.01)
+    manager.stop(block=False)
+    manager.start()  # warned "already running" and left the loop to end: nothing ran after it
+    try:
+        assert manager.is_running()
+        out = manager.get_result(manager.add_request(prompts[2], max_new_tokens=5, eos_token_id=None), timeout=60)
+        assert out is not None and out.generated_tokens == _greedy(model, prompts[2], 5)
+    finally:
+        manager.stop(timeout=30)
+    assert {manager.get_result(r, timeout=1).error for r in long} == {"the continuous batching manager stopped"}
+
+
+def test_a_flush_stop_ends_while_requests_keep_coming_and_they_run_after_the_next_start(model):
+    prompt = _prompts(1, seed=18)[0]
+    manager = model.init_continuous_batching(continuous_batching_config=CB)
+    manager.start()
+    added, done = [], threading.Event()
+
+    def client():
+        while not done.is_set():
+            added.append(manager.add_request(prompt, max_new_tokens=30, eos_token_id=None))
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        time.sleep(0.2)
+        manager.stop(hard_stop=False, timeout=30)  # the flush took every new request: it never ended
+        assert not manager.is_running()
+    finally:
+        done.set()
+        thread.join(10)
+    finished = {o.request_id for o in iter(lambda: manager.get_result(timeout=0.1), None)}
+    later = [rid for rid in added if rid not in finished]
+    assert later  # added once the stop was asked: they wait for the next start
+    with manager:
+        outs = [manager.get_result(rid, timeout=60) for rid in later]
+    want = _greedy(model, prompt, 30)
+    assert all(o.status == RequestStatus.FINISHED and o.generated_tokens == want for o in outs)
+    assert manager.cache.free_blocks == manager.initial_free_blocks
+
+
 def test_pause_warmup_and_result_handler(model):
     prompt = _prompts(1, seed=10)[0]
     seen = []
@@ -282,11 +331,67 @@ def test_limits_context_cap_cache_fit_and_queue_size(model, caplog):
     manager = model.init_continuous_batching(max_queue_size=2)
     manager.add_request(prompt[:5])
     manager.add_request(prompt[:5])
-    with pytest.raises(QueueFullError, match=r"2 requests are waiting, the most `max_queue_size` allows \(2\)"):
+    with pytest.raises(QueueFullError, match=r"request 'req_2': 2 requests are waiting, the most `max_queue_size` "
+                                             r"allows \(2\)"):
         manager.add_request(prompt[:5])
+    with manager:  # a full queue took no id
+        assert manager.get_result("req_0", timeout=60).is_finished()
+        deadline = time.monotonic() + 30
+        while manager.scheduler.waiting_requests and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert manager.add_request(prompt[:5]) == "req_2"
     with caplog.at_level(logging.WARNING, logger="genkit.continuous"):
         model.init_continuous_batching(genkit.GenerationConfig(compile_config={"fullgraph": True}))
     assert "`compile_config` has no effect on continuous batching" in caplog.text
+
+
+def test_a_request_id_in_use_is_refused_and_generated_ids_skip_it(model):
+    first, other = _prompts(2, seed=15, low=12, high=12)
+    manager = model.init_continuous_batching(manual_eviction=True, continuous_batching_config=CB)
+    start = manager.cache.free_blocks
+    assert manager.add_request(first, request_id="req_0", max_new_tokens=6, eos_token_id=None) == "req_0"
+    with pytest.raises(ConfigError, match=r"`request_id` 'req_0' is in use: a request with that id is still running; "
+                                          r"give another id"):
+        manager.add_request(other, request_id="req_0", max_new_tokens=6)
+    assert manager.add_request(other, max_new_tokens=6, eos_token_id=None) == "req_1"  # req_0 is taken
+    with manager:
+        outs = {rid: manager.get_result(rid, timeout=60) for rid in ("req_0", "req_1")}
+        assert outs["req_0"].prompt_ids == first and outs["req_0"].generated_tokens == _greedy(model, first, 6)
+        assert outs["req_1"].prompt_ids == other and outs["req_1"].generated_tokens == _greedy(model, other, 6)
+        with pytest.raises(ConfigError, match=r"a request with that id keeps its cache blocks \(manual_eviction\): "
+                                              r"evict_request_from_cache\('req_0'\) first"):
+            manager.add_request(other, request_id="req_0", max_new_tokens=6)
+        for rid in outs:
+            manager.evict_request_from_cache(rid)
+        deadline = time.monotonic() + 10
+        while manager.cache.free_blocks != start and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert manager.cache.free_blocks == start  # the first request's blocks were lost to the second
+        again = manager.get_result(manager.add_request(other, request_id="req_0", max_new_tokens=6,
+                                                       eos_token_id=None), timeout=60)
+        assert again.generated_tokens == outs["req_1"].generated_tokens
+        refused = manager.add_request(other, request_id="bad", max_new_tokens=0)  # fails on arrival: id free
+        assert manager.get_result(refused, timeout=5).status == RequestStatus.FAILED
+        assert manager.get_result(manager.add_request(other, request_id="bad", max_new_tokens=2), timeout=60).status \
+            == RequestStatus.FINISHED
+
+
+def test_a_requests_own_prefill_chunk_size_applies_and_its_own_batching_config_is_refused(model, caplog):
+    prompt = _prompts(1, seed=16, low=40, high=40)[0]
+    with model.init_continuous_batching(continuous_batching_config=CB) as manager:
+        out = manager.get_result(manager.add_request(prompt, max_new_tokens=2, eos_token_id=None,
+                                                     prefill_chunk_size=4), timeout=60)
+        assert out.generated_tokens == _greedy(model, prompt, 2)
+        assert manager.steps == 40 // 4 + 1  # was 2: the prompt in one step, the setting dropped
+        refused = manager.get_result(manager.add_request(prompt, continuous_batching_config={"block_size": 2}),
+                                     timeout=5)
+        assert refused.status == RequestStatus.FAILED and refused.error == (
+            f"request {refused.request_id!r}: `continuous_batching_config` configures the manager "
+            "(init_continuous_batching / generate_batch's continuous_batching_config=), not one request")
+        with caplog.at_level(logging.WARNING, logger="genkit.continuous"):
+            rid = manager.add_request(prompt, max_new_tokens=1, compile_config={"fullgraph": True})
+        assert manager.get_result(rid, timeout=60).status == RequestStatus.FINISHED
+    assert f"request {rid!r}: `compile_config` has no effect on continuous batching" in caplog.text
 
 
 def test_soak_1000_requests_4_threads_cancelled_at_random_moments(model):

@@ -106,6 +106,43 @@ def test_cancellation_marks_free_blocks_and_wait_for_late_requests():
     assert "late" not in s.waiting_requests and s.clear_cancelled_requests() == []
 
 
+@pytest.mark.parametrize("cls", [genkit.FIFOScheduler, genkit.PrefillFirstScheduler])
+def test_prefilling_requests_that_fill_the_cache_do_not_wait_on_each_other(cls):
+    # two 12-token prompts in chunks of 4 over a 16-token cache: each alone fits, but once both
+    # hold 8 tokens no free block is left; the older one preempts the newer (which recomputes later)
+    s = _scheduler(cls, num_blocks=4, prefill_chunk_size=4)
+    a, b = _state("a", 12, 0), _state("b", 12, 1)
+    s.add_waiting_request(a)
+    s.add_waiting_request(b)
+    for _ in range(2):
+        assert [(r.request_id, n) for r, n in s.schedule_batch(token_budget=8)] == [("a", 4), ("b", 4)]
+        a.cached += 4
+        b.cached += 4
+    assert s.cache.free_blocks == 0
+    plan = [(r.request_id, n) for r, n in s.schedule_batch(token_budget=8)]
+    assert plan[0] == ("a", 4) and len(a.blocks) == 3 and s.preempted == 1 and b.cached == 0
+    if cls is genkit.FIFOScheduler:  # b waits: admitting it again would leave no block free
+        assert plan == [("a", 4)] and list(s.waiting_requests_order) == ["b"] and b.blocks == []
+    else:  # prefill_first (no margin) admits b again, from its start, into the block left
+        assert plan == [("a", 4), ("b", 4)] and len(b.blocks) == 1
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "prefill_first"])
+def test_a_full_cache_of_split_prefills_still_finishes_every_request(tiny_model, scheduler):
+    import torch
+
+    cb = ContinuousBatchingConfig(block_size=4, num_blocks=4, max_batch_tokens=8, scheduler_type=scheduler)
+    config = genkit.GenerationConfig(prefill_chunk_size=4, continuous_batching_config=cb.to_dict())
+    prompts = [list(range(3, 15)), list(range(20, 32))]
+    with tiny_model.init_continuous_batching(config) as manager:
+        ids = [manager.add_request(p, max_new_tokens=2, do_sample=False, eos_token_id=None) for p in prompts]
+        outs = [manager.get_result(i, timeout=30) for i in ids]  # a deadlock gave None after the timeout
+    for out, prompt in zip(outs, prompts):
+        ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=2, do_sample=False, eos_token_id=None)
+        assert out is not None and out.generated_tokens == ref[0, len(prompt):].tolist()
+    assert manager.cache.free_blocks == 4
+
+
 def test_scheduler_type_and_scheduler_pick_a_registered_or_given_class(tiny_model):
     class LastInFirstOut(genkit.FIFOScheduler):
         def waiting_candidates(self):
@@ -115,9 +152,12 @@ def test_scheduler_type_and_scheduler_pick_a_registered_or_given_class(tiny_mode
     manager = tiny_model.init_continuous_batching(continuous_batching_config={"scheduler": LastInFirstOut,
                                                                               "num_blocks": 64, "block_size": 8})
     assert type(manager.scheduler) is LastInFirstOut
+    with pytest.raises(ConfigError, match=r"`continuous_batching_config.scheduler` must be 'fifo' or "
+                                          r"'prefill_first', a genkit.Scheduler subclass or None; got 'lifo'"):
+        ContinuousBatchingConfig(scheduler="lifo")  # named scheduler_type, which the caller did not set
     with pytest.raises(ConfigError, match=r"`continuous_batching_config.scheduler_type` must be 'fifo' or "
                                           r"'prefill_first'; got 'lifo'"):
-        ContinuousBatchingConfig(scheduler="lifo")
+        ContinuousBatchingConfig(scheduler_type="lifo")
     with pytest.raises(ConfigError, match=r"`continuous_batching_config.scheduler` must be a registered scheduler "
                                           r"name, a genkit.Scheduler subclass or None; got <class 'int'>"):
         ContinuousBatchingConfig(scheduler=int)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import ArgumentTypeError, ConfigError, GenerationError, NotSupportedError
+from ..errors import ArgumentTypeError, ConfigError, GenerationError, NotSupportedError, QueueFullError
 from .config import ContinuousBatchingConfig
 from .gate import UNSUPPORTED_ARGUMENTS, check_model
 from .manager import ContinuousBatchingManager
@@ -126,13 +127,26 @@ def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any =
                                                                   **kwargs)
     manager.start()
     try:
-        ids = ids or manager.add_requests(prompts, record_timestamps=record_timestamps, **kwargs)
+        ids = ids or [_add_when_room(manager, prompt, record_timestamps, kwargs) for prompt in prompts]
         results = _collect(manager, ids, progress_bar)
     finally:
         manager.stop(block=True, timeout=30, keep_for_next_session=persistent_manager)
         if not persistent_manager:
             manager.destroy()
     return {rid: results[rid] for rid in ids}
+
+
+def _add_when_room(manager: ContinuousBatchingManager, prompt: list[int], record_timestamps: bool,
+                   kwargs: dict[str, Any]) -> str:
+    """Queue ``prompt`` once the manager's ``max_queue_size`` lets it in (transformers' ``add_request``
+    waits for room the same way): the requests ahead of it start or end meanwhile."""
+    while True:
+        try:
+            return manager.add_request(prompt, record_timestamps=record_timestamps, **kwargs)
+        except QueueFullError:
+            if not manager.is_running():
+                raise GenerationError(f"continuous batching stopped: {manager.error}") from None
+            time.sleep(0.002)
 
 
 def _collect(manager: ContinuousBatchingManager, ids: list[str], progress_bar: bool) -> dict[str, GenerationOutput]:

@@ -102,6 +102,9 @@ class ContinuousBatchingConfig:
         if self.max_requests_per_batch is None:
             self.max_requests_per_batch = 64
         if isinstance(self.scheduler, str):  # a name: the same as scheduler_type
+            if self.scheduler not in _scheduler_names():  # named as given, not as the scheduler_type it becomes
+                raise ConfigError(f"`continuous_batching_config.scheduler` must be {_accepted_schedulers()}, a "
+                                  f"genkit.Scheduler subclass or None; got {self.scheduler!r}")
             self.scheduler_type, self.scheduler = self.scheduler, None
         checks = [("block_size", _pos_int(self.block_size), "an int >= 1"),
                   ("page_size", self.page_size is None or _pos_int(self.page_size), "an int >= 1 or None"),

@@ -83,11 +83,12 @@ class ContinuousBatchingManager:
         self.scheduler = scheduler_from(cb, self.cache, self.generation_config.prefill_chunk_size)
         self.initial_free_blocks = self.cache.free_blocks
         self._input: queue.Queue[RequestState] = queue.Queue()
+        self._held: list[RequestState] = []  # added once stop() was called: they run from the next start()
         self._evict: queue.Queue[str] = queue.Queue()
         self.output_router = OutputRouter(self.is_running)
         self._lock = threading.Lock()  # request ids, the live set, the seeder, the queue bound
         self._live: set[str] = set()  # requests added and not yet delivered as finished or failed
-        self._counter = itertools.count()
+        self._next_id = 0  # of the next generated request id, req_N
         self._order = itertools.count()
         self._seeder = None if cb.seed is None else torch.Generator().manual_seed(cb.seed)
         self._wake = threading.Event()
@@ -105,10 +106,19 @@ class ContinuousBatchingManager:
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        if self.is_running():
-            logger.warning("the continuous batching manager is already running")
-            return
-        self._stop.clear()
+        """Start the loop's thread; after ``stop(block=False)`` (or a stop whose ``timeout`` passed),
+        first wait for that stop to end (it fails or finishes the requests it holds)."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            if not self._stop.is_set():
+                logger.warning("the continuous batching manager is already running")
+                return
+            thread.join()
+        with self._lock:
+            self._stop.clear()
+            for state in self._held:  # added while it was stopping or stopped
+                self._input.put(state)
+            self._held.clear()
         self._hard_stop = True
         # the steps run in the manager's thread: the caller's idle OpenMP pool beside its pool would
         # make the runtime put workers to sleep between parallel regions (genkit.threads)
@@ -125,10 +135,12 @@ class ContinuousBatchingManager:
         failed with an error saying so; ``hard_stop=False`` (transformers' flush) lets the loop
         finish every request it holds first. ``block``: wait for the thread (at most ``timeout``
         seconds). ``keep_for_next_session``: the model keeps this manager, and its next
-        ``init_continuous_batching`` returns it."""
+        ``init_continuous_batching`` returns it. A request added from now on waits for the next
+        ``start()`` (a flush would otherwise never end while requests keep coming)."""
         trigger = time.perf_counter()
         self._hard_stop = hard_stop is not False
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         self._wake.set()
         if block:
             self.join(trigger, timeout)
@@ -207,31 +219,74 @@ class ContinuousBatchingManager:
         field; with ``raise_refusal=True`` that refusal is raised instead (a
         :class:`~genkit.errors.NotSupportedError`; nothing is queued), for a caller with another
         engine to run it on (``genkit serve``). With ``max_queue_size`` requests waiting, a new one
-        is a :class:`QueueFullError`."""
-        if request_id is None:
-            request_id = f"req_{next(self._counter)}"
-        if not isinstance(request_id, str):
-            raise ConfigError(f"`request_id` must be a str or None; got {type(request_id).__name__}")
+        is a :class:`QueueFullError`. The id of a request still running (or keeping its blocks under
+        ``manual_eviction``) is a :class:`ConfigError`; generated ids skip the ids in use."""
+        request_id = self._reserve_id(request_id)
         try:
             state = self._new_state(list(input_ids), request_id, max_new_tokens, streaming, record_timestamps,
                                     eos_token_id, generation_kwargs)
             state.top, state.return_logprobs = _top_logprobs(request_id, top_logprobs, state.return_logprobs)
         except (ValueError, TypeError) as exc:
+            self._unreserve_id(request_id)
             if raise_refusal and isinstance(exc, NotSupportedError):
                 raise
             failed = RequestState(request_id, [int(t) for t in input_ids] if _ints(input_ids) else [], 0,
                                   None, None, None, status=RequestStatus.FAILED, error=str(exc))
             self.output_router.deliver(failed.output())
             return request_id
+        except BaseException:
+            self._unreserve_id(request_id)
+            raise
         with self._lock:
-            waiting = self._input.qsize() + len(self.scheduler.waiting_requests)
-            if self.max_queue_size and waiting >= self.max_queue_size:
-                raise QueueFullError(f"request {request_id!r}: {waiting} requests are waiting, the most "
-                                     f"`max_queue_size` allows ({self.max_queue_size}); add it once some have started")
-            self._live.add(request_id)
-            self._input.put(state)
+            try:
+                self._check_room(request_id)  # again: other threads may have queued requests meanwhile
+            except QueueFullError:
+                self._live.discard(request_id)
+                self.scheduler.forget_cancellation(request_id)
+                raise
+            if self._stop.is_set():  # stopping or stopped: the next start() runs it
+                self._held.append(state)
+            else:
+                self._input.put(state)
         self._wake.set()
         return request_id
+
+    def _reserve_id(self, request_id: str | None) -> str:
+        """Take ``request_id`` (None: the next free ``req_N``) for a new request: two requests with
+        one id would share the scheduler's entry, and the first would never end nor free its blocks."""
+        if request_id is not None and not isinstance(request_id, str):
+            raise ConfigError(f"`request_id` must be a str or None; got {type(request_id).__name__}")
+        with self._lock:
+            if request_id is None:
+                while self._id_taken(f"req_{self._next_id}"):
+                    self._next_id += 1
+                self._check_room(f"req_{self._next_id}")  # a full queue takes no id
+                request_id = f"req_{self._next_id}"
+                self._next_id += 1
+            elif self._id_taken(request_id):
+                why = (f"keeps its cache blocks (manual_eviction): evict_request_from_cache({request_id!r}) first, "
+                       "or give another id" if request_id in self._kept else "is still running; give another id")
+                raise ConfigError(f"`request_id` {request_id!r} is in use: a request with that id {why}")
+            else:
+                self._check_room(request_id)
+            self._live.add(request_id)  # cancel_request finds it from now on
+        return request_id
+
+    def _check_room(self, request_id: str) -> None:
+        """Raise :class:`QueueFullError` when ``max_queue_size`` requests wait already (under ``_lock``)."""
+        waiting = self._input.qsize() + len(self._held) + len(self.scheduler.waiting_requests)
+        if self.max_queue_size and waiting >= self.max_queue_size:
+            raise QueueFullError(f"request {request_id!r}: {waiting} requests are waiting, the most "
+                                 f"`max_queue_size` allows ({self.max_queue_size}); add it once some have started")
+
+    def _id_taken(self, request_id: str) -> bool:
+        return request_id in self._live or request_id in self._kept
+
+    def _unreserve_id(self, request_id: str) -> None:
+        """Give back the id of a request that failed on arrival (with any cancellation mark it got)."""
+        with self._lock:
+            self._live.discard(request_id)
+            self.scheduler.forget_cancellation(request_id)
 
     def add_requests(self, inputs: list[list[int]], max_new_tokens: int | None = None, streaming: bool = False,
                      record_timestamps: bool = False, **generation_kwargs: Any) -> list[str]:
@@ -303,6 +358,7 @@ class ContinuousBatchingManager:
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request
             kwargs["eos_token_id"] = eos_token_id
         processors, criteria = kwargs.pop("logits_processor", None), kwargs.pop("stopping_criteria", None)
+        _check_request_fields(request_id, kwargs)
         prepared = prepare(self.model, torch.tensor([prompt]), self._given_config, processors, criteria, None, None,
                            {**kwargs, "max_new_tokens": max_new})
         config = prepared.config
@@ -437,16 +493,17 @@ class ContinuousBatchingManager:
 
     def _complete(self, r: RequestState) -> None:
         self.scheduler.active_requests.pop(r.request_id, None)
+        if self.manual_eviction:  # before it leaves the live set: its id stays taken while it keeps blocks
+            self._kept[r.request_id] = r
         if self._close(r):  # cancelled while its last token was computed: never a finished result
+            self._kept.pop(r.request_id, None)
             self.cache.release(r.blocks)
             r.blocks = []
             r.status, r.error, r.finish_reason = RequestStatus.FAILED, "cancelled", "cancelled"
         else:
             r.status = RequestStatus.FINISHED
             self.cache.publish(r.tokens, r.blocks, r.cached)  # prompt and completion, for a next turn
-            if self.manual_eviction:
-                self._kept[r.request_id] = r
-            else:
+            if not self.manual_eviction:
                 self.cache.release(r.blocks)
                 r.blocks = []
         self.output_router.deliver(r.output())
@@ -464,10 +521,25 @@ class ContinuousBatchingManager:
             self.cache.release(kept.blocks)
         self._kept.clear()
 
+    def _evict_oldest_kept(self) -> bool:
+        """Nothing can run: free the blocks of the request kept longest for ``evict_request_from_cache``
+        (``manual_eviction``), if any, so that kept blocks never stall the requests that run. Its
+        prompt and completion stay in the prompt cache while no allocation needs their blocks."""
+        if not self._kept:
+            return False
+        request_id, kept = next(iter(self._kept.items()))
+        del self._kept[request_id]
+        logger.warning("request %r: its kept blocks are freed before evict_request_from_cache (manual_eviction): the "
+                       "requests that run need them", request_id)
+        self.cache.release(kept.blocks)
+        kept.blocks = []
+        return True
+
     def _step(self) -> None:
         plan = self.scheduler.schedule_batch(self.cb_config.max_batch_tokens, None)
         if not plan:
-            time.sleep(0.001)
+            if not self._evict_oldest_kept():
+                time.sleep(0.001)
             return
         ids: list[int] = []
         positions: list[int] = []
@@ -585,6 +657,17 @@ def _top_logprobs(request_id: str, top: int | None, default: bool) -> tuple[int,
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
         raise ConfigError(f"request {request_id!r}: `top_logprobs` must be an int >= 0 or None; got {top!r}")
     return top, True
+
+
+def _check_request_fields(request_id: str, kwargs: dict[str, Any]) -> None:
+    """Refuse a request's own ``continuous_batching_config`` (the manager's, fixed when it was made:
+    it would be dropped); say that its own ``compile_config`` has no effect, as for the manager's."""
+    if kwargs.get("continuous_batching_config") is not None:
+        raise ConfigError(f"request {request_id!r}: `continuous_batching_config` configures the manager "
+                          "(init_continuous_batching / generate_batch's continuous_batching_config=), not one request")
+    if kwargs.get("compile_config") is not None:
+        logger.warning("request %r: `compile_config` has no effect on continuous batching: genkit does not "
+                       "torch.compile the paged forward", request_id)
 
 
 def _refuse(request_id: str, why: str | None) -> None:

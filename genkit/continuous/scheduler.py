@@ -18,7 +18,9 @@ several steps (chunked prefill, at most ``prefill_chunk_size`` tokens a step whe
 
 When a decoding request needs a block and none is free, the most recently admitted other request
 is preempted: its blocks are freed and it goes back to the front of the queue, to recompute its
-prompt and what it generated so far (its tokens are kept).
+prompt and what it generated so far (its tokens are kept). A request computing its prompt in chunks
+that finds no free block preempts the most recently admitted request newer than itself: requests
+that each hold part of their prompt never fill the cache and wait on each other.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class Scheduler(ABC):
 
     ``safety_margin``: the share of the cache that admissions leave free (None: the class's
     ``default_safety_margin``). ``max_requests_per_batch``: requests in one step.
-    ``prefill_chunk_size``: at most this many prompt tokens of a request in one step (None: no cap).
+    ``prefill_chunk_size``: at most this many prompt tokens of a request in one step (None: no cap);
+    a request whose config sets its own (``add_request(prefill_chunk_size=...)``) uses that.
     """
 
     default_safety_margin: float = 0.0
@@ -201,7 +204,10 @@ class Scheduler(ABC):
         """Add a chunk of a request's prompt to ``plan``: an admitted (prefilling) request goes on, a
         waiting one is admitted (moved to ``active_requests``, with the cached blocks of a prompt
         prefix it shares). ``margin``: admit only while the free blocks stay above the safety
-        margin. False when it cannot run this step (the caller usually stops there)."""
+        margin. An admitted request that finds no free block for its next token preempts the most
+        recently admitted requests newer than itself and not in ``plan`` (else requests that all hold
+        part of their prompt could fill the cache and wait on each other for ever). False when it
+        cannot run this step (the caller usually stops there)."""
         waiting = state.request_id in self.waiting_requests
         if waiting and margin and self.active_requests and self.cache.free_blocks - self.cache.blocks_for(
                 min(state.pending, budget.tokens)) < self.safety_margin * self.cache.num_blocks:
@@ -209,7 +215,7 @@ class Scheduler(ABC):
         shared = waiting and not state.blocks and not state.generated
         if shared:
             state.blocks, state.cached = self.cache.cached_prefix(state.prompt_ids)
-        if not self._add_chunk(state, plan, budget):
+        if not self._add_chunk(state, plan, budget, admitted=not waiting):
             if shared:
                 self.cache.release(state.blocks)
                 state.blocks, state.cached = [], 0
@@ -232,17 +238,19 @@ class Scheduler(ABC):
         self.waiting_requests_order.appendleft(state.request_id)
         self.preempted += 1
 
-    def _add_chunk(self, r: RequestState, plan: Plan, budget: Budget) -> bool:
+    def _add_chunk(self, r: RequestState, plan: Plan, budget: Budget, *, admitted: bool) -> bool:
         n = min(r.pending, budget.tokens)
-        if self.prefill_chunk_size:
-            n = min(n, self.prefill_chunk_size)
+        chunk = getattr(r.config, "prefill_chunk_size", None) or self.prefill_chunk_size  # the request's own first
+        if chunk:
+            n = min(n, chunk)
         if not budget.allows(r, n):
             return False
         need = self.cache.blocks_for(r.cached + n) - len(r.blocks)
         if need > self.cache.free_blocks:
-            n = (len(r.blocks) + self.cache.free_blocks) * self.cache.block_size - r.cached
-            if n < 1:
+            room = (len(r.blocks) + self.cache.free_blocks) * self.cache.block_size - r.cached
+            if room < 1 and not (admitted and self._make_room(r, 1, plan, newer_only=True)):
                 return False
+            n = min(n, (len(r.blocks) + self.cache.free_blocks) * self.cache.block_size - r.cached)
             need = self.cache.blocks_for(r.cached + n) - len(r.blocks)
         r.blocks += self.cache.allocate(need)
         plan.append((r, n))
@@ -251,14 +259,22 @@ class Scheduler(ABC):
 
     def _grow(self, r: RequestState, n: int, plan: Plan) -> bool:
         need = self.cache.blocks_for(r.cached + n) - len(r.blocks)
+        if not self._make_room(r, need, plan):
+            return False
+        if need > 0:
+            r.blocks += self.cache.allocate(need)
+        return True
+
+    def _make_room(self, r: RequestState, need: int, plan: Plan, *, newer_only: bool = False) -> bool:
+        """Preempt the most recently admitted other requests not in ``plan`` (only those admitted
+        after ``r`` when ``newer_only``) until ``need`` blocks are free; whether they are."""
         while need > self.cache.free_blocks:
             planned = {id(p) for p, _ in plan}
-            victims = [v for v in self.active_requests.values() if v is not r and id(v) not in planned]
+            victims = [v for v in self.active_requests.values() if v is not r and id(v) not in planned
+                       and (not newer_only or v.order > r.order)]
             if not victims:
                 return False
             self.preempt(max(victims, key=lambda v: v.order))
-        if need > 0:
-            r.blocks += self.cache.allocate(need)
         return True
 
 
@@ -277,6 +293,8 @@ class FIFOScheduler(Scheduler):
                 return plan
             self.schedule_decode(r, plan, budget)
         for r in self.prefilling_requests():
+            if r.status != RequestStatus.PREFILLING:  # preempted by an older prefill of this step
+                continue
             if not self.schedule_prefill(r, plan, budget):
                 return plan
         for r in self.waiting_candidates():
@@ -296,6 +314,8 @@ class PrefillFirstScheduler(Scheduler):
         budget = self.budget(token_budget, cache_budget)
         prefills_done = True
         for r in self.prefilling_requests():
+            if r.status != RequestStatus.PREFILLING:  # preempted by an older prefill of this step
+                continue
             if not self.schedule_prefill(r, plan, budget):
                 prefills_done = False
                 break
