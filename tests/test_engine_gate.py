@@ -386,3 +386,19 @@ def test_cli_hands_a_recipe_the_tokenizer(tmp_path, tiny_hf_dir, capsys):
                "--custom-generate", str(recipe), "--set", f"stop_word={word}"])
     assert rc == 0
     assert capsys.readouterr().out.strip() == tok.decode(want, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(("name", "sample"), [("greedy", True), ("sample", False)])
+def test_a_named_strategy_against_do_sample_is_refused(model, server, name, sample):
+    """``custom_generate`` names a strategy that runs whatever the settings say: greedy search with
+    do_sample=True (or serve's temperature > 0) ran greedy, the sampling ignored; now refused, in generate
+    and as a 400 before anything is queued."""
+    with pytest.raises(genkit.errors.ConfigError, match=rf"`custom_generate`='{name}' does not run with `do_sample`="
+                                                         rf"{sample}: it (does not sample|samples)"):
+        genkit.generate(model, torch.tensor([PROMPT]), max_new_tokens=2, custom_generate=name, do_sample=sample)
+    status, raw = _post(server, {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "custom_generate": name,
+                                 "temperature": 0.7 if sample else 0})
+    error = json.loads(raw)["error"]
+    assert status == 400 and error["param"] == "custom_generate" and "does not run with `do_sample`" in error["message"]
+    out = genkit.generate(model, torch.tensor([PROMPT]), max_new_tokens=2, custom_generate=name, eos_token_id=None)
+    assert out.shape == (1, 2 + len(PROMPT))

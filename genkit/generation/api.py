@@ -160,8 +160,34 @@ def _pick_strategy(custom_generate: Any, config: GenerationConfig, assistant_mod
     registry = get_registry()
     item = (registry.get("strategy", os.fspath(custom_generate)) if custom_generate is not None
             else registry.select_strategy(_with_assistant(config, assistant_model)))
+    if custom_generate is not None:
+        check_named_strategy(item, config)
     logger.debug("generating with strategy %s", item.name)
     return item.load()  # type: ignore[no-any-return]
+
+
+class _Flipped:
+    """``config`` read with ``do_sample`` the other way."""
+
+    def __init__(self, config: Any) -> None:
+        self._config = config
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._config, name)
+        return (not value) if name == "do_sample" else value
+
+
+def check_named_strategy(item: Any, config: Any) -> None:
+    """A strategy named by ``custom_generate`` runs whatever the settings select, so a ``do_sample``
+    the caller set (``config.user_set``) against it is a ConfigError rather than ignored: greedy
+    search with ``do_sample=True``, sampling with ``do_sample=False``. (A strategy without an
+    ``applies`` predicate, or a ``do_sample`` from the model's generation config, is not checked.)"""
+    if item.applies is None or "do_sample" not in getattr(config, "user_set", ()):
+        return
+    if not item.matches(config) and item.matches(_Flipped(config)):
+        raise ConfigError(f"`custom_generate`={item.name!r} does not run with `do_sample`={bool(config.do_sample)!r}: "
+                          f"it {'samples' if not config.do_sample else 'does not sample'}; drop `do_sample` or name "
+                          "another strategy")
 
 
 def _run_strategy(decode: Callable[..., Any], model: Any, prepared: Prepared, extra: dict[str, Any]) -> Any:

@@ -325,7 +325,7 @@ def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerSt
     is queued: a bad value is a 400 naming its field (not a failed generation, nor an error event in
     a stream that already answered 200), and beams and contrastive candidates are within the
     limits (:func:`genkit.serve.limits.check_width`). A Hub recipe reads its settings itself."""
-    from genkit.generation.api import merge_config
+    from genkit.generation.api import check_named_strategy, merge_config
     from genkit.plugins import get_registry
 
     settings = {k: v for k, v in parsed.generate_kwargs.items() if k not in ("custom_generate", "trust_remote_code")}
@@ -334,6 +334,8 @@ def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerSt
     if not recipe:
         try:
             config, _ = merge_config(state.model, None, settings)
+            if parsed.custom_generate is not None:  # a strategy named: a do_sample against it
+                check_named_strategy(get_registry().get("strategy", parsed.custom_generate), config)
         except ValueError as exc:  # ConfigError and its kin
             message = public_message(exc)
             if "logit_bias" in body and "sequence_bias" not in body:  # the client sent it as logit_bias
