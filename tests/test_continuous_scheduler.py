@@ -84,8 +84,11 @@ def test_prefill_first_runs_prompts_before_decodes():
     s.add_waiting_request(b)
     assert [(r.request_id, n) for r, n in s.schedule_batch(token_budget=64)] == [("b", 5), ("a", 1)]
     assert genkit.FIFOScheduler(BlockAllocator(block_size=4, num_blocks=4), safety_margin=0.5).safety_margin == 0.5
-    with pytest.raises(ConfigError, match=r"`safety_margin` must be a number in \[0, 1\] or None; got 2"):
-        genkit.FIFOScheduler(BlockAllocator(block_size=4, num_blocks=4), safety_margin=2)
+    for bad in (2, 1, True):  # 1 would keep the whole cache free: nothing admitted, ever
+        with pytest.raises(ConfigError, match=rf"`safety_margin` must be a number in \[0, 1\) or None; got {bad}"):
+            genkit.FIFOScheduler(BlockAllocator(block_size=4, num_blocks=4), safety_margin=bad)
+    with pytest.raises(ConfigError, match=r"`continuous_batching_config.safety_margin` must be a number in \[0, 1\) or None"):
+        genkit.ContinuousBatchingConfig(safety_margin=True)
 
 
 def test_cancellation_marks_free_blocks_and_wait_for_late_requests():

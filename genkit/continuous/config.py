@@ -115,6 +115,7 @@ class ContinuousBatchingConfig:
                   ("scheduler", self.scheduler is None or _is_scheduler_class(self.scheduler),
                    "a registered scheduler name, a genkit.Scheduler subclass or None"),
                   ("safety_margin", self.safety_margin is None or (isinstance(self.safety_margin, (int, float))
+                                                                   and not isinstance(self.safety_margin, bool)
                                                                    and 0 <= self.safety_margin < 1),
                    "a number in [0, 1) or None"),
                   ("allow_block_sharing", isinstance(self.allow_block_sharing, bool), "True or False"),

@@ -78,8 +78,9 @@ class Scheduler(ABC):
     def __init__(self, cache: BlockAllocator, safety_margin: float | None = None, max_requests_per_batch: int = 64,
                  *, prefill_chunk_size: int | None = None) -> None:
         margin = self.default_safety_margin if safety_margin is None else safety_margin
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin <= 1:
-            raise ConfigError(f"`safety_margin` must be a number in [0, 1] or None; got {safety_margin!r}")
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+            # (1 would keep the whole cache free: nothing would ever be admitted)
+            raise ConfigError(f"`safety_margin` must be a number in [0, 1) or None; got {safety_margin!r}")
         if isinstance(max_requests_per_batch, bool) or not isinstance(max_requests_per_batch, int) or \
                 max_requests_per_batch < 1:
             raise ConfigError(f"`max_requests_per_batch` must be an int >= 1; got {max_requests_per_batch!r}")
