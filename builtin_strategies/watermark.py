@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError
-from genkit.strategy.processing import LogitsProcessor, ProcessorContext, model_vocab_size
+from genkit.strategy import model_vocab_size
+from genkit.strategy.processing import LogitsProcessor, ProcessorContext
 
 logger = logging.getLogger("genkit.watermark")
 

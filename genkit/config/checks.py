@@ -80,14 +80,18 @@ MODEL_SPECIAL_TOKENS = {
 
 
 def model_vocab_size(model: Any) -> int | None:
-    """The width of a model's logits: its (decoder's) config's ``vocab_size``, not its tokenizer's
-    length (a head may be padded past the tokenizer, or a tokenizer know more ids than the head
-    scores); ``None`` for a model without one."""
+    """The width of a model's logits, the vocabulary it generates from: its decoder's config's
+    (an encoder-decoder model's ``config.decoder`` or ``decoder_vocab_size``, a multimodal model's
+    text config), not its tokenizer's length (a head may be padded past the tokenizer, or a
+    tokenizer know more ids than the head scores); ``None`` when its config does not say."""
     model_config = getattr(model, "config", None)
     get_text_config = getattr(model_config, "get_text_config", None)
     text = get_text_config(decoder=True) if callable(get_text_config) else model_config
-    vocab = getattr(text, "vocab_size", None)
-    return int(vocab) if is_int(vocab) and vocab > 0 else None
+    for key in ("decoder_vocab_size", "vocab_size"):
+        vocab = getattr(text, key, None)
+        if is_int(vocab) and vocab > 0:
+            return int(vocab)
+    return None
 
 
 def model_token_issue(name: str, ids: list[int], vocab_size: int) -> str:

@@ -18,9 +18,8 @@ from typing import Any
 import torch
 
 from ..config import field_table
-from ..config.checks import outside_vocabulary
+from ..config.checks import model_vocab_size, outside_vocabulary
 from ..errors import ConfigError, NotSupportedError
-from ..strategy.processing import model_vocab_size
 
 logger = logging.getLogger("genkit.generation")
 

@@ -40,6 +40,7 @@ See ``docs/hooks.md`` ("Write a strategy") for a tutorial.
 
 from __future__ import annotations
 
+from genkit.config.checks import model_vocab_size
 from genkit.errors import ConfigError, GenkitError, NotSupportedError
 from genkit.protocols import Cache, CandidateGenerator, CausalLM, ModelOutput, PartialDepthLM, Streamer
 
@@ -59,7 +60,7 @@ from .outputs import (
     GenerateDecoderOnlyOutput,
     GenerateEncoderDecoderOutput,
 )
-from .processing import LogitsProcessorList, StoppingCriteriaList, model_vocab_size
+from .processing import LogitsProcessorList, StoppingCriteriaList
 from .record import StepOutputs
 from .sampling import Choice, choose, choose_tokens, log_probs
 from .stepper import Stepper

@@ -129,20 +129,6 @@ class ProcessorContext:
     encoder_input_ids: torch.Tensor | None = None
 
 
-def model_vocab_size(model: Any) -> int | None:
-    """The size of the vocabulary ``model`` generates from: its decoder's (an encoder-decoder
-    model's ``config.decoder`` or ``decoder_vocab_size``, a multimodal model's text config), or
-    ``None`` when its config does not say."""
-    config = getattr(model, "config", None)
-    get_text_config = getattr(config, "get_text_config", None)
-    text = get_text_config(decoder=True) if callable(get_text_config) else config
-    for key in ("decoder_vocab_size", "vocab_size"):
-        value = getattr(text, key, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
-
-
 def merge_lists(default: Iterable[Any], custom: Iterable[Any] | None, kind: str, logger: Any) -> list[Any]:
     """Merge the user's processors or criteria into the ones built from the config: a user
     instance of a type the config also builds replaces it (with a warning); others go last."""
