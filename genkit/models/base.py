@@ -26,9 +26,9 @@ class ModelConfig:
     of the config calls): a ``ConfigError`` naming it (:func:`shadowing_fields`)."""
 
     def __init__(self, **kwargs: Any) -> None:
-        shadowing = [key for key in kwargs if hasattr(ModelConfig, key)]
+        shadowing = _shadowing(kwargs)
         if shadowing:
-            raise ConfigError(f"{', '.join(map(repr, sorted(shadowing)))} cannot be a config field (the name of a "
+            raise ConfigError(f"{', '.join(map(repr, shadowing))} cannot be a config field (the name of a "
                               "ModelConfig method or attribute)")
         self.__dict__.update(kwargs)
 
@@ -63,11 +63,14 @@ def shadowing_fields(data: dict[str, Any]) -> list[str]:
     """The fields of a config's ``data`` that :class:`ModelConfig` refuses (the name of one of its
     methods or attributes), its ``text_config``'s included (as ``text_config.<name>``: the config
     ``get_text_config()`` builds)."""
-    found = [key for key in data if hasattr(ModelConfig, key)]
     sub = data.get("text_config")
-    if isinstance(sub, dict):
-        found += [f"text_config.{key}" for key in sub if hasattr(ModelConfig, key)]
-    return sorted(found)
+    nested = [f"text_config.{key}" for key in _shadowing(sub)] if isinstance(sub, dict) else []
+    return sorted(_shadowing(data) + nested)
+
+
+def _shadowing(fields: dict[str, Any]) -> list[str]:
+    """The names among ``fields`` that name a :class:`ModelConfig` method or attribute, sorted."""
+    return sorted(key for key in fields if hasattr(ModelConfig, key))
 
 
 def positions_from_mask(attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
