@@ -54,19 +54,25 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and "onsistency check" in str(exc)
 
 
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    """The HTTP library's transport errors (huggingface_hub 2.x uses ``httpx2``, 1.x ``httpx``)."""
+def _library_errors(*names: str) -> tuple[type[BaseException], ...]:
+    """The exception classes of these ``names`` that the installed HTTP libraries define
+    (huggingface_hub 2.x uses ``httpx2``, 1.x ``httpx``; ``requests`` before that)."""
     out: list[type[BaseException]] = []
-    for name in ("httpx2", "httpx", "requests"):
+    for library in ("httpx2", "httpx", "requests"):
         try:
-            module = __import__(name)
+            module = __import__(library)
         except ImportError:
             continue
-        for attr in ("TransportError", "ConnectionError", "Timeout"):
+        for attr in names:
             cls = getattr(module, attr, None) or getattr(getattr(module, "exceptions", None), attr, None)
             if isinstance(cls, type) and issubclass(cls, BaseException):
                 out.append(cls)
     return tuple(out)
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP library's transport errors."""
+    return _library_errors("TransportError", "ConnectionError", "Timeout")
 
 
 #: a whole answer (headers and body) must arrive within this many times GENKIT_HUB_TIMEOUT seconds
@@ -134,17 +140,7 @@ def _http_errors() -> tuple[type[BaseException], ...]:
     """Errors of the Hub client and its HTTP library that are not worth another try."""
     from huggingface_hub.errors import HfHubHTTPError
 
-    out: list[type[BaseException]] = [HfHubHTTPError]
-    for name in ("httpx2", "httpx", "requests"):
-        try:
-            module = __import__(name)
-        except ImportError:
-            continue
-        for attr in ("HTTPError", "InvalidURL", "StreamError", "RequestException"):
-            cls = getattr(module, attr, None)
-            if isinstance(cls, type) and issubclass(cls, BaseException):
-                out.append(cls)
-    return tuple(out)
+    return (HfHubHTTPError, *_library_errors("HTTPError", "InvalidURL", "StreamError", "RequestException"))
 
 
 def with_retries(what: str, repo_id: str, fn: Callable[[], T]) -> T:
