@@ -12,6 +12,7 @@ output format).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from genkit.errors import ConfigError, GenkitError
-from genkit.fileutil import atomic_path, atomic_write_text, current_umask
+from genkit.fileutil import atomic_path, atomic_write_text
 
 from .formats import file_format, output_schema, require_pyarrow, rows_table
 
@@ -58,20 +59,20 @@ def _ids_in(path: Path, fmt: str) -> list[str]:
 
 class ErrorLog:
     """The bad rows of a run, appended as they come to a temporary file beside the errors file (a
-    hostile input of a million bad lines costs disk, not memory), which :meth:`commit` renames
-    into place when the job ends; :meth:`discard` drops it (an interrupted job)."""
+    hostile input of a million bad lines costs disk, not memory: :func:`genkit.fileutil.atomic_path`,
+    held open for the run), which :meth:`commit` renames into place when the job ends;
+    :meth:`discard` drops it (an interrupted job)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.count = 0
-        self._tmp: str | None = None
         self._file: Any = None
+        self._open = contextlib.ExitStack()  # the temporary file's atomic_path, then the file itself
 
     def add(self, record: dict[str, Any]) -> None:
         if self._file is None:
-            fd, self._tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=self.path.name)
-            os.fchmod(fd, 0o666 & ~current_umask())  # as open() would create it
-            self._file = os.fdopen(fd, "w", encoding="utf-8")
+            self._file = self._open.enter_context(open(self._open.enter_context(atomic_path(self.path)), "w",
+                                                       encoding="utf-8"))
         self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
         self.count += 1
 
@@ -81,24 +82,15 @@ class ErrorLog:
             if self.path.exists():
                 self.path.unlink()
             return
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
         self._file = None
-        os.replace(str(self._tmp), self.path)
-        self._tmp = None
+        self._open.close()  # the file closed, then fsynced and renamed onto the errors file
 
     def discard(self) -> None:
         """Drop what was written (nothing once committed)."""
         if self._file is not None:
-            self._file.close()
             self._file = None
-        if self._tmp is not None:
-            try:
-                os.unlink(self._tmp)
-            except FileNotFoundError:
-                pass
-            self._tmp = None
+            dropped = GenkitError("the run stopped: its bad rows are not committed")
+            self._open.__exit__(type(dropped), dropped, None)  # atomic_path removes the temporary file
 
 
 SETTINGS_FILE = "job.json"
