@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -250,15 +249,12 @@ def cmd_install(args: argparse.Namespace) -> int:
 PROTECTED = {"genkit-lm", "genkit_lm", "pluggy", "torch"}
 
 
-def _normalized(name: str) -> str:
-    """A distribution name as pip compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def installed_packs() -> dict[str, str]:
     """The installed genkit packs, distributions with an entry point in the ``genkit`` group, by
     their normalized name (the name as installed)."""
     from importlib import metadata
+
+    from packaging.utils import canonicalize_name
 
     from ..plugins import ENTRY_POINT_GROUP
 
@@ -266,23 +262,26 @@ def installed_packs() -> dict[str, str]:
     for dist in metadata.distributions():
         name = dist.metadata["Name"]
         if name and any(ep.group == ENTRY_POINT_GROUP for ep in dist.entry_points):
-            packs[_normalized(name)] = name
+            packs[canonicalize_name(name)] = name
     return packs
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
     """``pip uninstall -y`` of packs only: anything else (numpy, tokenizers, ...) is one of genkit's
-    own dependencies or unrelated to it, and is refused before pip runs."""
+    own dependencies or unrelated to it, and is refused before pip runs (names compared as pip
+    compares them, PEP 503)."""
+    from packaging.utils import canonicalize_name
+
     names = []
     packs = installed_packs()
     for spec in args.packs:
-        if _normalized(spec) in {_normalized(n) for n in PROTECTED}:
+        if canonicalize_name(spec) in {canonicalize_name(n) for n in PROTECTED}:
             raise ConfigError(f"refusing to uninstall {spec!r}: genkit needs it; `genkit uninstall` is for packs")
         bundled = bundled_pack(spec) if not os.path.exists(spec) else None
         name = bundled.name if bundled is not None else spec
-        if _normalized(name) not in packs:
+        if canonicalize_name(name) not in packs:
             listed = ", ".join(sorted(packs.values())) or "none"
             raise ConfigError(f"refusing to uninstall {spec!r}: it is not an installed genkit pack (a distribution "
                               f"with a `genkit` entry point); installed packs: {listed}")
-        names.append(packs[_normalized(name)])
+        names.append(packs[canonicalize_name(name)])
     return _run_pip([sys.executable, "-m", "pip", "uninstall", "-y", *names], args.dry_run)
