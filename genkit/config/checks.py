@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..plugins import FieldSpec
-from .fields import EXTRA_OUTPUT_FLAGS, field_table, is_int, is_num
+from .fields import EXTRA_OUTPUT_FLAGS, field_table, is_int, is_num, token_id_fields
 from .warn import warn_once
 
 if TYPE_CHECKING:
@@ -110,11 +110,11 @@ def check_vocabulary(c: GenerationConfig, vocab_size: int) -> None:
     model's) is warned about. Negative ids are the fields' own business (the "matches no token"
     sentinel of ``eos_token_id`` / ``pad_token_id``)."""
     user_set = getattr(c, "user_set", None)
-    for name, spec in field_table().items():
+    for name, token_ids in token_id_fields():
         value = getattr(c, name, None)
-        if spec.token_ids is None or value is None:
+        if value is None:
             continue
-        too_big = sorted({int(i) for i in spec.token_ids(value) if is_int(i) and i >= vocab_size})
+        too_big = sorted({int(i) for i in token_ids(value) if is_int(i) and i >= vocab_size})
         if not too_big:
             continue
         if name in MODEL_SPECIAL_TOKENS and user_set is not None and name not in user_set:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from numbers import Integral, Real
 from typing import Any
 
@@ -214,6 +214,7 @@ class _Tables:
         self.key, self.fields = key, fields
         self.defaults = {name: spec.default for name, spec in fields.items() if spec.default is not None}
         self.none_off = frozenset(name for name, spec in fields.items() if spec.off_when_none)
+        self.token_ids = tuple((name, spec.token_ids) for name, spec in fields.items() if spec.token_ids is not None)
 
 
 _tables: _Tables | None = None
@@ -243,6 +244,11 @@ def default_values() -> dict[str, Any]:
     generation config sets (transformers' ``_get_default_generation_params``, plus the defaults of
     the fields plugins declare)."""
     return {name: copied(value) for name, value in _current().defaults.items()}
+
+
+def token_id_fields() -> tuple[tuple[str, Callable[[Any], Iterable[Any]]], ...]:
+    """``(name, ids of a value)`` of each field that holds token ids (``FieldSpec.token_ids``)."""
+    return _current().token_ids
 
 
 def copied(value: Any) -> Any:

@@ -21,7 +21,7 @@ from torch.utils.hooks import RemovableHandle
 from ..errors import ConfigError, NotSupportedError, UnsupportedModelError
 from .base import GenkitModel, ModelConfig, eager_attention
 from .cache import KVCache
-from .llama_infer import PreparedModel, has_hooks, linear, prepare_layers, rms_norm, run_layers, weights_key
+from .llama_infer import PreparedModel, WeightsKey, has_hooks, linear, prepare_layers, rms_norm, run_layers
 from .mixin import GenerationMixin
 from .numerics import is_llama_numerics
 from .paged import PagedKVStore, StepBatch, paged_forward
@@ -324,16 +324,15 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
                 return prepared
         layers = self.model.layers
         prepared = None
+        key = WeightsKey([layers, self.lm_head])  # one walk of the trees: the check runs at every prefill
         # parameters made under torch.inference_mode (a model built or loaded there) have no version
         # counter to key them by and cannot be laid out in place: such a model runs its modules
-        made_in_inference_mode = any(p.is_inference() for m in (layers, self.lm_head) for p in m.parameters())
-        if not has_hooks([*layers.modules(), self.lm_head]) and not made_in_inference_mode:
-            key = (self.cpu_weight_packing, weights_key([layers, self.lm_head]))
-            if self._prepared is None or self._prepared[0] != key:
+        if not has_hooks(key.modules) and not key.made_in_inference_mode():
+            if self._prepared is None or self._prepared[0] != (self.cpu_weight_packing, key.ids()):
                 self._prepared = None  # drop old packed copies first
                 prepared = prepare_layers(layers, self.windows, self.lm_head, self.cpu_weight_packing)
                 # laying out changed the parameters' storage: key what they are now
-                self._prepared = ((self.cpu_weight_packing, weights_key([layers, self.lm_head])), prepared)
+                self._prepared = ((self.cpu_weight_packing, WeightsKey([layers, self.lm_head]).ids()), prepared)
             prepared = self._prepared[1]
         if cache is not None:  # weakly: a kept cache keeps neither the model nor weights rebuilt since
             cache.prepared = (weakref.ref(self), None if prepared is None else weakref.ref(prepared),

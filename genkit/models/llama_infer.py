@@ -389,11 +389,23 @@ def _blocks_choice(prepared: list[PreparedLayer]) -> Any:
     return choice
 
 
-def weights_key(modules: list[nn.Module]) -> tuple[Any, ...]:
-    """Identity of the module trees (a submodule replaced or wrapped) and of every parameter's current
-    storage and contents."""
-    tree = tuple((id(sub), type(sub)) for m in modules for sub in m.modules())
-    return tree, tuple((id(p), p.data_ptr(), p._version) for m in modules for p in m.parameters())
+class WeightsKey:
+    """One walk of module trees: their modules and parameters. ``ids()`` is their identity (a
+    submodule replaced or wrapped, a parameter's storage or contents changed); parameters made
+    under ``torch.inference_mode`` have no version counter to take it from."""
+
+    __slots__ = ("modules", "params")
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.modules = [sub for m in modules for sub in m.modules()]
+        self.params = [p for sub in self.modules for p in sub._parameters.values() if p is not None]
+
+    def made_in_inference_mode(self) -> bool:
+        return any(p.is_inference() for p in self.params)
+
+    def ids(self) -> tuple[Any, ...]:
+        return (tuple((id(sub), type(sub)) for sub in self.modules),
+                tuple((id(p), p.data_ptr(), p._version) for p in self.params))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
