@@ -70,6 +70,11 @@ class ModelLoadError(GenkitError, OSError):
     """A model or tokenizer could not be found, fetched (offline, no such repo) or read (truncated file)."""
 
 
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """A model or tokenizer reference names nothing there: no such folder or file, no config.json,
+    weights or tokenizer.json in the folder (a ``FileNotFoundError`` too, as before)."""
+
+
 class CorruptModelError(ModelLoadError, ValueError):
     """A model or tokenizer file is corrupt, truncated or not the format its name says."""
 

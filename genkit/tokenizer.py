@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
-from .errors import ConfigError, CorruptModelError, UnsupportedModelError
+from .errors import ConfigError, CorruptModelError, ModelNotFoundError, UnsupportedModelError
 
 logger = logging.getLogger("genkit.tokenizer")
 
@@ -500,7 +500,7 @@ def tokenizer_from_folder(folder: str | os.PathLike[str]) -> Tokenizer:
     folder = os.fspath(folder)
     path = os.path.join(folder, "tokenizer.json")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no tokenizer.json in {folder}; genkit reads fast-tokenizer folders "
+        raise ModelNotFoundError(f"no tokenizer.json in {folder}; genkit reads fast-tokenizer folders "
                                 "(tokenizer.json) and .gguf files")
     try:
         backend = Backend.from_file(path)

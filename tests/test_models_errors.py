@@ -10,7 +10,13 @@ import torch
 from tolerance import logits_bound
 
 import genkit
-from genkit.errors import ConfigError, CorruptModelError, UnsupportedModelError
+from genkit.errors import (
+    ConfigError,
+    CorruptModelError,
+    ModelLoadError,
+    ModelNotFoundError,
+    UnsupportedModelError,
+)
 from genkit.models.cache import KVCache
 
 transformers = pytest.importorskip("transformers")
@@ -73,6 +79,21 @@ def test_unknown_architecture_is_named(folder):
     cfg["architectures"] = ["FalconForCausalLM"]
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModelError, match=r"unknown architecture 'FalconForCausalLM'.*LlamaForCausalLM"):
+        genkit.load_model(folder)
+
+
+def test_a_missing_model_is_a_model_load_error_and_a_file_not_found_error(folder, tmp_path):
+    """docs/api.md: "a model or tokenizer could not be found" is a ModelLoadError (a GenkitError),
+    still a FileNotFoundError for callers that catch that."""
+    (tmp_path / "empty").mkdir()
+    for load, ref, message in ((genkit.load_model, "./nowhere", "'./nowhere' not found"),
+                               (genkit.load_model, tmp_path / "empty", "no config.json in"),
+                               (genkit.load_tokenizer, tmp_path / "empty", "no tokenizer.json in")):
+        with pytest.raises(ModelNotFoundError, match=message) as err:
+            load(ref)
+        assert isinstance(err.value, ModelLoadError) and isinstance(err.value, FileNotFoundError)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ModelNotFoundError, match="no weights in"):
         genkit.load_model(folder)
 
 

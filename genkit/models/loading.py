@@ -15,7 +15,14 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, CorruptModelError, ModelFileError, ModelLoadError, UnsupportedModelError
+from ..errors import (
+    ConfigError,
+    CorruptModelError,
+    ModelFileError,
+    ModelLoadError,
+    ModelNotFoundError,
+    UnsupportedModelError,
+)
 from ..tokenizer import Tokenizer, tokenizer_from_folder, tokenizer_from_gguf_metadata
 from .base import GenkitModel, ModelConfig, shadowing_fields
 from .limits import check_config, limit, over
@@ -97,7 +104,7 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
             return snapshot_download(ref, revision=revision, allow_patterns=patterns)
         except Exception as exc:
             raise hub_fetch_error(ref, revision, exc) from exc
-    raise FileNotFoundError(
+    raise ModelNotFoundError(
         f"model {ref!r} not found: pass an existing folder, a .gguf file, a Hub id 'org/name', "
         f"or {DEMO_MODEL!r} (the demo model)"
     )
@@ -164,7 +171,7 @@ class SafetensorsState(Mapping[str, torch.Tensor]):
         self._entries: dict[str, tuple[str, torch.dtype, tuple[int, ...], int, int]] = {}
         for f in files:
             if not os.path.isfile(f):
-                raise FileNotFoundError(f"weights file {f} is missing (listed in {INDEX_FILE})")
+                raise ModelNotFoundError(f"weights file {f} is missing (listed in {INDEX_FILE})")
             for name, (dtype, shape, offset, nbytes) in safetensors_header(f).items():
                 self._entries[name] = (f, dtype, shape, offset, nbytes)
 
@@ -258,7 +265,7 @@ def read_safetensors(folder: str) -> SafetensorsState:
     elif os.path.isfile(index):
         files = [_shard_path(folder, index, f) for f in sorted(set(_weight_map(index).values()))]
     else:
-        raise FileNotFoundError(f"no weights in {folder}: expected {WEIGHT_FILE} or {INDEX_FILE}")
+        raise ModelNotFoundError(f"no weights in {folder}: expected {WEIGHT_FILE} or {INDEX_FILE}")
     return SafetensorsState(files)
 
 
@@ -539,7 +546,7 @@ def _load_folder(source: str, dtype: Any, device: Any) -> tuple[Any, ModelConfig
     through transformers and given with no config."""
     cfg_path = os.path.join(source, "config.json")
     if not os.path.isfile(cfg_path):
-        raise FileNotFoundError(f"no config.json in {source}")
+        raise ModelNotFoundError(f"no config.json in {source}")
     config = read_config_json(cfg_path)
     if getattr(config, "is_encoder_decoder", False):
         from .seq2seq import load_seq2seq
