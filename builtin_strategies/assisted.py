@@ -15,7 +15,9 @@ logits processors are applied position by position exactly as plain decoding wou
 
 The target's cache is rolled back with ``crop()`` after each round. Stopping criteria are checked
 after every accepted token, so EOS, ``max_length`` and custom criteria end the output where plain
-decoding would. Batch size 1 (as in transformers).
+decoding would. Drafted tokens past ``max_length`` could never be kept and are not verified; a
+sampled draft without scores still takes the random numbers of its whole length, as transformers
+(which verifies it whole) does. Batch size 1 (as in transformers).
 """
 
 from __future__ import annotations
@@ -125,12 +127,13 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
         done = False
         while not done:
             cur = stepper.length
-            candidates, candidate_logits = _draft(generator, stepper.sequences, call.max_length - cur - 1)
+            candidates, candidate_logits, drafted = _draft(generator, stepper.sequences, call.max_length - cur - 1)
             k = candidates.shape[1]
             if k:
                 stepper.push(candidates)
             n_matches, kept, done, new_scores = verify_round(call, stepper, finish, record, candidates,
-                                                             candidate_logits, cur, first_round=rounds == 0)
+                                                             candidate_logits, cur, first_round=rounds == 0,
+                                                             drafted=drafted)
             rounds += 1
             drafted_total += k
             accepted_total += min(n_matches, kept)
@@ -172,16 +175,20 @@ def _attentions_for(attentions: tuple[Any, Any] | None, index: int, keys: int, *
 
 def verify_round(call: StrategyCall, stepper: Stepper, finish: FinishTracker, record: StepOutputs,
                  candidates: torch.Tensor, candidate_logits: torch.Tensor | None,
-                 cur: int, *, first_round: bool = False) -> tuple[int, int, bool, list[torch.Tensor]]:
+                 cur: int, *, first_round: bool = False,
+                 drafted: int | None = None) -> tuple[int, int, bool, list[torch.Tensor]]:
     """One target pass over the tokens the cache lacks, ending with the ``k`` candidates ``(1, k)``
     already pushed after ``cur`` tokens; keep the accepted candidates and the target's own next token.
-    Returns (candidates accepted, tokens kept, done, the ``k + 1`` processed score rows)."""
+    ``drafted``: the draft's length before ``max_length`` cut it to ``k`` (the random draws are
+    transformers', which verifies the whole draft). Returns (candidates accepted, tokens kept,
+    done, the ``k + 1`` processed score rows)."""
     k = candidates.shape[1]
     fed_from = stepper.length - stepper.pending
     logits = stepper.forward(keep=k + 1)
     # processors position by position, on the prefix each position would see
     new_scores = [call.logits_processor(stepper.ids[:, :cur + i], logits[:, i].clone()) for i in range(k + 1)]
-    n_matches, next_token = _verify(candidates, candidate_logits, new_scores, bool(call.config.do_sample))
+    n_matches, next_token = _verify(candidates, candidate_logits, new_scores, bool(call.config.do_sample),
+                                    k if drafted is None else drafted)
     kept, done = _accept(stepper, finish, candidates[:, :n_matches], next_token, new_scores, cur)
     for i in range(kept):
         index, whole_prompt = cur - 1 + i - fed_from, first_round and i == 0
@@ -191,22 +198,25 @@ def verify_round(call: StrategyCall, stepper: Stepper, finish: FinishTracker, re
     return n_matches, kept, done, new_scores
 
 
-def _draft(generator: Any, seqs: torch.Tensor, room: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """At most ``room`` drafted tokens ``(1, k)`` after ``seqs`` and their draft logits (or None)."""
+def _draft(generator: Any, seqs: torch.Tensor, room: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """At most ``room`` drafted tokens ``(1, k)`` after ``seqs``, their draft logits (or None) and
+    how many tokens the generator drafted (``k`` or more: tokens past ``max_length`` are never kept,
+    so they are not verified)."""
     candidate_ids, candidate_logits = generator.get_candidates(seqs)
     candidates = candidate_ids[:, seqs.shape[1]:].to(seqs.device)
+    drafted = candidates.shape[1]
     if candidates.shape[1] > room:
         candidates = candidates[:, :room]
         if candidate_logits is not None:
             candidate_logits = candidate_logits[:, :room]
-    return candidates, candidate_logits
+    return candidates, candidate_logits, drafted
 
 
 def _verify(candidates: torch.Tensor, candidate_logits: torch.Tensor | None, new_scores: list[torch.Tensor],
-            do_sample: bool) -> tuple[int, int]:
+            do_sample: bool, drafted: int) -> tuple[int, int]:
     """How many candidates the target accepts, and its own next token after them."""
     if do_sample:
-        return _speculative_accept(candidates, candidate_logits, new_scores)
+        return _speculative_accept(candidates, candidate_logits, new_scores, drafted=drafted)
     k = candidates.shape[1]
     chosen = torch.stack([s.argmax(dim=-1) for s in new_scores], dim=1)  # (1, k + 1)
     agree = (chosen[0, :k] == candidates[0]).long()
@@ -232,7 +242,7 @@ def _accept(stepper: Stepper, finish: FinishTracker, accepted: torch.Tensor, nex
 
 
 def _speculative_accept(candidates: torch.Tensor, candidate_logits: torch.Tensor | None,
-                        new_scores: list[torch.Tensor]) -> tuple[int, int]:
+                        new_scores: list[torch.Tensor], *, drafted: int | None = None) -> tuple[int, int]:
     """Speculative sampling acceptance; returns (accepted candidates, the extra token).
 
     The random draws are transformers 5's, in its order, so a seed gives its tokens: with draft
@@ -241,11 +251,15 @@ def _speculative_accept(candidates: torch.Tensor, candidate_logits: torch.Tensor
     from ``max(0, p - q)`` renormalised (from ``p`` after ``k`` acceptances). Without draft scores
     (n-gram lookup: a draft with all its mass on its candidate) a token is drawn from ``p`` at every
     position at once and the candidates are kept up to the first that differs from its draw, as
-    transformers does; the same distribution."""
+    transformers does; the same distribution. A draft that ``max_length`` cut from ``drafted``
+    tokens to ``k`` draws ``drafted + 1`` rows all the same, as transformers, which verifies it
+    whole (the noise of a row does not depend on the others: the rows past ``k`` only take their
+    share of the random numbers, and what they would keep lies past ``max_length``)."""
     k = candidates.shape[1]
     p = torch.softmax(torch.cat(new_scores, dim=0), dim=-1)  # (k + 1, vocab): the target's distributions
     if candidate_logits is None:
-        drawn = torch.multinomial(p, num_samples=1).squeeze(1)  # (k + 1,)
+        rows = p if drafted is None or drafted <= k else torch.cat([p, p[k:].expand(drafted - k, -1)])
+        drawn = torch.multinomial(rows, num_samples=1).squeeze(1)[:k + 1]  # (k + 1,)
         agree = (drawn[:k] == candidates[0].to(drawn.device)).long()
         n_matches = int(agree.cumprod(0).sum()) if k else 0
         return n_matches, int(drawn[n_matches])

@@ -35,15 +35,24 @@ DRAFT_POLICY = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assist
 
 
 class PromptLookupCandidateGenerator:
-    """Drafts by n-gram lookup in the sequence itself (prompt lookup decoding).
+    """Drafts by n-gram lookup in the sequence itself (prompt lookup decoding), draft for draft as
+    transformers 5's ``PromptLookupCandidateGenerator``, so a sampled run draws its tokens for a seed.
 
-    The last ``n`` tokens (``n`` from ``max_matching_ngram_size`` down to 1) are searched for
-    earlier in the sequence; the tokens that followed the most recent earlier match become the
-    candidates, at most ``num_output_tokens`` of them.
+    The last ``n`` tokens (``n`` from ``max_matching_ngram_size``, at most the length - 1, down to
+    1) are searched for in the sequence from left to right: the first (earliest) match followed by
+    a token proposes the tokens after it, at most ``num_output_tokens`` and up to the end of the
+    sequence. With ``logits_processor`` (and ``vocab_size``) the proposal is cut before its first
+    token the processors forbid (score ``-inf`` or the dtype's lowest after processing logits of
+    ones on the sequence so far), and a match whose first token is forbidden is passed over. The
+    proposal then ends before its first EOS token (``eos_token_ids``); one that starts with EOS
+    means no draft this round. No draft either when ``max_length`` leaves room for one token only.
+    Otherwise ``max_length`` does not shorten the draft (transformers verifies it whole and keeps
+    the tokens that fit; the strategy does the same, see ``assisted``).
     """
 
     def __init__(self, num_output_tokens: int = 10, max_matching_ngram_size: int = 2,
-                 eos_token_ids: list[int] | None = None) -> None:
+                 eos_token_ids: list[int] | None = None, *, logits_processor: Any = None,
+                 vocab_size: int | None = None, max_length: int | None = None) -> None:
         if not isinstance(num_output_tokens, int) or num_output_tokens < 1:
             raise ConfigError(f"`prompt_lookup_num_tokens` must be an int >= 1; got {num_output_tokens!r}")
         if not isinstance(max_matching_ngram_size, int) or max_matching_ngram_size < 1:
@@ -51,32 +60,44 @@ class PromptLookupCandidateGenerator:
         self.num_output_tokens = num_output_tokens
         self.max_matching_ngram_size = max_matching_ngram_size
         self.eos_token_ids = set(eos_token_ids or ())
+        self.logits_processor = logits_processor
+        self.vocab_size = vocab_size
+        self.max_length = max_length
 
     def get_candidates(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, None]:
         if input_ids.shape[0] != 1:
             raise NotSupportedError("prompt lookup drafting supports batch size 1")
         seq = input_ids[0]
         length = seq.shape[0]
+        if self.max_length is not None and self.max_length == length + 1:
+            return input_ids, None
         for n in range(min(self.max_matching_ngram_size, length - 1), 0, -1):
-            tail = seq[length - n:]
-            # every window of n tokens that starts before the tail itself
-            windows = seq[:-1].unfold(0, n, 1) if length - 1 >= n else seq.new_empty((0, n))
-            hits = (windows == tail).all(dim=1).nonzero().flatten()
-            # a window must be followed by at least one token inside the sequence
-            hits = hits[hits + n < length]
-            for start in reversed(hits.tolist()):  # the most recent match first
-                begin = start + n
-                proposal = seq[begin:begin + self.num_output_tokens]
+            hits = (seq.unfold(0, n, 1) == seq[length - n:]).all(dim=1).nonzero().flatten()
+            for start in hits.tolist():  # the earliest match first
+                proposal = self._allowed(input_ids, seq[start + n:start + n + self.num_output_tokens])
                 if proposal.numel() == 0:
-                    continue
-                # stop the draft at an EOS token (kept: the target may well agree)
+                    continue  # nothing follows (the tail itself), or its first token is forbidden
                 ids = proposal.tolist()
-                for i, t in enumerate(ids):
-                    if t in self.eos_token_ids:
-                        proposal = proposal[:i + 1]
-                        break
-                return torch.cat([input_ids, proposal[None]], dim=1), None
+                cut = next((i for i, t in enumerate(ids) if t in self.eos_token_ids), len(ids))
+                if cut == 0:
+                    return input_ids, None
+                return torch.cat([input_ids, proposal[None, :cut]], dim=1), None
         return input_ids, None
+
+    def _allowed(self, input_ids: torch.Tensor, proposal: torch.Tensor) -> torch.Tensor:
+        """``proposal`` up to its first token the logits processors forbid after the tokens before it
+        (an id outside the vocabulary is not judged here: the model refuses it with a clear error)."""
+        if self.logits_processor is None or self.vocab_size is None or proposal.numel() == 0:
+            return proposal
+        ones = torch.ones((input_ids.shape[0], self.vocab_size), device=input_ids.device, dtype=torch.float32)
+        seen = input_ids
+        for i, token in enumerate(proposal.tolist()):
+            scores = self.logits_processor(seen, ones)
+            score = float(scores[0, token]) if 0 <= token < scores.shape[-1] else 0.0
+            if score == float("-inf") or score == torch.finfo(scores.dtype).min:
+                return proposal[:i]
+            seen = torch.cat([input_ids, proposal[None, :i + 1]], dim=1)
+        return proposal
 
     def update_candidate_strategy(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: int) -> None:
         return None
@@ -223,16 +244,22 @@ def adapted_threshold(probs: list[float], matches: list[int]) -> float:
     return best
 
 
-def prompt_lookup(model: Any, config: Any, **kwargs: Any) -> PromptLookupCandidateGenerator:
+def prompt_lookup(model: Any, config: Any, *, logits_processor: Any = None,
+                  **kwargs: Any) -> PromptLookupCandidateGenerator:
     """Factory of the ``"prompt_lookup"`` candidate generator.
 
-    Reads ``prompt_lookup_num_tokens`` (default 10) and ``max_matching_ngram_size`` (default 2)
-    from the config; ``num_output_tokens`` / ``max_matching_ngram_size`` keywords override them.
+    Reads ``prompt_lookup_num_tokens`` (default 10), ``max_matching_ngram_size`` (default 2),
+    ``max_length`` and the EOS ids from the config; ``num_output_tokens`` /
+    ``max_matching_ngram_size`` keywords override the first two. The call's logits processors
+    (and the model's vocabulary size) pick out forbidden draft tokens, as in transformers.
     """
     return PromptLookupCandidateGenerator(
         num_output_tokens=kwargs.get("num_output_tokens", config.prompt_lookup_num_tokens or 10),
         max_matching_ngram_size=kwargs.get("max_matching_ngram_size", config.max_matching_ngram_size or 2),
         eos_token_ids=eos_token_ids(config.eos_token_id),
+        logits_processor=logits_processor,
+        vocab_size=model_vocab_size(model),
+        max_length=config.max_length,
     )
 
 

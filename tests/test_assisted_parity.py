@@ -78,9 +78,9 @@ def test_the_draft_policy_is_read_from_the_assistants_generation_config(tiny_pai
     real = assisted._draft
 
     def spy(generator, seqs, room):
-        candidates, logits = real(generator, seqs, room)
+        candidates, logits, count = real(generator, seqs, room)
         drafted.append(candidates.shape[1])
-        return candidates, logits
+        return candidates, logits, count
 
     assisted._draft = spy
     try:

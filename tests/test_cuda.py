@@ -144,6 +144,21 @@ def test_prompt_lookup_equals_transformers_on_the_device(pair):
     assert torch.equal(got, ours.generate(ids, do_sample=False, max_new_tokens=20, eos_token_id=None))
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sampled_prompt_lookup_draws_transformers_tokens_on_the_device(pair, seed):
+    """transformers samples a whole draft's positions at once (drafts past max_length too): the
+    same random numbers on the device give the same tokens."""
+    hf, ours = pair
+    base = torch.tensor([[1, 17, 40, 9, 88, 23, 5, 61]])
+    ids = _on(torch.cat([base, base, base[:, :4]], dim=1))
+    args = {"do_sample": True, "top_k": 2, "max_new_tokens": 6, "eos_token_id": None, "pad_token_id": 0,
+            "prompt_lookup_num_tokens": 5}
+    torch.manual_seed(seed)
+    ref = hf.generate(ids, **args)
+    torch.manual_seed(seed)
+    assert torch.equal(ours.generate(ids, **args).cpu(), ref.cpu())
+
+
 def test_draft_model_verification_reproduces_greedy_on_the_device(pair):
     _, ours = pair
     draft = tiny_llama(seed=1, vocab_size=ours.config.vocab_size).to(DEVICE)
