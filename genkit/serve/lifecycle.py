@@ -20,9 +20,23 @@ from ..errors import ConfigError
 
 logger = logging.getLogger("genkit.serve")
 
-__all__ = ["DrainingServer", "bind"]
+__all__ = ["DrainingServer", "bind", "connection_limits"]
 
 _CANCEL_GRACE = 5.0  # seconds cancelled requests get to end before the server closes anyway
+KEEP_ALIVE_SECONDS = 5  # an idle keep-alive connection is closed after this (uvicorn's default)
+MAX_HEAD_BYTES = 16 * 1024  # a request line and headers at most this big (h11's default), else a 400
+
+
+def connection_limits(max_connections: int | None, max_concurrent_requests: int) -> dict[str, Any]:
+    """uvicorn's settings bounding the connections (``--max-connections``; default
+    :func:`genkit.serve.admission.default_max_connections`): past it a request is answered 503. uvicorn
+    counts the connection a request came on among the open ones, hence the + 1: ``max_connections``
+    connections are served."""
+    from .admission import default_max_connections
+
+    limit = max_connections if max_connections is not None else default_max_connections(max_concurrent_requests)
+    return {"limit_concurrency": limit + 1, "timeout_keep_alive": KEEP_ALIVE_SECONDS,
+            "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
 
 
 def bind(host: str, port: int) -> socket.socket:
