@@ -196,14 +196,18 @@ def test_clients_that_leave_mid_stream_or_before_it_leak_no_slot(server):
         _wait_for(server, lambda m: m["genkit_requests_admitted"] == 0, "the slots of the clients that left")
         GATE.set()
     host, port = server.removeprefix("http://").split(":")
-    for _ in range(2 * LIMIT):  # a client that leaves before its stream began
-        data = json.dumps(chat).encode()
+    data = json.dumps(_completion(max_tokens=50, stream=True, hold_after=0)).encode()
+    GATE.clear()  # no token comes: the clients leave before the first event
+    for k in range(2 * LIMIT):  # more than the slots: a leak would turn them into 429s
         with socket.create_connection((host, int(port))) as s:
-            s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                       f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        _wait_for(server, lambda m: m["genkit_requests_total"] == before["genkit_requests_total"] + 4 * LIMIT + k + 1
+                  and m["genkit_requests_admitted"] == 0, "the request of a client that left, submitted then let go")
+    GATE.set()
     m = _wait_for(server, lambda m: m["genkit_requests_admitted"] == 0 and m["genkit_requests_running"] == 0
                   and m["genkit_cache_free_blocks"] == m["genkit_cache_blocks"], "every request ended")
-    assert m["genkit_requests_cancelled"] >= before["genkit_requests_cancelled"] + 4 * LIMIT
+    assert m["genkit_requests_cancelled"] == before["genkit_requests_cancelled"] + 6 * LIMIT
     assert m["genkit_requests_refused"] == before["genkit_requests_refused"]  # none ever refused
     status, _, raw = _request(server, "/v1/completions", _completion())
     assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 4
@@ -277,6 +281,53 @@ def test_max_connections_are_served_and_one_more_is_a_503(held):
         while _request(base, "/health")[0] != 200:  # the closed ones are counted out as the server sees them go
             assert time.monotonic() < deadline
             time.sleep(0.02)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` within ``seconds`` (what it sent before is skipped)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    return True
+
+
+def test_a_client_slow_to_send_its_head_or_body_is_let_go(held):
+    """uvicorn never times out a connection that sends nothing, or its head a byte at a time: under
+    --max-connections, a few hundred of them kept every other client out. A body that does not come
+    is a 408 (``ServePolicy.body_timeout``); a request whose answer takes longer is not cut."""
+    from genkit.serve.lifecycle import connection_limits
+    from genkit.serve.security import ServePolicy
+
+    app = _app(policy=ServePolicy(body_timeout=0.5))
+    with _serving(app, **connection_limits(8, 2, head_timeout=0.5)) as base:
+        host, port = base.removeprefix("http://").split(":")
+        idle = socket.create_connection((host, int(port)))
+        head = socket.create_connection((host, int(port)))
+        head.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\n".encode())  # never ends
+        assert _closed_within(idle, 30) and _closed_within(head, 30)
+        body = socket.create_connection((host, int(port)))
+        body.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 100\r\n\r\n{".encode())
+        body.settimeout(30)
+        answer = body.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert _closed_within(body, 30)
+        GATE.clear()
+        results: list = []
+        thread = _in_thread(results, base, _completion(hold_after=1))
+        try:
+            _wait_for(base, lambda m: m["genkit_requests_admitted"] == 1, "the held request admitted")
+            t = time.monotonic()
+            while time.monotonic() < t + 1.0:  # twice the head timeout, while its answer is awaited
+                assert _metrics(base)["genkit_requests_admitted"] == 1
+                time.sleep(0.05)
+        finally:
+            GATE.set()
+            thread.join(60)
+        assert results[0][0] == 200 and json.loads(results[0][2])["usage"]["completion_tokens"] == 4
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
