@@ -2,6 +2,8 @@
 models, tokenize/detokenize, version, health and Prometheus metrics.
 
 Requests pass :mod:`genkit.serve.security` first (Host, Origin, API key, JSON bodies, body size).
+A completion then takes a slot of :mod:`genkit.serve.admission` (else a 429) before it is
+tokenized, and gives it back when its response ends, however it ends.
 A body is parsed and tokenized on a worker thread (the event loop keeps answering ``/health``).
 Streaming responses are server-sent events (``data: {json}``, then ``data: [DONE]``). A client
 that disconnects cancels its request, streaming or not: the stream's ``finally`` or a watcher of
