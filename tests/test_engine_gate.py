@@ -134,11 +134,13 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _serving(app):
-    """``app`` served by uvicorn on 127.0.0.1 in a thread; yields its base URL."""
+def _serving(app, **config):
+    """``app`` served by uvicorn on 127.0.0.1 in a thread (``config``: more of uvicorn's settings);
+    yields its base URL."""
     uvicorn = pytest.importorskip("uvicorn")
     port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                                        **config))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

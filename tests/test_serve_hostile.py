@@ -441,3 +441,30 @@ def test_error_messages_name_no_filesystem_path():
     assert public_message(exc) == "no file <path> here"
     assert public_message(ValueError(r"bad C:\Users\me\model\x.gguf")) == "bad <path>"
     assert public_message(ValueError("`top_p` must be in (0, 1]")) == "`top_p` must be in (0, 1]"
+
+
+def test_the_admission_options_reach_the_server(demo_folder):  # noqa: F811
+    """``--max-concurrent-requests``, ``--max-connections`` and ``--request-timeout`` from the command
+    line (genkit.serve.admission; test_serve_admission has their behaviour on a tiny model)."""
+    proc, base = launch(demo_folder, "--served-model-name", "m", "--max-concurrent-requests", "1",
+                        "--max-connections", "2", "--request-timeout", "0.05")
+    host, port = base.removeprefix("http://").split(":")
+    server = {"host": host, "port": int(port)}
+    try:
+        status, _, raw = _request(server, "GET", "/metrics", key=None)
+        assert status == 200 and "genkit_max_concurrent_requests 1\n" in raw.decode()
+        status, _, raw = _request(server, "POST", "/v1/completions", {"model": "m", "prompt": "Once upon a time",
+                                                                      "max_tokens": 200, "temperature": 0}, key=None)
+        assert status == 504 and _error(raw)["code"] == "request_timeout"
+        kept = [http.client.HTTPConnection(host, int(port), timeout=30) for _ in range(3)]
+        answers = []
+        for conn in kept:  # kept alive: the first two stay open
+            conn.request("GET", "/health")
+            answers.append(conn.getresponse())
+            answers[-1].read()
+        assert [a.status for a in answers] == [200, 200, 503]
+        for conn in kept:
+            conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -61,6 +61,15 @@ def add_parser(subparsers: Any) -> None:
                    help="a Jinja chat template, or a file holding one, instead of the tokenizer's")
     p.add_argument("--max-body-size", type=int, default=4 * 1024 * 1024, metavar="BYTES",
                    help="largest request body (default: 4 MiB)")
+    p.add_argument("--max-concurrent-requests", type=int, default=128, metavar="N",
+                   help="completion requests admitted at once, running or waiting (default: 128, TGI's); one more "
+                        "is refused with a 429 and Retry-After")
+    p.add_argument("--max-connections", type=int, default=None, metavar="N",
+                   help="open HTTP connections; one more is answered 503 (default: 2 x --max-concurrent-requests "
+                        "+ 64)")
+    p.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop a completion request running longer (a stream ends with finish_reason \"length\", "
+                        "a response not yet begun is a 504; default: none)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGINT/SIGTERM, how long running requests may finish before they are cancelled "
                         "(default: 30)")
@@ -94,10 +103,16 @@ def _check_options(args: argparse.Namespace) -> dict[str, Any]:
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be between 1 and 65535; got {args.port}")
-    for name in ("max_batch_tokens", "max_model_len", "max_body_size"):
+    for name in ("max_batch_tokens", "max_model_len", "max_body_size", "max_concurrent_requests", "max_connections"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1; got {value}")
+    if args.max_connections is not None and args.max_connections <= args.max_concurrent_requests:
+        raise ConfigError(f"--max-connections ({args.max_connections}) must be more than --max-concurrent-requests "
+                          f"({args.max_concurrent_requests}): each admitted request holds a connection, and /health "
+                          "needs one besides")
+    if args.request_timeout is not None and not 0 < args.request_timeout < float("inf"):
+        raise ConfigError(f"--request-timeout must be a number of seconds > 0; got {args.request_timeout}")
     if args.shutdown_timeout < 0:
         raise ConfigError(f"--shutdown-timeout must be >= 0 seconds; got {args.shutdown_timeout}")
     recipes = _listed(args.allowed_recipes)
@@ -132,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     check_activation_digits_option(args)
     check_numerics_option(args)
     check_device_option(args)
-    from genkit.serve.lifecycle import DrainingServer, bind
+    from genkit.serve.lifecycle import DrainingServer, bind, connection_limits
 
     sock = bind(args.host, args.port)
     try:
@@ -141,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5,
+                            **connection_limits(args.max_connections, args.max_concurrent_requests))
     server = DrainingServer(config, app.state.genkit, args.shutdown_timeout)
     print(f"genkit serve: {app.state.genkit.model_name} on http://{args.host}:{args.port}/v1 ({engine.name} engine"
           f"{', API key required' if settings['api_key'] else ''})", flush=True)
@@ -172,5 +188,6 @@ def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple
     app: Any = build_app(model, tokenizer=tokenizer, model_name=args.model_name or default_model_name(ref),
                          trust_remote_code=args.trust_remote_code, engine=engine, policy=policy,
                          allowed_recipes=settings["recipes"], max_model_len=args.max_model_len,
-                         chat_template=settings["chat_template"])
+                         chat_template=settings["chat_template"],
+                         max_concurrent_requests=args.max_concurrent_requests, request_timeout=args.request_timeout)
     return app, engine

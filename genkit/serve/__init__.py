@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
+from .admission import DEFAULT_MAX_CONCURRENT_REQUESTS
 from .engine import GenerateEngine, Request, RequestStream, TokenEvent
 
 __all__ = ["GenerateEngine", "Request", "RequestStream", "TokenEvent", "build_app", "default_model_name"]
@@ -24,13 +25,18 @@ def default_model_name(ref: str) -> str:
 def build_app(model: str | object, *, tokenizer: object | None = None, model_name: str | None = None,
               trust_remote_code: bool = False, engine: object | None = None, policy: object | None = None,
               allowed_recipes: list[str] | None = None, max_model_len: int | None = None,
-              chat_template: str | None = None) -> object:
+              chat_template: str | None = None, max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
+              request_timeout: float | None = None) -> object:
     """The ASGI app serving ``model`` (a loaded model, or anything ``genkit.load_model`` takes).
     ``policy``: a :class:`~genkit.serve.security.ServePolicy` (default: 127.0.0.1, no API key);
-    the other settings are ``genkit serve``'s flags of the same names (docs/serve.md)."""
+    the other settings are ``genkit serve``'s flags of the same names (docs/serve.md).
+    ``max_concurrent_requests`` and ``request_timeout`` are checked before the model loads."""
     import genkit
 
+    from .admission import Admission
     from .app import ServerState, create_app
+
+    Admission(max_concurrent_requests, request_timeout)  # a bad value is said before the model loads
 
     if isinstance(model, str):
         name = model_name or default_model_name(model)
@@ -46,7 +52,8 @@ def build_app(model: str | object, *, tokenizer: object | None = None, model_nam
         engine = make_engine(model, tokenizer)
     state = ServerState(model, tokenizer, engine, name, trust_remote_code=trust_remote_code,
                         allowed_recipes=allowed_recipes, policy=policy, max_model_len=max_model_len,  # type: ignore[arg-type]
-                        chat_template=chat_template)
+                        chat_template=chat_template, max_concurrent_requests=max_concurrent_requests,
+                        request_timeout=request_timeout)
     app = create_app(state)
     app.state.genkit = state
     return app

@@ -2,6 +2,8 @@
 models, tokenize/detokenize, version, health and Prometheus metrics.
 
 Requests pass :mod:`genkit.serve.security` first (Host, Origin, API key, JSON bodies, body size).
+A completion then takes a slot of :mod:`genkit.serve.admission` (else a 429) before it is
+tokenized, and gives it back when its response ends, however it ends.
 A body is parsed and tokenized on a worker thread (the event loop keeps answering ``/health``).
 Streaming responses are server-sent events (``data: {json}``, then ``data: [DONE]``). A client
 that disconnects cancels its request, streaming or not: the stream's ``finally`` or a watcher of
@@ -15,7 +17,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -28,6 +30,7 @@ from starlette.routing import Route
 from genkit.errors import NotSupportedError
 from genkit.strategy import openai_finish_reason
 
+from .admission import DEFAULT_MAX_CONCURRENT_REQUESTS, Admission, Slot, within
 from .engine import Request, RequestStream
 from .limits import Limits, check_width, load_json
 from .openai_api import (
@@ -54,7 +57,8 @@ class ServerState:
     def __init__(self, model: Any, tokenizer: Any, engine: Any, model_name: str, *,
                  trust_remote_code: bool = False, allowed_recipes: list[str] | None = None,
                  policy: ServePolicy | None = None, max_model_len: int | None = None,
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
+                 request_timeout: float | None = None) -> None:
         from genkit.config import field_table
 
         self.model, self.tokenizer, self.engine, self.model_name = model, tokenizer, engine, model_name
@@ -69,6 +73,7 @@ class ServerState:
         self.created = int(time.time())
         self.shutting_down = False  # draining: /health is 503, new requests are refused
         self.inflight: set[_Group] = set()
+        self.admission = Admission(max_concurrent_requests, request_timeout)  # genkit.serve.admission
 
     def cancel_inflight(self) -> None:
         """Cancel every running request (the shutdown timeout passed)."""
@@ -77,7 +82,7 @@ class ServerState:
 
 
 def _error(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 async def _json_body(request: HTTPRequest, state: ServerState) -> Any:
@@ -146,7 +151,8 @@ _METRICS = {  # name: (type, help)
     "requests_total": ("counter", "Requests received."),
     "requests_running": ("gauge", "Requests generating now."),
     "requests_waiting": ("gauge", "Requests queued for an engine."),
-    "requests_cancelled": ("counter", "Requests cancelled because their client went away or the server shut down."),
+    "requests_cancelled": ("counter", "Requests cancelled because their client went away, the server shut down or "
+                                      "--request-timeout passed."),
     "requests_failed": ("counter", "Requests whose generation failed."),
     "prompt_tokens_total": ("counter", "Prompt tokens of the requests run (times their choices)."),
     "prompt_tokens_cached_total": ("counter", "Prompt tokens taken from the prompt cache instead of computed."),
@@ -155,6 +161,11 @@ _METRICS = {  # name: (type, help)
                                    "blocks included: an allocation takes them)."),
     "cache_prompt_blocks": ("gauge", "Free blocks that still hold a cached prompt prefix."),
     "cache_blocks": ("gauge", "Blocks of the continuous batching engine's paged cache."),
+    "requests_admitted": ("gauge", "Completion requests holding a slot of --max-concurrent-requests now "
+                                   "(running or waiting, on either engine)."),
+    "requests_refused": ("counter", "Completion requests refused with 429: every slot was taken."),
+    "requests_timed_out": ("counter", "Completion requests stopped by --request-timeout."),
+    "max_concurrent_requests": ("gauge", "--max-concurrent-requests: slots for completion requests."),
 }
 
 
@@ -169,7 +180,7 @@ async def _metrics(state: ServerState, request: HTTPRequest) -> Response:
                 setattr(merged, name, getattr(merged, name) + value)
         stats = merged
     lines = []
-    for name, value in vars(stats).items():
+    for name, value in [*vars(stats).items(), *state.admission.metrics().items()]:
         kind, text = _METRICS.get(name, ("gauge", name.replace("_", " ") + "."))
         lines += [f"# HELP genkit_{name} {text}", f"# TYPE genkit_{name} {kind}", f"genkit_{name} {value}"]
     lines += ["# HELP genkit_server_draining 1 while the server shuts down.", "# TYPE genkit_server_draining gauge",
@@ -239,14 +250,23 @@ async def _detokenize(request: HTTPRequest, state: ServerState) -> Response:
 
 
 async def _parse_and_submit(request: HTTPRequest, state: ServerState,
-                            chat: bool) -> tuple[ParsedRequest, list[RequestStream]]:
-    """The request checked, tokenized and handed to the engine, in one call on a worker thread
-    (tokenizing and the engine's settings checks can take a while: not on the event loop)."""
+                            chat: bool) -> tuple[ParsedRequest, list[RequestStream], Slot]:
+    """The request admitted (its body read, a slot taken: else a 429, genkit.serve.admission), then
+    checked, tokenized and handed to the engine in one call on a worker thread (tokenizing and the
+    engine's settings checks can take a while: not on the event loop). The slot is given back if
+    that fails; else the caller gives it back when the response ends."""
     if state.shutting_down:
         raise APIError("the server is shutting down", status=503, type_="server_error")
     arrived = time.perf_counter()
     body = await _json_body(request, state)
-    return await run_in_threadpool(_parse_and_submit_now, body, state, chat, asyncio.get_running_loop(), arrived)
+    slot = state.admission.admit()
+    try:
+        parsed, streams = await run_in_threadpool(_parse_and_submit_now, body, state, chat,
+                                                  asyncio.get_running_loop(), arrived)
+    except BaseException:
+        slot.release()
+        raise
+    return parsed, streams, slot
 
 
 def _parse_and_submit_now(body: Any, state: ServerState, chat: bool, loop: asyncio.AbstractEventLoop,
@@ -269,16 +289,28 @@ def _parse_and_submit_now(body: Any, state: ServerState, chat: bool, loop: async
 
 async def _handle(request: HTTPRequest, state: ServerState, chat: bool) -> Response:
     try:
-        parsed, streams = await _parse_and_submit(request, state, chat)
+        parsed, streams, slot = await _parse_and_submit(request, state, chat)
     except APIError as exc:
         return _error(exc)
     group = _Group(streams, parsed.best_of)
     state.inflight.add(group)
-    if parsed.stream:
-        return StreamingResponse(_sse(parsed, group, state), media_type="text/event-stream")
+    if parsed.stream:  # the response gives the slot back when it ends
+        return _AdmittedStream(_sse(parsed, group, state, slot), group, state, slot)
+    try:
+        return await _answer(request, parsed, group, state, slot)
+    finally:
+        slot.release()
+
+
+async def _answer(request: HTTPRequest, parsed: ParsedRequest, group: _Group, state: ServerState,
+                  slot: Slot) -> Response:
+    """A non-streaming response; a 504 once ``slot``'s request timeout passes (the request cancelled)."""
     watcher = asyncio.ensure_future(_watch_disconnect(request, group))
     try:
-        return JSONResponse(await _collect(parsed, group, state))
+        return JSONResponse(await within(_collect(parsed, group, state), slot))
+    except asyncio.TimeoutError:  # only within's own: _collect turns every failure into an APIError
+        group.cancel()
+        return _error(slot.timed_out())
     except asyncio.CancelledError:
         group.cancel()
         raise
@@ -287,6 +319,28 @@ async def _handle(request: HTTPRequest, state: ServerState, chat: bool) -> Respo
     finally:
         watcher.cancel()
         state.inflight.discard(group)
+
+
+class _AdmittedStream(StreamingResponse):
+    """The server-sent events of an admitted request. However the response ends (finished, the
+    client gone before or during it, the server closing), its stream is closed, which cancels the
+    request in its engine unless it finished, and its slot is given back."""
+
+    def __init__(self, content: AsyncGenerator[bytes, None], group: _Group, state: ServerState, slot: Slot) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.content, self.group, self.state, self.slot = content, group, state, slot
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self.content.aclose()  # runs _sse's finally if the response was cut at one of its yields
+            finally:
+                if self.group in self.state.inflight:  # the client left before the stream began
+                    self.state.inflight.discard(self.group)
+                    self.group.cancel()
+                self.slot.release()
 
 
 async def _watch_disconnect(request: HTTPRequest, group: _Group) -> None:
@@ -378,6 +432,7 @@ class _Group:
 
     def __init__(self, streams: list[RequestStream], width: int) -> None:
         self.streams, self.width = streams, width
+        self.timed_out = False  # stopped by the request timeout (genkit.serve.admission)
 
     def cancel(self) -> None:
         for s in self.streams:
@@ -466,10 +521,11 @@ class _Choices:
                 out.append((i, text, new_lp))
         return out
 
-    def close(self) -> None:
+    def close(self, cut: bool = False) -> None:
+        """Every choice finished: ``"length"`` where ``max_tokens`` or (``cut``) the request timeout ended it."""
         for i in range(self.total):
             if self.finish[i] is None:
-                self.finish[i] = "length" if self.counts[i] >= self.parsed.max_tokens else "stop"
+                self.finish[i] = "length" if cut or self.counts[i] >= self.parsed.max_tokens else "stop"
 
     def best(self) -> list[int]:
         """The choices returned: per prompt, the ``n`` of its ``best_of`` with the highest
@@ -547,8 +603,30 @@ def _event(data: Any) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode()
 
 
-async def _sse(parsed: ParsedRequest, group: _Group, state: ServerState) -> AsyncIterator[bytes]:
-    """Server-sent events of a streaming response; the request is cancelled if the client leaves."""
+async def _until_timeout(group: _Group, slot: Slot) -> AsyncIterator[Any]:
+    """``group``'s events until ``slot``'s request timeout; then the request is cancelled in its
+    engine (``group.timed_out``) and the events end."""
+    events = group.events()
+    if slot.deadline is None:
+        async for event in events:
+            yield event
+        return
+    while True:
+        try:
+            event = await within(events.__anext__(), slot)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            group.timed_out = True
+            group.cancel()
+            slot.timed_out()
+            return
+        yield event
+
+
+async def _sse(parsed: ParsedRequest, group: _Group, state: ServerState, slot: Slot) -> AsyncIterator[bytes]:
+    """Server-sent events of a streaming response; the request is cancelled if the client leaves,
+    and ends with ``finish_reason`` ``"length"`` at the request timeout."""
     choices = _Choices(parsed, state)
     kind = "chat.completion.chunk" if parsed.chat else "text_completion"
     head = {"id": parsed.id, "object": kind, "created": parsed.created, "model": state.model_name}
@@ -568,7 +646,7 @@ async def _sse(parsed: ParsedRequest, group: _Group, state: ServerState) -> Asyn
             yield _event({**head, "choices": [_chunk(parsed, state, i, text, [], offsets, None, opening=True)]})
             offsets[i] += len(text)
         try:
-            async for event in group.events():
+            async for event in _until_timeout(group, slot):
                 was_open = [f is None for f in choices.finish]
                 for i, text, entries in choices.add(event):
                     if first and text:
@@ -587,7 +665,7 @@ async def _sse(parsed: ParsedRequest, group: _Group, state: ServerState) -> Asyn
             yield _event(_failure(exc).body())
         else:
             before = list(choices.finish)
-            choices.close()
+            choices.close(cut=group.timed_out)
             for i, f in enumerate(before):
                 if f is None:
                     for c in chunks(i, "", [], choices.finish[i]):

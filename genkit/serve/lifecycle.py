@@ -15,14 +15,69 @@ import time
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import ConfigError
 
 logger = logging.getLogger("genkit.serve")
 
-__all__ = ["DrainingServer", "bind"]
+__all__ = ["DrainingServer", "bind", "connection_limits"]
 
 _CANCEL_GRACE = 5.0  # seconds cancelled requests get to end before the server closes anyway
+KEEP_ALIVE_SECONDS = 5  # an idle keep-alive connection is closed after this (uvicorn's default)
+MAX_HEAD_BYTES = 16 * 1024  # a request line and headers at most this big (h11's default), else a 400
+HEAD_TIMEOUT_SECONDS = 10.0  # a request line and headers must have arrived this long after the connection opened
+
+
+def connection_limits(max_connections: int | None, max_concurrent_requests: int,
+                      head_timeout: float = HEAD_TIMEOUT_SECONDS) -> dict[str, Any]:
+    """uvicorn's settings bounding the connections (``--max-connections``; default
+    :func:`genkit.serve.admission.default_max_connections`): past it a request is answered 503. uvicorn
+    counts the connection a request came on among the open ones, hence the + 1: ``max_connections``
+    connections are served. A connection is closed when its request head has not arrived
+    ``head_timeout`` seconds after it opened or after its last response (:class:`HeadTimeoutProtocol`)."""
+    from .admission import default_max_connections
+
+    limit = max_connections if max_connections is not None else default_max_connections(max_concurrent_requests)
+    protocol = type("HeadTimeoutProtocol", (HeadTimeoutProtocol,), {"head_timeout": head_timeout})
+    return {"limit_concurrency": limit + 1, "timeout_keep_alive": KEEP_ALIVE_SECONDS,
+            "h11_max_incomplete_event_size": MAX_HEAD_BYTES, "http": protocol}
+
+
+class HeadTimeoutProtocol(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request line and headers have not all
+    arrived ``head_timeout`` seconds after it opened or after its previous response. uvicorn times
+    out only a keep-alive connection that sends nothing after a response: a connection that never
+    sends, or sends its head a byte at a time (slowloris), stays open for good, and a few hundred
+    of them would hold every connection ``--max-connections`` allows."""
+
+    head_timeout = HEAD_TIMEOUT_SECONDS
+    _head_timer: Any = None
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # its head came: a request is being answered
+        if not self.transport.is_closing():
+            logger.debug("closing a connection whose request head did not arrive within %ss", self.head_timeout)
+            self.transport.close()
 
 
 def bind(host: str, port: int) -> socket.socket:

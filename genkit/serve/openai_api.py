@@ -49,9 +49,11 @@ class APIError(Exception):
     """An error answered to the client: HTTP ``status`` and OpenAI's error object."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+                 type_: str = "invalid_request_error", code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.type, self.code = message, param, status, type_, code
+        self.headers = headers  # of the response (a 429's Retry-After)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

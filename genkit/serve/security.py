@@ -12,15 +12,18 @@ In this order, each answered with OpenAI's error object:
 4. a POST whose body is not ``application/json`` — 415 (a web page can send ``text/plain``, form
    and multipart bodies to any address without a CORS preflight);
 5. a body over ``max_body_bytes`` — 400 (``param: "body"``), counted while it streams in: the
-   body is never read whole past the limit. The body read is handed to the route, and the
-   connection's later messages (the client's hang-up) pass through.
+   body is never read whole past the limit; a body not whole ``body_timeout`` seconds after the
+   request's head arrived (a client sending it a byte at a time) — 408. The body read is handed
+   to the route, and the connection's later messages (the client's hang-up) pass through.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +49,7 @@ class ServePolicy:
     allowed_hosts: list[str] = field(default_factory=list)  # "*": any
     allowed_origins: list[str] = field(default_factory=list)  # "*": any
     max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout: float = 60.0  # seconds a body may take to arrive
 
     def host_allowed(self, header: str) -> bool:
         """Whether a ``Host`` header names this server: the bound name, ``localhost`` when bound
@@ -177,8 +181,14 @@ class Guard:
             await _refuse(send, 400, too_big, "invalid_request_error", "body", "request_too_large")
             return None
         chunks, size = [], 0
+        deadline = time.monotonic() + self.policy.body_timeout
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                await _refuse(send, 408, f"the request body did not arrive within {self.policy.body_timeout:g} "
+                              "seconds", "invalid_request_error", "body", "request_timeout")
+                return None
             if message["type"] == "http.disconnect":
                 return None
             chunk = message.get("body", b"")
