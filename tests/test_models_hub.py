@@ -156,3 +156,15 @@ def test_a_config_file_whose_headers_trickle_is_a_model_load_error(hub_server, m
         GenerationConfig.from_pretrained("org/gc")
     assert time.monotonic() - start < 5
     assert GenerationConfig.from_pretrained("org/gc").max_length == 7
+
+
+@pytest.mark.parametrize(("name", "value"), [("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "0"),
+                                             ("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "inf"), ("GENKIT_HUB_TIMEOUT", "x")])
+def test_download_limits_out_of_range_are_errors_before_any_request(hub_server, monkeypatch, name, value):
+    from genkit.errors import ConfigError
+
+    _fake_model(hub_server, "org/m")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=f"{name}='{value}' is not accepted; use a number of seconds > 0"):
+        genkit.load_model("org/m")
+    assert not [p for _, p in hub_server.state.log if "org/m" in p]

@@ -98,6 +98,8 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
         try:
             with download_deadline(f"the download of {ref}"):
                 return snapshot_download(ref, revision=revision, allow_patterns=patterns)
+        except ConfigError:
+            raise  # a genkit setting out of range (GENKIT_HUB_TIMEOUT, GENKIT_MODEL_DOWNLOAD_TIMEOUT)
         except Exception as exc:
             raise hub_fetch_error(ref, revision, exc) from exc
     raise FileNotFoundError(
