@@ -9,7 +9,8 @@ consistent but not git's.
 Every request is recorded in ``server.log`` (method, path) so tests can assert what was asked for.
 Faults can be injected for retry tests: ``fail_next``, ``delay_next``, ``truncate_next``, ``oversize_next``;
 and answers a real Hub never gives: ``answer_next`` (any status, headers and body: bad JSON, endless
-pages, redirects) and ``drip_next`` (a body sent a byte at a time).
+pages, redirects), ``drip_next`` (a body sent a byte at a time) and ``drip_headers_next`` (the
+status line and headers sent a byte at a time).
 A misbehaving server for hostile tests: ``listing_overrides`` (a listing that lies about a file),
 ``late_files`` (files that appear in listings and downloads only after the first listing),
 ``any_revision`` (every revision name answered with the default branch). ``sent`` records the body
@@ -81,7 +82,7 @@ class Repo:
 
 @dataclass
 class Fault:
-    kind: str  # "status" | "delay" | "truncate" | "oversize" | "answer" | "drip"
+    kind: str  # "status" | "delay" | "truncate" | "oversize" | "answer" | "drip" | "drip_headers"
     remaining: int
     match: Callable[[str, str], bool]
     status: int = 500
@@ -190,6 +191,11 @@ class HubState:
         that never lets a read time out)."""
         self.faults.append(Fault("drip", n, self._matcher(match), seconds=seconds))
 
+    def drip_headers_next(self, n: int, seconds: float, match: str | None = None) -> None:
+        """Send the status line and headers of the next ``n`` matching requests (GET or HEAD) one byte
+        every ``seconds``: each read of the client gets a byte, so no per-read timeout ever trips."""
+        self.faults.append(Fault("drip_headers", n, self._matcher(match), seconds=seconds))
+
     def take_fault(self, method: str, path: str) -> Fault | None:
         with self.lock:
             for fault in self.faults:
@@ -251,7 +257,7 @@ class _Handler(BaseHTTPRequestHandler):
         if truncate:
             self.send_header("Connection", "close")
             self.close_connection = True
-        self.end_headers()
+        self._end_headers()
         if head:
             return
         body = body[: len(body) // 2] if truncate else body
@@ -270,6 +276,17 @@ class _Handler(BaseHTTPRequestHandler):
                 with self.state.lock:
                     self.state.sent.append((record, sent))
 
+    def _end_headers(self) -> None:
+        if not self._drip_headers:
+            return self.end_headers()
+        self._headers_buffer.append(b"\r\n")  # what end_headers() would send, but a byte at a time
+        data, self._headers_buffer = b"".join(self._headers_buffer), []
+        for i in range(len(data)):
+            self.wfile.write(data[i:i + 1])
+            self.wfile.flush()
+            time.sleep(self._drip_headers)
+        return None
+
     def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None, head: bool = False) -> None:
         self._send(status, json.dumps(obj).encode(), headers, head=head)
 
@@ -287,6 +304,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._truncate = False
         self._oversize = 0
         self._drip = 0.0
+        self._drip_headers = fault.seconds if fault is not None and fault.kind == "drip_headers" else 0.0
         if fault is not None:
             if fault.kind == "answer":
                 headers = {k: v.replace("{endpoint}", self.server.endpoint) for k, v in fault.headers.items()}

@@ -78,3 +78,93 @@ def test_hub_tokenizer_downloads_only_tokenizer_files(hub_server, tmp_path):
 def test_unknown_hub_repo_error_names_it(hub_server):
     with pytest.raises(Exception, match="org/missing"):
         genkit.load_model("org/missing")
+
+
+# -- a Hub that trickles: the HTTP library's timeouts are per read, genkit's limits are wall-clock --------
+def _cache_files() -> list[str]:
+    import os
+    from pathlib import Path
+
+    cache = Path(os.environ["HF_HUB_CACHE"])
+    return sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file() and ".locks" not in p.parts)
+
+
+def _fake_model(hub_server, repo: str) -> str:
+    return hub_server.state.commit(repo, {"config.json": '{"model_type": "llama"}', "model.safetensors": b"w" * 4000})
+
+
+def test_a_hub_trickling_answer_headers_is_stopped_at_the_per_request_limit(hub_server, monkeypatch):
+    import time
+
+    from genkit.errors import ModelLoadError
+
+    monkeypatch.setenv("GENKIT_HUB_TIMEOUT", "0.25")  # answer headers within 1.5 s; the trickle needs ~40 s
+    sha = _fake_model(hub_server, "org/slow")
+    hub_server.state.drip_headers_next(1, 0.1, match=r"/resolve/.*config\.json")
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError, match=rf"could not load model 'org/slow': the Hub was too slow: GET "
+                                             rf"/org/slow/resolve/{sha}/config.json sent no complete answer headers "
+                                             r"within 1.5 s \(6 x GENKIT_HUB_TIMEOUT\)"):
+        genkit.load_model("org/slow")
+    assert time.monotonic() - start < 5
+    assert not [f for f in _cache_files() if f.endswith(("config.json", ".incomplete"))], _cache_files()
+
+
+def test_a_hub_trickling_a_body_is_stopped_at_the_download_limit(hub_server, monkeypatch):
+    import time
+
+    from genkit.errors import ModelLoadError
+
+    monkeypatch.setenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "2")  # the weights need 4000 x 0.05 s = 200 s
+    _fake_model(hub_server, "org/drip")
+    hub_server.state.drip_next(10, 0.05, match=r"GET .*/resolve/.*model\.safetensors")
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError, match=r"could not load model 'org/drip': the Hub was too slow: GET "
+                                             r"/org/drip/resolve/\w+/model.safetensors stopped: the download of "
+                                             r"org/drip did not finish within 2 s \(GENKIT_MODEL_DOWNLOAD_TIMEOUT\)"):
+        genkit.load_model("org/drip")
+    assert time.monotonic() - start < 5
+    assert len([p for m, p in hub_server.state.file_requests() if m == "GET" and "model.safetensors" in p]) == 1
+    assert not [f for f in _cache_files() if f.endswith(("model.safetensors", ".incomplete"))], _cache_files()
+
+
+def test_a_download_after_a_stopped_one_is_not_limited_by_it(hub_server, monkeypatch, tmp_path, tiny_hf_dir):
+    import shutil
+
+    monkeypatch.setenv("GENKIT_HUB_TIMEOUT", "0.25")
+    shutil.copytree(tiny_hf_dir, tmp_path / "repo")
+    _upload(tmp_path / "repo", "org/ok")
+    hub_server.state.drip_headers_next(1, 0.1, match=r"/resolve/.*config\.json")
+    with pytest.raises(genkit.errors.ModelLoadError, match="sent no complete answer headers"):
+        genkit.load_model("org/ok")
+    assert genkit.load_model("org/ok").config.vocab_size == 128  # the Hub client's factory is as it was
+
+
+def test_a_config_file_whose_headers_trickle_is_a_model_load_error(hub_server, monkeypatch):
+    import time
+
+    from genkit.config import GenerationConfig
+    from genkit.errors import ModelLoadError
+
+    monkeypatch.setenv("GENKIT_HUB_TIMEOUT", "0.25")
+    sha = hub_server.state.commit("org/gc", {"generation_config.json": '{"max_length": 7}'})
+    hub_server.state.drip_headers_next(1, 0.1, match=r"generation_config\.json")
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError, match=rf"could not fetch generation_config.json of 'org/gc' from the Hub: the "
+                                             rf"Hub was too slow: GET /org/gc/resolve/(main|{sha})/generation_config.json "
+                                             r"sent no complete answer headers within 1.5 s"):
+        GenerationConfig.from_pretrained("org/gc")
+    assert time.monotonic() - start < 5
+    assert GenerationConfig.from_pretrained("org/gc").max_length == 7
+
+
+@pytest.mark.parametrize(("name", "value"), [("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "0"),
+                                             ("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "inf"), ("GENKIT_HUB_TIMEOUT", "x")])
+def test_download_limits_out_of_range_are_errors_before_any_request(hub_server, monkeypatch, name, value):
+    from genkit.errors import ConfigError
+
+    _fake_model(hub_server, "org/m")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=f"{name}='{value}' is not accepted; use a number of seconds > 0"):
+        genkit.load_model("org/m")
+    assert not [p for _, p in hub_server.state.log if "org/m" in p]

@@ -350,3 +350,62 @@ def test_a_file_and_a_folder_that_differ_only_in_case_are_refused(hub_server):
                                                     "this path needs a folder"):
         load_recipe(f"org/casedir@{sha}", trust_remote_code=True)
     assert not hub_server.state.file_requests()
+
+
+# -- a server that trickles: the HTTP library's timeouts are per read, genkit's limits are wall-clock ----
+def _leftovers(hub_server, sha: str) -> list[str]:
+    """What a failed fetch left: any file in the Hub cache that is not a whole file of the commit
+    (a part of one, a temporary file) and genkit's manifest of the commit (written only when all is fetched)."""
+    from genkit.recipes.fetch import manifest_path
+
+    committed = hub_server.state.repo("org/r").commits[sha].files
+    snapshot = _cache() / "models--org--r" / "snapshots" / sha
+    out = [str(p) for p in _cache().rglob("*") if p.is_file() and not (
+        p.parent.is_relative_to(snapshot) and committed.get(p.relative_to(snapshot).as_posix()) == p.read_bytes())]
+    return out + ([str(manifest_path("org/r", sha))] if manifest_path("org/r", sha).exists() else [])
+
+
+@pytest.mark.parametrize("what", ["/revision/", "/tree/", "generate.py"])
+def test_answer_headers_sent_a_byte_at_a_time_meet_the_per_request_limit(hub_server, monkeypatch, what):
+    monkeypatch.setenv("GENKIT_HUB_TIMEOUT", "0.25")  # a whole answer within 1.5 s; the trickle needs ~25 s
+    monkeypatch.setenv("GENKIT_HUB_RETRIES", "1")
+    sha = _hub_recipe(hub_server, "org/r")
+    hub_server.state.drip_headers_next(1, 0.1, match=what)
+    asked = {"/revision/": "resolving revision 'main' of 'org/r'", "/tree/": "listing files of 'org/r'",
+             "generate.py": "downloading custom_generate/generate.py of 'org/r'"}[what]
+    path = {"/revision/": "/api/models/org/r/revision/main", "/tree/": f"/api/models/org/r/tree/{sha}",
+            "generate.py": f"/org/r/resolve/{sha}/custom_generate/generate.py"}[what]
+    start = time.monotonic()
+    with pytest.raises(RecipeFetchError, match=f"{asked} from .* failed after 1 attempts: HubTimeout: GET {path} "
+                                               r"did not finish within 1.5 s \(6 x GENKIT_HUB_TIMEOUT\)"):
+        load_recipe("org/r", trust_remote_code=True)
+    assert time.monotonic() - start < 4
+    assert not _leftovers(hub_server, sha)
+
+
+def test_a_body_that_keeps_coming_stops_at_the_recipe_load_limit_without_a_retry(hub_server, monkeypatch):
+    monkeypatch.setenv("GENKIT_RECIPE_FETCH_TIMEOUT", "1.5")  # each answer alone would get 6 x 10 s
+    sha = _hub_recipe(hub_server, "org/r")
+    hub_server.state.drip_next(5, 0.1, match="generate.py")
+    start = time.monotonic()
+    with pytest.raises(RecipeFetchError, match=f"downloading custom_generate/generate.py of 'org/r' from .*: HubTimeout: "
+                                               f"GET /org/r/resolve/{sha}/custom_generate/generate.py stopped: the "
+                                               r"recipe's Hub requests did not finish within 1.5 s "
+                                               r"\(GENKIT_RECIPE_FETCH_TIMEOUT\)"):
+        load_recipe(f"org/r@{sha}", trust_remote_code=True)
+    assert time.monotonic() - start < 3.5
+    assert len(_file_gets(hub_server, "generate.py")) == 1  # past the load's limit nothing is tried again
+    assert not _leftovers(hub_server, sha)
+
+
+def test_slow_answers_add_up_to_the_recipe_load_limit(hub_server, monkeypatch):
+    """Each answer is within its own limit, but a load of many slow ones is stopped, inspect's too."""
+    monkeypatch.setenv("GENKIT_RECIPE_FETCH_TIMEOUT", "2")
+    sha = _hub_recipe(hub_server, "org/r", **{f"m{i}.py": f"X = {i}\n" for i in range(8)})
+    hub_server.state.delay_next(100, 0.5, match="/resolve/")
+    for load in (lambda: load_recipe(f"org/r@{sha}", trust_remote_code=True), lambda: inspect_recipe(f"org/r@{sha}")):
+        start = time.monotonic()
+        with pytest.raises(RecipeFetchError, match=r"stopped: the recipe's Hub requests did not finish within 2 s"):
+            load()
+        assert time.monotonic() - start < 3.5
+    assert not _leftovers(hub_server, sha)

@@ -117,7 +117,7 @@ def test_a_body_sent_a_byte_at_a_time_meets_the_deadline(hub_server, monkeypatch
     sha = _recipe(hub_server)
     hub_server.state.drip_next(1, 0.05, match="generate.py")
     start = time.monotonic()
-    with pytest.raises(RecipeFetchError, match="downloading custom_generate/generate.py of 'org/r' .*TimeoutError: "
+    with pytest.raises(RecipeFetchError, match="downloading custom_generate/generate.py of 'org/r' .*HubTimeout: "
                                                "GET .* did not finish within 1.8 s"):
         load_recipe(f"org/r@{sha}", trust_remote_code=True)
     assert time.monotonic() - start < 4
@@ -152,7 +152,9 @@ def test_a_huge_error_body_is_not_read_whole(hub_server):
 
 @pytest.mark.parametrize(("name", "value"), [("GENKIT_HUB_TIMEOUT", "0"), ("GENKIT_HUB_TIMEOUT", "-1"),
                                              ("GENKIT_HUB_TIMEOUT", "inf"), ("GENKIT_HUB_TIMEOUT", "nan"),
-                                             ("GENKIT_HUB_RETRIES", "0"), ("GENKIT_HUB_RETRIES", "-3")])
+                                             ("GENKIT_HUB_RETRIES", "0"), ("GENKIT_HUB_RETRIES", "-3"),
+                                             ("GENKIT_RECIPE_FETCH_TIMEOUT", "0"),
+                                             ("GENKIT_RECIPE_FETCH_TIMEOUT", "soon")])
 def test_hub_settings_out_of_range_are_errors(hub_server, monkeypatch, name, value):
     _recipe(hub_server)
     monkeypatch.setenv(name, value)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelLoadError
 
 logger = logging.getLogger("genkit.config")
 
@@ -77,9 +77,15 @@ def resolve_config_file(
         raise FileNotFoundError(f"{src!r} is neither an existing file or folder nor a Hub repo id ('org/name')")
     from huggingface_hub import hf_hub_download
 
-    with proxied(proxies):
-        path = hf_hub_download(src, file_name, subfolder=subfolder or None, revision=revision, cache_dir=cache_dir,
-                               force_download=force_download, token=token, local_files_only=local_files_only)
+    from ..hubhttp import HubTimeout, download_deadline
+
+    try:
+        with proxied(proxies), download_deadline(f"the download of {file_name} of {src}"):
+            path = hf_hub_download(src, file_name, subfolder=subfolder or None, revision=revision,
+                                   cache_dir=cache_dir, force_download=force_download, token=token,
+                                   local_files_only=local_files_only)
+    except HubTimeout as exc:
+        raise ModelLoadError(f"could not fetch {file_name} of {src!r} from the Hub: the Hub was too slow: {exc}") from exc
     return os.fspath(path), kwargs
 
 

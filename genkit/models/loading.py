@@ -98,10 +98,15 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
     if _looks_like_hub_id(ref):
         from huggingface_hub import snapshot_download
 
+        from ..hubhttp import download_deadline
+
         patterns = TOKENIZER_FILE_PATTERNS if tokenizer_only else MODEL_FILE_PATTERNS + TOKENIZER_FILE_PATTERNS
         logger.info("fetching %s from the Hub (%s)", ref, "tokenizer files" if tokenizer_only else "model files")
         try:
-            return snapshot_download(ref, revision=revision, allow_patterns=patterns)
+            with download_deadline(f"the download of {ref}"):
+                return snapshot_download(ref, revision=revision, allow_patterns=patterns)
+        except ConfigError:
+            raise  # a genkit setting out of range (GENKIT_HUB_TIMEOUT, GENKIT_MODEL_DOWNLOAD_TIMEOUT)
         except Exception as exc:
             raise hub_fetch_error(ref, revision, exc) from exc
     raise ModelNotFoundError(
@@ -120,8 +125,12 @@ def hub_fetch_error(ref: str, revision: str | None, exc: Exception) -> ModelLoad
         RevisionNotFoundError,
     )
 
+    from ..hubhttp import HubTimeout
+
     where = f"model {ref!r}" + (f" at revision {revision!r}" if revision else "")
-    if isinstance(exc, RevisionNotFoundError):
+    if isinstance(exc, HubTimeout):
+        why = f"the Hub was too slow: {exc}"
+    elif isinstance(exc, RevisionNotFoundError):
         why = "the Hub repo has no such revision"
     elif isinstance(exc, GatedRepoError):
         why = "the Hub repo is gated: accept its terms on the Hub and log in (`hf auth login`)"

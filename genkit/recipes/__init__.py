@@ -71,14 +71,16 @@ def load_recipe(ref: str | os.PathLike[str], *, trust_remote_code: bool | None =
     :class:`RequirementsError` (an ImportError), Hub failures :class:`RecipeFetchError`.
     """
     from . import pipeline
+    from .hub import recipe_deadline
 
-    parsed, commit = pipeline.resolve(ref, revision, trust_remote_code=trust_remote_code, needs_trust=True)  # 1.
-    trusted_by = pipeline.gate(parsed, commit, trust_remote_code)  # 2. nothing fetched before this
-    if commit is not None:
-        cached = _hub_recipes.get(_cache_key(parsed, commit))
-        if cached is not None:  # this commit was fetched, checked and imported in this process already
-            return replace(cached, ref=os.fspath(ref), revision=parsed.revision, trusted_by=trusted_by)
-    source = pipeline.read(parsed, commit)  # 3. fetch: only the listed files, verified, bounded
+    with recipe_deadline():  # every Hub request of steps 1 and 3: GENKIT_RECIPE_FETCH_TIMEOUT seconds in all
+        parsed, commit = pipeline.resolve(ref, revision, trust_remote_code=trust_remote_code, needs_trust=True)  # 1.
+        trusted_by = pipeline.gate(parsed, commit, trust_remote_code)  # 2. nothing fetched before this
+        if commit is not None:
+            cached = _hub_recipes.get(_cache_key(parsed, commit))
+            if cached is not None:  # this commit was fetched, checked and imported in this process already
+                return replace(cached, ref=os.fspath(ref), revision=parsed.revision, trusted_by=trusted_by)
+        source = pipeline.read(parsed, commit)  # 3. fetch: only the listed files, verified, bounded
     checked = pipeline.validate(source)  # 4.
     pipeline.requirements(source, enforce=True)  # 5.
     if checked.findings and parsed.kind == "hub":

@@ -5,19 +5,26 @@ What the loader reads from the Hub (a revision, the file listing, the recipe fil
 :func:`bounded_get` through the client's HTTP session, never by the client's own helpers, which
 have no timeout on the listing, follow any number of pages, read whole bodies of any size and
 sleep for as long as a ``Retry-After`` header says: every answer here has ``GENKIT_HUB_TIMEOUT``
-seconds per read and :data:`DEADLINE_FACTOR` times that in all, and a byte limit."""
+seconds per read and :data:`DEADLINE_FACTOR` times that in all (headers included), and a byte limit;
+all the Hub traffic of one recipe load has ``GENKIT_RECIPE_FETCH_TIMEOUT`` seconds in all.
+
+The HTTP library's timeouts are per read, so the wall-clock limits are :mod:`genkit.hubhttp`'s
+(a :class:`~genkit.hubhttp.Watch` on each request)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+
+from genkit.hubhttp import DEADLINE_FACTOR, Deadline, HubTimeout, Watch, client_factory
 
 from .errors import RecipeFetchError, RecipeNotFoundError
-from .settings import hub_endpoint, hub_retries, hub_timeout
+from .settings import hub_endpoint, hub_retries, hub_timeout, recipe_fetch_timeout
 
 logger = logging.getLogger("genkit.recipes")
 T = TypeVar("T")
@@ -75,40 +82,61 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return _library_errors("TransportError", "ConnectionError", "Timeout")
 
 
-#: a whole answer (headers and body) must arrive within this many times GENKIT_HUB_TIMEOUT seconds
-DEADLINE_FACTOR = 6
 #: bytes of one JSON answer (a revision, one page of a file listing) and of an error body that are read
 MAX_JSON_BYTES = 16_000_000
 MAX_ERROR_BYTES = 64_000
 
 
+_TOTAL: ContextVar[Deadline | None] = ContextVar("genkit_hub_deadline", default=None)
+
+
+@contextmanager
+def recipe_deadline() -> Iterator[Deadline]:
+    """The deadline of the recipe load under way in this context, or a new one of
+    ``GENKIT_RECIPE_FETCH_TIMEOUT`` seconds for the block (every request and retry in it)."""
+    current = _TOTAL.get()
+    if current is not None:
+        yield current
+        return
+    deadline = Deadline(recipe_fetch_timeout(), "GENKIT_RECIPE_FETCH_TIMEOUT", "the recipe's Hub requests")
+    token = _TOTAL.set(deadline)
+    try:
+        yield deadline
+    finally:
+        _TOTAL.reset(token)
+
+
 def bounded_get(url: str, limit: int, too_long: Callable[[], BaseException],
                 params: dict[str, str] | None = None) -> tuple[bytes, Any]:
-    """GET ``url`` with the Hub client's session and headers: at most ``GENKIT_HUB_TIMEOUT`` seconds
-    per read and :data:`DEADLINE_FACTOR` times that for the whole answer (a ``TimeoutError``, which
-    is retried), the body read only up to ``limit`` bytes (then ``too_long()`` is raised). An error
-    status raises the client's error (read from at most :data:`MAX_ERROR_BYTES` of its body).
-    Returns the body and the response (for its headers)."""
-    from huggingface_hub.utils import build_hf_headers, get_session
+    """GET ``url`` with a client of the Hub client's (its factory: proxies, certificates) and its
+    headers, on a connection of its own: at most ``GENKIT_HUB_TIMEOUT`` seconds per read and
+    :data:`DEADLINE_FACTOR` times that for the whole answer, headers included (a :class:`HubTimeout`,
+    which is retried), within the recipe load's deadline (:func:`recipe_deadline`; past it, a
+    :class:`HubTimeout` that is not retried); the body read only up to ``limit`` bytes (then
+    ``too_long()`` is raised). An error status raises the client's error (read from at most
+    :data:`MAX_ERROR_BYTES` of its body). Returns the body and the response (for its headers)."""
+    from huggingface_hub.utils import build_hf_headers
 
     timeout = hub_timeout()
-    deadline = time.monotonic() + DEADLINE_FACTOR * timeout
-    with get_session().stream("GET", url, params=params, headers=build_hf_headers(), timeout=timeout,
-                              follow_redirects=True) as response:
-        error = response.status_code >= 400
-        chunks, total = [], 0
-        for chunk in response.iter_bytes():
-            total += len(chunk)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"GET {urlsplit(url).path} did not finish within {DEADLINE_FACTOR * timeout:g} s")
-            if total > (MAX_ERROR_BYTES if error else limit):
-                if error:
-                    break  # enough of an error body to say what went wrong
-                raise too_long()
-            chunks.append(chunk)
-        body = b"".join(chunks)
-        if error:
-            _raise_for_status(response, body)
+    watch = Watch(url, DEADLINE_FACTOR * timeout, _TOTAL.get(), headers_only=False)
+    try:
+        with client_factory()() as client, client.stream(
+                "GET", url, params=params, headers=build_hf_headers(), timeout=timeout, follow_redirects=True,
+                extensions={"trace": watch}) as response:
+            error = response.status_code >= 400
+            chunks, total = [], 0
+            for chunk in response.iter_bytes():
+                total += len(chunk)
+                if total > (MAX_ERROR_BYTES if error else limit):
+                    if error:
+                        break  # enough of an error body to say what went wrong
+                    raise too_long()
+                chunks.append(chunk)
+            body = b"".join(chunks)
+            if error:
+                _raise_for_status(response, body)
+    finally:
+        watch.cancel()
     return body, response
 
 
@@ -154,6 +182,8 @@ def with_retries(what: str, repo_id: str, fn: Callable[[], T]) -> T:
         except Exception as exc:
             if not_found(exc):
                 raise RecipeNotFoundError(f"{what} {repo_id!r} on {hub_endpoint()}: {_short(exc)}") from exc
+            if isinstance(exc, HubTimeout) and exc.total:
+                raise RecipeFetchError(f"{what} {repo_id!r} from {hub_endpoint()}: {_short(exc)}") from exc
             if not transient(exc):
                 if isinstance(exc, _http_errors()):  # a 4xx, too many redirects, a bad URL...
                     raise RecipeFetchError(f"{what} {repo_id!r} from {hub_endpoint()}: {_short(exc)}") from exc
@@ -163,7 +193,8 @@ def with_retries(what: str, repo_id: str, fn: Callable[[], T]) -> T:
                 delay = min(2.0, 0.2 * 2 ** (attempt - 1))
                 logger.warning("%s %s failed (%s); retrying in %.1fs [%d/%d]", what, repo_id, _short(exc), delay,
                                attempt, attempts - 1)
-                time.sleep(delay)
+                total = _TOTAL.get()
+                time.sleep(delay if total is None else max(0.0, min(delay, total.left())))
     raise RecipeFetchError(
         f"{what} {repo_id!r} from {hub_endpoint()} failed after {attempts} attempts: {_short(last)}"
     ) from last

@@ -65,9 +65,11 @@ def inspect_recipe(ref: str, revision: str | None = None) -> Inspection:
     problems instead of raising: a Hub commit is listed once, the listing checked, and only listed
     files within the limits are read, into memory, each bounded by its listed size."""
     from . import pipeline
+    from .hub import recipe_deadline
 
-    parsed, commit = pipeline.resolve(ref, revision)
-    source = pipeline.read(parsed, commit, store=False, strict=False, readme_limit=MAX_README_BYTES)
+    with recipe_deadline():  # every Hub request: GENKIT_RECIPE_FETCH_TIMEOUT seconds in all
+        parsed, commit = pipeline.resolve(ref, revision)
+        source = pipeline.read(parsed, commit, store=False, strict=False, readme_limit=MAX_README_BYTES)
     result = Inspection(ref, commit, files=source.listing)
     result.readme_meta = front_matter(source.readme) if source.readme else None
     result.summary = _summary(source.readme)

@@ -25,6 +25,7 @@ from genkit.sandbox import Finding, Problem, SandboxError, SourceTree, audit_tre
 from genkit.sandbox.tree import FOLDER, tree_from_files
 
 from .errors import RequirementsFormatError
+from .hub import recipe_deadline
 from .requirements import Status, check_requirements, ensure_requirements
 from .resolve import RecipeRef, parse_ref
 
@@ -66,7 +67,8 @@ def resolve(ref: str | os.PathLike[str], revision: str | None = None, *, trust_r
         return parsed, None
     if needs_trust and not could_be_trusted(parsed, trust_remote_code):
         check_trust(parsed, parsed.revision if parsed.pinned else None, trust_remote_code)
-    return parsed, _commit_of(parsed, resolve_commit)
+    with recipe_deadline():
+        return parsed, _commit_of(parsed, resolve_commit)
 
 
 # -- 2. trust gate ---------------------------------------------------------------------------------
@@ -88,7 +90,8 @@ def read(parsed: RecipeRef, commit: str | None, *, store: bool = True, strict: b
     if parsed.kind == "local":
         return _read_local(parsed, strict, readme_limit)
     assert parsed.repo_id is not None and commit is not None
-    return _read_hub(parsed, commit, store, strict, readme_limit)
+    with recipe_deadline():  # the load's deadline when there is one (GENKIT_RECIPE_FETCH_TIMEOUT)
+        return _read_hub(parsed, commit, store, strict, readme_limit)
 
 
 def _read_local(parsed: RecipeRef, strict: bool, readme_limit: int | None) -> Source:

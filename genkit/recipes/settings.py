@@ -4,8 +4,10 @@
 * ``settings.json``: ``{"trusted_repos": ["org/*", "me/recipe@<sha>"], "trust_local_recipes": true}``.
 * ``GENKIT_TRUSTED_REPOS``: comma/space separated patterns added to the file's list.
 * ``GENKIT_TRUST_LOCAL_RECIPES=0``: local recipe folders need ``trust_remote_code=True`` too.
-* ``GENKIT_HUB_RETRIES`` (3) and ``GENKIT_HUB_TIMEOUT`` (10 s per read; 6x that for a whole answer):
-  Hub request policy.
+* ``GENKIT_HUB_RETRIES`` (3) and ``GENKIT_HUB_TIMEOUT`` (10 s per read; 6x that for a whole answer,
+  headers included): Hub request policy. ``GENKIT_RECIPE_FETCH_TIMEOUT`` (300 s) bounds all Hub
+  traffic of one recipe load. (``GENKIT_HUB_TIMEOUT`` and the model download's limit are read by
+  :mod:`genkit.hubhttp`.)
 * Hub client: ``HF_ENDPOINT``, ``HF_HUB_CACHE`` / ``HF_HOME``, ``HF_HUB_OFFLINE`` — read from the
   environment on every call, falling back to ``huggingface_hub.constants``.
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..hubhttp import hub_timeout, seconds_setting
 
 logger = logging.getLogger("genkit.recipes")
 
@@ -132,13 +135,11 @@ def hub_retries() -> int:
     return value
 
 
-def hub_timeout() -> float:
-    """Seconds per read of a Hub answer (``GENKIT_HUB_TIMEOUT``, default 10): a finite number > 0."""
-    raw = os.environ.get("GENKIT_HUB_TIMEOUT", "10")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise ConfigError(f"GENKIT_HUB_TIMEOUT={raw!r} is not accepted; use a number of seconds > 0")
-    return value
+def recipe_fetch_timeout() -> float:
+    """Seconds of Hub traffic one recipe load (or ``genkit inspect`` / ``check``) may take in all,
+    every request and retry included (``GENKIT_RECIPE_FETCH_TIMEOUT``, default 300)."""
+    return seconds_setting("GENKIT_RECIPE_FETCH_TIMEOUT", "300")
+
+
+__all__ = ["genkit_home", "hub_cache_dir", "hub_endpoint", "hub_offline", "hub_retries", "hub_timeout",
+           "load_settings", "local_recipes_need_trust", "recipe_fetch_timeout", "trusted_repos"]
