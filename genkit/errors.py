@@ -32,7 +32,7 @@ fails on any other bare ``raise ValueError`` / ``TypeError`` / ``RuntimeError``.
 from __future__ import annotations
 
 __all__ = [
-    "ArgumentTypeError", "ConfigError", "CorruptModelError", "FrozenConfigError", "GenerationError", "GenkitError",
+    "ArgumentTypeError", "ConfigError", "ConfigFileError", "CorruptModelError", "FrozenConfigError", "GenerationError", "GenkitError",
     "InvalidStateError", "KernelUnavailableError", "ModelFileError", "ModelLoadError", "NotSupportedError",
     "PluginError", "QueueFullError", "RecipeError", "UnknownItemError", "UnsupportedModelError",
 ]
@@ -44,6 +44,12 @@ class GenkitError(Exception):
 
 class ConfigError(GenkitError, ValueError):
     """A generation parameter, input or configuration value is not acceptable."""
+
+
+class ConfigFileError(ConfigError, OSError):
+    """A ``generation_config.json`` is not valid JSON or holds no JSON object. An ``OSError`` too, as
+    transformers raises for it: code that falls back to the model config on ``except OSError`` (as
+    transformers' and vLLM's loaders do) works unchanged."""
 
 
 class NotSupportedError(ConfigError):

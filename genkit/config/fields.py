@@ -269,7 +269,22 @@ def unknown_key_error(key: str, known: Any, what: str = "GenerationConfig field"
     return ConfigError(f"`{key}` is not a {what}.{hint}")
 
 
+_ID_SUFFIXES = ("_token_id", "_token_ids")
+
+
 def close_field(key: str, table: Iterable[str]) -> str | None:
-    close = difflib.get_close_matches(key, list(table), n=1, cutoff=0.75)
-    return close[0] if close else None
+    """The field ``key`` looks like a misspelling of, or ``None``.
+
+    A key naming a token id (``*_token_id``) is matched on what precedes the suffix: a model's own
+    special tokens in published files (Whisper's ``prev_sot_token_id``, Baichuan's
+    ``user_token_id``, ``sep_token_id``, ``image_token_id``) are other tokens, not a misspelt
+    ``eos_token_id`` / ``pad_token_id``; ``decoder_strat_token_id`` or ``eos_token_ids`` still are."""
+    names = list(table)
+    suffix = next((s for s in _ID_SUFFIXES if key.endswith(s) and len(key) > len(s)), None)
+    if suffix is None:
+        close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
+        return close[0] if close else None
+    ids = {n[: -len("_token_id")]: n for n in names if n.endswith("_token_id")}
+    close = difflib.get_close_matches(key[: -len(suffix)], list(ids), n=1, cutoff=0.75)
+    return ids[close[0]] if close else None
 

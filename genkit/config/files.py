@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import ConfigError, ModelLoadError
+from ..errors import ConfigError, ConfigFileError, ModelLoadError
 
 logger = logging.getLogger("genkit.config")
 
@@ -27,16 +27,17 @@ PUSH_KWARGS = ("repo_id", "commit_message", "commit_description", "token", "priv
 
 
 def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON object in ``path``; an error naming the file when it is not one."""
+    """The JSON object in ``path``; a :class:`~genkit.errors.ConfigFileError` (a ``ConfigError`` and an
+    ``OSError``, as transformers raises) naming the file when it is not one."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{os.fspath(path)} is not valid JSON: {exc}") from exc
+        raise ConfigFileError(f"{os.fspath(path)} is not valid JSON: {exc}") from exc
     except RecursionError:
-        raise ConfigError(f"{os.fspath(path)} is not valid JSON: nested too deeply") from None
+        raise ConfigFileError(f"{os.fspath(path)} is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{os.fspath(path)} must hold a JSON object of generation settings; "
+        raise ConfigFileError(f"{os.fspath(path)} must hold a JSON object of generation settings; "
                           f"got a {type(data).__name__}")
     return data
 
