@@ -34,7 +34,7 @@ from typing import Any
 from .errors import ConfigError
 
 __all__ = ["MAX_CHARS", "MAX_EXPONENT", "MAX_LOOPS", "plain_data", "render", "render_conversation", "render_with_spans",
-           "tool_schemas"]
+           "template_variables", "tool_schemas"]
 
 MAX_LOOPS = 1_000_000
 MAX_CHARS = 16 * 2**20
@@ -79,6 +79,18 @@ def render_with_spans(template: str, **variables: Any) -> tuple[str, list[tuple[
     finally:
         _spans.reset(spans_token)
         _loops.reset(token)
+
+
+def template_variables(template: str) -> frozenset[str]:
+    """The variables ``template`` reads from outside (``messages``, ``tools``, ``enable_thinking``...);
+    empty when it does not compile (rendering reports that)."""
+    import jinja2.meta
+    from jinja2.exceptions import TemplateError
+
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(_compile(template).environment.parse(template)))
+    except TemplateError:
+        return frozenset()
 
 
 def _check_size(n: int, what: str) -> None:
