@@ -20,7 +20,13 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
-from .errors import ConfigError, CorruptModelError, ModelNotFoundError, UnsupportedModelError
+from .errors import (
+    ConfigError,
+    CorruptModelError,
+    ModelNotFoundError,
+    NotSupportedError,
+    UnsupportedModelError,
+)
 
 logger = logging.getLogger("genkit.tokenizer")
 
@@ -387,44 +393,108 @@ class Tokenizer:
     # -- chat -------------------------------------------------------------------------------
     def apply_chat_template(
         self,
-        conversation: list[dict[str, Any]],
-        *,
+        conversation: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        tools: list[Any] | None = None,
+        documents: list[dict[str, Any]] | None = None,
         chat_template: str | None = None,
         add_generation_prompt: bool = False,
+        continue_final_message: bool | str = False,
         tokenize: bool = True,
+        sanitize_control_tokens: bool = False,
+        padding: bool | str = False,
+        truncation: bool = False,
+        max_length: int | None = None,
         return_tensors: str | None = None,
         return_dict: bool = True,
-        continue_final_message: bool = False,
+        return_assistant_tokens_mask: bool = False,
+        tokenizer_kwargs: dict[str, Any] | None = None,
         **template_kwargs: Any,
     ) -> Any:
-        """Render ``conversation`` (a list of ``{"role", "content"}``) with the model's chat template.
+        """Render ``conversation`` (a list of ``{"role", "content"}``, or a batch of them) with the
+        model's chat template, as transformers' ``apply_chat_template`` does (genkit.chat_template):
+        ``tools`` (JSON-schema dicts or Python functions), ``documents``, ``add_generation_prompt`` or
+        ``continue_final_message``, the special tokens and ``template_kwargs`` reach the template.
 
         Returns the prompt text when ``tokenize=False``; otherwise a :class:`BatchEncoding`
-        (``return_dict=True``, the default, as in transformers 5) or the list of ids. The template
-        adds the special tokens it needs, so none are added on top.
+        (``return_dict=True``, the default, as in transformers 5; with ``assistant_masks`` when
+        ``return_assistant_tokens_mask``) or the list of ids. The template adds the special tokens it
+        needs, so none are added on top.
         """
+        from .chat_template import render_conversation, tool_schemas
+
         template = chat_template or self.chat_template
         if template is None:
             raise ConfigError(f"the tokenizer {self.name_or_path or ''} has no chat template; pass `chat_template=`")
-        if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
-            raise ConfigError("`conversation` must be a list of {'role': ..., 'content': ...} dicts")
-        special = {name: getattr(self, name) for name in _SPECIAL_NAMES}
-        from .chat_template import render
-
-        try:
-            text = render(template, messages=conversation, add_generation_prompt=add_generation_prompt, **special,
-                          **template_kwargs)
-        except ConfigError as exc:  # a template that does not compile, refuses these messages, or runs past a budget
-            raise ConfigError(f"the chat template{' of ' + self.name_or_path if self.name_or_path else ''} "
-                              f"cannot render this conversation ({exc})") from exc
-        if continue_final_message and conversation:
-            final = conversation[-1].get("content")
-            if isinstance(final, str) and final.strip() and final.strip() in text:
-                text = text[: text.rindex(final.strip()) + len(final.strip())]
+        self._check_chat_options(tokenize, return_dict, continue_final_message, add_generation_prompt,
+                                 return_assistant_tokens_mask, sanitize_control_tokens)
+        batched = isinstance(conversation, (list, tuple)) and bool(conversation) and \
+            isinstance(conversation[0], (list, tuple))
+        chats = list(conversation) if batched else [conversation]
+        if not chats or any(isinstance(c, (list, tuple)) and not c for c in chats):
+            raise ConfigError("`conversation` is empty; give at least one {'role': ..., 'content': ...} message")
+        variables = {**{n: getattr(self, n) for n in _SPECIAL_NAMES if getattr(self, n) is not None},
+                     **template_kwargs}
+        schemas = tool_schemas(tools)
+        rendered = []
+        for chat in chats:
+            try:
+                rendered.append(render_conversation(
+                    template, chat, tools=schemas, documents=documents, add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message, **variables))
+            except ConfigError as exc:  # does not compile, refuses these messages, runs past a budget
+                raise ConfigError(f"the chat template{' of ' + self.name_or_path if self.name_or_path else ''} "
+                                  f"cannot render this conversation ({exc})") from exc
+        texts = [text for text, _ in rendered]
         if not tokenize:
-            return text
-        enc = self(text, add_special_tokens=False, return_tensors=return_tensors)
+            return texts if batched else texts[0]
+        extra = dict(tokenizer_kwargs or {})
+        extra.pop("add_special_tokens", None)
+        enc = self(texts if batched else texts[0], padding=padding, truncation=truncation, max_length=max_length,
+                   add_special_tokens=False, return_tensors=return_tensors, **extra)
+        if return_assistant_tokens_mask:
+            enc["assistant_masks"] = self._assistant_masks(texts, [s for _, s in rendered], enc,
+                                                            self._truncation_limit(truncation, max_length), batched,
+                                                            return_tensors)
         return enc if return_dict else enc["input_ids"]
+
+    @staticmethod
+    def _check_chat_options(tokenize: bool, return_dict: bool, continue_final_message: bool | str,
+                            add_generation_prompt: bool, assistant_mask: bool, sanitize: bool) -> None:
+        if assistant_mask and not (tokenize and return_dict):
+            raise ConfigError("`return_assistant_tokens_mask=True` requires `return_dict=True` and `tokenize=True`")
+        if continue_final_message and add_generation_prompt:
+            raise ConfigError("`continue_final_message` and `add_generation_prompt` are not compatible: the first "
+                              "continues the final message, the second starts a new assistant message")
+        if continue_final_message and assistant_mask:
+            raise ConfigError("`continue_final_message` is not compatible with `return_assistant_tokens_mask`")
+        if sanitize:
+            raise NotSupportedError("`sanitize_control_tokens=True` is not supported by genkit's tokenizer; "
+                                    "check the control tokens in user text before rendering")
+
+    def _assistant_masks(self, texts: list[str], spans: list[list[tuple[int, int]]], enc: BatchEncoding,
+                         limit: int | None, batched: bool, return_tensors: str | None) -> Any:
+        """1 for each token that overlaps a ``{% generation %}`` span (transformers' marking), truncated
+        and padded as ``enc``'s ids are."""
+        lengths = [len(r) for r in enc["input_ids"]] if (batched or return_tensors) else [len(enc["input_ids"])]
+        masks = []
+        for encoding, row_spans, length in zip(self._tokenizer.encode_batch(texts, add_special_tokens=False), spans,
+                                               lengths):
+            mask, k = [0] * len(encoding.ids), 0
+            for t, (start, end) in enumerate(encoding.offsets):
+                while k < len(row_spans) and start >= row_spans[k][1]:
+                    k += 1
+                if k == len(row_spans):
+                    break
+                mask[t] = int(end > row_spans[k][0])
+            if limit is not None:
+                mask = mask[-limit:] if self.truncation_side == "left" else mask[:limit]
+            pad = [0] * (length - len(mask))
+            masks.append(pad + mask if self.padding_side == "left" else mask + pad)
+        if return_tensors == "pt":
+            import torch
+
+            return torch.tensor(masks)
+        return masks if batched else masks[0]
 
     # -- saving -----------------------------------------------------------------------------
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:

@@ -188,7 +188,8 @@ async def _metrics(state: ServerState, request: HTTPRequest) -> Response:
     return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
 
-_TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "tools", "tool_choice"}
+_TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "tools", "tool_choice", "add_generation_prompt",
+                    "continue_final_message", "documents", "chat_template_kwargs", "chat_template"}
 
 
 async def _tokenize(request: HTTPRequest, state: ServerState) -> Response:
@@ -201,7 +202,9 @@ async def _tokenize(request: HTTPRequest, state: ServerState) -> Response:
         _check_fields(body, _TOKENIZE_FIELDS, "/tokenize", state)
         if "prompt" in body and "messages" in body:
             raise APIError("`/tokenize` takes `prompt` or `messages`, not both", "messages")
-        misplaced = [name for name in ("tools", "tool_choice") if name in body and "messages" not in body]
+        misplaced = [name for name in ("tools", "tool_choice", "add_generation_prompt", "continue_final_message",
+                                       "documents", "chat_template_kwargs", "chat_template")
+                     if name in body and "messages" not in body]
         misplaced += ["add_special_tokens"] if "add_special_tokens" in body and "messages" in body else []
         if misplaced:
             other = "`prompt`" if misplaced[0] == "add_special_tokens" else "chat `messages`"

@@ -26,7 +26,11 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "
            "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "custom_generate"}
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 # (response_format and guided_* are generation fields: genkit.serve.structured; tools: genkit.serve.tools)
-_CHAT = _COMMON | {"messages", "top_logprobs", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls"}
+# vLLM's chat-template fields (genkit.serve.openai_api.chat_prompt); a request's own `chat_template` is refused
+_TEMPLATE_FIELDS = {"add_generation_prompt", "continue_final_message", "documents", "chat_template_kwargs",
+                    "chat_template"}
+_CHAT = _COMMON | {"messages", "top_logprobs", "max_completion_tokens", "tools", "tool_choice",
+                   "parallel_tool_calls"} | _TEMPLATE_FIELDS
 # generation fields the OpenAI fields set: a body may not set them twice (max_length: max_new_tokens,
 # which max_tokens sets, would override it)
 _SHADOWED = {"max_new_tokens", "max_length", "do_sample", "num_return_sequences", "stop_strings"}
@@ -191,7 +195,8 @@ def _stream_options(body: dict[str, Any], stream: bool) -> dict[str, Any]:
 # structured-output processor's): genkit.serve.structured checks them and adds what `tool_choice`
 # needs; tools are genkit.serve.tools. These vLLM / legacy OpenAI fields are refused by name.
 _UNSUPPORTED_STRUCTURED = ("guided_decoding_backend", "guided_whitespace_pattern", "functions", "function_call")
-_CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
+_CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls", "add_generation_prompt", "continue_final_message",
+              "documents", "chat_template_kwargs", "chat_template")
 
 
 def structured_kwargs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
@@ -357,24 +362,75 @@ def _one_prompt(prompt: Any, tokenizer: Any) -> list[int]:
 def chat_prompt(body: dict[str, Any], tokenizer: Any, limits: Limits, chat_template: str | None,
                 tools: Any = None) -> list[int]:
     """The prompt of a chat request; ``tools`` (a :class:`genkit.serve.tools.ToolPlan`) go into it
-    as the template takes them."""
+    as the template takes them, with vLLM's template fields (:func:`_template_options`)."""
     from .tools import template_has_tools, with_tools
 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or len(messages) > limits.max_messages:
         raise APIError(f"`messages` must be a non-empty list of at most {limits.max_messages} {{role, content}} "
                        "objects", "messages")
-    native = template_has_tools(chat_template or getattr(tokenizer, "chat_template", None))
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    native = template_has_tools(template)
     clean, extra = with_tools([_message(i, m, native) for i, m in enumerate(messages)], tools, native)
+    options = _template_options(body, template)
     try:
-        ids = tokenizer.apply_chat_template(clean, chat_template=chat_template, add_generation_prompt=True,
-                                            tokenize=True, return_dict=False, **extra)
+        ids = tokenizer.apply_chat_template(clean, chat_template=chat_template, tokenize=True, return_dict=False,
+                                            **options, **extra)
     except Exception as exc:  # noqa: BLE001 - a template that cannot render these messages
         raise APIError(f"the chat template cannot render these messages: {public_message(exc)}", "messages") from exc
     ids = [int(t) for t in ids]
     if not ids:
         raise APIError("the prompt is empty", "messages")
     return ids
+
+
+# what the server sets itself: chat_template_kwargs may not set these
+_RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+                                "chat_template", "bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def _template_options(body: dict[str, Any], template: Any) -> dict[str, Any]:
+    """vLLM's chat-template fields: ``add_generation_prompt`` (default true), ``continue_final_message``
+    (not both), ``documents`` (a list of objects, for a template that renders them) and
+    ``chat_template_kwargs`` (an object of variables the template reads, e.g. ``enable_thinking``). A
+    request's own ``chat_template`` is refused, as vLLM does by default."""
+    if body.get("chat_template") is not None:
+        raise APIError("`chat_template` in a request is not supported: the server renders the model's template "
+                       "(`genkit serve --chat-template` sets another)", "chat_template", code="not_supported")
+    generation = True if body.get("add_generation_prompt") is None else _bool(body, "add_generation_prompt")
+    cont = _bool(body, "continue_final_message")
+    if generation and cont:
+        raise APIError("`continue_final_message` continues the final message; set `add_generation_prompt` to false "
+                       "with it (they cannot both be true)", "continue_final_message")
+    options: dict[str, Any] = {"add_generation_prompt": generation, "continue_final_message": cont}
+    documents = body.get("documents")
+    if documents is not None:
+        if not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents):
+            raise APIError("`documents` must be a list of objects (e.g. {\"title\", \"text\"})", "documents")
+        if "documents" not in _template_variables(template):
+            raise APIError("`documents`: this model's chat template does not render documents", "documents",
+                           code="not_supported")
+        options["documents"] = documents
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise APIError(f"`chat_template_kwargs` must be an object; got {_short(kwargs)}", "chat_template_kwargs")
+        reserved = [k for k in kwargs if k in _RESERVED_TEMPLATE_VARIABLES]
+        unread = sorted(set(kwargs) - _template_variables(template) - set(reserved))
+        if reserved or unread:
+            what = (f"sets {', '.join(f'`{k}`' for k in reserved)}, which the server sets" if reserved else
+                    f"has {', '.join(f'`{_short(k)}`' for k in unread[:8])}, which this model's chat template "
+                    "does not read")
+            raise APIError(f"`chat_template_kwargs` {what}", "chat_template_kwargs")
+        options.update(kwargs)
+    return options
+
+
+def _template_variables(template: Any) -> frozenset[str]:
+    """The variables a chat template reads from outside (as vLLM filters ``chat_template_kwargs``)."""
+    from ..chat_template import template_variables
+
+    return template_variables(template) if isinstance(template, str) else frozenset()
 
 
 def _message(i: int, m: Any, native: bool = False) -> dict[str, Any]:
