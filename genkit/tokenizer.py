@@ -33,6 +33,9 @@ logger = logging.getLogger("genkit.tokenizer")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "chat_template.json")
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+# special tokens transformers also registers from tokenizer_config.json (genkit keeps no attribute for them)
+_OTHER_SPECIAL_NAMES = ("cls_token", "sep_token", "mask_token")
+_SPECIAL_LISTS = ("additional_special_tokens", "extra_special_tokens")
 
 
 class BatchEncoding(dict):
@@ -109,6 +112,30 @@ def _rows(encoded_inputs: Any) -> tuple[list[dict[str, Any]], bool]:
     return [{"input_ids": x, "attention_mask": None if masks is None else masks[i]} for i, x in enumerate(ids)], False
 
 
+def _config_special_tokens(config: dict[str, Any]) -> list[str]:
+    """The special tokens ``config`` names: bos/eos/unk/pad/cls/sep/mask and the
+    ``additional_special_tokens`` / ``extra_special_tokens`` lists (values of a dict)."""
+    found = [_token_content(config.get(n)) for n in _SPECIAL_NAMES + _OTHER_SPECIAL_NAMES]
+    for key in _SPECIAL_LISTS:
+        extra = config.get(key) or []
+        found += [_token_content(t) for t in (extra.values() if isinstance(extra, dict) else extra)]
+    return list(dict.fromkeys(t for t in found if t))
+
+
+def _register_special_tokens(backend: Any, config: dict[str, Any]) -> None:
+    """Make the special tokens ``config`` names special tokens of ``backend``, as transformers does
+    on loading: matched whole in text, dropped by ``decode(skip_special_tokens=True)``. Before, a
+    token of the vocabulary that tokenizer.json does not list among its added tokens (``</s>`` in
+    many hand-made files) was spelled out and kept. A token the vocabulary does not have is not
+    added (transformers would give it a new id past the model's embeddings)."""
+    from tokenizers import AddedToken
+
+    added = {tok.content for tok in backend.get_added_tokens_decoder().values()}
+    missing = [t for t in _config_special_tokens(config) if t not in added and backend.token_to_id(t) is not None]
+    if missing:
+        backend.add_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
+
+
 class Tokenizer:
     """A ``tokenizers.Tokenizer`` with transformers-style conveniences.
 
@@ -134,6 +161,7 @@ class Tokenizer:
             named = {t["name"]: t["template"] for t in template}
             template = named.get("default", next(iter(named.values()), None))
         self.chat_template: str | None = template
+        _register_special_tokens(self._tokenizer, cfg)
         # ids added to the vocabulary as special (control) tokens
         self._special_ids = {tok_id for tok_id, tok in self._tokenizer.get_added_tokens_decoder().items()
                              if tok.special}
@@ -337,16 +365,18 @@ class Tokenizer:
     def _clean_up(self, text: str, clean_up_tokenization_spaces: bool | None) -> str:
         """transformers' ``clean_up_tokenization``: no space before punctuation and contractions
         (default: the tokenizer config's ``clean_up_tokenization_spaces``, False when unset). As in
-        transformers 5, only for WordPiece vocabularies: on BPE it would change the text, so it is
-        skipped with a warning."""
+        transformers 5, skipped with a warning (once) for BPE vocabularies, where it would strip
+        spaces the text has; done for the others (WordPiece, Unigram as T5's, WordLevel)."""
         if clean_up_tokenization_spaces is None:
             clean_up_tokenization_spaces = bool(self.init_config.get("clean_up_tokenization_spaces", False))
         if not clean_up_tokenization_spaces:
             return text
-        if type(self._tokenizer.model).__name__ != "WordPiece":
-            logger.warning("clean_up_tokenization_spaces=True is skipped for this %s tokenizer: the clean-up is "
-                           "meant for WordPiece vocabularies and would strip spaces BPE text needs (as transformers "
-                           "does); pass clean_up_tokenization_spaces=False", type(self._tokenizer.model).__name__)
+        if type(self._tokenizer.model).__name__ == "BPE":
+            from .config.warn import warn_once
+
+            warn_once("clean_up_tokenization_spaces=True is skipped for this BPE tokenizer: the clean-up is meant "
+                      "for WordPiece vocabularies and would strip spaces BPE text has (as transformers does); pass "
+                      "clean_up_tokenization_spaces=False")
             return text
         for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
                               (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
@@ -354,8 +384,13 @@ class Tokenizer:
         return text
 
     def decode(self, token_ids: Any, skip_special_tokens: bool = False,
-               clean_up_tokenization_spaces: bool | None = None) -> str:
-        """Text of a sequence of ids (a list, a 1-D tensor, or a single id)."""
+               clean_up_tokenization_spaces: bool | None = None) -> str | list[str]:
+        """Text of a sequence of ids (a list, a 1-D tensor, or a single id); for a batch (a list
+        of lists, a 2-D tensor) the list of texts, as transformers 5 answers."""
+        if hasattr(token_ids, "tolist"):
+            token_ids = token_ids.tolist()
+        if isinstance(token_ids, (list, tuple)) and token_ids and isinstance(token_ids[0], (list, tuple)):
+            return self.batch_decode(token_ids, skip_special_tokens, clean_up_tokenization_spaces)
         text = self._tokenizer.decode(self._as_list(token_ids), skip_special_tokens=skip_special_tokens)
         return self._clean_up(text, clean_up_tokenization_spaces)
 
@@ -539,11 +574,17 @@ def _check_config(config: dict[str, Any], where: str) -> dict[str, Any]:
     def bad(key: str, want: str) -> CorruptModelError:
         return CorruptModelError(f"{where}: `{key}` must be {want}; got {config[key]!r}")
 
-    for name in _SPECIAL_NAMES:
-        value = config.get(name)
-        if value is not None and not isinstance(value, str) and not (
-                isinstance(value, dict) and isinstance(value.get("content"), str)):
+    def is_token(value: Any) -> bool:
+        return isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("content"), str))
+
+    for name in _SPECIAL_NAMES + _OTHER_SPECIAL_NAMES:
+        if config.get(name) is not None and not is_token(config[name]):
             raise bad(name, "a string or an object with a string `content`")
+    for key in _SPECIAL_LISTS:
+        tokens = config.get(key)
+        values = list(tokens.values()) if isinstance(tokens, dict) else tokens
+        if tokens is not None and not (isinstance(values, list) and all(map(is_token, values))):
+            raise bad(key, "a list (or an object) of strings or of objects with a string `content`")
     template = config.get("chat_template")
     if template is not None and not isinstance(template, str) and not (
             isinstance(template, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)

@@ -8,6 +8,7 @@ import torch
 from conftest import write_bpe_tokenizer
 
 import genkit
+from genkit.errors import CorruptModelError
 from genkit.tokenizer import BatchEncoding, Tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -123,3 +124,110 @@ def test_gguf_metadata_rejects_unsupported_tokenizer_model():
 
     with pytest.raises(ValueError, match="GGUF tokenizer model 'bert' is not supported; accepted: 'gpt2'"):
         tokenizer_from_gguf_metadata({"model": "bert", "tokens": ["a"]})
+
+
+def _plain_bpe_folder(path, config):
+    """A byte-level BPE tokenizer.json whose special tokens are plain vocabulary entries (no
+    ``added_tokens``), as many hand-made files have; ``config`` is its tokenizer_config.json."""
+    import json
+
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(["<unk>", "<s>", "</s>", "<pad>", "<sep>", *"abcdefghij", "\u0120",
+                                             "\u0120a"])}
+    backend = Backend(models.BPE(vocab=vocab, merges=[("\u0120", "a")], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    path.mkdir(parents=True, exist_ok=True)
+    backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **config}))
+    return path
+
+
+def test_special_tokens_named_only_in_the_config_are_special_as_in_transformers(tmp_path):
+    """Before, decode(skip_special_tokens=True) kept ``</s>`` and "a</s>b" was spelled out in
+    ``<unk>`` pieces when tokenizer.json did not list ``</s>`` among its added tokens."""
+    folder = _plain_bpe_folder(tmp_path / "plain", {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
+                                                   "unk_token": "<unk>", "additional_special_tokens": ["<sep>"],
+                                                   "mask_token": "j"})
+    ours, ref = genkit.load_tokenizer(folder), transformers.AutoTokenizer.from_pretrained(folder)
+    ids = [1, 5, 6, 16, 4, 2, 3, 0, 14]
+    for skip in (False, True):
+        assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
+        assert ours.convert_ids_to_tokens(ids, skip_special_tokens=skip) == \
+            ref.convert_ids_to_tokens(ids, skip_special_tokens=skip)
+    assert ours.decode(ids, skip_special_tokens=True) == "ab a"
+    for text in ("a</s>b", "<s>a <pad>b<sep>", "<unk>j a"):
+        assert ours.encode(text) == ref.encode(text), text
+    assert ours.encode("a</s>b") == [5, 2, 6]
+    assert sorted(ours.all_special_ids) == sorted(ref.all_special_ids) == [0, 1, 2, 3, 4, 14]
+    assert len(ours) == len(ref) == 17
+
+
+def test_a_special_token_the_vocabulary_lacks_gets_no_id_and_bad_lists_are_refused(tmp_path):
+    folder = _plain_bpe_folder(tmp_path / "missing", {"eos_token": "</s>", "pad_token": "<nothere>"})
+    ours = genkit.load_tokenizer(folder)
+    assert ours.pad_token_id is None and len(ours) == 17  # not given an id past the model's embeddings
+    bad = _plain_bpe_folder(tmp_path / "bad", {"eos_token": "</s>", "additional_special_tokens": [3]})
+    with pytest.raises(CorruptModelError, match="`additional_special_tokens` must be a list"):
+        genkit.load_tokenizer(bad)
+
+
+def _unigram_folder(path, clean_up):
+    """A Unigram (T5-style, Metaspace) tokenizer folder with ``clean_up_tokenization_spaces``."""
+    import json
+
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = Backend(models.Unigram())
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    backend.train_from_iterator(["Hello world , this is a test . Don 't stop ! It 's fine ?"] * 50,
+                                trainers.UnigramTrainer(vocab_size=60, special_tokens=["<pad>", "</s>", "<unk>"],
+                                                        unk_token="<unk>", show_progress=False))
+    path.mkdir(parents=True, exist_ok=True)
+    backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>", "pad_token": "<pad>",
+        "unk_token": "<unk>", "clean_up_tokenization_spaces": clean_up}))
+    return path
+
+
+def test_clean_up_on_a_unigram_vocabulary_matches_transformers(tmp_path):
+    """transformers 5 skips the clean-up only for BPE; genkit skipped it for every vocabulary but
+    WordPiece ("Hello world , this" where transformers gives "Hello world, this" for a T5-style one)."""
+    folder = _unigram_folder(tmp_path / "uni", clean_up=True)
+    ours, ref = genkit.load_tokenizer(folder), transformers.AutoTokenizer.from_pretrained(folder)
+    ids = ref.encode("Hello world , this is a test . Don 't stop ! It 's fine ?")
+    for clean in (None, True, False):
+        assert ours.decode(ids, clean_up_tokenization_spaces=clean) == \
+            ref.decode(ids, clean_up_tokenization_spaces=clean), clean
+    assert ours.decode(ids) == "Hello world, this is a test. Don 't stop! It's fine?"
+    assert ours.batch_decode([ids, ids[:4]]) == ref.batch_decode([ids, ids[:4]])
+
+
+def test_clean_up_is_skipped_for_bpe_with_one_warning(pair, caplog):
+    ours, ref = pair
+    ids = ref.encode("the fox , quick . yes", add_special_tokens=False)
+    with caplog.at_level("WARNING"):
+        texts = [ours.decode(ids[:n], clean_up_tokenization_spaces=True) for n in range(1, len(ids) + 1)]
+    assert texts == [ref.decode(ids[:n], clean_up_tokenization_spaces=True) for n in range(1, len(ids) + 1)]
+    assert texts[-1] == "the fox , quick . yes"
+    assert [r.getMessage() for r in caplog.records].count(
+        "clean_up_tokenization_spaces=True is skipped for this BPE tokenizer: the clean-up is meant for WordPiece "
+        "vocabularies and would strip spaces BPE text has (as transformers does); pass "
+        "clean_up_tokenization_spaces=False") == 1
+
+
+def test_decode_of_a_batch_gives_its_texts_as_transformers(pair):
+    """``decode(model.generate(...))`` (a 2-D tensor) was a TypeError; transformers 5 answers the texts."""
+    ours, ref = pair
+    rows = torch.tensor([ref.encode("the quick brown fox"), ref.encode("caf\u00e9 \u00fcber x")[:5]])
+    for skip in (False, True):
+        assert ours.decode(rows, skip_special_tokens=skip) == ref.decode(rows, skip_special_tokens=skip)
+        assert ours.decode(rows.tolist(), skip_special_tokens=skip) == ref.decode(rows.tolist(),
+                                                                                  skip_special_tokens=skip)
+    assert ours.decode(rows[0]) == ref.decode(rows[0]) and ours.decode(rows[0, 1]) == ref.decode(rows[0, 1])
+    assert ours.decode([]) == ref.decode([]) == ""
