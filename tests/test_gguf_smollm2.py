@@ -251,3 +251,32 @@ def test_self_speculative_greedy_gives_one_token_steps_tokens_on_smollm2(demo, t
         assert torch.equal(spec, plain), (prompt, tokenizer.decode(spec[0]), tokenizer.decode(plain[0]))
     stats = model.speculation_stats
     assert stats["checks"] > 0 and stats["accepted"] > stats["checks"]  # more than one token per check
+
+
+def test_streamers_match_transformers_on_the_demo_tokenizer(tokenizer, hf_tokenizer):
+    """genkit's TextStreamer fed token by token (emoji and CJK split over byte tokens, combining
+    marks, newlines, chat control tokens, random ids with invalid UTF-8) releases the non-empty
+    chunks transformers' TextStreamer releases on transformers' reading of the same GGUF."""
+    from transformers import TextStreamer as RefStreamer
+
+    from genkit.builtin_strategies.streamers import TextStreamer
+
+    def recorded(cls, tok, steps, **kwargs):
+        chunks: list[str] = []
+        streamer = cls(tok, **kwargs)
+        streamer.on_finalized_text = lambda text, stream_end=False: chunks.append(text)
+        for step in steps:
+            streamer.put(torch.tensor([step]))
+        streamer.end()
+        return [c for c in chunks if c]
+
+    texts = ["<|im_start|>user\nHello \U0001f44b\U0001f3fd \U0001f468\u200d\U0001f469\u200d\U0001f467<|im_end|>\n",
+             "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8\u3002 e\u0301 caf\u00e9 \u2211\u222b\n\n  indented\ttab",
+             "it's (a) [test]: x=1, y=\"2\"; \U0001f1eb\U0001f1f7 \U0001d518\U0001d52b done."]
+    sequences = [[[1]] + [[i] for i in hf_tokenizer.encode(t)] for t in texts]
+    rng = random.Random(0)
+    sequences += [[[rng.randrange(len(hf_tokenizer))] for _ in range(16)] for _ in range(40)]
+    for steps in sequences:
+        for kwargs in ({}, {"skip_prompt": True, "skip_special_tokens": True}):
+            assert recorded(TextStreamer, tokenizer, steps, **kwargs) == \
+                recorded(RefStreamer, hf_tokenizer, steps, **kwargs), (steps, kwargs)

@@ -213,3 +213,113 @@ def test_streamer_argument_errors(tok):
         TextStreamer(tok).put(torch.tensor([[1, 2], [3, 4]]))
     with pytest.raises(NotImplementedError):
         BaseStreamer().put(torch.tensor([1]))
+
+
+# -- parity with transformers' streamers on real tokenizers ------------------------------------
+
+STRESS = ["Hello \U0001f44b\U0001f3fd world! \U0001f468\u200d\U0001f469\u200d\U0001f467 family",
+          "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8\u3002\u4e2d\u6587", "e\u0301 caf\u00e9 na\u00efve \u2211\u222b",
+          "  two leading spaces\n\nnew\tline\n  indented\n", "it's (a) [test]: x=1, y=\"2\"; done.",
+          "\U0001f1eb\U0001f1f7 \U0001d518\U0001d52b\U0001d526 \u0bb5\u0ba3\u0b95\u0bcd\u0b95\u0bae\u0bcd"]
+
+
+class RefRecorder(transformers.TextStreamer):
+    def __init__(self, tokenizer, **kw):
+        super().__init__(tokenizer, **kw)
+        self.chunks: list[str] = []
+
+    def on_finalized_text(self, text, stream_end=False):
+        self.chunks.append(text)
+
+
+@pytest.fixture(scope="module")
+def real_pairs(tmp_path_factory):
+    """(genkit tokenizer, transformers tokenizer) twins: a SentencePiece GGUF with byte fallback
+    (test_gguf_llama_tokenizer's) and a byte-level BPE folder whose special tokens only its config names."""
+    pytest.importorskip("gguf")
+    from test_gguf_llama_tokenizer import write_tiny_llama_gguf
+    from test_tokenizer import _plain_bpe_folder
+
+    folder = tmp_path_factory.mktemp("sp")
+    write_tiny_llama_gguf(folder / "tiny.gguf")
+    plain = _plain_bpe_folder(tmp_path_factory.mktemp("plain") / "tok", {
+        "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"})
+    return {"sentencepiece": (genkit.load_tokenizer(folder / "tiny.gguf"),
+                              transformers.AutoTokenizer.from_pretrained(str(folder), gguf_file="tiny.gguf")),
+            "config-specials": (genkit.load_tokenizer(plain), transformers.AutoTokenizer.from_pretrained(plain))}
+
+
+def _feed(streamer, steps):
+    for step in steps:
+        streamer.put(torch.tensor([step]))
+    streamer.end()
+    return streamer
+
+
+@pytest.mark.parametrize("name", ["sentencepiece", "config-specials"])
+@pytest.mark.parametrize("kwargs", [{}, {"skip_prompt": True}, {"skip_special_tokens": True},
+                                    {"skip_prompt": True, "skip_special_tokens": True}])
+def test_chunks_match_transformers_on_real_tokenizers(real_pairs, name, kwargs):
+    """Token by token (multi-byte characters split over byte tokens, newlines, special tokens),
+    and on random ids (invalid UTF-8): the same non-empty chunks as transformers' TextStreamer on
+    the transformers twin of the tokenizer, and their concatenation is the decoded text."""
+    import random
+
+    ours, ref = real_pairs[name]
+    specials = sorted(ref.all_special_ids)
+    sequences = [[[specials[0]]] + [[i] for i in ref.encode(t, add_special_tokens=False)]
+                 for t in (STRESS if name == "sentencepiece" else ["ab a\nb</s>c <pad>a"])]
+    rng = random.Random(0)
+    for _ in range(60):
+        ids = [rng.choice(specials) if rng.random() < 0.1 else rng.randrange(len(ref)) for _ in range(12)]
+        sequences.append([ids[:2]] + [[i] for i in ids[2:]])
+    for steps in sequences:
+        got = _feed(Recorder(ours, **kwargs), steps).chunks
+        want = _feed(RefRecorder(ref, **kwargs), steps).chunks
+        assert [c for c in got if c] == [c for c in want if c], steps
+        if name == "config-specials" and kwargs.get("skip_special_tokens"):
+            assert "</s>" not in "".join(got) and "<pad>" not in "".join(got)
+
+
+def test_streamed_generate_matches_transformers_streamer_on_sentencepiece(real_pairs):
+    """Through generate with a tiny model on the SentencePiece vocabulary: genkit's streamers give
+    transformers' TextStreamer's chunks for the same ids, and the iterator streamers its text."""
+    from genkit.models.tiny import tiny_llama
+
+    ours, ref = real_pairs["sentencepiece"]
+    model = tiny_llama(seed=0, vocab_size=len(ours))
+    prompt = torch.tensor([ours.encode("Hello \u65e5\u672c\u8a9e \U0001f600")])
+    for kwargs in ({}, {"skip_prompt": True, "skip_special_tokens": True}):
+        rec = Recorder(ours, **kwargs)
+        out = model.generate(prompt, max_new_tokens=40, eos_token_id=None, streamer=rec)
+        steps = [prompt[0].tolist()] + [[t] for t in out[0, prompt.shape[1]:].tolist()]
+        want = _feed(RefRecorder(ref, **kwargs), steps).chunks
+        assert [c for c in rec.chunks if c] == [c for c in want if c]
+        it = TextIteratorStreamer(ours, timeout=30, **kwargs)
+        model.generate(prompt, max_new_tokens=40, eos_token_id=None, streamer=it)
+        assert "".join(it) == "".join(want)
+
+
+def test_iterator_timeouts_raise_as_transformers():
+    import queue
+
+    tok = _ByteTok()
+    with pytest.raises(queue.Empty):
+        next(iter(TextIteratorStreamer(tok, timeout=0.05)))
+    with pytest.raises(queue.Empty):
+        next(iter(transformers.TextIteratorStreamer(tok, timeout=0.05)))
+
+    async def first(streamer):
+        return await streamer.__anext__()
+
+    async def main(cls):
+        with pytest.raises(TimeoutError):
+            await first(cls(tok, timeout=0.05))
+
+    asyncio.run(main(AsyncTextIteratorStreamer))
+    asyncio.run(main(transformers.AsyncTextIteratorStreamer))
+
+
+class _ByteTok:
+    def decode(self, ids, **kwargs):
+        return bytes(ids).decode("utf-8", "replace")
