@@ -80,6 +80,17 @@ def test_text_parts_reach_the_template_as_text(server):
      "tool_calls, refusal"),
     ([{"role": "user", "content": [{"type": "text", "text": "w3", "cache_control": {}}]}],
      "`messages[0].content` parts have fields a text part does not take: 'cache_control'; it takes type, text"),
+    # an image (audio, file) part is refused naming it, not read as text or dropped
+    ([{"role": "user", "content": [{"type": "text", "text": "w3"},
+                                   {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}],
+     "`messages[0].content[1]` is a part of type 'image_url': genkit serve reads text only (images, audio and files are not "
+     "taken); content parts must be {\"type\": \"text\", \"text\": ...}"),
+    ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}],
+     "`messages[0].content[0]` is a part of type 'input_audio': genkit serve reads text only (images, audio and files are "
+     "not taken); content parts must be {\"type\": \"text\", \"text\": ...}"),
+    ([{"role": "user", "content": ["w3"]}],
+     "`messages[0].content[0]` is not a text part: genkit serve reads text only (images, audio and files are not "
+     "taken); content parts must be {\"type\": \"text\", \"text\": ...}"),
     ([{"role": "user", "content": "w3", "name": 5}], "`messages[0].name` must be a string; got 5"),
     ([{"role": "tool", "content": "w3", "tool_call_id": ["x"]}],
      "`messages[0].tool_call_id` must be a string; got ['x']"),

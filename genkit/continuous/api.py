@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ArgumentTypeError, ConfigError, GenerationError, NotSupportedError, QueueFullError
 from .config import ContinuousBatchingConfig
-from .gate import UNSUPPORTED_ARGUMENTS, check_model
+from .gate import UNSUPPORTED_ARGUMENTS, check_inputs, check_model
 from .manager import ContinuousBatchingManager
 from .requests import GenerationOutput
 from .transformers_models import hf_generate_batch, hf_init_continuous_batching, transformers_model
@@ -111,6 +111,7 @@ def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any =
     if not inputs:
         return {}
     check_model(model)
+    check_inputs(model, kwargs)
     hf = transformers_model(model)
     if hf is not None:  # transformers' own engine, same result structure
         return hf_generate_batch(hf, [list(x) for x in inputs], generation_config, continuous_batching_config,

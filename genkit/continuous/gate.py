@@ -17,8 +17,8 @@ from typing import Any
 
 from ..errors import ConfigError, NotSupportedError
 
-__all__ = ["CB_STRATEGIES", "UNSUPPORTED_ARGUMENTS", "UNSUPPORTED_FIELDS", "argument_refusal", "check", "check_model",
-           "model_refusal", "refusal", "refusal_for_kwargs", "take_arguments"]
+__all__ = ["CB_STRATEGIES", "UNSUPPORTED_ARGUMENTS", "UNSUPPORTED_FIELDS", "argument_refusal", "check", "check_inputs",
+           "check_model", "input_refusal", "model_refusal", "refusal", "refusal_for_kwargs", "take_arguments"]
 
 # the registered strategies whose decode step the manager runs itself
 CB_STRATEGIES = frozenset({"greedy", "sample"})
@@ -67,6 +67,30 @@ def check_model(model: Any) -> None:
         raise NotSupportedError(f"continuous batching cannot run this model: {why}")
 
 
+def input_refusal(model: Any, kwargs: dict[str, Any]) -> str | None:
+    """Why continuous batching cannot take these ``generate`` keyword arguments: model inputs
+    besides the prompt's token ids (``pixel_values``, ``image_grid_thw``, ``inputs_embeds``,
+    ``token_type_ids``...: :mod:`genkit.generation.model_inputs`), naming them; ``None`` when
+    there are none. A request runs its token ids only, so such an input is never dropped."""
+    from genkit.generation.model_inputs import model_input_names
+
+    if model is None:
+        return None
+    names = [k for k in model_input_names(model, kwargs) if kwargs[k] is not None]
+    if not names:
+        return None
+    listed = ", ".join(f"`{k}`" for k in names)
+    return (f"model inputs besides the prompt's token ids ({listed}) are not taken: continuous batching runs "
+            "token prompts only; use genkit.generate (model.generate) for them")
+
+
+def check_inputs(model: Any, kwargs: dict[str, Any]) -> None:
+    """Raise :class:`~genkit.errors.NotSupportedError` with :func:`input_refusal`'s reason, if any."""
+    why = input_refusal(model, kwargs)
+    if why is not None:
+        raise NotSupportedError(f"continuous batching cannot run this request: {why}")
+
+
 def refusal(config: Any, **arguments: Any) -> str | None:
     """Why continuous batching cannot run a request with the resolved ``config`` (a
     :class:`~genkit.GenerationConfig`) and these ``generate`` ``arguments`` (``custom_generate``,
@@ -98,7 +122,7 @@ def refusal_for_kwargs(model: Any, kwargs: dict[str, Any], **arguments: Any) -> 
     so that the generate engine reports them."""
     from genkit.generation.api import merge_config
 
-    why_model = model_refusal(model)
+    why_model = model_refusal(model) or input_refusal(model, kwargs)
     if why_model is not None:
         return why_model
     settings = dict(kwargs)

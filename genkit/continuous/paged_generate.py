@@ -59,9 +59,12 @@ def _check_gate(model: Any, generation_config: Any, arguments: dict[str, Any], k
     """Refuse what continuous batching cannot run (the gate, :mod:`genkit.continuous.gate`), naming the
     field; the merged config when it can run."""
     from ..generation.api import merge_config
-    from .gate import check_model, refusal
+    from .gate import check_model, input_refusal, refusal
 
     check_model(model)
+    why = input_refusal(model, kwargs)
+    if why is not None:
+        raise NotSupportedError(f"cache_implementation=\"paged\" (continuous batching) cannot run this request: {why}")
     request_objects = ("input_ids", "stopping_criteria", "logits_processor")  # not settings: the requests take them
     config, _ = merge_config(model, generation_config, {k: v for k, v in kwargs.items() if k not in request_objects})
     why = refusal(config, **arguments)

@@ -119,6 +119,9 @@ class TransformersModelAdapter:
         # transformers >= 5.24 names the cache argument `cache` (`past_key_values` is deprecated)
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        # the position of a row's first token: PaliGemma's are 1-indexed (transformers adds 1 to the
+        # positions its generate builds, in PaliGemmaForConditionalGeneration.prepare_inputs_for_generation)
+        self._first_position = 1 if getattr(model.config, "model_type", None) == "paligemma" else 0
 
     # -- protocol -----------------------------------------------------------------------------
     @property
@@ -158,6 +161,8 @@ class TransformersModelAdapter:
             # left padding: positions count real tokens only (what transformers' generate does)
             t = input_ids.shape[1] if input_ids is not None else kwargs["inputs_embeds"].shape[1]
             position_ids = positions_from_mask(attention_mask, t)
+        if position_ids is not None and self._first_position:
+            position_ids = position_ids + self._first_position
         if past_key_values is None and use_cache:
             past_key_values = self.new_cache()
         cache = as_genkit_cache(past_key_values)

@@ -153,6 +153,11 @@ def architecture_class(config: ModelConfig, where: str = "config.json") -> type[
         raise UnsupportedModelError(f"{where}: no 'architectures' and unknown model_type {config.model_type!r}; "
                                     f"supported architectures: {', '.join(sorted(ARCHITECTURES))}")
     arch = archs[0]
+    if arch not in ARCHITECTURES and getattr(config, "vision_config", None) is not None:
+        raise UnsupportedModelError(
+            f"{where}: {arch} is a multimodal model (its config has a vision_config): genkit has no native loader "
+            "for it; load it with transformers (e.g. transformers.AutoModelForImageTextToText.from_pretrained) and "
+            "pass it to genkit.generate with its image inputs (docs/encoder_decoder.md)")
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(f"{where}: unknown architecture {arch!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
     if arch != "GPT2LMHeadModel":
@@ -561,8 +566,8 @@ def _load_folder(source: str, dtype: Any, device: Any) -> tuple[Any, ModelConfig
         from .seq2seq import load_seq2seq
 
         return load_seq2seq(source, parse_dtype(dtype, None) if dtype not in (None, "auto") else None, device), None
+    architecture_class(config, cfg_path)  # fail on an unknown architecture before reading anything else
     check_config(config, cfg_path)  # sizes first: nothing is read or built for a bad config
-    architecture_class(config, cfg_path)  # fail on an unknown architecture before reading weights
     state = read_safetensors(source)
     check_config(config, cfg_path, {name: state.shape(name) for name in state})
     model = build_model(config, state, parse_dtype(dtype, config), where=source, device=device)

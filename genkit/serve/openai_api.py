@@ -483,10 +483,14 @@ def _content(i: int, m: dict[str, Any], optional: bool = False) -> str:
     if content is None and optional:
         return ""
     if isinstance(content, list):  # content parts: text only
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
-            raise APIError(f"`messages[{i}].content` parts must be {{\"type\": \"text\", \"text\": ...}} (this model "
-                           "reads text only)", "messages")
+        for j, p in enumerate(content):
+            kind = p.get("type") if isinstance(p, dict) else None
+            if kind == "text" and isinstance(p.get("text"), str):
+                continue
+            what = f"a part of type {_short(kind)}" if kind not in (None, "text") else "not a text part"
+            raise APIError(f"`messages[{i}].content[{j}]` is {what}: genkit serve reads text only (images, audio and "
+                           "files are not taken); content parts must be {\"type\": \"text\", \"text\": ...}",
+                           "messages")
         unknown = sorted({k for p in content for k in p if k not in ("type", "text")})
         if unknown:
             raise APIError(f"`messages[{i}].content` parts have fields a text part does not take: "
