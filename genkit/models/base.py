@@ -75,6 +75,12 @@ def head_dim_of(config: Any) -> int:
     return int(config.get("hidden_size")) // int(config.get("num_attention_heads"))
 
 
+def kv_heads_of(config: Any) -> int:
+    """The key/value heads of a Llama-family config: ``num_key_value_heads``, or
+    ``num_attention_heads`` when config.json leaves it out (transformers' default: no GQA)."""
+    return int(config.get("num_key_value_heads") or config.get("num_attention_heads"))
+
+
 def has_qk_norm(config: Any) -> bool:
     """Whether the config's attention normalises each head of q and k (Qwen3's ``q_norm``/``k_norm``,
     an RMSNorm over ``head_dim`` after the projections, before the rotary embedding)."""

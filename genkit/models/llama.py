@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError, NotSupportedError, UnsupportedModelError
-from .base import GenkitModel, ModelConfig, eager_attention, has_qk_norm, head_dim_of
+from .base import GenkitModel, ModelConfig, eager_attention, has_qk_norm, head_dim_of, kv_heads_of
 from .cache import KVCache
 from .llama_infer import PreparedModel, WeightsKey, has_hooks, linear, prepare_layers, rms_norm, run_layers
 from .mixin import GenerationMixin
@@ -94,7 +94,7 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.get("num_key_value_heads", self.num_heads)
+        self.num_kv_heads = kv_heads_of(config)
         self.head_dim = head_dim_of(config)
         bias = bool(config.get("attention_bias", False)) or config.model_type == "qwen2"
         h = config.hidden_size
@@ -364,7 +364,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         if reason is not None:
             raise NotSupportedError(reason)
         cfg = self.config
-        return PagedKVStore(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim_of(cfg), block_size=block_size,
+        return PagedKVStore(cfg.num_hidden_layers, kv_heads_of(cfg), head_dim_of(cfg), block_size=block_size,
                             num_blocks=num_blocks, dtype=self.dtype, device=self.device,
                             prepared=self._inference_weights(None, 0))
 
