@@ -152,10 +152,12 @@ HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 64, 128, 4, 2, 256
 
 
 def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool = True, seed: int = 0,
-                         hidden: int = HIDDEN, ffn: int = FFN, arch: str = "llama", head_dim: int | None = None) -> None:
+                         hidden: int = HIDDEN, ffn: int = FFN, arch: str = "llama", head_dim: int | None = None,
+                         rope_scaling: tuple[str, float] | None = None) -> None:
     """A 2-layer random Llama whose projections are ``qtype`` blocks (made by the gguf package;
     random blocks for the K-quants, which it cannot make). ``arch="qwen3"``: a Qwen3 as llama.cpp's
-    converter writes one, with ``head_dim`` (``attention.key_length``) and per-head q/k norms (F32)."""
+    converter writes one, with ``head_dim`` (``attention.key_length``) and per-head q/k norms (F32).
+    ``rope_scaling``: ``(rope.scaling.type, rope.scaling.factor)``."""
     w = gguf.GGUFWriter(str(path), arch=arch)
     w.add_block_count(2)
     w.add_context_length(256)
@@ -166,6 +168,9 @@ def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     head_dim = head_dim or hidden // HEADS
+    if rope_scaling is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling[0]))
+        w.add_rope_scaling_factor(rope_scaling[1])
     if arch == "qwen3":
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)

@@ -6,6 +6,7 @@ transformers' GGUF loader on the same file. References: transformers on the same
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -178,6 +179,29 @@ def test_quantized_gguf_runs_quantized_on_the_torch_path(tmp_path, qtype):
         assert BlockDecoder.build([p._replace(qk_norm=None) for p in prepared.layers]) is not None
     batch = q.generate_batch([IDS[0].tolist()], max_new_tokens=32, do_sample=False, eos_token_id=None)
     assert batch["req_0"].generated_tokens == one[0, IDS.shape[1]:].tolist()
+
+
+def test_gguf_linear_rope_scaling_is_read_and_yarn_refused(tmp_path):
+    """``qwen3.rope.scaling.type``: linear is transformers' linear scaling (the same weights in a
+    transformers Qwen3 with ``rope_parameters`` linear give the same logits; transformers' GGUF loader
+    itself drops the key); YaRN is refused by name, not run with plain rotary tables."""
+    path = tmp_path / "linear.gguf"
+    write_quantized_gguf(path, "F32", "F32", tied=False, arch="qwen3", head_dim=128, seed=6,
+                         rope_scaling=("linear", 4.0))
+    ours = genkit.load_model(path)
+    assert ours.config.rope_scaling == {"rope_type": "linear", "factor": 4.0}
+    plain = _hf_gguf(path)
+    cfg = copy.deepcopy(plain.config)
+    cfg.rope_parameters = {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
+    hf = transformers.Qwen3ForCausalLM(cfg).eval()
+    hf.load_state_dict(plain.state_dict())
+    ids = torch.randint(3, 200, (1, 40), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=logits_bound(ours, ids), rtol=0)
+    assert not torch.allclose(ours(ids).logits, plain(ids).logits, atol=logits_bound(ours, ids), rtol=0)
+    write_quantized_gguf(tmp_path / "yarn.gguf", "F32", "F32", arch="qwen3", rope_scaling=("yarn", 4.0))
+    with pytest.raises(UnsupportedModelError, match=r"metadata 'qwen3\.rope\.scaling\.type' is 'yarn'; "
+                                                    r"accepted: 'none', 'linear'"):
+        genkit.load_model(tmp_path / "yarn.gguf")
 
 
 def test_llama_cpp_numerics_is_refused_by_name(tmp_path):

@@ -169,6 +169,7 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
         config["head_dim"] = rope_dim
         check_config(config, path)
     _check_qk_rows(config, shapes, path)
+    _rope_scaling(reader, arch, config, path)
     names = {t.name for t in reader.tensors}
     config["tie_word_embeddings"] = "output.weight" not in names
     if arch == "qwen3":  # Qwen3's attention_bias (off by default) gives q, k, v and o their biases
@@ -184,6 +185,23 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
             raise ModelFileError(f"{path}: metadata 'tokenizer.ggml.{meta}' must be an integer; got {value!r}")
     config["torch_dtype"] = "float32"
     return config, reader
+
+
+def _rope_scaling(reader: Any, arch: str, config: dict[str, Any], path: str) -> None:
+    """``rope_scaling`` from ``<arch>.rope.scaling.type``/``factor``: none, or linear (llama.cpp's
+    position scale ``1 / factor``, transformers' ``linear``); another kind (YaRN, LongRoPE) is refused
+    by name rather than run with plain rotary tables."""
+    kind = _contents(reader, f"{arch}.rope.scaling.type", path)
+    if kind is None or kind == "none":
+        return
+    factor = _contents(reader, f"{arch}.rope.scaling.factor", path)
+    if kind != "linear":
+        raise UnsupportedModelError(f"{path}: metadata '{arch}.rope.scaling.type' is {kind!r}; accepted: 'none', "
+                                    "'linear'")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ModelFileError(f"{path}: metadata '{arch}.rope.scaling.factor' must be a number > 0; got {factor!r}")
+    config["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
+    check_config(config, path)
 
 
 def _check_qk_rows(config: dict[str, Any], shapes: dict[str, tuple[int, ...]], path: str) -> None:
