@@ -423,3 +423,27 @@ def test_without_the_block_kernel_decoding_rows_attend_over_gathered_blocks():
            "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.stdout.strip().splitlines()[-1:] == ["[false, true]"], out.stderr[-3000:]
+
+
+
+def test_a_config_without_num_key_value_heads_runs_continuous_batching(tmp_path):
+    """config.json without ``num_key_value_heads`` (Llama 1 conversions): one key/value head per
+    query head, as transformers defaults it; the paged store is sized from that (it used to fail with
+    a TypeError multiplying None), and the tokens are generate's and transformers'."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, initializer_range=0.1)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["num_key_value_heads"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    model = genkit.load_model(tmp_path)
+    prompts = _prompts(3, seed=4, low=2, high=10)
+    results = model.generate_batch(prompts, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    for out, prompt in zip(results.values(), prompts):
+        ref = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=6, min_new_tokens=6)
+        assert out.generated_tokens == _greedy(model, prompt, 6) == ref[0, len(prompt):].tolist()

@@ -1,7 +1,8 @@
 """Native models vs transformers on the same weights (saved by transformers' save_pretrained).
 
-Tiny random Llama (GQA, tied and untied), Qwen2 (q/k/v bias), Mistral, Llama-3 rope scaling and
-GPT-2 (Conv1D weights): logits with padding and with incremental decoding through the cache, and
+Tiny random Llama (GQA, tied and untied), Qwen2 (q/k/v bias), Qwen3 (per-head q/k norms, with
+random weights; explicit head_dim, attention_bias, tied, linear rope scaling, sliding windows), Mistral,
+Llama-3 rope scaling and GPT-2 (Conv1D weights): logits with padding and with incremental decoding through the cache, and
 64-token greedy generations.
 """
 
@@ -34,6 +35,13 @@ CONFIGS = {
     "mistral_window": lambda: transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=5),
     "qwen2_window": lambda: transformers.Qwen2Config(**COMMON, num_key_value_heads=2, use_sliding_window=True,
                                                      sliding_window=5, max_window_layers=1),
+    # Qwen3: head_dim 128 by default (not hidden_size / heads = 16); q_norm/k_norm (made random in _hf_model)
+    "qwen3": lambda: transformers.Qwen3Config(**COMMON, num_key_value_heads=2, tie_word_embeddings=False),
+    "qwen3_tied_bias": lambda: transformers.Qwen3Config(
+        **COMMON, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True, attention_bias=True,
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}),
+    "qwen3_window": lambda: transformers.Qwen3Config(**COMMON, num_key_value_heads=2, head_dim=32,
+                                                     use_sliding_window=True, sliding_window=5, max_window_layers=1),
     "gpt2": lambda: transformers.GPT2Config(vocab_size=160, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                             bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                             initializer_range=0.1),
@@ -44,12 +52,23 @@ def _hf_class(cfg):
     return {"gpt2": transformers.GPT2LMHeadModel}.get(cfg.model_type, transformers.AutoModelForCausalLM)
 
 
+def _hf_model(cfg):
+    """transformers' model for ``cfg``, its Qwen3 q/k norms random (transformers makes them ones, which
+    would leave a norm applied to the wrong heads, or not at all, unseen)."""
+    cls = _hf_class(cfg)
+    hf = (cls(cfg) if cls is not transformers.AutoModelForCausalLM else cls.from_config(cfg)).eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.normal_(1.0, 0.5)
+    return hf
+
+
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def pair(request, tmp_path_factory):
     torch.manual_seed(1234)
     cfg = CONFIGS[request.param]()
-    cls = _hf_class(cfg)
-    hf = (cls(cfg) if cls is not transformers.AutoModelForCausalLM else cls.from_config(cfg)).eval()
+    hf = _hf_model(cfg)
     path = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(path)
     ours = genkit.load_model(path)
@@ -215,7 +234,7 @@ def test_inference_path_matches_module_path(name, packing, tmp_path):
     bigger models are by default); with grad, the modules."""
     torch.manual_seed(1234)
     cfg = CONFIGS[name]()
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    _hf_model(cfg).save_pretrained(tmp_path)
     ours = genkit.load_model(tmp_path)
     ours.cpu_weight_packing = packing
     ids, mask = _padded_batch()
@@ -433,7 +452,8 @@ def test_dtype_conversion_releases_prepared_weights():
     torch.testing.assert_close(model(prompt).logits, ref, atol=logits_bound(model, prompt, store_u=U_BF16), rtol=0)
 
 
-@pytest.mark.parametrize("model_type,left_out", [("qwen2", "use_sliding_window"), ("mistral", "sliding_window")])
+@pytest.mark.parametrize("model_type,left_out", [("qwen2", "use_sliding_window"), ("qwen3", "use_sliding_window"),
+                                                 ("mistral", "sliding_window")])
 def test_sliding_window_fields_left_out_read_as_transformers_defaults(tmp_path, model_type, left_out):
     """A config.json without ``use_sliding_window`` (Qwen2: False, no window) or without
     ``sliding_window`` (Mistral: 4096) means what transformers' config classes default it to."""
@@ -442,9 +462,9 @@ def test_sliding_window_fields_left_out_read_as_transformers_defaults(tmp_path, 
     from genkit.models.llama import layer_windows
 
     torch.manual_seed(0)
-    if model_type == "qwen2":
-        cfg = transformers.Qwen2Config(**COMMON, num_key_value_heads=2, use_sliding_window=True, sliding_window=5,
-                                       max_window_layers=1)
+    if model_type in ("qwen2", "qwen3"):
+        make = transformers.Qwen2Config if model_type == "qwen2" else transformers.Qwen3Config
+        cfg = make(**COMMON, num_key_value_heads=2, use_sliding_window=True, sliding_window=5, max_window_layers=1)
     else:
         cfg = transformers.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=5)
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
@@ -460,6 +480,26 @@ def test_sliding_window_fields_left_out_read_as_transformers_defaults(tmp_path, 
     assert layer_windows(ours.config) == ours.windows == expected
     ids = torch.randint(3, 160, (1, 20), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=logits_bound(ours, ids), rtol=0)
+
+
+def test_qwen3_config_without_head_dim_reads_qwen3_default(tmp_path):
+    """A Qwen3 config.json without ``head_dim`` means Qwen3Config's 128, not ``hidden_size /
+    num_attention_heads`` (16 here), as transformers reads it; the KV cache and the paged store follow."""
+    import json
+
+    from genkit.models.base import QWEN3_HEAD_DIM
+
+    torch.manual_seed(0)
+    _hf_model(CONFIGS["qwen3"]()).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config.pop("head_dim") == QWEN3_HEAD_DIM
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ours = genkit.load_model(tmp_path)
+    assert ours.model.layers[0].self_attn.head_dim == hf.config.head_dim == QWEN3_HEAD_DIM
+    ids = torch.randint(3, 160, (1, 12), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=logits_bound(ours, ids), rtol=0)
+    assert ours.new_paged_store(block_size=4, num_blocks=2).keys[0].shape[-1] == QWEN3_HEAD_DIM
 
 
 def test_model_built_in_inference_mode_generates():

@@ -152,10 +152,13 @@ HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 64, 128, 4, 2, 256
 
 
 def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool = True, seed: int = 0,
-                         hidden: int = HIDDEN, ffn: int = FFN) -> None:
+                         hidden: int = HIDDEN, ffn: int = FFN, arch: str = "llama", head_dim: int | None = None,
+                         rope_scaling: tuple[str, float] | None = None) -> None:
     """A 2-layer random Llama whose projections are ``qtype`` blocks (made by the gguf package;
-    random blocks for the K-quants, which it cannot make)."""
-    w = gguf.GGUFWriter(str(path), arch="llama")
+    random blocks for the K-quants, which it cannot make). ``arch="qwen3"``: a Qwen3 as llama.cpp's
+    converter writes one, with ``head_dim`` (``attention.key_length``) and per-head q/k norms (F32).
+    ``rope_scaling``: ``(rope.scaling.type, rope.scaling.factor)``."""
+    w = gguf.GGUFWriter(str(path), arch=arch)
     w.add_block_count(2)
     w.add_context_length(256)
     w.add_embedding_length(hidden)
@@ -164,6 +167,13 @@ def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool
     w.add_head_count_kv(KV_HEADS)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
+    head_dim = head_dim or hidden // HEADS
+    if rope_scaling is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling[0]))
+        w.add_rope_scaling_factor(rope_scaling[1])
+    if arch == "qwen3":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(VOCAB)])
     w.add_token_types([1] * VOCAB)
@@ -187,14 +197,17 @@ def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool
     if not tied:
         tensor("output.weight", (VOCAB, hidden), qtype)
     tensor("output_norm.weight", (hidden,), "F32")
-    kv = hidden // HEADS * KV_HEADS
+    q, kv = head_dim * HEADS, head_dim * KV_HEADS
     for i in range(2):
         tensor(f"blk.{i}.attn_norm.weight", (hidden,), "F32")
         tensor(f"blk.{i}.ffn_norm.weight", (hidden,), "F32")
-        tensor(f"blk.{i}.attn_q.weight", (hidden, hidden), qtype)
+        tensor(f"blk.{i}.attn_q.weight", (q, hidden), qtype)
         tensor(f"blk.{i}.attn_k.weight", (kv, hidden), qtype)
         tensor(f"blk.{i}.attn_v.weight", (kv, hidden), qtype)
-        tensor(f"blk.{i}.attn_output.weight", (hidden, hidden), qtype)
+        tensor(f"blk.{i}.attn_output.weight", (hidden, q), qtype)
+        if arch == "qwen3":  # norm weights around 1, as trained ones are
+            for norm in ("attn_q_norm", "attn_k_norm"):
+                w.add_tensor(f"blk.{i}.{norm}.weight", (1 + rng.standard_normal(head_dim) * 0.3).astype(np.float32))
         tensor(f"blk.{i}.ffn_gate.weight", (ffn, hidden), qtype)
         tensor(f"blk.{i}.ffn_up.weight", (ffn, hidden), qtype)
         tensor(f"blk.{i}.ffn_down.weight", (hidden, ffn), qtype)

@@ -53,7 +53,7 @@ def _dims(config) -> tuple[int, int, int, int]:
     hidden = get("hidden_size") or get("n_embd")
     heads = get("num_attention_heads") or get("n_head")
     inner = get("intermediate_size") or get("n_inner") or 4 * hidden
-    head_dim = get("head_dim") or hidden // heads
+    head_dim = get("head_dim") or (128 if get("model_type") == "qwen3" else hidden // heads)  # Qwen3Config's default
     layers = get("num_hidden_layers") or get("n_layer")
     return int(hidden), int(inner), int(head_dim), int(layers)
 
@@ -73,13 +73,16 @@ def forward_relative_bound(config, seq_len: int, *, store_u: float = 0.0, linear
     layer's input (5 per block: an activation rounding such as ``U_BLOCK_ACTIVATION_NORM``). To first order
     the relative errors add along the chain (each block's condition number taken as 1: the norms and
     the residual stream keep these models there), and two evaluations differ by twice one's bound.
+    Qwen3's per-head norms of q and k add a sum of ``head_dim`` squares and five roundings (the mean,
+    eps, the inverse square root, two products) before the scores, and two stored tensors.
     """
     hidden, inner, head_dim, n_layers = _dims(config)
     n = n_layers if layers is None else layers
-    block_terms = 6 * hidden + head_dim + 2 * seq_len + inner + 10
+    qk_norm = getattr(config, "model_type", None) == "qwen3"
+    block_terms = 6 * hidden + head_dim + 2 * seq_len + inner + 10 + ((head_dim + 5) if qk_norm else 0)
     # the final norm (H terms; counted for a hidden state too, which may be the normalised last one) and the head
     terms = n * block_terms + (2 * hidden if layers is None else hidden)
-    stores = n * 12 + (2 if layers is None else 0)
+    stores = n * (14 if qk_norm else 12) + (2 if layers is None else 0)
     linears = n * 5 + (1 if layers is None else 0)
     return 2 * (gamma(terms) + stores * store_u + linears * linear_u)
 

@@ -167,8 +167,9 @@ class ContinuousBatchingConfig:
         cfg = model.config
         context = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
         blocks = self.max_requests_per_batch * -(-min(context, 4096) // self.block_size)
-        head_dim = cfg.get("head_dim", cfg.hidden_size // cfg.num_attention_heads)
-        per_block = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * self.block_size * 4
+        from ..models.base import head_dim_of, kv_heads_of
+
+        per_block = 2 * cfg.num_hidden_layers * kv_heads_of(cfg) * head_dim_of(cfg) * self.block_size * 4
         blocks = max(1, min(blocks, (1 << 30) // per_block))
         return dataclasses.replace(self, num_blocks=blocks)
 

@@ -59,6 +59,34 @@ class ModelConfig:
         return f"ModelConfig({json.dumps(self.__dict__, default=str, sort_keys=True)})"
 
 
+#: Qwen3Config's ``head_dim`` when a config.json leaves it out (not ``hidden_size // num_attention_heads``)
+QWEN3_HEAD_DIM = 128
+
+
+def head_dim_of(config: Any) -> int:
+    """The attention head size of a Llama-family config (a :class:`ModelConfig` or a dict) as
+    transformers reads it: ``head_dim`` when set; else Qwen3's default (:data:`QWEN3_HEAD_DIM`); else
+    ``hidden_size // num_attention_heads``."""
+    explicit = config.get("head_dim")
+    if explicit:
+        return int(explicit)
+    if config.get("model_type") == "qwen3":
+        return QWEN3_HEAD_DIM
+    return int(config.get("hidden_size")) // int(config.get("num_attention_heads"))
+
+
+def kv_heads_of(config: Any) -> int:
+    """The key/value heads of a Llama-family config: ``num_key_value_heads``, or
+    ``num_attention_heads`` when config.json leaves it out (transformers' default: no GQA)."""
+    return int(config.get("num_key_value_heads") or config.get("num_attention_heads"))
+
+
+def has_qk_norm(config: Any) -> bool:
+    """Whether the config's attention normalises each head of q and k (Qwen3's ``q_norm``/``k_norm``,
+    an RMSNorm over ``head_dim`` after the projections, before the rotary embedding)."""
+    return config.get("model_type") == "qwen3"
+
+
 def shadowing_fields(data: dict[str, Any]) -> list[str]:
     """The fields of a config's ``data`` that :class:`ModelConfig` refuses (the name of one of its
     methods or attributes), its ``text_config``'s included (as ``text_config.<name>``: the config

@@ -8,7 +8,8 @@ gate/up with SiLU, down projection) for all layers and every row in one call, wr
 genkit's :class:`~genkit.models.cache.KVCache` buffers in place. The rows must be at the same
 position with no padding (one sequence, beams, samples of one prompt); anything else (a prompt,
 a padding mask, a sliding window, hidden states asked for, a cache of another kind or without
-room) takes the torch path. Under ``numerics="llama.cpp"`` a prompt runs here too, its tokens as rows
+room) takes the torch path. A model whose attention normalises q and k per head (Qwen3's
+``q_norm``/``k_norm``) has no one-call decoder: its steps run the torch path. Under ``numerics="llama.cpp"`` a prompt runs here too, its tokens as rows
 of one step (:meth:`BlockDecoder.steps`).
 
 A decode step on genkit's own model also takes its ends into the call (``gk_decode_logits``,
@@ -256,6 +257,8 @@ class BlockDecoder:
         """Whether a prepared layer's shapes and extras fit the kernel's step (``first``: the first layer)."""
         hidden = first.norm1.shape[0]
         if any(b is not None for b in (p.bqkv, p.bo, p.bgu, p.bd)) or p.window is not None or p.packed:
+            return False
+        if p.qk_norm is not None:  # the kernel's step has no per-head q/k norms (Qwen3): the torch path runs them
             return False
         if any(n.dtype != torch.float32 or not n.is_contiguous() or n.shape != (hidden,) for n in (p.norm1, p.norm2)):
             return False

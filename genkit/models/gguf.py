@@ -28,6 +28,7 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, str, bool]] = {
     "llama": ("llama", "LlamaForCausalLM", True),
     "mistral": ("mistral", "MistralForCausalLM", True),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM", False),  # llama.cpp's converter keeps Qwen2's and Qwen3's rows as they are
 }
 
 # metadata key suffix (after "<arch>.") -> config.json key
@@ -54,6 +55,10 @@ _LAYER_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# per-layer tensors only some architectures have: architecture -> GGUF name -> transformers name
+_ARCH_LAYER_TENSORS = {
+    "qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
 }
 _GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
@@ -156,12 +161,19 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
     shapes = _hf_shapes(reader, path, arch)
     check_config(config, path, shapes)
     rope_dim = _contents(reader, f"{arch}.rope.dimension_count", path)
-    if rope_dim is not None and rope_dim != config["hidden_size"] // config["num_attention_heads"]:
+    if arch == "qwen3":  # always explicit: Qwen3Config's default (128) is not llama.cpp's (hidden / heads)
+        key_length = _contents(reader, f"{arch}.attention.key_length", path)
+        config["head_dim"] = key_length or rope_dim or config["hidden_size"] // config["num_attention_heads"]
+        check_config(config, path)
+    elif rope_dim is not None and rope_dim != config["hidden_size"] // config["num_attention_heads"]:
         config["head_dim"] = rope_dim
         check_config(config, path)
     _check_qk_rows(config, shapes, path)
+    _rope_scaling(reader, arch, config, path)
     names = {t.name for t in reader.tensors}
     config["tie_word_embeddings"] = "output.weight" not in names
+    if arch == "qwen3":  # Qwen3's attention_bias (off by default) gives q, k, v and o their biases
+        config["attention_bias"] = "blk.0.attn_q.bias" in names
     # Qwen2's q/k/v biases follow from model_type (as in transformers' Qwen2 config);
     # attention_bias would also ask for an o_proj bias, which Qwen2 files do not have
     for key, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
@@ -173,6 +185,23 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
             raise ModelFileError(f"{path}: metadata 'tokenizer.ggml.{meta}' must be an integer; got {value!r}")
     config["torch_dtype"] = "float32"
     return config, reader
+
+
+def _rope_scaling(reader: Any, arch: str, config: dict[str, Any], path: str) -> None:
+    """``rope_scaling`` from ``<arch>.rope.scaling.type``/``factor``: none, or linear (llama.cpp's
+    position scale ``1 / factor``, transformers' ``linear``); another kind (YaRN, LongRoPE) is refused
+    by name rather than run with plain rotary tables."""
+    kind = _contents(reader, f"{arch}.rope.scaling.type", path)
+    if kind is None or kind == "none":
+        return
+    factor = _contents(reader, f"{arch}.rope.scaling.factor", path)
+    if kind != "linear":
+        raise UnsupportedModelError(f"{path}: metadata '{arch}.rope.scaling.type' is {kind!r}; accepted: 'none', "
+                                    "'linear'")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ModelFileError(f"{path}: metadata '{arch}.rope.scaling.factor' must be a number > 0; got {factor!r}")
+    config["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
+    check_config(config, path)
 
 
 def _check_qk_rows(config: dict[str, Any], shapes: dict[str, tuple[int, ...]], path: str) -> None:
@@ -191,7 +220,7 @@ def _hf_shapes(reader: Any, path: str, arch: str) -> dict[str, tuple[int, ...]]:
     """The file's tensors under transformers' names, with their torch shapes."""
     shapes = {}
     for t in reader.tensors:
-        name = _hf_name(t.name)
+        name = _hf_name(t.name, arch)
         if name is None:
             raise ModelFileError(f"{path}: unexpected tensor {t.name!r} for architecture {arch!r}")
         shapes[name] = tuple(int(d) for d in reversed(t.shape))
@@ -215,7 +244,7 @@ def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True,
     contents_quantized: dict[str, tuple[str, Any, tuple[int, ...]]] = {}
     if tensors:
         for t in reader.tensors:
-            name = _hf_name(t.name)
+            name = _hf_name(t.name, arch)
             assert name is not None  # read_gguf_config checked every name
             shape = tuple(int(d) for d in reversed(t.shape))
             if t.tensor_type.name in keep_quantized and len(shape) == 2:
@@ -254,10 +283,10 @@ def _rows_in_hf_order(data: Any, name: str, config: dict[str, Any], permute: boo
     return rows
 
 
-def _hf_name(name: str) -> str | None:
+def _hf_name(name: str, arch: str) -> str | None:
     m = _LAYER_RE.match(name)
     if m:
-        inner = _LAYER_TENSORS.get(m.group(2))
+        inner = _LAYER_TENSORS.get(m.group(2)) or _ARCH_LAYER_TENSORS.get(arch, {}).get(m.group(2))
         return None if inner is None else f"model.layers.{m.group(1)}.{inner}.{m.group(3)}"
     base, _, kind = name.rpartition(".")
     target = _GLOBAL_TENSORS.get(base)

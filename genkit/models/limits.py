@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError, ModelFileError
+from .base import QWEN3_HEAD_DIM
 
 #: name -> (environment variable, default)
 LIMITS: dict[str, tuple[str, int]] = {
@@ -149,9 +150,11 @@ def check_config(config: Any, where: str, shapes: Mapping[str, tuple[int, ...]] 
     layers_key, hidden_key, heads_key = list(fields)[:3]
     layers, hidden, heads = values[layers_key], values[hidden_key], values[heads_key]
     assert layers is not None and hidden is not None and heads is not None  # required above
-    if values.get("head_dim") is None and hidden % heads:
+    qwen3 = config.get("model_type") == "qwen3"  # Qwen3Config's head_dim is 128 when left out
+    if values.get("head_dim") is None and hidden % heads and not qwen3:
         raise ModelFileError(f"{where}: `{hidden_key}`={hidden} is not a multiple of `{heads_key}`={heads}")
-    rotary = int((values.get("head_dim") or hidden // heads) * config.get("partial_rotary_factor", 1.0))
+    head_dim = values.get("head_dim") or (QWEN3_HEAD_DIM if qwen3 else hidden // heads)
+    rotary = int(head_dim * config.get("partial_rotary_factor", 1.0))
     if not gpt2 and rotary % 2:
         raise ModelFileError(f"{where}: the head size ({rotary} rotary dimensions) must be even: rope turns "
                              "pairs of dimensions")

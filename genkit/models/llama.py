@@ -1,4 +1,5 @@
-"""The Llama family (Llama 1-3, Mistral, Qwen2, SmolLM): RMSNorm, RoPE, GQA, SwiGLU, SDPA.
+"""The Llama family (Llama 1-3, Mistral, Qwen2, Qwen3, SmolLM): RMSNorm, RoPE, GQA, SwiGLU, SDPA; Qwen3's
+per-head RMSNorm of q and k (``q_norm``/``k_norm``).
 
 Parameter names follow transformers' checkpoints (``model.layers.0.self_attn.q_proj.weight``) so
 safetensors files load as they are.
@@ -19,7 +20,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError, NotSupportedError, UnsupportedModelError
-from .base import GenkitModel, ModelConfig, eager_attention
+from .base import GenkitModel, ModelConfig, eager_attention, has_qk_norm, head_dim_of, kv_heads_of
 from .cache import KVCache
 from .llama_infer import PreparedModel, WeightsKey, has_hooks, linear, prepare_layers, rms_norm, run_layers
 from .mixin import GenerationMixin
@@ -93,20 +94,27 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.get("num_key_value_heads", self.num_heads)
-        self.head_dim = config.get("head_dim", config.hidden_size // self.num_heads)
+        self.num_kv_heads = kv_heads_of(config)
+        self.head_dim = head_dim_of(config)
         bias = bool(config.get("attention_bias", False)) or config.model_type == "qwen2"
         h = config.hidden_size
         self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bool(config.get("attention_bias", False)))
+        if has_qk_norm(config):  # Qwen3: an RMSNorm over each head of q and k, before the rotary embedding
+            eps = float(config.get("rms_norm_eps", 1e-6))
+            self.q_norm = RMSNorm(self.head_dim, eps)
+            self.k_norm = RMSNorm(self.head_dim, eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: KVCache | None, attentions: list[torch.Tensor] | None = None) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        if "q_norm" in self._modules:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         # sin carries rotate_half's sign, so rotate_half(x) * sin == swap_halves(x) * signed sin
         q = q * cos + swap_halves(q) * sin
@@ -166,7 +174,7 @@ def build_attention_mask(attention_mask: torch.Tensor | None, q_len: int, past_l
                          dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """Boolean SDPA mask ``(batch, 1, q_len, past_len + q_len)``, or None when causal alone will do.
 
-    ``window``: sliding-window attention (Mistral, Qwen2), a query sees only the ``window`` most
+    ``window``: sliding-window attention (Mistral, Qwen2, Qwen3), a query sees only the ``window`` most
     recent positions, itself included. A query position whose every key is padding may still
     attend to itself, so padded rows never produce NaN (their outputs are never read).
 
@@ -213,13 +221,13 @@ def layer_windows(config: ModelConfig) -> list[int | None]:
     window = config.sliding_window
     if config.model_type == "mistral" and "sliding_window" not in config.to_dict():
         window = 4096  # MistralConfig's default when config.json does not name one
-    if config.model_type == "qwen2" and not config.use_sliding_window:
-        window = None  # Qwen2Config's use_sliding_window defaults to False
+    if config.model_type in ("qwen2", "qwen3") and not config.use_sliding_window:
+        window = None  # Qwen2Config's and Qwen3Config's use_sliding_window defaults to False
     if not window:
         return [None] * n
     if config.layer_types:
         return [int(window) if kind == "sliding_attention" else None for kind in config.layer_types]
-    if config.model_type == "qwen2":
+    if config.model_type in ("qwen2", "qwen3"):
         first = int(config.get("max_window_layers", 28))
         return [int(window) if i >= first else None for i in range(n)]
     return [int(window)] * n
@@ -261,8 +269,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         self.model = LlamaInner(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
-        head_dim = config.get("head_dim", config.hidden_size // config.num_attention_heads)
-        inv_freq, self.attention_scaling = rope_inv_freq(config, head_dim)
+        inv_freq, self.attention_scaling = rope_inv_freq(config, head_dim_of(config))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.windows = layer_windows(config)
         self._prepared: tuple[tuple[Any, ...], PreparedModel | None] | None = None
@@ -274,8 +281,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
 
     def reset_buffers(self) -> None:
         """Recompute the non-persistent rope buffer (after building the model on the meta device)."""
-        head_dim = self.config.get("head_dim", self.config.hidden_size // self.config.num_attention_heads)
-        inv_freq, self.attention_scaling = rope_inv_freq(self.config, head_dim)
+        inv_freq, self.attention_scaling = rope_inv_freq(self.config, head_dim_of(self.config))
         self.inv_freq = inv_freq.to(self.device)
         self._rope_cache = None
 
@@ -358,8 +364,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         if reason is not None:
             raise NotSupportedError(reason)
         cfg = self.config
-        head_dim = cfg.get("head_dim", cfg.hidden_size // cfg.num_attention_heads)
-        return PagedKVStore(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, block_size=block_size,
+        return PagedKVStore(cfg.num_hidden_layers, kv_heads_of(cfg), head_dim_of(cfg), block_size=block_size,
                             num_blocks=num_blocks, dtype=self.dtype, device=self.device,
                             prepared=self._inference_weights(None, 0))
 
@@ -462,9 +467,11 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         if decoder is None or not decoder.dense:
             if self.self_speculation and prepared is not None and not self.__dict__.get("_speculation_warned"):
                 self.__dict__["_speculation_warned"] = True  # (said once per model)
+                why = ("its attention normalises q and k per head (Qwen3), which that decoder does not"
+                       if has_qk_norm(self.config) else
+                       "a float32 model on the kernel choice's 'gemv' route: GENKIT_KERNEL=decode:gemv")
                 logger.warning("self_speculation=True: this model's decode steps do not run on the float32 one-call "
-                               "decoder (a float32 model on the kernel choice's 'gemv' route: GENKIT_KERNEL=decode:gemv), "
-                               "so greedy search takes one token per step")
+                               "decoder (%s), so greedy search takes one token per step", why)
             return None
         token = int(input_ids[0, 0])
         known = take_ahead(cache, token, id(decoder))

@@ -61,6 +61,8 @@ class PreparedLayer(NamedTuple):
     window: int | None
     rotation: torch.Tensor
     packed: bool  # wqkv, wo, wgu, wd are oneDNN-packed copies (see pack())
+    # Qwen3's per-head RMSNorms of q and k (weight, eps of q_norm; of k_norm), applied before rope; None: none
+    qk_norm: tuple[torch.Tensor, float, torch.Tensor, float] | None = None
 
 
 class PreparedModel:
@@ -186,6 +188,21 @@ def has_hooks(modules: list[nn.Module]) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
+def _qk_norms_fit(attn: nn.Module, norm_type: type) -> bool:
+    """Whether an attention's q/k norms are none, or both ``norm_type`` (genkit's RMSNorm, not replaced)."""
+    norms = [attn._modules.get(name) for name in ("q_norm", "k_norm")]
+    return norms == [None, None] or all(type(n) is norm_type for n in norms)
+
+
+def qk_norm(attn: nn.Module) -> tuple[torch.Tensor, float, torch.Tensor, float] | None:
+    """A layer's :attr:`PreparedLayer.qk_norm`: the weights and epsilons of its attention's
+    ``q_norm`` and ``k_norm`` (Qwen3), or None when it has none."""
+    q, k = attn._modules.get("q_norm"), attn._modules.get("k_norm")
+    if q is None or k is None:
+        return None
+    return q.weight, float(q.eps), k.weight, float(k.eps)
+
+
 def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn.Linear,
                    packing: bool | None) -> PreparedModel | None:
     """Lay out each layer's weights (see the module docstring), pack them when wanted, and list
@@ -198,7 +215,8 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
             return None
         attn, mlp = layer.self_attn, layer.mlp
         if (type(attn) is not LlamaAttention or type(mlp) is not LlamaMLP
-                or type(layer.input_layernorm) is not RMSNorm or type(layer.post_attention_layernorm) is not RMSNorm):
+                or type(layer.input_layernorm) is not RMSNorm or type(layer.post_attention_layernorm) is not RMSNorm
+                or not _qk_norms_fit(attn, RMSNorm)):
             return None
         lins = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         if all(type(lin) is Int4Linear for lin in lins):
@@ -236,7 +254,7 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
                 wqkv, bqkv, layer.input_layernorm.weight, attn.o_proj.weight, attn.o_proj.bias, wgu, bgu,
                 layer.post_attention_layernorm.weight, mlp.down_proj.weight, mlp.down_proj.bias,
                 layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim, window,
-                rotations[attn.head_dim], False))
+                rotations[attn.head_dim], False, qk_norm(attn)))
         routes, choice = _dense_routes(prepared, lm_head, matrices, packing)
     from .block_decode import BlockDecoder
 
@@ -355,7 +373,7 @@ def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None], lm_head
             prepared.append(PreparedLayer(
                 wqkv, None, norm, attn.o_proj, None, wgu, None, layer.post_attention_layernorm.weight,
                 mlp.down_proj, None, layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                window, rotations[attn.head_dim], False))
+                window, rotations[attn.head_dim], False, qk_norm(attn)))
     from .block_decode import BlockDecoder
 
     # the block kernel's weights in huge pages, in the order a step reads them (before the decoder keeps pointers)
@@ -420,7 +438,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def project_qkv(p: PreparedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The first half of a decoder layer: ``(q, k, v)`` of ``x`` ``(batch, seq, hidden)``, each
-    ``(batch, heads, seq, head_dim)``, rope applied to ``q`` and ``k`` (the paged forward shares it)."""
+    ``(batch, heads, seq, head_dim)``, rope applied to ``q`` and ``k`` (after their per-head norms,
+    where the layer has them: Qwen3) (the paged forward shares it)."""
     b, t, _ = x.shape
     nq, nkv = p.num_heads, p.num_kv_heads
     qkv = _gemv(p.wqkv, x, PRE_RMS, p.norm1, p.eps, p.bqkv)
@@ -430,7 +449,11 @@ def project_qkv(p: PreparedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch
         qkv = qkv.view(b, nq + 2 * nkv, 1, p.head_dim)
     else:
         qkv = qkv.view(b, t, nq + 2 * nkv, p.head_dim).transpose(1, 2)
-    qk = qkv[:, : nq + nkv]
+    if p.qk_norm is None:
+        qk = qkv[:, : nq + nkv]
+    else:  # Qwen3: each head of q and k RMS-normalised before the rotary embedding
+        qw, q_eps, kw, k_eps = p.qk_norm
+        qk = torch.cat((rms_norm(qkv[:, :nq], qw, q_eps), rms_norm(qkv[:, nq:nq + nkv], kw, k_eps)), dim=1)
     qk = torch.addcmul(qk * cos, torch.matmul(qk, p.rotation), sin)  # rope on q and k at once
     return qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:]
 

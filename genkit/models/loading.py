@@ -34,11 +34,12 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "genkit.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "genkit.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "genkit.models.llama:LlamaForCausalLM",
+    "Qwen3ForCausalLM": "genkit.models.llama:LlamaForCausalLM",
     "GPT2LMHeadModel": "genkit.models.gpt2:GPT2LMHeadModel",
 }
 # config.json "model_type" -> architecture, for configs without "architectures"
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "gpt2": "GPT2LMHeadModel"}
+               "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel"}
 
 WEIGHT_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -1,0 +1,237 @@
+"""Qwen3ForCausalLM (dense): per-head RMSNorms of q and k (``q_norm``/``k_norm``) after the projections,
+before the rotary embedding. The module, inference, packed and sliding-window paths are in
+test_models_parity.py (its ``qwen3*`` configs); here: sampling, continuous batching, the one-call
+decoders' exclusion, save_pretrained, the transformers view, and GGUF files (F32, Q8_0, Q4_0) against
+transformers' GGUF loader on the same file. References: transformers on the same weights."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from test_models_parity import CONFIGS, _hf_model
+from test_quantized import IDS, MASK, _same_or_near_tie, kernel_of, quantized_roundoff, write_quantized_gguf
+from tolerance import logits_bound
+
+import genkit
+from genkit.errors import ModelFileError, NotSupportedError, UnsupportedModelError
+from genkit.models.block_decode import BlockDecoder
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+PROMPT = torch.tensor([[1, 17, 42, 99, 5, 23]])
+IDS3 = torch.tensor([[0, 0, 10, 20, 30], [1, 7, 8, 9, 10], [0, 4, 5, 6, 7]])
+MASK3 = (IDS3 != 0).long()
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """(folder, transformers model, genkit model): a tiny Qwen3 with random q/k norms, GQA, head_dim 128."""
+    torch.manual_seed(1234)
+    hf = _hf_model(CONFIGS["qwen3"]())
+    path = tmp_path_factory.mktemp("qwen3")
+    hf.save_pretrained(path)
+    return path, hf, genkit.load_model(path)
+
+
+def test_the_norms_are_loaded_and_run(qwen3):
+    _path, hf, ours = qwen3
+    attn = ours.model.layers[1].self_attn
+    assert attn.head_dim == 128 and attn.q_norm.weight.shape == (128,)
+    assert torch.equal(attn.k_norm.weight, hf.model.layers[1].self_attn.k_norm.weight)
+    ours.generate(PROMPT, max_new_tokens=2)
+    prepared = ours._prepared[1]
+    assert prepared.layers[1].qk_norm[2] is attn.k_norm.weight  # the inference path reads the module's norms
+
+
+@pytest.mark.parametrize("kw", [{"temperature": 0.9}, {"temperature": 0.7, "top_k": 8, "top_p": 0.9}])
+def test_sampling_draws_identical_to_transformers_under_the_same_seed(qwen3, kw):
+    _path, hf, ours = qwen3
+    torch.manual_seed(7)
+    ref = hf.generate(IDS3, attention_mask=MASK3, do_sample=True, max_new_tokens=32, pad_token_id=0,
+                      eos_token_id=None, **kw)
+    torch.manual_seed(7)
+    got = ours.generate(IDS3, attention_mask=MASK3, do_sample=True, max_new_tokens=32, eos_token_id=None, **kw)
+    assert torch.equal(got, ref)
+
+
+def test_continuous_batching_gives_the_tokens_of_generate(qwen3):
+    _path, hf, ours = qwen3
+    assert ours.paged_unsupported() is None
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 160, (int(n),), generator=g).tolist() for n in (3, 9, 1, 14, 6)]
+    config = genkit.GenerationConfig(prefill_chunk_size=4, continuous_batching_config={
+        "block_size": 4, "num_blocks": 64, "max_batch_tokens": 16})
+    results = ours.generate_batch(prompts, config, max_new_tokens=32, do_sample=False, eos_token_id=None)
+    for out, prompt in zip(results.values(), prompts):
+        ref = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32)
+        assert out.error is None and out.generated_tokens == ref[0, len(prompt):].tolist()
+
+
+def test_gemv_route_has_no_one_call_decoder_and_keeps_transformers_tokens(qwen3, gemv_route):
+    """The float32 one-call decoder (and so self-speculation) has no per-head q/k norms: a Qwen3 on the
+    gemv route runs its decode steps in torch, and gives transformers' tokens."""
+    path, hf, _ = qwen3
+    ours = genkit.load_model(path)
+    ours.self_speculation = True
+    ref = hf.generate(PROMPT, do_sample=False, max_new_tokens=32, min_new_tokens=32)
+    assert torch.equal(ours.generate(PROMPT, max_new_tokens=32, min_new_tokens=32), ref)
+    prepared = ours._prepared[1]
+    assert prepared.decoder is None and ours.speculation_stats is None
+    if type(prepared.layers[0].wqkv).__name__ == "Gemv":  # the route ran: only the norms keep the decoder out
+        assert BlockDecoder.build_dense([p._replace(qk_norm=None) for p in prepared.layers]) is not None
+
+
+def test_save_pretrained_round_trip(qwen3, tmp_path):
+    _path, hf, ours = qwen3
+    ours.generate(PROMPT, max_new_tokens=2)  # laid out for the inference path first
+    ours.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["model_type"] == "qwen3"
+    assert config["head_dim"] == 128
+    back_hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(back_hf).__name__ == "Qwen3ForCausalLM"
+    assert torch.equal(back_hf(PROMPT).logits, hf(PROMPT).logits)
+    assert torch.equal(genkit.load_model(tmp_path)(PROMPT).logits, ours(PROMPT).logits)
+
+
+def test_transformers_view_generates_transformers_tokens(qwen3):
+    from genkit.models.hf_view import transformers_view
+
+    _path, hf, ours = qwen3
+    view = transformers_view(ours)
+    assert type(view.config).__name__ == "Qwen3Config"
+    ref = hf.generate(PROMPT, do_sample=False, max_new_tokens=16, min_new_tokens=16)
+    assert torch.equal(view.generate(PROMPT, do_sample=False, max_new_tokens=16, min_new_tokens=16), ref)
+
+
+def test_a_checkpoint_without_its_norms_is_refused_by_name(qwen3, tmp_path):
+    from safetensors.torch import load_file
+
+    from genkit.models.saving import write_safetensors
+
+    path, _hf, _ours = qwen3
+    state = {k: v for k, v in load_file(str(path / "model.safetensors")).items() if "q_norm" not in k}
+    write_safetensors(str(tmp_path / "model.safetensors"), state)
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    with pytest.raises(ModelFileError, match=r"missing tensors \['model\.layers\.0\.self_attn\.q_norm\.weight'"):
+        genkit.load_model(tmp_path)
+
+
+def test_unknown_architectures_list_qwen3(tmp_path):
+    config = json.loads(json.dumps(CONFIGS["qwen3"]().to_dict()))
+    config["architectures"] = ["Qwen3MoeForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match=r"unknown architecture 'Qwen3MoeForCausalLM'; supported: .*"
+                                                    r"Qwen2ForCausalLM, Qwen3ForCausalLM"):
+        genkit.load_model(tmp_path)
+
+
+# -- GGUF -------------------------------------------------------------------------------------------
+
+def _hf_gguf(path):
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+
+
+def test_f32_gguf_matches_transformers_gguf_load(tmp_path):
+    """llama.cpp's converter writes Qwen3's q/k rows as they are (no rope permutation, as for Qwen2):
+    genkit and transformers read the same weights; head_dim from ``qwen3.attention.key_length``."""
+    path = tmp_path / "qwen3-f32.gguf"
+    write_quantized_gguf(path, "F32", "F32", tied=False, arch="qwen3", head_dim=128, seed=3)
+    hf, ours = _hf_gguf(path), genkit.load_model(path)
+    assert ours.config.head_dim == 128 and ours.config.model_type == "qwen3"
+    for name, ref in hf.state_dict().items():
+        assert torch.equal(ours.state_dict()[name], ref), name
+    torch.testing.assert_close(ours(IDS, attention_mask=MASK).logits[MASK.bool()],
+                               hf(IDS, attention_mask=MASK).logits[MASK.bool()],
+                               atol=logits_bound(ours, IDS, MASK), rtol=0)
+    ref = hf.generate(IDS[:1], do_sample=False, max_new_tokens=32, min_new_tokens=32)
+    assert torch.equal(ours.generate(IDS[:1], max_new_tokens=32, min_new_tokens=32), ref)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_quantized_gguf_runs_quantized_on_the_torch_path(tmp_path, qtype):
+    """Kept quantized (the block kernel's layers); no one-call decoder (it has no q/k norms); the
+    de-quantized model is transformers' GGUF load of the same file; continuous batching gives generate's tokens."""
+    from genkit.models.quant import Int4Linear
+
+    path = tmp_path / f"qwen3-{qtype}.gguf"
+    write_quantized_gguf(path, qtype, "Q8_0", tied=True, arch="qwen3", head_dim=128, seed=4)
+    q, f, hf = genkit.load_model(path), genkit.load_model(path, dequantize=True), _hf_gguf(path)
+    assert type(q.model.layers[0].self_attn.q_proj) is Int4Linear
+    torch.testing.assert_close(f(IDS, attention_mask=MASK).logits[MASK.bool()],
+                               hf(IDS, attention_mask=MASK).logits[MASK.bool()],
+                               atol=logits_bound(f, IDS, MASK), rtol=0)
+    lq, lf = q(IDS, attention_mask=MASK).logits, f(IDS, attention_mask=MASK).logits
+    assert (lq - lf).abs().max() <= logits_bound(f, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
+    kw = {"max_new_tokens": 32, "eos_token_id": None, "pad_token_id": 0}
+    out_q = q.generate(IDS, attention_mask=MASK, **kw)
+    assert torch.equal(f.generate(IDS, attention_mask=MASK, **kw),
+                       hf.generate(IDS, attention_mask=MASK, do_sample=False, **kw))
+    _same_or_near_tie(f, out_q, f.generate(IDS, attention_mask=MASK, **kw), MASK)
+    one = q.generate(IDS[:1], **kw)
+    prepared = q._prepared[1]
+    assert prepared.decoder is None
+    if kernel_of(q) == "blocks":  # only the norms keep the one-call decoder out
+        assert BlockDecoder.build([p._replace(qk_norm=None) for p in prepared.layers]) is not None
+    batch = q.generate_batch([IDS[0].tolist()], max_new_tokens=32, do_sample=False, eos_token_id=None)
+    assert batch["req_0"].generated_tokens == one[0, IDS.shape[1]:].tolist()
+
+
+def test_gguf_linear_rope_scaling_is_read_and_yarn_refused(tmp_path):
+    """``qwen3.rope.scaling.type``: linear is transformers' linear scaling (the same weights in a
+    transformers Qwen3 with ``rope_parameters`` linear give the same logits; transformers' GGUF loader
+    itself drops the key); YaRN is refused by name, not run with plain rotary tables."""
+    path = tmp_path / "linear.gguf"
+    write_quantized_gguf(path, "F32", "F32", tied=False, arch="qwen3", head_dim=128, seed=6,
+                         rope_scaling=("linear", 4.0))
+    ours = genkit.load_model(path)
+    assert ours.config.rope_scaling == {"rope_type": "linear", "factor": 4.0}
+    plain = _hf_gguf(path)
+    cfg = copy.deepcopy(plain.config)
+    cfg.rope_parameters = {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
+    hf = transformers.Qwen3ForCausalLM(cfg).eval()
+    hf.load_state_dict(plain.state_dict())
+    ids = torch.randint(3, 200, (1, 40), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=logits_bound(ours, ids), rtol=0)
+    assert not torch.allclose(ours(ids).logits, plain(ids).logits, atol=logits_bound(ours, ids), rtol=0)
+    write_quantized_gguf(tmp_path / "yarn.gguf", "F32", "F32", arch="qwen3", rope_scaling=("yarn", 4.0))
+    with pytest.raises(UnsupportedModelError, match=r"metadata 'qwen3\.rope\.scaling\.type' is 'yarn'; "
+                                                    r"accepted: 'none', 'linear'"):
+        genkit.load_model(tmp_path / "yarn.gguf")
+
+
+def test_llama_cpp_numerics_is_refused_by_name(tmp_path):
+    path = tmp_path / "qwen3-q8.gguf"
+    write_quantized_gguf(path, "Q8_0", arch="qwen3", head_dim=32)
+    with pytest.raises(NotSupportedError, match=r"`numerics`='llama\.cpp' runs every step on the block kernel's "
+                                                r"one-call decoder, which has no per-head q/k norms"):
+        genkit.load_model(path, numerics="llama.cpp")
+
+
+def test_gguf_norm_tensors_belong_to_qwen3_only(tmp_path):
+    """``attn_q_norm`` in a file of another architecture is an unexpected tensor (it would be dropped)."""
+    path = tmp_path / "llama-with-norms.gguf"
+    write_quantized_gguf(path, "F32", "F32", arch="qwen3", head_dim=16)
+    reader = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(tmp_path / "llama.gguf"), arch="llama")
+    for field in reader.fields.values():
+        if field.name.startswith("qwen3."):
+            w.add_key_value(field.name.replace("qwen3.", "llama.", 1), field.contents(), field.types[0])
+    for t in reader.tensors:
+        w.add_tensor(t.name, t.data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFileError, match=r"unexpected tensor 'blk\.0\.attn_q_norm\.weight' for architecture 'llama'"):
+        genkit.load_model(tmp_path / "llama.gguf")
+    with pytest.raises(UnsupportedModelError, match=r"supported: llama, mistral, qwen2, qwen3"):
+        from genkit.models.gguf import read_gguf_config
+
+        bad = tmp_path / "moe.gguf"
+        write_quantized_gguf(bad, "F32", "F32", arch="qwen3moe")
+        read_gguf_config(bad)
