@@ -483,7 +483,9 @@ class Tokenizer:
         if not tokenize:
             return texts if batched else texts[0]
         extra = dict(tokenizer_kwargs or {})
-        extra.pop("add_special_tokens", None)
+        if "add_special_tokens" in extra:  # the template places the special tokens (transformers: a TypeError)
+            raise ConfigError("`tokenizer_kwargs` cannot set `add_special_tokens`: the chat template adds the special "
+                              "tokens it needs, and none are added on top")
         enc = self(texts if batched else texts[0], padding=padding, truncation=truncation, max_length=max_length,
                    add_special_tokens=False, return_tensors=return_tensors, **extra)
         if return_assistant_tokens_mask:

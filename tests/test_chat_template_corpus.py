@@ -173,6 +173,10 @@ def test_continue_final_message_with_a_field_name_and_its_errors(pair):
         ours.apply_chat_template(messages, chat_template=template, continue_final_message="summary")
     with pytest.raises(ConfigError, match="`conversation` is empty"):
         ours.apply_chat_template([], chat_template=template)
+    with pytest.raises(TypeError, match="add_special_tokens"):  # transformers: the keyword given twice
+        ref.apply_chat_template(messages[:1], chat_template=template, tokenizer_kwargs={"add_special_tokens": True})
+    with pytest.raises(ConfigError, match="`tokenizer_kwargs` cannot set `add_special_tokens`"):
+        ours.apply_chat_template(messages[:1], chat_template=template, tokenizer_kwargs={"add_special_tokens": True})
 
 
 def test_the_template_environment_keeps_its_budgets():
