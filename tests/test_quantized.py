@@ -153,21 +153,22 @@ HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 64, 128, 4, 2, 256
 
 def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool = True, seed: int = 0,
                          hidden: int = HIDDEN, ffn: int = FFN, arch: str = "llama", head_dim: int | None = None,
-                         rope_scaling: tuple[str, float] | None = None) -> None:
-    """A 2-layer random Llama whose projections are ``qtype`` blocks (made by the gguf package;
-    random blocks for the K-quants, which it cannot make). ``arch="qwen3"``: a Qwen3 as llama.cpp's
-    converter writes one, with ``head_dim`` (``attention.key_length``) and per-head q/k norms (F32).
-    ``rope_scaling``: ``(rope.scaling.type, rope.scaling.factor)``."""
+                         rope_scaling: tuple[str, float] | None = None, layers: int = 2, heads: int = HEADS,
+                         kv_heads: int = KV_HEADS) -> None:
+    """A random Llama (2 layers unless ``layers``) whose projections are ``qtype`` blocks (made by the
+    gguf package; random blocks for the K-quants, which it cannot make). ``arch="qwen3"``: a Qwen3 as
+    llama.cpp's converter writes one, with ``head_dim`` (``attention.key_length``) and per-head q/k
+    norms (F32). ``rope_scaling``: ``(rope.scaling.type, rope.scaling.factor)``."""
     w = gguf.GGUFWriter(str(path), arch=arch)
-    w.add_block_count(2)
+    w.add_block_count(layers)
     w.add_context_length(256)
     w.add_embedding_length(hidden)
     w.add_feed_forward_length(ffn)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    head_dim = head_dim or hidden // HEADS
+    head_dim = head_dim or hidden // heads
     if rope_scaling is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling[0]))
         w.add_rope_scaling_factor(rope_scaling[1])
@@ -197,8 +198,8 @@ def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool
     if not tied:
         tensor("output.weight", (VOCAB, hidden), qtype)
     tensor("output_norm.weight", (hidden,), "F32")
-    q, kv = head_dim * HEADS, head_dim * KV_HEADS
-    for i in range(2):
+    q, kv = head_dim * heads, head_dim * kv_heads
+    for i in range(layers):
         tensor(f"blk.{i}.attn_norm.weight", (hidden,), "F32")
         tensor(f"blk.{i}.ffn_norm.weight", (hidden,), "F32")
         tensor(f"blk.{i}.attn_q.weight", (q, hidden), qtype)

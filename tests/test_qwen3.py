@@ -1,8 +1,9 @@
 """Qwen3ForCausalLM (dense): per-head RMSNorms of q and k (``q_norm``/``k_norm``) after the projections,
 before the rotary embedding. The module, inference, packed and sliding-window paths are in
 test_models_parity.py (its ``qwen3*`` configs); here: sampling, continuous batching, the one-call
-decoders' exclusion, save_pretrained, the transformers view, and GGUF files (F32, Q8_0, Q4_0) against
-transformers' GGUF loader on the same file. References: transformers on the same weights."""
+decoders (quantized, float32 gemv, self-speculation: the norms in the kernel's step), save_pretrained,
+the transformers view, and GGUF files (F32, Q8_0, Q4_0) against transformers' GGUF loader on the same
+file. References: transformers on the same weights, and the per-layer torch path."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import json
 
 import pytest
 import torch
+from test_block_kernel import _prefilled, one_call_and_torch_path
 from test_models_parity import CONFIGS, _hf_model
 from test_quantized import IDS, MASK, _same_or_near_tie, kernel_of, quantized_roundoff, write_quantized_gguf
-from tolerance import logits_bound
+from tolerance import U_BLOCK_ACTIVATION_NORM, hidden_bound, logits_bound
 
 import genkit
 from genkit.errors import ModelFileError, NotSupportedError, UnsupportedModelError
+from genkit.models import block_kernel, dense_kernel
 from genkit.models.block_decode import BlockDecoder
 
 transformers = pytest.importorskip("transformers")
@@ -71,18 +74,36 @@ def test_continuous_batching_gives_the_tokens_of_generate(qwen3):
         assert out.error is None and out.generated_tokens == ref[0, len(prompt):].tolist()
 
 
-def test_gemv_route_has_no_one_call_decoder_and_keeps_transformers_tokens(qwen3, gemv_route):
-    """The float32 one-call decoder (and so self-speculation) has no per-head q/k norms: a Qwen3 on the
-    gemv route runs its decode steps in torch, and gives transformers' tokens."""
+def _without_decoder(model, run):
+    """``run()`` on the per-layer torch path: the prepared model's one-call decoder set aside meanwhile."""
+    prepared = model._prepared[1]
+    decoder, prepared.decoder = prepared.decoder, None
+    try:
+        return run()
+    finally:
+        prepared.decoder = decoder
+
+
+@pytest.mark.skipif(block_kernel._compiler() is None or not dense_kernel.available(),
+                    reason="no C compiler: no gemv route nor one-call decoder here")
+def test_gemv_route_runs_the_one_call_decoder_and_self_speculation(qwen3, gemv_route):
+    """On the gemv route a Qwen3's batch-1 decode steps run on the float32 one-call decoder, its q/k norms
+    in the kernel's step: greedy tokens are transformers' and the torch path's, and self-speculation
+    (which drafts and checks on that decoder) gives the same tokens."""
     path, hf, _ = qwen3
     ours = genkit.load_model(path)
-    ours.self_speculation = True
     ref = hf.generate(PROMPT, do_sample=False, max_new_tokens=32, min_new_tokens=32)
-    assert torch.equal(ours.generate(PROMPT, max_new_tokens=32, min_new_tokens=32), ref)
+    kw = {"max_new_tokens": 32, "eos_token_id": None}  # (no logits processor: greedy steps give the token alone)
+    ours.self_speculation = False
+    assert torch.equal(ours.generate(PROMPT, **kw), ref)
     prepared = ours._prepared[1]
-    assert prepared.decoder is None and ours.speculation_stats is None
-    if type(prepared.layers[0].wqkv).__name__ == "Gemv":  # the route ran: only the norms keep the decoder out
-        assert BlockDecoder.build_dense([p._replace(qk_norm=None) for p in prepared.layers]) is not None
+    assert type(prepared.layers[0].wqkv).__name__ == "Gemv"  # the route ran
+    assert isinstance(prepared.decoder, BlockDecoder) and prepared.decoder.dense
+    assert prepared.decoder.table[0].q_norm == prepared.layers[0].qk_norm[0].data_ptr()
+    assert torch.equal(_without_decoder(ours, lambda: ours.generate(PROMPT, **kw)), ref)
+    ours.self_speculation = True
+    assert torch.equal(ours.generate(PROMPT, **kw), ref)
+    assert ours.speculation_stats["checks"] > 0 and ours.speculation_stats["drafted"] > 0
 
 
 def test_save_pretrained_round_trip(qwen3, tmp_path):
@@ -153,9 +174,10 @@ def test_f32_gguf_matches_transformers_gguf_load(tmp_path):
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
-def test_quantized_gguf_runs_quantized_on_the_torch_path(tmp_path, qtype):
-    """Kept quantized (the block kernel's layers); no one-call decoder (it has no q/k norms); the
-    de-quantized model is transformers' GGUF load of the same file; continuous batching gives generate's tokens."""
+def test_quantized_gguf_runs_quantized_on_the_one_call_decoder(tmp_path, qtype):
+    """Kept quantized (the block kernel's layers), decode steps on the one-call decoder (its q/k norms
+    in the kernel's step) giving the torch path's tokens; the de-quantized model is transformers' GGUF
+    load of the same file; continuous batching gives generate's tokens."""
     from genkit.models.quant import Int4Linear
 
     path = tmp_path / f"qwen3-{qtype}.gguf"
@@ -173,12 +195,43 @@ def test_quantized_gguf_runs_quantized_on_the_torch_path(tmp_path, qtype):
                        hf.generate(IDS, attention_mask=MASK, do_sample=False, **kw))
     _same_or_near_tie(f, out_q, f.generate(IDS, attention_mask=MASK, **kw), MASK)
     one = q.generate(IDS[:1], **kw)
-    prepared = q._prepared[1]
-    assert prepared.decoder is None
-    if kernel_of(q) == "blocks":  # only the norms keep the one-call decoder out
-        assert BlockDecoder.build([p._replace(qk_norm=None) for p in prepared.layers]) is not None
+    if kernel_of(q) == "blocks":
+        assert isinstance(q._prepared[1].decoder, BlockDecoder)
+        assert torch.equal(_without_decoder(q, lambda: q.generate(IDS[:1], **kw)), one)
     batch = q.generate_batch([IDS[0].tolist()], max_new_tokens=32, do_sample=False, eos_token_id=None)
     assert batch["req_0"].generated_tokens == one[0, IDS.shape[1]:].tolist()
+
+
+@pytest.mark.skipif(not block_kernel.available(), reason="no C compiler for the block kernel")
+@pytest.mark.parametrize(("qtype", "rows"), [("Q4_0", 1), ("Q8_0", 1), ("Q8_0", 3)])
+def test_a_quantized_decode_step_in_one_call_applies_the_norms_as_the_torch_path(tmp_path, qtype, rows):
+    """The one-call step's hidden state and new keys/values against the per-layer torch path's, within
+    the bound of summing in another order (tolerance.hidden_bound, whose Qwen3 terms count the norms);
+    the same decoder without the norms lands outside that bound (the check sees them)."""
+    path = tmp_path / f"qwen3-{qtype}.gguf"
+    write_quantized_gguf(path, qtype, "Q8_0", tied=True, arch="qwen3", head_dim=128, seed=4)
+    model = genkit.load_model(path)
+    ids = torch.tensor([[1, 17, 33, 5, 250, 9], [3, 4, 5, 6, 7, 8], [9, 9, 9, 1, 2, 3]])[:rows]
+    pos = ids.shape[1]
+    x = torch.randn(rows, 1, model.config.hidden_size, generator=torch.Generator().manual_seed(rows))
+    cos, sin = model.rope(torch.tensor([[pos]]), x.dtype, pos, 1)
+    with torch.no_grad():
+        caches = [_prefilled(model, ids) for _ in range(3)]
+        prepared = model._prepared[1]
+        assert isinstance(prepared.decoder, BlockDecoder)
+        ours, want = one_call_and_torch_path(prepared, x, cos, sin, caches[0], caches[1], None)
+        bare = BlockDecoder.build([p._replace(qk_norm=None) for p in prepared.layers])
+        without = bare(x, cos, sin, {None: None}, caches[2], None)
+    n, u = len(prepared.layers), U_BLOCK_ACTIVATION_NORM
+    atol = hidden_bound(model.config, pos + 1, n, want, linear_u=u)
+    torch.testing.assert_close(ours, want, rtol=0, atol=atol)
+    assert (without - want).abs().max() > 100 * atol
+    for i in range(n):
+        for got, ref in ((caches[0].keys[i], caches[1].keys[i]), (caches[0].values[i], caches[1].values[i])):
+            torch.testing.assert_close(got[:, :, :pos], ref[:, :, :pos], rtol=0, atol=0)
+            new = ref[:, :, pos:pos + 1]
+            atol = hidden_bound(model.config, pos + 1, i + 1, new, linear_u=u)
+            torch.testing.assert_close(got[:, :, pos:pos + 1], new, rtol=0, atol=atol)
 
 
 def test_gguf_linear_rope_scaling_is_read_and_yarn_refused(tmp_path):
@@ -207,8 +260,9 @@ def test_gguf_linear_rope_scaling_is_read_and_yarn_refused(tmp_path):
 def test_llama_cpp_numerics_is_refused_by_name(tmp_path):
     path = tmp_path / "qwen3-q8.gguf"
     write_quantized_gguf(path, "Q8_0", arch="qwen3", head_dim=32)
-    with pytest.raises(NotSupportedError, match=r"`numerics`='llama\.cpp' runs every step on the block kernel's "
-                                                r"one-call decoder, which has no per-head q/k norms"):
+    with pytest.raises(NotSupportedError, match=r"`numerics`='llama\.cpp' follows llama\.cpp's operations one by one, "
+                                                r"and its per-head q/k norms \(Qwen3's q_norm/k_norm\) have not been "
+                                                r"checked against llama\.cpp"):
         genkit.load_model(path, numerics="llama.cpp")
 
 

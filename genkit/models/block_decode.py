@@ -9,7 +9,8 @@ genkit's :class:`~genkit.models.cache.KVCache` buffers in place. The rows must b
 position with no padding (one sequence, beams, samples of one prompt); anything else (a prompt,
 a padding mask, a sliding window, hidden states asked for, a cache of another kind or without
 room) takes the torch path. A model whose attention normalises q and k per head (Qwen3's
-``q_norm``/``k_norm``) has no one-call decoder: its steps run the torch path. Under ``numerics="llama.cpp"`` a prompt runs here too, its tokens as rows
+``q_norm``/``k_norm``) has them applied in the step too, each head in float32 before the rotary
+embedding, as the torch path does. Under ``numerics="llama.cpp"`` a prompt runs here too, its tokens as rows
 of one step (:meth:`BlockDecoder.steps`).
 
 A decode step on genkit's own model also takes its ends into the call (``gk_decode_logits``,
@@ -51,7 +52,9 @@ class _Layer(ctypes.Structure):
                 ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int), ("eps", ctypes.c_float),
                 ("act_qkv", ctypes.c_int), ("act_o", ctypes.c_int), ("act_gu", ctypes.c_int), ("act_d", ctypes.c_int),
                 ("llama", ctypes.c_int), ("gemv", ctypes.c_void_p), ("ld_qkv", ctypes.c_long), ("ld_o", ctypes.c_long),
-                ("ld_gu", ctypes.c_long), ("ld_d", ctypes.c_long), ("window", ctypes.c_int), ("sink", ctypes.c_int)]
+                ("ld_gu", ctypes.c_long), ("ld_d", ctypes.c_long), ("window", ctypes.c_int), ("sink", ctypes.c_int),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("q_eps", ctypes.c_float),
+                ("k_eps", ctypes.c_float)]
 
 
 class _Ends(ctypes.Structure):
@@ -137,20 +140,29 @@ def _dims(w: Any) -> tuple[int, int]:
     return (w.out_features, w.in_features) if hasattr(w, "out_features") else (int(w.shape[0]), int(w.shape[1]))
 
 
+def _with_qk_norm(layer: _Layer, p: Any) -> _Layer:
+    """``layer`` with the prepared layer's per-head q/k norms (Qwen3's ``qk_norm``; none: NULL)."""
+    if p.qk_norm is not None:
+        qw, layer.q_eps, kw, layer.k_eps = p.qk_norm
+        layer.q_norm, layer.k_norm = qw.data_ptr(), kw.data_ptr()
+    return layer
+
+
 def _block_layer(p: Any, llama: int) -> _Layer:
     """A quantized layer's entry: its block weights, bit widths and activation roundings."""
-    return _Layer(p.wqkv.blocks.data_ptr(), p.wo.blocks.data_ptr(), p.wgu.blocks.data_ptr(), p.wd.blocks.data_ptr(),
-                  p.norm1.data_ptr(), p.norm2.data_ptr(), p.wqkv.bits, p.wo.bits, p.wgu.bits, p.wd.bits,
-                  p.num_heads, p.num_kv_heads, p.head_dim, p.wd.in_features, p.eps,
-                  p.wqkv.act, p.wo.act, p.wgu.act, p.wd.act, llama, None, 0, 0, 0, 0)
+    return _with_qk_norm(_Layer(
+        p.wqkv.blocks.data_ptr(), p.wo.blocks.data_ptr(), p.wgu.blocks.data_ptr(), p.wd.blocks.data_ptr(),
+        p.norm1.data_ptr(), p.norm2.data_ptr(), p.wqkv.bits, p.wo.bits, p.wgu.bits, p.wd.bits,
+        p.num_heads, p.num_kv_heads, p.head_dim, p.wd.in_features, p.eps,
+        p.wqkv.act, p.wo.act, p.wgu.act, p.wd.act, llama, None, 0, 0, 0, 0), p)
 
 
 def _dense_layer(p: Any, gemv: int) -> _Layer:
     """A float32 layer's entry: its column-major weights for the dense kernel's product at ``gemv``."""
     w = (p.wqkv, p.wo, p.wgu, p.wd)
-    return _Layer(*(g.weight.data_ptr() for g in w), p.norm1.data_ptr(), p.norm2.data_ptr(), 0, 0, 0, 0,
-                  p.num_heads, p.num_kv_heads, p.head_dim, int(p.wd.shape[1]), p.eps, 0, 0, 0, 0, 0, gemv,
-                  *(g.ld for g in w))
+    return _with_qk_norm(_Layer(*(g.weight.data_ptr() for g in w), p.norm1.data_ptr(), p.norm2.data_ptr(), 0, 0, 0, 0,
+                                p.num_heads, p.num_kv_heads, p.head_dim, int(p.wd.shape[1]), p.eps, 0, 0, 0, 0, 0,
+                                gemv, *(g.ld for g in w)), p)
 
 
 class _Buffers:
@@ -258,7 +270,9 @@ class BlockDecoder:
         hidden = first.norm1.shape[0]
         if any(b is not None for b in (p.bqkv, p.bo, p.bgu, p.bd)) or p.window is not None or p.packed:
             return False
-        if p.qk_norm is not None:  # the kernel's step has no per-head q/k norms (Qwen3): the torch path runs them
+        if p.qk_norm is not None and any(  # Qwen3's per-head q/k norms: float32 weights of one head's width
+                n.dtype != torch.float32 or n.device.type != "cpu" or not n.is_contiguous() or n.shape != (p.head_dim,)
+                for n in p.qk_norm[::2]):
             return False
         if any(n.dtype != torch.float32 or not n.is_contiguous() or n.shape != (hidden,) for n in (p.norm1, p.norm2)):
             return False

@@ -1438,6 +1438,11 @@ typedef struct {
      * positions and the last `window` only (a guess needs no more; its step's cost stays flat with the
      * context); 0: every position */
     int window, sink;
+    /* Qwen3's per-head RMSNorms of q and k (transformers' Qwen3RMSNorm over each head_dim-long head, in
+     * float32, with weights q_norm/k_norm of head_dim floats and epsilons q_eps/k_eps), applied after the
+     * q/k/v product and before the rotary embedding; NULL: none (Llama, Mistral, Qwen2) */
+    const float *q_norm, *k_norm;
+    float q_eps, k_eps;
 } gk_layer;
 
 enum { GK_W_QKV, GK_W_O, GK_W_GU, GK_W_D };
@@ -1939,8 +1944,8 @@ static float exp_shifted(float *v, int n, float mx) {
     return sum;
 }
 
-/* rope on q and k of every row (its own position's cos/sin), the new key/value into the cache (rows
- * shared among threads: each writes its own cells) */
+/* rope on q and k of every row (its own position's cos/sin), after each head's RMSNorm where the layer
+ * has them (Qwen3), the new key/value into the cache (rows shared among threads: each writes its own cells) */
 static void rope_and_store(const gk_layer *L, float *qkv, int rows, const float *cos_, const float *sin_, int cs_stride,
                            const int32_t *pos, float *kc, float *vc, const gk_kv *kv, int threads) {
     int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, nqkv = (nq + 2 * nkv) * d;
@@ -1950,6 +1955,9 @@ static void rope_and_store(const gk_layer *L, float *qkv, int rows, const float 
         for (int i = 0; i < nq + nkv; i++) {
             float *v = qr + (size_t)i * d;
             const float *c = cos_ + (size_t)r * cs_stride, *sn = sin_ + (size_t)r * cs_stride;
+            const float *w = i < nq ? L->q_norm : L->k_norm;
+            if (w != NULL)  /* (in place: each element is read before it is written) */
+                (L->llama ? rms_norm_llama : rms_norm)(v, w, i < nq ? L->q_eps : L->k_eps, d, v);
             if (L->llama) rope_llama(v, c, sn, d); else rope(v, c, sn, d);
         }
         for (int j = 0; j < nkv; j++) {

@@ -467,11 +467,9 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         if decoder is None or not decoder.dense:
             if self.self_speculation and prepared is not None and not self.__dict__.get("_speculation_warned"):
                 self.__dict__["_speculation_warned"] = True  # (said once per model)
-                why = ("its attention normalises q and k per head (Qwen3), which that decoder does not"
-                       if has_qk_norm(self.config) else
-                       "a float32 model on the kernel choice's 'gemv' route: GENKIT_KERNEL=decode:gemv")
                 logger.warning("self_speculation=True: this model's decode steps do not run on the float32 one-call "
-                               "decoder (%s), so greedy search takes one token per step", why)
+                               "decoder (%s), so greedy search takes one token per step",
+                               "a float32 model on the kernel choice's 'gemv' route: GENKIT_KERNEL=decode:gemv")
             return None
         token = int(input_ids[0, 0])
         known = take_ahead(cache, token, id(decoder))

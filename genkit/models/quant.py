@@ -386,9 +386,9 @@ def _check_llama_numerics(model: nn.Module, layers: list[Int4Linear], numerics: 
 
     config = getattr(model, "config", None)
     if config is not None and has_qk_norm(config):
-        raise NotSupportedError(f"`numerics`={numerics!r} runs every step on the block kernel's one-call decoder, "
-                                "which has no per-head q/k norms (Qwen3's q_norm/k_norm); this model runs with "
-                                "numerics='genkit'")
+        raise NotSupportedError(f"`numerics`={numerics!r} follows llama.cpp's operations one by one, and its per-head "
+                                "q/k norms (Qwen3's q_norm/k_norm) have not been checked against llama.cpp; this model "
+                                "runs with numerics='genkit'")
     if config is not None and (config.get("rope_scaling") or config.get("rope_parameters")):
         raise NotSupportedError(f"`numerics`={numerics!r} computes plain rotary tables; this model scales its rope")
     return native_llama_numerics() if numerics == "llama.cpp" else numerics
