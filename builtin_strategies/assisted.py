@@ -13,7 +13,8 @@ logits processors are applied position by position exactly as plain decoding wou
   token is drawn from ``p``. A generator without draft scores (n-gram lookup) counts as a draft that
   puts all its mass on its candidate. The output follows the target's distribution.
 
-The target's cache is rolled back with ``crop()`` after each round. Stopping criteria are checked
+The target's cache is rolled back with ``crop()`` after each round (a cache with sliding-window
+layers keeps what the round added until then: ``Stepper.rollback``). Stopping criteria are checked
 after every accepted token, so EOS, ``max_length`` and custom criteria end the output where plain
 decoding would. Drafted tokens past ``max_length`` could never be kept and are not verified; a
 sampled draft without scores still takes the random numbers of its whole length, as transformers
@@ -123,7 +124,7 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
     # refuses a passed cache that already holds the whole prompt
     stepper = Stepper(call, output_hidden_states=record.want_hidden)
     rounds = drafted_total = accepted_total = 0
-    with FinishTracker(call) as finish:
+    with FinishTracker(call) as finish, stepper.rollback():  # the first forward already holds a draft
         done = False
         while not done:
             cur = stepper.length

@@ -149,6 +149,9 @@ class DraftModelCandidateGenerator:
         self.do_sample = do_sample
         self.logits_processor = logits_processor
         self.cache: Any = assistant_model.new_cache() if hasattr(assistant_model, "new_cache") else None
+        record = getattr(self.cache, "record_past", None)
+        if record is not None:  # sliding-window layers keep what a draft adds until the next crop
+            record(True)
         self._seen = 0  # tokens of the sequence the assistant cache holds
         self._last: torch.Tensor | None = None  # the sequence of the last draft
         self._pending_logits: torch.Tensor | None = None  # assistant logits after the last seen token
@@ -176,8 +179,7 @@ class DraftModelCandidateGenerator:
                 differ = (self._last[0, :n] != input_ids[0, :n]).nonzero()
                 if differ.numel():
                     keep = int(differ[0, 0])
-            if self.cache.get_seq_length() > keep:
-                self.cache.crop(keep)
+            self.cache.crop(keep)  # (recording sliding-window layers are cut back to the window even when nothing goes)
             logits = self._forward(input_ids[:, keep:])
         else:
             logits = self._forward(input_ids)

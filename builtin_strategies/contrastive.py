@@ -16,6 +16,7 @@ tests compare with token for token (``tests/fixtures/make_strategy_refs.py``).
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -123,8 +124,9 @@ def _all_candidates_at_once(call: StrategyCall, alpha: float, top_k: int) -> Gen
     stepper = Stepper(call, rows_per_prompt=top_k, output_hidden_states=True)
     chosen = torch.arange(call.batch, device=call.device) * top_k  # the row each prompt continues from
     batch_index = torch.arange(call.batch, device=call.device)
-    with FinishTracker(call) as finish:
+    with FinishTracker(call) as finish, ExitStack() as rolling:
         logits = stepper.prefill()[chosen]
+        rolling.enter_context(stepper.rollback())  # the last step's token leaves the cache at the end
         hidden = stepper.hidden_states
         assert hidden is not None
         context = Degeneration(call, hidden[-1][chosen])
@@ -151,11 +153,12 @@ def _all_candidates_at_once(call: StrategyCall, alpha: float, top_k: int) -> Gen
                 step_attentions = _attention_rows(stepper.attentions, chosen)
             if finish.update(stepper.ids[chosen, :stepper.length], scores, tokens):
                 break
+            stepper.crop(stepper.length)  # (a recording sliding-window cache back to its window)
             rows = chosen.repeat_interleave(top_k)
-    cache = stepper.cache
-    if cache is not None:  # the chosen rows, without the last token (as after any other strategy)
-        cache.select(chosen)
-        cache.crop(stepper.length - 1)
+        cache = stepper.cache
+        if cache is not None:  # the chosen rows, without the last token (as after any other strategy)
+            cache.select(chosen)
+            cache.crop(stepper.length - 1)
     return GenerateDecoderOnlyOutput(sequences=stepper.ids[chosen, :stepper.length], past_key_values=cache,
                                      finish_reasons=finish.reasons, **record.as_tuples())
 
@@ -167,8 +170,9 @@ def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> Ge
     record = StepOutputs(call.config)
     stepper = Stepper(call, output_hidden_states=True)
     batch_index = torch.arange(call.batch, device=call.device)
-    with FinishTracker(call) as finish:
+    with FinishTracker(call) as finish, ExitStack() as rolling:
         logits = stepper.prefill()
+        rolling.enter_context(stepper.rollback())  # each candidate is rolled back after its forward
         hidden = stepper.hidden_states
         assert hidden is not None
         context = Degeneration(call, hidden[-1])

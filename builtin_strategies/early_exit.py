@@ -60,7 +60,7 @@ def assisted_early_exit(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> G
     stepper = Stepper(call)
     record = StepOutputs(call.config)
     passes = drafted_total = accepted_total = 0
-    with FinishTracker(call) as finish:
+    with FinishTracker(call) as finish, stepper.rollback():
         draft_logits: torch.Tensor | None = stepper.prefill(num_layers=layers)
         done = False
         while not done:

@@ -27,6 +27,8 @@ import torch
 from genkit.errors import ConfigError, NotSupportedError
 from genkit.strategy.processing import LogitsProcessor, ProcessorContext
 
+from . import _is_assisted
+
 logger = logging.getLogger("genkit.guidance")
 
 __all__ = ["ClassifierFreeGuidanceLogitsProcessor", "UnbatchedClassifierFreeGuidanceLogitsProcessor",
@@ -81,17 +83,22 @@ class UnbatchedClassifierFreeGuidanceLogitsProcessor(LogitsProcessor):
         unconditional_attention_mask: its mask (left padding), default all ones.
         use_cache: keep the unconditional branch's cache between steps (else re-run it each step).
         max_length: the longest generation expected (sizes a native model's cache); optional.
+        rollback: the strategy calls the processor on histories that go back (assisted decoding,
+            early exit): a cache whose sliding-window layers drop old positions (transformers'
+            ``DynamicCache``) keeps them (``record_past``) so it can be cropped back; each crop
+            cuts it back to the window.
     """
 
     def __init__(self, guidance_scale: float, model: Any, unconditional_ids: torch.Tensor | None = None,
                  unconditional_attention_mask: torch.Tensor | None = None, use_cache: bool = True,
-                 max_length: int = 0) -> None:
+                 max_length: int = 0, rollback: bool = False) -> None:
         self.guidance_scale = float(guidance_scale)
         self.model = model
         self.uncond_ids = unconditional_ids
         self.uncond_mask = unconditional_attention_mask
         self.use_cache = bool(use_cache)
         self.max_length = int(max_length)
+        self.rollback = bool(rollback)
         self.cache: Any = None
         self._prompt_len = -1  # length of the conditional prompt (the first call's input)
         self._fed = torch.empty(0)  # generated tokens (rows, m) the unconditional branch has run
@@ -111,6 +118,9 @@ class UnbatchedClassifierFreeGuidanceLogitsProcessor(LogitsProcessor):
             if callable(new_cache):
                 room = self.uncond_ids.shape[1] + max(self.max_length - self._prompt_len, 0)
                 self.cache = new_cache(room)
+                record = getattr(self.cache, "record_past", None)
+                if self.rollback and record is not None:
+                    record(True)
 
     def unconditional_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Next-token logits ``(rows, vocab)`` of the unconditional branch after the tokens
@@ -205,4 +215,6 @@ def make_guidance(config: Any, ctx: ProcessorContext) -> Any:
     return UnbatchedClassifierFreeGuidanceLogitsProcessor(scale, ctx.model, unconditional_ids=ids,
                                                           unconditional_attention_mask=mask,
                                                           use_cache=bool(config.use_cache),
-                                                          max_length=int(config.max_length))
+                                                          max_length=int(config.max_length),
+                                                          rollback=_is_assisted(config)
+                                                          or config.assistant_early_exit is not None)

@@ -30,7 +30,11 @@ __all__ = ["Cache", "CandidateGenerator", "CausalLM", "ModelOutput", "PagedLM", 
 
 @runtime_checkable
 class Cache(Protocol):
-    """A key/value cache over a batch of rows; one method per operation."""
+    """A key/value cache over a batch of rows; one method per operation.
+
+    Optional: ``record_past(on: bool)``, for a cache that drops the positions leaving a sliding
+    window (transformers' ``DynamicCache``, adapted): while on, it keeps them until the next
+    ``crop`` so a crop can roll back past the window (``genkit.strategy.Stepper.rollback``)."""
 
     def get_seq_length(self, layer: int = 0) -> int:
         """Number of positions held."""

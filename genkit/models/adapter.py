@@ -29,6 +29,8 @@ class TransformersCache:
     transformers' ``DynamicCache.crop(n)`` removes ``n``. The adapter hands the wrapped cache
     (:attr:`cache`) to the model; other attributes are read from it."""
 
+    _recording = False  # record_past(True) is in force (a class default: unpickling sets no attributes)
+
     def __init__(self, cache: Any) -> None:
         self.cache = cache
 
@@ -36,13 +38,44 @@ class TransformersCache:
         return int(self.cache.get_seq_length(layer))
 
     def crop(self, max_length: int) -> None:
-        """Keep the first ``max_length`` positions (negative: drop that many from the end)."""
+        """Keep the first ``max_length`` positions (negative: drop that many from the end). While
+        :meth:`record_past` is on, a crop that keeps every position still cuts the sliding-window
+        layers back to their window (transformers' ``crop(0)``)."""
         length = self.get_seq_length()
         keep = max_length if max_length >= 0 else length + max_length
         if keep < 0:
             raise ConfigError(f"cannot crop the cache to {max_length}: it holds {length} positions")
-        if keep < length:
+        layers = self._held_by_layer()
+        if len({held for _, held in layers}) > 1:  # a partial-depth forward left the first layers ahead
+            for layer, held in layers:
+                mine = max_length if max_length >= 0 else held + max_length
+                if held and (mine < held or self._recording):
+                    layer.crop(min(mine - held, 0))
+        elif keep < length or (self._recording and length):  # (transformers' crop(0) fails on an empty layer)
             self.cache.crop(keep - length)  # transformers: a negative count removes that many
+
+    def _held_by_layer(self) -> list[tuple[Any, int]]:
+        """Each key/value layer of the (self-attention) cache with the positions it holds; empty for a
+        cache without transformers 5's ``layers``."""
+        layers = getattr(getattr(self.cache, "self_attention_cache", self.cache), "layers", None) or ()
+        return [(layer, int(layer.get_seq_length())) for layer in layers if hasattr(layer, "keys")]
+
+    def record_past(self, on: bool) -> None:
+        """``on``: the sliding-window layers keep every position the forwards add until the next
+        :meth:`crop` (transformers' ``activate_past_recording``), so a crop can roll back past their
+        window; each crop then cuts them back to it. Off: they keep their window only, as plain
+        decoding wants (recording would hold every past position). Strategies that roll the cache
+        back turn it on through :meth:`genkit.strategy.Stepper.rollback`."""
+        if on:
+            self._recording = hasattr(self.cache, "activate_past_recording")
+            if self._recording:
+                self.cache.activate_past_recording()
+            return
+        layers = getattr(getattr(self.cache, "self_attention_cache", self.cache), "layers", ())
+        for layer in layers:
+            if hasattr(layer, "record_past"):
+                layer.record_past = False
+        self._recording = False
 
     def reorder(self, index: torch.Tensor) -> None:
         """Row ``i`` becomes old row ``index[i]`` (beam search)."""

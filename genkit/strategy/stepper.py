@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
@@ -29,7 +31,8 @@ class Stepper:
     re-runs the whole sequence (a passed cache is left untouched).
 
     A step may also be split in two: :meth:`push` appends tokens (and reorders rows), :meth:`forward`
-    runs whatever the cache does not hold yet. :meth:`crop` rolls back (speculative decoding).
+    runs whatever the cache does not hold yet. :meth:`crop` rolls back (speculative decoding), inside
+    :meth:`rollback` (which a cache with sliding-window layers needs once the sequence passes the window).
 
     Partial depth (``num_layers=k`` on a model with ``supports_partial_depth``) writes the new
     positions into the first ``k`` layers of the same cache. The stepper remembers how far those
@@ -63,6 +66,7 @@ class Stepper:
         self._fed = self.cache.get_seq_length() if self.cache is not None else 0
         # (depth, positions) when a partial-depth forward left the first `depth` layers ahead of the rest
         self._shallow: tuple[int, int] | None = None
+        self._rollback = False  # inside rollback(): every crop reaches the cache
         if self._fed >= call.prompt_len:
             raise ConfigError(
                 f"`past_key_values` already holds {self._fed} positions but `input_ids` has {call.prompt_len} "
@@ -190,6 +194,26 @@ class Stepper:
         self.push(tokens, rows)
         return self.forward(None if tokens.dim() == 1 else int(tokens.shape[1]), num_layers=num_layers)
 
+    @contextmanager
+    def rollback(self) -> Iterator[None]:
+        """Open around the forwards that :meth:`crop` rolls back (speculative decoding, contrastive
+        search). A cache whose sliding-window layers drop the positions that leave the window
+        (transformers' ``DynamicCache`` of Gemma2/3, Mistral or Qwen2 with ``sliding_window``) keeps
+        them meanwhile (its optional ``record_past(on)``, :class:`genkit.protocols.Cache`), and every
+        crop, even one that keeps every token, cuts them back to the window. Plain decoding does not
+        open it: recording would hold every past position. Caches that keep every position
+        (genkit's ``KVCache``) need nothing."""
+        record = getattr(self.cache, "record_past", None)
+        if record is not None:
+            record(True)
+        self._rollback = True
+        try:
+            yield
+        finally:
+            self._rollback = False
+            if record is not None:
+                record(False)
+
     def crop(self, length: int) -> None:
         """Roll back to the first ``length`` tokens (the cache keeps at most that many positions;
         whatever it lacks is run by the next :meth:`forward`)."""
@@ -197,7 +221,7 @@ class Stepper:
             raise ConfigError(f"cannot crop to {length} tokens: the sequences hold {self.length}")
         self.length = length
         held = self._shallow[1] if self._shallow is not None else self._fed
-        if held > length and self.cache is not None:
+        if (held > length or self._rollback) and self.cache is not None:
             self.cache.crop(length)
         self._fed = min(self._fed, length)
         if self._shallow is not None:
