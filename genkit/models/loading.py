@@ -567,8 +567,11 @@ def _load_folder(source: str, dtype: Any, device: Any) -> tuple[Any, ModelConfig
         from .seq2seq import load_seq2seq
 
         return load_seq2seq(source, parse_dtype(dtype, None) if dtype not in (None, "auto") else None, device), None
-    architecture_class(config, cfg_path)  # fail on an unknown architecture before reading anything else
-    check_config(config, cfg_path)  # sizes first: nothing is read or built for a bad config
+    if getattr(config, "vision_config", None) is not None and isinstance(config.architectures, list) \
+            and all(isinstance(a, str) for a in config.architectures):  # named before its text fields are missed
+        architecture_class(config, cfg_path)
+    check_config(config, cfg_path)  # types and sizes first: nothing is read or built for a bad config
+    architecture_class(config, cfg_path)  # fail on an unknown architecture before reading weights
     state = read_safetensors(source)
     check_config(config, cfg_path, {name: state.shape(name) for name in state})
     model = build_model(config, state, parse_dtype(dtype, config), where=source, device=device)
