@@ -514,8 +514,8 @@ def test_the_setting_is_refused_where_it_cannot_hold(tmp_path, smollm2_gguf, tin
 
 
 def test_calls_it_cannot_run_exactly_are_refused(tmp_path):
-    """A padded batch, or hidden states asked for, would need the torch path: refused, not run
-    with other numerics."""
+    """A padded batch, hidden states or attentions asked for, a hooked layer or autograd on would need
+    the torch path or the modules: refused, not run with other numerics."""
     path = tmp_path / "q.gguf"
     write_quantized_gguf(path, "Q4_1")
     model = genkit.load_model(path, numerics="llama.cpp")
@@ -525,6 +525,18 @@ def test_calls_it_cannot_run_exactly_are_refused(tmp_path):
             model.generate(IDS, attention_mask=MASK, max_new_tokens=3, do_sample=False)
         with pytest.raises(NotSupportedError, match="no hidden states"):
             model(IDS[:1], output_hidden_states=True)
+        with pytest.raises(NotSupportedError, match=r"this call would run the model's modules \(attentions asked for\)"):
+            model(IDS[:1], output_attentions=True)
+        handle = model.model.layers[0].register_forward_hook(lambda *args: None)
+        try:
+            with pytest.raises(NotSupportedError, match=r"run the model's modules \(a layer replaced or hooked\)"):
+                model(IDS[:1])
+        finally:
+            handle.remove()
+    with torch.enable_grad(), pytest.raises(NotSupportedError, match=r"run the model's modules \(autograd is on: "
+                                                                     r"call it under torch\.no_grad\(\) or "
+                                                                     r"torch\.inference_mode\(\)\)"):
+        model(IDS[:1])  # (the modules ran, with genkit's operations, before)
     set_numerics(model, "genkit")  # and back: the torch path again
     with torch.no_grad():
         assert len(model(IDS[:1], output_hidden_states=True).hidden_states) == 3

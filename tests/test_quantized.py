@@ -154,11 +154,12 @@ HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 64, 128, 4, 2, 256
 def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool = True, seed: int = 0,
                          hidden: int = HIDDEN, ffn: int = FFN, arch: str = "llama", head_dim: int | None = None,
                          rope_scaling: tuple[str, float] | None = None, layers: int = 2, heads: int = HEADS,
-                         kv_heads: int = KV_HEADS) -> None:
+                         kv_heads: int = KV_HEADS, vocab: int = VOCAB) -> None:
     """A random Llama (2 layers unless ``layers``) whose projections are ``qtype`` blocks (made by the
     gguf package; random blocks for the K-quants, which it cannot make). ``arch="qwen3"``: a Qwen3 as
     llama.cpp's converter writes one, with ``head_dim`` (``attention.key_length``) and per-head q/k
-    norms (F32). ``rope_scaling``: ``(rope.scaling.type, rope.scaling.factor)``."""
+    norms (F32); ``arch="qwen2"``: with q/k/v biases (F32), as Qwen2 files have. ``rope_scaling``:
+    ``(rope.scaling.type, rope.scaling.factor)``; ``vocab`` tokens (``t0``, ``t1``, ...)."""
     w = gguf.GGUFWriter(str(path), arch=arch)
     w.add_block_count(layers)
     w.add_context_length(256)
@@ -176,8 +177,8 @@ def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
-    w.add_token_types([1] * VOCAB)
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    w.add_token_types([1] * vocab)
     w.add_token_merges([])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
@@ -194,9 +195,9 @@ def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool
             q = gguf.quants.quantize(data, T[kind])
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=T[kind])
 
-    tensor("token_embd.weight", (VOCAB, hidden), embed_qtype)
+    tensor("token_embd.weight", (vocab, hidden), embed_qtype)
     if not tied:
-        tensor("output.weight", (VOCAB, hidden), qtype)
+        tensor("output.weight", (vocab, hidden), qtype)
     tensor("output_norm.weight", (hidden,), "F32")
     q, kv = head_dim * heads, head_dim * kv_heads
     for i in range(layers):
@@ -206,6 +207,9 @@ def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool
         tensor(f"blk.{i}.attn_k.weight", (kv, hidden), qtype)
         tensor(f"blk.{i}.attn_v.weight", (kv, hidden), qtype)
         tensor(f"blk.{i}.attn_output.weight", (hidden, q), qtype)
+        if arch == "qwen2":
+            for name, rows in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+                tensor(f"blk.{i}.{name}.bias", (rows,), "F32")
         if arch == "qwen3":  # norm weights around 1, as trained ones are
             for norm in ("attn_q_norm", "attn_k_norm"):
                 w.add_tensor(f"blk.{i}.{norm}.weight", (1 + rng.standard_normal(head_dim) * 0.3).astype(np.float32))

@@ -257,12 +257,16 @@ def test_gguf_linear_rope_scaling_is_read_and_yarn_refused(tmp_path):
         genkit.load_model(tmp_path / "yarn.gguf")
 
 
-def test_llama_cpp_numerics_is_refused_by_name(tmp_path):
-    path = tmp_path / "qwen3-q8.gguf"
-    write_quantized_gguf(path, "Q8_0", arch="qwen3", head_dim=32)
-    with pytest.raises(NotSupportedError, match=r"`numerics`='llama\.cpp' follows llama\.cpp's operations one by one, "
-                                                r"and its per-head q/k norms \(Qwen3's q_norm/k_norm\) have not been "
-                                                r"checked against llama\.cpp"):
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2"])
+def test_llama_cpp_numerics_is_refused_by_name(tmp_path, arch):
+    """llama.cpp's converter keeps Qwen2's and Qwen3's q/k rows as they are (rotary halves), and ggml
+    sums q . k in that order, not in the interleaved order of Llama files that the block kernel's
+    llama.cpp numerics follow (checked against llama-server: bench/bench_qwen3_vs_llamacpp.py)."""
+    path = tmp_path / f"{arch}-q8.gguf"
+    write_quantized_gguf(path, "Q8_0", arch=arch, head_dim=32 if arch == "qwen3" else None)
+    with pytest.raises(NotSupportedError, match=rf"`numerics`='llama\.cpp' sums the attention's q \. k in the element "
+                                                rf"order of Llama's GGUF files \(rotary pairs interleaved\); llama\.cpp "
+                                                rf"sums a {arch} file's heads in their own order \(rotary halves\)"):
         genkit.load_model(path, numerics="llama.cpp")
 
 

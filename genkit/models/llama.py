@@ -584,6 +584,13 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         if prepared is not None:
             x = run_layers(prepared, x, cos, sin, masks, cache, hidden, num_layers)
         else:
+            if is_llama_numerics(getattr(self, "numerics", "genkit")):  # the modules compute genkit's operations
+                from .block_decode import UNSUPPORTED
+
+                why = ("autograd is on: call it under torch.no_grad() or torch.inference_mode()"
+                       if torch.is_grad_enabled() else "attentions asked for" if attentions is not None
+                       else "torch.compile" if torch.compiler.is_compiling() else "a layer replaced or hooked")
+                raise NotSupportedError(f"{UNSUPPORTED}; this call would run the model's modules ({why})")
             layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
             for layer, window in zip(layers, self.windows):
                 if hidden is not None:

@@ -353,7 +353,8 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
     at a time (docs/models.md, "llama.cpp numerics").
 
     Refused (NotSupportedError) for layers not on the block kernel, for GGUF types other than
-    :data:`LLAMA_TYPES` (and for genkit.quantize's layers), and for rope scaling."""
+    :data:`LLAMA_TYPES` (and for genkit.quantize's layers), for rope scaling, and for Qwen2/Qwen3
+    (their files keep q/k's rotary halves, whose ``q . k`` ggml sums in another order)."""
     numerics = check_numerics(numerics)
     layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
     if is_llama_numerics(numerics):
@@ -382,13 +383,15 @@ def _check_llama_numerics(model: nn.Module, layers: list[Int4Linear], numerics: 
     if kinds - set(LLAMA_TYPES):
         raise NotSupportedError(f"`numerics`={numerics!r} follows llama.cpp's dot products of {', '.join(LLAMA_TYPES)} "
                                 f"weights; this model has {', '.join(sorted(kinds - set(LLAMA_TYPES)))}")
-    from .base import has_qk_norm
+    from .gguf import GGUF_ARCHITECTURES
 
     config = getattr(model, "config", None)
-    if config is not None and has_qk_norm(config):
-        raise NotSupportedError(f"`numerics`={numerics!r} follows llama.cpp's operations one by one, and its per-head "
-                                "q/k norms (Qwen3's q_norm/k_norm) have not been checked against llama.cpp; this model "
-                                "runs with numerics='genkit'")
+    halves = {model_type for model_type, _, permuted in GGUF_ARCHITECTURES.values() if not permuted}
+    if config is not None and config.get("model_type") in halves:
+        raise NotSupportedError(f"`numerics`={numerics!r} sums the attention's q . k in the element order of "
+                                "Llama's GGUF files (rotary pairs interleaved); llama.cpp sums a "
+                                f"{config.get('model_type')} file's heads in their own order (rotary halves), "
+                                "which the block kernel does not follow yet; this model runs with numerics='genkit'")
     if config is not None and (config.get("rope_scaling") or config.get("rope_parameters")):
         raise NotSupportedError(f"`numerics`={numerics!r} computes plain rotary tables; this model scales its rope")
     return native_llama_numerics() if numerics == "llama.cpp" else numerics
