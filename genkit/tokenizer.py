@@ -455,7 +455,7 @@ class Tokenizer:
         ``return_assistant_tokens_mask``) or the list of ids. The template adds the special tokens it
         needs, so none are added on top.
         """
-        from .chat_template import render_conversation, tool_schemas
+        from .chat_template import tool_schemas
 
         template = chat_template or self.chat_template
         if template is None:
@@ -470,20 +470,13 @@ class Tokenizer:
         variables = {**{n: getattr(self, n) for n in _SPECIAL_NAMES if getattr(self, n) is not None},
                      **template_kwargs}
         schemas = tool_schemas(tools)
-        rendered = []
-        for chat in chats:
-            try:
-                rendered.append(render_conversation(
-                    template, chat, tools=schemas, documents=documents, add_generation_prompt=add_generation_prompt,
-                    continue_final_message=continue_final_message, **variables))
-            except ConfigError as exc:  # does not compile, refuses these messages, runs past a budget
-                raise ConfigError(f"the chat template{' of ' + self.name_or_path if self.name_or_path else ''} "
-                                  f"cannot render this conversation ({exc})") from exc
+        rendered = [self._render_chat(template, chat, tools=schemas, documents=documents,
+                                      add_generation_prompt=add_generation_prompt,
+                                      continue_final_message=continue_final_message, **variables) for chat in chats]
         texts = [text for text, _ in rendered]
         if not tokenize:
             return texts if batched else texts[0]
-        extra = dict(tokenizer_kwargs or {})
-        if "add_special_tokens" in extra:  # the template places the special tokens (transformers: a TypeError)
+        if "add_special_tokens" in (extra := dict(tokenizer_kwargs or {})):  # transformers: a TypeError
             raise ConfigError("`tokenizer_kwargs` cannot set `add_special_tokens`: the chat template adds the special "
                               "tokens it needs, and none are added on top")
         enc = self(texts if batched else texts[0], padding=padding, truncation=truncation, max_length=max_length,
@@ -493,6 +486,17 @@ class Tokenizer:
                                                             self._truncation_limit(truncation, max_length), batched,
                                                             return_tensors)
         return enc if return_dict else enc["input_ids"]
+
+    def _render_chat(self, template: str, chat: Any, **variables: Any) -> tuple[str, list[tuple[int, int]]]:
+        """One conversation rendered (:func:`genkit.chat_template.render_conversation`): its text and
+        the spans of its ``{% generation %}`` blocks; an error names this tokenizer's template."""
+        from .chat_template import render_conversation
+
+        try:
+            return render_conversation(template, chat, **variables)
+        except ConfigError as exc:  # does not compile, refuses these messages, runs past a budget
+            raise ConfigError(f"the chat template{' of ' + self.name_or_path if self.name_or_path else ''} "
+                              f"cannot render this conversation ({exc})") from exc
 
     @staticmethod
     def _check_chat_options(tokenize: bool, return_dict: bool, continue_final_message: bool | str,

@@ -121,8 +121,11 @@ def test_an_int8_weight_runs_as_one_8_bit_code_per_weight():
 
 
 def _run(code: str, env: dict[str, str], *args: str) -> str:
+    """``code`` in a fresh interpreter with ``env`` over this one's (a build mode forced for the whole
+    run, GENKIT_BLOCK_KERNEL, is not inherited: the cases here say which build they want)."""
+    inherited = {k: v for k, v in os.environ.items() if k != "GENKIT_BLOCK_KERNEL"}
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                         env={**os.environ, **env}, timeout=300)
+                         env={**inherited, **env}, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 

@@ -374,7 +374,7 @@ def test_prompt_cache_reuse_matches_transformers(pair):
         ours.generate(prefix, past_key_values=copy.deepcopy(cache), max_new_tokens=2)
 
 
-def test_compiled_model_runs_its_modules(tmp_path):
+def test_compiled_model_runs_its_modules(tmp_path, monkeypatch):
     """torch.compile (inductor) of a Llama-family model: preparing the inference path edits parameters
     in place and inductor cannot lower oneDNN-packed weights, so compiled calls run the modules."""
     import shutil
@@ -383,6 +383,9 @@ def test_compiled_model_runs_its_modules(tmp_path):
         pytest.skip("inductor needs a C++ compiler")
     from genkit.models.tiny import tiny_llama
 
+    # inductor's own cache: its key leaves out the vector ISA ATen runs (ATEN_CPU_CAPABILITY), so kernels
+    # cached by a run with another one gave NaNs or corrupted the heap here
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()
     model = tiny_llama(seed=1)
     model.cpu_weight_packing = True
