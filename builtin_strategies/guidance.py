@@ -83,22 +83,23 @@ class UnbatchedClassifierFreeGuidanceLogitsProcessor(LogitsProcessor):
         unconditional_attention_mask: its mask (left padding), default all ones.
         use_cache: keep the unconditional branch's cache between steps (else re-run it each step).
         max_length: the longest generation expected (sizes a native model's cache); optional.
-        rollback: the strategy calls the processor on histories that go back (assisted decoding,
-            early exit): a cache whose sliding-window layers drop old positions (transformers'
-            ``DynamicCache``) keeps them (``record_past``) so it can be cropped back; each crop
-            cuts it back to the window.
+
+    Set ``rollback = True`` (an attribute, transformers' constructor has no such parameter) when the
+    strategy calls the processor on histories that go back (assisted decoding, early exit): a cache
+    whose sliding-window layers drop old positions (transformers' ``DynamicCache``) then keeps them
+    (``record_past``) so it can be cropped back; each crop cuts it back to the window.
     """
 
     def __init__(self, guidance_scale: float, model: Any, unconditional_ids: torch.Tensor | None = None,
                  unconditional_attention_mask: torch.Tensor | None = None, use_cache: bool = True,
-                 max_length: int = 0, rollback: bool = False) -> None:
+                 max_length: int = 0) -> None:
         self.guidance_scale = float(guidance_scale)
         self.model = model
         self.uncond_ids = unconditional_ids
         self.uncond_mask = unconditional_attention_mask
         self.use_cache = bool(use_cache)
         self.max_length = int(max_length)
-        self.rollback = bool(rollback)
+        self.rollback = False  # see the class docstring
         self.cache: Any = None
         self._prompt_len = -1  # length of the conditional prompt (the first call's input)
         self._fed = torch.empty(0)  # generated tokens (rows, m) the unconditional branch has run
@@ -212,9 +213,9 @@ def make_guidance(config: Any, ctx: ProcessorContext) -> Any:
     rows = ctx.input_ids.shape[0] if ctx.input_ids is not None else 1
     per_prompt = config.num_return_sequences if config.num_beams == 1 else 1
     ids, mask = _negative_prompt(ctx, rows, per_prompt)
-    return UnbatchedClassifierFreeGuidanceLogitsProcessor(scale, ctx.model, unconditional_ids=ids,
-                                                          unconditional_attention_mask=mask,
-                                                          use_cache=bool(config.use_cache),
-                                                          max_length=int(config.max_length),
-                                                          rollback=_is_assisted(config)
-                                                          or config.assistant_early_exit is not None)
+    processor = UnbatchedClassifierFreeGuidanceLogitsProcessor(scale, ctx.model, unconditional_ids=ids,
+                                                               unconditional_attention_mask=mask,
+                                                               use_cache=bool(config.use_cache),
+                                                               max_length=int(config.max_length))
+    processor.rollback = _is_assisted(config) or config.assistant_early_exit is not None
+    return processor
