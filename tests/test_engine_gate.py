@@ -134,9 +134,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _serving(app, **config):
-    """``app`` served by uvicorn on 127.0.0.1 in a thread (``config``: more of uvicorn's settings);
-    yields its base URL."""
+def _serving(app, engine: str = "ContinuousEngine", **config):
+    """``app`` served by uvicorn on 127.0.0.1 in a thread (``config``: more of uvicorn's settings),
+    on the engine of class ``engine``; yields its base URL."""
     uvicorn = pytest.importorskip("uvicorn")
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
@@ -146,7 +146,7 @@ def _serving(app, **config):
     deadline = time.monotonic() + 60
     while not srv.started and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert type(app.state.genkit.engine).__name__ == "ContinuousEngine"
+    assert type(app.state.genkit.engine).__name__ == engine
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -162,6 +162,19 @@ def server(model, tokenizer):
     from genkit.serve import build_app
 
     with _serving(build_app(model, tokenizer=tokenizer, model_name="tiny")) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def generate_server(model, tokenizer):
+    """The same model served by the generate engine alone (as a model without a paged cache is)."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    from genkit.serve import build_app
+    from genkit.serve.engine import GenerateEngine
+
+    app = build_app(model, tokenizer=tokenizer, model_name="tiny", engine=GenerateEngine(model, tokenizer))
+    with _serving(app, engine="GenerateEngine") as base:
         yield base
 
 
@@ -214,10 +227,63 @@ def test_serve_runs_other_strategies_on_generate(server, model, settings, stream
 
 
 def test_serve_beams_with_n_choices(server, model):
+    """``n`` is the best ``n`` hypotheses of one beam search, with or without a seed."""
     want = _reference(model, PROMPT, max_new_tokens=8, num_beams=3, num_return_sequences=2)
     for stream in (False, True):
-        got = _complete(server, {"max_tokens": 8, "temperature": 0, "n": 2, "num_beams": 3, "stream": stream})
-        assert got == [_words(w) for w in want]
+        for seed in ({}, {"seed": 3}):
+            got = _complete(server, {"max_tokens": 8, "temperature": 0, "n": 2, "num_beams": 3, "stream": stream,
+                                     **seed})
+            assert got == [_words(w) for w in want]
+
+
+def _seeded(model, seed: int, **settings) -> str:
+    """The text of ``torch.manual_seed(seed)`` then ``generate`` sampling 8 tokens of PROMPT (one row)."""
+    torch.manual_seed(seed)
+    return _words(_reference(model, PROMPT, max_new_tokens=8, do_sample=True, temperature=1.0, **settings)[0])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_choice_i_of_a_seeded_request_is_the_request_seeded_seed_plus_i_on_either_engine(
+        server, generate_server, model, stream):
+    """vLLM's rule on both engines: choice ``i`` of a request with ``seed`` s draws what the one-choice
+    request with seed ``s + i`` draws (``generate`` after ``torch.manual_seed(s + i)``). The generate
+    engine sampled the n choices as n rows after ``torch.manual_seed(s)``: other choices than continuous
+    batching's, and a choice 0 other than the one-choice request's."""
+    want = [_seeded(model, 5 + i) for i in range(3)]
+    assert len(set(want)) == 3
+    body = {"max_tokens": 8, "temperature": 1.0, "stream": stream}
+    for base in (server, generate_server):
+        assert _complete(base, {**body, "n": 3, "seed": 5}) == want, base
+        assert [_complete(base, {**body, "seed": 5 + i})[0] for i in range(3)] == want, base
+        unseeded = _complete(base, {**body, "n": 3})
+        assert len(set(unseeded)) == 3, unseeded  # without a seed the choices still differ
+
+
+def test_a_seeded_choice_has_the_log_probabilities_of_the_request_seeded_seed_plus_i(server, generate_server):
+    def logprobs(base: str, **fields) -> list[dict]:
+        status, raw = _post(base, {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 1.0,
+                                   "logprobs": 2, **fields})
+        assert status == 200, raw.decode()
+        return [c["logprobs"] for c in sorted(json.loads(raw)["choices"], key=lambda c: c["index"])]
+
+    want = [logprobs(server, seed=5 + i)[0] for i in range(3)]
+    for base in (server, generate_server):
+        got = logprobs(base, n=3, seed=5)
+        assert [g["tokens"] for g in got] == [w["tokens"] for w in want], base
+        for g, w in zip(got, want):
+            assert g["token_logprobs"] == pytest.approx(w["token_logprobs"], abs=1e-5)
+            assert [list(t) for t in g["top_logprobs"]] == [list(t) for t in w["top_logprobs"]]
+
+
+@pytest.mark.parametrize("settings", [{"watermarking_config": {"bias": 4.0}}, {"custom_generate": "sample"}],
+                         ids=lambda s: next(iter(s)))
+def test_a_seeded_sampling_strategy_continuous_batching_hands_to_generate_follows_the_rule(server, model, settings):
+    """A sampled request continuous batching refuses runs on the generate engine beside it, with the
+    same rule: choice ``i`` is the one-choice request seeded ``seed + i``."""
+    want = [_seeded(model, 9 + i, **{k: v for k, v in settings.items() if k != "custom_generate"})
+            for i in range(3)]
+    assert len(set(want)) == 3
+    assert _complete(server, {"max_tokens": 8, "temperature": 1.0, "n": 3, "seed": 9, **settings}) == want
 
 
 def test_serve_and_batch_run_a_recipe_with_the_tokenizer(model, tokenizer, tmp_path, hub_server):  # noqa: F811

@@ -1,7 +1,8 @@
 """The server's generation engine: requests in, token events out, from a worker thread.
 
 :class:`GenerateEngine` runs each request with :func:`genkit.generate` on one worker thread, one
-request (with its ``n`` choices as one batch) at a time. Tokens reach the request's
+request (with its ``n`` choices as one batch, or one after another for a seeded request that samples:
+choice ``i`` draws what the request seeded ``seed + i`` draws) at a time. Tokens reach the request's
 :class:`RequestStream` as they are chosen (an ``asyncio`` queue fed with
 ``loop.call_soon_threadsafe``), with their log-probabilities when asked. Cancelling a request (a
 client that went away) stops its generation at the next step; a request still queued never starts.
@@ -148,8 +149,9 @@ class _Streamer:
     :class:`TokenEvent` items, with log-probabilities from the sampler's ``genkit.strategy.choose``
     when ``top`` is not ``None``."""
 
-    def __init__(self, stream: RequestStream, rows: int, top: int | None, stats: EngineStats) -> None:
-        self.stream, self.rows, self.top, self.stats = stream, rows, top, stats
+    def __init__(self, stream: RequestStream, rows: int, top: int | None, stats: EngineStats, first: int = 0) -> None:
+        # row r of the generation is choice first + r of the request's n (a choice generated alone: rows=1)
+        self.stream, self.rows, self.top, self.stats, self.first = stream, rows, top, stats, first
         self.prompt_seen = False
         self.done = [False] * rows
         self.pending: torch.Tensor | None = None
@@ -174,19 +176,22 @@ class _Streamer:
         choice = None
         if self.top is not None and scores is not None:
             choice = choose(scores, False, logprobs=True, top=self.top, tokens=ids)
-        tokens: list[int | None] = [None] * self.rows
+        width, first = self.stream.request.n, self.first
+        tokens: list[int | None] = [None] * width
         logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = (
-            [None] * self.rows if self.top is not None else None)
+            [None] * width if self.top is not None else None)
         for row, tok in enumerate(ids.tolist()):
             if self.done[row]:
                 continue
-            tokens[row] = int(tok)
+            tokens[first + row] = int(tok)
             self.stats.generated_tokens_total += 1
             if logprobs is not None and choice is not None:
                 _, lp, alternatives = choice.row(row)
-                logprobs[row] = (float(lp or 0.0), alternatives)
-        finish = [None if self.done[r] else (finished or [None] * self.rows)[r] for r in range(self.rows)]
-        for row, reason in enumerate(finish):
+                logprobs[first + row] = (float(lp or 0.0), alternatives)
+        finish: list[str | None] = [None] * width
+        for row in range(self.rows):
+            reason = None if self.done[row] or finished is None else finished[row]
+            finish[first + row] = reason
             self.done[row] = self.done[row] or reason is not None
         self.stream.push(TokenEvent(tokens, logprobs, finish))
 
@@ -264,25 +269,43 @@ class GenerateEngine:
                     self.stats.requests_cancelled += stream.client_cancelled
 
     def _generate(self, stream: RequestStream) -> None:
-        import genkit
-
+        """The request's ``n`` choices as rows of one ``generate``, except a seeded request that
+        samples several: choice ``i`` is then generated alone after ``torch.manual_seed(seed + i)``,
+        as continuous batching seeds it (vLLM's rule), so it draws what the one-choice request with
+        seed ``seed + i`` draws (``n`` rows after one seed would draw other tokens for every choice)."""
         request = stream.request
         kwargs = dict(request.generate_kwargs)
-        streams = _streams(self.model, kwargs)
+        streams, samples = _plan(self.model, kwargs)
         if streams:  # the server cuts the text at a stop string and releases the request there (_Stop)
             kwargs.pop("stop_strings", None)
         if not streams and request.logprobs is not None:
             raise ConfigError("`logprobs` cannot be reported with beam search (num_beams > 1): a token's "
                               "log-probability is its beam's, not the sequence's; drop one of them")
-        streamer = _Streamer(stream, request.n, request.logprobs, self.stats)
-        ids = torch.tensor([request.prompt_ids])
         self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
-        if request.seed is not None:
-            torch.manual_seed(request.seed)
-        if request.n > 1 and streams:  # a row per choice: what num_return_sequences expands the prompt to, and
-            ids = ids.repeat(request.n, 1)  # a deterministic strategy (greedy, contrastive, DoLa) runs it too
-        elif request.n > 1:  # beam search: the n best hypotheses
-            kwargs["num_return_sequences"] = request.n
+        if request.seed is None or request.n == 1 or not (streams and samples):
+            self._generate_rows(stream, kwargs, streams, request.n, 0, request.seed)
+            return
+        for i in range(request.n):
+            if stream.cancelled.is_set():  # the client left: the choices not begun are not generated
+                return
+            self._generate_rows(stream, kwargs, streams, 1, i, request.seed + i)
+
+    def _generate_rows(self, stream: RequestStream, kwargs: dict[str, Any], streams: bool, rows: int, first: int,
+                       seed: int | None) -> None:
+        """Choices ``first`` .. ``first + rows - 1`` of ``stream``'s request: ``rows`` rows of one
+        ``generate`` after ``torch.manual_seed(seed)`` (unless ``seed`` is None)."""
+        import genkit
+
+        request = stream.request
+        streamer = _Streamer(stream, rows, request.logprobs, self.stats, first)
+        ids = torch.tensor([request.prompt_ids])
+        kwargs = dict(kwargs)
+        if seed is not None:
+            torch.manual_seed(seed)
+        if rows > 1 and streams:  # a row per choice: what num_return_sequences expands the prompt to, and
+            ids = ids.repeat(rows, 1)  # a deterministic strategy (greedy, contrastive, DoLa) runs it too
+        elif rows > 1:  # beam search: the n best hypotheses
+            kwargs["num_return_sequences"] = rows
         with torch.no_grad():
             out = genkit.generate(self.model, ids, tokenizer=self.tokenizer, streamer=streamer if streams else None,
                                   stopping_criteria=[_Stop(stream)], **kwargs)
@@ -302,14 +325,16 @@ def _emit(streamer: _Streamer, sequences: torch.Tensor, prompt_len: int, eos: se
     streamer.end()
 
 
-def _streams(model: Any, kwargs: dict[str, Any]) -> bool:
-    """Whether ``generate`` runs these settings with a streamer: beam search knows its tokens only
-    at the end (its rows are hypotheses that change until then)."""
+def _plan(model: Any, kwargs: dict[str, Any]) -> tuple[bool, bool]:
+    """(whether ``generate`` runs these settings with a streamer, whether it may sample). Beam
+    search knows its tokens only at the end (its rows are hypotheses that change until then). A
+    recipe (``custom_generate``), or settings ``generate`` will refuse, may sample."""
     from genkit.generation.api import merge_config
 
     settings = {k: v for k, v in kwargs.items() if k not in ("custom_generate", "trust_remote_code")}
     try:
         config, _ = merge_config(model, None, settings)
     except ValueError:  # a recipe's own settings, or a bad one: generate reports it
-        return True
-    return int(config.num_beams or 1) == 1
+        return True, True
+    streams = int(config.num_beams or 1) == 1
+    return streams, bool(config.do_sample) or kwargs.get("custom_generate") is not None
