@@ -10,16 +10,24 @@ Settings (read at call time): ``GENKIT_HUB_TIMEOUT`` (10 s per read; an answer g
 :data:`DEADLINE_FACTOR` times that) and ``GENKIT_MODEL_DOWNLOAD_TIMEOUT`` (3600 s for a whole model
 or config download); ``HF_HUB_DOWNLOAD_TIMEOUT`` / ``HF_HUB_ETAG_TIMEOUT`` keep bounding the Hub
 client's reads as they always do.
+
+A download's limits are its own: the Hub client's HTTP clients get one pair of event hooks, once
+(:func:`download_deadline`), that watch only the requests of a download under way, found by the
+context they are made in or by the header :data:`DOWNLOAD_HEADER` (which reaches the Hub client's
+worker threads, and is taken off before a request is sent).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -54,11 +62,58 @@ def model_download_timeout() -> float:
 
 class HubTimeout(TimeoutError):
     """A Hub request ran past its wall-clock limit; the message names the request and the limit.
-    ``total``: the limit of a whole recipe load or model download (not worth another try)."""
+    ``total``: the limit of a whole recipe load or model download (not worth another try).
+
+    One that is not ``total`` (an answer's own limit) is also the HTTP library's ``ReadTimeout``
+    (:func:`read_timeout`), so the Hub client tries the request again as it does after a read timeout."""
 
     def __init__(self, message: str, total: bool) -> None:
         super().__init__(message)
         self.total = total
+
+
+def _http_library() -> Any:
+    """The HTTP library the Hub client uses (``httpx2`` for huggingface_hub 2.x, else ``httpx``)."""
+    from huggingface_hub.utils import _http
+
+    return getattr(_http, "httpx2", None) or getattr(_http, "httpx")  # noqa: B009 -- whichever it has
+
+
+@functools.cache
+def _error_classes() -> tuple[type[HubTimeout], type[HubTimeout]]:
+    """The :class:`HubTimeout` that is also a read timeout, and the one that is also an HTTP error."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    class HubReadTimeout(HubTimeout, _http_library().ReadTimeout):  # type: ignore[misc]
+        def __init__(self, message: str) -> None:
+            _http_library().ReadTimeout.__init__(self, message)
+            self.total = False
+
+    class HubWaitRefused(HubTimeout, HfHubHTTPError):  # type: ignore[misc]
+        def __init__(self, message: str, response: Any) -> None:
+            HfHubHTTPError.__init__(self, message, response=response)
+            self.request, self.total = response.request, True
+
+    for cls in (HubReadTimeout, HubWaitRefused):  # errors name the class users know (genkit.hubhttp.HubTimeout)
+        cls.__name__ = cls.__qualname__ = HubTimeout.__name__
+    return HubReadTimeout, HubWaitRefused
+
+
+def read_timeout(message: str) -> HubTimeout:
+    """An answer that did not arrive within its own limit: a :class:`HubTimeout` (not ``total``) that
+    is also the HTTP library's ``ReadTimeout``, which the Hub client tries again (as genkit's recipe
+    loader does)."""
+    return _error_classes()[0](message)  # type: ignore[call-arg]
+
+
+def hub_timeout_of(exc: BaseException | None) -> HubTimeout | None:
+    """The :class:`HubTimeout` ``exc`` is, or was raised from (the Hub client reports a request that
+    failed in an error of its own, e.g. ``LocalEntryNotFoundError``); None when there is none."""
+    for _ in range(20):  # a chain of causes is short; never follow a cycle for ever
+        if exc is None or isinstance(exc, HubTimeout):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 class Deadline:
@@ -78,10 +133,13 @@ class Watch:
     request opens and shuts them down when its time is up: ``per_request`` seconds after it started
     (for the headers only when ``headers_only``, else for the whole answer) or the total ``deadline``,
     whichever comes first. That wakes a read the server keeps alive a byte at a time, and the request
-    fails with the :class:`HubTimeout` this raises from the trace."""
+    fails with the :class:`HubTimeout` this raises from the trace (a :func:`read_timeout` when it is
+    the request's own limit)."""
 
-    def __init__(self, url: str, per_request: float, deadline: Deadline | None, headers_only: bool) -> None:
+    def __init__(self, url: str, per_request: float, deadline: Deadline | None, headers_only: bool,
+                 method: str = "GET") -> None:
         self.url, self.per_request, self.deadline, self.headers_only = url, per_request, deadline, headers_only
+        self.method = method
         self.sockets: list[socket.socket] = []
         self.timer: threading.Timer | None = None
         self.error: HubTimeout | None = None
@@ -129,16 +187,16 @@ class Watch:
 
     def _fire(self, total: bool) -> None:
         if self.error is None:
-            self.error = HubTimeout(self.message(total), total)
+            self.error = HubTimeout(self.message(total), True) if total else read_timeout(self.message(total))
         self._shutdown()
 
     def message(self, total: bool) -> str:
         path = urlsplit(self.url).path
         if total and self.deadline is not None:
-            return (f"GET {path} stopped: {self.deadline.what} did not finish within {self.deadline.seconds:g} s "
-                    f"({self.deadline.setting})")
+            return (f"{self.method} {path} stopped: {self.deadline.what} did not finish within "
+                    f"{self.deadline.seconds:g} s ({self.deadline.setting})")
         part = "sent no complete answer headers" if self.headers_only else "did not finish"
-        return f"GET {path} {part} within {self.per_request:g} s ({DEADLINE_FACTOR} x GENKIT_HUB_TIMEOUT)"
+        return f"{self.method} {path} {part} within {self.per_request:g} s ({DEADLINE_FACTOR} x GENKIT_HUB_TIMEOUT)"
 
     def _shutdown(self) -> None:
         with self.lock:
@@ -156,46 +214,116 @@ def client_factory() -> Callable[[], Any]:
     return getattr(_http, "_GLOBAL_CLIENT_FACTORY", None) or _http.default_client_factory
 
 
-_DOWNLOADS = threading.RLock()
+#: the request header that names the download a request belongs to; taken off before it is sent
+DOWNLOAD_HEADER = "X-Genkit-Download"
+#: answers the Hub client tries again after a pause (huggingface_hub's ``_DEFAULT_RETRY_ON_STATUS_CODES``)
+RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+_DOWNLOADS: dict[str, tuple[Deadline, float]] = {}  # DOWNLOAD_HEADER's value -> (deadline, per-request seconds)
+_CURRENT: ContextVar[tuple[Deadline, float] | None] = ContextVar("genkit_download", default=None)
+_INSTALL = threading.Lock()
+
+
+class DownloadWatch(Watch):
+    """The :class:`Watch` of one request of a download (:func:`download_deadline`)."""
 
 
 @contextmanager
-def download_deadline(what: str) -> Iterator[Deadline]:
-    """Bound every request ``huggingface_hub`` makes in the block (``snapshot_download``,
-    ``hf_hub_download``): its answer headers within :data:`DEADLINE_FACTOR` x ``GENKIT_HUB_TIMEOUT``
-    seconds, all of them (bodies included) within ``GENKIT_MODEL_DOWNLOAD_TIMEOUT`` seconds; past
-    either, a :class:`HubTimeout` naming the request and the limit (the library's own per-read
-    timeouts, ``HF_HUB_DOWNLOAD_TIMEOUT`` and ``HF_HUB_ETAG_TIMEOUT``, still apply). The requests go
-    through a client of their own for the block (made by the client factory in use, so proxies and
-    certificates are kept), one connection each, so a watch knows its request's socket. One guarded
-    download at a time in a process; other threads' Hub client requests meanwhile share the limits."""
+def download_deadline(what: str) -> Iterator[dict[str, str]]:
+    """Bound the requests of one download by ``huggingface_hub`` (``snapshot_download``,
+    ``hf_hub_download``): each answer's headers within :data:`DEADLINE_FACTOR` x ``GENKIT_HUB_TIMEOUT``
+    seconds (past it, a :func:`read_timeout`, which the Hub client tries again as after any read
+    timeout), all of them, bodies and the client's pauses between tries included, within
+    ``GENKIT_MODEL_DOWNLOAD_TIMEOUT`` seconds (past it, a :class:`HubTimeout` naming the request and
+    the setting, tried no more; so is an answer whose ``Retry-After`` the rest of that time could not
+    wait out). The library's own per-read timeouts (``HF_HUB_DOWNLOAD_TIMEOUT``,
+    ``HF_HUB_ETAG_TIMEOUT``) still apply.
+
+    Yields the headers to pass to the download function (``headers=``): they carry the limits to its
+    worker threads. Requests made in this context are bounded without them; requests of other
+    threads or downloads are not bounded by this one. A watched request gets a connection of its own
+    (so its watch knows its socket); the others keep the client's pool."""
+    deadline = Deadline(model_download_timeout(), "GENKIT_MODEL_DOWNLOAD_TIMEOUT", what)
+    download = (deadline, DEADLINE_FACTOR * hub_timeout())
+    _install_hooks()
+    token = secrets.token_hex(16)
+    _DOWNLOADS[token] = download
+    context = _CURRENT.set(download)
+    try:
+        yield {DOWNLOAD_HEADER: token}
+    finally:
+        _CURRENT.reset(context)
+        del _DOWNLOADS[token]
+
+
+def _install_hooks() -> None:
+    """Give the HTTP clients of the Hub client's factory in use (proxies and certificates kept) the
+    hooks :func:`_watch_download` and :func:`_refuse_long_waits`. Done once: huggingface_hub keeps
+    the client its factory made, and setting a factory drops that client, so it is done again only
+    when another factory was set since."""
     import huggingface_hub
 
-    deadline = Deadline(model_download_timeout(), "GENKIT_MODEL_DOWNLOAD_TIMEOUT", what)
-    per_request = DEADLINE_FACTOR * hub_timeout()
-
-    def watch(request: Any) -> None:
-        if not isinstance(request.extensions.get("trace"), Watch):  # a redirect keeps its request's watch
-            request.extensions = {**request.extensions, "trace": Watch(str(request.url), per_request, deadline, True)}
-            request.headers["Connection"] = "close"
-
-    with _DOWNLOADS:
-        previous = client_factory()
+    with _INSTALL:
+        made_by = client_factory()
+        if getattr(made_by, "genkit_download_hooks", False):
+            return
 
         def factory() -> Any:
-            client = previous()
+            client = made_by()
             hooks = client.event_hooks
-            client.event_hooks = {**hooks, "request": [*hooks.get("request", []), watch]}
+            client.event_hooks = {**hooks, "request": [*hooks.get("request", []), _watch_download],
+                                  "response": [*hooks.get("response", []), _refuse_long_waits]}
             return client
 
+        factory.genkit_download_hooks = True  # type: ignore[attr-defined]
         huggingface_hub.set_client_factory(factory)
-        try:
-            yield deadline
-        finally:
-            huggingface_hub.set_client_factory(previous)
 
 
+def _watch_download(request: Any) -> None:
+    """The request hook: a request of a download under way (its :data:`DOWNLOAD_HEADER`, else its
+    context) gets a :class:`DownloadWatch`, which a redirect keeps, and a connection of its own."""
+    token = request.headers.pop(DOWNLOAD_HEADER, None)
+    download = _DOWNLOADS.get(token) if token is not None else _CURRENT.get()
+    if download is None or isinstance(request.extensions.get("trace"), Watch):
+        return
+    deadline, per_request = download
+    watch = DownloadWatch(str(request.url), per_request, deadline, True, method=request.method)
+    request.extensions = {**request.extensions, "trace": watch}
+    request.headers["Connection"] = "close"
 
 
-__all__ = ["DEADLINE_FACTOR", "Deadline", "HubTimeout", "Watch", "client_factory", "download_deadline", "hub_timeout",
-           "model_download_timeout", "seconds_setting"]
+def _refuse_long_waits(response: Any) -> None:
+    """The response hook: an answer of a download's request that asks for a pause before another try
+    (``Retry-After``; for a 429, a spent rate limit's reset) that would end past the download's
+    limit fails at once: a :class:`HubTimeout` that is also the Hub client's ``HfHubHTTPError`` (so
+    the client still falls back to a cached file where it does on an error answer)."""
+    watch = response.request.extensions.get("trace")
+    if not isinstance(watch, DownloadWatch) or watch.deadline is None or response.status_code not in RETRIED_STATUSES:
+        return
+    wait = server_wait(response)
+    left = watch.deadline.left()
+    if wait is None or wait[0] + 1 < left:  # the Hub client waits a second more than it is told
+        return
+    deadline = watch.deadline
+    raise _error_classes()[1](  # type: ignore[call-arg]
+        f"{watch.method} {urlsplit(watch.url).path} answered {response.status_code} with {wait[1]}, past the end "
+        f"of {deadline.what} ({max(left, 0.0):.1f} s left of {deadline.seconds:g} s, {deadline.setting})", response)
+
+
+def server_wait(response: Any) -> tuple[float, str] | None:
+    """The pause in seconds the server asks for before another try, as the Hub client reads it (for a
+    429 with none of its rate limit left, the limit's reset; else ``Retry-After`` in whole seconds,
+    the only form it reads), and how it asked; None when it asks for none."""
+    from huggingface_hub import utils
+
+    parse_limit = getattr(utils, "parse_ratelimit_headers", None)  # in the versions that read it
+    limit = parse_limit(response.headers) if parse_limit is not None and response.status_code == 429 else None
+    if limit is not None and limit.remaining == 0:
+        return float(limit.reset_in_seconds), f"its rate limit spent for {limit.reset_in_seconds} s"
+    value = response.headers.get("Retry-After", "").strip()
+    return (float(value), f"Retry-After: {value} s") if value.isdigit() else None
+
+
+__all__ = ["DEADLINE_FACTOR", "DOWNLOAD_HEADER", "RETRIED_STATUSES", "Deadline", "DownloadWatch", "HubTimeout",
+           "Watch", "client_factory", "download_deadline", "hub_timeout", "hub_timeout_of", "model_download_timeout",
+           "read_timeout", "seconds_setting", "server_wait"]

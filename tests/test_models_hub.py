@@ -4,6 +4,8 @@ test server (tests/hub_server.py): only the files a model needs are downloaded."
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hub_server import hub_server  # noqa: F401
@@ -93,21 +95,67 @@ def _fake_model(hub_server, repo: str) -> str:
     return hub_server.state.commit(repo, {"config.json": '{"model_type": "llama"}', "model.safetensors": b"w" * 4000})
 
 
-def test_a_hub_trickling_answer_headers_is_stopped_at_the_per_request_limit(hub_server, monkeypatch):
+def _gets(hub_server, name: str, method: str = "GET") -> list[str]:
+    return [p for m, p in hub_server.state.file_requests() if m == method and p.endswith("/" + name)]
+
+
+def _upload_tiny(hub_server, tmp_path, tiny_hf_dir, repo: str) -> None:
+    import shutil
+
+    shutil.copytree(tiny_hf_dir, tmp_path / repo)
+    _upload(tmp_path / repo, repo)
+
+
+@pytest.mark.parametrize(("method", "name"), [("GET", "model.safetensors"), ("HEAD", "config.json")])
+def test_answer_headers_that_trickle_are_tried_again_as_huggingface_hub_does_a_read_timeout(
+        hub_server, monkeypatch, tmp_path, tiny_hf_dir, method, name):
+    import time
+
+    monkeypatch.setenv("GENKIT_HUB_TIMEOUT", "0.25")  # answer headers within 1.5 s; a trickle needs ~40 s
+    _upload_tiny(hub_server, tmp_path, tiny_hf_dir, "org/retry")
+    hub_server.state.drip_headers_next(2, 0.1, match=rf"{method} .*/resolve/.*/{name}$")
+    start = time.monotonic()
+    assert genkit.load_model("org/retry").config.vocab_size == 128
+    # huggingface_hub tries a GET whose headers time out again 5 times, and a HEAD once alone, then 5 times
+    # with backoff (file_download.http_get, hf_hub_download): the third try here gets an answer
+    assert len(_gets(hub_server, name, method)) == 3
+    assert time.monotonic() - start >= 2 * 1.5  # the first two were stopped at the per-request limit
+
+
+def test_answer_headers_that_always_trickle_stop_after_huggingface_hubs_tries(hub_server, monkeypatch):
     import time
 
     from genkit.errors import ModelLoadError
 
-    monkeypatch.setenv("GENKIT_HUB_TIMEOUT", "0.25")  # answer headers within 1.5 s; the trickle needs ~40 s
+    monkeypatch.setenv("GENKIT_HUB_TIMEOUT", "0.1")  # answer headers within 0.6 s; a trickle needs ~30 s
     sha = _fake_model(hub_server, "org/slow")
-    hub_server.state.drip_headers_next(1, 0.1, match=r"/resolve/.*config\.json")
+    hub_server.state.drip_headers_next(100, 0.1, match=r"GET .*/resolve/.*model\.safetensors")
     start = time.monotonic()
     with pytest.raises(ModelLoadError, match=rf"could not load model 'org/slow': the Hub was too slow: GET "
-                                             rf"/org/slow/resolve/{sha}/config.json sent no complete answer headers "
-                                             r"within 1.5 s \(6 x GENKIT_HUB_TIMEOUT\)"):
+                                             rf"/org/slow/resolve/{sha}/model.safetensors sent no complete answer "
+                                             r"headers within 0.6 s \(6 x GENKIT_HUB_TIMEOUT\)"):
         genkit.load_model("org/slow")
-    assert time.monotonic() - start < 5
-    assert not [f for f in _cache_files() if f.endswith(("config.json", ".incomplete"))], _cache_files()
+    assert len(_gets(hub_server, "model.safetensors")) == 6  # the first try and huggingface_hub's 5 more
+    assert 6 * 0.6 + 5 * 1 <= time.monotonic() - start < 60  # 6 tries, 1 s apart (http_get's pause)
+    assert not [f for f in _cache_files() if f.endswith(("model.safetensors", ".incomplete"))], _cache_files()
+
+
+def test_tries_again_stop_at_the_download_limit(hub_server, monkeypatch):
+    import time
+
+    from genkit.errors import ModelLoadError
+
+    monkeypatch.setenv("GENKIT_HUB_TIMEOUT", "0.25")  # answer headers within 1.5 s
+    monkeypatch.setenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "4")  # huggingface_hub's 6 tries would need 14 s
+    sha = _fake_model(hub_server, "org/slow")
+    hub_server.state.drip_headers_next(100, 0.1, match=r"GET .*/resolve/.*model\.safetensors")
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError, match=rf"could not load model 'org/slow': the Hub was too slow: GET "
+                                             rf"/org/slow/resolve/{sha}/model.safetensors stopped: the download of "
+                                             r"org/slow did not finish within 4 s \(GENKIT_MODEL_DOWNLOAD_TIMEOUT\)"):
+        genkit.load_model("org/slow")
+    assert 4 <= time.monotonic() - start < 4 + 1.5 + 5  # the limit, at most one per-request limit and pause after
+    assert 1 <= len(_gets(hub_server, "model.safetensors")) <= 3  # a try begun past the limit is never sent
 
 
 def test_a_hub_trickling_a_body_is_stopped_at_the_download_limit(hub_server, monkeypatch):
@@ -129,33 +177,125 @@ def test_a_hub_trickling_a_body_is_stopped_at_the_download_limit(hub_server, mon
 
 
 def test_a_download_after_a_stopped_one_is_not_limited_by_it(hub_server, monkeypatch, tmp_path, tiny_hf_dir):
-    import shutil
-
-    monkeypatch.setenv("GENKIT_HUB_TIMEOUT", "0.25")
-    shutil.copytree(tiny_hf_dir, tmp_path / "repo")
-    _upload(tmp_path / "repo", "org/ok")
-    hub_server.state.drip_headers_next(1, 0.1, match=r"/resolve/.*config\.json")
-    with pytest.raises(genkit.errors.ModelLoadError, match="sent no complete answer headers"):
+    monkeypatch.setenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "2")
+    _upload_tiny(hub_server, tmp_path, tiny_hf_dir, "org/ok")
+    hub_server.state.drip_next(1, 0.05, match=r"GET .*/resolve/.*model\.safetensors")
+    with pytest.raises(genkit.errors.ModelLoadError, match="GENKIT_MODEL_DOWNLOAD_TIMEOUT"):
         genkit.load_model("org/ok")
-    assert genkit.load_model("org/ok").config.vocab_size == 128  # the Hub client's factory is as it was
+    monkeypatch.delenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT")
+    hub_server.state.delay_next(1, 2.5, match=r"GET .*/resolve/.*model\.safetensors")  # past the first one's limit
+    assert genkit.load_model("org/ok").config.vocab_size == 128
 
 
-def test_a_config_file_whose_headers_trickle_is_a_model_load_error(hub_server, monkeypatch):
+def test_a_config_file_whose_headers_always_trickle_is_a_model_load_error(hub_server, monkeypatch):
     import time
 
     from genkit.config import GenerationConfig
     from genkit.errors import ModelLoadError
 
-    monkeypatch.setenv("GENKIT_HUB_TIMEOUT", "0.25")
-    sha = hub_server.state.commit("org/gc", {"generation_config.json": '{"max_length": 7}'})
-    hub_server.state.drip_headers_next(1, 0.1, match=r"generation_config\.json")
+    monkeypatch.setenv("GENKIT_HUB_TIMEOUT", "0.25")  # answer headers within 1.5 s
+    monkeypatch.setenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "3")
+    hub_server.state.commit("org/gc", {"generation_config.json": '{"max_length": 7}'})
+    hub_server.state.drip_headers_next(100, 0.1, match=r"generation_config\.json")
     start = time.monotonic()
-    with pytest.raises(ModelLoadError, match=rf"could not fetch generation_config.json of 'org/gc' from the Hub: the "
-                                             rf"Hub was too slow: GET /org/gc/resolve/(main|{sha})/generation_config.json "
-                                             r"sent no complete answer headers within 1.5 s"):
+    with pytest.raises(ModelLoadError, match=r"could not fetch generation_config.json of 'org/gc' from the Hub: the "
+                                             r"Hub was too slow: HEAD /org/gc/resolve/main/generation_config.json "
+                                             r"stopped: the download of generation_config.json of org/gc did not "
+                                             r"finish within 3 s \(GENKIT_MODEL_DOWNLOAD_TIMEOUT\)"):
         GenerationConfig.from_pretrained("org/gc")
-    assert time.monotonic() - start < 5
+    assert 3 <= time.monotonic() - start < 3 + 1.5 + 5
+    hub_server.state.faults.clear()
     assert GenerationConfig.from_pretrained("org/gc").max_length == 7
+
+
+# -- a Retry-After longer than the time left is not waited for -----------------------------------------------
+@pytest.mark.parametrize(("method", "name", "status", "headers", "said"), [
+    ("GET", "model.safetensors", 429, {"Retry-After": "30"}, "Retry-After: 30 s"),
+    ("HEAD", "config.json", 503, {"Retry-After": "30"}, "Retry-After: 30 s"),
+    ("GET", "model.safetensors", 429, {"RateLimit": '"api";r=0;t=30', "Retry-After": "1"}, "its rate limit spent for 30 s"),
+])
+def test_a_retry_after_past_the_download_limit_fails_at_once(hub_server, monkeypatch, method, name, status, headers,
+                                                             said):
+    import time
+
+    from genkit.errors import ModelLoadError
+
+    monkeypatch.setenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "5")
+    sha = _fake_model(hub_server, "org/busy")
+    hub_server.state.answer_next(5, rf"{method} .*/resolve/.*/{name}$", status=status, headers=headers)
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError, match=rf"could not load model 'org/busy': the Hub was too slow: {method} "
+                                             rf"/org/busy/resolve/{sha}/{name} answered {status} with {said}, past "
+                                             r"the end of the download of org/busy \(\d\.\d s left of 5 s, "
+                                             r"GENKIT_MODEL_DOWNLOAD_TIMEOUT\)"):
+        genkit.load_model("org/busy")
+    assert time.monotonic() - start < 5  # not the 31 s huggingface_hub would wait
+
+
+def test_a_retry_after_within_the_download_limit_is_honoured(hub_server):
+    import time
+
+    from genkit.config import GenerationConfig
+
+    hub_server.state.commit("org/gc", {"generation_config.json": '{"max_length": 7}'})
+    hub_server.state.answer_next(1, r"GET .*generation_config\.json", status=429, headers={"Retry-After": "1"})
+    start = time.monotonic()
+    assert GenerationConfig.from_pretrained("org/gc").max_length == 7
+    assert time.monotonic() - start >= 1 + 1  # huggingface_hub waits Retry-After + 1 s, then tries again
+    # a cached file is used when the Hub asks for a wait far past the limit (huggingface_hub's fallback on an error)
+    hub_server.state.answer_next(1, r"HEAD .*generation_config\.json", status=503, headers={"Retry-After": "99999"})
+    assert GenerationConfig.from_pretrained("org/gc").max_length == 7
+
+
+# -- each download's limits are its own: other threads' Hub requests meanwhile are not bound by them ------
+def _start_slow_download(hub_server, repo: str) -> tuple[Any, list[BaseException]]:
+    """Load ``repo`` in a thread whose weights trickle (200 s), once its weights' GET has begun."""
+    import threading
+    import time
+
+    _fake_model(hub_server, repo)
+    hub_server.state.drip_next(1, 0.05, match=rf"GET /{repo}/resolve/.*model\.safetensors")
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            genkit.load_model(repo)
+        except Exception as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    until = time.monotonic() + 60
+    while not _gets(hub_server, "model.safetensors"):  # the slow download's watched GET is under way
+        assert thread.is_alive() and time.monotonic() < until, errors
+        time.sleep(0.02)
+    return thread, errors
+
+
+def test_another_threads_hub_requests_are_not_bound_by_a_download_limit(hub_server, monkeypatch):
+    from huggingface_hub import hf_hub_download
+
+    monkeypatch.setenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "2.5")
+    data = bytes(range(40))
+    hub_server.state.commit("org/other", {"data.bin": data})
+    hub_server.state.drip_next(1, 0.1, match=r"GET /org/other/resolve/.*data\.bin")  # 4 s: past org/drip's limit
+    thread, errors = _start_slow_download(hub_server, "org/drip")
+    with open(hf_hub_download("org/other", "data.bin"), "rb") as f:  # begun within org/drip's 2.5 s
+        assert f.read() == data
+    thread.join(60)
+    assert len(errors) == 1 and "org/drip did not finish within 2.5 s (GENKIT_MODEL_DOWNLOAD_TIMEOUT)" in str(errors[0])
+
+
+def test_a_second_download_does_not_wait_for_a_slow_one(hub_server, monkeypatch):
+    from genkit.config import GenerationConfig
+
+    monkeypatch.setenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "6")
+    hub_server.state.commit("org/gc", {"generation_config.json": '{"max_length": 7}'})
+    thread, errors = _start_slow_download(hub_server, "org/drip")
+    assert GenerationConfig.from_pretrained("org/gc").max_length == 7
+    assert thread.is_alive()  # done while the slow download is still under way (it ends at its 6 s limit)
+    thread.join(60)
+    assert len(errors) == 1 and "org/drip did not finish within 6 s (GENKIT_MODEL_DOWNLOAD_TIMEOUT)" in str(errors[0])
 
 
 @pytest.mark.parametrize(("name", "value"), [("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "0"),
@@ -168,3 +308,13 @@ def test_download_limits_out_of_range_are_errors_before_any_request(hub_server, 
     with pytest.raises(ConfigError, match=f"{name}='{value}' is not accepted; use a number of seconds > 0"):
         genkit.load_model("org/m")
     assert not [p for _, p in hub_server.state.log if "org/m" in p]
+def test_downloads_keep_the_hub_clients_session(hub_server):
+    from huggingface_hub.utils import get_session
+
+    from genkit.config import GenerationConfig
+
+    hub_server.state.commit("org/gc", {"generation_config.json": '{"max_length": 7}'})
+    assert GenerationConfig.from_pretrained("org/gc").max_length == 7
+    session = get_session()
+    assert GenerationConfig.from_pretrained("org/gc", force_download=True).max_length == 7
+    assert get_session() is session  # made once and kept, as huggingface_hub means it to be; not one per download

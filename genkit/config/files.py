@@ -78,15 +78,19 @@ def resolve_config_file(
         raise FileNotFoundError(f"{src!r} is neither an existing file or folder nor a Hub repo id ('org/name')")
     from huggingface_hub import hf_hub_download
 
-    from ..hubhttp import HubTimeout, download_deadline
+    from ..hubhttp import download_deadline, hub_timeout_of
 
     try:
-        with proxied(proxies), download_deadline(f"the download of {file_name} of {src}"):
+        with proxied(proxies), download_deadline(f"the download of {file_name} of {src}") as headers:
             path = hf_hub_download(src, file_name, subfolder=subfolder or None, revision=revision,
                                    cache_dir=cache_dir, force_download=force_download, token=token,
-                                   local_files_only=local_files_only)
-    except HubTimeout as exc:
-        raise ModelLoadError(f"could not fetch {file_name} of {src!r} from the Hub: the Hub was too slow: {exc}") from exc
+                                   local_files_only=local_files_only, headers=headers)
+    except Exception as exc:
+        timeout = hub_timeout_of(exc)  # the Hub client may report it in an error of its own
+        if timeout is None:
+            raise
+        raise ModelLoadError(f"could not fetch {file_name} of {src!r} from the Hub: the Hub was too slow: "
+                             f"{timeout}") from exc
     return os.fspath(path), kwargs
 
 

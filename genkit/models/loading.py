@@ -104,8 +104,8 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
         patterns = TOKENIZER_FILE_PATTERNS if tokenizer_only else MODEL_FILE_PATTERNS + TOKENIZER_FILE_PATTERNS
         logger.info("fetching %s from the Hub (%s)", ref, "tokenizer files" if tokenizer_only else "model files")
         try:
-            with download_deadline(f"the download of {ref}"):
-                return snapshot_download(ref, revision=revision, allow_patterns=patterns)
+            with download_deadline(f"the download of {ref}") as headers:
+                return snapshot_download(ref, revision=revision, allow_patterns=patterns, headers=headers)
         except ConfigError:
             raise  # a genkit setting out of range (GENKIT_HUB_TIMEOUT, GENKIT_MODEL_DOWNLOAD_TIMEOUT)
         except Exception as exc:
@@ -126,11 +126,12 @@ def hub_fetch_error(ref: str, revision: str | None, exc: Exception) -> ModelLoad
         RevisionNotFoundError,
     )
 
-    from ..hubhttp import HubTimeout
+    from ..hubhttp import hub_timeout_of
 
     where = f"model {ref!r}" + (f" at revision {revision!r}" if revision else "")
-    if isinstance(exc, HubTimeout):
-        why = f"the Hub was too slow: {exc}"
+    timeout = hub_timeout_of(exc)  # the Hub client may report it in an error of its own
+    if timeout is not None:
+        why = f"the Hub was too slow: {timeout}"
     elif isinstance(exc, RevisionNotFoundError):
         why = "the Hub repo has no such revision"
     elif isinstance(exc, GatedRepoError):
