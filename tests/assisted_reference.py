@@ -1,8 +1,10 @@
-"""transformers 5.24's assisted decoding, sampled, as the reference for genkit's: two bugs of its
-draft model corrected, as the tests that need it say. Neither changes what the output follows (the
-speculative sampling rule keeps the target's distribution whatever the draft proposes); both change
-the drafts, so a seed gives other tokens. genkit does neither (its drafts come from the assistant's
-distribution after the call's processors, applied once, on the sequence so far).
+"""transformers 5.24's assisted decoding as the reference for genkit's: four bugs of its draft
+model corrected, as the tests that need it say. The first two do not change what the output follows
+(the speculative sampling rule keeps the target's distribution whatever the draft proposes, so long
+as the draft is drawn from the distribution it reports); they change the drafts, so a seed gives
+other tokens. genkit does none of them (its drafts come from the assistant's distribution after the
+call's processors, applied once at the target's positions, on the sequence so far; drawn when the
+call samples).
 
 1. Its assistant applies the sampling warpers twice. ``AssistedCandidateGenerator`` hands the
    target's processors, warpers included, to ``assistant_model.generate`` with the target's
@@ -17,7 +19,27 @@ distribution after the call's processors, applied once, on the sequence so far).
    assistant has neither, so after the first round it drafts from a context that holds its cached
    tokens twice: after ``[2, 33, 25]`` with ``[2]`` cached, it reads ``[2, 2, 33, 25]``.
 
-:func:`witness` records both in an unpatched run; :func:`corrected` patches them out.
+Two more, of a Whisper assistant only: ``AssistedCandidateGenerator`` calls
+``assistant_model.generate``, which for Whisper is ``WhisperGenerationMixin.generate``, not the plain
+loop the target runs. Unlike the two above, these change what the output follows.
+
+3. Its drafts are greedy when the call samples. ``generate_with_fallback`` sets ``do_sample`` (and
+   ``temperature``) from its own ``temperature`` argument, which the candidate generator never
+   passes, so the assistant drafts the argmax while it reports its whole distribution as the scores.
+   The speculative sampling rule then accepts a draft ``x`` with ``min(1, p(x) / q(x))`` as if ``x``
+   had been drawn from ``q``: the output no longer follows the target's distribution (a model
+   assisting itself, ``p = q``, keeps every draft: each round's tokens are its argmax but for the
+   one sampled after them).
+4. It moves the target's ``begin_suppress_tokens``. Its step 6.5 calls ``set_begin_index(<length of
+   the sequence so far>)`` on every processor it is handed, the target's own
+   ``SuppressTokensAtBeginLogitsProcessor`` among them: from the first draft on, the target (and the
+   assistant) suppress those tokens at the first position of every round instead of the first
+   generated one, so greedy assisted decoding no longer gives greedy decoding's tokens.
+
+Whisper's assistant does not have bug 2: ``generate_with_fallback`` sets ``_mask_length``, so its
+``_prefill`` reads only the tokens its cache lacks.
+
+:func:`witness` records all four in an unpatched run; :func:`corrected` patches them out.
 """
 
 from __future__ import annotations
@@ -30,6 +52,7 @@ import torch
 from transformers.generation import candidate_generator as CG
 from transformers.generation import logits_process as LP
 from transformers.generation.utils import GenerationMixin
+from transformers.models.whisper.generation_whisper import WhisperGenerationMixin
 
 # the processors `_get_logits_processor` appends for do_sample=True (after merging the caller's list)
 WARPERS = (LP.TemperatureLogitsWarper, LP.TopKLogitsWarper, LP.TopPLogitsWarper, LP.MinPLogitsWarper,
@@ -38,11 +61,14 @@ WARPERS = (LP.TemperatureLogitsWarper, LP.TopKLogitsWarper, LP.TopPLogitsWarper,
 
 @contextmanager
 def corrected(monkeypatch: Any) -> Iterator[None]:
-    """transformers' assisted decoding with both bugs patched out (module doc): the assistant gets the
-    target's processors without the warpers (its ``generate`` appends them, once, at the same place:
-    after the others), and an encoder-decoder model's ``_prefill`` on a non-empty cache reads only
-    the decoder tokens the cache lacks."""
+    """transformers' assisted decoding with the four bugs patched out (module doc): the assistant gets
+    the target's processors without the warpers (its ``generate`` appends them, once, at the same
+    place: after the others); an encoder-decoder model's ``_prefill`` on a non-empty cache reads only
+    the decoder tokens the cache lacks; a Whisper assistant samples its drafts when the call samples
+    (its ``generate`` gets the call's ``temperature``) and leaves the processors' begin index where
+    the target set it."""
     init, prefill = CG.AssistedCandidateGenerator.__init__, GenerationMixin._prefill
+    whisper_generate = WhisperGenerationMixin.generate
 
     def init_once_warped(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
@@ -55,25 +81,50 @@ def corrected(monkeypatch: Any) -> Iterator[None]:
             input_ids = input_ids[:, cache.get_seq_length():]
         return prefill(self, input_ids, generation_config, model_kwargs, *args, **kwargs)
 
+    def whisper_drafts_as_asked(self: Any, *args: Any, generation_config: Any = None, temperature: Any = None,
+                                **kwargs: Any) -> Any:
+        if not getattr(generation_config, "is_assistant", False):
+            return whisper_generate(self, *args, generation_config=generation_config, temperature=temperature,
+                                    **kwargs)
+        if generation_config.do_sample and temperature is None:
+            temperature = generation_config.temperature if generation_config.temperature is not None else 1.0
+        with monkeypatch.context() as m:
+            m.setattr(LP.SuppressTokensAtBeginLogitsProcessor, "set_begin_index", lambda processor, index: None)
+            return whisper_generate(self, *args, generation_config=generation_config, temperature=temperature,
+                                    **kwargs)
+
     with monkeypatch.context() as m:
         m.setattr(CG.AssistedCandidateGenerator, "__init__", init_once_warped)
         m.setattr(GenerationMixin, "_prefill", prefill_past_the_cache)
+        m.setattr(WhisperGenerationMixin, "generate", whisper_drafts_as_asked)
         yield
 
 
 @contextmanager
 def witness(monkeypatch: Any, assistant: Any) -> Iterator[dict[str, list]]:
     """Records, in an unpatched run, the processors of every ``assistant.generate`` call
-    (``"processors"``: their class names) and each forward of ``assistant`` (``"forwards"``: the
-    decoder ids it reads and how many tokens its cache held then)."""
-    seen: dict[str, list] = {"processors": [], "forwards": []}
+    (``"processors"``: their class names; ``"do_sample"``: whether that call's loop samples), each
+    forward of ``assistant`` (``"forwards"``: the decoder ids it reads and how many tokens its cache
+    held then), and every begin index a ``SuppressTokensAtBeginLogitsProcessor`` of the target's
+    (the model that is not ``assistant``) is moved to (``"target_begin_index"``)."""
+    seen: dict[str, list] = {"processors": [], "do_sample": [], "forwards": [], "target_begin_index": []}
     get_processors = GenerationMixin._get_logits_processor
+    set_begin_index = LP.SuppressTokensAtBeginLogitsProcessor.set_begin_index
+    targets: set[int] = set()
 
-    def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
-        processors = get_processors(self, *args, **kwargs)
+    def recording(self: Any, generation_config: Any, *args: Any, **kwargs: Any) -> Any:
+        processors = get_processors(self, generation_config, *args, **kwargs)
         if self is assistant:
             seen["processors"].append([type(p).__name__ for p in processors])
+            seen["do_sample"].append(bool(generation_config.do_sample))
+        else:
+            targets.update(id(p) for p in processors)
         return processors
+
+    def moving(processor: Any, index: int) -> None:
+        if id(processor) in targets:
+            seen["target_begin_index"].append(index)
+        set_begin_index(processor, index)
 
     def pre_forward(module: Any, args: Any, kwargs: dict) -> None:
         cache = kwargs.get("cache") or kwargs.get("past_key_values")
@@ -84,6 +135,7 @@ def witness(monkeypatch: Any, assistant: Any) -> Iterator[dict[str, list]]:
     try:
         with monkeypatch.context() as m:
             m.setattr(GenerationMixin, "_get_logits_processor", recording)
+            m.setattr(LP.SuppressTokensAtBeginLogitsProcessor, "set_begin_index", moving)
             yield seen
     finally:
         handle.remove()

@@ -398,6 +398,15 @@ def _accepted(caplog):
     return int(words[-4]), int(words[-2])
 
 
+def _draft_four(monkeypatch, assistant):
+    """4-token drafts every round, no confidence threshold (transformers adapts it only with
+    scikit-learn installed, genkit always, docs/strategies.md), on the assistant's own config, where
+    transformers reads them."""
+    for key, value in (("num_assistant_tokens", 4), ("num_assistant_tokens_schedule", "constant"),
+                       ("assistant_confidence_threshold", 0.0)):
+        monkeypatch.setattr(assistant.generation_config, key, value)
+
+
 SAMPLED = [{}, {"temperature": 1.5, "top_k": 40}, {"top_p": 0.95, "temperature": 1.2}, {"temperature": 1.3, "max_new_tokens": 25}]
 
 
@@ -420,9 +429,7 @@ def test_sampled_assisted_decoding_draws_the_tokens_of_transformers(models, othe
 
     model, x = models["bart"], S.inputs("bart", batch=1)
     assistant = model if which == "self" else other_bart
-    for key, value in (("num_assistant_tokens", 4), ("num_assistant_tokens_schedule", "constant"),
-                       ("assistant_confidence_threshold", 0.0)):
-        monkeypatch.setattr(assistant.generation_config, key, value)
+    _draft_four(monkeypatch, assistant)
     kw = {"do_sample": True, "max_new_tokens": 10, "assistant_model": assistant, **kw}
     with corrected(monkeypatch):
         torch.manual_seed(seed)
@@ -451,6 +458,167 @@ def test_transformers_draft_model_bugs_the_sampled_reference_corrects(models, ot
     assert seen["forwards"][0] == ([start], 0)
     rereads = [(ids, cached) for ids, cached in seen["forwards"][1:] if ids[0] == start and cached > 0]
     assert rereads and rereads[0][0] == out[0, :len(rereads[0][0])].tolist(), seen["forwards"]
+
+
+@pytest.fixture(scope="module")
+def other_whisper():
+    return S.build("whisper", seed=5)
+
+
+# Whisper's draft model runs `WhisperForConditionalGeneration.generate`, with two bugs of its own:
+# its drafts are greedy when the call samples, and it moves the target's `begin_suppress_tokens`
+# to the start of every round (tests/assisted_reference.py, and the evidence in
+# test_transformers_whisper_draft_model_bugs_the_reference_corrects). genkit copies neither.
+WHISPER_ASSISTED = {
+    "default": {},
+    "temperature=1.5,top_k=40": {"temperature": 1.5, "top_k": 40},
+    "top_p=0.95,temperature=1.2": {"top_p": 0.95, "temperature": 1.2},
+    "temperature=1.3,max_new_tokens=25": {"temperature": 1.3, "max_new_tokens": 25},
+    "suppress_tokens,begin_suppress_tokens": {"suppress_tokens": [33], "begin_suppress_tokens": [9, 31]},
+    "decoder_prompt,begin_suppress_tokens": {"decoder_input_ids": [[93, 5, 6]], "begin_suppress_tokens": [31],
+                                             "temperature": 1.2},
+    # in both models' generation configs, as the released checkpoints carry them
+    "suppress_tokens_in_the_configs": {"in_config": {"suppress_tokens": [33], "begin_suppress_tokens": [9, 31]},
+                                       "temperature": 1.2},
+}
+
+
+def _whisper_assisted(models, assistant, monkeypatch, setting, **kw):
+    """The target Whisper, its input features and the call's settings (4-token drafts)."""
+    _draft_four(monkeypatch, assistant)
+    kw = {"max_new_tokens": 10, "assistant_model": assistant, **kw, **WHISPER_ASSISTED[setting]}
+    for key, value in kw.pop("in_config", {}).items():
+        for model in (models["whisper"], assistant):
+            monkeypatch.setattr(model.generation_config, key, value)
+    if "decoder_input_ids" in kw:  # the decoder's prompt: the start token and two more (language, task)
+        kw["decoder_input_ids"] = torch.tensor(kw["decoder_input_ids"])
+    return models["whisper"], S.inputs("whisper", batch=1), kw
+
+
+@pytest.mark.parametrize("which", ["self", "other"])
+@pytest.mark.parametrize("setting", ["default", "temperature=1.3,max_new_tokens=25",
+                                     "suppress_tokens,begin_suppress_tokens", "decoder_prompt,begin_suppress_tokens",
+                                     "suppress_tokens_in_the_configs"])
+def test_greedy_whisper_assisted_decoding_matches_transformers(models, other_whisper, monkeypatch, caplog, setting,
+                                                                which):
+    """Greedy assisted decoding on Whisper (input features; the model itself or another tiny Whisper
+    drafts) gives greedy decoding's tokens, and transformers' assisted decoding's: as is, but where
+    its Whisper assistant moves `begin_suppress_tokens` (there, with that corrected)."""
+    from assisted_reference import corrected
+
+    model, x, kw = _whisper_assisted(models, other_whisper if which == "other" else models["whisper"], monkeypatch,
+                                     setting, do_sample=False)
+    kw.pop("temperature", None)
+    with caplog.at_level(logging.DEBUG, logger="genkit.assisted"):
+        out = genkit.generate(model, **x, **kw)
+    assert torch.equal(out, reference(model, **x, **{**kw, "assistant_model": None})), out.tolist()
+    if model.generation_config.begin_suppress_tokens is None and "begin_suppress_tokens" not in kw:
+        assert torch.equal(out, reference(model, **x, **kw))
+    with corrected(monkeypatch):
+        assert torch.equal(out, reference(model, **x, **kw))
+    drafted, accepted = _accepted(caplog)
+    # itself: every draft kept; the other tiny model: rejections (its argmax seldom agrees)
+    assert (accepted == drafted > 0) if which == "self" else (accepted < drafted), (drafted, accepted)
+
+
+# (seeds from 1: under seed 0 the other tiny Whisper has every draft rejected in two settings)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("which", ["self", "other"])
+@pytest.mark.parametrize("setting", list(WHISPER_ASSISTED))
+def test_sampled_whisper_assisted_decoding_draws_the_tokens_of_transformers(models, other_whisper, monkeypatch, caplog,
+                                                                             setting, which, seed):
+    """Sampled assisted decoding on Whisper, the model itself or another tiny Whisper drafting, under
+    warpers, `suppress_tokens` / `begin_suppress_tokens` and a decoder prompt: transformers' tokens
+    for the seed, its four draft-model bugs corrected (tests/assisted_reference.py)."""
+    from assisted_reference import corrected
+
+    model, x, kw = _whisper_assisted(models, other_whisper if which == "other" else models["whisper"], monkeypatch,
+                                     setting, do_sample=True)
+    with corrected(monkeypatch):
+        torch.manual_seed(seed)
+        ref = reference(model, **x, **kw)
+    torch.manual_seed(seed)
+    with caplog.at_level(logging.DEBUG, logger="genkit.assisted"):
+        out = genkit.generate(model, **x, **kw)
+    assert torch.equal(out, ref), (out.tolist(), ref.tolist())
+    drafted, accepted = _accepted(caplog)
+    assert accepted >= 1, (drafted, accepted)
+
+
+def test_transformers_whisper_draft_model_bugs_the_reference_corrects(models, other_whisper, monkeypatch):
+    """The evidence for bugs 3 and 4 of tests/assisted_reference.py, in transformers 5.24 as
+    installed (when this fails, transformers has fixed them: drop the correction). A Whisper
+    assistant's loop is greedy in a sampled call, so a model assisting itself keeps every draft (its
+    argmax) and samples only the token after each round's four; and its `generate` moves the target's
+    `begin_suppress_tokens` to the start of every round, so greedy assisted decoding is not greedy
+    decoding. Its cache is read as it should be (no bug 2)."""
+    from assisted_reference import witness
+
+    model, x = models["whisper"], S.inputs("whisper", batch=1)
+    _draft_four(monkeypatch, model)
+    _draft_four(monkeypatch, other_whisper)
+    with witness(monkeypatch, other_whisper) as seen:
+        torch.manual_seed(0)
+        reference(model, **x, assistant_model=other_whisper, do_sample=True, max_new_tokens=10)
+    assert seen["do_sample"] and not any(seen["do_sample"]), seen["do_sample"]
+    assert all(cached == 0 or ids[0] != 93 for ids, cached in seen["forwards"]), seen["forwards"]
+    drafted = list(range(1, 5)) + list(range(6, 10))  # rounds of 4 drafts, then one token sampled
+    for seed in range(3):
+        torch.manual_seed(seed)
+        out = reference(model, **x, assistant_model=model, do_sample=True, max_new_tokens=10)
+        with torch.no_grad():
+            argmax = model(**x, decoder_input_ids=out).logits[0].argmax(-1)  # argmax[t - 1] predicts out[t]
+        assert out[0, drafted].tolist() == argmax[[t - 1 for t in drafted]].tolist(), out.tolist()
+        torch.manual_seed(seed)
+        sampled = reference(model, **x, do_sample=True, max_new_tokens=10)  # without an assistant
+        with torch.no_grad():
+            argmax = model(**x, decoder_input_ids=sampled).logits[0].argmax(-1)
+        within = [t for t in drafted if t < sampled.shape[1]]  # (it may end at EOS)
+        assert sampled[0, within].tolist() != argmax[[t - 1 for t in within]].tolist()
+    with witness(monkeypatch, other_whisper) as seen:
+        out = reference(model, **x, assistant_model=other_whisper, begin_suppress_tokens=[9, 31], max_new_tokens=10)
+    # the target set it to 1 (the decoder prompt's length); each round's draft moves it to the round's start
+    assert seen["target_begin_index"][:3] == [1, 2, 3], seen["target_begin_index"]
+    assert not torch.equal(out, reference(model, **x, begin_suppress_tokens=[9, 31], max_new_tokens=10))
+
+
+def test_whisper_own_generate_with_an_assistant(models, other_whisper, monkeypatch):
+    """What a transformers user gets from `WhisperForConditionalGeneration.generate` with an assistant
+    (genkit runs `GenerationMixin.generate`'s loop, docs/encoder_decoder.md), whose output lacks the
+    start token: greedy, genkit's tokens; `do_sample=True` without a `temperature` is greedy there;
+    with one, genkit's tokens once the draft bugs are corrected; and `begin_suppress_tokens` are
+    dropped there when an assistant drafts (genkit keeps them: greedy assisted decoding gives greedy
+    decoding's tokens, as without an assistant)."""
+    from assisted_reference import corrected
+
+    model, x = models["whisper"], S.inputs("whisper", batch=1)
+
+    def whisper_generate(**kw):
+        # its generate sets `force_unique_generate_call` on the assistant's config for good, and a
+        # model that has been an assistant then returns its start token too: not here
+        for m in (model, other_whisper):
+            monkeypatch.setattr(m.generation_config, "force_unique_generate_call", None, raising=False)
+        return model.generate(**x, max_new_tokens=10, **kw)
+
+    for assistant in (model, other_whisper):
+        _draft_four(monkeypatch, assistant)
+        greedy = genkit.generate(model, **x, assistant_model=assistant, max_new_tokens=10)
+        assert torch.equal(whisper_generate(assistant_model=assistant), greedy[:, 1:])
+        torch.manual_seed(0)
+        assert torch.equal(whisper_generate(assistant_model=assistant, do_sample=True), greedy[:, 1:])
+        for seed in (0, 1):
+            kw = dict(assistant_model=assistant, do_sample=True, temperature=1.3)
+            with corrected(monkeypatch):
+                torch.manual_seed(seed)
+                theirs = whisper_generate(**kw)
+            torch.manual_seed(seed)
+            assert torch.equal(genkit.generate(model, **x, max_new_tokens=10, **kw)[:, 1:], theirs)
+    kept = genkit.generate(model, **x, assistant_model=other_whisper, begin_suppress_tokens=[9], max_new_tokens=10)
+    assert kept[0, -1] == model.generation_config.eos_token_id  # which its plain path strips too
+    assert torch.equal(kept[:, 1:-1], whisper_generate(begin_suppress_tokens=[9]))
+    dropped = whisper_generate(assistant_model=other_whisper, begin_suppress_tokens=[9])
+    assert torch.equal(dropped, genkit.generate(model, **x, assistant_model=other_whisper, max_new_tokens=10)[:, 1:])
+    assert not torch.equal(dropped, kept[:, 1:])
 
 
 @pytest.mark.parametrize("name", ["vision", "whisper"])
