@@ -126,7 +126,8 @@ def _all_candidates_at_once(call: StrategyCall, alpha: float, top_k: int) -> Gen
     batch_index = torch.arange(call.batch, device=call.device)
     with FinishTracker(call) as finish, ExitStack() as rolling:
         logits = stepper.prefill()[chosen]
-        rolling.enter_context(stepper.rollback())  # the last step's token leaves the cache at the end
+        # the last step's token leaves the cache at the end (the processors see one growing history)
+        rolling.enter_context(stepper.rollback(processors=False))
         hidden = stepper.hidden_states
         assert hidden is not None
         context = Degeneration(call, hidden[-1][chosen])
@@ -172,7 +173,8 @@ def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> Ge
     batch_index = torch.arange(call.batch, device=call.device)
     with FinishTracker(call) as finish, ExitStack() as rolling:
         logits = stepper.prefill()
-        rolling.enter_context(stepper.rollback())  # each candidate is rolled back after its forward
+        # each candidate is rolled back after its forward (the processors see one growing history)
+        rolling.enter_context(stepper.rollback(processors=False))
         hidden = stepper.hidden_states
         assert hidden is not None
         context = Degeneration(call, hidden[-1])

@@ -27,8 +27,6 @@ import torch
 from genkit.errors import ConfigError, NotSupportedError
 from genkit.strategy.processing import LogitsProcessor, ProcessorContext
 
-from . import _is_assisted
-
 logger = logging.getLogger("genkit.guidance")
 
 __all__ = ["ClassifierFreeGuidanceLogitsProcessor", "UnbatchedClassifierFreeGuidanceLogitsProcessor",
@@ -84,10 +82,11 @@ class UnbatchedClassifierFreeGuidanceLogitsProcessor(LogitsProcessor):
         use_cache: keep the unconditional branch's cache between steps (else re-run it each step).
         max_length: the longest generation expected (sizes a native model's cache); optional.
 
-    Set ``rollback = True`` (an attribute, transformers' constructor has no such parameter) when the
-    strategy calls the processor on histories that go back (assisted decoding, early exit): a cache
-    whose sliding-window layers drop old positions (transformers' ``DynamicCache``) then keeps them
-    (``record_past``) so it can be cropped back; each crop cuts it back to the window.
+    The branch follows the history each call is given: a strategy that goes back (assisted decoding
+    verifies drafts, early exit) gets the scores plain decoding would give, its cache cropped to the
+    common prefix. Such a strategy turns :meth:`record_past` on (``Stepper.rollback``), so a cache
+    whose sliding-window layers drop old positions can be cropped back past the window. A
+    transformers ``model`` given here is run through genkit's adapter by ``generate``.
     """
 
     def __init__(self, guidance_scale: float, model: Any, unconditional_ids: torch.Tensor | None = None,
@@ -99,8 +98,8 @@ class UnbatchedClassifierFreeGuidanceLogitsProcessor(LogitsProcessor):
         self.uncond_mask = unconditional_attention_mask
         self.use_cache = bool(use_cache)
         self.max_length = int(max_length)
-        self.rollback = False  # see the class docstring
         self.cache: Any = None
+        self._recording = False  # record_past(True) is in force
         self._prompt_len = -1  # length of the conditional prompt (the first call's input)
         self._fed = torch.empty(0)  # generated tokens (rows, m) the unconditional branch has run
         self._logits: torch.Tensor | None = None  # its next-token logits after them
@@ -119,9 +118,22 @@ class UnbatchedClassifierFreeGuidanceLogitsProcessor(LogitsProcessor):
             if callable(new_cache):
                 room = self.uncond_ids.shape[1] + max(self.max_length - self._prompt_len, 0)
                 self.cache = new_cache(room)
-                record = getattr(self.cache, "record_past", None)
-                if self.rollback and record is not None:
-                    record(True)
+                if self._recording:
+                    self.record_past(True)
+
+    def record_past(self, on: bool) -> None:
+        """``on``: the calls may go back (a strategy verifying drafts; ``Stepper.rollback`` turns it
+        on and off). The branch's cache then keeps the positions its sliding-window layers drop
+        (its optional ``record_past``, transformers' ``DynamicCache`` adapted) until a call goes
+        back, whose crop cuts them back to the window. Off: cut back to the window, recording no
+        more, as in plain decoding. A cache that keeps every position needs nothing."""
+        self._recording = bool(on)
+        record = getattr(self.cache, "record_past", None)
+        if record is None:
+            return
+        if not on:  # (while recording, a crop that keeps every position cuts back to the window)
+            self.cache.crop(self.cache.get_seq_length())
+        record(self._recording)
 
     def unconditional_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Next-token logits ``(rows, vocab)`` of the unconditional branch after the tokens
@@ -213,9 +225,7 @@ def make_guidance(config: Any, ctx: ProcessorContext) -> Any:
     rows = ctx.input_ids.shape[0] if ctx.input_ids is not None else 1
     per_prompt = config.num_return_sequences if config.num_beams == 1 else 1
     ids, mask = _negative_prompt(ctx, rows, per_prompt)
-    processor = UnbatchedClassifierFreeGuidanceLogitsProcessor(scale, ctx.model, unconditional_ids=ids,
-                                                               unconditional_attention_mask=mask,
-                                                               use_cache=bool(config.use_cache),
-                                                               max_length=int(config.max_length))
-    processor.rollback = _is_assisted(config) or config.assistant_early_exit is not None
-    return processor
+    return UnbatchedClassifierFreeGuidanceLogitsProcessor(scale, ctx.model, unconditional_ids=ids,
+                                                          unconditional_attention_mask=mask,
+                                                          use_cache=bool(config.use_cache),
+                                                          max_length=int(config.max_length))

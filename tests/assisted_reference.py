@@ -139,3 +139,32 @@ def witness(monkeypatch: Any, assistant: Any) -> Iterator[dict[str, list]]:
             yield seen
     finally:
         handle.remove()
+
+
+@contextmanager
+def guidance_followed(monkeypatch: Any) -> Iterator[None]:
+    """transformers' ``UnbatchedClassifierFreeGuidanceLogitsProcessor`` made to follow the history it
+    is called on, as genkit's does. transformers' feeds the last token of every call's ``input_ids``
+    to its unconditional branch and never rolls it back: under assisted decoding it is called on each
+    drafted position of a round (and by prompt lookup's check of forbidden tokens, and by the
+    assistant's own drafting), so the rejected drafts stay in the branch and the guidance differs
+    from plain decoding's (the evidence: tests/test_sliding_window_rollback.py). Patched: each call
+    runs the branch on the negative prompt followed by the tokens the call's ``input_ids`` hold
+    after the prompt (the first call's length), without a cache. Plain decoding gives the same
+    scores either way."""
+    def unconditional_logits(self: Any, input_ids: torch.Tensor) -> torch.Tensor:
+        context = self.unconditional_context
+        if context["first_pass"]:
+            if context["input_ids"] is None:
+                context["input_ids"] = input_ids[:, -1:]
+            if context["attention_mask"] is None:
+                context["attention_mask"] = torch.ones_like(context["input_ids"], dtype=torch.long)
+            context["prompt_length"], context["first_pass"] = input_ids.shape[1], False
+        generated = input_ids[:, context["prompt_length"]:]
+        ids = torch.cat([context["input_ids"], generated], dim=1)
+        mask = torch.cat([context["attention_mask"], torch.ones_like(generated)], dim=1)
+        return self.model(ids, attention_mask=mask, use_cache=False).logits
+
+    with monkeypatch.context() as m:
+        m.setattr(LP.UnbatchedClassifierFreeGuidanceLogitsProcessor, "get_unconditional_logits", unconditional_logits)
+        yield

@@ -10,6 +10,7 @@ weights set here: both continue the same cycle of words, each in its own vocabul
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -243,3 +244,87 @@ def test_the_draft_models_confidence_threshold_adapts_and_stays_lossless(tiny_pa
     no_adapt = build_candidate_generator(ours, genkit.GenerationConfig(assistant_confidence_threshold=0.0).with_defaults(),
                                          assistant_model=assistant)
     assert not no_adapt.adaptive_threshold
+
+
+# -- a sliding-window assistant ----------------------------------------------------------------------
+
+WINDOW = 8
+
+
+def _hf_bigram(family: str, cycle: list[int], vocab: int, *, window: int | None, attention: float) -> object:
+    """A transformers ``family`` model continuing ``cycle`` (as :func:`_bigram`), with attention
+    whose output is scaled by ``attention``: 0 leaves the bigram alone, 40 makes the tokens in the
+    (sliding) window change some of its choices, so a draft depends on what the cache holds."""
+    transformers = pytest.importorskip("transformers")
+    base = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    if family == "qwen2":  # the second layer slides
+        config = transformers.Qwen2Config(**base, sliding_window=window, use_sliding_window=window is not None,
+                                          max_window_layers=1)
+    else:
+        config = transformers.MistralConfig(**base, sliding_window=window)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(attention)
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(1.0)
+        model.model.embed_tokens.weight.copy_(torch.eye(vocab, config.hidden_size))
+        model.lm_head.weight.zero_()
+        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+            model.lm_head.weight[b, a] = 1.0
+    policy = model.generation_config
+    policy.num_assistant_tokens, policy.num_assistant_tokens_schedule = 6, "constant"
+    policy.assistant_confidence_threshold = 0.0
+    return model
+
+
+def _verified(model: torch.nn.Module) -> tuple[list[list[int]], object]:
+    """The token ids of each forward of ``model`` (the target: its prefill, then each round's
+    drafts), filled as it runs, and the hook's handle."""
+    seen: list[list[int]] = []
+    handle = model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(
+        (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0])[0].tolist()), with_kwargs=True)
+    return seen, handle
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_universal_assisted_with_a_sliding_window_assistant_past_its_window(target_tok, assistant_tok, family,
+                                                                           caplog, tmp_path):
+    """The assistant (another tokenizer) is a transformers model with sliding-window layers (window
+    8) whose ``DynamicCache`` drops the positions leaving the window: the prompt is 27 assistant
+    tokens and drafts are rejected, so its cache is rolled back past the window every round. The
+    tokens are transformers' greedy tokens of the target (transformers 5.24's own universal assisted
+    decoding fails here: its assistant's cache records the past during its first ``generate`` only,
+    so the next crop leaves fewer positions than the mask expects, a RuntimeError), and the drafts
+    are those of the same assistant run natively by genkit, whose cache keeps every position (and
+    not those of the assistant without a window: the window changes them)."""
+    target = _hf_bigram("mistral", target_tok.encode("".join(TARGET_PIECES)), len(target_tok), window=None,
+                        attention=0.0)
+    swapped = WORDS[:3] + [WORDS[4], WORDS[3]] + WORDS[5:]  # it drafts "echo" after "charlie", not "delta"
+    assistant = _hf_bigram(family, assistant_tok.encode("".join(" " + w for w in swapped)), len(assistant_tok),
+                           window=WINDOW, attention=40.0)
+    assistant.save_pretrained(tmp_path)
+    native = genkit.load_model(tmp_path)
+    native.generation_config = assistant.generation_config
+    prompt = torch.tensor([target_tok.encode(" alpha bravo charlie delta echo foxtrot golf hotel alpha bravo charlie "
+                                             "delta")])
+    assert len(assistant_tok.encode(target_tok.decode(prompt[0]))) > 3 * WINDOW
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0, tokenizer=target_tok,
+              assistant_tokenizer=assistant_tok)
+    greedy = target.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0).tolist()
+    runs = []
+    unwindowed = _hf_bigram(family, assistant_tok.encode("".join(" " + w for w in swapped)), len(assistant_tok),
+                            window=None, attention=40.0)
+    for drafter in (assistant, native, unwindowed):
+        seen, hook = _verified(target)
+        with caplog.at_level(logging.DEBUG, logger="genkit.assisted"):
+            out = genkit.generate(target, prompt, assistant_model=drafter, **kw)
+        assert out.tolist() == greedy
+        drafted, accepted = map(int, re.findall(r"(\d+) drafted, (\d+) accepted", caplog.text)[-1])
+        assert 0 < accepted < drafted, (drafted, accepted)  # some drafts kept, some rolled back
+        runs.append(seen)
+        hook.remove()
+    assert runs[0] == runs[1] != runs[2]

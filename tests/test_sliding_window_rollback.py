@@ -214,3 +214,82 @@ def test_guidance_under_prompt_lookup_past_the_window(caplog):
     out, accepted = _assisted(caplog, hf, ids, prompt_lookup_num_tokens=6, **kw)
     assert out.tolist() == hf.generate(ids, **kw).tolist()
     assert accepted > 0
+
+
+# -- classifier-free guidance under assisted decoding -------------------------------------------------
+
+NEGATIVE = torch.randint(3, V, (1, 12), generator=torch.Generator().manual_seed(2))
+GUIDED = {"guidance_scale": 1.5, "negative_prompt_ids": NEGATIVE, **PLAIN}
+
+
+@pytest.fixture(scope="module", params=[None, WINDOW], ids=["full", "window"])
+def guided(request):
+    """(transformers' Mistral with or without a sliding window, its assistant, the prompt)."""
+    torch.manual_seed(0)
+    model = transformers.MistralForCausalLM(transformers.MistralConfig(**BASE, sliding_window=request.param)).eval()
+    model.config._attn_implementation = "eager"
+    return model, _assistant(model), _prompt(model)
+
+
+def _drafts(name, assistant):
+    return {"prompt_lookup_num_tokens": 6} if name == "prompt_lookup" else {"assistant_model": assistant}
+
+
+@pytest.mark.parametrize("source", ["prompt_lookup", "draft_model"])
+def test_guidance_under_assisted_decoding_gives_transformers_tokens(guided, source, caplog, monkeypatch):
+    """Greedy: plain classifier-free guidance's tokens (transformers' ``generate`` without drafts).
+    Seeded sampling: transformers' assisted decoding with its guidance processor made to follow the
+    history (``assisted_reference.guidance_followed``; unpatched, its unconditional branch keeps
+    every rejected draft, see the next test)."""
+    from assisted_reference import corrected, guidance_followed
+
+    hf, assistant, ids = guided
+    drafts = _drafts(source, assistant)
+    out, accepted = _assisted(caplog, hf, ids, do_sample=False, **drafts, **GUIDED)
+    assert out.tolist() == hf.generate(ids, do_sample=False, **GUIDED).tolist()
+    assert accepted > 0
+    with guidance_followed(monkeypatch), corrected(monkeypatch):
+        assert hf.generate(ids, do_sample=False, **drafts, **GUIDED).tolist() == out.tolist()
+        for seed in (0, 1):
+            kw = {"do_sample": True, "top_k": 3, **drafts, **GUIDED}
+            torch.manual_seed(seed)
+            ref = hf.generate(ids, **kw)
+            torch.manual_seed(seed)
+            assert genkit.generate(hf, ids, **kw).tolist() == ref.tolist(), seed
+
+
+def test_transformers_guidance_branch_keeps_the_rejected_drafts(guided):
+    """The evidence for ``assisted_reference.guidance_followed``, in transformers 5.24 as installed
+    (when this fails, transformers has fixed it: drop the correction): under prompt lookup its
+    unconditional branch ends up holding far more positions than the negative prompt and the
+    generated tokens, and its greedy tokens are not plain guidance's."""
+    from transformers import LogitsProcessorList
+    from transformers import UnbatchedClassifierFreeGuidanceLogitsProcessor as TheirGuidance
+
+    hf, _, ids = guided
+    plain = hf.generate(ids, do_sample=False, **GUIDED)
+    theirs = TheirGuidance(1.5, hf, unconditional_ids=NEGATIVE)
+    out = hf.generate(ids, do_sample=False, prompt_lookup_num_tokens=6, logits_processor=LogitsProcessorList([theirs]),
+                      **PLAIN)
+    assert theirs.unconditional_context["cache"].get_seq_length() > NEGATIVE.shape[1] + NEW
+    assert out.tolist() != plain.tolist()
+
+
+@pytest.mark.parametrize("source", ["prompt_lookup", "draft_model"])
+def test_a_guidance_processor_given_by_the_caller_rolls_back_with_the_drafts(guided, source):
+    """genkit's ``UnbatchedClassifierFreeGuidanceLogitsProcessor`` built by the caller on the
+    transformers model itself (transformers' signature) and passed in ``logits_processor``: plain
+    guidance's tokens under assisted decoding, and at the end its unconditional branch holds the
+    negative prompt and every generated token but the last, as after plain decoding, its
+    sliding-window layers their window, recording no more (before: transformers' ``crop`` refused
+    genkit's count, a ValueError; past the window a RuntimeError)."""
+    hf, assistant, ids = guided
+    plain = hf.generate(ids, do_sample=False, **GUIDED)
+    for drafts in ({}, _drafts(source, assistant)):
+        ours = genkit.UnbatchedClassifierFreeGuidanceLogitsProcessor(1.5, hf, unconditional_ids=NEGATIVE)
+        out = genkit.generate(hf, ids, do_sample=False, logits_processor=[ours], **drafts, **PLAIN)
+        assert out.tolist() == plain.tolist(), drafts
+        assert ours.cache.get_seq_length() == NEGATIVE.shape[1] + NEW - 1
+        sliding = _sliding_layers(ours.cache)
+        assert bool(sliding) == bool(hf.config.sliding_window)
+        assert all(not layer.record_past and layer.keys.shape[-2] == WINDOW - 1 for layer in sliding)

@@ -496,6 +496,7 @@ def _build_processors(model: Any, config: GenerationConfig, input_ids: torch.Ten
         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, tokenizer=tokenizer, model=model,
         extras=extras, encoder_input_ids=encoder_input_ids,
     )
+    _adapt_guidance(user)
     built = []
     first_warper = None
     for item in get_registry().processors():
@@ -510,6 +511,19 @@ def _build_processors(model: Any, config: GenerationConfig, input_ids: torch.Ten
         # (registry order >= WARPER_ORDER) and the final renormalisation
         merged = merged[:first_warper] + merged[len(built):] + merged[first_warper:len(built)]
     return LogitsProcessorList(merged)
+
+
+def _adapt_guidance(user: list[Any] | None) -> None:
+    """genkit's classifier-free guidance processor given by the caller on a transformers model (its
+    transformers signature) runs that model through the adapter from its first call on, as a passed
+    transformers cache is adapted (:func:`_adapt_cache`): its unconditional branch then keeps a
+    cache in genkit's protocol, which rolls back with assisted decoding's drafts (past a sliding
+    window too)."""
+    from genkit.builtin_strategies.guidance import UnbatchedClassifierFreeGuidanceLogitsProcessor
+
+    for processor in user or ():
+        if isinstance(processor, UnbatchedClassifierFreeGuidanceLogitsProcessor) and processor.cache is None:
+            processor.model = _as_protocol_model(processor.model)
 
 
 def _build_stop_conditions(config: GenerationConfig, eos_ids: list[int], tokenizer: Any, user: list[Any] | None,

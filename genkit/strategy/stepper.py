@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -195,23 +195,30 @@ class Stepper:
         return self.forward(None if tokens.dim() == 1 else int(tokens.shape[1]), num_layers=num_layers)
 
     @contextmanager
-    def rollback(self) -> Iterator[None]:
+    def rollback(self, *, processors: bool = True) -> Iterator[None]:
         """Open around the forwards that :meth:`crop` rolls back (speculative decoding, contrastive
         search). A cache whose sliding-window layers drop the positions that leave the window
         (transformers' ``DynamicCache`` of Gemma2/3, Mistral or Qwen2 with ``sliding_window``) keeps
         them meanwhile (its optional ``record_past(on)``, :class:`genkit.protocols.Cache`), and every
         crop, even one that keeps every token, cuts them back to the window. Plain decoding does not
         open it: recording would hold every past position. Caches that keep every position
-        (genkit's ``KVCache``) need nothing."""
-        record = getattr(self.cache, "record_past", None)
-        if record is not None:
+        (genkit's ``KVCache``) need nothing.
+
+        ``processors``: the call's logits processors are called on histories that go back too
+        (drafts verified, then rolled back): those with a cache of their own and a
+        ``record_past(on)`` method (classifier-free guidance's unconditional branch) are told the
+        same. Contrastive search, whose processors see one growing history, passes False."""
+        owners = [self.cache, *(self.call.logits_processor or () if processors else ())]
+        records: list[Callable[[bool], None]] = [
+            record for record in (getattr(owner, "record_past", None) for owner in owners) if callable(record)]
+        for record in records:
             record(True)
         self._rollback = True
         try:
             yield
         finally:
             self._rollback = False
-            if record is not None:
+            for record in records:
                 record(False)
 
     def crop(self, length: int) -> None:
