@@ -259,6 +259,18 @@ def test_choice_i_of_a_seeded_request_is_the_request_seeded_seed_plus_i_on_eithe
         assert len(set(unseeded)) == 3, unseeded  # without a seed the choices still differ
 
 
+def test_a_seeded_request_leaves_the_global_generator_as_it_was(generate_server):
+    """A seeded request draws from its own seed and puts torch's global generator back: the draws
+    after it are those the process would have made without it (it had left the generator seeded,
+    so every unseeded request after it drew predictable tokens)."""
+    torch.manual_seed(1234)
+    want = torch.rand(4)
+    torch.manual_seed(1234)
+    _complete(generate_server, {"max_tokens": 4, "temperature": 1.0, "n": 2, "seed": 5})
+    _complete(generate_server, {"max_tokens": 4, "temperature": 1.0, "seed": 7})
+    assert torch.equal(torch.rand(4), want)
+
+
 def test_a_seeded_choice_has_the_log_probabilities_of_the_request_seeded_seed_plus_i(server, generate_server):
     def logprobs(base: str, **fields) -> list[dict]:
         status, raw = _post(base, {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 1.0,

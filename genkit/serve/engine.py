@@ -11,10 +11,12 @@ client that went away) stops its generation at the next step; a request still qu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import queue
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -300,18 +302,31 @@ class GenerateEngine:
         streamer = _Streamer(stream, rows, request.logprobs, self.stats, first)
         ids = torch.tensor([request.prompt_ids])
         kwargs = dict(kwargs)
-        if seed is not None:
-            torch.manual_seed(seed)
         if rows > 1 and streams:  # a row per choice: what num_return_sequences expands the prompt to, and
             ids = ids.repeat(rows, 1)  # a deterministic strategy (greedy, contrastive, DoLa) runs it too
         elif rows > 1:  # beam search: the n best hypotheses
             kwargs["num_return_sequences"] = rows
-        with torch.no_grad():
+        with torch.no_grad(), _seeded(seed, self.model):
             out = genkit.generate(self.model, ids, tokenizer=self.tokenizer, streamer=streamer if streams else None,
                                   stopping_criteria=[_Stop(stream)], **kwargs)
         if not streams:  # the best hypotheses are known at the end: emit them now, as if streamed
             eos = set(eos_token_ids(kwargs.get("eos_token_id", self.model.generation_config.eos_token_id)))
             _emit(streamer, out.sequences if hasattr(out, "sequences") else out, ids.shape[1], eos)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, model: Any) -> Iterator[None]:
+    """Torch's global generator seeded with ``seed`` for one request, and put back as it was after it
+    (as vLLM keeps a seeded request's generator apart): the requests without a seed that follow draw
+    what they would have drawn had the seeded one not run."""
+    if seed is None:
+        yield
+        return
+    device = getattr(model, "device", torch.device("cpu"))
+    devices = [device] if device.type not in ("cpu", "meta") else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        torch.manual_seed(seed)
+        yield
 
 
 def _emit(streamer: _Streamer, sequences: torch.Tensor, prompt_len: int, eos: set[int]) -> None:
