@@ -407,6 +407,22 @@ def _draft_four(monkeypatch, assistant):
         monkeypatch.setattr(assistant.generation_config, key, value)
 
 
+def _assert_draws_the_corrected_reference(model, x, kw, seed, monkeypatch, caplog):
+    """genkit's sampled assisted tokens for ``seed`` are transformers' with its draft-model bugs
+    corrected (tests/assisted_reference.py), and at least one draft was accepted."""
+    from assisted_reference import corrected
+
+    with corrected(monkeypatch):
+        torch.manual_seed(seed)
+        ref = reference(model, **x, **kw)
+    torch.manual_seed(seed)
+    with caplog.at_level(logging.DEBUG, logger="genkit.assisted"):
+        out = genkit.generate(model, **x, **kw)
+    assert torch.equal(out, ref), (out.tolist(), ref.tolist())
+    drafted, accepted = _accepted(caplog)
+    assert accepted >= 1, (drafted, accepted)
+
+
 SAMPLED = [{}, {"temperature": 1.5, "top_k": 40}, {"top_p": 0.95, "temperature": 1.2}, {"temperature": 1.3, "max_new_tokens": 25}]
 
 
@@ -425,21 +441,11 @@ def test_sampled_assisted_decoding_draws_the_tokens_of_transformers(models, othe
     rejections, the residual and bonus draws, the last draft cut by ``max_length``, under warpers,
     take transformers' random numbers in its order. (A confidence threshold of 0: transformers adapts
     it only with scikit-learn installed, genkit always, docs/strategies.md.)"""
-    from assisted_reference import corrected
-
     model, x = models["bart"], S.inputs("bart", batch=1)
     assistant = model if which == "self" else other_bart
     _draft_four(monkeypatch, assistant)
     kw = {"do_sample": True, "max_new_tokens": 10, "assistant_model": assistant, **kw}
-    with corrected(monkeypatch):
-        torch.manual_seed(seed)
-        ref = reference(model, **x, **kw)
-    torch.manual_seed(seed)
-    with caplog.at_level(logging.DEBUG, logger="genkit.assisted"):
-        out = genkit.generate(model, **x, **kw)
-    assert torch.equal(out, ref), (out.tolist(), ref.tolist())
-    drafted, accepted = _accepted(caplog)
-    assert accepted >= 1, (drafted, accepted)
+    _assert_draws_the_corrected_reference(model, x, kw, seed, monkeypatch, caplog)
 
 
 def test_transformers_draft_model_bugs_the_sampled_reference_corrects(models, other_bart, monkeypatch):
@@ -530,19 +536,9 @@ def test_sampled_whisper_assisted_decoding_draws_the_tokens_of_transformers(mode
     """Sampled assisted decoding on Whisper, the model itself or another tiny Whisper drafting, under
     warpers, `suppress_tokens` / `begin_suppress_tokens` and a decoder prompt: transformers' tokens
     for the seed, its four draft-model bugs corrected (tests/assisted_reference.py)."""
-    from assisted_reference import corrected
-
     model, x, kw = _whisper_assisted(models, other_whisper if which == "other" else models["whisper"], monkeypatch,
                                      setting, do_sample=True)
-    with corrected(monkeypatch):
-        torch.manual_seed(seed)
-        ref = reference(model, **x, **kw)
-    torch.manual_seed(seed)
-    with caplog.at_level(logging.DEBUG, logger="genkit.assisted"):
-        out = genkit.generate(model, **x, **kw)
-    assert torch.equal(out, ref), (out.tolist(), ref.tolist())
-    drafted, accepted = _accepted(caplog)
-    assert accepted >= 1, (drafted, accepted)
+    _assert_draws_the_corrected_reference(model, x, kw, seed, monkeypatch, caplog)
 
 
 def test_transformers_whisper_draft_model_bugs_the_reference_corrects(models, other_whisper, monkeypatch):
