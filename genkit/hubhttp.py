@@ -11,27 +11,40 @@ Settings (read at call time): ``GENKIT_HUB_TIMEOUT`` (10 s per read; an answer g
 or config download); ``HF_HUB_DOWNLOAD_TIMEOUT`` / ``HF_HUB_ETAG_TIMEOUT`` keep bounding the Hub
 client's reads as they always do.
 
-A download's limits are its own: the Hub client's HTTP clients get one pair of event hooks, once
-(:func:`download_deadline`), that watch only the requests of a download under way, found by the
-context they are made in or by the header :data:`DOWNLOAD_HEADER` (which reaches the Hub client's
-worker threads, and is taken off before a request is sent).
+A download's limits are its own: the Hub client's HTTP clients get event hooks and a transport in
+front of theirs, once (:func:`download_deadline`), that act only on the requests of a download under
+way, found by the context they are made in or by the header :data:`DOWNLOAD_HEADER` (which reaches
+the Hub client's worker threads, and is taken off before a request is sent). So are a download's
+``proxies``: its requests go through them, the others do not.
+
+A bounded download keeps off Xet storage: ``hf_xet`` moves a Xet-backed file's bytes outside the
+hooked HTTP client, where no limit reaches them. ``huggingface_hub`` takes that path for a file whose
+answer (HEAD) carries ``X-Xet-Hash`` or whose entry in the file listing carries ``xetHash``; a
+download's answers lose both (:func:`_keep_off_xet`, :class:`RoutedTransport`), so the file comes over
+HTTP, as it does for a client without ``hf_xet``.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import os
+import re
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
+
+logger = logging.getLogger("genkit.hubhttp")
 
 #: a whole answer (headers and body; a model file's headers) must arrive within this many times GENKIT_HUB_TIMEOUT s
 DEADLINE_FACTOR = 6
@@ -219,17 +232,64 @@ DOWNLOAD_HEADER = "X-Genkit-Download"
 #: answers the Hub client tries again after a pause (huggingface_hub's ``_DEFAULT_RETRY_ON_STATUS_CODES``)
 RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
-_DOWNLOADS: dict[str, tuple[Deadline, float]] = {}  # DOWNLOAD_HEADER's value -> (deadline, per-request seconds)
-_CURRENT: ContextVar[tuple[Deadline, float] | None] = ContextVar("genkit_download", default=None)
+#: the answer headers that send huggingface_hub down the Xet path (with hf_xet installed)
+XET_HEADERS = ("X-Xet-Hash", "X-Xet-Refresh-Route")
+_TREE_LISTING = re.compile(r"/api/(?:models|datasets|spaces)/[^/]+/[^/]+/tree/")
+
+
+class ProxyRoutes:
+    """The proxies of one download, in transformers' (requests') format: ``{"http": "host:3128",
+    "https://hostname": "host:4012", "all": ...}``. A request goes through the proxy of the first of
+    ``scheme://host``, ``scheme``, ``all://host``, ``all`` that is given, else the Hub client's way."""
+
+    def __init__(self, proxies: Mapping[str, str]) -> None:
+        self.proxies = {key: url if "://" in url else f"http://{url}" for key, url in proxies.items()}
+        self.transports: dict[str, Any] = {}  # proxy URL -> its transport, made when first used
+        self.lock = threading.Lock()
+
+    def transport_for(self, url: str) -> Any | None:
+        parts = urlsplit(url)
+        scheme, host = parts.scheme, parts.hostname
+        keys = [scheme, "all"] if host is None else [f"{scheme}://{host}", scheme, f"all://{host}", "all"]
+        proxy = next((self.proxies[key] for key in keys if key in self.proxies), None)
+        if proxy is None:
+            return None
+        with self.lock:
+            if proxy not in self.transports:
+                self.transports[proxy] = _http_library().HTTPTransport(proxy=proxy)
+            return self.transports[proxy]
+
+    def close(self) -> None:
+        with self.lock:
+            for transport in self.transports.values():
+                transport.close()
+            self.transports.clear()
+
+
+@dataclass(frozen=True)
+class Download:
+    """One download under way: its total ``deadline``, each answer's headers' limit, its proxies."""
+
+    deadline: Deadline
+    per_request: float
+    proxies: ProxyRoutes | None = None
+
+
+_DOWNLOADS: dict[str, Download] = {}  # DOWNLOAD_HEADER's value -> the download
+_CURRENT: ContextVar[Download | None] = ContextVar("genkit_download", default=None)
 _INSTALL = threading.Lock()
 
 
 class DownloadWatch(Watch):
     """The :class:`Watch` of one request of a download (:func:`download_deadline`)."""
 
+    def __init__(self, url: str, download: Download, method: str) -> None:
+        super().__init__(url, download.per_request, download.deadline, True, method=method)
+        self.download = download
+
 
 @contextmanager
-def download_deadline(what: str) -> Iterator[dict[str, str]]:
+def download_deadline(what: str, proxies: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
     """Bound the requests of one download by ``huggingface_hub`` (``snapshot_download``,
     ``hf_hub_download``): each answer's headers within :data:`DEADLINE_FACTOR` x ``GENKIT_HUB_TIMEOUT``
     seconds (past it, a :func:`read_timeout`, which the Hub client tries again as after any read
@@ -239,12 +299,15 @@ def download_deadline(what: str) -> Iterator[dict[str, str]]:
     wait out). The library's own per-read timeouts (``HF_HUB_DOWNLOAD_TIMEOUT``,
     ``HF_HUB_ETAG_TIMEOUT``) still apply.
 
+    Its requests go through ``proxies`` (:class:`ProxyRoutes`) when given, and keep off Xet storage,
+    whose transfers no limit of genkit's reaches (see the module's docstring).
+
     Yields the headers to pass to the download function (``headers=``): they carry the limits to its
     worker threads. Requests made in this context are bounded without them; requests of other
     threads or downloads are not bounded by this one. A watched request gets a connection of its own
     (so its watch knows its socket); the others keep the client's pool."""
     deadline = Deadline(model_download_timeout(), "GENKIT_MODEL_DOWNLOAD_TIMEOUT", what)
-    download = (deadline, DEADLINE_FACTOR * hub_timeout())
+    download = Download(deadline, DEADLINE_FACTOR * hub_timeout(), ProxyRoutes(proxies) if proxies else None)
     _install_hooks()
     token = secrets.token_hex(16)
     _DOWNLOADS[token] = download
@@ -254,11 +317,14 @@ def download_deadline(what: str) -> Iterator[dict[str, str]]:
     finally:
         _CURRENT.reset(context)
         del _DOWNLOADS[token]
+        if download.proxies is not None:
+            download.proxies.close()
 
 
 def _install_hooks() -> None:
     """Give the HTTP clients of the Hub client's factory in use (proxies and certificates kept) the
-    hooks :func:`_watch_download` and :func:`_refuse_long_waits`. Done once: huggingface_hub keeps
+    hooks :func:`_watch_download`, :func:`_refuse_long_waits` and :func:`_keep_off_xet`, and a
+    :class:`RoutedTransport` in front of each of their transports. Done once: huggingface_hub keeps
     the client its factory made, and setting a factory drops that client, so it is done again only
     when another factory was set since."""
     import huggingface_hub
@@ -272,7 +338,11 @@ def _install_hooks() -> None:
             client = made_by()
             hooks = client.event_hooks
             client.event_hooks = {**hooks, "request": [*hooks.get("request", []), _watch_download],
-                                  "response": [*hooks.get("response", []), _refuse_long_waits]}
+                                  "response": [*hooks.get("response", []), _refuse_long_waits, _keep_off_xet]}
+            routed = _routed_transport_class()  # the client's transports (httpx keeps no public setter for them)
+            client._transport = routed(client._transport)
+            client._mounts = {pattern: None if transport is None else routed(transport)
+                              for pattern, transport in client._mounts.items()}
             return client
 
         factory.genkit_download_hooks = True  # type: ignore[attr-defined]
@@ -286,8 +356,12 @@ def _watch_download(request: Any) -> None:
     download = _DOWNLOADS.get(token) if token is not None else _CURRENT.get()
     if download is None or isinstance(request.extensions.get("trace"), Watch):
         return
-    deadline, per_request = download
-    watch = DownloadWatch(str(request.url), per_request, deadline, True, method=request.method)
+    if "/xet-read-token/" in request.url.path:  # the Xet path from a listing cached before, not by this download
+        logger.warning("%s fetches a file through Xet storage (huggingface_hub took its Xet hash from a file listing "
+                       "an earlier download left in the Hub cache): hf_xet moves its bytes, which %s does not bound; "
+                       "set HF_HUB_DISABLE_XET=1 to download over HTTP within the limit",
+                       download.deadline.what, download.deadline.setting)
+    watch = DownloadWatch(str(request.url), download, request.method)
     request.extensions = {**request.extensions, "trace": watch}
     request.headers["Connection"] = "close"
 
@@ -310,6 +384,61 @@ def _refuse_long_waits(response: Any) -> None:
         f"of {deadline.what} ({max(left, 0.0):.1f} s left of {deadline.seconds:g} s, {deadline.setting})", response)
 
 
+def _keep_off_xet(response: Any) -> None:
+    """The response hook: an answer to a download's request loses :data:`XET_HEADERS`, so huggingface_hub
+    fetches the file over HTTP (bounded) instead of through hf_xet (out of reach of the limits)."""
+    if isinstance(response.request.extensions.get("trace"), DownloadWatch):
+        for name in XET_HEADERS:
+            response.headers.pop(name, None)
+
+
+@functools.cache
+def _routed_transport_class() -> type:
+    """:class:`RoutedTransport`, a transport of the Hub client's HTTP library."""
+    library = _http_library()
+
+    class RoutedTransport(library.BaseTransport):  # type: ignore[misc,name-defined]
+        """In front of a transport of the Hub client's (``inner``): a download's requests go through
+        its proxies (:class:`ProxyRoutes`) where they name one, and its file listings lose their
+        entries' ``xetHash`` (:func:`_keep_off_xet`'s reason). Other requests are ``inner``'s alone."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def handle_request(self, request: Any) -> Any:
+            watch = request.extensions.get("trace")
+            if not isinstance(watch, DownloadWatch):
+                return self.inner.handle_request(request)
+            proxies = watch.download.proxies
+            transport = (proxies.transport_for(str(request.url)) if proxies is not None else None) or self.inner
+            response = transport.handle_request(request)
+            if request.method != "GET" or response.status_code != 200 or not _TREE_LISTING.match(request.url.path):
+                return response
+            return _without_xet_hashes(library, request, response)
+
+        def close(self) -> None:
+            self.inner.close()
+
+    return RoutedTransport
+
+
+def _without_xet_hashes(library: Any, request: Any, response: Any) -> Any:
+    """A file listing's answer without its entries' ``xetHash`` (the same answer when it is no listing)."""
+    body = response.read()
+    response.close()
+    try:
+        entries = json.loads(body)
+    except ValueError:
+        entries = None
+    if isinstance(entries, list):
+        body = json.dumps([{k: v for k, v in e.items() if k != "xetHash"} if isinstance(e, dict) else e
+                           for e in entries]).encode()
+    headers = [(k, v) for k, v in response.headers.multi_items()
+               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return library.Response(response.status_code, headers=headers, content=body, extensions=response.extensions,
+                            request=request)
+
+
 def server_wait(response: Any) -> tuple[float, str] | None:
     """The pause in seconds the server asks for before another try, as the Hub client reads it (for a
     429 with none of its rate limit left, the limit's reset; else ``Retry-After`` in whole seconds,
@@ -324,6 +453,6 @@ def server_wait(response: Any) -> tuple[float, str] | None:
     return (float(value), f"Retry-After: {value} s") if value.isdigit() else None
 
 
-__all__ = ["DEADLINE_FACTOR", "DOWNLOAD_HEADER", "RETRIED_STATUSES", "Deadline", "DownloadWatch", "HubTimeout",
-           "Watch", "client_factory", "download_deadline", "hub_timeout", "hub_timeout_of", "model_download_timeout",
-           "read_timeout", "seconds_setting", "server_wait"]
+__all__ = ["DEADLINE_FACTOR", "DOWNLOAD_HEADER", "RETRIED_STATUSES", "XET_HEADERS", "Deadline", "Download",
+           "DownloadWatch", "HubTimeout", "ProxyRoutes", "Watch", "client_factory", "download_deadline", "hub_timeout",
+           "hub_timeout_of", "model_download_timeout", "read_timeout", "seconds_setting", "server_wait"]

@@ -14,7 +14,9 @@ status line and headers sent a byte at a time).
 A misbehaving server for hostile tests: ``listing_overrides`` (a listing that lies about a file),
 ``late_files`` (files that appear in listings and downloads only after the first listing),
 ``any_revision`` (every revision name answered with the default branch). ``sent`` records the body
-bytes each GET of a file really delivered before the client stopped reading.
+bytes each GET of a file really delivered before the client stopped reading. ``xet_files``: files
+served as the Hub serves Xet-backed ones (listing ``xetHash``, ``X-Xet-Hash`` answers, a Xet token
+route), with a fake Xet storage at ``/cas/`` that holds nothing (404 after ``cas_stall`` seconds).
 
 Use it from a test file with::
 
@@ -46,6 +48,11 @@ LFS_THRESHOLD = 10 * 1024 * 1024  # files larger than this are sent through LFS
 
 # the user the test token belongs to: a repo created without an organization lands in its namespace
 USER = "genkit-tester"
+
+
+def xet_hash(data: bytes) -> str:
+    """The (fake, but well-formed: 64 hex) Xet hash the test server gives a Xet-backed file."""
+    return hashlib.sha256(b"xet\x00" + data).hexdigest()
 
 
 def git_blob_oid(data: bytes) -> str:
@@ -109,6 +116,12 @@ class HubState:
         self.any_revision = False
         # (path, body bytes delivered) per GET of a file
         self.sent: list[tuple[str, int]] = []
+        # paths served as Xet-backed files, as the Hub does for large files: listed with their LFS
+        # metadata and a ``xetHash``, answered (HEAD/GET) with ``X-Xet-Hash`` and ``X-Xet-Refresh-Route``;
+        # the refresh route hands out a Xet token whose storage (CAS) is ``{endpoint}/cas``
+        self.xet_files: set[str] = set()
+        # seconds the fake Xet storage (CAS) waits before answering 404 to a request (hf_xet talks to it)
+        self.cas_stall = 0.0
 
     # ---- repo helpers for tests -------------------------------------------------------------
     def create_repo(self, repo_id: str, repo_type: str = "model", private: bool = False) -> Repo:
@@ -353,6 +366,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(200, {"errors": [], "warnings": []})
         if path.startswith("/lfs-upload/") and method == "PUT":
             return self._lfs_put(path, body)
+        if path.startswith("/cas/"):
+            return self._cas(head)
         m = re.fullmatch(r"/api/(models|datasets|spaces)/([^/]+/[^/]+)(?:/(.*))?", path)
         if m:
             return self._api(method, {"models": "model", "datasets": "dataset", "spaces": "space"}[m.group(1)],
@@ -400,6 +415,10 @@ class _Handler(BaseHTTPRequestHandler):
                 late = self.state.tree_requests > 1
             listing = self._tree(commit, sub, query.get("recursive", ["false"])[0] in ("true", "True", "1"), late)
             return self._json(200, listing)
+        if method == "GET" and action == "xet-read-token":
+            return self._send(200, b"{}", {"X-Xet-Cas-Url": f"{self.server.endpoint}/cas",
+                                           "X-Xet-Access-Token": "xet-test-token",
+                                           "X-Xet-Token-Expiration": str(int(time.time()) + 3600)})
         if method == "GET" and action == "refs":
             return self._json(200, {"branches": [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": s}
                                                  for b, s in repo.branches.items()],
@@ -449,8 +468,10 @@ class _Handler(BaseHTTPRequestHandler):
             if not recursive and len(pieces) > 1:
                 continue
             entry: dict[str, Any] = {"type": "file", "path": path, "size": len(data), "oid": git_blob_oid(data)}
-            if len(data) > LFS_THRESHOLD:
+            if len(data) > LFS_THRESHOLD or path in self.state.xet_files:
                 entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            if path in self.state.xet_files:
+                entry["xetHash"] = xet_hash(data)
             entry.update(self.state.listing_overrides.get(path, {}))  # a server whose listing lies
             entries[path] = entry
         return list(entries.values())
@@ -465,8 +486,13 @@ class _Handler(BaseHTTPRequestHandler):
         data = self._files(commit, self.state.tree_requests > 0).get(filename)
         if data is None:
             return self._error(404, "EntryNotFound", f"{filename} does not exist at {rev}", head=head)
-        etag = hashlib.sha256(data).hexdigest() if len(data) > LFS_THRESHOLD else git_blob_oid(data)
+        xet = filename in self.state.xet_files
+        etag = hashlib.sha256(data).hexdigest() if len(data) > LFS_THRESHOLD or xet else git_blob_oid(data)
         headers = {"X-Repo-Commit": commit.sha, "ETag": f'"{etag}"', "Accept-Ranges": "bytes"}
+        if xet:
+            route = f"{self.server.endpoint}/api/{repo_type}s/{repo_id}/xet-read-token/{commit.sha}"
+            headers.update({"X-Xet-Hash": xet_hash(data), "X-Xet-Refresh-Route": route,
+                            "Link": f'<{route}>; rel="xet-auth"'})
         status, payload = 200, data + b"#" * self._oversize
         rng = self.headers.get("Range")
         m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "")
@@ -479,6 +505,11 @@ class _Handler(BaseHTTPRequestHandler):
         headers["Content-Length"] = str(len(payload))
         self._send(status, payload, headers, content_type="application/octet-stream", head=head,
                    truncate=self._truncate, record=None if head else filename)
+
+    def _cas(self, head: bool) -> None:
+        """The fake Xet storage: waits ``cas_stall`` seconds (the request is logged), then 404."""
+        time.sleep(self.state.cas_stall)
+        self._error(404, None, "the test server stores no Xet data", head=head)
 
     def _create_repo(self, req: dict[str, Any]) -> None:
         name, org = req.get("name"), req.get("organization")

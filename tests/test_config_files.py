@@ -119,10 +119,12 @@ def test_local_files_only_reads_only_the_cache(hub_server, tmp_path):
 
 
 class _Proxy(http.server.ThreadingHTTPServer):
-    """A forward HTTP proxy that records the URLs it is asked for."""
+    """A forward HTTP proxy that records the URLs it is asked for; one whose path matches ``hold`` waits
+    (at most 60 s) for ``release`` before it is forwarded."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold: str | None = None) -> None:
         self.seen: list[str] = []
+        self.hold, self.release = hold, threading.Event()
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -131,6 +133,8 @@ class _Proxy(http.server.ThreadingHTTPServer):
 
             def _forward(self) -> None:
                 proxy.seen.append(self.path)
+                if proxy.hold is not None and proxy.hold in self.path:
+                    proxy.release.wait(60)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "proxy-connection")}
@@ -147,9 +151,12 @@ class _Proxy(http.server.ThreadingHTTPServer):
                         self.send_header(k, v)
                 length = resp.headers.get("Content-Length") if self.command == "HEAD" else None
                 self.send_header("Content-Length", length or str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
+                try:
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a download stopped at its limit)
 
             do_GET = do_HEAD = do_POST = _forward
 
@@ -172,6 +179,64 @@ def test_proxies_route_the_download_through_the_proxy(hub_server):
     assert GenerationConfig.from_pretrained("org/direct").max_new_tokens == 12
     with pytest.raises(ValueError, match="`proxies` must be a dict"):
         GenerationConfig.from_pretrained("org/direct", proxies="127.0.0.1:1", force_download=True)
+
+
+def test_proxies_are_the_calls_own(hub_server):
+    """A download through ``proxies`` leaves the Hub client's other requests meanwhile (another thread's)
+    direct, and keeps the client's session (it had swapped the process-wide client factory for the call:
+    other threads' requests went through the proxy, and the shared session was closed twice)."""
+    import time
+
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import get_session
+
+    _publish(hub_server, "org/proxied", {"max_new_tokens": 11})
+    _publish(hub_server, "org/direct", {"max_new_tokens": 12})
+    session = get_session()
+    proxy = _Proxy(hold="org/proxied")
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(GenerationConfig.from_pretrained(
+        "org/proxied", proxies={"http": f"127.0.0.1:{proxy.server_port}"})), daemon=True)
+    try:
+        thread.start()
+        until = time.monotonic() + 60
+        while not proxy.seen:  # the proxied download is under way, held at the proxy
+            assert thread.is_alive() and time.monotonic() < until
+            time.sleep(0.02)
+        with open(hf_hub_download("org/direct", "generation_config.json"), encoding="utf-8") as f:
+            assert json.loads(f.read())["max_new_tokens"] == 12
+        assert thread.is_alive()
+    finally:
+        proxy.release.set()
+        thread.join(60)
+        proxy.shutdown()
+        proxy.server_close()
+    assert got and got[0].max_new_tokens == 11
+    assert proxy.seen and all("org/proxied" in url for url in proxy.seen), proxy.seen
+    assert any(p.startswith("/org/direct/") for _, p in hub_server.state.log)  # the other request went direct
+    assert get_session() is session and not session.is_closed
+
+
+def test_a_download_through_proxies_keeps_its_limit(hub_server, monkeypatch):
+    import time
+
+    from genkit.errors import ModelLoadError
+
+    monkeypatch.setenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "2")
+    _publish(hub_server, "org/slow", {"max_new_tokens": 11})  # its body at 0.2 s a byte: 4 s and more
+    hub_server.state.drip_next(1, 0.2, match=r"GET /org/slow/resolve/")
+    proxy = _Proxy()
+    start = time.monotonic()
+    try:
+        with pytest.raises(ModelLoadError, match=r"GET /org/slow/resolve/main/generation_config.json stopped: the "
+                                                 r"download of generation_config.json of org/slow did not finish "
+                                                 r"within 2 s \(GENKIT_MODEL_DOWNLOAD_TIMEOUT\)"):
+            GenerationConfig.from_pretrained("org/slow", proxies={"http": f"127.0.0.1:{proxy.server_port}"})
+        assert time.monotonic() - start < 2 + 2
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert proxy.seen and all("org/slow" in url for url in proxy.seen), proxy.seen
 
 
 def test_save_pretrained_push_to_hub_takes_the_repo_id_from_the_folder_name(hub_server, tmp_path):

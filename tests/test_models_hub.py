@@ -318,3 +318,87 @@ def test_downloads_keep_the_hub_clients_session(hub_server):
     session = get_session()
     assert GenerationConfig.from_pretrained("org/gc", force_download=True).max_length == 7
     assert get_session() is session  # made once and kept, as huggingface_hub means it to be; not one per download
+
+
+# -- Xet storage: hf_xet's transfers are not the hooked HTTP client's, so a bounded download keeps off them --
+def _serve_through_xet(hub_server, monkeypatch, *names: str) -> None:
+    """Serve ``names`` as Xet-backed files, with huggingface_hub's Xet path on (as it is for a user with
+    hf_xet installed) and a Xet storage that answers nothing for 8 s (hf_xet's own timeouts are minutes)."""
+    from huggingface_hub import constants
+
+    pytest.importorskip("hf_xet")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
+    hub_server.state.xet_files.update(names)
+    hub_server.state.cas_stall = 8.0
+
+
+def _xet_requests(hub_server) -> list[str]:
+    return [p for _, p in hub_server.state.log if "/xet-read-token/" in p or p.startswith("/cas/")]
+
+
+def test_a_xet_backed_model_is_downloaded_over_http_within_the_limit(hub_server, monkeypatch, tmp_path, tiny_hf_dir):
+    """snapshot_download takes the Xet path straight from the file listing (no HEAD); hf_xet's bytes would be
+    out of reach of GENKIT_MODEL_DOWNLOAD_TIMEOUT (here: 8 s of silence from the storage, past the 4 s limit)."""
+    import time
+
+    monkeypatch.setenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "4")
+    _upload_tiny(hub_server, tmp_path, tiny_hf_dir, "org/xet")
+    _serve_through_xet(hub_server, monkeypatch, "model.safetensors")
+    start = time.monotonic()
+    assert genkit.load_model("org/xet").config.vocab_size == 128
+    assert time.monotonic() - start < 4
+    assert _xet_requests(hub_server) == []
+    assert len(_gets(hub_server, "model.safetensors")) == 1  # its bytes came through the bounded HTTP client
+
+
+def test_a_xet_backed_config_file_is_downloaded_over_http(hub_server, monkeypatch):
+    """hf_hub_download takes the Xet path from the HEAD answer's X-Xet-Hash (and its refresh route)."""
+    from genkit.config import GenerationConfig
+
+    monkeypatch.setenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "4")
+    hub_server.state.commit("org/gc", {"generation_config.json": '{"max_length": 7}'})
+    _serve_through_xet(hub_server, monkeypatch, "generation_config.json")
+    assert GenerationConfig.from_pretrained("org/gc").max_length == 7
+    assert _xet_requests(hub_server) == []
+    assert len(_gets(hub_server, "generation_config.json")) == 1
+
+
+def test_a_xet_backed_file_that_trickles_is_stopped_at_the_download_limit(hub_server, monkeypatch):
+    import time
+
+    from genkit.errors import ModelLoadError
+
+    monkeypatch.setenv("GENKIT_MODEL_DOWNLOAD_TIMEOUT", "2")  # the weights need 4000 x 0.05 s = 200 s
+    _fake_model(hub_server, "org/xdrip")
+    _serve_through_xet(hub_server, monkeypatch, "model.safetensors")
+    hub_server.state.drip_next(10, 0.05, match=r"GET .*/resolve/.*model\.safetensors")
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError, match=r"could not load model 'org/xdrip': the Hub was too slow: GET "
+                                             r"/org/xdrip/resolve/\w+/model.safetensors stopped: the download of "
+                                             r"org/xdrip did not finish within 2 s \(GENKIT_MODEL_DOWNLOAD_TIMEOUT\)"):
+        genkit.load_model("org/xdrip")
+    assert time.monotonic() - start < 5
+    assert _xet_requests(hub_server) == []
+
+
+def test_a_xet_listing_cached_by_an_earlier_download_is_named_in_a_warning(hub_server, monkeypatch, caplog):
+    """A file listing an earlier download (huggingface_hub's own, Xet on) left in the cache sends
+    huggingface_hub straight to Xet storage for a file not yet downloaded, with no request genkit could
+    change: genkit says so, naming the download, the setting and the way out."""
+    import logging
+
+    from huggingface_hub import snapshot_download
+
+    from genkit.errors import ModelLoadError
+
+    _fake_model(hub_server, "org/cached")
+    _serve_through_xet(hub_server, monkeypatch, "model.safetensors")
+    hub_server.state.cas_stall = 0.0  # the fake storage has no Xet data: the download fails at once
+    snapshot_download("org/cached", allow_patterns=["config.json"])  # lists every file, with its Xet hash
+    with caplog.at_level(logging.WARNING, logger="genkit.hubhttp"), pytest.raises(ModelLoadError):
+        genkit.load_model("org/cached")
+    assert [r.getMessage() for r in caplog.records if r.name == "genkit.hubhttp"] == [
+        "the download of org/cached fetches a file through Xet storage (huggingface_hub took its Xet hash from a "
+        "file listing an earlier download left in the Hub cache): hf_xet moves its bytes, which "
+        "GENKIT_MODEL_DOWNLOAD_TIMEOUT does not bound; set HF_HUB_DISABLE_XET=1 to download over HTTP within the limit"]
+    assert [p for p in _xet_requests(hub_server) if p.startswith("/cas/")]  # hf_xet went to the storage

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ConfigError, ConfigFileError, ModelLoadError
@@ -81,7 +79,7 @@ def resolve_config_file(
     from ..hubhttp import download_deadline, hub_timeout_of
 
     try:
-        with proxied(proxies), download_deadline(f"the download of {file_name} of {src}") as headers:
+        with download_deadline(f"the download of {file_name} of {src}", checked_proxies(proxies)) as headers:
             path = hf_hub_download(src, file_name, subfolder=subfolder or None, revision=revision,
                                    cache_dir=cache_dir, force_download=force_download, token=token,
                                    local_files_only=local_files_only, headers=headers)
@@ -94,41 +92,16 @@ def resolve_config_file(
     return os.fspath(path), kwargs
 
 
-@contextmanager
-def proxied(proxies: dict[str, str] | None) -> Iterator[None]:
-    """Route huggingface_hub's requests through ``proxies`` (transformers' format:
-    ``{"http": "host:3128", "https://hostname": "host:4012"}``) for the duration of the block."""
+def checked_proxies(proxies: Any) -> dict[str, str] | None:
+    """``proxies`` in transformers' format (``{"http": "host:3128", "https://hostname": "host:4012"}``),
+    for this download alone (:class:`genkit.hubhttp.ProxyRoutes`); a ``ConfigError`` when it is not one."""
     if not proxies:
-        yield
-        return
+        return None
     if not isinstance(proxies, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
                                                 for k, v in proxies.items()):
         raise ConfigError("`proxies` must be a dict of {protocol or 'protocol://host': proxy URL}, e.g. "
                           f"{{'https': 'http://proxy:3128'}}; got {proxies!r}")
-    import huggingface_hub
-    from huggingface_hub.utils import _http
-
-    client_lib = getattr(_http, "httpx2", None) or getattr(_http, "httpx")  # noqa: B009 -- whichever it uses
-    mounts = {_mount_pattern(k): client_lib.HTTPTransport(proxy=_proxy_url(v)) for k, v in proxies.items()}
-
-    def factory() -> Any:
-        return client_lib.Client(event_hooks={"request": [_http.hf_request_event_hook]}, follow_redirects=True,
-                                 timeout=None, mounts=mounts)
-
-    previous = _http._GLOBAL_CLIENT_FACTORY
-    huggingface_hub.set_client_factory(factory)
-    try:
-        yield
-    finally:
-        huggingface_hub.set_client_factory(previous)
-
-
-def _mount_pattern(key: str) -> str:
-    return key if "://" in key else f"{key}://"
-
-
-def _proxy_url(url: str) -> str:
-    return url if "://" in url else f"http://{url}"
+    return proxies
 
 
 def push_config_file(path: str, directory: str, **kwargs: Any) -> str:
