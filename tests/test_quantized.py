@@ -260,6 +260,31 @@ def test_k_quant_files_run_quantized_and_match_their_float_version(tmp_path, qty
     assert torch.equal(q.generate(IDS[:1], **kw), f.generate(IDS[:1], **kw))  # one-call decode steps
 
 
+@pytest.mark.parametrize(("embed", "vocab"), [("Q6_K", 256), ("Q4_0", 256), ("Q8_0", 250)])
+def test_any_embedding_type_and_a_vocabulary_off_the_kernels_rows_load(tmp_path, embed, vocab):
+    """A tied embedding table in another type than Q8_0 (Q4_K_M files hold it as Q6_K) was refused
+    ("kept quantized only as Q8_0"): it is de-quantized, the head still runs on its codes. A
+    vocabulary that is not a multiple of the kernels' 16 rows was a ConfigError from Int4Linear:
+    the table is de-quantized and the head shares it."""
+    from genkit.models.gguf_quantized import kernel_types
+
+    path = tmp_path / "e.gguf"
+    write_quantized_gguf(path, "Q4_0", embed, hidden=256, ffn=512, vocab=vocab)
+    q, f = genkit.load_model(path), genkit.load_model(path, dequantize=True)
+    assert type(q.model.layers[0].self_attn.q_proj) is Int4Linear
+    if vocab % 16 or embed not in kernel_types():
+        assert type(q.lm_head) is torch.nn.Linear and q.lm_head.weight is q.model.embed_tokens.weight
+    else:
+        assert type(q.lm_head) is Int4Linear and type(q.model.embed_tokens) is torch.nn.Embedding
+    ids = IDS.clamp(max=vocab - 1)
+    with torch.no_grad():
+        lq, lf = q(ids, attention_mask=MASK).logits, f(ids, attention_mask=MASK).logits
+    bound = logits_bound(f, ids, MASK, linear_u=quantized_roundoff(kernel_of(q), rounded_scales=embed == "Q6_K"))
+    assert (lq - lf).abs().max() <= bound
+    kw = {"max_new_tokens": 12, "eos_token_id": None, "pad_token_id": 0}
+    _same_or_near_tie(f, q.generate(ids, attention_mask=MASK, **kw), f.generate(ids, attention_mask=MASK, **kw), MASK)
+
+
 def _same_or_near_tie(float_model, out_q, out_f, mask, bound=0.1):
     """Greedy tokens are equal, or the first difference comes where the float model's best two
     logits are within ``bound`` of each other (closer than the quantized model's logit error)."""

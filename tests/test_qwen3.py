@@ -287,7 +287,7 @@ def test_gguf_norm_tensors_belong_to_qwen3_only(tmp_path):
     w.close()
     with pytest.raises(ModelFileError, match=r"unexpected tensor 'blk\.0\.attn_q_norm\.weight' for architecture 'llama'"):
         genkit.load_model(tmp_path / "llama.gguf")
-    with pytest.raises(UnsupportedModelError, match=r"supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedModelError, match=r"supported: gpt2, llama, mistral, qwen2, qwen3"):
         from genkit.models.gguf import read_gguf_config
 
         bad = tmp_path / "moe.gguf"

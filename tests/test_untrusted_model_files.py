@@ -167,6 +167,44 @@ def test_q_and_k_rows_are_checked_before_they_are_reordered(tmp_path, qtype):
              "`num_attention_heads`=4 heads of 16 need 64 rows")
 
 
+def _gpt2_file(tmp_path: Path, name: str, qtype: str = "F32", **kw) -> Path:
+    """A tiny GPT-2 written as llama.cpp's converter writes one (tests/test_gguf_gpt2.py)."""
+    from test_gguf_gpt2 import tiny_gpt2, write_gpt2_gguf
+    path = tmp_path / name
+    write_gpt2_gguf(path, tiny_gpt2(), qtype=qtype, **kw)
+    return path
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "F32"])
+def test_a_gpt2_qkv_matrix_must_have_the_shape_the_config_implies(tmp_path, qtype):
+    path = _gpt2_file(tmp_path, "qkv.gguf", qtype)
+    data = bytearray(path.read_bytes())
+    at = data.index(_s("blk.0.attn_qkv.weight")) + len(_s("blk.0.attn_qkv.weight"))
+    assert struct.unpack_from("<IQQ", data, at) == (2, 64, 192)  # (in, out): 3 x n_embd rows
+    struct.pack_into("<Q", data, at + 12, 160)  # fewer rows: the tensor still lies inside the file
+    path.write_bytes(bytes(data))
+    _refused(path, "qkv.gguf: tensor 'blk.0.attn_qkv.weight' has shape (160, 64), but the config implies (192, 64)")
+
+
+def test_a_gpt2_file_without_its_position_table_is_refused(tmp_path):
+    path = _gpt2_file(tmp_path, "no_pos.gguf", leave_out=("position_embd.weight",))
+    _refused(path, "no_pos.gguf: missing tensors ['position_embd.weight'] for architecture 'gpt2'")
+
+
+def test_a_gpt2_position_table_must_match_the_context_length(tmp_path):
+    path = _gpt2_file(tmp_path, "ctx.gguf")
+    data = bytearray(path.read_bytes())
+    at = data.index(_s("gpt2.context_length")) + len(_s("gpt2.context_length"))
+    assert struct.unpack_from("<II", data, at) == (4, 128)  # uint32
+    struct.pack_into("<I", data, at + 4, 1_000_000)  # a table the file does not hold: nothing is allocated
+    path.write_bytes(bytes(data))
+    _refused(path, "ctx.gguf: tensor 'position_embd.weight' has shape (128, 64), but the config implies "
+             "(1000000, 64)")
+    renamed = bytes(data).replace(b"gpt2.context_length", b"gpt2.context_lengtX")  # the key left out
+    path.write_bytes(renamed)
+    _refused(path, "ctx.gguf: metadata 'gpt2.context_length' (the position table's length) is missing")
+
+
 def test_an_odd_head_size_is_refused(tmp_path):
     """an odd head size was loaded, then every forward failed in rope's split into halves"""
     from safetensors.torch import save_file

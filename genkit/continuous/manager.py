@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError, InvalidStateError, NotSupportedError, QueueFullError
-from genkit.models.paged import StepBatch, paged_store_for
+from genkit.models.paged import StepBatch, paged_store_for, require_paged
 from genkit.strategy.finish import eos_or_length, finish_codes, reason_names
 from genkit.strategy.sampling import argmax_rows, choose
 from genkit.threads import release_openmp_workers
@@ -56,6 +56,7 @@ class ContinuousBatchingManager:
         from genkit.generation.api import merge_config
 
         check_model(model)
+        require_paged(model)  # before the cache is sized from the config (a Llama family's fields)
         self.model = model
         if generation_config is not None and not isinstance(generation_config, GenerationConfig):
             raise ConfigError(f"`generation_config` must be a genkit.GenerationConfig; got "

@@ -3,6 +3,7 @@
 Needs the ``gguf`` extra (``pip install 'genkit-lm[gguf]'``). Quantized tensors are dequantized
 with the ``gguf`` package to float32; the rows of the Q and K projections, which llama.cpp's
 converter interleaves for its rope kernel, are put back in the order transformers' checkpoints use.
+GPT-2 files (:mod:`genkit.models.gguf_gpt2`) have their Conv1D weights transposed back.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import ModelFileError, ModelLoadError, UnsupportedModelError
+from . import gguf_gpt2
 from .gguf_header import TruncatedGGUFError, UnknownGGUFTypeError, check_gguf_header  # noqa: F401 - re-exported
 from .limits import check_config
 
@@ -29,6 +31,7 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, str, bool]] = {
     "mistral": ("mistral", "MistralForCausalLM", True),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
     "qwen3": ("qwen3", "Qwen3ForCausalLM", False),  # llama.cpp's converter keeps Qwen2's and Qwen3's rows as they are
+    "gpt2": ("gpt2", "GPT2LMHeadModel", False),  # GPT-2 and DistilGPT2 (genkit.models.gguf_gpt2)
 }
 
 # metadata key suffix (after "<arch>.") -> config.json key
@@ -76,7 +79,8 @@ class GGUFContents:
     state_dict: dict[str, torch.Tensor] = field(default_factory=dict)
     tokenizer: dict[str, Any] = field(default_factory=dict)
     #: tensors kept quantized (``read_gguf(..., keep_quantized=...)``): name -> (GGUF type name,
-    #: raw blocks, torch shape), with the Q/K rows already in transformers' order
+    #: raw blocks, shape (rows, columns) as stored: a linear layer's (out, in), GPT-2's Conv1D
+    #: layers too), with the Q/K rows already in transformers' order
     quantized: dict[str, tuple[str, Any, tuple[int, ...]]] = field(default_factory=dict)
 
 
@@ -149,7 +153,7 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
         )
     model_type, hf_arch, _ = GGUF_ARCHITECTURES[arch]
     config: dict[str, Any] = {"model_type": model_type, "architectures": [hf_arch]}
-    for suffix, key in _CONFIG_KEYS.items():
+    for suffix, key in (gguf_gpt2.CONFIG_KEYS if arch == "gpt2" else _CONFIG_KEYS).items():
         value = _contents(reader, f"{arch}.{suffix}", path)
         if value is not None:
             config[key] = value
@@ -157,8 +161,31 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         if tokens is not None:
             config["vocab_size"] = len(tokens.data)
-    config.setdefault("num_key_value_heads", config.get("num_attention_heads"))
     shapes = _hf_shapes(reader, path, arch)
+    if arch == "gpt2":
+        check_config(config, path, shapes)
+        gguf_gpt2.check_tensors(config, {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors},
+                                path)
+    else:
+        _llama_family_config(reader, arch, config, shapes, path)
+    names = {t.name for t in reader.tensors}
+    config["tie_word_embeddings"] = "output.weight" not in names
+    for key, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                      ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):
+        value = _contents(reader, f"tokenizer.ggml.{meta}", path)
+        if isinstance(value, int):
+            config[key] = value
+        elif value is not None:
+            raise ModelFileError(f"{path}: metadata 'tokenizer.ggml.{meta}' must be an integer; got {value!r}")
+    config["torch_dtype"] = "float32"
+    return config, reader
+
+
+def _llama_family_config(reader: Any, arch: str, config: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+                         path: str) -> None:
+    """The Llama family's config fields beyond the sizes (KV heads, head size, rope scaling, Qwen3's
+    attention bias), checked with the sizes against the file's tensors."""
+    config.setdefault("num_key_value_heads", config.get("num_attention_heads"))
     check_config(config, path, shapes)
     rope_dim = _contents(reader, f"{arch}.rope.dimension_count", path)
     if arch == "qwen3":  # always explicit: Qwen3Config's default (128) is not llama.cpp's (hidden / heads)
@@ -170,21 +197,10 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
         check_config(config, path)
     _check_qk_rows(config, shapes, path)
     _rope_scaling(reader, arch, config, path)
-    names = {t.name for t in reader.tensors}
-    config["tie_word_embeddings"] = "output.weight" not in names
     if arch == "qwen3":  # Qwen3's attention_bias (off by default) gives q, k, v and o their biases
-        config["attention_bias"] = "blk.0.attn_q.bias" in names
+        config["attention_bias"] = "blk.0.attn_q.bias" in {t.name for t in reader.tensors}
     # Qwen2's q/k/v biases follow from model_type (as in transformers' Qwen2 config);
     # attention_bias would also ask for an o_proj bias, which Qwen2 files do not have
-    for key, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                      ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):
-        value = _contents(reader, f"tokenizer.ggml.{meta}", path)
-        if isinstance(value, int):
-            config[key] = value
-        elif value is not None:
-            raise ModelFileError(f"{path}: metadata 'tokenizer.ggml.{meta}' must be an integer; got {value!r}")
-    config["torch_dtype"] = "float32"
-    return config, reader
 
 
 def _rope_scaling(reader: Any, arch: str, config: dict[str, Any], path: str) -> None:
@@ -263,6 +279,8 @@ def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True,
                 tensor = unpermute_qk(tensor, config["num_attention_heads"])
             elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
                 tensor = unpermute_qk(tensor, config["num_key_value_heads"])
+            elif arch == "gpt2" and gguf_gpt2.is_transposed(t.name):  # transformers' Conv1D: (in, out)
+                tensor = tensor.t()
             state[name] = tensor
             if on_tensor is not None:
                 on_tensor(len(state) + len(contents_quantized), len(reader.tensors))
@@ -285,6 +303,11 @@ def _rows_in_hf_order(data: Any, name: str, config: dict[str, Any], permute: boo
 
 def _hf_name(name: str, arch: str) -> str | None:
     m = _LAYER_RE.match(name)
+    if arch == "gpt2":
+        if m:
+            return gguf_gpt2.hf_name(m.group(1), m.group(2), m.group(3))
+        base, _, kind = name.rpartition(".")
+        return gguf_gpt2.hf_name(None, base, kind) if kind in ("weight", "bias") else None
     if m:
         inner = _LAYER_TENSORS.get(m.group(2)) or _ARCH_LAYER_TENSORS.get(arch, {}).get(m.group(2))
         return None if inner is None else f"model.layers.{m.group(1)}.{inner}.{m.group(3)}"

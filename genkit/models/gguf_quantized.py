@@ -23,7 +23,8 @@ from . import block_kernel
 from .base import GenkitModel
 from .gguf import GGUFContents
 from .gguf_blocks import GGUF_BLOCK_TYPES, GGUF_INT4_TYPES, int4_parts_from_gguf, q8_0_embedding
-from .quant import PACK_CHUNK, Int4Linear, Int4Part, WithBias
+from .gpt2 import Conv1D
+from .quant import PACK_CHUNK, Int4Linear, Int4Part, WithBias, int4_shape_ok
 
 logger = logging.getLogger("genkit.models")
 
@@ -36,45 +37,25 @@ def kernel_types() -> frozenset[str]:
 
 def build_quantized_model(config: Any, contents: GGUFContents, dtype: torch.dtype, where: str) -> GenkitModel:
     """The config's architecture with ``contents.quantized`` tensors as int4 layers and the
-    float tensors of ``contents.state_dict`` copied in."""
+    float tensors of ``contents.state_dict`` copied in. A quantized matrix whose rows the kernels
+    cannot take (not a multiple of 16: GPT-2's 50,257-token head) is de-quantized to ``dtype``
+    instead, as is an embedding table in another type than Q8_0 (its tied head stays quantized)."""
     from .loading import architecture_class, build_model
 
-    quantized = dict(contents.quantized)
-    embed = quantized.pop("model.embed_tokens.weight", None)
-    tied = bool(config.get("tie_word_embeddings", False))
-    if embed is not None and tied and "lm_head.weight" not in quantized:
-        quantized["lm_head.weight"] = embed  # the LM head runs on the embedding's codes
     cls = architecture_class(config, os.path.join(where, "config.json"))
     with torch.device("meta"):
         model = cls(config)
-    biases = {}
     state = dict(contents.state_dict)
-    for name, (_, _, shape) in quantized.items():
-        module_name = name.rsplit(".", 1)[0]
-        try:
-            linear = model.get_submodule(module_name)
-        except AttributeError:
-            linear = None
-        if not isinstance(linear, nn.Linear) or not name.endswith(".weight"):
-            raise ModelFileError(f"{where}: quantized tensor {name!r} is not a linear layer's weight")
-        if tuple(shape) != (linear.out_features, linear.in_features):
-            raise ModelFileError(f"{where}: tensor {name!r} has shape {tuple(shape)}, but the config implies "
-                                 f"{(linear.out_features, linear.in_features)}")
-        if linear.bias is not None:
-            if f"{module_name}.bias" not in state:
-                raise ModelFileError(f"{where}: missing tensor {module_name + '.bias'!r}")
-            biases[module_name] = state.pop(f"{module_name}.bias")
-        _swap(model, module_name, nn.Identity())
+    quantized = dict(contents.quantized)
+    embed_name = next(name for name, mod in model.named_modules() if mod is model.input_embeddings())
+    embed, head_on_codes = _embedding(model, config, quantized, state, embed_name, where)
+    layers, biases = _linear_layers(model, quantized, state, where)
     if embed is not None:
-        want = (model.model.embed_tokens.num_embeddings, model.model.embed_tokens.embedding_dim)
-        if tuple(embed[2]) != want:
-            raise ModelFileError(f"{where}: tensor 'model.embed_tokens.weight' has shape {tuple(embed[2])}, but the "
-                                 f"config implies {want}")
-        _swap(model, "model.embed_tokens", nn.Identity())
-    if embed is not None and tied:
+        _swap(model, embed_name, nn.Identity())
+    if head_on_codes:
         model.tie_weights = lambda: None  # type: ignore[method-assign]  # the head is already quantized
     model = build_model(config, state, dtype, where=where, model=model)
-    for name, (type_name, data, shape) in quantized.items():
+    for name, (type_name, data, shape) in layers.items():
         module_name = name.rsplit(".", 1)[0]
         out, k = shape
         layer: nn.Module = Int4Linear(k, out, row_chunks=_row_chunks(type_name, data, out, k),
@@ -83,16 +64,85 @@ def build_quantized_model(config: Any, contents: GGUFContents, dtype: torch.dtyp
             layer = WithBias(layer, biases[module_name].to(dtype))
         _swap(model, module_name, layer)
     if embed is not None:
-        type_name, data, shape = embed
-        if type_name != "Q8_0":
-            raise ModelFileError(f"{where}: embedding tensor type {type_name} is kept quantized only as Q8_0")
-        _swap(model, "model.embed_tokens", q8_0_embedding(data, (shape[0], shape[1]), dtype))
+        _swap(model, embed_name, q8_0_embedding(embed[1], (embed[2][0], embed[2][1]), dtype))
     release_freed_memory()
     model.quantization = "gguf"  # type: ignore[attr-defined]
     model._prepared = None  # type: ignore[attr-defined]
-    logger.info("%s: %d tensors kept quantized (%s)", where, len(contents.quantized),
-                ", ".join(sorted({t for t, _, _ in contents.quantized.values()})))
+    logger.info("%s: %d tensors kept quantized (%s)", where, len(layers) + (embed is not None),
+                ", ".join(sorted({t for t, _, _ in layers.values()} | ({embed[0]} if embed else set()))))
     return model
+
+
+Entry = tuple[str, Any, tuple[int, ...]]  # GGUF type name, raw blocks, (rows, columns)
+
+
+def _embedding(model: nn.Module, config: Any, quantized: dict[str, Entry], state: dict[str, torch.Tensor],
+               embed_name: str, where: str) -> tuple[Entry | None, bool]:
+    """The quantized embedding table kept as codes (Q8_0; another type is de-quantized into
+    ``state``), and whether the tied LM head runs on its codes (added to ``quantized``; when the
+    kernels cannot take its rows, the table is de-quantized and the head shares it)."""
+    embed = quantized.pop(f"{embed_name}.weight", None)
+    if embed is None:
+        return None, False
+    module = model.get_submodule(embed_name)
+    want = (module.num_embeddings, module.embedding_dim)
+    if tuple(embed[2]) != want:
+        raise ModelFileError(f"{where}: tensor {embed_name + '.weight'!r} has shape {tuple(embed[2])}, but the "
+                             f"config implies {want}")
+    tied = bool(config.get("tie_word_embeddings", False)) and "lm_head.weight" not in quantized
+    head_on_codes = tied and int4_shape_ok(embed[2][0], embed[2][1])
+    if head_on_codes:
+        quantized["lm_head.weight"] = embed  # the LM head runs on the embedding's codes
+    if embed[0] != "Q8_0" or (tied and not head_on_codes):
+        state[f"{embed_name}.weight"] = _dequantized(embed)
+        logger.info("%s: the %s embedding table is de-quantized%s", where, embed[0],
+                    "" if head_on_codes else " (the LM head shares it)" if tied else "")
+        return None, head_on_codes
+    return embed, head_on_codes
+
+
+def _linear_layers(model: nn.Module, quantized: dict[str, Entry], state: dict[str, torch.Tensor],
+                   where: str) -> tuple[dict[str, Entry], dict[str, torch.Tensor]]:
+    """The quantized weights that become int4 layers (their modules swapped out of ``model``, so
+    that no float memory is allocated for them) and those layers' biases (taken out of ``state``);
+    a weight whose rows the kernels cannot take, and a (position) embedding table, go to ``state``
+    de-quantized."""
+    layers, biases = {}, {}
+    for name, entry in quantized.items():
+        module_name = name.rsplit(".", 1)[0]
+        try:
+            module = model.get_submodule(module_name)
+        except AttributeError:
+            module = None
+        if isinstance(module, nn.Embedding) and name.endswith(".weight"):
+            state[name] = _dequantized(entry)  # a position table: llama.cpp keeps GPT-2's float, another tool may not
+            continue
+        if not isinstance(module, (nn.Linear, Conv1D)) or not name.endswith(".weight"):
+            raise ModelFileError(f"{where}: quantized tensor {name!r} is not a linear layer's weight")
+        # rows (out, in) as stored; transformers' GPT-2 Conv1D keeps its weight (in, out)
+        want = tuple(module.weight.shape[::-1]) if isinstance(module, Conv1D) else tuple(module.weight.shape)
+        if tuple(entry[2]) != want:
+            raise ModelFileError(f"{where}: tensor {name!r} has shape {tuple(entry[2])}, but the config implies {want}")
+        if not int4_shape_ok(entry[2][0], entry[2][1]):
+            logger.info("%s: %s (%s rows) is de-quantized: the int4 kernels take multiples of 16 rows", where,
+                        name, entry[2][0])
+            state[name] = _dequantized(entry).t() if isinstance(module, Conv1D) else _dequantized(entry)
+            continue
+        if module.bias is not None:
+            if f"{module_name}.bias" not in state:
+                raise ModelFileError(f"{where}: missing tensor {module_name + '.bias'!r}")
+            biases[module_name] = state.pop(f"{module_name}.bias")
+        _swap(model, module_name, nn.Identity())
+        layers[name] = entry
+    return layers, biases
+
+
+def _dequantized(entry: Entry) -> torch.Tensor:
+    """The float32 weight of a quantized entry (the ``gguf`` package's de-quantization)."""
+    from gguf import GGMLQuantizationType, quants
+
+    type_name, data, shape = entry
+    return torch.from_numpy(quants.dequantize(data, GGMLQuantizationType[type_name]).reshape(shape).copy())
 
 
 def _row_chunks(type_name: str, data: Any, out: int, k: int) -> Iterator[list[Int4Part]]:

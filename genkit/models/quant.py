@@ -63,6 +63,12 @@ def kernel_available() -> bool:
         return False
 
 
+def int4_shape_ok(out_features: int, in_features: int) -> bool:
+    """Whether :class:`Int4Linear` takes a weight of ``(out_features, in_features)``: rows a
+    multiple of 16 (the kernels' panels), columns of 32 (a group)."""
+    return out_features % _MIN_ROWS == 0 and in_features % GROUP == 0
+
+
 class Int4Part:
     """One low-bit weight matrix: codes ``q`` with ``w = scale * q + minimum`` per group of ``group``
     input weights (``q``: ``(out, in)``, ``scale``/``minimum``: ``(out, in / group)``). Codes are 4-bit
@@ -125,7 +131,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         if kernel not in KERNELS:
             raise ConfigError(f"`kernel` must be one of {', '.join(repr(k) for k in KERNELS)}; got {kernel!r}")
-        if out_features % _MIN_ROWS or in_features % GROUP:
+        if not int4_shape_ok(out_features, in_features):
             raise ConfigError(f"int4 kernels need out_features divisible by {_MIN_ROWS} and in_features by {GROUP}; "
                               f"got ({out_features}, {in_features})")
         self.in_features, self.out_features, self.source = in_features, out_features, source
@@ -353,8 +359,9 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
     at a time (docs/models.md, "llama.cpp numerics").
 
     Refused (NotSupportedError) for layers not on the block kernel, for GGUF types other than
-    :data:`LLAMA_TYPES` (and for genkit.quantize's layers), for rope scaling, and for Qwen2/Qwen3
-    (their files keep q/k's rotary halves, whose ``q . k`` ggml sums in another order)."""
+    :data:`LLAMA_TYPES` (and for genkit.quantize's layers), for rope scaling, for Qwen2/Qwen3
+    (their files keep q/k's rotary halves, whose ``q . k`` ggml sums in another order) and for GPT-2
+    (not the Llama graph)."""
     numerics = check_numerics(numerics)
     layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
     if is_llama_numerics(numerics):
@@ -386,6 +393,9 @@ def _check_llama_numerics(model: nn.Module, layers: list[Int4Linear], numerics: 
     from .gguf import GGUF_ARCHITECTURES
 
     config = getattr(model, "config", None)
+    if config is not None and config.get("model_type") == "gpt2":
+        raise NotSupportedError(f"`numerics`={numerics!r} follows llama.cpp's Llama-family graph (RMSNorm, rotary "
+                                "positions, SwiGLU); this gpt2 model runs with numerics='genkit'")
     halves = {model_type for model_type, _, permuted in GGUF_ARCHITECTURES.values() if not permuted}
     if config is not None and config.get("model_type") in halves:
         raise NotSupportedError(f"`numerics`={numerics!r} sums the attention's q . k in the element order of "
@@ -425,7 +435,7 @@ def quantize(model: nn.Module, mode: str = "int8", activation_digits: int = 2) -
     with torch.no_grad():
         for name, lin in targets:
             out, k = lin.weight.shape
-            if out % _MIN_ROWS or k % GROUP:
+            if not int4_shape_ok(out, k):
                 skipped.append(name)
                 continue
             parts = [_int4_symmetric(lin.weight)] if mode == "int4" else _int8_symmetric(lin.weight)

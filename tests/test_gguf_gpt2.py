@@ -1,0 +1,308 @@
+"""GPT-2 GGUF files (``general.architecture`` "gpt2", what llama.cpp's convert_hf_to_gguf.py writes
+for GPT-2 and DistilGPT2) load natively: F32/F16 tensors, and the quantized types genkit's kernels
+run kept quantized on the matrix products.
+
+The files are written here with ``gguf.GGUFWriter`` in the converter's layout, from a tiny random
+``transformers.GPT2LMHeadModel``: llama.cpp's tensor names, the ``Conv1D`` weights transposed to
+``(out, in)`` rows, no ``output.weight`` (the head is the embedding; older converters wrote a copy,
+``output=True``), the byte-level BPE vocabulary under ``tokenizer.ggml.*``. References: the
+transformers model the file was written from (F32), transformers' own GGUF loader on the same file
+(``from_pretrained(..., gguf_file=...)``, which de-quantizes), and genkit's de-quantized model.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tolerance import logits_bound
+
+import genkit
+from genkit.errors import NotSupportedError, UnsupportedModelError
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+np = pytest.importorskip("numpy")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+from test_quantized import _random_blocks, kernel_of, quantized_roundoff  # noqa: E402
+
+from genkit.models.gpt2 import Conv1D  # noqa: E402
+from genkit.models.quant import Int4Linear, QuantizedEmbedding, WithBias, kernel_available  # noqa: E402
+
+CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello tokenizers!",
+          "Once upon a time there was a little girl who lived in a village near the forest."] * 20
+EOT = "<|endoftext|>"
+# transformers' GPT2 Conv1D weights, stored (in, out); the converter writes them transposed
+_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+_LAYER = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
+          "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+_GLOBAL = {"transformer.wte": "token_embd", "transformer.wpe": "position_embd", "transformer.ln_f": "output_norm"}
+
+
+def byte_level_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str], Any]:
+    """(tokens, token types, merges, transformers tokenizer) of a GPT-2-style byte-level BPE learned
+    from CORPUS, ``<|endoftext|>`` after the learned tokens and ``[PADn]`` up to ``vocab_size``, as
+    the converter pads a vocabulary shorter than the model's."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = Backend(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=vocab_size - 8, show_progress=False,
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    backend.add_special_tokens([EOT])
+    model = json.loads(backend.to_str())["model"]
+    by_id = sorted(backend.get_vocab().items(), key=lambda kv: kv[1])
+    tokens = [t for t, _ in by_id]
+    types = [3 if t == EOT else 1 for t in tokens]
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab_size)]
+    types += [5] * (vocab_size - len(types))
+    merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=EOT, eos_token=EOT)
+    return tokens, types, merges, hf_tok
+
+
+def tiny_gpt2(vocab_size: int = 320, n_embd: int = 64, seed: int = 0) -> Any:
+    eot = byte_level_vocab(vocab_size)[0].index(EOT)
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=vocab_size, n_embd=n_embd, n_layer=2, n_head=4, n_positions=128,
+                                  bos_token_id=eot, eos_token_id=eot)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def gguf_name(name: str) -> str:
+    """llama.cpp's name for a transformers GPT-2 tensor (gguf-py's tensor map for MODEL_ARCH.GPT2)."""
+    base, _, kind = name.rpartition(".")
+    if base in _GLOBAL:
+        return f"{_GLOBAL[base]}.{kind}"
+    _, _, n, *inner = base.split(".")  # transformer.h.N.<inner>
+    return f"blk.{n}.{_LAYER['.'.join(inner)]}.{kind}"
+
+
+def write_gpt2_gguf(path: Path, hf: Any, *, qtype: str = "F32", embed_qtype: str | None = None,
+                    output: bool = False, leave_out: tuple[str, ...] = (), positions: str = "F32",
+                    seed: int = 0) -> None:
+    """``hf`` (a transformers GPT2LMHeadModel) as llama.cpp's converter writes it: F32 or F16
+    (``qtype``), or with its matrices in a quantized type as llama-quantize leaves them (the
+    position table and the norms not quantized; the embedding in ``embed_qtype``, default
+    ``qtype``; the position table in ``positions``). Q4_0/Q4_1/Q8_0 blocks are quantized from ``hf``'s weights; the K-quants (which the
+    gguf package cannot make) are random blocks. ``output``: also an ``output.weight``, a copy of
+    the embedding (older converters); ``leave_out``: tensors (llama.cpp names) not written."""
+    cfg = hf.config
+    tokens, types, merges, _ = byte_level_vocab(cfg.vocab_size)
+    w = gguf.GGUFWriter(str(path), arch="gpt2")
+    w.add_block_count(cfg.n_layer)
+    w.add_context_length(cfg.n_positions)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_feed_forward_length(4 * cfg.n_embd)
+    w.add_head_count(cfg.n_head)
+    w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    for add in (w.add_bos_token_id, w.add_eos_token_id, w.add_unk_token_id):
+        add(tokens.index(EOT))
+    rng = np.random.default_rng(seed)
+    state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    for name, tensor in state.items():
+        data = tensor.detach().numpy().astype(np.float32)
+        if name.endswith(_TRANSPOSED):
+            data = np.ascontiguousarray(data.T)
+        target = gguf_name(name)
+        kind = qtype if data.ndim == 2 else "F32"
+        if target == "position_embd.weight":
+            kind = positions
+        elif target == "token_embd.weight":
+            kind = embed_qtype or qtype
+        for out in (target, "output.weight") if output and target == "token_embd.weight" else (target,):
+            if out not in leave_out:
+                _add(w, out, data, kind, rng)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _add(w: Any, name: str, data: np.ndarray, kind: str, rng: Any) -> None:
+    if kind == "F32":
+        w.add_tensor(name, data)
+    elif kind == "F16":
+        w.add_tensor(name, data.astype(np.float16))
+    else:
+        if kind in ("Q4_K", "Q6_K"):
+            q = _random_blocks(kind, data.shape[0], data.shape[1], seed=int(rng.integers(1 << 30)))
+        else:
+            q = gguf.quants.quantize(data, T[kind])
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=T[kind])
+
+
+def transformers_gguf(path: Path, n_positions: int = 128) -> Any:
+    """transformers' own loading of the GGUF file (it de-quantizes every tensor). It reads
+    ``gpt2.context_length`` as ``n_ctx``, which GPT2Config no longer reads: the position table's
+    length is given."""
+    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                             n_positions=n_positions).eval()
+
+
+IDS = torch.tensor([[11, 17, 33, 5, 250, 9], [0, 0, 40, 44, 45, 46]])
+MASK = (torch.arange(6) >= torch.tensor([[0], [2]])).long()
+POS = (MASK.cumsum(-1) - 1).clamp(min=0)  # the positions generate gives a left-padded row
+GREEDY = {"max_new_tokens": 12, "do_sample": False, "eos_token_id": None, "pad_token_id": 0}
+
+
+@pytest.mark.parametrize("output", [False, True], ids=["tied", "with_output_weight"])
+def test_an_f32_gpt2_gguf_gives_transformers_tokens_and_logits(tmp_path, output):
+    hf = tiny_gpt2()
+    path = tmp_path / "gpt2.gguf"
+    write_gpt2_gguf(path, hf, output=output)
+    ours = genkit.load_model(path)
+    assert type(ours.transformer.h[0].attn.c_attn) is Conv1D
+    assert ours.config.model_type == "gpt2" and ours.config.n_positions == 128
+    assert (ours.lm_head.weight is ours.transformer.wte.weight) is not output
+    with torch.no_grad():
+        want = hf(IDS, attention_mask=MASK, position_ids=POS).logits
+        got = ours(IDS, attention_mask=MASK, position_ids=POS).logits
+    assert (got - want)[MASK.bool()].abs().max() <= logits_bound(hf, IDS, MASK)  # padding's rows: any
+    assert torch.equal(ours.generate(IDS, attention_mask=MASK, **GREEDY),
+                       hf.generate(IDS, attention_mask=MASK, **GREEDY))
+
+
+def test_an_f16_gpt2_gguf_matches_transformers_loading_the_same_file(tmp_path):
+    path = tmp_path / "f16.gguf"
+    write_gpt2_gguf(path, tiny_gpt2(seed=1), qtype="F16")
+    ref, ours = transformers_gguf(path), genkit.load_model(path)
+    with torch.no_grad():
+        want = ref(IDS, attention_mask=MASK, position_ids=POS).logits
+        got = ours(IDS, attention_mask=MASK, position_ids=POS).logits
+    assert (got - want)[MASK.bool()].abs().max() <= logits_bound(ref, IDS, MASK)
+    assert torch.equal(ours.generate(IDS, attention_mask=MASK, **GREEDY),
+                       ref.generate(IDS, attention_mask=MASK, **GREEDY))
+
+
+def _matrices(model) -> list[torch.nn.Module]:
+    block = model.transformer.h[0]
+    return [block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj]
+
+
+quantized = pytest.mark.skipif(not kernel_available(), reason="torch build without CPU int4 kernels")
+
+
+@quantized
+@pytest.mark.parametrize(("qtype", "embed", "n_embd", "output"), [
+    ("Q8_0", "Q8_0", 64, False), ("Q4_0", "Q8_0", 64, False), ("Q4_1", "Q4_1", 64, False),
+    ("Q4_K", "Q6_K", 256, False), ("Q4_0", "Q8_0", 64, True)])
+def test_a_quantized_gpt2_gguf_runs_on_the_int4_layers(tmp_path, qtype, embed, n_embd, output):
+    """The matrices run quantized (with their float biases); the tied head runs on the embedding's
+    codes (``output``: on its own copy, as older converters wrote it); an embedding table in another
+    type than Q8_0 is de-quantized (Q4_K_M files hold the tied table as Q6_K). The de-quantized
+    model is transformers' on the same file; the quantized one gives its greedy tokens, its logits
+    within the kernels' rounding."""
+    from genkit.models.gguf_quantized import kernel_types
+
+    path = tmp_path / "q.gguf"
+    write_gpt2_gguf(path, tiny_gpt2(n_embd=n_embd, seed=2), qtype=qtype, embed_qtype=embed, output=output)
+    q, f, ref = genkit.load_model(path), genkit.load_model(path, dequantize=True), transformers_gguf(path)
+    assert all(type(m) is WithBias and type(m.inner) is Int4Linear for m in _matrices(q))
+    assert type(q.lm_head) is Int4Linear if embed in kernel_types() else type(q.lm_head) is torch.nn.Linear
+    assert q.config.tie_word_embeddings is not output
+    assert type(q.transformer.wte) is (QuantizedEmbedding if embed == "Q8_0" else torch.nn.Embedding)
+    assert type(q.transformer.wpe) is torch.nn.Embedding and type(f.transformer.h[0].attn.c_attn) is Conv1D
+    with torch.no_grad():
+        want = ref(IDS, attention_mask=MASK, position_ids=POS).logits
+        lf = f(IDS, attention_mask=MASK, position_ids=POS).logits
+        lq = q(IDS, attention_mask=MASK, position_ids=POS).logits
+    valid = MASK.bool()
+    assert (lf - want)[valid].abs().max() <= logits_bound(ref, IDS, MASK)
+    bound = logits_bound(f, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q), rounded_scales=qtype == "Q4_K"))
+    assert (lq - lf)[valid].abs().max() <= bound
+    out = q.generate(IDS, attention_mask=MASK, **GREEDY)
+    assert torch.equal(out, ref.generate(IDS, attention_mask=MASK, **GREEDY))
+    assert torch.equal(out, f.generate(IDS, attention_mask=MASK, **GREEDY))
+
+
+@quantized
+def test_a_head_the_kernels_cannot_take_is_de_quantized(tmp_path):
+    """GPT-2's vocabulary (50,257) is not a multiple of the kernels' 16 rows: the tied table is
+    de-quantized and shared by the head, the layers stay quantized (vocabulary 300 here)."""
+    path = tmp_path / "v300.gguf"
+    write_gpt2_gguf(path, tiny_gpt2(vocab_size=300, seed=3), qtype="Q8_0")
+    q, ref = genkit.load_model(path), transformers_gguf(path)
+    assert all(type(m) is WithBias for m in _matrices(q))
+    assert type(q.lm_head) is torch.nn.Linear and q.lm_head.weight is q.transformer.wte.weight
+    with torch.no_grad():
+        want = ref(IDS, attention_mask=MASK, position_ids=POS).logits
+        got = q(IDS, attention_mask=MASK, position_ids=POS).logits
+    assert (got - want)[MASK.bool()].abs().max() <= logits_bound(ref, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
+    assert torch.equal(q.generate(IDS, attention_mask=MASK, **GREEDY), ref.generate(IDS, attention_mask=MASK, **GREEDY))
+
+
+@quantized
+def test_a_quantized_position_table_is_de_quantized(tmp_path):
+    """llama-quantize keeps GPT-2's position table in float; a file from another tool may not"""
+    path = tmp_path / "pos.gguf"
+    write_gpt2_gguf(path, tiny_gpt2(seed=4), qtype="Q8_0", positions="Q8_0")
+    q, ref = genkit.load_model(path), transformers_gguf(path)
+    assert type(q.transformer.wpe) is torch.nn.Embedding and type(q.transformer.h[1].mlp.c_proj) is WithBias
+    assert torch.equal(q.transformer.wpe.weight, ref.transformer.wpe.weight)
+    assert torch.equal(q.generate(IDS, attention_mask=MASK, **GREEDY), ref.generate(IDS, attention_mask=MASK, **GREEDY))
+
+
+@quantized
+def test_llama_cpp_numerics_are_refused_for_gpt2(tmp_path):
+    path = tmp_path / "q.gguf"
+    write_gpt2_gguf(path, tiny_gpt2(), qtype="Q8_0")
+    with pytest.raises(NotSupportedError, match=r"^`numerics`='llama.cpp' follows llama.cpp's Llama-family graph "
+                                                r"\(RMSNorm, rotary positions, SwiGLU\); this gpt2 model runs with "
+                                                r"numerics='genkit'$"):
+        genkit.load_model(path, numerics="llama.cpp")
+
+
+def test_the_gguf_tokenizer_and_the_cli(tmp_path):
+    """The file's byte-level BPE vocabulary tokenizes as transformers' tokenizer on the same
+    vocabulary and merges; ``genkit generate --model x.gguf`` prints what generating in-process does."""
+    hf = tiny_gpt2()
+    path = tmp_path / "gpt2.gguf"
+    write_gpt2_gguf(path, hf)
+    tok, hf_tok = genkit.load_tokenizer(path), byte_level_vocab(320)[3]
+    for text in CORPUS[:3] + ["  the  quick\n\nbrown foxes, 12345!"]:
+        assert tok(text)["input_ids"] == hf_tok(text)["input_ids"]
+    prompt = "the quick brown"
+    ids = hf_tok(prompt, return_tensors="pt")["input_ids"]
+    out = hf.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    want = hf_tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    cli = subprocess.run([sys.executable, "-m", "genkit", "generate", prompt, "--model", str(path),
+                          "--max-new-tokens", "6", "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout == want + "\n"
+
+
+def test_continuous_batching_refuses_gpt2_by_name(tmp_path):
+    """generate_batch on a GPT-2 (from any file) was a TypeError from sizing the paged cache with
+    Llama's config fields; continuous batching runs the Llama family"""
+    path = tmp_path / "gpt2.gguf"
+    write_gpt2_gguf(path, tiny_gpt2())
+    model = genkit.load_model(path)
+    with pytest.raises(NotSupportedError, match=r"^continuous batching runs native Llama-family models "
+                                                r"\(genkit.load_model\); got GPT2LMHeadModel$"):
+        model.generate_batch([[1, 2, 3]], max_new_tokens=4, do_sample=False)
+
+
+def test_an_unsupported_architecture_lists_gpt2(tmp_path):
+    path = tmp_path / "falcon.gguf"
+    w = gguf.GGUFWriter(str(path), arch="falcon")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError, match=r"unsupported GGUF architecture 'falcon'; supported: gpt2, "
+                                                    r"llama, mistral, qwen2, qwen3$"):
+        genkit.load_model(path)
