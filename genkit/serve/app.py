@@ -61,6 +61,7 @@ class ServerState:
                  request_timeout: float | None = None) -> None:
         from genkit.config import field_table
         from genkit.generation.api import as_protocol_model
+        from genkit.generation.encoder_decoder import is_encoder_decoder
 
         model = as_protocol_model(model)  # a transformers model in genkit's adapter, as generate runs it
         self.model, self.tokenizer, self.engine, self.model_name = model, tokenizer, engine, model_name
@@ -68,8 +69,6 @@ class ServerState:
         self.allowed_recipes = list(allowed_recipes or [])
         self.policy = policy or ServePolicy()
         self.generation_fields = set(field_table())
-        from genkit.generation.encoder_decoder import is_encoder_decoder
-
         self.limits = Limits(max_model_len=max_model_len or default_max_model_len(model, tokenizer),
                              encoder_decoder=is_encoder_decoder(model))
         self.chat_template = chat_template
