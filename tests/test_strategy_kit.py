@@ -117,7 +117,7 @@ def test_rows_per_prompt_expands_after_one_prefill(tiny_model):
 
 def test_a_transformers_model_and_its_cache(tiny_pair):
     hf, _ = tiny_pair
-    model = genkit.generation.api._as_protocol_model(hf)
+    model = genkit.generation.api.as_protocol_model(hf)
     stepper = Stepper(_call(model))
     logits = stepper.prefill()
     logits = stepper.step(logits.argmax(-1), rows=torch.tensor([1, 0, 2]))
@@ -148,7 +148,7 @@ class EarlyExitLlama:
 
 def test_partial_depth_is_a_declared_hook(tiny_model, tiny_pair):
     ids, mask = IDS[1:2], MASK[1:2]
-    adapted = genkit.generation.api._as_protocol_model(tiny_pair[0])  # a transformers model: no partial depth
+    adapted = genkit.generation.api.as_protocol_model(tiny_pair[0])  # a transformers model: no partial depth
     with pytest.raises(NotSupportedError, match=r"partial depth \(num_layers=1\) is not supported by "):
         Stepper(_call(adapted, ids, mask)).prefill(num_layers=1)
     early = EarlyExitLlama(tiny_model)

@@ -159,13 +159,10 @@ def make_local_engine(model: Any, tokenizer: Any, generation_kwargs: dict[str, A
                       batching: str = "auto") -> LocalEngine | ContinuousEngine:
     """The local engine for ``batching``: ``"static"`` (left-padded ``generate``), ``"continuous"``
     (an error when the model or the job's settings cannot run on it), or ``"auto"`` (continuous
-    batching where the model and the settings allow it, else static)."""
-    from genkit.continuous.gate import model_refusal
+    batching where the model and the settings allow it, else static: an encoder-decoder model
+    runs there, :func:`genkit.continuous.gate.model_refusal`)."""
     from genkit.models.paged import require_paged
 
-    refused = model_refusal(model)
-    if refused is not None:
-        raise NotSupportedError(f"genkit batch cannot run this model: {refused}")
     kwargs = dict(generation_kwargs or {})
     why = check_batching(batching, kwargs, custom_generate, model)
     if why is None:

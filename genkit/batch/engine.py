@@ -28,14 +28,24 @@ class BatchEngine(Protocol):
 
 class LocalEngine:
     """``genkit.generate`` on left-padded batches of up to ``batch_size`` rows with the same settings.
+    An encoder-decoder model's rows are its encoder's inputs, padded on the right (its positions
+    count from the first token), and its output the decoder's tokens after its start token.
 
     ``generation_kwargs`` apply to every row (a row's own fields override them); ``custom_generate``
     and ``trust_remote_code`` reach ``generate`` as they are, so a recipe obeys the trust rules."""
 
     def __init__(self, model: Any, tokenizer: Any, generation_kwargs: dict[str, Any] | None = None,
                  batch_size: int = 16, custom_generate: Any = None, trust_remote_code: bool | None = None) -> None:
+        from genkit.generation.api import as_protocol_model
+        from genkit.generation.encoder_decoder import is_encoder_decoder, text_prompt_refusal
+
         if batch_size < 1:
             raise ConfigError(f"`batch_size` must be >= 1; got {batch_size}")
+        model = as_protocol_model(model)  # a transformers model in genkit's adapter, as generate runs it
+        why = text_prompt_refusal(model, "genkit batch")
+        if why is not None:
+            raise NotSupportedError(why)
+        self.seq2seq = is_encoder_decoder(model)
         self.model = model
         self.tokenizer = tokenizer
         self.kwargs = dict(generation_kwargs or {})
@@ -111,7 +121,7 @@ class LocalEngine:
                 config, _ = merge_config(self.model, None, {k: v for k, v in settings.items() if k in table})
             except ValueError:  # generate reports it, row by row
                 config = None
-            self._length_rule[key] = (config is not None and config.max_new_tokens is None
+            self._length_rule[key] = (config is not None and config.max_new_tokens is None and not self.seq2seq
                                       and "max_length" not in config.defaulted)
         return self._length_rule[key]
 
@@ -124,15 +134,19 @@ class LocalEngine:
         if int(kwargs.get("num_return_sequences") or 1) != 1:
             raise NotSupportedError("`num_return_sequences` must be 1 in a batch job (one output row per input row)")
         width = max(map(len, prompts))
-        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.model.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.model.device)
+        if self.seq2seq:  # the encoder's input, padded on the right; the output is the decoder's, after its start
+            rows = [(p + [self.pad] * (width - len(p)), [1] * len(p) + [0] * (width - len(p))) for p in prompts]
+        else:
+            rows = [([self.pad] * (width - len(p)) + p, [0] * (width - len(p)) + [1] * len(p)) for p in prompts]
+        ids = torch.tensor([r for r, _ in rows], device=self.model.device)
+        mask = torch.tensor([m for _, m in rows], device=self.model.device)
         out = genkit.generate(self.model, input_ids=ids, attention_mask=mask, tokenizer=self.tokenizer,
                               **{"pad_token_id": self.pad, "return_dict_in_generate": True, **kwargs}, **self.extra)
         sequences = out.sequences if hasattr(out, "sequences") else out
         reasons = getattr(out, "finish_reasons", None) or [None] * len(prompts)
         eos = self.eos_ids(kwargs)
         results = []
-        for row, reason in zip(sequences[:, width:].tolist(), reasons):
+        for row, reason in zip(sequences[:, 1 if self.seq2seq else width:].tolist(), reasons):
             cut = next((k for k, t in enumerate(row) if t in eos), None)
             tokens = row[:cut + 1] if cut is not None else row
             results.append((tokens, reason or ("eos" if cut is not None else "length")))

@@ -241,11 +241,11 @@ def _print_result(out: Any, prompt_length: int, tokenizer: Any, streamed: bool) 
 
 def _check_text_encoder(model: Any) -> None:
     """The prompt is text: an encoder-decoder model whose encoder reads audio or pixels is refused."""
-    name = getattr(model, "encoder_input_name", "input_ids") if getattr(model, "is_encoder_decoder", False) else None
-    if name not in (None, "input_ids"):
-        raise NotSupportedError(f"genkit generate reads text prompts, but {getattr(model, 'hf_model', model).__class__.__name__}"
-                                f"'s encoder reads `{name}` (audio or images): run it from Python with "
-                                f"genkit.generate(model, {name}=...) (docs/encoder_decoder.md)")
+    from genkit.generation.encoder_decoder import text_prompt_refusal
+
+    why = text_prompt_refusal(model, "genkit generate")
+    if why is not None:
+        raise NotSupportedError(why)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -172,12 +172,13 @@ def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple
     import genkit
     from genkit.serve import build_app, default_model_name
     from genkit.serve.engines import make_engine
+    from genkit.serve.limits import position_limit
     from genkit.serve.security import ServePolicy
 
     model = genkit.load_model(ref, dtype=args.dtype, device=args.device, activation_digits=args.activation_digits,
                               numerics=args.numerics)
     tokenizer = genkit.load_tokenizer(ref)
-    context = getattr(model.config, "max_position_embeddings", None)
+    context = position_limit(model)
     if args.max_model_len is not None and context is not None and args.max_model_len > context:
         raise ConfigError(f"--max-model-len {args.max_model_len} is over the model's context of {context} tokens")
     engine = make_engine(model, tokenizer, scheduler=args.scheduler, max_batch_tokens=args.max_batch_tokens,

@@ -51,12 +51,12 @@ _RUNS = "continuous batching runs greedy search and sampling, one sequence per r
 def model_refusal(model: Any) -> str | None:
     """Why continuous batching cannot run ``model`` at all, or ``None``: encoder-decoder models
     (T5, BART, Whisper...) run on ``genkit.generate`` only (docs/encoder_decoder.md); ``genkit serve``
-    and ``genkit batch`` refuse them with this reason too."""
+    and ``genkit batch`` run them on their generate engines for this reason."""
     config = getattr(model, "config", None)
     if getattr(model, "is_encoder_decoder", False) or getattr(config, "is_encoder_decoder", False):
         name = type(getattr(model, "hf_model", model)).__name__
-        return (f"{name} is an encoder-decoder model: continuous batching, genkit serve and genkit batch run "
-                "decoder-only models; use genkit.generate (model.generate) for it")
+        return (f"{name} is an encoder-decoder model: continuous batching runs decoder-only models; use "
+                "genkit.generate (model.generate) for it (genkit serve and genkit batch run it that way)")
     return None
 
 

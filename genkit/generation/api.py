@@ -74,7 +74,7 @@ def generate(
     engine = engine_for(generation_config, kwargs)  # cache_implementation="paged": continuous batching
     if engine is not None:
         return engine(model, inputs, generation_config, dict(arguments, custom_generate=custom_generate), kwargs)
-    model = _as_protocol_model(model)
+    model = as_protocol_model(model)
     return _run_decoding(model, inputs, generation_config, custom_generate, arguments, kwargs)
 
 
@@ -123,7 +123,7 @@ def _run_decoding(model: Any, inputs: torch.Tensor | None, generation_config: Ge
     decode = _pick_strategy(custom_generate, prepared.config, assistant_model)
     extra: dict[str, Any] = {}
     if assistant_model is not None:
-        extra["assistant_model"] = _as_protocol_model(assistant_model)
+        extra["assistant_model"] = as_protocol_model(assistant_model)
         if prepared.seq2seq is not None:  # the assistant's own encoder reads the same input
             extra["assistant_model"] = prepared.seq2seq.bind_assistant(extra["assistant_model"], prepared.config)
     _check_assistant_tokenizer(prepared, assistant_model)
@@ -237,7 +237,7 @@ def _with_assistant(config: ResolvedConfig, assistant_model: Any) -> ResolvedCon
     return config if assistant_model is None else config.replace(assistant_model=assistant_model)
 
 
-def _as_protocol_model(model: Any) -> Any:
+def as_protocol_model(model: Any) -> Any:
     """Native models pass through; a transformers model is wrapped by the adapter."""
     from ..models.base import GenkitModel
 
@@ -523,7 +523,7 @@ def _adapt_guidance(user: list[Any] | None) -> None:
 
     for processor in user or ():
         if isinstance(processor, UnbatchedClassifierFreeGuidanceLogitsProcessor) and processor.cache is None:
-            processor.model = _as_protocol_model(processor.model)
+            processor.model = as_protocol_model(processor.model)
 
 
 def _build_stop_conditions(config: GenerationConfig, eos_ids: list[int], tokenizer: Any, user: list[Any] | None,

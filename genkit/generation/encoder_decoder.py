@@ -23,7 +23,7 @@ from ..errors import ConfigError, NotSupportedError
 
 logger = logging.getLogger("genkit.generation")
 
-__all__ = ["Seq2SeqInputs", "is_encoder_decoder", "take_seq2seq_inputs"]
+__all__ = ["Seq2SeqInputs", "is_encoder_decoder", "take_seq2seq_inputs", "text_prompt_refusal"]
 
 # names that never reach the encoder (transformers' `irrelevant_prefix`)
 _NOT_FOR_ENCODER = ("decoder_", "cross_attn", "use_cache", "cache", "past_key_values")
@@ -38,6 +38,18 @@ _LOOP_KWARGS = {"use_cache", "tokenizer", "assistant_tokenizer"}
 
 def is_encoder_decoder(model: Any) -> bool:
     return bool(getattr(model, "is_encoder_decoder", False))
+
+
+def text_prompt_refusal(model: Any, what: str) -> str | None:
+    """Why ``what`` (``"genkit serve"``, ``"genkit batch"``, ``"genkit generate"``), which reads text
+    prompts, cannot run ``model``: an encoder-decoder model whose encoder reads audio or images
+    (``input_features``, ``pixel_values``), naming the input; ``None`` for any other model."""
+    name = getattr(model, "encoder_input_name", "input_ids") if is_encoder_decoder(model) else "input_ids"
+    if name == "input_ids":
+        return None
+    return (f"{what} reads text prompts, but {type(getattr(model, 'hf_model', model)).__name__}'s encoder reads "
+            f"`{name}` (audio or images): run it from Python with genkit.generate(model, {name}=...) "
+            "(docs/encoder_decoder.md)")
 
 
 @dataclass

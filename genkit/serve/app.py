@@ -32,7 +32,7 @@ from genkit.strategy import openai_finish_reason
 
 from .admission import DEFAULT_MAX_CONCURRENT_REQUESTS, Admission, Slot, within
 from .engine import Request, RequestStream
-from .limits import Limits, check_width, load_json
+from .limits import Limits, check_width, default_max_model_len, load_json
 from .openai_api import (
     APIError,
     ParsedRequest,
@@ -60,14 +60,17 @@ class ServerState:
                  chat_template: str | None = None, max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
                  request_timeout: float | None = None) -> None:
         from genkit.config import field_table
+        from genkit.generation.api import as_protocol_model
+        from genkit.generation.encoder_decoder import is_encoder_decoder
 
+        model = as_protocol_model(model)  # a transformers model in genkit's adapter, as generate runs it
         self.model, self.tokenizer, self.engine, self.model_name = model, tokenizer, engine, model_name
         self.trust_remote_code = trust_remote_code
         self.allowed_recipes = list(allowed_recipes or [])
         self.policy = policy or ServePolicy()
         self.generation_fields = set(field_table())
-        context = getattr(model.config, "max_position_embeddings", None)
-        self.limits = Limits(max_model_len=max_model_len or context)
+        self.limits = Limits(max_model_len=max_model_len or default_max_model_len(model, tokenizer),
+                             encoder_decoder=is_encoder_decoder(model))
         self.chat_template = chat_template
         self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
         self.created = int(time.time())

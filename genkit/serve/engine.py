@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from genkit.errors import ConfigError
+from genkit.errors import ConfigError, NotSupportedError
 from genkit.strategy import choose, eos_token_ids
 from genkit.threads import release_openmp_workers
 
@@ -204,7 +204,16 @@ class GenerateEngine:
     name = "generate"
 
     def __init__(self, model: Any, tokenizer: Any, max_queue: int = 0) -> None:
+        from genkit.generation.api import as_protocol_model
+        from genkit.generation.encoder_decoder import is_encoder_decoder, text_prompt_refusal
+
+        model = as_protocol_model(model)  # a transformers model in genkit's adapter, as generate runs it
+        why = text_prompt_refusal(model, "genkit serve")
+        if why is not None:
+            raise NotSupportedError(why)
         self.model, self.tokenizer = model, tokenizer
+        # an encoder-decoder model: the prompt is the encoder's input, the output the decoder's tokens
+        self._seq2seq = is_encoder_decoder(model)
         self.stats = EngineStats()
         self._queue: queue.Queue[RequestStream | None] = queue.Queue(maxsize=max_queue)
         self._ids = itertools.count(1)
@@ -311,7 +320,9 @@ class GenerateEngine:
                                   stopping_criteria=[_Stop(stream)], **kwargs)
         if not streams:  # the best hypotheses are known at the end: emit them now, as if streamed
             eos = set(eos_token_ids(kwargs.get("eos_token_id", self.model.generation_config.eos_token_id)))
-            _emit(streamer, out.sequences if hasattr(out, "sequences") else out, ids.shape[1], eos)
+            # an encoder-decoder model's sequences are the decoder's: its start token, then the new ones
+            _emit(streamer, out.sequences if hasattr(out, "sequences") else out, 1 if self._seq2seq else ids.shape[1],
+                  eos)
 
 
 @contextlib.contextmanager

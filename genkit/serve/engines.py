@@ -196,16 +196,16 @@ def _events(out: Any, start: int, choice: int, request: Request) -> list[TokenEv
 def make_engine(model: Any, tokenizer: Any, *, scheduler: str | None = None,
                 max_batch_tokens: int | None = None, prompt_cache: bool = True) -> Any:
     """Continuous batching for a native Llama-family model, else ``generate`` one request at a time
-    (which computes every prompt in full). ``prompt_cache=False``: continuous batching computes
-    every prompt in full too (``allow_block_sharing=False``)."""
+    (which computes every prompt in full): an encoder-decoder model (T5, BART...) runs there, its
+    prompt the encoder's input. ``prompt_cache=False``: continuous batching computes every prompt
+    in full too (``allow_block_sharing=False``)."""
     from genkit.continuous.gate import model_refusal
-    from genkit.errors import NotSupportedError
     from genkit.models.paged import require_paged
 
-    why = model_refusal(model)
-    if why is not None:
-        raise NotSupportedError(f"genkit serve cannot serve this model: {why}")
     try:
+        why = model_refusal(model)
+        if why is not None:
+            raise NotSupportedError(why)
         require_paged(model)
     except NotSupportedError as exc:
         if scheduler is not None or max_batch_tokens is not None:

@@ -12,14 +12,27 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Limits", "check_width", "load_json"]
+__all__ = ["SEQ2SEQ_FALLBACK_LEN", "Limits", "check_width", "default_max_model_len", "load_json", "position_limit"]
+
+# positions an encoder-decoder checkpoint may name (its own config's, or its encoder's and decoder's)
+_POSITION_FIELDS = ("max_position_embeddings", "max_encoder_position_embeddings", "max_decoder_position_embeddings",
+                    "max_source_positions", "max_target_positions", "n_positions")
+# an encoder-decoder model whose config and tokenizer name no length (T5's relative positions): vLLM's
+# fallback for a config that names none
+SEQ2SEQ_FALLBACK_LEN = 2048
+# transformers' tokenizers write int(1e30) as model_max_length when they know of no limit
+_NO_TOKENIZER_LIMIT = 10**9
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-request bounds (``max_model_len``: prompt + completion tokens, ``--max-model-len``)."""
+    """Per-request bounds (``max_model_len``: prompt + completion tokens, ``--max-model-len``; with
+    ``encoder_decoder``, the prompt is an encoder-decoder model's encoder input, and ``max_model_len``
+    bounds it and the decoder's tokens apart: the encoder's prompt tokens, and the decoder's start
+    token + the completion)."""
 
     max_model_len: int | None = None
+    encoder_decoder: bool = False
     max_n: int = 16  # n and best_of; num_beams; contrastive search's top_k
     max_prompts: int = 32  # prompts in one /v1/completions request
     max_choices: int = 64  # prompts x the sequences each computes at once (best_of, beams, candidates)
@@ -54,6 +67,36 @@ def load_json(raw: bytes, max_depth: int) -> Any:
         raise APIError(f"the request body nests JSON deeper than this server's limit of {max_depth} levels",
                        "body", code="json_too_deep")
     return body
+
+
+def position_limit(model: Any) -> int | None:
+    """The most positions ``model`` has: a decoder-only model's ``max_position_embeddings``; an
+    encoder-decoder model's smallest position table (encoder or decoder; ``None`` for relative
+    positions, as T5's)."""
+    from genkit.generation.encoder_decoder import is_encoder_decoder
+
+    config = model.config
+    if not is_encoder_decoder(model):
+        return getattr(config, "max_position_embeddings", None)
+    configs = [config, getattr(config, "encoder", None), getattr(config, "decoder", None)]
+    sizes = [getattr(c, name, None) for c in configs if c is not None for name in _POSITION_FIELDS]
+    sizes = [v for v in sizes if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return min(sizes) if sizes else None
+
+
+def default_max_model_len(model: Any, tokenizer: Any) -> int | None:
+    """``max_model_len`` when ``--max-model-len`` is not given: :func:`position_limit`; for an
+    encoder-decoder model without one, its tokenizer's ``model_max_length`` (T5's 512), else
+    :data:`SEQ2SEQ_FALLBACK_LEN` (its encoder's attention grows with the square of the prompt)."""
+    from genkit.generation.encoder_decoder import is_encoder_decoder
+
+    limit = position_limit(model)
+    if limit is not None or not is_encoder_decoder(model):
+        return limit
+    length = getattr(tokenizer, "model_max_length", None)
+    if isinstance(length, int) and not isinstance(length, bool) and 0 < length < _NO_TOKENIZER_LIMIT:
+        return length
+    return SEQ2SEQ_FALLBACK_LEN
 
 
 def check_width(num_beams: Any, top_k: Any, penalty_alpha: Any, prompts: int, best_of: int, limits: Limits) -> None:

@@ -23,7 +23,8 @@ __all__ = ["LOGPROB_FLOOR", "APIError", "ParsedRequest", "TextAssembler", "chat_
 
 # OpenAI fields accepted (and not generation fields) per endpoint
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
-           "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "custom_generate"}
+           "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "custom_generate",
+           "use_beam_search"}
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 # (response_format and guided_* are generation fields: genkit.serve.structured; tools: genkit.serve.tools)
 # vLLM's chat-template fields (genkit.serve.openai_api.chat_prompt); a request's own `chat_template` is refused
@@ -154,10 +155,11 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
     if stream and best_of > n:
         raise APIError("`best_of` > `n` cannot stream: the best choices are known at the end", "best_of")
     logprobs = _logprobs(body, chat, limits)
-    echo = _echo(body, chat, prompts, tokenizer, logprobs)
+    echo = _echo(body, chat, prompts, tokenizer, logprobs, limits.encoder_decoder)
     stops = _stops(body, limits)
     kwargs: dict[str, Any] = {k: v for k, v in body.items() if k in generation_fields and k not in allowed}
     kwargs.update(_penalties(body, limits, kwargs))
+    kwargs.update(_beam_kwargs(body, n, best_of))
     kwargs.update(_sampling_kwargs(body, kwargs, max_tokens, best_of, stops))
     kwargs.update(structured)
     constrain(kwargs, tools)
@@ -236,19 +238,24 @@ def _check_model(body: dict[str, Any], model_name: str) -> None:
 
 def _max_tokens(body: dict[str, Any], chat: bool, prompt_len: int, limits: Limits) -> int:
     """``max_tokens`` (``max_completion_tokens`` for chat): given, else 16 (completions) or the
-    rest of the context (chat); prompt + completion must fit ``limits.max_model_len``."""
+    rest of the context (chat); prompt + completion must fit ``limits.max_model_len``. An
+    encoder-decoder model's prompt (its encoder's input) and its decoder's tokens (the start token
+    + the completion) must each fit it."""
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     context = limits.max_model_len
-    if context is not None and prompt_len >= context:
-        raise APIError(f"the prompt has {prompt_len} tokens; this model's context is {context} tokens",
+    seq2seq = limits.encoder_decoder
+    if context is not None and (prompt_len > context if seq2seq else prompt_len >= context):
+        what = "encoder takes" if seq2seq else "context is"
+        raise APIError(f"the prompt has {prompt_len} tokens; this model's {what} {context} tokens",
                        "messages" if chat else "prompt", code="context_length_exceeded")
-    room = None if context is None else context - prompt_len
+    room = None if context is None else context - (1 if seq2seq else prompt_len)
     max_tokens = _int(body, name, 1, default=None)
     if max_tokens is None:
         return min(16, room or 16) if not chat else (room or 2048)
     if room is not None and max_tokens > room:
-        raise APIError(f"`{name}` is {max_tokens}, but the prompt has {prompt_len} tokens and this model's context "
-                       f"is {context}: at most {room}", name, code="context_length_exceeded")
+        why = (f"this model's decoder takes {context} tokens, its start token among them" if seq2seq else
+               f"the prompt has {prompt_len} tokens and this model's context is {context}")
+        raise APIError(f"`{name}` is {max_tokens}, but {why}: at most {room}", name, code="context_length_exceeded")
     return int(max_tokens)
 
 
@@ -307,6 +314,23 @@ def _penalties(body: dict[str, Any], limits: Limits, fields: dict[str, Any]) -> 
     if pairs:
         kwargs["sequence_bias"] = pairs
     return kwargs
+
+
+def _beam_kwargs(body: dict[str, Any], n: int, best_of: int) -> dict[str, Any]:
+    """vLLM's ``use_beam_search``: beam search ``n`` beams wide, its ``n`` best hypotheses the
+    choices (``n`` 1: greedy search). Beam search does not sample: a ``temperature`` other than 0,
+    and ``num_beams`` or ``best_of`` beside it, are refused."""
+    if not _bool(body, "use_beam_search"):
+        return {}
+    if body.get("num_beams") is not None:
+        raise APIError("`use_beam_search` sets `num_beams` (to `n`); send one of them", "use_beam_search")
+    if best_of != n:
+        raise APIError("`use_beam_search` returns the `n` best hypotheses of one beam search; `best_of` must be `n`",
+                       "best_of")
+    if body.get("temperature") not in (None, 0):
+        raise APIError("`use_beam_search` runs beam search, which does not sample: leave `temperature` out or send "
+                       "0 (beam sampling: `num_beams` with a `temperature`)", "temperature")
+    return {"num_beams": n, "do_sample": False}
 
 
 def _sampling_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: int, choices: int,
@@ -370,6 +394,10 @@ def chat_prompt(body: dict[str, Any], tokenizer: Any, limits: Limits, chat_templ
         raise APIError(f"`messages` must be a non-empty list of at most {limits.max_messages} {{role, content}} "
                        "objects", "messages")
     template = chat_template or getattr(tokenizer, "chat_template", None)
+    if template is None:
+        raise APIError("this model's tokenizer has no chat template, so chat messages cannot be rendered: send the "
+                       "text to /v1/completions, or start the server with `genkit serve --chat-template TEMPLATE`",
+                       "messages", code="not_supported")
     native = template_has_tools(template)
     clean, extra = with_tools([_message(i, m, native) for i, m in enumerate(messages)], tools, native)
     options = _template_options(body, template)
@@ -514,9 +542,10 @@ def _logprobs(body: dict[str, Any], chat: bool, limits: Limits) -> int | None:
 
 
 def _echo(body: dict[str, Any], chat: bool, prompts: list[list[int]], tokenizer: Any,
-          logprobs: int | None) -> list[str] | None:
-    """``echo`` (completions): each prompt's text before its choices' text. ``suffix`` is
-    refused: the served models have no fill-in-the-middle mode."""
+          logprobs: int | None, encoder_decoder: bool = False) -> list[str] | None:
+    """``echo`` (completions): each prompt's text before its choices' text; refused for an
+    encoder-decoder model, whose completion does not continue its prompt. ``suffix`` is refused:
+    the served models have no fill-in-the-middle mode."""
     if chat:
         return None
     if body.get("suffix") not in (None, ""):
@@ -524,6 +553,10 @@ def _echo(body: dict[str, Any], chat: bool, prompts: list[list[int]], tokenizer:
                        code="not_supported")
     if not _bool(body, "echo"):
         return None
+    if encoder_decoder:
+        raise APIError("`echo` is not supported for an encoder-decoder model: the prompt is the encoder's input and "
+                       "the completion the decoder's own text, which does not continue it", "echo",
+                       code="not_supported")
     if logprobs is not None:
         raise APIError("`echo` with `logprobs` is not supported: the prompt's log-probabilities are not computed",
                        "echo", code="not_supported")
