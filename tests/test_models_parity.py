@@ -45,6 +45,12 @@ CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(vocab_size=160, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                             bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                             initializer_range=0.1),
+    # per-layer attention scale, exact GELU, an explicit MLP width and LayerNorm epsilon (the inference path's
+    # PreparedLayer carries each)
+    "gpt2_scaled": lambda: transformers.GPT2Config(vocab_size=160, n_embd=64, n_layer=3, n_head=4, n_positions=256,
+                                                   n_inner=96, activation_function="gelu", layer_norm_epsilon=1e-3,
+                                                   scale_attn_by_inverse_layer_idx=True, bos_token_id=1,
+                                                   eos_token_id=2, pad_token_id=0, initializer_range=0.1),
 }
 
 
@@ -91,7 +97,7 @@ def _positions(mask):
 
 def test_tied_weights_follow_config(pair):
     name, hf, ours = pair
-    emb = ours.transformer.wte.weight if name == "gpt2" else ours.model.embed_tokens.weight
+    emb = ours.transformer.wte.weight if name.startswith("gpt2") else ours.model.embed_tokens.weight
     assert (ours.lm_head.weight.data_ptr() == emb.data_ptr()) == bool(hf.config.tie_word_embeddings)
 
 
@@ -179,10 +185,10 @@ def test_lm_head_logits_is_norm_then_head(pair):
     out = ours(ids, output_hidden_states=True)
     # hidden_states[-1] is already normalised (as in transformers): run the last layer by hand on
     # its input and check that lm_head_logits (final norm + head) of its output gives the logits
-    layers = ours.transformer.h if name == "gpt2" else ours.model.layers
+    layers = ours.transformer.h if name.startswith("gpt2") else ours.model.layers
     x = out.hidden_states[-2]
     mask = None
-    if name == "gpt2":
+    if name.startswith("gpt2"):
         last = layers[-1](x, mask, None)
     else:
         cos, sin = ours.rope(None, x.dtype, 0, x.shape[1])

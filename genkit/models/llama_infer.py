@@ -1,7 +1,10 @@
 """The Llama family's inference path: the decoder layers as one plain function over laid-out weights.
 
 Under ``torch.no_grad`` / ``torch.inference_mode``, with no module hooks, ``LlamaForCausalLM``
-runs its layers through :func:`run_layers` instead of calling its ``nn.Module`` tree. Before the
+runs its layers through :func:`run_layers` instead of calling its ``nn.Module`` tree (GPT-2 too:
+:class:`InferencePathModel` is what both models share, and a :class:`PreparedLayer` may hold
+LayerNorms, an un-gated activation and no rotary positions; :func:`genkit.models.gpt2.prepare_layers`
+makes GPT-2's, its ``Conv1D`` weights' transposes already column-major). Before the
 first such call, :func:`prepare_layers` lays the weights out for it, in place: the q/k/v
 projections of a layer share one storage, gate/up another, and the parameters become views of
 those storages (so an in-place edit of a parameter is an edit of the fused matrix). On the CPU
