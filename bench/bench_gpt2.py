@@ -6,9 +6,11 @@ weights in both engines. For each thread count (``--threads 1,2``): one warm-up,
 interleaved rounds (genkit, transformers; the order alternates each round) of a greedy decode of
 ``--new`` tokens after a 16-token prompt, EOS disabled so every run makes every token; median
 tokens/s per engine, the ratio of the medians, the median of the per-round ratios, and whether
-the greedy tokens are identical (the first difference otherwise).
+the greedy tokens are identical (the first difference otherwise). genkit's model is loaded afresh
+for each thread count (its per-CPU kernel choice is made at that count) and the product route it
+ran on is printed with the choice's reason (``GENKIT_KERNEL=gemv`` etc. forces one).
 
-    python bench/bench_gpt2.py --threads 1,2 --rounds 5 [--new 128]
+    OMP_NUM_THREADS=2 python bench/bench_gpt2.py --threads 1,2 --rounds 5 [--new 128]
 """
 
 from __future__ import annotations
@@ -27,20 +29,25 @@ PROMPT_LEN = 16
 
 
 def build(folder: str):
-    """transformers' and genkit's GPT-2 on the same random weights (saved to ``folder``)."""
+    """transformers' GPT-2 with random weights, saved to ``folder`` for genkit to load."""
     import transformers
-
-    import genkit
 
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(**GPT2_SMALL, eos_token_id=None, bos_token_id=None, pad_token_id=0)
     hf = transformers.GPT2LMHeadModel(cfg).eval()
     hf.save_pretrained(folder)
-    ours = genkit.load_model(folder)
-    for model in (hf, ours):
-        model.generation_config.eos_token_id = None
-        model.generation_config.pad_token_id = 0
-    return hf, ours
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return hf
+
+
+def load_genkit(folder: str):
+    import genkit
+
+    model = genkit.load_model(folder)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
 
 
 def decode(model, ids: torch.Tensor, new: int) -> tuple[float, torch.Tensor]:
@@ -77,6 +84,18 @@ def measure(engines: dict, ids: torch.Tensor, new: int, rounds: int) -> dict[str
     return result
 
 
+def routes(model) -> str:
+    """The product route per shape class the genkit model ran on, and why (the kernel choice)."""
+    prepared = getattr(model, "_prepared", None)
+    prepared = prepared[1] if prepared else None
+    if prepared is None:
+        return "the modules (no inference path)"
+    choice = prepared.choice
+    if choice is None:
+        return "fixed: " + ("packed" if model.weights_packed else "plain")
+    return "; ".join(f"{cls} {path} ({choice.reasons[cls][:60]})" for cls, path in choice.paths.items())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts (default: 1,2)")
@@ -90,18 +109,22 @@ def main() -> None:
     print(describe(), flush=True)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', '(unset)')}, load average {os.getloadavg()[0]:.2f}", flush=True)
-    with tempfile.TemporaryDirectory() as folder:
-        hf, ours = build(folder)
     ids = torch.randint(3, GPT2_SMALL["vocab_size"], (1, PROMPT_LEN), generator=torch.Generator().manual_seed(1))
-    print(f"{'threads':>7} {'genkit tok/s':>13} {'HF tok/s':>9} {'genkit/HF':>10} {'per-round':>10}  tokens")
-    for threads in (int(t) for t in args.threads.split(",")):
-        torch.set_num_threads(threads)
-        r = measure({"genkit": ours, "transformers": hf}, ids, args.new, args.rounds)
-        same = "identical" if r["first_difference"] < 0 else f"differ from new token {r['first_difference']}"
-        print(f"{threads:>7} {r['genkit_tok_s']:>13.1f} {r['transformers_tok_s']:>9.1f} "
-              f"{r['ratio_of_medians']:>9.2f}x {r['median_round_ratio']:>9.2f}x  {same}  "
-              f"(load average {os.getloadavg()[0]:.2f})", flush=True)
-        print(json.dumps({"threads": threads, **r}))
+    with tempfile.TemporaryDirectory() as folder:
+        hf = build(folder)
+        print(f"{'threads':>7} {'genkit tok/s':>13} {'HF tok/s':>9} {'genkit/HF':>10} {'per-round':>10}  tokens")
+        for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
+            ours = load_genkit(folder)  # a fresh model: its kernel choice is made at this thread count
+            report(threads, measure({"genkit": ours, "transformers": hf}, ids, args.new, args.rounds), ours)
+
+
+def report(threads: int, r: dict[str, float], ours) -> None:
+    same = "identical" if r["first_difference"] < 0 else f"differ from new token {r['first_difference']}"
+    print(f"{threads:>7} {r['genkit_tok_s']:>13.1f} {r['transformers_tok_s']:>9.1f} {r['ratio_of_medians']:>9.2f}x "
+          f"{r['median_round_ratio']:>9.2f}x  {same}  (load average {os.getloadavg()[0]:.2f})", flush=True)
+    print(json.dumps({"threads": threads, **r}))
+    print(f"        genkit's routes: {routes(ours)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -158,16 +158,16 @@ def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | No
     the modules run. Float32/bfloat16 ``Conv1D`` blocks with an ``nn.Linear`` head take the dense
     routes (:func:`~genkit.models.llama_infer.finish_dense`; the head laid out column-major and the
     weights placed in huge pages, as the Llama family's); others run each projection as it is."""
-    projections = [_projections(block) for block in blocks]
-    if not blocks or any(p is None for p in projections):
+    projections = [p for p in (_projections(block) for block in blocks) if p is not None]
+    if not blocks or len(projections) != len(blocks):
         return None
-    dense = type(lm_head) is nn.Linear and all(type(m) is Conv1D for p in projections for m in p or ())
+    dense = type(lm_head) is nn.Linear and all(type(m) is Conv1D for p in projections for m in p)
     # plain tensors even when the first call comes from inside generate(): the parameters keep them
     with torch.no_grad(), torch.inference_mode(False):
         if dense:
             lay_out(lm_head.weight)
-            weight_arena.place([m.weight for p in projections for m in p or ()] + [lm_head.weight])
-        layers = [_prepared_layer(block, p) for block, p in zip(blocks, projections) if p is not None]
+            weight_arena.place([m.weight for p in projections for m in p] + [lm_head.weight])
+        layers = [_prepared_layer(block, p) for block, p in zip(blocks, projections)]
     if not dense:
         return PreparedModel(layers, None)
     return finish_dense(layers, lm_head, [w for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd)], packing)
