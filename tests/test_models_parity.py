@@ -45,6 +45,12 @@ CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(vocab_size=160, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                             bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                             initializer_range=0.1),
+    # per-layer attention scale, exact GELU, an explicit MLP width and LayerNorm epsilon (the inference path's
+    # PreparedLayer carries each)
+    "gpt2_scaled": lambda: transformers.GPT2Config(vocab_size=160, n_embd=64, n_layer=3, n_head=4, n_positions=256,
+                                                   n_inner=96, activation_function="gelu", layer_norm_epsilon=1e-3,
+                                                   scale_attn_by_inverse_layer_idx=True, bos_token_id=1,
+                                                   eos_token_id=2, pad_token_id=0, initializer_range=0.1),
 }
 
 
@@ -91,7 +97,7 @@ def _positions(mask):
 
 def test_tied_weights_follow_config(pair):
     name, hf, ours = pair
-    emb = ours.transformer.wte.weight if name == "gpt2" else ours.model.embed_tokens.weight
+    emb = ours.transformer.wte.weight if name.startswith("gpt2") else ours.model.embed_tokens.weight
     assert (ours.lm_head.weight.data_ptr() == emb.data_ptr()) == bool(hf.config.tie_word_embeddings)
 
 
@@ -155,12 +161,11 @@ def test_greedy_64_tokens_identical_with_packed_weights(pair):
     name, hf, ours = pair
     ids, mask = _padded_batch()
     ref = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=64, min_new_tokens=64)
-    ours.cpu_weight_packing = True  # GPT-2 has no packed path: the flag is ignored there
+    ours.cpu_weight_packing = True
     try:
         out = ours.generate(ids, attention_mask=mask, max_new_tokens=64, min_new_tokens=64)
-        if name != "gpt2":
-            assert ours.weights_packed is packing_available()
-            assert (ours._prepared[1].head is not None) is packing_available()
+        assert ours.weights_packed is packing_available()
+        assert (ours._prepared[1].head is not None) is packing_available()
     finally:
         ours.cpu_weight_packing = None
     assert torch.equal(out, ref)
@@ -180,10 +185,10 @@ def test_lm_head_logits_is_norm_then_head(pair):
     out = ours(ids, output_hidden_states=True)
     # hidden_states[-1] is already normalised (as in transformers): run the last layer by hand on
     # its input and check that lm_head_logits (final norm + head) of its output gives the logits
-    layers = ours.transformer.h if name == "gpt2" else ours.model.layers
+    layers = ours.transformer.h if name.startswith("gpt2") else ours.model.layers
     x = out.hidden_states[-2]
     mask = None
-    if name == "gpt2":
+    if name.startswith("gpt2"):
         last = layers[-1](x, mask, None)
     else:
         cos, sin = ours.rope(None, x.dtype, 0, x.shape[1])
@@ -224,14 +229,11 @@ def test_sharded_checkpoint_loads(tmp_path):
     torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=logits_bound(ours, ids), rtol=0)
 
 
-LLAMA_FAMILY = [name for name in sorted(CONFIGS) if name != "gpt2"]
-
-
 @pytest.mark.parametrize("packing", [None, True], ids=["plain", "packed"])
-@pytest.mark.parametrize("name", LLAMA_FAMILY)
+@pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_inference_path_matches_module_path(name, packing, tmp_path):
-    """Without grad, the Llama family runs its prepared weights (fused; oneDNN-packed when forced, as
-    bigger models are by default); with grad, the modules."""
+    """Without grad, the Llama family and GPT-2 run their prepared weights (fused; oneDNN-packed when
+    forced, as bigger models are by default); with grad, the modules."""
     torch.manual_seed(1234)
     cfg = CONFIGS[name]()
     _hf_model(cfg).save_pretrained(tmp_path)
@@ -299,6 +301,78 @@ def test_inference_path_follows_weight_edits_and_hooks(tmp_path):
         ours.model.layers[0].self_attn.q_proj.weight.requires_grad_(True)
         ours(after).logits.sum().backward()
     assert ours.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def _gpt2_pair(folder):
+    torch.manual_seed(1234)
+    hf = _hf_model(CONFIGS["gpt2"]())
+    hf.save_pretrained(folder)
+    return hf, genkit.load_model(folder)
+
+
+@pytest.mark.parametrize("route", ["plain", "packed", "gemv"])
+def test_gpt2_on_each_product_route_gives_transformers_tokens(route, tmp_path, monkeypatch):
+    """GPT-2's blocks on the inference path, each product route forced (GENKIT_KERNEL): the Conv1D
+    weights' transposes as they are (plain, gemv: no copy) or oneDNN-packed copies, with the
+    LayerNorms, biases and GELU around them; batch-1 decode (the decode class), a left-padded batch
+    (small) and its prompts (prefill) give transformers' greedy tokens."""
+    from genkit.models import dense_kernel, kernel_choice
+
+    if route == "packed" and not packing_available():
+        pytest.skip("oneDNN cannot pack float32 weights on this CPU/build: only the plain path exists here")
+    if route == "gemv" and not dense_kernel.available():
+        pytest.skip("no C compiler: genkit's gemv kernel does not exist here (tests/test_dense_kernel.py)")
+    monkeypatch.setenv("GENKIT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(kernel_choice.ENV, route)
+    kernel_choice.CHOSEN.clear()
+    hf, ours = _gpt2_pair(tmp_path / "gpt2")
+    prompt = torch.tensor([[1, 17, 42, 99, 5, 23]])
+    ref = hf.generate(prompt, do_sample=False, max_new_tokens=64, min_new_tokens=64)
+    assert torch.equal(ours.generate(prompt, max_new_tokens=64, min_new_tokens=64), ref)
+    ids, mask = _padded_batch()
+    ref = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=32, min_new_tokens=32)
+    assert torch.equal(ours.generate(ids, attention_mask=mask, max_new_tokens=32, min_new_tokens=32), ref)
+    for cls in kernel_choice.CLASSES:
+        layer = ours._prepared[1].routes[cls][0][0]
+        assert layer.packed is (route == "packed")
+        assert (type(layer.wqkv) is dense_kernel.Gemv) is (route == "gemv")
+    plain = ours._prepared[1].routes["decode"][0][0].wqkv
+    if route != "packed":  # c_attn's (in, out) storage read as it is
+        weight = plain.weight if route == "gemv" else plain
+        assert weight.data_ptr() == ours.transformer.h[0].attn.c_attn.weight.data_ptr()
+
+
+def test_gpt2_inference_path_follows_weight_edits_hooks_and_training(tmp_path):
+    hf, ours = _gpt2_pair(tmp_path)
+    ours.cpu_weight_packing = True  # packed copies too: an edit must reach them
+    prompt = torch.tensor([[1, 17, 42, 99, 5, 23]])
+    before = ours.generate(prompt, max_new_tokens=12, min_new_tokens=12)
+    assert ours.weights_packed is packing_available()
+    with torch.no_grad():  # edit weights in place: the prepared weights must follow
+        ours.transformer.h[1].mlp.c_proj.weight.mul_(-3.0)
+        ours.transformer.h[0].ln_1.bias.add_(0.5)
+        ours.transformer.h[0].attn.c_attn.bias.mul_(4.0)
+    after = ours.generate(prompt, max_new_tokens=12, min_new_tokens=12)
+    assert not torch.equal(before, after)
+    ref = prompt  # the same greedy decode through the modules (grad enabled, no cache)
+    with torch.enable_grad():
+        for _ in range(12):
+            ref = torch.cat([ref, ours(ref, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(after, ref)
+    calls = []
+    handle = ours.transformer.h[0].mlp.register_forward_hook(lambda mod, args, out: calls.append(out.shape))
+    try:
+        hooked = ours.generate(prompt, max_new_tokens=5, min_new_tokens=5)
+    finally:
+        handle.remove()
+    assert len(calls) == 5  # a hook makes generation run the modules: prompt + 4 decode steps
+    assert torch.equal(hooked, after[:, :11])
+    # training after generate(): the tied head/embedding laid out column-major is contiguous again
+    ours.generate(prompt, max_new_tokens=2)
+    assert not ours.transformer.wte.weight.is_contiguous()
+    with torch.enable_grad():
+        ours(after).logits.sum().backward()
+    assert ours.transformer.wte.weight.is_contiguous() and ours.transformer.wte.weight.grad.abs().sum() > 0
 
 
 def test_inference_layout_shares_storage_and_keeps_values(tmp_path):

@@ -31,7 +31,7 @@ from tolerance import (
 )
 
 import genkit
-from genkit.models.quant import Int4Linear, Int4Part, kernel_available, quantize
+from genkit.models.quant import Int4Linear, Int4Part, WithBias, kernel_available, quantize
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
@@ -408,6 +408,57 @@ def test_quantize_a_float_model(mode, levels):
     # the scales are float16 in the model and in its rounded twin alike
     assert (lr - lq).abs().max() <= logits_bound(rounded, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
     assert genkit.quantize is quantize
+
+
+def _tiny_gpt2(folder):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64, initializer_range=0.1)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(folder)
+    return genkit.load_model(folder)
+
+
+def _rounded_twin(model, mode):
+    """``model`` with each weight ``quantize`` takes replaced by the float32 values its codes stand for
+    (a Conv1D's ``(in, out)`` weight through its ``(out, in)`` rows; the tied head untied from the
+    embedding, which stays float as in the quantized model)."""
+    from genkit.models.gpt2 import Conv1D
+    from genkit.models.quant import _int4_symmetric, _int8_symmetric
+
+    def dense(w):
+        return sum(p.dense() for p in (_int8_symmetric(w) if mode == "int8" else [_int4_symmetric(w)]))
+
+    with torch.no_grad():
+        for mod in list(model.modules()):
+            if type(mod) is Conv1D:
+                mod.weight.data = dense(mod.weight.t()).t().contiguous()
+        model.lm_head.weight = torch.nn.Parameter(dense(model.lm_head.weight))
+    return model
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantize_a_gpt2_quantizes_its_conv1d_layers(mode, tmp_path):
+    """genkit.quantize on a native GPT-2 quantizes its Conv1D projections (weights stored ``(in, out)``)
+    into int4 layers with their float bias, as a quantized GPT-2 GGUF file loads, and the head; the
+    quantized model computes its de-quantized twin's logits (within the kernels' rounding) and, on
+    the block kernel, its greedy tokens exactly."""
+    from genkit.models.gpt2 import Conv1D
+
+    q = quantize(_tiny_gpt2(tmp_path), mode)
+    rounded = _rounded_twin(genkit.load_model(tmp_path), mode)
+    assert not any(type(m) is Conv1D for m in q.modules())
+    c_attn = q.transformer.h[0].attn.c_attn
+    assert type(c_attn) is WithBias and type(c_attn.inner) is Int4Linear
+    assert (c_attn.inner.in_features, c_attn.inner.out_features) == (64, 192)
+    assert sum(type(m) is Int4Linear for m in q.modules()) == 2 * 4 + 1
+    lr, lq = rounded(IDS, attention_mask=MASK).logits, q(IDS, attention_mask=MASK).logits
+    assert (lr - lq).abs().max() <= logits_bound(rounded, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
+    kw = {"max_new_tokens": 48, "min_new_tokens": 48}
+    out_q, out_r = q.generate(IDS, attention_mask=MASK, **kw), rounded.generate(IDS, attention_mask=MASK, **kw)
+    assert q._prepared[1] is not None  # the quantized blocks ran on the inference path
+    if kernel_of(q) == "blocks":  # two int8 digits per activation: the twin's tokens exactly
+        assert torch.equal(out_q, out_r)
+    _same_or_near_tie(rounded, out_q, out_r, MASK)
 
 
 def test_quantize_refuses_bad_modes_and_foreign_models(tiny_model):

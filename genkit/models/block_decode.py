@@ -270,6 +270,8 @@ class BlockDecoder:
         hidden = first.norm1.shape[0]
         if any(b is not None for b in (p.bqkv, p.bo, p.bgu, p.bd)) or p.window is not None or p.packed:
             return False
+        if p.norm_biases is not None or p.act is not None or p.rotation is None or p.scale is not None:
+            return False  # the step is the Llama graph's: RMSNorm, rope, SwiGLU, 1 / sqrt(head_dim)
         if p.qk_norm is not None and any(  # Qwen3's per-head q/k norms: float32 weights of one head's width
                 n.dtype != torch.float32 or n.device.type != "cpu" or not n.is_contiguous() or n.shape != (p.head_dim,)
                 for n in p.qk_norm[::2]):

@@ -3,6 +3,13 @@
 Parameter names and shapes follow transformers' checkpoints, including GPT-2's ``Conv1D`` layers
 whose weight is stored transposed (``(in_features, out_features)``), so safetensors files load as
 they are.
+
+Without autograd and hooks the layers run on the Llama family's inference path
+(:mod:`genkit.models.llama_infer`, :func:`prepare_layers`): a ``Conv1D`` weight's transpose is
+already that path's column-major ``(out, in)`` layout, so the products take the same routes
+(plain, oneDNN-packed or genkit's gemv kernel, per shape class, as the kernel choice decides) with
+no copy but the packed ones; quantized projections (``genkit.quantize``, GGUF files) run their
+kernel with their float bias.
 """
 
 from __future__ import annotations
@@ -12,10 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from .base import GenkitModel, ModelConfig, eager_attention
+from . import weight_arena
+from .base import ModelConfig, eager_attention
 from .cache import KVCache
 from .llama import build_attention_mask
+from .llama_infer import InferencePathModel, PreparedLayer, PreparedModel, finish_dense, lay_out, run_layers
 from .mixin import GenerationMixin
+from .quant import Int4Linear, WithBias
 
 _ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -117,8 +127,55 @@ class GPT2Inner(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=float(config.get("layer_norm_epsilon", 1e-5)))
 
 
-class GPT2LMHeadModel(GenkitModel, GenerationMixin):
-    """GPT-2 with transformers' calling convention (``num_hidden_layers`` = ``n_layer``)."""
+def _projections(block: nn.Module) -> tuple[nn.Module, ...] | None:
+    """A block's four projections (q/k/v, attention output, MLP up and down) when the block is as
+    built (GPT-2's modules, affine LayerNorms of one epsilon; each projection a ``Conv1D`` or a
+    quantized one, :class:`~genkit.models.quant.WithBias` on an ``Int4Linear``), else None."""
+    if type(block) is not GPT2Block or type(block.attn) is not GPT2Attention or type(block.mlp) is not GPT2MLP:
+        return None
+    norms = (block.ln_1, block.ln_2)
+    if any(type(n) is not nn.LayerNorm or n.weight is None or n.bias is None for n in norms) or norms[0].eps != norms[1].eps:
+        return None
+    projections = (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
+    if all(type(m) is Conv1D or type(m) is WithBias and type(m.inner) is Int4Linear for m in projections):
+        return projections
+    return None
+
+
+def _prepared_layer(block: GPT2Block, projections: tuple[nn.Module, ...]) -> PreparedLayer:
+    """A block as the inference path's layer: the ``Conv1D`` weights' transposes (views), LayerNorms,
+    the un-gated activation, no rotary positions."""
+    attn, mlp = block.attn, block.mlp
+    w = [m.weight.t() if type(m) is Conv1D else m.inner for m in projections]
+    b = [m.bias for m in projections]
+    return PreparedLayer(w[0], b[0], block.ln_1.weight, w[1], b[1], w[2], b[2], block.ln_2.weight, w[3], b[3],
+                         block.ln_1.eps, attn.num_heads, attn.num_heads, attn.head_dim, None, None, False,
+                         norm_biases=(block.ln_1.bias, block.ln_2.bias), act=mlp.act, scale=attn.scale)
+
+
+def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | None) -> PreparedModel | None:
+    """GPT-2's blocks on the inference path, or None when one was replaced (e.g. by an adapter):
+    the modules run. Float32/bfloat16 ``Conv1D`` blocks with an ``nn.Linear`` head take the dense
+    routes (:func:`~genkit.models.llama_infer.finish_dense`; the head laid out column-major and the
+    weights placed in huge pages, as the Llama family's); others run each projection as it is."""
+    projections = [p for p in (_projections(block) for block in blocks) if p is not None]
+    if not blocks or len(projections) != len(blocks):
+        return None
+    dense = type(lm_head) is nn.Linear and all(type(m) is Conv1D for p in projections for m in p)
+    # plain tensors even when the first call comes from inside generate(): the parameters keep them
+    with torch.no_grad(), torch.inference_mode(False):
+        if dense:
+            lay_out(lm_head.weight)
+            weight_arena.place([m.weight for p in projections for m in p] + [lm_head.weight])
+        layers = [_prepared_layer(block, p) for block, p in zip(blocks, projections)]
+    if not dense:
+        return PreparedModel(layers, None)
+    return finish_dense(layers, lm_head, [w for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd)], packing)
+
+
+class GPT2LMHeadModel(InferencePathModel, GenerationMixin):
+    """GPT-2 with transformers' calling convention (``num_hidden_layers`` = ``n_layer``). Its layers
+    run on the inference path (:class:`~genkit.models.llama_infer.InferencePathModel`; ``cpu_weight_packing``)."""
 
     supports_partial_depth = True
 
@@ -143,6 +200,12 @@ class GPT2LMHeadModel(GenkitModel, GenerationMixin):
     def input_embeddings(self) -> nn.Module:
         return self.transformer.wte
 
+    def _path_modules(self) -> list[nn.Module]:
+        return [self.transformer.h, self.lm_head]
+
+    def _prepare(self) -> PreparedModel | None:
+        return prepare_layers(self.transformer.h, self.lm_head, self.cpu_weight_packing)
+
     def decoder(self, x: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
                 cache: KVCache | None, past_len: int, hidden: list[torch.Tensor] | None,
                 attentions: list[torch.Tensor] | None = None, num_layers: int | None = None) -> torch.Tensor:
@@ -151,6 +214,9 @@ class GPT2LMHeadModel(GenkitModel, GenerationMixin):
             position_ids = torch.arange(past_len, past_len + t, device=x.device)[None].expand(b, t)
         x = x + self.transformer.wpe(position_ids)
         mask = build_attention_mask(attention_mask, t, past_len, x.device, dtype=x.dtype)
+        prepared = self.inference_path(cache, past_len, attentions)
+        if prepared is not None:
+            return self.transformer.ln_f(run_layers(prepared, x, None, None, {None: mask}, cache, hidden, num_layers))
         for block in self.transformer.h if num_layers is None else self.transformer.h[:num_layers]:
             if hidden is not None:
                 hidden.append(x)

@@ -17,12 +17,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from ..errors import ConfigError, NotSupportedError, UnsupportedModelError
 from .base import GenkitModel, ModelConfig, eager_attention, has_qk_norm, head_dim_of, kv_heads_of
 from .cache import KVCache
-from .llama_infer import PreparedModel, WeightsKey, has_hooks, linear, prepare_layers, rms_norm, run_layers
+from .llama_infer import (
+    InferencePathModel,
+    PreparedModel,
+    has_hooks,
+    module_path,
+    prepare_layers,
+    rms_norm,
+    run_layers,
+)
 from .mixin import GenerationMixin
 from .numerics import is_llama_numerics
 from .paged import PagedKVStore, StepBatch, paged_forward
@@ -241,21 +248,11 @@ def _implied(attention_mask: torch.Tensor | None, position_ids: torch.Tensor | N
     return position_ids is None or (position_ids.numel() == rows and bool((position_ids == past_len).all()))
 
 
-def _module_path() -> bool:
-    """Whether to run the modules rather than the inference path: with autograd on (training), and
-    under ``torch.compile`` (preparing edits parameters in place, and inductor cannot lower the
-    oneDNN-packed weights)."""
-    return torch.is_grad_enabled() or torch.compiler.is_compiling()
-
-
-class LlamaForCausalLM(GenkitModel, GenerationMixin):
+class LlamaForCausalLM(InferencePathModel, GenerationMixin):
     """A Llama-family causal LM with transformers' calling convention (``GenerationMixin`` among its
-    direct bases, as transformers requires of its generative classes)."""
+    direct bases, as transformers requires of its generative classes). Its layers run on the
+    inference path (:class:`~genkit.models.llama_infer.InferencePathModel`; ``cpu_weight_packing``)."""
 
-    #: oneDNN-packed copies of the linear weights for the inference path (see docs/models.md):
-    #: None packs float32 and bfloat16 CPU models whose matrices are big enough to gain and whose copies stay
-    #: under 2 GiB; True always packs (float32 or bfloat16, CPU); False never does.
-    cpu_weight_packing: bool | None = None
     #: greedy steps of a float32 model on the dense one-call decoder draft tokens with an 8-bit copy of
     #: the model and check them in one step (genkit.models.self_speculation; the same tokens, bit for
     #: bit): None does so where the copy stays under 2 GiB (about 2B parameters) and a round is measured
@@ -272,7 +269,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         inv_freq, self.attention_scaling = rope_inv_freq(config, head_dim_of(config))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.windows = layer_windows(config)
-        self._prepared: tuple[tuple[Any, ...], PreparedModel | None] | None = None
+        self._prepared = None
 
     def tie_weights(self) -> None:
         """Share the input embedding with the LM head when the config says so."""
@@ -319,31 +316,11 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         cos, sin = self._rope_table(int(position_ids.max()) + 1, dtype)
         return cos[position_ids][:, None], sin[position_ids][:, None]
 
-    def _inference_weights(self, cache: KVCache | None, past_len: int) -> PreparedModel | None:
-        """Prepared weights for the plain inference path, or None for the module path (hooks, adapters).
+    def _path_modules(self) -> list[nn.Module]:
+        return [self.model.layers, self.lm_head]
 
-        Checked when a cache starts and then kept on the cache: later steps on it skip the check.
-        """
-        if cache is not None and past_len > 0:
-            kept, prepared = self._weights_on(cache)
-            if kept:
-                return prepared
-        layers = self.model.layers
-        prepared = None
-        key = WeightsKey([layers, self.lm_head])  # one walk of the trees: the check runs at every prefill
-        # parameters made under torch.inference_mode (a model built or loaded there) have no version
-        # counter to key them by and cannot be laid out in place: such a model runs its modules
-        if not has_hooks(key.modules) and not key.made_in_inference_mode():
-            if self._prepared is None or self._prepared[0] != (self.cpu_weight_packing, key.ids()):
-                self._prepared = None  # drop old packed copies first
-                prepared = prepare_layers(layers, self.windows, self.lm_head, self.cpu_weight_packing)
-                # laying out changed the parameters' storage: key what they are now
-                self._prepared = ((self.cpu_weight_packing, WeightsKey([layers, self.lm_head]).ids()), prepared)
-            prepared = self._prepared[1]
-        if cache is not None:  # weakly: a kept cache keeps neither the model nor weights rebuilt since
-            cache.prepared = (weakref.ref(self), None if prepared is None else weakref.ref(prepared),
-                              RemovableHandle.next_id)
-        return prepared
+    def _prepare(self) -> PreparedModel | None:
+        return prepare_layers(self.model.layers, self.windows, self.lm_head, self.cpu_weight_packing)
 
     # -- the paged forward (continuous batching; genkit.protocols.PagedLM) ---------------------------
     def paged_unsupported(self) -> str | None:
@@ -374,57 +351,9 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         tokens ``(k,)`` (int64) where the step runs in one kernel call."""
         return paged_forward(self, store, batch, greedy)
 
-    def _weights_on(self, cache: KVCache) -> tuple[bool, PreparedModel | None]:
-        """(True, the prepared weights ``cache`` started with, or None for the module path); (False,
-        None) when it did not start on this model, its weights have been rebuilt since, or a hook
-        has been registered since (every registration numbers a new handle: e.g. between two
-        generations that continue one cache)."""
-        if (cache.prepared is None or cache.prepared[0]() is not self
-                or cache.prepared[2] != RemovableHandle.next_id):
-            return False, None
-        if cache.prepared[1] is None:
-            return True, None
-        prepared = cache.prepared[1]()
-        return prepared is not None, prepared
-
-    def _apply(self, fn: Any, recurse: bool = True) -> LlamaForCausalLM:
-        # .to() / .half() / .cuda(): prepared weights of the old dtype or device (fused storages,
-        # packed copies) must not stay alive until the next generation
-        out = super()._apply(fn, recurse)
-        if self._prepared is not None:
-            storages = [(id(p), p.data_ptr()) for m in (self.model.layers, self.lm_head) for p in m.parameters()]
-            _packing, (_tree, params) = self._prepared[0]
-            if storages != [entry[:2] for entry in params]:
-                self._prepared = None
-        return out
-
-    @torch.compiler.disable  # edits parameters in place: never traced
-    def _contiguous_for_training(self) -> None:
-        """Give trainable parameters their own contiguous storage again (autograd on after a generation).
-
-        Fused optimizers (``fused=True`` on the CPU) step a parameter, its gradient and its state as
-        flat memory: with the inference layout's strides their updates land on the wrong elements.
-        """
-        params = [p for m in (self.model.layers, self.lm_head) for p in m.parameters()]
-        if not any(p.requires_grad for p in params):
-            return
-        laid_out = [p for p in params if not p.is_contiguous()]
-        with torch.no_grad():
-            for p in laid_out:
-                p.data = p.data.contiguous()
-        if laid_out:
-            self._prepared = None
-
     def __getstate__(self) -> dict[str, Any]:
-        # deepcopy / torch.save(model) leave the prepared weights behind (oneDNN-packed tensors
-        # cannot be copied or pickled); they are rebuilt on first use
-        return {**super().__getstate__(), "_prepared": None, "_self_draft": None}
-
-    @property
-    def weights_packed(self) -> bool:
-        """Whether the inference path runs on oneDNN-packed weights (decided at the last cache start)."""
-        prepared = self._prepared[1] if self._prepared is not None else None
-        return bool(prepared is not None and any(layers and layers[0].packed for layers, _ in prepared.routes.values()))
+        # the self-speculation draft copies the prepared weights: rebuilt on first use, as they are
+        return {**super().__getstate__(), "_self_draft": None}
 
     def one_call_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                       position_ids: torch.Tensor | None, cache: Any, logits_to_keep: int | torch.Tensor
@@ -544,7 +473,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         path would compute another step (see :meth:`one_call_step`), the cache did not start on this
         model or runs the modules."""
         if (input_ids.dim() != 2 or input_ids.shape[1] != 1 or type(cache) is not KVCache
-                or self.attn_implementation == "eager" or _module_path()):
+                or self.attn_implementation == "eager" or module_path()):
             return None
         past_len = cache.get_seq_length()
         if past_len == 0 or not _implied(attention_mask, position_ids, input_ids.shape[0], past_len):
@@ -561,13 +490,6 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
             return None
         return decoder.step_ends(self.model.embed_tokens, norm, self.lm_head, prepared.for_rows(1)[1])
 
-    def output_logits(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        prepared = self._weights_on(cache)[1] if cache is not None and not _module_path() else None
-        head = prepared.for_rows(x.numel() // x.shape[-1])[1] if prepared is not None else None
-        if head is not None:
-            return linear(x, head, None, True)
-        return self.lm_head(x)
-
     def input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
 
@@ -577,10 +499,7 @@ class LlamaForCausalLM(GenkitModel, GenerationMixin):
         t = x.shape[1]
         cos, sin = self.rope(position_ids, x.dtype, past_len, t)
         masks = {w: build_attention_mask(attention_mask, t, past_len, x.device, w, x.dtype) for w in set(self.windows)}
-        if torch.is_grad_enabled() and self._prepared is not None:
-            self._contiguous_for_training()
-        # output_attentions runs the modules: the inference path computes no attention weights
-        prepared = None if _module_path() or attentions is not None else self._inference_weights(cache, past_len)
+        prepared = self.inference_path(cache, past_len, attentions)
         if prepared is not None:
             x = run_layers(prepared, x, cos, sin, masks, cache, hidden, num_layers)
         else:

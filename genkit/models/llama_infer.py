@@ -1,7 +1,10 @@
 """The Llama family's inference path: the decoder layers as one plain function over laid-out weights.
 
 Under ``torch.no_grad`` / ``torch.inference_mode``, with no module hooks, ``LlamaForCausalLM``
-runs its layers through :func:`run_layers` instead of calling its ``nn.Module`` tree. Before the
+runs its layers through :func:`run_layers` instead of calling its ``nn.Module`` tree (GPT-2 too:
+:class:`InferencePathModel` is what both models share, and a :class:`PreparedLayer` may hold
+LayerNorms, an un-gated activation and no rotary positions; :func:`genkit.models.gpt2.prepare_layers`
+makes GPT-2's, its ``Conv1D`` weights' transposes already column-major). Before the
 first such call, :func:`prepare_layers` lays the weights out for it, in place: the q/k/v
 projections of a layer share one storage, gate/up another, and the parameters become views of
 those storages (so an in-place edit of a parameter is an edit of the fused matrix). On the CPU
@@ -21,15 +24,19 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_state
+from torch.utils.hooks import RemovableHandle
 
 from ..errors import NotSupportedError
 from . import weight_arena
+from .base import GenkitModel
 from .dense_kernel import PRE_GATE, PRE_NONE, PRE_RMS, Gemv
 from .kernel_choice import CLASSES, SMALL_MAX_ROWS
 from .numerics import is_llama_numerics
@@ -59,10 +66,15 @@ class PreparedLayer(NamedTuple):
     num_kv_heads: int
     head_dim: int
     window: int | None
-    rotation: torch.Tensor
+    rotation: torch.Tensor | None  # rope's rotation (rotation_matrix); None: no rotary positions (GPT-2)
     packed: bool  # wqkv, wo, wgu, wd are oneDNN-packed copies (see pack())
     # Qwen3's per-head RMSNorms of q and k (weight, eps of q_norm; of k_norm), applied before rope; None: none
     qk_norm: tuple[torch.Tensor, float, torch.Tensor, float] | None = None
+    # the biases of LayerNorms norm1 and norm2 (GPT-2); None: norm1 and norm2 are RMSNorms (the Llama family)
+    norm_biases: tuple[torch.Tensor, torch.Tensor] | None = None
+    # the MLP's activation on wgu's output, un-gated (GPT-2); None: SwiGLU over wgu's (gate, up) halves
+    act: Callable[[torch.Tensor], torch.Tensor] | None = None
+    scale: float | None = None  # the attention's score scale; None: 1 / sqrt(head_dim)
 
 
 class PreparedModel:
@@ -255,10 +267,19 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
                 layer.post_attention_layernorm.weight, mlp.down_proj.weight, mlp.down_proj.bias,
                 layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim, window,
                 rotations[attn.head_dim], False, qk_norm(attn)))
-        routes, choice = _dense_routes(prepared, lm_head, matrices, packing)
+    return finish_dense(prepared, lm_head, matrices, packing)
+
+
+def finish_dense(layers: list[PreparedLayer], lm_head: nn.Linear, matrices: list[torch.Tensor],
+                 packing: bool | None) -> PreparedModel:
+    """The prepared model of float layers laid out for this path (``matrices``: their weights):
+    plain, oneDNN-packed or gemv products per shape class (:func:`_dense_routes`), and batch-1
+    decode in one kernel call where it runs on the gemv route and the layers fit the block kernel's
+    step (the Llama graph: :meth:`~genkit.models.block_decode.BlockDecoder.build_dense`)."""
     from .block_decode import BlockDecoder
 
-    # batch-1 decode on the gemv route: the whole step in one kernel call, as for quantized models
+    with torch.no_grad(), torch.inference_mode(False):  # packed copies are plain tensors, as the parameters
+        routes, choice = _dense_routes(layers, lm_head, matrices, packing)
     return PreparedModel(*routes["decode"], BlockDecoder.build_dense(routes["decode"][0]), routes=routes, choice=choice)
 
 
@@ -435,16 +456,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
-def project_qkv(p: PreparedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+def layer_norm(p: PreparedLayer, x: torch.Tensor, second: bool) -> torch.Tensor:
+    """The layer's norm before its attention (``second`` False: ``norm1``) or its MLP (``norm2``):
+    an RMSNorm, or a LayerNorm where the layer has :attr:`PreparedLayer.norm_biases` (GPT-2)."""
+    weight = p.norm2 if second else p.norm1
+    if p.norm_biases is None:
+        return rms_norm(x, weight, p.eps)
+    return F.layer_norm(x, weight.shape, weight, p.norm_biases[second], p.eps)
+
+
+def project_qkv(p: PreparedLayer, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The first half of a decoder layer: ``(q, k, v)`` of ``x`` ``(batch, seq, hidden)``, each
     ``(batch, heads, seq, head_dim)``, rope applied to ``q`` and ``k`` (after their per-head norms,
-    where the layer has them: Qwen3) (the paged forward shares it)."""
+    where the layer has them: Qwen3; none where it has no rotation: GPT-2) (the paged forward shares it)."""
     b, t, _ = x.shape
     nq, nkv = p.num_heads, p.num_kv_heads
-    qkv = _gemv(p.wqkv, x, PRE_RMS, p.norm1, p.eps, p.bqkv)
+    qkv = _gemv(p.wqkv, x, PRE_RMS, p.norm1, p.eps, p.bqkv) if p.norm_biases is None else None
     if qkv is None:
-        qkv = linear(rms_norm(x, p.norm1, p.eps), p.wqkv, p.bqkv, p.packed)
+        qkv = linear(layer_norm(p, x, False), p.wqkv, p.bqkv, p.packed)
     if t == 1:  # decode step: (b, 1, H*d) is already (b, H, 1, d) in memory
         qkv = qkv.view(b, nq + 2 * nkv, 1, p.head_dim)
     else:
@@ -454,7 +484,8 @@ def project_qkv(p: PreparedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch
     else:  # Qwen3: each head of q and k RMS-normalised before the rotary embedding
         qw, q_eps, kw, k_eps = p.qk_norm
         qk = torch.cat((rms_norm(qkv[:, :nq], qw, q_eps), rms_norm(qkv[:, nq:nq + nkv], kw, k_eps)), dim=1)
-    qk = torch.addcmul(qk * cos, torch.matmul(qk, p.rotation), sin)  # rope on q and k at once
+    if p.rotation is not None:
+        qk = torch.addcmul(qk * cos, torch.matmul(qk, p.rotation), sin)  # rope on q and k at once
     return qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:]
 
 
@@ -463,9 +494,11 @@ def layer_output(p: PreparedLayer, x: torch.Tensor, attention: torch.Tensor) -> 
     heads * head_dim)`` added to ``x``, then the MLP's residual step (the paged forward shares it)."""
     h = _gemv(p.wo, attention, PRE_NONE, None, 0.0, p.bo, x)
     x = x + linear(attention, p.wo, p.bo, p.packed) if h is None else h
-    gu = _gemv(p.wgu, x, PRE_RMS, p.norm2, p.eps, p.bgu)
+    gu = _gemv(p.wgu, x, PRE_RMS, p.norm2, p.eps, p.bgu) if p.norm_biases is None else None
     if gu is None:
-        gu = linear(rms_norm(x, p.norm2, p.eps), p.wgu, p.bgu, p.packed)
+        gu = linear(layer_norm(p, x, True), p.wgu, p.bgu, p.packed)
+    if p.act is not None:  # un-gated (GPT-2)
+        return x + linear(p.act(gu), p.wd, p.bd, p.packed)
     out = _gemv(p.wd, gu, PRE_GATE, None, 0.0, p.bd, x)
     if out is None:
         gate, up = gu.chunk(2, dim=-1)
@@ -483,11 +516,12 @@ def _gemv(weight: Any, x: torch.Tensor, pre: int, norm: torch.Tensor | None, eps
     return weight.fused(x, pre, norm, eps, residual)
 
 
-def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
                masks: dict[int | None, torch.Tensor | None], cache: Any,
                hidden: list[torch.Tensor] | None, num_layers: int | None = None) -> torch.Tensor:
     """The decoder layers (the first ``num_layers``, or all) on ``x`` (batch, seq, hidden); fills
-    ``hidden`` with each layer's input."""
+    ``hidden`` with each layer's input. ``cos``/``sin``: the rotary tables (None where the layers
+    have no rotation: GPT-2)."""
     b, t, _ = x.shape
     if prepared.layers and is_llama_numerics(getattr(prepared.layers[0].wqkv, "numerics", "genkit")):
         # numerics="llama.cpp": every step on the block kernel's decoder, no torch path
@@ -509,7 +543,127 @@ def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor, sin:
             k, v = cache.update(i, k, v)
         mask = masks[p.window]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and t > 1,
-                                             enable_gqa=p.num_kv_heads != p.num_heads)
+                                             scale=p.scale, enable_gqa=p.num_kv_heads != p.num_heads)
         out = out.reshape(b, 1, -1) if t == 1 else out.transpose(1, 2).reshape(b, t, -1)
         x = layer_output(p, x, out)
     return x
+
+
+def module_path() -> bool:
+    """Whether to run the modules rather than the inference path: with autograd on (training), and
+    under ``torch.compile`` (preparing edits parameters in place, and inductor cannot lower the
+    oneDNN-packed weights)."""
+    return torch.is_grad_enabled() or torch.compiler.is_compiling()
+
+
+class InferencePathModel(GenkitModel):
+    """A native model whose decoder layers run on this path (:class:`~genkit.models.llama.LlamaForCausalLM`,
+    :class:`~genkit.models.gpt2.GPT2LMHeadModel`): its prepared weights (made by :meth:`_prepare`,
+    checked against :meth:`_path_modules` when a cache starts, kept on the cache for its steps),
+    dropped when ``.to()`` moves the parameters, made contiguous again for training, never pickled."""
+
+    #: oneDNN-packed copies of the linear weights for the inference path (see docs/models.md):
+    #: None packs float32 and bfloat16 CPU models whose matrices are big enough to gain and whose copies stay
+    #: under 2 GiB; True always packs (float32 or bfloat16, CPU); False never does.
+    cpu_weight_packing: bool | None = None
+    _prepared: tuple[tuple[Any, ...], PreparedModel | None] | None = None
+
+    def _path_modules(self) -> list[nn.Module]:
+        """The modules the prepared weights come from: the decoder layers and the LM head."""
+        raise NotImplementedError
+
+    def _prepare(self) -> PreparedModel | None:
+        """The prepared weights of :meth:`_path_modules` (laid out in place), or None: run the modules."""
+        raise NotImplementedError
+
+    def inference_path(self, cache: Any, past_len: int, attentions: list[torch.Tensor] | None) -> PreparedModel | None:
+        """The prepared weights a forward's layers run on, or None: the modules (autograd on,
+        ``torch.compile``, attention weights asked for, hooks, replaced submodules)."""
+        if torch.is_grad_enabled() and self._prepared is not None:
+            self._contiguous_for_training()
+        # output_attentions runs the modules: the inference path computes no attention weights
+        return None if module_path() or attentions is not None else self._inference_weights(cache, past_len)
+
+    def _inference_weights(self, cache: Any, past_len: int) -> PreparedModel | None:
+        """Prepared weights for the plain inference path, or None for the module path (hooks, adapters).
+
+        Checked when a cache starts and then kept on the cache: later steps on it skip the check.
+        """
+        if cache is not None and past_len > 0:
+            kept, prepared = self._weights_on(cache)
+            if kept:
+                return prepared
+        prepared = None
+        key = WeightsKey(self._path_modules())  # one walk of the trees: the check runs at every prefill
+        # parameters made under torch.inference_mode (a model built or loaded there) have no version
+        # counter to key them by and cannot be laid out in place: such a model runs its modules
+        if not has_hooks(key.modules) and not key.made_in_inference_mode():
+            if self._prepared is None or self._prepared[0] != (self.cpu_weight_packing, key.ids()):
+                self._prepared = None  # drop old packed copies first
+                prepared = self._prepare()
+                # laying out changed the parameters' storage: key what they are now
+                self._prepared = ((self.cpu_weight_packing, WeightsKey(self._path_modules()).ids()), prepared)
+            prepared = self._prepared[1]
+        if cache is not None:  # weakly: a kept cache keeps neither the model nor weights rebuilt since
+            cache.prepared = (weakref.ref(self), None if prepared is None else weakref.ref(prepared),
+                              RemovableHandle.next_id)
+        return prepared
+
+    def _weights_on(self, cache: Any) -> tuple[bool, PreparedModel | None]:
+        """(True, the prepared weights ``cache`` started with, or None for the module path); (False,
+        None) when it did not start on this model, its weights have been rebuilt since, or a hook
+        has been registered since (every registration numbers a new handle: e.g. between two
+        generations that continue one cache)."""
+        if (cache.prepared is None or cache.prepared[0]() is not self
+                or cache.prepared[2] != RemovableHandle.next_id):
+            return False, None
+        if cache.prepared[1] is None:
+            return True, None
+        prepared = cache.prepared[1]()
+        return prepared is not None, prepared
+
+    def _apply(self, fn: Any, recurse: bool = True) -> InferencePathModel:
+        # .to() / .half() / .cuda(): prepared weights of the old dtype or device (fused storages,
+        # packed copies) must not stay alive until the next generation
+        out = super()._apply(fn, recurse)
+        if self._prepared is not None:
+            storages = [(id(p), p.data_ptr()) for m in self._path_modules() for p in m.parameters()]
+            _packing, (_tree, params) = self._prepared[0]
+            if storages != [entry[:2] for entry in params]:
+                self._prepared = None
+        return out
+
+    @torch.compiler.disable  # edits parameters in place: never traced
+    def _contiguous_for_training(self) -> None:
+        """Give trainable parameters their own contiguous storage again (autograd on after a generation).
+
+        Fused optimizers (``fused=True`` on the CPU) step a parameter, its gradient and its state as
+        flat memory: with the inference layout's strides their updates land on the wrong elements.
+        """
+        params = [p for m in self._path_modules() for p in m.parameters()]
+        if not any(p.requires_grad for p in params):
+            return
+        laid_out = [p for p in params if not p.is_contiguous()]
+        with torch.no_grad():
+            for p in laid_out:
+                p.data = p.data.contiguous()
+        if laid_out:
+            self._prepared = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # deepcopy / torch.save(model) leave the prepared weights behind (oneDNN-packed tensors
+        # cannot be copied or pickled); they are rebuilt on first use
+        return {**super().__getstate__(), "_prepared": None}
+
+    @property
+    def weights_packed(self) -> bool:
+        """Whether the inference path runs on oneDNN-packed weights (decided at the last cache start)."""
+        prepared = self._prepared[1] if self._prepared is not None else None
+        return bool(prepared is not None and any(layers and layers[0].packed for layers, _ in prepared.routes.values()))
+
+    def output_logits(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
+        prepared = self._weights_on(cache)[1] if cache is not None and not module_path() else None
+        head = prepared.for_rows(x.numel() // x.shape[-1])[1] if prepared is not None else None
+        if head is not None:
+            return linear(x, head, None, True)
+        return self.lm_head(x)  # type: ignore[no-any-return]

@@ -412,9 +412,11 @@ def quantize(model: nn.Module, mode: str = "int8", activation_digits: int = 2) -
 
     ``mode``: ``"int8"`` (8-bit codes, one scale per 32 weights; near-lossless) or ``"int4"``
     (4-bit, one scale per 32; about 4x less memory than bfloat16, with a measurable loss). The
-    decoder layers' q/k/v/o and MLP projections and the LM head are quantized; embeddings and
-    norms stay as they are. Layers whose sizes the kernel cannot take (output rows not a multiple
-    of 16, inputs not a multiple of 32) are left in floating point, with a log line.
+    decoder layers' q/k/v/o and MLP projections (GPT-2's ``Conv1D`` layers too, whose weights are
+    stored ``(in, out)``: they become int4 layers with their float bias, as a quantized GPT-2 GGUF
+    file loads) and the LM head are quantized; embeddings and norms stay as they are. Layers whose
+    sizes the kernel cannot take (output rows not a multiple of 16, inputs not a multiple of 32:
+    GPT-2's 50,257-row head) are left in floating point, with a log line.
     ``activation_digits``: see :func:`set_activation_digits` (the weights are symmetric, so 1 is
     llama.cpp's Q8_0 rounding).
     """
@@ -424,21 +426,22 @@ def quantize(model: nn.Module, mode: str = "int8", activation_digits: int = 2) -
     if not kernel_available() and not block_kernel.available():
         raise KernelUnavailableError("quantize needs the block kernel (a C compiler) or a torch build with CPU int4 kernels")
     from .base import GenkitModel
+    from .gpt2 import Conv1D
 
     if not isinstance(model, GenkitModel):
         raise ArgumentTypeError(f"quantize takes a native genkit model (genkit.load_model); got {type(model).__name__}")
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise NotSupportedError("quantize runs on CPU models; the int4 kernels are CPU kernels")
-    targets = [(name, mod) for name, mod in model.named_modules()
-               if isinstance(mod, nn.Linear) and type(mod) is nn.Linear]
+    targets = [(name, mod) for name, mod in model.named_modules() if type(mod) in (nn.Linear, Conv1D)]
     skipped = []
     with torch.no_grad():
         for name, lin in targets:
-            out, k = lin.weight.shape
+            weight = lin.weight.t() if type(lin) is Conv1D else lin.weight  # (out, in) rows
+            out, k = weight.shape
             if not int4_shape_ok(out, k):
                 skipped.append(name)
                 continue
-            parts = [_int4_symmetric(lin.weight)] if mode == "int4" else _int8_symmetric(lin.weight)
+            parts = [_int4_symmetric(weight)] if mode == "int4" else _int8_symmetric(weight)
             layer: nn.Module = Int4Linear(k, out, parts, source=name)
             if lin.bias is not None:
                 layer = WithBias(layer, lin.bias.detach().clone())
