@@ -269,23 +269,7 @@ def test_inference_path_follows_weight_edits_and_hooks(tmp_path):
         ours.model.layers[1].mlp.down_proj.weight.mul_(-3.0)
         ours.model.layers[0].input_layernorm.weight.add_(0.5)
         ours.model.layers[0].self_attn.k_proj.weight.mul_(2.0)  # a view into the fused q/k/v storage
-    after = ours.generate(prompt, max_new_tokens=12, min_new_tokens=12)
-    assert not torch.equal(before, after)
-    ref = prompt  # the same greedy decode through the modules (grad enabled, no cache)
-    with torch.enable_grad():
-        for _ in range(12):
-            nxt = ours(ref, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
-            ref = torch.cat([ref, nxt], 1)
-    assert torch.equal(after, ref)
-
-    calls = []
-    handle = ours.model.layers[0].mlp.register_forward_hook(lambda mod, args, out: calls.append(out.shape))
-    try:
-        hooked = ours.generate(prompt, max_new_tokens=5, min_new_tokens=5)
-    finally:
-        handle.remove()
-    assert len(calls) == 5  # a hook makes generation run the modules: prompt + 4 decode steps
-    assert torch.equal(hooked, after[:, :11])
+    after = _follows_edits_and_hooks(ours, prompt, before, ours.model.layers[0].mlp)
     seen = []
     handle = torch.nn.modules.module.register_module_forward_hook(
         lambda mod, args, out: seen.append(type(mod).__name__))
@@ -301,6 +285,28 @@ def test_inference_path_follows_weight_edits_and_hooks(tmp_path):
         ours.model.layers[0].self_attn.q_proj.weight.requires_grad_(True)
         ours(after).logits.sum().backward()
     assert ours.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def _follows_edits_and_hooks(ours, prompt, before, mlp):
+    """After in-place weight edits: 12 greedy tokens that differ from ``before``, equal to the same
+    decode through the modules (grad enabled, no cache); a forward hook on ``mlp`` makes generation
+    run the modules (called at the prompt and each decode step) with the same tokens. Returns them."""
+    after = ours.generate(prompt, max_new_tokens=12, min_new_tokens=12)
+    assert not torch.equal(before, after)
+    ref = prompt
+    with torch.enable_grad():
+        for _ in range(12):
+            ref = torch.cat([ref, ours(ref, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(after, ref)
+    calls = []
+    handle = mlp.register_forward_hook(lambda mod, args, out: calls.append(out.shape))
+    try:
+        hooked = ours.generate(prompt, max_new_tokens=5, min_new_tokens=5)
+    finally:
+        handle.remove()
+    assert len(calls) == 5  # prompt + 4 decode steps
+    assert torch.equal(hooked, after[:, :11])
+    return after
 
 
 def _gpt2_pair(folder):
@@ -352,21 +358,7 @@ def test_gpt2_inference_path_follows_weight_edits_hooks_and_training(tmp_path):
         ours.transformer.h[1].mlp.c_proj.weight.mul_(-3.0)
         ours.transformer.h[0].ln_1.bias.add_(0.5)
         ours.transformer.h[0].attn.c_attn.bias.mul_(4.0)
-    after = ours.generate(prompt, max_new_tokens=12, min_new_tokens=12)
-    assert not torch.equal(before, after)
-    ref = prompt  # the same greedy decode through the modules (grad enabled, no cache)
-    with torch.enable_grad():
-        for _ in range(12):
-            ref = torch.cat([ref, ours(ref, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    assert torch.equal(after, ref)
-    calls = []
-    handle = ours.transformer.h[0].mlp.register_forward_hook(lambda mod, args, out: calls.append(out.shape))
-    try:
-        hooked = ours.generate(prompt, max_new_tokens=5, min_new_tokens=5)
-    finally:
-        handle.remove()
-    assert len(calls) == 5  # a hook makes generation run the modules: prompt + 4 decode steps
-    assert torch.equal(hooked, after[:, :11])
+    after = _follows_edits_and_hooks(ours, prompt, before, ours.transformer.h[0].mlp)
     # training after generate(): the tied head/embedding laid out column-major is contiguous again
     ours.generate(prompt, max_new_tokens=2)
     assert not ours.transformer.wte.weight.is_contiguous()
