@@ -130,6 +130,7 @@ class LocalEngine:
         finish decision, ``genkit.strategy.FINISH_REASONS``; a strategy that does not report it:
         ``"eos"`` where an EOS ended the row, else ``"length"``)."""
         import genkit
+        from genkit.generation.encoder_decoder import new_tokens_start
 
         if int(kwargs.get("num_return_sequences") or 1) != 1:
             raise NotSupportedError("`num_return_sequences` must be 1 in a batch job (one output row per input row)")
@@ -146,7 +147,7 @@ class LocalEngine:
         reasons = getattr(out, "finish_reasons", None) or [None] * len(prompts)
         eos = self.eos_ids(kwargs)
         results = []
-        for row, reason in zip(sequences[:, 1 if self.seq2seq else width:].tolist(), reasons):
+        for row, reason in zip(sequences[:, new_tokens_start(self.model, width):].tolist(), reasons):
             cut = next((k for k, t in enumerate(row) if t in eos), None)
             tokens = row[:cut + 1] if cut is not None else row
             results.append((tokens, reason or ("eos" if cut is not None else "length")))

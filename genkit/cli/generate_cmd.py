@@ -260,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import genkit
+    from genkit.generation.encoder_decoder import new_tokens_start
 
     if args.seed is not None:
         torch.manual_seed(args.seed)
@@ -284,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     out = genkit.generate(model, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                           tokenizer=tokenizer, streamer=streamer, **kwargs)
     elapsed = time.perf_counter() - t1
-    prompt_length = 1 if getattr(model, "is_encoder_decoder", False) else enc["input_ids"].shape[1]
+    prompt_length = new_tokens_start(model, enc["input_ids"].shape[1])
     n = _print_result(out, prompt_length, tokenizer, streamer is not None)
     logger.info("%d new tokens in %.2fs (%.1f tokens/s)", n, elapsed, n / max(elapsed, 1e-9))
     return 0

@@ -23,7 +23,7 @@ from ..errors import ConfigError, NotSupportedError
 
 logger = logging.getLogger("genkit.generation")
 
-__all__ = ["Seq2SeqInputs", "is_encoder_decoder", "take_seq2seq_inputs", "text_prompt_refusal"]
+__all__ = ["Seq2SeqInputs", "is_encoder_decoder", "new_tokens_start", "take_seq2seq_inputs", "text_prompt_refusal"]
 
 # names that never reach the encoder (transformers' `irrelevant_prefix`)
 _NOT_FOR_ENCODER = ("decoder_", "cross_attn", "use_cache", "cache", "past_key_values")
@@ -38,6 +38,13 @@ _LOOP_KWARGS = {"use_cache", "tokenizer", "assistant_tokenizer"}
 
 def is_encoder_decoder(model: Any) -> bool:
     return bool(getattr(model, "is_encoder_decoder", False))
+
+
+def new_tokens_start(model: Any, prompt_width: int) -> int:
+    """Where the new tokens begin in the sequences ``generate`` returns for a prompt ``prompt_width``
+    tokens wide and no decoder prompt: after an encoder-decoder model's decoder start token (its
+    sequences are the decoder's), else after the prompt."""
+    return 1 if is_encoder_decoder(model) else prompt_width
 
 
 def text_prompt_refusal(model: Any, what: str) -> str | None:

@@ -205,15 +205,13 @@ class GenerateEngine:
 
     def __init__(self, model: Any, tokenizer: Any, max_queue: int = 0) -> None:
         from genkit.generation.api import as_protocol_model
-        from genkit.generation.encoder_decoder import is_encoder_decoder, text_prompt_refusal
+        from genkit.generation.encoder_decoder import text_prompt_refusal
 
         model = as_protocol_model(model)  # a transformers model in genkit's adapter, as generate runs it
         why = text_prompt_refusal(model, "genkit serve")
         if why is not None:
             raise NotSupportedError(why)
-        self.model, self.tokenizer = model, tokenizer
-        # an encoder-decoder model: the prompt is the encoder's input, the output the decoder's tokens
-        self._seq2seq = is_encoder_decoder(model)
+        self.model, self.tokenizer = model, tokenizer  # an encoder-decoder model's prompt: its encoder's input
         self.stats = EngineStats()
         self._queue: queue.Queue[RequestStream | None] = queue.Queue(maxsize=max_queue)
         self._ids = itertools.count(1)
@@ -306,6 +304,7 @@ class GenerateEngine:
         """Choices ``first`` .. ``first + rows - 1`` of ``stream``'s request: ``rows`` rows of one
         ``generate`` after ``torch.manual_seed(seed)`` (unless ``seed`` is None)."""
         import genkit
+        from genkit.generation.encoder_decoder import new_tokens_start
 
         request = stream.request
         streamer = _Streamer(stream, rows, request.logprobs, self.stats, first)
@@ -321,8 +320,8 @@ class GenerateEngine:
         if not streams:  # the best hypotheses are known at the end: emit them now, as if streamed
             eos = set(eos_token_ids(kwargs.get("eos_token_id", self.model.generation_config.eos_token_id)))
             # an encoder-decoder model's sequences are the decoder's: its start token, then the new ones
-            _emit(streamer, out.sequences if hasattr(out, "sequences") else out, 1 if self._seq2seq else ids.shape[1],
-                  eos)
+            sequences = out.sequences if hasattr(out, "sequences") else out
+            _emit(streamer, sequences, new_tokens_start(self.model, ids.shape[1]), eos)
 
 
 @contextlib.contextmanager
