@@ -911,7 +911,9 @@ __attribute__((unused)) static void panel_portable(int bits, int two, const uint
  * the panel's codes, 4 per row per B row: exactly the 8-bit layout's chunks, and the 4-bit layout's
  * chunks split into low and high nibbles) with TDPBSUD (signed A, unsigned B), once per digit. The
  * int32 sums equal the VNNI path's, and they are scaled in the same order, so the results are the
- * same bits. Tiles: 0 = B, 1-2 = A (q1, q2), 3-4 = C. Activations come padded to 16 rows. */
+ * same bits. Tiles: 0 = B, 1-2 = A (q1, q2), 3-4 and 5-6 = C (two blocks in flight: a block's sums
+ * are stored while the next block's products run, and scaled one block later, so that neither the
+ * tile unit nor the vector units wait for the other). Activations come padded to 16 rows. */
 typedef struct {
     uint8_t palette_id, start_row, reserved[14];
     uint16_t colsb[16];
@@ -928,55 +930,81 @@ static void amx_config(void) {
         cfg.rows[t] = 16;
         cfg.colsb[t] = 32;
     }
-    for (int t = 3; t <= 4; t++) {
+    for (int t = 3; t <= 6; t++) {
         cfg.rows[t] = 16;
         cfg.colsb[t] = 64;
     }
     _tile_loadconfig(&cfg);
 }
 
-static void panel_amx(int bits, int two, const uint8_t *w, int nb, const int8_t *q, const int8_t *q2,
-                      const float *dx, const float *sx, int K, int MT, float *y, int ldy) {
-    __m512 acc[16], accm[16];
-    int32_t c1[16][16] __attribute__((aligned(64))), c2[16][16] __attribute__((aligned(64)));
-    uint8_t bt[8][64] __attribute__((aligned(64)));
+/* The B tiles of a 4-bit panel (nb blocks of 8 x 64 bytes: low nibbles, then high, per chunk), made
+ * once per panel for all its row groups. */
+static void amx_unpack4(const uint8_t *w, int nb, uint8_t *bt) {
     const __m512i low = _mm512_set1_epi8(0x0F);
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
-    for (int i = 0; i < 16; i++) acc[i] = accm[i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *wb = w + (size_t)b * bb;
-        const void *src = wb;
-        if (bits == 4) {
-            for (int c = 0; c < 4; c++) {
-                __m512i p = _mm512_loadu_si512((const void *)(wb + 64 * c));
-                _mm512_store_si512((void *)bt[2 * c], _mm512_and_si512(p, low));
-                _mm512_store_si512((void *)bt[2 * c + 1], _mm512_and_si512(_mm512_srli_epi16(p, 4), low));
-            }
-            src = bt;
-        }
-        _tile_zero(3);
-        _tile_zero(4);
-        _tile_loadd(0, src, 64);
-        _tile_loadd(1, q + (size_t)b * GK_GROUP, K);
-        _tile_dpbsud(3, 1, 0);
-        _tile_stored(3, c1, 64);
-        if (two) {
-            _tile_loadd(2, q2 + (size_t)b * GK_GROUP, K);
-            _tile_dpbsud(4, 2, 0);
-            _tile_stored(4, c2, 64);
-        }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb)));
-        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + cb + 32)));
-        for (int i = 0; i < MT; i++) {
-            __m512i s1 = _mm512_load_si512((const void *)c1[i]);
-            __m512i s = two ? digits512(1, s1, _mm512_load_si512((const void *)c2[i])) : s1;
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(dx[(size_t)i * nb + b])),
-                                     acc[i]);
-            accm[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)i * nb + b]), accm[i]);
+        const uint8_t *wb = w + (size_t)b * gk_block_bytes(4);
+        uint8_t *o = bt + (size_t)b * 512;
+        for (int c = 0; c < 4; c++) {
+            __m512i p = _mm512_loadu_si512((const void *)(wb + 64 * c));
+            _mm512_store_si512((void *)(o + 128 * c), _mm512_and_si512(p, low));
+            _mm512_store_si512((void *)(o + 128 * c + 64), _mm512_and_si512(_mm512_srli_epi16(p, 4), low));
         }
     }
-    for (int i = 0; i < MT; i++) _mm512_storeu_ps(y + (size_t)i * ldy, _mm512_add_ps(acc[i], accm[i]));
 }
+
+/* Block b's products into the C tiles of slot s (3-4 or 5-6: a macro, tile numbers are immediates). */
+#define GK_AMX_TDP(c1, c2) do {                                    \
+        _tile_zero(c1);                                            \
+        _tile_loadd(0, bsrc, 64);                             \
+        _tile_loadd(1, q + (size_t)b * 512, 32);               \
+        _tile_dpbsud(c1, 1, 0);                                    \
+        if (two) {                                                 \
+            _tile_zero(c2);                                        \
+            _tile_loadd(2, q2 + (size_t)b * 512, 32);          \
+            _tile_dpbsud(c2, 2, 0);                                \
+        }                                                          \
+    } while (0)
+#define GK_AMX_STORE(c1, c2, slot) do {                            \
+        _tile_stored(c1, cs[slot][0], 64);                         \
+        if (two) _tile_stored(c2, cs[slot][1], 64);                \
+    } while (0)
+
+static void panel_amx(int bits, int two, const uint8_t *w, const uint8_t *bt, int nb, const int8_t *q,
+                      const int8_t *q2, const float *dx, const float *sx, int MT, float *y, int ldy) {
+    __m512 acc[16];
+    int32_t cs[2][2][16][16] __attribute__((aligned(64)));
+    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int b = 0; b <= nb + 1; b++) {
+        if (b < nb) {
+            const void *bsrc = bits == 4 ? (const void *)(bt + (size_t)b * 512) : (const void *)(w + (size_t)b * bb);
+            if (b & 1) GK_AMX_TDP(5, 6); else GK_AMX_TDP(3, 4);
+        }
+        if (b >= 1 && b <= nb) {  /* block b - 1's sums out of the tiles (its products ran while block b's were issued) */
+            if ((b - 1) & 1) GK_AMX_STORE(5, 6, 1); else GK_AMX_STORE(3, 4, 0);
+        }
+        if (b >= 2) {  /* block b - 2's sums, stored one block ago, scaled */
+            const int p = b - 2, slot = p & 1;
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + (size_t)p * bb + cb)));
+            for (int i = 0; i < MT; i++) {
+                __m512i s1 = _mm512_load_si512((const void *)cs[slot][0][i]);
+                __m512i s = two ? digits512(1, s1, _mm512_load_si512((const void *)cs[slot][1][i])) : s1;
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(dx[(size_t)i * nb + p])),
+                                         acc[i]);
+            }
+        }
+    }
+    for (int i = 0; i < MT; i++) {  /* the offsets' sums, in the same order of blocks as the VNNI path */
+        __m512 accm = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + (size_t)b * bb + cb + 32)));
+            accm = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)i * nb + b]), accm);
+        }
+        _mm512_storeu_ps(y + (size_t)i * ldy, _mm512_add_ps(acc[i], accm));
+    }
+}
+#undef GK_AMX_TDP
+#undef GK_AMX_STORE
 
 /* gk_matmul on AMX tiles (4- and 8-bit weights): activations quantized into rows padded to 16. */
 static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads, int act) {
@@ -988,22 +1016,55 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
     float *dx = (float *)(((uintptr_t)(q2 + (size_t)Mp * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)Mp * nb, *sx16 = sx + (size_t)Mp * nb;
     quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads, act);
+    /* the A tiles one after the other: per group of 16 rows, per block, 16 x 32 digits */
+    int8_t *qa = (int8_t *)aligned_alloc(64, 2 * (size_t)Mp * K);
+    if (qa == NULL) {
+        free(q);
+        return -1;
+    }
+    int8_t *qa2 = qa + (size_t)Mp * K;
+    for (int m0 = 0; m0 < Mp; m0 += 16)
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < 16; r++) {
+                size_t o = ((size_t)m0 * nb + (size_t)b * 16 + (size_t)r) * GK_GROUP, i = (size_t)(m0 + r) * K + (size_t)b * GK_GROUP;
+                memcpy(qa + o, q + i, GK_GROUP);
+                if (act == GK_ACT_TWO) memcpy(qa2 + o, q2 + i, GK_GROUP);
+            }
     if (threads > panels) threads = panels;
+    int failed = 0;
+    /* panels in groups of at most 16 and 512 KB of B tiles (they stay in the L2 cache), the groups shared evenly by the
+     * threads; per group, each 16 rows' A tiles go through all its panels (the outputs written row by row) */
+    const int most = nb >= 1024 ? 1 : (1024 / nb < 16 ? 1024 / nb : 16);  /* at most 512 KB of B tiles */
+    const int per = (panels + threads * most - 1) / (threads * most), group = (panels + threads * per - 1) / (threads * per);
+    const int groups = (panels + group - 1) / group;
 #pragma omp parallel num_threads(threads)
     {
+        uint8_t *bt = bits == 4 ? (uint8_t *)aligned_alloc(64, (size_t)group * nb * 512) : NULL;
+        if (bits == 4 && bt == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
         amx_config();
 #pragma omp for schedule(static)
-        for (int p = 0; p < panels; p++) {
+        for (int g = 0; g < groups; g++) {
+            if (bits == 4 && bt == NULL) continue;
+            const int p0 = g * group, p1 = p0 + group < panels ? p0 + group : panels;
+            if (bits == 4)
+                for (int p = p0; p < p1; p++) amx_unpack4(w + (size_t)p * panel_bytes, nb, bt + (size_t)(p - p0) * nb * 512);
             for (int m0 = 0; m0 < M; m0 += 16) {
                 int mt = M - m0 < 16 ? M - m0 : 16;
-                panel_amx(bits, act == GK_ACT_TWO, w + (size_t)p * panel_bytes, nb, q + (size_t)m0 * K, q2 + (size_t)m0 * K,
-                          dx + (size_t)m0 * nb, sx + (size_t)m0 * nb, K, mt, y + (size_t)m0 * N + (size_t)p * GK_ROWS, N);
+                for (int p = p0; p < p1; p++)
+                    panel_amx(bits, act == GK_ACT_TWO, w + (size_t)p * panel_bytes, bt + (size_t)(p - p0) * nb * 512, nb,
+                              qa + (size_t)m0 * K, qa2 + (size_t)m0 * K, dx + (size_t)m0 * nb, sx + (size_t)m0 * nb, mt,
+                              y + (size_t)m0 * N + (size_t)p * GK_ROWS, N);
             }
         }
         _tile_release();
+        free(bt);
     }
+    free(qa);
     free(q);
-    return 0;
+    return failed ? -1 : 0;
 }
 #endif
 

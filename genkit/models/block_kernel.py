@@ -258,6 +258,13 @@ def amx_available() -> bool:
     return _amx
 
 
+# Where the probe picks AMX for the prefill class (probed at 64 rows), products from this many rows
+# take it: the tile path's fixed costs per call (each 16 rows' A tiles laid out, each panel's 4-bit
+# codes unpacked into B tiles, rows padded to 16) made it 1.2-1.3x slower than VNNI at 17 rows and as
+# fast at 33 on a Xeon with AMX (docs/benchmarks.md, session 25), 1.2-1.4x faster from 37 rows.
+AMX_PREFILL_MIN_ROWS = 32
+
+
 def set_amx_rows(rows: int) -> None:
     """Products of at least ``rows`` rows run on AMX where :func:`amx_available` (0: never; the
     vector path runs them). :mod:`genkit.models.kernel_choice` sets it from its probe."""

@@ -423,7 +423,8 @@ def _blocks_choice(prepared: list[PreparedLayer]) -> Any:
 
     signature = f"{prepared[0].wgu.bits}bit;{prepared[0].wgu.out_features}x{prepared[0].wgu.in_features}"
     choice = kernel_choice.choose("blocks", signature, available, run)
-    first_amx = next((kernel_choice.PROBE_MIN_ROWS[c] for c in kernel_choice.CLASSES if choice.paths[c] == "amx"), 0)
+    rows = {**kernel_choice.PROBE_MIN_ROWS, "prefill": block_kernel.AMX_PREFILL_MIN_ROWS}
+    first_amx = next((rows[c] for c in kernel_choice.CLASSES if choice.paths[c] == "amx"), 0)
     block_kernel.set_amx_rows(first_amx)  # one threshold: AMX from the first class that chose it
     return choice
 
