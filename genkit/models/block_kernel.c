@@ -994,14 +994,16 @@ static void panel_amx(int bits, int two, const uint8_t *w, const uint8_t *bt, in
             }
         }
     }
-    for (int i = 0; i < MT; i++) {  /* the offsets' sums, in the same order of blocks as the VNNI path */
-        __m512 accm = _mm512_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + (size_t)b * bb + cb + 32)));
-            accm = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)i * nb + b]), accm);
-        }
-        _mm512_storeu_ps(y + (size_t)i * ldy, _mm512_add_ps(acc[i], accm));
+    /* the offsets' sums, each row's in the same order of blocks as the VNNI path, the 16 rows side by side
+     * (one row after another would be one chain of dependent multiply-adds) */
+    __m512 accm[16];
+    for (int i = 0; i < 16; i++) accm[i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + (size_t)b * bb + cb + 32)));
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) accm[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[(size_t)i * nb + b]), accm[i]);
     }
+    for (int i = 0; i < MT; i++) _mm512_storeu_ps(y + (size_t)i * ldy, _mm512_add_ps(acc[i], accm[i]));
 }
 #undef GK_AMX_TDP
 #undef GK_AMX_STORE
