@@ -906,6 +906,10 @@ __attribute__((unused)) static void panel_portable(int bits, int two, const uint
     }
 }
 
+static void matmul_panels(int bits, int two, const uint8_t *w, size_t panel_bytes, int panels, int nb,
+                          const int8_t *q, const int8_t *q2, const int16_t *a16, const float *dx, const float *sx,
+                          const float *sx16, float *y, int M, int N, int K, int threads);
+
 #ifdef GK_AMX
 /* AMX: per block of 32 weights, C(16 tokens x 16 rows) = A(tokens x 32 int8 digits) . B(8 x 64 bytes:
  * the panel's codes, 4 per row per B row: exactly the 8-bit layout's chunks, and the 4-bit layout's
@@ -914,6 +918,7 @@ __attribute__((unused)) static void panel_portable(int bits, int two, const uint
  * same bits. Tiles: 0 = B, 1-2 = A (q1, q2), 3-4 and 5-6 = C (two blocks in flight: a block's sums
  * are stored while the next block's products run, and scaled one block later, so that neither the
  * tile unit nor the vector units wait for the other). Activations come padded to 16 rows. */
+#define GK_AMX_REST 12  /* fewer rows than this after the last 16 go to the vector path */
 typedef struct {
     uint8_t palette_id, start_row, reserved[14];
     uint16_t colsb[16];
@@ -1034,13 +1039,20 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
             }
     if (threads > panels) threads = panels;
     int failed = 0;
+    /* the rows after the last 16 when they are few: on the vector path (same bits), since a tile group of
+     * rows padded to 16 costs as much as 16 rows there */
+    const int rest = M % 16 < GK_AMX_REST ? M % 16 : 0, Ma = M - rest;
+    if (rest)
+        matmul_panels(bits, act == GK_ACT_TWO, w, panel_bytes, panels, nb, q + (size_t)Ma * K, q2 + (size_t)Ma * K, NULL,
+                      dx + (size_t)Ma * nb, sx + (size_t)Ma * nb, sx16 + 2 * (size_t)Ma * nb, y + (size_t)Ma * N, rest, N, K,
+                      threads);
     /* panels in groups of at most 16 and 512 KB of B tiles (they stay in the L2 cache), the groups shared evenly by the
      * threads; per group, each 16 rows' A tiles go through all its panels (the outputs written row by row) */
     const int most = nb >= 1024 ? 1 : (1024 / nb < 16 ? 1024 / nb : 16);  /* at most 512 KB of B tiles */
     const int per = (panels + threads * most - 1) / (threads * most), group = (panels + threads * per - 1) / (threads * per);
     const int groups = (panels + group - 1) / group;
-#pragma omp parallel num_threads(threads)
-    {
+#pragma omp parallel num_threads(threads) if (Ma > 0)
+    if (Ma > 0) {
         uint8_t *bt = bits == 4 ? (uint8_t *)aligned_alloc(64, (size_t)group * nb * 512) : NULL;
         if (bits == 4 && bt == NULL) {
 #pragma omp atomic write
@@ -1053,8 +1065,8 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
             const int p0 = g * group, p1 = p0 + group < panels ? p0 + group : panels;
             if (bits == 4)
                 for (int p = p0; p < p1; p++) amx_unpack4(w + (size_t)p * panel_bytes, nb, bt + (size_t)(p - p0) * nb * 512);
-            for (int m0 = 0; m0 < M; m0 += 16) {
-                int mt = M - m0 < 16 ? M - m0 : 16;
+            for (int m0 = 0; m0 < Ma; m0 += 16) {
+                int mt = Ma - m0 < 16 ? Ma - m0 : 16;
                 for (int p = p0; p < p1; p++)
                     panel_amx(bits, act == GK_ACT_TWO, w + (size_t)p * panel_bytes, bt + (size_t)(p - p0) * nb * 512, nb,
                               qa + (size_t)m0 * K, qa2 + (size_t)m0 * K, dx + (size_t)m0 * nb, sx + (size_t)m0 * nb, mt,

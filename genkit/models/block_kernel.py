@@ -260,8 +260,9 @@ def amx_available() -> bool:
 
 # Where the probe picks AMX for the prefill class (probed at 64 rows), products from this many rows
 # take it: the tile path's fixed costs per call (each 16 rows' A tiles laid out, each panel's 4-bit
-# codes unpacked into B tiles, rows padded to 16) made it 1.2-1.3x slower than VNNI at 17 rows and as
-# fast at 33 on a Xeon with AMX (docs/benchmarks.md, session 25), 1.2-1.4x faster from 37 rows.
+# codes unpacked into B tiles, a second parallel region for the rows after the last 16) made it 1.0-1.2x
+# slower than VNNI at 17-24 rows at 2 threads on a Xeon with AMX (faster from 16 rows at 1 thread),
+# 1.3-1.5x faster from 31 rows (docs/benchmarks.md, session 25).
 AMX_PREFILL_MIN_ROWS = 32
 
 
