@@ -21,6 +21,7 @@ import ctypes
 import logging
 import os
 import sys
+import time
 
 from .errors import ConfigError
 
@@ -111,10 +112,26 @@ def default_threads(load: float | None = None) -> int:
     return threads
 
 
-def runnable_elsewhere() -> int | None:
+def runnable_elsewhere(reads: int = 3, pause: float = 0.005) -> int | None:
     """How many threads of other processes are runnable now: the system's count of runnable
-    threads (``/proc/loadavg``) less this process's own (``/proc/self/task/*/stat`` in state R);
-    None where the system does not say."""
+    threads (``/proc/loadavg``) less this process's own (``/proc/self/task/*/stat`` in state R),
+    the fewest of up to ``reads`` readings ``pause`` seconds apart (one reading is an instant: on a
+    2-CPU machine with both busy, a system thread waking for a moment was in one reading of 8, and
+    made a first run skip its kernel probe); None where the system does not say."""
+    fewest: int | None = None
+    for i in range(reads):
+        if i:
+            time.sleep(pause)
+        now = _runnable_elsewhere_once()
+        if now is None:
+            return None
+        fewest = now if fewest is None else min(fewest, now)
+        if fewest == 0:
+            break
+    return fewest
+
+
+def _runnable_elsewhere_once() -> int | None:
     try:
         with open(LOADAVG, encoding="ascii") as fh:
             running = int(fh.read().split()[3].split("/")[0])

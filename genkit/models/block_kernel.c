@@ -131,7 +131,7 @@ int gk_amx_init(void) {
 #endif
 }
 
-/* Products of at least `rows` rows use AMX where gk_amx_init() succeeded; 0 switches AMX off. */
+/* Products of at least `rows` rows (and at least 16) use AMX where gk_amx_init() succeeded; 0 switches AMX off. */
 void gk_set_amx_rows(int rows) { gk_amx_min_rows = rows < 0 ? 0 : rows; }
 
 static float f16_to_f32(uint16_t h) {
@@ -1454,7 +1454,8 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
     if (threads < 1) threads = 1;
     if (act >= GK_ACT_LLAMA_Q8_1) return matmul_llama(bits, w, x, y, M, N, K, threads, act);
 #ifdef GK_AMX
-    if (gk_amx_ready && gk_amx_min_rows > 0 && M >= gk_amx_min_rows && bits != 6)
+    /* AMX from 16 rows: fewer fill no tile group (and the rows after the last 16 are the vector path's, below) */
+    if (gk_amx_ready && gk_amx_min_rows > 0 && M >= gk_amx_min_rows && M >= 16 && bits != 6)
         return matmul_amx(bits, w, x, y, M, N, K, threads, act);
 #endif
     int nb = K / GK_GROUP, panels = N / GK_ROWS;

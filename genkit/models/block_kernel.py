@@ -267,8 +267,8 @@ AMX_PREFILL_MIN_ROWS = 32
 
 
 def set_amx_rows(rows: int) -> None:
-    """Products of at least ``rows`` rows run on AMX where :func:`amx_available` (0: never; the
-    vector path runs them). :mod:`genkit.models.kernel_choice` sets it from its probe."""
+    """Products of at least ``rows`` rows (and at least 16: fewer fill no tile group) run on AMX
+    where :func:`amx_available` (0: never; the vector path runs them). :mod:`genkit.models.kernel_choice` sets it from its probe."""
     lib = library()
     if lib is not None:
         lib.gk_set_amx_rows(int(rows))
