@@ -957,15 +957,15 @@ static void amx_unpack4(const uint8_t *w, int nb, uint8_t *bt) {
     }
 }
 
-/* Block b's products into the C tiles of slot s (3-4 or 5-6: a macro, tile numbers are immediates). */
+/* Block b's products into C tiles c1, c2 (3-4 or 5-6: macros, as tile numbers must be immediates). */
 #define GK_AMX_TDP(c1, c2) do {                                    \
         _tile_zero(c1);                                            \
-        _tile_loadd(0, bsrc, 64);                             \
-        _tile_loadd(1, q + (size_t)b * 512, 32);               \
+        _tile_loadd(0, bsrc, 64);                                  \
+        _tile_loadd(1, q + (size_t)b * 512, 32);                   \
         _tile_dpbsud(c1, 1, 0);                                    \
         if (two) {                                                 \
             _tile_zero(c2);                                        \
-            _tile_loadd(2, q2 + (size_t)b * 512, 32);          \
+            _tile_loadd(2, q2 + (size_t)b * 512, 32);              \
             _tile_dpbsud(c2, 2, 0);                                \
         }                                                          \
     } while (0)
@@ -1013,7 +1013,8 @@ static void panel_amx(int bits, int two, const uint8_t *w, const uint8_t *bt, in
 #undef GK_AMX_TDP
 #undef GK_AMX_STORE
 
-/* gk_matmul on AMX tiles (4- and 8-bit weights): activations quantized into rows padded to 16. */
+/* gk_matmul on AMX tiles (4- and 8-bit weights; M >= 16, see gk_matmul): activations quantized into rows
+ * padded to 16. */
 static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads, int act) {
     int nb = K / GK_GROUP, panels = N / GK_ROWS, Mp = (M + 15) / 16 * 16;
     size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
@@ -1023,25 +1024,25 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
     float *dx = (float *)(((uintptr_t)(q2 + (size_t)Mp * K) + 63) & ~(uintptr_t)63);
     float *sx = dx + (size_t)Mp * nb, *sx16 = sx + (size_t)Mp * nb;
     quantize_rows(x, M, K, q, q2, dx, sx, sx16, threads, act);
-    /* the A tiles one after the other: per group of 16 rows, per block, 16 x 32 digits */
-    int8_t *qa = (int8_t *)aligned_alloc(64, 2 * (size_t)Mp * K);
+    if (threads > panels) threads = panels;
+    /* the rows after the last 16 when they are few: on the vector path (same bits), since a tile group of
+     * rows padded to 16 costs as much as 16 rows there; Ma >= 16 rows (M >= 16) stay for the tiles */
+    const int rest = M % 16 < GK_AMX_REST ? M % 16 : 0, Ma = M - rest, Mt = (Ma + 15) / 16 * 16;
+    /* the A tiles of those rows one after the other: per group of 16 rows, per block, 16 x 32 digits */
+    int8_t *qa = (int8_t *)aligned_alloc(64, 2 * (size_t)Mt * K);
     if (qa == NULL) {
         free(q);
         return -1;
     }
-    int8_t *qa2 = qa + (size_t)Mp * K;
-    for (int m0 = 0; m0 < Mp; m0 += 16)
+    int8_t *qa2 = qa + (size_t)Mt * K;
+    for (int m0 = 0; m0 < Mt; m0 += 16)
         for (int b = 0; b < nb; b++)
             for (int r = 0; r < 16; r++) {
                 size_t o = ((size_t)m0 * nb + (size_t)b * 16 + (size_t)r) * GK_GROUP, i = (size_t)(m0 + r) * K + (size_t)b * GK_GROUP;
                 memcpy(qa + o, q + i, GK_GROUP);
                 if (act == GK_ACT_TWO) memcpy(qa2 + o, q2 + i, GK_GROUP);
             }
-    if (threads > panels) threads = panels;
     int failed = 0;
-    /* the rows after the last 16 when they are few: on the vector path (same bits), since a tile group of
-     * rows padded to 16 costs as much as 16 rows there */
-    const int rest = M % 16 < GK_AMX_REST ? M % 16 : 0, Ma = M - rest;
     if (rest)
         matmul_panels(bits, act == GK_ACT_TWO, w, panel_bytes, panels, nb, q + (size_t)Ma * K, q2 + (size_t)Ma * K, NULL,
                       dx + (size_t)Ma * nb, sx + (size_t)Ma * nb, sx16 + 2 * (size_t)Ma * nb, y + (size_t)Ma * N, rest, N, K,
@@ -1051,8 +1052,8 @@ static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int 
     const int most = nb >= 1024 ? 1 : (1024 / nb < 16 ? 1024 / nb : 16);  /* at most 512 KB of B tiles */
     const int per = (panels + threads * most - 1) / (threads * most), group = (panels + threads * per - 1) / (threads * per);
     const int groups = (panels + group - 1) / group;
-#pragma omp parallel num_threads(threads) if (Ma > 0)
-    if (Ma > 0) {
+#pragma omp parallel num_threads(threads)
+    {
         uint8_t *bt = bits == 4 ? (uint8_t *)aligned_alloc(64, (size_t)group * nb * 512) : NULL;
         if (bits == 4 && bt == NULL) {
 #pragma omp atomic write
