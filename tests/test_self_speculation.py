@@ -403,14 +403,17 @@ from genkit.models import block_kernel, dense_kernel
 from genkit.models.tiny import tiny_llama
 lib = dense_kernel.library()
 gen = torch.Generator().manual_seed(0)
-w = torch.randn(37, 50, generator=gen).t()
-x = torch.randn(5, 37, generator=gen)
-rows, same = torch.empty(5, 50), True
-lib.gk_gemv_t(x.data_ptr(), 37, w.data_ptr(), 50, rows.data_ptr(), 5, 50, 37, 2)
-for i in range(5):
-    alone, xi = torch.empty(1, 50), x[i:i + 1].clone()
-    lib.gk_gemv_t(xi.data_ptr(), 37, w.data_ptr(), 50, alone.data_ptr(), 1, 50, 37, 2)
-    same = same and torch.equal(rows[i], alone[0])
+same = True
+for n, k in ((50, 37), (200, 300)):  # (AVX2's groups of rows: two vectors, one, the scalar tail; 1-3 groups)
+    w = torch.randn(k, n, generator=gen).t()
+    for m in (3, 5, 8, 13, 16):
+        x = torch.randn(m, k, generator=gen)
+        rows = torch.empty(m, n)
+        lib.gk_gemv_t(x.data_ptr(), k, w.data_ptr(), n, rows.data_ptr(), m, n, k, 2)
+        for i in range(m):
+            alone, xi = torch.empty(1, n), x[i:i + 1].clone()
+            lib.gk_gemv_t(xi.data_ptr(), k, w.data_ptr(), n, alone.data_ptr(), 1, n, k, 2)
+            same = same and torch.equal(rows[i], alone[0])
 model = tiny_llama(seed=2)
 ids = torch.tensor([[1, 17, 33, 5, 60, 9]])
 kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0, max_new_tokens=40)
