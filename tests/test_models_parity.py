@@ -348,6 +348,24 @@ def test_gpt2_on_each_product_route_gives_transformers_tokens(route, tmp_path, m
         assert weight.data_ptr() == ours.transformer.h[0].attn.c_attn.weight.data_ptr()
 
 
+def test_gpt2s_context_bounds_generation_and_the_server_as_transformers_names_it(tmp_path):
+    """GPT-2's context is ``n_positions``; transformers' GPT2Config also reads it as
+    ``max_position_embeddings``, the name generate(), continuous batching and ``genkit serve`` bound
+    requests by: past it, a ConfigError naming max_new_tokens and the most that fit (not an IndexError
+    from the position table), and the server's default max_model_len is that context."""
+    from genkit.errors import ConfigError
+    from genkit.serve.limits import default_max_model_len
+
+    hf, ours = _gpt2_pair(tmp_path / "gpt2")
+    assert ours.config.max_position_embeddings == hf.config.max_position_embeddings == 256
+    assert default_max_model_len(ours, None) == 256
+    prompt = torch.tensor([[1, 17, 42, 99, 5, 23]])
+    with pytest.raises(ConfigError, match=r"`max_new_tokens` \(251\).*context \(`max_position_embeddings`\) is 256: "
+                                          r"ask for at most 250 new tokens"):
+        ours.generate(prompt, max_new_tokens=251)
+    assert ours.generate(prompt, max_new_tokens=250, min_new_tokens=250).shape == (1, 256)
+
+
 def test_gpt2_inference_path_follows_weight_edits_hooks_and_training(tmp_path):
     hf, ours = _gpt2_pair(tmp_path)
     ours.cpu_weight_packing = True  # packed copies too: an edit must reach them

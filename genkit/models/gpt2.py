@@ -174,7 +174,9 @@ def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | No
 
 
 class GPT2LMHeadModel(InferencePathModel, GenerationMixin):
-    """GPT-2 with transformers' calling convention (``num_hidden_layers`` = ``n_layer``). Its layers
+    """GPT-2 with transformers' calling convention (``num_hidden_layers`` = ``n_layer``,
+    ``max_position_embeddings`` = ``n_positions``: the context that generation, continuous batching
+    and ``genkit serve`` bound requests by). Its layers
     run on the inference path (:class:`~genkit.models.llama_infer.InferencePathModel`; ``cpu_weight_packing``)."""
 
     supports_partial_depth = True
@@ -184,6 +186,8 @@ class GPT2LMHeadModel(InferencePathModel, GenerationMixin):
             config.num_hidden_layers = config.n_layer
         if config.hidden_size is None:
             config.hidden_size = config.n_embd
+        if config.max_position_embeddings is None:  # (transformers' GPT2Config maps the name to n_positions)
+            config.max_position_embeddings = config.n_positions
         super().__init__(config)
         self.transformer = GPT2Inner(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
