@@ -199,3 +199,36 @@ def test_assisted_decoding_gives_greedy_constrained_tokens(demo):
                               prompt_lookup_num_tokens=4)
     assert torch.equal(greedy, drafted)
     jsonschema.validate(json.loads(_texts(tok, greedy, ids.shape[1])[0]), SCHEMA)
+
+
+def test_an_encoder_decoder_models_decoder_is_constrained_after_its_start_token(tmp_path):
+    """Structured outputs on an encoder-decoder model (a tiny random BART through the transformers
+    adapter, a byte-level BPE tokenizer): the grammar starts after the decoder's start token, not after
+    the encoder's prompt, and every row of greedy, beam and sampled search is in the language and ends
+    with EOS."""
+    transformers = pytest.importorskip("transformers")
+    from test_gguf_gpt2 import EOT, byte_level_vocab
+
+    tok = byte_level_vocab(320)[3]
+    eot = tok.convert_tokens_to_ids(EOT)
+    torch.manual_seed(0)
+    cfg = transformers.BartConfig(vocab_size=320, d_model=32, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                  decoder_ffn_dim=64, max_position_embeddings=128, bos_token_id=eot,
+                                  eos_token_id=eot, pad_token_id=eot, decoder_start_token_id=eot)
+    transformers.BartForConditionalGeneration(cfg).eval().save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model = genkit.load_model(tmp_path)
+    ids = tok("hello there, a long prompt for the encoder", return_tensors="pt")["input_ids"]
+    runs = [(dict(guided_choice=["yes", "no", "maybe not"]), r"yes|no|maybe not"),
+            (dict(guided_regex=r"[A-Z]{3}-[0-9]{2,4}"), r"[A-Z]{3}-[0-9]{2,4}"),
+            (dict(guided_choice=["yes", "no"], num_beams=3, num_return_sequences=2), r"yes|no"),
+            (dict(guided_regex=r"[a-z]{2,5}", do_sample=True, num_return_sequences=3), r"[a-z]{2,5}")]
+    genkit.set_seed(0)
+    for kw, pattern in runs:
+        out = genkit.generate(model, ids, max_new_tokens=12, tokenizer=tok, **kw)
+        assert out.shape[0] == kw.get("num_return_sequences", 1)
+        for row in out.tolist():
+            assert row[0] == eot and eot in row[1:], (kw, row)  # the decoder's start, then EOS ends the text
+            text = tok.decode(row[1:row.index(eot, 1)])
+            assert re.fullmatch(pattern, text), (kw, text)
