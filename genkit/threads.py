@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from .errors import ConfigError
 
@@ -112,17 +113,20 @@ def default_threads(load: float | None = None) -> int:
     return threads
 
 
-def runnable_elsewhere(reads: int = 3, pause: float = 0.005) -> int | None:
+def runnable_elsewhere(reads: int = 3, pause: float = 0.005,
+                       read: Callable[[], int | None] | None = None) -> int | None:
     """How many threads of other processes are runnable now: the system's count of runnable
     threads (``/proc/loadavg``) less this process's own (``/proc/self/task/*/stat`` in state R),
-    the fewest of up to ``reads`` readings ``pause`` seconds apart (one reading is an instant: on a
-    2-CPU machine with both busy, a system thread waking for a moment was in one reading of 8, and
-    made a first run skip its kernel probe); None where the system does not say."""
+    the fewest of up to ``reads`` readings ``pause`` seconds apart, stopping at a reading of 0 (one
+    reading is an instant: on a 2-CPU machine with both busy, a system thread waking for a moment
+    was in one reading of 8, and made a first run skip its kernel probe); None where the system does
+    not say. ``read`` takes one reading (default: the system's, as above)."""
+    read = _runnable_elsewhere_once if read is None else read
     fewest: int | None = None
     for i in range(reads):
         if i:
             time.sleep(pause)
-        now = _runnable_elsewhere_once()
+        now = read()
         if now is None:
             return None
         fewest = now if fewest is None else min(fewest, now)

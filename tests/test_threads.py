@@ -80,6 +80,19 @@ def test_the_load_this_process_made_itself_does_not_count_as_busy():
     assert busy(budget, load=float(budget) + 3) is not None  # no count of runnable threads: the load decides
 
 
+@pytest.mark.parametrize(("readings", "expected", "taken"), [
+    ([2, 1, 3], 1, 3),        # the fewest of three: a thread waking for a moment is in one reading only
+    ([1, 0, 5], 0, 2),        # a reading of 0 ends it
+    ([0, 4, 4], 0, 1),
+    ([3, None, 0], None, 2),  # a system that stops saying: None, not a count of the readings before
+    ([None], None, 1),
+])
+def test_runnable_elsewhere_takes_the_fewest_of_its_readings(readings, expected, taken):
+    left = list(readings)
+    assert runnable_elsewhere(reads=3, pause=0.0, read=lambda: left.pop(0)) == expected
+    assert len(readings) - len(left) == taken
+
+
 def test_runnable_elsewhere_leaves_out_this_processs_threads():
     import threading
 
