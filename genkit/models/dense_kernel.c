@@ -109,7 +109,7 @@ static float *scratch(size_t n) {
  * vectors: each row's sums stay in registers through the pass and each weight vector is loaded once
  * for all G rows (rows_pass's own loop keeps RR * RS weight vectors in registers instead, which
  * AVX2's 16 cannot hold: reloads and broadcasts made its rows' products load-bound). */
-static inline __attribute__((always_inline)) void group_rows(const float (*xv)[RR][RS], const float *wr, long span,
+static inline __attribute__((always_inline)) void group_rows(float (*xv)[RR][RS], const float *wr, long span,
                                                              long ldw, float *p, int N, int j, const int rr,
                                                              const int G, const int V) {
     pv s[GROUP_ROWS][2];
@@ -129,7 +129,7 @@ static inline __attribute__((always_inline)) void group_rows(const float (*xv)[R
 }
 
 /* group_rows with G and V as constants (the sums' registers are named at compile time) */
-static inline __attribute__((always_inline)) void group_pass(const float (*xv)[RR][RS], const float *wr, long span,
+static inline __attribute__((always_inline)) void group_pass(float (*xv)[RR][RS], const float *wr, long span,
                                                              long ldw, float *p, int N, int j, const int rr, int G,
                                                              const int V) {
     switch (G) {
