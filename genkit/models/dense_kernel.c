@@ -142,6 +142,26 @@ static inline __attribute__((always_inline)) void group_pass(float (*xv)[RR][RS]
     }
 }
 
+/* A pass's whole vectors of p (columns 0 .. the returned j - 1) over M rows: group_pass on the rows in
+ * groups of GROUP_ROWS, two vectors at a time, then one; with `ahead`, the next pass's cache lines
+ * asked for (as rows_pass's own loop does) */
+static inline __attribute__((always_inline)) int group_vectors(float (*xv)[RR][RS], const float *wr, long span,
+                                                               long ldw, float *p, int M, int N, const int rr,
+                                                               int ahead) {
+    int j = 0;
+    for (; j + 2 * PW <= N; j += 2 * PW) {
+        if (ahead)
+            for (int q = 0; q < rr; q++)
+                for (int u = 0; u < RS; u++) __builtin_prefetch(wr + (rr + q + u * span) * ldw + j, 0, 3);
+        for (int m0 = 0; m0 < M; m0 += GROUP_ROWS)
+            group_pass(xv + m0, wr, span, ldw, p + (size_t)m0 * N, N, j, rr, M - m0 < GROUP_ROWS ? M - m0 : GROUP_ROWS, 2);
+    }
+    for (; j + PW <= N; j += PW)
+        for (int m0 = 0; m0 < M; m0 += GROUP_ROWS)
+            group_pass(xv + m0, wr, span, ldw, p + (size_t)m0 * N, N, j, rr, M - m0 < GROUP_ROWS ? M - m0 : GROUP_ROWS, 1);
+    return j;
+}
+
 /* (GCC 12 with -mavx2 sees the tail below read xv where the loops that write it have not run: they
  * write every xv[m][q][u] it reads, m < M, q < steps, u < RS) */
 #pragma GCC diagnostic push
@@ -162,18 +182,8 @@ static inline __attribute__((always_inline)) void rows_pass(const float *x, int 
                 for (int u = 0; u < RS; u++) xv[m][q][u] = x[(size_t)m * ldx + k0 + r + q + u * span];
         int j = 0;
 #if GROUPED
-        if (steps == rr && M > 2) { /* AVX2: the rows' sums in registers, each weight vector loaded once a pass */
-            for (; j + 2 * PW <= N; j += 2 * PW) {
-                if (ahead)
-                    for (int q = 0; q < rr; q++)
-                        for (int u = 0; u < RS; u++) __builtin_prefetch(wr + (rr + q + u * span) * ldw + j, 0, 3);
-                for (int m0 = 0; m0 < M; m0 += GROUP_ROWS) group_pass(xv + m0, wr, span, ldw, p + (size_t)m0 * N, N, j, rr,
-                                                                      M - m0 < GROUP_ROWS ? M - m0 : GROUP_ROWS, 2);
-            }
-            for (; j + PW <= N; j += PW)
-                for (int m0 = 0; m0 < M; m0 += GROUP_ROWS) group_pass(xv + m0, wr, span, ldw, p + (size_t)m0 * N, N, j, rr,
-                                                                      M - m0 < GROUP_ROWS ? M - m0 : GROUP_ROWS, 1);
-        }
+        if (steps == rr && M > 2) /* AVX2: the rows' sums in registers, each weight vector loaded once a pass */
+            j = group_vectors(xv, wr, span, ldw, p, M, N, rr, ahead);
 #endif
         if (steps == rr)
             for (; j + PW <= N; j += PW) {
