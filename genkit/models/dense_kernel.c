@@ -98,9 +98,10 @@ static float *scratch(size_t n) {
 #endif
 #endif
 #ifndef ONE_STEP_ROWS /* part_t_rows over at most this many rows takes one step per pass (4 weight streams, not
-                       * 16): on the Xeon guest, SmolLM2's four layer products at 2 rows 11 % faster (AVX-512),
-                       * at 3-6 rows in one group 16-23 % faster than rows_pass's own loop (AVX2 build) */
-#define ONE_STEP_ROWS (GROUPED ? GROUP_ROWS : 2)
+                       * 16): on the Xeon guest, SmolLM2's four layer products at 2-8 rows 7-12 % faster
+                       * (AVX-512; at 16 rows 1.3x slower), at 3-6 rows in one group 16-23 % faster than
+                       * rows_pass's own loop (AVX2 build) */
+#define ONE_STEP_ROWS (GROUPED ? GROUP_ROWS : PW == 16 ? 8 : 2)
 #endif
 #define GROUP_ROWS 6   /* AVX2's 16 registers: 6 rows x 2 vectors of sums, 2 weight vectors, a broadcast x */
 
