@@ -387,7 +387,7 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         model was not made for (the cache still grows, step by step, if generation goes past it)."""
         from .cache import KVCache
 
-        context = self.config.get("max_position_embeddings") or self.config.get("n_positions")
+        context = self.config.get("max_position_embeddings")  # (GPT-2 reads its n_positions as this name)
         if isinstance(context, int) and context > 0:
             max_length = min(max_length, context)
         return KVCache(self.config.num_hidden_layers, capacity=max_length)

@@ -97,13 +97,19 @@ static float *scratch(size_t n) {
 #define GROUPED 0
 #endif
 #endif
+#define GROUP_ROWS 6   /* AVX2's 16 registers: 6 rows x 2 vectors of sums, 2 weight vectors, a broadcast x */
 #ifndef ONE_STEP_ROWS /* part_t_rows over at most this many rows takes one step per pass (4 weight streams, not
                        * 16): on the Xeon guest, SmolLM2's four layer products at 2-8 rows 7-12 % faster
                        * (AVX-512; at 16 rows 1.3x slower), at 3-6 rows in one group 16-23 % faster than
                        * rows_pass's own loop (AVX2 build) */
 #define ONE_STEP_ROWS (GROUPED ? GROUP_ROWS : PW == 16 ? 8 : 2)
 #endif
-#define GROUP_ROWS 6   /* AVX2's 16 registers: 6 rows x 2 vectors of sums, 2 weight vectors, a broadcast x */
+
+/* Ask for the next pass's cache line at column j of each of its rr * RS rows (rows_pass's `ahead`) */
+static inline __attribute__((always_inline)) void next_pass(const float *wr, long span, long ldw, int j, const int rr) {
+    for (int q = 0; q < rr; q++)
+        for (int u = 0; u < RS; u++) __builtin_prefetch(wr + (rr + q + u * span) * ldw + j, 0, 3);
+}
 
 /* p[g][j + v * PW] += sum over the pass's rr steps q and RS streams u (in that order, as rows_pass
  * adds them) of w[q + u * span][j + v * PW] * x[g][q][u], for g < G <= GROUP_ROWS rows and v < V <= 2
@@ -151,9 +157,7 @@ static inline __attribute__((always_inline)) int group_vectors(float (*xv)[RR][R
                                                                int ahead) {
     int j = 0;
     for (; j + 2 * PW <= N; j += 2 * PW) {
-        if (ahead)
-            for (int q = 0; q < rr; q++)
-                for (int u = 0; u < RS; u++) __builtin_prefetch(wr + (rr + q + u * span) * ldw + j, 0, 3);
+        if (ahead) next_pass(wr, span, ldw, j, rr);
         for (int m0 = 0; m0 < M; m0 += GROUP_ROWS)
             group_pass(xv + m0, wr, span, ldw, p + (size_t)m0 * N, N, j, rr, M - m0 < GROUP_ROWS ? M - m0 : GROUP_ROWS, 2);
     }
@@ -189,9 +193,7 @@ static inline __attribute__((always_inline)) void rows_pass(const float *x, int 
         if (steps == rr)
             for (; j + PW <= N; j += PW) {
                 pv wv[RR][RS];
-                if (ahead && j % 16 == 0) /* the next pass's cache line of each of its rows */
-                    for (int q = 0; q < rr; q++)
-                        for (int u = 0; u < RS; u++) __builtin_prefetch(wr + (rr + q + u * span) * ldw + j, 0, 3);
+                if (ahead && j % 16 == 0) next_pass(wr, span, ldw, j, rr);
                 for (int q = 0; q < rr; q++)
                     for (int u = 0; u < RS; u++) wv[q][u] = *(const pv *)(wr + (q + u * span) * ldw + j);
                 for (int m = 0; m < M; m++) {
