@@ -151,3 +151,30 @@ def test_ray_job_stopped_halfway_resumes_with_the_missing_rows(cluster, folder, 
     got = _read(tmp_path / "out.jsonl")
     assert [r["id"] for r in got] == [r["id"] for r in rows]
     assert got == _local(folder, tmp_path / "in.jsonl", tmp_path / "local.jsonl")
+
+
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_ray_engine_runs_an_encoder_decoder_model_as_the_local_engine_does(cluster, tmp_path, name):
+    """An encoder-decoder folder through ``--engine ray``: each actor picks the generate engine
+    (continuous batching runs decoder-only models), rows with beams, stop strings and their own
+    lengths give the local engine's rows (text, decoder tokens after the start token, usage)."""
+    import seq2seq_models as S
+
+    import genkit
+
+    folder = tmp_path / name
+    S.save_with_tokenizer(S.build(name), str(folder))
+    rows = [{"id": "a", "prompt": "w5 w6 w7 w8 w9 w10 w1"},
+            {"id": "b", "prompt": "w20 w21 w1", "max_new_tokens": 3},
+            {"id": "c", "prompt": "w30 w31 w32 w33 w34 w35 w36 w37 w38 w39 w1", "num_beams": 3},
+            {"id": "d", "prompt": "w40 w41 w42 w1", "stop_strings": ["w50", "w26"]}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    engine = RayEngine(str(folder), {"max_new_tokens": 6}, batch_size=2, workers=2)
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "ray.jsonl", engine, chunk_size=3)
+    local = LocalEngine(genkit.load_model(str(folder)), genkit.load_tokenizer(str(folder)), {"max_new_tokens": 6},
+                        batch_size=2)
+    run_batch(tmp_path / "in.jsonl", tmp_path / "local.jsonl", local, chunk_size=3)
+    got, want = _read(tmp_path / "ray.jsonl"), _read(tmp_path / "local.jsonl")
+    assert [r["id"] for r in got] == ["a", "b", "c", "d"] and (summary.written, summary.bad) == (4, 1)
+    assert got == want
+    assert len(got[1]["token_ids"]) <= 3 and all("error" not in r and r["token_ids"] for r in got)
