@@ -268,6 +268,36 @@ def test_a_decode_step_in_one_call_equals_the_torch_path(quantized, num_layers, 
                 torch.testing.assert_close(new, want_new, rtol=0, atol=atol)
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_quantized_gpt2s_decode_step_in_one_call_equals_the_torch_path(tmp_path, rows):
+    """GPT-2 quantized by ``genkit.quantize`` (its Conv1D projections block weights with float
+    biases): a decode step runs in one block-kernel call, LayerNorms, biases and GELU's tanh form
+    included, within the bound of the same computation summed in another order (with the
+    activations' second int8 digit) of the torch path, which runs the same block products."""
+    from test_quantized import _tiny_gpt2
+
+    from genkit import quantize
+
+    if not block_kernel.available():
+        pytest.skip("no C compiler: the block kernel does not exist here")
+    model = quantize(_tiny_gpt2(tmp_path), "int8")
+    ids = torch.tensor([[1, 17, 33, 5, 250, 9], [3, 4, 5, 6, 7, 8]])[:rows]
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=1, do_sample=False)
+    prepared = model._prepared[1]
+    assert isinstance(prepared.decoder, BlockDecoder) and not prepared.decoder.dense
+    assert all(t.gelu == t.no_rope == 1 and t.b_qkv and t.norm2_b for t in prepared.decoder.table)
+    pos = ids.shape[1]
+    x = torch.randn(rows, 1, model.config.hidden_size, generator=torch.Generator().manual_seed(rows))
+    with torch.no_grad():
+        ours_cache, torch_cache = _prefilled(model, ids), _prefilled(model, ids)
+        ours, want = one_call_and_torch_path(prepared, x, None, None, ours_cache, torch_cache, None)
+    assert ours is not None and not torch.equal(ours, x)
+    atol = hidden_bound(model.config, pos + 1, len(prepared.layers), want, linear_u=U_BLOCK_ACTIVATION_NORM)
+    torch.testing.assert_close(ours, want, rtol=0, atol=atol)
+    assert ours_cache.lengths == torch_cache.lengths == [pos + 1] * len(prepared.layers)
+
+
 def test_what_the_one_call_cannot_take_goes_the_torch_way(quantized):
     decoder = quantized._prepared[1].decoder
     x = torch.randn(1, 1, quantized.config.hidden_size)

@@ -290,3 +290,80 @@ def test_continuous_batching_on_the_gemv_route_gives_greedy_generates_tokens(mon
     assert model._prepared[1].decoder.dense
     got = model.generate_batch(prompts, max_new_tokens=12, do_sample=False, eos_token_id=None)
     assert [o.generated_tokens for o in got.values()] == want
+
+
+def _gpt2(tmp_path, **config):
+    """genkit's GPT-2 loaded from a small random transformers checkpoint (2 layers of 64, 4 heads)."""
+    transformers = pytest.importorskip("transformers")
+    import genkit
+
+    torch.manual_seed(1234)
+    cfg = transformers.GPT2Config(vocab_size=160, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=1,
+                                  eos_token_id=2, pad_token_id=0, initializer_range=0.1, **config)
+    transformers.GPT2LMHeadModel(cfg).eval().save_pretrained(tmp_path / "gpt2")
+    return genkit.load_model(str(tmp_path / "gpt2"))
+
+
+@pytest.mark.parametrize("config", [{}, {"scale_attn_by_inverse_layer_idx": True, "layer_norm_epsilon": 1e-3,
+                                         "activation_function": "gelu_pytorch_tanh"}], ids=["gelu_new", "scaled"])
+def test_gpt2s_decode_step_runs_in_one_call_as_the_torch_path_does(config, tmp_path, monkeypatch):
+    """GPT-2's blocks on the gemv route run a batch-1 decode step in one block-kernel call too: the
+    LayerNorms with their biases, every product's bias, GELU's tanh form, no rotary embedding, each
+    layer's attention scale; the torch path's hidden state within the float32 bound of the same
+    computation summed in another order, the new keys and values written."""
+    if not dense_kernel.available() or not block_kernel.available():
+        pytest.skip("no C compiler: neither kernel exists here")
+    monkeypatch.setenv(kernel_choice.ENV, "gemv")
+    model = _gpt2(tmp_path, **config)
+    ids = torch.tensor([[1, 17, 42, 99, 5, 23]])
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=1, do_sample=False)  # prepares the routes
+        prepared = model._prepared[1]
+        assert isinstance(prepared.decoder, BlockDecoder) and prepared.decoder.dense
+        table = prepared.decoder.table
+        assert [(t.gelu, t.no_rope) for t in table] == [(1, 1)] * 2 and all(t.norm1_b and t.b_qkv for t in table)
+        assert [t.scale for t in table] == ([0.25, 0.125] if config else [0.25, 0.25])  # 1 / (4 (layer + 1))
+        pos = ids.shape[1]
+        x = torch.randn(1, 1, 64, generator=torch.Generator().manual_seed(0))
+        ours_cache, torch_cache = (model(ids, use_cache=True).past_key_values for _ in range(2))
+        ours, want = one_call_and_torch_path(prepared, x, None, None, ours_cache, torch_cache, None)
+    assert ours is not None and not torch.equal(ours, x)
+    torch.testing.assert_close(ours, want, rtol=0, atol=hidden_bound(model.config, pos + 1, 2, want))
+    for got, ref in zip(ours_cache.keys + ours_cache.values, torch_cache.keys + torch_cache.values):
+        torch.testing.assert_close(got[:, :, :pos], ref[:, :, :pos], rtol=0, atol=0)  # the prompt's, untouched
+        torch.testing.assert_close(got[:, :, pos], ref[:, :, pos], rtol=0, atol=hidden_bound(
+            model.config, pos + 1, 1, ref[:, :, pos]))
+
+
+def test_gpt2_with_an_activation_the_kernel_lacks_keeps_the_torch_path(tmp_path, monkeypatch):
+    """The step knows GELU's tanh form only: GPT-2 with the exact (erf) GELU has no one-call decoder
+    and runs its layers on the gemv route's torch path."""
+    if not dense_kernel.available() or not block_kernel.available():
+        pytest.skip("no C compiler: neither kernel exists here")
+    monkeypatch.setenv(kernel_choice.ENV, "gemv")
+    model = _gpt2(tmp_path, activation_function="gelu")
+    with torch.no_grad():
+        model.generate(torch.tensor([[1, 17, 42]]), max_new_tokens=1, do_sample=False)
+    assert model._prepared[1].decoder is None
+    assert type(model._prepared[1].layers[0].wqkv) is dense_kernel.Gemv
+
+
+def test_biased_projections_run_in_one_call_as_the_torch_path_does(monkeypatch):
+    """Biases of the q/k/v and o products (Qwen2's, ``attention_bias``) are added in the one-call step
+    as the torch path adds them: its hidden state within the float32 bound."""
+    if not dense_kernel.available() or not block_kernel.available():
+        pytest.skip("no C compiler: neither kernel exists here")
+    monkeypatch.setenv(kernel_choice.ENV, "gemv")
+    model = tiny_llama(seed=5, attention_bias=True)
+    ids = torch.tensor([[1, 17, 33, 5, 60, 9]])
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=1, do_sample=False)
+        prepared = model._prepared[1]
+        assert prepared.decoder is not None and all(t.b_qkv and t.b_o and not t.b_gu for t in prepared.decoder.table)
+        pos = ids.shape[1]
+        x = torch.randn(1, 1, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        cos, sin = model.rope(torch.tensor([[pos]]), x.dtype, pos, 1)
+        ours_cache, torch_cache = (model(ids, use_cache=True).past_key_values for _ in range(2))
+        ours, want = one_call_and_torch_path(prepared, x, cos, sin, ours_cache, torch_cache, None)
+    assert ours is not None
+    torch.testing.assert_close(ours, want, rtol=0, atol=hidden_bound(model.config, pos + 1, 2, want))

@@ -203,6 +203,46 @@ def test_quantized_gguf_runs_quantized_on_the_one_call_decoder(tmp_path, qtype):
 
 
 @pytest.mark.skipif(not block_kernel.available(), reason="no C compiler for the block kernel")
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_a_quantized_qwen2_gguf_runs_its_biased_projections_on_the_one_call_decoder(tmp_path, qtype):
+    """Qwen2's q/k/v carry float biases (WithBias on the int4 layers): the layers take the inference
+    path, their biases fused as q/k/v are, and decode steps the one-call decoder (the biases added in
+    the kernel's step). Against the per-layer torch path: the hidden state within the bound of the
+    same computation in another order, the same greedy tokens; the de-quantized model is transformers'
+    GGUF load of the file; continuous batching gives generate's tokens."""
+    from genkit.models.quant import Int4Linear, WithBias
+
+    path = tmp_path / f"qwen2-{qtype}.gguf"
+    write_quantized_gguf(path, qtype, "Q8_0", tied=True, arch="qwen2", seed=4)
+    q, f, hf = genkit.load_model(path), genkit.load_model(path, dequantize=True), _hf_gguf(path)
+    attn = q.model.layers[0].self_attn
+    assert type(attn.q_proj) is WithBias and type(attn.q_proj.inner) is Int4Linear and type(attn.o_proj) is Int4Linear
+    torch.testing.assert_close(f(IDS, attention_mask=MASK).logits[MASK.bool()],
+                               hf(IDS, attention_mask=MASK).logits[MASK.bool()],
+                               atol=logits_bound(f, IDS, MASK), rtol=0)
+    lq, lf = q(IDS, attention_mask=MASK).logits, f(IDS, attention_mask=MASK).logits
+    assert (lq - lf).abs().max() <= logits_bound(f, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
+    prepared = q._prepared[1]
+    assert prepared is not None and isinstance(prepared.decoder, BlockDecoder)
+    bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+    assert torch.equal(prepared.layers[0].bqkv, bias) and prepared.layers[0].bo is None
+    assert all(t.b_qkv and not t.b_o and not t.b_gu and not t.b_d for t in prepared.decoder.table)
+    pos = IDS.shape[1]
+    x = torch.randn(1, 1, q.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    cos, sin = q.rope(torch.tensor([[pos]]), x.dtype, pos, 1)
+    with torch.no_grad():
+        ours, want = one_call_and_torch_path(prepared, x, cos, sin, _prefilled(q, IDS[:1]), _prefilled(q, IDS[:1]), None)
+    atol = hidden_bound(q.config, pos + 1, len(prepared.layers), want, linear_u=U_BLOCK_ACTIVATION_NORM)
+    torch.testing.assert_close(ours, want, rtol=0, atol=atol)
+    kw = {"max_new_tokens": 32, "eos_token_id": None, "pad_token_id": 0}
+    one = q.generate(IDS[:1], **kw)
+    assert torch.equal(_without_decoder(q, lambda: q.generate(IDS[:1], **kw)), one)
+    _same_or_near_tie(f, one, f.generate(IDS[:1], **kw), MASK[:1])
+    batch = q.generate_batch([IDS[0].tolist()], max_new_tokens=32, do_sample=False, eos_token_id=None)
+    assert batch["req_0"].generated_tokens == one[0, IDS.shape[1]:].tolist()
+
+
+@pytest.mark.skipif(not block_kernel.available(), reason="no C compiler for the block kernel")
 @pytest.mark.parametrize(("qtype", "rows"), [("Q4_0", 1), ("Q8_0", 1), ("Q8_0", 3)])
 def test_a_quantized_decode_step_in_one_call_applies_the_norms_as_the_torch_path(tmp_path, qtype, rows):
     """The one-call step's hidden state and new keys/values against the per-layer torch path's, within

@@ -74,12 +74,16 @@ def forward_relative_bound(config, seq_len: int, *, store_u: float = 0.0, linear
     the relative errors add along the chain (each block's condition number taken as 1: the norms and
     the residual stream keep these models there), and two evaluations differ by twice one's bound.
     Qwen3's per-head norms of q and k add a sum of ``head_dim`` squares and five roundings (the mean,
-    eps, the inverse square root, two products) before the scores, and two stored tensors.
+    eps, the inverse square root, two products) before the scores, and two stored tensors. GPT-2's
+    LayerNorms sum ``H`` values before their ``H`` squares (two more sums of ``H`` per block) and its
+    GELU adds about ten roundings (the cube, the tanh or exp, the products).
     """
     hidden, inner, head_dim, n_layers = _dims(config)
     n = n_layers if layers is None else layers
     qk_norm = getattr(config, "model_type", None) == "qwen3"
-    block_terms = 6 * hidden + head_dim + 2 * seq_len + inner + 10 + ((head_dim + 5) if qk_norm else 0)
+    gpt2 = getattr(config, "model_type", None) == "gpt2"
+    block_terms = (6 * hidden + head_dim + 2 * seq_len + inner + 10 + ((head_dim + 5) if qk_norm else 0)
+                   + ((2 * hidden + 10) if gpt2 else 0))
     # the final norm (H terms; counted for a hidden state too, which may be the normalised last one) and the head
     terms = n * block_terms + (2 * hidden if layers is None else hidden)
     stores = n * (14 if qk_norm else 12) + (2 if layers is None else 0)

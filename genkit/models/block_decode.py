@@ -54,7 +54,9 @@ class _Layer(ctypes.Structure):
                 ("llama", ctypes.c_int), ("gemv", ctypes.c_void_p), ("ld_qkv", ctypes.c_long), ("ld_o", ctypes.c_long),
                 ("ld_gu", ctypes.c_long), ("ld_d", ctypes.c_long), ("window", ctypes.c_int), ("sink", ctypes.c_int),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("q_eps", ctypes.c_float),
-                ("k_eps", ctypes.c_float)]
+                ("k_eps", ctypes.c_float), ("norm1_b", ctypes.c_void_p), ("norm2_b", ctypes.c_void_p),
+                ("b_qkv", ctypes.c_void_p), ("b_o", ctypes.c_void_p), ("b_gu", ctypes.c_void_p), ("b_d", ctypes.c_void_p),
+                ("gelu", ctypes.c_int), ("no_rope", ctypes.c_int), ("scale", ctypes.c_float)]
 
 
 class _Ends(ctypes.Structure):
@@ -129,6 +131,11 @@ def _ends(embed: Any, norm: torch.Tensor, eps: float, llama: bool, head: Any, hi
     return _Ends(*table, norm.data_ptr(), eps, int(llama), *out)
 
 
+def _address(t: torch.Tensor | None) -> int | None:
+    """A tensor's address for the kernel; None (NULL) for none."""
+    return None if t is None else t.data_ptr()
+
+
 def _dense_library() -> Any:
     from . import dense_kernel
 
@@ -141,10 +148,23 @@ def _dims(w: Any) -> tuple[int, int]:
 
 
 def _with_qk_norm(layer: _Layer, p: Any) -> _Layer:
-    """``layer`` with the prepared layer's per-head q/k norms (Qwen3's ``qk_norm``; none: NULL)."""
+    """``layer`` with the prepared layer's per-head q/k norms (Qwen3's ``qk_norm``; none: NULL) and
+    GPT-2's block (:func:`_with_gpt2`)."""
     if p.qk_norm is not None:
         qw, layer.q_eps, kw, layer.k_eps = p.qk_norm
         layer.q_norm, layer.k_norm = qw.data_ptr(), kw.data_ptr()
+    return _with_gpt2(layer, p)
+
+
+def _with_gpt2(layer: _Layer, p: Any) -> _Layer:
+    """``layer`` with GPT-2's block where the prepared layer has one: LayerNorms (their biases), the
+    products' biases, the un-gated GELU MLP, no rotary embedding, the attention's scale."""
+    if p.norm_biases is not None:
+        layer.norm1_b, layer.norm2_b = (b.data_ptr() for b in p.norm_biases)
+    layer.b_qkv, layer.b_o, layer.b_gu, layer.b_d = (None if b is None else b.data_ptr()
+                                                     for b in (p.bqkv, p.bo, p.bgu, p.bd))
+    layer.gelu, layer.no_rope = int(p.act is not None), int(p.rotation is None)
+    layer.scale = 0.0 if p.scale is None else p.scale
     return layer
 
 
@@ -266,12 +286,21 @@ class BlockDecoder:
 
     @staticmethod
     def _fits(p: Any, first: Any) -> bool:
-        """Whether a prepared layer's shapes and extras fit the kernel's step (``first``: the first layer)."""
+        """Whether a prepared layer's shapes and extras fit the kernel's step (``first``: the first layer):
+        the Llama graph (RMSNorm, rope, SwiGLU, 1 / sqrt(head_dim)), or GPT-2's block (:meth:`_fits_gpt2`);
+        float32 biases of their products' widths (Qwen2's q/k/v, GPT-2's), or none."""
         hidden = first.norm1.shape[0]
-        if any(b is not None for b in (p.bqkv, p.bo, p.bgu, p.bd)) or p.window is not None or p.packed:
+        if p.window is not None or p.packed or (p.rotation is None) != (first.rotation is None):
             return False
-        if p.norm_biases is not None or p.act is not None or p.rotation is None or p.scale is not None:
-            return False  # the step is the Llama graph's: RMSNorm, rope, SwiGLU, 1 / sqrt(head_dim)
+        gpt2 = p.norm_biases is not None
+        if not gpt2 and (p.act is not None or p.rotation is None or p.scale is not None):
+            return False
+        if gpt2 and not BlockDecoder._fits_gpt2(p, hidden):
+            return False
+        widths = [_dims(w)[0] for w in (p.wqkv, p.wo, p.wgu, p.wd)]
+        if not all(b is None or b.dtype == torch.float32 and b.device.type == "cpu" and b.is_contiguous()
+                   and b.shape == (n,) for b, n in zip((p.bqkv, p.bo, p.bgu, p.bd), widths)):
+            return False
         if p.qk_norm is not None and any(  # Qwen3's per-head q/k norms: float32 weights of one head's width
                 n.dtype != torch.float32 or n.device.type != "cpu" or not n.is_contiguous() or n.shape != (p.head_dim,)
                 for n in p.qk_norm[::2]):
@@ -281,7 +310,20 @@ class BlockDecoder:
         if p.head_dim != first.head_dim or p.head_dim % 2 or p.head_dim > 512 or p.num_heads % p.num_kv_heads:
             return False
         (qkv, _), (o_out, o_in), (gu, _), (_, d_in) = (_dims(w) for w in (p.wqkv, p.wo, p.wgu, p.wd))
-        return qkv == (p.num_heads + 2 * p.num_kv_heads) * p.head_dim and gu == 2 * d_in and o_in == p.num_heads * p.head_dim
+        return (qkv == (p.num_heads + 2 * p.num_kv_heads) * p.head_dim and gu == (d_in if gpt2 else 2 * d_in)
+                and o_in == p.num_heads * p.head_dim)
+
+    @staticmethod
+    def _fits_gpt2(p: Any, hidden: int) -> bool:
+        """Whether GPT-2's block fits the step: LayerNorms (float32 biases), GELU's tanh form
+        (:func:`~genkit.models.llama_infer.gelu_tanh`; the kernel has no other activation), no rotary
+        embedding, no per-head norms."""
+        from .llama_infer import gelu_tanh
+
+        if p.act is not gelu_tanh or p.rotation is not None or p.qk_norm is not None:
+            return False
+        return all(b.dtype == torch.float32 and b.device.type == "cpu" and b.is_contiguous() and b.shape == (hidden,)
+                   for b in p.norm_biases)
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, masks: dict[Any, Any], cache: Any,
                  num_layers: int | None) -> torch.Tensor | None:
@@ -301,22 +343,36 @@ class BlockDecoder:
         state = self._cache_state(cache, rows, t, n)
         if state is None:
             return None
-        if cos.numel() != t * self.head_dim or sin.numel() != t * self.head_dim:
+        tables = self._tables(cos, sin, t, rows)
+        if tables is None:
             return None
-        cos, sin = cos.reshape(t, self.head_dim), sin.reshape(t, self.head_dim)
-        if t > 1:  # one row per step row (row r is token r % t of cache row r // t)
-            cos, sin = cos.repeat(rows, 1), sin.repeat(rows, 1)
-        cos = cos if cos.dtype == torch.float32 and cos.is_contiguous() else cos.float().contiguous()
-        sin = sin if sin.dtype == torch.float32 and sin.is_contiguous() else sin.float().contiguous()
+        cos, sin = tables
         out = x.contiguous().clone()
-        rc = block_kernel.library().gk_decode(n, self.table, out.data_ptr(), rows * t, self.hidden, cos.data_ptr(),
-                                              sin.data_ptr(), pos, t, state.karr, state.varr, state.capacity,
+        rc = block_kernel.library().gk_decode(n, self.table, out.data_ptr(), rows * t, self.hidden, _address(cos),
+                                              _address(sin), pos, t, state.karr, state.varr, state.capacity,
                                               torch.get_num_threads())
         if rc:
             raise MemoryError("the block kernel could not allocate its scratch memory")
         cache.lengths[:n] = [pos + t] * n
         cache.ahead = None
         return out
+
+    def _tables(self, cos: torch.Tensor | None, sin: torch.Tensor | None, t: int, rows: int
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
+        """The rotary tables for a step of ``t`` tokens of ``rows`` rows as the kernel reads them (one
+        ``head_dim`` row per token, repeated per row when ``t > 1``); (None, None) for layers without
+        rotary positions (GPT-2, whose callers pass no tables); None when they do not fit: take the
+        torch path."""
+        if self.layers[0].rotation is None:
+            return (None, None) if cos is None and sin is None else None
+        if cos is None or sin is None or cos.numel() != t * self.head_dim or sin.numel() != t * self.head_dim:
+            return None
+        cos, sin = cos.reshape(t, self.head_dim), sin.reshape(t, self.head_dim)
+        if t > 1:  # one row per step row (row r is token r % t of cache row r // t)
+            cos, sin = cos.repeat(rows, 1), sin.repeat(rows, 1)
+        cos = cos if cos.dtype == torch.float32 and cos.is_contiguous() else cos.float().contiguous()
+        sin = sin if sin.dtype == torch.float32 and sin.is_contiguous() else sin.float().contiguous()
+        return cos, sin
 
     def _cache_state(self, cache: KVCache, rows: int, t: int, n: int) -> _CacheState | None:
         """The checked buffers of the first ``n`` layers of ``cache`` when a step of ``t`` tokens of

@@ -1520,6 +1520,13 @@ typedef struct {
      * q/k/v product and before the rotary embedding; NULL: none (Llama, Mistral, Qwen2) */
     const float *q_norm, *k_norm;
     float q_eps, k_eps;
+    /* GPT-2's block (genkit/models/gpt2.py): LayerNorms (norm1/norm2 with the biases norm1_b/norm2_b; NULL:
+     * RMSNorms), each product's bias (NULL: none), an un-gated MLP (gelu: wgu holds `intermediate` outputs and
+     * GELU's tanh form runs on them; 0: SwiGLU over gate and up), no rotary embedding (no_rope), the attention's
+     * score scale (0: 1 / sqrt(head_dim)) */
+    const float *norm1_b, *norm2_b, *b_qkv, *b_o, *b_gu, *b_d;
+    int gelu, no_rope;
+    float scale;
 } gk_layer;
 
 enum { GK_W_QKV, GK_W_O, GK_W_GU, GK_W_D };
@@ -1539,12 +1546,39 @@ static int layer_product(const gk_layer *L, int which, const float *x, float *y,
     return gk_matmul(bits[which], w[which], x, y, rows, N, K, threads, act[which]);
 }
 
+/* layer_product, then the weight's bias (GPT-2's; none: NULL) added to each row, as torch's linear adds it */
+static int biased_product(const gk_layer *L, int which, const float *x, float *y, int rows, int N, int K,
+                          int threads) {
+    int rc = layer_product(L, which, x, y, rows, N, K, threads);
+    const float *bias[4] = {L->b_qkv, L->b_o, L->b_gu, L->b_d};
+    if (rc == 0 && bias[which] != NULL)
+        for (int r = 0; r < rows; r++) {
+            float *yr = y + (size_t)r * N;
+#pragma omp simd
+            for (int i = 0; i < N; i++) yr[i] += bias[which][i];
+        }
+    return rc;
+}
+
 static void rms_norm(const float *x, const float *w, float eps, int n, float *out) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int i = 0; i < n; i++) s += x[i] * x[i];
     float r = 1.0f / sqrtf(s / (float)n + eps);
     for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* LayerNorm (GPT-2's; weight w, bias b): (x - mean) * (1 / sqrt(var + eps)) * w + b, the biased variance */
+static void layer_norm(const float *x, const float *w, const float *b, float eps, int n, float *out) {
+    float s = 0.0f, v = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += x[i];
+    const float mean = s / (float)n;
+#pragma omp simd reduction(+ : v)
+    for (int i = 0; i < n; i++) v += (x[i] - mean) * (x[i] - mean);
+    const float r = 1.0f / sqrtf(v / (float)n + eps);
+#pragma omp simd
+    for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * r * w[i] + b[i];
 }
 
 static void rope(float *v, const float *cos_, const float *sin_, int d) {
@@ -1880,7 +1914,7 @@ static void attend_llama(const gk_layer *L, const float *qkv, int rows, const in
     int per = group < GK_ATT_HEADS ? group : GK_ATT_HEADS;  /* heads per item: fewer when the threads would idle */
     while (per > 1 && rows * nkv * ((group + per - 1) / per) < 3 * threads) per--;
     const int chunks = (group + per - 1) / per, work = rows * nkv * chunks;
-    const float scale = 1.0f / sqrtf((float)d);
+    const float scale = L->scale > 0.0f ? L->scale : 1.0f / sqrtf((float)d);
 #pragma omp parallel for num_threads(threads < work ? threads : work) schedule(static)
     for (int w = 0; w < work; w++) {
         const float *q[GK_ATT_HEADS];
@@ -2031,10 +2065,11 @@ static void rope_and_store(const gk_layer *L, float *qkv, int rows, const float 
         float *qr = qkv + r * (size_t)nqkv;
         for (int i = 0; i < nq + nkv; i++) {
             float *v = qr + (size_t)i * d;
-            const float *c = cos_ + (size_t)r * cs_stride, *sn = sin_ + (size_t)r * cs_stride;
             const float *w = i < nq ? L->q_norm : L->k_norm;
             if (w != NULL)  /* (in place: each element is read before it is written) */
                 (L->llama ? rms_norm_llama : rms_norm)(v, w, i < nq ? L->q_eps : L->k_eps, d, v);
+            if (L->no_rope) continue;  /* (GPT-2: no tables, cos_ and sin_ NULL) */
+            const float *c = cos_ + (size_t)r * cs_stride, *sn = sin_ + (size_t)r * cs_stride;
             if (L->llama) rope_llama(v, c, sn, d); else rope(v, c, sn, d);
         }
         for (int j = 0; j < nkv; j++) {
@@ -2370,7 +2405,7 @@ static void attend_vec(const gk_layer *L, const float *qkv, int rows, const int3
     const int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, group = nq / nkv;
     const int per = group < GK_ATT_HEADS ? group : GK_ATT_HEADS;  /* not fewer for idle threads: each K/V read once */
     const int chunks = (group + per - 1) / per, work = rows * nkv * chunks;
-    const float scale = 1.0f / sqrtf((float)d);
+    const float scale = L->scale > 0.0f ? L->scale : 1.0f / sqrtf((float)d);
 #pragma omp parallel for num_threads(threads < work ? threads : work) schedule(static)
     for (int w = 0; w < work; w++) {
         const float *q[GK_ATT_HEADS];
@@ -2401,7 +2436,7 @@ static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t 
         return;
     }
 #endif
-    float scale = 1.0f / sqrtf((float)d);
+    float scale = L->scale > 0.0f ? L->scale : 1.0f / sqrtf((float)d);
     int work = rows * nq, nthreads = threads < work ? threads : work;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int ri = 0; ri < work; ri++) {
@@ -2433,9 +2468,41 @@ static void norm_rows(int llama, float eps, const float *w, const float *x, floa
         (llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, w, eps, hidden, h + r * (size_t)hidden);
 }
 
+/* a layer's norm before its attention (second 0) or its MLP (1): norm_rows, or GPT-2's LayerNorm */
+static void layer_norm_rows(const gk_layer *L, int second, const float *x, float *h, int rows, int hidden, int threads) {
+    const float *w = second ? L->norm2 : L->norm1, *b = second ? L->norm2_b : L->norm1_b;
+    if (b == NULL) {
+        norm_rows(L->llama, L->eps, w, x, h, rows, hidden, threads);
+        return;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
+    for (int r = 0; r < rows; r++) layer_norm(x + r * (size_t)hidden, w, b, L->eps, hidden, h + r * (size_t)hidden);
+}
+
 /* silu(gate) * up of each row (gu: gate then up per row) into act, rows shared among threads */
+/* GELU's tanh form, 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3), as x / (1 + exp(-2u)) (the
+ * same function; no cancellation where x is negative), ggml's vector expf in steps of 8 */
+static void gelu_tanh(const float *x, float *a, int n) {
+    const float c = 1.5957691216057308f, k = 0.044715f; /* 2 sqrt(2 / pi) */
+    int i = 0;
+#ifdef GK_LLAMA_VEC
+    const __m256 one = _mm256_set1_ps(1.0f), mc = _mm256_set1_ps(-c), vk = _mm256_set1_ps(k);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 u = _mm256_mul_ps(mc, _mm256_fmadd_ps(_mm256_mul_ps(vk, v), _mm256_mul_ps(v, v), v));
+        _mm256_storeu_ps(a + i, _mm256_div_ps(v, _mm256_add_ps(one, expf_llama_avx2(u))));
+    }
+#endif
+    for (; i < n; i++) a[i] = x[i] / (1.0f + expf(-c * (k * x[i] * (x[i] * x[i]) + x[i])));
+}
+
 static void swiglu_rows(const gk_layer *L, const float *gu, float *act, int rows, int threads) {
     const int inter = L->intermediate;
+    if (L->gelu) { /* GPT-2: un-gated, gu holds the MLP's `intermediate` outputs per row */
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
+        for (int r = 0; r < rows; r++) gelu_tanh(gu + (size_t)r * inter, act + (size_t)r * inter, inter);
+        return;
+    }
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
     for (int r = 0; r < rows; r++) {
         const float *g = gu + 2 * (size_t)r * inter;
@@ -2471,10 +2538,10 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, inter = L->intermediate;
         int nqkv = (nq + 2 * nkv) * d;
         GK_T0;
-        norm_rows(L->llama, L->eps, L->norm1, x, h, rows, hidden, threads);
+        layer_norm_rows(L, 0, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_QKV);
-        if ((rc = layer_product(L, GK_W_QKV, h, qkv, rows, nqkv, hidden, threads))) break;
+        if ((rc = biased_product(L, GK_W_QKV, h, qkv, rows, nqkv, hidden, threads))) break;
         GK_T0;
         rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv, threads);
         GK_T(GK_P_ROPE);
@@ -2484,19 +2551,19 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
             attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
         GK_T(GK_P_ATTEND);
         GK_CAT(GK_P_O);
-        if ((rc = layer_product(L, GK_W_O, att, tmp, rows, hidden, nq * d, threads))) break;
+        if ((rc = biased_product(L, GK_W_O, att, tmp, rows, hidden, nq * d, threads))) break;
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);
-        norm_rows(L->llama, L->eps, L->norm2, x, h, rows, hidden, threads);
+        layer_norm_rows(L, 1, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_GU);
-        if ((rc = layer_product(L, GK_W_GU, h, gu, rows, 2 * inter, hidden, threads))) break;
+        if ((rc = biased_product(L, GK_W_GU, h, gu, rows, L->gelu ? inter : 2 * inter, hidden, threads))) break;
         GK_T0;
         swiglu_rows(L, gu, act, rows, threads);
         GK_T(GK_P_SILU);
         GK_CAT(GK_P_DOWN);
-        if ((rc = layer_product(L, GK_W_D, act, tmp, rows, hidden, inter, threads))) break;
+        if ((rc = biased_product(L, GK_W_D, act, tmp, rows, hidden, inter, threads))) break;
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);

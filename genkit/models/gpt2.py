@@ -21,16 +21,25 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from . import weight_arena
 from .base import ModelConfig, eager_attention
+from .block_decode import BlockDecoder
 from .cache import KVCache
 from .llama import build_attention_mask
-from .llama_infer import InferencePathModel, PreparedLayer, PreparedModel, finish_dense, lay_out, run_layers
+from .llama_infer import (
+    InferencePathModel,
+    PreparedLayer,
+    PreparedModel,
+    finish_dense,
+    gelu_tanh,
+    lay_out,
+    run_layers,
+)
 from .mixin import GenerationMixin
 from .quant import Int4Linear, WithBias
 
 _ACTIVATIONS = {
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": gelu_tanh,  # (one function: the block kernel's one-call step knows it)
+    "gelu_pytorch_tanh": gelu_tanh,
+    "gelu_fast": gelu_tanh,
     "gelu": F.gelu,
     "relu": F.relu,
     "silu": F.silu,
@@ -157,7 +166,9 @@ def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | No
     """GPT-2's blocks on the inference path, or None when one was replaced (e.g. by an adapter):
     the modules run. Float32/bfloat16 ``Conv1D`` blocks with an ``nn.Linear`` head take the dense
     routes (:func:`~genkit.models.llama_infer.finish_dense`; the head laid out column-major and the
-    weights placed in huge pages, as the Llama family's); others run each projection as it is."""
+    weights placed in huge pages, as the Llama family's); others run each projection as it is, and a
+    batch-1 decode step in one block-kernel call where every projection is on that kernel
+    (:class:`~genkit.models.block_decode.BlockDecoder`: LayerNorms, biases, GELU's tanh form)."""
     projections = [p for p in (_projections(block) for block in blocks) if p is not None]
     if not blocks or len(projections) != len(blocks):
         return None
@@ -168,8 +179,11 @@ def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | No
             lay_out(lm_head.weight)
             weight_arena.place([m.weight for p in projections for m in p] + [lm_head.weight])
         layers = [_prepared_layer(block, p) for block, p in zip(blocks, projections)]
-    if not dense:
-        return PreparedModel(layers, None)
+    if not dense:  # quantized: decode steps in one block-kernel call where every projection is on that kernel
+        blocks = [w.blocks for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd) if w.kernel == "blocks"]
+        head = [lm_head.blocks] if type(lm_head) is Int4Linear and lm_head.kernel == "blocks" else []
+        weight_arena.place(blocks + head)  # in huge pages, in the order a step reads them (before the decoder's pointers)
+        return PreparedModel(layers, None, BlockDecoder.build(layers))
     return finish_dense(layers, lm_head, [w for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd)], packing)
 
 

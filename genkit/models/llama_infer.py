@@ -40,7 +40,7 @@ from .base import GenkitModel
 from .dense_kernel import PRE_GATE, PRE_NONE, PRE_RMS, Gemv
 from .kernel_choice import CLASSES, SMALL_MAX_ROWS
 from .numerics import is_llama_numerics
-from .quant import Int4Linear
+from .quant import Int4Linear, WithBias
 
 logger = logging.getLogger("genkit.models")
 
@@ -148,6 +148,12 @@ def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None, packed: bool
     return F.linear(x, weight, bias)
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation (GPT-2's ``gelu_new``; ``gelu_pytorch_tanh``, ``gelu_fast``): the
+    activation the block kernel's one-call step computes for an un-gated MLP (``PreparedLayer.act``)."""
+    return F.gelu(x, approximate="tanh")
+
+
 def rotation_matrix(head_dim: int, like: torch.Tensor) -> torch.Tensor:
     """``R`` with ``x @ R == cat(x2, x1)`` (the halves swapped); rope's sin table carries the sign."""
     half = head_dim // 2
@@ -231,13 +237,13 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
                 or not _qk_norms_fit(attn, RMSNorm)):
             return None
         lins = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if all(type(lin) is Int4Linear for lin in lins):
+        if all(type(int4_of(lin)) is Int4Linear for lin in lins):
             continue
         if any(type(lin) is not nn.Linear for lin in lins):
             return None
-    if all(type(layer.self_attn.q_proj) is Int4Linear for layer in layers):
+    if all(type(int4_of(layer.self_attn.q_proj)) is Int4Linear for layer in layers):
         return _prepare_quantized(layers, windows, lm_head)
-    if any(type(layer.self_attn.q_proj) is Int4Linear for layer in layers):
+    if any(type(int4_of(layer.self_attn.q_proj)) is Int4Linear for layer in layers):
         return None
     prepared = []
     # plain tensors even when the first call comes from inside generate(): the parameters keep them
@@ -372,10 +378,24 @@ class _ProbeInputs:
         return x
 
 
+def int4_of(layer: Any) -> Any:
+    """The :class:`Int4Linear` of a quantized projection with a float bias (:class:`WithBias`: Qwen2's
+    q/k/v in GGUF files, GPT-2's), else ``layer`` itself."""
+    return layer.inner if type(layer) is WithBias and type(layer.inner) is Int4Linear else layer
+
+
+def fused_bias(layers: tuple[nn.Module, ...]) -> torch.Tensor | None:
+    """The float biases of quantized projections computed as one (:class:`WithBias`'s; zeros for a
+    layer without one), or None when none has a bias."""
+    if not any(type(lin) is WithBias for lin in layers):
+        return None
+    return torch.cat([lin.bias if type(lin) is WithBias else torch.zeros(int4_of(lin).out_features) for lin in layers])
+
+
 def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None], lm_head: nn.Module) -> PreparedModel | None:
-    """The prepared layers of a model whose projections are :class:`Int4Linear` (q/k/v and
-    gate/up fused into one int4 layer each; the LM head runs as its module); None (the module
-    path) when the sizes do not allow fusing."""
+    """The prepared layers of a model whose projections are :class:`Int4Linear`, with or without a
+    float bias (q/k/v and gate/up fused into one int4 layer each, their biases into one; the LM head
+    runs as its module); None (the module path) when the sizes do not allow fusing."""
     from .llama import LlamaDecoderLayer
 
     prepared = []
@@ -387,13 +407,15 @@ def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None], lm_head
             norm = layer.input_layernorm.weight
             if attn.head_dim not in rotations:
                 rotations[attn.head_dim] = rotation_matrix(attn.head_dim, norm)
-            wqkv = Int4Linear.fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-            wgu = Int4Linear.fuse([mlp.gate_proj, mlp.up_proj])
+            qkv, gu = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
+            wqkv = Int4Linear.fuse([int4_of(lin) for lin in qkv])
+            wgu = Int4Linear.fuse([int4_of(lin) for lin in gu])
             if wqkv is None or wgu is None:
                 return None
             prepared.append(PreparedLayer(
-                wqkv, None, norm, attn.o_proj, None, wgu, None, layer.post_attention_layernorm.weight,
-                mlp.down_proj, None, layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                wqkv, fused_bias(qkv), norm, int4_of(attn.o_proj), fused_bias((attn.o_proj,)), wgu, fused_bias(gu),
+                layer.post_attention_layernorm.weight, int4_of(mlp.down_proj), fused_bias((mlp.down_proj,)),
+                layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim,
                 window, rotations[attn.head_dim], False, qk_norm(attn)))
     from .block_decode import BlockDecoder
 
