@@ -367,3 +367,35 @@ def test_biased_projections_run_in_one_call_as_the_torch_path_does(monkeypatch):
         ours, want = one_call_and_torch_path(prepared, x, cos, sin, ours_cache, torch_cache, None)
     assert ours is not None
     torch.testing.assert_close(ours, want, rtol=0, atol=hidden_bound(model.config, pos + 1, 2, want))
+
+
+def test_gpt2s_step_with_its_ends_in_one_call_equals_the_modules(tmp_path, monkeypatch):
+    """On the gemv route GPT-2's batch-1 decode step runs from token id to logits in one call too:
+    the token's embedding row plus its position's row of the learned positions, every layer, the
+    final LayerNorm with its bias and the tied head (column-major) on the dense kernel. Against the
+    same step with the ends as modules (a hook on ln_f keeps them there): the same layers on the same
+    embedding (bit for bit: the same keys and values), the norm in another order
+    (tolerance.norm_and_head_bound for a LayerNorm)."""
+    if not dense_kernel.available() or not block_kernel.available():
+        pytest.skip("no C compiler: neither kernel exists here")
+    monkeypatch.setenv(kernel_choice.ENV, "gemv")
+    model = _gpt2(tmp_path)
+    ids = torch.tensor([[1, 17, 42, 99, 5, 23]])
+    seen = []
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=1, do_sample=False)
+        fast_cache, usual_cache = (model(ids, use_cache=True).past_key_values for _ in range(2))
+        fast = model(torch.tensor([[77]]), past_key_values=fast_cache).logits
+        assert model._prepared[1].decoder._ends[1] is not None  # the step took its ends into the call
+        ln_f = model.transformer.ln_f
+        handle = ln_f.register_forward_hook(lambda _m, _a, out: seen.append(out.detach().clone()))
+        try:
+            usual = model(torch.tensor([[77]]), past_key_values=usual_cache).logits
+        finally:
+            handle.remove()
+    assert len(seen) == 1 and fast.shape == usual.shape == (1, 1, model.config.vocab_size)
+    for a, b in zip(fast_cache.keys + fast_cache.values, usual_cache.keys + usual_cache.values):
+        assert torch.equal(a[:, :, :7], b[:, :, :7])  # the same layers on the same embedding (and position) row
+    h, w = seen[0].reshape(1, -1), model.lm_head.weight.detach()
+    bound = norm_and_head_bound(h, w, matmul_bound, layer_norm=True)
+    assert ((fast.reshape(1, -1) - usual.reshape(1, -1)).abs() <= bound).all()

@@ -372,7 +372,7 @@ def test_the_draft_length_stays_within_what_one_check_runs():
 
 
 def test_the_default_makes_a_draft_only_up_to_its_size_limit(monkeypatch):
-    from genkit.models import llama
+    from genkit.models import one_call
 
     model = tiny_llama(seed=10)
     plain = _greedy(model, False)
@@ -381,8 +381,8 @@ def test_the_default_makes_a_draft_only_up_to_its_size_limit(monkeypatch):
     blocks = sum(lin.blocks.numel() for p in draft.decoder.layers for lin in (p.wqkv, p.wo, p.wgu, p.wd))
     head = prepared.for_rows(1)[1]  # (the float32 head a step reads: the draft's head is 4-bit, rescored on it)
     assert draft.head.bits == 4 and draft.ends.rescore == RESCORE
-    assert llama.draft_bytes(prepared, head) == blocks + draft.head.blocks.numel()
-    monkeypatch.setattr(llama, "DRAFT_MAX_BYTES", blocks)  # a limit under this model's draft
+    assert one_call.draft_bytes(prepared, head) == blocks + draft.head.blocks.numel()
+    monkeypatch.setattr(one_call, "DRAFT_MAX_BYTES", blocks)  # a limit under this model's draft
     model.__dict__.pop("_self_draft")
     assert torch.equal(_greedy(model, None), plain)
     assert model.speculation_stats is None  # no draft: one token per step
@@ -537,3 +537,28 @@ def test_a_model_with_biased_projections_speculates_exactly():
     assert torch.equal(spec, plain)
     stats = model.speculation_stats
     assert stats["checks"] > 0 and stats["accepted"] > 0
+
+
+@pytest.mark.parametrize("vocab", [160, 163])
+def test_gpt2_speculates_exactly_with_its_learned_positions(tmp_path, vocab):
+    """GPT-2 on the one-call decoder (LayerNorms, biases, GELU, its learned positions added to each
+    row's embedding in the kernel): the 8-bit draft and the check give plain greedy search's tokens,
+    which are transformers' on the same weights. A vocabulary that is not a multiple of 16 (GPT-2's
+    50,257; 163 here) gets a draft head padded with rows of zeros, which its steps never choose."""
+    transformers = pytest.importorskip("transformers")
+    import genkit
+
+    torch.manual_seed(1234)
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=1,
+                                  eos_token_id=2, pad_token_id=0, initializer_range=0.1)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    model = genkit.load_model(str(tmp_path))
+    ref = hf.generate(IDS, do_sample=False, max_new_tokens=64, eos_token_id=None, pad_token_id=0)
+    plain = _greedy(model, False, max_new_tokens=64)
+    assert torch.equal(plain, ref) and model.speculation_stats is None
+    assert torch.equal(_greedy(model, True, max_new_tokens=64), ref)
+    stats = model.speculation_stats
+    assert stats["checks"] > 0 and stats["accepted"] > 0 and stats["answered_ahead"] > 0
+    draft = model.__dict__["_self_draft"][1]
+    assert draft.head.out_features == 16 * -(-vocab // 16) and draft.ends.live == vocab

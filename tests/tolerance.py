@@ -147,7 +147,7 @@ def block_product_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return rounding + matmul_bound(x, w)
 
 
-def norm_and_head_bound(h: torch.Tensor, w: torch.Tensor, product=None) -> torch.Tensor:
+def norm_and_head_bound(h: torch.Tensor, w: torch.Tensor, product=None, layer_norm: bool = False) -> torch.Tensor:
     """Elementwise bound on the difference of two evaluations of an LM head after two RMSNorms of the
     same hidden states (the kernel's sum of squares and torch's, in other orders): ``h`` (M, K) one
     norm's output, ``W`` (N, K) the head's rows. Each norm is within ``gamma(K + 6)`` of the exact
@@ -155,8 +155,10 @@ def norm_and_head_bound(h: torch.Tensor, w: torch.Tensor, product=None) -> torch
     products), so the two differ by ``rel = 2 gamma(K + 6)`` of ``|h|``; the head's float product
     carries that over (``rel |h| |W|``), and each side's product stays within ``product(h, W)`` (of
     inputs up to ``1 + rel`` times larger): :func:`block_product_bound` (the default, the block
-    kernel's head) or :func:`matmul_bound` (a float32 head)."""
-    rel = 2 * gamma(h.shape[-1] + 6)
+    kernel's head) or :func:`matmul_bound` (a float32 head). ``layer_norm`` (GPT-2's LayerNorm): K
+    values summed for the mean before the K squared differences, and the subtraction and the bias
+    after: ``gamma(2K + 8)`` each."""
+    rel = 2 * gamma(2 * h.shape[-1] + 8 if layer_norm else h.shape[-1] + 6)
     one = (product or block_product_bound)(h, w).double()
     return 2 * one * (1 + rel) + rel * (h.abs().double() @ w.abs().double().t())
 

@@ -68,7 +68,9 @@ class _Ends(ctypes.Structure):
                 ("head_bits", ctypes.c_int), ("head_act", ctypes.c_int), ("outputs", ctypes.c_int),
                 ("gemv", ctypes.c_void_p), ("head_ld", ctypes.c_long), ("proxy", ctypes.c_void_p),
                 ("bound", ctypes.c_void_p), ("proxy_rows", ctypes.c_int), ("gemv_cols", ctypes.c_void_p),
-                ("rescore_w", ctypes.c_void_p), ("rescore_ld", ctypes.c_long), ("rescore", ctypes.c_int)]
+                ("rescore_w", ctypes.c_void_p), ("rescore_ld", ctypes.c_long), ("rescore", ctypes.c_int),
+                ("norm_b", ctypes.c_void_p), ("positions", ctypes.c_void_p), ("p0", ctypes.c_longlong),
+                ("p1", ctypes.c_longlong), ("position_rows", ctypes.c_longlong), ("live", ctypes.c_int)]
 
 
 def _end_tensors(embed: Any, norm: Any, head: Any) -> tuple[torch.Tensor, ...] | None:
@@ -122,13 +124,35 @@ def _head(head: Any, hidden: int, gemv: int | None) -> tuple[int, int, int, int,
 
 
 def _ends(embed: Any, norm: torch.Tensor, eps: float, llama: bool, head: Any, hidden: int,
-          gemv: int | None) -> _Ends | None:
+          gemv: int | None, extras: tuple[torch.Tensor, ...] = ()) -> _Ends | None:
     """The ends of a step (:func:`_table`, :func:`_head`, the final RMSNorm's float32 weight
-    ``norm`` computed as ggml does with ``llama``), or None when one does not fit the kernel."""
+    ``norm`` computed as ggml does with ``llama``; with ``extras``, :func:`gpt2_extras`, a LayerNorm
+    with that bias and learned positions), or None when one does not fit the kernel."""
     table, out = _table(embed, hidden), _head(head, hidden, gemv)
     if table is None or out is None or norm.dtype != torch.float32 or norm.shape != (hidden,) or not norm.is_contiguous():
         return None
-    return _Ends(*table, norm.data_ptr(), eps, int(llama), *out)
+    ends = _Ends(*table, norm.data_ptr(), eps, int(llama), *out)
+    if extras:
+        bias, positions = extras
+        ends.norm_b, ends.positions = bias.data_ptr(), positions.data_ptr()
+        ends.p0, ends.p1, ends.position_rows = positions.stride(0), positions.stride(1), positions.shape[0]
+    return ends
+
+
+def gpt2_extras(norm: Any, positions: Any, hidden: int) -> tuple[torch.Tensor, ...] | None:
+    """GPT-2's part of a step's ends: the final LayerNorm's bias and the learned positions' table
+    (``positions``: an :class:`torch.nn.Embedding` of float32 rows ``hidden`` wide; any strides); ``()``
+    for a model with neither (an RMSNorm, rotary positions); None where they do not fit the kernel."""
+    if positions is None:
+        return () if type(norm) is not torch.nn.LayerNorm else None
+    if type(norm) is not torch.nn.LayerNorm or type(positions) is not torch.nn.Embedding or positions.max_norm is not None:
+        return None
+    bias, table = norm._parameters.get("bias"), positions._parameters.get("weight")
+    if bias is None or table is None or bias.dtype != torch.float32 or bias.shape != (hidden,) or not bias.is_contiguous():
+        return None
+    if table.dtype != torch.float32 or table.device.type != "cpu" or table.dim() != 2 or table.shape[1] != hidden:
+        return None
+    return bias, table
 
 
 def _address(t: torch.Tensor | None) -> int | None:
@@ -389,28 +413,32 @@ class BlockDecoder:
             return None
         return state
 
-    def step_ends(self, embed: Any, norm: Any, lm_head: Any, head: Any = None) -> _Ends | None:
+    def step_ends(self, embed: Any, norm: Any, lm_head: Any, head: Any = None, positions: Any = None
+                  ) -> _Ends | None:
         """:func:`_ends` for the modules around the layers: ``embed`` the input embedding, ``norm``
-        the final norm (an RMSNorm module: ``weight``, ``eps``, ``numerics``), ``lm_head`` the LM
-        head module and ``head`` what computes it (the prepared inference route's; default the
+        the final norm (an RMSNorm module: ``weight``, ``eps``, ``numerics``; GPT-2's
+        :class:`torch.nn.LayerNorm` with ``positions``, its learned positions' embedding), ``lm_head``
+        the LM head module and ``head`` what computes it (the prepared inference route's; default the
         module). None when one does not fit or has a hook (they then run as modules). Kept while
         the modules, their tensors' memory and the hooks registered anywhere
         (``RemovableHandle.next_id``) stay the same; it holds references to the tensors, so its
         pointers stay valid."""
         head = lm_head if head is None else head
-        tensors = _end_tensors(embed, norm, head)
-        if tensors is None:
+        tensors, extras = _end_tensors(embed, norm, head), gpt2_extras(norm, positions, self.hidden)
+        if tensors is None or extras is None:
             return None
+        tensors += extras
         eps, llama = float(norm.eps), is_llama_numerics(norm.__dict__.get("numerics", "genkit"))
-        key = (RemovableHandle.next_id, id(embed), id(norm), id(lm_head), id(head), eps, llama,
+        key = (RemovableHandle.next_id, id(embed), id(norm), id(lm_head), id(head), id(positions), eps, llama,
                *((id(t), t.data_ptr()) for t in tensors))
         if self._ends is not None and self._ends[0] == key:
             return self._ends[1]
         from .llama_infer import has_hooks
 
-        fits = not has_hooks([embed, norm, lm_head])
-        ends = _ends(embed, tensors[-2], eps, llama, head, self.hidden, self.gemv) if fits else None
-        self._ends = (key, ends, tensors)
+        fits = not has_hooks([embed, norm, lm_head] + ([] if positions is None else [positions]))
+        weights = tensors[:len(tensors) - len(extras)]
+        ends = _ends(embed, weights[-2], eps, llama, head, self.hidden, self.gemv, extras) if fits else None
+        self._ends = (key, ends, weights)
         return ends
 
     def logits(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends
@@ -452,16 +480,15 @@ class BlockDecoder:
         if type(cache) is not KVCache or ids.shape != (rows, 1) or ids.device.type != "cpu" or self.dense and rows != 1:
             return False  # (the gemv route is batch-1 decode's)
         n = len(self.layers)
-        state = self._cache_state(cache, rows, 1, n)
-        if state is None or cos.numel() != self.head_dim or sin.numel() != self.head_dim:
+        state, tables = self._cache_state(cache, rows, 1, n), self._tables(cos, sin, 1, 1)
+        if state is None or tables is None:
             return False
         ids = ids if ids.dtype == torch.long and ids.is_contiguous() else ids.long().contiguous()
-        cos = cos if cos.dtype == torch.float32 and cos.is_contiguous() else cos.float().contiguous()
-        sin = sin if sin.dtype == torch.float32 and sin.is_contiguous() else sin.float().contiguous()
+        cos, sin = tables
         pos = cache.lengths[0]
         ends, copy = self._copy_ends(ends) if top else (ends, None)  # (held through the call: see _copy_ends)
         rc = block_kernel.library().gk_decode_top(
-            n, self.table, ctypes.byref(ends), ids.data_ptr(), rows, self.hidden, cos.data_ptr(), sin.data_ptr(), pos,
+            n, self.table, ctypes.byref(ends), ids.data_ptr(), rows, self.hidden, _address(cos), _address(sin), pos,
             state.karr, state.varr, state.capacity, torch.get_num_threads(), 0 if logits is None else logits.data_ptr(),
             top, 0 if tokens is None else tokens.data_ptr())
         del copy
@@ -484,7 +511,8 @@ class BlockDecoder:
         is read through its 8-bit copy as :meth:`argmax` reads it (once for all T rows). None, with
         nothing written, where this step does not apply (another cache, no room)."""
         t = ids.shape[0]
-        if type(cache) is not KVCache or ids.dim() != 1 or not 1 <= t <= 16 or cos.shape != (t, self.head_dim):
+        tables = self._tables(cos, sin, t, 1)
+        if type(cache) is not KVCache or ids.dim() != 1 or not 1 <= t <= 16 or tables is None:
             return None
         if logits is not None and (logits.shape != (t, ends.outputs) or logits.dtype != torch.float32
                                    or not logits.is_contiguous()):
@@ -494,7 +522,7 @@ class BlockDecoder:
         if state is None:
             return None
         ids = ids if ids.dtype == torch.long and ids.is_contiguous() else ids.long().contiguous()
-        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        cos, sin = tables
         pos, tokens = cache.lengths[0], torch.empty(t, dtype=torch.long)
         copy = None
         if logits is None and head_copy:
@@ -504,7 +532,7 @@ class BlockDecoder:
             ends = type(ends).from_buffer_copy(ends)
             ends.proxy = None
         rc = block_kernel.library().gk_decode_verify(
-            n, self.table, ctypes.byref(ends), ids.data_ptr(), t, self.hidden, cos.data_ptr(), sin.data_ptr(), pos,
+            n, self.table, ctypes.byref(ends), ids.data_ptr(), t, self.hidden, _address(cos), _address(sin), pos,
             state.karr, state.varr, state.capacity, torch.get_num_threads(), tokens.data_ptr(),
             None if logits is None else logits.data_ptr())
         del copy

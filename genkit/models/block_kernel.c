@@ -2655,10 +2655,20 @@ typedef struct {
     const float *rescore_w;
     long rescore_ld;
     int rescore;
+    /* GPT-2: the final norm a LayerNorm with this bias (NULL: an RMSNorm), and learned positions added to each
+     * embedding row (a float32 table of position_rows rows, element (p, j) at positions[p * p0 + j * p1]; NULL:
+     * none) */
+    const float *norm_b;
+    const float *positions;
+    long long p0, p1, position_rows;
+    /* a draft's head whose rows were padded to a multiple of 16 (GPT-2's 50,257): its greedy steps choose among
+     * the first `live` rows only (0: all `outputs`) */
+    int live;
 } gk_ends;
 
-/* the embedding rows of ids into x (ids checked by the caller) */
-static void embed_rows(const gk_ends *e, const int64_t *ids, int rows, int hidden, float *x) {
+/* the embedding rows of ids into x (ids checked by the caller), row r at position pos + r % tokens: plus that
+ * position's row of e's learned positions where it has them (GPT-2; checked by ends_fit) */
+static void embed_rows(const gk_ends *e, const int64_t *ids, int rows, int hidden, float *x, int pos, int tokens) {
     for (int r = 0; r < rows; r++) {
         float *out = x + (size_t)r * hidden;
         if (e->embed != NULL) {
@@ -2667,12 +2677,34 @@ static void embed_rows(const gk_ends *e, const int64_t *ids, int rows, int hidde
                 memcpy(out, row, sizeof(float) * hidden);
             else
                 for (int i = 0; i < hidden; i++) out[i] = row[(size_t)i * (size_t)e->s1];
-            continue;
+        } else {
+            const int8_t *q = e->codes + (size_t)ids[r] * hidden;
+            const float *s = e->scales + (size_t)ids[r] * (hidden / GK_GROUP);
+            for (int i = 0; i < hidden; i++) out[i] = (float)q[i] * s[i / GK_GROUP];
         }
-        const int8_t *q = e->codes + (size_t)ids[r] * hidden;
-        const float *s = e->scales + (size_t)ids[r] * (hidden / GK_GROUP);
-        for (int i = 0; i < hidden; i++) out[i] = (float)q[i] * s[i / GK_GROUP];
+        if (e->positions != NULL) {
+            const float *p = e->positions + (size_t)(pos + r % tokens) * (size_t)e->p0;
+            for (int i = 0; i < hidden; i++) out[i] += p[(size_t)i * (size_t)e->p1];
+        }
     }
+}
+
+/* whether a step's ids and positions fit the ends: every id in the table, positions pos..pos+tokens-1 in the
+ * learned positions' table where there is one (-5 for the caller otherwise: nothing written) */
+static int ends_fit(const gk_ends *e, const int64_t *ids, int rows, int pos, int tokens) {
+    for (int r = 0; r < rows; r++)
+        if (ids[r] < 0 || ids[r] >= e->vocab) return 0;
+    return e->positions == NULL || (pos >= 0 && (long long)pos + tokens <= e->position_rows);
+}
+
+/* the final norm of each row of x into h: e's RMSNorm, or GPT-2's LayerNorm (e->norm_b) */
+static void end_norm_rows(const gk_ends *e, const float *x, float *h, int rows, int hidden, int threads) {
+    if (e->norm_b == NULL) {
+        norm_rows(e->llama, e->eps, e->norm, x, h, rows, hidden, threads);
+        return;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
+    for (int r = 0; r < rows; r++) layer_norm(x + r * (size_t)hidden, e->norm, e->norm_b, e->eps, hidden, h + r * (size_t)hidden);
 }
 
 /* logits (rows, outputs) of the final-normed hidden states h (rows, hidden): the LM head */
@@ -2687,7 +2719,7 @@ static int head_product(const gk_ends *e, const float *h, int rows, int hidden, 
 int gk_logits(const gk_ends *e, const float *x, int rows, int hidden, float *logits, int threads) {
     float *h = (float *)malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * hidden);
     if (h == NULL) return -1;
-    norm_rows(e->llama, e->eps, e->norm, x, h, rows, hidden, threads);
+    end_norm_rows(e, x, h, rows, hidden, threads);
     int rc = head_product(e, h, rows, hidden, logits, threads);
     free(h);
     return rc;
@@ -2951,8 +2983,8 @@ static int argmax_rows(const gk_ends *e, const float *h, int rows, int hidden, f
 /* The 16-row blocks (ascending, at most GK_RESCORE_MAX) of the e->rescore largest of logits[0..N-1], a
  * value that is not a number never among them (a draft's guess: a NaN only makes it a poor one) */
 #define GK_RESCORE_MAX 16
-static int rescore_blocks(const gk_ends *e, const float *logits, int *blocks) {
-    const int N = e->outputs, R = e->rescore < GK_RESCORE_MAX ? e->rescore : GK_RESCORE_MAX;
+static int rescore_blocks(const gk_ends *e, const float *logits, int N, int *blocks) {
+    const int R = e->rescore < GK_RESCORE_MAX ? e->rescore : GK_RESCORE_MAX;
     float best[GK_RESCORE_MAX];
     int at[GK_RESCORE_MAX], have = 0;
     for (int r = 0; r < N; r++) {
@@ -2989,7 +3021,7 @@ int gk_argmax(const gk_ends *e, const float *x, int rows, int hidden, int64_t *t
     float *h = (float *)malloc(sizeof(float) * n * ((size_t)hidden + (size_t)e->outputs));
     if (h == NULL) return -1;
     float *logits = h + n * hidden;  /* only the blocks computed are written (and touched) on the copy's way */
-    norm_rows(e->llama, e->eps, e->norm, x, h, rows, hidden, threads);
+    end_norm_rows(e, x, h, rows, hidden, threads);
     int rc;
     if (e->proxy != NULL && e->gemv_cols != NULL) {
         rc = argmax_rows(e, h, rows, hidden, logits, tokens, threads);
@@ -3011,18 +3043,17 @@ int gk_argmax(const gk_ends *e, const float *x, int rows, int hidden, int64_t *t
 int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, const int64_t *ids, int rows, int hidden,
                   const float *cos_, const float *sin_, int pos, float *const *kcache, float *const *vcache,
                   int capacity, int threads, float *logits, int top, int64_t *tokens) {
-    for (int r = 0; r < rows; r++)
-        if (ids[r] < 0 || ids[r] >= e->vocab) return -5;
+    if (!ends_fit(e, ids, rows, pos, 1)) return -5;
     const size_t n = (size_t)(rows > 0 ? rows : 1);
     float *x = (float *)malloc(sizeof(float) * n * (2 * (size_t)hidden + (top < 0 ? (size_t)e->outputs : 0)));
     if (x == NULL) return -1;
     float *h = x + n * hidden, *out = top < 0 ? h + n * hidden : logits;
-    embed_rows(e, ids, rows, hidden, x);
+    embed_rows(e, ids, rows, hidden, x, pos, 1);
     int rc = gk_decode(num_layers, layers, x, rows, hidden, cos_, sin_, pos, 1, kcache, vcache, capacity, threads);
     int blocks[GK_PROXY_BLOCKS], nb = -2, done = 0;
     const int copy = e->proxy != NULL && e->gemv_cols != NULL && rows == 1;
     if (rc == 0) {
-        norm_rows(e->llama, e->eps, e->norm, x, h, rows, hidden, threads);
+        end_norm_rows(e, x, h, rows, hidden, threads);
         if (copy && top < 0) {
             rc = argmax_rows(e, h, 1, hidden, out, tokens, threads);
             free(x);
@@ -3033,14 +3064,15 @@ int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, cons
         done = nb >= 0 && proxy_logits(e, h, hidden, blocks, nb, 1, out, threads);
     }
     if (rc == 0 && !done) rc = head_product(e, h, rows, hidden, out, threads);
+    const int live = e->live > 0 && e->live < e->outputs ? e->live : e->outputs;  /* (a padded draft head's rows) */
     if (rc == 0 && !done && top < 0 && rows == 1 && e->rescore > 0 && e->rescore_w != NULL && e->gemv_cols != NULL) {
-        nb = rescore_blocks(e, out, blocks);
-        e->gemv_cols(h, e->rescore_w, e->rescore_ld, out, e->outputs, hidden, threads, blocks, nb);
+        nb = rescore_blocks(e, out, live, blocks);
+        e->gemv_cols(h, e->rescore_w, e->rescore_ld, out, live, hidden, threads, blocks, nb);
         done = nb > 0;
     }
-    if (rc == 0 && done && top < 0) tokens[0] = blocks_first_max(out, e->outputs, blocks, nb);
+    if (rc == 0 && done && top < 0) tokens[0] = blocks_first_max(out, live, blocks, nb);
     for (int r = 0; rc == 0 && !done && top < 0 && r < rows; r++)
-        tokens[r] = first_max(out + (size_t)r * e->outputs, e->outputs);
+        tokens[r] = first_max(out + (size_t)r * e->outputs, live);
     free(x);
     return rc;
 }
@@ -3059,19 +3091,18 @@ int gk_decode_verify(int num_layers, const gk_layer *layers, const gk_ends *e, c
                      int hidden, const float *cos_, const float *sin_, int pos, float *const *kcache,
                      float *const *vcache, int capacity, int threads, int64_t *out, float *logits) {
     if (tokens < 1 || tokens > 16) return -2;
-    for (int r = 0; r < tokens; r++)
-        if (ids[r] < 0 || ids[r] >= e->vocab) return -5;
+    if (!ends_fit(e, ids, tokens, pos, tokens)) return -5;
     const size_t n = (size_t)tokens;
     const int keep = logits != NULL;
     float *x = (float *)malloc(sizeof(float) * n * (2 * (size_t)hidden + (keep ? 0 : (size_t)e->outputs)));
     if (x == NULL) return -1;
     float *h = x + n * hidden;
     if (!keep) logits = h + n * hidden;
-    embed_rows(e, ids, tokens, hidden, x);
+    embed_rows(e, ids, tokens, hidden, x, pos, tokens);
     int rc = gk_decode(num_layers, layers, x, tokens, hidden, cos_, sin_, pos, tokens, kcache, vcache, capacity,
                        threads);
     if (rc == 0) {
-        norm_rows(e->llama, e->eps, e->norm, x, h, tokens, hidden, threads);
+        end_norm_rows(e, x, h, tokens, hidden, threads);
         if (keep || e->proxy == NULL || e->gemv_cols == NULL) {
             rc = head_product(e, h, tokens, hidden, logits, threads);
             for (int r = 0; rc == 0 && r < tokens; r++)

@@ -25,7 +25,6 @@ from .block_decode import BlockDecoder
 from .cache import KVCache
 from .llama import build_attention_mask
 from .llama_infer import (
-    InferencePathModel,
     PreparedLayer,
     PreparedModel,
     finish_dense,
@@ -34,6 +33,7 @@ from .llama_infer import (
     run_layers,
 )
 from .mixin import GenerationMixin
+from .one_call import OneCallModel
 from .quant import Int4Linear, WithBias
 
 _ACTIVATIONS = {
@@ -187,11 +187,13 @@ def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | No
     return finish_dense(layers, lm_head, [w for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd)], packing)
 
 
-class GPT2LMHeadModel(InferencePathModel, GenerationMixin):
+class GPT2LMHeadModel(OneCallModel, GenerationMixin):
     """GPT-2 with transformers' calling convention (``num_hidden_layers`` = ``n_layer``,
     ``max_position_embeddings`` = ``n_positions``: the context that generation, continuous batching
     and ``genkit serve`` bound requests by). Its layers
-    run on the inference path (:class:`~genkit.models.llama_infer.InferencePathModel`; ``cpu_weight_packing``)."""
+    run on the inference path (:class:`~genkit.models.llama_infer.InferencePathModel`; ``cpu_weight_packing``),
+    its decode steps in one kernel call where they can, the learned positions added to the embedding
+    there (:class:`~genkit.models.one_call.OneCallModel`; ``self_speculation``)."""
 
     supports_partial_depth = True
 
@@ -217,6 +219,13 @@ class GPT2LMHeadModel(InferencePathModel, GenerationMixin):
 
     def input_embeddings(self) -> nn.Module:
         return self.transformer.wte
+
+    def _end_modules(self) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module | None] | None:
+        t = self.transformer
+        return (t.wte, t.ln_f, self.lm_head, t.wpe) if type(t.ln_f) is nn.LayerNorm else None
+
+    def _rotary(self, start: int, n: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return None, None
 
     def _path_modules(self) -> list[nn.Module]:
         return [self.transformer.h, self.lm_head]

@@ -7,43 +7,23 @@ safetensors files load as they are.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import math
-import weakref
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, NotSupportedError, UnsupportedModelError
-from .base import GenkitModel, ModelConfig, eager_attention, has_qk_norm, head_dim_of, kv_heads_of
+from .base import ModelConfig, eager_attention, has_qk_norm, head_dim_of, kv_heads_of
 from .cache import KVCache
-from .llama_infer import (
-    InferencePathModel,
-    PreparedModel,
-    has_hooks,
-    module_path,
-    prepare_layers,
-    rms_norm,
-    run_layers,
-)
+from .llama_infer import PreparedModel, prepare_layers, rms_norm, run_layers
 from .mixin import GenerationMixin
 from .numerics import is_llama_numerics
+from .one_call import OneCallModel
 from .paged import PagedKVStore, StepBatch, paged_forward
-from .self_speculation import DRAFT_MAX_BYTES, SelfDraft, build_draft, draft_bytes, speculate, take_ahead
 
 logger = logging.getLogger("genkit.models")
-
-
-def _drop_draft(model_ref: Any, prepared_ref: Any) -> None:
-    """Release a model's self-speculation draft once the prepared weights it copies are gone."""
-    model = model_ref()
-    kept = None if model is None else model.__dict__.get("_self_draft")
-    if kept is not None and kept[0] is prepared_ref:
-        model.__dict__["_self_draft"] = None
 
 
 class RMSNorm(nn.Module):
@@ -240,25 +220,13 @@ def layer_windows(config: ModelConfig) -> list[int | None]:
     return [int(window)] * n
 
 
-def _implied(attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None, rows: int, past_len: int) -> bool:
-    """Whether a decode step's mask and positions are the ones a cache of ``past_len`` positions
-    implies: no mask or one of all ones, no positions or ``past_len`` in every row."""
-    if attention_mask is not None and (attention_mask.shape != (rows, past_len + 1) or not bool(attention_mask.all())):
-        return False
-    return position_ids is None or (position_ids.numel() == rows and bool((position_ids == past_len).all()))
-
-
-class LlamaForCausalLM(InferencePathModel, GenerationMixin):
+class LlamaForCausalLM(OneCallModel, GenerationMixin):
     """A Llama-family causal LM with transformers' calling convention (``GenerationMixin`` among its
     direct bases, as transformers requires of its generative classes). Its layers run on the
-    inference path (:class:`~genkit.models.llama_infer.InferencePathModel`; ``cpu_weight_packing``)."""
+    inference path (:class:`~genkit.models.llama_infer.InferencePathModel`; ``cpu_weight_packing``),
+    its decode steps in one kernel call where they can (:class:`~genkit.models.one_call.OneCallModel`;
+    ``self_speculation``)."""
 
-    #: greedy steps of a float32 model on the dense one-call decoder draft tokens with an 8-bit copy of
-    #: the model and check them in one step (genkit.models.self_speculation; the same tokens, bit for
-    #: bit): None does so where the copy stays under 2 GiB (about 2B parameters) and a round is measured
-    #: faster than one token per step (long contexts may not be), True always, False never (one token
-    #: per step)
-    self_speculation: bool | None = None
     supports_partial_depth = True
 
     def __init__(self, config: ModelConfig) -> None:
@@ -351,144 +319,12 @@ class LlamaForCausalLM(InferencePathModel, GenerationMixin):
         tokens ``(k,)`` (int64) where the step runs in one kernel call."""
         return paged_forward(self, store, batch, greedy)
 
-    def __getstate__(self) -> dict[str, Any]:
-        # the self-speculation draft copies the prepared weights: rebuilt on first use, as they are
-        return {**super().__getstate__(), "_self_draft": None}
+    def _end_modules(self) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module | None] | None:
+        norm = self.model.norm
+        return (self.model.embed_tokens, norm, self.lm_head, None) if type(norm) is RMSNorm else None
 
-    def one_call_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                      position_ids: torch.Tensor | None, cache: Any, logits_to_keep: int | torch.Tensor
-                      ) -> torch.Tensor | None:
-        """A decode step on the block kernel's one-call decoder with the embedding, the final norm
-        and the LM head in the same call (:meth:`BlockDecoder.logits`): between two calls of a
-        step's kernel the CPU caches are cold, and the small torch operations around the layers
-        cost several times what they cost warm. Only where the usual path would compute the same
-        step: every row one token at the cache's length, positions and mask implied by it."""
-        if not isinstance(logits_to_keep, int):
-            return None
-        return self._one_call("logits", input_ids, attention_mask, position_ids, cache)
-
-    def greedy_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                    position_ids: torch.Tensor | None, cache: Any) -> torch.Tensor | None:
-        """:meth:`one_call_step`'s step giving each row's greedy token ``(rows,)`` (the argmax of
-        the logits :meth:`forward` would give) instead of the logits
-        (:meth:`~genkit.models.block_decode.BlockDecoder.argmax`: a float32 head is read through an
-        8-bit copy, and only the logits that can be the largest are computed exactly); None where
-        that step does not apply, or where calling the model would run more than
-        :meth:`GenkitModel.forward` (a forward hook or pre-hook on it or global, a ``forward`` of a
-        subclass or of the instance: they may change the logits)."""
-        if not self._forward_as_is():
-            return None
-        if self.self_speculation is not False:
-            token = self._speculative(input_ids, attention_mask, position_ids, cache)
-            if token is not None:
-                return token
-        return self._one_call("argmax", input_ids, attention_mask, position_ids, cache)
-
-    def _speculative(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                     position_ids: torch.Tensor | None, cache: Any) -> torch.Tensor | None:
-        """:meth:`greedy_step` by exact self-speculation (:mod:`genkit.models.self_speculation`): the
-        token computed ahead, or a round of drafts checked in one step; None where that does not
-        apply (batch 1, a float32 model on the dense one-call decoder, as :meth:`one_call_step`)."""
-        if self.self_speculation not in (None, True):
-            raise ConfigError(f"`self_speculation` must be None, True or False; got {self.self_speculation!r}")
-        prepared = self._step_prepared(input_ids, attention_mask, position_ids, cache) if input_ids.shape[0] == 1 else None
-        decoder = None if prepared is None else prepared.decoder
-        if decoder is None or not decoder.dense:
-            if self.self_speculation and prepared is not None and not self.__dict__.get("_speculation_warned"):
-                self.__dict__["_speculation_warned"] = True  # (said once per model)
-                logger.warning("self_speculation=True: this model's decode steps do not run on the float32 one-call "
-                               "decoder (%s), so greedy search takes one token per step",
-                               "a float32 model on the kernel choice's 'gemv' route: GENKIT_KERNEL=decode:gemv")
-            return None
-        token = int(input_ids[0, 0])
-        known = take_ahead(cache, token, id(decoder))
-        draft = self._draft_for(prepared)
-        if known is not None:
-            if draft is not None:
-                draft.stats.answered_ahead += 1
-            return torch.tensor([known])
-        ends = self.kernel_ends(prepared)
-        if ends is None or draft is None:
-            return None
-        out = speculate(draft, decoder, ends, lambda start, n: self.rope(None, torch.float32, start, n), token, cache,
-                        always=self.self_speculation is True)
-        return None if out is None else torch.tensor([out])
-
-    def _draft_for(self, prepared: PreparedModel) -> SelfDraft | None:
-        """The 8-bit draft of ``prepared`` (made at its first speculative step, kept while it is the
-        model's prepared weights), or None where it cannot be made."""
-        kept = self.__dict__.get("_self_draft")
-        if kept is not None and kept[0]() is prepared and (kept[1] is not None or kept[2] == self.self_speculation):
-            return kept[1]  # type: ignore[no-any-return]
-        self.__dict__["_self_draft"] = None  # the old draft goes first
-        head = prepared.for_rows(1)[1]
-        head = self.lm_head.weight if head is None else head
-        draft = None
-        if self.self_speculation or draft_bytes(prepared, head) <= DRAFT_MAX_BYTES:
-            try:
-                draft = build_draft(prepared, self.model.embed_tokens, self.model.norm, head)
-            except (RuntimeError, MemoryError) as exc:  # (torch's out-of-memory error is a RuntimeError)
-                logger.warning("no 8-bit draft for self-speculative greedy steps (%s): one token per step", exc)
-        self.__dict__["_self_draft"] = (weakref.ref(prepared, functools.partial(_drop_draft, weakref.ref(self))), draft,
-                                        self.self_speculation)
-        return draft
-
-    @property
-    def speculation_stats(self) -> dict[str, int] | None:
-        """What self-speculative greedy steps did on the current prepared weights (checks run, tokens
-        drafted, drafts kept, tokens answered from what was computed ahead), or None before any."""
-        kept = self.__dict__.get("_self_draft")
-        return None if kept is None or kept[1] is None else dataclasses.asdict(kept[1].stats)
-
-    def top_logits_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                        position_ids: torch.Tensor | None, cache: Any, k: int) -> torch.Tensor | None:
-        """:meth:`one_call_step`'s step for a filter to the ``k`` largest logits
-        (:meth:`~genkit.models.block_decode.BlockDecoder.top`: exact where an entry can be among them,
-        -inf elsewhere; a float32 head read through its 8-bit copy); None as for :meth:`greedy_step`."""
-        if not self._forward_as_is():
-            return None
-        return self._one_call("top", input_ids, attention_mask, position_ids, cache, k)
-
-    def _forward_as_is(self) -> bool:
-        """Whether calling the model runs :meth:`GenkitModel.forward` and nothing else: no forward hook
-        or pre-hook on it or global, no ``forward`` of a subclass or of the instance (they may change
-        the logits a step gives)."""
-        return "forward" not in self.__dict__ and type(self).forward is GenkitModel.forward and not has_hooks([self])
-
-    def _one_call(self, what: str, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                  position_ids: torch.Tensor | None, cache: Any, *extra: Any) -> torch.Tensor | None:
-        """The one-call decoder's ``what`` (:meth:`BlockDecoder.logits`, :meth:`BlockDecoder.argmax`,
-        :meth:`BlockDecoder.top` with ``extra``) for a decode step where the usual path would compute
-        the same step (see :meth:`one_call_step`), else None."""
-        prepared = self._step_prepared(input_ids, attention_mask, position_ids, cache)
-        ends = None if prepared is None else self.kernel_ends(prepared)
-        if prepared is None or ends is None:
-            return None
-        cos, sin = self.rope(None, torch.float32, cache.get_seq_length(), 1)
-        return getattr(prepared.decoder, what)(input_ids, cos, sin, cache, ends, *extra)  # type: ignore[no-any-return]
-
-    def _step_prepared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                       position_ids: torch.Tensor | None, cache: Any) -> PreparedModel | None:
-        """The prepared weights a one-call decode step of ``input_ids`` runs on, or None where the usual
-        path would compute another step (see :meth:`one_call_step`), the cache did not start on this
-        model or runs the modules."""
-        if (input_ids.dim() != 2 or input_ids.shape[1] != 1 or type(cache) is not KVCache
-                or self.attn_implementation == "eager" or module_path()):
-            return None
-        past_len = cache.get_seq_length()
-        if past_len == 0 or not _implied(attention_mask, position_ids, input_ids.shape[0], past_len):
-            return None
-        return self._weights_on(cache)[1]
-
-    def kernel_ends(self, prepared: PreparedModel) -> Any:
-        """The embedding, final norm and LM head as ``prepared``'s one-call decoder (a
-        :class:`~genkit.models.block_decode.BlockDecoder`) runs them in its calls, or None when there
-        is none or they must run as modules (:meth:`BlockDecoder.step_ends`; a final norm of another
-        kind)."""
-        norm, decoder = self.model.norm, prepared.decoder
-        if decoder is None or type(norm) is not RMSNorm:
-            return None
-        return decoder.step_ends(self.model.embed_tokens, norm, self.lm_head, prepared.for_rows(1)[1])
+    def _rotary(self, start: int, n: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self.rope(None, torch.float32, start, n)
 
     def input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens

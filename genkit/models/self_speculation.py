@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from . import block_kernel, dense_kernel, weight_arena
-from .block_decode import BlockDecoder, _ends
+from .block_decode import BlockDecoder, _ends, gpt2_extras
 from .cache import KVCache
 from .dense_kernel import Gemv
 from .quant import GROUP, Int4Linear, _int4_symmetric, _int8_symmetric
@@ -229,17 +229,18 @@ class SelfDraft:
     pace: Pace = field(default_factory=Pace)
 
 
-def _int8(weight: Any) -> Int4Linear | None:
+def _int8(weight: Any, pad: bool = False) -> Int4Linear | None:
     """An 8-bit block-kernel copy of a float32 ``(out, in)`` weight (a Gemv's or a tensor), or None
-    when its shape does not fit the kernel."""
+    when its shape does not fit the kernel; with ``pad`` (the draft's head), rows of zeros up to a
+    multiple of 16 where it has fewer (:func:`_padded`)."""
     w = getattr(weight, "weight", weight)
-    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] % MIN_ROWS or w.shape[1] % GROUP:
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] % MIN_ROWS and not pad or w.shape[1] % GROUP:
         return None
-    n, k = int(w.shape[0]), int(w.shape[1])
+    n, k = _padded(int(w.shape[0])), int(w.shape[1])
     with torch.no_grad():
         made = block_kernel.head_proxy(w.detach())  # genkit's column-major float32 weights: in C, 3.6x faster
         lin = (Int4Linear.from_blocks(made[0], k, n, 8, True, "self-draft") if made is not None
-               else Int4Linear(k, n, _int8_symmetric(w.detach()), source="self-draft", kernel="blocks"))
+               else Int4Linear(k, n, _int8_symmetric(_zero_rows(w.detach(), n)), source="self-draft", kernel="blocks"))
     lin.activation_digits = DRAFT_DIGITS
     return lin
 
@@ -259,23 +260,37 @@ def draft_bytes(prepared: Any, head_weight: Any) -> int:
     return int(sum(w.numel() for w in weights if isinstance(w, torch.Tensor)) * BYTES_PER_WEIGHT + head.numel() * per)
 
 
+def _padded(rows: int) -> int:
+    """``rows`` rounded up to the block kernel's 16: a draft head of a vocabulary that is not a
+    multiple of 16 (GPT-2's 50,257) gets rows of zeros after its own, which its greedy steps never
+    choose (``gk_ends.live``)."""
+    return -(-rows // MIN_ROWS) * MIN_ROWS
+
+
+def _zero_rows(w: torch.Tensor, rows: int) -> torch.Tensor:
+    """``w`` with rows of zeros after its own, ``rows`` in all."""
+    return w if w.shape[0] == rows else torch.cat([w, w.new_zeros(rows - w.shape[0], w.shape[1])])
+
+
 def _draft_head(head_weight: Any) -> tuple[Int4Linear | None, bool]:
-    """The draft's LM head: 4-bit blocks where its steps can rescore (:func:`_rescorable`), else 8-bit;
-    and whether it is the 4-bit one."""
+    """The draft's LM head: 4-bit blocks where its steps can rescore (:func:`_rescorable`), else 8-bit
+    (rows padded to a multiple of 16, :func:`_padded`); and whether it is the 4-bit one."""
     w = getattr(head_weight, "weight", head_weight)
-    if not _rescorable(head_weight) or w.shape[0] % MIN_ROWS or w.shape[1] % GROUP:
-        return _int8(head_weight), False
+    if not _rescorable(head_weight) or w.shape[1] % GROUP:
+        return _int8(head_weight, pad=True), False
+    n = _padded(int(w.shape[0]))
     with torch.no_grad():
-        lin = Int4Linear(int(w.shape[1]), int(w.shape[0]), [_int4_symmetric(w.detach())], source="self-draft",
+        lin = Int4Linear(int(w.shape[1]), n, [_int4_symmetric(_zero_rows(w.detach(), n))], source="self-draft",
                          kernel="blocks")
     lin.activation_digits = DRAFT_DIGITS
     return lin, True
 
 
-def build_draft(prepared: Any, embed: Any, norm: Any, head_weight: Any) -> SelfDraft | None:
+def build_draft(prepared: Any, embed: Any, norm: Any, head_weight: Any, positions: Any = None) -> SelfDraft | None:
     """The draft of ``prepared`` (a float32 model on the dense one-call decoder) with the model's
-    embedding module ``embed``, final RMSNorm module ``norm`` and LM head weight, or None when a
-    weight's shape or a module does not fit the block kernel."""
+    embedding module ``embed``, final norm module ``norm`` (an RMSNorm; GPT-2's LayerNorm with
+    ``positions``, its learned positions' embedding) and LM head weight, or None when a weight's shape
+    or a module does not fit the block kernel."""
     layers = []
     for p in prepared.layers:
         weights = [_int8(w) for w in (p.wqkv, p.wo, p.wgu, p.wd)]
@@ -292,9 +307,12 @@ def build_draft(prepared: Any, embed: Any, norm: Any, head_weight: Any) -> SelfD
         return None
     for layer in decoder.table:
         layer.window, layer.sink = DRAFT_WINDOW, DRAFT_SINK
-    ends = _ends(embed, norm.weight.detach(), float(norm.eps), False, head, decoder.hidden, None)
+    extras = gpt2_extras(norm, positions, decoder.hidden)
+    ends = None if extras is None else _ends(embed, norm.weight.detach(), float(norm.eps), False, head, decoder.hidden,
+                                             None, extras)
     if ends is None:
         return None
+    ends.live = int(getattr(head_weight, "weight", head_weight).shape[0])  # (the head's own rows, padding left out)
     if rescored:  # (the model's head outlives the draft: the draft goes with the prepared weights)
         ends.rescore_w, ends.rescore_ld, ends.rescore = head_weight.weight.data_ptr(), head_weight.ld, RESCORE
         ends.gemv_cols = ctypes.cast(dense_kernel.library().gk_gemv_t_cols, ctypes.c_void_p).value
@@ -378,11 +396,10 @@ def speculate(draft: SelfDraft, decoder: BlockDecoder, ends: Any, rope: Any, tok
         tokens.append(int(out[0]))
     cache.lengths[:] = [pos] * layers
     t = len(tokens)
-    cos, sin = rope(pos, t)
+    cos, sin = rope(pos, t)  # (None, None for a model without rotary positions)
     drafted = time.perf_counter()
     copy = draft.pace.head_copy(t)
-    checked = decoder.verify(torch.tensor(tokens), cos.reshape(t, -1), sin.reshape(t, -1), cache, ends,
-                             head_copy=copy)
+    checked = decoder.verify(torch.tensor(tokens), cos, sin, cache, ends, head_copy=copy)
     if checked is None:  # (nothing written: the cache is at pos already)
         return None
     greedy = checked.tolist()
