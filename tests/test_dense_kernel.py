@@ -213,6 +213,26 @@ def test_the_gemv_route_runs_a_decode_step_in_one_call_as_the_torch_path_does(nu
                        None) is None  # 3 rows: the small route's products
 
 
+def _step_fast_and_with_ends_as_modules(model, norm, ids):
+    """A decode step of token 77 after ``ids`` on the one-call decoder with its ends in the call, and the
+    same step with the ends as modules (a hook on the final ``norm`` keeps them there), each on its own
+    cache: (fast logits, usual logits, the norm's output, the two caches)."""
+    seen = []
+    with torch.no_grad():
+        fast_cache, usual_cache = (model(ids, use_cache=True).past_key_values for _ in range(2))
+        fast = model(torch.tensor([[77]]), past_key_values=fast_cache).logits
+        assert model._prepared[1].decoder._ends[1] is not None  # the step took its ends into the call
+        handle = norm.register_forward_hook(lambda _m, _a, out: seen.append(out.detach().clone()))
+        try:
+            usual = model(torch.tensor([[77]]), past_key_values=usual_cache).logits
+        finally:
+            handle.remove()
+    assert len(seen) == 1 and fast.shape == usual.shape == (1, 1, model.config.vocab_size)
+    for a, b in zip(fast_cache.keys + fast_cache.values, usual_cache.keys + usual_cache.values):
+        assert torch.equal(a[:, :, :7], b[:, :, :7])  # the same layers on the same embedding (and position) row
+    return fast.reshape(1, -1), usual.reshape(1, -1), seen[0].reshape(1, -1)
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_the_gemv_routes_step_with_its_ends_in_one_call_equals_the_modules(tied, monkeypatch):
     """On the gemv route a batch-1 decode step runs from token id to logits in one call: the float32
@@ -227,24 +247,12 @@ def test_the_gemv_routes_step_with_its_ends_in_one_call_equals_the_modules(tied,
     if tied:
         model.tie_weights()
     ids = torch.tensor([[1, 17, 33, 5, 60, 9]])
-    seen = []
     with torch.no_grad():
         model.generate(ids, max_new_tokens=1, do_sample=False)  # prepares the routes (and lays out a tied table)
-        assert model._prepared[1].decoder.dense
-        assert (model.model.embed_tokens.weight.stride(0) == 1) is tied  # column-major when it is the head's
-        fast_cache, usual_cache = (model(ids, use_cache=True).past_key_values for _ in range(2))
-        fast = model(torch.tensor([[77]]), past_key_values=fast_cache).logits
-        assert model._prepared[1].decoder._ends[1] is not None  # the step took its ends into the call
-        handle = model.model.norm.register_forward_hook(lambda _m, _a, out: seen.append(out.detach().clone()))
-        try:
-            usual = model(torch.tensor([[77]]), past_key_values=usual_cache).logits
-        finally:
-            handle.remove()
-    assert len(seen) == 1 and fast.shape == usual.shape == (1, 1, model.config.vocab_size)
-    for a, b in zip(fast_cache.keys + fast_cache.values, usual_cache.keys + usual_cache.values):
-        assert torch.equal(a[:, :, :7], b[:, :, :7])  # the same layers on the same embedding row
-    h, w = seen[0].reshape(1, -1), model.lm_head.weight.detach()
-    assert ((fast.reshape(1, -1) - usual.reshape(1, -1)).abs() <= norm_and_head_bound(h, w, matmul_bound)).all()
+    assert model._prepared[1].decoder.dense
+    assert (model.model.embed_tokens.weight.stride(0) == 1) is tied  # column-major when it is the head's
+    fast, usual, h = _step_fast_and_with_ends_as_modules(model, model.model.norm, ids)
+    assert ((fast - usual).abs() <= norm_and_head_bound(h, model.lm_head.weight.detach(), matmul_bound)).all()
 
 
 def test_continuous_batching_steps_one_request_on_the_gemv_route_with_generates_bits(monkeypatch):
@@ -381,21 +389,8 @@ def test_gpt2s_step_with_its_ends_in_one_call_equals_the_modules(tmp_path, monke
     monkeypatch.setenv(kernel_choice.ENV, "gemv")
     model = _gpt2(tmp_path)
     ids = torch.tensor([[1, 17, 42, 99, 5, 23]])
-    seen = []
     with torch.no_grad():
         model.generate(ids, max_new_tokens=1, do_sample=False)
-        fast_cache, usual_cache = (model(ids, use_cache=True).past_key_values for _ in range(2))
-        fast = model(torch.tensor([[77]]), past_key_values=fast_cache).logits
-        assert model._prepared[1].decoder._ends[1] is not None  # the step took its ends into the call
-        ln_f = model.transformer.ln_f
-        handle = ln_f.register_forward_hook(lambda _m, _a, out: seen.append(out.detach().clone()))
-        try:
-            usual = model(torch.tensor([[77]]), past_key_values=usual_cache).logits
-        finally:
-            handle.remove()
-    assert len(seen) == 1 and fast.shape == usual.shape == (1, 1, model.config.vocab_size)
-    for a, b in zip(fast_cache.keys + fast_cache.values, usual_cache.keys + usual_cache.values):
-        assert torch.equal(a[:, :, :7], b[:, :, :7])  # the same layers on the same embedding (and position) row
-    h, w = seen[0].reshape(1, -1), model.lm_head.weight.detach()
-    bound = norm_and_head_bound(h, w, matmul_bound, layer_norm=True)
-    assert ((fast.reshape(1, -1) - usual.reshape(1, -1)).abs() <= bound).all()
+    fast, usual, h = _step_fast_and_with_ends_as_modules(model, model.transformer.ln_f, ids)
+    bound = norm_and_head_bound(h, model.lm_head.weight.detach(), matmul_bound, layer_norm=True)
+    assert ((fast - usual).abs() <= bound).all()

@@ -263,8 +263,9 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         cache: the first maximum of the logits :meth:`forward` would give for the same arguments,
         computed without them where a model can (the cache advances as in :meth:`forward`); or None,
         with nothing done: the caller runs :meth:`forward`. None here; a model with such a kernel
-        overrides it (:class:`~genkit.models.llama.LlamaForCausalLM`). Greedy search asks for it when
-        nothing else reads the step's scores (:meth:`genkit.strategy.Stepper.forward_greedy`)."""
+        overrides it (:class:`~genkit.models.one_call.OneCallModel`: the Llama family, GPT-2). Greedy
+        search asks for it when nothing else reads the step's scores
+        (:meth:`genkit.strategy.Stepper.forward_greedy`)."""
         return None
 
     def top_logits_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,

@@ -349,7 +349,7 @@ class BlockDecoder:
         return all(b.dtype == torch.float32 and b.device.type == "cpu" and b.is_contiguous() and b.shape == (hidden,)
                    for b in p.norm_biases)
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, masks: dict[Any, Any], cache: Any,
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, masks: dict[Any, Any], cache: Any,
                  num_layers: int | None) -> torch.Tensor | None:
         """``x`` ``(rows, T, hidden)`` after the first ``num_layers`` layers (all when None), or None:
         take the torch path. ``T`` tokens per row (``cos``/``sin``: one ``head_dim`` row per token,
@@ -441,7 +441,7 @@ class BlockDecoder:
         self._ends = (key, ends, weights)
         return ends
 
-    def logits(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends
+    def logits(self, ids: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, cache: Any, ends: _Ends
                ) -> torch.Tensor | None:
         """A decode step of token ``ids`` ``(rows, 1)`` through every layer in one call, embedding,
         final norm and LM head included (``ends``: :meth:`step_ends`): the logits ``(rows, 1,
@@ -450,7 +450,7 @@ class BlockDecoder:
         out = torch.empty(ids.shape[0], 1, ends.outputs)
         return out if self._one_call(ids, cos, sin, cache, ends, out, 0, None) else None
 
-    def argmax(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends
+    def argmax(self, ids: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, cache: Any, ends: _Ends
                ) -> torch.Tensor | None:
         """A greedy decode step: :meth:`logits`' step, and of each row's logits only the index of the
         first maximum ``(rows,)`` (numpy's argmax: a NaN counts as the largest), computed in the same
@@ -461,7 +461,7 @@ class BlockDecoder:
         tokens = torch.empty(ids.shape[0], dtype=torch.long)
         return tokens if self._one_call(ids, cos, sin, cache, ends, None, -1, tokens) else None
 
-    def top(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends, k: int
+    def top(self, ids: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, cache: Any, ends: _Ends, k: int
             ) -> torch.Tensor | None:
         """:meth:`logits`' step for a filter to the ``k`` largest logits: the logits ``(rows, 1,
         vocab)`` exact at every entry that can be among the ``k`` largest (ties included, and with room
@@ -471,7 +471,7 @@ class BlockDecoder:
         out = torch.empty(ids.shape[0], 1, ends.outputs)
         return out if self._one_call(ids, cos, sin, cache, ends, out, k, None) else None
 
-    def _one_call(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends,
+    def _one_call(self, ids: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, cache: Any, ends: _Ends,
                   logits: torch.Tensor | None, top: int, tokens: torch.Tensor | None) -> bool:
         """``gk_decode_top`` for a step of ``ids`` ``(rows, 1)`` into ``logits`` or ``tokens`` (``top``:
         0 every logit, k > 0 those that can be among the k largest, -1 the argmax alone); False
@@ -500,7 +500,7 @@ class BlockDecoder:
         cache.ahead = None
         return True
 
-    def verify(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, ends: _Ends,
+    def verify(self, ids: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, cache: Any, ends: _Ends,
                logits: torch.Tensor | None = None, head_copy: bool = True) -> torch.Tensor | None:
         """A speculative step's check on a batch-1 cache: the tokens ``ids`` ``(T,)`` (T <= 16) at the
         cache's next T positions, run as rows of one step (``gk_decode_verify``; ``cos``/``sin``: one
