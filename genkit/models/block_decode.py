@@ -148,11 +148,18 @@ def gpt2_extras(norm: Any, positions: Any, hidden: int) -> tuple[torch.Tensor, .
     if type(norm) is not torch.nn.LayerNorm or type(positions) is not torch.nn.Embedding or positions.max_norm is not None:
         return None
     bias, table = norm._parameters.get("bias"), positions._parameters.get("weight")
-    if bias is None or table is None or bias.dtype != torch.float32 or bias.shape != (hidden,) or not bias.is_contiguous():
+    if not _vector(bias, hidden) or table is None:
         return None
     if table.dtype != torch.float32 or table.device.type != "cpu" or table.dim() != 2 or table.shape[1] != hidden:
         return None
     return bias, table
+
+
+def _vector(t: Any, n: int) -> bool:
+    """Whether ``t`` is what the kernel reads as ``n`` floats: a contiguous float32 CPU tensor of shape ``(n,)``
+    (a norm's weight or bias, a product's bias)."""
+    return (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+            and t.shape == (n,))
 
 
 def _address(t: torch.Tensor | None) -> int | None:
@@ -171,18 +178,13 @@ def _dims(w: Any) -> tuple[int, int]:
     return (w.out_features, w.in_features) if hasattr(w, "out_features") else (int(w.shape[0]), int(w.shape[1]))
 
 
-def _with_qk_norm(layer: _Layer, p: Any) -> _Layer:
-    """``layer`` with the prepared layer's per-head q/k norms (Qwen3's ``qk_norm``; none: NULL) and
-    GPT-2's block (:func:`_with_gpt2`)."""
+def _with_extras(layer: _Layer, p: Any) -> _Layer:
+    """``layer`` with what the prepared layer has beyond the Llama graph: per-head q/k norms (Qwen3's
+    ``qk_norm``), the products' biases (Qwen2's, GPT-2's), and GPT-2's block (LayerNorms, the un-gated
+    GELU MLP, no rotary embedding, the attention's scale); NULL / 0 where it has none."""
     if p.qk_norm is not None:
         qw, layer.q_eps, kw, layer.k_eps = p.qk_norm
         layer.q_norm, layer.k_norm = qw.data_ptr(), kw.data_ptr()
-    return _with_gpt2(layer, p)
-
-
-def _with_gpt2(layer: _Layer, p: Any) -> _Layer:
-    """``layer`` with GPT-2's block where the prepared layer has one: LayerNorms (their biases), the
-    products' biases, the un-gated GELU MLP, no rotary embedding, the attention's scale."""
     if p.norm_biases is not None:
         layer.norm1_b, layer.norm2_b = (b.data_ptr() for b in p.norm_biases)
     layer.b_qkv, layer.b_o, layer.b_gu, layer.b_d = (None if b is None else b.data_ptr()
@@ -194,7 +196,7 @@ def _with_gpt2(layer: _Layer, p: Any) -> _Layer:
 
 def _block_layer(p: Any, llama: int) -> _Layer:
     """A quantized layer's entry: its block weights, bit widths and activation roundings."""
-    return _with_qk_norm(_Layer(
+    return _with_extras(_Layer(
         p.wqkv.blocks.data_ptr(), p.wo.blocks.data_ptr(), p.wgu.blocks.data_ptr(), p.wd.blocks.data_ptr(),
         p.norm1.data_ptr(), p.norm2.data_ptr(), p.wqkv.bits, p.wo.bits, p.wgu.bits, p.wd.bits,
         p.num_heads, p.num_kv_heads, p.head_dim, p.wd.in_features, p.eps,
@@ -204,7 +206,7 @@ def _block_layer(p: Any, llama: int) -> _Layer:
 def _dense_layer(p: Any, gemv: int) -> _Layer:
     """A float32 layer's entry: its column-major weights for the dense kernel's product at ``gemv``."""
     w = (p.wqkv, p.wo, p.wgu, p.wd)
-    return _with_qk_norm(_Layer(*(g.weight.data_ptr() for g in w), p.norm1.data_ptr(), p.norm2.data_ptr(), 0, 0, 0, 0,
+    return _with_extras(_Layer(*(g.weight.data_ptr() for g in w), p.norm1.data_ptr(), p.norm2.data_ptr(), 0, 0, 0, 0,
                                 p.num_heads, p.num_kv_heads, p.head_dim, int(p.wd.shape[1]), p.eps, 0, 0, 0, 0, 0,
                                 gemv, *(g.ld for g in w)), p)
 
@@ -322,14 +324,12 @@ class BlockDecoder:
         if gpt2 and not BlockDecoder._fits_gpt2(p, hidden):
             return False
         widths = [_dims(w)[0] for w in (p.wqkv, p.wo, p.wgu, p.wd)]
-        if not all(b is None or b.dtype == torch.float32 and b.device.type == "cpu" and b.is_contiguous()
-                   and b.shape == (n,) for b, n in zip((p.bqkv, p.bo, p.bgu, p.bd), widths)):
+        if not all(b is None or _vector(b, n) for b, n in zip((p.bqkv, p.bo, p.bgu, p.bd), widths)):
             return False
-        if p.qk_norm is not None and any(  # Qwen3's per-head q/k norms: float32 weights of one head's width
-                n.dtype != torch.float32 or n.device.type != "cpu" or not n.is_contiguous() or n.shape != (p.head_dim,)
-                for n in p.qk_norm[::2]):
+        # Qwen3's per-head q/k norms: float32 weights of one head's width
+        if p.qk_norm is not None and not all(_vector(n, p.head_dim) for n in p.qk_norm[::2]):
             return False
-        if any(n.dtype != torch.float32 or not n.is_contiguous() or n.shape != (hidden,) for n in (p.norm1, p.norm2)):
+        if not (_vector(p.norm1, hidden) and _vector(p.norm2, hidden)):
             return False
         if p.head_dim != first.head_dim or p.head_dim % 2 or p.head_dim > 512 or p.num_heads % p.num_kv_heads:
             return False
@@ -346,8 +346,7 @@ class BlockDecoder:
 
         if p.act is not gelu_tanh or p.rotation is not None or p.qk_norm is not None:
             return False
-        return all(b.dtype == torch.float32 and b.device.type == "cpu" and b.is_contiguous() and b.shape == (hidden,)
-                   for b in p.norm_biases)
+        return all(_vector(b, hidden) for b in p.norm_biases)
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, masks: dict[Any, Any], cache: Any,
                  num_layers: int | None) -> torch.Tensor | None:
@@ -427,18 +426,17 @@ class BlockDecoder:
         tensors, extras = _end_tensors(embed, norm, head), gpt2_extras(norm, positions, self.hidden)
         if tensors is None or extras is None:
             return None
-        tensors += extras
+        held = extras + tensors  # (the head's weight last: _copy_ends reads it there)
         eps, llama = float(norm.eps), is_llama_numerics(norm.__dict__.get("numerics", "genkit"))
         key = (RemovableHandle.next_id, id(embed), id(norm), id(lm_head), id(head), id(positions), eps, llama,
-               *((id(t), t.data_ptr()) for t in tensors))
+               *((id(t), t.data_ptr()) for t in held))
         if self._ends is not None and self._ends[0] == key:
             return self._ends[1]
         from .llama_infer import has_hooks
 
         fits = not has_hooks([embed, norm, lm_head] + ([] if positions is None else [positions]))
-        weights = tensors[:len(tensors) - len(extras)]
-        ends = _ends(embed, weights[-2], eps, llama, head, self.hidden, self.gemv, extras) if fits else None
-        self._ends = (key, ends, weights)
+        ends = _ends(embed, tensors[-2], eps, llama, head, self.hidden, self.gemv, extras) if fits else None
+        self._ends = (key, ends, held)
         return ends
 
     def logits(self, ids: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, cache: Any, ends: _Ends

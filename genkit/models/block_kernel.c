@@ -1534,22 +1534,20 @@ enum { GK_W_QKV, GK_W_O, GK_W_GU, GK_W_D };
 enum { GK_LLAMA_AVX2 = 1, GK_LLAMA_AVX512 = 2, GK_LLAMA_AVX512FP16 = 3 };
 
 /* y (rows, N) = x (rows, K) @ W^T for the layer's weight `which` (GK_W_*): the block kernel's
- * product, or the dense kernel's for a float32 layer */
+ * product, or the dense kernel's for a float32 layer; then the weight's bias (Qwen2's q/k/v, GPT-2's;
+ * none: NULL) added to each row, as torch's linear adds it */
 static int layer_product(const gk_layer *L, int which, const float *x, float *y, int rows, int N, int K,
                          int threads) {
     const uint8_t *w[4] = {L->wqkv, L->wo, L->wgu, L->wd};
+    int rc;
     if (L->gemv != NULL) {
         const long ld[4] = {L->ld_qkv, L->ld_o, L->ld_gu, L->ld_d};
-        return L->gemv(x, K, (const float *)w[which], ld[which], y, rows, N, K, threads);
+        rc = L->gemv(x, K, (const float *)w[which], ld[which], y, rows, N, K, threads);
+    } else {
+        const int bits[4] = {L->bits_qkv, L->bits_o, L->bits_gu, L->bits_d};
+        const int act[4] = {L->act_qkv, L->act_o, L->act_gu, L->act_d};
+        rc = gk_matmul(bits[which], w[which], x, y, rows, N, K, threads, act[which]);
     }
-    const int bits[4] = {L->bits_qkv, L->bits_o, L->bits_gu, L->bits_d}, act[4] = {L->act_qkv, L->act_o, L->act_gu, L->act_d};
-    return gk_matmul(bits[which], w[which], x, y, rows, N, K, threads, act[which]);
-}
-
-/* layer_product, then the weight's bias (GPT-2's; none: NULL) added to each row, as torch's linear adds it */
-static int biased_product(const gk_layer *L, int which, const float *x, float *y, int rows, int N, int K,
-                          int threads) {
-    int rc = layer_product(L, which, x, y, rows, N, K, threads);
     const float *bias[4] = {L->b_qkv, L->b_o, L->b_gu, L->b_d};
     if (rc == 0 && bias[which] != NULL)
         for (int r = 0; r < rows; r++) {
@@ -2459,27 +2457,21 @@ static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t 
 }
 
 
-/* the RMSNorm (weight w, eps; as ggml computes it with llama) of each row of x into h; rows are
- * independent, so they are shared among threads */
-static void norm_rows(int llama, float eps, const float *w, const float *x, float *h, int rows, int hidden,
-                      int threads) {
+/* the RMSNorm (weight w, eps; as ggml computes it with llama) of each row of x into h, or with a bias b
+ * (GPT-2's; NULL: none) the LayerNorm; rows are independent, so they are shared among threads */
+static void norm_rows(int llama, float eps, const float *w, const float *b, const float *x, float *h, int rows,
+                      int hidden, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
-    for (int r = 0; r < rows; r++)
-        (llama ? rms_norm_llama : rms_norm)(x + r * (size_t)hidden, w, eps, hidden, h + r * (size_t)hidden);
-}
-
-/* a layer's norm before its attention (second 0) or its MLP (1): norm_rows, or GPT-2's LayerNorm */
-static void layer_norm_rows(const gk_layer *L, int second, const float *x, float *h, int rows, int hidden, int threads) {
-    const float *w = second ? L->norm2 : L->norm1, *b = second ? L->norm2_b : L->norm1_b;
-    if (b == NULL) {
-        norm_rows(L->llama, L->eps, w, x, h, rows, hidden, threads);
-        return;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + r * (size_t)hidden;
+        float *hr = h + r * (size_t)hidden;
+        if (b != NULL)
+            layer_norm(xr, w, b, eps, hidden, hr);
+        else
+            (llama ? rms_norm_llama : rms_norm)(xr, w, eps, hidden, hr);
     }
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
-    for (int r = 0; r < rows; r++) layer_norm(x + r * (size_t)hidden, w, b, L->eps, hidden, h + r * (size_t)hidden);
 }
 
-/* silu(gate) * up of each row (gu: gate then up per row) into act, rows shared among threads */
 /* GELU's tanh form, 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3), as x / (1 + exp(-2u)) (the
  * same function; no cancellation where x is negative), ggml's vector expf in steps of 8 */
 static void gelu_tanh(const float *x, float *a, int n) {
@@ -2496,7 +2488,9 @@ static void gelu_tanh(const float *x, float *a, int n) {
     for (; i < n; i++) a[i] = x[i] / (1.0f + expf(-c * (k * x[i] * (x[i] * x[i]) + x[i])));
 }
 
-static void swiglu_rows(const gk_layer *L, const float *gu, float *act, int rows, int threads) {
+/* the MLP's activation of each row into act, rows shared among threads: silu(gate) * up (gu: gate then up per
+ * row), or GPT-2's GELU (gu: the `intermediate` outputs per row) */
+static void activation_rows(const gk_layer *L, const float *gu, float *act, int rows, int threads) {
     const int inter = L->intermediate;
     if (L->gelu) { /* GPT-2: un-gated, gu holds the MLP's `intermediate` outputs per row */
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
@@ -2538,10 +2532,10 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
         int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, inter = L->intermediate;
         int nqkv = (nq + 2 * nkv) * d;
         GK_T0;
-        layer_norm_rows(L, 0, x, h, rows, hidden, threads);
+        norm_rows(L->llama, L->eps, L->norm1, L->norm1_b, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_QKV);
-        if ((rc = biased_product(L, GK_W_QKV, h, qkv, rows, nqkv, hidden, threads))) break;
+        if ((rc = layer_product(L, GK_W_QKV, h, qkv, rows, nqkv, hidden, threads))) break;
         GK_T0;
         rope_and_store(L, qkv, rows, cos_, sin_, cs_stride, pos, kcache[l], vcache[l], kv, threads);
         GK_T(GK_P_ROPE);
@@ -2551,19 +2545,19 @@ static int decode_rows(int num_layers, const gk_layer *layers, float *x, int row
             attend(L, qkv, rows, pos, kcache[l], vcache[l], kv, scores, span, att, threads);
         GK_T(GK_P_ATTEND);
         GK_CAT(GK_P_O);
-        if ((rc = biased_product(L, GK_W_O, att, tmp, rows, hidden, nq * d, threads))) break;
+        if ((rc = layer_product(L, GK_W_O, att, tmp, rows, hidden, nq * d, threads))) break;
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);
-        layer_norm_rows(L, 1, x, h, rows, hidden, threads);
+        norm_rows(L->llama, L->eps, L->norm2, L->norm2_b, x, h, rows, hidden, threads);
         GK_T(GK_P_NORM);
         GK_CAT(GK_P_GU);
-        if ((rc = biased_product(L, GK_W_GU, h, gu, rows, L->gelu ? inter : 2 * inter, hidden, threads))) break;
+        if ((rc = layer_product(L, GK_W_GU, h, gu, rows, L->gelu ? inter : 2 * inter, hidden, threads))) break;
         GK_T0;
-        swiglu_rows(L, gu, act, rows, threads);
+        activation_rows(L, gu, act, rows, threads);
         GK_T(GK_P_SILU);
         GK_CAT(GK_P_DOWN);
-        if ((rc = biased_product(L, GK_W_D, act, tmp, rows, hidden, inter, threads))) break;
+        if ((rc = layer_product(L, GK_W_D, act, tmp, rows, hidden, inter, threads))) break;
         GK_T0;
         for (size_t i = 0; i < R * hidden; i++) x[i] += tmp[i];
         GK_T(GK_P_RESID);
@@ -2697,16 +2691,6 @@ static int ends_fit(const gk_ends *e, const int64_t *ids, int rows, int pos, int
     return e->positions == NULL || (pos >= 0 && (long long)pos + tokens <= e->position_rows);
 }
 
-/* the final norm of each row of x into h: e's RMSNorm, or GPT-2's LayerNorm (e->norm_b) */
-static void end_norm_rows(const gk_ends *e, const float *x, float *h, int rows, int hidden, int threads) {
-    if (e->norm_b == NULL) {
-        norm_rows(e->llama, e->eps, e->norm, x, h, rows, hidden, threads);
-        return;
-    }
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && threads > 1)
-    for (int r = 0; r < rows; r++) layer_norm(x + r * (size_t)hidden, e->norm, e->norm_b, e->eps, hidden, h + r * (size_t)hidden);
-}
-
 /* logits (rows, outputs) of the final-normed hidden states h (rows, hidden): the LM head */
 static int head_product(const gk_ends *e, const float *h, int rows, int hidden, float *logits, int threads) {
     return e->gemv != NULL
@@ -2719,7 +2703,7 @@ static int head_product(const gk_ends *e, const float *h, int rows, int hidden, 
 int gk_logits(const gk_ends *e, const float *x, int rows, int hidden, float *logits, int threads) {
     float *h = (float *)malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * hidden);
     if (h == NULL) return -1;
-    end_norm_rows(e, x, h, rows, hidden, threads);
+    norm_rows(e->llama, e->eps, e->norm, e->norm_b, x, h, rows, hidden, threads);
     int rc = head_product(e, h, rows, hidden, logits, threads);
     free(h);
     return rc;
@@ -3021,7 +3005,7 @@ int gk_argmax(const gk_ends *e, const float *x, int rows, int hidden, int64_t *t
     float *h = (float *)malloc(sizeof(float) * n * ((size_t)hidden + (size_t)e->outputs));
     if (h == NULL) return -1;
     float *logits = h + n * hidden;  /* only the blocks computed are written (and touched) on the copy's way */
-    end_norm_rows(e, x, h, rows, hidden, threads);
+    norm_rows(e->llama, e->eps, e->norm, e->norm_b, x, h, rows, hidden, threads);
     int rc;
     if (e->proxy != NULL && e->gemv_cols != NULL) {
         rc = argmax_rows(e, h, rows, hidden, logits, tokens, threads);
@@ -3053,7 +3037,7 @@ int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, cons
     int blocks[GK_PROXY_BLOCKS], nb = -2, done = 0;
     const int copy = e->proxy != NULL && e->gemv_cols != NULL && rows == 1;
     if (rc == 0) {
-        end_norm_rows(e, x, h, rows, hidden, threads);
+        norm_rows(e->llama, e->eps, e->norm, e->norm_b, x, h, rows, hidden, threads);
         if (copy && top < 0) {
             rc = argmax_rows(e, h, 1, hidden, out, tokens, threads);
             free(x);
@@ -3102,7 +3086,7 @@ int gk_decode_verify(int num_layers, const gk_layer *layers, const gk_ends *e, c
     int rc = gk_decode(num_layers, layers, x, tokens, hidden, cos_, sin_, pos, tokens, kcache, vcache, capacity,
                        threads);
     if (rc == 0) {
-        end_norm_rows(e, x, h, tokens, hidden, threads);
+        norm_rows(e->llama, e->eps, e->norm, e->norm_b, x, h, tokens, hidden, threads);
         if (keep || e->proxy == NULL || e->gemv_cols == NULL) {
             rc = head_product(e, h, tokens, hidden, logits, threads);
             for (int r = 0; rc == 0 && r < tokens; r++)
@@ -3135,7 +3119,7 @@ void gk_rope_table_llama(float base, int d, int start, int n, float *cos_, float
 
 /* numerics="llama.cpp": RMSNorm of `rows` rows of n (rms_norm_llama), for the model's final norm */
 void gk_rms_norm_llama(const float *x, const float *w, float eps, int rows, int n, float *out) {
-    norm_rows(1, eps, w, x, out, rows, n, 1);
+    norm_rows(1, eps, w, NULL, x, out, rows, n, 1);
 }
 
 /* numerics="llama.cpp-avx512-fp16": out = x v + y of float16 values rounded once to float16 (fma_f16, the

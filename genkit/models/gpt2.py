@@ -30,6 +30,7 @@ from .llama_infer import (
     finish_dense,
     gelu_tanh,
     lay_out,
+    place_blocks,
     run_layers,
 )
 from .mixin import GenerationMixin
@@ -180,9 +181,7 @@ def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | No
             weight_arena.place([m.weight for p in projections for m in p] + [lm_head.weight])
         layers = [_prepared_layer(block, p) for block, p in zip(blocks, projections)]
     if not dense:  # quantized: decode steps in one block-kernel call where every projection is on that kernel
-        blocks = [w.blocks for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd) if w.kernel == "blocks"]
-        head = [lm_head.blocks] if type(lm_head) is Int4Linear and lm_head.kernel == "blocks" else []
-        weight_arena.place(blocks + head)  # in huge pages, in the order a step reads them (before the decoder's pointers)
+        place_blocks(layers, lm_head)
         return PreparedModel(layers, None, BlockDecoder.build(layers))
     return finish_dense(layers, lm_head, [w for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd)], packing)
 

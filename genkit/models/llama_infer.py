@@ -419,11 +419,15 @@ def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None], lm_head
                 window, rotations[attn.head_dim], False, qk_norm(attn)))
     from .block_decode import BlockDecoder
 
-    # the block kernel's weights in huge pages, in the order a step reads them (before the decoder keeps pointers)
-    head = [lm_head.blocks] if type(lm_head) is Int4Linear and lm_head.kernel == "blocks" else []
-    weight_arena.place([w.blocks for p in prepared for w in (p.wqkv, p.wo, p.wgu, p.wd) if w.kernel == "blocks"] + head)
-
+    place_blocks(prepared, lm_head)
     return PreparedModel(prepared, None, BlockDecoder.build(prepared), choice=_blocks_choice(prepared))
+
+
+def place_blocks(layers: list[PreparedLayer], lm_head: nn.Module) -> None:
+    """The block kernel's weights of quantized prepared layers (and of a block-kernel LM head) in huge
+    pages, in the order a step reads them: before a decoder keeps pointers to them."""
+    head = [lm_head.blocks] if type(lm_head) is Int4Linear and lm_head.kernel == "blocks" else []
+    weight_arena.place([w.blocks for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd) if w.kernel == "blocks"] + head)
 
 
 def _blocks_choice(prepared: list[PreparedLayer]) -> Any:

@@ -124,8 +124,7 @@ class OneCallModel(InferencePathModel):
         if kept is not None and kept[0]() is prepared and (kept[1] is not None or kept[2] == self.self_speculation):
             return kept[1]  # type: ignore[no-any-return]
         self.__dict__["_self_draft"] = None  # the old draft goes first
-        head = prepared.for_rows(1)[1]
-        modules = self._end_modules()
+        head, modules = prepared.for_rows(1)[1], self._end_modules()
         head = self.lm_head.weight if head is None else head
         draft = None
         if modules is not None and (self.self_speculation or draft_bytes(prepared, head) <= DRAFT_MAX_BYTES):
