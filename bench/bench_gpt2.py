@@ -11,6 +11,15 @@ for each thread count (its per-CPU kernel choice is made at that count) and the 
 ran on is printed with the choice's reason (``GENKIT_KERNEL=gemv`` etc. forces one).
 
     OMP_NUM_THREADS=2 python bench/bench_gpt2.py --threads 1,2 --rounds 5 [--new 128]
+
+``--batch N`` measures instead N requests of 16-64 prompt tokens, ``--new`` new tokens each, greedy, as
+``genkit serve`` and ``genkit batch`` run them: genkit's continuous batching (``generate_batch``, what
+both now run GPT-2 on), the engines they ran it on before (``genkit batch``: one left-padded
+``generate`` of all; ``genkit serve``: ``generate`` one request at a time) and transformers'
+continuous batching (``generate_batch``) on the same weights; best of ``--rounds``, every engine's
+tokens checked against genkit's sequential ``generate``.
+
+    python bench/bench_gpt2.py --threads 2 --batch 16 --new 32 --rounds 2
 """
 
 from __future__ import annotations
@@ -101,6 +110,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts (default: 1,2)")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per thread count (after one warm-up)")
     ap.add_argument("--new", type=int, default=128, help="new tokens per decode (default: 128)")
+    ap.add_argument("--batch", type=int, default=0, help="N requests batched (see the docstring); 0: batch-1 decode")
     args = ap.parse_args()
     import transformers
 
@@ -116,7 +126,49 @@ def main() -> None:
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
             ours = load_genkit(folder)  # a fresh model: its kernel choice is made at this thread count
+            if args.batch:
+                batched(ours, hf, args.batch, args.new, args.rounds)
+                continue
             report(threads, measure({"genkit": ours, "transformers": hf}, ids, args.new, args.rounds), ours)
+
+
+def batched(ours, hf, n: int, new: int, rounds: int) -> None:
+    """``n`` requests through each batching engine (see the module docstring), best of ``rounds``."""
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, GPT2_SMALL["vocab_size"], (int(k),), generator=g).tolist()
+               for k in torch.randint(16, 65, (n,), generator=g)]
+    greedy = {"max_new_tokens": new, "do_sample": False, "eos_token_id": None}
+
+    def sequential():
+        return [ours.generate(torch.tensor([p]), **greedy)[0, len(p):].tolist() for p in prompts]
+
+    def static():
+        width = max(map(len, prompts))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        return [row[width:].tolist() for row in ours.generate(ids, attention_mask=mask, pad_token_id=0, **greedy)]
+
+    def continuous(model):
+        return lambda: [o.generated_tokens for o in model.generate_batch(prompts, **greedy).values()]
+
+    engines = {"genkit generate_batch (continuous)": continuous(ours), "genkit static batch (genkit batch before)":
+               static, "genkit sequential generate (genkit serve before)": sequential,
+               "transformers generate_batch": continuous(hf)}
+    ours.generate_batch(prompts[:2], max_new_tokens=2)  # warm-up
+    times, tokens = {}, {}
+    with torch.inference_mode():
+        for name, run in engines.items():
+            times[name] = float("inf")
+            for _ in range(rounds):
+                t = time.perf_counter()
+                tokens[name] = run()
+                times[name] = min(times[name], time.perf_counter() - t)
+    ref, first = tokens["genkit sequential generate (genkit serve before)"], next(iter(times))
+    print(f"| engine ({n} requests, {new} new tokens each, {torch.get_num_threads()} threads) | s | tokens/s | "
+          f"genkit continuous vs it | same tokens |\n|---|---|---|---|---|")
+    for name, t in times.items():
+        same = sum(a == b for a, b in zip(tokens[name], ref))
+        print(f"| {name} | {t:.2f} | {n * new / t:.1f} | {t / times[first]:.2f}x | {same}/{n} |", flush=True)
 
 
 def report(threads: int, r: dict[str, float], ours) -> None:

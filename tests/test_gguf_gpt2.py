@@ -284,15 +284,62 @@ def test_the_gguf_tokenizer_and_the_cli(tmp_path):
     assert cli.stdout == want + "\n"
 
 
-def test_continuous_batching_refuses_gpt2_by_name(tmp_path):
-    """generate_batch on a GPT-2 (from any file) was a TypeError from sizing the paged cache with
-    Llama's config fields; continuous batching runs the Llama family"""
+@quantized
+def test_continuous_batching_runs_a_quantized_gpt2_in_one_kernel_call_per_step(tmp_path):
+    """generate_batch on a GPT-2 GGUF (it was refused by name): every request's greedy tokens are
+    greedy generate's on its prompt alone; a step is one ``gk_decode_paged`` call (the learned
+    positions added to the embedding, no rotary tables), its hidden states and keys/values within the
+    bound of the torch path's (the same block products, attention summed in another order), a
+    prompt's rows attending to each other causally."""
+    from tolerance import U_BLOCK_ACTIVATION_NORM, hidden_bound
+
+    from genkit.continuous import ContinuousBatchingConfig
+    from genkit.models.paged import StepBatch, _paged_layers
+
+    path = tmp_path / "q.gguf"
+    write_gpt2_gguf(path, tiny_gpt2(seed=3), qtype="Q4_0", embed_qtype="Q8_0")
+    model = genkit.load_model(path)
+    prompts = [[5, 9, 11, 40], [7, 3, 3, 3, 8, 1, 2, 6, 250, 17, 30], [40], list(range(60, 90))]
+    config = genkit.GenerationConfig(continuous_batching_config=ContinuousBatchingConfig(
+        block_size=8, num_blocks=64, max_batch_tokens=16).to_dict())
+    got = model.generate_batch(prompts, config, max_new_tokens=10, min_new_tokens=10, do_sample=False)
+    for out, prompt in zip(got.values(), prompts):
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=10, min_new_tokens=10, do_sample=False)
+        assert out.generated_tokens == ref[0, len(prompt):].tolist()
+    stores = [model.new_paged_store(block_size=4, num_blocks=16) for _ in range(2)]  # fused, torch
+    prepared, blocks = stores[0].prepared, [[0, 1, 2], [3, 4]]
+    steps = [StepBatch(torch.tensor([5, 9, 11, 7, 3, 3]), torch.tensor([0, 1, 2, 0, 1, 2]), [(0, 3), (3, 3)],
+                       [0, 0], blocks, [True, True]),
+             StepBatch(torch.tensor([17, 8, 1]), torch.tensor([3, 3, 4]), [(0, 1), (1, 2)], [3, 3], blocks,
+                       [True, True])]
+    for batch in steps:
+        rows = [b for b, (_, n) in zip(batch.blocks, batch.spans) for _ in range(n)]
+        with torch.inference_mode():
+            x, cos, sin = model.paged_inputs(batch.ids, batch.positions)
+            assert cos is None and sin is None
+            fused = prepared.decoder.paged(x, None, None, batch.positions, stores[0], rows)
+            ref = _paged_layers(prepared, stores[1], batch, x[None], None, None, model.dtype)[0]
+        assert fused is not None
+        seq, layers = int(batch.positions.max()) + 1, len(prepared.layers)
+        torch.testing.assert_close(fused, ref, rtol=0, atol=hidden_bound(model.config, seq, layers, ref,
+                                                                         linear_u=U_BLOCK_ACTIVATION_NORM))
+        for i in range(layers):
+            for mine, theirs in ((stores[0].keys[i], stores[1].keys[i]), (stores[0].values[i], stores[1].values[i])):
+                atol = hidden_bound(model.config, seq, i + 1, theirs, linear_u=U_BLOCK_ACTIVATION_NORM)
+                torch.testing.assert_close(mine, theirs, rtol=0, atol=atol)
+
+
+def test_serve_and_batch_run_gpt2_on_continuous_batching(tmp_path):
+    """``genkit serve`` and ``genkit batch`` pick continuous batching for a GPT-2 (they ran it on their
+    generate engines)."""
+    from genkit.batch import continuous
+    from genkit.serve.engines import ContinuousEngine, make_engine
+
     path = tmp_path / "gpt2.gguf"
     write_gpt2_gguf(path, tiny_gpt2())
-    model = genkit.load_model(path)
-    with pytest.raises(NotSupportedError, match=r"^continuous batching runs native Llama-family models "
-                                                r"\(genkit.load_model\); got GPT2LMHeadModel$"):
-        model.generate_batch([[1, 2, 3]], max_new_tokens=4, do_sample=False)
+    model, tok = genkit.load_model(path), genkit.load_tokenizer(path)
+    assert type(make_engine(model, tok)) is ContinuousEngine
+    assert type(continuous.make_local_engine(model, tok, {"max_new_tokens": 4})) is continuous.ContinuousEngine
 
 
 def test_an_unsupported_architecture_lists_gpt2(tmp_path):

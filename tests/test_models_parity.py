@@ -348,6 +348,66 @@ def test_gpt2_on_each_product_route_gives_transformers_tokens(route, tmp_path, m
         assert weight.data_ptr() == ours.transformer.h[0].attn.c_attn.weight.data_ptr()
 
 
+@pytest.mark.parametrize("name,route", [("gpt2", "plain"), ("gpt2", "packed"), ("gpt2", "gemv"),
+                                        ("gpt2_scaled", "plain"), ("gpt2_scaled", "gemv")])
+def test_gpt2s_continuous_batching_gives_transformers_tokens(name, route, tmp_path, monkeypatch):
+    """GPT-2 runs continuous batching (the paged forward; it was refused by name): its learned
+    positions added at each token's own position, no rotary tables, each layer's attention scale
+    (``scale_attn_by_inverse_layer_idx``) in the paged attention (SDPA for prompt chunks, the block
+    kernel in place for decoding rows), the final LayerNorm; every request's greedy tokens are
+    transformers' on its prompt alone, with prompts split into chunks and requests joining mid-way
+    (``max_batch_tokens``), on each product route (gemv: the one-call step where the route allows)."""
+    from genkit.continuous import ContinuousBatchingConfig
+    from genkit.models import dense_kernel, kernel_choice
+
+    if route == "packed" and not packing_available():
+        pytest.skip("oneDNN cannot pack float32 weights on this CPU/build: only the plain path exists here")
+    if route == "gemv" and not dense_kernel.available():
+        pytest.skip("no C compiler: genkit's gemv kernel does not exist here (tests/test_dense_kernel.py)")
+    monkeypatch.setenv("GENKIT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(kernel_choice.ENV, route)
+    kernel_choice.CHOSEN.clear()
+    torch.manual_seed(1234)
+    hf = _hf_model(CONFIGS[name]())
+    hf.save_pretrained(tmp_path / name)
+    ours = genkit.load_model(tmp_path / name)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 160, (n,), generator=g).tolist() for n in (1, 6, 23, 9, 40)]
+    want = [hf.generate(torch.tensor([p]), do_sample=False, max_new_tokens=16, min_new_tokens=16)[0, len(p):].tolist()
+            for p in prompts]
+    config = genkit.GenerationConfig(continuous_batching_config=ContinuousBatchingConfig(
+        block_size=8, num_blocks=64, max_batch_tokens=24).to_dict())
+    got = ours.generate_batch(prompts, config, max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    assert [out.generated_tokens for out in got.values()] == want
+
+
+def test_gpt2s_paged_steps_give_transformers_logits_with_each_layers_scale(tmp_path):
+    """GPT-2's paged steps with a per-layer attention scale (1/2, 1/3 after the first layer's): a
+    first step of one whole prompt and another's first chunk, then one of a decoding row (attended
+    in place on the block kernel, or gathered for SDPA) and the rest of the chunked prompt (SDPA over
+    its cached and new positions): each wanted row's logits are transformers' on the whole sequence,
+    within the float32 bound."""
+    from genkit.models.paged import StepBatch, paged_forward
+
+    torch.manual_seed(1234)
+    hf = _hf_model(CONFIGS["gpt2_scaled"]())
+    hf.save_pretrained(tmp_path / "gpt2")
+    ours = genkit.load_model(tmp_path / "gpt2")
+    a, b = [5, 17, 42, 99, 23], [7, 3, 88, 150, 61, 9, 12]
+    store = ours.new_paged_store(block_size=4, num_blocks=16)
+    blocks = [[0, 1], [2, 3]]
+    first = StepBatch(torch.tensor(a + b[:4]), torch.tensor([*range(5), *range(4)]), [(0, 5), (5, 4)], [0, 0],
+                      blocks, [True, False])
+    second = StepBatch(torch.tensor([31] + b[4:]), torch.tensor([5, 4, 5, 6]), [(0, 1), (1, 3)], [5, 4], blocks,
+                       [True, True])
+    with torch.no_grad():
+        got = [paged_forward(ours, store, first), paged_forward(ours, store, second)]
+        want_a, want_b = hf(torch.tensor([a + [31]])).logits[0], hf(torch.tensor([b])).logits[0]
+    assert got[0].shape == (1, 160) and got[1].shape == (2, 160)
+    for row, ref, ids in ((got[0][0], want_a[4], a), (got[1][0], want_a[5], a + [31]), (got[1][1], want_b[6], b)):
+        torch.testing.assert_close(row, ref, atol=logits_bound(ours, torch.tensor([ids])), rtol=0)
+
+
 def test_gpt2s_context_bounds_generation_and_the_server_as_transformers_names_it(tmp_path):
     """GPT-2's context is ``n_positions``; transformers' GPT2Config also reads it as
     ``max_position_embeddings``, the name generate(), continuous batching and ``genkit serve`` bound

@@ -391,7 +391,7 @@ class BlockDecoder:
         if cos is None or sin is None or cos.numel() != t * self.head_dim or sin.numel() != t * self.head_dim:
             return None
         cos, sin = cos.reshape(t, self.head_dim), sin.reshape(t, self.head_dim)
-        if t > 1:  # one row per step row (row r is token r % t of cache row r // t)
+        if t > 1 and rows > 1:  # one row per step row (row r is token r % t of cache row r // t)
             cos, sin = cos.repeat(rows, 1), sin.repeat(rows, 1)
         cos = cos if cos.dtype == torch.float32 and cos.is_contiguous() else cos.float().contiguous()
         sin = sin if sin.dtype == torch.float32 and sin.is_contiguous() else sin.float().contiguous()
@@ -619,25 +619,27 @@ class BlockDecoder:
             outs.append(out)
         return outs[0] if t == 1 else torch.cat(outs, dim=1)
 
-    def paged(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, store: Any,
-              blocks: list[list[int]]) -> torch.Tensor | None:
+    def paged(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, positions: torch.Tensor,
+              store: Any, blocks: list[list[int]]) -> torch.Tensor | None:
         """Continuous batching's decode step in one ``gk_decode_paged`` call: ``x`` ``(T, hidden)``,
         one token of each of ``T`` requests, token ``i`` at ``positions[i]`` holding ``blocks[i]`` of
-        the paged ``store`` (:class:`genkit.models.paged.PagedKVStore`); its keys and values are
-        written there. Returns ``x`` after every layer, or None: take the torch path."""
+        the paged ``store`` (:class:`genkit.models.paged.PagedKVStore`), its rotary tables' rows
+        ``cos[i]``, ``sin[i]`` (None for layers without rotary positions: GPT-2); its keys and values
+        are written there. Returns ``x`` after every layer, or None: take the torch path."""
         rows = x.shape[0]
-        if x.dtype != torch.float32 or x.shape != (rows, self.hidden) or cos.shape != (rows, self.head_dim):
+        if x.dtype != torch.float32 or x.shape != (rows, self.hidden):
             return None
+        tables = self._tables(cos, sin, rows, 1)
         buffers = self._store_buffers(store)
-        if buffers is None:
+        if tables is None or buffers is None:
             return None
+        cos, sin = tables
         width = max(len(b) for b in blocks)
         table = torch.tensor([b + [0] * (width - len(b)) for b in blocks], dtype=torch.int32)
         pos = positions.to(torch.int32).contiguous()
-        cos, sin = cos.float().contiguous(), sin.float().contiguous()
         out = x.contiguous().clone()
         rc = block_kernel.library().gk_decode_paged(len(self.layers), self.table, out.data_ptr(), rows, self.hidden,
-                                                    cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), buffers.karr,
+                                                    _address(cos), _address(sin), pos.data_ptr(), buffers.karr,
                                                     buffers.varr, table.data_ptr(), width, store.block_size,
                                                     torch.get_num_threads())
         if rc:

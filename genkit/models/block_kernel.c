@@ -2597,15 +2597,15 @@ int gk_decode_paged(int num_layers, const gk_layer *layers, float *x, int rows, 
 /* Attention alone over one layer of the paged store, for continuous batching's torch path (a step
  * whose products run in torch): row r's nq query heads q[r] ((rows, nq, d), after rotary embedding)
  * at position pos[r] over its positions 0..pos[r] in blocks table[r][0..width-1] of keys kc and values
- * vc (as gk_decode_paged), into out (rows, nq, d); as gk_decode_paged attends, without gathering the
- * blocks. scratch: rows * (nq + 2 * nkv) * d + rows * nq * (max pos + 1) floats. */
+ * vc (as gk_decode_paged), into out (rows, nq, d), the scores times scale (0: 1 / sqrt(d), as
+ * gk_layer.scale); as gk_decode_paged attends, without gathering the blocks. scratch: rows * (nq + 2 * nkv) * d + rows * nq * (max pos + 1) floats. */
 int gk_attend_paged(const float *q, int rows, int nq, int nkv, int d, const int32_t *pos, const float *kc,
-                    const float *vc, const int32_t *table, int width, int block_size, float *scratch, float *out,
-                    int threads) {
+                    const float *vc, const int32_t *table, int width, int block_size, float scale, float *scratch,
+                    float *out, int threads) {
     if (rows < 1 || nkv < 1 || nq % nkv || d < 1 || d > 512 || d % 2) return -2;
     gk_layer L;
     memset(&L, 0, sizeof L);
-    L.num_heads = nq, L.num_kv_heads = nkv, L.head_dim = d;
+    L.num_heads = nq, L.num_kv_heads = nkv, L.head_dim = d, L.scale = scale;
     const size_t nqkv = (size_t)(nq + 2 * nkv) * d;
     int span = 0;
     for (int r = 0; r < rows; r++) span = pos[r] + 1 > span ? pos[r] + 1 : span;

@@ -185,7 +185,7 @@ def declare(lib: Any) -> None:
     lib.gk_decode_paged.restype = ctypes.c_int
     lib.gk_attend_paged.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+                                    ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     lib.gk_attend_paged.restype = ctypes.c_int
     lib.gk_decode_logits.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
@@ -343,11 +343,12 @@ def attends(head_dim: int) -> bool:
 
 
 def attend_paged(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor,
-                 positions: torch.Tensor, block_size: int) -> torch.Tensor:
+                 positions: torch.Tensor, block_size: int, scale: float | None = None) -> torch.Tensor:
     """Attention of ``q`` ``(rows, heads, head_dim)`` (float32, rotary embedding applied), row ``r`` at
     position ``positions[r]`` over its positions ``0..positions[r]`` in the blocks ``table[r]`` of one
     layer of the paged store (``keys``/``values``: ``(num_blocks, kv_heads, block_size, head_dim)``,
-    float32, contiguous; grouped heads when ``heads > kv_heads``); returns ``(rows, heads, head_dim)``.
+    float32, contiguous; grouped heads when ``heads > kv_heads``), the scores times ``scale`` (None:
+    ``1 / sqrt(head_dim)``); returns ``(rows, heads, head_dim)``.
     The kernel reads the blocks where they are (no gathered copy) and attends as its one-call
     paged step does."""
     rows, nq, d = q.shape
@@ -359,8 +360,8 @@ def attend_paged(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tabl
     scratch = torch.empty(rows * ((nq + 2 * nkv) * d + nq * span), dtype=torch.float32)
     out = torch.empty(rows, nq, d, dtype=torch.float32)
     rc = library().gk_attend_paged(q.data_ptr(), rows, nq, nkv, d, pos.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                                   table.data_ptr(), table.shape[1], block_size, scratch.data_ptr(), out.data_ptr(),
-                                   torch.get_num_threads())
+                                   table.data_ptr(), table.shape[1], block_size, float(scale or 0.0),
+                                   scratch.data_ptr(), out.data_ptr(), torch.get_num_threads())
     if rc:
         raise ConfigError(f"attention over the paged store takes heads a multiple of kv_heads and an even head_dim "
                           f"<= 512 (`attends`); got heads={nq}, kv_heads={nkv}, head_dim={d}")

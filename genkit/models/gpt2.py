@@ -35,6 +35,7 @@ from .llama_infer import (
 )
 from .mixin import GenerationMixin
 from .one_call import OneCallModel
+from .paged import PagedModel
 from .quant import Int4Linear, WithBias
 
 _ACTIVATIONS = {
@@ -186,13 +187,14 @@ def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | No
     return finish_dense(layers, lm_head, [w for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd)], packing)
 
 
-class GPT2LMHeadModel(OneCallModel, GenerationMixin):
+class GPT2LMHeadModel(OneCallModel, PagedModel, GenerationMixin):
     """GPT-2 with transformers' calling convention (``num_hidden_layers`` = ``n_layer``,
     ``max_position_embeddings`` = ``n_positions``: the context that generation, continuous batching
     and ``genkit serve`` bound requests by). Its layers
     run on the inference path (:class:`~genkit.models.llama_infer.InferencePathModel`; ``cpu_weight_packing``),
     its decode steps in one kernel call where they can, the learned positions added to the embedding
-    there (:class:`~genkit.models.one_call.OneCallModel`; ``self_speculation``)."""
+    there (:class:`~genkit.models.one_call.OneCallModel`; ``self_speculation``), and continuous
+    batching's steps on the paged store (:class:`~genkit.models.paged.PagedModel`)."""
 
     supports_partial_depth = True
 
@@ -203,6 +205,8 @@ class GPT2LMHeadModel(OneCallModel, GenerationMixin):
             config.hidden_size = config.n_embd
         if config.max_position_embeddings is None:  # (transformers' GPT2Config maps the name to n_positions)
             config.max_position_embeddings = config.n_positions
+        if config.num_attention_heads is None:  # (and this one to n_head)
+            config.num_attention_heads = config.n_head
         super().__init__(config)
         self.transformer = GPT2Inner(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -228,6 +232,12 @@ class GPT2LMHeadModel(OneCallModel, GenerationMixin):
 
     def _path_modules(self) -> list[nn.Module]:
         return [self.transformer.h, self.lm_head]
+
+    def paged_inputs(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return self.transformer.wte(ids) + self.transformer.wpe(positions), None, None
+
+    def final_norm(self) -> nn.Module:
+        return self.transformer.ln_f
 
     def _prepare(self) -> PreparedModel | None:
         return prepare_layers(self.transformer.h, self.lm_head, self.cpu_weight_packing)

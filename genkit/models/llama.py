@@ -21,7 +21,7 @@ from .llama_infer import PreparedModel, prepare_layers, rms_norm, run_layers
 from .mixin import GenerationMixin
 from .numerics import is_llama_numerics
 from .one_call import OneCallModel
-from .paged import PagedKVStore, StepBatch, paged_forward
+from .paged import PagedModel
 
 logger = logging.getLogger("genkit.models")
 
@@ -220,7 +220,7 @@ def layer_windows(config: ModelConfig) -> list[int | None]:
     return [int(window)] * n
 
 
-class LlamaForCausalLM(OneCallModel, GenerationMixin):
+class LlamaForCausalLM(OneCallModel, PagedModel, GenerationMixin):
     """A Llama-family causal LM with transformers' calling convention (``GenerationMixin`` among its
     direct bases, as transformers requires of its generative classes). Its layers run on the
     inference path (:class:`~genkit.models.llama_infer.InferencePathModel`; ``cpu_weight_packing``),
@@ -290,34 +290,21 @@ class LlamaForCausalLM(OneCallModel, GenerationMixin):
     def _prepare(self) -> PreparedModel | None:
         return prepare_layers(self.model.layers, self.windows, self.lm_head, self.cpu_weight_packing)
 
-    # -- the paged forward (continuous batching; genkit.protocols.PagedLM) ---------------------------
+    # -- the paged forward (continuous batching; genkit.protocols.PagedLM; genkit.models.paged.PagedModel) ----
     def paged_unsupported(self) -> str | None:
         """Why this model cannot run the paged forward now (None: it can)."""
         if any(w is not None for w in self.windows):
             return "continuous batching does not support sliding-window attention yet"
-        if self.attn_implementation != "sdpa":
-            return (f"continuous batching runs SDPA attention; this model is set to attn_implementation="
-                    f"{self.attn_implementation!r} (model.set_attn_implementation('sdpa'))")
-        if self._inference_weights(None, 0) is None:
-            return ("continuous batching needs the model's inference path (no forward hooks, no replaced "
-                    "submodules)")
-        return None
+        return super().paged_unsupported()
 
-    def new_paged_store(self, *, block_size: int, num_blocks: int) -> PagedKVStore:
-        """An empty paged K/V store for this model, holding its prepared inference weights."""
-        reason = self.paged_unsupported()
-        if reason is not None:
-            raise NotSupportedError(reason)
-        cfg = self.config
-        return PagedKVStore(cfg.num_hidden_layers, kv_heads_of(cfg), head_dim_of(cfg), block_size=block_size,
-                            num_blocks=num_blocks, dtype=self.dtype, device=self.device,
-                            prepared=self._inference_weights(None, 0))
+    def paged_inputs(self, ids: torch.Tensor, positions: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        x = self.model.embed_tokens(ids)
+        cos, sin = self._rope_table(int(positions.max()) + 1, x.dtype)
+        return x, cos[positions], sin[positions]
 
-    def forward_paged(self, batch: StepBatch, store: PagedKVStore, greedy: bool = False) -> torch.Tensor:
-        """One continuous-batching step (:func:`genkit.models.paged.paged_forward`): the logits
-        ``(k, vocab)`` of the requests in ``batch`` that want them; with ``greedy``, their greedy
-        tokens ``(k,)`` (int64) where the step runs in one kernel call."""
-        return paged_forward(self, store, batch, greedy)
+    def final_norm(self) -> nn.Module:
+        return self.model.norm
 
     def _end_modules(self) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module | None] | None:
         norm = self.model.norm

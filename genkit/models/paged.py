@@ -1,4 +1,4 @@
-"""The paged forward: one batching step through a native Llama-family model, on a paged K/V store.
+"""The paged forward: one batching step through a native model (the Llama family, GPT-2), on a paged K/V store.
 
 The model side of continuous batching (``genkit.continuous`` decides which requests run and which
 blocks each one holds; this module holds the tensors and runs the layers). A model that can run it
@@ -24,14 +24,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from genkit.errors import ConfigError, NotSupportedError
 
 from . import block_kernel
 from .kernel_choice import SMALL_MAX_ROWS
-from .llama_infer import PreparedModel, layer_output, linear, project_qkv
+from .llama_infer import InferencePathModel, PreparedModel, layer_output, linear, project_qkv
 
-__all__ = ["PagedKVStore", "StepBatch", "blocks_for", "paged_forward", "paged_store_for", "paged_unsupported",
+__all__ = ["PagedKVStore", "PagedModel", "StepBatch", "blocks_for", "paged_forward", "paged_store_for", "paged_unsupported",
            "require_paged"]
 
 
@@ -122,7 +123,8 @@ def paged_unsupported(model: Any) -> str | None:
     """Why ``model`` cannot run the paged forward (continuous batching) as it is now; None when it can."""
     method = getattr(model, "paged_unsupported", None)
     if not callable(method):
-        return f"continuous batching runs native Llama-family models (genkit.load_model); got {type(model).__name__}"
+        return (f"continuous batching runs native Llama-family and GPT-2 models (genkit.load_model); got "
+                f"{type(model).__name__}")
     reason: str | None = method()
     return reason
 
@@ -182,27 +184,28 @@ class _Attention:
                 mask = (torch.arange(c + n, **on)[None, :] <= (c + torch.arange(n, **on))[:, None])[None, None]
             self.chunks.append((start, n, c + n, blocks, mask))
 
-    def __call__(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
-        """Attention output ``(T, heads, head_dim)`` for queries ``q`` ``(heads, T, head_dim)``."""
+    def __call__(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        """Attention output ``(T, heads, head_dim)`` for queries ``q`` ``(heads, T, head_dim)``, the
+        scores times ``scale`` (None: ``1 / sqrt(head_dim)``)."""
         nq, t, d = q.shape
         nkv, dtype = kc.shape[1], self.dtype
         out = torch.empty(t, nq, d, dtype=q.dtype, device=q.device)
         if self.in_place:
             qd = q.index_select(1, self.decode_rows).transpose(0, 1)  # (r, nq, d)
-            o = block_kernel.attend_paged(qd, kc, vc, self.decode_blocks, self.decode_positions, self.block_size)
+            o = block_kernel.attend_paged(qd, kc, vc, self.decode_blocks, self.decode_positions, self.block_size, scale)
             out.index_copy_(0, self.decode_rows, o)
         elif self.decode_blocks is not None:
             r = self.decode_rows.shape[0]
             keys, values = (_gathered(c, self.decode_blocks, r) for c in (kc, vc))  # (r, kv_heads, slots, d)
             qd = q.index_select(1, self.decode_rows).transpose(0, 1)[:, :, None]  # (r, nq, 1, d)
             o = F.scaled_dot_product_attention(qd, keys.to(dtype), values.to(dtype), attn_mask=self.decode_mask,
-                                               enable_gqa=nkv != nq)
+                                               enable_gqa=nkv != nq, scale=scale)
             out.index_copy_(0, self.decode_rows, o[:, :, 0])
         for start, n, length, blocks, mask in self.chunks:
             keys, values = (_gathered(c, blocks, 1)[:, :, :length] for c in (kc, vc))
             o = F.scaled_dot_product_attention(q[None, :, start:start + n], keys.to(dtype), values.to(dtype),
                                                attn_mask=mask, is_causal=mask is None and n > 1,
-                                               enable_gqa=nkv != nq)
+                                               enable_gqa=nkv != nq, scale=scale)
             out[start:start + n] = o[0].transpose(0, 1)
         return out
 
@@ -217,8 +220,8 @@ def _gathered(cache: torch.Tensor, blocks: torch.Tensor, rows: int) -> torch.Ten
     return got.view(rows, -1, nkv, bs, d).transpose(1, 2).reshape(rows, nkv, -1, d)
 
 
-def _paged_layers(prepared: PreparedModel, store: PagedKVStore, batch: StepBatch, x: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _paged_layers(prepared: PreparedModel, store: PagedKVStore, batch: StepBatch, x: torch.Tensor,
+                  cos: torch.Tensor | None, sin: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """The decoder layers of one step in torch (any mix of decoding requests and prompt chunks)."""
     t = batch.ids.shape[0]
     new_slots = torch.cat([store.slots(b, c, c + n) for b, c, (_, n) in zip(batch.blocks, batch.cached, batch.spans)])
@@ -227,7 +230,7 @@ def _paged_layers(prepared: PreparedModel, store: PagedKVStore, batch: StepBatch
     for layer, p in enumerate(layers):
         q, k, v = project_qkv(p, x, cos, sin)  # (1, heads, T, d) each
         store.write(layer, new_slots, k[0], v[0])
-        out = attention(q[0], store.keys[layer], store.values[layer])
+        out = attention(q[0], store.keys[layer], store.values[layer], p.scale)
         x = layer_output(p, x, out.reshape(1, t, p.num_heads * p.head_dim))
     return x
 
@@ -262,32 +265,30 @@ def _one_call(prepared: PreparedModel, rows: int) -> bool:
 
 @torch.inference_mode()
 def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch, greedy: bool = False) -> torch.Tensor:
-    """Run ``batch`` (see :class:`StepBatch`) through a Llama-family ``model`` whose inference
-    weights are ``store.prepared``; returns the logits ``(k, vocab)`` of the requests with
-    ``want_logits``, in order. With ``greedy`` (every such request picks its logits' first maximum
-    and reads nothing else of them) a step run in one kernel call returns those tokens instead,
-    ``(k,)`` int64: its float32 head read through the 8-bit copy greedy ``generate`` reads
-    (:meth:`~genkit.models.block_decode.BlockDecoder.final_argmax`), the same tokens; other steps
-    return the logits."""
+    """Run ``batch`` (see :class:`StepBatch`) through ``model`` (a :class:`PagedModel`: the Llama
+    family, GPT-2) whose inference weights are ``store.prepared``; returns the logits ``(k, vocab)``
+    of the requests with ``want_logits``, in order. With ``greedy`` (every such request picks its
+    logits' first maximum and reads nothing else of them) a step run in one kernel call returns
+    those tokens instead, ``(k,)`` int64: its float32 head read through the 8-bit copy greedy
+    ``generate`` reads (:meth:`~genkit.models.block_decode.BlockDecoder.final_argmax`), the same
+    tokens; other steps return the logits."""
     prepared = store.prepared
     assert prepared is not None, "a paged store made by model.new_paged_store() carries the prepared weights"
     device = store.device
     if batch.ids.device != device:  # the manager builds a step's ids on the CPU; the model may be on a GPU
         batch = replace(batch, ids=batch.ids.to(device), positions=batch.positions.to(device))
-    x = model.model.embed_tokens(batch.ids)[None]  # (1, T, hidden)
+    x, cos, sin = model.paged_inputs(batch.ids, batch.positions)  # (T, hidden), (T, head_dim) or None each
     positions = int(batch.positions.max()) + 1
-    cos_table, sin_table = model._rope_table(positions, x.dtype)
-    cos, sin = cos_table[batch.positions], sin_table[batch.positions]  # (T, head_dim)
     fused = None
-    if _one_call(prepared, batch.ids.shape[0]) and _fused_fits(batch, model.config.num_attention_heads, positions):
+    if _one_call(prepared, batch.ids.shape[0]) and _fused_fits(batch, prepared.layers[0].num_heads, positions):
         # the whole step is one block-kernel call: every token is a row at its own position with
         # its request's blocks; the kernel stores a layer's keys and values of all rows before any
         # row attends, so a prompt chunk's rows see each other causally
         rows = [blocks for blocks, (_, n) in zip(batch.blocks, batch.spans) for _ in range(n)]
-        fused = prepared.decoder.paged(x[0], cos, sin, batch.positions, store, rows)
+        fused = prepared.decoder.paged(x, cos, sin, batch.positions, store, rows)
     ends = None
     if fused is not None:
-        x = fused[None]
+        h = fused
         ends = model.kernel_ends(prepared)  # the final norm and LM head as the fused decode step runs them
     elif prepared.decoder is not None and prepared.decoder.llama:  # numerics="llama.cpp": no torch path
         from .block_decode import UNSUPPORTED
@@ -295,21 +296,60 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch, greedy: boo
         raise NotSupportedError(f"{UNSUPPORTED}; this step's prompt chunks are too long for it "
                                 "(a smaller --max-batch-tokens splits them)")
     else:
-        x = _paged_layers(prepared, store, batch, x, cos, sin, model.dtype)
-    if len(batch.spans) == x.shape[1] and all(batch.want_logits):  # one token per request, all wanted: every row
-        h = x[0]
-    else:
+        h = _paged_layers(prepared, store, batch, x[None], cos, sin, model.dtype)[0]
+    if len(batch.spans) != h.shape[0] or not all(batch.want_logits):  # not every row's logits: the wanted ones
         last = torch.tensor([s + n - 1 for (s, n), w in zip(batch.spans, batch.want_logits) if w], dtype=torch.long,
                             device=device)
         if last.numel() == 0:
             return torch.empty(0, model.config.vocab_size, device=device)
-        h = x[0].index_select(0, last)
-    if ends is not None and greedy:
-        return prepared.decoder.final_argmax(h, ends)
+        h = h.index_select(0, last)
     if ends is not None:
-        return prepared.decoder.final_logits(h, ends)
-    h = model.model.norm(h)
+        return prepared.decoder.final_argmax(h, ends) if greedy else prepared.decoder.final_logits(h, ends)
+    h = model.final_norm()(h)
     head = prepared.for_rows(h.shape[0])[1]
     if head is not None:  # the oneDNN-packed LM head of the inference path
         return linear(h, head, None, True).float()
     return model.lm_head(h).float()
+
+
+class PagedModel(InferencePathModel):
+    """A model on the inference path that runs the paged forward (:class:`genkit.protocols.PagedLM`,
+    continuous batching): the Llama family and GPT-2. Each names what comes before and after its
+    layers (:meth:`paged_inputs`, :meth:`final_norm`); the layers are the inference path's."""
+
+    def paged_unsupported(self) -> str | None:
+        """Why this model cannot run the paged forward now (None: it can)."""
+        if self.attn_implementation != "sdpa":
+            return (f"continuous batching runs SDPA attention; this model is set to attn_implementation="
+                    f"{self.attn_implementation!r} (model.set_attn_implementation('sdpa'))")
+        if self._inference_weights(None, 0) is None:
+            return ("continuous batching needs the model's inference path (no forward hooks, no replaced "
+                    "submodules)")
+        return None
+
+    def new_paged_store(self, *, block_size: int, num_blocks: int) -> PagedKVStore:
+        """An empty paged K/V store for this model, holding its prepared inference weights."""
+        reason = self.paged_unsupported()
+        if reason is not None:
+            raise NotSupportedError(reason)
+        prepared = self._inference_weights(None, 0)
+        assert prepared is not None  # (paged_unsupported said so)
+        layer = prepared.layers[0]
+        return PagedKVStore(len(prepared.layers), layer.num_kv_heads, layer.head_dim, block_size=block_size,
+                            num_blocks=num_blocks, dtype=self.dtype, device=self.device, prepared=prepared)
+
+    def forward_paged(self, batch: StepBatch, store: PagedKVStore, greedy: bool = False) -> torch.Tensor:
+        """One continuous-batching step (:func:`paged_forward`): the logits ``(k, vocab)`` of the
+        requests in ``batch`` that want them; with ``greedy``, their greedy tokens ``(k,)`` (int64)
+        where the step runs in one kernel call."""
+        return paged_forward(self, store, batch, greedy)
+
+    def paged_inputs(self, ids: torch.Tensor, positions: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The first layer's input ``(T, hidden)`` for tokens ``ids`` at ``positions`` (both ``(T,)``),
+        and their rotary tables ``(T, head_dim)`` each (None, None: no rotary positions)."""
+        raise NotImplementedError
+
+    def final_norm(self) -> nn.Module:
+        """The norm between the last layer and the LM head."""
+        raise NotImplementedError
