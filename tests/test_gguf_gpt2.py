@@ -23,7 +23,7 @@ import torch
 from tolerance import logits_bound
 
 import genkit
-from genkit.errors import NotSupportedError, UnsupportedModelError
+from genkit.errors import ConfigError, NotSupportedError, UnsupportedModelError
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -229,19 +229,49 @@ def test_a_quantized_gpt2_gguf_runs_on_the_int4_layers(tmp_path, qtype, embed, n
 
 
 @quantized
-def test_a_head_the_kernels_cannot_take_is_de_quantized(tmp_path):
-    """GPT-2's vocabulary (50,257) is not a multiple of the kernels' 16 rows: the tied table is
-    de-quantized and shared by the head, the layers stay quantized (vocabulary 300 here)."""
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_a_head_of_rows_not_a_multiple_of_16_runs_on_the_tables_codes(tmp_path, qtype):
+    """GPT-2's vocabulary (50,257) is not a multiple of the kernels' 16-row panels: on the block
+    kernel the tied head runs on the Q8_0 table's codes, its last panel padded with rows of zeros
+    (it was de-quantized to float32: four times the bytes a decode step reads), and a decode step
+    runs from token id to logits in one kernel call. Its logits are the vocabulary's 300 (none of
+    the padding), within the kernels' rounding of transformers' on the same file; greedy generate,
+    the one-call step's logits and continuous batching give transformers' tokens (vocabulary 300)."""
+    from genkit.models import block_kernel
+    from genkit.models.quant import Int4Part
+
+    if not block_kernel.available():
+        pytest.skip("no C compiler: the block kernel (which pads a head's rows) does not exist here")
     path = tmp_path / "v300.gguf"
-    write_gpt2_gguf(path, tiny_gpt2(vocab_size=300, seed=3), qtype="Q8_0")
+    write_gpt2_gguf(path, tiny_gpt2(vocab_size=300, seed=3), qtype=qtype, embed_qtype="Q8_0")
     q, ref = genkit.load_model(path), transformers_gguf(path)
     assert all(type(m) is WithBias for m in _matrices(q))
-    assert type(q.lm_head) is torch.nn.Linear and q.lm_head.weight is q.transformer.wte.weight
+    assert type(q.lm_head) is Int4Linear and (q.lm_head.out_features, q.lm_head.panel_rows) == (300, 304)
+    padding = block_kernel.matmul(torch.randn(3, 64), q.lm_head.blocks, q.lm_head.bits, 304, q.lm_head.act)[:, 300:]
+    assert torch.equal(padding, torch.zeros(3, 4))  # rows of zeros after the vocabulary's
+    bound = logits_bound(ref, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
     with torch.no_grad():
         want = ref(IDS, attention_mask=MASK, position_ids=POS).logits
         got = q(IDS, attention_mask=MASK, position_ids=POS).logits
-    assert (got - want)[MASK.bool()].abs().max() <= logits_bound(ref, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
+    assert got.shape == want.shape == (2, 6, 300)
+    assert (got - want)[MASK.bool()].abs().max() <= bound
     assert torch.equal(q.generate(IDS, attention_mask=MASK, **GREEDY), ref.generate(IDS, attention_mask=MASK, **GREEDY))
+    ids = IDS[:1]
+    with torch.no_grad():
+        cache = q(ids, use_cache=True).past_key_values
+        assert q.kernel_ends(q._prepared[1]) is not None  # the ends in the kernel call
+        step = q.one_call_step(torch.tensor([[7]]), None, None, cache, 1)
+        full = ref(torch.cat([ids, torch.tensor([[7]])], dim=1)).logits[:, -1:]
+    assert step is not None and step.shape == (1, 1, 300)
+    assert (step - full).abs().max() <= logits_bound(ref, ids, linear_u=quantized_roundoff(kernel_of(q)), seq_len=7)
+    want_tokens = ref.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert torch.equal(q.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False), want_tokens)
+    batch = q.generate_batch([ids[0].tolist()], max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    assert next(iter(batch.values())).generated_tokens == want_tokens[0, 6:].tolist()
+    part = Int4Part(torch.zeros(300, 64, dtype=torch.uint8), torch.ones(300, 2), torch.zeros(300, 2))
+    with pytest.raises(ConfigError, match=r"^int4 kernels need out_features divisible by 16 and in_features "
+                                          r"divisible by 32; got \(300, 64\)$"):
+        Int4Linear(64, 300, [part], kernel="torch")  # torch's int4 kernel takes panels of 16 only
 
 
 @quantized

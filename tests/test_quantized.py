@@ -31,7 +31,8 @@ from tolerance import (
 )
 
 import genkit
-from genkit.models.quant import Int4Linear, Int4Part, WithBias, kernel_available, quantize
+from genkit.models import block_kernel
+from genkit.models.quant import Int4Linear, Int4Part, QuantizedEmbedding, WithBias, kernel_available, quantize
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
@@ -141,9 +142,19 @@ def test_fused_layers_equal_the_layers_side_by_side(kernel, qtype):
 
 
 def test_shapes_the_kernel_cannot_take_are_refused():
+    """torch's int4 kernel takes rows in panels of 16; the block kernel any number of rows (its last
+    panel padded with zeros: tests/test_gguf_gpt2.py); both take inputs in groups of 32."""
     part = Int4Part(torch.zeros(8, 64, dtype=torch.uint8), torch.ones(8, 2), torch.zeros(8, 2))
-    with pytest.raises(ValueError, match=r"out_features divisible by 16 and in_features by 32; got \(8, 64\)"):
-        Int4Linear(64, 8, [part])
+    with pytest.raises(ValueError, match=r"^int4 kernels need out_features divisible by 16 and in_features divisible "
+                                         r"by 32; got \(8, 64\)$"):
+        Int4Linear(64, 8, [part], kernel="torch")
+    rows = "out_features >= 1" if block_kernel.available() else "out_features divisible by 16"
+    with pytest.raises(ValueError, match=rf"^int4 kernels need {rows} and in_features divisible by 32; got \(16, 48\)$"):
+        Int4Linear(48, 16, [part])
+    if block_kernel.available():
+        layer = Int4Linear(64, 8, [part], kernel="blocks")  # 1 * (code 0) + 0 per weight: zeros
+        assert (layer.out_features, layer.panel_rows) == (8, 16)
+        assert torch.equal(layer(torch.randn(2, 3, 64)), torch.zeros(2, 3, 8))
 
 
 # -- a tiny Llama written as a quantized GGUF -------------------------------------------------------
@@ -265,14 +276,18 @@ def test_any_embedding_type_and_a_vocabulary_off_the_kernels_rows_load(tmp_path,
     """A tied embedding table in another type than Q8_0 (Q4_K_M files hold it as Q6_K) was refused
     ("kept quantized only as Q8_0"): it is de-quantized, the head still runs on its codes. A
     vocabulary that is not a multiple of the kernels' 16 rows was a ConfigError from Int4Linear:
-    the table is de-quantized and the head shares it."""
+    on the block kernel the head runs on the codes, its last panel padded with rows of zeros;
+    without it the table is de-quantized and the head shares it."""
     from genkit.models.gguf_quantized import kernel_types
 
     path = tmp_path / "e.gguf"
     write_quantized_gguf(path, "Q4_0", embed, hidden=256, ffn=512, vocab=vocab)
     q, f = genkit.load_model(path), genkit.load_model(path, dequantize=True)
     assert type(q.model.layers[0].self_attn.q_proj) is Int4Linear
-    if vocab % 16 or embed not in kernel_types():
+    if vocab % 16 and block_kernel.available():
+        assert type(q.lm_head) is Int4Linear and type(q.model.embed_tokens) is QuantizedEmbedding
+        assert (q.lm_head.out_features, q.lm_head.panel_rows) == (250, 256)
+    elif vocab % 16 or embed not in kernel_types():
         assert type(q.lm_head) is torch.nn.Linear and q.lm_head.weight is q.model.embed_tokens.weight
     else:
         assert type(q.lm_head) is Int4Linear and type(q.model.embed_tokens) is torch.nn.Embedding

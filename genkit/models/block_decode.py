@@ -115,7 +115,7 @@ def _head(head: Any, hidden: int, gemv: int | None) -> tuple[int, int, int, int,
     kernel's column-major product) a :class:`~genkit.models.dense_kernel.Gemv` on it; None for others."""
     if gemv is None:
         if type(head) is Int4Linear and head.kernel == "blocks" and head.in_features == hidden:
-            return head.blocks.data_ptr(), head.bits, head.act, head.out_features, 0, 0
+            return head.blocks.data_ptr(), head.bits, head.act, head.panel_rows, 0, 0
         return None
     if type(head) is Gemv and head.fn is not None and ctypes.cast(head.fn, ctypes.c_void_p).value == gemv:
         n, k = head.shape
@@ -132,6 +132,8 @@ def _ends(embed: Any, norm: torch.Tensor, eps: float, llama: bool, head: Any, hi
     if table is None or out is None or norm.dtype != torch.float32 or norm.shape != (hidden,) or not norm.is_contiguous():
         return None
     ends = _Ends(*table, norm.data_ptr(), eps, int(llama), *out)
+    if type(head) is Int4Linear:  # (a last panel padded with rows of zeros: its own rows only are logits)
+        ends.live = head.out_features
     if extras:
         bias, positions = extras
         ends.norm_b, ends.positions = bias.data_ptr(), positions.data_ptr()
@@ -160,6 +162,11 @@ def _vector(t: Any, n: int) -> bool:
     (a norm's weight or bias, a product's bias)."""
     return (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
             and t.shape == (n,))
+
+
+def _live(logits: torch.Tensor, ends: _Ends) -> torch.Tensor:
+    """``logits`` ``(..., ends.outputs)`` without a padded head's rows of zeros (``ends.live``)."""
+    return logits[..., :ends.live] if 0 < ends.live < ends.outputs else logits
 
 
 def _address(t: torch.Tensor | None) -> int | None:
@@ -446,7 +453,7 @@ class BlockDecoder:
         vocab)``, or None: take the usual path (nothing has been written then; an id outside the
         vocabulary too, so that the embedding module reports it)."""
         out = torch.empty(ids.shape[0], 1, ends.outputs)
-        return out if self._one_call(ids, cos, sin, cache, ends, out, 0, None) else None
+        return _live(out, ends) if self._one_call(ids, cos, sin, cache, ends, out, 0, None) else None
 
     def argmax(self, ids: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, cache: Any, ends: _Ends
                ) -> torch.Tensor | None:
@@ -467,7 +474,7 @@ class BlockDecoder:
         :meth:`argmax` (batch 1 on the gemv route; elsewhere every logit is computed). None: take the
         usual path."""
         out = torch.empty(ids.shape[0], 1, ends.outputs)
-        return out if self._one_call(ids, cos, sin, cache, ends, out, k, None) else None
+        return _live(out, ends) if self._one_call(ids, cos, sin, cache, ends, out, k, None) else None
 
     def _one_call(self, ids: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, cache: Any, ends: _Ends,
                   logits: torch.Tensor | None, top: int, tokens: torch.Tensor | None) -> bool:
@@ -577,7 +584,7 @@ class BlockDecoder:
                                               torch.get_num_threads())
         if rc:
             raise MemoryError("the block kernel could not allocate its scratch memory")
-        return out
+        return _live(out, ends)
 
     def final_argmax(self, x: torch.Tensor, ends: _Ends) -> torch.Tensor:
         """The greedy tokens ``(rows,)`` of hidden states ``x`` ``(rows, hidden)`` that came out of this

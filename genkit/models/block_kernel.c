@@ -2655,8 +2655,8 @@ typedef struct {
     const float *norm_b;
     const float *positions;
     long long p0, p1, position_rows;
-    /* a draft's head whose rows were padded to a multiple of 16 (GPT-2's 50,257): its greedy steps choose among
-     * the first `live` rows only (0: all `outputs`) */
+    /* a head whose rows were padded to a multiple of 16 with rows of zeros (a block head of GPT-2's 50,257, a
+     * draft's): greedy steps choose among the first `live` rows only (0: all `outputs`; live_rows) */
     int live;
 } gk_ends;
 
@@ -2937,6 +2937,12 @@ static int64_t blocks_first_max(const float *logits, int N, const int *blocks, i
     return best;
 }
 
+/* The rows of e's head that are logits: `live` of a head whose last panel is padded with rows of zeros
+ * (a block head of a vocabulary not a multiple of 16, a padded draft head), else all `outputs` */
+static int live_rows(const gk_ends *e) {
+    return e->live > 0 && e->live < e->outputs ? e->live : e->outputs;
+}
+
 /* The first maximum of each of the `rows` rows of logits of final-normed hidden states h (rows, hidden)
  * through e's 8-bit copy of a float32 head (a greedy step of gk_decode_top, a check of gk_decode_verify):
  * the copy read once for all rows (the block product gives each row the bits of that row alone), then
@@ -3011,7 +3017,7 @@ int gk_argmax(const gk_ends *e, const float *x, int rows, int hidden, int64_t *t
         rc = argmax_rows(e, h, rows, hidden, logits, tokens, threads);
     } else {
         rc = head_product(e, h, rows, hidden, logits, threads);
-        for (int r = 0; rc == 0 && r < rows; r++) tokens[r] = first_max(logits + (size_t)r * e->outputs, e->outputs);
+        for (int r = 0; rc == 0 && r < rows; r++) tokens[r] = first_max(logits + (size_t)r * e->outputs, live_rows(e));
     }
     free(h);
     return rc;
@@ -3048,7 +3054,7 @@ int gk_decode_top(int num_layers, const gk_layer *layers, const gk_ends *e, cons
         done = nb >= 0 && proxy_logits(e, h, hidden, blocks, nb, 1, out, threads);
     }
     if (rc == 0 && !done) rc = head_product(e, h, rows, hidden, out, threads);
-    const int live = e->live > 0 && e->live < e->outputs ? e->live : e->outputs;  /* (a padded draft head's rows) */
+    const int live = live_rows(e);
     if (rc == 0 && !done && top < 0 && rows == 1 && e->rescore > 0 && e->rescore_w != NULL && e->gemv_cols != NULL) {
         nb = rescore_blocks(e, out, live, blocks);
         e->gemv_cols(h, e->rescore_w, e->rescore_ld, out, live, hidden, threads, blocks, nb);
@@ -3090,7 +3096,7 @@ int gk_decode_verify(int num_layers, const gk_layer *layers, const gk_ends *e, c
         if (keep || e->proxy == NULL || e->gemv_cols == NULL) {
             rc = head_product(e, h, tokens, hidden, logits, threads);
             for (int r = 0; rc == 0 && r < tokens; r++)
-                out[r] = first_max(logits + (size_t)r * e->outputs, e->outputs);
+                out[r] = first_max(logits + (size_t)r * e->outputs, live_rows(e));
         } else {
             rc = argmax_rows(e, h, tokens, hidden, logits, out, threads);
         }

@@ -38,8 +38,9 @@ def kernel_types() -> frozenset[str]:
 def build_quantized_model(config: Any, contents: GGUFContents, dtype: torch.dtype, where: str) -> GenkitModel:
     """The config's architecture with ``contents.quantized`` tensors as int4 layers and the
     float tensors of ``contents.state_dict`` copied in. A quantized matrix whose rows the kernels
-    cannot take (not a multiple of 16: GPT-2's 50,257-token head) is de-quantized to ``dtype``
-    instead, as is an embedding table in another type than Q8_0 (its tied head stays quantized)."""
+    cannot take (without the block kernel, which pads them: not a multiple of 16, GPT-2's 50,257-token
+    head) is de-quantized to ``dtype`` instead, as is an embedding table in another type than Q8_0
+    (its tied head stays quantized)."""
     from .loading import architecture_class, build_model
 
     cls = architecture_class(config, os.path.join(where, "config.json"))
@@ -90,7 +91,7 @@ def _embedding(model: nn.Module, config: Any, quantized: dict[str, Entry], state
         raise ModelFileError(f"{where}: tensor {embed_name + '.weight'!r} has shape {tuple(embed[2])}, but the "
                              f"config implies {want}")
     tied = bool(config.get("tie_word_embeddings", False)) and "lm_head.weight" not in quantized
-    head_on_codes = tied and int4_shape_ok(embed[2][0], embed[2][1])
+    head_on_codes = tied and int4_shape_ok(embed[2][0], embed[2][1], padded=block_kernel.available())
     if head_on_codes:
         quantized["lm_head.weight"] = embed  # the LM head runs on the embedding's codes
     if embed[0] != "Q8_0" or (tied and not head_on_codes):
@@ -123,7 +124,7 @@ def _linear_layers(model: nn.Module, quantized: dict[str, Entry], state: dict[st
         want = tuple(module.weight.shape[::-1]) if isinstance(module, Conv1D) else tuple(module.weight.shape)
         if tuple(entry[2]) != want:
             raise ModelFileError(f"{where}: tensor {name!r} has shape {tuple(entry[2])}, but the config implies {want}")
-        if not int4_shape_ok(entry[2][0], entry[2][1]):
+        if not int4_shape_ok(entry[2][0], entry[2][1], padded=block_kernel.available()):
             logger.info("%s: %s (%s rows) is de-quantized: the int4 kernels take multiples of 16 rows", where,
                         name, entry[2][0])
             state[name] = _dequantized(entry).t() if isinstance(module, Conv1D) else _dequantized(entry)

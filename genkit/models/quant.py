@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import (
@@ -63,10 +64,11 @@ def kernel_available() -> bool:
         return False
 
 
-def int4_shape_ok(out_features: int, in_features: int) -> bool:
+def int4_shape_ok(out_features: int, in_features: int, padded: bool = False) -> bool:
     """Whether :class:`Int4Linear` takes a weight of ``(out_features, in_features)``: rows a
-    multiple of 16 (the kernels' panels), columns of 32 (a group)."""
-    return out_features % _MIN_ROWS == 0 and in_features % GROUP == 0
+    multiple of 16 (the kernels' panels; any number with ``padded``: the block kernel's layers pad
+    their last panel with rows of zeros), columns of 32 (a group)."""
+    return out_features > 0 and (padded or out_features % _MIN_ROWS == 0) and in_features % GROUP == 0
 
 
 class Int4Part:
@@ -131,16 +133,17 @@ class Int4Linear(nn.Module):
         super().__init__()
         if kernel not in KERNELS:
             raise ConfigError(f"`kernel` must be one of {', '.join(repr(k) for k in KERNELS)}; got {kernel!r}")
-        if not int4_shape_ok(out_features, in_features):
-            raise ConfigError(f"int4 kernels need out_features divisible by {_MIN_ROWS} and in_features by {GROUP}; "
+        if kernel == "blocks" and not block_kernel.available():
+            raise KernelUnavailableError("the block kernel is not available (no C compiler, or GENKIT_BLOCK_KERNEL=0)")
+        self.kernel = "blocks" if kernel == "blocks" or (kernel == "auto" and block_kernel.available()) else "torch"
+        if not int4_shape_ok(out_features, in_features, padded=self.kernel == "blocks"):
+            rows = "out_features >= 1" if self.kernel == "blocks" else f"out_features divisible by {_MIN_ROWS}"
+            raise ConfigError(f"int4 kernels need {rows} and in_features divisible by {GROUP}; "
                               f"got ({out_features}, {in_features})")
         self.in_features, self.out_features, self.source = in_features, out_features, source
         if row_chunks is None:
             assert parts is not None
             row_chunks = (part_rows(parts, start, start + PACK_CHUNK) for start in range(0, out_features, PACK_CHUNK))
-        if kernel == "blocks" and not block_kernel.available():
-            raise KernelUnavailableError("the block kernel is not available (no C compiler, or GENKIT_BLOCK_KERNEL=0)")
-        self.kernel = "blocks" if kernel == "blocks" or (kernel == "auto" and block_kernel.available()) else "torch"
         self.bits = 4
         self.symmetric = False  # m = -2**(bits-1) * d in every block (see block_kernel.act_mode)
         self.activation_digits = 2  # int8 digits per activation value on the block kernel (set_activation_digits)
@@ -172,22 +175,32 @@ class Int4Linear(nn.Module):
 
     def _pack_blocks(self, row_chunks: Iterable[list[Int4Part]]) -> None:
         """Store the rows in the block kernel's layout: one 4-bit part as it is, an 8-bit weight's
-        two halves joined back into one 8-bit code per weight."""
+        two halves joined back into one 8-bit code per weight; rows of zeros after a last panel of
+        fewer than 16 (:attr:`panel_rows`)."""
         chunks, bits, symmetric = [], None, True
         for chunk in row_chunks:
             codes, scale, minimum, chunk_bits = _block_codes(chunk, self.source)
+            short = -codes.shape[0] % block_kernel.ROWS
+            if short:  # (codes 0 with scale and minimum 0: weights of zero, never read as logits)
+                codes, scale, minimum = (F.pad(t, (0, 0, 0, short)) for t in (codes, scale, minimum))
             if bits is not None and chunk_bits != bits:
                 raise UnsupportedModelError(f"{self.source or 'int4 layer'}: row chunks mix {bits}- and {chunk_bits}-bit codes")
             bits = chunk_bits
             symmetric = symmetric and torch.equal(minimum.float(), -float(2 ** (bits - 1)) * scale.float())
             chunks.append(block_kernel.pack(codes, scale, minimum, chunk_bits))
         blocks = torch.cat(chunks)
-        if blocks.shape[0] * block_kernel.ROWS != self.out_features:
+        if blocks.shape[0] != -(-self.out_features // block_kernel.ROWS):
             raise ConfigError(f"int4 parts hold {blocks.shape[0] * block_kernel.ROWS} rows; expected {self.out_features}")
         self.register_buffer("blocks", blocks)
         self.bits = int(bits or 4)
         self.symmetric = symmetric
         self.num_parts = 1
+
+    @property
+    def panel_rows(self) -> int:
+        """The rows the block kernel computes: ``out_features`` rounded up to its panels of 16 (the
+        rows past ``out_features`` are zeros); ``out_features`` on torch's kernel."""
+        return -(-self.out_features // block_kernel.ROWS) * block_kernel.ROWS if self.kernel == "blocks" else self.out_features
 
     @property
     def act(self) -> int:
@@ -207,8 +220,10 @@ class Int4Linear(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, self.in_features)
         if self.kernel == "blocks":
-            y = block_kernel.matmul(flat, self.blocks, self.bits, self.out_features, self.act)
-            return (y if x.dtype == torch.float32 else y.to(x.dtype)).view(*shape[:-1], self.out_features)
+            n = self.out_features
+            y = block_kernel.matmul(flat, self.blocks, self.bits, self.panel_rows, self.act)
+            y = y if y.shape[1] == n else y[:, :n]  # (a padded last panel's rows left out)
+            return (y if x.dtype == torch.float32 else y.to(x.dtype)).reshape(*shape[:-1], n)
         if flat.dtype != ACT_DTYPE:
             flat = flat.to(ACT_DTYPE)
         out = None
@@ -223,7 +238,8 @@ class Int4Linear(nn.Module):
                     source: str = "") -> Int4Linear:
         """A block-kernel layer on ``blocks`` already in the kernel's layout (``(out / 16, in / 32,
         bytes)``, as :func:`block_kernel.head_proxy` makes them for bits 8)."""
-        if tuple(blocks.shape) != (out_features // block_kernel.ROWS, in_features // GROUP, block_kernel.BLOCK_BYTES[bits]):
+        panels = -(-out_features // block_kernel.ROWS)
+        if tuple(blocks.shape) != (panels, in_features // GROUP, block_kernel.BLOCK_BYTES[bits]):
             raise ConfigError(f"blocks of shape {tuple(blocks.shape)} do not hold a ({out_features}, {in_features}) "
                               f"{bits}-bit weight")
         layer = Int4Linear.__new__(Int4Linear)
@@ -244,6 +260,8 @@ class Int4Linear(nn.Module):
                or lay.bits != first.bits for lay in layers):
             raise ConfigError("fused int4 layers need the same input size, kernel and number of parts")
         if first.kernel == "torch" and any(lay.out_features % _PACK_TILE for lay in layers[:-1]):
+            return None
+        if any(lay.panel_rows != lay.out_features for lay in layers[:-1]):  # (padding rows inside the fused one)
             return None
         if any(lay.act != first.act for lay in layers):  # one rounding per product
             return None
@@ -415,8 +433,9 @@ def quantize(model: nn.Module, mode: str = "int8", activation_digits: int = 2) -
     decoder layers' q/k/v/o and MLP projections (GPT-2's ``Conv1D`` layers too, whose weights are
     stored ``(in, out)``: they become int4 layers with their float bias, as a quantized GPT-2 GGUF
     file loads) and the LM head are quantized; embeddings and norms stay as they are. Layers whose
-    sizes the kernel cannot take (output rows not a multiple of 16, inputs not a multiple of 32:
-    GPT-2's 50,257-row head) are left in floating point, with a log line.
+    sizes the kernel cannot take (inputs not a multiple of 32; on torch's int4 kernel, without the
+    block kernel, also output rows not a multiple of 16: GPT-2's 50,257-row head) are left in
+    floating point, with a log line.
     ``activation_digits``: see :func:`set_activation_digits` (the weights are symmetric, so 1 is
     llama.cpp's Q8_0 rounding).
     """
@@ -438,7 +457,7 @@ def quantize(model: nn.Module, mode: str = "int8", activation_digits: int = 2) -
         for name, lin in targets:
             weight = lin.weight.t() if type(lin) is Conv1D else lin.weight  # (out, in) rows
             out, k = weight.shape
-            if not int4_shape_ok(out, k):
+            if not int4_shape_ok(out, k, padded=block_kernel.available()):
                 skipped.append(name)
                 continue
             parts = [_int4_symmetric(weight)] if mode == "int4" else _int8_symmetric(weight)
