@@ -18,6 +18,11 @@ alternating rounds (medians):
 genkit's rate is bench/bench_quantized.py's: 128 new tokens after a 12-token prompt, less a 1-token
 generate. Both genkit variants' greedy tokens are checked equal.
 
+``--batch N``: instead, continuous batching (``generate_batch``) of N requests of 16-64 prompt tokens,
+32 new tokens each, greedy, on the GGUF file against the float32 model of the same weights (saved by
+transformers), alternating rounds, medians; each checked against its own sequential ``generate``
+(first 4 prompts).
+
 Run: ``OMP_NUM_THREADS=2 PYTHONPATH=. python bench/bench_gpt2_gguf.py --llama-bench build/bin/llama-bench
 [--qtype Q4_0] [--threads 1,2]``
 """
@@ -48,11 +53,38 @@ from genkit.models.cpu import describe  # noqa: E402
 
 
 def write(path: str, qtype: str) -> None:
+    """The GGUF file, and the same weights as a float32 folder beside it (``path`` without ``.gguf``)."""
     import transformers
 
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2_SMALL)).eval()
     write_gpt2_gguf(path, hf, qtype=qtype, embed_qtype="Q8_0")
+    hf.save_pretrained(path[:-len(".gguf")])
+
+
+def batched(path: str, n: int, rounds: int) -> None:
+    """Continuous batching on the GGUF file against the float32 folder (see the module docstring)."""
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, GPT2_SMALL["vocab_size"], (int(k),), generator=g).tolist()
+               for k in torch.randint(16, 65, (n,), generator=g)]
+    greedy = {"max_new_tokens": 32, "do_sample": False, "eos_token_id": None}
+    models = {"float32": genkit.load_model(path[:-len(".gguf")]), "GGUF": genkit.load_model(path)}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    outs: dict[str, list[list[int]]] = {}
+    for model in models.values():
+        model.generate_batch(prompts[:2], max_new_tokens=2)  # warm-up
+    for _ in range(rounds):
+        for name, model in models.items():
+            t = time.perf_counter()
+            outs[name] = [o.generated_tokens for o in model.generate_batch(prompts, **greedy).values()]
+            times[name].append(time.perf_counter() - t)
+    print(f"| generate_batch, {n} requests x 32 tokens, {torch.get_num_threads()} threads | s (all) | tokens/s | "
+          "vs float32 | as its sequential generate |\n|---|---|---|---|---|")
+    for name, model in models.items():
+        seq = [model.generate(torch.tensor([p]), **greedy)[0, len(p):].tolist() for p in prompts[:4]]
+        t = statistics.median(times[name])
+        print(f"| {name} | {t:.2f} ({', '.join(f'{x:.2f}' for x in times[name])}) | {n * 32 / t:.1f} | "
+              f"{statistics.median(times['float32']) / t:.2f}x | {outs[name][:4] == seq} |", flush=True)
 
 
 def with_float_head(path: str) -> Any:
@@ -77,6 +109,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=0, help="N requests through continuous batching (docstring)")
     args = ap.parse_args()
     print(describe(), flush=True)
     with tempfile.TemporaryDirectory() as folder:
@@ -85,6 +118,11 @@ def main() -> None:
         write(path, args.qtype)
         print(f"GPT-2 small shape, {args.qtype} projections, Q8_0 tied embedding ({os.path.getsize(path) / 2**20:.0f} "
               f"MiB, written in {time.perf_counter() - t:.0f} s); {args.rounds} alternating rounds, medians\n")
+        if args.batch:
+            for threads in (int(n) for n in args.threads.split(",")):
+                torch.set_num_threads(threads)
+                batched(path, args.batch, args.rounds)
+            return
         ids = torch.randint(3, GPT2_SMALL["vocab_size"], (1, 12), generator=torch.Generator().manual_seed(1))
         print("| threads | genkit tok/s | genkit, float32 head tok/s | llama.cpp tg128 tok/s | genkit / float32 head | "
               "genkit / llama.cpp | same tokens |\n|---|---|---|---|---|---|---|")

@@ -360,15 +360,30 @@ def test_continuous_batching_runs_a_quantized_gpt2_in_one_kernel_call_per_step(t
 
 
 def test_serve_and_batch_run_gpt2_on_continuous_batching(tmp_path):
-    """``genkit serve`` and ``genkit batch`` pick continuous batching for a GPT-2 (they ran it on their
-    generate engines)."""
+    """``genkit serve`` and ``genkit batch`` run a GPT-2 on continuous batching (they ran it on their
+    generate engines, one request at a time and in static batches): a served completion, greedy, is
+    transformers' text for the prompt."""
+    pytest.importorskip("starlette")
+    from serve_client import post_json
+    from test_engine_gate import _serving
+
     from genkit.batch import continuous
-    from genkit.serve.engines import ContinuousEngine, make_engine
+    from genkit.serve import build_app
 
     path = tmp_path / "gpt2.gguf"
-    write_gpt2_gguf(path, tiny_gpt2())
+    hf = tiny_gpt2(seed=5)
+    write_gpt2_gguf(path, hf)
+    hf_tok = byte_level_vocab(320)[3]
+    prompt = "the quick brown fox"
+    ids = hf_tok(prompt, return_tensors="pt")["input_ids"]
+    out = hf.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    want = hf_tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    with _serving(build_app(str(path), model_name="gpt2"), engine="ContinuousEngine") as base:
+        status, body = post_json(base, "/v1/completions", {"model": "gpt2", "prompt": prompt, "max_tokens": 8,
+                                                           "temperature": 0, "min_new_tokens": 8})
+    assert status == 200, body
+    assert body["choices"][0]["text"] == want
     model, tok = genkit.load_model(path), genkit.load_tokenizer(path)
-    assert type(make_engine(model, tok)) is ContinuousEngine
     assert type(continuous.make_local_engine(model, tok, {"max_new_tokens": 4})) is continuous.ContinuousEngine
 
 
