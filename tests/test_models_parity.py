@@ -309,6 +309,20 @@ def _follows_edits_and_hooks(ours, prompt, before, mlp):
     return after
 
 
+def _force_route(route, tmp_path, monkeypatch):
+    """Every product of a model loaded next on ``route`` (GENKIT_KERNEL; the choice cache in
+    ``tmp_path``); a skip where this machine has no such route."""
+    from genkit.models import dense_kernel, kernel_choice
+
+    if route == "packed" and not packing_available():
+        pytest.skip("oneDNN cannot pack float32 weights on this CPU/build: only the plain path exists here")
+    if route == "gemv" and not dense_kernel.available():
+        pytest.skip("no C compiler: genkit's gemv kernel does not exist here (tests/test_dense_kernel.py)")
+    monkeypatch.setenv("GENKIT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(kernel_choice.ENV, route)
+    kernel_choice.CHOSEN.clear()
+
+
 def _gpt2_pair(folder):
     torch.manual_seed(1234)
     hf = _hf_model(CONFIGS["gpt2"]())
@@ -324,13 +338,7 @@ def test_gpt2_on_each_product_route_gives_transformers_tokens(route, tmp_path, m
     (small) and its prompts (prefill) give transformers' greedy tokens."""
     from genkit.models import dense_kernel, kernel_choice
 
-    if route == "packed" and not packing_available():
-        pytest.skip("oneDNN cannot pack float32 weights on this CPU/build: only the plain path exists here")
-    if route == "gemv" and not dense_kernel.available():
-        pytest.skip("no C compiler: genkit's gemv kernel does not exist here (tests/test_dense_kernel.py)")
-    monkeypatch.setenv("GENKIT_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv(kernel_choice.ENV, route)
-    kernel_choice.CHOSEN.clear()
+    _force_route(route, tmp_path, monkeypatch)
     hf, ours = _gpt2_pair(tmp_path / "gpt2")
     prompt = torch.tensor([[1, 17, 42, 99, 5, 23]])
     ref = hf.generate(prompt, do_sample=False, max_new_tokens=64, min_new_tokens=64)
@@ -358,15 +366,8 @@ def test_gpt2s_continuous_batching_gives_transformers_tokens(name, route, tmp_pa
     transformers' on its prompt alone, with prompts split into chunks and requests joining mid-way
     (``max_batch_tokens``), on each product route (gemv: the one-call step where the route allows)."""
     from genkit.continuous import ContinuousBatchingConfig
-    from genkit.models import dense_kernel, kernel_choice
 
-    if route == "packed" and not packing_available():
-        pytest.skip("oneDNN cannot pack float32 weights on this CPU/build: only the plain path exists here")
-    if route == "gemv" and not dense_kernel.available():
-        pytest.skip("no C compiler: genkit's gemv kernel does not exist here (tests/test_dense_kernel.py)")
-    monkeypatch.setenv("GENKIT_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv(kernel_choice.ENV, route)
-    kernel_choice.CHOSEN.clear()
+    _force_route(route, tmp_path, monkeypatch)
     torch.manual_seed(1234)
     hf = _hf_model(CONFIGS[name]())
     hf.save_pretrained(tmp_path / name)
