@@ -561,4 +561,5 @@ def test_gpt2_speculates_exactly_with_its_learned_positions(tmp_path, vocab):
     stats = model.speculation_stats
     assert stats["checks"] > 0 and stats["accepted"] > 0 and stats["answered_ahead"] > 0
     draft = model.__dict__["_self_draft"][1]
-    assert draft.head.out_features == 16 * -(-vocab // 16) and draft.ends.live == vocab
+    assert (draft.head.out_features, draft.head.panel_rows) == (vocab, 16 * -(-vocab // 16))
+    assert draft.ends.outputs == draft.head.panel_rows and draft.ends.live == vocab

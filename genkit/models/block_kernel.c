@@ -1530,6 +1530,11 @@ typedef struct {
 } gk_layer;
 
 enum { GK_W_QKV, GK_W_O, GK_W_GU, GK_W_D };
+
+/* the layer's attention score scale: its own (GPT-2's per-layer one), else 1 / sqrt(head_dim) */
+static float score_scale(const gk_layer *L) {
+    return L->scale > 0.0f ? L->scale : 1.0f / sqrtf((float)L->head_dim);
+}
 /* gk_layer.llama: whose float order (ggml's SIMD build; AVX512FP16: AVX-512 with float16 arithmetic) */
 enum { GK_LLAMA_AVX2 = 1, GK_LLAMA_AVX512 = 2, GK_LLAMA_AVX512FP16 = 3 };
 
@@ -1912,7 +1917,7 @@ static void attend_llama(const gk_layer *L, const float *qkv, int rows, const in
     int per = group < GK_ATT_HEADS ? group : GK_ATT_HEADS;  /* heads per item: fewer when the threads would idle */
     while (per > 1 && rows * nkv * ((group + per - 1) / per) < 3 * threads) per--;
     const int chunks = (group + per - 1) / per, work = rows * nkv * chunks;
-    const float scale = L->scale > 0.0f ? L->scale : 1.0f / sqrtf((float)d);
+    const float scale = score_scale(L);
 #pragma omp parallel for num_threads(threads < work ? threads : work) schedule(static)
     for (int w = 0; w < work; w++) {
         const float *q[GK_ATT_HEADS];
@@ -2403,7 +2408,7 @@ static void attend_vec(const gk_layer *L, const float *qkv, int rows, const int3
     const int nq = L->num_heads, nkv = L->num_kv_heads, d = L->head_dim, group = nq / nkv;
     const int per = group < GK_ATT_HEADS ? group : GK_ATT_HEADS;  /* not fewer for idle threads: each K/V read once */
     const int chunks = (group + per - 1) / per, work = rows * nkv * chunks;
-    const float scale = L->scale > 0.0f ? L->scale : 1.0f / sqrtf((float)d);
+    const float scale = score_scale(L);
 #pragma omp parallel for num_threads(threads < work ? threads : work) schedule(static)
     for (int w = 0; w < work; w++) {
         const float *q[GK_ATT_HEADS];
@@ -2434,7 +2439,7 @@ static void attend(const gk_layer *L, const float *qkv, int rows, const int32_t 
         return;
     }
 #endif
-    float scale = L->scale > 0.0f ? L->scale : 1.0f / sqrtf((float)d);
+    const float scale = score_scale(L);
     int work = rows * nq, nthreads = threads < work ? threads : work;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int ri = 0; ri < work; ri++) {
@@ -2598,7 +2603,8 @@ int gk_decode_paged(int num_layers, const gk_layer *layers, float *x, int rows, 
  * whose products run in torch): row r's nq query heads q[r] ((rows, nq, d), after rotary embedding)
  * at position pos[r] over its positions 0..pos[r] in blocks table[r][0..width-1] of keys kc and values
  * vc (as gk_decode_paged), into out (rows, nq, d), the scores times scale (0: 1 / sqrt(d), as
- * gk_layer.scale); as gk_decode_paged attends, without gathering the blocks. scratch: rows * (nq + 2 * nkv) * d + rows * nq * (max pos + 1) floats. */
+ * gk_layer.scale); as gk_decode_paged attends, without gathering the blocks. scratch: rows * (nq + 2 * nkv)
+ * * d + rows * nq * (max pos + 1) floats. */
 int gk_attend_paged(const float *q, int rows, int nq, int nkv, int d, const int32_t *pos, const float *kc,
                     const float *vc, const int32_t *table, int width, int block_size, float scale, float *scratch,
                     float *out, int threads) {

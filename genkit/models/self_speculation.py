@@ -231,16 +231,16 @@ class SelfDraft:
 
 def _int8(weight: Any, pad: bool = False) -> Int4Linear | None:
     """An 8-bit block-kernel copy of a float32 ``(out, in)`` weight (a Gemv's or a tensor), or None
-    when its shape does not fit the kernel; with ``pad`` (the draft's head), rows of zeros up to a
-    multiple of 16 where it has fewer (:func:`_padded`)."""
+    when its shape does not fit the kernel; with ``pad`` (the draft's head), any number of rows (the
+    layer pads its last panel of 16 with rows of zeros: :attr:`Int4Linear.panel_rows`)."""
     w = getattr(weight, "weight", weight)
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] % MIN_ROWS and not pad or w.shape[1] % GROUP:
         return None
-    n, k = _padded(int(w.shape[0])), int(w.shape[1])
+    n, k = int(w.shape[0]), int(w.shape[1])
     with torch.no_grad():
         made = block_kernel.head_proxy(w.detach())  # genkit's column-major float32 weights: in C, 3.6x faster
         lin = (Int4Linear.from_blocks(made[0], k, n, 8, True, "self-draft") if made is not None
-               else Int4Linear(k, n, _int8_symmetric(_zero_rows(w.detach(), n)), source="self-draft", kernel="blocks"))
+               else Int4Linear(k, n, _int8_symmetric(w.detach()), source="self-draft", kernel="blocks"))
     lin.activation_digits = DRAFT_DIGITS
     return lin
 
@@ -260,27 +260,16 @@ def draft_bytes(prepared: Any, head_weight: Any) -> int:
     return int(sum(w.numel() for w in weights if isinstance(w, torch.Tensor)) * BYTES_PER_WEIGHT + head.numel() * per)
 
 
-def _padded(rows: int) -> int:
-    """``rows`` rounded up to the block kernel's 16: a draft head of a vocabulary that is not a
-    multiple of 16 (GPT-2's 50,257) gets rows of zeros after its own, which its greedy steps never
-    choose (``gk_ends.live``)."""
-    return -(-rows // MIN_ROWS) * MIN_ROWS
-
-
-def _zero_rows(w: torch.Tensor, rows: int) -> torch.Tensor:
-    """``w`` with rows of zeros after its own, ``rows`` in all."""
-    return w if w.shape[0] == rows else torch.cat([w, w.new_zeros(rows - w.shape[0], w.shape[1])])
-
-
 def _draft_head(head_weight: Any) -> tuple[Int4Linear | None, bool]:
-    """The draft's LM head: 4-bit blocks where its steps can rescore (:func:`_rescorable`), else 8-bit
-    (rows padded to a multiple of 16, :func:`_padded`); and whether it is the 4-bit one."""
+    """The draft's LM head: 4-bit blocks where its steps can rescore (:func:`_rescorable`), else 8-bit;
+    and whether it is the 4-bit one. A vocabulary that is not a multiple of 16 (GPT-2's 50,257) gets
+    its last panel padded with rows of zeros, which its greedy steps never choose (``gk_ends.live``,
+    set by the ends for every block head)."""
     w = getattr(head_weight, "weight", head_weight)
     if not _rescorable(head_weight) or w.shape[1] % GROUP:
         return _int8(head_weight, pad=True), False
-    n = _padded(int(w.shape[0]))
     with torch.no_grad():
-        lin = Int4Linear(int(w.shape[1]), n, [_int4_symmetric(_zero_rows(w.detach(), n))], source="self-draft",
+        lin = Int4Linear(int(w.shape[1]), int(w.shape[0]), [_int4_symmetric(w.detach())], source="self-draft",
                          kernel="blocks")
     lin.activation_digits = DRAFT_DIGITS
     return lin, True
@@ -312,7 +301,6 @@ def build_draft(prepared: Any, embed: Any, norm: Any, head_weight: Any, position
                                              None, extras)
     if ends is None:
         return None
-    ends.live = int(getattr(head_weight, "weight", head_weight).shape[0])  # (the head's own rows, padding left out)
     if rescored:  # (the model's head outlives the draft: the draft goes with the prepared weights)
         ends.rescore_w, ends.rescore_ld, ends.rescore = head_weight.weight.data_ptr(), head_weight.ld, RESCORE
         ends.gemv_cols = ctypes.cast(dense_kernel.library().gk_gemv_t_cols, ctypes.c_void_p).value
