@@ -74,6 +74,9 @@ class ContinuousBatchingManager:
         if getattr(self.generation_config, "compile_config", None) is not None:
             logger.warning("`compile_config` has no effect on continuous batching: genkit does not torch.compile "
                            "the paged forward")
+        if getattr(model, "self_speculation", None) is True:  # (None, the default, is "where it pays", so says nothing)
+            logger.warning("model.self_speculation=True has no effect on continuous batching: its steps batch the "
+                           "requests' tokens; genkit.generate's batch-1 greedy search speculates")
         warn_no_effect(cb)
         self.store = paged_store_for(model, block_size=cb.block_size, num_blocks=cb.num_blocks)  # the K/V tensors
         # a model whose step can give plain greedy requests their tokens alone (protocols.PagedLM)
