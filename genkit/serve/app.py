@@ -279,7 +279,8 @@ def _parse_and_submit_now(body: Any, state: ServerState, chat: bool, loop: async
                           arrived: float) -> tuple[ParsedRequest, list[RequestStream]]:
     parsed = parse_request(body, chat=chat, tokenizer=state.tokenizer, model_name=state.model_name,
                            limits=state.limits, generation_fields=state.generation_fields,
-                           chat_template=state.chat_template)
+                           chat_template=state.chat_template,
+                           model_eos=getattr(getattr(state.model, "generation_config", None), "eos_token_id", None))
     _check_custom_generate(parsed, state)
     _check_settings(parsed, body, state)
     if state.shutting_down:
@@ -377,7 +378,8 @@ def _check_custom_generate(parsed: ParsedRequest, state: ServerState) -> None:
 
 # generation fields an OpenAI field sets (a message naming one is about that field of the body)
 _SET_BY = {"max_new_tokens": ("max_completion_tokens", "max_tokens"), "do_sample": ("temperature",),
-           "num_return_sequences": ("best_of", "n"), "stop_strings": ("stop",), "sequence_bias": ("logit_bias",)}
+           "num_return_sequences": ("best_of", "n"), "stop_strings": ("stop",), "sequence_bias": ("logit_bias",),
+           "eos_token_id": ("stop_token_ids", "ignore_eos"), "min_new_tokens": ("min_tokens",)}
 
 
 def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerState) -> None:
@@ -497,7 +499,8 @@ class _Choices:
     def __init__(self, parsed: ParsedRequest, state: ServerState) -> None:
         self.parsed, self.state = parsed, state
         self.total = len(parsed.prompts) * parsed.best_of
-        self.texts = [TextAssembler(state.tokenizer, parsed.stop) for _ in range(self.total)]
+        self.texts = [TextAssembler(state.tokenizer, parsed.stop, parsed.min_tokens, parsed.include_stop,
+                                    parsed.skip_special) for _ in range(self.total)]
         self.counts = [0] * self.total
         self.finish: list[str | None] = [None] * self.total
         self.logprobs: list[list[tuple[int, float, list[tuple[int, float]]]]] = [[] for _ in range(self.total)]

@@ -38,6 +38,7 @@ class Limits:
     max_choices: int = 64  # prompts x the sequences each computes at once (best_of, beams, candidates)
     max_stops: int = 4
     max_stop_chars: int = 256
+    max_stop_token_ids: int = 256  # vLLM's stop_token_ids
     max_logprobs: int = 5  # completions' logprobs
     max_top_logprobs: int = 20  # chat's top_logprobs
     max_logit_bias: int = 1024  # entries

@@ -24,7 +24,8 @@ __all__ = ["LOGPROB_FLOOR", "APIError", "ParsedRequest", "TextAssembler", "chat_
 # OpenAI fields accepted (and not generation fields) per endpoint
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
            "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "custom_generate",
-           "use_beam_search"}
+           "use_beam_search"} | {"ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output",
+                                  "skip_special_tokens"}  # vLLM's sampling fields (_vllm_kwargs, TextAssembler)
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 # (response_format and guided_* are generation fields: genkit.serve.structured; tools: genkit.serve.tools)
 # vLLM's chat-template fields (genkit.serve.openai_api.chat_prompt); a request's own `chat_template` is refused
@@ -81,6 +82,9 @@ class ParsedRequest:
     seed: int | None
     logprobs: int | None  # alternatives per token; None: no logprobs
     max_tokens: int
+    min_tokens: int = 0  # vLLM's: no stop string ends a choice before this many tokens (nor an EOS id)
+    include_stop: bool = False  # vLLM's include_stop_str_in_output
+    skip_special: bool = True  # vLLM's skip_special_tokens
     best_of: int = 1  # choices generated per prompt, the n most likely returned
     echo: list[str] | None = None  # each prompt's text, put before its choices' text
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -129,9 +133,11 @@ def _short(value: Any) -> str:
 
 
 def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, limits: Limits,
-                  generation_fields: set[str], chat_template: str | None = None) -> ParsedRequest:
+                  generation_fields: set[str], chat_template: str | None = None,
+                  model_eos: Any = None) -> ParsedRequest:
     """Check an OpenAI request body and turn it into a :class:`ParsedRequest` (this tokenizes:
-    the server calls it off the event loop)."""
+    the server calls it off the event loop). ``model_eos``: the model's ``eos_token_id``, which
+    vLLM's ``stop_token_ids`` add to."""
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object", "body")
     from .structured import constrain
@@ -161,6 +167,7 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
     kwargs.update(_penalties(body, limits, kwargs))
     kwargs.update(_beam_kwargs(body, n, best_of))
     kwargs.update(_sampling_kwargs(body, kwargs, max_tokens, best_of, stops))
+    kwargs.update(_vllm_kwargs(body, kwargs, max_tokens, limits, model_eos))
     kwargs.update(structured)
     constrain(kwargs, tools)
     custom = body.get("custom_generate")
@@ -170,6 +177,9 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
     return ParsedRequest(chat=chat, prompts=prompts, n=n, best_of=best_of, stream=stream,
                          include_usage=bool(options.get("include_usage")), stop=stops,
                          seed=_int(body, "seed", 0, 2**63 - 1), logprobs=logprobs, max_tokens=max_tokens, echo=echo,
+                         min_tokens=kwargs.get("min_new_tokens", 0) if "min_tokens" in body else 0,
+                         include_stop=_bool(body, "include_stop_str_in_output"),
+                         skip_special=body.get("skip_special_tokens") is None or _bool(body, "skip_special_tokens"),
                          generate_kwargs=kwargs, custom_generate=custom, tools=tools,
                          id=f"{prefix}-{uuid.uuid4().hex[:24]}", created=int(time.time()))
 
@@ -354,6 +364,47 @@ def _sampling_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: i
     if stops:
         kwargs["stop_strings"] = stops
     return kwargs
+
+
+def _vllm_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: int, limits: Limits,
+                 model_eos: Any) -> dict[str, Any]:
+    """vLLM's sampling fields as generation settings. ``ignore_eos``: no end-of-sequence token ends
+    a choice; ``stop_token_ids``: these tokens end it too (added to the EOS ids: the model's, or the
+    request's ``eos_token_id``; none with ``ignore_eos``); like an EOS token, a stop token is the
+    choice's last token, its text kept unless it is a special token. ``min_tokens``:
+    ``min_new_tokens``, so none of those ids is chosen before that many tokens, and no stop string
+    ends the text before them either (:class:`TextAssembler`), as in vLLM."""
+    from genkit.config.resolve import eos_token_ids
+
+    kwargs: dict[str, Any] = {}
+    ignore = _bool(body, "ignore_eos")
+    if ignore and fields.get("eos_token_id") is not None:
+        raise APIError("`ignore_eos` and `eos_token_id` contradict each other; send one", "ignore_eos")
+    stop_ids = _stop_token_ids(body, limits)
+    if ignore or stop_ids:
+        base = [] if ignore else eos_token_ids(fields.get("eos_token_id", model_eos))
+        kwargs["eos_token_id"] = list(dict.fromkeys(base + stop_ids)) or None
+    min_tokens = _int(body, "min_tokens", 0, default=0)
+    if min_tokens:
+        if fields.get("min_new_tokens") is not None:
+            raise APIError("`min_tokens` is vLLM's name of `min_new_tokens`; send one", "min_tokens")
+        if min_tokens > max_tokens:
+            raise APIError(f"`min_tokens` must be <= `max_tokens` ({max_tokens}); got {min_tokens}", "min_tokens")
+        kwargs["min_new_tokens"] = min_tokens
+    return kwargs
+
+
+def _stop_token_ids(body: dict[str, Any], limits: Limits) -> list[int]:
+    """``stop_token_ids``: a list of at most ``limits.max_stop_token_ids`` token ids (their upper
+    bound, the vocabulary, is checked with the other settings' ids: genkit.config.checks)."""
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return []
+    if (not isinstance(ids, list) or len(ids) > limits.max_stop_token_ids
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+        raise APIError(f"`stop_token_ids` must be a list of at most {limits.max_stop_token_ids} token ids (ints >= 0); "
+                       f"got {_short(ids)}", "stop_token_ids")
+    return list(ids)
 
 
 def _completion_prompts(body: dict[str, Any], tokenizer: Any, limits: Limits) -> list[list[int]]:
@@ -569,12 +620,17 @@ def _echo(body: dict[str, Any], chat: bool, prompts: list[list[int]], tokenizer:
 
 class TextAssembler:
     """The text of one choice, token by token: complete characters only, cut at the first stop
-    string (which is not part of the text), and never releasing text that could still turn out
-    to begin a stop string. Decoding is incremental (a window of the last tokens, as vLLM does),
+    string (which is not part of the text unless ``include_stop``), and never releasing text that
+    could still turn out to begin a stop string. As vLLM's: a stop string ends the text only where
+    a token after the first ``min_tokens`` completes it; special tokens are left out unless
+    ``skip_special`` is false. Decoding is incremental (a window of the last tokens, as vLLM does),
     so each token costs the same however long the text already is."""
 
-    def __init__(self, tokenizer: Any, stops: list[str]) -> None:
+    def __init__(self, tokenizer: Any, stops: list[str], min_tokens: int = 0, include_stop: bool = False,
+                 skip_special: bool = True) -> None:
         self.tokenizer, self.stops = tokenizer, stops
+        self.min_tokens, self.include_stop, self.skip_special = min_tokens, include_stop, skip_special
+        self.tokens = 0  # added
         self.ids: list[int] = []
         self.prefix = 0  # ids[prefix:read] were decoded already: the context of the next piece
         self.read = 0
@@ -586,29 +642,38 @@ class TextAssembler:
         """Add a token; return the text that can be released now."""
         if self.stopped:
             return ""
-        if token not in special:
+        self.tokens += 1
+        if token not in special or not self.skip_special:
             self.ids.append(token)
         new = self._new_text()
         if not new:
             return ""
         start = len(self.text)
         text = self.text + new
-        for stop in self.stops:  # only where the new text can complete a stop string
-            at = text.find(stop, max(0, start - len(stop) + 1))
-            if at != -1:
-                text = text[:at]
-                self.stopped = True
+        if self.tokens > self.min_tokens:
+            text = self._cut(text, start)
         self.text = text
         hold = 0 if self.stopped else self._held_back(text)
         out = text[self.sent:len(text) - hold]
         self.sent = max(self.sent, len(text) - hold)
         return out
 
+    def _cut(self, text: str, start: int) -> str:
+        """``text`` up to the first stop string the text after ``start`` completes (through it with
+        ``include_stop``)."""
+        found = [(at, stop) for stop in self.stops  # only where the new text can complete a stop string
+                 if (at := text.find(stop, max(0, start - len(stop) + 1))) != -1]
+        if not found:
+            return text
+        at, stop = min(found)
+        self.stopped = True
+        return text[:at + len(stop) if self.include_stop else at]
+
     def _new_text(self) -> str:
         """The text the tokens since ``read`` add, once their characters are complete."""
         decode = self.tokenizer.decode
-        known = decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
-        window = decode(self.ids[self.prefix:], skip_special_tokens=True)
+        known = decode(self.ids[self.prefix:self.read], skip_special_tokens=self.skip_special)
+        window = decode(self.ids[self.prefix:], skip_special_tokens=self.skip_special)
         if window.endswith("\ufffd") or len(window) <= len(known):  # a character cut between tokens
             return ""
         self.prefix, self.read = self.read, len(self.ids)
