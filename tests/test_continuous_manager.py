@@ -343,13 +343,6 @@ def test_limits_context_cap_cache_fit_and_queue_size(model, caplog):
     with caplog.at_level(logging.WARNING, logger="genkit.continuous"):
         model.init_continuous_batching(genkit.GenerationConfig(compile_config={"fullgraph": True}))
     assert "`compile_config` has no effect on continuous batching" in caplog.text
-    model.self_speculation = True  # (a setting of genkit.generate's batch-1 greedy search, said to do nothing here)
-    try:
-        with caplog.at_level(logging.WARNING, logger="genkit.continuous"):
-            model.init_continuous_batching()
-    finally:
-        model.self_speculation = None
-    assert "model.self_speculation=True has no effect on continuous batching" in caplog.text
 
 
 def test_a_request_id_in_use_is_refused_and_generated_ids_skip_it(model):

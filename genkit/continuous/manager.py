@@ -29,7 +29,7 @@ import torch
 
 from genkit.errors import ConfigError, InvalidStateError, NotSupportedError, QueueFullError
 from genkit.models.paged import StepBatch, paged_store_for, require_paged
-from genkit.strategy.finish import eos_or_length, finish_codes, reason_names
+from genkit.strategy.finish import finish_codes, reason_names
 from genkit.strategy.sampling import argmax_rows, choose
 from genkit.threads import release_openmp_workers
 
@@ -39,6 +39,7 @@ from .gate import argument_refusal, check_model, refusal, take_arguments
 from .outputs import OutputRouter, call_in_loop
 from .requests import GenerationOutput, RequestState, RequestStatus
 from .scheduler import scheduler_from
+from .solo import SoloDecoder, take_greedy
 
 logger = logging.getLogger("genkit.continuous")
 
@@ -74,9 +75,6 @@ class ContinuousBatchingManager:
         if getattr(self.generation_config, "compile_config", None) is not None:
             logger.warning("`compile_config` has no effect on continuous batching: genkit does not torch.compile "
                            "the paged forward")
-        if getattr(model, "self_speculation", None) is True:  # (None, the default, is "where it pays", so says nothing)
-            logger.warning("model.self_speculation=True has no effect on continuous batching: its steps batch the "
-                           "requests' tokens; genkit.generate's batch-1 greedy search speculates")
         warn_no_effect(cb)
         self.store = paged_store_for(model, block_size=cb.block_size, num_blocks=cb.num_blocks)  # the K/V tensors
         # a model whose step can give plain greedy requests their tokens alone (protocols.PagedLM)
@@ -86,6 +84,7 @@ class ContinuousBatchingManager:
                                     allow_block_sharing=cb.allow_block_sharing)
         self.scheduler = scheduler_from(cb, self.cache, self.generation_config.prefill_chunk_size)
         self.initial_free_blocks = self.cache.free_blocks
+        self.solo = SoloDecoder(model, self.store, self.cache)  # a lone greedy request, self-speculating
         self._input: queue.Queue[RequestState] = queue.Queue()
         self._held: list[RequestState] = []  # added once stop() was called: they run from the next start()
         self._evict: queue.Queue[str] = queue.Queue()
@@ -539,7 +538,30 @@ class ContinuousBatchingManager:
         kept.blocks = []
         return True
 
+    def _interrupted(self, r: RequestState) -> bool:
+        """Whether the loop has something to do besides running request ``r``'s steps: a request
+        arrived, ``r`` was cancelled, or the manager stops or pauses."""
+        return (not self._input.empty() or self._stop.is_set() or self._pausers > 0
+                or self.scheduler.request_is_cancelled(r.request_id))
+
+    def _run_alone(self) -> bool:
+        """The one running request decoded alone by :class:`~genkit.continuous.solo.SoloDecoder` (a
+        plain greedy request, nothing waiting); whether it made progress."""
+        s = self.scheduler
+        if not self.solo.available or s.waiting_requests or len(s.active_requests) != 1:
+            return False
+        r = next(iter(s.active_requests.values()))
+        if (r.status != RequestStatus.DECODING or r.pending != 1 or not _is_plain_greedy(r) or not self.solo.wants(r)
+                or self._interrupted(r)):
+            return False
+        before = r.cached
+        if self.solo.run(r, lambda: self._interrupted(r), lambda r: self.output_router.deliver_all([r.output()])):
+            self._complete(r)
+        return r.cached > before
+
     def _step(self) -> None:
+        if self._run_alone():
+            return
         plan = self.scheduler.schedule_batch(self.cb_config.max_batch_tokens, None)
         if not plan:
             if not self._evict_oldest_kept():
@@ -582,7 +604,7 @@ class ContinuousBatchingManager:
                 continue
             try:
                 token = plain.get(row)
-                finished = self._choose(r, logits[row]) if token is None else _take(r, token)
+                finished = self._choose(r, logits[row]) if token is None else take_greedy(r, token)
             except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
                 done.append((r, f"choosing the next token failed: {exc}"))
                 row += 1
@@ -643,15 +665,6 @@ def _plain_greedy(rows: list[RequestState], logits: torch.Tensor) -> dict[int, i
     scores = logits if len(picked) == logits.shape[0] else logits.index_select(0, torch.tensor(picked,
                                                                                               device=logits.device))
     return dict(zip(picked, argmax_rows(scores).tolist()))
-
-
-def _take(r: RequestState, token: int) -> bool:
-    """Record ``r``'s greedy ``token`` (from :func:`_plain_greedy`); whether it finishes ``r``
-    (:func:`~genkit.strategy.finish.eos_or_length`, ``generate``'s decision for these stop
-    conditions; the reason is recorded)."""
-    r.generated.append(token)
-    r.finish_reason = eos_or_length(r.stop, r.length, token)
-    return r.finish_reason is not None
 
 
 def _top_logprobs(request_id: str, top: int | None, default: bool) -> tuple[int, bool]:

@@ -117,6 +117,26 @@ class OneCallModel(InferencePathModel):
         out = speculate(draft, decoder, ends, self._rotary, token, cache, always=self.self_speculation is True)
         return None if out is None else torch.tensor([out])
 
+    def speculating_cache(self, store: Any, blocks: list[int], length: int, capacity: int = 0) -> KVCache | None:
+        """A :class:`KVCache` (room for ``capacity`` positions) holding positions ``0..length-1`` of a
+        request's ``blocks`` of the paged ``store`` (:class:`~genkit.models.paged.PagedKVStore`), started on the store's prepared
+        weights, on which :meth:`greedy_step` self-speculates: continuous batching's way to decode a
+        request that runs alone as batch-1 greedy ``generate`` does (genkit.continuous.solo). None
+        where its steps would not speculate (``self_speculation`` False, a model whose steps do not
+        run on the float32 one-call decoder, no draft, hooks)."""
+        prepared = store.prepared
+        if self.self_speculation is False or not self._forward_as_is() or module_path() or prepared is None:
+            return None
+        if prepared.decoder is None or not prepared.decoder.dense or self.kernel_ends(prepared) is None:
+            return None
+        cache = KVCache(len(prepared.layers), max(capacity, length))
+        if self._inference_weights(cache, 0) is not prepared or self._draft_for(prepared) is None:
+            return None
+        for layer in range(len(prepared.layers)):
+            k, v = store.gather(layer, blocks, length)
+            cache.update(layer, k[None], v[None])
+        return cache
+
     def _draft_for(self, prepared: PreparedModel) -> SelfDraft | None:
         """The 8-bit draft of ``prepared`` (made at its first speculative step, kept while it is the
         model's prepared weights), or None where it cannot be made."""

@@ -97,6 +97,16 @@ class PagedKVStore:
         self._all_keys[:, dst, :, :n] = self._all_keys[:, src, :, :n]
         self._all_values[:, dst, :, :n] = self._all_values[:, src, :, :n]
 
+    def gather(self, layer: int, blocks: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(kv_heads, length, head_dim)`` of layer ``layer`` at positions
+        ``0..length-1`` of a request holding ``blocks``."""
+        n = blocks_for(length, self.block_size)
+        table = torch.tensor(blocks[:n], dtype=torch.long, device=self.device)
+        k, v = self.keys[layer].index_select(0, table), self.values[layer].index_select(0, table)
+        heads, dim = k.shape[1], k.shape[3]
+        return (k.transpose(0, 1).reshape(heads, n * self.block_size, dim)[:, :length],
+                v.transpose(0, 1).reshape(heads, n * self.block_size, dim)[:, :length])
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys and values ``(kv_heads, T, head_dim)`` of layer ``layer`` at ``slots`` ``(T,)``."""
         kc, vc = self.keys[layer], self.values[layer]

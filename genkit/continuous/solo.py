@@ -1,0 +1,103 @@
+"""A request running alone in continuous batching, decoded as batch-1 greedy ``generate`` decodes it.
+
+A continuous-batching step runs each running request's next token as a row of one product: with one
+request, one row, one token per step. Batch-1 greedy ``generate`` on a float32 model drafts tokens
+with an 8-bit copy of the model and checks them in one step (:mod:`genkit.models.self_speculation`):
+the same tokens, about twice as many per second. So when a plain greedy request (no logits
+processor, no log-probabilities, stopped by its EOS ids and its length only) is the only one running
+and nothing waits, the manager hands it to :class:`SoloDecoder`: its keys and values are read out of
+its blocks into a contiguous cache once (the model's ``speculating_cache``), it decodes there by the
+model's ``greedy_step`` until it finishes or the manager has something else to do (a request
+arrives, it is cancelled, the manager stops or pauses), and the positions it computed go back into
+its blocks (allocated as it goes), so that batching goes on from there, or the prompt cache keeps
+them. A model whose steps would not speculate (``model.self_speculation = False``, a quantized model,
+a transformers model) is never handed a request again after the first try.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from genkit.strategy.finish import eos_or_length
+
+from .requests import RequestState
+
+__all__ = ["MIN_LEFT", "SoloDecoder", "take_greedy"]
+
+MIN_LEFT = 8  # a request with fewer new tokens left stays in the batch: copying its cache would not pay
+ROOM = 16  # positions a round of drafts may compute past the length (genkit.models.self_speculation)
+
+
+def take_greedy(r: RequestState, token: int) -> bool:
+    """Record ``r``'s greedy ``token``; whether it finishes ``r``
+    (:func:`~genkit.strategy.finish.eos_or_length`, ``generate``'s decision for these stop
+    conditions; the reason is recorded)."""
+    r.generated.append(token)
+    r.finish_reason = eos_or_length(r.stop, r.length, token)
+    return r.finish_reason is not None
+
+
+class SoloDecoder:
+    """Decodes a request alone on ``model``'s self-speculating greedy steps (see the module
+    docstring); ``store`` is the paged K/V store, ``allocator`` the block allocator of its blocks."""
+
+    def __init__(self, model: Any, store: Any, allocator: Any) -> None:
+        self.model, self.store, self.allocator = model, store, allocator
+        self.available = callable(getattr(model, "speculating_cache", None)) and callable(
+            getattr(model, "greedy_step", None))
+        self.tokens = 0  # tokens decoded alone
+
+    def wants(self, r: RequestState) -> bool:
+        """Whether ``r`` (running alone, plain greedy, decoding) has enough tokens left to go alone."""
+        return self.available and r.max_new_tokens - len(r.generated) >= MIN_LEFT
+
+    @torch.inference_mode()  # as the paged forward
+    def run(self, r: RequestState, interrupted: Callable[[], bool], emit: Callable[[RequestState], None]) -> bool:
+        """Decode ``r`` until it finishes (True) or ``interrupted()`` (False); ``emit(r)`` after each
+        token that does not finish it. Its blocks hold every position computed when this returns."""
+        left = r.max_new_tokens - len(r.generated)
+        cache = self.model.speculating_cache(self.store, r.blocks, r.cached, r.length + left + ROOM)
+        if cache is None:
+            self.available = False
+            return False
+        start, finished = r.cached, False
+        try:
+            while not interrupted() and self._room(r):
+                token = self.model.greedy_step(torch.tensor([[r.generated[-1]]]), None, None, cache)
+                if token is None:  # (the model declined the step: nothing was written)
+                    self.available = False
+                    break
+                r.cached += 1
+                self.tokens += 1
+                finished = take_greedy(r, int(token[0]))
+                if r.record_timestamps:
+                    r.timestamps.append(time.perf_counter())
+                if finished:
+                    break
+                if r.streaming:
+                    emit(r)
+        finally:
+            self._write_back(cache, r, start)
+        return finished
+
+    def _room(self, r: RequestState) -> bool:
+        """Blocks for ``r``'s next position, allocated; False when the cache has none free."""
+        need = self.allocator.blocks_for(r.cached + 1) - len(r.blocks)
+        if need > self.allocator.free_blocks:
+            return False
+        if need > 0:
+            r.blocks += self.allocator.allocate(need)
+        return True
+
+    def _write_back(self, cache: Any, r: RequestState, start: int) -> None:
+        """Positions ``start..r.cached-1`` of ``cache`` into ``r``'s blocks."""
+        if r.cached <= start:
+            return
+        slots = self.store.slots(r.blocks, start, r.cached)
+        for layer in range(len(self.store.keys)):
+            k, v = cache.layer(layer)
+            self.store.write(layer, slots, k[0, :, start:r.cached], v[0, :, start:r.cached])
