@@ -8,6 +8,12 @@ chunk; throughput is the completion tokens of all requests (the ``usage`` of a n
 check) over the wall time of the round.
 
 Run: ``python bench/bench_serve.py [--model smollm2] [--requests-per-client 2]``
+
+``--single N``: instead, one client's requests against ``generate()`` on the same model in this
+process (the server idle meanwhile), ``N`` requests of ``--new-tokens`` tokens each (``ignore_eos``,
+greedy), with a plain HTTP client (the ``openai`` client's parsing of every chunk, in the same
+process as the timer, costs CPU time the server needs on a 2-core machine): streamed and not,
+tokens/s and the ratio to ``generate``'s, whose tokens the non-streamed completion must equal.
 """
 
 from __future__ import annotations
@@ -93,6 +99,58 @@ def round_(client: object, clients: int, per_client: int, new: int,
     return ttfts, time.perf_counter() - start, tokens[0]
 
 
+def _post(base: str, body: dict) -> tuple[float, bytes]:
+    """(seconds, the response body) of one POST of ``body`` to ``/v1/completions``."""
+    import json
+
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=600) as r:
+        raw = r.read()
+    return time.perf_counter() - t, raw
+
+
+def single(base: str, model_name: str, requests: int, new: int) -> None:
+    """One client at a time against ``generate()`` (see the module docstring)."""
+    import json
+
+    import torch
+
+    import genkit
+
+    prompt = PROMPTS[1]
+    body = {"model": "m", "prompt": prompt, "max_tokens": new, "temperature": 0, "ignore_eos": True}
+    _post(base, {**body, "max_tokens": 16})  # warm-up (the draft of self-speculation is made here)
+    _post(base, body)
+    rates: dict[str, list[float]] = {"stream": [], "json": []}
+    text = ""
+    for _ in range(requests):
+        for kind in rates:
+            seconds, raw = _post(base, {**body, "stream": kind == "stream"})
+            rates[kind].append(new / seconds)
+            if kind == "json":
+                text = json.loads(raw)["choices"][0]["text"]
+    model, tokenizer = genkit.load_model(model_name), genkit.load_tokenizer(model_name)
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    settings = {"max_new_tokens": new, "do_sample": False, "eos_token_id": None}
+    model.generate(ids, **{**settings, "max_new_tokens": 16})
+    generate_rates = []
+    for _ in range(requests):
+        t = time.perf_counter()
+        out = model.generate(ids, **settings)
+        generate_rates.append(new / (time.perf_counter() - t))
+    same = tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True) == text
+    best = statistics.median(generate_rates)
+    print(f"one client, {requests} requests of {new} tokens, torch threads {torch.get_num_threads()}\n")
+    print("| | tokens/s (median) | vs generate() |\n|---|---|---|")
+    print(f"| generate() in process | {best:.1f} | 1.00x |")
+    for kind, values in rates.items():
+        rate = statistics.median(values)
+        print(f"| genkit serve, {'streamed' if kind == 'stream' else 'not streamed'} | {rate:.1f} | {rate / best:.2f}x |")
+    print(f"\nthe server's text = generate()'s: {same}")
+
+
 def main() -> None:
     import openai
 
@@ -100,6 +158,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--single", type=int, metavar="N", default=0,
+                        help="one client's N requests against generate() instead (see above)")
     args = parser.parse_args()
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -107,6 +167,9 @@ def main() -> None:
                              "--port", str(port)], env={**os.environ}, text=True)
     try:
         _wait(base, proc)
+        if args.single:
+            single(base, args.model, args.single, args.new_tokens)
+            return
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
         round_(client, 1, 1, 8)  # warm-up
         print(f"genkit serve --model {args.model}: streaming completions, greedy, {args.new_tokens} new tokens, "
