@@ -29,6 +29,7 @@ from .requests import RequestState
 __all__ = ["MIN_LEFT", "SoloDecoder", "take_greedy"]
 
 MIN_LEFT = 8  # a request with fewer new tokens left stays in the batch: copying its cache would not pay
+AHEAD_ROOM = 512  # positions a copied cache holds beyond the request's tokens when it is made
 ROOM = 16  # positions a round of drafts may compute past the length (genkit.models.self_speculation)
 
 
@@ -59,7 +60,9 @@ class SoloDecoder:
     def run(self, r: RequestState, interrupted: Callable[[], bool], emit: Callable[[RequestState], None]) -> bool:
         """Decode ``r`` until it finishes (True) or ``interrupted()`` (False); ``emit(r)`` after each
         token that does not finish it. Its blocks hold every position computed when this returns."""
-        left = r.max_new_tokens - len(r.generated)
+        # room for the tokens left, up to AHEAD_ROOM more than it holds (the cache grows past that as a
+        # generate's does): a long limit does not reserve a second copy of its whole cache at once
+        left = min(r.max_new_tokens - len(r.generated), AHEAD_ROOM)
         cache = self.model.speculating_cache(self.store, r.blocks, r.cached, r.length + left + ROOM)
         if cache is None:
             self.available = False
