@@ -156,6 +156,17 @@ def test_skip_special_tokens_false_keeps_their_text(base, model, stream):
     assert _choice(base, stream, skip_special_tokens=False, **forced) == ("</s>", "stop", 1)
 
 
+def test_top_k_minus_one_is_every_token_as_in_vllm(base):
+    """vLLM's ``top_k: -1`` (every token; genkit's and transformers' 0) samples what ``top_k: 0``
+    samples with the same seed; other negative values are refused, naming the field."""
+    body = {"temperature": 1.0, "seed": 11, "ignore_eos": True}
+    every = _choice(base, top_k=0, **body)
+    assert _choice(base, top_k=-1, **body) == every
+    assert _choice(base, top_k=2, **body) != every  # (the setting reaches the sampler)
+    status, out = _post(base, {"top_k": -2, **body})
+    assert (status, out["error"]["param"]) == (400, "top_k") and "`top_k` must be an int >= 0" in out["error"]["message"]
+
+
 @pytest.mark.parametrize(("body", "param", "message"), [
     ({"min_tokens": 9}, "min_tokens", "`min_tokens` must be <= `max_tokens` (8); got 9"),
     ({"min_tokens": -1}, "min_tokens", "`min_tokens` must be an integer >= 0"),

@@ -368,7 +368,8 @@ def _sampling_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: i
 
 def _vllm_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: int, limits: Limits,
                  model_eos: Any) -> dict[str, Any]:
-    """vLLM's sampling fields as generation settings. ``ignore_eos``: no end-of-sequence token ends
+    """vLLM's sampling fields as generation settings (and ``top_k: -1``, vLLM's "every token", as
+    ``top_k: 0``). ``ignore_eos``: no end-of-sequence token ends
     a choice; ``stop_token_ids``: these tokens end it too (added to the EOS ids: the model's, or the
     request's ``eos_token_id``; none with ``ignore_eos``); like an EOS token, a stop token is the
     choice's last token, its text kept unless it is a special token. ``min_tokens``:
@@ -377,6 +378,9 @@ def _vllm_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: int, 
     from genkit.config.resolve import eos_token_ids
 
     kwargs: dict[str, Any] = {}
+    top_k = body.get("top_k")
+    if top_k == -1 and not isinstance(top_k, bool):  # vLLM's "every token" (generate's is 0; -1 is refused there)
+        kwargs["top_k"] = 0
     ignore = _bool(body, "ignore_eos")
     if ignore and fields.get("eos_token_id") is not None:
         raise APIError("`ignore_eos` and `eos_token_id` contradict each other; send one", "ignore_eos")
