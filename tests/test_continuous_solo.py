@@ -135,7 +135,7 @@ def test_a_cancelled_lone_request_stops_at_once_and_frees_its_blocks(model):
 def test_the_positions_computed_alone_are_in_the_requests_blocks(model):
     """The keys and values in A's blocks are those ``generate`` leaves in its cache, at every
     position and layer; a later prompt that starts with A's text reuses them from the prompt cache
-    and continues with generate's tokens."""
+    and continues alone with generate's tokens, in A's contiguous buffers refilled."""
     out = _generate(model, PROMPT, 40, return_dict_in_generate=True)
     want, cache = out.sequences[0, len(PROMPT):].tolist(), out.past_key_values
     computed = len(PROMPT) + 39  # (the last token's keys and values are never computed)
@@ -150,8 +150,10 @@ def test_the_positions_computed_alone_are_in_the_requests_blocks(model):
             torch.testing.assert_close(k, ref_k[0, :, :computed], rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(v, ref_v[0, :, :computed], rtol=1e-4, atol=1e-4)
         manager.evict_request_from_cache("a")
-        follow = PROMPT + want[:32]
-        before = manager.reused_prompt_tokens
+        follow = PROMPT + want[:24]
+        before, buffer = manager.reused_prompt_tokens, manager.solo._cache.keys[0].data_ptr()
         got = manager.get_result(manager.add_request(follow, max_new_tokens=12, eos_token_id=None), timeout=120)
         assert manager.reused_prompt_tokens - before >= 32  # whole blocks of A's prompt and completion
+        assert manager.solo.tokens == 39 + 11
+        assert manager.solo._cache.keys[0].data_ptr() == buffer  # refilled A's buffers, no fresh memory
     assert got.generated_tokens == _reference(model, follow, 12)

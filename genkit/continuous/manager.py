@@ -487,6 +487,7 @@ class ContinuousBatchingManager:
             return self.scheduler.forget_cancellation(r.request_id)
 
     def _fail(self, r: RequestState, reason: str) -> None:
+        self.solo.forget(r.request_id)
         self.cache.release(r.blocks)
         r.blocks = []
         self._close(r)
@@ -495,6 +496,7 @@ class ContinuousBatchingManager:
         self.output_router.deliver(r.output())
 
     def _complete(self, r: RequestState) -> None:
+        self.solo.forget(r.request_id)
         self.scheduler.active_requests.pop(r.request_id, None)
         if self.manual_eviction:  # before it leaves the live set: its id stays taken while it keeps blocks
             self._kept[r.request_id] = r

@@ -6,7 +6,7 @@ with an 8-bit copy of the model and checks them in one step (:mod:`genkit.models
 the same tokens, about twice as many per second. So when a plain greedy request (no logits
 processor, no log-probabilities, stopped by its EOS ids and its length only) is the only one running
 and nothing waits, the manager hands it to :class:`SoloDecoder`: its keys and values are read out of
-its blocks into a contiguous cache once (the model's ``speculating_cache``), it decodes there by the
+its blocks into a contiguous cache (the model's ``speculating_cache``), it decodes there by the
 model's ``greedy_step`` until it finishes or the manager has something else to do (a request
 arrives, it is cancelled, the manager stops or pauses), and the positions it computed go back into
 its blocks (allocated as it goes), so that batching goes on from there, or the prompt cache keeps
@@ -44,26 +44,35 @@ def take_greedy(r: RequestState, token: int) -> bool:
 
 class SoloDecoder:
     """Decodes a request alone on ``model``'s self-speculating greedy steps (see the module
-    docstring); ``store`` is the paged K/V store, ``allocator`` the block allocator of its blocks."""
+    docstring); ``store`` is the paged K/V store, ``allocator`` the block allocator of its blocks.
+
+    The contiguous cache of the last request decoded alone is kept: that request, back alone after
+    batched steps, copies only the positions those steps computed; another request refills its
+    buffers where they are large enough (fresh memory costs its page faults: SmolLM2's cache of 3000
+    positions took ~90 ms to copy into new buffers, ~45 ms into used ones)."""
 
     def __init__(self, model: Any, store: Any, allocator: Any) -> None:
         self.model, self.store, self.allocator = model, store, allocator
         self.available = callable(getattr(model, "speculating_cache", None)) and callable(
             getattr(model, "greedy_step", None))
         self.tokens = 0  # tokens decoded alone
+        self._cache: Any = None  # the last request's cache, and (its id, its blocks) while it may come back
+        self._owner: tuple[str, list[int]] | None = None
 
     def wants(self, r: RequestState) -> bool:
         """Whether ``r`` (running alone, plain greedy, decoding) has enough tokens left to go alone."""
         return self.available and r.max_new_tokens - len(r.generated) >= MIN_LEFT
 
+    def forget(self, request_id: str) -> None:
+        """``request_id`` ended (its cache's buffers stay for the next request)."""
+        if self._owner is not None and self._owner[0] == request_id:
+            self._owner = None
+
     @torch.inference_mode()  # as the paged forward
     def run(self, r: RequestState, interrupted: Callable[[], bool], emit: Callable[[RequestState], None]) -> bool:
         """Decode ``r`` until it finishes (True) or ``interrupted()`` (False); ``emit(r)`` after each
         token that does not finish it. Its blocks hold every position computed when this returns."""
-        # room for the tokens left, up to AHEAD_ROOM more than it holds (the cache grows past that as a
-        # generate's does): a long limit does not reserve a second copy of its whole cache at once
-        left = min(r.max_new_tokens - len(r.generated), AHEAD_ROOM)
-        cache = self.model.speculating_cache(self.store, r.blocks, r.cached, r.length + left + ROOM)
+        cache, fresh = self._cache_for(r)
         if cache is None:
             self.available = False
             return False
@@ -71,8 +80,9 @@ class SoloDecoder:
         try:
             while not interrupted() and self._room(r):
                 token = self.model.greedy_step(torch.tensor([[r.generated[-1]]]), None, None, cache)
-                if token is None:  # (the model declined the step: nothing was written)
-                    self.available = False
+                if token is None:  # the model declined the step (nothing was written): a kept cache
+                    self.available = not fresh  # may be stale (weights rebuilt), a fresh one is not
+                    cache = None
                     break
                 r.cached += 1
                 self.tokens += 1
@@ -84,8 +94,25 @@ class SoloDecoder:
                 if r.streaming:
                     emit(r)
         finally:
-            self._write_back(cache, r, start)
+            if cache is not None:
+                self._write_back(cache, r, start)
+            self._cache = cache
+            self._owner = None if finished or cache is None else (r.request_id, list(r.blocks))
         return finished
+
+    def _cache_for(self, r: RequestState) -> tuple[Any, bool]:
+        """(``r``'s cache, whether it was made now): the kept one brought up to date where ``r`` left
+        it, else one filled from its blocks (into the kept buffers where they are large enough)."""
+        owner, cache = self._owner, self._cache
+        self._owner = None
+        if (owner is not None and owner[0] == r.request_id and r.blocks[:len(owner[1])] == owner[1]
+                and cache.get_seq_length() <= r.cached):
+            self.model.extend_speculating_cache(cache, self.store, r.blocks, r.cached)
+            return cache, False
+        # room for the tokens left, up to AHEAD_ROOM more than it holds (the cache grows past that as a
+        # generate's does): a long limit does not reserve a second copy of its whole cache at once
+        left = min(r.max_new_tokens - len(r.generated), AHEAD_ROOM)
+        return self.model.speculating_cache(self.store, r.blocks, r.cached, r.length + left + ROOM, cache), True
 
     def _room(self, r: RequestState) -> bool:
         """Blocks for ``r``'s next position, allocated; False when the cache has none free."""

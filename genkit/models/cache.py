@@ -64,6 +64,22 @@ class KVCache:
         self.lengths[layer] = end
         return kbuf[:, :, :end], vbuf[:, :, :end]
 
+    def reserve(self, layer: int, like: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make ``layer`` hold ``length`` positions whose keys and values the caller writes into the
+        returned views ``(batch, kv_heads, length, head_dim)`` (``like``: a tensor of that batch,
+        heads, head size, dtype and device), in buffers of at least ``capacity_hint`` positions (the
+        layer's own where they are large enough): a cache filled from elsewhere in one copy
+        (continuous batching's paged blocks)."""
+        self.ahead = None
+        self.lengths[layer] = 0
+        kbuf, vbuf = self.keys[layer], self.values[layer]
+        if (kbuf is None or vbuf is None or kbuf.shape[2] < max(length, self.capacity_hint)
+                or kbuf.shape[:2] != like.shape[:2] or kbuf.shape[3] != like.shape[3] or kbuf.dtype != like.dtype
+                or kbuf.device != like.device):
+            kbuf, vbuf = self._grow(layer, like, length)  # (new buffers: nothing of the old is kept)
+        self.lengths[layer] = length
+        return kbuf[:, :, :length], vbuf[:, :, :length]
+
     def _grow(self, layer: int, k: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.ahead = None  # (the new buffers hold the first `lengths` positions only)
         old_k, old_v = self.keys[layer], self.values[layer]

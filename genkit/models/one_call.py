@@ -117,9 +117,10 @@ class OneCallModel(InferencePathModel):
         out = speculate(draft, decoder, ends, self._rotary, token, cache, always=self.self_speculation is True)
         return None if out is None else torch.tensor([out])
 
-    def speculating_cache(self, store: Any, blocks: list[int], length: int, capacity: int = 0) -> KVCache | None:
-        """A :class:`KVCache` (room for ``capacity`` positions) holding positions ``0..length-1`` of a
-        request's ``blocks`` of the paged ``store`` (:class:`~genkit.models.paged.PagedKVStore`), started on the store's prepared
+    def speculating_cache(self, store: Any, blocks: list[int], length: int, capacity: int = 0,
+                          reuse: KVCache | None = None) -> KVCache | None:
+        """A :class:`KVCache` (room for ``capacity`` positions; ``reuse``'s buffers where they are large
+        enough) holding positions ``0..length-1`` of a request's ``blocks`` of the paged ``store`` (:class:`~genkit.models.paged.PagedKVStore`), started on the store's prepared
         weights, on which :meth:`greedy_step` self-speculates: continuous batching's way to decode a
         request that runs alone as batch-1 greedy ``generate`` does (genkit.continuous.solo). None
         where its steps would not speculate (``self_speculation`` False, a model whose steps do not
@@ -129,13 +130,25 @@ class OneCallModel(InferencePathModel):
             return None
         if prepared.decoder is None or not prepared.decoder.dense or self.kernel_ends(prepared) is None:
             return None
-        cache = KVCache(len(prepared.layers), max(capacity, length))
+        cache = reuse if reuse is not None else KVCache(len(prepared.layers))
+        cache.capacity_hint = max(capacity, length)
         if self._inference_weights(cache, 0) is not prepared or self._draft_for(prepared) is None:
             return None
-        for layer in range(len(prepared.layers)):
-            k, v = store.gather(layer, blocks, length)
-            cache.update(layer, k[None], v[None])
+        for layer, kc in enumerate(store.keys):
+            k, v = cache.reserve(layer, kc.new_empty(1, kc.shape[1], 0, kc.shape[3]), length)
+            store.gather_into(layer, blocks, length, k[0], v[0])
         return cache
+
+    @staticmethod
+    def extend_speculating_cache(cache: KVCache, store: Any, blocks: list[int], length: int) -> None:
+        """Bring a cache of :meth:`speculating_cache` up to ``length`` positions from the request's
+        ``blocks`` (the positions batched steps computed since it was made or last extended)."""
+        start = cache.get_seq_length()
+        if start < length:
+            slots = store.slots(blocks, start, length)
+            for layer in range(len(store.keys)):
+                k, v = store.read(layer, slots)
+                cache.update(layer, k[None], v[None])
 
     def _draft_for(self, prepared: PreparedModel) -> SelfDraft | None:
         """The 8-bit draft of ``prepared`` (made at its first speculative step, kept while it is the

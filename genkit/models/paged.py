@@ -99,13 +99,30 @@ class PagedKVStore:
 
     def gather(self, layer: int, blocks: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``(kv_heads, length, head_dim)`` of layer ``layer`` at positions
-        ``0..length-1`` of a request holding ``blocks``."""
-        n = blocks_for(length, self.block_size)
-        table = torch.tensor(blocks[:n], dtype=torch.long, device=self.device)
-        k, v = self.keys[layer].index_select(0, table), self.values[layer].index_select(0, table)
-        heads, dim = k.shape[1], k.shape[3]
-        return (k.transpose(0, 1).reshape(heads, n * self.block_size, dim)[:, :length],
-                v.transpose(0, 1).reshape(heads, n * self.block_size, dim)[:, :length])
+        ``0..length-1`` of a request holding ``blocks`` (new tensors: :meth:`gather_into`)."""
+        _, heads, _, dim = self.keys[layer].shape
+        k, v = (torch.empty(heads, length, dim, dtype=self.keys[layer].dtype, device=self.device) for _ in range(2))
+        self.gather_into(layer, blocks, length, k, v)
+        return k, v
+
+    def gather_into(self, layer: int, blocks: list[int], length: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write what :meth:`gather` returns into ``k`` and ``v`` ``(kv_heads, length, head_dim)``,
+        each head's positions contiguous (a KVCache's buffers): one copy of each element."""
+        full, rest = divmod(length, self.block_size)
+        table = torch.tensor(blocks[:full], dtype=torch.long, device=self.device)
+        for src, dst in ((self.keys[layer], k), (self.values[layer], v)):
+            for h in range(dst.shape[0]):
+                if full:
+                    torch.index_select(src[:, h], 0, table, out=dst[h, :full * self.block_size].view(
+                        full, self.block_size, -1))
+                if rest:
+                    dst[h, full * self.block_size:length] = src[blocks[full], h, :rest]
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(kv_heads, T, head_dim)`` of layer ``layer`` at ``slots`` ``(T,)`` (what
+        :meth:`write` stored there)."""
+        block, offset = slots // self.block_size, slots % self.block_size
+        return self.keys[layer][block, :, offset].transpose(0, 1), self.values[layer][block, :, offset].transpose(0, 1)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store keys and values ``(kv_heads, T, head_dim)`` of layer ``layer`` at ``slots`` ``(T,)``."""
