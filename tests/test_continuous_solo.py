@@ -72,6 +72,8 @@ def test_a_lone_greedy_request_decodes_alone_with_generates_tokens(model):
         rid = manager.add_request(PROMPT, max_new_tokens=64, eos_token_id=None, streaming=True)
         seen = [len(out.generated_tokens) for out in manager.request_id_iter(rid, timeout=120)]
         steps, alone = manager.steps, manager.solo.tokens
+        assert manager.solo._cache is not None  # kept for the next request while the loop runs ...
+    assert manager.solo._cache is None  # ... and let go when it ends
     assert seen == list(range(1, 65))  # streamed token by token, as the batched steps stream
     assert manager.output_router.empty()
     assert alone == 63 and steps == 1  # the prompt's step chose the first token; the rest were decoded alone

@@ -449,6 +449,7 @@ class ContinuousBatchingManager:
         finally:
             self._fail_all("the continuous batching manager stopped" if self.error is None
                            else f"the continuous batching manager failed: {self.error}")
+            self.solo.release()  # (a copy of a request's cache, kept while the loop ran)
             self.output_router.wake()
 
     def _has_work(self) -> bool:

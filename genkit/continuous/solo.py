@@ -49,7 +49,8 @@ class SoloDecoder:
     The contiguous cache of the last request decoded alone is kept: that request, back alone after
     batched steps, copies only the positions those steps computed; another request refills its
     buffers where they are large enough (fresh memory costs its page faults: SmolLM2's cache of 3000
-    positions took ~90 ms to copy into new buffers, ~45 ms into used ones)."""
+    positions took ~90 ms to copy into new buffers, ~45 ms into used ones), until the manager's loop
+    ends (:meth:`release`)."""
 
     def __init__(self, model: Any, store: Any, allocator: Any) -> None:
         self.model, self.store, self.allocator = model, store, allocator
@@ -67,6 +68,10 @@ class SoloDecoder:
         """``request_id`` ended (its cache's buffers stay for the next request)."""
         if self._owner is not None and self._owner[0] == request_id:
             self._owner = None
+
+    def release(self) -> None:
+        """Let the kept cache go (the manager's loop ended)."""
+        self._cache, self._owner = None, None
 
     @torch.inference_mode()  # as the paged forward
     def run(self, r: RequestState, interrupted: Callable[[], bool], emit: Callable[[RequestState], None]) -> bool:
