@@ -159,3 +159,36 @@ def test_the_positions_computed_alone_are_in_the_requests_blocks(model):
         assert manager.solo.tokens == 39 + 11
         assert manager.solo._cache.keys[0].data_ptr() == buffer  # refilled A's buffers, no fresh memory
     assert got.generated_tokens == _reference(model, follow, 12)
+
+
+def test_a_served_lone_greedy_completion_decodes_alone(tmp_path):
+    """Through ``genkit serve`` (the continuous engine, in this process): a greedy completion running
+    alone is generate's text, and ``genkit_generated_tokens_alone_total`` counts its tokens decoded
+    alone (all but the first, which the prompt's step chose)."""
+    import json
+    import urllib.request
+
+    from test_engine_gate import _raw_tokenizer, _serving  # (a word-level tokenizer: a word per token)
+
+    from genkit.serve import build_app
+    from genkit.tokenizer import Tokenizer
+
+    pytest.importorskip("starlette")
+    torch.set_num_threads(1)
+    model = tiny_llama(seed=1)
+    tokenizer = Tokenizer(_raw_tokenizer(), {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+    want = _reference(model, PROMPT, 24)
+
+    def metric(base: str) -> float:
+        with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+            lines = r.read().decode().splitlines()
+        return float(next(line.split()[1] for line in lines if line.startswith("genkit_generated_tokens_alone_total ")))
+
+    with _serving(build_app(model, tokenizer=tokenizer, model_name="tiny")) as base:
+        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            text = json.loads(r.read())["choices"][0]["text"]
+        assert metric(base) == 23
+    assert text == tokenizer.decode(want, skip_special_tokens=True)

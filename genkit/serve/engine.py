@@ -127,6 +127,7 @@ class EngineStats:
     prompt_tokens_total: int = 0
     prompt_tokens_cached_total: int = 0
     generated_tokens_total: int = 0
+    generated_tokens_alone_total: int = 0
     cache_free_blocks: int = 0
     cache_prompt_blocks: int = 0
     cache_blocks: int = 0

@@ -124,6 +124,7 @@ class ContinuousEngine:
             self.stats.cache_free_blocks = self.manager.cache.free_blocks
             self.stats.cache_prompt_blocks = self.manager.cache.cached_blocks
             self.stats.prompt_tokens_cached_total = self.manager.reused_prompt_tokens
+            self.stats.generated_tokens_alone_total = self.manager.solo.tokens
             pushes: list[tuple[RequestStream, Any]] = []
             for out in outs:
                 self._route(out, sent, pushes)
