@@ -12,6 +12,7 @@ handler), so each interruption happens at a known token."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -67,8 +68,16 @@ class _Handler:
 
 
 def test_a_lone_greedy_request_decodes_alone_with_generates_tokens(model):
-    want = _reference(model, PROMPT, 64)
+    model.self_speculation = False
+    want = _reference(model, PROMPT, 64)  # (no draft made here)
+    model.self_speculation = None
+    assert model.speculation_stats is None
     with model.init_continuous_batching(continuous_batching_config=CB) as manager:
+        deadline = time.monotonic() + 60
+        while model.speculation_stats is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # the draft is made while the loop is idle, before any request
+        assert model.speculation_stats == {"checks": 0, "drafted": 0, "accepted": 0, "answered_ahead": 0,
+                                           "one_token": 0}
         rid = manager.add_request(PROMPT, max_new_tokens=64, eos_token_id=None, streaming=True)
         seen = [len(out.generated_tokens) for out in manager.request_id_iter(rid, timeout=120)]
         steps, alone = manager.steps, manager.solo.tokens
@@ -84,6 +93,7 @@ def test_a_lone_greedy_request_decodes_alone_with_generates_tokens(model):
         with model.init_continuous_batching(continuous_batching_config=CB) as manager:
             out = manager.get_result(manager.add_request(PROMPT, max_new_tokens=64, eos_token_id=None), timeout=120)
             assert (manager.solo.tokens, manager.steps, manager.solo.available) == (0, 64, False)
+            assert manager.solo._cache is None
     finally:
         model.self_speculation = None
     assert out.generated_tokens == want

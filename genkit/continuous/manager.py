@@ -439,6 +439,7 @@ class ContinuousBatchingManager:
                 self._maybe_pause()
                 self._take_inputs()
                 if not self.scheduler.has_pending_requests():
+                    self.solo.prepare()  # (once: the draft a lone request's decode needs, made while idle)
                     self._wake.wait(0.05)
                     self._wake.clear()
                     continue

@@ -120,24 +120,33 @@ class OneCallModel(InferencePathModel):
     def speculating_cache(self, store: Any, blocks: list[int], length: int, capacity: int = 0,
                           reuse: KVCache | None = None) -> KVCache | None:
         """A :class:`KVCache` (room for ``capacity`` positions; ``reuse``'s buffers where they are large
-        enough) holding positions ``0..length-1`` of a request's ``blocks`` of the paged ``store`` (:class:`~genkit.models.paged.PagedKVStore`), started on the store's prepared
-        weights, on which :meth:`greedy_step` self-speculates: continuous batching's way to decode a
-        request that runs alone as batch-1 greedy ``generate`` does (genkit.continuous.solo). None
-        where its steps would not speculate (``self_speculation`` False, a model whose steps do not
-        run on the float32 one-call decoder, no draft, hooks)."""
+        enough) holding positions ``0..length-1`` of a request's ``blocks`` of the paged ``store``
+        (:class:`~genkit.models.paged.PagedKVStore`), started on the store's prepared weights, on which
+        :meth:`greedy_step` self-speculates: continuous batching's way to decode a request that runs
+        alone as batch-1 greedy ``generate`` does (genkit.continuous.solo). None where its steps would
+        not speculate (:meth:`speculation_draft`)."""
         prepared = store.prepared
-        if self.self_speculation is False or not self._forward_as_is() or module_path() or prepared is None:
-            return None
-        if prepared.decoder is None or not prepared.decoder.dense or self.kernel_ends(prepared) is None:
+        if self.speculation_draft(prepared) is None:
             return None
         cache = reuse if reuse is not None else KVCache(len(prepared.layers))
         cache.capacity_hint = max(capacity, length)
-        if self._inference_weights(cache, 0) is not prepared or self._draft_for(prepared) is None:
+        if self._inference_weights(cache, 0) is not prepared:
             return None
         for layer, kc in enumerate(store.keys):
             k, v = cache.reserve(layer, kc.new_empty(1, kc.shape[1], 0, kc.shape[3]), length)
             store.gather_into(layer, blocks, length, k[0], v[0])
         return cache
+
+    def speculation_draft(self, prepared: PreparedModel | None) -> SelfDraft | None:
+        """The draft greedy steps on ``prepared`` speculate with, made now if it was not (continuous
+        batching makes it while it is idle, so that no request waits for it), or None where they do
+        not speculate (``self_speculation`` False, a model whose steps do not run on the float32
+        one-call decoder, a draft too large, hooks, autograd on)."""
+        if self.self_speculation is False or not self._forward_as_is() or module_path() or prepared is None:
+            return None
+        if prepared.decoder is None or not prepared.decoder.dense or self.kernel_ends(prepared) is None:
+            return None
+        return self._draft_for(prepared)
 
     @staticmethod
     def extend_speculating_cache(cache: KVCache, store: Any, blocks: list[int], length: int) -> None:
