@@ -121,7 +121,7 @@ def single(base: str, model_name: str, requests: int, new: int) -> None:
 
     prompt = PROMPTS[1]
     body = {"model": "m", "prompt": prompt, "max_tokens": new, "temperature": 0, "ignore_eos": True}
-    _post(base, {**body, "max_tokens": 16})  # warm-up (the draft of self-speculation is made here)
+    _post(base, {**body, "max_tokens": 16})  # warm-up
     _post(base, body)
     rates: dict[str, list[float]] = {"stream": [], "json": []}
     text = ""
