@@ -84,7 +84,7 @@ class ContinuousBatchingManager:
                                     allow_block_sharing=cb.allow_block_sharing)
         self.scheduler = scheduler_from(cb, self.cache, self.generation_config.prefill_chunk_size)
         self.initial_free_blocks = self.cache.free_blocks
-        self.solo = SoloDecoder(model, self.store, self.cache)  # a lone greedy request, self-speculating
+        self.solo = SoloDecoder(model, self.store, self.scheduler)  # a lone greedy request, self-speculating
         self._input: queue.Queue[RequestState] = queue.Queue()
         self._held: list[RequestState] = []  # added once stop() was called: they run from the next start()
         self._evict: queue.Queue[str] = queue.Queue()

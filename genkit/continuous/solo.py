@@ -44,7 +44,8 @@ def take_greedy(r: RequestState, token: int) -> bool:
 
 class SoloDecoder:
     """Decodes a request alone on ``model``'s self-speculating greedy steps (see the module
-    docstring); ``store`` is the paged K/V store, ``allocator`` the block allocator of its blocks.
+    docstring); ``store`` is the paged K/V store, ``scheduler`` the manager's (which grows a
+    request's blocks).
 
     The contiguous cache of the last request decoded alone is kept: that request, back alone after
     batched steps, copies only the positions those steps computed; another request refills its
@@ -52,8 +53,8 @@ class SoloDecoder:
     positions took ~90 ms to copy into new buffers, ~45 ms into used ones), until the manager's loop
     ends (:meth:`release`)."""
 
-    def __init__(self, model: Any, store: Any, allocator: Any) -> None:
-        self.model, self.store, self.allocator = model, store, allocator
+    def __init__(self, model: Any, store: Any, scheduler: Any) -> None:
+        self.model, self.store, self.scheduler = model, store, scheduler
         self.available = all(callable(getattr(model, name, None))
                              for name in ("speculating_cache", "speculation_draft", "greedy_step"))
         self.tokens = 0  # tokens decoded alone
@@ -93,7 +94,7 @@ class SoloDecoder:
             return False
         start, finished = r.cached, False
         try:
-            while not interrupted() and self._room(r):
+            while not interrupted() and self.scheduler._grow(r, 1, []):  # blocks for its next position
                 token = self.model.greedy_step(torch.tensor([[r.generated[-1]]]), None, None, cache)
                 if token is None:  # the model declined the step (nothing was written): a kept cache
                     self.available = not fresh  # may be stale (weights rebuilt), a fresh one is not
@@ -112,7 +113,7 @@ class SoloDecoder:
             if cache is not None:
                 self._write_back(cache, r, start)
             self._cache = cache
-            self._owner = None if finished or cache is None else (r.request_id, list(r.blocks))
+            self._owner = None if cache is None else (r.request_id, list(r.blocks))  # (forgotten when it ends)
         return finished
 
     def _cache_for(self, r: RequestState) -> tuple[Any, bool]:
@@ -128,15 +129,6 @@ class SoloDecoder:
         # generate's does): a long limit does not reserve a second copy of its whole cache at once
         left = min(r.max_new_tokens - len(r.generated), AHEAD_ROOM)
         return self.model.speculating_cache(self.store, r.blocks, r.cached, r.length + left + ROOM, cache), True
-
-    def _room(self, r: RequestState) -> bool:
-        """Blocks for ``r``'s next position, allocated; False when the cache has none free."""
-        need = self.allocator.blocks_for(r.cached + 1) - len(r.blocks)
-        if need > self.allocator.free_blocks:
-            return False
-        if need > 0:
-            r.blocks += self.allocator.allocate(need)
-        return True
 
     def _write_back(self, cache: Any, r: RequestState, start: int) -> None:
         """Positions ``start..r.cached-1`` of ``cache`` into ``r``'s blocks."""

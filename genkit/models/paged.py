@@ -99,10 +99,10 @@ class PagedKVStore:
 
     def gather(self, layer: int, blocks: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``(kv_heads, length, head_dim)`` of layer ``layer`` at positions
-        ``0..length-1`` of a request holding ``blocks`` (new tensors: :meth:`gather_into`)."""
-        _, heads, _, dim = self.keys[layer].shape
-        k, v = (torch.empty(heads, length, dim, dtype=self.keys[layer].dtype, device=self.device) for _ in range(2))
-        self.gather_into(layer, blocks, length, k, v)
+        ``0..length-1`` of a request holding ``blocks`` (new tensors, as the paged attention reads them:
+        :func:`_gathered`)."""
+        table = torch.tensor(blocks[:blocks_for(length, self.block_size)], dtype=torch.long, device=self.device)
+        k, v = (_gathered(c, table, 1)[0, :, :length] for c in (self.keys[layer], self.values[layer]))
         return k, v
 
     def gather_into(self, layer: int, blocks: list[int], length: int, k: torch.Tensor, v: torch.Tensor) -> None:
