@@ -38,6 +38,7 @@ _LAZY = {
     "GenerationMode": "genkit.generation_mode:GenerationMode",
     "set_seed": "genkit.seed:set_seed",
     "generate": "genkit.generation.api:generate",
+    "score_prompt": "genkit.generation.scoring:score_prompt",
     "GenerationMixin": "genkit.models.mixin:GenerationMixin",
     "GenerateDecoderOnlyOutput": "genkit.strategy.outputs:GenerateDecoderOnlyOutput",
     "GenerateBeamDecoderOnlyOutput": "genkit.strategy.outputs:GenerateBeamDecoderOnlyOutput",

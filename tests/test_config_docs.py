@@ -12,7 +12,7 @@ pytest.importorskip("tokenizers")
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 SECTIONS = ("GenerationConfig", "Logits processors", "Guidance, watermark and compile configs", "Stopping criteria",
-            "Streamers", "Reusing a prompt cache", "The one-import swap")
+            "Streamers", "Reusing a prompt cache", "Scoring a prompt", "The one-import swap")
 
 
 def _blocks() -> list[tuple[str, str]]:

@@ -156,7 +156,7 @@ def test_without_the_api_key_every_route_but_health_is_401(guarded, method, path
     ({"model": None}, "model", "`model` is required"),
     ({"prompt": None}, "prompt", "`prompt` is required"),
     ({"suffix": "end"}, "suffix", "not supported"),
-    ({"echo": True, "logprobs": 1}, "echo", "not supported"),
+    ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "not available with `stream`"),
     ({"response_format": {"type": "xml"}}, "response_format", "`response_format` must be"),
     ({"guided_regex": "([a-z"}, "guided_regex", "`guided_regex` is not a valid regex"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "chat only"),

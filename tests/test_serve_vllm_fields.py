@@ -167,7 +167,64 @@ def test_top_k_minus_one_is_every_token_as_in_vllm(base):
     assert (status, out["error"]["param"]) == (400, "top_k") and "`top_k` must be an int >= 0" in out["error"]["message"]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_allowed_token_ids_keep_only_those_tokens(base, model, greedy, stream):
+    """vLLM's ``allowed_token_ids``: every other token suppressed (``suppress_tokens``), so the
+    tokens are generate's with the rest of the vocabulary suppressed, each one of the allowed."""
+    allowed = [t for t in (40, 41, 42) if t != greedy[0]][:2]
+    rest = [t for t in range(model.config.vocab_size) if t not in allowed]
+    want = _generate(model, eos_token_id=None, suppress_tokens=rest)
+    assert set(want) <= set(allowed) and want != greedy
+    assert _choice(base, stream, allowed_token_ids=allowed, ignore_eos=True) == (_words(want), "length", MAX)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_bad_words_are_never_generated(base, model, greedy, stream):
+    """vLLM's ``bad_words``: each word's tokens (``bad_words_ids``) never completed: the greedy first
+    word banned, the tokens are generate's with it in ``bad_words_ids``."""
+    want = _generate(model, eos_token_id=None, bad_words_ids=[[greedy[0]]])
+    assert want[0] != greedy[0] and greedy[0] not in want
+    assert _choice(base, stream, bad_words=[WORDS[greedy[0]]], ignore_eos=True) == (_words(want), "length", MAX)
+
+
+def test_bad_words_tokenized_as_vllm_does(tokenizer):  # noqa: F811
+    """A word is banned as written and, where its spaced form is a word of its own (a new first token,
+    as many tokens), spaced: a word-level tokenizer gives one sequence; the request's own
+    ``bad_words_ids`` are kept."""
+    from genkit.serve.limits import Limits
+    from genkit.serve.openai_api import parse_request
+
+    parsed = parse_request({"model": "m", "prompt": "w3 w4", "bad_words": ["w7", " w9 w10"], "bad_words_ids": [[5, 6]]},
+                           chat=False, tokenizer=tokenizer, model_name="m", limits=Limits(),
+                           generation_fields={"bad_words_ids"})
+    assert parsed.generate_kwargs["bad_words_ids"] == [[5, 6], [7], [9, 10]]
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(base, model, greedy):
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last k tokens are the prompt (-1: the model's
+    context, which this one fits); an echoed prompt is the text of what the model read."""
+    with torch.no_grad():
+        out = genkit.generate(model, torch.tensor([PROMPT[-3:]]), max_new_tokens=MAX, do_sample=False,
+                              eos_token_id=None)
+    want = out[0, 3:].tolist()
+    assert want != greedy
+    status, body = _post(base, {"truncate_prompt_tokens": 3, "ignore_eos": True, "echo": True})
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens"] == 3
+    assert body["choices"][0]["text"] == _words(PROMPT[-3:]) + _words(want)
+    status, body = _post(base, {"truncate_prompt_tokens": -1, "ignore_eos": True})
+    assert (status, body["usage"]["prompt_tokens"]) == (200, len(PROMPT))
+    assert body["choices"][0]["text"] == _words(greedy)
+
+
 @pytest.mark.parametrize(("body", "param", "message"), [
+    ({"allowed_token_ids": []}, "allowed_token_ids", "must be a non-empty list of token ids from 0 to 127"),
+    ({"allowed_token_ids": [128]}, "allowed_token_ids", "got [128]"),
+    ({"allowed_token_ids": "5"}, "allowed_token_ids", "must be a non-empty list"),
+    ({"bad_words": [""]}, "bad_words", "`bad_words` must be a list of at most 256 non-blank strings"),
+    ({"bad_words": "w5"}, "bad_words", "`bad_words` must be a list"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "`truncate_prompt_tokens` must be an integer >= 1"),
+    ({"truncate_prompt_tokens": 2.5}, "truncate_prompt_tokens", "must be an integer"),
     ({"min_tokens": 9}, "min_tokens", "`min_tokens` must be <= `max_tokens` (8); got 9"),
     ({"min_tokens": -1}, "min_tokens", "`min_tokens` must be an integer >= 0"),
     ({"min_tokens": 2, "min_new_tokens": 2}, "min_tokens", "`min_tokens` is vLLM's name of `min_new_tokens`"),

@@ -31,7 +31,7 @@ from genkit.errors import NotSupportedError
 from genkit.strategy import openai_finish_reason
 
 from .admission import DEFAULT_MAX_CONCURRENT_REQUESTS, Admission, Slot, within
-from .engine import Request, RequestStream
+from .engine import PromptEvent, Request, RequestStream
 from .limits import Limits, check_width, default_max_model_len, load_json
 from .openai_api import (
     APIError,
@@ -41,7 +41,9 @@ from .openai_api import (
     finite_logprob,
     logprob_entry,
     parse_request,
+    prompt_logprob_entries,
     public_message,
+    vllm_prompt_logprobs,
 )
 from .security import ServePolicy, middleware
 from .tools import ToolStream, parse_tools
@@ -282,7 +284,8 @@ def _parse_and_submit_now(body: Any, state: ServerState, chat: bool, loop: async
     parsed = parse_request(body, chat=chat, tokenizer=state.tokenizer, model_name=state.model_name,
                            limits=state.limits, generation_fields=state.generation_fields,
                            chat_template=state.chat_template,
-                           model_eos=getattr(getattr(state.model, "generation_config", None), "eos_token_id", None))
+                           model_eos=getattr(getattr(state.model, "generation_config", None), "eos_token_id", None),
+                           vocab_size=getattr(getattr(state.model, "config", None), "vocab_size", None))
     _check_custom_generate(parsed, state)
     _check_settings(parsed, body, state)
     if state.shutting_down:
@@ -290,7 +293,8 @@ def _parse_and_submit_now(body: Any, state: ServerState, chat: bool, loop: async
     parsed_at = time.perf_counter()
     kwargs = _generate_kwargs(parsed, state)
     streams = [state.engine.submit(Request(ids, parsed.best_of, kwargs, parsed.seed, parsed.engine_logprobs,
-                                           f"{parsed.id}-{k}" if len(parsed.prompts) > 1 else parsed.id), loop)
+                                           f"{parsed.id}-{k}" if len(parsed.prompts) > 1 else parsed.id,
+                                           parsed.engine_prompt_logprobs, parsed.max_tokens > 0), loop)
                for k, ids in enumerate(parsed.prompts)]
     streams[0].marks.update(arrived=arrived, parsed=parsed_at, submitted=time.perf_counter())
     return parsed, streams
@@ -381,7 +385,8 @@ def _check_custom_generate(parsed: ParsedRequest, state: ServerState) -> None:
 # generation fields an OpenAI field sets (a message naming one is about that field of the body)
 _SET_BY = {"max_new_tokens": ("max_completion_tokens", "max_tokens"), "do_sample": ("temperature",),
            "num_return_sequences": ("best_of", "n"), "stop_strings": ("stop",), "sequence_bias": ("logit_bias",),
-           "eos_token_id": ("stop_token_ids", "ignore_eos"), "min_new_tokens": ("min_tokens",)}
+           "eos_token_id": ("stop_token_ids", "ignore_eos"), "min_new_tokens": ("min_tokens",),
+           "suppress_tokens": ("allowed_token_ids",), "bad_words_ids": ("bad_words",)}
 
 
 def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerState) -> None:
@@ -485,6 +490,9 @@ class _Group:
 
 
 def _widen(event: Any, offset: int, total: int) -> Any:
+    if isinstance(event, PromptEvent):
+        return PromptEvent(event.prompt_ids, event.scores, offset)
+
     def place(values: list[Any] | None) -> list[Any] | None:
         if values is None:
             return None
@@ -506,11 +514,15 @@ class _Choices:
         self.counts = [0] * self.total
         self.finish: list[str | None] = [None] * self.total
         self.logprobs: list[list[tuple[int, float, list[tuple[int, float]]]]] = [[] for _ in range(self.total)]
+        self.prompts: list[PromptEvent | None] = [None] * self.total  # each choice's prompt scored
 
     def add(self, event: Any) -> list[tuple[int, str, list[tuple[int, float, list[tuple[int, float]]]]]]:
         """The new text (and its tokens' logprobs) per choice that has some. A choice finishes
         where the engine says (its finish decision, as OpenAI's ``finish_reason``) or where the
-        server cut the text at a stop string."""
+        server cut the text at a stop string. A prompt's scores (:class:`PromptEvent`) come first:
+        an echoed prompt with logprobs is its choices' first text."""
+        if isinstance(event, PromptEvent):
+            return self._prompt(event)
         out = []
         for i, token in enumerate(event.tokens):
             reason = event.finish[i] if event.finish is not None else None
@@ -531,6 +543,25 @@ class _Choices:
             if text or new_lp:
                 out.append((i, text, new_lp))
         return out
+
+    def _prompt(self, event: PromptEvent) -> list[tuple[int, str, Any]]:
+        first = event.first
+        self.prompts[first:first + self.parsed.best_of] = [event] * self.parsed.best_of
+        if not self.parsed.echo_logprobs or self.parsed.echo is None:
+            return []
+        entries = prompt_logprob_entries(event, self.parsed.logprobs or 0)
+        text = self.parsed.echo[first // self.parsed.best_of]
+        return [(i, text, entries) for i in range(first, first + self.parsed.best_of)]
+
+    def completion_logprobs(self, i: int) -> dict[str, Any]:
+        """Choice ``i``'s completions ``logprobs``: its echoed prompt's tokens (with ``echo`` and
+        ``logprobs``), then its own, whose text offsets count from the end of the echoed text."""
+        event, parsed = self.prompts[i], self.parsed
+        lead = [] if event is None or not parsed.echo_logprobs else prompt_logprob_entries(event, parsed.logprobs or 0)
+        head = _completion_logprobs(self.state, lead, 0)
+        tail = _completion_logprobs(self.state, self.logprobs[i],
+                                    0 if parsed.echo is None else len(parsed.echo[i // parsed.best_of]))
+        return {k: head[k] + tail[k] for k in head}
 
     def close(self, cut: bool = False) -> None:
         """Every choice finished: ``"length"`` where ``max_tokens`` or (``cut``) the request timeout ended it."""
@@ -561,15 +592,17 @@ def _chat_logprobs(state: ServerState, entries: list[tuple[int, float, list[tupl
     return {"content": [logprob_entry(state.tokenizer, t, lp, alt) for t, lp, alt in entries]}
 
 
-def _completion_logprobs(state: ServerState, entries: list[tuple[int, float, list[tuple[int, float]]]],
-                         offset: int) -> dict[str, Any]:
+def _completion_logprobs(state: ServerState, entries: list[Any], offset: int) -> dict[str, Any]:
+    """Completions' ``logprobs`` of ``entries`` (token, log-probability, alternatives); an echoed
+    prompt's first token has neither (``null``)."""
     tokens = [state.tokenizer.decode([t]) for t, _, _ in entries]
     offsets = []
     for text in tokens:
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": [finite_logprob(lp) for _, lp, _ in entries],
-            "top_logprobs": [{state.tokenizer.decode([t]): finite_logprob(v) for t, v in alt} for _, _, alt in entries],
+    return {"tokens": tokens, "token_logprobs": [None if lp is None else finite_logprob(lp) for _, lp, _ in entries],
+            "top_logprobs": [None if alt is None else {state.tokenizer.decode([t]): finite_logprob(v) for t, v in alt}
+                             for _, _, alt in entries],
             "text_offset": offsets}
 
 
@@ -599,15 +632,27 @@ async def _collect(parsed: ParsedRequest, group: _Group, state: ServerState) -> 
         logprobs = None
         if parsed.logprobs is not None:
             logprobs = (_chat_logprobs(state, choices.logprobs[i]) if parsed.chat
-                        else _completion_logprobs(state, choices.logprobs[i], 0))
+                        else choices.completion_logprobs(i))
         if parsed.chat:
             message, finish = ({"role": "assistant", "content": text}, choices.finish[i]) if parsed.tools is None \
                 else parsed.tools.message(text, choices.finish[i])  # genkit.serve.tools
             out.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
         else:
-            out.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": choices.finish[i]})
-    return {"id": parsed.id, "object": "chat.completion" if parsed.chat else "text_completion",
-            "created": parsed.created, "model": state.model_name, "choices": out, "usage": choices.usage()}
+            out.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": choices.finish[i],
+                        **_prompt_logprobs(parsed, choices, i, state)})
+    answer = {"id": parsed.id, "object": "chat.completion" if parsed.chat else "text_completion",
+              "created": parsed.created, "model": state.model_name, "choices": out, "usage": choices.usage()}
+    if parsed.chat:  # vLLM's chat answers them beside the choices (one prompt)
+        answer.update(_prompt_logprobs(parsed, choices, 0, state))
+    return answer
+
+
+def _prompt_logprobs(parsed: ParsedRequest, choices: _Choices, i: int, state: ServerState) -> dict[str, Any]:
+    """vLLM's ``prompt_logprobs`` of choice ``i``'s prompt, as a field of the answer; none unless asked for."""
+    event = choices.prompts[i]
+    if parsed.prompt_logprobs is None or event is None:
+        return {}
+    return {"prompt_logprobs": vllm_prompt_logprobs(state.tokenizer, event, parsed.prompt_logprobs)}
 
 
 def _event(data: Any) -> bytes:
@@ -660,7 +705,7 @@ async def _sse(parsed: ParsedRequest, group: _Group, state: ServerState, slot: S
             async for event in _until_timeout(group, slot):
                 was_open = [f is None for f in choices.finish]
                 for i, text, entries in choices.add(event):
-                    if first and text:
+                    if first and text and not isinstance(event, PromptEvent):
                         first = False
                         _log_first_token(parsed, group)
                     for c in chunks(i, text, entries, None):
@@ -698,7 +743,7 @@ def _opening(parsed: ParsedRequest, total: int) -> list[tuple[int, str]]:
     """The first chunk of each choice: chat's role, or the echoed prompt."""
     if parsed.chat:
         return [(i, "") for i in range(total)]
-    if parsed.echo is not None:
+    if parsed.echo is not None and not parsed.echo_logprobs:  # with logprobs: once the prompt is scored
         return [(i, parsed.echo[i // parsed.best_of]) for i in range(total)]
     return []
 

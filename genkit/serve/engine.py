@@ -28,7 +28,7 @@ from genkit.threads import release_openmp_workers
 
 logger = logging.getLogger("genkit.serve")
 
-__all__ = ["EngineStats", "GenerateEngine", "Request", "RequestStream", "TokenEvent", "push_all"]
+__all__ = ["EngineStats", "GenerateEngine", "PromptEvent", "Request", "RequestStream", "TokenEvent", "push_all"]
 
 
 @dataclass
@@ -43,6 +43,9 @@ class Request:
     seed: int | None = None
     logprobs: int | None = None
     id: str = ""
+    # the prompt's own tokens scored first, with this many alternatives (genkit.generation.scoring)
+    prompt_logprobs: int | None = None
+    generate: bool = True  # False: the prompt is only scored (OpenAI's max_tokens 0 with echo)
 
 
 @dataclass
@@ -55,6 +58,18 @@ class TokenEvent:
     tokens: list[int | None]
     logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
     finish: list[str | None] | None = None
+
+
+@dataclass
+class PromptEvent:
+    """The prompt's own tokens scored (:func:`genkit.generation.scoring.score_prompt`), pushed before
+    the request's first :class:`TokenEvent` when ``Request.prompt_logprobs`` asks for them:
+    ``scores[i]`` is prompt token ``i + 1``'s. ``first``: the first of the HTTP request's choices
+    this prompt's choices begin at (set where a request of several prompts merges its events)."""
+
+    prompt_ids: list[int]
+    scores: list[Any]
+    first: int = 0
 
 
 def push_all(items: list[tuple[RequestStream, Any]]) -> None:
@@ -282,23 +297,45 @@ class GenerateEngine:
         """The request's ``n`` choices as rows of one ``generate``, except a seeded request that
         samples several: choice ``i`` is then generated alone after ``torch.manual_seed(seed + i)``,
         as continuous batching seeds it (vLLM's rule), so it draws what the one-choice request with
-        seed ``seed + i`` draws (``n`` rows after one seed would draw other tokens for every choice)."""
+        seed ``seed + i`` draws (``n`` rows after one seed would draw other tokens for every choice).
+        Prompt log-probabilities asked for are computed first (:meth:`_score`)."""
         request = stream.request
         kwargs = dict(request.generate_kwargs)
-        streams, samples = _plan(self.model, kwargs)
+        streams, samples, plain = _plan(self.model, kwargs)
         if streams:  # the server cuts the text at a stop string and releases the request there (_Stop)
             kwargs.pop("stop_strings", None)
         if not streams and request.logprobs is not None:
             raise ConfigError("`logprobs` cannot be reported with beam search (num_beams > 1): a token's "
                               "log-probability is its beam's, not the sequence's; drop one of them")
         self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
-        if request.seed is None or request.n == 1 or not (streams and samples):
+        one_call = request.seed is None or request.n == 1 or not (streams and samples)
+        if request.prompt_logprobs is not None:
+            cache = self._score(stream, kwargs, reuse=one_call and plain and request.n == 1)
+            if cache is not None:
+                kwargs["past_key_values"] = cache
+        if not request.generate or stream.cancelled.is_set():
+            return
+        if one_call:
             self._generate_rows(stream, kwargs, streams, request.n, 0, request.seed)
             return
         for i in range(request.n):
             if stream.cancelled.is_set():  # the client left: the choices not begun are not generated
                 return
             self._generate_rows(stream, kwargs, streams, 1, i, request.seed + i)
+
+    def _score(self, stream: RequestStream, kwargs: dict[str, Any], reuse: bool) -> Any:
+        """Push the prompt's :class:`PromptEvent`; the cache its forward filled when ``reuse`` (one
+        row of a plain greedy or sampling ``generate`` follows, which then computes only the prompt's
+        last token), else None."""
+        from genkit.generation.scoring import score_prompt
+
+        request = stream.request
+        max_new = kwargs.get("max_new_tokens") or 0
+        reuse = reuse and request.generate
+        scored = score_prompt(self.model, request.prompt_ids, top_n=request.prompt_logprobs or 0, keep_cache=reuse,
+                              cache_length=len(request.prompt_ids) + max_new)
+        stream.push(PromptEvent(list(request.prompt_ids), scored.tokens))
+        return scored.cache
 
     def _generate_rows(self, stream: RequestStream, kwargs: dict[str, Any], streams: bool, rows: int, first: int,
                        seed: int | None) -> None:
@@ -351,16 +388,20 @@ def _emit(streamer: _Streamer, sequences: torch.Tensor, prompt_len: int, eos: se
     streamer.end()
 
 
-def _plan(model: Any, kwargs: dict[str, Any]) -> tuple[bool, bool]:
-    """(whether ``generate`` runs these settings with a streamer, whether it may sample). Beam
-    search knows its tokens only at the end (its rows are hypotheses that change until then). A
-    recipe (``custom_generate``), or settings ``generate`` will refuse, may sample."""
+def _plan(model: Any, kwargs: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """(whether ``generate`` runs these settings with a streamer, whether it may sample, whether it
+    is plain greedy or sampling, which a prompt cache may be passed to). Beam search knows its
+    tokens only at the end (its rows are hypotheses that change until then). A recipe
+    (``custom_generate``), or settings ``generate`` will refuse, may sample."""
     from genkit.generation.api import merge_config
+    from genkit.generation_mode import GenerationMode
 
     settings = {k: v for k, v in kwargs.items() if k not in ("custom_generate", "trust_remote_code")}
     try:
         config, _ = merge_config(model, None, settings)
     except ValueError:  # a recipe's own settings, or a bad one: generate reports it
-        return True, True
+        return True, True, False
     streams = int(config.num_beams or 1) == 1
-    return streams, bool(config.do_sample) or kwargs.get("custom_generate") is not None
+    recipe = kwargs.get("custom_generate") is not None
+    plain = not recipe and config.get_generation_mode() in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
+    return streams, bool(config.do_sample) or recipe, plain

@@ -56,7 +56,12 @@ class ContinuousEngine:
         """``request`` on the manager, or on the generate engine when the manager's gate
         (:mod:`genkit.continuous.gate`) refuses its settings: the manager merges them once and
         raises that refusal, queueing nothing. Stop strings are the server's own (it cuts the
-        text and releases the request there)."""
+        text and releases the request there). A request whose prompt is scored (prompt
+        log-probabilities) runs on the generate engine."""
+        if request.prompt_logprobs is not None or not request.generate:
+            # the prompt scored (genkit.generation.scoring): the generate engine's forward over it leaves
+            # the cache its generation goes on from, which the paged store would compute again
+            return self.fallback.submit(request, loop)
         stream = RequestStream(request, loop)
         rids = [f"srv{next(self._ids)}" for _ in range(request.n)]
         self._open_routes(stream, rids)

@@ -41,6 +41,7 @@ class Limits:
     max_stop_token_ids: int = 256  # vLLM's stop_token_ids
     max_logprobs: int = 5  # completions' logprobs
     max_top_logprobs: int = 20  # chat's top_logprobs
+    max_prompt_logprobs: int = 20  # vLLM's prompt_logprobs (its default max_logprobs)
     max_logit_bias: int = 1024  # entries
     max_json_depth: int = 32
     max_messages: int = 1024

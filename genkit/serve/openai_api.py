@@ -19,13 +19,14 @@ from typing import Any
 from .limits import Limits
 
 __all__ = ["LOGPROB_FLOOR", "APIError", "ParsedRequest", "TextAssembler", "chat_prompt", "finite_logprob",
-           "parse_request", "public_message"]
+           "parse_request", "prompt_logprob_entries", "public_message", "vllm_prompt_logprobs"]
 
 # OpenAI fields accepted (and not generation fields) per endpoint
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
            "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "custom_generate",
            "use_beam_search"} | {"ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output",
-                                  "skip_special_tokens"}  # vLLM's sampling fields (_vllm_kwargs, TextAssembler)
+                                  "skip_special_tokens", "prompt_logprobs", "allowed_token_ids", "bad_words",
+                                  "truncate_prompt_tokens"}  # vLLM's (_vllm_kwargs, TextAssembler)
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 # (response_format and guided_* are generation fields: genkit.serve.structured; tools: genkit.serve.tools)
 # vLLM's chat-template fields (genkit.serve.openai_api.chat_prompt); a request's own `chat_template` is refused
@@ -87,6 +88,8 @@ class ParsedRequest:
     skip_special: bool = True  # vLLM's skip_special_tokens
     best_of: int = 1  # choices generated per prompt, the n most likely returned
     echo: list[str] | None = None  # each prompt's text, put before its choices' text
+    echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead the choices' logprobs
+    prompt_logprobs: int | None = None  # vLLM's: the prompt's tokens scored, this many alternatives each
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
     custom_generate: str | None = None
     tools: Any = None  # a genkit.serve.tools.ToolPlan
@@ -97,6 +100,13 @@ class ParsedRequest:
     def engine_logprobs(self) -> int | None:
         """The alternatives asked of the engine: best_of ranks choices by their log-probability."""
         return self.logprobs if self.logprobs is not None or self.best_of == self.n else 0
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """The alternatives per prompt token asked of the engine (None: the prompt is not scored):
+        vLLM's ``prompt_logprobs``, and ``logprobs`` for an echoed prompt."""
+        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo_logprobs else None) if k is not None]
+        return max(asked) if asked else None
 
 
 def _int(body: dict[str, Any], name: str, low: int, high: int | None = None, default: Any = None) -> Any:
@@ -134,10 +144,11 @@ def _short(value: Any) -> str:
 
 def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, limits: Limits,
                   generation_fields: set[str], chat_template: str | None = None,
-                  model_eos: Any = None) -> ParsedRequest:
+                  model_eos: Any = None, vocab_size: int | None = None) -> ParsedRequest:
     """Check an OpenAI request body and turn it into a :class:`ParsedRequest` (this tokenizes:
     the server calls it off the event loop). ``model_eos``: the model's ``eos_token_id``, which
-    vLLM's ``stop_token_ids`` add to."""
+    vLLM's ``stop_token_ids`` add to; ``vocab_size``: the model's, which vLLM's
+    ``allowed_token_ids`` leave the rest of."""
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object", "body")
     from .structured import constrain
@@ -152,22 +163,26 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
         prompts = [chat_prompt(body, tokenizer, limits, chat_template, tools)]
     else:
         prompts = _completion_prompts(body, tokenizer, limits)
-    max_tokens = _max_tokens(body, chat, max(len(p) for p in prompts), limits)
-    n, best_of = _choices(body, chat, len(prompts), limits)
+    prompts, truncated = _truncate(body, prompts, limits)
     stream = _bool(body, "stream")
+    prompt_logprobs = _prompt_logprobs(body, stream, limits)
+    scoring = prompt_logprobs is not None or (not chat and _bool(body, "echo"))
+    max_tokens = _max_tokens(body, chat, max(len(p) for p in prompts), limits, scoring)
+    n, best_of = _choices(body, chat, len(prompts), limits)
     options = _stream_options(body, stream)
     if body.get("user") is not None and not isinstance(body["user"], str):  # it changes nothing, but is typed
         raise APIError(f"`user` must be a string; got {_short(body['user'])}", "user")
     if stream and best_of > n:
         raise APIError("`best_of` > `n` cannot stream: the best choices are known at the end", "best_of")
     logprobs = _logprobs(body, chat, limits)
-    echo = _echo(body, chat, prompts, tokenizer, logprobs, limits.encoder_decoder)
+    echo = _echo(body, chat, prompts, tokenizer, limits.encoder_decoder, truncated)
     stops = _stops(body, limits)
     kwargs: dict[str, Any] = {k: v for k, v in body.items() if k in generation_fields and k not in allowed}
     kwargs.update(_penalties(body, limits, kwargs))
     kwargs.update(_beam_kwargs(body, n, best_of))
     kwargs.update(_sampling_kwargs(body, kwargs, max_tokens, best_of, stops))
     kwargs.update(_vllm_kwargs(body, kwargs, max_tokens, limits, model_eos))
+    kwargs.update(_vllm_token_kwargs(body, kwargs, tokenizer, limits, vocab_size))
     kwargs.update(structured)
     constrain(kwargs, tools)
     custom = body.get("custom_generate")
@@ -177,6 +192,7 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
     return ParsedRequest(chat=chat, prompts=prompts, n=n, best_of=best_of, stream=stream,
                          include_usage=bool(options.get("include_usage")), stop=stops,
                          seed=_int(body, "seed", 0, 2**63 - 1), logprobs=logprobs, max_tokens=max_tokens, echo=echo,
+                         echo_logprobs=echo is not None and logprobs is not None, prompt_logprobs=prompt_logprobs,
                          min_tokens=kwargs.get("min_new_tokens", 0) if "min_tokens" in body else 0,
                          include_stop=_bool(body, "include_stop_str_in_output"),
                          skip_special=body.get("skip_special_tokens") is None or _bool(body, "skip_special_tokens"),
@@ -246,11 +262,12 @@ def _check_model(body: dict[str, Any], model_name: str) -> None:
                        code="model_not_found")
 
 
-def _max_tokens(body: dict[str, Any], chat: bool, prompt_len: int, limits: Limits) -> int:
+def _max_tokens(body: dict[str, Any], chat: bool, prompt_len: int, limits: Limits, scoring: bool = False) -> int:
     """``max_tokens`` (``max_completion_tokens`` for chat): given, else 16 (completions) or the
     rest of the context (chat); prompt + completion must fit ``limits.max_model_len``. An
     encoder-decoder model's prompt (its encoder's input) and its decoder's tokens (the start token
-    + the completion) must each fit it."""
+    + the completion) must each fit it. 0 only where the prompt is the answer (``scoring``: an
+    echoed prompt, or its ``prompt_logprobs``), as OpenAI's legacy completions allow."""
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     context = limits.max_model_len
     seq2seq = limits.encoder_decoder
@@ -259,7 +276,7 @@ def _max_tokens(body: dict[str, Any], chat: bool, prompt_len: int, limits: Limit
         raise APIError(f"the prompt has {prompt_len} tokens; this model's {what} {context} tokens",
                        "messages" if chat else "prompt", code="context_length_exceeded")
     room = None if context is None else context - (1 if seq2seq else prompt_len)
-    max_tokens = _int(body, name, 1, default=None)
+    max_tokens = _int(body, name, 0 if scoring else 1, default=None)
     if max_tokens is None:
         return min(16, room or 16) if not chat else (room or 2048)
     if room is not None and max_tokens > room:
@@ -350,7 +367,8 @@ def _sampling_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: i
     top_p = _number(body, "top_p", 0.0, 1.0)
     if top_p == 0.0:
         raise APIError("`top_p` must be a number in (0, 1]; got 0", "top_p")
-    kwargs: dict[str, Any] = {"max_new_tokens": max_tokens}
+    # max_tokens 0 (a prompt only scored) generates nothing: the settings are checked as for one token
+    kwargs: dict[str, Any] = {"max_new_tokens": max(1, max_tokens)}
     if temperature is not None:
         if temperature == 0.0:
             kwargs["do_sample"] = False
@@ -395,6 +413,55 @@ def _vllm_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: int, 
         if min_tokens > max_tokens:
             raise APIError(f"`min_tokens` must be <= `max_tokens` ({max_tokens}); got {min_tokens}", "min_tokens")
         kwargs["min_new_tokens"] = min_tokens
+    return kwargs
+
+
+def _truncate(body: dict[str, Any], prompts: list[list[int]], limits: Limits) -> tuple[list[list[int]], bool]:
+    """vLLM's ``truncate_prompt_tokens``: each prompt's last k tokens (-1: the model's context,
+    ``max_model_len``); whether a prompt was cut."""
+    k = body.get("truncate_prompt_tokens")
+    if k is None:
+        return prompts, False
+    if k == -1 and not isinstance(k, bool):
+        if limits.max_model_len is None:
+            raise APIError("`truncate_prompt_tokens` -1 keeps the model's context, which this server does not know: "
+                           "send a number of tokens", "truncate_prompt_tokens")
+        k = limits.max_model_len
+    k = _int({"truncate_prompt_tokens": k}, "truncate_prompt_tokens", 1)
+    return [p[-k:] for p in prompts], any(len(p) > k for p in prompts)
+
+
+def _vllm_token_kwargs(body: dict[str, Any], fields: dict[str, Any], tokenizer: Any, limits: Limits,
+                       vocab_size: int | None) -> dict[str, Any]:
+    """vLLM's ``allowed_token_ids`` (every other token of the vocabulary suppressed:
+    ``suppress_tokens``, with the request's own) and ``bad_words`` (``bad_words_ids``: each word's
+    tokens as written, and after a space, as vLLM tokenizes them; the last token of each is never
+    chosen where the ones before it end the sequence, as transformers' ``bad_words_ids``)."""
+    kwargs: dict[str, Any] = {}
+    allowed = body.get("allowed_token_ids")
+    if allowed is not None:
+        if (not isinstance(allowed, list) or not allowed or vocab_size is None or len(allowed) > vocab_size
+                or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in allowed)):
+            raise APIError(f"`allowed_token_ids` must be a non-empty list of token ids from 0 to "
+                           f"{'the vocabulary' if vocab_size is None else vocab_size - 1}; got {_short(allowed)}",
+                           "allowed_token_ids")
+        keep = set(allowed)
+        own = fields.get("suppress_tokens") or []
+        kwargs["suppress_tokens"] = sorted({t for t in range(vocab_size) if t not in keep} | set(own))
+    words = body.get("bad_words")
+    if words is not None:
+        if (not isinstance(words, list) or len(words) > limits.max_stops * 64
+                or not all(isinstance(w, str) and w.strip() and len(w) <= limits.max_stop_chars for w in words)):
+            raise APIError(f"`bad_words` must be a list of at most {limits.max_stops * 64} non-blank strings of at "
+                           f"most {limits.max_stop_chars} characters; got {_short(words)}", "bad_words")
+        ids = [list(seq) for seq in fields.get("bad_words_ids") or []]
+        for word in words:
+            plain = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+            spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            # vLLM's rule: the spaced form too where it is a word of its own (a new first token, as many tokens)
+            ids += [seq for seq in (plain, spaced if spaced[:1] != plain[:1] and len(spaced) == len(plain) else [])
+                    if seq and seq not in ids]
+        kwargs["bad_words_ids"] = ids
     return kwargs
 
 
@@ -596,11 +663,31 @@ def _logprobs(body: dict[str, Any], chat: bool, limits: Limits) -> int | None:
     return (top or 0) if want else None
 
 
+def _prompt_logprobs(body: dict[str, Any], stream: bool, limits: Limits) -> int | None:
+    """vLLM's ``prompt_logprobs``: score the prompt's own tokens, with this many alternatives each
+    (0: the token's own log-probability and rank only). Not streamed (as in vLLM); not for an
+    encoder-decoder model, whose prompt is its encoder's input."""
+    if body.get("prompt_logprobs") is None:
+        return None
+    if body["prompt_logprobs"] == -1 and not isinstance(body["prompt_logprobs"], bool):
+        raise APIError(f"`prompt_logprobs` -1 (every token of the vocabulary) is over this server's limit: "
+                       f"send an int from 0 to {limits.max_prompt_logprobs}", "prompt_logprobs")
+    top = _int(body, "prompt_logprobs", 0, limits.max_prompt_logprobs)
+    if stream:
+        raise APIError("`prompt_logprobs` is not available with `stream`: send the request without streaming",
+                       "prompt_logprobs")
+    if limits.encoder_decoder:
+        raise APIError("`prompt_logprobs` is not supported for an encoder-decoder model: its prompt is the encoder's "
+                       "input, which the model gives no probabilities to", "prompt_logprobs", code="not_supported")
+    return int(top)
+
+
 def _echo(body: dict[str, Any], chat: bool, prompts: list[list[int]], tokenizer: Any,
-          logprobs: int | None, encoder_decoder: bool = False) -> list[str] | None:
-    """``echo`` (completions): each prompt's text before its choices' text; refused for an
-    encoder-decoder model, whose completion does not continue its prompt. ``suffix`` is refused:
-    the served models have no fill-in-the-middle mode."""
+          encoder_decoder: bool = False, truncated: bool = False) -> list[str] | None:
+    """``echo`` (completions): each prompt's text before its choices' text (with ``logprobs``, the
+    prompt's tokens and their log-probabilities lead the choice's); refused for an encoder-decoder
+    model, whose completion does not continue its prompt. ``suffix`` is refused: the served models
+    have no fill-in-the-middle mode."""
     if chat:
         return None
     if body.get("suffix") not in (None, ""):
@@ -612,13 +699,12 @@ def _echo(body: dict[str, Any], chat: bool, prompts: list[list[int]], tokenizer:
         raise APIError("`echo` is not supported for an encoder-decoder model: the prompt is the encoder's input and "
                        "the completion the decoder's own text, which does not continue it", "echo",
                        code="not_supported")
-    if logprobs is not None:
-        raise APIError("`echo` with `logprobs` is not supported: the prompt's log-probabilities are not computed",
-                       "echo", code="not_supported")
     raw = body["prompt"]
     texts = raw if isinstance(raw, list) and all(isinstance(p, str) for p in raw) and raw else None
     if isinstance(raw, str):
         texts = [raw]
+    if truncated:  # the prompt the model read (truncate_prompt_tokens)
+        texts = None
     return list(texts) if texts is not None else [tokenizer.decode(p) for p in prompts]
 
 
@@ -713,3 +799,29 @@ def logprob_entry(tokenizer: Any, token: int, logprob: float, alternatives: list
     return {"token": text, "logprob": finite_logprob(logprob), "bytes": list(text.encode("utf-8")),
             "top_logprobs": [{"token": tokenizer.decode([t]), "logprob": finite_logprob(lp),
                               "bytes": list(tokenizer.decode([t]).encode("utf-8"))} for t, lp in alternatives]}
+
+
+def prompt_logprob_entries(event: Any, top: int) -> list[tuple[int, float | None, list[tuple[int, float]] | None]]:
+    """An echoed prompt's entries in completions' ``logprobs``, as the choices' own tokens' (token,
+    log-probability, ``top`` alternatives): the first token has none (``null``, as OpenAI's legacy
+    completions report it), each other token its :class:`genkit.serve.engine.PromptEvent` score."""
+    first: list[tuple[int, float | None, list[tuple[int, float]] | None]] = [(event.prompt_ids[0], None, None)]
+    return first + [(s.token, s.logprob, list(s.top[:top])) for s in event.scores]
+
+
+def vllm_prompt_logprobs(tokenizer: Any, event: Any, top: int) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``: ``None`` for the first prompt token, then per token a map of token id
+    (a JSON string) to ``{"logprob", "rank", "decoded_token"}``, holding the prompt's token and the
+    ``top`` most likely ones at its position (the token's own entry first; one entry where it is
+    among them)."""
+    out: list[dict[str, Any] | None] = [None]
+    for s in event.scores:
+        entry = {str(s.token): _vllm_logprob(tokenizer, s.token, s.logprob, s.rank)}
+        for rank, (t, lp) in enumerate(s.top[:top], start=1):
+            entry.setdefault(str(t), _vllm_logprob(tokenizer, t, lp, rank))
+        out.append(entry)
+    return out
+
+
+def _vllm_logprob(tokenizer: Any, token: int, logprob: float, rank: int) -> dict[str, Any]:
+    return {"logprob": finite_logprob(logprob), "rank": rank, "decoded_token": tokenizer.decode([token])}

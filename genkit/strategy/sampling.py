@@ -27,12 +27,14 @@ class Choice:
 
     ``tokens`` ``(rows,)``; ``logprobs`` ``(rows,)`` the chosen tokens' log-probabilities (when
     asked for); ``top_ids`` / ``top_logprobs`` ``(rows, k)`` the ``k`` most likely tokens, best first
-    (when ``top`` > 0 was asked for)."""
+    (when ``top`` > 0 was asked for); ``ranks`` ``(rows,)`` each chosen token's rank, 1 + the number
+    of tokens strictly more likely (when asked for)."""
 
     tokens: torch.Tensor
     logprobs: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
     top_logprobs: torch.Tensor | None = None
+    ranks: torch.Tensor | None = None
 
     def row(self, i: int) -> tuple[int, float | None, list[tuple[int, float]]]:
         """Row ``i`` as plain values: (token, its log-probability or None, [(id, log-probability), ...])."""
@@ -68,27 +70,44 @@ def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
     return scores.argmax(dim=-1)
 
 
+def _ranks(lp: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """1 + the number of tokens more likely than each row's chosen one, counted by numpy on the
+    CPU where it can (5x torch's sum of a vocabulary-wide boolean row here), else by torch."""
+    if lp.device.type == "cpu" and not torch.compiler.is_compiling():
+        try:
+            import numpy as np
+
+            above = np.count_nonzero(lp.numpy() > chosen[:, None].numpy(), axis=1)
+            return torch.from_numpy(np.asarray(above)).long() + 1
+        except (ImportError, RuntimeError):  # numpy is optional (the gguf extra brings it)
+            pass
+    return (lp > chosen[:, None]).sum(-1) + 1
+
+
 def log_probs(scores: torch.Tensor) -> torch.Tensor:
     """The log-probabilities ``(rows, vocab)`` that processed ``scores`` stand for (float32)."""
     return torch.log_softmax(scores.float(), dim=-1)
 
 
 def choose(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None, *,
-           logprobs: bool = False, top: int = 0, tokens: torch.Tensor | None = None) -> Choice:
-    """:func:`choose_tokens`, with the chosen tokens' log-probabilities when ``logprobs`` and the
-    ``top`` most likely alternatives when ``top`` > 0. ``tokens``: report on these tokens instead of
-    choosing (a strategy that has chosen already, e.g. a finished row's pad token)."""
+           logprobs: bool = False, top: int = 0, tokens: torch.Tensor | None = None,
+           ranks: bool = False) -> Choice:
+    """:func:`choose_tokens`, with the chosen tokens' log-probabilities when ``logprobs`` (and their
+    ``ranks``) and the ``top`` most likely alternatives when ``top`` > 0. ``tokens``: report on these
+    tokens instead of choosing (a strategy that has chosen already, e.g. a finished row's pad token;
+    a prompt's own next tokens, genkit.generation.scoring)."""
     if top < 0:
         from genkit.errors import ConfigError
 
         raise ConfigError(f"`top` (top log-probabilities) must be an int >= 0; got {top!r}")
     if tokens is None:
         tokens = choose_tokens(scores, do_sample, generator)
-    if not logprobs and not top:
+    if not logprobs and not top and not ranks:
         return Choice(tokens)
     lp = log_probs(scores)
     chosen = lp.gather(-1, tokens.reshape(-1, 1).to(lp.device)).squeeze(-1)
+    rank = _ranks(lp, chosen) if ranks else None
     if not top:
-        return Choice(tokens, chosen)
+        return Choice(tokens, chosen, ranks=rank)
     best = lp.topk(min(top, lp.shape[-1]), dim=-1)
-    return Choice(tokens, chosen, best.indices, best.values)
+    return Choice(tokens, chosen, best.indices, best.values, rank)

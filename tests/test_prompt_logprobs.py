@@ -1,0 +1,294 @@
+"""A prompt's own tokens scored: :func:`genkit.generation.scoring.score_prompt`, and ``genkit serve``'s
+OpenAI ``echo`` + ``logprobs`` (what lm-evaluation-harness's ``local-completions`` model sends for its
+loglikelihood tasks) and vLLM's ``prompt_logprobs``. Before, ``echo`` with ``logprobs`` was a 400
+("the prompt's log-probabilities are not computed") and ``prompt_logprobs`` an unknown field.
+
+The references: the model's own forward over the prompt (log_softmax of its logits), transformers'
+forward on the same weights, and ``generate``'s greedy tokens."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+import torch
+from test_engine_gate import _free_port, _raw_tokenizer, _serving, tokenizer  # noqa: F401
+from tolerance import logits_bound, unit_roundoff
+
+import genkit
+from genkit.errors import ConfigError, NotSupportedError
+from genkit.generation.scoring import score_prompt
+from genkit.models.tiny import tiny_llama
+
+PROMPTS = [[1, 3, 4, 5, 6, 7, 40, 41], [1, 9, 8, 7, 60, 61, 62, 63, 64, 65, 3]]
+TOP = 3
+
+
+def _reference(model, prompt: list[int]) -> torch.Tensor:
+    """log_softmax of the model's logits over ``prompt`` but its last token: row i scores token i + 1."""
+    ids = torch.tensor([prompt[:-1]])
+    with torch.no_grad():
+        logits = model(ids, past_key_values=model.new_cache(len(prompt)), use_cache=True).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return tiny_llama(seed=0)
+
+
+# -- the library ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_scores_are_the_forwards_log_softmax(model, prompt):
+    """Each token i + 1 is scored at position i: its log-probability, its rank (1 + the tokens strictly
+    more likely) and the best TOP there, best first, exactly as one forward over the prompt gives them."""
+    scored = score_prompt(model, prompt, top_n=TOP)
+    ref = _reference(model, prompt)
+    assert [s.token for s in scored.tokens] == prompt[1:]
+    for i, s in enumerate(scored.tokens):
+        assert s.logprob == ref[i, prompt[i + 1]].item()
+        assert s.rank == int((ref[i] > ref[i, prompt[i + 1]]).sum()) + 1
+        best = ref[i].topk(TOP)
+        assert [t for t, _ in s.top] == best.indices.tolist()
+        assert [v for _, v in s.top] == best.values.tolist()
+    assert scored.total == pytest.approx(sum(ref[i, t].item() for i, t in enumerate(prompt[1:])), abs=1e-5)
+    assert {s.rank for s in scored.tokens} != {1}  # a random model: not every token is its position's best
+
+
+def test_chunks_give_one_forwards_scores():
+    """A logits budget of 3 positions runs the prompt in chunks through the cache: the same scores.
+    In float64 the two forwards differ by accumulation order only (~1e-15 relative), so after the
+    float32 log-probabilities they may differ by one rounding: 2 unit roundoffs of each value."""
+    model = tiny_llama(seed=0).double()
+    prompt = PROMPTS[1]
+    whole = score_prompt(model, prompt, top_n=TOP)
+    chunked = score_prompt(model, prompt, top_n=TOP, logits_budget=3 * 8 * model.config.vocab_size)
+    u = unit_roundoff(torch.float32)
+    for a, b in zip(whole.tokens, chunked.tokens):
+        assert (a.token, a.rank, [t for t, _ in a.top]) == (b.token, b.rank, [t for t, _ in b.top])
+        assert abs(a.logprob - b.logprob) <= 4 * u * abs(a.logprob)
+
+
+def test_kept_cache_continues_generate(model):
+    """The cache the scoring forward leaves (the prompt but its last token) handed to generate: the
+    same greedy tokens as generate from nothing."""
+    prompt = PROMPTS[0]
+    scored = score_prompt(model, prompt, keep_cache=True, cache_length=len(prompt) + 12)
+    assert scored.cache.get_seq_length() == len(prompt) - 1
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        plain = genkit.generate(model, ids, max_new_tokens=12, do_sample=False)
+        reused = genkit.generate(model, ids, past_key_values=scored.cache, max_new_tokens=12, do_sample=False)
+    assert reused.tolist() == plain.tolist()
+
+
+def test_one_token_prompt_has_nothing_to_score(model):
+    assert score_prompt(model, [5]).tokens == []
+    assert score_prompt(model, torch.tensor([[5, 6]])).tokens[0].token == 6
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"input_ids": []}, "`input_ids` is empty"),
+    ({"input_ids": [1, 2, 128]}, "token ids from 0 to 127; got 128"),
+    ({"input_ids": [1, -2]}, "got -2"),
+    ({"input_ids": torch.ones(2, 3, dtype=torch.long)}, "one prompt of token ids"),
+    ({"input_ids": [1, 2], "top_n": -1}, "`top_n` must be an int from 0 to the vocabulary's size (128)"),
+    ({"input_ids": [1, 2], "logits_budget": 0}, "`logits_budget` must be a positive number"),
+])
+def test_bad_input_is_named(model, kwargs, message):
+    with pytest.raises(ConfigError) as err:
+        score_prompt(model, **kwargs)
+    assert message in str(err.value)
+
+
+def test_encoder_decoder_model_is_refused():
+    from seq2seq_models import build
+
+    with pytest.raises(NotSupportedError, match="needs a causal LM"):
+        score_prompt(build("t5"), [1, 2, 3])
+
+
+def test_transformers_model_on_the_same_weights(tmp_path):
+    """score_prompt on a transformers Llama (through genkit's adapter) and on genkit's own model loaded
+    from its save_pretrained: the log-probabilities agree within twice the two forwards' logits bound
+    (a log_softmax moves each value by at most the largest logit difference, twice) plus their
+    float32 rounding; the same ranks and alternatives."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1234)
+    cfg = transformers.LlamaConfig(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.1)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    ours = genkit.load_model(tmp_path)
+    prompt = [1, 17, 33, 99, 150, 3, 64, 12, 5]
+    theirs, mine = score_prompt(hf, prompt, top_n=TOP), score_prompt(ours, prompt, top_n=TOP)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    bound = 2 * logits_bound(ours, torch.tensor([prompt])) + 8 * unit_roundoff(torch.float32) * 20
+    for i, (a, b) in enumerate(zip(theirs.tokens, mine.tokens)):
+        assert a.logprob == pytest.approx(ref[i, prompt[i + 1]].item(), abs=bound)
+        assert a.logprob == pytest.approx(b.logprob, abs=bound)
+        assert a.rank == b.rank and [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+# -- genkit serve -----------------------------------------------------------------------------------------------
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+
+
+@pytest.fixture(scope="module", params=["ContinuousEngine", "GenerateEngine"])
+def base(request, model, tokenizer):  # noqa: F811
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    from genkit.serve import build_app
+    from genkit.serve.engine import GenerateEngine
+
+    engine = GenerateEngine(model, tokenizer) if request.param == "GenerateEngine" else None
+    app = build_app(model, tokenizer=tokenizer, model_name="tiny", engine=engine, chat_template=CHAT_TEMPLATE)
+    with _serving(app, engine=request.param) as url:
+        yield url
+
+
+def _post(base: str, body: dict, route: str = "/v1/completions") -> tuple[int, dict]:
+    req = urllib.request.Request(base + route, headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"model": "tiny", **body}).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """generate's greedy tokens and their log-probabilities."""
+    with torch.no_grad():
+        out = genkit.generate(model, torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                              output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    return tokens, [torch.log_softmax(lg[0].float(), -1)[t].item() for lg, t in zip(out.logits, tokens)]
+
+
+def test_lm_eval_loglikelihood_request(base, model, tokenizer):  # noqa: F811
+    """lm-evaluation-harness's local-completions loglikelihood payload, answered as it parses it:
+    per prompt, the tokens' log-probabilities from position 1 on (position 0: null), the best one's
+    at each position (its is_greedy check), then the generated token's."""
+    status, out = _post(base, {"prompt": PROMPTS, "temperature": 0, "max_tokens": 1, "logprobs": 1,
+                               "seed": 1234, "echo": True})
+    assert status == 200, out
+    choices = sorted(out["choices"], key=lambda c: c["index"])
+    assert len(choices) == 2
+    for prompt, choice in zip(PROMPTS, choices):
+        lp = choice["logprobs"]
+        scored = score_prompt(model, prompt, top_n=1)
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["token_logprobs"][1:len(prompt)] == [s.logprob for s in scored.tokens]
+        assert lp["tokens"] == [tokenizer.decode([t]) for t in prompt] + lp["tokens"][len(prompt):]
+        for s, top in zip(scored.tokens, lp["top_logprobs"][1:len(prompt)]):
+            assert top == {tokenizer.decode([s.top[0][0]]): s.top[0][1]}
+        (token,), (logprob,) = _greedy(model, prompt, 1)
+        assert len(lp["token_logprobs"]) == len(prompt) + 1
+        assert lp["tokens"][-1] == tokenizer.decode([token])
+        assert lp["token_logprobs"][-1] == pytest.approx(logprob, abs=2 * logits_bound(model, torch.tensor([prompt])))
+        assert choice["text"] == tokenizer.decode(prompt) + tokenizer.decode([token])
+        assert lp["text_offset"][0] == 0 and lp["text_offset"][1] == len(lp["tokens"][0])
+    assert out["usage"] == {"prompt_tokens": sum(map(len, PROMPTS)), "completion_tokens": 2,
+                            "total_tokens": sum(map(len, PROMPTS)) + 2}
+
+
+def test_max_tokens_zero_scores_the_prompt_only(base, model):
+    status, out = _post(base, {"prompt": PROMPTS[0], "max_tokens": 0, "logprobs": 2, "echo": True})
+    assert status == 200, out
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["logprobs"]["token_logprobs"][1:] == [s.logprob for s in score_prompt(model, PROMPTS[0]).tokens]
+    assert [len(t) for t in choice["logprobs"]["top_logprobs"][1:]] == [2] * (len(PROMPTS[0]) - 1)
+    assert out["usage"]["completion_tokens"] == 0
+    status, out = _post(base, {"prompt": PROMPTS[0], "max_tokens": 0})
+    assert status == 400 and out["error"]["param"] == "max_tokens"
+
+
+def test_vllm_prompt_logprobs(base, model, tokenizer):  # noqa: F811
+    """vLLM's prompt_logprobs beside a generation: per prompt token its id's log-probability, rank and
+    text, with the best TOP; the generated tokens are generate's (the scoring forward's cache reused)."""
+    prompt = PROMPTS[1]
+    status, out = _post(base, {"prompt": prompt, "max_tokens": 8, "temperature": 0, "prompt_logprobs": TOP,
+                               "ignore_eos": True})
+    assert status == 200, out
+    choice = out["choices"][0]
+    tokens, _ = _greedy(model, prompt, 8)
+    assert choice["text"] == tokenizer.decode(tokens) and choice["logprobs"] is None
+    entries = choice["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(prompt)
+    for s, entry in zip(score_prompt(model, prompt, top_n=TOP).tokens, entries[1:]):
+        expected = {str(t): {"logprob": v, "rank": r, "decoded_token": tokenizer.decode([t])}
+                    for r, (t, v) in enumerate(s.top, start=1)}
+        expected = {str(s.token): {"logprob": s.logprob, "rank": s.rank, "decoded_token": tokenizer.decode([s.token])},
+                    **expected}
+        assert entry == expected and list(entry)[0] == str(s.token)
+
+
+def test_chat_prompt_logprobs(base, model, tokenizer):  # noqa: F811
+    status, out = _post(base, {"messages": [{"role": "user", "content": "w5 w6 w7 w9"}], "max_tokens": 2,
+                               "temperature": 0, "prompt_logprobs": 0}, route="/v1/chat/completions")
+    assert status == 200, out
+    prompt = tokenizer.encode("w5 w6 w7 w9 ")
+    entries = out["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(prompt)
+    assert [next(iter(e)) for e in entries[1:]] == [str(t) for t in prompt[1:]]
+    assert [e[str(s.token)]["rank"] for e, s in zip(entries[1:], score_prompt(model, prompt).tokens)] == \
+        [s.rank for s in score_prompt(model, prompt).tokens]
+
+
+def test_streamed_echo_with_logprobs(base):
+    """Streamed, the echoed prompt and its log-probabilities are the first chunk; the whole equals the
+    answer not streamed."""
+    body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "logprobs": 1, "echo": True, "ignore_eos": True}
+    status, whole = _post(base, body)
+    assert status == 200, whole
+    req = urllib.request.Request(base + "/v1/completions", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"model": "tiny", **body, "stream": True}).encode())
+    chunks = []
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:])["choices"][0])
+    first = chunks[0]["logprobs"]
+    assert first["token_logprobs"][0] is None and len(first["tokens"]) == len(PROMPTS[0])
+    merged = {k: [v for c in chunks if c["logprobs"] for v in c["logprobs"][k]]
+              for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    expected = whole["choices"][0]["logprobs"]
+    # the text offsets of the prompt's tokens, and of the first token after it (at the echoed text's end)
+    # (a later token's counts the text streamed before it, which a tokenizer's decoding of a lone
+    # token need not equal: as before this change)
+    k = len(PROMPTS[0]) + 1
+    assert merged.pop("text_offset")[:k] == expected["text_offset"][:k]
+    assert expected["text_offset"][k - 1] == len(chunks[0]["text"])
+    assert merged == {key: v for key, v in expected.items() if key != "text_offset"}
+    assert "".join(c["text"] for c in chunks) == whole["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "not available with `stream`"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs", "must be an integer >= 0 and <= 20"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs", "over this server's limit: send an int from 0 to 20"),
+    ({"prompt_logprobs": "3"}, "prompt_logprobs", "must be an integer"),
+    ({"max_tokens": 0, "logprobs": 1}, "max_tokens", "must be an integer >= 1"),
+])
+def test_bad_values_are_named(base, body, param, message):
+    status, out = _post(base, {"prompt": PROMPTS[0], **body})
+    assert status == 400, out
+    assert out["error"]["param"] == param and message in out["error"]["message"]
+
+
+def test_encoder_decoder_server_refuses_prompt_logprobs(tokenizer):  # noqa: F811
+    from genkit.serve.limits import Limits
+    from genkit.serve.openai_api import APIError, parse_request
+
+    with pytest.raises(APIError) as err:
+        parse_request({"model": "m", "prompt": "w3 w4", "prompt_logprobs": 1}, chat=False, tokenizer=tokenizer,
+                      model_name="m", limits=Limits(encoder_decoder=True), generation_fields=set())
+    assert err.value.param == "prompt_logprobs" and "encoder-decoder" in err.value.message
