@@ -14,6 +14,14 @@ process (the server idle meanwhile), ``N`` requests of ``--new-tokens`` tokens e
 greedy), with a plain HTTP client (the ``openai`` client's parsing of every chunk, in the same
 process as the timer, costs CPU time the server needs on a 2-core machine): streamed and not,
 tokens/s and the ratio to ``generate``'s, whose tokens the non-streamed completion must equal.
+
+``--loglikelihood N``: instead, ``N`` loglikelihood requests as lm-evaluation-harness's
+``local-completions`` model sends them (token ids, ``echo``, ``logprobs: 1``, ``max_tokens: 1``,
+``temperature: 0``; prompts of 24 to 160 tokens) from 1 and then 8 concurrent clients, against
+what lm-eval's ``hf`` model does per request in this process on transformers' LlamaForCausalLM
+loaded from the same GGUF (one forward over the prompt, ``log_softmax``, the tokens'
+log-probabilities and the greedy check; batch 1), requests per second and the ratio; the
+log-probabilities are compared (largest difference printed).
 """
 
 from __future__ import annotations
@@ -151,6 +159,60 @@ def single(base: str, model_name: str, requests: int, new: int) -> None:
     print(f"\nthe server's text = generate()'s: {same}")
 
 
+def loglikelihood(base: str, requests: int) -> None:
+    """lm-eval's loglikelihood requests against transformers in this process (see the module docstring)."""
+    import json
+
+    import torch
+    import transformers
+    from bench_models import demo_paths
+
+    gguf, _ = demo_paths()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
+                                                           dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(200, 40000, (int(n),), generator=g).tolist()
+               for n in torch.randint(24, 161, (requests,), generator=g)]
+
+    def reference(p: list[int]) -> list[float]:
+        with torch.no_grad():
+            ids = torch.tensor([p])
+            lp = torch.log_softmax(hf(ids).logits[0, :-1].float(), dim=-1)
+            own = lp.gather(-1, ids[0, 1:, None])[:, 0]
+            _greedy = lp.argmax(-1) == ids[0, 1:]
+        return own.tolist()
+
+    def ask(p: list[int]) -> list[float]:
+        body = {"model": "m", "prompt": [p], "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0,
+                "seed": 1234}
+        return json.loads(_post(base, body)[1])["choices"][0]["logprobs"]["token_logprobs"][1:len(p)]
+
+    ask(prompts[0]), reference(prompts[0])  # warm-up
+    start = time.perf_counter()
+    expected = [reference(p) for p in prompts]
+    ref_rate = requests / (time.perf_counter() - start)
+    print(f"{requests} loglikelihood requests (lm-eval local-completions' body), prompts of 24-160 tokens, "
+          f"torch threads {torch.get_num_threads()} here\n")
+    print("| | requests/s | vs transformers in process | max abs diff of the log-probabilities |\n|---|---|---|---|")
+    print(f"| transformers forward per request (lm-eval hf, batch 1) | {ref_rate:.2f} | 1.00x | |")
+    for clients in (1, 8):
+        got: list[list[float]] = [[] for _ in prompts]
+
+        def work(worker: int, got: list[list[float]] = got) -> None:
+            for i in range(worker, requests, clients):
+                got[i] = ask(prompts[i])
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(clients)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        rate = requests / (time.perf_counter() - start)
+        diff = max(abs(a - b) for x, y in zip(got, expected) for a, b in zip(x, y))
+        print(f"| genkit serve, {clients} client{'s' if clients > 1 else ''} | {rate:.2f} | {rate / ref_rate:.2f}x "
+              f"| {diff:.1e} |", flush=True)
+
+
 def main() -> None:
     import openai
 
@@ -160,6 +222,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--single", type=int, metavar="N", default=0,
                         help="one client's N requests against generate() instead (see above)")
+    parser.add_argument("--loglikelihood", type=int, metavar="N", default=0,
+                        help="N lm-eval loglikelihood requests against transformers instead (see above)")
     args = parser.parse_args()
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -169,6 +233,9 @@ def main() -> None:
         _wait(base, proc)
         if args.single:
             single(base, args.model, args.single, args.new_tokens)
+            return
+        if args.loglikelihood:
+            loglikelihood(base, args.loglikelihood)
             return
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
         round_(client, 1, 1, 8)  # warm-up

@@ -233,3 +233,22 @@ def test_genkit_plugins_lists_the_pack_scheduler(spf_site):
     assert by_name["spf"]["items"] == {"scheduler": ["shortest_prompt_first"]}
     assert "register_schedulers" in by_name["spf"]["hooks"]
     assert by_name["builtin"]["items"]["scheduler"] == ["fifo", "prefill_first"]
+
+
+def test_a_scored_prompt_runs_in_chunks_of_its_logits_budget():
+    """A request whose prompt is scored (``prompt_top`` set) computes at most ``score_chunk`` prompt
+    tokens a step (each position's logits are kept), then decodes one token a step; it shares no
+    cached prefix."""
+    s = _scheduler(genkit.FIFOScheduler)
+    r = _state("r", 10, 0)
+    r.prompt_top, r.score_chunk = 1, 3
+    s.add_waiting_request(r)
+    chunks = []
+    for _ in range(5):
+        (state, n), = s.schedule_batch(token_budget=64)
+        chunks.append(n)
+        state.cached += n
+        if state.cached == len(state.prompt_ids):
+            state.generated.append(5)
+            state.status = RequestStatus.DECODING
+    assert chunks == [3, 3, 3, 1, 1]

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 import torch
-from test_engine_gate import _free_port, _raw_tokenizer, _serving, tokenizer  # noqa: F401
+from test_engine_gate import WORDS, _free_port, _raw_tokenizer, _serving, tokenizer  # noqa: F401
 from tolerance import logits_bound, unit_roundoff
 
 import genkit
@@ -31,6 +31,24 @@ def _reference(model, prompt: list[int]) -> torch.Tensor:
     with torch.no_grad():
         logits = model(ids, past_key_values=model.new_cache(len(prompt)), use_cache=True).logits[0]
     return torch.log_softmax(logits.float(), dim=-1)
+
+
+def _agrees(logprob: float, rank: int, top_ids: list[int], ref: torch.Tensor, token: int, tol: float) -> None:
+    """A token's score (its log-probability, rank and best alternatives) against ``ref``, the
+    log-probabilities of its position from another evaluation of the model, that differ from the
+    score's own by at most ``tol`` each: the rank between the counts of tokens more likely by more
+    than ``tol`` either way, each alternative's reference value within ``tol`` of the reference's
+    sorted values (a near-tie may order two alternatives either way)."""
+    assert abs(logprob - ref[token].item()) <= tol
+    assert int((ref > ref[token] + 2 * tol).sum()) + 1 <= rank <= int((ref > ref[token] - 2 * tol).sum()) + 1
+    best = ref.topk(len(top_ids)).values
+    assert all(abs(ref[t].item() - v.item()) <= 2 * tol for t, v in zip(top_ids, best))
+
+
+def _bound(model, prompt: list[int]) -> float:
+    """Twice the bound on two evaluations' logits (a log_softmax moves each value by at most the largest
+    logit difference, twice), plus one float32 rounding of a log-probability up to 30."""
+    return 2 * logits_bound(model, torch.tensor([prompt])) + 30 * unit_roundoff(torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +153,86 @@ def test_transformers_model_on_the_same_weights(tmp_path):
         assert a.rank == b.rank and [t for t, _ in a.top] == [t for t, _ in b.top]
 
 
+# -- continuous batching ---------------------------------------------------------------------------------------
+
+def _results(manager, requests: list[dict]) -> list:
+    """Each request (``add_request``'s arguments) added to the running ``manager``, then its output."""
+    ids = [manager.add_request(**r) for r in requests]
+    outs: dict = {}
+    while len(outs) < len(ids):
+        out = manager.get_result(timeout=60)
+        assert out is not None, "the manager gave no result within 60 s"
+        outs[out.request_id] = out
+    return [outs[i] for i in ids]
+
+
+@pytest.mark.parametrize("cb", [{}, {"max_batch_tokens": 16}], ids=["one-step", "chunks-of-16"])
+def test_continuous_batching_scores_the_prompt_as_it_computes_it(model, cb):
+    """``add_request(prompt_logprobs=k)``: the prompt's scores come from the steps that compute it (in
+    chunks of 16 tokens too, beside other requests), as one forward gives them within the bound of
+    two evaluations; the generated tokens are generate's."""
+    from genkit.continuous import ContinuousBatchingConfig
+
+    prompts = [*PROMPTS, list(range(1, 60))]
+    manager = model.init_continuous_batching(continuous_batching_config=ContinuousBatchingConfig(**cb))
+    manager.start()
+    try:
+        outs = _results(manager, [{"input_ids": p, "max_new_tokens": 4, "prompt_logprobs": TOP, "do_sample": False}
+                                  for p in prompts] + [{"input_ids": PROMPTS[0], "max_new_tokens": 4}])
+    finally:
+        manager.stop(block=True)
+    for prompt, out in zip(prompts, outs):
+        ref, tol = _reference(model, prompt), _bound(model, prompt)
+        assert [s.token for s in out.prompt_logprobs] == prompt[1:]
+        for i, s in enumerate(out.prompt_logprobs):
+            _agrees(s.logprob, s.rank, [t for t, _ in s.top], ref[i], prompt[i + 1], tol)
+        assert out.generated_tokens == _greedy(model, prompt, 4)[0][:len(out.generated_tokens)]
+    assert outs[-1].prompt_logprobs is None  # not asked for
+
+
+def test_a_scored_prompt_is_computed_whole(model):
+    """A prompt scored shares no prefix from the prompt cache (its positions' logits are needed), and
+    the requests after it still do; a bad ``prompt_logprobs`` is a failed output naming it."""
+    manager = model.init_continuous_batching()
+    manager.start()
+    try:
+        prompt = PROMPTS[1]
+        _results(manager, [{"input_ids": prompt, "max_new_tokens": 2}])
+        before = manager.reused_prompt_tokens
+        scored, = _results(manager, [{"input_ids": prompt + [70], "max_new_tokens": 2, "prompt_logprobs": 0}])
+        assert manager.reused_prompt_tokens == before and len(scored.prompt_logprobs) == len(prompt)
+        _results(manager, [{"input_ids": prompt + [71], "max_new_tokens": 2}])
+        assert manager.reused_prompt_tokens > before
+        bad, = _results(manager, [{"input_ids": prompt, "max_new_tokens": 2, "prompt_logprobs": -1}])
+        assert bad.error is not None and "`prompt_logprobs` must be an int from 0 to the vocabulary's size (128)" \
+            in bad.error
+    finally:
+        manager.stop(block=True)
+
+
+def test_quantized_steps_score_each_row_as_its_last_row(tmp_path):
+    """On a Q4_1 model (the block kernel's paged step): position k's best alternative, read from the
+    scored request's rows, is what a request whose prompt ends at k reads from its last row, up to a
+    few float32 roundings (the rows' integer products are exact)."""
+    from test_quantized import write_quantized_gguf
+
+    write_quantized_gguf(tmp_path / "q.gguf", "Q4_1")
+    model = genkit.load_model(tmp_path / "q.gguf")
+    prompt = [1, 5, 9, 13, 17, 3, 8, 2, 40, 41, 7, 7, 19, 20]
+    manager = model.init_continuous_batching()
+    manager.start()
+    try:
+        outs = _results(manager, [{"input_ids": prompt, "max_new_tokens": 2, "prompt_logprobs": 1, "do_sample": False}]
+                        + [{"input_ids": prompt[:k + 1], "max_new_tokens": 1, "top_logprobs": 1, "do_sample": False}
+                           for k in range(1, len(prompt) - 1)])
+    finally:
+        manager.stop(block=True)
+    scores, u = outs[0].prompt_logprobs, unit_roundoff(torch.float32)
+    for k, out in enumerate(outs[1:], start=1):
+        (token, value), = out.top_logprobs[0]
+        assert scores[k].top[0][0] == token and abs(scores[k].top[0][1] - value) <= 8 * u * abs(value)
+
+
 # -- genkit serve -----------------------------------------------------------------------------------------------
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
@@ -183,12 +281,14 @@ def test_lm_eval_loglikelihood_request(base, model, tokenizer):  # noqa: F811
     assert len(choices) == 2
     for prompt, choice in zip(PROMPTS, choices):
         lp = choice["logprobs"]
-        scored = score_prompt(model, prompt, top_n=1)
+        ref, tol = _reference(model, prompt), _bound(model, prompt)
         assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
-        assert lp["token_logprobs"][1:len(prompt)] == [s.logprob for s in scored.tokens]
         assert lp["tokens"] == [tokenizer.decode([t]) for t in prompt] + lp["tokens"][len(prompt):]
-        for s, top in zip(scored.tokens, lp["top_logprobs"][1:len(prompt)]):
-            assert top == {tokenizer.decode([s.top[0][0]]): s.top[0][1]}
+        for i, (value, top) in enumerate(zip(lp["token_logprobs"][1:len(prompt)], lp["top_logprobs"][1:len(prompt)])):
+            (best, best_lp), = top.items()
+            assert abs(value - ref[i, prompt[i + 1]].item()) <= tol
+            assert abs(best_lp - ref[i].max().item()) <= tol  # the best token's (lm-eval's is_greedy check)
+            assert abs(ref[i, WORDS.index(best)].item() - ref[i].max().item()) <= 2 * tol
         (token,), (logprob,) = _greedy(model, prompt, 1)
         assert len(lp["token_logprobs"]) == len(prompt) + 1
         assert lp["tokens"][-1] == tokenizer.decode([token])
@@ -204,7 +304,10 @@ def test_max_tokens_zero_scores_the_prompt_only(base, model):
     assert status == 200, out
     choice = out["choices"][0]
     assert choice["finish_reason"] == "length"
-    assert choice["logprobs"]["token_logprobs"][1:] == [s.logprob for s in score_prompt(model, PROMPTS[0]).tokens]
+    ref, tol = _reference(model, PROMPTS[0]), _bound(model, PROMPTS[0])
+    got = choice["logprobs"]["token_logprobs"][1:]
+    assert len(got) == len(PROMPTS[0]) - 1
+    assert all(abs(v - ref[i, t].item()) <= tol for i, (v, t) in enumerate(zip(got, PROMPTS[0][1:])))
     assert [len(t) for t in choice["logprobs"]["top_logprobs"][1:]] == [2] * (len(PROMPTS[0]) - 1)
     assert out["usage"]["completion_tokens"] == 0
     status, out = _post(base, {"prompt": PROMPTS[0], "max_tokens": 0})
@@ -223,12 +326,16 @@ def test_vllm_prompt_logprobs(base, model, tokenizer):  # noqa: F811
     assert choice["text"] == tokenizer.decode(tokens) and choice["logprobs"] is None
     entries = choice["prompt_logprobs"]
     assert entries[0] is None and len(entries) == len(prompt)
-    for s, entry in zip(score_prompt(model, prompt, top_n=TOP).tokens, entries[1:]):
-        expected = {str(t): {"logprob": v, "rank": r, "decoded_token": tokenizer.decode([t])}
-                    for r, (t, v) in enumerate(s.top, start=1)}
-        expected = {str(s.token): {"logprob": s.logprob, "rank": s.rank, "decoded_token": tokenizer.decode([s.token])},
-                    **expected}
-        assert entry == expected and list(entry)[0] == str(s.token)
+    ref, tol = _reference(model, prompt), _bound(model, prompt)
+    for i, entry in enumerate(entries[1:]):
+        token = prompt[i + 1]
+        own = entry[str(token)]
+        assert list(entry)[0] == str(token) and own["decoded_token"] == tokenizer.decode([token])
+        alternatives = [(int(k), v) for k, v in entry.items() if k != str(token) or v["rank"] <= TOP]
+        assert [v["rank"] for _, v in alternatives] == list(range(1, TOP + 1))
+        assert all(v["decoded_token"] == tokenizer.decode([t]) for t, v in alternatives)
+        _agrees(own["logprob"], own["rank"], [t for t, _ in alternatives], ref[i], token, tol)
+        assert all(abs(v["logprob"] - ref[i, t].item()) <= tol for t, v in alternatives)
 
 
 def test_chat_prompt_logprobs(base, model, tokenizer):  # noqa: F811
@@ -238,9 +345,10 @@ def test_chat_prompt_logprobs(base, model, tokenizer):  # noqa: F811
     prompt = tokenizer.encode("w5 w6 w7 w9 ")
     entries = out["prompt_logprobs"]
     assert entries[0] is None and len(entries) == len(prompt)
-    assert [next(iter(e)) for e in entries[1:]] == [str(t) for t in prompt[1:]]
-    assert [e[str(s.token)]["rank"] for e, s in zip(entries[1:], score_prompt(model, prompt).tokens)] == \
-        [s.rank for s in score_prompt(model, prompt).tokens]
+    assert [list(e) for e in entries[1:]] == [[str(t)] for t in prompt[1:]]  # 0 alternatives: the token's own
+    ref, tol = _reference(model, prompt), _bound(model, prompt)
+    for i, e in enumerate(entries[1:]):
+        _agrees(e[str(prompt[i + 1])]["logprob"], e[str(prompt[i + 1])]["rank"], [], ref[i], prompt[i + 1], tol)
 
 
 def test_streamed_echo_with_logprobs(base):
@@ -282,6 +390,30 @@ def test_bad_values_are_named(base, body, param, message):
     status, out = _post(base, {"prompt": PROMPTS[0], **body})
     assert status == 400, out
     assert out["error"]["param"] == param and message in out["error"]["message"]
+
+
+@pytest.mark.parametrize("budget, within, over, param, entries", [
+    (100, {"prompt_logprobs": 11}, {"prompt_logprobs": 12}, "prompt_logprobs", 8 * 13),
+    (40, {"echo": True, "logprobs": 4}, {"echo": True, "logprobs": 5}, "logprobs", 8 * 6),
+    (40, {"echo": True, "logprobs": 1, "prompt_logprobs": 4}, {"echo": True, "logprobs": 5, "prompt_logprobs": 1},
+     "logprobs", 8 * 6),
+])
+def test_entries_over_the_budget_are_refused_before_anything_runs(tokenizer, budget, within, over, param,  # noqa: F811
+                                                                   entries):
+    """Prompt tokens x (1 + alternatives), over a request's prompts, beyond the server's budget: a 400
+    naming the field that asked for the most, at parsing (nothing queued)."""
+    from genkit.serve.limits import Limits
+    from genkit.serve.openai_api import APIError, parse_request
+
+    limits = Limits(max_prompt_logprob_entries=budget)
+    prompts = [" ".join(f"w{i}" for i in range(3, 8))] * 2  # 5 tokens each: 4 scored each
+    parse_request({"model": "m", "prompt": prompts, **within}, chat=False, tokenizer=tokenizer, model_name="m",
+                  limits=limits, generation_fields=set())
+    with pytest.raises(APIError) as err:
+        parse_request({"model": "m", "prompt": prompts, **over}, chat=False, tokenizer=tokenizer, model_name="m",
+                      limits=limits, generation_fields=set())
+    assert err.value.param == param
+    assert f"are {entries} entries" in err.value.message and f"at most {budget}" in err.value.message
 
 
 def test_encoder_decoder_server_refuses_prompt_logprobs(tokenizer):  # noqa: F811

@@ -205,7 +205,8 @@ class ContinuousBatchingManager:
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, input_ids: list[int], request_id: str | None = None, max_new_tokens: int | None = None,
                     streaming: bool = False, record_timestamps: bool = False, eos_token_id: Any = _UNSET,
-                    top_logprobs: int | None = None, raise_refusal: bool = False, **generation_kwargs: Any) -> str:
+                    top_logprobs: int | None = None, raise_refusal: bool = False, prompt_logprobs: int | None = None,
+                    **generation_kwargs: Any) -> str:
         """Queue a request; returns its id. ``generation_kwargs`` are this request's own
         generation fields (``do_sample``, ``temperature``, ``top_p``, ``repetition_penalty``,
         ``max_time``, ``stop_strings``, ``seed``…), over the manager's generation config, and what
@@ -213,7 +214,10 @@ class ContinuousBatchingManager:
         and ``logits_processor`` (lists of this request's own objects). A request stops where
         ``generate`` would stop it (``genkit.strategy.finish_codes``); its output says why
         (``finish_reason``). ``top_logprobs``: report each token's log-probability and its
-        ``top_logprobs`` most likely alternatives (0: the token's only). ``max_new_tokens`` is capped
+        ``top_logprobs`` most likely alternatives (0: the token's only). ``prompt_logprobs``: score
+        the prompt's own tokens too (the output's ``prompt_logprobs``, ``prompt_logprobs``
+        alternatives each: :mod:`genkit.generation.scoring`), computed in the steps that compute the
+        prompt (every position's logits; no prompt-cache prefix is reused). ``max_new_tokens`` is capped
         by the model's context (the output's ``max_new_tokens`` is the limit applied). A request
         that cannot run (an empty prompt, ``max_new_tokens`` <= 0, a request that can never fit
         the cache) is returned at once as a failed output with an error saying why; the manager
@@ -229,6 +233,7 @@ class ContinuousBatchingManager:
             state = self._new_state(list(input_ids), request_id, max_new_tokens, streaming, record_timestamps,
                                     eos_token_id, generation_kwargs)
             state.top, state.return_logprobs = _top_logprobs(request_id, top_logprobs, state.return_logprobs)
+            self._score_prompt(state, prompt_logprobs)
         except (ValueError, TypeError) as exc:
             self._unreserve_id(request_id)
             if raise_refusal and isinstance(exc, NotSupportedError):
@@ -374,6 +379,19 @@ class ContinuousBatchingManager:
                             do_sample=bool(config.do_sample), generator=generator, streaming=streaming,
                             record_timestamps=record_timestamps, return_logprobs=self.cb_config.return_logprobs,
                             order=next(self._order))
+
+    def _score_prompt(self, state: RequestState, top: int | None) -> None:
+        """Have ``state``'s prompt scored with ``top`` alternatives per token (None: not scored), its
+        prompt chunks within the logits budget of :func:`genkit.generation.scoring.score_prompt`."""
+        from genkit.generation.scoring import LOGITS_BUDGET
+
+        if top is None:
+            return
+        vocab = self.model.config.vocab_size
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= vocab:
+            raise ConfigError(f"request {state.request_id!r}: `prompt_logprobs` must be an int from 0 to the "
+                              f"vocabulary's size ({vocab}) or None; got {top!r}")
+        state.prompt_top, state.score_chunk = top, max(1, LOGITS_BUDGET // (8 * vocab))
 
     def _check_prompt(self, request_id: str, prompt: list[int]) -> None:
         if not prompt:
@@ -586,7 +604,7 @@ class ContinuousBatchingManager:
             positions += range(r.cached, r.cached + n)
             cached.append(r.cached)
             blocks.append(r.blocks)
-            want.append(r.cached + n == r.length)
+            want.append(n if r.scoring else int(r.cached + n == r.length))
         batch = StepBatch(torch.tensor(ids), torch.tensor(positions), spans, cached, blocks, want)
         if self._paged_greedy and any(want) and all(_is_plain_greedy(r) for (r, _), w in zip(plan, want) if w):
             logits = self.model.forward_paged(batch, self.store, greedy=True)  # the tokens, or the logits
@@ -595,25 +613,28 @@ class ContinuousBatchingManager:
         self.steps += 1
         self._after_step(plan, want, logits)
 
-    def _after_step(self, plan: list[tuple[RequestState, int]], want: list[bool], logits: torch.Tensor) -> None:
-        row = 0
-        done = []
-        plain = _plain_greedy([r for (r, _), w in zip(plan, want) if w], logits)
-        streamed = []
-        for (r, n), w in zip(plan, want):
-            r.cached += n
+    def _after_step(self, plan: list[tuple[RequestState, int]], want: list[int], logits: torch.Tensor) -> None:
+        """The step's logits (rows: each request's last ``want`` tokens', :func:`~genkit.models.paged.logit_rows`)
+        turned into its requests' prompt scores and next tokens."""
+        ends = list(itertools.accumulate(int(w) for w in want))  # each request's rows end here
+        plain = _plain_greedy([(r, end - 1) for (r, _), w, end in zip(plan, want, ends) if w], logits)
+        done, streamed = [], []
+        for (r, n), w, end in zip(plan, want, ends):
+            start, r.cached = r.cached, r.cached + n
             if r.status == RequestStatus.PREFILLING and r.cached >= len(r.prompt_ids):
                 self.cache.publish(r.prompt_ids, r.blocks, r.cached)
             if not w:
                 continue
             try:
-                token = plain.get(row)
-                finished = self._choose(r, logits[row]) if token is None else take_greedy(r, token)
+                if r.prompt_top is not None and start < len(r.prompt_ids):
+                    _score_chunk(r, start, logits[end - int(w):end])
+                if r.cached < r.length:  # a scored prompt chunk before the last: no token to choose
+                    continue
+                token = plain.get(end - 1)
+                finished = self._choose(r, logits[end - 1]) if token is None else take_greedy(r, token)
             except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
                 done.append((r, f"choosing the next token failed: {exc}"))
-                row += 1
                 continue
-            row += 1
             r.status = RequestStatus.DECODING
             if r.record_timestamps:
                 r.timestamps.append(time.perf_counter())
@@ -651,19 +672,34 @@ class ContinuousBatchingManager:
 
 def _is_plain_greedy(r: RequestState) -> bool:
     """Whether ``r`` decodes greedily with nothing else to apply (no logits processor, no stopping
-    criterion but EOS and length, no log-probabilities): its next token is its logits' first maximum."""
+    criterion but EOS and length, no log-probabilities, no prompt left to score): its next token is
+    its logits' first maximum."""
     return (r.processors is None and not r.do_sample and not r.return_logprobs and not r.top and r.stop is not None
-            and not r.stop.criteria)
+            and not r.stop.criteria and not r.scoring)
 
 
-def _plain_greedy(rows: list[RequestState], logits: torch.Tensor) -> dict[int, int]:
-    """The next token, by row of ``logits``, of each plain greedy request (:func:`_is_plain_greedy`):
-    one argmax over all their rows (the sampler's greedy choice,
-    :func:`~genkit.strategy.sampling.argmax_rows`) instead of one per request. ``logits`` may be
-    those tokens already (a step asked for them: every row's request is plain greedy)."""
+def _score_chunk(r: RequestState, start: int, logits: torch.Tensor) -> None:
+    """Score the prompt tokens that follow positions ``start`` .. of ``r``'s chunk (``logits``: one
+    row per position) into ``r.prompt_scores`` (a prompt computed again after a preemption
+    overwrites its scores)."""
+    from genkit.generation.scoring import score_rows
+
+    m = min(start + logits.shape[0], len(r.prompt_ids) - 1) - start  # positions whose next token is the prompt's
+    del r.prompt_scores[start:]
+    if m > 0:
+        tokens = torch.tensor(r.prompt_ids[start + 1:start + 1 + m], device=logits.device)
+        r.prompt_scores += score_rows(logits[:m], tokens, r.prompt_top or 0)
+
+
+def _plain_greedy(rows: list[tuple[RequestState, int]], logits: torch.Tensor) -> dict[int, int]:
+    """The next token, by row of ``logits``, of each plain greedy request (:func:`_is_plain_greedy`)
+    of ``rows`` (each request wanting logits, with its last row): one argmax over all their rows
+    (the sampler's greedy choice, :func:`~genkit.strategy.sampling.argmax_rows`) instead of one per
+    request. ``logits`` may be those tokens already (a step asked for them: every row's request is
+    plain greedy, one row each)."""
     if logits.dtype == torch.long:
         return dict(enumerate(logits.tolist()))
-    picked = [i for i, r in enumerate(rows) if _is_plain_greedy(r)]
+    picked = [i for r, i in rows if _is_plain_greedy(r)]
     if not picked:
         return {}
     scores = logits if len(picked) == logits.shape[0] else logits.index_select(0, torch.tensor(picked,

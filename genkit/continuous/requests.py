@@ -35,7 +35,10 @@ class GenerationOutput:
     while it runs or when it failed). ``top_logprobs`` holds, per generated token, the most likely
     alternatives as ``(token id, log-probability)`` pairs, best first, when the request asked for
     them (``add_request(top_logprobs=k)``). ``max_new_tokens`` is the limit the request ran with:
-    what it asked for, capped by the model's context (None for a request refused on arrival)."""
+    what it asked for, capped by the model's context (None for a request refused on arrival).
+    ``prompt_logprobs``: with ``add_request(prompt_logprobs=k)``, once the prompt is computed, its
+    tokens after the first scored (:class:`genkit.generation.scoring.TokenScore`, ``k`` alternatives
+    each), as :func:`genkit.generation.scoring.score_prompt` scores them."""
 
     request_id: str
     prompt_ids: list[int] = field(default_factory=list)
@@ -49,6 +52,7 @@ class GenerationOutput:
     finish_reason: str | None = None
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     max_new_tokens: int | None = None
+    prompt_logprobs: list[Any] | None = None
 
     def is_finished(self) -> bool:
         """Whether the request reached a terminal state (finished or failed)."""
@@ -83,6 +87,11 @@ class RequestState:
     created: float = field(default_factory=time.perf_counter)
     started: float = -1.0
     order: int = 0  # arrival number (schedulers keep arrival order)
+    # the prompt scored (add_request(prompt_logprobs=k): k alternatives; None: not scored): every prompt
+    # position's logits are computed (no prompt-cache prefix), in chunks of at most `score_chunk` tokens
+    prompt_top: int | None = None
+    score_chunk: int = 0
+    prompt_scores: list[Any] = field(default_factory=list)
 
     @property
     def tokens(self) -> list[int]:
@@ -104,4 +113,16 @@ class RequestState:
             logprobs=list(self.logprobs), error=self.error, status=self.status, created_time=self.created,
             lifespan=(self.started, finished), timestamps=list(self.timestamps) if self.record_timestamps else None,
             finish_reason=self.finish_reason, top_logprobs=list(self.top_logprobs),
-            max_new_tokens=self.max_new_tokens or None)
+            max_new_tokens=self.max_new_tokens or None, prompt_logprobs=self.scored_prompt())
+
+    @property
+    def scoring(self) -> bool:
+        """Whether the request's prompt is scored and not yet all computed: a step computes the
+        logits of every position of its prompt chunk."""
+        return self.prompt_top is not None and self.cached < len(self.prompt_ids)
+
+    def scored_prompt(self) -> list[Any] | None:
+        """The prompt's scores once every token after the first has one (the list itself: it no
+        longer changes), else None."""
+        done = self.prompt_top is not None and len(self.prompt_scores) == len(self.prompt_ids) - 1
+        return self.prompt_scores if done else None

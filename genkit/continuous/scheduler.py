@@ -213,7 +213,8 @@ class Scheduler(ABC):
         if waiting and margin and self.active_requests and self.cache.free_blocks - self.cache.blocks_for(
                 min(state.pending, budget.tokens)) < self.safety_margin * self.cache.num_blocks:
             return False
-        shared = waiting and not state.blocks and not state.generated
+        # (a prompt scored computes every position: it shares no cached prefix)
+        shared = waiting and not state.blocks and not state.generated and state.prompt_top is None
         if shared:
             state.blocks, state.cached = self.cache.cached_prefix(state.prompt_ids)
         if not self._add_chunk(state, plan, budget, admitted=not waiting):
@@ -244,6 +245,8 @@ class Scheduler(ABC):
         chunk = getattr(r.config, "prefill_chunk_size", None) or self.prefill_chunk_size  # the request's own first
         if chunk:
             n = min(n, chunk)
+        if r.scoring and r.score_chunk:  # every position's logits: at most this many a step
+            n = min(n, r.score_chunk)
         if not budget.allows(r, n):
             return False
         need = self.cache.blocks_for(r.cached + n) - len(r.blocks)

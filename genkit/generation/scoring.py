@@ -39,10 +39,10 @@ from ..strategy.sampling import choose
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PromptScores", "TokenScore", "score_prompt"]
+__all__ = ["LOGITS_BUDGET", "PromptScores", "TokenScore", "score_prompt", "score_rows"]
 
 # bytes of float32 logits (and their log-probabilities) one chunk of positions may take
-LOGITS_BUDGET = 64 * 2**20
+LOGITS_BUDGET = 128 * 2**20
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def score_prompt(model: Any, input_ids: Sequence[int] | torch.Tensor, *, top_n: 
             end = min(start + chunk, length - 1)
             out = model(ids[:, start:end].to(model.device), past_key_values=cache, use_cache=True)
             cache = out.past_key_values
-            scored.tokens += _scores(out.logits[0], ids[0, start + 1:end + 1], top_n)
+            scored.tokens += score_rows(out.logits[0], ids[0, start + 1:end + 1], top_n)
     scored.cache = cache if keep_cache else None
     return scored
 
@@ -133,8 +133,9 @@ def _check(ids: torch.Tensor, top_n: int, vocab: int | None, logits_budget: int)
                           f"got {low if low < 0 else high}")
 
 
-def _scores(logits: torch.Tensor, tokens: torch.Tensor, top_n: int) -> list[TokenScore]:
-    """The tokens that follow each of ``logits``' positions ``(positions, vocab)``, scored."""
+def score_rows(logits: torch.Tensor, tokens: torch.Tensor, top_n: int) -> list[TokenScore]:
+    """``tokens[i]``, the token that follows position ``i`` of ``logits`` ``(positions, vocab)``,
+    scored (continuous batching scores a prompt's chunks with it as they are computed)."""
     picked = choose(logits, False, logprobs=True, top=top_n, tokens=tokens.to(logits.device), ranks=True)
     out = []
     for i in range(len(tokens)):

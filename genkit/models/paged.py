@@ -135,15 +135,16 @@ class PagedKVStore:
 @dataclass
 class StepBatch:
     """The tokens of one step: ``ids``/``positions`` (flat), each request's span in them, its
-    cached length before the step and its blocks; ``want_logits[i]`` when request ``i``'s last
-    token's logits are needed."""
+    cached length before the step and its blocks; ``want_logits[i]``: how many of request ``i``'s
+    last tokens' logits are needed (``True``: its last token's; a prompt scored wants every
+    token's of its span)."""
 
     ids: torch.Tensor
     positions: torch.Tensor
     spans: list[tuple[int, int]]  # (start in the stream, number of tokens)
     cached: list[int]
     blocks: list[list[int]]
-    want_logits: list[bool]
+    want_logits: list[int]  # (bools count as 0 / 1)
 
 
 def paged_unsupported(model: Any) -> str | None:
@@ -290,11 +291,18 @@ def _one_call(prepared: PreparedModel, rows: int) -> bool:
     return not decoder.dense or (rows <= SMALL_MAX_ROWS and prepared.for_rows(rows) is prepared.routes["decode"])
 
 
+def logit_rows(batch: StepBatch) -> list[int] | range:
+    """The rows of a step's tokens whose logits are wanted, in order: each request's last
+    ``want_logits[i]`` tokens (every row: a ``range``)."""
+    rows = [r for (s, n), w in zip(batch.spans, batch.want_logits) for r in range(s + n - int(w), s + n)]
+    return range(len(rows)) if rows == list(range(batch.ids.shape[0])) else rows
+
+
 @torch.inference_mode()
 def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch, greedy: bool = False) -> torch.Tensor:
     """Run ``batch`` (see :class:`StepBatch`) through ``model`` (a :class:`PagedModel`: the Llama
     family, GPT-2) whose inference weights are ``store.prepared``; returns the logits ``(k, vocab)``
-    of the requests with ``want_logits``, in order. With ``greedy`` (every such request picks its
+    of the rows ``want_logits`` asks for (:func:`logit_rows`), in order. With ``greedy`` (every such request picks its
     logits' first maximum and reads nothing else of them) a step run in one kernel call returns
     those tokens instead, ``(k,)`` int64: its float32 head read through the 8-bit copy greedy
     ``generate`` reads (:meth:`~genkit.models.block_decode.BlockDecoder.final_argmax`), the same
@@ -324,12 +332,11 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch, greedy: boo
                                 "(a smaller --max-batch-tokens splits them)")
     else:
         h = _paged_layers(prepared, store, batch, x[None], cos, sin, model.dtype)[0]
-    if len(batch.spans) != h.shape[0] or not all(batch.want_logits):  # not every row's logits: the wanted ones
-        last = torch.tensor([s + n - 1 for (s, n), w in zip(batch.spans, batch.want_logits) if w], dtype=torch.long,
-                            device=device)
-        if last.numel() == 0:
+    rows = logit_rows(batch)
+    if rows != range(h.shape[0]):  # not every row's logits: the wanted ones
+        if not rows:
             return torch.empty(0, model.config.vocab_size, device=device)
-        h = h.index_select(0, last)
+        h = h.index_select(0, torch.tensor(rows, dtype=torch.long, device=device))
     if ends is not None:
         return prepared.decoder.final_argmax(h, ends) if greedy else prepared.decoder.final_logits(h, ends)
     h = model.final_norm()(h)

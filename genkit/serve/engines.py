@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError, NotSupportedError
-from .engine import EngineStats, GenerateEngine, Request, RequestStream, TokenEvent, push_all
+from .engine import EngineStats, GenerateEngine, PromptEvent, Request, RequestStream, TokenEvent, push_all
 
 logger = logging.getLogger("genkit.serve")
 
@@ -56,11 +56,11 @@ class ContinuousEngine:
         """``request`` on the manager, or on the generate engine when the manager's gate
         (:mod:`genkit.continuous.gate`) refuses its settings: the manager merges them once and
         raises that refusal, queueing nothing. Stop strings are the server's own (it cuts the
-        text and releases the request there). A request whose prompt is scored (prompt
-        log-probabilities) runs on the generate engine."""
-        if request.prompt_logprobs is not None or not request.generate:
-            # the prompt scored (genkit.generation.scoring): the generate engine's forward over it leaves
-            # the cache its generation goes on from, which the paged store would compute again
+        text and releases the request there). A one-choice request's prompt is scored (prompt
+        log-probabilities) by the steps that compute it; a prompt only scored (``generate`` False),
+        or scored for several choices, runs on the generate engine."""
+        if not request.generate or (request.prompt_logprobs is not None and request.n > 1):
+            # a prompt only scored, or scored once for several choices: the generate engine's forward
             return self.fallback.submit(request, loop)
         stream = RequestStream(request, loop)
         rids = [f"srv{next(self._ids)}" for _ in range(request.n)]
@@ -115,6 +115,7 @@ class ContinuousEngine:
             try:
                 self.manager.add_request(request.prompt_ids, request_id=rid, max_new_tokens=max_new, streaming=True,
                                          record_timestamps=timed, top_logprobs=request.logprobs, raise_refusal=True,
+                                         prompt_logprobs=request.prompt_logprobs,
                                          **({"seed": seed} if seed is not None else {}),
                                          tokenizer=self.fallback.tokenizer, **kwargs)  # for structured outputs
             except BaseException:
@@ -150,6 +151,8 @@ class ContinuousEngine:
         sent[out.request_id] = len(out.generated_tokens)
         if out.status != RequestStatus.FAILED:
             self.stats.generated_tokens_total += len(out.generated_tokens) - start
+            if start == 0 and out.prompt_logprobs is not None:  # the prompt's scores before its first token
+                pushes.append((stream, PromptEvent(list(out.prompt_ids), out.prompt_logprobs)))
             pushes += [(stream, event) for event in _events(out, start, choice, stream.request)]
         if not out.is_finished():
             return

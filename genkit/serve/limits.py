@@ -42,6 +42,8 @@ class Limits:
     max_logprobs: int = 5  # completions' logprobs
     max_top_logprobs: int = 20  # chat's top_logprobs
     max_prompt_logprobs: int = 20  # vLLM's prompt_logprobs (its default max_logprobs)
+    # prompt tokens scored x (1 + alternatives each), over a request's prompts: ~80 bytes of JSON each
+    max_prompt_logprob_entries: int = 2**18
     max_logit_bias: int = 1024  # entries
     max_json_depth: int = 32
     max_messages: int = 1024

@@ -176,6 +176,7 @@ def parse_request(body: Any, *, chat: bool, tokenizer: Any, model_name: str, lim
         raise APIError("`best_of` > `n` cannot stream: the best choices are known at the end", "best_of")
     logprobs = _logprobs(body, chat, limits)
     echo = _echo(body, chat, prompts, tokenizer, limits.encoder_decoder, truncated)
+    _check_scored_entries(prompts, prompt_logprobs, logprobs if echo is not None else None, limits)
     stops = _stops(body, limits)
     kwargs: dict[str, Any] = {k: v for k, v in body.items() if k in generation_fields and k not in allowed}
     kwargs.update(_penalties(body, limits, kwargs))
@@ -680,6 +681,21 @@ def _prompt_logprobs(body: dict[str, Any], stream: bool, limits: Limits) -> int 
         raise APIError("`prompt_logprobs` is not supported for an encoder-decoder model: its prompt is the encoder's "
                        "input, which the model gives no probabilities to", "prompt_logprobs", code="not_supported")
     return int(top)
+
+
+def _check_scored_entries(prompts: list[list[int]], prompt_logprobs: int | None, echoed: int | None,
+                          limits: Limits) -> None:
+    """The prompt log-probabilities a request asks for (each scored token's own and its alternatives,
+    over its prompts) within ``limits.max_prompt_logprob_entries``, before anything is computed."""
+    asked = [(name, k) for name, k in (("prompt_logprobs", prompt_logprobs), ("logprobs", echoed)) if k is not None]
+    if not asked:
+        return
+    name, top = max(asked, key=lambda a: a[1])
+    entries = sum(len(p) - 1 for p in prompts) * (1 + top)
+    if entries > limits.max_prompt_logprob_entries:
+        raise APIError(f"the prompt log-probabilities asked for are {entries} entries (prompt tokens x (1 + `{name}`) "
+                       f"over the prompts); this server answers at most {limits.max_prompt_logprob_entries}: send fewer "
+                       "or shorter prompts, or fewer alternatives", name)
 
 
 def _echo(body: dict[str, Any], chat: bool, prompts: list[list[int]], tokenizer: Any,
