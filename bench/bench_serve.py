@@ -17,7 +17,7 @@ tokens/s and the ratio to ``generate``'s, whose tokens the non-streamed completi
 
 ``--loglikelihood N``: instead, ``N`` loglikelihood requests as lm-evaluation-harness's
 ``local-completions`` model sends them (token ids, ``echo``, ``logprobs: 1``, ``max_tokens: 1``,
-``temperature: 0``; prompts of 24 to 160 tokens) from 1 and then 8 concurrent clients, against
+``temperature: 0``; prompts of 24 to 160 tokens of English text) from 1 and then 8 concurrent clients, against
 what lm-eval's ``hf`` model does per request in this process on transformers' LlamaForCausalLM
 loaded from the same GGUF (one forward over the prompt, ``log_softmax``, the tokens'
 log-probabilities and the greedy check; batch 1), requests per second and the ratio; the
@@ -170,9 +170,14 @@ def loglikelihood(base: str, requests: int) -> None:
     gguf, _ = demo_paths()
     hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
                                                            dtype=torch.float32).eval()
+    from bench_scoring import TEXT
+
+    import genkit
+
+    text = genkit.load_tokenizer("smollm2").encode(TEXT * 12)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(200, 40000, (int(n),), generator=g).tolist()
-               for n in torch.randint(24, 161, (requests,), generator=g)]
+    starts = torch.randint(0, len(text) - 160, (requests,), generator=g).tolist()
+    prompts = [text[s:s + int(n)] for s, n in zip(starts, torch.randint(24, 161, (requests,), generator=g))]
 
     def reference(p: list[int]) -> list[float]:
         with torch.no_grad():
