@@ -428,3 +428,30 @@ def test_encoder_decoder_server_refuses_prompt_logprobs(tokenizer):  # noqa: F81
         parse_request({"model": "m", "prompt": "w3 w4", "prompt_logprobs": 1}, chat=False, tokenizer=tokenizer,
                       model_name="m", limits=Limits(encoder_decoder=True), generation_fields=set())
     assert err.value.param == "prompt_logprobs" and "encoder-decoder" in err.value.message
+
+
+def _get(base: str, route: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(base + route, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_tokenizer_info_is_what_a_remote_tokenizer_reads(base, model, tokenizer):  # noqa: F811
+    """vLLM's ``GET /tokenizer_info``, behind its flag (off: a 404 naming it): the special tokens, the
+    server's chat template and context. What lm-eval's remote tokenizer does with it then works: its
+    EOS token's text through ``/tokenize`` (no special tokens added) is the EOS id."""
+    status, out = _get(base, "/tokenizer_info")
+    assert status == 404 and "--enable-tokenizer-info-endpoint" in out["error"]["message"]
+    from genkit.serve import build_app
+
+    app = build_app(model, tokenizer=tokenizer, model_name="tiny", chat_template=CHAT_TEMPLATE,
+                    enable_tokenizer_info_endpoint=True)
+    with _serving(app) as url:
+        status, info = _get(url, "/tokenizer_info")
+        assert status == 200
+        assert (info["bos_token"], info["eos_token"], info["pad_token"]) == ("<s>", "</s>", None)
+        assert info["chat_template"] == CHAT_TEMPLATE and info["model_max_length"] == model.config.max_position_embeddings
+        status, ids = _post(url, {"prompt": info["eos_token"], "add_special_tokens": False}, route="/tokenize")
+        assert (status, ids["tokens"]) == (200, [tokenizer.eos_token_id])

@@ -59,6 +59,9 @@ def add_parser(subparsers: Any) -> None:
                    help="most tokens of prompt + completion per request (default: the model's context)")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or a file holding one, instead of the tokenizer's")
+    p.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="serve GET /tokenizer_info (the special tokens and the chat template, vLLM's), which "
+                        "clients that tokenize through /tokenize read (lm-evaluation-harness)")
     p.add_argument("--max-body-size", type=int, default=4 * 1024 * 1024, metavar="BYTES",
                    help="largest request body (default: 4 MiB)")
     p.add_argument("--max-concurrent-requests", type=int, default=128, metavar="N",
@@ -190,5 +193,6 @@ def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple
                          trust_remote_code=args.trust_remote_code, engine=engine, policy=policy,
                          allowed_recipes=settings["recipes"], max_model_len=args.max_model_len,
                          chat_template=settings["chat_template"],
-                         max_concurrent_requests=args.max_concurrent_requests, request_timeout=args.request_timeout)
+                         max_concurrent_requests=args.max_concurrent_requests, request_timeout=args.request_timeout,
+                         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint)
     return app, engine

@@ -26,7 +26,7 @@ def build_app(model: str | object, *, tokenizer: object | None = None, model_nam
               trust_remote_code: bool = False, engine: object | None = None, policy: object | None = None,
               allowed_recipes: list[str] | None = None, max_model_len: int | None = None,
               chat_template: str | None = None, max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
-              request_timeout: float | None = None) -> object:
+              request_timeout: float | None = None, enable_tokenizer_info_endpoint: bool = False) -> object:
     """The ASGI app serving ``model`` (a loaded model, or anything ``genkit.load_model`` takes).
     ``policy``: a :class:`~genkit.serve.security.ServePolicy` (default: 127.0.0.1, no API key);
     the other settings are ``genkit serve``'s flags of the same names (docs/serve.md).
@@ -53,7 +53,7 @@ def build_app(model: str | object, *, tokenizer: object | None = None, model_nam
     state = ServerState(model, tokenizer, engine, name, trust_remote_code=trust_remote_code,
                         allowed_recipes=allowed_recipes, policy=policy, max_model_len=max_model_len,  # type: ignore[arg-type]
                         chat_template=chat_template, max_concurrent_requests=max_concurrent_requests,
-                        request_timeout=request_timeout)
+                        request_timeout=request_timeout, enable_tokenizer_info_endpoint=enable_tokenizer_info_endpoint)
     app = create_app(state)
     app.state.genkit = state
     return app

@@ -60,7 +60,7 @@ class ServerState:
                  trust_remote_code: bool = False, allowed_recipes: list[str] | None = None,
                  policy: ServePolicy | None = None, max_model_len: int | None = None,
                  chat_template: str | None = None, max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
-                 request_timeout: float | None = None) -> None:
+                 request_timeout: float | None = None, enable_tokenizer_info_endpoint: bool = False) -> None:
         from genkit.config import field_table
         from genkit.generation.api import as_protocol_model
         from genkit.generation.encoder_decoder import is_encoder_decoder
@@ -74,6 +74,7 @@ class ServerState:
         self.limits = Limits(max_model_len=max_model_len or default_max_model_len(model, tokenizer),
                              encoder_decoder=is_encoder_decoder(model))
         self.chat_template = chat_template
+        self.tokenizer_info = enable_tokenizer_info_endpoint  # GET /tokenizer_info (vLLM's flag: off by default)
         self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
         self.created = int(time.time())
         self.shutting_down = False  # draining: /health is 503, new requests are refused
@@ -116,6 +117,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/tokenizer_info", partial(_tokenizer_info, state), methods=["GET"]),
         Route("/version", _version, methods=["GET"]),
         Route("/health", partial(_health, state), methods=["GET"]),
         Route("/metrics", partial(_metrics, state), methods=["GET"]),
@@ -240,6 +242,22 @@ def _tokenize_body(body: dict[str, Any], state: ServerState) -> list[int]:
     if not isinstance(special, bool):
         raise APIError("`add_special_tokens` must be true or false", "add_special_tokens")
     return [int(t) for t in state.tokenizer.encode(body["prompt"], add_special_tokens=special)]
+
+
+async def _tokenizer_info(state: ServerState, request: HTTPRequest) -> Response:
+    """vLLM's ``/tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``, as vLLM's): the
+    tokenizer's special tokens, the chat template the server renders with and the context, what a
+    client tokenizing through ``/tokenize`` needs (lm-evaluation-harness's remote tokenizer)."""
+    if not state.tokenizer_info:
+        return _error(APIError("`/tokenizer_info` is off: start genkit serve with --enable-tokenizer-info-endpoint "
+                               "(it shows the chat template)", status=404, code="not_found"))
+    tok = state.tokenizer
+    info: dict[str, Any] = {"tokenizer_class": type(tok).__name__,
+                            "model_max_length": state.limits.max_model_len,
+                            "chat_template": state.chat_template or getattr(tok, "chat_template", None)}
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        info[name] = getattr(tok, name, None)
+    return JSONResponse(info)
 
 
 async def _detokenize(request: HTTPRequest, state: ServerState) -> Response:
