@@ -146,7 +146,7 @@ def test_without_the_api_key_every_route_but_health_is_401(guarded, method, path
     ({"best_of": 17}, "best_of", "<= 16"),
     ({"n": 3, "best_of": 2}, "best_of", "`best_of` must be >= `n`"),
     ({"prompt": ["a"] * 33}, "prompt", "at most 32"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "up to 4 strings"),
+    ({"stop": [f"s{i}" for i in range(33)]}, "stop", "up to 32 strings"),
     ({"stop": "x" * 3000}, "stop", "at most 256 characters"),
     ({"logprobs": 6}, "logprobs", "<= 5"),
     ({"logit_bias": {"5": 101}}, "logit_bias", "between -100 and 100"),

@@ -147,6 +147,16 @@ def test_include_stop_str_in_output_keeps_the_stop_string(base, greedy, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_more_stop_strings_than_openais_four(base, greedy, stream):
+    """vLLM takes any number of stop strings (lm-evaluation-harness's generation tasks send 5 and
+    more); the server takes 32: the sixth ends the text as the first would."""
+    stop = WORDS[greedy[1]]
+    others = [w for w in ("w100", "w101", "w102", "w103", "w104") if w not in _words(greedy)]
+    assert len(others) == 5
+    assert _choice(base, stream, stop=[*others, stop], ignore_eos=True)[:2] == (_words(greedy[:1]) + " ", "stop")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_skip_special_tokens_false_keeps_their_text(base, model, stream):
     """``</s>`` (id 2, a special token) forced first with ``logit_bias`` and made the EOS id with
     ``stop_token_ids``: its text is left out by default, kept with ``skip_special_tokens: false``."""

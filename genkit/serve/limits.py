@@ -36,7 +36,9 @@ class Limits:
     max_n: int = 16  # n and best_of; num_beams; contrastive search's top_k
     max_prompts: int = 32  # prompts in one /v1/completions request
     max_choices: int = 64  # prompts x the sequences each computes at once (best_of, beams, candidates)
-    max_stops: int = 4
+    # stop strings (OpenAI takes 4, vLLM any number: lm-evaluation-harness's tasks send 5 and more)
+    max_stops: int = 32
+    max_bad_words: int = 256  # vLLM's bad_words
     max_stop_chars: int = 256
     max_stop_token_ids: int = 256  # vLLM's stop_token_ids
     max_logprobs: int = 5  # completions' logprobs

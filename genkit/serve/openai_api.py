@@ -451,9 +451,9 @@ def _vllm_token_kwargs(body: dict[str, Any], fields: dict[str, Any], tokenizer: 
         kwargs["suppress_tokens"] = sorted({t for t in range(vocab_size) if t not in keep} | set(own))
     words = body.get("bad_words")
     if words is not None:
-        if (not isinstance(words, list) or len(words) > limits.max_stops * 64
+        if (not isinstance(words, list) or len(words) > limits.max_bad_words
                 or not all(isinstance(w, str) and w.strip() and len(w) <= limits.max_stop_chars for w in words)):
-            raise APIError(f"`bad_words` must be a list of at most {limits.max_stops * 64} non-blank strings of at "
+            raise APIError(f"`bad_words` must be a list of at most {limits.max_bad_words} non-blank strings of at "
                            f"most {limits.max_stop_chars} characters; got {_short(words)}", "bad_words")
         ids = [list(seq) for seq in fields.get("bad_words_ids") or []]
         for word in words:
