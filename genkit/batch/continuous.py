@@ -48,10 +48,12 @@ class ContinuousEngine:
     most requests in one step (``max_requests_per_batch``) and the static engine's batch size."""
 
     def __init__(self, model: Any, tokenizer: Any, generation_kwargs: dict[str, Any] | None = None,
-                 batch_size: int = 16, continuous_batching_config: Any = None) -> None:
+                 batch_size: int = 16, continuous_batching_config: Any = None,
+                 prompt_logprobs: int | None = None) -> None:
         from genkit.continuous import ContinuousBatchingConfig, ContinuousBatchingManager
 
-        self.static = LocalEngine(model, tokenizer, generation_kwargs, batch_size=batch_size)
+        self.static = LocalEngine(model, tokenizer, generation_kwargs, batch_size=batch_size,
+                                  prompt_logprobs=prompt_logprobs)
         self.kwargs = self.static.kwargs
         self.batch_size = batch_size
         self.window = 4 * batch_size
@@ -109,7 +111,7 @@ class ContinuousEngine:
         max_new = settings.pop("max_new_tokens", None)
         try:
             self.manager.add_request(slot.ids, request_id=rid, max_new_tokens=max_new, tokenizer=self.static.tokenizer,
-                                     **settings)
+                                     prompt_logprobs=self.static.prompt_top, **settings)
         except Exception as exc:  # noqa: BLE001 - the row's error; the job goes on
             running.pop(rid, None)
             slot.result = BadRow(row.line, row.id, f"generation failed: {exc}")
@@ -133,7 +135,8 @@ class ContinuousEngine:
         if out.error is not None:
             slot.result = BadRow(slot.row.line, slot.row.id, f"generation failed: {out.error}")
             return
-        slot.result = self.static.result_row(slot.row, slot.ids, (list(out.generated_tokens), out.finish_reason))
+        slot.result = self.static.result_row(slot.row, slot.ids, (list(out.generated_tokens), out.finish_reason),
+                                             out.prompt_logprobs)
 
 
 def check_batching(batching: str, generation_kwargs: dict[str, Any], custom_generate: Any = None,
@@ -156,11 +159,12 @@ def check_batching(batching: str, generation_kwargs: dict[str, Any], custom_gene
 
 def make_local_engine(model: Any, tokenizer: Any, generation_kwargs: dict[str, Any] | None = None,
                       batch_size: int = 16, custom_generate: Any = None, trust_remote_code: bool | None = None,
-                      batching: str = "auto") -> LocalEngine | ContinuousEngine:
+                      batching: str = "auto", prompt_logprobs: int | None = None) -> LocalEngine | ContinuousEngine:
     """The local engine for ``batching``: ``"static"`` (left-padded ``generate``), ``"continuous"``
     (an error when the model or the job's settings cannot run on it), or ``"auto"`` (continuous
     batching where the model and the settings allow it, else static: an encoder-decoder model
-    runs there, :func:`genkit.continuous.gate.model_refusal`)."""
+    runs there, :func:`genkit.continuous.gate.model_refusal`). ``prompt_logprobs``: every row's
+    prompt scored too, with that many alternatives per token (its output's ``prompt_logprobs``)."""
     from genkit.models.paged import require_paged
 
     kwargs = dict(generation_kwargs or {})
@@ -176,5 +180,5 @@ def make_local_engine(model: Any, tokenizer: Any, generation_kwargs: dict[str, A
         if batching == "auto":
             logger.info("batch: static batches (%s)", why)
         return LocalEngine(model, tokenizer, kwargs, batch_size=batch_size, custom_generate=custom_generate,
-                           trust_remote_code=trust_remote_code)
-    return ContinuousEngine(model, tokenizer, kwargs, batch_size=batch_size)
+                           trust_remote_code=trust_remote_code, prompt_logprobs=prompt_logprobs)
+    return ContinuousEngine(model, tokenizer, kwargs, batch_size=batch_size, prompt_logprobs=prompt_logprobs)

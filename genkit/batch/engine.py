@@ -16,8 +16,11 @@ import torch
 
 from genkit.strategy import eos_token_ids, openai_finish_reason
 
-from ..errors import ConfigError, NotSupportedError
+from ..errors import ConfigError, GenerationError, NotSupportedError
 from .rows import BadRow, BatchRow
+
+# the most alternatives per prompt token a job may ask for (vLLM's default max_logprobs)
+MAX_PROMPT_LOGPROBS = 20
 
 logger = logging.getLogger("genkit.batch")
 
@@ -35,7 +38,8 @@ class LocalEngine:
     and ``trust_remote_code`` reach ``generate`` as they are, so a recipe obeys the trust rules."""
 
     def __init__(self, model: Any, tokenizer: Any, generation_kwargs: dict[str, Any] | None = None,
-                 batch_size: int = 16, custom_generate: Any = None, trust_remote_code: bool | None = None) -> None:
+                 batch_size: int = 16, custom_generate: Any = None, trust_remote_code: bool | None = None,
+                 prompt_logprobs: int | None = None) -> None:
         from genkit.generation.api import as_protocol_model
         from genkit.generation.encoder_decoder import is_encoder_decoder, text_prompt_refusal
 
@@ -46,6 +50,7 @@ class LocalEngine:
         if why is not None:
             raise NotSupportedError(why)
         self.seq2seq = is_encoder_decoder(model)
+        self.prompt_top = check_prompt_logprobs(prompt_logprobs, self.seq2seq)
         self.model = model
         self.tokenizer = tokenizer
         self.kwargs = dict(generation_kwargs or {})
@@ -105,8 +110,16 @@ class LocalEngine:
                         except Exception as row_exc:  # noqa: BLE001
                             outs.append(BadRow(row.line, row.id, f"generation failed: {row_exc}"))
                 for (i, row, ids), out in zip(chunk, outs):
-                    results[i] = out if isinstance(out, BadRow) else self.result_row(row, ids, out)
+                    results[i] = out if isinstance(out, BadRow) else self.result_row(row, ids, out, self._score(ids))
         return [results[i] for i in range(len(rows))]
+
+    def _score(self, ids: list[int]) -> list[Any] | None:
+        """The prompt's scores when the job asks for them (``genkit.generation.scoring``), else None."""
+        if self.prompt_top is None:
+            return None
+        from genkit.generation.scoring import score_prompt
+
+        return score_prompt(self.model, ids, top_n=self.prompt_top).tokens
 
     def _counts_prompt(self, key: str, settings: dict[str, Any]) -> bool:
         """Whether the length of rows with these settings counts the prompt (a ``max_length`` set by
@@ -158,11 +171,13 @@ class LocalEngine:
         value = kwargs["eos_token_id"] if "eos_token_id" in kwargs else self.model.generation_config.eos_token_id
         return set(eos_token_ids(value))
 
-    def result_row(self, row: BatchRow, prompt: list[int], out: tuple[list[int], str | None]) -> dict[str, Any]:
+    def result_row(self, row: BatchRow, prompt: list[int], out: tuple[list[int], str | None],
+                   scores: list[Any] | None = None) -> dict[str, Any]:
         """The output row: new tokens (through the first EOS) and why they ended, as OpenAI's
-        ``finish_reason`` (``genkit.strategy.openai_finish_reason``)."""
+        ``finish_reason`` (``genkit.strategy.openai_finish_reason``); with the job's prompt
+        log-probabilities, the prompt's ``scores`` (:func:`prompt_logprobs_column`)."""
         tokens, reason = out
-        return {
+        result = {
             "id": row.id,
             "text": self.tokenizer.decode(tokens, skip_special_tokens=True),
             "token_ids": tokens,
@@ -170,3 +185,28 @@ class LocalEngine:
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
                       "total_tokens": len(prompt) + len(tokens)},
         }
+        if self.prompt_top is not None:
+            if scores is None or len(scores) != len(prompt) - 1:
+                raise GenerationError(f"row {row.id!r}: its prompt's scores are missing")
+            result["prompt_logprobs"] = prompt_logprobs_column(scores)
+        return result
+
+
+def check_prompt_logprobs(top: int | None, seq2seq: bool) -> int | None:
+    """A job's ``prompt_logprobs`` (alternatives per prompt token; None: the prompts are not
+    scored): an int from 0 to :data:`MAX_PROMPT_LOGPROBS`, for a causal LM."""
+    if top is None:
+        return None
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_PROMPT_LOGPROBS:
+        raise ConfigError(f"`prompt_logprobs` must be an int from 0 to {MAX_PROMPT_LOGPROBS}; got {top!r}")
+    if seq2seq:
+        raise NotSupportedError("`prompt_logprobs` needs a causal LM: an encoder-decoder model's prompt is its "
+                                "encoder's input, which it gives no probabilities to")
+    return top
+
+
+def prompt_logprobs_column(scores: list[Any]) -> list[dict[str, Any] | None]:
+    """An output row's ``prompt_logprobs``: ``None`` for the first prompt token (nothing before it),
+    then per token ``{"token", "logprob", "rank", "top": [{"token", "logprob"}, ...]}``."""
+    return [None] + [{"token": s.token, "logprob": s.logprob, "rank": s.rank,
+                      "top": [{"token": t, "logprob": lp} for t, lp in s.top]} for s in scores]

@@ -125,18 +125,25 @@ def _parquet_record(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def output_schema() -> Any:
+def output_schema(prompt_logprobs: bool = False) -> Any:
+    """The output rows' Parquet schema; a job that scores its prompts adds ``prompt_logprobs``
+    (list<struct<token, logprob, rank, top: list<struct<token, logprob>>>>, its first item null)."""
     import pyarrow as pa
 
-    return pa.schema([("id", pa.string()), ("text", pa.string()), ("token_ids", pa.list_(pa.int64())),
-                      ("finish_reason", pa.string()),
-                      ("usage", pa.struct([(k, pa.int64()) for k in USAGE_KEYS]))])
+    fields = [("id", pa.string()), ("text", pa.string()), ("token_ids", pa.list_(pa.int64())),
+              ("finish_reason", pa.string()), ("usage", pa.struct([(k, pa.int64()) for k in USAGE_KEYS]))]
+    if prompt_logprobs:
+        top = pa.list_(pa.struct([("token", pa.int64()), ("logprob", pa.float64())]))
+        fields.append(("prompt_logprobs", pa.list_(pa.struct([("token", pa.int64()), ("logprob", pa.float64()),
+                                                              ("rank", pa.int64()), ("top", top)]))))
+    return pa.schema(fields)
 
 
 def rows_table(rows: list[dict[str, Any]]) -> Any:
-    """Output rows as a pyarrow Table of :func:`output_schema`."""
+    """Output rows as a pyarrow Table of :func:`output_schema` (with ``prompt_logprobs`` where the
+    rows have them: a job's rows all have them, or none)."""
     require_pyarrow()
     import pyarrow as pa
 
-    schema = output_schema()
+    schema = output_schema(any("prompt_logprobs" in r for r in rows))
     return pa.Table.from_pylist([{name: r.get(name) for name in schema.names} for r in rows], schema=schema)

@@ -228,7 +228,8 @@ def _join_parquet(sources: list[Path], target: str) -> None:
     import pyarrow as pa
 
     pq = require_pyarrow()
-    schema = output_schema()
+    # the job's schema: its parts all have the scored prompts' column, or none does
+    schema = output_schema(any("prompt_logprobs" in pq.read_schema(source).names for source in sources))
     seen: set[str] = set()
     with pq.ParquetWriter(target, schema) as writer:
         for source in sources:

@@ -49,6 +49,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--custom-generate", metavar="REF", default=None,
                    help="a recipe (local folder or Hub 'org/repo[@rev]') or a registered strategy name")
     p.add_argument("--trust-remote-code", action="store_true", help="allow running a Hub recipe's code")
+    p.add_argument("--prompt-logprobs", type=int, default=None, metavar="K",
+                   help="score every row's prompt too: each token's log-probability given the tokens before it, "
+                        "its rank and K alternatives (0-20), in the output's prompt_logprobs (--engine local)")
     add_generation_options(p)
     p.set_defaults(func=run)
 
@@ -62,6 +65,11 @@ def _check_engine_options(args: argparse.Namespace) -> None:
         if args.engine == "local" and getattr(args, option) is not None:
             raise ConfigError(f"{name} applies to --engine ray (the local engine runs one model in this process); "
                               "add --engine ray or drop it")
+    from genkit.batch.engine import check_prompt_logprobs
+
+    check_prompt_logprobs(args.prompt_logprobs, False)  # before the model loads
+    if args.engine == "ray" and args.prompt_logprobs is not None:
+        raise ConfigError("--prompt-logprobs applies to --engine local (the Ray engine's rows carry no prompt scores)")
     if args.engine == "ray" and args.threads is not None:
         raise ConfigError("--threads applies to --engine local; Ray gives each actor its CPUs (ray.init(num_cpus=))")
     for option, name in (("activation_digits", "--activation-digits"), ("numerics", "--numerics")):
@@ -75,7 +83,7 @@ def job_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, 
     model = os.path.abspath(args.model) if os.path.exists(args.model) else args.model
     return {"model": model, "revision": args.revision, "dtype": args.dtype, "generation": kwargs,
             "custom_generate": args.custom_generate, "activation_digits": args.activation_digits,
-            "numerics": args.numerics}
+            "numerics": args.numerics, "prompt_logprobs": args.prompt_logprobs}
 
 
 class Terminated(KeyboardInterrupt):
@@ -166,4 +174,5 @@ def _make_engine(args: argparse.Namespace, kwargs: dict[str, Any]) -> Any:
                               numerics=args.numerics)
     tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
     return make_local_engine(model, tokenizer, kwargs, batch_size=args.batch_size,
-                             custom_generate=args.custom_generate, trust_remote_code=trust, batching=args.batching)
+                             custom_generate=args.custom_generate, trust_remote_code=trust, batching=args.batching,
+                             prompt_logprobs=args.prompt_logprobs)
