@@ -252,3 +252,16 @@ def test_a_scored_prompt_runs_in_chunks_of_its_logits_budget():
             state.generated.append(5)
             state.status = RequestStatus.DECODING
     assert chunks == [3, 3, 3, 1, 1]
+
+
+def test_scored_prompts_share_one_logits_budget_per_step():
+    """Scored prompts in one step compute ``score_chunk`` positions between them (the step's logits
+    stay within one logits budget): the second gets what the first leaves, and one that gets
+    nothing waits (in FIFO order, with the requests behind it)."""
+    s = _scheduler(genkit.FIFOScheduler, num_blocks=64)
+    a, b, c = _state("a", 3, 0), _state("b", 10, 1), _state("c", 10, 2)
+    for r in (a, b, c):
+        r.prompt_top, r.score_chunk = 0, 4
+        s.add_waiting_request(r)
+    plan = s.schedule_batch(token_budget=64)
+    assert [(r.request_id, n) for r, n in plan] == [("a", 3), ("b", 1)]

@@ -42,17 +42,26 @@ Plan = list[tuple[RequestState, int]]  # the requests of a step with the number 
 
 @dataclass
 class Budget:
-    """What is left of a step: tokens, cache positions read (None: no limit) and requests."""
+    """What is left of a step: tokens, cache positions read (None: no limit), requests, and the
+    positions of scored prompts whose logits it keeps (None: none spent yet; their requests'
+    ``score_chunk`` bounds them all together, so a step's logits stay within one logits budget)."""
 
     tokens: int
     cache: int | None
     requests: int
+    logit_rows: int | None = None
 
     def spend(self, state: RequestState, n: int) -> None:
         self.tokens -= n
         self.requests -= 1
         if self.cache is not None:
             self.cache -= state.cached + n
+        if state.scoring and state.score_chunk:
+            self.logit_rows = self.scored_rows(state) - n
+
+    def scored_rows(self, state: RequestState) -> int:
+        """How many of a scored prompt's positions the step may still compute."""
+        return state.score_chunk if self.logit_rows is None else self.logit_rows
 
     def allows(self, state: RequestState, n: int) -> bool:
         return n >= 1 and self.requests >= 1 and (self.cache is None or state.cached + n <= self.cache)
@@ -245,8 +254,8 @@ class Scheduler(ABC):
         chunk = getattr(r.config, "prefill_chunk_size", None) or self.prefill_chunk_size  # the request's own first
         if chunk:
             n = min(n, chunk)
-        if r.scoring and r.score_chunk:  # every position's logits: at most this many a step
-            n = min(n, r.score_chunk)
+        if r.scoring and r.score_chunk:  # every position's logits are kept: within the step's logits budget
+            n = min(n, budget.scored_rows(r))
         if not budget.allows(r, n):
             return False
         need = self.cache.blocks_for(r.cached + n) - len(r.blocks)
