@@ -139,12 +139,11 @@ def test_transformers_model_on_the_same_weights(tmp_path):
     within twice the two forwards' logits bound (a log_softmax moves each value by at most the
     largest logit difference, twice) plus their float32 rounding, and so do the ranks and
     alternatives (up to near-ties within that bound)."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
+    from test_models_parity import CONFIGS, _hf_model  # the parity tests' tiny Llama (GQA, untied head)
+
     torch.manual_seed(1234)
-    cfg = transformers.LlamaConfig(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                   bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.1)
-    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf = _hf_model(CONFIGS["llama_gqa_untied"]())
     hf.save_pretrained(tmp_path)
     ours = genkit.load_model(tmp_path)
     prompt = [1, 17, 33, 99, 150, 3, 64, 12, 5]

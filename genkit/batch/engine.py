@@ -195,10 +195,11 @@ class LocalEngine:
 def check_prompt_logprobs(top: int | None, seq2seq: bool) -> int | None:
     """A job's ``prompt_logprobs`` (alternatives per prompt token; None: the prompts are not
     scored): an int from 0 to :data:`MAX_PROMPT_LOGPROBS`, for a causal LM."""
+    from genkit.generation.scoring import check_top_n
+
     if top is None:
         return None
-    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_PROMPT_LOGPROBS:
-        raise ConfigError(f"`prompt_logprobs` must be an int from 0 to {MAX_PROMPT_LOGPROBS}; got {top!r}")
+    check_top_n(top, "prompt_logprobs", MAX_PROMPT_LOGPROBS)
     if seq2seq:
         raise NotSupportedError("`prompt_logprobs` needs a causal LM: an encoder-decoder model's prompt is its "
                                 "encoder's input, which it gives no probabilities to")

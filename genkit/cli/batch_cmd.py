@@ -65,9 +65,6 @@ def _check_engine_options(args: argparse.Namespace) -> None:
         if args.engine == "local" and getattr(args, option) is not None:
             raise ConfigError(f"{name} applies to --engine ray (the local engine runs one model in this process); "
                               "add --engine ray or drop it")
-    from genkit.batch.engine import check_prompt_logprobs
-
-    check_prompt_logprobs(args.prompt_logprobs, False)  # before the model loads
     if args.engine == "ray" and args.prompt_logprobs is not None:
         raise ConfigError("--prompt-logprobs applies to --engine local (the Ray engine's rows carry no prompt scores)")
     if args.engine == "ray" and args.threads is not None:
@@ -122,8 +119,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from genkit.batch import run_batch
+    from genkit.batch.engine import check_prompt_logprobs
     from genkit.batch.job import check_job
 
+    check_prompt_logprobs(args.prompt_logprobs, False)  # before the model loads (not before the threads)
     settings = job_settings(args, kwargs)
     check_job(args.input, args.output, settings)  # before the model loads
 

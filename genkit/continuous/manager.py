@@ -383,15 +383,16 @@ class ContinuousBatchingManager:
     def _score_prompt(self, state: RequestState, top: int | None) -> None:
         """Have ``state``'s prompt scored with ``top`` alternatives per token (None: not scored), its
         prompt chunks within the logits budget of :func:`genkit.generation.scoring.score_prompt`."""
-        from genkit.generation.scoring import LOGITS_BUDGET
+        from genkit.generation.scoring import check_top_n, chunk_positions
 
         if top is None:
             return
         vocab = self.model.config.vocab_size
-        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= vocab:
-            raise ConfigError(f"request {state.request_id!r}: `prompt_logprobs` must be an int from 0 to the "
-                              f"vocabulary's size ({vocab}) or None; got {top!r}")
-        state.prompt_top, state.score_chunk = top, max(1, LOGITS_BUDGET // (8 * vocab))
+        try:
+            check_top_n(top, "prompt_logprobs", vocab, f"the vocabulary's size ({vocab}) or None")
+        except ConfigError as exc:
+            raise ConfigError(f"request {state.request_id!r}: {exc}") from None
+        state.prompt_top, state.score_chunk = top, chunk_positions(vocab)
 
     def _check_prompt(self, request_id: str, prompt: list[int]) -> None:
         if not prompt:
@@ -620,13 +621,14 @@ class ContinuousBatchingManager:
         plain = _plain_greedy([(r, end - 1) for (r, _), w, end in zip(plan, want, ends) if w], logits)
         done, streamed = [], []
         for (r, n), w, end in zip(plan, want, ends):
+            scored = r.scoring  # (as the step was planned: `want` kept all its positions' logits)
             start, r.cached = r.cached, r.cached + n
             if r.status == RequestStatus.PREFILLING and r.cached >= len(r.prompt_ids):
                 self.cache.publish(r.prompt_ids, r.blocks, r.cached)
             if not w:
                 continue
             try:
-                if r.prompt_top is not None and start < len(r.prompt_ids):
+                if scored:
                     _score_chunk(r, start, logits[end - int(w):end])
                 if r.cached < r.length:  # a scored prompt chunk before the last: no token to choose
                     continue

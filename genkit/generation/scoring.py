@@ -27,7 +27,6 @@ before the new ones::
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,9 +36,8 @@ import torch
 from ..errors import ConfigError, NotSupportedError
 from ..strategy.sampling import choose
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["LOGITS_BUDGET", "PromptScores", "TokenScore", "score_prompt", "score_rows"]
+__all__ = ["LOGITS_BUDGET", "PromptScores", "TokenScore", "check_top_n", "chunk_positions", "score_prompt",
+           "score_rows"]
 
 # bytes of float32 logits (and their log-probabilities) one chunk of positions may take
 LOGITS_BUDGET = 128 * 2**20
@@ -95,7 +93,7 @@ def score_prompt(model: Any, input_ids: Sequence[int] | torch.Tensor, *, top_n: 
         return scored
     new_cache = getattr(model, "new_cache", None)
     cache = new_cache(max(cache_length, length)) if new_cache is not None else None
-    chunk = max(1, logits_budget // (8 * vocab)) if vocab else 256
+    chunk = chunk_positions(vocab, logits_budget) if vocab else 256
     with torch.no_grad():
         for start in range(0, length - 1, chunk):
             end = min(start + chunk, length - 1)
@@ -120,11 +118,25 @@ def _prompt_ids(input_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
     return torch.tensor([list(input_ids)], dtype=torch.long)
 
 
+def chunk_positions(vocab: int, logits_budget: int = LOGITS_BUDGET) -> int:
+    """How many positions' logits (and their float32 log-probabilities: 8 bytes per vocabulary entry)
+    fit ``logits_budget``: the chunk a prompt is scored in (here and by continuous batching)."""
+    return max(1, logits_budget // (8 * vocab))
+
+
+def check_top_n(value: Any, name: str, high: int | None = None, high_text: str | None = None) -> int:
+    """``value`` (alternatives per scored token, named ``name`` to the caller) an int from 0 to
+    ``high`` (``high_text`` says what it is; None: no upper bound), else a ConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (high is not None and value > high):
+        bound = ">= 0" if high is None else f"from 0 to {high_text or high}"
+        raise ConfigError(f"`{name}` must be an int {bound}; got {value!r}")
+    return value
+
+
 def _check(ids: torch.Tensor, top_n: int, vocab: int | None, logits_budget: int) -> None:
     if ids.shape[1] == 0:
         raise ConfigError("`input_ids` is empty: there is no prompt to score")
-    if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 0 or (vocab and top_n > vocab):
-        raise ConfigError(f"`top_n` must be an int from 0 to the vocabulary's size ({vocab}); got {top_n!r}")
+    check_top_n(top_n, "top_n", vocab or None, f"the vocabulary's size ({vocab})")
     if not isinstance(logits_budget, int) or logits_budget < 1:
         raise ConfigError(f"`logits_budget` must be a positive number of bytes; got {logits_budget!r}")
     low, high = int(ids.min()), int(ids.max())

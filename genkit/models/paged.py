@@ -291,11 +291,10 @@ def _one_call(prepared: PreparedModel, rows: int) -> bool:
     return not decoder.dense or (rows <= SMALL_MAX_ROWS and prepared.for_rows(rows) is prepared.routes["decode"])
 
 
-def logit_rows(batch: StepBatch) -> list[int] | range:
+def logit_rows(batch: StepBatch) -> list[int]:
     """The rows of a step's tokens whose logits are wanted, in order: each request's last
-    ``want_logits[i]`` tokens (every row: a ``range``)."""
-    rows = [r for (s, n), w in zip(batch.spans, batch.want_logits) for r in range(s + n - int(w), s + n)]
-    return range(len(rows)) if rows == list(range(batch.ids.shape[0])) else rows
+    ``want_logits[i]`` tokens (distinct and increasing: as many as the step's tokens means all)."""
+    return [r for (s, n), w in zip(batch.spans, batch.want_logits) for r in range(s + n - int(w), s + n)]
 
 
 @torch.inference_mode()
@@ -333,7 +332,7 @@ def paged_forward(model: Any, store: PagedKVStore, batch: StepBatch, greedy: boo
     else:
         h = _paged_layers(prepared, store, batch, x[None], cos, sin, model.dtype)[0]
     rows = logit_rows(batch)
-    if rows != range(h.shape[0]):  # not every row's logits: the wanted ones
+    if len(rows) != h.shape[0]:  # not every row's logits: the wanted ones
         if not rows:
             return torch.empty(0, model.config.vocab_size, device=device)
         h = h.index_select(0, torch.tensor(rows, dtype=torch.long, device=device))

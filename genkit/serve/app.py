@@ -39,6 +39,7 @@ from .openai_api import (
     TextAssembler,
     chat_prompt,
     finite_logprob,
+    is_token_ids,
     logprob_entry,
     parse_request,
     prompt_logprob_entries,
@@ -268,8 +269,7 @@ async def _detokenize(request: HTTPRequest, state: ServerState) -> Response:
         if isinstance(body, dict):
             _check_fields(body, {"model", "tokens"}, "/detokenize", state)
         vocab = len(state.tokenizer)
-        if (not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
-                                                    for t in tokens)):
+        if not is_token_ids(tokens, vocab):
             raise APIError(f"`/detokenize` takes {{\"tokens\": [ids between 0 and {vocab - 1}]}}", "tokens")
         text = await run_in_threadpool(state.tokenizer.decode, tokens)
     except APIError as exc:
@@ -533,6 +533,8 @@ class _Choices:
         self.finish: list[str | None] = [None] * self.total
         self.logprobs: list[list[tuple[int, float, list[tuple[int, float]]]]] = [[] for _ in range(self.total)]
         self.prompts: list[PromptEvent | None] = [None] * self.total  # each choice's prompt scored
+        # each choice's echoed prompt entries in its logprobs (echo with logprobs)
+        self.echoed: list[list[Any]] = [[] for _ in range(self.total)]
 
     def add(self, event: Any) -> list[tuple[int, str, list[tuple[int, float, list[tuple[int, float]]]]]]:
         """The new text (and its tokens' logprobs) per choice that has some. A choice finishes
@@ -563,20 +565,22 @@ class _Choices:
         return out
 
     def _prompt(self, event: PromptEvent) -> list[tuple[int, str, Any]]:
-        first = event.first
-        self.prompts[first:first + self.parsed.best_of] = [event] * self.parsed.best_of
+        choices = range(event.first, event.first + self.parsed.best_of)
+        for i in choices:
+            self.prompts[i] = event
         if not self.parsed.echo_logprobs or self.parsed.echo is None:
             return []
         entries = prompt_logprob_entries(event, self.parsed.logprobs or 0)
-        text = self.parsed.echo[first // self.parsed.best_of]
-        return [(i, text, entries) for i in range(first, first + self.parsed.best_of)]
+        for i in choices:
+            self.echoed[i] = entries
+        text = self.parsed.echo[event.first // self.parsed.best_of]
+        return [(i, text, entries) for i in choices]
 
     def completion_logprobs(self, i: int) -> dict[str, Any]:
         """Choice ``i``'s completions ``logprobs``: its echoed prompt's tokens (with ``echo`` and
         ``logprobs``), then its own, whose text offsets count from the end of the echoed text."""
-        event, parsed = self.prompts[i], self.parsed
-        lead = [] if event is None or not parsed.echo_logprobs else prompt_logprob_entries(event, parsed.logprobs or 0)
-        head = _completion_logprobs(self.state, lead, 0)
+        parsed = self.parsed
+        head = _completion_logprobs(self.state, self.echoed[i], 0)
         tail = _completion_logprobs(self.state, self.logprobs[i],
                                     0 if parsed.echo is None else len(parsed.echo[i // parsed.best_of]))
         return {k: head[k] + tail[k] for k in head}

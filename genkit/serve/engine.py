@@ -310,7 +310,7 @@ class GenerateEngine:
         self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
         one_call = request.seed is None or request.n == 1 or not (streams and samples)
         if request.prompt_logprobs is not None:
-            cache = self._score(stream, kwargs, reuse=one_call and plain and request.n == 1)
+            cache = self._score(stream, kwargs, reuse=plain and request.n == 1)
             if cache is not None:
                 kwargs["past_key_values"] = cache
         if not request.generate or stream.cancelled.is_set():

@@ -19,7 +19,8 @@ from typing import Any
 from .limits import Limits
 
 __all__ = ["LOGPROB_FLOOR", "APIError", "ParsedRequest", "TextAssembler", "chat_prompt", "finite_logprob",
-           "parse_request", "prompt_logprob_entries", "public_message", "vllm_prompt_logprobs"]
+           "is_token_ids", "parse_request", "prompt_logprob_entries", "public_message",
+           "vllm_prompt_logprobs"]
 
 # OpenAI fields accepted (and not generation fields) per endpoint
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
@@ -441,8 +442,8 @@ def _vllm_token_kwargs(body: dict[str, Any], fields: dict[str, Any], tokenizer: 
     kwargs: dict[str, Any] = {}
     allowed = body.get("allowed_token_ids")
     if allowed is not None:
-        if (not isinstance(allowed, list) or not allowed or vocab_size is None or len(allowed) > vocab_size
-                or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in allowed)):
+        if (not allowed or vocab_size is None or len(allowed) > vocab_size
+                or not is_token_ids(allowed, vocab_size)):
             raise APIError(f"`allowed_token_ids` must be a non-empty list of token ids from 0 to "
                            f"{'the vocabulary' if vocab_size is None else vocab_size - 1}; got {_short(allowed)}",
                            "allowed_token_ids")
@@ -472,8 +473,7 @@ def _stop_token_ids(body: dict[str, Any], limits: Limits) -> list[int]:
     ids = body.get("stop_token_ids")
     if ids is None:
         return []
-    if (not isinstance(ids, list) or len(ids) > limits.max_stop_token_ids
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+    if not is_token_ids(ids) or len(ids) > limits.max_stop_token_ids:
         raise APIError(f"`stop_token_ids` must be a list of at most {limits.max_stop_token_ids} token ids (ints >= 0); "
                        f"got {_short(ids)}", "stop_token_ids")
     return list(ids)
@@ -495,10 +495,18 @@ def _completion_prompts(body: dict[str, Any], tokenizer: Any, limits: Limits) ->
     return out
 
 
+def is_token_ids(value: Any, high: int | None = None, low: int | None = 0) -> bool:
+    """Whether ``value`` is a list of token ids: ints (not bools) from ``low`` (None: any) to
+    ``high`` - 1 (None: no upper bound)."""
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) and (low is None or t >= low) and (high is None or t < high)
+        for t in value)
+
+
 def _one_prompt(prompt: Any, tokenizer: Any) -> list[int]:
     if isinstance(prompt, str):
         return list(tokenizer.encode(prompt))
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if prompt and is_token_ids(prompt, low=None):
         bad = [t for t in prompt if t < 0 or t >= len(tokenizer)]
         if bad:
             raise APIError(f"`prompt` holds token ids outside the vocabulary: {bad[:5]}", "prompt")

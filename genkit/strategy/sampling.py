@@ -15,6 +15,7 @@ processed scores (after every logits processor and sampling warper), in float32.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -59,29 +60,35 @@ def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
     numpy's vectorized argmax for a float32 / float64 tensor on the CPU: torch's reduction over a
     vocabulary-wide row is several times slower, and far slower where its threads share busy cores
     (a continuous-batching step chooses for every request at once). Without numpy: torch's."""
-    if (scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64) and not scores.requires_grad
-            and not torch.compiler.is_compiling()):
-        try:
-            import numpy as np
+    array = _numpy(scores) if scores.dtype in (torch.float32, torch.float64) else None
+    if array is not None:
+        import numpy as np
 
-            return torch.from_numpy(np.asarray(np.argmax(scores.detach().numpy(), axis=-1))).long()
-        except (ImportError, RuntimeError):  # numpy is optional (the gguf extra brings it)
-            pass
+        return torch.from_numpy(np.asarray(np.argmax(array, axis=-1))).long()
     return scores.argmax(dim=-1)
 
 
 def _ranks(lp: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
     """1 + the number of tokens more likely than each row's chosen one, counted by numpy on the
     CPU where it can (5x torch's sum of a vocabulary-wide boolean row here), else by torch."""
-    if lp.device.type == "cpu" and not torch.compiler.is_compiling():
-        try:
-            import numpy as np
+    rows, own = _numpy(lp), _numpy(chosen[:, None])
+    if rows is not None and own is not None:
+        import numpy as np
 
-            above = np.count_nonzero(lp.numpy() > chosen[:, None].numpy(), axis=1)
-            return torch.from_numpy(np.asarray(above)).long() + 1
-        except (ImportError, RuntimeError):  # numpy is optional (the gguf extra brings it)
-            pass
+        return torch.from_numpy(np.asarray(np.count_nonzero(rows > own, axis=1))).long() + 1
     return (lp > chosen[:, None]).sum(-1) + 1
+
+
+def _numpy(t: torch.Tensor) -> Any:
+    """``t`` as a numpy array sharing its memory, where numpy can read it (a CPU tensor without
+    grad, outside ``torch.compile``); None otherwise, and without numpy (optional: the gguf extra
+    brings it)."""
+    if t.device.type != "cpu" or t.requires_grad or torch.compiler.is_compiling():
+        return None
+    try:
+        return t.numpy()
+    except (ImportError, RuntimeError):
+        return None
 
 
 def log_probs(scores: torch.Tensor) -> torch.Tensor:
