@@ -21,7 +21,11 @@ tokens/s and the ratio to ``generate``'s, whose tokens the non-streamed completi
 what lm-eval's ``hf`` model does per request in this process on transformers' LlamaForCausalLM
 loaded from the same GGUF (one forward over the prompt, ``log_softmax``, the tokens'
 log-probabilities and the greedy check; batch 1), requests per second and the ratio; the
-log-probabilities are compared (largest difference printed).
+log-probabilities are compared (largest difference printed). Each round has its own prompts, sent in
+lm-eval's order (longest first, then by tokens). ``--choices K``: multiple-choice questions
+instead, a context of 64-320 tokens followed by each of K continuations of 2-12 tokens (as
+lm-eval's hellaswag or arc requests: one request per choice); the share of prompt tokens the
+server took from its prompt cache is printed (a scored prompt reuses an earlier one's context).
 """
 
 from __future__ import annotations
@@ -159,7 +163,36 @@ def single(base: str, model_name: str, requests: int, new: int) -> None:
     print(f"\nthe server's text = generate()'s: {same}")
 
 
-def loglikelihood(base: str, requests: int) -> None:
+def _metric(base: str, name: str) -> float:
+    """A counter of the server's ``/metrics``."""
+    with urllib.request.urlopen(base + "/metrics", timeout=60) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise KeyError(name)
+
+
+def _loglikelihood_prompts(text: list[int], requests: int, choices: int, seed: int) -> list[list[int]]:
+    """``requests`` prompts of ``text``'s tokens in the order lm-eval sends them (longest first, then
+    by tokens): windows of 24-160 tokens, or with ``choices`` > 1, questions of a context of 64-320
+    tokens followed by each of ``choices`` continuations of 2-12 tokens."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+
+    def window(lo: int, hi: int) -> list[int]:
+        n = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        s = int(torch.randint(0, len(text) - n, (1,), generator=g))
+        return text[s:s + n]
+    if choices <= 1:
+        prompts = [window(24, 160) for _ in range(requests)]
+    else:
+        prompts = [ctx + window(2, 12) for ctx in (window(64, 320) for _ in range(requests // choices))
+                   for _ in range(choices)]
+    return sorted(prompts, key=lambda p: (-len(p), tuple(p)))
+
+
+def loglikelihood(base: str, requests: int, choices: int) -> None:
     """lm-eval's loglikelihood requests against transformers in this process (see the module docstring)."""
     import json
 
@@ -175,9 +208,8 @@ def loglikelihood(base: str, requests: int) -> None:
     import genkit
 
     text = genkit.load_tokenizer("smollm2").encode(TEXT * 12)
-    g = torch.Generator().manual_seed(0)
-    starts = torch.randint(0, len(text) - 160, (requests,), generator=g).tolist()
-    prompts = [text[s:s + int(n)] for s, n in zip(starts, torch.randint(24, 161, (requests,), generator=g))]
+    # each round its own prompts (a round's prompts would be in the prompt cache for the next)
+    rounds = {clients: _loglikelihood_prompts(text, requests, choices, seed) for seed, clients in enumerate((1, 8))}
 
     def reference(p: list[int]) -> list[float]:
         with torch.no_grad():
@@ -192,30 +224,35 @@ def loglikelihood(base: str, requests: int) -> None:
                 "seed": 1234}
         return json.loads(_post(base, body)[1])["choices"][0]["logprobs"]["token_logprobs"][1:len(p)]
 
-    ask(prompts[0]), reference(prompts[0])  # warm-up
+    ask(text[-20:]), reference(text[-20:])  # warm-up
     start = time.perf_counter()
-    expected = [reference(p) for p in prompts]
-    ref_rate = requests / (time.perf_counter() - start)
-    print(f"{requests} loglikelihood requests (lm-eval local-completions' body), prompts of 24-160 tokens, "
+    expected = {clients: [reference(p) for p in prompts] for clients, prompts in rounds.items()}
+    ref_rate = 2 * len(rounds[1]) / (time.perf_counter() - start)
+    shape = (f"questions of a 64-320-token context and {choices} continuations of 2-12 tokens" if choices > 1
+             else "prompts of 24-160 tokens")
+    print(f"{len(rounds[1])} loglikelihood requests per round (lm-eval local-completions' body and order), {shape}, "
           f"torch threads {torch.get_num_threads()} here\n")
-    print("| | requests/s | vs transformers in process | max abs diff of the log-probabilities |\n|---|---|---|---|")
-    print(f"| transformers forward per request (lm-eval hf, batch 1) | {ref_rate:.2f} | 1.00x | |")
-    for clients in (1, 8):
+    print("| | requests/s | vs transformers in process | prompt tokens from the prompt cache "
+          "| max abs diff of the log-probabilities |\n|---|---|---|---|---|")
+    print(f"| transformers forward per request (lm-eval hf, batch 1) | {ref_rate:.2f} | 1.00x | | |")
+    for clients, prompts in rounds.items():
         got: list[list[float]] = [[] for _ in prompts]
 
-        def work(worker: int, got: list[list[float]] = got) -> None:
-            for i in range(worker, requests, clients):
+        def work(worker: int, got: list[list[float]] = got, prompts: list[list[int]] = prompts) -> None:
+            for i in range(worker, len(prompts), clients):
                 got[i] = ask(prompts[i])
         threads = [threading.Thread(target=work, args=(w,)) for w in range(clients)]
+        cached = _metric(base, "genkit_prompt_tokens_cached_total")
         start = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        rate = requests / (time.perf_counter() - start)
-        diff = max(abs(a - b) for x, y in zip(got, expected) for a, b in zip(x, y))
+        rate = len(prompts) / (time.perf_counter() - start)
+        share = (_metric(base, "genkit_prompt_tokens_cached_total") - cached) / sum(len(p) for p in prompts)
+        diff = max(abs(a - b) for x, y in zip(got, expected[clients]) for a, b in zip(x, y))
         print(f"| genkit serve, {clients} client{'s' if clients > 1 else ''} | {rate:.2f} | {rate / ref_rate:.2f}x "
-              f"| {diff:.1e} |", flush=True)
+              f"| {share:.0%} | {diff:.1e} |", flush=True)
 
 
 def main() -> None:
@@ -229,6 +266,8 @@ def main() -> None:
                         help="one client's N requests against generate() instead (see above)")
     parser.add_argument("--loglikelihood", type=int, metavar="N", default=0,
                         help="N lm-eval loglikelihood requests against transformers instead (see above)")
+    parser.add_argument("--choices", type=int, default=1,
+                        help="with --loglikelihood: questions of one context and this many continuations")
     args = parser.parse_args()
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -240,7 +279,7 @@ def main() -> None:
             single(base, args.model, args.single, args.new_tokens)
             return
         if args.loglikelihood:
-            loglikelihood(base, args.loglikelihood)
+            loglikelihood(base, args.loglikelihood, args.choices)
             return
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
         round_(client, 1, 1, 8)  # warm-up

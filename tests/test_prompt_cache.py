@@ -219,3 +219,72 @@ def test_without_block_sharing_every_prompt_is_computed_and_serve_can_ask_for_th
     finally:
         for e in served:
             e.shutdown(10)
+
+
+# -- scored prompts: their tokens' scores are published with their blocks ---------------------------------------
+
+class _Score:
+    """A stand-in token score (the allocator only stores them; the request cuts ``top``)."""
+
+    def __init__(self, token: int, top: int) -> None:
+        self.token, self.top = token, tuple((token, -float(i)) for i in range(top))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Score) and (self.token, self.top) == (other.token, other.top)
+
+
+def _scored(a: BlockAllocator, prompt: list[int], top: int) -> list[int]:
+    """A scored request's life in the allocator: its prompt published with its tokens' scores."""
+    blocks = a.allocate(a.blocks_for(len(prompt)))
+    a.publish(prompt, blocks, len(prompt), scores=[None] + [_Score(t, top) for t in prompt[1:]], top=top)
+    a.release(blocks)
+    return blocks
+
+
+def test_a_scored_prompt_takes_a_scored_prefix_less_its_last_token():
+    a = BlockAllocator(block_size=4, num_blocks=8)
+    prompt = list(range(10, 20))
+    old = _scored(a, prompt, 2)
+    other = prompt[:6] + [99, 98]  # another choice after the same context: parts at token 6
+    assert a.published_scores(other, 2) == [None] + [_Score(t, 2) for t in prompt[1:6]]
+    got, cached, scores = a.scored_prefix(other, 1)
+    assert cached == 5 and scores == [_Score(t, 2) for t in prompt[1:6]]  # token 15 computed again: its logits
+    assert got[0] == old[0] and a.take_copies() == [(old[1], got[1], 1)]
+
+
+def test_scores_with_fewer_alternatives_or_none_are_not_taken():
+    a = BlockAllocator(block_size=4, num_blocks=8)
+    _scored(a, list(range(10, 20)), 2)
+    assert a.scored_prefix(list(range(10, 20)), 3) == ([], 0, [])  # 3 alternatives wanted, 2 published
+    b = BlockAllocator(block_size=4, num_blocks=8)
+    _cached(b, list(range(10, 20)))  # an unscored prompt: its blocks, no scores
+    assert b.scored_prefix(list(range(10, 20)), 0) == ([], 0, [])
+    assert b.cached_prefix(list(range(10, 20)))[1] == 9
+
+
+def test_an_evicted_block_forgets_its_scores():
+    a = BlockAllocator(block_size=4, num_blocks=2)
+    blocks = _scored(a, [1, 2, 3, 4, 5, 6], 1)
+    assert sorted(a.allocate(2)) == sorted(blocks)  # evicted: the blocks hold other tokens now
+    a.publish([1, 2, 3, 4, 5, 6], blocks, 6)  # the same tokens again, unscored
+    a.release(blocks)
+    assert a.published_scores([1, 2, 3, 4, 5, 6], 0) == []
+
+
+def test_a_completion_extends_a_scored_run_without_scores():
+    a = BlockAllocator(block_size=4, num_blocks=8)
+    blocks = a.allocate(3)
+    prompt = [1, 2, 3, 4, 5, 6]
+    a.publish(prompt, blocks, 6, scores=[None] + [_Score(t, 0) for t in prompt[1:]], top=0)
+    a.publish(prompt + [7, 8, 9], blocks, 9)  # finished: its completion is published, unscored
+    a.release(blocks)
+    assert a.cached_prefix(prompt + [7, 8, 9, 10])[1] == 9
+    a.release(blocks)
+    got, cached, scores = a.scored_prefix(prompt + [7, 8, 9, 10], 0)
+    assert cached == 5 and scores == [_Score(t, 0) for t in prompt[1:]]  # the scores stop at the prompt
+
+
+def test_scores_with_too_many_alternatives_are_not_kept():
+    a = BlockAllocator(block_size=4, num_blocks=8)
+    _scored(a, list(range(10, 20)), a.max_published_top + 1)
+    assert a.published_scores(list(range(10, 20)), 0) == [] and a.cached_prefix(list(range(10, 20)))[1] == 9

@@ -8,6 +8,7 @@ forward on the same weights, and ``generate``'s greedy tokens."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.request
 
@@ -193,20 +194,34 @@ def test_continuous_batching_scores_the_prompt_as_it_computes_it(model, cb):
     assert outs[-1].prompt_logprobs is None  # not asked for
 
 
-def test_a_scored_prompt_is_computed_whole(model):
-    """A prompt scored shares no prefix from the prompt cache (its positions' logits are needed), and
-    the requests after it still do; a bad ``prompt_logprobs`` is a failed output naming it."""
+def test_a_scored_prompt_reuses_only_a_scored_prefix(model):
+    """A scored prompt takes from the prompt cache only a prefix whose tokens' scores an earlier
+    scored prompt published (with as many alternatives), less its last token: an unscored prompt's
+    blocks are not taken, the choices of a shared context are (their scores the published ones, cut
+    to the request's alternatives, and within the bound of their own forward); more alternatives
+    than published computes the prompt whole. A bad ``prompt_logprobs`` is a failed output naming it."""
     manager = model.init_continuous_batching()
     manager.start()
+    context = [1, 9, 8, 7, 60, 61, 62, 63, 64, 65, 3, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53]  # 21 tokens
     try:
-        prompt = PROMPTS[1]
-        _results(manager, [{"input_ids": prompt, "max_new_tokens": 2}])
+        _results(manager, [{"input_ids": context + [80], "max_new_tokens": 2}])
         before = manager.reused_prompt_tokens
-        scored, = _results(manager, [{"input_ids": prompt + [70], "max_new_tokens": 2, "prompt_logprobs": 0}])
-        assert manager.reused_prompt_tokens == before and len(scored.prompt_logprobs) == len(prompt)
-        _results(manager, [{"input_ids": prompt + [71], "max_new_tokens": 2}])
-        assert manager.reused_prompt_tokens > before
-        bad, = _results(manager, [{"input_ids": prompt, "max_new_tokens": 2, "prompt_logprobs": -1}])
+        first, = _results(manager, [{"input_ids": context + [70], "max_new_tokens": 2, "prompt_logprobs": 2}])
+        assert manager.reused_prompt_tokens == before  # the unscored prompt published no scores
+        second, = _results(manager, [{"input_ids": context + [71, 72], "max_new_tokens": 2, "prompt_logprobs": 1,
+                                      "do_sample": False}])
+        assert manager.reused_prompt_tokens == before + len(context) - 1  # the context but its last token
+        assert second.prompt_logprobs[:len(context) - 1] == [
+            dataclasses.replace(s, top=s.top[:1]) for s in first.prompt_logprobs[:len(context) - 1]]
+        prompt, tol = context + [71, 72], _bound(model, context + [71, 72])
+        ref = _reference(model, prompt)
+        for i, s in enumerate(second.prompt_logprobs):
+            assert s.token == prompt[i + 1] and len(s.top) == 1
+            _agrees(s.logprob, s.rank, [t for t, _ in s.top], ref[i], prompt[i + 1], tol)
+        assert second.generated_tokens == _greedy(model, prompt, 2)[0][:len(second.generated_tokens)]
+        more, = _results(manager, [{"input_ids": context + [73], "max_new_tokens": 2, "prompt_logprobs": 3}])
+        assert manager.reused_prompt_tokens == before + len(context) - 1 and len(more.prompt_logprobs) == len(context)
+        bad, = _results(manager, [{"input_ids": context, "max_new_tokens": 2, "prompt_logprobs": -1}])
         assert bad.error is not None and "`prompt_logprobs` must be an int from 0 to the vocabulary's size (128)" \
             in bad.error
     finally:

@@ -22,12 +22,24 @@ A published block nobody holds any more is not freed: it stays in the cache, idl
 allocation needs it (least recently used first), so a prompt sent again after its first request
 finished is found too (what llama.cpp's server does per slot, and vLLM's automatic prefix caching
 does by blocks). At least one prompt token is always left to compute, for the first logits.
+
+**Scored prompts.** A prompt whose tokens are scored (``add_request(prompt_logprobs=k)``) publishes
+its tokens' scores with its blocks: a token's score depends only on the tokens up to it, as a
+block's keys and values do. A later scored prompt takes a cached prefix only as far as its tokens'
+scores were published with at least as many alternatives (:meth:`published_scores`), less one
+token: the logits of a prefix's last position (which score the first token past it) were never
+kept, so that position is computed again (:meth:`scored_prefix`). An evaluation harness's choices
+that share a context (lm-evaluation-harness's multiple-choice loglikelihoods) compute it once.
+Scores with more than :attr:`BlockAllocator.max_published_top` alternatives per token are not kept
+(their memory: the cache holds up to ``num_blocks * block_size`` tokens' scores).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any
 
 from genkit.models.paged import blocks_for
 
@@ -37,6 +49,8 @@ __all__ = ["BlockAllocator"]
 class BlockAllocator:
     """Free list, reference counts and the prompt cache over ``num_blocks`` blocks of
     ``block_size`` slots (not thread-safe: the manager's loop owns it)."""
+
+    max_published_top = 20  # alternatives per token of the scores kept with the blocks (vLLM's default max_logprobs)
 
     def __init__(self, *, block_size: int, num_blocks: int, allow_block_sharing: bool = True) -> None:
         self.block_size, self.num_blocks = block_size, num_blocks
@@ -50,6 +64,8 @@ class BlockAllocator:
         self._children: dict[tuple[int, int], dict[int, tuple[int, ...]]] = {}
         self._nodes = itertools.count(1)  # node 0 is the prompt's start; a node id is never reused
         self._copies: list[tuple[int, int, int]] = []  # (source, destination, tokens) before the next step
+        # block -> (alternatives per token, the scores of the first tokens of its run): a scored prompt's
+        self._scores: dict[int, tuple[int, tuple[Any, ...]]] = {}
 
     # -- allocation -------------------------------------------------------------------------------
     @property
@@ -80,6 +96,7 @@ class BlockAllocator:
             else:
                 b, _ = self._idle.popitem(last=False)  # the least recently used cached prefix
                 self._unindex(b)  # it is about to hold other tokens
+                self._scores.pop(b, None)
             self._refs[b] = 1
             out.append(b)
         return out
@@ -160,22 +177,66 @@ class BlockAllocator:
                 best, most = b, n
         return best, most
 
-    def publish(self, tokens: list[int], blocks: list[int], computed: int) -> None:
+    def scored_prefix(self, prompt: list[int], top: int) -> tuple[list[int], int, list[Any]]:
+        """:meth:`cached_prefix` for a prompt scored with ``top`` alternatives per token: the blocks,
+        the tokens they hold, and the published scores of those tokens but the first (each with
+        its published alternatives, ``top`` or more). Only a prefix whose scores were published is
+        taken, less its last token (its position's logits score the token after it)."""
+        scores = self.published_scores(prompt, top)
+        if len(scores) < 2:
+            return [], 0, []
+        blocks, cached = self.cached_prefix(prompt[:len(scores)])  # leaves the last scored token to compute
+        return blocks, cached, scores[1:cached + 1]
+
+    def published_scores(self, prompt: list[int], top: int) -> list[Any]:
+        """The scores published with at least ``top`` alternatives of ``prompt``'s longest prefix
+        that has them, one per token (the prompt's first token's is None); ``[]`` when none."""
+        bs, out, parent = self.block_size, [], 0
+        while len(out) + bs <= len(prompt):
+            b = self._full.get((parent, tuple(prompt[len(out):len(out) + bs])))
+            found = self._scores.get(b) if b is not None else None
+            if found is None or found[0] < top:
+                break
+            out += found[1]
+            if len(found[1]) < bs:
+                return out
+            parent = self._entry[b][0]
+        rest, best = prompt[len(out):], ()
+        for b, run in self._children.get((parent, rest[0]), {}).items() if rest else ():
+            found = self._scores.get(b)
+            if found is not None and found[0] >= top:
+                n = next((i for i, (x, y) in enumerate(zip(run, rest)) if x != y), min(len(run), len(rest)))
+                best = max(best, found[1][:n], key=len)
+        return out + list(best)
+
+    def publish(self, tokens: list[int], blocks: list[int], computed: int, *,
+                scores: Sequence[Any] | None = None, top: int = 0) -> None:
         """Offer the blocks of a request whose first ``computed`` ``tokens`` are in the cache (its
         prompt once computed; its prompt and completion when it finishes, for the next turn of a
-        conversation) to later requests whose prompts start the same way."""
+        conversation) to later requests whose prompts start the same way. ``scores``: those of the
+        first tokens (the first token's None), with ``top`` alternatives each (a scored prompt's)."""
         if not self.allow_block_sharing:
             return
         bs, end = self.block_size, min(computed, len(tokens))
         parent = 0
         for i in range(self.blocks_for(end)):
-            parent = self._publish_block(blocks[i], parent, tuple(tokens[i * bs:min(end, (i + 1) * bs)]))
+            run = tuple(tokens[i * bs:min(end, (i + 1) * bs)])
+            parent, held = self._publish_block(blocks[i], parent, run)
+            if scores is not None and top <= self.max_published_top and held >= 0 and len(scores) > i * bs:
+                self._keep_scores(held, top, tuple(scores[i * bs:i * bs + len(run)]))
             if parent < 0:
                 return
 
-    def _publish_block(self, b: int, parent: int, run: tuple[int, ...]) -> int:
+    def _keep_scores(self, b: int, top: int, scores: tuple[Any, ...]) -> None:
+        """Record ``scores`` (of the first tokens of ``b``'s run) unless ``b`` has ones as long
+        with as many alternatives."""
+        old = self._scores.get(b)
+        if old is None or (top >= old[0] and len(scores) >= len(old[1])):
+            self._scores[b] = (top, scores)
+
+    def _publish_block(self, b: int, parent: int, run: tuple[int, ...]) -> tuple[int, int]:
         """Publish block ``b``, holding ``run``, under node ``parent``; returns the node the next
-        block goes under (-1: stop here)."""
+        block goes under (-1: stop here) and the block published for ``run`` (-1: none)."""
         entry = self._entry.get(b)
         if entry is not None:  # published before: a block this request shares, or its own partial run
             node, parent, old = entry
@@ -185,13 +246,13 @@ class BlockAllocator:
         else:
             same = self._full.get((parent, run)) if len(run) == self.block_size else None
             if same is not None:  # the same prefix computed twice: follow the published one
-                return self._entry[same][0]
+                return self._entry[same][0], same
             if any(t[:len(run)] == run for t in self._children.get((parent, run[0]), {}).values()):
-                return -1  # this run is cached already (a run shorter than a block is the last)
+                return -1, -1  # this run is cached already (a run shorter than a block is the last)
             node = next(self._nodes)
             self._index(b, node, parent, run)
         canonical = self._full.get((parent, run), b) if len(run) == self.block_size else b
-        return self._entry[canonical][0]  # b's own node unless another block holds the same prefix
+        return self._entry[canonical][0], canonical  # b's own node unless another block holds the same prefix
 
     def _index(self, b: int, node: int, parent: int, run: tuple[int, ...]) -> None:
         self._entry[b] = (node, parent, run)

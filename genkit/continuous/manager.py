@@ -217,7 +217,8 @@ class ContinuousBatchingManager:
         ``top_logprobs`` most likely alternatives (0: the token's only). ``prompt_logprobs``: score
         the prompt's own tokens too (the output's ``prompt_logprobs``, ``prompt_logprobs``
         alternatives each: :mod:`genkit.generation.scoring`), computed in the steps that compute the
-        prompt (every position's logits; no prompt-cache prefix is reused). ``max_new_tokens`` is capped
+        prompt (every position's logits; a prompt-cache prefix is reused as far as its tokens' scores were
+        published with as many alternatives: :mod:`genkit.continuous.block_allocator`). ``max_new_tokens`` is capped
         by the model's context (the output's ``max_new_tokens`` is the limit applied). A request
         that cannot run (an empty prompt, ``max_new_tokens`` <= 0, a request that can never fit
         the cache) is returned at once as a failed output with an error saying why; the manager
@@ -623,13 +624,17 @@ class ContinuousBatchingManager:
         for (r, n), w, end in zip(plan, want, ends):
             scored = r.scoring  # (as the step was planned: `want` kept all its positions' logits)
             start, r.cached = r.cached, r.cached + n
-            if r.status == RequestStatus.PREFILLING and r.cached >= len(r.prompt_ids):
-                self.cache.publish(r.prompt_ids, r.blocks, r.cached)
-            if not w:
-                continue
             try:
                 if scored:
                     _score_chunk(r, start, logits[end - int(w):end])
+            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                done.append((r, f"scoring the prompt failed: {exc}"))
+                continue
+            if r.status == RequestStatus.PREFILLING and r.cached >= len(r.prompt_ids):
+                self._publish_prompt(r)
+            if not w:
+                continue
+            try:
                 if r.cached < r.length:  # a scored prompt chunk before the last: no token to choose
                     continue
                 token = plain.get(end - 1)
@@ -651,6 +656,13 @@ class ContinuousBatchingManager:
                 self._fail(r, error)
             else:
                 self._complete(r)
+
+    def _publish_prompt(self, r: RequestState) -> None:
+        """Offer ``r``'s computed prompt to the prompt cache, with its tokens' scores if it was scored."""
+        if r.prompt_top is None:
+            self.cache.publish(r.prompt_ids, r.blocks, r.cached)
+        else:
+            self.cache.publish(r.prompt_ids, r.blocks, r.cached, scores=[None, *r.prompt_scores], top=r.prompt_top)
 
     def _choose(self, r: RequestState, logits: torch.Tensor) -> bool:
         """Choose ``r``'s next token (the sampler of ``generate``) and record it; whether it

@@ -4,7 +4,7 @@ shape of transformers 5's ``GenerationOutput``)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any
 
@@ -87,8 +87,8 @@ class RequestState:
     created: float = field(default_factory=time.perf_counter)
     started: float = -1.0
     order: int = 0  # arrival number (schedulers keep arrival order)
-    # the prompt scored (add_request(prompt_logprobs=k): k alternatives; None: not scored): every prompt
-    # position's logits are computed (no prompt-cache prefix), in chunks of at most `score_chunk` tokens
+    # the prompt scored (add_request(prompt_logprobs=k): k alternatives; None: not scored): the logits of
+    # every prompt position not taken from the prompt cache are kept, in chunks of at most `score_chunk` tokens
     prompt_top: int | None = None
     score_chunk: int = 0
     prompt_scores: list[Any] = field(default_factory=list)
@@ -120,6 +120,13 @@ class RequestState:
         """Whether the request's prompt is scored and not yet all computed: a step computes the
         logits of every position of its prompt chunk."""
         return self.prompt_top is not None and self.cached < len(self.prompt_ids)
+
+    def take_scores(self, scores: list[Any]) -> None:
+        """Start the prompt's scores with ``scores`` (of its first tokens after the first, from the
+        prompt cache: :meth:`~genkit.continuous.block_allocator.BlockAllocator.scored_prefix`), their
+        alternatives cut to the request's."""
+        k = self.prompt_top or 0
+        self.prompt_scores = [s if len(s.top) <= k else replace(s, top=s.top[:k]) for s in scores]
 
     def scored_prompt(self) -> list[Any] | None:
         """The prompt's scores once every token after the first has one (the list itself: it no

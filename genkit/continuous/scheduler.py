@@ -222,10 +222,12 @@ class Scheduler(ABC):
         if waiting and margin and self.active_requests and self.cache.free_blocks - self.cache.blocks_for(
                 min(state.pending, budget.tokens)) < self.safety_margin * self.cache.num_blocks:
             return False
-        # (a prompt scored computes every position: it shares no cached prefix)
-        shared = waiting and not state.blocks and not state.generated and state.prompt_top is None
-        if shared:
+        shared = waiting and not state.blocks and not state.generated
+        if shared and state.prompt_top is None:
             state.blocks, state.cached = self.cache.cached_prefix(state.prompt_ids)
+        elif shared:  # a scored prompt: as far as its tokens' scores were published
+            state.blocks, state.cached, scores = self.cache.scored_prefix(state.prompt_ids, state.prompt_top)
+            state.take_scores(scores)
         if not self._add_chunk(state, plan, budget, admitted=not waiting):
             if shared:
                 self.cache.release(state.blocks)
