@@ -332,6 +332,76 @@ def test_max_tokens_zero_scores_the_prompt_only(base, model):
     assert status == 400 and out["error"]["param"] == "max_tokens"
 
 
+def test_continuous_engine_scores_several_choices_and_max_tokens_zero_itself():
+    """On continuous batching, a prompt only scored (max_tokens 0) and one scored for three choices
+    (n 3, echo + logprobs, and vLLM's prompt_logprobs) run on the manager (the generate engine beside
+    it computes nothing). With a 2^18-token vocabulary the first choice's prompt is scored in chunks
+    of 64 positions (the logits budget) while the other two compute theirs in the first step and
+    choose tokens: those are held until the prompt's scores are out, so every choice's text and
+    logprobs begin with the echoed prompt (scores within the bound of the model's forward), then
+    generate's greedy tokens."""
+    pytest.importorskip("uvicorn")
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from genkit.generation.scoring import chunk_positions
+    from genkit.serve import build_app
+    from genkit.tokenizer import Tokenizer
+
+    vocab = 2**18
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, vocab)]
+    raw = RawTokenizer(models.WordLevel({t: i for i, t in enumerate(words)}, unk_token="<unk>"))
+    raw.pre_tokenizer, raw.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece()
+    tok = Tokenizer(raw, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+    model = tiny_llama(seed=0, vocab_size=vocab, hidden_size=16, intermediate_size=32)
+    prompt = [1] + [3 + (i * 7919) % (vocab - 3) for i in range(199)]
+    assert chunk_positions(vocab) == 64 < len(prompt)
+    ref, tol = _reference(model, prompt), _bound(model, prompt)
+    app = build_app(model, tokenizer=tok, model_name="tiny")
+    with _serving(app) as url:
+        engine = app.state.genkit.engine
+        status, out = _post(url, {"prompt": prompt, "max_tokens": 3, "n": 3, "temperature": 0, "echo": True,
+                                  "logprobs": 1, "prompt_logprobs": 1, "ignore_eos": True})
+        assert status == 200, out
+        status, only = _post(url, {"prompt": prompt[:-1] + [5], "max_tokens": 0, "echo": True, "logprobs": 1})
+        assert status == 200, only
+        other = [1] + [3 + (i * 7907) % (vocab - 3) for i in range(199)]  # not in the prompt cache
+        streamed = _streamed(url, {"prompt": other, "max_tokens": 3, "n": 3, "temperature": 0, "echo": True,
+                                   "logprobs": 1, "ignore_eos": True, "stream": True})
+        assert engine.fallback.stats.prompt_tokens_total == 0  # nothing ran on the generate engine
+    (choice,) = only["choices"]
+    assert choice["finish_reason"] == "length" and choice["text"] == tok.decode(prompt[:-1] + [5])
+    tokens = _greedy(model, prompt, 3)[0]
+    assert len(out["choices"]) == 3
+    for c in out["choices"] + [choice]:  # (the scored-only prompt, but its last token, is the other's)
+        values = c["logprobs"]["token_logprobs"]
+        assert values[0] is None and len(values) == len(prompt) + (3 if c is not choice else 0)
+        assert all(abs(v - ref[i, t].item()) <= tol for i, (v, t) in enumerate(zip(values[1:len(prompt) - 1],
+                                                                                  prompt[1:])))
+    for c in out["choices"]:
+        assert c["text"] == tok.decode(prompt) + tok.decode(tokens)
+        assert c["logprobs"]["tokens"] == [tok.decode([t]) for t in prompt + tokens]
+        entries = c["prompt_logprobs"]
+        assert len(entries) == len(prompt) and entries[0] is None
+        for i, entry in enumerate(entries[1:]):
+            own = entry[str(prompt[i + 1])]
+            _agrees(own["logprob"], own["rank"], [], ref[i], prompt[i + 1], tol)
+    expected = tok.decode(other) + tok.decode(_greedy(model, other, 3)[0])
+    for index in range(3):  # streamed: each choice's first chunk is its echoed prompt
+        chunks = [c for c in streamed if c["index"] == index]
+        assert chunks[0]["text"] == tok.decode(other) and len(chunks[0]["logprobs"]["tokens"]) == len(other)
+        assert "".join(c["text"] for c in chunks) == expected
+
+
+def _streamed(base: str, body: dict) -> list[dict]:
+    """The choices of every chunk of a streamed completion, in order."""
+    req = urllib.request.Request(base + "/v1/completions", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"model": "tiny", **body}).encode())
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return [c for line in r.read().decode().splitlines() if line.startswith("data: {")
+                for c in json.loads(line[6:])["choices"]]
+
+
 def test_vllm_prompt_logprobs(base, model, tokenizer):  # noqa: F811
     """vLLM's prompt_logprobs beside a generation: per prompt token its id's log-probability, rank and
     text, with the best TOP; the generated tokens are generate's (the scoring forward's cache reused)."""

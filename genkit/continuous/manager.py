@@ -219,8 +219,10 @@ class ContinuousBatchingManager:
         alternatives each: :mod:`genkit.generation.scoring`), computed in the steps that compute the
         prompt (every position's logits; a prompt-cache prefix is reused as far as its tokens' scores were
         published with as many alternatives: :mod:`genkit.continuous.block_allocator`). ``max_new_tokens`` is capped
-        by the model's context (the output's ``max_new_tokens`` is the limit applied). A request
-        that cannot run (an empty prompt, ``max_new_tokens`` <= 0, a request that can never fit
+        by the model's context (the output's ``max_new_tokens`` is the limit applied); 0 with
+        ``prompt_logprobs``: the prompt is only scored (the request finishes once it is computed,
+        ``finish_reason`` ``"length"``, no token chosen: OpenAI's ``max_tokens: 0`` with ``echo``). A request
+        that cannot run (an empty prompt, ``max_new_tokens`` <= 0 otherwise, a request that can never fit
         the cache) is returned at once as a failed output with an error saying why; the manager
         goes on. So is one whose settings continuous batching cannot run (beam search, contrastive
         search, ...: the gate, :func:`genkit.continuous.gate.refusal`), with an error naming the
@@ -231,8 +233,9 @@ class ContinuousBatchingManager:
         ``manual_eviction``) is a :class:`ConfigError`; generated ids skip the ids in use."""
         request_id = self._reserve_id(request_id)
         try:
+            score_only = type(max_new_tokens) is int and max_new_tokens == 0 and prompt_logprobs is not None
             state = self._new_state(list(input_ids), request_id, max_new_tokens, streaming, record_timestamps,
-                                    eos_token_id, generation_kwargs)
+                                    eos_token_id, generation_kwargs, score_only)
             state.top, state.return_logprobs = _top_logprobs(request_id, top_logprobs, state.return_logprobs)
             self._score_prompt(state, prompt_logprobs)
         except (ValueError, TypeError) as exc:
@@ -356,13 +359,15 @@ class ContinuousBatchingManager:
 
     # -- inside: requests ---------------------------------------------------------------------------
     def _new_state(self, prompt: list[int], request_id: str, max_new_tokens: int | None, streaming: bool,
-                   record_timestamps: bool, eos_token_id: Any, kwargs: dict[str, Any]) -> RequestState:
+                   record_timestamps: bool, eos_token_id: Any, kwargs: dict[str, Any],
+                   score_only: bool = False) -> RequestState:
         from genkit.generation.api import prepare
 
         self._check_prompt(request_id, prompt)
         # before the settings are read: a recipe's own are no fields
         _refuse(request_id, argument_refusal(take_arguments(kwargs)))
-        max_new = self._max_new_tokens(request_id, len(prompt), max_new_tokens, kwargs)
+        # a prompt only scored chooses no token: its settings are read as for one
+        max_new = self._max_new_tokens(request_id, len(prompt), 1 if score_only else max_new_tokens, kwargs)
         seed = kwargs.pop("seed", None)
         if eos_token_id is not _UNSET:  # None: no end-of-sequence token for this request
             kwargs["eos_token_id"] = eos_token_id
@@ -370,6 +375,7 @@ class ContinuousBatchingManager:
         _check_request_fields(request_id, kwargs)
         prepared = prepare(self.model, torch.tensor([prompt]), self._given_config, processors, criteria, None, None,
                            {**kwargs, "max_new_tokens": max_new})
+        max_new = 0 if score_only else max_new
         config = prepared.config
         _refuse(request_id, refusal(config))  # the one gate (gate.py): no setting is dropped on the way
         self._check_fits(request_id, len(prompt), max_new)
@@ -636,6 +642,10 @@ class ContinuousBatchingManager:
                 continue
             try:
                 if r.cached < r.length:  # a scored prompt chunk before the last: no token to choose
+                    continue
+                if not r.max_new_tokens:  # a prompt only scored: done once computed
+                    r.finish_reason = "length"
+                    done.append((r, None))
                     continue
                 token = plain.get(end - 1)
                 finished = self._choose(r, logits[end - 1]) if token is None else take_greedy(r, token)

@@ -113,7 +113,8 @@ class RequestState:
             logprobs=list(self.logprobs), error=self.error, status=self.status, created_time=self.created,
             lifespan=(self.started, finished), timestamps=list(self.timestamps) if self.record_timestamps else None,
             finish_reason=self.finish_reason, top_logprobs=list(self.top_logprobs),
-            max_new_tokens=self.max_new_tokens or None, prompt_logprobs=self.scored_prompt())
+            max_new_tokens=self.max_new_tokens if self.max_new_tokens or self.prompt_top is not None else None,
+            prompt_logprobs=self.scored_prompt())
 
     @property
     def scoring(self) -> bool:

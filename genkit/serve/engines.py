@@ -6,7 +6,9 @@ thread routes the manager's outputs to the requests' streams, with the manager's
 and finish reasons. A request it cannot run (what the continuous batching gate,
 :mod:`genkit.continuous.gate`, refuses: beam search, contrastive search, DoLa, guidance,
 watermarking, a recipe or a strategy by name...) goes to the
-:class:`~genkit.serve.engine.GenerateEngine` beside it, one at a time.
+:class:`~genkit.serve.engine.GenerateEngine` beside it, one at a time. A request's prompt
+log-probabilities come from its first choice's steps; the other choices' tokens are held until
+they are out (the echoed prompt leads every choice's text).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class ContinuousEngine:
         self.stats.cache_blocks = self.manager.cache.num_blocks
         self._routes: dict[str, tuple[RequestStream, int]] = {}
         self._open: dict[int, list[bool]] = {}
+        # a scored request's events of choices but the first, held until the first's prompt scores are out
+        self._held: dict[int, list[tuple[RequestStream, Any]]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self.manager.start()
@@ -56,14 +60,11 @@ class ContinuousEngine:
         """``request`` on the manager, or on the generate engine when the manager's gate
         (:mod:`genkit.continuous.gate`) refuses its settings: the manager merges them once and
         raises that refusal, queueing nothing. Stop strings are the server's own (it cuts the
-        text and releases the request there). A one-choice request's prompt is scored (prompt
-        log-probabilities) by the steps that compute it; a prompt only scored (``generate`` False),
-        or scored for several choices, runs on the generate engine."""
-        if not request.generate or (request.prompt_logprobs is not None and request.n > 1):
-            # a prompt only scored, or scored once for several choices: the generate engine's forward
-            return self.fallback.submit(request, loop)
+        text and releases the request there). A request's prompt is scored (prompt
+        log-probabilities) by the steps that compute its first choice's; a prompt only scored
+        (``generate`` False) is one manager request that chooses no token (``max_new_tokens`` 0)."""
         stream = RequestStream(request, loop)
-        rids = [f"srv{next(self._ids)}" for _ in range(request.n)]
+        rids = [f"srv{next(self._ids)}" for _ in range(request.n if request.generate else 1)]
         self._open_routes(stream, rids)
         try:
             self._add(stream, rids)
@@ -81,8 +82,10 @@ class ContinuousEngine:
         with self._lock:
             self.stats.requests_total += 1
             self.stats.requests_running += 1
-            self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
-            self._open[id(stream)] = [True] * request.n
+            self.stats.prompt_tokens_total += len(request.prompt_ids) * len(rids)
+            self._open[id(stream)] = [True] * len(rids)
+            if request.prompt_logprobs is not None and len(rids) > 1:
+                self._held[id(stream)] = []
             for i, rid in enumerate(rids):
                 self._routes[rid] = (stream, i)
 
@@ -92,8 +95,9 @@ class ContinuousEngine:
         with self._lock:
             self.stats.requests_total -= 1
             self.stats.requests_running -= 1
-            self.stats.prompt_tokens_total -= len(request.prompt_ids) * request.n
+            self.stats.prompt_tokens_total -= len(request.prompt_ids) * len(rids)
             self._open.pop(id(stream), None)
+            self._held.pop(id(stream), None)
             for rid in rids:
                 self._routes.pop(rid, None)
 
@@ -103,6 +107,8 @@ class ContinuousEngine:
         request = stream.request
         kwargs = dict(request.generate_kwargs)
         max_new = kwargs.pop("max_new_tokens", None)
+        if not request.generate:  # the prompt only scored: no token chosen
+            max_new = 0
         kwargs.pop("stop_strings", None)  # the server cuts the text and releases the request there
 
         def cancel() -> None:
@@ -115,7 +121,7 @@ class ContinuousEngine:
             try:
                 self.manager.add_request(request.prompt_ids, request_id=rid, max_new_tokens=max_new, streaming=True,
                                          record_timestamps=timed, top_logprobs=request.logprobs, raise_refusal=True,
-                                         prompt_logprobs=request.prompt_logprobs,
+                                         prompt_logprobs=request.prompt_logprobs if i == 0 else None,
                                          **({"seed": seed} if seed is not None else {}),
                                          tokenizer=self.fallback.tokenizer, **kwargs)  # for structured outputs
             except BaseException:
@@ -151,9 +157,16 @@ class ContinuousEngine:
         sent[out.request_id] = len(out.generated_tokens)
         if out.status != RequestStatus.FAILED:
             self.stats.generated_tokens_total += len(out.generated_tokens) - start
+            with self._lock:
+                held = self._held.get(id(stream))
             if start == 0 and out.prompt_logprobs is not None:  # the prompt's scores before its first token
                 pushes.append((stream, PromptEvent(list(out.prompt_ids), out.prompt_logprobs)))
-            pushes += [(stream, event) for event in _events(out, start, choice, stream.request)]
+                if held is not None:  # the other choices' tokens come after them
+                    with self._lock:
+                        pushes += self._held.pop(id(stream), [])
+                    held = None
+            events = [(stream, event) for event in _events(out, start, choice, stream.request)]
+            (held if held is not None else pushes).extend(events)
         if not out.is_finished():
             return
         sent.pop(out.request_id, None)
@@ -166,6 +179,7 @@ class ContinuousEngine:
             failed = out.status == RequestStatus.FAILED and out.error != "cancelled"
             if failed or not any(still):
                 del self._open[id(stream)]
+                self._held.pop(id(stream), None)
                 self.stats.requests_running -= 1
                 self.stats.requests_cancelled += stream.client_cancelled
                 self.stats.requests_failed += failed
