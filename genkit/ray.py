@@ -3,7 +3,8 @@
 :class:`Generator` is a callable class for ``Dataset.map_batches``: each actor loads the model and
 the tokenizer once, then turns batches of rows (``id``, ``prompt`` or ``messages``, optional
 generation fields) into output rows (``id``, ``text``, ``token_ids``, ``finish_reason``, ``usage``,
-``error``)::
+``error``; with ``prompt_logprobs=K``, ``prompt_logprobs`` too: each prompt token scored, as JSON
+text like ``usage``)::
 
     import ray, genkit.ray
     ds = ray.data.read_json("prompts.jsonl")
@@ -53,13 +54,15 @@ class Generator:
     override them), ``batch_size`` (rows per ``generate`` call), ``custom_generate`` and
     ``trust_remote_code`` (passed to ``generate``: a recipe obeys the trust rules on every worker),
     ``revision``, ``dtype``, ``device`` (for loading), ``batching`` (``"auto"``, ``"continuous"`` or
-    ``"static"``, as ``genkit batch --batching``).
+    ``"static"``, as ``genkit batch --batching``), ``prompt_logprobs`` (score every row's prompt with
+    that many alternatives per token, as ``genkit batch --prompt-logprobs``: the ``prompt_logprobs``
+    column, JSON text).
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, generation_kwargs: dict[str, Any] | None = None,
                  batch_size: int = 16, custom_generate: Any = None, trust_remote_code: bool | None = None,
                  revision: str | None = None, dtype: str | None = None, device: str | None = None,
-                 batching: str = "auto") -> None:
+                 batching: str = "auto", prompt_logprobs: int | None = None) -> None:
         import genkit
 
         if isinstance(model, str):
@@ -74,7 +77,8 @@ class Generator:
             raise ConfigError("`tokenizer` is needed when `model` is a loaded model")
         self.engine = make_local_engine(model, tokenizer, generation_kwargs, batch_size=batch_size,
                                         custom_generate=custom_generate, trust_remote_code=trust_remote_code,
-                                        batching=batching)
+                                        batching=batching, prompt_logprobs=prompt_logprobs)
+        self.columns = OUTPUT_COLUMNS + (("prompt_logprobs",) if prompt_logprobs is not None else ())
 
     def __call__(self, batch: Any) -> dict[str, list[Any]]:
         import torch
@@ -106,7 +110,7 @@ class Generator:
         with torch.inference_mode():
             for i, result in zip(index, self.engine.run(rows)):
                 out[i] = result
-        result_columns: dict[str, list[Any]] = {c: [] for c in OUTPUT_COLUMNS}
+        result_columns: dict[str, list[Any]] = {c: [] for c in self.columns}
         lines = [r.line for r in rows]
         for i, item in enumerate(out):
             assert item is not None
@@ -115,7 +119,9 @@ class Generator:
             else:
                 values = {**item, "usage": json.dumps(item["usage"]), "error": None,
                           "line": lines[index.index(i)]}
-            for c in OUTPUT_COLUMNS:
+                if "prompt_logprobs" in item:  # nested entries as JSON text: one string column for Arrow
+                    values["prompt_logprobs"] = json.dumps(item["prompt_logprobs"])
+            for c in self.columns:
                 result_columns[c].append(values.get(c))
         return result_columns
 
@@ -124,13 +130,13 @@ class RayEngine:
     """The engine of ``genkit batch --engine ray``: the job's rows run as one Ray Data pipeline with
     ``workers`` actors (one model each, loaded once); ``address`` is passed to ``ray.init`` when Ray
     is not yet initialised (``"auto"``: an existing cluster); ``num_cpus`` per actor (Ray gives
-    torch as many threads). Reading and writing stay in the driver (see docs/batch.md): results
+    torch as many threads); ``prompt_logprobs``: every row's prompt scored (:class:`Generator`). Reading and writing stay in the driver (see docs/batch.md): results
     stream back in input order and the job commits them chunk by chunk."""
 
     def __init__(self, model: str, generation_kwargs: dict[str, Any] | None = None, batch_size: int = 16,
                  workers: int = 1, address: str | None = None, tokenizer: str | None = None,
                  custom_generate: Any = None, trust_remote_code: bool | None = None, num_cpus: float = 1,
-                 **load_kwargs: Any) -> None:
+                 prompt_logprobs: int | None = None, **load_kwargs: Any) -> None:
         try:
             import ray
         except ImportError as exc:
@@ -144,7 +150,8 @@ class RayEngine:
         self.num_cpus = num_cpus
         self.constructor = {"model": model, "tokenizer": tokenizer, "generation_kwargs": generation_kwargs,
                             "batch_size": batch_size, "custom_generate": custom_generate,
-                            "trust_remote_code": trust_remote_code, **load_kwargs}
+                            "trust_remote_code": trust_remote_code, "prompt_logprobs": prompt_logprobs,
+                            **load_kwargs}
 
     def run(self, rows: list[BatchRow]) -> list[dict[str, Any] | BadRow]:
         return list(self.stream(rows))
@@ -185,5 +192,8 @@ class RayEngine:
     def _result(row: BatchRow, got: dict[str, Any]) -> dict[str, Any] | BadRow:
         if got.get("error"):
             return BadRow(row.line, row.id, str(got["error"]))
-        return {"id": row.id, "text": got["text"], "token_ids": [int(t) for t in got["token_ids"]],
-                "finish_reason": got["finish_reason"], "usage": json.loads(got["usage"])}
+        out = {"id": row.id, "text": got["text"], "token_ids": [int(t) for t in got["token_ids"]],
+               "finish_reason": got["finish_reason"], "usage": json.loads(got["usage"])}
+        if got.get("prompt_logprobs") is not None:
+            out["prompt_logprobs"] = json.loads(got["prompt_logprobs"])
+        return out

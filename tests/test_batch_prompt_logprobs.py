@@ -1,8 +1,8 @@
 """``genkit batch --prompt-logprobs K``: every row's prompt scored too (each token's log-probability
 given the tokens before it, its rank and K alternatives: ``genkit.score_prompt``'s), on continuous
 batching (the steps that compute the prompt) and on static batches (a forward over each prompt), in
-JSONL and Parquet, resumed like any job; refused where it cannot act (Ray, an encoder-decoder model,
-a K out of range)."""
+JSONL and Parquet, resumed like any job; refused where it cannot act (an encoder-decoder model, a K
+out of range). The Ray engine's are in tests/test_batch_ray.py."""
 
 from __future__ import annotations
 
@@ -50,6 +50,11 @@ def _check_scores(model, tokenizer, rows: list[dict], out: list[dict]) -> None:
             assert abs(e["top"][0]["logprob"] - ref[i].max().item()) <= tol
 
 
+def _unscored(rows: list[dict]) -> list[dict]:
+    """Output rows without their ``prompt_logprobs``."""
+    return [{k: v for k, v in r.items() if k != "prompt_logprobs"} for r in rows]
+
+
 @pytest.mark.parametrize("batching", ["continuous", "static"])
 def test_rows_carry_their_prompts_scores(tmp_path, tokenizer, batching):
     model = tiny_llama(seed=0)
@@ -64,7 +69,7 @@ def test_rows_carry_their_prompts_scores(tmp_path, tokenizer, batching):
     plain = make_local_engine(model, tokenizer, {"max_new_tokens": 3}, batch_size=4, batching=batching)
     run_batch(tmp_path / "in.jsonl", tmp_path / "plain.jsonl", plain, chunk_size=4)
     # the generations are those of the job without scores, which has no such column
-    assert [{k: v for k, v in r.items() if k != "prompt_logprobs"} for r in out] == _read(tmp_path / "plain.jsonl")
+    assert _unscored(out) == _read(tmp_path / "plain.jsonl")
     assert all("prompt_logprobs" not in r for r in _read(tmp_path / "plain.jsonl"))
 
 
@@ -92,8 +97,6 @@ def test_cli_option_is_checked_and_recorded(tmp_path, tiny_hf_dir, capsys):
             "--max-new-tokens", "2"]
     assert main([*args, "--prompt-logprobs", "21"]) == 2
     assert "`prompt_logprobs` must be an int from 0 to 20; got 21" in capsys.readouterr().err
-    assert main([*args, "--prompt-logprobs", "1", "--engine", "ray"]) == 2
-    assert "--prompt-logprobs applies to --engine local" in capsys.readouterr().err
     assert main([*args, "--prompt-logprobs", "1"]) == 0
     out = _read(tmp_path / "out.jsonl")
     assert all(len(r["prompt_logprobs"][1]["top"]) == 1 for r in out)
@@ -108,3 +111,17 @@ def test_encoder_decoder_model_is_refused(tokenizer):
         make_local_engine(build("t5"), tokenizer, {"max_new_tokens": 2}, prompt_logprobs=1)
     with pytest.raises(ConfigError, match="from 0 to 20; got -1"):
         make_local_engine(tiny_llama(seed=0), tokenizer, {"max_new_tokens": 2}, prompt_logprobs=-1)
+
+
+def test_ray_job_on_an_encoder_decoder_folder_is_refused_before_ray_starts(tmp_path, capsys):
+    pytest.importorskip("ray")
+    import seq2seq_models as S
+
+    from genkit.cli import main
+
+    S.save_with_tokenizer(S.build("t5"), str(tmp_path / "t5"))
+    _write_rows(tmp_path / "in.jsonl", 2)
+    assert main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--model", str(tmp_path / "t5"),
+                 "--engine", "ray", "--prompt-logprobs", "1", "--max-new-tokens", "2"]) == 2
+    assert "`prompt_logprobs` needs a causal LM" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()

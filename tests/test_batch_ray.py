@@ -178,3 +178,30 @@ def test_ray_engine_runs_an_encoder_decoder_model_as_the_local_engine_does(clust
     assert [r["id"] for r in got] == ["a", "b", "c", "d"] and (summary.written, summary.bad) == (4, 1)
     assert got == want
     assert len(got[1]["token_ids"]) <= 3 and all("error" not in r and r["token_ids"] for r in got)
+
+
+def test_ray_engine_scores_prompts_as_the_local_engine_does(cluster, folder, tmp_path):
+    """``--prompt-logprobs`` on Ray: every row's ``prompt_logprobs`` (through Ray as JSON text) within
+    the bound of the model's forward over its prompt, and the rows otherwise the local engine's; a
+    JSONL job and a Parquet one."""
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    from test_batch_prompt_logprobs import K, _check_scores, _unscored
+
+    import genkit
+    from genkit.batch import make_local_engine
+
+    rows = _write_rows(tmp_path / "in.jsonl", 40, seed=8)
+    model, tokenizer = genkit.load_model(str(folder)), genkit.load_tokenizer(str(folder))
+    engine = RayEngine(str(folder), {"max_new_tokens": 3}, batch_size=10, workers=2, prompt_logprobs=K)
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "ray.jsonl", engine, chunk_size=20)
+    assert (summary.written, summary.bad) == (40, 0)
+    got = _read(tmp_path / "ray.jsonl")
+    _check_scores(model, tokenizer, rows, got)
+    local = make_local_engine(model, tokenizer, {"max_new_tokens": 3}, batch_size=10, prompt_logprobs=K)
+    run_batch(tmp_path / "in.jsonl", tmp_path / "local.jsonl", local, chunk_size=20)
+    assert _unscored(got) == _unscored(_read(tmp_path / "local.jsonl"))
+    run_batch(tmp_path / "in.jsonl", tmp_path / "ray.parquet", engine, chunk_size=20)
+    table = pq.read_table(tmp_path / "ray.parquet")
+    assert "prompt_logprobs" in table.schema.names
+    _check_scores(model, tokenizer, rows, table.to_pylist())

@@ -51,7 +51,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="allow running a Hub recipe's code")
     p.add_argument("--prompt-logprobs", type=int, default=None, metavar="K",
                    help="score every row's prompt too: each token's log-probability given the tokens before it, "
-                        "its rank and K alternatives (0-20), in the output's prompt_logprobs (--engine local)")
+                        "its rank and K alternatives (0-20), in the output's prompt_logprobs")
     add_generation_options(p)
     p.set_defaults(func=run)
 
@@ -65,13 +65,23 @@ def _check_engine_options(args: argparse.Namespace) -> None:
         if args.engine == "local" and getattr(args, option) is not None:
             raise ConfigError(f"{name} applies to --engine ray (the local engine runs one model in this process); "
                               "add --engine ray or drop it")
-    if args.engine == "ray" and args.prompt_logprobs is not None:
-        raise ConfigError("--prompt-logprobs applies to --engine local (the Ray engine's rows carry no prompt scores)")
     if args.engine == "ray" and args.threads is not None:
         raise ConfigError("--threads applies to --engine local; Ray gives each actor its CPUs (ray.init(num_cpus=))")
     for option, name in (("activation_digits", "--activation-digits"), ("numerics", "--numerics")):
         if args.engine == "ray" and getattr(args, option) is not None:
             raise ConfigError(f"{name} applies to --engine local (Ray actors load the model with its defaults)")
+
+
+def _check_ray_scoring(args: argparse.Namespace) -> None:
+    """``--prompt-logprobs`` with a local encoder-decoder folder refused before Ray starts (the
+    actors would each refuse it; a Hub model's config is read by the actors)."""
+    config = os.path.join(args.model, "config.json")
+    if args.prompt_logprobs is not None and os.path.isfile(config):
+        from genkit.batch.engine import check_prompt_logprobs
+        from genkit.models.loading import read_config_json
+
+        check_prompt_logprobs(args.prompt_logprobs, bool(getattr(read_config_json(config), "is_encoder_decoder",
+                                                                 False)))
 
 
 def job_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +166,7 @@ def _make_engine(args: argparse.Namespace, kwargs: dict[str, Any]) -> Any:
         from genkit.ray import RayEngine
 
         check_batching(args.batching, kwargs, args.custom_generate)  # before any actor loads a model
+        _check_ray_scoring(args)
 
         if args.ray_address is None:
             import ray
@@ -165,7 +176,8 @@ def _make_engine(args: argparse.Namespace, kwargs: dict[str, Any]) -> Any:
 
         return RayEngine(args.model, kwargs, batch_size=args.batch_size, workers=args.workers or 1,
                          address=args.ray_address, custom_generate=args.custom_generate, trust_remote_code=trust,
-                         revision=args.revision, dtype=args.dtype, device=args.device, batching=args.batching)
+                         revision=args.revision, dtype=args.dtype, device=args.device, batching=args.batching,
+                         prompt_logprobs=args.prompt_logprobs)
     from genkit.batch import make_local_engine
 
     model = genkit.load_model(args.model, revision=args.revision, dtype=args.dtype, device=args.device,
