@@ -26,6 +26,12 @@ lm-eval's order (longest first, then by tokens). ``--choices K``: multiple-choic
 instead, a context of 64-320 tokens followed by each of K continuations of 2-12 tokens (as
 lm-eval's hellaswag or arc requests: one request per choice); the share of prompt tokens the
 server took from its prompt cache is printed (a scored prompt reuses an earlier one's context).
+
+``--parallel-sampling N [--n 4] [--new-tokens 64]``: instead, N requests of ``n`` sampled choices
+(temperature 0.8, seeded) over English prompts of 320 tokens, one after another, against
+transformers' ``generate(num_return_sequences=n, do_sample=True)`` in this process on the same
+weights; requests per second, the ratio, and the share of prompt tokens the server took from its
+prompt cache (a request's choices wait for its first choice's prompt and take it from there).
 """
 
 from __future__ import annotations
@@ -163,6 +169,44 @@ def single(base: str, model_name: str, requests: int, new: int) -> None:
     print(f"\nthe server's text = generate()'s: {same}")
 
 
+def parallel_sampling(base: str, requests: int, n: int, new: int) -> None:
+    """``requests`` completions of ``n`` sampled choices each, over English prompts of 320 tokens,
+    one after another, against transformers' ``generate(num_return_sequences=n, do_sample=True)`` in
+    this process on the same weights (see the module docstring)."""
+    import torch
+    import transformers
+    from bench_models import demo_paths
+    from bench_scoring import TEXT
+
+    import genkit
+
+    gguf, _ = demo_paths()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
+                                                           dtype=torch.float32).eval()
+    text = genkit.load_tokenizer("smollm2").encode(TEXT * 12)
+    prompts = [text[17 * i:17 * i + 320] for i in range(requests + 1)]
+    body = {"model": "m", "n": n, "max_tokens": new, "temperature": 0.8, "ignore_eos": True}
+    _post(base, {**body, "prompt": prompts[-1]})  # warm-up
+    cached = _metric(base, "genkit_prompt_tokens_cached_total")
+    start = time.perf_counter()
+    for p in prompts[:requests]:
+        _post(base, {**body, "prompt": p, "seed": 7})
+    served = requests / (time.perf_counter() - start)
+    share = (_metric(base, "genkit_prompt_tokens_cached_total") - cached) / (requests * n * 320)
+    with torch.no_grad():
+        hf.generate(torch.tensor([prompts[-1]]), do_sample=True, max_new_tokens=4, num_return_sequences=n)
+        start = time.perf_counter()
+        for p in prompts[:requests]:
+            hf.generate(torch.tensor([p]), do_sample=True, temperature=0.8, max_new_tokens=new, min_new_tokens=new,
+                        num_return_sequences=n, top_k=0)
+    ref = requests / (time.perf_counter() - start)
+    print(f"{requests} requests of n={n} sampled choices (temperature 0.8), 320-token prompts, {new} new tokens, "
+          f"one after another; torch threads {torch.get_num_threads()} here\n")
+    print("| | requests/s | vs transformers | prompt tokens from the prompt cache |\n|---|---|---|---|")
+    print(f"| transformers generate(num_return_sequences={n}) in process | {ref:.2f} | 1.00x | |")
+    print(f"| genkit serve | {served:.2f} | {served / ref:.2f}x | {share:.0%} |", flush=True)
+
+
 def _metric(base: str, name: str) -> float:
     """A counter of the server's ``/metrics``."""
     with urllib.request.urlopen(base + "/metrics", timeout=60) as r:
@@ -266,6 +310,9 @@ def main() -> None:
                         help="one client's N requests against generate() instead (see above)")
     parser.add_argument("--loglikelihood", type=int, metavar="N", default=0,
                         help="N lm-eval loglikelihood requests against transformers instead (see above)")
+    parser.add_argument("--parallel-sampling", type=int, metavar="N", default=0,
+                        help="N requests of --n sampled choices over 320-token prompts against transformers instead")
+    parser.add_argument("--n", type=int, default=4, help="choices per request of --parallel-sampling")
     parser.add_argument("--choices", type=int, default=1,
                         help="with --loglikelihood: questions of one context and this many continuations")
     args = parser.parse_args()
@@ -277,6 +324,9 @@ def main() -> None:
         _wait(base, proc)
         if args.single:
             single(base, args.model, args.single, args.new_tokens)
+            return
+        if args.parallel_sampling:
+            parallel_sampling(base, args.parallel_sampling, args.n, args.new_tokens)
             return
         if args.loglikelihood:
             loglikelihood(base, args.loglikelihood, args.choices)

@@ -26,7 +26,8 @@ MARK = "@@RESULT@@"
 
 
 def _state(rid: str, n: int, order: int) -> RequestState:
-    return RequestState(rid, list(range(3, 3 + n)), 4, None, None, None, order=order)
+    """A request of ``n`` prompt tokens, none shared with another order's (no prompt waits for another's)."""
+    return RequestState(rid, list(range(3 + 1000 * order, 3 + 1000 * order + n)), 4, None, None, None, order=order)
 
 
 def _scheduler(cls, num_blocks=16, **kw):
@@ -265,3 +266,58 @@ def test_scored_prompts_share_one_logits_budget_per_step():
         s.add_waiting_request(r)
     plan = s.schedule_batch(token_budget=64)
     assert [(r.request_id, n) for r, n in plan] == [("a", 3), ("b", 1)]
+
+
+def _prompted(rid: str, prompt: list[int], order: int, top: int | None = None) -> RequestState:
+    state = RequestState(rid, prompt, 4, None, None, None, order=order)
+    state.prompt_top = top
+    return state
+
+
+@pytest.mark.parametrize("cls", [genkit.FIFOScheduler, genkit.PrefillFirstScheduler])
+def test_a_request_waits_for_a_prefix_another_is_computing(cls):
+    """Requests queued together that share most of their prompt: the first computes it, the second
+    waits (the third, sharing nothing, runs at once) and takes it from the prompt cache once the
+    first publishes it."""
+    s = _scheduler(cls, num_blocks=32)
+    context = list(range(100, 112))
+    a, b, c = _prompted("a", context + [7], 0), _prompted("b", context + [8], 1), _prompted("c", [50, 51, 52], 2)
+    for r in (a, b, c):
+        s.add_waiting_request(r)
+    assert [r.request_id for r, _ in s.schedule_batch(token_budget=64)] == ["a", "c"]
+    a.cached, a.status, c.cached, c.status = 13, RequestStatus.DECODING, 3, RequestStatus.DECODING
+    s.cache.publish(a.prompt_ids, a.blocks, 13)
+    plan = s.schedule_batch(token_budget=64)
+    assert ("b", 1) in [(r.request_id, n) for r, n in plan] and b.cached == b.from_cache == 12
+
+
+@pytest.mark.parametrize("other, state, waits", [
+    (dict(prompt=list(range(100, 112)) + [7]), dict(prompt=list(range(100, 112)) + [8]), True),
+    # sharing less than half its prompt (a long system prompt's requests compute their own messages)
+    (dict(prompt=list(range(100, 106)) + [7] * 8), dict(prompt=list(range(100, 106)) + [8] * 8), False),
+    # sharing less than a block (4 tokens here)
+    (dict(prompt=[100, 101, 102, 7]), dict(prompt=[100, 101, 102, 8]), False),
+    # the other's prompt left to compute is more than twice this one
+    (dict(prompt=list(range(100, 112)) + [7] * 40), dict(prompt=list(range(100, 112)) + [8]), False),
+    # a scored prompt waits only for scores with as many alternatives
+    (dict(prompt=list(range(100, 112)) + [7]), dict(prompt=list(range(100, 112)) + [8], top=1), False),
+    (dict(prompt=list(range(100, 112)) + [7], top=1), dict(prompt=list(range(100, 112)) + [8], top=2), False),
+    (dict(prompt=list(range(100, 112)) + [7], top=2), dict(prompt=list(range(100, 112)) + [8], top=1), True),
+    (dict(prompt=list(range(100, 112)) + [7], top=2), dict(prompt=list(range(100, 112)) + [8]), True),
+], ids=["shares-most", "less-than-half", "less-than-a-block", "other-too-long", "unscored-other",
+        "fewer-alternatives", "more-alternatives", "unscored-waits-for-scored"])
+def test_which_requests_wait_for_a_prefix(other, state, waits):
+    s = _scheduler(genkit.FIFOScheduler, num_blocks=64)
+    first = _prompted("a", other["prompt"], 0, other.get("top"))
+    s.add_waiting_request(first)
+    s.schedule_batch(token_budget=4)  # admitted, its prompt still being computed
+    assert first.status == RequestStatus.PREFILLING
+    assert s.awaits_prefix(_prompted("b", state["prompt"], 1, state.get("top"))) is waits
+
+
+def test_no_request_waits_without_the_prompt_cache():
+    s = genkit.FIFOScheduler(BlockAllocator(block_size=4, num_blocks=16, allow_block_sharing=False))
+    a, b = _prompted("a", list(range(100, 113)), 0), _prompted("b", list(range(100, 113)), 1)
+    s.add_waiting_request(a)
+    s.add_waiting_request(b)
+    assert [r.request_id for r, _ in s.schedule_batch(token_budget=64)] == ["a", "b"]

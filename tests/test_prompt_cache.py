@@ -165,6 +165,21 @@ def test_cached_prompts_give_the_tokens_of_greedy_generate():
     assert outs == [_greedy(model, p, 8) for p in PROMPTS]
 
 
+def test_prompts_queued_together_compute_their_shared_part_once():
+    """Prompts added at once that share most of their tokens: the first computes them, the others
+    wait for it (the scheduler's ``awaits_prefix``) and take them from the prompt cache; the prompt
+    sharing too little runs beside the first. The tokens are greedy ``generate``'s."""
+    torch.set_num_threads(1)
+    model = tiny_llama(seed=4)
+    prompts = [SYSTEM + [5, 9, 11], SYSTEM + [6, 2], SYSTEM + [5, 9, 11], [60, 61, 62] + SYSTEM]
+    manager = model.init_continuous_batching(continuous_batching_config={"block_size": 8, "num_blocks": 64})
+    ids = [manager.add_request(p, max_new_tokens=8, eos_token_id=None) for p in prompts]  # held until start
+    with manager:
+        outs = [manager.get_result(rid, timeout=60).generated_tokens for rid in ids]
+        assert manager.reused_prompt_tokens == 20 + 22  # the second and third took the first's prompt
+    assert outs == [_greedy(model, p, 8) for p in prompts]
+
+
 @pytest.mark.skipif(not block_kernel.available() or not block_kernel.simd(),
                     reason="no C compiler or vector path for the block kernel on this CPU")
 def test_cached_prompts_on_the_block_kernel_give_the_tokens_of_greedy_generate(tmp_path):

@@ -332,20 +332,23 @@ def test_max_tokens_zero_scores_the_prompt_only(base, model):
     assert status == 400 and out["error"]["param"] == "max_tokens"
 
 
-def test_continuous_engine_scores_several_choices_and_max_tokens_zero_itself():
+@pytest.mark.parametrize("prompt_cache", [True, False], ids=["prompt-cache", "no-prompt-cache"])
+def test_continuous_engine_scores_several_choices_and_max_tokens_zero_itself(prompt_cache):
     """On continuous batching, a prompt only scored (max_tokens 0) and one scored for three choices
     (n 3, echo + logprobs, and vLLM's prompt_logprobs) run on the manager (the generate engine beside
     it computes nothing). With a 2^18-token vocabulary the first choice's prompt is scored in chunks
-    of 64 positions (the logits budget) while the other two compute theirs in the first step and
-    choose tokens: those are held until the prompt's scores are out, so every choice's text and
-    logprobs begin with the echoed prompt (scores within the bound of the model's forward), then
-    generate's greedy tokens."""
+    of 64 positions (the logits budget). With the prompt cache the other two choices wait for it and
+    take it from the cache (the scored-only prompt too, but its last two tokens); without, they compute
+    theirs in the first step and choose tokens, which are held until the prompt's scores are out.
+    Either way every choice's text and logprobs begin with the echoed prompt (scores within the bound
+    of the model's forward), then generate's greedy tokens."""
     pytest.importorskip("uvicorn")
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
     from genkit.generation.scoring import chunk_positions
     from genkit.serve import build_app
+    from genkit.serve.engines import ContinuousEngine
     from genkit.tokenizer import Tokenizer
 
     vocab = 2**18
@@ -357,18 +360,20 @@ def test_continuous_engine_scores_several_choices_and_max_tokens_zero_itself():
     prompt = [1] + [3 + (i * 7919) % (vocab - 3) for i in range(199)]
     assert chunk_positions(vocab) == 64 < len(prompt)
     ref, tol = _reference(model, prompt), _bound(model, prompt)
-    app = build_app(model, tokenizer=tok, model_name="tiny")
+    engine = ContinuousEngine(model, tok, prompt_cache=prompt_cache)
+    app = build_app(model, tokenizer=tok, model_name="tiny", engine=engine)
     with _serving(app) as url:
-        engine = app.state.genkit.engine
         status, out = _post(url, {"prompt": prompt, "max_tokens": 3, "n": 3, "temperature": 0, "echo": True,
                                   "logprobs": 1, "prompt_logprobs": 1, "ignore_eos": True})
         assert status == 200, out
         status, only = _post(url, {"prompt": prompt[:-1] + [5], "max_tokens": 0, "echo": True, "logprobs": 1})
         assert status == 200, only
-        other = [1] + [3 + (i * 7907) % (vocab - 3) for i in range(199)]  # not in the prompt cache
+        other = [1] + [3 + (i * 7907 + 1) % (vocab - 3) for i in range(199)]  # not in the prompt cache
         streamed = _streamed(url, {"prompt": other, "max_tokens": 3, "n": 3, "temperature": 0, "echo": True,
                                    "logprobs": 1, "ignore_eos": True, "stream": True})
         assert engine.fallback.stats.prompt_tokens_total == 0  # nothing ran on the generate engine
+        reused = engine.manager.reused_prompt_tokens
+    assert reused == (4 * (len(prompt) - 1) + len(prompt) - 2 if prompt_cache else 0)
     (choice,) = only["choices"]
     assert choice["finish_reason"] == "length" and choice["text"] == tok.decode(prompt[:-1] + [5])
     tokens = _greedy(model, prompt, 3)[0]

@@ -43,7 +43,12 @@ from typing import Any
 
 from genkit.models.paged import blocks_for
 
-__all__ = ["BlockAllocator"]
+__all__ = ["BlockAllocator", "common_prefix"]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` share from their start."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 class BlockAllocator:
@@ -168,11 +173,7 @@ class BlockAllocator:
         many tokens match."""
         best, most = -1, 0
         for b, tokens in self._children.get((parent, rest[0]), {}).items() if rest else ():
-            n = 0
-            for x, y in zip(tokens, rest):
-                if x != y:
-                    break
-                n += 1
+            n = common_prefix(tokens, rest)
             if n > most:
                 best, most = b, n
         return best, most
@@ -205,8 +206,7 @@ class BlockAllocator:
         for b, run in self._children.get((parent, rest[0]), {}).items() if rest else ():
             found = self._scores.get(b)
             if found is not None and found[0] >= top:
-                n = next((i for i, (x, y) in enumerate(zip(run, rest)) if x != y), min(len(run), len(rest)))
-                best = max(best, found[1][:n], key=len)
+                best = max(best, found[1][:common_prefix(run, rest)], key=len)
         return out + list(best)
 
     def publish(self, tokens: list[int], blocks: list[int], computed: int, *,

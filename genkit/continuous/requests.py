@@ -78,6 +78,7 @@ class RequestState:
     finish_reason: str | None = None
     blocks: list[int] = field(default_factory=list)
     cached: int = 0  # tokens whose keys and values are in the cache
+    from_cache: int = 0  # of those, the prompt tokens taken from the prompt cache when it was admitted
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)

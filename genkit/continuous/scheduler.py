@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .block_allocator import BlockAllocator
+from .block_allocator import BlockAllocator, common_prefix
 from .requests import RequestState, RequestStatus
 
 __all__ = ["Budget", "FIFOScheduler", "Plan", "PrefillFirstScheduler", "Scheduler", "scheduler_class"]
@@ -228,10 +228,11 @@ class Scheduler(ABC):
         elif shared:  # a scored prompt: as far as its tokens' scores were published
             state.blocks, state.cached, scores = self.cache.scored_prefix(state.prompt_ids, state.prompt_top)
             state.take_scores(scores)
+        state.from_cache = state.cached if shared else state.from_cache
         if not self._add_chunk(state, plan, budget, admitted=not waiting):
             if shared:
                 self.cache.release(state.blocks)
-                state.blocks, state.cached = [], 0
+                state.blocks, state.cached, state.from_cache = [], 0, 0
             return False
         if waiting:
             del self.waiting_requests[state.request_id]
@@ -239,6 +240,32 @@ class Scheduler(ABC):
             state.status = RequestStatus.PREFILLING
             self.active_requests[state.request_id] = state
         return True
+
+    def awaits_prefix(self, state: RequestState) -> bool:
+        """Whether the waiting request ``state`` had better wait for a prompt prefix an admitted
+        request is computing (SGLang's in-batch prefix caching): that request, still computing its
+        prompt, shares with ``state``'s at least a block and at least half of it, beyond what it took
+        from the prompt cache, and will publish it usable by ``state`` (with scores of as many
+        alternatives, for a scored prompt) within about the time ``state`` would take to compute its
+        own prompt. Once published, ``state`` takes it from the prompt cache: the choices of one
+        request, or the choices of a multiple-choice question sent together, compute their prompt
+        once. A scheduler skips such a request this step (and goes on with the next)."""
+        if not self.cache.allow_block_sharing or state.blocks or state.generated:
+            return False
+        prompt = state.prompt_ids
+        for other in self.active_requests.values():
+            if other.status != RequestStatus.PREFILLING or not self._publishes_for(other, state):
+                continue
+            gain = common_prefix(other.prompt_ids, prompt) - other.from_cache
+            if gain >= max(self.cache.block_size, len(prompt) // 2) and \
+                    len(other.prompt_ids) - other.cached <= 2 * len(prompt):
+                return True
+        return False
+
+    def _publishes_for(self, other: RequestState, state: RequestState) -> bool:
+        """Whether ``other``'s published prompt is one ``state`` can take (a scored prompt needs its scores)."""
+        return state.prompt_top is None or (
+            other.prompt_top is not None and state.prompt_top <= other.prompt_top <= self.cache.max_published_top)
 
     def preempt(self, state: RequestState) -> None:
         """Free an active request's blocks and put it back at the front of the queue (it recomputes
@@ -313,6 +340,8 @@ class FIFOScheduler(Scheduler):
             if not self.schedule_prefill(r, plan, budget):
                 return plan
         for r in self.waiting_candidates():
+            if self.awaits_prefix(r):
+                continue
             if budget.tokens < 1 or not self.schedule_prefill(r, plan, budget, margin=True):
                 break
         return plan
@@ -336,6 +365,8 @@ class PrefillFirstScheduler(Scheduler):
                 break
         if prefills_done:
             for r in self.waiting_candidates():
+                if self.awaits_prefix(r):
+                    continue
                 if budget.tokens < 1 or not self.schedule_prefill(r, plan, budget, margin=self.safety_margin > 0):
                     break
         for r in self.decoding_requests():
