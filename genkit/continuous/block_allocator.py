@@ -43,7 +43,7 @@ from typing import Any
 
 from genkit.models.paged import blocks_for
 
-__all__ = ["BlockAllocator", "common_prefix"]
+__all__ = ["BlockAllocator"]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

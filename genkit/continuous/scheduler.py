@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .block_allocator import BlockAllocator, common_prefix
+from .block_allocator import BlockAllocator
 from .requests import RequestState, RequestStatus
 
 __all__ = ["Budget", "FIFOScheduler", "Plan", "PrefillFirstScheduler", "Scheduler", "scheduler_class"]
@@ -252,13 +252,13 @@ class Scheduler(ABC):
         once. A scheduler skips such a request this step (and goes on with the next)."""
         if not self.cache.allow_block_sharing or state.blocks or state.generated:
             return False
-        prompt = state.prompt_ids
+        prompt, need = state.prompt_ids, max(self.cache.block_size, len(state.prompt_ids) // 2)
         for other in self.active_requests.values():
             if other.status != RequestStatus.PREFILLING or not self._publishes_for(other, state):
                 continue
-            gain = common_prefix(other.prompt_ids, prompt) - other.from_cache
-            if gain >= max(self.cache.block_size, len(prompt) // 2) and \
-                    len(other.prompt_ids) - other.cached <= 2 * len(prompt):
+            shared = other.from_cache + need  # the tokens the two prompts must share, compared at C speed
+            if shared <= min(len(prompt), len(other.prompt_ids)) and prompt[:shared] == other.prompt_ids[:shared] \
+                    and len(other.prompt_ids) - other.cached <= 2 * len(prompt):
                 return True
         return False
 
