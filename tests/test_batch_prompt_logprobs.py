@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from hub_server import hub_server  # noqa: F401 - the fixture, requested by name
 from test_batch import _model_folder, _raw_tokenizer, _read, _write_rows
 from tolerance import logits_bound, unit_roundoff
 
@@ -125,3 +126,20 @@ def test_ray_job_on_an_encoder_decoder_folder_is_refused_before_ray_starts(tmp_p
                  "--engine", "ray", "--prompt-logprobs", "1", "--max-new-tokens", "2"]) == 2
     assert "`prompt_logprobs` needs a causal LM" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_ray_job_on_an_encoder_decoder_hub_model_fetches_only_its_config(tmp_path, capsys, hub_server):  # noqa: F811
+    pytest.importorskip("ray")
+    import seq2seq_models as S
+
+    from genkit.cli import main
+
+    S.save_with_tokenizer(S.build("t5"), str(tmp_path / "t5"))
+    hub_server.state.commit("org/t5", {name: (tmp_path / "t5" / name).read_bytes()
+                                       for name in ("config.json", "model.safetensors")})
+    _write_rows(tmp_path / "in.jsonl", 2)
+    assert main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--model", "org/t5",
+                 "--engine", "ray", "--prompt-logprobs", "1", "--max-new-tokens", "2"]) == 2
+    assert "`prompt_logprobs` needs a causal LM" in capsys.readouterr().err
+    fetched = [path for _, path in hub_server.state.file_requests()]
+    assert any(p.endswith("/config.json") for p in fetched) and not any("safetensors" in p for p in fetched)

@@ -73,15 +73,14 @@ def _check_engine_options(args: argparse.Namespace) -> None:
 
 
 def _check_ray_scoring(args: argparse.Namespace) -> None:
-    """``--prompt-logprobs`` with a local encoder-decoder folder refused before Ray starts (the
-    actors would each refuse it; a Hub model's config is read by the actors)."""
-    config = os.path.join(args.model, "config.json")
-    if args.prompt_logprobs is not None and os.path.isfile(config):
+    """``--prompt-logprobs`` on an encoder-decoder model refused before Ray starts (the actors would
+    each refuse it): its ``config.json`` read (of a Hub model, only that file fetched)."""
+    if args.prompt_logprobs is not None:
         from genkit.batch.engine import check_prompt_logprobs
-        from genkit.models.loading import read_config_json
+        from genkit.models.loading import model_config
 
-        check_prompt_logprobs(args.prompt_logprobs, bool(getattr(read_config_json(config), "is_encoder_decoder",
-                                                                 False)))
+        config = model_config(args.model, args.revision)
+        check_prompt_logprobs(args.prompt_logprobs, bool(getattr(config, "is_encoder_decoder", False)))
 
 
 def job_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -116,6 +116,33 @@ def resolve_model_source(ref: str | os.PathLike[str], revision: str | None = Non
     )
 
 
+def model_config(ref: str | os.PathLike[str], revision: str | None = None) -> ModelConfig | None:
+    """The ``config.json`` of a model folder or Hub id (of a Hub model, only that file is fetched),
+    without its weights; None for a ``.gguf`` file or the demo model (whose config is its header)."""
+    from .demo import DEMO_ALIASES
+
+    ref = os.fspath(ref)
+    path = os.path.expanduser(ref)
+    if os.path.isdir(path):
+        config = os.path.join(path, "config.json")
+        if not os.path.isfile(config):
+            raise ModelNotFoundError(f"no config.json in {path}")
+        return read_config_json(config)
+    if os.path.exists(path) or ref.lower() in DEMO_ALIASES or not _looks_like_hub_id(ref):
+        return None
+    from huggingface_hub import hf_hub_download
+
+    from ..hubhttp import download_deadline
+
+    try:
+        with download_deadline(f"the download of {ref}'s config.json") as headers:
+            return read_config_json(hf_hub_download(ref, "config.json", revision=revision, headers=headers))
+    except (ConfigError, ModelFileError):
+        raise
+    except Exception as exc:
+        raise hub_fetch_error(ref, revision, exc) from exc
+
+
 def hub_fetch_error(ref: str, revision: str | None, exc: Exception) -> ModelLoadError:
     """A one-line error for a Hub model that could not be fetched: offline, missing repo or revision."""
     from huggingface_hub import constants
