@@ -56,6 +56,19 @@ def _unscored(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "prompt_logprobs"} for r in rows]
 
 
+def _run_scored(tmp_path, model, tokenizer, rows: list[dict], engine, reference, chunk_size: int) -> list[dict]:
+    """``engine``'s scored job over ``in.jsonl``: every row written, its scores checked against the
+    model (:func:`_check_scores`), and the rows otherwise ``reference``'s (another engine's job over
+    the same rows, in ``reference.jsonl``)."""
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine, chunk_size=chunk_size)
+    assert (summary.written, summary.bad) == (len(rows), 0)
+    out = _read(tmp_path / "out.jsonl")
+    _check_scores(model, tokenizer, rows, out)
+    run_batch(tmp_path / "in.jsonl", tmp_path / "reference.jsonl", reference, chunk_size=chunk_size)
+    assert _unscored(out) == _unscored(_read(tmp_path / "reference.jsonl"))
+    return out
+
+
 @pytest.mark.parametrize("batching", ["continuous", "static"])
 def test_rows_carry_their_prompts_scores(tmp_path, tokenizer, batching):
     model = tiny_llama(seed=0)
@@ -63,15 +76,10 @@ def test_rows_carry_their_prompts_scores(tmp_path, tokenizer, batching):
     engine = make_local_engine(model, tokenizer, {"max_new_tokens": 3}, batch_size=4, batching=batching,
                                prompt_logprobs=K)
     assert type(engine) is (ContinuousEngine if batching == "continuous" else LocalEngine)
-    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine, chunk_size=4)
-    assert (summary.written, summary.bad) == (9, 0)
-    out = _read(tmp_path / "out.jsonl")
-    _check_scores(model, tokenizer, rows, out)
     plain = make_local_engine(model, tokenizer, {"max_new_tokens": 3}, batch_size=4, batching=batching)
-    run_batch(tmp_path / "in.jsonl", tmp_path / "plain.jsonl", plain, chunk_size=4)
     # the generations are those of the job without scores, which has no such column
-    assert _unscored(out) == _read(tmp_path / "plain.jsonl")
-    assert all("prompt_logprobs" not in r for r in _read(tmp_path / "plain.jsonl"))
+    _run_scored(tmp_path, model, tokenizer, rows, engine, plain, 4)
+    assert all("prompt_logprobs" not in r for r in _read(tmp_path / "reference.jsonl"))
 
 
 def test_parquet_output_and_resume(tmp_path, tokenizer):

@@ -186,7 +186,7 @@ def test_ray_engine_scores_prompts_as_the_local_engine_does(cluster, folder, tmp
     JSONL job and a Parquet one."""
     pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
-    from test_batch_prompt_logprobs import K, _check_scores, _unscored
+    from test_batch_prompt_logprobs import K, _check_scores, _run_scored
 
     import genkit
     from genkit.batch import make_local_engine
@@ -194,13 +194,8 @@ def test_ray_engine_scores_prompts_as_the_local_engine_does(cluster, folder, tmp
     rows = _write_rows(tmp_path / "in.jsonl", 40, seed=8)
     model, tokenizer = genkit.load_model(str(folder)), genkit.load_tokenizer(str(folder))
     engine = RayEngine(str(folder), {"max_new_tokens": 3}, batch_size=10, workers=2, prompt_logprobs=K)
-    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "ray.jsonl", engine, chunk_size=20)
-    assert (summary.written, summary.bad) == (40, 0)
-    got = _read(tmp_path / "ray.jsonl")
-    _check_scores(model, tokenizer, rows, got)
     local = make_local_engine(model, tokenizer, {"max_new_tokens": 3}, batch_size=10, prompt_logprobs=K)
-    run_batch(tmp_path / "in.jsonl", tmp_path / "local.jsonl", local, chunk_size=20)
-    assert _unscored(got) == _unscored(_read(tmp_path / "local.jsonl"))
+    _run_scored(tmp_path, model, tokenizer, rows, engine, local, 20)
     run_batch(tmp_path / "in.jsonl", tmp_path / "ray.parquet", engine, chunk_size=20)
     table = pq.read_table(tmp_path / "ray.parquet")
     assert "prompt_logprobs" in table.schema.names

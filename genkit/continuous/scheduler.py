@@ -223,12 +223,13 @@ class Scheduler(ABC):
                 min(state.pending, budget.tokens)) < self.safety_margin * self.cache.num_blocks:
             return False
         shared = waiting and not state.blocks and not state.generated
-        if shared and state.prompt_top is None:
-            state.blocks, state.cached = self.cache.cached_prefix(state.prompt_ids)
-        elif shared:  # a scored prompt: as far as its tokens' scores were published
-            state.blocks, state.cached, scores = self.cache.scored_prefix(state.prompt_ids, state.prompt_top)
-            state.take_scores(scores)
-        state.from_cache = state.cached if shared else state.from_cache
+        if shared:
+            if state.prompt_top is None:
+                state.blocks, state.cached = self.cache.cached_prefix(state.prompt_ids)
+            else:  # a scored prompt: as far as its tokens' scores were published
+                state.blocks, state.cached, scores = self.cache.scored_prefix(state.prompt_ids, state.prompt_top)
+                state.take_scores(scores)
+            state.from_cache = state.cached
         if not self._add_chunk(state, plan, budget, admitted=not waiting):
             if shared:
                 self.cache.release(state.blocks)

@@ -124,10 +124,7 @@ def model_config(ref: str | os.PathLike[str], revision: str | None = None) -> Mo
     ref = os.fspath(ref)
     path = os.path.expanduser(ref)
     if os.path.isdir(path):
-        config = os.path.join(path, "config.json")
-        if not os.path.isfile(config):
-            raise ModelNotFoundError(f"no config.json in {path}")
-        return read_config_json(config)
+        return read_config_json(_config_path(path))
     if os.path.exists(path) or ref.lower() in DEMO_ALIASES or not _looks_like_hub_id(ref):
         return None
     from huggingface_hub import hf_hub_download
@@ -141,6 +138,14 @@ def model_config(ref: str | os.PathLike[str], revision: str | None = None) -> Mo
         raise
     except Exception as exc:
         raise hub_fetch_error(ref, revision, exc) from exc
+
+
+def _config_path(folder: str) -> str:
+    """The ``config.json`` of a model folder, or a :class:`ModelNotFoundError` when it has none."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise ModelNotFoundError(f"no config.json in {folder}")
+    return path
 
 
 def hub_fetch_error(ref: str, revision: str | None, exc: Exception) -> ModelLoadError:
@@ -587,9 +592,7 @@ def _load_gguf(source: str, dtype: Any, device: Any, dequantize: bool) -> tuple[
 def _load_folder(source: str, dtype: Any, device: Any) -> tuple[Any, ModelConfig | None]:
     """The folder's model and config; an encoder-decoder checkpoint (T5, BART, Whisper...) is loaded
     through transformers and given with no config."""
-    cfg_path = os.path.join(source, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise ModelNotFoundError(f"no config.json in {source}")
+    cfg_path = _config_path(source)
     config = read_config_json(cfg_path)
     if getattr(config, "is_encoder_decoder", False):
         from .seq2seq import load_seq2seq

@@ -157,16 +157,14 @@ class ContinuousEngine:
         sent[out.request_id] = len(out.generated_tokens)
         if out.status != RequestStatus.FAILED:
             self.stats.generated_tokens_total += len(out.generated_tokens) - start
-            with self._lock:
-                held = self._held.get(id(stream))
             if start == 0 and out.prompt_logprobs is not None:  # the prompt's scores before its first token
                 pushes.append((stream, PromptEvent(list(out.prompt_ids), out.prompt_logprobs)))
-                if held is not None:  # the other choices' tokens come after them
-                    with self._lock:
-                        pushes += self._held.pop(id(stream), [])
-                    held = None
-            events = [(stream, event) for event in _events(out, start, choice, stream.request)]
-            (held if held is not None else pushes).extend(events)
+                with self._lock:  # then the other choices' tokens held until now
+                    pushes += self._held.pop(id(stream), [])
+            with self._lock:
+                held = self._held.get(id(stream))
+            (held if held is not None else pushes).extend(
+                (stream, event) for event in _events(out, start, choice, stream.request))
         if not out.is_finished():
             return
         sent.pop(out.request_id, None)
