@@ -12,6 +12,9 @@ not on two runs minutes apart: on the shared machines this project meets, speed 
 one minute to the next.
 
 Attention's cost grows with the context: ``--context 3000`` times steps after 3000 prompt positions.
+``--requests N`` (N > 1) times continuous batching instead: ``generate_batch`` of N such prompts (each
+its own random ids), every step a row per request (the block kernel's multi-row products), tokens/s
+counted over the whole batch, prefill included.
 
 Run: ``python bench/ab_block_kernel.py old=/tmp/block_kernel_before.c new=genkit/models/block_kernel.c
 --threads 2,1 --rounds 7 --tokens 128`` (``git show HEAD:genkit/models/block_kernel.c >
@@ -61,6 +64,16 @@ def _decode(model: Any, ids: torch.Tensor, new: int) -> tuple[float, list[int]]:
     return (clock.times[-1] - clock.times[1]) / (len(clock.tokens) - 1) * 1e3, clock.tokens
 
 
+def _batch(model: Any, prompts: list[list[int]], new: int) -> tuple[float, list[int]]:
+    """ms per generated token of ``generate_batch`` over ``prompts`` (``new`` greedy tokens each, no EOS),
+    and all the tokens, request after request."""
+    start = time.perf_counter()
+    out = model.generate_batch(prompts, max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+    seconds = time.perf_counter() - start
+    tokens = [t for rid in sorted(out) for t in out[rid].generated_tokens]
+    return seconds / (new * len(prompts)) * 1e3, tokens
+
+
 def build(label: str, source: str, mode: str) -> Any:
     """``source`` built and loaded as genkit loads its own kernel (:func:`block_kernel.build_cached`:
     genkit's flags for ``mode``, the verified kernel cache, AMX tiles granted in native mode)."""
@@ -75,16 +88,20 @@ def build(label: str, source: str, mode: str) -> Any:
 
 
 def use(lib: Any) -> None:
-    """Make ``lib`` the block kernel every later product and decode step calls."""
+    """Make ``lib`` the block kernel every later product and decode step calls, with the AMX threshold
+    the kernel choice set on the one it replaces (each build keeps its own: a build never told would
+    run every product on the vector path)."""
     block_kernel._lib, block_kernel._tried = lib, True
+    lib.gk_set_amx_rows(block_kernel._amx_rows)
 
 
 def ab_round(model: Any, ids: torch.Tensor, libs: dict[str, Any], new: int, rates: dict[str, list[float]],
              tokens: dict[str, list[int]]) -> None:
-    """One round: each build decodes ``new`` tokens in turn; its tokens/s and tokens are recorded."""
+    """One round: each build decodes ``new`` tokens in turn (``ids`` one prompt ``(1, T)``: ``generate``;
+    more rows: ``generate_batch`` over them); its tokens/s and tokens are recorded."""
     for label, lib in libs.items():
         use(lib)
-        ms, tokens[label] = _decode(model, ids, new)
+        ms, tokens[label] = _decode(model, ids, new) if ids.shape[0] == 1 else _batch(model, ids.tolist(), new)
         rates[label].append(1e3 / ms)
 
 
@@ -112,6 +129,7 @@ def main() -> None:
     ap.add_argument("--float32", action="store_true", help="the demo model's float32 conversion (gemv route)")
     ap.add_argument("--self-speculation", action="store_true",
                     help="with --float32: model.self_speculation = None (genkit's default) instead of False")
+    ap.add_argument("--requests", type=int, default=1, help="N > 1: continuous batching over N prompts")
     args = ap.parse_args()
     print(describe(), flush=True)  # the CPU kind these figures belong to
     pairs = [s.split("=", 1) for s in args.sources]
@@ -119,7 +137,7 @@ def main() -> None:
         raise SystemExit("give two or more sources as label=path")
     libs = {label: build(label, path, args.mode) for label, path in pairs}
     model = _model(args.float32, args.self_speculation)
-    ids = torch.randint(3, 40000, (1, args.context), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(3, 40000, (max(1, args.requests), args.context), generator=torch.Generator().manual_seed(1))
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         rates: dict[str, list[float]] = {label: [] for label in libs}
@@ -129,7 +147,7 @@ def main() -> None:
             ab_round(model, ids, libs, args.tokens, rates, tokens)
         same = len({tuple(t) for t in tokens.values()}) == 1
         cells = "  ".join(f"{label} {statistics.median(r):.1f}" for label, r in rates.items())
-        print(f"{threads} thread(s), {args.mode}, context {args.context}, medians of {args.rounds} (tok/s): "
+        print(f"{threads} thread(s), {args.mode}, {args.requests} request(s), context {args.context}, medians of {args.rounds} (tok/s): "
               f"{cells}; {'same tokens' if same else 'TOKENS DIFFER'}", flush=True)
 
 

@@ -70,13 +70,16 @@ def test_one_row_at_a_time_gives_the_rows_products_bit_for_bit(bits, out, act):
     """The one-row kernel of decode steps (AVX2: both halves of a panel in one pass; AVX-512: two
     panels at once, and the last one alone when their count is odd, as for 48 outputs) and the
     quantization of many rows at once (vectorised, shared among threads) give exactly the bits of
-    the row tiles of a prompt: a token's logits do not depend on how many rows came with it."""
+    the row tiles of a prompt (and of a few rows: a continuous-batching step's): a token's logits do
+    not depend on how many rows came with it."""
     codes, scale, minimum = _weight(bits, out, 1024, seed=bits)
     blocks = block_kernel.pack(codes, scale, minimum, bits)
     x = torch.randn(67, 1024, generator=torch.Generator().manual_seed(bits)) * torch.linspace(0.01, 30, 1024)
     together = block_kernel.matmul(x, blocks, bits, out, act)
     one_by_one = torch.cat([block_kernel.matmul(x[i:i + 1], blocks, bits, out, act) for i in range(x.shape[0])])
     assert torch.equal(together, one_by_one)
+    for m in (2, 3, 4, 5, 9):  # few rows: each tile size its own loop, the first pass fetching ahead
+        assert torch.equal(block_kernel.matmul(x[:m], blocks, bits, out, act), one_by_one[:m])
 
 
 @pytest.mark.parametrize("act", [block_kernel.ACT_TWO, block_kernel.ACT_LLAMA_Q8_1])
@@ -146,6 +149,7 @@ for bits in (4, 6, 8):
     packed = bk.pack(codes, scale, minimum, bits)
     out[bits] = [bk.matmul(x, packed, bits, 64).tolist(), x.tolist(), dense.tolist()]
     out[f"{bits} one row"] = bk.matmul(x[:1], packed, bits, 64).tolist()  # batch-1 decode's own loop
+    out[f"{bits} few rows"] = [bk.matmul(x[:m], packed, bits, 64).tolist() for m in (2, 3)]  # their own tiles
 print(json.dumps({"simd": bk.simd(), "out": out}))
 """
 
@@ -180,6 +184,9 @@ def test_the_portable_loops_agree_with_the_vector_kernels(tmp_path):
     assert portable["simd"] == ""
     if NATIVE:  # (a CPU with neither runs torch's kernels by default: no library is loaded)
         assert native["simd"] == NATIVE
+    for build in builds:  # each build: a product of 2 or 3 rows gives the rows of the 5-row product, bit for bit
+        for bits in ("4", "6", "8"):
+            assert build["out"][f"{bits} few rows"] == [build["out"][bits][0][:m] for m in (2, 3)]
     for other in builds[1:]:
         for bits in ("4", "6", "8"):
             (a, x, dense), b = map(torch.tensor, native["out"][bits]), torch.tensor(other["out"][bits][0])

@@ -367,9 +367,11 @@ static inline __attribute__((always_inline)) __m512i digits512(int two, __m512i 
     return two ? _mm512_add_epi32(_mm512_mullo_epi32(s1, _mm512_set1_epi32(254)), s2) : s1;
 }
 
+/* MT activation rows against one panel (a panel's 16 rows in one register); pf: whether this pass fetches
+ * the weights ahead (matmul_panels) */
 static inline __attribute__((always_inline)) void panel_vnni(
         int bits, int two, const uint8_t *w, int nb, const int8_t *q, const int8_t *q2, const float *dx,
-        const float *sx, const float *sx16, int K, int MT, float *y, int ldy) {
+        const float *sx, const float *sx16, int K, int MT, float *y, int ldy, int pf) {
     __m512 acc[GK_MT], accm[GK_MT];
     for (int i = 0; i < MT; i++) {
         acc[i] = _mm512_setzero_ps();
@@ -379,6 +381,11 @@ static inline __attribute__((always_inline)) void panel_vnni(
     const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb;
+        if (GK_PREFETCH > 0 && pf)
+            for (int off = 0; off < bb; off += 64) {
+                _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wb + 2 * (size_t)nb * bb + GK_PREFETCH + off), _MM_HINT_T1);
+            }
         if (bits == 6) {  /* two halves of 16 weights, each with its own scale and offset */
             __m512i h[2][GK_MT], h2[2][GK_MT];
             for (int i = 0; i < MT; i++) {
@@ -650,7 +657,7 @@ static inline __attribute__((always_inline)) __m256i digits256(int two, __m256i 
 
 static inline __attribute__((always_inline)) void panel_avx2(
         int bits, int two, const uint8_t *w, int g, int nb, const int8_t *q, const int8_t *q2, const int16_t *a,
-        const float *dx, const float *sx, const float *sx16, int K, int MT, float *y, int ldy) {
+        const float *dx, const float *sx, const float *sx16, int K, int MT, float *y, int ldy, int pf) {
     const int apart = GK_APART(bits, two);
     __m256 acc[GK_MT];
     for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
@@ -659,6 +666,11 @@ static inline __attribute__((always_inline)) void panel_avx2(
     const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb + 32 * g;
+        if (GK_PREFETCH > 0 && pf && g == 0)  /* (the second group of 8 rows finds the block in the cache) */
+            for (int off = 0; off < bb; off += 64) {
+                _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wb + 2 * (size_t)nb * bb + GK_PREFETCH + off), _MM_HINT_T1);
+            }
         if (bits == 6) {
             for (int half = 0; half < 2; half++) {
                 __m256i h1[GK_MT], h2[GK_MT];
@@ -1401,38 +1413,49 @@ static void matmul_panels(int bits, int two, const uint8_t *w, size_t panel_byte
                 __attribute__((unused)) const int16_t *am = a16 == NULL ? NULL : a16 + (size_t)m0 * K;
                 const float *dm = dx + (size_t)m0 * nb, *sm = sx + (size_t)m0 * nb, *hm = sx16 + 2 * (size_t)m0 * nb;
                 float *ym = y + (size_t)m0 * N + (size_t)p * GK_ROWS;
+                /* the first pass over a panel reads its weights as a one-row product does (row_vnni): asks
+                 * for them GK_PREFETCH bytes ahead, and two panels further on into L2 (one core reads faster
+                 * with more reads in flight). On the AVX-512 Xeon guest, quantized continuous batching of 2
+                 * requests 1.26x / 1.54x as fast (1 / 2 threads), 4 requests 1.32x / 1.39x, 8-16 requests
+                 * 1.07-1.14x, the AVX2 build 1.04-1.23x there; the same bits (session 32) */
+                __attribute__((unused)) const int pf = m0 == 0;
 #if defined(GK_VNNI) || defined(GK_AVX2)
-/* bits, the digit count and the tile's rows as constants, so that each tile is its own specialised loop */
-#define GK_SWITCH(B, D)                      \
-    switch (mt) {                            \
-        case 1: GK_TILE(B, D, 1); break;     \
-        case 2: GK_TILE(B, D, 2); break;     \
-        case 3: GK_TILE(B, D, 3); break;     \
-        default: GK_TILE(B, D, 4); break;    \
+/* bits, the digit count, the tile's rows and whether it fetches ahead as constants, so that each tile is
+ * its own specialised loop (tiles that do not fetch ahead compile as they did without it) */
+#define GK_SWITCH(B, D, F)                      \
+    switch (mt) {                               \
+        case 1: GK_TILE(B, D, 1, F); break;     \
+        case 2: GK_TILE(B, D, 2, F); break;     \
+        case 3: GK_TILE(B, D, 3, F); break;     \
+        default: GK_TILE(B, D, 4, F); break;    \
     }
 #ifdef GK_VNNI /* a panel's 16 rows in one register */
-#define GK_TILE(B, D, MT) panel_vnni(B, D, wp, nb, qm, rm, dm, sm, hm, K, MT, ym, N)
-#define GK_TILES(B, D) GK_SWITCH(B, D)
+#define GK_TILE(B, D, MT, F) panel_vnni(B, D, wp, nb, qm, rm, dm, sm, hm, K, MT, ym, N, F)
+#define GK_TILES(B, D, F) GK_SWITCH(B, D, F)
 #else /* AVX2: a panel's 16 rows as two groups of 8 */
-#define GK_TILE(B, D, MT) panel_avx2(B, D, wp, g, nb, qm, rm, am, dm, sm, hm, K, MT, ym, N)
-#define GK_TILES(B, D)                                                     \
+#define GK_TILE(B, D, MT, F) panel_avx2(B, D, wp, g, nb, qm, rm, am, dm, sm, hm, K, MT, ym, N, F)
+#define GK_TILES(B, D, F)                                                  \
     if (mt == 1 && B != 6)                                                 \
         row_avx2(B, D, wp, nb, qm, rm, am, dm, sm, ym);                    \
     else                                                                   \
-        for (int g = 0; g < 2; g++) { GK_SWITCH(B, D) }
+        for (int g = 0; g < 2; g++) { GK_SWITCH(B, D, F) }
 #endif
-#define GK_BITS(D)           \
+#define GK_BITS(D, F)        \
     if (bits == 4) {         \
-        GK_TILES(4, D)       \
+        GK_TILES(4, D, F)    \
     } else if (bits == 8) {  \
-        GK_TILES(8, D)       \
+        GK_TILES(8, D, F)    \
     } else {                 \
-        GK_TILES(6, D)       \
+        GK_TILES(6, D, F)    \
     }
-                if (two) {
-                    GK_BITS(1)
+                if (two && pf) {
+                    GK_BITS(1, 1)
+                } else if (two) {
+                    GK_BITS(1, 0)
+                } else if (pf) {
+                    GK_BITS(0, 1)
                 } else {
-                    GK_BITS(0)
+                    GK_BITS(0, 0)
                 }
 #undef GK_BITS
 #undef GK_TILES

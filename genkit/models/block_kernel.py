@@ -266,12 +266,17 @@ def amx_available() -> bool:
 AMX_PREFILL_MIN_ROWS = 32
 
 
+_amx_rows = 0  # the last set_amx_rows (a kernel loaded in place of this one takes it: bench/ab_block_kernel.py)
+
+
 def set_amx_rows(rows: int) -> None:
     """Products of at least ``rows`` rows (and at least 16: fewer fill no tile group) run on AMX
     where :func:`amx_available` (0: never; the vector path runs them). :mod:`genkit.models.kernel_choice` sets it from its probe."""
+    global _amx_rows
     lib = library()
     if lib is not None:
-        lib.gk_set_amx_rows(int(rows))
+        _amx_rows = int(rows)
+        lib.gk_set_amx_rows(_amx_rows)
 
 
 def available() -> bool:
