@@ -146,6 +146,25 @@ def test_the_probe_choice_is_cached_and_verified(home):
     assert all(why.startswith("cached probe at") for why in again.reasons.values())
 
 
+def test_amx_is_probed_only_where_it_runs(home):
+    """The block kernel's AMX tiles run products of 16 rows or more only: the decode (1 row) and
+    small (probed at 4) classes are not offered them (their probe would time the vector path twice
+    and choose by noise); the prefill class probes both."""
+    calls: list[tuple[str, int]] = []
+
+    def run(path: str, rows: int) -> None:  # AMX 4x faster: it would win any probe it entered
+        calls.append((path, rows))
+        _spin(0.001 if path == "amx" else 0.004)
+
+    choice = kernel_choice.choose("blocks", "sig-amx", ("vnni", "amx"), run)
+    assert choice.paths == {"decode": "vnni", "small": "vnni", "prefill": "amx"}
+    assert {rows for path, rows in calls if path == "amx"} == {kernel_choice.PROBE_ROWS["prefill"]}
+    assert {rows for path, rows in calls if path == "vnni"} == {kernel_choice.PROBE_ROWS["prefill"]}
+    for cls in ("decode", "small"):
+        assert choice.reasons[cls] == "the only path here for this class (amx runs products of 16+ rows only)"
+    assert choice.reasons["prefill"].startswith("probe at 64 rows")
+
+
 def test_the_cache_key_covers_the_c_kernels_code(home):
     """A choice measured on one version of the block or dense kernel is not read for another: the
     cache file's key is a digest of the CPU, torch, genkit, the probe rule and both C sources."""

@@ -94,12 +94,18 @@ MARGIN = 0.10  # another path replaces the default only when at least this much 
 # (family, class) -> a path taken over a faster one that beats the default too, when within PREFER_SLACK
 # of it: work of that path's steps that the probe's unit does not time (decode on gemv runs in one call)
 PREFERRED = {("dense", "decode"): "gemv"}
+# A path that runs only products of at least this many rows (fewer run the family's default path): the block
+# kernel's AMX tiles (block_kernel.gk_matmul). A class probed with fewer rows is not offered it: its probe would
+# time the vector path twice and choose by noise (a "small: amx" choice, session 31's cache on the Xeon guest,
+# then moved the AMX threshold from 32 rows to 16)
+PATH_MIN_ROWS = {"amx": 16}
 PREFER_SLACK = 0.15
-PROBE_VERSION = 6  # part of the cache key: choices probed by an older rule (version 1: best of 3, no margin,
+PROBE_VERSION = 7  # part of the cache key: choices probed by an older rule (version 1: best of 3, no margin,
 # taken under any load; version 2: without the gemv path; version 3: the products alone, before the
 # gemv kernel streamed at one core's read speed and took the norms, gate and residuals in; version 4:
 # no preferred path; version 5: the preferred path within 0.05 and beating the default by the margin,
-# before greedy steps speculated) are never read
+# before greedy steps speculated; version 6: AMX probed for the decode and small classes too, where it never
+# runs) are never read
 
 Runner = Callable[[str, int], None]
 """``run(path, rows)``: one timed unit of work on ``path`` with ``rows`` rows."""
@@ -254,17 +260,18 @@ def choose(family: str, signature: str, available: tuple[str, ...], run: Runner)
     why_busy: str | None = None
     for cls in CLASSES:
         key = f"{family}|{signature}|threads={threads}|{cls}"
+        here = tuple(p for p in available if PROBE_ROWS[cls] >= PATH_MIN_ROWS.get(p, 1))
         if cls in override:
             choice.paths[cls], choice.reasons[cls] = override[cls], f"{ENV}={os.environ.get(ENV, '')}"
-        elif len(available) == 1:
-            choice.paths[cls], choice.reasons[cls] = available[0], "the only path here"
-        elif entries.get(key, {}).get("path") in available:
+        elif len(here) == 1:
+            choice.paths[cls], choice.reasons[cls] = here[0], _only_path(available, here[0])
+        elif entries.get(key, {}).get("path") in here:
             choice.paths[cls], choice.reasons[cls] = entries[key]["path"], "cached " + entries[key].get("reason", "")
         elif why_busy or (why_busy := busy(threads)):
             choice.paths[cls] = available[0]
             choice.reasons[cls] = f"the default, not probed, not cached: machine busy ({why_busy}); probed next time"
         else:
-            path, why = _probe(available, run, PROBE_ROWS[cls], PREFERRED.get((family, cls)))
+            path, why = _probe(here, run, PROBE_ROWS[cls], PREFERRED.get((family, cls)))
             choice.paths[cls], choice.reasons[cls] = path, why
             fresh[key] = {"path": path, "reason": why}
     if fresh:
@@ -273,6 +280,16 @@ def choose(family: str, signature: str, available: tuple[str, ...], run: Runner)
         logger.info("kernel for %s %s products: %s (%s)", family, cls, choice.paths[cls], choice.reasons[cls])
     CHOSEN[(family, signature)] = choice
     return choice
+
+
+def _only_path(available: tuple[str, ...], path: str) -> str:
+    """The reason a class runs ``path`` without a probe: the only path here, or the others run only
+    larger products (:data:`PATH_MIN_ROWS`)."""
+    others = [p for p in available if p != path]
+    if not others:
+        return "the only path here"
+    return "the only path here for this class (" + ", ".join(f"{p} runs products of {PATH_MIN_ROWS[p]}+ rows only"
+                                                             for p in others) + ")"
 
 
 def describe() -> list[str]:
