@@ -27,6 +27,7 @@ from .llama import build_attention_mask
 from .llama_infer import (
     PreparedLayer,
     PreparedModel,
+    blocks_choice,
     finish_dense,
     gelu_tanh,
     lay_out,
@@ -170,7 +171,8 @@ def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | No
     routes (:func:`~genkit.models.llama_infer.finish_dense`; the head laid out column-major and the
     weights placed in huge pages, as the Llama family's); others run each projection as it is, and a
     batch-1 decode step in one block-kernel call where every projection is on that kernel
-    (:class:`~genkit.models.block_decode.BlockDecoder`: LayerNorms, biases, GELU's tanh form)."""
+    (:class:`~genkit.models.block_decode.BlockDecoder`: LayerNorms, biases, GELU's tanh form), the
+    kernel's paths chosen per shape class as the Llama family's (:func:`~genkit.models.llama_infer.blocks_choice`)."""
     projections = [p for p in (_projections(block) for block in blocks) if p is not None]
     if not blocks or len(projections) != len(blocks):
         return None
@@ -183,7 +185,7 @@ def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | No
         layers = [_prepared_layer(block, p) for block, p in zip(blocks, projections)]
     if not dense:  # quantized: decode steps in one block-kernel call where every projection is on that kernel
         place_blocks(layers, lm_head)
-        return PreparedModel(layers, None, BlockDecoder.build(layers))
+        return PreparedModel(layers, None, BlockDecoder.build(layers), choice=blocks_choice(layers))
     return finish_dense(layers, lm_head, [w for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd)], packing)
 
 

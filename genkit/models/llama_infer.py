@@ -420,7 +420,7 @@ def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None], lm_head
     from .block_decode import BlockDecoder
 
     place_blocks(prepared, lm_head)
-    return PreparedModel(prepared, None, BlockDecoder.build(prepared), choice=_blocks_choice(prepared))
+    return PreparedModel(prepared, None, BlockDecoder.build(prepared), choice=blocks_choice(prepared))
 
 
 def place_blocks(layers: list[PreparedLayer], lm_head: nn.Module) -> None:
@@ -430,9 +430,10 @@ def place_blocks(layers: list[PreparedLayer], lm_head: nn.Module) -> None:
     weight_arena.place([w.blocks for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd) if w.kernel == "blocks"] + head)
 
 
-def _blocks_choice(prepared: list[PreparedLayer]) -> Any:
+def blocks_choice(prepared: list[PreparedLayer]) -> Any:
     """The block kernel's path per shape class (its vector path, or AMX tiles where there are
-    some), as :mod:`genkit.models.kernel_choice` decides; None for torch's int4 kernel."""
+    some), as :mod:`genkit.models.kernel_choice` decides, for quantized ``prepared`` layers (the
+    Llama family's, GPT-2's); sets the kernel's AMX threshold from it. None for torch's int4 kernel."""
     from . import block_kernel, kernel_choice
 
     if prepared[0].wgu.kernel != "blocks" or not block_kernel.simd():
