@@ -225,6 +225,19 @@ static inline __attribute__((always_inline)) float quantize_block(const float *x
 #endif
 }
 
+#if defined(GK_VNNI) || defined(GK_AVX2)
+/* Asks for a block's `bb` bytes of weights GK_PREFETCH bytes ahead (into L1), and two panels (`pbytes` each)
+ * further on in the same stream (into L2): one core reads memory faster with more reads in flight (batch-1
+ * decode's row_vnni; the first pass of matmul_panels' tiles) */
+static inline __attribute__((always_inline)) void fetch_ahead(const uint8_t *wb, int bb, size_t pbytes) {
+    if (GK_PREFETCH > 0)
+        for (int off = 0; off < bb; off += 64) {
+            _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wb + 2 * pbytes + GK_PREFETCH + off), _MM_HINT_T1);
+        }
+}
+#endif
+
 /* f rounded to the nearest float16 (ties to even; F16C's vcvtps2ph, as ggml's GGML_FP32_TO_FP16) */
 static float round_f16(float f) {
 #if defined(GK_VNNI) || defined(GK_AVX2)
@@ -381,11 +394,7 @@ static inline __attribute__((always_inline)) void panel_vnni(
     const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb;
-        if (GK_PREFETCH > 0 && pf)
-            for (int off = 0; off < bb; off += 64) {
-                _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
-                _mm_prefetch((const char *)(wb + 2 * (size_t)nb * bb + GK_PREFETCH + off), _MM_HINT_T1);
-            }
+        if (pf) fetch_ahead(wb, bb, (size_t)nb * bb);
         if (bits == 6) {  /* two halves of 16 weights, each with its own scale and offset */
             __m512i h[2][GK_MT], h2[2][GK_MT];
             for (int i = 0; i < MT; i++) {
@@ -497,12 +506,7 @@ static inline __attribute__((always_inline)) void row_vnni(int bits, int two, co
         __m512i s1a[2], s1b[2], s2a[2], s2b[2];
         for (int k = 0; k < P; k++) {
             const uint8_t *wb = w + k * gap * pbytes + (size_t)b * bb;
-            if (GK_PREFETCH > 0)
-                for (int off = 0; off < bb; off += 64) {
-                    _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
-                    /* two panels further on in the same stream, into L2 */
-                    _mm_prefetch((const char *)(wb + 2 * pbytes + GK_PREFETCH + off), _MM_HINT_T1);
-                }
+            fetch_ahead(wb, bb, pbytes);
             s1a[k] = s1b[k] = s2a[k] = s2b[k] = _mm512_setzero_si512();
         }
         if (bits == 4) {
@@ -666,11 +670,7 @@ static inline __attribute__((always_inline)) void panel_avx2(
     const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb + 32 * g;
-        if (GK_PREFETCH > 0 && pf && g == 0)  /* (the second group of 8 rows finds the block in the cache) */
-            for (int off = 0; off < bb; off += 64) {
-                _mm_prefetch((const char *)(wb + GK_PREFETCH + off), _MM_HINT_T0);
-                _mm_prefetch((const char *)(wb + 2 * (size_t)nb * bb + GK_PREFETCH + off), _MM_HINT_T1);
-            }
+        if (pf && g == 0) fetch_ahead(wb, bb, (size_t)nb * bb);  /* (the second group of 8 rows finds it cached) */
         if (bits == 6) {
             for (int half = 0; half < 2; half++) {
                 __m256i h1[GK_MT], h2[GK_MT];

@@ -157,11 +157,10 @@ class ContinuousEngine:
         sent[out.request_id] = len(out.generated_tokens)
         if out.status != RequestStatus.FAILED:
             self.stats.generated_tokens_total += len(out.generated_tokens) - start
-            if start == 0 and out.prompt_logprobs is not None:  # the prompt's scores before its first token
-                pushes.append((stream, PromptEvent(list(out.prompt_ids), out.prompt_logprobs)))
-                with self._lock:  # then the other choices' tokens held until now
-                    pushes += self._held.pop(id(stream), [])
             with self._lock:
+                if start == 0 and out.prompt_logprobs is not None:  # the prompt's scores before its first token,
+                    pushes.append((stream, PromptEvent(list(out.prompt_ids), out.prompt_logprobs)))
+                    pushes += self._held.pop(id(stream), [])  # then the other choices' tokens held until now
                 held = self._held.get(id(stream))
             (held if held is not None else pushes).extend(
                 (stream, event) for event in _events(out, start, choice, stream.request))
