@@ -87,12 +87,15 @@ def build(label: str, source: str, mode: str) -> Any:
     return lib
 
 
-def use(lib: Any) -> None:
-    """Make ``lib`` the block kernel every later product and decode step calls, with the AMX threshold
-    the kernel choice set on the one it replaces (each build keeps its own: a build never told would
-    run every product on the vector path)."""
+def use(lib: Any, model: Any) -> None:
+    """Make ``lib`` the block kernel every later product and decode step calls. Each call passes the
+    AMX threshold the kernel choice gave ``model``'s weights; a build from before session 33 keeps one
+    of its own instead (``gk_set_amx_rows``), set here to the model's (never told, it would run every
+    product on the vector path)."""
     block_kernel._lib, block_kernel._tried = lib, True
-    lib.gk_set_amx_rows(block_kernel._amx_rows)
+    if hasattr(lib, "gk_set_amx_rows"):
+        prepared = getattr(model, "_prepared", None)  # (None before the first step: the warm-up round's first)
+        lib.gk_set_amx_rows(prepared[1].layers[0].wgu.amx_rows if prepared and prepared[1].choice else 0)
 
 
 def ab_round(model: Any, ids: torch.Tensor, libs: dict[str, Any], new: int, rates: dict[str, list[float]],
@@ -100,7 +103,7 @@ def ab_round(model: Any, ids: torch.Tensor, libs: dict[str, Any], new: int, rate
     """One round: each build decodes ``new`` tokens in turn (``ids`` one prompt ``(1, T)``: ``generate``;
     more rows: ``generate_batch`` over them); its tokens/s and tokens are recorded."""
     for label, lib in libs.items():
-        use(lib)
+        use(lib, model)
         ms, tokens[label] = _decode(model, ids, new) if ids.shape[0] == 1 else _batch(model, ids.tolist(), new)
         rates[label].append(1e3 / ms)
 

@@ -403,22 +403,21 @@ def test_an_unsupported_architecture_lists_gpt2(tmp_path):
 @quantized
 def test_a_quantized_gpt2_makes_the_block_kernel_choice(tmp_path):
     """A quantized GPT-2 chooses its block-kernel paths per shape class as the Llama family's models
-    do (genkit.models.kernel_choice), and the kernel's AMX threshold follows its choice: before, it
-    kept whatever the last model prepared had left (0, never AMX, in a process of its own)."""
+    do (genkit.models.kernel_choice), and its products' AMX threshold follows its choice: before, it
+    ran on whatever threshold the last model prepared had left (0, never AMX, in a process of its own)."""
     from genkit.models import block_kernel, kernel_choice
 
     if not block_kernel.available() or not block_kernel.simd():
         pytest.skip("no C compiler or no vector path: a quantized GPT-2 runs torch's kernels")
     path = tmp_path / "q.gguf"
     write_gpt2_gguf(path, tiny_gpt2(seed=5), qtype="Q8_0")
-    block_kernel.set_amx_rows(7)  # another model's threshold
-    try:
-        q = genkit.load_model(path)
-        q.generate(IDS[:1], max_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0)
-        choice = q._prepared[1].choice
-        assert choice is not None and choice.family == "blocks" and set(choice.paths) == set(kernel_choice.CLASSES)
-        assert choice.paths["decode"] == choice.paths["small"] == ("vnni" if block_kernel.simd() == "avx512-vnni"
-                                                                   else "avx2")
-        assert block_kernel._amx_rows == (block_kernel.AMX_PREFILL_MIN_ROWS if choice.paths["prefill"] == "amx" else 0)
-    finally:
-        block_kernel.set_amx_rows(0)
+    q = genkit.load_model(path)
+    q.generate(IDS[:1], max_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0)
+    prepared = q._prepared[1]
+    choice = prepared.choice
+    assert choice is not None and choice.family == "blocks" and set(choice.paths) == set(kernel_choice.CLASSES)
+    assert choice.paths["decode"] == choice.paths["small"] == ("vnni" if block_kernel.simd() == "avx512-vnni"
+                                                               else "avx2")
+    rows = block_kernel.AMX_PREFILL_MIN_ROWS if choice.paths["prefill"] == "amx" else 0
+    assert {w.amx_rows for p in prepared.layers for w in (p.wqkv, p.wo, p.wgu, p.wd)} == {rows}
+    assert [entry.amx_rows for entry in prepared.decoder.table] == [rows] * len(prepared.layers)

@@ -114,7 +114,33 @@ def test_every_block_kernel_path_here_gives_the_same_greedy_tokens(quantized_fil
     for path in paths[1:]:  # AMX: the same integer sums, scaled in the same order as the VNNI path
         assert results[path] == results[paths[0]]
         assert torch.equal(logits[path], logits[paths[0]])
-    block_kernel.set_amx_rows(0)
+
+
+def _thresholds(model) -> set[int]:
+    """The AMX thresholds a prepared quantized model's products run on: its block weights', its decoder
+    entries' and its LM head's (the ends of its one-call steps)."""
+    prepared = model._prepared[1]
+    found = {w.amx_rows for p in prepared.layers for w in (p.wqkv, p.wo, p.wgu, p.wd)}
+    found |= {entry.amx_rows for entry in prepared.decoder.table}
+    return found | {model.lm_head.amx_rows} if hasattr(model.lm_head, "amx_rows") else found
+
+
+def test_two_quantized_models_keep_their_own_amx_thresholds(quantized_file, monkeypatch):
+    """Each model's products run on the AMX threshold its own kernel choice set: a model prepared
+    later with another choice leaves it (before, one C variable for the process: the last model
+    prepared moved every other model's prefill onto its path)."""
+    if not block_kernel.available() or not block_kernel.amx_available():
+        pytest.skip("this CPU (or kernel) has no AMX-INT8: every model's threshold is 0")
+    simd = _block_paths()[0]
+    monkeypatch.setenv(kernel_choice.ENV, f"decode:{simd},small:{simd},prefill:amx")
+    tiles = genkit.load_model(quantized_file)
+    first = _greedy(tiles, PROMPTS["prefill"])
+    monkeypatch.setenv(kernel_choice.ENV, simd)
+    vector = genkit.load_model(quantized_file)
+    assert _greedy(vector, PROMPTS["prefill"]) == first
+    assert _thresholds(tiles) == {block_kernel.AMX_PREFILL_MIN_ROWS} and _thresholds(vector) == {0}
+    assert _greedy(tiles, PROMPTS["prefill"]) == first  # (the same bits on either path)
+    assert _thresholds(tiles) == {block_kernel.AMX_PREFILL_MIN_ROWS}
 
 
 def _spin(seconds: float) -> None:

@@ -56,7 +56,8 @@ class _Layer(ctypes.Structure):
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("q_eps", ctypes.c_float),
                 ("k_eps", ctypes.c_float), ("norm1_b", ctypes.c_void_p), ("norm2_b", ctypes.c_void_p),
                 ("b_qkv", ctypes.c_void_p), ("b_o", ctypes.c_void_p), ("b_gu", ctypes.c_void_p), ("b_d", ctypes.c_void_p),
-                ("gelu", ctypes.c_int), ("no_rope", ctypes.c_int), ("scale", ctypes.c_float)]
+                ("gelu", ctypes.c_int), ("no_rope", ctypes.c_int), ("scale", ctypes.c_float),
+                ("amx_rows", ctypes.c_int)]
 
 
 class _Ends(ctypes.Structure):
@@ -70,7 +71,8 @@ class _Ends(ctypes.Structure):
                 ("bound", ctypes.c_void_p), ("proxy_rows", ctypes.c_int), ("gemv_cols", ctypes.c_void_p),
                 ("rescore_w", ctypes.c_void_p), ("rescore_ld", ctypes.c_long), ("rescore", ctypes.c_int),
                 ("norm_b", ctypes.c_void_p), ("positions", ctypes.c_void_p), ("p0", ctypes.c_longlong),
-                ("p1", ctypes.c_longlong), ("position_rows", ctypes.c_longlong), ("live", ctypes.c_int)]
+                ("p1", ctypes.c_longlong), ("position_rows", ctypes.c_longlong), ("live", ctypes.c_int),
+                ("amx_rows", ctypes.c_int)]
 
 
 def _end_tensors(embed: Any, norm: Any, head: Any) -> tuple[torch.Tensor, ...] | None:
@@ -133,7 +135,7 @@ def _ends(embed: Any, norm: torch.Tensor, eps: float, llama: bool, head: Any, hi
         return None
     ends = _Ends(*table, norm.data_ptr(), eps, int(llama), *out)
     if type(head) is Int4Linear:  # (a last panel padded with rows of zeros: its own rows only are logits)
-        ends.live = head.out_features
+        ends.live, ends.amx_rows = head.out_features, head.amx_rows
     if extras:
         bias, positions = extras
         ends.norm_b, ends.positions = bias.data_ptr(), positions.data_ptr()
@@ -202,12 +204,16 @@ def _with_extras(layer: _Layer, p: Any) -> _Layer:
 
 
 def _block_layer(p: Any, llama: int) -> _Layer:
-    """A quantized layer's entry: its block weights, bit widths and activation roundings."""
-    return _with_extras(_Layer(
+    """A quantized layer's entry: its block weights, bit widths and activation roundings, and the
+    rows from which its products run on AMX tiles (the model's kernel choice, made before: the entry
+    keeps the weights' ``amx_rows``)."""
+    layer = _with_extras(_Layer(
         p.wqkv.blocks.data_ptr(), p.wo.blocks.data_ptr(), p.wgu.blocks.data_ptr(), p.wd.blocks.data_ptr(),
         p.norm1.data_ptr(), p.norm2.data_ptr(), p.wqkv.bits, p.wo.bits, p.wgu.bits, p.wd.bits,
         p.num_heads, p.num_kv_heads, p.head_dim, p.wd.in_features, p.eps,
         p.wqkv.act, p.wo.act, p.wgu.act, p.wd.act, llama, None, 0, 0, 0, 0), p)
+    layer.amx_rows = p.wgu.amx_rows
+    return layer
 
 
 def _dense_layer(p: Any, gemv: int) -> _Layer:

@@ -114,7 +114,6 @@ int gk_simd(void) {
 }
 
 __attribute__((unused)) static int gk_amx_ready = 0;     /* CPUID has AMX-TILE and AMX-INT8 and Linux granted the tile state */
-__attribute__((unused)) static int gk_amx_min_rows = 0;  /* products of at least this many rows run on AMX (0: never) */
 
 /* 1 when this build has the AMX path, the CPU has AMX-INT8 and Linux lets this process use the
  * tiles (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA); 0 otherwise (the VNNI path runs). */
@@ -131,8 +130,6 @@ int gk_amx_init(void) {
 #endif
 }
 
-/* Products of at least `rows` rows (and at least 16) use AMX where gk_amx_init() succeeded; 0 switches AMX off. */
-void gk_set_amx_rows(int rows) { gk_amx_min_rows = rows < 0 ? 0 : rows; }
 
 static float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
@@ -1470,16 +1467,21 @@ static void matmul_panels(int bits, int two, const uint8_t *w, size_t panel_byte
 }
 
 /* y (M, N) = x (M, K) @ W^T; W in the block layout above (N a multiple of 16, K of 32); act: how
- * activations are rounded (GK_ACT_TWO, GK_ACT_Q8_1, GK_ACT_Q8_0). Returns 0, -1 when the scratch
- * memory cannot be had, -3 for bad bits, -4 for a bad act. */
-int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads, int act) {
+ * activations are rounded (GK_ACT_TWO, GK_ACT_Q8_1, GK_ACT_Q8_0); amx_rows: products of at least this
+ * many rows (and at least 16) run on AMX tiles where gk_amx_init() succeeded (0: never; the caller's
+ * model's kernel choice, genkit/models/kernel_choice.py). Returns 0, -1 when the scratch memory cannot
+ * be had, -3 for bad bits, -4 for a bad act. */
+int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads, int act,
+              int amx_rows) {
     if (bits != 4 && bits != 6 && bits != 8) return -3;
     if (act < GK_ACT_TWO || act > GK_ACT_LLAMA_Q8_0 || (act >= GK_ACT_LLAMA_Q8_1 && bits == 6)) return -4;
     if (threads < 1) threads = 1;
     if (act >= GK_ACT_LLAMA_Q8_1) return matmul_llama(bits, w, x, y, M, N, K, threads, act);
-#ifdef GK_AMX
+#ifndef GK_AMX
+    (void)amx_rows;
+#else
     /* AMX from 16 rows: fewer fill no tile group (and the rows after the last 16 are the vector path's, below) */
-    if (gk_amx_ready && gk_amx_min_rows > 0 && M >= gk_amx_min_rows && M >= 16 && bits != 6)
+    if (gk_amx_ready && amx_rows > 0 && M >= amx_rows && M >= 16 && bits != 6)
         return matmul_amx(bits, w, x, y, M, N, K, threads, act);
 #endif
     int nb = K / GK_GROUP, panels = N / GK_ROWS;
@@ -1550,6 +1552,7 @@ typedef struct {
     const float *norm1_b, *norm2_b, *b_qkv, *b_o, *b_gu, *b_d;
     int gelu, no_rope;
     float scale;
+    int amx_rows; /* the block products' gk_matmul amx_rows (the model's kernel choice; 0: never AMX) */
 } gk_layer;
 
 enum { GK_W_QKV, GK_W_O, GK_W_GU, GK_W_D };
@@ -1574,7 +1577,7 @@ static int layer_product(const gk_layer *L, int which, const float *x, float *y,
     } else {
         const int bits[4] = {L->bits_qkv, L->bits_o, L->bits_gu, L->bits_d};
         const int act[4] = {L->act_qkv, L->act_o, L->act_gu, L->act_d};
-        rc = gk_matmul(bits[which], w[which], x, y, rows, N, K, threads, act[which]);
+        rc = gk_matmul(bits[which], w[which], x, y, rows, N, K, threads, act[which], L->amx_rows);
     }
     const float *bias[4] = {L->b_qkv, L->b_o, L->b_gu, L->b_d};
     if (rc == 0 && bias[which] != NULL)
@@ -2687,6 +2690,7 @@ typedef struct {
     /* a head whose rows were padded to a multiple of 16 with rows of zeros (a block head of GPT-2's 50,257, a
      * draft's): greedy steps choose among the first `live` rows only (0: all `outputs`; live_rows) */
     int live;
+    int amx_rows; /* the block head's and the 8-bit copy's gk_matmul amx_rows (as gk_layer.amx_rows) */
 } gk_ends;
 
 /* the embedding rows of ids into x (ids checked by the caller), row r at position pos + r % tokens: plus that
@@ -2725,7 +2729,7 @@ static int head_product(const gk_ends *e, const float *h, int rows, int hidden, 
     return e->gemv != NULL
                ? e->gemv(h, hidden, (const float *)e->head, e->head_ld, logits, rows, e->outputs, hidden, threads)
                : gk_matmul(e->head_bits, (const uint8_t *)e->head, h, logits, rows, e->outputs, hidden, threads,
-                           e->head_act);
+                           e->head_act, e->amx_rows);
 }
 
 /* logits (rows, outputs) of the hidden states x (rows, hidden): the final norm, then the LM head */
@@ -2937,7 +2941,7 @@ static int proxy_blocks(const gk_ends *e, const float *h, int K, int k, int *blo
     float *p = (float *)malloc(sizeof(float) * (size_t)e->proxy_rows);
     double *lo = k > 1 ? (double *)malloc(sizeof(double) * (size_t)e->outputs) : NULL;
     int rc = p == NULL || (k > 1 && lo == NULL) ? -1 : 0;
-    if (rc == 0 && gk_matmul(8, e->proxy, h, p, 1, e->proxy_rows, K, threads, GK_ACT_TWO) != 0) rc = -1;
+    if (rc == 0 && gk_matmul(8, e->proxy, h, p, 1, e->proxy_rows, K, threads, GK_ACT_TWO, e->amx_rows) != 0) rc = -1;
     if (rc == 0) rc = proxy_select(e, p, row_norm(h, K), k, blocks, cap, lo);
     free(p);
     free(lo);
@@ -2981,7 +2985,8 @@ static int argmax_rows(const gk_ends *e, const float *h, int rows, int hidden, f
                        int threads) {
     float *p = (float *)malloc(sizeof(float) * (size_t)rows * (size_t)e->proxy_rows);
     int rc = p == NULL ? -1 : 0;
-    if (rc == 0 && gk_matmul(8, e->proxy, h, p, rows, e->proxy_rows, hidden, threads, GK_ACT_TWO) != 0) rc = -1;
+    if (rc == 0 && gk_matmul(8, e->proxy, h, p, rows, e->proxy_rows, hidden, threads, GK_ACT_TWO, e->amx_rows) != 0)
+        rc = -1;
     for (int r = 0; rc == 0 && r < rows; r++) {
         const float *hr = h + (size_t)r * hidden;
         float *lr = logits + (size_t)r * e->outputs;

@@ -173,7 +173,7 @@ def declare(lib: Any) -> None:
     """The C signatures of the kernel's entry points on a loaded library (``ctypes.CDLL``)."""
     lib.gk_simd.restype = ctypes.c_int
     lib.gk_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+                              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.gk_matmul.restype = ctypes.c_int
     lib.gk_decode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
@@ -213,8 +213,6 @@ def declare(lib: Any) -> None:
     lib.gk_fma_f16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     lib.gk_fma_f16.restype = None
     lib.gk_amx_init.restype = ctypes.c_int
-    lib.gk_set_amx_rows.argtypes = [ctypes.c_int]
-    lib.gk_set_amx_rows.restype = None
 
 
 def library() -> Any:
@@ -266,19 +264,6 @@ def amx_available() -> bool:
 AMX_PREFILL_MIN_ROWS = 32
 
 
-_amx_rows = 0  # the last set_amx_rows (a kernel loaded in place of this one takes it: bench/ab_block_kernel.py)
-
-
-def set_amx_rows(rows: int) -> None:
-    """Products of at least ``rows`` rows (and at least 16: fewer fill no tile group) run on AMX
-    where :func:`amx_available` (0: never; the vector path runs them). :mod:`genkit.models.kernel_choice` sets it from its probe."""
-    global _amx_rows
-    lib = library()
-    if lib is not None:
-        _amx_rows = int(rows)
-        lib.gk_set_amx_rows(_amx_rows)
-
-
 def available() -> bool:
     """Whether the block kernel is built and loaded (see the module docstring)."""
     return library() is not None
@@ -322,16 +307,19 @@ def fits_float16(*tensors: torch.Tensor) -> bool:
     return all(bool(torch.isfinite(t.float().to(torch.float16)).all()) for t in tensors)
 
 
-def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, out_features: int, act: int = ACT_TWO) -> torch.Tensor:
+def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, out_features: int, act: int = ACT_TWO,
+           amx_rows: int = 0) -> torch.Tensor:
     """``x (M, K) @ W^T`` for ``W`` packed by :func:`pack`; float32 in and out; ``act``: how the
-    activations are rounded (:func:`act_mode`)."""
+    activations are rounded (:func:`act_mode`); ``amx_rows``: products of at least this many rows (and
+    at least 16: fewer fill no tile group) run on AMX tiles where :func:`amx_available`, with the same
+    bits (0: never; a model's is its kernel choice's, ``Int4Linear.amx_rows``)."""
     fn = _lib.gk_matmul if _lib is not None else library().gk_matmul
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()
     m, k = x.shape
     y = torch.empty(m, out_features, dtype=torch.float32)
     rc = fn(bits, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, out_features, k, torch.get_num_threads(),
-            act) if m else 0
+            act, amx_rows) if m else 0
     if rc == -3:
         raise ConfigError(f"`bits` must be 4, 6 or 8; got {bits}")
     if rc == -4:

@@ -185,7 +185,8 @@ def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | No
         layers = [_prepared_layer(block, p) for block, p in zip(blocks, projections)]
     if not dense:  # quantized: decode steps in one block-kernel call where every projection is on that kernel
         place_blocks(layers, lm_head)
-        return PreparedModel(layers, None, BlockDecoder.build(layers), choice=blocks_choice(layers))
+        choice = blocks_choice(layers, lm_head)  # (first: the decoder keeps the AMX threshold it sets)
+        return PreparedModel(layers, None, BlockDecoder.build(layers), choice=choice)
     return finish_dense(layers, lm_head, [w for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd)], packing)
 
 

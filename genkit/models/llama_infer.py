@@ -420,7 +420,8 @@ def _prepare_quantized(layers: nn.ModuleList, windows: list[int | None], lm_head
     from .block_decode import BlockDecoder
 
     place_blocks(prepared, lm_head)
-    return PreparedModel(prepared, None, BlockDecoder.build(prepared), choice=blocks_choice(prepared))
+    choice = blocks_choice(prepared, lm_head)  # (first: the decoder keeps the AMX threshold it sets)
+    return PreparedModel(prepared, None, BlockDecoder.build(prepared), choice=choice)
 
 
 def place_blocks(layers: list[PreparedLayer], lm_head: nn.Module) -> None:
@@ -430,10 +431,12 @@ def place_blocks(layers: list[PreparedLayer], lm_head: nn.Module) -> None:
     weight_arena.place([w.blocks for p in layers for w in (p.wqkv, p.wo, p.wgu, p.wd) if w.kernel == "blocks"] + head)
 
 
-def blocks_choice(prepared: list[PreparedLayer]) -> Any:
+def blocks_choice(prepared: list[PreparedLayer], lm_head: Any = None) -> Any:
     """The block kernel's path per shape class (its vector path, or AMX tiles where there are
     some), as :mod:`genkit.models.kernel_choice` decides, for quantized ``prepared`` layers (the
-    Llama family's, GPT-2's); sets the kernel's AMX threshold from it. None for torch's int4 kernel."""
+    Llama family's, GPT-2's); their block weights' (and a block ``lm_head``'s) ``amx_rows`` set from
+    it: this model's own threshold, whatever other models in the process chose. None for torch's
+    int4 kernel. Made before the layers' decoder is built (its entries keep the threshold)."""
     from . import block_kernel, kernel_choice
 
     if prepared[0].wgu.kernel != "blocks" or not block_kernel.simd():
@@ -441,18 +444,20 @@ def blocks_choice(prepared: list[PreparedLayer]) -> Any:
     simd = "vnni" if block_kernel.simd() == "avx512-vnni" else "avx2"
     available = (simd, "amx") if block_kernel.amx_available() else (simd,)  # the default first: the vector path
     inputs = _ProbeInputs()
+    probed = [w for p in prepared[:4] for w in (p.wqkv, p.wo, p.wgu, p.wd)]
 
     def run(path: str, rows: int) -> None:
-        block_kernel.set_amx_rows(1 if path == "amx" else 0)
-        for p in prepared[:4]:
-            for w in (p.wqkv, p.wo, p.wgu, p.wd):
-                w.forward(inputs(rows, w.in_features))
+        for w in probed:
+            w.amx_rows = 1 if path == "amx" else 0
+            w.forward(inputs(rows, w.in_features))
 
     signature = f"{prepared[0].wgu.bits}bit;{prepared[0].wgu.out_features}x{prepared[0].wgu.in_features}"
     choice = kernel_choice.choose("blocks", signature, available, run)
     rows = {**kernel_choice.PROBE_MIN_ROWS, "prefill": block_kernel.AMX_PREFILL_MIN_ROWS}
     first_amx = next((rows[c] for c in kernel_choice.CLASSES if choice.paths[c] == "amx"), 0)
-    block_kernel.set_amx_rows(first_amx)  # one threshold: AMX from the first class that chose it
+    head = [lm_head] if type(lm_head) is Int4Linear and lm_head.kernel == "blocks" else []
+    for w in [w for p in prepared for w in (p.wqkv, p.wo, p.wgu, p.wd)] + head:
+        w.amx_rows = first_amx  # one threshold: AMX from the first class that chose it
     return choice
 
 

@@ -123,6 +123,10 @@ class Int4Linear(nn.Module):
     """A bias-free linear layer whose weight is a sum of int4 parts (one for 4-bit formats, two for
     8-bit ones), run by torch's int4 weight-only CPU kernel. ``(…, in) -> (…, out)``."""
 
+    # the block kernel's products of this many rows and more run on AMX tiles (0: never); a prepared model's
+    # weights take their model's kernel choice (llama_infer.blocks_choice), every way a layer is made starts at 0
+    amx_rows = 0
+
     def __init__(self, in_features: int, out_features: int, parts: list[Int4Part] | None = None, source: str = "",
                  row_chunks: Iterable[list[Int4Part]] | None = None, kernel: str = "auto") -> None:
         """``parts`` (the whole matrix), or ``row_chunks``: the parts of consecutive blocks of rows
@@ -221,7 +225,7 @@ class Int4Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if self.kernel == "blocks":
             n = self.out_features
-            y = block_kernel.matmul(flat, self.blocks, self.bits, self.panel_rows, self.act)
+            y = block_kernel.matmul(flat, self.blocks, self.bits, self.panel_rows, self.act, self.amx_rows)
             y = y if y.shape[1] == n else y[:, :n]  # (a padded last panel's rows left out)
             return (y if x.dtype == torch.float32 else y.to(x.dtype)).reshape(*shape[:-1], n)
         if flat.dtype != ACT_DTYPE:
