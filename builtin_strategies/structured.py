@@ -130,7 +130,11 @@ class GrammarLogitsProcessor(LogitsProcessor):
     ``choice`` (a list of strings). ``prompt_length``: where the generated tokens start in
     ``input_ids`` (by default, the length of the first ``input_ids`` the processor sees, which is
     the prompt under ``generate``); ``eos_token_id``: the end-of-sequence id(s) allowed where the
-    grammar accepts (by default the tokenizer's). One processor serves one ``generate`` call.
+    grammar accepts (by default the tokenizer's). One processor serves one ``generate`` call (a copy,
+    ``copy.deepcopy``, is a fresh processor on the same compiled grammar: continuous batching gives each
+    request its own). A token the grammar allowed that the engine then fails on (one of llguidance's
+    limits, e.g. a regex too large for its lexer) is a :class:`ConfigError` naming the field: the output
+    could not be kept to the grammar.
     """
 
     def __init__(self, tokenizer: Any, *, json_schema: dict[str, Any] | None = None, regex: str | None = None,
@@ -148,17 +152,26 @@ class GrammarLogitsProcessor(LogitsProcessor):
         self._root = _llguidance().LLMatcher(self.tokenizer, self.grammar, log_level=0)
         if self._root.is_error():  # the first line: a panic's message comes with llguidance's backtrace
             raise ConfigError(f"`{self.field}`: {self._root.get_error().splitlines()[0]}")
-        self.prompt_length = prompt_length
+        self.prompt_length = self._given_length = prompt_length
         self.vocab = self.tokenizer.vocab_size
         self._states: dict[tuple[int, ...], Any] = {}
+        self._masks: dict[tuple[int, ...], torch.Tensor] = {}  # each history's allowed tokens (bitmask words)
         self._warned = False
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GrammarLogitsProcessor:
+        """A fresh processor on the same compiled grammar and tokenizer (shared: read only), no row advanced."""
+        twin = copy(self)
+        twin.prompt_length, twin._states, twin._masks, twin._warned = self._given_length, {}, {}, False
+        return twin
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.prompt_length is None:
             self.prompt_length = input_ids.shape[1]
         histories = [tuple(row) for row in input_ids[:, self.prompt_length:].tolist()]
         matchers = self._matchers(histories)
-        allowed = self._allowed(matchers, scores.shape[-1]).to(scores.device)
+        bitmask = self._bitmask(matchers)
+        self._masks = dict(zip(histories, bitmask))
+        allowed = self._allowed(matchers, bitmask, scores.shape[-1]).to(scores.device)
         return scores.masked_fill(~allowed, float("-inf"))  # type: ignore[return-value]
 
     def _matchers(self, histories: list[tuple[int, ...]]) -> list[Any]:
@@ -178,6 +191,7 @@ class GrammarLogitsProcessor(LogitsProcessor):
                 else:
                     del self._states[parent]
                 matcher.consume_token(key[-1])
+                self._check_engine(matcher, parent, key[-1])
             elif matcher is None:  # a history never seen (a rolled-back draft, a first call): replay it
                 matcher = self._root.deep_copy()
                 if key:
@@ -186,22 +200,36 @@ class GrammarLogitsProcessor(LogitsProcessor):
         self._states = current
         return [current[h] for h in histories]
 
-    def _allowed(self, matchers: list[Any], vocab: int) -> torch.Tensor:
+    def _check_engine(self, matcher: Any, parent: tuple[int, ...], token: int) -> None:
+        """Raise where ``matcher`` failed on a ``token`` its grammar allowed after ``parent`` (the engine
+        itself failed: one of its limits); a token it did not allow (padding, a token another processor
+        forced) leaves the row unconstrained, as documented."""
+        mask = self._masks.get(parent)
+        if not matcher.is_error() or mask is None or not 0 <= token < 32 * mask.numel():
+            return
+        if int(mask[token // 32]) >> (token % 32) & 1:
+            raise ConfigError(f"`{self.field}`: the grammar engine (llguidance) failed after {len(parent) + 1} "
+                              f"generated tokens on a token the grammar allowed: {matcher.get_error().splitlines()[0]}; "
+                              "the output cannot be kept to it (a smaller pattern or schema fits the engine's limits)")
+
+    def _bitmask(self, matchers: list[Any]) -> torch.Tensor:
+        """``(rows, words)`` int32: bit ``t % 32`` of word ``t // 32`` set where row's grammar allows
+        token ``t``; a row whose matcher failed (see :meth:`_allowed`) has none set."""
+        bitmask = torch.zeros((len(matchers), (self.vocab + 31) // 32), dtype=torch.int32)
+        for i, matcher in enumerate(matchers):
+            if not matcher.is_error():
+                row = bitmask[i]
+                matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+        return bitmask
+
+    def _allowed(self, matchers: list[Any], bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
         """``(rows, vocab)`` bool: True where the grammar allows the token. A row whose matcher
         failed (a finished row given padding, a token another processor forced) is left free."""
-        words = (self.vocab + 31) // 32
-        bitmask = torch.zeros((len(matchers), words), dtype=torch.int32)
-        free = []
-        for i, matcher in enumerate(matchers):
-            if matcher.is_error():
-                free.append(i)
-                if not self._warned:
-                    self._warned = True
-                    logger.debug("structured output: row %d left the grammar (%s); not constraining it",
-                                 i, matcher.get_error())
-                continue
-            row = bitmask[i]
-            matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+        free = [i for i, matcher in enumerate(matchers) if matcher.is_error()]
+        if free and not self._warned:
+            self._warned = True
+            logger.debug("structured output: row %d left the grammar (%s); not constraining it",
+                         free[0], matchers[free[0]].get_error())
         bits = (bitmask.view(torch.uint8).unsqueeze(-1) & _BITS) != 0  # little-endian: token 8*b + j
         allowed = bits.reshape(len(matchers), -1)[:, :min(self.vocab, vocab)]
         if vocab > allowed.shape[1]:  # the model's vocabulary is padded past the tokenizer's

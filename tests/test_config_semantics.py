@@ -107,6 +107,39 @@ def test_default_max_length_counts_new_tokens_as_in_transformers(tiny_pair):
     assert ours.generate(prompt, eos_token_id=None, max_length=30).shape == (1, 30)  # set: it is the total
 
 
+
+PASSED_AT_DEFAULT = [  # (the model's generation config, a transformers GenerationConfig the caller passes)
+    ({"repetition_penalty": 3.0}, {"repetition_penalty": 1.0, "max_new_tokens": 8, "do_sample": False}),
+    ({"num_beams": 3}, {"num_beams": 1, "max_new_tokens": 8, "do_sample": False}),
+    ({"do_sample": True, "temperature": 1.5}, {"do_sample": False, "max_new_tokens": 8}),
+    ({"no_repeat_ngram_size": 1}, {"no_repeat_ngram_size": 0, "max_new_tokens": 8, "do_sample": False}),
+    ({}, {"max_length": 20, "do_sample": False}),  # set: the whole length (unset: 20 after the prompt)
+]
+
+
+@pytest.mark.parametrize(("model_fields", "passed"), PASSED_AT_DEFAULT, ids=[str(p) for _, p in PASSED_AT_DEFAULT])
+def test_a_passed_transformers_config_keeps_what_it_sets_to_a_global_default(tiny_pair, model_fields, passed):
+    """A transformers ``GenerationConfig`` passed to generate keeps every field it sets, one at
+    transformers' global default included, over the model's generation config (``do_sample=False``
+    for a model whose config samples): as transformers does, natively and through the adapter."""
+    hf, ours = tiny_pair
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14]])
+    saved = (hf.generation_config, ours.generation_config)
+    try:
+        hf.generation_config = transformers.GenerationConfig(**{**hf.generation_config.to_diff_dict(), **model_fields})
+        ours.generation_config = GenerationConfig(**model_fields)
+        outs = []
+        for model in (hf, ours, hf):  # transformers, genkit's native model, genkit on the transformers model
+            torch.manual_seed(1)
+            run = model.generate if not outs else lambda *a, **k: genkit.generate(model, *a, **k)
+            outs.append(run(prompt, generation_config=transformers.GenerationConfig(**passed), eos_token_id=None,
+                            pad_token_id=0))
+    finally:
+        hf.generation_config, ours.generation_config = saved
+    assert outs[0].shape[1] == (20 if "max_length" in passed else prompt.shape[1] + 8)
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
 def test_model_values_fill_what_the_call_leaves_unset(tiny_model):
     from genkit.config import merge_for_generate
 

@@ -447,3 +447,69 @@ def test_a_config_without_num_key_value_heads_runs_continuous_batching(tmp_path)
     for out, prompt in zip(results.values(), prompts):
         ref = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=6, min_new_tokens=6)
         assert out.generated_tokens == _greedy(model, prompt, 6) == ref[0, len(prompt):].tolist()
+
+
+class _BanTheCallCount:
+    """A processor with state: at its n-th call it bans token ``3 + n`` and the token ``prompt_length``
+    (the length of the first ids it saw), as a grammar processor keeps its matchers and prompt length."""
+
+    def __init__(self) -> None:
+        self.calls, self.prompt_length = 0, None
+
+    def __call__(self, input_ids, scores):
+        if self.prompt_length is None:
+            self.prompt_length = input_ids.shape[1]
+        scores = scores.clone()
+        scores[:, [3 + self.calls, self.prompt_length]] = float("-inf")
+        self.calls += 1
+        return scores
+
+
+def _force_banned(model, prompt):
+    """The greedy tokens of ``prompt`` alone with a fresh :class:`_BanTheCallCount`."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=None,
+                         logits_processor=[_BanTheCallCount()])
+    return out[0, len(prompt):].tolist()
+
+
+def test_one_processor_given_to_a_batch_runs_as_each_requests_own(model):
+    """generate_batch and generate(cache_implementation="paged") give each request a copy of the
+    caller's processors: a processor with state sees one request's tokens only, as generate gives it
+    one prompt's (one object served every request before: its count and prompt length mixed them)."""
+    prompts = _prompts(5, seed=4, low=2, high=30)
+    expected = [_force_banned(model, p) for p in prompts]
+    shared = _BanTheCallCount()
+    out = model.generate_batch(prompts, max_new_tokens=6, do_sample=False, eos_token_id=None, logits_processor=[shared])
+    assert [o.generated_tokens for o in out.values()] == expected
+    assert shared.calls == 0  # the caller's own object is left as it was
+    manager = model.init_continuous_batching(continuous_batching_config=_cb())
+    manager.start()
+    try:
+        ids = manager.add_requests(prompts[:2], max_new_tokens=6, do_sample=False, eos_token_id=None,
+                                   logits_processor=[shared])
+        got = [manager.get_result(rid, timeout=60) for rid in ids]
+    finally:
+        manager.stop(block=True, timeout=30)
+        manager.destroy()
+    assert [r.generated_tokens for r in got] == expected[:2]
+    width = max(len(p) for p in prompts[:2])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts[:2]])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts[:2]])
+    paged = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=None,
+                           cache_implementation="paged", logits_processor=[shared])
+    assert [row[width:].tolist() for row in paged] == expected[:2]
+
+
+def test_a_processor_that_cannot_be_copied_for_each_request_is_refused_before_anything_runs(model):
+    class Locked(_BanTheCallCount):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lock = threading.Lock()  # copy.deepcopy cannot copy a lock
+
+    with pytest.raises(ConfigError, match=r"^`logits_processor`: given to several requests, each runs its own copy "
+                                          r"\(as generate runs one per call\), and this one cannot be copied "
+                                          r"\(TypeError: .*lock.*\); give each request its own objects"):
+        model.generate_batch(_prompts(2), max_new_tokens=2, logits_processor=[Locked()])
+    one = model.generate_batch(_prompts(1), max_new_tokens=2, do_sample=False, eos_token_id=None,
+                               logits_processor=[Locked()])  # one request: the object itself, as generate runs it
+    assert one["req_0"].generated_tokens == _force_banned(model, _prompts(1)[0])[:2]

@@ -223,3 +223,41 @@ def test_an_encoder_decoder_models_decoder_is_constrained_after_its_start_token(
             assert row[0] == eot and eot in row[1:], (kw, row)  # the decoder's start, then EOS ends the text
             text = tok.decode(row[1:row.index(eot, 1)])
             assert re.fullmatch(pattern, text), (kw, text)
+
+
+def test_a_grammar_the_engine_gives_up_on_is_an_error_not_free_text(demo):
+    """llguidance's lexer gives up on `a{1000000}` a token in ("too many expressions constructed"):
+    that is an error naming the field, not the rest of the output left unconstrained."""
+    model, tok = demo
+    ids = _prompt(tok, "Say a")
+    for field, value in (("guided_regex", "a{1000000}"), ("guided_json", {"type": "string", "pattern": "^(x{1000}){1000}$"})):
+        with pytest.raises(ConfigError, match=rf"^`{field}`: the grammar engine \(llguidance\) failed after \d+ "
+                                              r"generated tokens on a token the grammar allowed: lexer error: too many "
+                                              r"expressions constructed; the output cannot be kept to it"):
+            genkit.generate(model, ids, max_new_tokens=8, do_sample=False, tokenizer=tok, **{field: value})
+
+
+def test_one_grammar_processor_given_to_a_batch_keeps_every_request_in_its_grammar(demo):
+    """A GrammarLogitsProcessor given to generate_batch or to generate(cache_implementation="paged")
+    runs as each request's own (a copy): every request answers from the choices, with the tokens that
+    generate gives its prompt alone (one object served every request before: the 19-token prompt left
+    the grammar, read from the 7-token prompt's position)."""
+    from genkit.builtin_strategies.structured import GrammarLogitsProcessor
+
+    model, tok = demo
+    texts = ["Is the sky blue? Answer:", "Question: is water wet, and is the sun a star like the other stars? Answer:"]
+    prompts = [tok(t)["input_ids"] for t in texts]
+    assert len({len(p) for p in prompts}) == 2
+    alone = [genkit.generate(model, torch.tensor([p]), max_new_tokens=6, do_sample=False,
+                             logits_processor=[GrammarLogitsProcessor(tok, choice=["yes", "no"])])[0, len(p):].tolist()
+             for p in prompts]
+    assert all(tok.decode(t, skip_special_tokens=True) in ("yes", "no") for t in alone)
+    one = GrammarLogitsProcessor(tok, choice=["yes", "no"])
+    out = genkit.generate_batch(model, prompts, max_new_tokens=6, do_sample=False, logits_processor=[one])
+    assert [o.generated_tokens for o in out.values()] == alone
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    paged = genkit.generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                            cache_implementation="paged", logits_processor=[one])
+    assert [row[width:][:len(t)].tolist() for row, t in zip(paged, alone)] == alone

@@ -61,5 +61,9 @@ def test_a_length_past_the_context_is_refused_before_anything_is_allocated(tiny_
                                               rf"1000000003 positions; the model's context \(`max_position_embeddings`\) "
                                               rf"is {context}: ask for at most {context - 3} new tokens"):
             genkit.generate(tiny_model, ids, max_new_tokens=10**9, max_time=3, **engine)
+    with pytest.raises(ConfigError, match=rf"^`max_length` \({context + 1}\) with a prompt of 3 tokens is past the context; "
+                                          rf"the model's "
+                                          rf"context \(`max_position_embeddings`\) is {context}: ask for at most "):
+        genkit.generate(tiny_model, ids, max_length=context + 1)  # named as the caller set it
     out = genkit.generate(tiny_model, ids, max_new_tokens=context - 3, min_new_tokens=context - 3)
     assert out.shape == (1, context)  # the whole context stays usable

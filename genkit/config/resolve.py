@@ -139,9 +139,11 @@ def resolve_lengths(config: ResolvedConfig, input_length: int, max_positions: in
     if max_positions and max_length > int(max_positions):
         # checked before any buffer or cache is sized from max_length (as vLLM's max_model_len and
         # llama.cpp's n_ctx refuse a request past the context)
+        asked = (f"`max_new_tokens` ({max_length - input_length}) with a prompt of {input_length} tokens needs "
+                 f"{max_length} positions" if config.max_new_tokens is not None or "max_length" in config.defaulted
+                 else f"`max_length` ({max_length}) with a prompt of {input_length} tokens is past the context")
         raise ConfigError(
-            f"`max_new_tokens` ({max_length - input_length}) with a prompt of {input_length} tokens needs "
-            f"{max_length} positions; the model's context (`max_position_embeddings`) is {int(max_positions)}: "
+            f"{asked}; the model's context (`max_position_embeddings`) is {int(max_positions)}: "
             f"ask for at most {max(int(max_positions) - input_length, 0)} new tokens")
     changes = {"max_length": max_length}
     if config.min_new_tokens is not None:

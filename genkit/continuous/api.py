@@ -15,7 +15,7 @@ from ..errors import ArgumentTypeError, ConfigError, GenerationError, NotSupport
 from .config import ContinuousBatchingConfig
 from .gate import UNSUPPORTED_ARGUMENTS, check_inputs, check_model
 from .manager import ContinuousBatchingManager
-from .requests import GenerationOutput
+from .requests import GenerationOutput, own_objects
 from .transformers_models import hf_generate_batch, hf_init_continuous_batching, transformers_model
 
 logger = logging.getLogger("genkit.continuous")
@@ -100,7 +100,9 @@ def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any =
     """Generate for every prompt in ``inputs`` with continuous batching; returns
     ``{request_id: GenerationOutput}`` (ids ``req_0``, ``req_1``… in input order). ``kwargs`` are
     generation fields for every request (``max_new_tokens``, ``do_sample``, …): an unknown one is a
-    ``ConfigError`` naming it, before anything runs. A request that fails has ``status`` FAILED and
+    ``ConfigError`` naming it, before anything runs; ``logits_processor`` and ``stopping_criteria``
+    lists are copied for each request (:func:`~genkit.continuous.requests.own_objects`: each runs its
+    own, as ``generate`` does for one prompt). A request that fails has ``status`` FAILED and
     an ``error``; the others are unaffected. The other keywords are transformers' (5.2 and 5.24; see
     :func:`init_continuous_batching` and :func:`continuous_batching_context_manager`). A transformers
     model runs its own ``generate_batch`` (transformers 5's), with the settings translated."""
@@ -118,17 +120,19 @@ def generate_batch(model: Any, inputs: list[list[int]], generation_config: Any =
                                  record_timestamps, progress_bar, kwargs, allow_block_sharing=allow_block_sharing,
                                  persistent_manager=persistent_manager, warmup=warmup)
     _check_request_kwargs(model, generation_config, kwargs)
+    prompts = [list(x) for x in inputs]
+    # each request its own processors and criteria (copied before anything is made: one may not copy)
+    settings = [own_objects(kwargs) for _ in prompts] if len(prompts) > 1 else [kwargs]
     cb = _cb_config(model, generation_config, continuous_batching_config, allow_block_sharing)
     manager = init_continuous_batching(model, generation_config, continuous_batching_config=cb)
     if warmup and not manager.warmed_up:
         manager.warmup()
-    prompts = [list(x) for x in inputs]
     # without a queue bound, every request is queued before the loop starts: its first step sees them all
-    ids = [] if manager.max_queue_size else manager.add_requests(prompts, record_timestamps=record_timestamps,
-                                                                  **kwargs)
+    ids = [] if manager.max_queue_size else [manager.add_request(prompt, record_timestamps=record_timestamps, **kw)
+                                             for prompt, kw in zip(prompts, settings)]
     manager.start()
     try:
-        ids = ids or [_add_when_room(manager, prompt, record_timestamps, kwargs) for prompt in prompts]
+        ids = ids or [_add_when_room(manager, prompt, record_timestamps, kw) for prompt, kw in zip(prompts, settings)]
         results = _collect(manager, ids, progress_bar)
     finally:
         manager.stop(block=True, timeout=30, keep_for_next_session=persistent_manager)

@@ -37,7 +37,7 @@ from .block_allocator import BlockAllocator
 from .config import ContinuousBatchingConfig, warn_no_effect
 from .gate import argument_refusal, check_model, refusal, take_arguments
 from .outputs import OutputRouter, call_in_loop
-from .requests import GenerationOutput, RequestState, RequestStatus
+from .requests import GenerationOutput, RequestState, RequestStatus, own_objects
 from .scheduler import scheduler_from
 from .solo import SoloDecoder, take_greedy
 
@@ -302,8 +302,12 @@ class ContinuousBatchingManager:
 
     def add_requests(self, inputs: list[list[int]], max_new_tokens: int | None = None, streaming: bool = False,
                      record_timestamps: bool = False, **generation_kwargs: Any) -> list[str]:
+        """:meth:`add_request` for each of ``inputs`` with the same settings; given to several, a
+        ``logits_processor`` or ``stopping_criteria`` list is copied for each (:func:`own_objects`)."""
         return [self.add_request(ids, max_new_tokens=max_new_tokens, streaming=streaming,
-                                 record_timestamps=record_timestamps, **generation_kwargs) for ids in inputs]
+                                 record_timestamps=record_timestamps,
+                                 **(own_objects(generation_kwargs) if len(inputs) > 1 else generation_kwargs))
+                for ids in inputs]
 
     def cancel_request(self, request_id: str) -> None:
         """Stop a request whether it waits, computes its prompt or generates: it never yields a

@@ -3,6 +3,7 @@ shape of transformers 5's ``GenerationOutput``)."""
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
@@ -10,7 +11,39 @@ from typing import Any
 
 import torch
 
-__all__ = ["GenerationOutput", "RequestState", "RequestStatus"]
+from genkit.errors import ConfigError
+
+__all__ = ["GenerationOutput", "RequestState", "RequestStatus", "own_objects"]
+
+REQUEST_OBJECTS = ("logits_processor", "stopping_criteria")  # a request's own objects, run as generate runs them
+
+
+def _kept(value: Any) -> bool:
+    """Whether a copy of a processor keeps ``value`` itself: a model or other module, a tokenizer
+    (what a processor reads, never changes; costly to copy)."""
+    return isinstance(value, torch.nn.Module) or (callable(getattr(value, "encode", None))
+                                                   and callable(getattr(value, "decode", None)))
+
+
+def own_objects(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with a copy (``copy.deepcopy``) of its ``logits_processor`` and ``stopping_criteria``
+    lists, for one of several requests given the same ones: each request runs its own, as ``generate``
+    runs them for one call, so that one that keeps state (a grammar processor's matchers, the prompt
+    length it read first, a criterion's count) sees one request's tokens only. Modules and tokenizers
+    they hold are shared. One that cannot be copied is a :class:`ConfigError` naming the argument."""
+    out = dict(kwargs)
+    for name in REQUEST_OBJECTS:
+        objects = kwargs.get(name)
+        if not objects:
+            continue
+        memo = {id(v): v for obj in objects for v in getattr(obj, "__dict__", {}).values() if _kept(v)}
+        try:
+            out[name] = copy.deepcopy(objects, memo)
+        except Exception as exc:  # noqa: BLE001 - whatever a user's object raises when copied
+            raise ConfigError(f"`{name}`: given to several requests, each runs its own copy (as generate runs one "
+                              f"per call), and this one cannot be copied ({type(exc).__name__}: {exc}); give each "
+                              "request its own objects (add_request)") from exc
+    return out
 
 
 class RequestStatus(IntEnum):

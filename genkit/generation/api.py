@@ -106,7 +106,7 @@ def _from_transformers_objects(model: Any, generation_config: Any) -> tuple[Any,
     if generation_config is not None and type(generation_config).__module__.startswith("transformers."):
         from ..models.adapter import genkit_generation_config
 
-        generation_config = genkit_generation_config(generation_config)
+        generation_config = genkit_generation_config(generation_config, getattr(model, "generation_config", None))
     return model, generation_config
 
 

@@ -106,17 +106,27 @@ def as_genkit_cache(cache: Any) -> Any:
     return cache
 
 
-def genkit_generation_config(hf_config: Any) -> Any:
-    """A transformers ``GenerationConfig`` as a genkit one: the fields it sets that genkit knows,
-    except those at transformers' global default (genkit's defaults are the same), so a config
-    transformers resolved reads as the settings it was resolved from."""
+def genkit_generation_config(hf_config: Any, base: Any = None) -> Any:
+    """A transformers ``GenerationConfig`` as a genkit one: the fields it sets that genkit knows.
+
+    A field at transformers' global default is left unset (genkit's defaults are the same), so that a
+    config transformers resolved reads as the settings it was resolved from, except where it means
+    more than the default: ``max_length`` (set, it is the whole length; unset, 20 tokens after the
+    prompt), and a field that ``base`` (the model's generation config, which fills what the caller's
+    leaves unset) sets otherwise: ``do_sample=False`` passed for a model whose config samples."""
     from ..config import GenerationConfig, field_table
 
     diff = hf_config.to_diff_dict()
     defaults = hf_config._get_default_generation_params() if hasattr(hf_config, "_get_default_generation_params") else {}
     table = field_table()
-    kept = {k: v for k, v in diff.items() if k in table and not k.startswith("_")
-            and not (k in defaults and defaults[k] == v)}
+
+    def meant(k: str, v: Any) -> bool:
+        if k == "max_length" or k not in defaults or defaults[k] != v:
+            return True
+        under = getattr(base, k, None) if base is not None else None
+        return under is not None and under != v
+
+    kept = {k: v for k, v in diff.items() if k in table and not k.startswith("_") and meant(k, v)}
     dropped = sorted(k for k in diff if k not in table and not k.startswith("_") and k != "transformers_version")
     if dropped:
         logger.debug("generation_config fields genkit does not know, ignored: %s", dropped)
