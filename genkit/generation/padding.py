@@ -5,11 +5,16 @@ takes the padding off.
 are the batch's padded width (``max_length`` and ``min_length`` count it, ``forced_bos_token_id``
 acts where it is one token) and the processors that read earlier tokens read the padding as tokens
 (``no_repeat_ngram_size`` bans n-grams of pad ids, ``encoder_repetition_penalty`` favours the pad
-id...). A row of such a batch can then get other tokens than the same row alone.
+id...). A row of such a batch can then get other tokens than the same row alone. Two paths
+depend on it:
 
-``genkit batch``'s static engine pads rows itself, and each row must get what ``generate`` gives it
-alone: rows with these settings share a batch only with prompts that the padding cannot reach
-(:func:`padding_group`).
+- ``genkit batch``'s static engine pads rows itself, and each row must get what ``generate`` gives
+  it alone: rows with these settings share a batch only with prompts that the padding cannot
+  reach (:func:`padding_group`);
+- ``generate(cache_implementation="paged")`` takes each row's padding off, and must give what
+  ``generate`` gives the padded batch: the lengths counted from the padded width become lengths of
+  each row's own (:func:`unpadded_lengths`). The token readers cannot be given the padding back:
+  each request reads its own tokens, as ``generate`` on the row alone does.
 """
 
 from __future__ import annotations
@@ -97,3 +102,24 @@ def padding_group(readers: Mapping[str, int | None], length: int) -> int | None:
     farthest = max(r for r in reaches if r is not None)
     return min(length, farthest)
 
+
+def unpadded_lengths(config: Any, width: int) -> dict[str, Any]:
+    """The settings that give each row of a batch ``width`` tokens wide, computed without its
+    padding, the lengths ``generate`` counts from the padded width: a ``max_length`` becomes the
+    new tokens it leaves, a ``min_length`` the new tokens it asks for beyond the width, and a
+    ``forced_bos_token_id`` is off on a batch wider than one token (``generate`` forces it only where
+    the whole sequence is one token). Only the settings to change (on ``config`` resolved); with
+    ``max_new_tokens`` among them, a ``max_length`` of the call is to be dropped (it would only warn
+    that ``max_new_tokens`` wins over it)."""
+    from genkit.config import resolve_lengths
+
+    changes: dict[str, Any] = {}
+    if counts_max_length(config):
+        changes["max_new_tokens"] = int(resolve_lengths(config, width).max_length) - width
+    if counts_min_length(config):
+        changes["min_length"] = 0
+        if config.min_length > width:
+            changes["min_new_tokens"] = config.min_length - width
+    if config.forced_bos_token_id is not None and width > 1:
+        changes["forced_bos_token_id"] = None
+    return changes
