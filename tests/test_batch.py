@@ -209,3 +209,90 @@ def test_docs_example_runs():
     assert blocks
     for code in blocks:
         exec(compile(code, "docs/batch.md", "exec"), {"__name__": "__docs__"})
+
+
+# -- padding: a static batch gives each row what generate gives it alone ---------------------------------------
+EOS = 92  # an id the tiny model (seed 0) emits; the model has no pad id, so the static engine pads with it
+ALPHA = 3  # "alpha", the one-token prompt
+
+
+def _pad_is_eos_model():
+    model = tiny_llama(seed=0)
+    model.config.pad_token_id = None
+    model.generation_config.pad_token_id = None
+    model.generation_config.eos_token_id = EOS
+    return model
+
+
+def _alone(model, ids: list[int], settings: dict) -> list[int]:
+    out = genkit.generate(model, torch.tensor([ids]), **settings)[0, len(ids):].tolist()
+    return out[: out.index(EOS) + 1] if EOS in out else out
+
+
+@pytest.mark.parametrize("settings", [
+    {"min_length": 12},  # counts the padded width
+    {"no_repeat_ngram_size": 1},  # bans the pad id, here the EOS
+    {"encoder_repetition_penalty": 3.0},  # favours the pad id
+    {"encoder_no_repeat_ngram_size": 1},
+    {"forced_bos_token_id": 7},  # forced where the whole sequence is one token
+    {"sequence_bias": [[[EOS, EOS, ALPHA, 7], 30.0]]},  # matched on the padding before a short prompt
+    {"bad_words_ids": [[EOS, EOS, ALPHA, EOS]]},  # "alpha" alone ends at once
+    {"watermarking_config": {"seeding_scheme": "selfhash", "context_width": 4, "bias": 30.0}},
+    {"prefix_allowed_tokens_fn": lambda batch_id, row: [int(row[0]) % 100, 50, 60]},  # reads the row's first token
+], ids=lambda s: next(iter(s)))
+def test_static_batches_give_a_row_its_tokens_alone_whatever_it_is_batched_with(tokenizer, settings):
+    """A setting that counts the row's length or reads its earlier tokens would count or read the
+    left padding of a shared batch as the row's (as generate does on a caller's padded batch): rows
+    with it share a batch only with prompts the padding cannot reach."""
+    from genkit.batch import make_local_engine
+    from genkit.batch.rows import BatchRow
+
+    model = _pad_is_eos_model()
+    prompts = ["alpha bravo charlie delta echo foxtrot golf hotel", "alpha", "bravo charlie", "alpha charlie delta",
+               "alpha bravo charlie delta echo"]
+    job = {"max_new_tokens": 14, **settings}
+    row_settings = {k: v for k, v in job.items() if k != "prefix_allowed_tokens_fn"}
+    rows = [BatchRow(f"r{i}", i + 1, prompt=p, settings=row_settings) for i, p in enumerate(prompts)]
+    engine = make_local_engine(model, tokenizer, {"prefix_allowed_tokens_fn": settings.get("prefix_allowed_tokens_fn")}
+                               if "prefix_allowed_tokens_fn" in settings else None, batching="static")
+    assert engine.pad == EOS
+    want = [_alone(model, tokenizer(p)["input_ids"], job) for p in prompts]
+    assert [out["token_ids"] for out in engine.run(rows)] == want
+
+
+def test_an_encoder_decoder_models_rows_read_no_padding_of_the_encoders_input(tokenizer):
+    """An encoder-decoder model's rows are padded on the right; the settings that read the encoder's
+    input would read that padding (T5's pad id, favoured by ``encoder_repetition_penalty``)."""
+    import seq2seq_models as S
+
+    from genkit.batch import make_local_engine
+    from genkit.batch.rows import BatchRow
+
+    model = S.build("t5")
+    prompts = ["alpha bravo charlie delta echo foxtrot golf hotel", "alpha", "bravo charlie"]
+    job = {"max_new_tokens": 8, "encoder_repetition_penalty": 3.0}
+    engine = make_local_engine(model, tokenizer, batching="static")
+    want = []
+    for p in prompts:
+        out = genkit.generate(model, torch.tensor([tokenizer(p)["input_ids"]]), **job)[0, 1:].tolist()  # after the start
+        want.append(out[: out.index(1) + 1] if 1 in out else out)  # through T5's EOS
+    rows = [BatchRow(f"r{i}", i + 1, prompt=p, settings=job) for i, p in enumerate(prompts)]
+    assert [out["token_ids"] for out in engine.run(rows)] == want
+
+
+def test_rows_out_of_the_paddings_reach_still_share_a_batch():
+    """A setting that looks back a few tokens keeps apart only the rows shorter than that; one that
+    counts or reads the whole row keeps every prompt length apart; the others keep nothing apart."""
+    from genkit.generation.api import merge_config
+    from genkit.generation.padding import padding_group, padding_readers
+
+    model = _pad_is_eos_model()
+
+    def groups(lengths, **settings):
+        readers = padding_readers(merge_config(model, None, {"max_new_tokens": 4, **settings})[0])
+        return [padding_group(readers, n) for n in lengths]
+
+    assert groups([1, 2, 3, 8], sequence_bias={(5, 6, 7, 8): 1.0}) == [1, 2, 3, 3]
+    assert groups([1, 2, 3, 8], bad_words_ids=[[5, 6]], forced_bos_token_id=4) == [1, 2, 2, 2]
+    assert groups([1, 3, 8], no_repeat_ngram_size=3, bad_words_ids=[[5, 6]]) == [1, 3, 8]
+    assert groups([1, 3, 8], repetition_penalty=1.3, bad_words_ids=[[5]], min_new_tokens=3) == [None] * 3

@@ -73,6 +73,23 @@ def test_max_length_on_a_left_padded_batch_with_the_paged_cache(model):
     assert torch.equal(model.generate(ids, cache_implementation="paged", **kw), want)
 
 
+@pytest.mark.parametrize(("rows", "settings"), [
+    # generate forbids the EOS (54, the short row's 4th new token) for 8 - 5 new tokens, the batch's
+    # width: not for 8 - 2, the short row's own prompt
+    ([[0, 0, 0, 5, 6], PROMPT], {"min_length": 8, "eos_token_id": 54}),
+    ([[0, 0, 0, 5, 6], PROMPT], {"min_length": 3, "eos_token_id": 54}),  # at most the width: no effect
+    # generate forces a BOS only where the whole sequence is one token: never on a batch 5 tokens wide
+    ([[0, 0, 0, 0, 7], PROMPT], {"forced_bos_token_id": 99, "eos_token_id": None}),
+], ids=["min_length", "min_length_within_the_width", "forced_bos_token_id"])
+def test_lengths_counted_on_a_left_padded_batch_with_the_paged_cache(model, rows, settings):
+    """The lengths generate counts from a batch's padded width, the paged cache (each row without its
+    padding) counts from that width too: the same sequences."""
+    ids = torch.tensor(rows)
+    kw = {"attention_mask": (ids != 0).long(), "pad_token_id": 0, "max_new_tokens": 10, **settings}
+    want = model.generate(ids, **kw)
+    assert torch.equal(model.generate(ids, cache_implementation="paged", **kw), want)
+
+
 def test_a_prompt_as_long_as_max_length_fails_as_generate_does(model):
     with pytest.raises(ConfigError, match=r"`max_length` \(5\) must be larger than the input length \(5\)") as exc:
         _generate(model, max_length=5)

@@ -17,6 +17,7 @@ import torch
 from genkit.strategy import eos_token_ids, openai_finish_reason
 
 from ..errors import ConfigError, GenerationError, NotSupportedError
+from ..generation.padding import padding_group, padding_readers
 from .rows import BadRow, BatchRow
 
 # the most alternatives per prompt token a job may ask for (vLLM's default max_logprobs)
@@ -63,7 +64,7 @@ class LocalEngine:
             pad = model.config.get("pad_token_id") if hasattr(model.config, "get") else None
         eos = eos_token_ids(getattr(model.generation_config, "eos_token_id", None))
         self.pad = int(pad if pad is not None else (min(eos) if eos else 0))
-        self._length_rule: dict[str, bool] = {}  # settings -> whether their length counts the prompt
+        self._padding_rule: dict[str, dict[str, int | None]] = {}  # settings -> what their padding changes
 
     def encode(self, row: BatchRow) -> list[int]:
         if row.messages is not None:
@@ -89,8 +90,9 @@ class LocalEngine:
                 continue
             settings = {**self.kwargs, **row.settings}
             key = json.dumps(settings, sort_keys=True, default=str)
-            if self._counts_prompt(key, settings):  # a batch's padded width would count for each row
-                key += f"\n{len(ids)}"
+            group = padding_group(self._padding_readers(key, settings), len(ids))
+            if group is not None:  # a batch's padding would count or be read as this row's tokens
+                key += f"\n{group}"
             groups.setdefault(key, []).append((i, row, ids))
         for items in groups.values():
             size = self.batch_size if "stop_strings" not in {**self.kwargs, **items[0][1].settings} else 1
@@ -121,11 +123,12 @@ class LocalEngine:
 
         return score_prompt(self.model, ids, top_n=self.prompt_top).tokens
 
-    def _counts_prompt(self, key: str, settings: dict[str, Any]) -> bool:
-        """Whether the length of rows with these settings counts the prompt (a ``max_length`` set by
-        them or the model's generation config, no ``max_new_tokens``): such rows share a batch with
-        prompts of their own length only, so each gets the new tokens ``generate`` gives it alone."""
-        if key not in self._length_rule:
+    def _padding_readers(self, key: str, settings: dict[str, Any]) -> dict[str, int | None]:
+        """The settings of rows with these settings that their padding would change
+        (``genkit.generation.padding``: a ``max_length`` or ``min_length`` that counts the prompt, an
+        n-gram ban, ...): such rows share a batch only with prompts out of the padding's reach, so
+        each gets the tokens ``generate`` gives it alone."""
+        if key not in self._padding_rule:
             from genkit.config import field_table
             from genkit.generation.api import merge_config
 
@@ -133,10 +136,10 @@ class LocalEngine:
             try:
                 config, _ = merge_config(self.model, None, {k: v for k, v in settings.items() if k in table})
             except ValueError:  # generate reports it, row by row
-                config = None
-            self._length_rule[key] = (config is not None and config.max_new_tokens is None and not self.seq2seq
-                                      and "max_length" not in config.defaulted)
-        return self._length_rule[key]
+                self._padding_rule[key] = {}
+            else:
+                self._padding_rule[key] = padding_readers(config, seq2seq=self.seq2seq, arguments=settings)
+        return self._padding_rule[key]
 
     def _generate(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> list[tuple[list[int], str]]:
         """Each prompt's new tokens (through the first EOS) and why it finished (``generate``'s

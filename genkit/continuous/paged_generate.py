@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from ..config import resolve_lengths
 from ..errors import ConfigError, GenkitError, NotSupportedError
+from ..generation.padding import unpadded_lengths
 
 
 def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: Any, refused: dict[str, Any],
@@ -31,11 +31,11 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
     if not isinstance(inputs, torch.Tensor) or inputs.dim() not in (1, 2):
         raise ConfigError("cache_implementation=\"paged\" needs `input_ids` as a 1-D or 2-D LongTensor")
     ids = inputs[None] if inputs.dim() == 1 else inputs
-    if merged.max_new_tokens is None and "max_length" not in merged.defaulted:
-        # a max_length counts the batch's width (its padding too), as generate counts it: every row
-        # gets the same number of new tokens
+    # the lengths generate counts from the batch's width (its padding too), as each row's own
+    changes = unpadded_lengths(merged, ids.shape[1])
+    if "max_new_tokens" in changes:
         kwargs.pop("max_length", None)
-        kwargs["max_new_tokens"] = int(resolve_lengths(merged, ids.shape[1]).max_length) - ids.shape[1]
+    kwargs.update(changes)
     mask = kwargs.pop("attention_mask", None)
     rows = [row[m.bool()].tolist() if mask is not None else row.tolist() for row, m in
             zip(ids, mask if mask is not None else ids)]
