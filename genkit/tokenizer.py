@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -682,19 +683,29 @@ def sentencepiece_merges(tokens: Sequence[str], scores: Sequence[float]) -> list
     vocab = {tok: i for i, tok in enumerate(tokens)}  # a duplicated piece keeps its last id, as in llama.cpp
     score_of = dict(zip(tokens, (float(s) for s in scores)))
     # a split point leaves two pieces of lengths the vocabulary has: only those are tried (a long
-    # piece would otherwise cost a slice per character, quadratic in its length)
+    # piece would otherwise cost a slice per character, quadratic in its length), the lengths below
+    # the piece's own found by bisection (a scan of them all cost every piece the number of lengths)
     has_length = {len(t) for t in vocab}
     lengths = sorted(has_length)
     ranked: list[tuple[float, str, str]] = []
     for piece, score in score_of.items():
         n = len(piece)
-        splits = [(piece[:k], piece[k:]) for k in lengths if k < n and n - k in has_length
+        splits = [(piece[:k], piece[k:]) for k in lengths[:bisect_left(lengths, n)] if n - k in has_length
                   and piece[:k] in vocab and piece[k:] in vocab]
         splits.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
         ranked.extend((score, left, right) for left, right in splits)
     # stable sort, best first: equal keys keep the order above
     ranked.sort(key=lambda m: (m[0], len(m[1]), len(m[2])), reverse=True)
     return [(left, right) for _, left, right in ranked]
+
+
+def sentencepiece_merge_work(tokens: Sequence[str]) -> int:
+    """An upper bound of what :func:`sentencepiece_merges` reads for ``tokens``: for each piece, the
+    split points it tries (the vocabulary's lengths below its own) times its length (each try slices
+    and hashes it; each merge made holds it). O(tokens x log lengths), so that a file's vocabulary can
+    be refused before the work (``genkit.models.limits``, ``tokenizer_merge_work``)."""
+    lengths = sorted({len(t) for t in tokens})
+    return sum(bisect_left(lengths, len(t)) * len(t) for t in set(tokens))
 
 
 def _byte_level_backend(meta: dict[str, Any], tokens: list[str]) -> tuple[Any, dict[str, int]]:

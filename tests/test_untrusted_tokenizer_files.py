@@ -132,3 +132,32 @@ def test_long_pieces_do_not_make_the_merges_quadratic():
     merges = sentencepiece_merges(tokens, [0.0, 0.0, -1.0, -2.0] + [-3.0] * 100)
     assert time.perf_counter() - start < 2.0
     assert merges == [("a", "b"), ("b", "a")]
+
+
+def test_a_vocabulary_whose_merges_cost_too_much_is_refused_before_the_work(tmp_path, monkeypatch):
+    """A 'llama' vocabulary without merges has them derived from its scores; long pieces of many
+    lengths make that work grow as pieces x lengths x length (400,000 pieces and 2,500 lengths in a
+    9.6 MB file: tens of seconds to hours). Its bound is checked against `tokenizer_merge_work` first."""
+    gguf = pytest.importorskip("gguf")
+    from genkit.errors import ModelFileError
+    from genkit.tokenizer import sentencepiece_merge_work
+
+    tokens = TOKENS + ["Z" + "y" * k for k in range(5, 45)]
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), arch="llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    work = sentencepiece_merge_work(tokens)
+    lengths = sorted({len(t) for t in tokens})
+    assert work == sum(sum(1 for n in lengths if n < len(t)) * len(t) for t in set(tokens))
+    monkeypatch.setenv("GENKIT_MAX_TOKENIZER_MERGE_WORK", str(work - 1))
+    with pytest.raises(ModelFileError, match=rf"t\.gguf: metadata 'tokenizer\.ggml\.tokens' \({len(tokens)} pieces, no "
+                                             rf"merges\) would take {work} steps to derive its merges from the scores; "
+                                             rf"the limit is {work - 1}; set GENKIT_MAX_TOKENIZER_MERGE_WORK to raise it"):
+        load_tokenizer(tmp_path / "t.gguf")
+    monkeypatch.setenv("GENKIT_MAX_TOKENIZER_MERGE_WORK", str(work))
+    assert load_tokenizer(tmp_path / "t.gguf").encode("ab")[-1] == tokens.index("ab")

@@ -21,7 +21,7 @@ import torch
 from ..errors import ModelFileError, ModelLoadError, UnsupportedModelError
 from . import gguf_gpt2
 from .gguf_header import TruncatedGGUFError, UnknownGGUFTypeError, check_gguf_header  # noqa: F401 - re-exported
-from .limits import check_config
+from .limits import check_config, limit, over
 
 logger = logging.getLogger("genkit.models.gguf")
 
@@ -284,7 +284,7 @@ def read_gguf(path: str | os.PathLike[str], *, tensors: bool = True,
             state[name] = tensor
             if on_tensor is not None:
                 on_tensor(len(state) + len(contents_quantized), len(reader.tensors))
-    return GGUFContents(config=config, state_dict=state, tokenizer=read_gguf_tokenizer(reader),
+    return GGUFContents(config=config, state_dict=state, tokenizer=read_gguf_tokenizer(reader, path),
                         quantized=contents_quantized)
 
 
@@ -316,8 +316,10 @@ def _hf_name(name: str, arch: str) -> str | None:
     return None if target is None else f"{target}.{kind}"
 
 
-def read_gguf_tokenizer(reader: Any) -> dict[str, Any]:
-    """The tokenizer metadata (llama.cpp key names without the ``tokenizer.ggml.`` prefix)."""
+def read_gguf_tokenizer(reader: Any, path: str | os.PathLike[str] = "the GGUF file") -> dict[str, Any]:
+    """The tokenizer metadata (llama.cpp key names without the ``tokenizer.ggml.`` prefix). A 'llama'
+    vocabulary without merges (they are derived from its scores) is checked against the
+    ``tokenizer_merge_work`` limit before that work."""
     out: dict[str, Any] = {}
     for key in ("model", "pre", "tokens", "token_type", "merges", "scores", "bos_token_id", "eos_token_id",
                 "unknown_token_id", "padding_token_id", "add_bos_token", "add_eos_token", "add_space_prefix"):
@@ -327,4 +329,12 @@ def read_gguf_tokenizer(reader: Any) -> dict[str, Any]:
     template = _field(reader, "tokenizer.chat_template")
     if template is not None:
         out["chat_template"] = template
+    if out.get("model") == "llama" and not out.get("merges") and isinstance(out.get("tokens"), list):
+        from ..tokenizer import sentencepiece_merge_work
+
+        work = sentencepiece_merge_work([str(t) for t in out["tokens"]])
+        if work > limit("tokenizer_merge_work"):
+            raise ModelFileError(f"{os.fspath(path)}: metadata 'tokenizer.ggml.tokens' ({len(out['tokens'])} pieces, "
+                                 f"no merges) would take {work} steps to derive its merges from the scores; "
+                                 f"{over('tokenizer_merge_work')}")
     return out

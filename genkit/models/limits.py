@@ -27,6 +27,9 @@ LIMITS: dict[str, tuple[str, int]] = {
     "layers": ("GENKIT_MAX_LAYERS", 1024),
     "dimension": ("GENKIT_MAX_DIMENSION", 1_048_576),
     "vocab": ("GENKIT_MAX_VOCAB", 16_777_216),
+    # a GGUF 'llama' vocabulary without merges: the characters their derivation from the scores reads
+    # (genkit.tokenizer.sentencepiece_merge_work: about 1 s of work at the default)
+    "tokenizer_merge_work": ("GENKIT_MAX_TOKENIZER_MERGE_WORK", 1_000_000_000),
 }
 
 

@@ -705,7 +705,7 @@ def tokenizer_from_gguf(path: str | os.PathLike[str]) -> Tokenizer:
     """The tokenizer stored in a ``.gguf`` file's metadata."""
     from .gguf import open_gguf, read_gguf_tokenizer
 
-    return tokenizer_from_gguf_metadata(read_gguf_tokenizer(open_gguf(path)), name_or_path=os.fspath(path))
+    return tokenizer_from_gguf_metadata(read_gguf_tokenizer(open_gguf(path), path), name_or_path=os.fspath(path))
 
 
 def load_tokenizer(ref: str | os.PathLike[str], revision: str | None = None) -> Tokenizer:
