@@ -20,7 +20,13 @@ import torch
 
 from ..errors import ModelFileError, ModelLoadError, UnsupportedModelError
 from . import gguf_gpt2
-from .gguf_header import TruncatedGGUFError, UnknownGGUFTypeError, check_gguf_header  # noqa: F401 - re-exported
+from .gguf_header import (  # noqa: F401 - the errors re-exported
+    GGUFHeader,
+    GGUFTensorInfo,
+    TruncatedGGUFError,
+    UnknownGGUFTypeError,
+    read_gguf_header,
+)
 from .limits import check_config, limit, over
 
 logger = logging.getLogger("genkit.models.gguf")
@@ -92,11 +98,45 @@ def _require_gguf() -> Any:
     return gguf
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
+    return reader.metadata.get(key, default)
+
+
+class GGUFTensor:
+    """A tensor of a :class:`GGUFFile`, as ``gguf.ReaderTensor`` gives what genkit reads of it: its name,
+    GGUF dimensions (innermost first), GGML type and ``data``, a read-only numpy view of its bytes in the
+    file's memory map (elements of a float or integer type, shaped outermost first; raw blocks of a
+    quantized type, one row of bytes per row), for ``gguf.quants.dequantize``."""
+
+    __slots__ = ("data", "name", "shape", "tensor_type")
+
+    def __init__(self, info: GGUFTensorInfo, whole: Any, gguf: Any) -> None:
+        import numpy as np
+
+        self.name, self.shape = info.name, info.dims
+        self.tensor_type = gguf.GGMLQuantizationType(info.ggml_type)
+        shape = tuple(reversed(info.dims))
+        dtype = _ELEMENT_TYPES.get(self.tensor_type.name)
+        if dtype is None:  # quantized: bytes
+            dtype, shape = np.uint8, gguf.quants.quant_shape_to_byte_shape(shape, self.tensor_type)
+        self.data = whole[info.start:info.start + info.nbytes].view(dtype).reshape(shape)
+
+
+# GGML types gguf's reader gives as elements (the others as raw bytes)
+_ELEMENT_TYPES = {"F16": "float16", "F32": "float32", "F64": "float64", "I8": "int8", "I16": "int16",
+                  "I32": "int32", "I64": "int64"}
+
+
+class GGUFFile:
+    """A GGUF file read by genkit (:func:`open_gguf`): its checked header's metadata (scalars as ints,
+    floats and bools, strings as ``str``, arrays as lists) and tensors (:class:`GGUFTensor`)."""
+
+    def __init__(self, path: str, header: GGUFHeader, gguf: Any) -> None:
+        import numpy as np
+
+        self.path, self.metadata = path, header.metadata
+        whole = np.memmap(path, mode="r") if header.tensors else None
+        self.tensors = [GGUFTensor(info, whole, gguf) for info in header.tensors]
 
 
 def unpermute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -110,43 +150,33 @@ def unpermute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     return weight.reshape(n_heads, out // n_heads // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
 
 
-def open_gguf(path: str | os.PathLike[str]) -> Any:
-    """A ``gguf.GGUFReader`` on ``path``, once its header has passed
-    :func:`~genkit.models.gguf_header.check_gguf_header` (bounded time and memory). Every refusal is
-    a :class:`~genkit.errors.ModelFileError` naming the file and the field:
-    :class:`TruncatedGGUFError` (expected vs actual size) when the file is cut short."""
+def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """``path`` read as a :class:`GGUFFile`: its header read and checked by
+    :func:`~genkit.models.gguf_header.read_gguf_header` (bounded time and memory), its tensors
+    memory-mapped. Every refusal is a :class:`~genkit.errors.ModelFileError` naming the file and the
+    field: :class:`TruncatedGGUFError` (expected vs actual size) when the file is cut short."""
     gguf = _require_gguf()
     path = os.fspath(path)
     try:
         with open(path, "rb") as fh:
             if os.fstat(fh.fileno()).st_size < 1 << 16:
-                check_gguf_header(fh.read(), path)
+                header = read_gguf_header(fh.read(), path)
             else:
                 with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                    check_gguf_header(data, path)
+                    header = read_gguf_header(data, path)
+        return GGUFFile(path, header, gguf)
     except ModelLoadError:
         raise
     except OSError as exc:
         raise ModelLoadError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as exc:  # the header passed the checks: anything left is a malformed file
-        raise ModelFileError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
 
 
-def _contents(reader: Any, key: str, path: str) -> Any:
-    try:
-        return _field(reader, key)
-    except Exception as exc:  # a value of the wrong type or encoding
-        raise ModelFileError(f"{path}: metadata {key!r} cannot be read ({type(exc).__name__}: {exc})") from exc
-
-
-def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
-    """The ``config.json`` dict a GGUF describes, and the open reader. The sizes are checked
+def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], GGUFFile]:
+    """The ``config.json`` dict a GGUF describes, and the open file. The sizes are checked
     (:func:`~genkit.models.limits.check_config`) against the limits and the file's tensors."""
     path = os.fspath(path)
     reader = open_gguf(path)
-    arch = _contents(reader, "general.architecture", path)
+    arch = _field(reader, "general.architecture")
     if not isinstance(arch, str) or arch not in GGUF_ARCHITECTURES:
         raise UnsupportedModelError(
             f"{path}: unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
@@ -154,13 +184,13 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
     model_type, hf_arch, _ = GGUF_ARCHITECTURES[arch]
     config: dict[str, Any] = {"model_type": model_type, "architectures": [hf_arch]}
     for suffix, key in (gguf_gpt2.CONFIG_KEYS if arch == "gpt2" else _CONFIG_KEYS).items():
-        value = _contents(reader, f"{arch}.{suffix}", path)
+        value = _field(reader, f"{arch}.{suffix}")
         if value is not None:
             config[key] = value
     if "vocab_size" not in config:
-        tokens = reader.fields.get("tokenizer.ggml.tokens")
-        if tokens is not None:
-            config["vocab_size"] = len(tokens.data)
+        tokens = _field(reader, "tokenizer.ggml.tokens")
+        if isinstance(tokens, list):
+            config["vocab_size"] = len(tokens)
     shapes = _hf_shapes(reader, path, arch)
     if arch == "gpt2":
         check_config(config, path, shapes)
@@ -172,7 +202,7 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
     config["tie_word_embeddings"] = "output.weight" not in names
     for key, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):
-        value = _contents(reader, f"tokenizer.ggml.{meta}", path)
+        value = _field(reader, f"tokenizer.ggml.{meta}")
         if isinstance(value, int):
             config[key] = value
         elif value is not None:
@@ -181,15 +211,15 @@ def read_gguf_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]
     return config, reader
 
 
-def _llama_family_config(reader: Any, arch: str, config: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+def _llama_family_config(reader: GGUFFile, arch: str, config: dict[str, Any], shapes: dict[str, tuple[int, ...]],
                          path: str) -> None:
     """The Llama family's config fields beyond the sizes (KV heads, head size, rope scaling, Qwen3's
     attention bias), checked with the sizes against the file's tensors."""
     config.setdefault("num_key_value_heads", config.get("num_attention_heads"))
     check_config(config, path, shapes)
-    rope_dim = _contents(reader, f"{arch}.rope.dimension_count", path)
+    rope_dim = _field(reader, f"{arch}.rope.dimension_count")
     if arch == "qwen3":  # always explicit: Qwen3Config's default (128) is not llama.cpp's (hidden / heads)
-        key_length = _contents(reader, f"{arch}.attention.key_length", path)
+        key_length = _field(reader, f"{arch}.attention.key_length")
         config["head_dim"] = key_length or rope_dim or config["hidden_size"] // config["num_attention_heads"]
         check_config(config, path)
     elif rope_dim is not None and rope_dim != config["hidden_size"] // config["num_attention_heads"]:
@@ -203,14 +233,14 @@ def _llama_family_config(reader: Any, arch: str, config: dict[str, Any], shapes:
     # attention_bias would also ask for an o_proj bias, which Qwen2 files do not have
 
 
-def _rope_scaling(reader: Any, arch: str, config: dict[str, Any], path: str) -> None:
+def _rope_scaling(reader: GGUFFile, arch: str, config: dict[str, Any], path: str) -> None:
     """``rope_scaling`` from ``<arch>.rope.scaling.type``/``factor``: none, or linear (llama.cpp's
     position scale ``1 / factor``, transformers' ``linear``); another kind (YaRN, LongRoPE) is refused
     by name rather than run with plain rotary tables."""
-    kind = _contents(reader, f"{arch}.rope.scaling.type", path)
+    kind = _field(reader, f"{arch}.rope.scaling.type")
     if kind is None or kind == "none":
         return
-    factor = _contents(reader, f"{arch}.rope.scaling.factor", path)
+    factor = _field(reader, f"{arch}.rope.scaling.factor")
     if kind != "linear":
         raise UnsupportedModelError(f"{path}: metadata '{arch}.rope.scaling.type' is {kind!r}; accepted: 'none', "
                                     "'linear'")
@@ -232,7 +262,7 @@ def _check_qk_rows(config: dict[str, Any], shapes: dict[str, tuple[int, ...]], p
                                      f"{config[heads_key]} heads of {head_dim} need {rows} rows")
 
 
-def _hf_shapes(reader: Any, path: str, arch: str) -> dict[str, tuple[int, ...]]:
+def _hf_shapes(reader: GGUFFile, path: str, arch: str) -> dict[str, tuple[int, ...]]:
     """The file's tensors under transformers' names, with their torch shapes."""
     shapes = {}
     for t in reader.tensors:
@@ -316,7 +346,7 @@ def _hf_name(name: str, arch: str) -> str | None:
     return None if target is None else f"{target}.{kind}"
 
 
-def read_gguf_tokenizer(reader: Any, path: str | os.PathLike[str] = "the GGUF file") -> dict[str, Any]:
+def read_gguf_tokenizer(reader: GGUFFile, path: str | os.PathLike[str] = "the GGUF file") -> dict[str, Any]:
     """The tokenizer metadata (llama.cpp key names without the ``tokenizer.ggml.`` prefix). A 'llama'
     vocabulary without merges (they are derived from its scores) is checked against the
     ``tokenizer_merge_work`` limit before that work."""

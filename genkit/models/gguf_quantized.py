@@ -10,6 +10,7 @@ and quantized types without a kernel) are de-quantized to ``dtype`` as before.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -158,17 +159,22 @@ def _row_chunks(type_name: str, data: Any, out: int, k: int) -> Iterator[list[In
 def release_freed_memory() -> None:
     """Hand the block decoders' freed temporaries back to the OS (glibc keeps freed heap memory
     for reuse, which would count in the process's memory for its whole life); a no-op elsewhere."""
-    import ctypes
-    import ctypes.util
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
-    name = ctypes.util.find_library("c")
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim`` among the symbols the process has loaded, looked up once (None: not
+    glibc). ``ctypes.util.find_library`` ran ``ldconfig`` and a compiler each time: 320 processes, 1-2 s of
+    a GGUF model's load."""
+    import ctypes
+
     try:
-        libc = ctypes.CDLL(name) if name else None
-        trim = getattr(libc, "malloc_trim", None)
-        if trim is not None:
-            trim(0)
-    except OSError:  # not glibc
-        pass
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:
+        return None
 
 
 def _swap(model: nn.Module, name: str, module: nn.Module) -> nn.Module:
