@@ -460,7 +460,9 @@ class Tokenizer:
 
         template = chat_template or self.chat_template
         if template is None:
-            raise ConfigError(f"the tokenizer {self.name_or_path or ''} has no chat template; pass `chat_template=`")
+            raise ConfigError(f"the tokenizer {self.name_or_path or ''} has no chat template; pass `chat_template=` "
+                              "(`genkit generate` and `genkit serve`: --chat-template) or add one to its "
+                              "tokenizer_config.json")
         self._check_chat_options(tokenize, return_dict, continue_final_message, add_generation_prompt,
                                  return_assistant_tokens_mask, sanitize_control_tokens)
         batched = isinstance(conversation, (list, tuple)) and bool(conversation) and \

@@ -68,6 +68,26 @@ def test_sampling_options_imply_sampling_and_n_sequences_alone_work(model_dir):
     assert help_text.count("implies sampling") >= 4
 
 
+def test_temperature_0_is_greedy_and_a_chat_template_of_ones_own_is_used(model_dir, tmp_path):
+    """--temperature 0 is greedy decoding (llama.cpp's, vLLM's and genkit serve's reading), not an error
+    asking for a Python argument; --chat-template (a file or the text) renders the prompt instead of
+    the tokenizer's template, as `genkit serve --chat-template` does."""
+    common = ["--model", str(model_dir), "--max-new-tokens", "5", "--threads", "1"]
+    out = genkit_cli("generate", "the quick brown", "--temperature", "0", *common)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == _greedy(model_dir, "the quick brown") + "\n"
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}|{% endfor %}"
+    (tmp_path / "t.jinja").write_text(template)
+    model, tok = genkit.load_model(model_dir), genkit.load_tokenizer(model_dir)
+    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                  return_tensors="pt", chat_template=template)["input_ids"]
+    want = tok.decode(genkit.generate(model, ids, max_new_tokens=5, do_sample=False)[0, ids.shape[1]:],
+                      skip_special_tokens=True)
+    for given in (str(tmp_path / "t.jinja"), template):
+        chat = genkit_cli("generate", "hi", "--chat-template", given, *common)
+        assert chat.returncode == 0 and chat.stdout == want + "\n", chat.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--custom-generate", "nosuch"], "--custom-generate='nosuch' is not a registered strategy"),
     (["--num-beams", "2", "--stream"], "--stream cannot be combined with beam search (--num-beams 2)"),
@@ -79,6 +99,8 @@ def test_sampling_options_imply_sampling_and_n_sequences_alone_work(model_dir):
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--set", "max_new_tokenz=3"], "`max_new_tokenz` is not a generation parameter"),
     (["--system", "be brief"], "--system needs --chat"),
+    (["--temperature", "0", "--top-k", "5"], "--temperature 0 is greedy decoding; --top-k samples: drop one of them"),
+    (["--chat-template", "/nonexistent/t.jinja"], "--chat-template: cannot read '/nonexistent/t.jinja': No such file"),
     (["--seed", str(1 << 64)], "--seed must be an integer from -9223372036854775808 to 18446744073709551615; got "
                                "18446744073709551616"),
 ])
@@ -91,7 +113,7 @@ def test_options_are_checked_before_the_model_loads(args, message):
     elapsed = time.perf_counter() - start
     assert out.returncode == 2
     assert message in out.stderr, out.stderr
-    assert "not found" not in out.stderr
+    assert "not found" not in out.stderr and "None" not in out.stderr  # (CLI words, not Python's)
     if "--set" not in args:
         assert elapsed < 10  # < 1 s on an idle machine; generous for a loaded CI box
     batch = genkit_cli("batch", "in.jsonl", "out.jsonl", "--model", MISSING, "--threads", "0")
@@ -140,6 +162,10 @@ def test_threads_option_on_every_command_that_runs_a_model(tmp_path):
     info = genkit_cli("info", "--threads", "1")
     assert info.returncode == 2
     assert info.stderr == "genkit: error: --threads applies to --probe (the thread count the kernel choices are made for)\n"
+    for command in (["check", str(root)], ["publish", str(root), "org/name"]):  # nothing runs: nothing to set
+        unused = genkit_cli(*command, "--no-smoke", "--threads", "1")
+        assert unused.returncode == 2, unused.stderr
+        assert unused.stderr == "genkit: error: --threads applies to the smoke run, which --no-smoke leaves out\n"
 
 
 def test_batch_options_and_paths_are_checked_before_the_model_loads(tmp_path):
@@ -151,8 +177,9 @@ def test_batch_options_and_paths_are_checked_before_the_model_loads(tmp_path):
         (["--seed", "-9223372036854775809"], "--seed must be an integer from -9223372036854775808"),
         (["--workers", "4"], "--workers applies to --engine ray (the local engine runs one model in this process)"),
         (["--ray-address", "auto"], "--ray-address applies to --engine ray"),
-        (["--num-return-sequences", "3"], "--num-return-sequences must be 1 in genkit batch (one output row per "
-                                          "input row); got 3"),
+        (["--set", "num_return_sequences=3", "--do-sample"], "`num_return_sequences` (--set) must be 1 in genkit batch (one output "
+                                              "row per input row); got 3"),
+        (["--num-return-sequences", "3"], "unrecognized arguments: --num-return-sequences 3"),  # not offered
     ):
         out = genkit_cli("batch", str(src), str(tmp_path / "out.jsonl"), "--model", MISSING, *args)
         assert out.returncode == 2 and message in out.stderr, out.stderr

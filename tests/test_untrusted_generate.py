@@ -65,5 +65,9 @@ def test_a_length_past_the_context_is_refused_before_anything_is_allocated(tiny_
                                           rf"the model's "
                                           rf"context \(`max_position_embeddings`\) is {context}: ask for at most "):
         genkit.generate(tiny_model, ids, max_length=context + 1)  # named as the caller set it
+    with pytest.raises(ConfigError, match=rf"^the prompt has {context} tokens; the model's context "
+                                          rf"\(`max_position_embeddings`\) is {context}: shorten the prompt to at most "
+                                          rf"{context - 1} tokens"):  # (not "ask for at most 0 new tokens")
+        genkit.generate(tiny_model, torch.ones(1, context, dtype=torch.long), max_new_tokens=3)
     out = genkit.generate(tiny_model, ids, max_new_tokens=context - 3, min_new_tokens=context - 3)
     assert out.shape == (1, context)  # the whole context stays usable

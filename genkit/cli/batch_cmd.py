@@ -52,7 +52,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--prompt-logprobs", type=int, default=None, metavar="K",
                    help="score every row's prompt too: each token's log-probability given the tokens before it, "
                         "its rank and K alternatives (0-20), in the output's prompt_logprobs")
-    add_generation_options(p)
+    add_generation_options(p, several=False)  # one output row per input row
     p.set_defaults(func=run)
 
 
@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     kwargs = check_options(args)
     n = kwargs.get("num_return_sequences")
     if n is not None and n != 1:
-        raise ConfigError(f"--num-return-sequences must be 1 in genkit batch (one output row per input row); got {n}")
+        raise ConfigError(f"`num_return_sequences` (--set) must be 1 in genkit batch (one output row per input row); "
+                          f"got {n}")
     if args.engine == "local":
         apply_threads_option(args)  # before torch loads
     import torch

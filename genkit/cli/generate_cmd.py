@@ -15,6 +15,7 @@ from ..errors import ConfigError, GenerationError, NotSupportedError
 from ..models.demo import DEMO_MODEL
 from .options import (
     add_activation_digits_option,
+    add_chat_template_option,
     add_device_option,
     add_numerics_option,
     add_threads_option,
@@ -23,6 +24,7 @@ from .options import (
     check_device_option,
     check_numerics_option,
     check_threads_option,
+    read_chat_template,
     read_prompt,
 )
 
@@ -52,25 +54,29 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="allow running a Hub recipe's code")
     p.add_argument("--stream", action="store_true", help="print the text as it is generated")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    add_chat_template_option(p)
     p.add_argument("--system", default=None, help="system message (with --chat)")
     add_generation_options(p)
     p.set_defaults(func=run)
 
 
-def add_generation_options(p: Any) -> None:
-    """The generation options shared by ``genkit generate`` and ``genkit batch``."""
+def add_generation_options(p: Any, several: bool = True) -> None:
+    """The generation options shared by ``genkit generate`` and ``genkit batch`` (``several``: with
+    ``--num-return-sequences``; a batch job writes one output row per input row)."""
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default: 64)")
     p.add_argument("--do-sample", action="store_true",
                    help="sample instead of greedy decoding (implied by --temperature, --top-k, --top-p)")
-    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (implies sampling)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (implies sampling); 0 is greedy decoding, as in llama.cpp and vLLM")
     p.add_argument("--top-k", type=int, default=None,
                    help="keep the k most likely tokens (implies sampling)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling probability mass (implies sampling)")
     p.add_argument("--seed", type=int, default=None, help="random seed (for sampling)")
     p.add_argument("--num-beams", type=int, default=None, help="beam search with this many beams")
-    p.add_argument("--num-return-sequences", type=int, default=None, metavar="N",
-                   help="sequences to return, all printed, numbered: N samples (implies sampling), or with "
-                        "--num-beams the N best beams")
+    if several:
+        p.add_argument("--num-return-sequences", type=int, default=None, metavar="N",
+                       help="sequences to return, all printed, numbered: N samples (implies sampling), or with "
+                            "--num-beams the N best beams")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "auto"],
                    help="weights dtype (default: the checkpoint's)")
     add_device_option(p)
@@ -104,13 +110,19 @@ def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             if value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1; got {value}")
             kwargs[name] = value
+    greedy = args.temperature == 0  # llama.cpp's and vLLM's greedy decoding (OpenAI's temperature 0 too)
     for name in ("temperature", "top_k", "top_p"):
         value = getattr(args, name)
-        if value is not None:
+        if value is not None and not (greedy and name == "temperature"):
             kwargs[name] = value
     sampling_options = any(getattr(args, n) is not None for n in ("temperature", "top_k", "top_p"))
-    several_samples = (args.num_return_sequences or 1) > 1 and args.num_beams is None
-    if args.do_sample or sampling_options or several_samples:
+    several_samples = (getattr(args, "num_return_sequences", None) or 1) > 1 and args.num_beams is None
+    if greedy:
+        sampler = [f"--{n.replace('_', '-')}" for n in ("top_k", "top_p") if getattr(args, n) is not None]
+        sampler += ["--do-sample"] * bool(args.do_sample) + ["--num-return-sequences"] * several_samples
+        if sampler:
+            raise ConfigError(f"--temperature 0 is greedy decoding; {', '.join(sampler)} samples: drop one of them")
+    elif args.do_sample or sampling_options or several_samples:
         kwargs["do_sample"] = True
     for item in args.overrides:
         key, sep, value = item.partition("=")
@@ -211,11 +223,12 @@ def check_options(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def _encode(args: argparse.Namespace, tokenizer: Any, prompt: str) -> Any:
+def _encode(args: argparse.Namespace, tokenizer: Any, prompt: str, template: str | None) -> Any:
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
             [{"role": "user", "content": prompt}]
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                             chat_template=template)
     return tokenizer(prompt, return_tensors="pt")
 
 
@@ -250,6 +263,8 @@ def _check_text_encoder(model: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt, args.prompt_option)
+    template = read_chat_template(args.chat_template)
+    args.chat = args.chat or template is not None  # a template of one's own: the prompt goes through it
     if not prompt and not args.chat:
         raise ConfigError("the prompt is empty: give the text to continue (or use --chat, whose template "
                           "adds the model's own start tokens)")
@@ -276,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     if bars is not None:
         bars.close()
     logger.info("loaded %s in %.1fs", args.model, time.perf_counter() - t0)
-    enc = _encode(args, tokenizer, prompt).to(model.device)
+    enc = _encode(args, tokenizer, prompt, template).to(model.device)
     streamer = make_streamer(tokenizer) if args.stream else None
     if args.custom_generate is not None:
         kwargs["custom_generate"] = args.custom_generate

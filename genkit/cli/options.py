@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -26,7 +27,24 @@ def check_threads_option(args: argparse.Namespace) -> None:
     try:
         check_threads(args.threads)
     except ConfigError as exc:
-        raise ConfigError(str(exc).replace("`threads`=", "--threads ", 1)) from None
+        raise ConfigError(str(exc).replace("`threads`=", "--threads ", 1).replace(", or None for the default", "")) from None
+
+
+def add_chat_template_option(p: Any) -> None:
+    """``--chat-template``: a template instead of the tokenizer's (``genkit generate``, ``genkit serve``)."""
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one, instead of the tokenizer's")
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """``--chat-template``'s template: the text itself (it holds a ``{``), else the file it names, read
+    before anything loads (an unreadable file is a ConfigError naming the option)."""
+    if value is None or "{" in value:
+        return value
+    try:
+        return Path(value).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--chat-template: cannot read {value!r}: {exc.strerror}") from None
 
 
 ACTIVATION_DIGITS_HELP = ("quantized models: int8 digits per activation value on the block kernel: 2 (default) gives "

@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Any
 
+from ..errors import ConfigError
 from .options import add_threads_option, apply_threads_option
 
 
@@ -69,8 +70,11 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def _smoke(args: argparse.Namespace) -> Any:
-    """The smoke run ``genkit check`` / ``genkit publish`` do (none with ``--no-smoke``)."""
+    """The smoke run ``genkit check`` / ``genkit publish`` do (none with ``--no-smoke``, where
+    ``--threads`` would set nothing: refused)."""
     if args.no_smoke:
+        if args.threads is not None:
+            raise ConfigError("--threads applies to the smoke run, which --no-smoke leaves out")
         return None
     from ..generation.smoke import smoke_run
 
@@ -80,9 +84,10 @@ def _smoke(args: argparse.Namespace) -> Any:
 def cmd_check(args: argparse.Namespace) -> int:
     from ..recipes.check import check_recipe
 
-    if not args.no_smoke:
+    smoke = _smoke(args)
+    if smoke is not None:
         apply_threads_option(args)
-    report = check_recipe(args.path, smoke=_smoke(args), trust_remote_code=args.trust_remote_code)
+    report = check_recipe(args.path, smoke=smoke, trust_remote_code=args.trust_remote_code)
     if args.json:
         print(json.dumps({"path": str(report.path), "ok": report.ok, "errors": report.errors,
                           "warnings": report.warnings, "audit": [str(f) for f in report.findings],
@@ -95,11 +100,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     from ..recipes.publish import RecipeCheckFailed, publish_recipe
 
-    if not args.no_smoke:
+    smoke = _smoke(args)
+    if smoke is not None:
         apply_threads_option(args)
     try:
         done = publish_recipe(args.path, args.repo_id, revision=args.revision, private=args.private,
-                              commit_message=args.message, smoke=_smoke(args))
+                              commit_message=args.message, smoke=smoke)
     except RecipeCheckFailed as exc:
         print(str(exc), file=sys.stderr)
         return 1

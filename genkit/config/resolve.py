@@ -136,6 +136,10 @@ def resolve_lengths(config: ResolvedConfig, input_length: int, max_positions: in
             f"`max_length` ({max_length}) must be larger than the input length ({input_length}); "
             "set `max_new_tokens` to the number of tokens to generate"
         )
+    if max_positions and input_length >= int(max_positions):
+        raise ConfigError(f"the prompt has {input_length} tokens; the model's context (`max_position_embeddings`) is "
+                          f"{int(max_positions)}: shorten the prompt to at most {int(max_positions) - 1} tokens, "
+                          "which leaves room for one new token")
     if max_positions and max_length > int(max_positions):
         # checked before any buffer or cache is sized from max_length (as vLLM's max_model_len and
         # llama.cpp's n_ctx refuse a request past the context)
