@@ -30,7 +30,7 @@ from starlette.routing import Route
 from genkit.errors import NotSupportedError
 from genkit.strategy import openai_finish_reason
 
-from .admission import DEFAULT_MAX_CONCURRENT_REQUESTS, Admission, Slot, within
+from .admission import ABORT_EXTENSION, DEFAULT_MAX_CONCURRENT_REQUESTS, Admission, SendDeadline, Slot, within
 from .engine import PromptEvent, Request, RequestStream
 from .limits import Limits, check_width, default_max_model_len, load_json
 from .openai_api import (
@@ -355,16 +355,19 @@ async def _answer(request: HTTPRequest, parsed: ParsedRequest, group: _Group, st
 class _AdmittedStream(StreamingResponse):
     """The server-sent events of an admitted request. However the response ends (finished, the
     client gone before or during it, the server closing), its stream is closed, which cancels the
-    request in its engine unless it finished, and its slot is given back."""
+    request in its engine unless it finished, and its slot is given back. A send still waiting when
+    the request timeout passes (the client does not read) cuts it at once (:meth:`_cut`)."""
 
     def __init__(self, content: AsyncGenerator[bytes, None], group: _Group, state: ServerState, slot: Slot) -> None:
         super().__init__(content, media_type="text/event-stream")
         self.content, self.group, self.state, self.slot = content, group, state, slot
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        deadline = SendDeadline(self.slot, partial(self._cut, scope))
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, deadline.wrap(send))
         finally:
+            deadline.close()
             try:
                 await self.content.aclose()  # runs _sse's finally if the response was cut at one of its yields
             finally:
@@ -372,6 +375,23 @@ class _AdmittedStream(StreamingResponse):
                     self.state.inflight.discard(self.group)
                     self.group.cancel()
                 self.slot.release()
+
+    def _cut(self, scope: Any) -> None:
+        """A send outlasted the request timeout: the request is cancelled in its engine, its slot given
+        back, and its connection closed (``genkit serve``'s protocol, genkit.serve.lifecycle: the chunk
+        that waits was not sent, so the stream cannot end as a timeout ends it; the client sees a
+        cut connection, not a text it could take for a whole one)."""
+        logger.info("request %s: its client did not read its stream until the request timeout: closing it",
+                    self.group.streams[0].request.id)
+        if not self.group.timed_out:
+            self.group.timed_out = True
+            self.slot.timed_out()
+        self.state.inflight.discard(self.group)
+        self.group.cancel()
+        self.slot.release()
+        abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+        if abort is not None:
+            abort()
 
 
 async def _watch_disconnect(request: HTTPRequest, group: _Group) -> None:
