@@ -167,6 +167,35 @@ def test_a_400_after_admission_gives_its_slot_back(server):
     assert _metrics(server)["genkit_requests_admitted"] == 0
 
 
+_LAYERS = ("this model has 2 layers, so premature layers are 0 (the word embeddings) to 1; 2 is the final layer DoLa "
+           'contrasts them with. Accepted: "low", "high", or a non-empty list of those indices')
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"dola_layers": [999]}, f"`dola_layers` names [999]: {_LAYERS}"),
+    ({"dola_layers": [0, 2]}, f"`dola_layers` names [2]: {_LAYERS}"),
+    ({"dola_layers": []}, f"`dola_layers` is empty: {_LAYERS}"),
+    ({"assistant_early_exit": 2}, "`assistant_early_exit` must be a layer count from 1 to 1 (the model has 2 layers; "
+                                  "the draft uses fewer than all of them); got 2"),
+])
+def test_a_setting_the_model_cannot_take_is_a_400_before_it_is_queued(server, fields, message, stream):
+    """The strategies check these against the model when they run: the request was queued, then a
+    stream answered 200 and an error event, a response a 400 naming no field. Now the strategy's own
+    check runs before the request is queued (the engine never sees it)."""
+    GATE.set()
+    before = _metrics(server)
+    status, headers, raw = _request(server, "/v1/completions", _completion(stream=stream, **fields))
+    assert status == 400 and headers["Content-Type"] == "application/json"
+    assert json.loads(raw) == {"error": {"message": message, "type": "invalid_request_error",
+                                         "param": next(iter(fields)), "code": None}}
+    m = _metrics(server)
+    assert m["genkit_requests_total"] == before["genkit_requests_total"] and m["genkit_requests_admitted"] == 0
+    ok = {k: [0, 1] if k == "dola_layers" else 1 for k in fields}  # what the model has runs
+    status, _, raw = _request(server, "/v1/completions", _completion(**ok))
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 4
+
+
 def _open_stream(base: str, body: dict) -> socket.socket:
     """A streaming chat request on a raw socket, read up to its first event (the role's chunk)."""
     host, port = base.removeprefix("http://").split(":")

@@ -443,6 +443,7 @@ def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerSt
             config, _ = merge_config(state.model, None, settings)
             if parsed.custom_generate is not None:  # a strategy named: a do_sample against it
                 check_named_strategy(get_registry().get("strategy", parsed.custom_generate), config)
+            _check_against_model(config, state)
         except ValueError as exc:  # ConfigError and its kin
             message = public_message(exc)
             if "logit_bias" in body and "sequence_bias" not in body:  # the client sent it as logit_bias
@@ -459,6 +460,24 @@ def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerSt
                            "logprobs" if parsed.logprobs is not None else "best_of")
     check_width(values.get("num_beams"), values.get("top_k"), values.get("penalty_alpha"), len(parsed.prompts),
                 parsed.best_of, state.limits)
+
+
+def _check_against_model(config: Any, state: ServerState) -> None:
+    """The settings a strategy checks against the model only once it runs (a stream would have
+    answered 200 by then, and the error would name no field), checked now with the strategy's own
+    function: DoLa's ``dola_layers`` (layers the model has), early exit's ``assistant_early_exit``
+    (fewer layers than the model's, a model that can stop after them), and what an encoder-decoder
+    model cannot run (genkit.generation.api)."""
+    from genkit.builtin_strategies.dola import candidate_layers
+    from genkit.builtin_strategies.early_exit import exit_layer
+    from genkit.generation.api import check_encoder_decoder_settings
+
+    if state.limits.encoder_decoder:
+        check_encoder_decoder_settings(config)
+    if config.dola_layers is not None:
+        candidate_layers(config.dola_layers, state.model)
+    if config.assistant_early_exit is not None:
+        exit_layer(config.assistant_early_exit, state.model)
 
 
 def _recipe_allowed(ref: str, allowed: list[str]) -> bool:
