@@ -602,7 +602,7 @@ def _message(i: int, m: Any, native: bool = False) -> dict[str, Any]:
     if role == "function":
         raise APIError(f"`messages[{i}]`: the legacy `function` role is not supported; use `tool`", "messages",
                        code="not_supported")
-    if role not in _MESSAGE_FIELDS:
+    if not isinstance(role, str) or role not in _MESSAGE_FIELDS:  # a list or an object is no role either
         raise APIError(f"`messages[{i}].role` must be one of {', '.join(sorted(_MESSAGE_FIELDS))}; got "
                        f"{_short(role)}", "messages")
     passed = _passed_fields(i, m, role)
