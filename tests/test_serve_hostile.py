@@ -282,6 +282,30 @@ def test_a_number_or_string_python_cannot_take_is_a_400(guarded, path, body, par
     assert _request(guarded, "POST", path, body)[0] == 200, body
 
 
+_ROUTES = ("/v1/models, /v1/models/{model_id}, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, "
+           "/tokenizer_info, /version, /health, /metrics")
+
+
+@pytest.mark.parametrize(("method", "path", "status", "message", "allow"), [
+    ("POST", "/v1/embeddings", 404, f"no route POST /v1/embeddings: this server answers {_ROUTES}", None),
+    ("GET", "/", 404, f"no route GET /: this server answers {_ROUTES}", None),
+    ("GET", "/v1/completions", 405, "/v1/completions does not take GET; it takes POST", "POST"),
+    ("DELETE", "/v1/chat/completions", 405, "/v1/chat/completions does not take DELETE; it takes POST", "POST"),
+    ("POST", "/health", 405, "/health does not take POST; it takes GET, HEAD", "GET, HEAD"),
+])
+def test_an_unknown_route_or_method_is_openais_error_object(guarded, method, path, status, message, allow):
+    """Starlette answered these in plain text (``Not Found``, ``Method Not Allowed``), which OpenAI's
+    clients cannot read as an error."""
+    body = {"model": _model_name(), "input": "x"} if method == "POST" else None
+    code, headers, raw = _request(guarded, method, path, body)
+    assert code == status and headers["content-type"] == "application/json"
+    assert json.loads(raw) == {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                         "code": "not_found" if status == 404 else "method_not_allowed"}}
+    assert headers.get("allow") == allow
+    # the API key is asked for first (/health is open)
+    assert _request(guarded, method, path, body, key=None)[0] == (status if path == "/health" else 401)
+
+
 @pytest.mark.parametrize(("path", "body", "param", "words"), [
     ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "messages", "not both"),
     ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "add_special_tokens": False},

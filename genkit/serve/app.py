@@ -23,6 +23,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -123,7 +124,25 @@ def create_app(state: ServerState) -> Starlette:
         Route("/health", partial(_health, state), methods=["GET"]),
         Route("/metrics", partial(_metrics, state), methods=["GET"]),
     ]
-    return Starlette(routes=routes, middleware=middleware(state.policy))
+    paths = [re.sub(r"\{(\w+)(:\w+)?\}", r"{\1}", r.path) for r in routes]  # /v1/models/{model_id}
+    return Starlette(routes=routes, middleware=middleware(state.policy),
+                     exception_handlers={HTTPException: partial(_http_error, paths)})
+
+
+async def _http_error(paths: list[str], request: HTTPRequest, exc: HTTPException) -> Response:
+    """Starlette's own refusals (a route that does not exist, a method a route does not take) as
+    OpenAI's error object, naming what the server takes, not Starlette's plain text."""
+    method, path = request.method, request.url.path[:200]
+    if exc.status_code == 404:
+        error = APIError(f"no route {method} {path}: this server answers {', '.join(paths)}", status=404,
+                         code="not_found")
+    elif exc.status_code == 405:
+        allowed = ", ".join(sorted((exc.headers or {}).get("Allow", "").split(", ")))  # Starlette's: a set's order
+        error = APIError(f"{path} does not take {method}; it takes {allowed}", status=405, code="method_not_allowed",
+                         headers={"Allow": allowed})
+    else:
+        error = APIError(exc.detail, status=exc.status_code, headers=exc.headers)
+    return _error(error)
 
 
 async def _models(state: ServerState, request: HTTPRequest) -> Response:
