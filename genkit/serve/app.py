@@ -467,6 +467,9 @@ def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerSt
             message = public_message(exc)
             if "logit_bias" in body and "sequence_bias" not in body:  # the client sent it as logit_bias
                 message = message.replace("`sequence_bias`", "`logit_bias`")
+            if "do_sample" in message and body.get("temperature") is None and settings.get("do_sample"):
+                message += (" (this request samples: it sets `n` > 1 or a field that acts only when sampling, such "
+                            "as `seed` or `top_p`; send `temperature: 0` to decode greedily)")
             names = [f for name in re.findall(r"`(\w+)`", message) for f in (name, *_SET_BY.get(name, ())) if f in body]
             raise APIError(message, names[0] if names else None,
                            code="not_supported" if isinstance(exc, NotSupportedError) else None) from exc

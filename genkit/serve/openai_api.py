@@ -364,7 +364,13 @@ def _beam_kwargs(body: dict[str, Any], n: int, best_of: int) -> dict[str, Any]:
 
 def _sampling_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: int, choices: int,
                      stops: list[str]) -> dict[str, Any]:
-    """The generation settings OpenAI's fields stand for, given the generation ``fields`` sent as they are."""
+    """The generation settings OpenAI's fields stand for, given the generation ``fields`` sent as they are.
+    Whether the request samples (one rule, whatever its ``n``): ``temperature`` decides where it is
+    sent (0: greedy); else the request samples if it asks for several choices or sets a field that
+    acts only when sampling (:func:`_asks_to_sample`), and otherwise as the model's generation
+    config says (what ``generate`` merges it with). Sampling without a ``temperature`` uses the
+    model's, else 1 (OpenAI's default). A request that runs beam search (``num_beams``) samples only
+    with a ``temperature``: beam sampling."""
     temperature = _number(body, "temperature", 0.0, 2.0)
     top_p = _number(body, "top_p", 0.0, 1.0)
     if top_p == 0.0:
@@ -379,11 +385,24 @@ def _sampling_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: i
             kwargs["temperature"] = temperature
     if top_p is not None:
         kwargs["top_p"] = top_p
-    if choices > 1 and "do_sample" not in {**fields, **kwargs} and "num_beams" not in fields:
-        kwargs["do_sample"] = True  # several choices sample unless told (as OpenAI's temperature default of 1)
+    if "do_sample" not in {**fields, **kwargs} and "num_beams" not in fields and _asks_to_sample(body, fields, choices):
+        kwargs["do_sample"] = True  # as OpenAI's temperature default of 1
     if stops:
         kwargs["stop_strings"] = stops
     return kwargs
+
+
+def _asks_to_sample(body: dict[str, Any], fields: dict[str, Any], choices: int) -> bool:
+    """Whether a request without ``temperature`` asks to sample: several choices, a ``seed``, or a
+    field that acts only when sampling (``top_p``, ``top_k``, ``min_p``, ``typical_p``, ...:
+    genkit.config.checks.SAMPLING_FLAGS), set to anything but null. ``top_k`` beside
+    ``penalty_alpha`` is contrastive search's candidates per step, not a sampling field."""
+    from genkit.config.checks import SAMPLING_FLAGS
+
+    contrastive = fields.get("penalty_alpha") is not None
+    names = ["seed"] + [name for name, _ in SAMPLING_FLAGS if name != "temperature"
+                        and not (name == "top_k" and contrastive)]
+    return choices > 1 or any(body.get(name) is not None for name in names)
 
 
 def _vllm_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: int, limits: Limits,
