@@ -178,6 +178,9 @@ def test_without_the_api_key_every_route_but_health_is_401(guarded, method, path
     ({"stream": True, "stream_options": {"include_usag": True}}, "stream_options",
      "unknown field `stream_options.include_usag`"),
     ({"stream": True, "stream_options": {"include_usage": "no"}}, "stream_options", "true or false"),
+    ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options",  # 1 == True, but no boolean
+     "`stream_options.include_usage` must be true or false; got 1"),
+    ({"output_scores": 0}, "output_scores", "not supported by genkit serve"),  # 0 == False, but not false
     ({"user": 123}, "user", "`user` must be a string"),
 ])
 def test_each_completions_limit_is_a_400_naming_the_field(guarded, fields, param, words):
@@ -200,6 +203,11 @@ def test_each_completions_limit_is_a_400_naming_the_field(guarded, fields, param
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "any"}, "tool_choice",
      '"none", "auto", "required"'),
     ({"max_completion_tokens": CONTEXT}, "max_completion_tokens", "at most"),
+    # both sent: max_completion_tokens acts, and max_tokens is checked too (it was ignored, whatever its value)
+    ({"max_tokens": -5, "max_completion_tokens": 2}, "max_tokens", "`max_tokens` must be an integer >= 1; got -5"),
+    ({"max_tokens": CONTEXT, "max_completion_tokens": 2}, "max_tokens", f"`max_tokens` is {CONTEXT}, but the prompt"),
+    ({"max_tokens": 2, "max_completion_tokens": 0}, "max_completion_tokens",
+     "`max_completion_tokens` must be an integer >= 1; got 0"),
 ])
 def test_each_chat_limit_is_a_400_naming_the_field(guarded, fields, param, words):
     body = {"model": _model_name(), "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, **fields}
@@ -207,6 +215,27 @@ def test_each_chat_limit_is_a_400_naming_the_field(guarded, fields, param, words
     status, _, raw = _request(guarded, "POST", "/v1/chat/completions", body)
     error = _error(raw)
     assert status == 400 and error["param"] == param and words in error["message"], error
+
+
+@pytest.mark.parametrize(("fields", "param", "accepted"), [
+    ('"repetition_penalty": 1e999', "repetition_penalty", "a finite number > 0; got inf."),
+    ('"encoder_repetition_penalty": -1e999', "encoder_repetition_penalty", "a finite number > 0; got -inf."),
+    ('"length_penalty": 1e999, "num_beams": 2', "length_penalty",
+     "a finite number (exponent on the sequence length); got inf."),
+    ('"length_penalty": -1e999, "num_beams": 2', "length_penalty",
+     "a finite number (exponent on the sequence length); got -inf."),
+    ('"diversity_penalty": 1e999, "num_beams": 2, "num_beam_groups": 2', "diversity_penalty",
+     "a finite number >= 0; got inf."),
+    ('"exponential_decay_length_penalty": [1, 1e999]', "exponential_decay_length_penalty",
+     "a pair (start_index: int >= 0, decay_factor: finite number > 1.0) or None; got [1, inf]."),
+])
+def test_a_penalty_that_is_not_finite_is_a_400_naming_it(guarded, fields, param, accepted):
+    """JSON's 1e999 is Python's inf, which these penalties took; each must now be finite."""
+    body = json.dumps({"model": _model_name(), "prompt": "Hello", "max_tokens": 2})[:-1] + f", {fields}}}"
+    status, _, raw = _request(guarded, "POST", "/v1/completions", body)
+    assert status == 400 and json.loads(raw)["error"] == {"message": f"`{param}` must be {accepted}",
+                                                          "type": "invalid_request_error", "param": param,
+                                                          "code": None}
 
 
 def _head(length: int | None) -> bytes:

@@ -214,7 +214,7 @@ def _stream_options(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     if unknown:
         raise APIError(f"unknown field `stream_options.{unknown[0][:100]}`: `stream_options` takes `include_usage`",
                        "stream_options")
-    if options.get("include_usage") not in (None, True, False):
+    if options.get("include_usage") is not None and not isinstance(options["include_usage"], bool):  # 1 is no bool
         raise APIError(f"`stream_options.include_usage` must be true or false; got {_short(options['include_usage'])}",
                        "stream_options")
     return options
@@ -245,7 +245,7 @@ def _check_keys(body: dict[str, Any], allowed: Any, generation_fields: set[str])
     for key in body:
         if key in _SHADOWED:
             raise APIError(f"`{key}` is set through OpenAI's fields here (max_tokens, temperature, n, stop)", key)
-        if key in _NOT_FOR_CLIENTS and body[key] not in (None, False):
+        if key in _NOT_FOR_CLIENTS and body[key] is not None and body[key] is not False:  # 0 is not false
             raise APIError(f"`{key}` is not supported by genkit serve: the server answers text (and `logprobs`), "
                            "and its engine decides how a request runs", key, code="not_supported")
         if key not in allowed and key not in generation_fields:
@@ -265,12 +265,11 @@ def _check_model(body: dict[str, Any], model_name: str) -> None:
 
 
 def _max_tokens(body: dict[str, Any], chat: bool, prompt_len: int, limits: Limits, scoring: bool = False) -> int:
-    """``max_tokens`` (``max_completion_tokens`` for chat): given, else 16 (completions) or the
-    rest of the context (chat); prompt + completion must fit ``limits.max_model_len``. An
-    encoder-decoder model's prompt (its encoder's input) and its decoder's tokens (the start token
-    + the completion) must each fit it. 0 only where the prompt is the answer (``scoring``: an
+    """``max_tokens`` (``max_completion_tokens`` for chat, which wins when both are sent; each is
+    checked): given, else 16 (completions) or the rest of the context (chat); prompt + completion
+    must fit ``limits.max_model_len``. An encoder-decoder model's prompt (its encoder's input) and
+    its decoder's tokens (the start token + the completion) must each fit it. 0 only where the prompt is the answer (``scoring``: an
     echoed prompt, or its ``prompt_logprobs``), as OpenAI's legacy completions allow."""
-    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     context = limits.max_model_len
     seq2seq = limits.encoder_decoder
     if context is not None and (prompt_len > context if seq2seq else prompt_len >= context):
@@ -278,14 +277,18 @@ def _max_tokens(body: dict[str, Any], chat: bool, prompt_len: int, limits: Limit
         raise APIError(f"the prompt has {prompt_len} tokens; this model's {what} {context} tokens",
                        "messages" if chat else "prompt", code="context_length_exceeded")
     room = None if context is None else context - (1 if seq2seq else prompt_len)
-    max_tokens = _int(body, name, 0 if scoring else 1, default=None)
-    if max_tokens is None:
+    given = []  # both names are checked when both are sent; the newer one acts
+    for name in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):
+        max_tokens = _int(body, name, 0 if scoring else 1, default=None)
+        if max_tokens is not None and room is not None and max_tokens > room:
+            why = (f"this model's decoder takes {context} tokens, its start token among them" if seq2seq else
+                   f"the prompt has {prompt_len} tokens and this model's context is {context}")
+            raise APIError(f"`{name}` is {max_tokens}, but {why}: at most {room}", name,
+                           code="context_length_exceeded")
+        given += [] if max_tokens is None else [int(max_tokens)]
+    if not given:
         return min(16, room or 16) if not chat else (room or 2048)
-    if room is not None and max_tokens > room:
-        why = (f"this model's decoder takes {context} tokens, its start token among them" if seq2seq else
-               f"the prompt has {prompt_len} tokens and this model's context is {context}")
-        raise APIError(f"`{name}` is {max_tokens}, but {why}: at most {room}", name, code="context_length_exceeded")
-    return int(max_tokens)
+    return given[0]
 
 
 def _choices(body: dict[str, Any], chat: bool, prompts: int, limits: Limits) -> tuple[int, int]:
