@@ -6,7 +6,7 @@ import json
 from numbers import Integral, Real
 from typing import Any
 
-from genkit.config.fields import token_ids_in
+from genkit.config.fields import is_finite, token_ids_in
 from genkit.errors import ConfigError
 from genkit.plugins import FieldSpec
 
@@ -70,7 +70,7 @@ def _temperature(v: Any) -> bool:
 
 def _decay(v: Any) -> bool:
     return (isinstance(v, (list, tuple)) and len(v) == 2 and _int(v[0]) and v[0] >= 0
-            and _num(v[1]) and v[1] > 1.0)
+            and is_finite(v[1]) and v[1] > 1.0)
 
 
 def _switch(name: str, default: Any, check: Any, accepted: str, token_ids: Any = None) -> FieldSpec:
@@ -87,9 +87,9 @@ TOP_H = _switch("top_h", None, lambda v: _num(v) and 0 < v <= 1, "a number in (0
 TYPICAL_P = _switch("typical_p", 1.0, lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1]")
 EPSILON_CUTOFF = _switch("epsilon_cutoff", 0.0, lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)")
 ETA_CUTOFF = _switch("eta_cutoff", 0.0, lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)")
-REPETITION_PENALTY = _switch("repetition_penalty", 1.0, lambda v: _num(v) and v > 0, "a number > 0")
-ENCODER_REPETITION_PENALTY = _switch("encoder_repetition_penalty", 1.0, lambda v: _num(v) and v > 0,
-                                     "a number > 0")
+REPETITION_PENALTY = _switch("repetition_penalty", 1.0, lambda v: is_finite(v) and v > 0, "a finite number > 0")
+ENCODER_REPETITION_PENALTY = _switch("encoder_repetition_penalty", 1.0, lambda v: is_finite(v) and v > 0,
+                                     "a finite number > 0")
 PRESENCE_PENALTY = _switch("presence_penalty", None, lambda v: _num(v) and -2 <= v <= 2,
                            "a number between -2.0 and 2.0, or None (0 and None disable)")
 FREQUENCY_PENALTY = _switch("frequency_penalty", None, lambda v: _num(v) and -2 <= v <= 2,
@@ -107,7 +107,7 @@ FORCED_EOS = _switch("forced_eos_token_id", None,
                      "a token id >= 0, a list of ids, or None", token_ids_in)
 REMOVE_INVALID = _switch("remove_invalid_values", False, lambda v: isinstance(v, bool), "True or False")
 DECAY = _switch("exponential_decay_length_penalty", None, _decay,
-                "a pair (start_index: int >= 0, decay_factor: number > 1.0) or None")
+                "a pair (start_index: int >= 0, decay_factor: finite number > 1.0) or None")
 SUPPRESS = _switch("suppress_tokens", None, lambda v: _ids(v) and len(v) > 0, "a list of token ids >= 0 or None",
                    token_ids_in)
 BEGIN_SUPPRESS = _switch("begin_suppress_tokens", None, lambda v: _ids(v) and len(v) > 0,

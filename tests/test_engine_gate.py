@@ -134,14 +134,22 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _serving(app, engine: str = "ContinuousEngine", **config):
+def _serving(app, engine: str = "ContinuousEngine", send_buffer: int | None = None, **config):
     """``app`` served by uvicorn on 127.0.0.1 in a thread (``config``: more of uvicorn's settings),
-    on the engine of class ``engine``; yields its base URL."""
+    on the engine of class ``engine``; yields its base URL. ``send_buffer``: its connections' kernel
+    send buffer in bytes (SO_SNDBUF, which they take from the listening socket), so that a client
+    that does not read fills it with a few kB, not the megabytes Linux grows it to."""
     uvicorn = pytest.importorskip("uvicorn")
     port = _free_port()
+    sockets = None
+    if send_buffer is not None:
+        from genkit.serve.lifecycle import bind
+
+        sockets = [bind("127.0.0.1", port)]
+        sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
                                         **config))
-    thread = threading.Thread(target=srv.run, daemon=True)
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
     while not srv.started and time.monotonic() < deadline:

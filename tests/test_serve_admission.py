@@ -167,6 +167,35 @@ def test_a_400_after_admission_gives_its_slot_back(server):
     assert _metrics(server)["genkit_requests_admitted"] == 0
 
 
+_LAYERS = ("this model has 2 layers, so premature layers are 0 (the word embeddings) to 1; 2 is the final layer DoLa "
+           'contrasts them with. Accepted: "low", "high", or a non-empty list of those indices')
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"dola_layers": [999]}, f"`dola_layers` names [999]: {_LAYERS}"),
+    ({"dola_layers": [0, 2]}, f"`dola_layers` names [2]: {_LAYERS}"),
+    ({"dola_layers": []}, f"`dola_layers` is empty: {_LAYERS}"),
+    ({"assistant_early_exit": 2}, "`assistant_early_exit` must be a layer count from 1 to 1 (the model has 2 layers; "
+                                  "the draft uses fewer than all of them); got 2"),
+])
+def test_a_setting_the_model_cannot_take_is_a_400_before_it_is_queued(server, fields, message, stream):
+    """The strategies check these against the model when they run: the request was queued, then a
+    stream answered 200 and an error event, a response a 400 naming no field. Now the strategy's own
+    check runs before the request is queued (the engine never sees it)."""
+    GATE.set()
+    before = _metrics(server)
+    status, headers, raw = _request(server, "/v1/completions", _completion(stream=stream, **fields))
+    assert status == 400 and headers["Content-Type"] == "application/json"
+    assert json.loads(raw) == {"error": {"message": message, "type": "invalid_request_error",
+                                         "param": next(iter(fields)), "code": None}}
+    m = _metrics(server)
+    assert m["genkit_requests_total"] == before["genkit_requests_total"] and m["genkit_requests_admitted"] == 0
+    ok = {k: [0, 1] if k == "dola_layers" else 1 for k in fields}  # what the model has runs
+    status, _, raw = _request(server, "/v1/completions", _completion(**ok))
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 4
+
+
 def _open_stream(base: str, body: dict) -> socket.socket:
     """A streaming chat request on a raw socket, read up to its first event (the role's chunk)."""
     host, port = base.removeprefix("http://").split(":")
@@ -330,6 +359,60 @@ def test_a_client_slow_to_send_its_head_or_body_is_let_go(held):
         assert results[0][0] == 200 and json.loads(results[0][2])["usage"]["completion_tokens"] == 4
 
 
+def _never_reading(base: str, body: dict) -> socket.socket:
+    """A streaming chat request on a socket with a small receive buffer that is never read."""
+    host, port = base.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+# a large stream: 16 choices, each token's chunk with 20 alternatives (about 2 kB; 1.6 MB before the hold,
+# where the client's buffer, the server's kernel buffer (4 kB here) and its transport's (64 kB) hold 100 kB)
+_FLOOD = {"model": "tiny", "messages": [{"role": "user", "content": "w3 w4 w5"}], "max_tokens": 100, "n": 16,
+          "temperature": 1.0, "logprobs": True, "top_logprobs": 20, "stream": True, "hold_after": 50}
+
+
+@pytest.mark.parametrize("timeouts", [{"write_timeout": 0.5}, {"request_timeout": 1.0}], ids=["write", "request"])
+def test_a_client_that_stops_reading_is_cut_and_its_slot_comes_back(held, timeouts):
+    """A client that stopped reading a stream held its slot and its connection for good: the server's
+    sends waited on a full buffer, under any --request-timeout. Now the connection is aborted once its
+    client has not read for --write-timeout seconds, or once --request-timeout passes while a send
+    waits (the write timeout 60 s then); the request is cancelled in its engine and its slot given back."""
+    from genkit.serve.lifecycle import connection_limits
+
+    app = _app(request_timeout=timeouts.get("request_timeout"))
+    limits = connection_limits(8, 4, write_timeout=timeouts.get("write_timeout", 60.0))
+    with _serving(app, send_buffer=4096, **limits) as base:
+        GATE.clear()
+        sock = _never_reading(base, _FLOOD)
+        try:
+            _wait_for(base, lambda m: m["genkit_requests_admitted"] == 1, "the request admitted")
+            t = time.monotonic()
+            m = _wait_for(base, lambda m: m["genkit_requests_admitted"] == 0,
+                          "the slot of the client that stopped reading")
+            assert time.monotonic() - t < 30
+            assert m["genkit_requests_timed_out"] == (1 if "request_timeout" in timeouts else 0)
+            sock.settimeout(30)
+            seen = b""
+            while chunk := sock.recv(1 << 20):  # what the server had written, then the connection closed
+                seen += chunk
+            assert seen.startswith(b"HTTP/1.1 200") and not seen.endswith(b"0\r\n\r\n") and b"[DONE]" not in seen
+        finally:
+            GATE.set()
+            sock.close()
+        m = _wait_for(base, lambda m: m["genkit_requests_running"] == 0
+                      and m["genkit_cache_free_blocks"] == m["genkit_cache_blocks"], "the engine let it go")
+        assert m["genkit_requests_cancelled"] == 1
+        assert m["genkit_generated_tokens_total"] <= 16 * (50 + 1)  # stopped by the step held, of 100
+        status, _, raw = _request(base, "/v1/completions", _completion())
+        assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 4
+
+
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "genkit", "serve", "no-such-model", "--port", str(_free_port()),
                            *args], capture_output=True, text=True, timeout=120)
@@ -342,6 +425,8 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
      "--max-connections (100) must be more than --max-concurrent-requests (100)"),
     (("--request-timeout", "0"), "--request-timeout must be a number of seconds > 0; got 0.0"),
     (("--request-timeout", "inf"), "--request-timeout must be a number of seconds > 0; got inf"),
+    (("--write-timeout", "0"), "--write-timeout must be a number of seconds > 0; got 0.0"),
+    (("--write-timeout", "nan"), "--write-timeout must be a number of seconds > 0; got nan"),
 ])
 def test_the_options_are_checked_before_the_model_loads(args, message):
     r = _run_cli(*args)
@@ -363,9 +448,12 @@ def test_build_app_checks_the_settings(held, settings, message):
 def test_the_cli_default_is_the_librarys():
     from genkit.cli import build_parser
     from genkit.serve.admission import DEFAULT_MAX_CONCURRENT_REQUESTS, default_max_connections
-    from genkit.serve.lifecycle import connection_limits
+    from genkit.serve.lifecycle import DEFAULT_WRITE_TIMEOUT_SECONDS, connection_limits
 
     args = build_parser().parse_args(["serve"])
     assert args.max_concurrent_requests == DEFAULT_MAX_CONCURRENT_REQUESTS == 128
     assert args.max_connections is None and args.request_timeout is None
+    assert args.write_timeout == DEFAULT_WRITE_TIMEOUT_SECONDS == 60.0
     assert connection_limits(None, 128)["limit_concurrency"] == default_max_connections(128) + 1 == 321
+    assert connection_limits(None, 128)["http"].write_timeout == 60.0
+    assert connection_limits(None, 128, write_timeout=2.5)["http"].write_timeout == 2.5

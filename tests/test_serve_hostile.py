@@ -178,6 +178,9 @@ def test_without_the_api_key_every_route_but_health_is_401(guarded, method, path
     ({"stream": True, "stream_options": {"include_usag": True}}, "stream_options",
      "unknown field `stream_options.include_usag`"),
     ({"stream": True, "stream_options": {"include_usage": "no"}}, "stream_options", "true or false"),
+    ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options",  # 1 == True, but no boolean
+     "`stream_options.include_usage` must be true or false; got 1"),
+    ({"output_scores": 0}, "output_scores", "not supported by genkit serve"),  # 0 == False, but not false
     ({"user": 123}, "user", "`user` must be a string"),
 ])
 def test_each_completions_limit_is_a_400_naming_the_field(guarded, fields, param, words):
@@ -200,6 +203,11 @@ def test_each_completions_limit_is_a_400_naming_the_field(guarded, fields, param
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "any"}, "tool_choice",
      '"none", "auto", "required"'),
     ({"max_completion_tokens": CONTEXT}, "max_completion_tokens", "at most"),
+    # both sent: max_completion_tokens acts, and max_tokens is checked too (it was ignored, whatever its value)
+    ({"max_tokens": -5, "max_completion_tokens": 2}, "max_tokens", "`max_tokens` must be an integer >= 1; got -5"),
+    ({"max_tokens": CONTEXT, "max_completion_tokens": 2}, "max_tokens", f"`max_tokens` is {CONTEXT}, but the prompt"),
+    ({"max_tokens": 2, "max_completion_tokens": 0}, "max_completion_tokens",
+     "`max_completion_tokens` must be an integer >= 1; got 0"),
 ])
 def test_each_chat_limit_is_a_400_naming_the_field(guarded, fields, param, words):
     body = {"model": _model_name(), "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, **fields}
@@ -207,6 +215,27 @@ def test_each_chat_limit_is_a_400_naming_the_field(guarded, fields, param, words
     status, _, raw = _request(guarded, "POST", "/v1/chat/completions", body)
     error = _error(raw)
     assert status == 400 and error["param"] == param and words in error["message"], error
+
+
+@pytest.mark.parametrize(("fields", "param", "accepted"), [
+    ('"repetition_penalty": 1e999', "repetition_penalty", "a finite number > 0; got inf."),
+    ('"encoder_repetition_penalty": -1e999', "encoder_repetition_penalty", "a finite number > 0; got -inf."),
+    ('"length_penalty": 1e999, "num_beams": 2', "length_penalty",
+     "a finite number (exponent on the sequence length); got inf."),
+    ('"length_penalty": -1e999, "num_beams": 2', "length_penalty",
+     "a finite number (exponent on the sequence length); got -inf."),
+    ('"diversity_penalty": 1e999, "num_beams": 2, "num_beam_groups": 2', "diversity_penalty",
+     "a finite number >= 0; got inf."),
+    ('"exponential_decay_length_penalty": [1, 1e999]', "exponential_decay_length_penalty",
+     "a pair (start_index: int >= 0, decay_factor: finite number > 1.0) or None; got [1, inf]."),
+])
+def test_a_penalty_that_is_not_finite_is_a_400_naming_it(guarded, fields, param, accepted):
+    """JSON's 1e999 is Python's inf, which these penalties took; each must now be finite."""
+    body = json.dumps({"model": _model_name(), "prompt": "Hello", "max_tokens": 2})[:-1] + f", {fields}}}"
+    status, _, raw = _request(guarded, "POST", "/v1/completions", body)
+    assert status == 400 and json.loads(raw)["error"] == {"message": f"`{param}` must be {accepted}",
+                                                          "type": "invalid_request_error", "param": param,
+                                                          "code": None}
 
 
 def _head(length: int | None) -> bytes:
@@ -280,6 +309,30 @@ def test_a_number_or_string_python_cannot_take_is_a_400(guarded, path, body, par
     for bad, good in (("\\ud800", "\\ud83d\\ude00"), ("\\udfff", "x"), ("0" * 5000, "")):
         body = body.replace(bad, good)
     assert _request(guarded, "POST", path, body)[0] == 200, body
+
+
+_ROUTES = ("/v1/models, /v1/models/{model_id}, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, "
+           "/tokenizer_info, /version, /health, /metrics")
+
+
+@pytest.mark.parametrize(("method", "path", "status", "message", "allow"), [
+    ("POST", "/v1/embeddings", 404, f"no route POST /v1/embeddings: this server answers {_ROUTES}", None),
+    ("GET", "/", 404, f"no route GET /: this server answers {_ROUTES}", None),
+    ("GET", "/v1/completions", 405, "/v1/completions does not take GET; it takes POST", "POST"),
+    ("DELETE", "/v1/chat/completions", 405, "/v1/chat/completions does not take DELETE; it takes POST", "POST"),
+    ("POST", "/health", 405, "/health does not take POST; it takes GET, HEAD", "GET, HEAD"),
+])
+def test_an_unknown_route_or_method_is_openais_error_object(guarded, method, path, status, message, allow):
+    """Starlette answered these in plain text (``Not Found``, ``Method Not Allowed``), which OpenAI's
+    clients cannot read as an error."""
+    body = {"model": _model_name(), "input": "x"} if method == "POST" else None
+    code, headers, raw = _request(guarded, method, path, body)
+    assert code == status and headers["content-type"] == "application/json"
+    assert json.loads(raw) == {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                         "code": "not_found" if status == 404 else "method_not_allowed"}}
+    assert headers.get("allow") == allow
+    # the API key is asked for first (/health is open)
+    assert _request(guarded, method, path, body, key=None)[0] == (status if path == "/health" else 401)
 
 
 @pytest.mark.parametrize(("path", "body", "param", "words"), [

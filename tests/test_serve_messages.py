@@ -94,6 +94,11 @@ def test_text_parts_reach_the_template_as_text(server):
     ([{"role": "user", "content": "w3", "name": 5}], "`messages[0].name` must be a string; got 5"),
     ([{"role": "tool", "content": "w3", "tool_call_id": ["x"]}],
      "`messages[0].tool_call_id` must be a string; got ['x']"),
+    # a role that is no string was a 500 (a list or an object looked up among the roles)
+    ([{"role": ["user"], "content": "w3"}],
+     "`messages[0].role` must be one of assistant, developer, system, tool, user; got ['user']"),
+    ([{"role": "user", "content": "w3"}, {"role": {"name": "user"}, "content": "w4"}],
+     "`messages[1].role` must be one of assistant, developer, system, tool, user; got {'name': 'user'}"),
 ])
 @pytest.mark.parametrize("path", ["/tokenize", "/v1/chat/completions"])
 def test_an_unknown_or_bad_message_field_is_a_400_naming_it(server, path, messages, message):
@@ -102,3 +107,26 @@ def test_an_unknown_or_bad_message_field_is_a_400_naming_it(server, path, messag
     assert status == 400, body
     assert body["error"]["message"] == message
     assert body["error"]["param"] == "messages"
+
+
+_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": "f"}, {"type": "function", "function": None},
+                                    {"type": "function", "function": ["f"]}, {"type": "function"},
+                                    {"type": "function", "function": {"name": ["f"]}}])
+@pytest.mark.parametrize("path", ["/tokenize", "/v1/chat/completions"])
+def test_a_malformed_tool_choice_is_a_400_naming_it(server, path, choice):
+    """A ``function`` that is not an object was a 500 (its ``name`` looked up on a string or None)."""
+    extra = {"max_tokens": 2} if path != "/tokenize" else {}
+    status, body = post_json(server, path, {"model": "tiny", "messages": [{"role": "user", "content": "w3"}],
+                                            "tools": _TOOLS, "tool_choice": choice, **extra})
+    assert status == 400, body
+    assert body["error"] == {
+        "message": '`tool_choice` must be "none", "auto", "required" or {"type": "function", "function": {"name": '
+                   f"one of ['f']}}}}; got {choice!r}", "type": "invalid_request_error", "param": "tool_choice",
+        "code": None}
+    status, body = post_json(server, "/tokenize", {"model": "tiny", "messages": [{"role": "user", "content": "w3"}],
+                                                   "tools": _TOOLS, "tool_choice": {"type": "function",
+                                                                                    "function": {"name": "f"}}})
+    assert status == 200 and body["tokens"] == [3], body  # the well-formed choice

@@ -237,6 +237,11 @@ def test_a_transformers_model_object_is_served_as_its_folder(loaded):
      "`use_beam_search` runs beam search, which does not sample"),
     ({"use_beam_search": True, "num_beams": 4}, "use_beam_search", "`use_beam_search` sets `num_beams` (to `n`)"),
     ({"use_beam_search": True, "best_of": 2}, "best_of", "`best_of` must be `n`"),
+    # checked before the request is queued: a stream answered 200, then an error event naming no field
+    ({"dola_layers": "low", "stream": True}, "dola_layers", "`dola_layers` (DoLa) is supported for decoder-only "
+     "models only"),
+    ({"guidance_scale": 2.0, "stream": True}, "guidance_scale", "`guidance_scale` (classifier-free guidance) is "
+     "supported for decoder-only models only"),
 ])
 def test_settings_an_encoder_decoder_request_cannot_take_are_a_400_naming_them(servers, body, param, message):
     status, out = post_json(servers["t5"], "/v1/completions", {"model": "t5", "prompt": PROMPT, **body}, timeout=60)

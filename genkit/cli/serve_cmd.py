@@ -73,6 +73,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
                    help="stop a completion request running longer (a stream ends with finish_reason \"length\", "
                         "a response not yet begun is a 504; default: none)")
+    p.add_argument("--write-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="close a connection whose client has not read its response for this long (a stream is "
+                        "cancelled and its slot given back; default: 60)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGINT/SIGTERM, how long running requests may finish before they are cancelled "
                         "(default: 30)")
@@ -114,8 +117,10 @@ def _check_options(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"--max-connections ({args.max_connections}) must be more than --max-concurrent-requests "
                           f"({args.max_concurrent_requests}): each admitted request holds a connection, and /health "
                           "needs one besides")
-    if args.request_timeout is not None and not 0 < args.request_timeout < float("inf"):
-        raise ConfigError(f"--request-timeout must be a number of seconds > 0; got {args.request_timeout}")
+    for name in ("request_timeout", "write_timeout"):
+        value = getattr(args, name)
+        if value is not None and not 0 < value < float("inf"):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds > 0; got {value}")
     if args.shutdown_timeout < 0:
         raise ConfigError(f"--shutdown-timeout must be >= 0 seconds; got {args.shutdown_timeout}")
     recipes = _listed(args.allowed_recipes)
@@ -160,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         raise
     config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5,
-                            **connection_limits(args.max_connections, args.max_concurrent_requests))
+                            **connection_limits(args.max_connections, args.max_concurrent_requests,
+                                                write_timeout=args.write_timeout))
     server = DrainingServer(config, app.state.genkit, args.shutdown_timeout)
     print(f"genkit serve: {app.state.genkit.model_name} on http://{args.host}:{args.port}/v1 ({engine.name} engine"
           f"{', API key required' if settings['api_key'] else ''})", flush=True)

@@ -171,8 +171,10 @@ def _check_layer_strategies(c: GenerationConfig) -> None:
         raise ConfigError(f"`{(chosen + drafts)[0]}` works with num_beams=1; got num_beams={v('num_beams')!r}.")
 
 
-_SAMPLING_FLAGS = (("temperature", 1.0), ("top_p", 1.0), ("min_p", None), ("top_h", None), ("typical_p", 1.0),
-                   ("top_k", 50), ("epsilon_cutoff", 0.0), ("eta_cutoff", 0.0))
+# the fields that act only when sampling (the warpers), each with the value that leaves the
+# distribution as it is; genkit serve: a request that sets one samples
+SAMPLING_FLAGS = (("temperature", 1.0), ("top_p", 1.0), ("min_p", None), ("top_h", None), ("typical_p", 1.0),
+                  ("top_k", 50), ("epsilon_cutoff", 0.0), ("eta_cutoff", 0.0))
 
 
 def negative_pad_issue(pad: Any) -> str | None:
@@ -189,7 +191,7 @@ def minor_issues(c: GenerationConfig, table: dict[str, FieldSpec], user_set: set
     provenance rule)."""
     issues = []
     if c.do_sample is not True:
-        for name, off in _SAMPLING_FLAGS:
+        for name, off in SAMPLING_FLAGS:
             value = getattr(c, name, None)
             if name == "top_k" and c.penalty_alpha:  # contrastive search's candidates per step
                 continue

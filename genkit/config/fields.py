@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 from collections.abc import Callable, Iterable
 from numbers import Integral, Real
 from typing import Any
@@ -38,6 +39,11 @@ def is_int(v: Any) -> bool:
 
 def is_num(v: Any) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool)
+
+
+def is_finite(v: Any) -> bool:
+    """A number, neither infinite nor NaN (JSON's ``1e999`` is Python's ``inf``)."""
+    return is_num(v) and math.isfinite(v)
 
 
 def _is_bool(v: Any) -> bool:
@@ -137,8 +143,8 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("do_sample", False, _is_bool, "True or False"),
     _F("num_beams", 1, lambda v: is_int(v) and v >= 1, "an int >= 1"),
     _F("num_beam_groups", 1, lambda v: is_int(v) and v >= 1, "an int >= 1"),
-    _F("diversity_penalty", 0.0, lambda v: is_num(v) and v >= 0, "a number >= 0"),
-    _F("length_penalty", 1.0, is_num, "a number (exponent on the sequence length)"),
+    _F("diversity_penalty", 0.0, lambda v: is_finite(v) and v >= 0, "a finite number >= 0"),
+    _F("length_penalty", 1.0, is_finite, "a finite number (exponent on the sequence length)"),
     _F("penalty_alpha", None, lambda v: is_num(v) and 0 <= v <= 1, "a number in [0, 1] or None"),
     _F("dola_layers", None, lambda v: v in ("low", "high") or (isinstance(v, list) and all(is_int(x) for x in v)),
        '"low", "high", a list of layer indices, or None'),

@@ -380,6 +380,20 @@ def _check_attentions(model: Any, config: ResolvedConfig) -> None:
                                 "does not return attention weights (output_hidden_states=True works)")
 
 
+def check_encoder_decoder_settings(config: Any) -> None:
+    """The settings an encoder-decoder model cannot run, refused by name (a NotSupportedError):
+    DoLa and classifier-free guidance (``genkit serve`` asks before it queues a request)."""
+    from ..errors import NotSupportedError
+
+    if config.dola_layers is not None:
+        raise NotSupportedError("`dola_layers` (DoLa) is supported for decoder-only models only: it projects the "
+                                "decoder's intermediate layers through the LM head, which an encoder-decoder model's "
+                                "adapter does not expose")
+    if config.guidance_scale not in (None, 1, 1.0):
+        raise NotSupportedError("`guidance_scale` (classifier-free guidance) is supported for decoder-only models "
+                                "only: its unconditional pass runs the prompt through a decoder-only model")
+
+
 def _start_seq2seq(model: Any, seq2seq: Seq2SeqInputs, config: ResolvedConfig, model_kwargs: dict[str, Any],
                    device: torch.device) -> torch.Tensor:
     """An encoder-decoder model: run the encoder once, return the decoder's first tokens (its prompt)."""
@@ -389,13 +403,7 @@ def _start_seq2seq(model: Any, seq2seq: Seq2SeqInputs, config: ResolvedConfig, m
         raise NotSupportedError("`past_key_values` for an encoder-decoder model is not supported: genkit runs the "
                                 "encoder and starts the decoder's cache itself (pass `encoder_outputs` to reuse the "
                                 "encoder's work)")
-    if config.dola_layers is not None:
-        raise NotSupportedError("`dola_layers` (DoLa) is supported for decoder-only models only: it projects the "
-                                "decoder's intermediate layers through the LM head, which an encoder-decoder model's "
-                                "adapter does not expose")
-    if config.guidance_scale not in (None, 1, 1.0):
-        raise NotSupportedError("`guidance_scale` (classifier-free guidance) is supported for decoder-only models "
-                                "only: its unconditional pass runs the prompt through a decoder-only model")
+    check_encoder_decoder_settings(config)
     if seq2seq.inputs is not None and seq2seq.input_name == "input_ids":  # checked as a decoder-only prompt is
         seq2seq.inputs = _prompt_ids(seq2seq.inputs, config, device)
     return seq2seq.start(model, config, device)

@@ -11,7 +11,8 @@ does. The slot is given back when the response ends, whichever way it ends. ``/h
 ``request_timeout`` (seconds, from the slot's taking): a request still running then is cancelled
 in its engine (its cache blocks freed) and its slot given back; a stream ends there with
 ``finish_reason`` ``"length"`` (what a limit gives, as ``max_time`` does), a response not yet
-begun is a 504 (``code`` ``"request_timeout"``).
+begun is a 504 (``code`` ``"request_timeout"``). A stream whose send is still waiting then (its
+client does not read: :class:`SendDeadline`) is cut, its connection closed.
 """
 
 from __future__ import annotations
@@ -23,10 +24,15 @@ from typing import Any
 from ..errors import ConfigError
 from .openai_api import APIError
 
-__all__ = ["DEFAULT_MAX_CONCURRENT_REQUESTS", "Admission", "Slot", "default_max_connections"]
+__all__ = ["ABORT_EXTENSION", "DEFAULT_MAX_CONCURRENT_REQUESTS", "Admission", "SendDeadline", "Slot",
+           "default_max_connections"]
 
 DEFAULT_MAX_CONCURRENT_REQUESTS = 128  # TGI's default
 RETRY_AFTER_SECONDS = 1
+# the ASGI scope extension (``scope["extensions"][ABORT_EXTENSION]``, a callable) that closes the
+# request's connection at once, what was not sent dropped: genkit.serve.lifecycle.TimeoutProtocol
+# gives it to every request
+ABORT_EXTENSION = "genkit.abort"
 
 
 def default_max_connections(max_concurrent_requests: int) -> int:
@@ -98,3 +104,44 @@ async def within(awaitable: Any, slot: Slot) -> Any:
     if remaining is None:
         return await awaitable
     return await asyncio.wait_for(awaitable, remaining)
+
+
+class SendDeadline:
+    """The sends of a streamed response, watched against ``slot``'s request timeout: a send still
+    waiting when it passes, or one begun after it that does not return at once, calls ``on_stuck``
+    (once). A send waits only while the client does not read (the server's buffer for the connection
+    is full), so a send that has not returned by the event loop's next turn is waiting. Without a
+    request timeout the sends are not watched."""
+
+    def __init__(self, slot: Slot, on_stuck: Any) -> None:
+        self.on_stuck = on_stuck
+        self.sending = self.expired = self.stuck = False
+        remaining = slot.remaining()
+        self.timer = None if remaining is None else asyncio.get_running_loop().call_later(remaining, self._expire)
+
+    def wrap(self, send: Any) -> Any:
+        if self.timer is None:
+            return send
+
+        async def watched(message: Any) -> None:
+            if self.expired:  # past the timeout: a send that waits is cut once the loop turns
+                asyncio.get_running_loop().call_soon(self._check)
+            self.sending = True
+            try:
+                await send(message)
+            finally:
+                self.sending = False
+        return watched
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def _expire(self) -> None:
+        self.expired = True
+        self._check()
+
+    def _check(self) -> None:
+        if self.sending and not self.stuck:
+            self.stuck = True
+            self.on_stuck()

@@ -23,6 +23,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -30,7 +31,7 @@ from starlette.routing import Route
 from genkit.errors import NotSupportedError
 from genkit.strategy import openai_finish_reason
 
-from .admission import DEFAULT_MAX_CONCURRENT_REQUESTS, Admission, Slot, within
+from .admission import ABORT_EXTENSION, DEFAULT_MAX_CONCURRENT_REQUESTS, Admission, SendDeadline, Slot, within
 from .engine import PromptEvent, Request, RequestStream
 from .limits import Limits, check_width, default_max_model_len, load_json
 from .openai_api import (
@@ -123,7 +124,25 @@ def create_app(state: ServerState) -> Starlette:
         Route("/health", partial(_health, state), methods=["GET"]),
         Route("/metrics", partial(_metrics, state), methods=["GET"]),
     ]
-    return Starlette(routes=routes, middleware=middleware(state.policy))
+    paths = [re.sub(r"\{(\w+)(:\w+)?\}", r"{\1}", r.path) for r in routes]  # /v1/models/{model_id}
+    return Starlette(routes=routes, middleware=middleware(state.policy),
+                     exception_handlers={HTTPException: partial(_http_error, paths)})
+
+
+async def _http_error(paths: list[str], request: HTTPRequest, exc: HTTPException) -> Response:
+    """Starlette's own refusals (a route that does not exist, a method a route does not take) as
+    OpenAI's error object, naming what the server takes, not Starlette's plain text."""
+    method, path = request.method, request.url.path[:200]
+    if exc.status_code == 404:
+        error = APIError(f"no route {method} {path}: this server answers {', '.join(paths)}", status=404,
+                         code="not_found")
+    elif exc.status_code == 405:
+        allowed = ", ".join(sorted((exc.headers or {}).get("Allow", "").split(", ")))  # Starlette's: a set's order
+        error = APIError(f"{path} does not take {method}; it takes {allowed}", status=405, code="method_not_allowed",
+                         headers={"Allow": allowed})
+    else:
+        error = APIError(exc.detail, status=exc.status_code, headers=exc.headers)
+    return _error(error)
 
 
 async def _models(state: ServerState, request: HTTPRequest) -> Response:
@@ -355,16 +374,19 @@ async def _answer(request: HTTPRequest, parsed: ParsedRequest, group: _Group, st
 class _AdmittedStream(StreamingResponse):
     """The server-sent events of an admitted request. However the response ends (finished, the
     client gone before or during it, the server closing), its stream is closed, which cancels the
-    request in its engine unless it finished, and its slot is given back."""
+    request in its engine unless it finished, and its slot is given back. A send still waiting when
+    the request timeout passes (the client does not read) cuts it at once (:meth:`_cut`)."""
 
     def __init__(self, content: AsyncGenerator[bytes, None], group: _Group, state: ServerState, slot: Slot) -> None:
         super().__init__(content, media_type="text/event-stream")
         self.content, self.group, self.state, self.slot = content, group, state, slot
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        deadline = SendDeadline(self.slot, partial(self._cut, scope))
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, deadline.wrap(send))
         finally:
+            deadline.close()
             try:
                 await self.content.aclose()  # runs _sse's finally if the response was cut at one of its yields
             finally:
@@ -372,6 +394,23 @@ class _AdmittedStream(StreamingResponse):
                     self.state.inflight.discard(self.group)
                     self.group.cancel()
                 self.slot.release()
+
+    def _cut(self, scope: Any) -> None:
+        """A send outlasted the request timeout: the request is cancelled in its engine, its slot given
+        back, and its connection closed (``genkit serve``'s protocol, genkit.serve.lifecycle: the chunk
+        that waits was not sent, so the stream cannot end as a timeout ends it; the client sees a
+        cut connection, not a text it could take for a whole one)."""
+        logger.info("request %s: its client did not read its stream until the request timeout: closing it",
+                    self.group.streams[0].request.id)
+        if not self.group.timed_out:
+            self.group.timed_out = True
+            self.slot.timed_out()
+        self.state.inflight.discard(self.group)
+        self.group.cancel()
+        self.slot.release()
+        abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+        if abort is not None:
+            abort()
 
 
 async def _watch_disconnect(request: HTTPRequest, group: _Group) -> None:
@@ -423,10 +462,14 @@ def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerSt
             config, _ = merge_config(state.model, None, settings)
             if parsed.custom_generate is not None:  # a strategy named: a do_sample against it
                 check_named_strategy(get_registry().get("strategy", parsed.custom_generate), config)
+            _check_against_model(config, state)
         except ValueError as exc:  # ConfigError and its kin
             message = public_message(exc)
             if "logit_bias" in body and "sequence_bias" not in body:  # the client sent it as logit_bias
                 message = message.replace("`sequence_bias`", "`logit_bias`")
+            if "do_sample" in message and body.get("temperature") is None and settings.get("do_sample"):
+                message += (" (this request samples: it sets `n` > 1 or a field that acts only when sampling, such "
+                            "as `seed` or `top_p`; send `temperature: 0` to decode greedily)")
             names = [f for name in re.findall(r"`(\w+)`", message) for f in (name, *_SET_BY.get(name, ())) if f in body]
             raise APIError(message, names[0] if names else None,
                            code="not_supported" if isinstance(exc, NotSupportedError) else None) from exc
@@ -439,6 +482,24 @@ def _check_settings(parsed: ParsedRequest, body: dict[str, Any], state: ServerSt
                            "logprobs" if parsed.logprobs is not None else "best_of")
     check_width(values.get("num_beams"), values.get("top_k"), values.get("penalty_alpha"), len(parsed.prompts),
                 parsed.best_of, state.limits)
+
+
+def _check_against_model(config: Any, state: ServerState) -> None:
+    """The settings a strategy checks against the model only once it runs (a stream would have
+    answered 200 by then, and the error would name no field), checked now with the strategy's own
+    function: DoLa's ``dola_layers`` (layers the model has), early exit's ``assistant_early_exit``
+    (fewer layers than the model's, a model that can stop after them), and what an encoder-decoder
+    model cannot run (genkit.generation.api)."""
+    from genkit.builtin_strategies.dola import candidate_layers
+    from genkit.builtin_strategies.early_exit import exit_layer
+    from genkit.generation.api import check_encoder_decoder_settings
+
+    if state.limits.encoder_decoder:
+        check_encoder_decoder_settings(config)
+    if config.dola_layers is not None:
+        candidate_layers(config.dola_layers, state.model)
+    if config.assistant_early_exit is not None:
+        exit_layer(config.assistant_early_exit, state.model)
 
 
 def _recipe_allowed(ref: str, allowed: list[str]) -> bool:

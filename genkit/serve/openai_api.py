@@ -214,7 +214,7 @@ def _stream_options(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     if unknown:
         raise APIError(f"unknown field `stream_options.{unknown[0][:100]}`: `stream_options` takes `include_usage`",
                        "stream_options")
-    if options.get("include_usage") not in (None, True, False):
+    if options.get("include_usage") is not None and not isinstance(options["include_usage"], bool):  # 1 is no bool
         raise APIError(f"`stream_options.include_usage` must be true or false; got {_short(options['include_usage'])}",
                        "stream_options")
     return options
@@ -245,7 +245,7 @@ def _check_keys(body: dict[str, Any], allowed: Any, generation_fields: set[str])
     for key in body:
         if key in _SHADOWED:
             raise APIError(f"`{key}` is set through OpenAI's fields here (max_tokens, temperature, n, stop)", key)
-        if key in _NOT_FOR_CLIENTS and body[key] not in (None, False):
+        if key in _NOT_FOR_CLIENTS and body[key] is not None and body[key] is not False:  # 0 is not false
             raise APIError(f"`{key}` is not supported by genkit serve: the server answers text (and `logprobs`), "
                            "and its engine decides how a request runs", key, code="not_supported")
         if key not in allowed and key not in generation_fields:
@@ -265,12 +265,11 @@ def _check_model(body: dict[str, Any], model_name: str) -> None:
 
 
 def _max_tokens(body: dict[str, Any], chat: bool, prompt_len: int, limits: Limits, scoring: bool = False) -> int:
-    """``max_tokens`` (``max_completion_tokens`` for chat): given, else 16 (completions) or the
-    rest of the context (chat); prompt + completion must fit ``limits.max_model_len``. An
-    encoder-decoder model's prompt (its encoder's input) and its decoder's tokens (the start token
-    + the completion) must each fit it. 0 only where the prompt is the answer (``scoring``: an
+    """``max_tokens`` (``max_completion_tokens`` for chat, which wins when both are sent; each is
+    checked): given, else 16 (completions) or the rest of the context (chat); prompt + completion
+    must fit ``limits.max_model_len``. An encoder-decoder model's prompt (its encoder's input) and
+    its decoder's tokens (the start token + the completion) must each fit it. 0 only where the prompt is the answer (``scoring``: an
     echoed prompt, or its ``prompt_logprobs``), as OpenAI's legacy completions allow."""
-    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     context = limits.max_model_len
     seq2seq = limits.encoder_decoder
     if context is not None and (prompt_len > context if seq2seq else prompt_len >= context):
@@ -278,14 +277,18 @@ def _max_tokens(body: dict[str, Any], chat: bool, prompt_len: int, limits: Limit
         raise APIError(f"the prompt has {prompt_len} tokens; this model's {what} {context} tokens",
                        "messages" if chat else "prompt", code="context_length_exceeded")
     room = None if context is None else context - (1 if seq2seq else prompt_len)
-    max_tokens = _int(body, name, 0 if scoring else 1, default=None)
-    if max_tokens is None:
+    given = []  # both names are checked when both are sent; the newer one acts
+    for name in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):
+        max_tokens = _int(body, name, 0 if scoring else 1, default=None)
+        if max_tokens is not None and room is not None and max_tokens > room:
+            why = (f"this model's decoder takes {context} tokens, its start token among them" if seq2seq else
+                   f"the prompt has {prompt_len} tokens and this model's context is {context}")
+            raise APIError(f"`{name}` is {max_tokens}, but {why}: at most {room}", name,
+                           code="context_length_exceeded")
+        given += [] if max_tokens is None else [int(max_tokens)]
+    if not given:
         return min(16, room or 16) if not chat else (room or 2048)
-    if room is not None and max_tokens > room:
-        why = (f"this model's decoder takes {context} tokens, its start token among them" if seq2seq else
-               f"the prompt has {prompt_len} tokens and this model's context is {context}")
-        raise APIError(f"`{name}` is {max_tokens}, but {why}: at most {room}", name, code="context_length_exceeded")
-    return int(max_tokens)
+    return given[0]
 
 
 def _choices(body: dict[str, Any], chat: bool, prompts: int, limits: Limits) -> tuple[int, int]:
@@ -364,7 +367,13 @@ def _beam_kwargs(body: dict[str, Any], n: int, best_of: int) -> dict[str, Any]:
 
 def _sampling_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: int, choices: int,
                      stops: list[str]) -> dict[str, Any]:
-    """The generation settings OpenAI's fields stand for, given the generation ``fields`` sent as they are."""
+    """The generation settings OpenAI's fields stand for, given the generation ``fields`` sent as they are.
+    Whether the request samples (one rule, whatever its ``n``): ``temperature`` decides where it is
+    sent (0: greedy); else the request samples if it asks for several choices or sets a field that
+    acts only when sampling (:func:`_asks_to_sample`), and otherwise as the model's generation
+    config says (what ``generate`` merges it with). Sampling without a ``temperature`` uses the
+    model's, else 1 (OpenAI's default). A request that runs beam search (``num_beams``) samples only
+    with a ``temperature``: beam sampling."""
     temperature = _number(body, "temperature", 0.0, 2.0)
     top_p = _number(body, "top_p", 0.0, 1.0)
     if top_p == 0.0:
@@ -379,11 +388,24 @@ def _sampling_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: i
             kwargs["temperature"] = temperature
     if top_p is not None:
         kwargs["top_p"] = top_p
-    if choices > 1 and "do_sample" not in {**fields, **kwargs} and "num_beams" not in fields:
-        kwargs["do_sample"] = True  # several choices sample unless told (as OpenAI's temperature default of 1)
+    if "do_sample" not in {**fields, **kwargs} and "num_beams" not in fields and _asks_to_sample(body, fields, choices):
+        kwargs["do_sample"] = True  # as OpenAI's temperature default of 1
     if stops:
         kwargs["stop_strings"] = stops
     return kwargs
+
+
+def _asks_to_sample(body: dict[str, Any], fields: dict[str, Any], choices: int) -> bool:
+    """Whether a request without ``temperature`` asks to sample: several choices, a ``seed``, or a
+    field that acts only when sampling (``top_p``, ``top_k``, ``min_p``, ``typical_p``, ...:
+    genkit.config.checks.SAMPLING_FLAGS), set to anything but null. ``top_k`` beside
+    ``penalty_alpha`` is contrastive search's candidates per step, not a sampling field."""
+    from genkit.config.checks import SAMPLING_FLAGS
+
+    contrastive = fields.get("penalty_alpha") is not None
+    names = ["seed"] + [name for name, _ in SAMPLING_FLAGS if name != "temperature"
+                        and not (name == "top_k" and contrastive)]
+    return choices > 1 or any(body.get(name) is not None for name in names)
 
 
 def _vllm_kwargs(body: dict[str, Any], fields: dict[str, Any], max_tokens: int, limits: Limits,
@@ -602,7 +624,7 @@ def _message(i: int, m: Any, native: bool = False) -> dict[str, Any]:
     if role == "function":
         raise APIError(f"`messages[{i}]`: the legacy `function` role is not supported; use `tool`", "messages",
                        code="not_supported")
-    if role not in _MESSAGE_FIELDS:
+    if not isinstance(role, str) or role not in _MESSAGE_FIELDS:  # a list or an object is no role either
         raise APIError(f"`messages[{i}].role` must be one of {', '.join(sorted(_MESSAGE_FIELDS))}; got "
                        f"{_short(role)}", "messages")
     passed = _passed_fields(i, m, role)

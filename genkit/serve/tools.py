@@ -110,7 +110,8 @@ def parse_tools(body: dict[str, Any]) -> ToolPlan | None:
         raise APIError(f"`tools` names a function twice: {names}", "tools")
     if choice is None or choice in ("auto", "none", "required"):
         return ToolPlan(tools, choice or "auto", parallel)
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None  # `function` may be anything sent
+    name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or name not in names:
         raise APIError('`tool_choice` must be "none", "auto", "required" or {"type": "function", "function": '
                        f'{{"name": one of {names}}}}}; got {choice!r}', "tool_choice")
