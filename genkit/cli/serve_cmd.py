@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from .options import (
     add_activation_digits_option,
+    add_chat_template_option,
     add_device_option,
     add_numerics_option,
     add_threads_option,
@@ -24,6 +24,7 @@ from .options import (
     check_device_option,
     check_numerics_option,
     check_threads_option,
+    read_chat_template,
 )
 
 logger = logging.getLogger("genkit.cli.serve")
@@ -57,8 +58,7 @@ def add_parser(subparsers: Any) -> None:
                    help="let requests run the recipes --allowed-recipes lists")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="most tokens of prompt + completion per request (default: the model's context)")
-    p.add_argument("--chat-template", default=None,
-                   help="a Jinja chat template, or a file holding one, instead of the tokenizer's")
+    add_chat_template_option(p)
     p.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                    help="serve GET /tokenizer_info (the special tokens and the chat template, vLLM's), which "
                         "clients that tokenize through /tokenize read (lm-evaluation-harness)")
@@ -134,13 +134,7 @@ def _check_options(args: argparse.Namespace) -> dict[str, Any]:
     api_key = args.api_key if args.api_key is not None else os.environ.get(_API_KEY_ENV) or None
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty")
-    template = args.chat_template
-    if template is not None and "{" not in template:
-        try:
-            template = Path(template).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"--chat-template: cannot read {args.chat_template!r}: {exc.strerror}") from None
-    return {"recipes": recipes, "api_key": api_key, "chat_template": template,
+    return {"recipes": recipes, "api_key": api_key, "chat_template": read_chat_template(args.chat_template),
             "hosts": _listed(args.allowed_hosts), "origins": _listed(args.allowed_origins)}
 
 
