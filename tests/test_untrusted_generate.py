@@ -67,3 +67,41 @@ def test_a_length_past_the_context_is_refused_before_anything_is_allocated(tiny_
         genkit.generate(tiny_model, ids, max_length=context + 1)  # named as the caller set it
     out = genkit.generate(tiny_model, ids, max_new_tokens=context - 3, min_new_tokens=context - 3)
     assert out.shape == (1, context)  # the whole context stays usable
+
+
+# -- hostile generation settings: refused by name before anything is allocated --------------------
+def test_a_sampling_temperature_too_small_to_scale_by_is_refused(tiny_model):
+    """temperature=1e-320 divided the logits into inf, then sampling failed on NaN probabilities (a
+    RuntimeError); vLLM reads a temperature under 1e-5 as greedy: here it is a ConfigError."""
+    ids = torch.tensor([[1, 2, 3]])
+    for t in (1e-320, 9.99e-6):
+        with pytest.raises(ConfigError) as exc:
+            genkit.generate(tiny_model, ids, max_new_tokens=3, do_sample=True, temperature=t)
+        assert str(exc.value) == (f"`temperature` must be >= 1e-05 when do_sample=True; got {t!r}: a smaller one "
+                                  "overflows the scaled logits. For greedy decoding set do_sample=False.")
+    genkit.set_seed(0)
+    out = genkit.generate(tiny_model, ids, max_new_tokens=3, do_sample=True, temperature=1e-5)
+    assert out.tolist() == genkit.generate(tiny_model, ids, max_new_tokens=3).tolist()  # as good as greedy
+
+
+def test_huge_length_penalties_score_beams_without_overflow(tiny_model):
+    """length_penalty=1e308 made beam search's `length ** length_penalty` an OverflowError; the
+    divisor is kept in float32's range, so 1e308 ranks as 1000 does (both past it), -1e308 as -1000;
+    a value that is no finite number is refused when set."""
+    from genkit.builtin_strategies.beam_common import length_normalizer
+
+    assert length_normalizer(7, 1.5) == 7.0 ** 1.5 and length_normalizer(1, 1e308) == 1.0
+    assert length_normalizer(2, 1e308) == length_normalizer(2, 1000) == 3.4028234663852886e38
+    assert length_normalizer(2, -1e308) == length_normalizer(2, -1000) == 1.1754943508222875e-38
+    ids = torch.tensor([[1, 2, 3], [1, 4, 5]])
+    for strategy in ({"num_beams": 3}, {"num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 0.5},
+                     {"num_beams": 3, "force_words_ids": [[7]]}):
+        for big, moderate in ((1e308, 1000.0), (-1e308, -1000.0)):
+            got = genkit.generate(tiny_model, ids, max_new_tokens=4, length_penalty=big, eos_token_id=9, **strategy)
+            want = genkit.generate(tiny_model, ids, max_new_tokens=4, length_penalty=moderate, eos_token_id=9,
+                                   **strategy)
+            assert got.tolist() == want.tolist()
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match=r"^`length_penalty` must be a finite number \(exponent on the sequence "
+                                              r"length\); got (inf|nan)\.$"):
+            genkit.GenerationConfig(length_penalty=bad)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 from collections.abc import Callable, Iterable
 from numbers import Integral, Real
 from typing import Any
@@ -65,6 +66,16 @@ def _id_or_sentinel(v: Any) -> bool:
     """A token id, or a negative int: transformers' "matches no token" sentinel, accepted with a
     warning for ``eos_token_id`` / ``pad_token_id`` only (:mod:`genkit.config.resolve`)."""
     return is_int(v)
+
+
+# the ints a token id may be: torch holds ids as int64 (an id past it failed with "Overflow when
+# unpacking long long" where the ids became a tensor)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def past_int64(ids: Iterable[Any]) -> list[int]:
+    """The ints among ``ids`` that no int64 holds, sorted, each once."""
+    return sorted({int(i) for i in ids if is_int(i) and not INT64_MIN <= i <= INT64_MAX})
 
 
 def token_ids_in(v: Any) -> list[Any]:
@@ -138,7 +149,8 @@ CORE_FIELDS: tuple[FieldSpec, ...] = (
     _F("num_beams", 1, lambda v: is_int(v) and v >= 1, "an int >= 1"),
     _F("num_beam_groups", 1, lambda v: is_int(v) and v >= 1, "an int >= 1"),
     _F("diversity_penalty", 0.0, lambda v: is_num(v) and v >= 0, "a number >= 0"),
-    _F("length_penalty", 1.0, is_num, "a number (exponent on the sequence length)"),
+    _F("length_penalty", 1.0, lambda v: is_num(v) and math.isfinite(v), "a finite number (exponent on the sequence "
+       "length)"),
     _F("penalty_alpha", None, lambda v: is_num(v) and 0 <= v <= 1, "a number in [0, 1] or None"),
     _F("dola_layers", None, lambda v: v in ("low", "high") or (isinstance(v, list) and all(is_int(x) for x in v)),
        '"low", "high", a list of layer indices, or None'),

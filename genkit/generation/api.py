@@ -293,12 +293,11 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
 
 
 def check_token_ids(model: Any, config: GenerationConfig) -> None:
-    """The config's token ids (``eos_token_id``, ``suppress_tokens``, ``sequence_bias``, ...) lie in
-    the model's vocabulary, the width of its logits (:func:`genkit.config.checks.check_vocabulary`).
-    A model without a ``vocab_size`` is not checked."""
-    vocab = model_vocab_size(model)
-    if vocab is not None:
-        check_vocabulary(config, vocab)
+    """The config's token ids (``eos_token_id``, ``suppress_tokens``, ``sequence_bias``, ...) are
+    int64s and lie in the model's vocabulary, the width of its logits
+    (:func:`genkit.config.checks.check_vocabulary`). Without a model (a batch row's check), or for a
+    model without a ``vocab_size``, only the first."""
+    check_vocabulary(config, model_vocab_size(model))
 
 
 def prepare(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
