@@ -17,6 +17,7 @@ rows, the convention of ``compute_transition_scores``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -31,6 +32,21 @@ from genkit.strategy import (
 )
 
 NEG = -1.0e9  # score given to slots that must not be chosen (finite, so sums stay ordered)
+# float32's largest finite value and smallest normal one: the range of a length normalizer
+_F32_MAX, _F32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38
+
+
+def length_normalizer(length: int, length_penalty: float) -> float:
+    """``length ** length_penalty``, what a hypothesis' summed log-probabilities are divided by:
+    transformers' value wherever it is a float32 (scores are float32), else the nearest end of that
+    range. transformers computes it as a Python float, which a large ``length_penalty`` (1e308)
+    overflows (an OverflowError) or takes past float32 (its scores become -0.0, or NaN for -inf);
+    kept within the range, no division gives NaN and the order of scores is kept."""
+    try:
+        value = math.pow(length, length_penalty)  # (as float(length) ** length_penalty)
+    except OverflowError:
+        value = _F32_MAX
+    return min(max(value, _F32_TINY), _F32_MAX)
 
 
 def output_fill_value(config: Any, eos: torch.Tensor | None) -> int:

@@ -42,7 +42,7 @@ from genkit.errors import ConfigError
 from genkit.strategy import model_vocab_size
 from genkit.strategy.outputs import GenerateBeamDecoderOnlyOutput
 
-from .beam_common import NEG, BeamRun, beam_call, extend, sequence_buffer
+from .beam_common import NEG, BeamRun, beam_call, extend, length_normalizer, sequence_buffer
 
 logger = logging.getLogger("genkit.beam")
 
@@ -234,7 +234,7 @@ class _ConstrainedSearch:
     def _collect(self, b: int, hit: torch.Tensor, complete: torch.Tensor, score: torch.Tensor, cand: torch.Tensor,
                  cand_bidx: torch.Tensor, cur: int) -> None:
         """Finished candidates (``hit``) join prompt ``b``'s pool, or its fallback when incomplete."""
-        normed = score / float(cur + 1 - self.prompt_len) ** self.lp_exp
+        normed = score / length_normalizer(cur + 1 - self.prompt_len, self.lp_exp)
         for i in torch.nonzero(hit).view(-1).tolist():
             entry = (float(normed[i]), float(normed[i]), cand[i], cand_bidx[i])
             (self.pools[b] if bool(complete[i]) else self.fallback[b]).append(entry)
@@ -317,6 +317,6 @@ def _all_done(pools: list[list[Any]], run_scores: torch.Tensor, beams: int, earl
         if early_stopping is True:
             continue
         length = (max_length if early_stopping == "never" and lp_exp > 0 else cur) - prompt_len
-        if best / float(length) ** lp_exp > pool[-1][0]:
+        if best / length_normalizer(length, lp_exp) > pool[-1][0]:
             return False
     return True

@@ -31,7 +31,7 @@ import torch
 
 from genkit.strategy import ConfigError, GenerateBeamDecoderOnlyOutput
 
-from .beam_common import NEG, BeamRun, beam_call, extend, sequence_buffer, take
+from .beam_common import NEG, BeamRun, beam_call, extend, length_normalizer, sequence_buffer, take
 
 logger = logging.getLogger("genkit.beam")
 
@@ -113,7 +113,7 @@ class BeamTracker:
 
     def _merge_finished(self, cand_seqs: torch.Tensor, cand_scores: torch.Tensor, cand_bidx: torch.Tensor,
                         just_finished: torch.Tensor, cur_len: int) -> None:
-        normed = cand_scores / float(cur_len + 1 - self.prompt_len) ** self.length_penalty
+        normed = cand_scores / length_normalizer(cur_len + 1 - self.prompt_len, self.length_penalty)
         allowed = just_finished & self.can_improve
         if self.early_stopping is True:
             allowed = allowed & ~self.fin_done.all(dim=1, keepdim=True)
@@ -136,7 +136,7 @@ class BeamTracker:
             best_len = self.max_length - self.prompt_len
         else:
             best_len = new_len - self.prompt_len
-        best_running = self.best_possible() / float(best_len) ** self.length_penalty
+        best_running = self.best_possible() / length_normalizer(best_len, self.length_penalty)
         worst_finished = torch.where(self.fin_done, self.fin_scores.min(dim=1, keepdim=True).values,
                                      torch.full_like(self.fin_scores, NEG))
         self.can_improve = self.can_improve & (best_running > worst_finished).any(dim=1, keepdim=True)

@@ -8,7 +8,8 @@ get its last hidden state, and keeps the candidate with the best score
 where the maximum runs over every earlier token of the row (left padding excluded). The candidates'
 forward pass already holds the next step's logits and the winner's cache entry, so a step is one
 forward of ``batch * top_k`` rows. With ``low_memory=True`` the candidates run one at a time on a
-``batch``-row cache instead (``top_k`` forwards of ``batch`` rows a step; same tokens).
+``batch``-row cache instead (``top_k`` forwards of ``batch`` rows a step; same tokens). A ``top_k``
+past the vocabulary names every token (its candidates are the vocabulary's; ``torch.topk`` failed).
 
 The selection and its arithmetic follow transformers 4.x's native implementation, whose outputs the
 tests compare with token for token (``tests/fixtures/make_strategy_refs.py``).
@@ -21,6 +22,8 @@ from typing import Any
 
 import torch
 
+from genkit.config.checks import model_vocab_size
+from genkit.config.resolve import contrastive_candidates
 from genkit.strategy import (
     ConfigError,
     FinishTracker,
@@ -37,6 +40,7 @@ def contrastive_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Ge
     """Contrastive search with ``penalty_alpha`` and ``top_k`` candidates (``low_memory``: one at a time)."""
     call = StrategyCall.from_kwargs("contrastive search", model, input_ids, **kwargs)
     alpha, top_k = _settings(call.config)
+    top_k = contrastive_candidates(top_k, model_vocab_size(call.model))  # top_k past the vocabulary: every token
     if not call.use_cache:
         raise ConfigError("contrastive search needs the cache (it keeps the chosen candidate's entry): "
                           "`use_cache` must be True")

@@ -79,7 +79,7 @@ def _switch(name: str, default: Any, check: Any, accepted: str, token_ids: Any =
     return FieldSpec(name, default, check, accepted, off_when_none=True, token_ids=token_ids)
 
 
-TEMPERATURE = _switch("temperature", 1.0, _temperature, "a finite number >= 0 (> 0 when sampling)")
+TEMPERATURE = _switch("temperature", 1.0, _temperature, "a finite number >= 0 (>= 1e-05 when sampling)")
 TOP_K = _switch("top_k", 50, lambda v: _int(v) and v >= 0, "an int >= 0 (0 disables)")
 TOP_P = _switch("top_p", 1.0, lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1]")
 MIN_P = _switch("min_p", None, lambda v: _num(v) and 0 <= v <= 1, "a number in [0, 1] or None")

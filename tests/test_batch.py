@@ -158,6 +158,39 @@ def test_bad_rows_go_to_the_errors_file(tmp_path, tokenizer):
     assert (summary.rows_read, summary.written, summary.bad) == (12, 6, 6)
 
 
+
+def test_hostile_generation_fields_are_bad_rows_with_their_reason(tmp_path, tokenizer, monkeypatch):
+    """The audit's rows: a billion beams (the allocator's RuntimeError for 32 GB), an EOS id no int64
+    holds ("Overflow when unpacking long long"), a sampling temperature of 1e-320 (NaN probabilities)
+    go to the errors file with the reason, the others run; a length_penalty of 1e308 (an
+    OverflowError) runs."""
+    monkeypatch.setenv("GENKIT_MAX_GENERATION_BYTES", "100000")
+    model = tiny_llama(seed=0)
+    rows = [{"id": "ok1", "prompt": "alpha bravo"},
+            {"id": "beams", "prompt": "alpha", "num_beams": 10**9},
+            {"id": "eos", "prompt": "alpha", "eos_token_id": 10**30},
+            {"id": "cold", "prompt": "alpha", "do_sample": True, "temperature": 1e-320},
+            {"id": "lp", "prompt": "alpha", "num_beams": 2, "length_penalty": 1e308},
+            {"id": "ok2", "prompt": "charlie delta"}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    engine = LocalEngine(model, tokenizer, {"max_new_tokens": 3}, batch_size=4)
+    summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)
+    assert [r["id"] for r in _read(tmp_path / "out.jsonl")] == ["ok1", "lp", "ok2"]
+    one = 4 * (16 + 512) + 512  # a sequence of the tiny model: 4 positions (ids, mask, cache), its logits
+    errors = {e["id"]: e["error"] for e in _read(tmp_path / "out.jsonl.errors.jsonl")}
+    assert errors == {
+        "beams": f"generation failed: `num_beams` (1000000000) with 1 prompt of 1 token and 3 new tokens holds "
+                 f"1000000000 sequences of up to 4 positions at once: about {10**9 * one / 1024**4:.1f} TiB for their "
+                 "token ids, key/value caches and logits, more than the 97.7 KiB of memory available "
+                 f"(GENKIT_MAX_GENERATION_BYTES); at most {100000 // one} fit: set `num_beams` to {100000 // one} or less",
+        "eos": "invalid generation field: `eos_token_id` holds token ids [1000000000000000000000000000000] outside the "
+               "int64 range; accepted ids are 0..9223372036854775807",
+        "cold": "invalid generation field: `temperature` must be >= 1e-05 when do_sample=True; got 1e-320: a smaller "
+                "one overflows the scaled logits. For greedy decoding set do_sample=False.",
+    }
+    assert (summary.written, summary.bad) == (3, 3)
+
+
 def _model_folder(tiny_hf_dir, folder):
     shutil.copytree(tiny_hf_dir, folder)
     _raw_tokenizer().save(str(folder / "tokenizer.json"))

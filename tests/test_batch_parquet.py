@@ -134,3 +134,93 @@ def test_cli_parquet(tmp_path, tiny_hf_dir, capsys):
     summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert (summary["written"], summary["bad"]) == (9, 0)
     assert pq.read_table(tmp_path / "out.parquet").to_pylist() == _read(tmp_path / "out.jsonl")
+
+
+# -- untrusted Parquet input: the per-row budget of a JSONL line, checked before a row is decoded ----
+def _shared_prompt_file(path, rows: int, prompt: str, good: list[dict]) -> None:
+    """``rows`` rows that share one dictionary-encoded ``prompt`` (stored once, small on disk), then
+    the ``good`` rows."""
+    n = rows + len(good)
+    prompts = pa.DictionaryArray.from_arrays(pa.array([0] * rows + list(range(1, len(good) + 1)), pa.int32()),
+                                             pa.array([prompt] + [r["prompt"] for r in good]))
+    ids = pa.array([f"big{i}" for i in range(rows)] + [r["id"] for r in good])
+    assert len(ids) == n
+    pq.write_table(pa.table({"id": ids, "prompt": prompts}), path, compression="zstd")
+
+
+def test_a_parquet_row_over_the_line_limit_is_a_bad_row_and_the_job_goes_on(tmp_path, tokenizer):
+    """A row whose values hold more than ``--max-line-bytes`` (here a prompt that many rows share
+    through the file's dictionary) goes to the errors file as an over-long JSONL line does; the other
+    rows run. Before, every row was decoded to Python, with no limit."""
+    good = [{"id": "g1", "prompt": "alpha bravo"}, {"id": "g2", "prompt": "charlie"}]
+    _shared_prompt_file(tmp_path / "in.parquet", 3, "alpha " * 1000, good)
+    engine = LocalEngine(tiny_llama(seed=0), tokenizer, {"max_new_tokens": 2}, batch_size=2)
+    summary = run_batch(tmp_path / "in.parquet", tmp_path / "out.jsonl", engine, max_line_bytes=1024)
+    assert [r["id"] for r in _read(tmp_path / "out.jsonl")] == ["g1", "g2"]
+    # a row's size: its strings' bytes, 8 more for each value (as Arrow holds it)
+    size = len("big0") + 8 + 6000 + 8
+    assert _read(tmp_path / "out.jsonl.errors.jsonl") == [
+        {"line": i, "id": None, "error": f"the row is over the 1024-byte limit (--max-line-bytes): its values hold "
+                                         f"{size} bytes; it was not read"} for i in (1, 2, 3)]
+    assert (summary.rows_read, summary.written, summary.bad) == (5, 2, 3)
+
+
+def test_a_row_is_sized_from_all_its_columns_nested_ones_too(tmp_path):
+    """``messages`` (list<struct<role, content>>) and list fields count with their values; a row at
+    the limit is read, one byte more is not."""
+    from genkit.batch.formats import read_rows
+    from genkit.batch.rows import BadRow
+
+    messages = [[{"role": "user", "content": "x" * 40}], [{"role": "user", "content": "x" * 41}]]
+    table = pa.table({"id": ["a", "b"], "messages": messages, "eos_token_id": [[2, 3], [2, 3]]})
+    pq.write_table(table, tmp_path / "in.parquet")
+    # id: 1 + 8; messages: the list 8 + role 4 + 8 + content 40 + 8; eos_token_id: the list 8 + 2 x 8
+    limit = 9 + 8 + 12 + 48 + 8 + 16
+    rows = list(read_rows(tmp_path / "in.parquet", max_line_bytes=limit))
+    assert rows[0].messages == messages[0] and rows[0].settings == {"eos_token_id": [2, 3]}
+    assert rows[1] == BadRow(2, None, f"the row is over the {limit}-byte limit (--max-line-bytes): its values hold "
+                                      f"{limit + 1} bytes; it was not read")
+
+
+def test_a_dictionary_bomb_is_read_in_bounded_memory(tmp_path):
+    """The audit's file: 2,000 rows that share one 6 MB prompt through the dictionary (a few kB on
+    disk, 12 GB as Python strings). Read under a 3 GB address-space limit: every row is a bad row
+    (before: a MemoryError, decoding whole batches of 4,096 rows first)."""
+    import subprocess
+
+    big = "alpha " * 1_000_000
+    prompts = pa.DictionaryArray.from_arrays(pa.array([0] * 2000, pa.int32()), pa.array([big]))
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(2000)], "prompt": prompts}), tmp_path / "bomb.parquet",
+                   compression="zstd")
+    assert (tmp_path / "bomb.parquet").stat().st_size < 100_000
+    script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3_000_000_000, 3_000_000_000)); "
+              "from genkit.batch.formats import read_rows; "
+              "rows = list(read_rows(sys.argv[1])); "
+              "print(len(rows), sum('over the 1048576-byte limit' in r.error for r in rows))")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "bomb.parquet")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.stdout.split() == ["2000", "2000"], done.stderr[-2000:]
+
+
+def test_a_row_group_that_would_decode_past_its_limit_is_refused(tmp_path):
+    """A compressed page of repeated data is small on disk and large once decoded: a row group whose
+    metadata says it decodes to more than 512 x --max-line-bytes is refused before it is read,
+    naming the file and the limit (before: decoded whole)."""
+    from genkit.batch.formats import read_rows
+    from genkit.errors import ConfigError
+
+    path = tmp_path / "in.parquet"
+    rows = [{"id": "a", "prompt": "alpha"}, {"id": "b", "prompt": "bravo " * 100_000}]
+    pq.write_table(pa.table({"id": [r["id"] for r in rows], "prompt": [r["prompt"] for r in rows]}), path,
+                   compression="zstd", use_dictionary=False, row_group_size=1)
+    assert path.stat().st_size < 20_000
+    meta = pq.ParquetFile(path).metadata.row_group(1)
+    pages = sum(meta.column(c).total_uncompressed_size for c in range(2))
+    with pytest.raises(ConfigError) as exc:
+        list(read_rows(path, max_line_bytes=1024))
+    assert str(exc.value) == (
+        f"the input {str(path)!r}: row group 1 (rows 2 to 2) decodes to about {pages + 16} bytes ({pages} bytes of "
+        f"uncompressed pages and 2 values), over the 524288-byte limit on one row group (512 x --max-line-bytes); "
+        "write the file with smaller row groups (pyarrow: pq.write_table(table, path, row_group_size=...)) or raise "
+        "--max-line-bytes")
+    assert [r.id for r in read_rows(path, max_line_bytes=2048)] == ["a", None]  # the row is then a bad row

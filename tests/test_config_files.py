@@ -293,7 +293,7 @@ def test_a_deeply_nested_file_is_a_config_error_naming_it(tmp_path):
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ('{"temperature": NaN, "do_sample": true}', "`temperature` must be a finite number >= 0 (> 0 when sampling); got nan."),
+    ('{"temperature": NaN, "do_sample": true}', "`temperature` must be a finite number >= 0 (>= 1e-05 when sampling); got nan."),
     ('{"top_k": -3}', "`top_k` must be an int >= 0 (0 disables); got -3."),
     ('{"num_beams": 4, "num_return_sequences": 8}', "`num_return_sequences` (8) must be <= `num_beams` (4)."),
 ])

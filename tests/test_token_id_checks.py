@@ -169,3 +169,55 @@ def test_serve_logit_bias_keys_must_be_decimal_ids(model, key):
     assert status == 400, body
     assert body["error"]["param"] == "logit_bias"
     assert "maps token ids (ints >= 0, as strings)" in body["error"]["message"]
+
+
+# -- token ids no int64 holds: a ConfigError naming the field, whoever set them ----------------------
+HUGE = 10**30
+WIDE = [
+    ({"eos_token_id": HUGE}, "eos_token_id", [HUGE]),
+    ({"eos_token_id": [HUGE, -5]}, "eos_token_id", [HUGE]),  # beside the "matches no token" sentinel
+    ({"eos_token_id": -HUGE}, "eos_token_id", [-HUGE]),
+    ({"pad_token_id": HUGE}, "pad_token_id", [HUGE]),
+    ({"bos_token_id": HUGE}, "bos_token_id", [HUGE]),
+    ({"decoder_start_token_id": HUGE}, "decoder_start_token_id", [HUGE]),
+    ({"forced_bos_token_id": HUGE}, "forced_bos_token_id", [HUGE]),
+    ({"forced_eos_token_id": [2, HUGE]}, "forced_eos_token_id", [HUGE]),
+    ({"suppress_tokens": [3, HUGE]}, "suppress_tokens", [HUGE]),
+    ({"begin_suppress_tokens": [2**63]}, "begin_suppress_tokens", [2**63]),
+    ({"bad_words_ids": [[4, HUGE]]}, "bad_words_ids", [HUGE]),
+    ({"sequence_bias": {(4, HUGE): 1.0}}, "sequence_bias", [HUGE]),
+]
+
+
+@pytest.mark.parametrize(("settings", "field", "ids"), WIDE, ids=lambda v: str(v)[:40])
+def test_token_ids_no_int64_holds_are_refused_by_name(model, settings, field, ids):
+    """eos_token_id=10**30 failed with "Overflow when unpacking long long" where the ids became a
+    tensor (-10**30 passed as the sentinel); the other fields named the vocabulary, not the range."""
+    for run in (lambda: genkit.generate(model, torch.tensor([PROMPT]), max_new_tokens=3, **settings),
+                lambda: model.generate_batch([PROMPT], max_new_tokens=3, do_sample=False, **settings)):
+        with pytest.raises(ConfigError) as exc:
+            run()
+        assert str(exc.value) == f"`{field}` holds token ids {ids} outside the int64 range; accepted ids are 0..127"
+    top = 2**63 - 1  # no model: a batch row's check
+    from genkit.batch.rows import check_settings
+
+    assert check_settings(settings) == (f"invalid generation field: `{field}` holds token ids {ids} outside the int64 "
+                                        f"range; accepted ids are 0..{top}")
+
+
+@pytest.mark.parametrize("file", ["generation_config.json", "config.json"])
+@pytest.mark.parametrize("value", [HUGE, [HUGE, -5]])
+def test_a_models_own_token_id_no_int64_holds_is_refused(tmp_path, file, value):
+    """The audit's model folders: an `eos_token_id` of 10**30 in the model's generation_config.json or
+    config.json (alone, or in a list with -5) was the same overflow, in the middle of `generate`."""
+    tiny_llama(seed=0).save_pretrained(tmp_path)
+    if file == "config.json":
+        (tmp_path / "generation_config.json").unlink(missing_ok=True)
+    data = json.loads((tmp_path / file).read_text())
+    data["eos_token_id"] = value
+    (tmp_path / file).write_text(json.dumps(data))
+    loaded = genkit.load_model(tmp_path)
+    with pytest.raises(ConfigError) as exc:
+        loaded.generate(torch.tensor([PROMPT]), max_new_tokens=3)
+    assert str(exc.value) == (f"the model's `eos_token_id` holds token ids [{HUGE}] outside the int64 range; "
+                              "accepted ids are 0..127")

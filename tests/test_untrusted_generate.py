@@ -5,6 +5,7 @@ or an AssertionError."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -71,3 +72,134 @@ def test_a_length_past_the_context_is_refused_before_anything_is_allocated(tiny_
         genkit.generate(tiny_model, torch.ones(1, context, dtype=torch.long), max_new_tokens=3)
     out = genkit.generate(tiny_model, ids, max_new_tokens=context - 3, min_new_tokens=context - 3)
     assert out.shape == (1, context)  # the whole context stays usable
+
+
+# -- hostile generation settings: refused by name before anything is allocated --------------------
+# the tiny model's sequence: per position its token id and mask (8 + 8 bytes) and its key/value
+# cache (keys and values, 2 layers, 2 key/value heads of 16 float32s: 512 bytes); its logits, 128 float32s
+PER_POSITION, PER_SEQUENCE, BUDGET = 16 + 2 * 2 * 2 * 16 * 4, 128 * 4, 100_000
+
+
+def _over(held: int, positions: int, need: int) -> str:
+    return (f"holds {held} sequence{'s' if held != 1 else ''} of up to {positions} positions at once: about "
+            f"{need / 1024:.1f} KiB for their token ids, key/value caches and logits, more than the 97.7 KiB of "
+            f"memory available (GENKIT_MAX_GENERATION_BYTES)")
+
+
+@pytest.mark.parametrize(("settings", "prompts", "name", "per_prompt"), [
+    ({"num_beams": 64}, 1, "num_beams", 64),
+    ({"num_beams": 32, "num_return_sequences": 2}, 1, "num_beams", 32),
+    ({"num_return_sequences": 16, "do_sample": True}, 2, "num_return_sequences", 16),
+    ({"penalty_alpha": 0.6, "top_k": 10**9}, 1, "top_k", 128),  # contrastive search: at most the vocabulary
+], ids=["beams", "beams-returned", "sampled", "contrastive"])
+def test_more_sequences_than_fit_are_refused_naming_the_setting(tiny_model, monkeypatch, settings, prompts, name,
+                                                                 per_prompt):
+    """num_beams=10**9 asked the allocator for 184 GB of token ids (a RuntimeError), contrastive
+    search's top_k=10**9 the same; num_return_sequences=10**8 2.4 GB: now a ConfigError naming the
+    setting and the most that fits (GENKIT_MAX_GENERATION_BYTES sets the memory available)."""
+    monkeypatch.setenv("GENKIT_MAX_GENERATION_BYTES", str(BUDGET))
+    ids = torch.tensor([[1, 2, 3], [1, 4, 5]][:prompts])
+    one = prompts * (8 * PER_POSITION + PER_SEQUENCE)  # each prompt's sequence, of 3 + 5 positions
+    most = BUDGET // one
+    with pytest.raises(ConfigError) as exc:
+        genkit.generate(tiny_model, ids, max_new_tokens=5, **settings)
+    assert str(exc.value) == (
+        f"`{name}` ({settings[name]}) with {prompts} prompt{'s' if prompts > 1 else ''} of 3 tokens and 5 new tokens "
+        f"{_over(prompts * per_prompt, 8, one * per_prompt)}; at most {most} fit: set `{name}` to {most} or less")
+    fits = {**settings, name: most}
+    if name == "num_beams" and "num_return_sequences" in settings:
+        fits["num_return_sequences"] = 1
+    out = genkit.generate(tiny_model, ids, max_new_tokens=5, **fits)  # the most that fits runs
+    assert out.shape[1] == 8
+
+
+def test_a_length_that_does_not_fit_is_refused_naming_the_most_new_tokens(tiny_model, monkeypatch):
+    monkeypatch.setenv("GENKIT_MAX_GENERATION_BYTES", str(BUDGET))
+    ids = torch.tensor([[1, 2, 3]])
+    most = (BUDGET - PER_SEQUENCE) // PER_POSITION - 3
+    with pytest.raises(ConfigError) as exc:
+        genkit.generate(tiny_model, ids, max_new_tokens=400)  # within the context (512)
+    assert str(exc.value) == (f"`max_new_tokens` (400) with 1 prompt of 3 tokens "
+                              f"{_over(1, 403, 403 * PER_POSITION + PER_SEQUENCE)}; ask for at most {most} new tokens")
+    with pytest.raises(ConfigError) as exc:
+        genkit.generate(tiny_model, ids, max_new_tokens=400, num_beams=2)
+    assert str(exc.value) == (f"`max_new_tokens` (400) with 1 prompt of 3 tokens (`num_beams`=2) "
+                              f"{_over(2, 403, 2 * (403 * PER_POSITION + PER_SEQUENCE))}; ask for at most "
+                              f"{(BUDGET // 2 - PER_SEQUENCE) // PER_POSITION - 3} new tokens")
+    assert genkit.generate(tiny_model, ids, max_new_tokens=most).shape == (1, 3 + most)
+    monkeypatch.setenv("GENKIT_MAX_GENERATION_BYTES", "lots")
+    with pytest.raises(ConfigError, match=r"^GENKIT_MAX_GENERATION_BYTES='lots' is not accepted; use a positive "
+                                          r"number of bytes$"):
+        genkit.generate(tiny_model, ids, max_new_tokens=2)
+
+
+def test_a_billion_beams_are_refused_against_the_memory_there_is(tiny_model):
+    """The audit's case, against the machine's own memory (MemAvailable, the cgroup, ulimit -v)."""
+    with pytest.raises(ConfigError, match=r"^`num_beams` \(1000000000\) with 1 prompt of 3 tokens and 2 new tokens "
+                                          r"holds 1000000000 sequences of up to 5 positions at once: about [\d.]+ TiB "
+                                          r"for their token ids, key/value caches and logits, more than the [\d.]+ "
+                                          r"[KMGT]iB of memory available \(.+\); at most \d+ fit: set `num_beams` to "
+                                          r"\d+ or less$"):
+        genkit.generate(tiny_model, torch.tensor([[1, 2, 3]]), max_new_tokens=2, num_beams=10**9)
+
+
+
+def test_the_memory_available_obeys_the_address_space_limit():
+    """Under ``ulimit -v`` (the audit ran its cases under 3 GB) the memory available is what the limit
+    leaves, not the machine's MemAvailable: the process's size counts against it."""
+    import subprocess
+    import sys
+
+    script = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (3_000_000_000, 3_000_000_000)); "
+              "from genkit.models.memory import available_memory; print(*available_memory('cpu'), sep='|')")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "GENKIT_MAX_GENERATION_BYTES"})
+    value, source = done.stdout.strip().split("|")
+    assert 0 < int(value) < 3_000_000_000, done.stderr[-2000:]  # (never more than the limit leaves)
+    assert source in ("the address-space limit (ulimit -v)", "MemAvailable in /proc/meminfo") or "cgroup" in source
+
+def test_contrastive_top_k_past_the_vocabulary_names_every_token(tiny_model):
+    """top_k=10**9 made torch.topk fail (after sizing 10**9 candidate rows); it is every token of the
+    vocabulary, as top_k=128 is."""
+    ids = torch.tensor([[1, 2, 3], [1, 4, 5]])
+    want = genkit.generate(tiny_model, ids, max_new_tokens=4, penalty_alpha=0.6, top_k=128)
+    for low_memory in (False, True):
+        got = genkit.generate(tiny_model, ids, max_new_tokens=4, penalty_alpha=0.6, top_k=10**9, low_memory=low_memory)
+        assert got.tolist() == want.tolist()
+
+
+def test_a_sampling_temperature_too_small_to_scale_by_is_refused(tiny_model):
+    """temperature=1e-320 divided the logits into inf, then sampling failed on NaN probabilities (a
+    RuntimeError); vLLM reads a temperature under 1e-5 as greedy: here it is a ConfigError."""
+    ids = torch.tensor([[1, 2, 3]])
+    for t in (1e-320, 9.99e-6):
+        with pytest.raises(ConfigError) as exc:
+            genkit.generate(tiny_model, ids, max_new_tokens=3, do_sample=True, temperature=t)
+        assert str(exc.value) == (f"`temperature` must be >= 1e-05 when do_sample=True; got {t!r}: a smaller one "
+                                  "overflows the scaled logits. For greedy decoding set do_sample=False.")
+    genkit.set_seed(0)
+    out = genkit.generate(tiny_model, ids, max_new_tokens=3, do_sample=True, temperature=1e-5)
+    assert out.tolist() == genkit.generate(tiny_model, ids, max_new_tokens=3).tolist()  # as good as greedy
+
+
+def test_huge_length_penalties_score_beams_without_overflow(tiny_model):
+    """length_penalty=1e308 made beam search's `length ** length_penalty` an OverflowError; the
+    divisor is kept in float32's range, so 1e308 ranks as 1000 does (both past it), -1e308 as -1000;
+    a value that is no finite number is refused when set."""
+    from genkit.builtin_strategies.beam_common import length_normalizer
+
+    assert length_normalizer(7, 1.5) == 7.0 ** 1.5 and length_normalizer(1, 1e308) == 1.0
+    assert length_normalizer(2, 1e308) == length_normalizer(2, 1000) == 3.4028234663852886e38
+    assert length_normalizer(2, -1e308) == length_normalizer(2, -1000) == 1.1754943508222875e-38
+    ids = torch.tensor([[1, 2, 3], [1, 4, 5]])
+    for strategy in ({"num_beams": 3}, {"num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 0.5},
+                     {"num_beams": 3, "force_words_ids": [[7]]}):
+        for big, moderate in ((1e308, 1000.0), (-1e308, -1000.0)):
+            got = genkit.generate(tiny_model, ids, max_new_tokens=4, length_penalty=big, eos_token_id=9, **strategy)
+            want = genkit.generate(tiny_model, ids, max_new_tokens=4, length_penalty=moderate, eos_token_id=9,
+                                   **strategy)
+            assert got.tolist() == want.tolist()
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match=r"^`length_penalty` must be a finite number \(exponent on the sequence "
+                                              r"length\); got (inf|nan)\.$"):
+            genkit.GenerationConfig(length_penalty=bad)

@@ -41,7 +41,8 @@ def require_pyarrow() -> Any:
 
 
 MAX_LINE_BYTES = 1_048_576
-"""Default byte limit of one JSONL input line (``genkit batch --max-line-bytes``)."""
+"""Default byte limit of one input row: a JSONL line, or the values of a Parquet row
+(``genkit batch --max-line-bytes``)."""
 
 
 def read_rows(path: str | os.PathLike[str], fmt: str | None = None,
@@ -49,11 +50,13 @@ def read_rows(path: str | os.PathLike[str], fmt: str | None = None,
     """Every row of a JSONL or Parquet file (``fmt``, default: by extension) as a row or a bad row
     (a repeated id is a bad row, reported with the line of its first use). A bad row's ``line``
     is its line in a JSONL file, its row number (1-based) in a Parquet file. A JSONL line over
-    ``max_line_bytes`` bytes, or not UTF-8, is a bad row (it is never held whole in memory)."""
+    ``max_line_bytes`` bytes, or not UTF-8, is a bad row (it is never held whole in memory); so is
+    a Parquet row whose values hold more (it is never made into Python objects), and a Parquet row
+    group that would decode to more than :data:`ROW_GROUP_LINES` times it is a ConfigError."""
     if isinstance(max_line_bytes, bool) or not isinstance(max_line_bytes, int) or max_line_bytes < 1:
         raise ConfigError(f"`max_line_bytes` must be a positive integer; got {max_line_bytes!r}")
     fmt = fmt or file_format(path, "input")
-    rows = _read_parquet(path) if fmt == "parquet" else _read_jsonl(path, max_line_bytes)
+    rows = _read_parquet(path, max_line_bytes) if fmt == "parquet" else _read_jsonl(path, max_line_bytes)
     seen: dict[str, int] = {}
     for row in rows:
         if isinstance(row, BatchRow):
@@ -96,20 +99,154 @@ def _lines(f: Any, limit: int) -> Iterator[bytes | None]:
         yield None
 
 
-def _read_parquet(path: str | os.PathLike[str]) -> Iterator[BatchRow | BadRow]:
+ROW_GROUP_LINES = 512
+"""A Parquet row group may decode to at most this many times ``max_line_bytes`` (512 MiB by
+default): it is read as a unit (:func:`_read_parquet`)."""
+
+# rows turned into Python objects at once, at most (and at most this many bytes of values)
+_ROWS_AT_ONCE, _BYTES_AT_ONCE = 1024, 16 << 20
+# what one decoded value costs besides its bytes (an offset or a dictionary index, validity)
+_VALUE_OVERHEAD = 8
+
+
+def _read_parquet(path: str | os.PathLike[str], max_line_bytes: int) -> Iterator[BatchRow | BadRow]:
+    """The rows of a Parquet file under the same per-row budget as a JSONL line. Each row group is
+    checked from the file's metadata before it is read (:func:`_check_row_group`: its pages and
+    values bound what decoding it takes), then read with its string and binary columns as
+    dictionary arrays, so a value that many rows share is decoded once; each row's size is computed
+    from Arrow's lengths (:func:`_value_bytes`) and only rows within ``max_line_bytes`` become
+    Python objects, a few at a time. A row over it is a bad row, as an over-long JSONL line is."""
     pq = require_pyarrow()
     import pyarrow as pa
 
     n = 0
     try:
-        batches = pq.ParquetFile(path).iter_batches(batch_size=4096)
-        for batch in batches:
-            for record in batch.to_pylist():
-                n += 1
-                yield parse_record(n, _parquet_record(record))
+        plain = pq.ParquetFile(path)
+        dictionary = _dictionary_columns(plain)
+        parquet = pq.ParquetFile(path, read_dictionary=dictionary) if dictionary else plain
+        limit = ROW_GROUP_LINES * max_line_bytes
+        for group in range(parquet.metadata.num_row_groups):
+            _check_row_group(path, parquet.metadata.row_group(group), group, limit, n)
+            for batch in parquet.read_row_group(group).to_batches():
+                for item in _batch_records(batch, max_line_bytes):
+                    n += 1
+                    if isinstance(item, int):
+                        yield BadRow(n, None, f"the row is over the {max_line_bytes}-byte limit (--max-line-bytes): "
+                                              f"its values hold {item} bytes; it was not read")
+                    else:
+                        yield parse_record(n, _parquet_record(item))
     except (pa.ArrowException, OSError) as exc:  # not Parquet, truncated, or corrupt past row n
         raise ConfigError(f"the input {os.fspath(path)!r} is not a readable Parquet file (after {n} rows): "
                           f"{exc}") from None
+
+
+def _dictionary_columns(parquet: Any) -> list[str]:
+    """The paths of the string and binary leaf columns that are dictionary-encoded in some row
+    group: read as dictionary arrays, their values are decoded once, however many rows share them."""
+    meta, schema = parquet.metadata, parquet.schema
+    coded = {c for g in range(meta.num_row_groups) for c in range(meta.num_columns)
+             if meta.row_group(g).column(c).has_dictionary_page}
+    return [schema.column(c).path for c in sorted(coded)
+            if schema.column(c).physical_type == "BYTE_ARRAY"
+            and str(schema.column(c).logical_type).split("(")[0] in ("None", "String", "JSON", "Enum", "BSON")]
+
+
+def _check_row_group(path: str | os.PathLike[str], group: Any, index: int, limit: int, before: int) -> None:
+    """A row group is read as a unit: the bytes of its uncompressed pages (a compressed page of
+    repeated data is small on disk and large decoded) and its values (run-length encoded levels and
+    dictionary indices decode to many values from few bytes), as the file's metadata gives them,
+    must stay within ``limit`` bytes, else a ConfigError naming the file and the limit."""
+    chunks = [group.column(c) for c in range(group.num_columns)]
+    pages = sum(max(int(c.total_uncompressed_size), 0) for c in chunks)
+    values = sum(max(int(c.num_values), 0) for c in chunks)
+    if pages + _VALUE_OVERHEAD * values > limit:
+        raise ConfigError(
+            f"the input {os.fspath(path)!r}: row group {index} (rows {before + 1} to {before + group.num_rows}) decodes "
+            f"to about {pages + _VALUE_OVERHEAD * values} bytes ({pages} bytes of uncompressed pages and {values} "
+            f"values), over the {limit}-byte limit on one row group ({ROW_GROUP_LINES} x --max-line-bytes); write the "
+            "file with smaller row groups (pyarrow: pq.write_table(table, path, row_group_size=...)) or raise "
+            "--max-line-bytes")
+
+
+def _batch_records(batch: Any, max_line_bytes: int) -> Iterator[dict[str, Any] | int]:
+    """The rows of a record batch in order: each row within ``max_line_bytes`` bytes as a dict, each
+    row over it as its size (never made into Python objects)."""
+    import pyarrow as pa
+
+    sizes: Any = 0
+    for column in batch.columns:
+        sizes = _add(sizes, _value_bytes(column))
+    per_row = sizes.to_pylist() if isinstance(sizes, pa.Array) else [sizes] * batch.num_rows
+    start = 0
+    while start < batch.num_rows:
+        if per_row[start] > max_line_bytes:
+            yield per_row[start]
+            start += 1
+            continue
+        stop, held = start, 0
+        while (stop < batch.num_rows and per_row[stop] <= max_line_bytes and stop - start < _ROWS_AT_ONCE
+               and (held == 0 or held + per_row[stop] <= _BYTES_AT_ONCE)):
+            held += per_row[stop]
+            stop += 1
+        yield from batch.slice(start, stop - start).to_pylist()
+        start = stop
+
+
+def _add(a: Any, b: Any) -> Any:
+    """The sum of two sizes, each an int (the same for every row) or an int64 array (one per row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(a, pa.Array) or isinstance(b, pa.Array):
+        return pc.add(a, b)
+    return a + b
+
+
+def _value_bytes(array: Any) -> Any:
+    """The bytes each value of an Arrow ``array`` holds once decoded (string and binary bytes,
+    fixed-width sizes, the sum of a list's or a struct's values, a dictionary's value taken by its
+    index): an int64 array with one entry per value, or an int when every value has the same size.
+    Computed from lengths and offsets: no value is decoded."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        sizes = _value_bytes(array.dictionary)  # (its overhead stands for the index's)
+        return pc.take(sizes, array.indices).fill_null(0) if isinstance(sizes, pa.Array) else sizes
+    if pa.types.is_null(kind):
+        return 0
+    if (pa.types.is_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_large_binary(kind)):
+        return pc.add(pc.binary_length(array).cast(pa.int64()).fill_null(0), _VALUE_OVERHEAD)
+    if pa.types.is_struct(kind):
+        total: Any = 0
+        for child in array.flatten():
+            total = _add(total, _value_bytes(child))
+        return total
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+        return _per_list(_value_bytes(array.values), array.offsets.cast(pa.int64()))
+    if pa.types.is_fixed_size_list(kind):
+        k = kind.list_size
+        offsets = pa.array(range(array.offset * k, (array.offset + len(array)) * k + 1, k), pa.int64())
+        return _per_list(_value_bytes(array.values), offsets)
+    width = getattr(kind, "bit_width", 0)
+    if width:
+        return max(width // 8, 1)
+    return -(-array.nbytes // max(len(array), 1))  # another type: its buffers shared out
+
+
+def _per_list(child: Any, offsets: Any) -> Any:
+    """The sizes of lists from the sizes of their values (``child``: one per value, or an int for
+    all) and their ``offsets`` into those values (one more than the lists)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    starts, ends = offsets.slice(0, len(offsets) - 1), offsets.slice(1)
+    if not isinstance(child, pa.Array):
+        return pc.add(pc.multiply(pc.subtract(ends, starts), child), _VALUE_OVERHEAD)
+    running = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(child.cast(pa.int64()))])
+    return pc.add(pc.subtract(pc.take(running, ends), pc.take(running, starts)), _VALUE_OVERHEAD)
 
 
 def _parquet_record(record: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..plugins import FieldSpec
-from .fields import EXTRA_OUTPUT_FLAGS, field_table, is_int, is_num, token_id_fields
+from .fields import EXTRA_OUTPUT_FLAGS, INT64_MAX, field_table, is_int, is_num, past_int64, token_id_fields
 from .warn import warn_once
 
 if TYPE_CHECKING:
@@ -24,6 +24,10 @@ def should_warn(outer: str, inner: str, user_set: set[str] | None) -> bool:
         return True
     return not (outer in user_set and inner not in user_set)
 
+
+
+# the smallest temperature sampling takes (vLLM's _SAMPLING_EPS, below which it decodes greedily)
+MIN_SAMPLING_TEMPERATURE = 1e-5
 
 
 def _value(c: GenerationConfig, name: str) -> Any:
@@ -48,6 +52,12 @@ def check_combinations(c: GenerationConfig) -> None:
         raise ConfigError(
             f"`temperature` must be a number > 0 when do_sample=True; got {c.temperature!r}. "
             "For greedy decoding set do_sample=False."
+        )
+    if v("do_sample") and is_num(c.temperature) and 0 < c.temperature < MIN_SAMPLING_TEMPERATURE:
+        # logits divided by it overflow to inf, then softmax gives NaN (vLLM reads such a value as greedy)
+        raise ConfigError(
+            f"`temperature` must be >= {MIN_SAMPLING_TEMPERATURE} when do_sample=True; got {c.temperature!r}: a "
+            "smaller one overflows the scaled logits. For greedy decoding set do_sample=False."
         )
     beams, groups, returned = v("num_beams"), v("num_beam_groups"), v("num_return_sequences")
     if beams % groups != 0:
@@ -100,22 +110,31 @@ def model_token_issue(name: str, ids: list[int], vocab_size: int) -> str:
             f"{MODEL_SPECIAL_TOKENS[name]}")
 
 
-def check_vocabulary(c: GenerationConfig, vocab_size: int) -> None:
+def check_vocabulary(c: GenerationConfig, vocab_size: int | None) -> None:
     """Every token id a field holds (the fields whose :class:`~genkit.plugins.FieldSpec` lists its
     ``token_ids``: the special tokens, ``suppress_tokens``, ``bad_words_ids``, ``sequence_bias``, a
-    pack's) lies below ``vocab_size``, the width of the model's logits: a ``ConfigError`` naming
-    the field and the vocabulary otherwise (an id the model can never score would be ignored, or
-    fail in the middle of a generation). The one exception: a special token of
-    :data:`MODEL_SPECIAL_TOKENS` the caller did not set (a resolved config's ``user_set``; the
-    model's) is warned about. Negative ids are the fields' own business (the "matches no token"
-    sentinel of ``eos_token_id`` / ``pad_token_id``)."""
+    pack's) is an int64, whoever set it (a ``ConfigError`` naming the field, the model's own
+    special tokens included: no tensor can hold it), and lies below ``vocab_size`` (when known), the
+    width of the model's logits: a ``ConfigError`` naming the field and the vocabulary otherwise (an
+    id the model can never score would be ignored, or fail in the middle of a generation). The one
+    exception: a special token of :data:`MODEL_SPECIAL_TOKENS` the caller did not set (a resolved
+    config's ``user_set``; the model's) is warned about. Negative ids are the fields' own business
+    (the "matches no token" sentinel of ``eos_token_id`` / ``pad_token_id``)."""
     user_set = getattr(c, "user_set", None)
     for name, token_ids in token_id_fields():
         value = getattr(c, name, None)
         if value is None:
             continue
-        too_big = sorted({int(i) for i in token_ids(value) if is_int(i) and i >= vocab_size})
-        if not too_big:
+        ids = [int(i) for i in token_ids(value) if is_int(i)]
+        wide = past_int64(ids)
+        if wide:
+            whose = "the model's " if name in MODEL_SPECIAL_TOKENS and user_set is not None and name not in user_set \
+                else ""
+            top = INT64_MAX if vocab_size is None else vocab_size - 1
+            raise ConfigError(f"{whose}`{name}` holds token ids {wide[:8]} outside the int64 range; accepted ids are "
+                              f"0..{top}")
+        too_big = sorted({i for i in ids if vocab_size is not None and i >= vocab_size})
+        if not too_big or vocab_size is None:
             continue
         if name in MODEL_SPECIAL_TOKENS and user_set is not None and name not in user_set:
             warn_once(model_token_issue(name, too_big, vocab_size))

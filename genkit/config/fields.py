@@ -73,6 +73,16 @@ def _id_or_sentinel(v: Any) -> bool:
     return is_int(v)
 
 
+# the ints a token id may be: torch holds ids as int64 (an id past it failed with "Overflow when
+# unpacking long long" where the ids became a tensor)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def past_int64(ids: Iterable[Any]) -> list[int]:
+    """The ints among ``ids`` that no int64 holds, sorted, each once."""
+    return sorted({int(i) for i in ids if is_int(i) and not INT64_MIN <= i <= INT64_MAX})
+
+
 def token_ids_in(v: Any) -> list[Any]:
     """The ints a token-id value holds at any depth: one id, a list of ids, lists of those (a
     :class:`~genkit.plugins.FieldSpec`'s ``token_ids``)."""

@@ -32,6 +32,8 @@ from .fields import (
     default_values,
     field_table,
     negative_id,
+    past_int64,
+    token_ids_in,
     unknown_key_error,
 )
 from .files import push_config_file, read_config_json, resolve_config_file
@@ -450,10 +452,12 @@ def valid_fields(values: dict[str, Any], table: dict[str, FieldSpec]) -> dict[st
     """The entries of ``values`` that are fields with a valid value (a model config carries
     attributes for other purposes too, and values genkit would refuse). A negative special token
     id (``pad_token_id=-1``, common in model configs) is left out too: a model config's -1 means
-    "none", as an unset field does, and is not warned about."""
+    "none", as an unset field does, and is not warned about; not so a value that also holds an id no
+    int64 holds (``[10**30, -5]``): kept, ``generate`` refuses it by name."""
     good = {}
     for key, value in values.items():
-        if key not in table or value is None or (key in ("eos_token_id", "pad_token_id") and negative_id(value)):
+        if key not in table or value is None or (key in ("eos_token_id", "pad_token_id") and negative_id(value)
+                                                 and not past_int64(token_ids_in(value))):
             continue
         try:
             table[key].validate(value)

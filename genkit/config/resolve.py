@@ -6,17 +6,20 @@ it is resolved):
    global defaults;
 2. :func:`resolve_special_tokens`: unset special tokens from the model config, ``pad_token_id``
    from the first EOS id;
-3. :func:`resolve_lengths`: ``max_length`` / ``min_length`` for the prompt.
+3. :func:`resolve_lengths`: ``max_length`` / ``min_length`` for the prompt, checked against the
+   model's context and, given a :class:`MemoryBudget`, against the memory the generation's
+   sequences would hold.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
 from .checks import model_token_issue, negative_pad_issue
-from .fields import METADATA, field_table, negative_id, none_means_off
+from .fields import METADATA, field_table, is_int, is_num, negative_id, none_means_off
 from .generation_config import GenerationConfig, ResolvedConfig, valid_fields
 from .warn import warn_once
 
@@ -113,12 +116,15 @@ def resolve_special_tokens(config: ResolvedConfig, model_tokens: Mapping[str, An
     return config.replace(**changes) if changes else config
 
 
-def resolve_lengths(config: ResolvedConfig, input_length: int, max_positions: int | None = None) -> ResolvedConfig:
+def resolve_lengths(config: ResolvedConfig, input_length: int, max_positions: int | None = None, *,
+                    prompts: int = 1, memory: MemoryBudget | None = None) -> ResolvedConfig:
     """``config`` with ``max_length`` and ``min_length`` for a prompt of ``input_length`` tokens, as
     transformers 5 sets them: ``max_new_tokens`` wins; a ``max_length`` nobody set (the global
     default, 20) counts new tokens, capped at the model's ``max_positions``; ``min_new_tokens`` sets
     ``min_length``. A length past ``max_positions`` (the model's context) is a :class:`ConfigError`,
-    raised before anything is allocated for it."""
+    raised before anything is allocated for it; so is, given the ``memory`` budget, a generation of
+    ``prompts`` prompts whose sequences would hold more memory than is available
+    (:func:`check_memory`)."""
     max_length = config.max_length
     if config.max_new_tokens is not None:
         if "max_length" in config.user_set and config.max_length != input_length + config.max_new_tokens:
@@ -149,7 +155,91 @@ def resolve_lengths(config: ResolvedConfig, input_length: int, max_positions: in
         raise ConfigError(
             f"{asked}; the model's context (`max_position_embeddings`) is {int(max_positions)}: "
             f"ask for at most {max(int(max_positions) - input_length, 0)} new tokens")
+    if memory is not None:
+        check_memory(config, prompts, input_length, max_length, memory)
     changes = {"max_length": max_length}
     if config.min_new_tokens is not None:
         changes["min_length"] = input_length + config.min_new_tokens
     return config.replace(**changes)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What one sequence of a generation holds, and the memory there is (for :func:`check_memory`):
+    ``per_position`` bytes for each position (its token id, attention mask and key/value cache),
+    ``per_sequence`` bytes whatever its length (its logits), ``available`` bytes in all, as
+    ``source`` says (``/proc/meminfo``'s MemAvailable, a device's free memory, a setting), and the
+    model's ``vocab_size`` (contrastive search has at most that many candidates)."""
+
+    per_position: int
+    per_sequence: int
+    available: int
+    source: str
+    vocab_size: int | None = None
+
+
+def contrastive_candidates(top_k: int, vocab_size: int | None) -> int:
+    """The candidates contrastive search runs per step for ``top_k``: at most the vocabulary's
+    tokens (a larger ``top_k`` names every token, as ``TopKLogitsWarper`` reads it)."""
+    return min(top_k, vocab_size) if vocab_size else top_k
+
+
+def sequences_per_prompt(config: GenerationConfig, vocab_size: int | None = None) -> tuple[int, str | None]:
+    """How many sequences a generation holds at once for each prompt, and the setting that makes it
+    more than one: beam search's ``num_beams``; contrastive search's candidates (``top_k``, at most
+    the vocabulary, all at once unless ``low_memory``); sampling's ``num_return_sequences``."""
+    beams = config.num_beams if is_int(config.num_beams) else 1
+    if beams > 1:
+        return beams, "num_beams"
+    top_k = config.top_k
+    if (is_num(config.penalty_alpha) and config.penalty_alpha > 0 and is_int(top_k) and top_k > 1
+            and not config.low_memory):
+        return contrastive_candidates(top_k, vocab_size), "top_k"
+    returned = config.num_return_sequences if is_int(config.num_return_sequences) else 1
+    return (returned, "num_return_sequences") if returned > 1 else (1, None)
+
+
+def check_memory(config: ResolvedConfig, prompts: int, input_length: int, max_length: int,
+                 memory: MemoryBudget) -> None:
+    """The sequences a generation holds at once (``prompts`` x :func:`sequences_per_prompt`, each
+    of up to ``max_length`` positions) fit in ``memory.available``: else a :class:`ConfigError`
+    naming the setting that asks for too much and the most that fits, raised before any buffer or
+    cache is sized (``num_beams=10**9`` used to ask the allocator for 184 GB of token ids)."""
+    width, name = sequences_per_prompt(config, memory.vocab_size)
+
+    def need(width: int, length: int) -> int:
+        return prompts * width * (length * memory.per_position + memory.per_sequence)
+
+    total = need(width, max_length)
+    if total <= memory.available:
+        return
+    held = prompts * width
+    over = (f"holds {held} sequence{'s' if held != 1 else ''} of up to {max_length} positions at once: about {_size(total)} for "
+            f"their token ids, key/value caches and logits, more than the {_size(memory.available)} of memory "
+            f"available ({memory.source})")
+    new = max_length - input_length
+    batch = f"{prompts} prompt{'s' if prompts != 1 else ''} of {input_length} token{'s' if input_length != 1 else ''}"
+    if name is not None and need(1, max_length) <= memory.available:
+        most = memory.available // need(1, max_length)
+        raise ConfigError(f"`{name}` ({getattr(config, name)}) with {batch} and {new} new tokens {over}; at most "
+                          f"{most} fit: set `{name}` to {most} or less")
+    per_sequence = memory.available // (prompts * width)
+    fit = (per_sequence - memory.per_sequence) // memory.per_position - input_length if memory.per_position else 0
+    what = "max_new_tokens" if config.max_new_tokens is not None or "max_length" in config.defaulted else "max_length"
+    setting = f" (`{name}`={getattr(config, name)})" if name is not None else ""
+    if fit >= 1:
+        raise ConfigError(f"`{what}` ({new if what == 'max_new_tokens' else max_length}) with {batch}{setting} {over}; "
+                          f"ask for at most {fit} new tokens")
+    raise ConfigError(f"{batch}{setting} {over}; not one new token fits: pass fewer or shorter prompts")
+
+
+def _size(n: int) -> str:
+    """A byte count for people: ``512 bytes``, ``1.5 MiB``, ``11.3 TiB``."""
+    if n < 1024:
+        return f"{n} bytes"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        if value < 1024 or unit == "PiB":
+            break
+    return f"{value:.1f} {unit}"

@@ -167,9 +167,9 @@ class ContinuousBatchingConfig:
         cfg = model.config
         context = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
         blocks = self.max_requests_per_batch * -(-min(context, 4096) // self.block_size)
-        from ..models.base import head_dim_of, kv_heads_of
+        from ..models.memory import kv_bytes_per_position
 
-        per_block = 2 * cfg.num_hidden_layers * kv_heads_of(cfg) * head_dim_of(cfg) * self.block_size * 4
+        per_block = max(kv_bytes_per_position(cfg, 4) * self.block_size, 1)
         blocks = max(1, min(blocks, (1 << 30) // per_block))
         return dataclasses.replace(self, num_blocks=blocks)
 

@@ -293,12 +293,11 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
 
 
 def check_token_ids(model: Any, config: GenerationConfig) -> None:
-    """The config's token ids (``eos_token_id``, ``suppress_tokens``, ``sequence_bias``, ...) lie in
-    the model's vocabulary, the width of its logits (:func:`genkit.config.checks.check_vocabulary`).
-    A model without a ``vocab_size`` is not checked."""
-    vocab = model_vocab_size(model)
-    if vocab is not None:
-        check_vocabulary(config, vocab)
+    """The config's token ids (``eos_token_id``, ``suppress_tokens``, ``sequence_bias``, ...) are
+    int64s and lie in the model's vocabulary, the width of its logits
+    (:func:`genkit.config.checks.check_vocabulary`). Without a model (a batch row's check), or for a
+    model without a ``vocab_size``, only the first."""
+    check_vocabulary(config, model_vocab_size(model))
 
 
 def prepare(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
@@ -329,7 +328,7 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     else:
         input_ids = _start_seq2seq(model, seq2seq, config, model_kwargs, device)
     _adapt_cache(model_kwargs)
-    config = _set_lengths(model, config, input_ids.shape[1])
+    config = _set_lengths(model, config, input_ids)
     input_ids = _expand_to_sequences(input_ids, config, model_kwargs, seq2seq, forwarded)
     tokenizer = model_kwargs.pop("tokenizer", None)
     extras = dict(processor_inputs or {})
@@ -458,10 +457,16 @@ def _adapt_cache(model_kwargs: dict[str, Any]) -> None:
         model_kwargs["past_key_values"] = as_genkit_cache(cache)
 
 
-def _set_lengths(model: Any, config: ResolvedConfig, input_len: int) -> ResolvedConfig:
+def _set_lengths(model: Any, config: ResolvedConfig, input_ids: torch.Tensor) -> ResolvedConfig:
     """``max_length`` and ``min_length`` from the ``*_new_tokens`` settings and the prompt length
-    (``genkit.config.resolve_lengths``, transformers 5's rules)."""
-    return resolve_lengths(config, input_len, getattr(getattr(model, "config", None), "max_position_embeddings", None))
+    (``genkit.config.resolve_lengths``, transformers 5's rules), checked against the model's context
+    and the memory the sequences would hold (``genkit.models.memory.generation_memory``) before any
+    buffer or cache is sized."""
+    from ..models.memory import generation_memory
+
+    return resolve_lengths(config, int(input_ids.shape[1]),
+                           getattr(getattr(model, "config", None), "max_position_embeddings", None),
+                           prompts=int(input_ids.shape[0]), memory=generation_memory(model))
 
 
 def _expand_to_sequences(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict[str, Any],

@@ -36,15 +36,22 @@ LIMITS: dict[str, tuple[str, int]] = {
 def limit(name: str) -> int:
     """The limit ``name`` (a key of :data:`LIMITS`), from its environment variable or its default."""
     var, default = LIMITS[name]
+    value = env_int(var, f"a positive integer (default {default})")
+    return default if value is None else value
+
+
+def env_int(var: str, accepted: str) -> int | None:
+    """The positive integer the environment variable ``var`` sets, ``None`` when it is unset; any
+    other value is a ConfigError naming the variable and the ``accepted`` values."""
     raw = os.environ.get(var, "").strip()
     if not raw:
-        return default
+        return None
     try:
         value = int(raw)
     except ValueError:
         value = 0
     if value <= 0:
-        raise ConfigError(f"{var}={raw!r} is not accepted; use a positive integer (default {default})")
+        raise ConfigError(f"{var}={raw!r} is not accepted; use {accepted}")
     return value
 
 
