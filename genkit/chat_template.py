@@ -3,15 +3,25 @@
 A template comes with the model's files, so it is hostile input like them: jinja2's
 :class:`~jinja2.sandbox.ImmutableSandboxedEnvironment` keeps it away from Python's internals and from
 mutating what it is given, but not from spending time or memory: nested loops over ``range(100000)``
-run for hours, ``"x" * 10**10`` or ``"%999999999999s"|format(x)`` allocate before anything looks. So a
-render here counts, before the work is done:
+run for hours, ``"x" * 10**10`` or ``"%999999999999s"|format(x)`` allocate before anything looks, and
+a list of 4000 references to a list of 4000 references to a list of 4000 zeros is three small lists
+whose text is 192 GB. So a render here counts, before the work is done:
 
-- loop iterations, all loops of one render together: :data:`MAX_LOOPS` (a real template iterates over
-  the messages and tools: thousands);
-- the length of every string or list ``*``, ``+``, ``~`` (concatenation) and the size-taking filters
-  (``center``, ``indent``, ``wordwrap``, ``format``, ``replace``) would make, and the rendered text:
-  :data:`MAX_CHARS`; ``**`` with an exponent past :data:`MAX_EXPONENT`;
-- recursion (a macro calling itself) ends in an error, not a crash.
+- each operation's result: the length of every string or list ``*``, ``+``, ``~`` (concatenation),
+  ``%``, ``str.format``, a slice, the filters and the ``str`` methods that make one (``center``,
+  ``indent``, ``replace``, ``join``, ``batch``...) would make, at most :data:`MAX_CHARS` characters or
+  items; integers of at most :data:`MAX_INT_BITS` bits from ``*`` and ``**``, exponents at most
+  :data:`MAX_EXPONENT`;
+- the text of every value made into text (``{{ value }}``, ``~``, ``%``, ``format``, ``string``,
+  ``join``, ``tojson``, ``pprint``...) or compared (``==``, ``in``, ``sort``, ``unique``...): a walk
+  of its containers that stops as soon as it passes :data:`MAX_CHARS` measures it before ``str()``
+  or ``json.dumps`` runs (:func:`_measure`);
+- the render's totals: loop iterations, all loops together, at most :data:`MAX_LOOPS`; the
+  characters and items all its operations make together, at most :data:`MAX_MADE` (a new object in
+  a result, such as a string in the list ``split`` makes, counts as :data:`_OBJECT` items);
+  :data:`MAX_SECONDS` of CPU time, a backstop for work that makes nothing (a scan of a long string
+  in each iteration);
+- recursion (a macro calling itself) ends in an error, not a crash; a ``MemoryError`` is an error.
 
 The environment is transformers' (``apply_chat_template``): ``trim_blocks``, ``lstrip_blocks``, the
 loop controls (``break``, ``continue``), ``raise_exception``, ``strftime_now``, ``tojson`` with
@@ -19,7 +29,9 @@ loop controls (``break``, ``continue``), ``raise_exception``, ``strftime_now``, 
 ``namespace`` that refuses ``_``-prefixed attributes, and the ``{% generation %}`` tag that marks
 the assistant's text (:func:`render_with_spans` returns those spans).
 
-Past a budget the render stops with a :class:`~genkit.errors.ConfigError` naming the budget.
+Past a budget the render stops with a :class:`~genkit.errors.ConfigError` that says the template is
+too costly and names the budget (``genkit.chat_template.MAX_...``). The budgets are module constants,
+read at each render: a caller may change them (tests lower them to keep their cases small).
 """
 
 from __future__ import annotations
@@ -27,21 +39,54 @@ from __future__ import annotations
 import contextvars
 import json
 import re
+import time
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["MAX_CHARS", "MAX_EXPONENT", "MAX_LOOPS", "plain_data", "render", "render_conversation", "render_with_spans",
-           "template_variables", "tool_schemas"]
+__all__ = ["MAX_CHARS", "MAX_EXPONENT", "MAX_INT_BITS", "MAX_LOOPS", "MAX_MADE", "MAX_SECONDS", "plain_data", "render",
+           "render_conversation", "render_with_spans", "template_variables", "tool_schemas"]
 
+#: loop iterations of one render, all loops together (a real template iterates over the messages
+#: and tools: thousands)
 MAX_LOOPS = 1_000_000
+#: characters or items of any one string, list or text a template makes (and of the rendered text)
 MAX_CHARS = 16 * 2**20
+#: characters or items all the operations of one render make together, garbage included: four
+#: values of the largest size; about 512 MB at most (8 bytes an item), and seconds of copying. Real
+#: templates make 2 to 4.5 times the text they render (tests/test_chat_template_corpus.py checks 5)
+MAX_MADE = 4 * MAX_CHARS
+#: CPU seconds of one render (the rendering thread's), checked every few million units of work: a
+#: backstop for work that makes nothing; real templates take milliseconds
+MAX_SECONDS = 10.0
+#: the largest exponent of ``**`` on an integer
 MAX_EXPONENT = 4096
+#: bits of an integer ``*`` or ``**`` makes (Python prints at most 4300 digits, 14,000 bits)
+MAX_INT_BITS = 2**16
 
-_loops: contextvars.ContextVar[list[int]] = contextvars.ContextVar("genkit_chat_template_loops")
-_spans: contextvars.ContextVar[list[Any]] = contextvars.ContextVar("genkit_chat_template_spans")
+_OBJECT = 8  # a new object in a result (a string in a list, a list in a batch) counts as 8 items: ~64 bytes
+_LOOP_WORK = 1024  # units of work a loop iteration counts for (a unit: about a character copied or scanned)
+_WALK_WORK = 32  # ... and a value visited by _measure
+_CLOCK_EVERY = 2**22  # units of work between two looks at the CPU clock
+_SMALL = 64  # a string or list shorter than this is not counted where the common operations make one (+, ~,
+# {{ }}, a loop's text): a loop iteration or a call counts for far more work, and what a template keeps
+# grows by operations whose results are not small
+
+
+class _Account:
+    """One render's running totals (:func:`render_with_spans` makes one per render)."""
+
+    __slots__ = ("deadline", "loops", "made", "rendered", "spans", "work")
+
+    def __init__(self) -> None:
+        self.loops = self.made = self.rendered = self.work = 0
+        self.spans: list[tuple[int, int]] = []
+        self.deadline = time.thread_time() + MAX_SECONDS
+
+
+_account: contextvars.ContextVar[_Account] = contextvars.ContextVar("genkit_chat_template_account")
 
 
 def render(template: str, **variables: Any) -> str:
@@ -56,29 +101,31 @@ def render_with_spans(template: str, **variables: Any) -> tuple[str, list[tuple[
     them for ``return_assistant_tokens_mask``."""
     from jinja2.exceptions import TemplateError
 
-    token = _loops.set([0])
-    state: list[Any] = [0, []]  # characters rendered so far, the generation spans
-    spans_token = _spans.set(state)
+    account = _Account()
+    token = _account.set(account)
     try:
         out: list[str] = []
         for piece in _compile(template).generate(**variables):
-            state[0] += len(piece)
-            _check_size(state[0], "the rendered text")
+            account.rendered += len(piece)
+            _check_size(account.rendered, "the rendered text")
             out.append(piece)
-        return "".join(out), state[1]
+        return "".join(out), account.spans
     except ConfigError:
         raise
     except TemplateError as exc:
         raise ConfigError(f"{type(exc).__name__}: {exc}") from exc
     except RecursionError:
-        raise ConfigError("the chat template recurses without end (a macro calling itself)") from None
+        raise ConfigError("the chat template recurses without end (a macro calling itself), or nests values "
+                          "too deep to print or compare") from None
+    except MemoryError:
+        raise _too_costly("it ran out of memory (MemoryError); the budgets are genkit.chat_template.MAX_CHARS "
+                          "and MAX_MADE") from None
     except OverflowError as exc:  # the sandbox's range limit
         raise ConfigError(f"the chat template asks for too much: {exc}") from None
     except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:  # None iterated, 1/0...
         raise ConfigError(f"{type(exc).__name__}: {exc}") from exc
     finally:
-        _spans.reset(spans_token)
-        _loops.reset(token)
+        _account.reset(token)
 
 
 def template_variables(template: str) -> frozenset[str]:
@@ -93,29 +140,286 @@ def template_variables(template: str) -> frozenset[str]:
         return frozenset()
 
 
-def _check_size(n: int, what: str) -> None:
+# --- the budgets -------------------------------------------------------------------------------
+
+def _too_costly(what: str) -> ConfigError:
+    return ConfigError(f"the chat template is too costly: {what}")
+
+
+def _check_size(n: int, what: str, *, verb: str = "make", at_least: bool = False) -> None:
+    """``n`` characters or items (of ``what``) within :data:`MAX_CHARS`; ``at_least``: ``n`` is where
+    a measure stopped."""
     if n > MAX_CHARS:
-        raise ConfigError(f"the chat template would make {what} of {n} characters or items; the budget is "
-                          f"{MAX_CHARS} (genkit.chat_template.MAX_CHARS)")
+        raise _too_costly(f"it would {verb} {what} of {'at least ' if at_least else ''}{n} characters or items; "
+                          f"the budget is {MAX_CHARS} (genkit.chat_template.MAX_CHARS)")
+
+
+def _charge(made: int, work: int = 0) -> None:
+    """``made`` characters or items (about to be made) counted against the render's :data:`MAX_MADE`;
+    they and ``work`` (characters scanned, values compared) against its CPU clock's schedule."""
+    account = _account.get(None)
+    if account is None:  # not in a render (a filter called directly): the per-operation checks only
+        return
+    if made:
+        account.made += made
+        if account.made > MAX_MADE:
+            _over_made(account)
+    account.work += made + work
+    if account.work > _CLOCK_EVERY:
+        _clock(account)
+
+
+def _over_made(account: _Account) -> None:
+    raise _too_costly(f"it would make {account.made} characters or items in one render; the budget is {MAX_MADE} "
+                      "(genkit.chat_template.MAX_MADE)")
+
+
+def _clock(account: _Account) -> None:
+    account.work = 0
+    if time.thread_time() > account.deadline:
+        raise _too_costly(f"it ran for more than {MAX_SECONDS} CPU seconds; the budget is {MAX_SECONDS} "
+                          "(genkit.chat_template.MAX_SECONDS)")
 
 
 def _sized(value: Any) -> int:
     return len(value) if isinstance(value, (str, bytes, list, tuple)) else 0
 
 
-def _counted(iterable: Any) -> Any:
-    """``iterable``'s items, each counted against the render's :data:`MAX_LOOPS`."""
-    count = _loops.get()
+def _counted(iterable: Any, literal: int = 0) -> Any:
+    """``iterable``'s items, each counted against the render's :data:`MAX_LOOPS`, and the ``literal``
+    text of the loop's body (what each iteration writes besides its ``{{ }}``) against :data:`MAX_MADE`."""
+    account = _account.get(None) or _Account()
+    made = literal if literal >= _SMALL else 0
     for item in iterable:
-        count[0] += 1
-        if count[0] > MAX_LOOPS:
-            raise ConfigError(f"the chat template ran more than {MAX_LOOPS} loop iterations "
-                              "(genkit.chat_template.MAX_LOOPS)")
+        account.loops += 1
+        if account.loops > MAX_LOOPS:
+            raise _too_costly(f"it ran more than {MAX_LOOPS} loop iterations (genkit.chat_template.MAX_LOOPS)")
+        _charge(made, _LOOP_WORK)
         yield item
 
 
+# --- measuring a value's text before it is made -------------------------------------------------
+
+_JSON_CONTROL = re.compile(r"[\x00-\x1f]")
+_CONTAINERS = (list, tuple, dict, set, frozenset, type({}.keys()), type({}.values()), type({}.items()))
+_SCALAR_SIZES = {float: 24, bool: 5, type(None): 4}  # repr(-1.2345678901234567e-308), False / false, None / null
+
+
+@lru_cache(maxsize=1)
+def _jinja_types() -> tuple[type, type]:
+    from jinja2.runtime import Undefined
+    from jinja2.utils import Namespace
+
+    return Namespace, Undefined
+
+
+def _int_size(n: int) -> int:
+    return n.bit_length() * 78 // 256 + 2  # digits (78/256 > log10(2)) and a sign
+
+
+def _quoted(s: str, style: str) -> int:
+    """The length of ``s`` inside a container's text: ``repr(s)`` (``style`` ``"str"``) or its JSON
+    (``"json"``, ``"json_ascii"`` with ``ensure_ascii``), escapes included (an upper estimate); for
+    ``"compare"``, its length (what comparing it reads)."""
+    n = len(s) + 2
+    if style == "compare":
+        return n
+    if style == "str":
+        n += s.count("\\") + s.count("'")
+        if not s.isprintable():
+            short = s.count("\n") + s.count("\r") + s.count("\t")
+            rest = s.replace("\n", "").replace("\r", "").replace("\t", "") if short else s
+            n += short if rest.isprintable() else 9 * len(s)  # \x.., \u...., \U........
+        return n
+    n += s.count('"') + s.count("\\")
+    if not s.isprintable():
+        controls = len(s) - len(_JSON_CONTROL.sub("", s))
+        short = s.count("\n") + s.count("\r") + s.count("\t") + s.count("\b") + s.count("\f")
+        n += short + 5 * (controls - short)  # \n, or \u0001
+    if style == "json_ascii" and not s.isascii():
+        n += 11 * (len(s) - len(s.encode("ascii", "ignore")))  # \ud83d\ude00
+    return n
+
+
+def _flat_size(items: Any, style: str, room: int) -> int | None:
+    """The text of a list's or tuple's items when they are all scalars or all strings (measured at
+    C speed); None when they are not."""
+    types = set(map(type, items))
+    if types <= {int, bool}:
+        return sum(map(int.bit_length, items)) * 78 // 256 + 7 * len(items)
+    if types <= {int, bool, float, type(None)}:
+        return sum(_int_size(x) if type(x) is int else _SCALAR_SIZES.get(type(x), 5) for x in items) + 2 * len(items)
+    if types == {str}:
+        chars = sum(map(len, items))
+        if chars > room or style == "compare":
+            return chars + 4 * len(items)
+        return _quoted("".join(items), style) + 4 * len(items)
+    return None
+
+
+def _measure(value: Any, limit: int, style: str = "str") -> tuple[int, int, int]:
+    """``(size, count, depth)``: an upper estimate of the length of ``value``'s text (``str(value)``
+    for ``style`` ``"str"``, ``json.dumps`` for ``"json"`` / ``"json_ascii"``; for ``"compare"``, the
+    characters and values a comparison or a hash of it reads), the number of values in
+    it (dict keys not counted) and its nesting depth; a walk of its containers, shared ones walked
+    each time they are met (as their text repeats them), that stops as soon as ``size`` passes
+    ``limit``, whatever the value's size. The values visited count as work."""
+    Namespace, Undefined = _jinja_types()  # noqa: N806 (classes)
+    if not isinstance(value, _CONTAINERS) and not isinstance(value, Namespace):  # holds nothing: at once
+        kind = type(value)
+        if isinstance(value, str):
+            size = len(value) if style == "str" else _quoted(value, style)
+        elif kind is int:
+            size = _int_size(value)
+        else:
+            size = _SCALAR_SIZES.get(kind) or (9 if isinstance(value, Undefined) else 4 * len(value) + 3
+                                               if isinstance(value, (bytes, bytearray)) else 64)
+        return size, 1, 1
+    if type(value) is dict:  # a message, a tool: strings, at once
+        flat = _flat_size(value.values(), style, limit)
+        if flat is not None:
+            return 2 + 4 * len(value) + _keys_size(value, style, limit) + flat, len(value) + 1, 2
+
+    size = count = depth = 0
+    stack: list[Any] = [iter((value,))]
+    opened: list[int] = [0]  # for each level of the stack, the id of the namespace it walks (or 0)
+    walking: set[int] = set()  # ... those being walked: a namespace can hold itself, nothing else can
+    try:
+        while stack:
+            level = len(stack)
+            for item in stack[-1]:
+                count += 1
+                if level > depth:
+                    depth = level
+                kind = type(item)
+                if kind is str:
+                    size += _quoted(item, style)
+                elif kind is int:
+                    size += item.bit_length() * 78 // 256 + 2
+                elif kind in _SCALAR_SIZES:
+                    size += _SCALAR_SIZES[kind]
+                elif isinstance(item, _CONTAINERS) or isinstance(item, Namespace):
+                    namespace = 0
+                    if isinstance(item, Namespace):
+                        item = object.__getattribute__(item, "_Namespace__attrs")
+                        namespace = id(item)
+                        size += 13  # <Namespace {...}>
+                        if namespace in walking:
+                            continue
+                    if isinstance(item, dict):
+                        size += 2 + 4 * len(item) + _keys_size(item, style, limit - size)
+                        flat = _flat_size(item.values(), style, limit - size)  # a message: strings
+                        if flat is not None:
+                            size, count, depth = size + flat, count + len(item), max(depth, level + 1)
+                            if size > limit:
+                                break
+                            continue
+                        children: Any = item.values()
+                    else:
+                        size += (16 if isinstance(item, _CONTAINERS[5:]) else 2) + 2 * len(item)  # dict_items([...])
+                        if isinstance(item, tuple) and kind is not tuple:
+                            size += 32  # a named tuple's names
+                        flat = _flat_size(item, style, limit - size) if len(item) > 8 else None
+                        if flat is not None:
+                            size, count, depth = size + flat, count + len(item), max(depth, level + 1)
+                            if size > limit:
+                                break
+                            continue
+                        children = item
+                    stack.append(iter(children))
+                    opened.append(namespace)
+                    if namespace:
+                        walking.add(namespace)
+                    break
+                elif isinstance(item, str):
+                    size += _quoted(item, style) + 8  # Markup('...')
+                elif isinstance(item, (bytes, bytearray)):
+                    size += 4 * len(item) + 3
+                else:
+                    size += 9 if isinstance(item, Undefined) else 64  # an object's repr: <Macro 'x'>, <generator ...>
+                if size > limit:
+                    break
+            else:
+                stack.pop()
+                walking.discard(opened.pop())
+            if size > limit:
+                break
+    finally:
+        _charge(0, count * _WALK_WORK)
+    return size, count, depth
+
+
+def _keys_size(d: dict[Any, Any], style: str, room: int) -> int:
+    """The text of a dict's keys (strings as a rule)."""
+    if not d:
+        return 0
+    if set(map(type, d)) == {str}:
+        chars = sum(map(len, d))
+        return chars + 2 * len(d) if chars > room or style == "compare" else _quoted("".join(d), style) + 2 * len(d)
+    size = 0
+    for key in d:
+        if isinstance(key, _CONTAINERS):
+            size += _measure(key, room - size, style)[0]
+        else:
+            size += _measure((key,), room - size, style)[0] + (2 if style != "str" else 0)  # json quotes 1 as "1"
+        if size > room:
+            break
+    return size
+
+
+def _text_of(value: Any, what: str = "the text of a value") -> int:
+    """The length ``str(value)`` will have (measured, not made), within :data:`MAX_CHARS`."""
+    kind = type(value)
+    if kind is str:
+        n = len(value)
+        if n > MAX_CHARS:
+            _check_size(n, what)
+        return n
+    if kind is int:
+        return _int_size(value)
+    if kind in _SCALAR_SIZES:
+        return _SCALAR_SIZES[kind]
+    n = _measure(value, MAX_CHARS)[0]
+    _check_size(n, what, at_least=True)
+    return n
+
+
+_SIMPLE = frozenset([int, bool, float, type(None)])
+
+
+def _compared(value: Any) -> Any:
+    """``value``, its size checked before a comparison (``==``, ``in``, a dict key) walks it: comparing or
+    hashing nested containers visits every value they hold, shared ones each time."""
+    kind = type(value)
+    if kind is str:
+        if len(value) >= _SMALL:
+            _charge(0, len(value))
+    elif kind not in _SIMPLE:
+        n = _measure(value, MAX_CHARS, "compare")[0]
+        if n > MAX_CHARS:
+            _check_size(n, "values", verb="compare", at_least=True)
+    return value
+
+
+def _members(value: Any) -> Any:
+    """``value``, the right side of ``in``: a dict is hashed into (the left side is what is walked);
+    a list's items are compared (:func:`_compared`)."""
+    return value if type(value) is dict or (type(value) is str and len(value) < _SMALL) else _compared(value)
+
+
+def _finalize(value: Any) -> Any:
+    """What ``{{ value }}`` prints, its text measured and counted before ``str()`` makes it."""
+    n = len(value) if type(value) is str else _text_of(value)
+    if n >= _SMALL:
+        _charge(n)
+    return value
+
+
 def _concat(*parts: Any) -> str:
-    _check_size(sum(len(str(p)) if isinstance(p, str) else 0 for p in parts), "a string")
+    n = sum(len(p) if type(p) is str else _text_of(p) for p in parts)
+    if n >= _SMALL:
+        _check_size(n, "a string")
+        _charge(n)
     return "".join(str(p) for p in parts)
 
 
@@ -123,23 +427,128 @@ _WIDTHS = re.compile(r"%[-+ #0]*(\d+)?(?:\.(\d+))?")  # printf-style: %10.3f
 _SPECS = re.compile(r"\{[^{}]*:([^{}]*)\}")  # str.format's: {:>10}, {0:.3}
 
 
-def _check_widths(fmt: Any) -> None:
+def _check_widths(fmt: Any) -> int:
     """The widths and precisions a format string asks for (``%`` or ``str.format`` style), each
-    within :data:`MAX_CHARS`, before it is formatted."""
-    text = str(fmt)
+    within :data:`MAX_CHARS`, before it is formatted; returns their sum."""
+    text = fmt.decode("latin-1") if isinstance(fmt, (bytes, bytearray)) else str(fmt)
     numbers = [g for m in _WIDTHS.finditer(text) for g in m.groups() if g]
     numbers += [n for m in _SPECS.finditer(text) for n in re.findall(r"\d+", m.group(1))]
     for n in numbers:
         _check_size(int(n), "a formatted field")
+    return sum(int(n) for n in numbers)
 
 
-def _guard(original: Any, check: Any) -> Any:
-    """The filter ``original`` calling ``check`` with its own arguments (not the environment or
-    context jinja passes first to some filters) before it runs."""
+def _repr_size(value: Any, conversion: Any) -> int:
+    """The text of ``value`` as a format writes it: ``str()``, or ``repr()`` / ``ascii()`` (``!r``, ``%r``)."""
+    if conversion in ("r", "a") and isinstance(value, str):
+        return 10 * len(value) + 2 if conversion == "a" and not value.isascii() else _quoted(value, "str")
+    return _text_of(value)
+
+
+def _fields(fmt: str) -> Any:
+    """The replacement fields of a ``str.format`` string in the order they are resolved (a field's
+    nested ones, ``{:{}}``, after it): ``(name, conversion, nested)``."""
+    import _string  # the parser str.format uses
+
+    for _, name, spec, conversion in _string.formatter_parser(fmt):
+        if name is not None:
+            yield name, conversion, False
+            if spec and "{" in spec:
+                yield from ((inner, c, True) for inner, c, _ in _fields(spec))
+
+
+def _formatted(fmt: Any, args: Any, named: Any = None, braces: bool = False) -> int:
+    """The length of ``fmt`` formatted (``str.format`` with ``braces``, else ``%``) with the positional
+    ``args`` and the mapping ``named``, within :data:`MAX_CHARS`: the widths it writes (``%10s``, and
+    those taken from the arguments: ``%*s``, ``{:{}}``) and the text of each argument each time a
+    field names it (``{0}{0}``), measured before it is made."""
+    named = named if isinstance(named, dict) else {}
+    n = _check_widths(fmt) + _sized(fmt)
+    if braces:
+        auto = 0
+        for name, conversion, nested in _fields(str(fmt)):
+            head = re.match(r"[^.\[]*", name).group()  # type: ignore[union-attr]
+            if head == "":
+                head, auto = str(auto), auto + 1
+            value = (args[int(head)] if int(head) < len(args) else None) if head.isdigit() else named.get(head)
+            if nested:  # a width or fill taken from the arguments
+                n += abs(value) if type(value) is int else _text_of(value)
+            else:
+                n += _repr_size(value, conversion)
+            _check_size(n, "a string")
+    else:
+        text = fmt.decode("latin-1") if isinstance(fmt, (bytes, bytearray)) else str(fmt)
+        conversion = "r" if "%r" in text or "%a" in text else "s"
+        n += sum(_repr_size(a, conversion) for a in args)
+        n += sum(_repr_size(named.get(key), conversion) for key in re.findall(r"%\((\w*)\)", text))
+        if "*" in text:  # %*s: widths taken from the arguments
+            n += sum(abs(a) for a in args if type(a) is int)
+    _check_size(n, "a string")
+    return n
+
+
+def _int_result(bits: int) -> None:
+    if bits > MAX_INT_BITS:
+        raise _too_costly(f"it would make an integer of {bits} bits; the budget is {MAX_INT_BITS} "
+                          "(genkit.chat_template.MAX_INT_BITS)")
+
+
+def _binop(operator: str, left: Any, right: Any) -> int:
+    """What ``left operator right`` makes, checked (a ConfigError past a budget) before it is made."""
+    ints = type(left) is int and type(right) is int
+    if operator == "*":
+        if ints:
+            _int_result(left.bit_length() + right.bit_length())
+            return 0
+        for seq, n in ((left, right), (right, left)):
+            if _sized(seq) and isinstance(n, int):
+                _check_size(len(seq) * n, "a string or list")
+                return max(0, len(seq) * n)
+    elif operator == "+":
+        n = _sized(left) + _sized(right)
+        _check_size(n, "a string or list")
+        return n
+    elif operator == "%":
+        if isinstance(left, (str, bytes)):  # '%(a)s' % {...} names its values; '%s' % {...} prints the dict
+            keyed = isinstance(right, dict) and "%(" in (left.decode("latin-1") if isinstance(left, bytes) else left)
+            return _formatted(left, () if keyed else right if isinstance(right, tuple) else (right,), right)
+    elif isinstance(right, int) and abs(right) > MAX_EXPONENT and isinstance(left, int) and abs(left) > 1:
+        raise _too_costly(f"it raises to the power {right}; the budget is {MAX_EXPONENT} "
+                          "(genkit.chat_template.MAX_EXPONENT)")
+    elif ints and right > 0 and abs(left) > 1:
+        _int_result(left.bit_length() * right)
+    return 0
+
+
+def _slice(value: Any, start: Any, stop: Any, step: Any) -> Any:
+    """``value[start:stop:step]``, its length counted before the copy is made."""
+    where = slice(start, stop, step)
+    if isinstance(value, (str, bytes, list, tuple)):
+        _charge(len(range(*where.indices(len(value)))))
+    return value[where]
+
+
+# --- filters, tests and str methods: what each would make, checked first -----------------------
+
+def _guard(original: Any, check: Any, listed: bool = False) -> Any:
+    """The filter (or test) ``original`` calling ``check`` with its own arguments (not the environment
+    or context jinja passes first to some filters) before it runs, and counting what ``check``
+    returns (the characters or items it will make) against :data:`MAX_MADE`. ``listed``: an
+    iterator it is given (``map``'s, ``select``'s) is made a list first, so that it can be measured."""
     passed = getattr(original, "jinja_pass_arg", None)
+    skip = 1 if passed is not None else 0
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        check(*(args[1:] if passed is not None else args), **kwargs)
+        if listed and len(args) > skip and not isinstance(args[skip], (str, bytes, list, tuple, dict)):
+            try:
+                args = (*args[:skip], list(args[skip]), *args[skip + 1:])
+            except TypeError:  # not iterable: the filter says so
+                pass
+        value = args[skip] if len(args) > skip else None
+        made = check(*args[skip:], **kwargs) or 0
+        read = len(value) if isinstance(value, (str, bytes, list, tuple, dict)) else 0
+        if made >= _SMALL or read >= _SMALL:
+            _charge(made, read)
         return original(*args, **kwargs)
 
     if passed is not None:
@@ -147,91 +556,344 @@ def _guard(original: Any, check: Any) -> Any:
     return guarded
 
 
-def _center(s: Any, width: int = 80) -> None:
-    _check_size(max(_sized(s), int(width)), "a string")
+def _center(s: Any, width: int = 80, *args: Any, **kwargs: Any) -> int:
+    n = max(_text_of(s), int(width))
+    _check_size(n, "a string")
+    return n
 
 
-def _indent(s: Any, width: Any = 4, *args: Any, **kwargs: Any) -> None:
+def _indent(s: Any, width: Any = 4, *args: Any, **kwargs: Any) -> int:
+    n = _text_of(s)
     lines = str(s).count("\n") + 1
-    _check_size(len(str(s)) + lines * (len(width) if isinstance(width, str) else int(width)), "a string")
+    n += lines * (len(width) if isinstance(width, str) else int(width))
+    _check_size(n, "a string")
+    return n
 
 
-def _wordwrap(s: Any, width: int = 79, *args: Any, **kwargs: Any) -> None:
+def _wordwrap(s: Any, width: int = 79, break_long_words: bool = True, wrapstring: Any = None,
+              *args: Any, **kwargs: Any) -> int:
     _check_size(int(width), "a line")
+    n = _text_of(s)
+    n += (2 * n // max(1, int(width)) + 1) * (len(str(wrapstring)) if wrapstring is not None else 1)  # the lines
+    _check_size(n, "a string")
+    return n
 
 
-def _format(value: Any, *args: Any, **kwargs: Any) -> None:
-    _check_widths(value)
+def _format(value: Any, *args: Any, **kwargs: Any) -> int:  # jinja's: value % (kwargs or args)
+    return _formatted(value, args or (kwargs,), kwargs)
 
 
-def _replace(s: Any, old: Any, new: Any, count: int | None = None) -> None:
-    text, old, new = str(s), str(old), str(new)
+def _replaced(text: Any, old: Any, new: Any, count: Any = None) -> int:
+    if not isinstance(text, (str, bytes)):
+        _text_of(text)
+        text, old, new = str(text), str(old), str(new)
     hits = text.count(old) if old else len(text) + 1
     hits = hits if count is None or count < 0 else min(hits, count)
-    _check_size(len(text) + hits * max(0, len(new) - len(old)), "a string")
+    n = len(text) + hits * max(0, len(new) - len(old))
+    _check_size(n, "a string")
+    return n
 
 
-def _join(value: Any, d: Any = "", attribute: Any = None) -> None:
-    if isinstance(value, (list, tuple)) and isinstance(d, str):
-        _check_size(max(0, len(value) - 1) * len(d), "a string")
+def _replace(s: Any, old: Any, new: Any, count: int | None = None) -> int:
+    return _replaced(s, old, new, count)
 
 
-def _groups(value: Any, count: int, fill_with: Any = None) -> None:  # batch, slice: `count`-long groups or lists
-    _check_size(int(count), "a list")
+def _joined(items: Any, sep: Any) -> int:
+    """The length of ``items`` (a list) joined by ``sep``, each item's text measured."""
+    n = max(0, len(items) - 1) * _text_of(sep)
+    if n > MAX_CHARS:
+        _check_size(n, "a string")
+    if set(map(type, items)) <= {str}:
+        n += sum(map(len, items))
+    else:
+        for item in items:
+            n += _text_of(item)
+            if n > MAX_CHARS:
+                _check_size(n, "a string", at_least=True)
+    _check_size(n, "a string")
+    return n
+
+
+def _join(value: Any, d: Any = "", attribute: Any = None) -> int:
+    return _joined(value if isinstance(value, (list, tuple)) else list(value), d)
+
+
+def _batch(value: Any, linecount: int, fill_with: Any = None) -> int:
+    _check_size(int(linecount), "a list")
+    n = _sized(value)
+    return n + int(linecount) + (n // max(1, int(linecount)) + 1) * _OBJECT
+
+
+def _slices(value: Any, slices: int, fill_with: Any = None) -> int:
+    _check_size(int(slices), "a list")
+    return _sized(value) + int(slices) * (1 + _OBJECT)
+
+
+def _listed(value: Any, *args: Any, **kwargs: Any) -> int:  # list, reverse
+    if isinstance(value, str):
+        return len(value) * (1 if value.isascii() else 1 + _OBJECT)
+    return len(value) if isinstance(value, (bytes, list, tuple, dict)) else 0
+
+
+def _sorted(value: Any, *args: Any, **kwargs: Any) -> int:  # sort, unique, dictsort, groupby, min, max
+    """Sorting, deduplicating or grouping compares (and lowercases) the values: their text measured."""
+    n = _measure(value, MAX_CHARS, "compare")[0]
+    _check_size(n, "values", verb="compare", at_least=True)
+    items = len(value) if isinstance(value, (str, bytes, list, tuple, dict)) else 0
+    _charge(0, n * max(1, items.bit_length()))
+    return n + items * (1 + _OBJECT)
+
+
+def _sum(iterable: Any, attribute: Any = None, start: Any = 0) -> int:
+    """``sum`` of lists copies the total so far at each step: quadratic."""
+    if not isinstance(start, (list, tuple)) or not isinstance(iterable, (list, tuple)):
+        return 0
+    total = made = len(start)
+    for item in iterable:
+        total += _sized(item)
+        made += total
+    _check_size(total, "a list")
+    return made
+
+
+def _text_filter(factor: int) -> Any:
+    """A filter that makes the text of its value (``string``, ``trim``, ``upper``...): at most
+    ``factor`` characters a character (``upper`` of ``ß`` is ``SS``; ``urlencode`` writes ``%XX``
+    for each UTF-8 byte)."""
+
+    def check(value: Any, *args: Any, **kwargs: Any) -> int:
+        n = _text_of(value)
+        if factor > 1 and not (type(value) is str and value.isascii()):
+            n *= factor
+            _check_size(n, "a string")
+        return n
+
+    return check
+
+
+def _escape(value: Any, *args: Any, **kwargs: Any) -> int:
+    n = _text_of(value)
+    if type(value) is str:
+        n += 4 * sum(value.count(c) for c in "&<>\"'")  # &amp; &#34;
+    else:
+        n *= 5
+    _check_size(n, "a string")
+    return n
+
+
+def _reads(*args: Any, **kwargs: Any) -> int:  # makes nothing; reads its value (counted as work by _guard)
+    return 0
+
+
+def _words(value: Any, *args: Any, **kwargs: Any) -> int:  # wordcount: a list of the words, then its length
+    n = _text_of(value)
+    return n + (n // 2 + 1) * (1 + _OBJECT)
+
+
+def _pprint(value: Any, *args: Any, **kwargs: Any) -> int:
+    size, count, depth = _measure(value, MAX_CHARS)
+    _check_size(size, "the text of a value", at_least=True)
+    n = size + count * (depth + 1)  # a line and its indentation for each value, at most
+    _check_size(n, "the text of a value")
+    return n
+
+
+_FREE_FILTERS = frozenset(["abs", "attr", "count", "d", "default", "filesizeformat", "first", "items", "last", "length",
+                           "random", "round", "tojson"])  # O(1), or lazy over what another step made
+_COMPARING_TESTS = frozenset(["==", "eq", "equalto", "!=", "ne", "<", "lt", "lessthan", "<=", "le", ">", "gt",
+                              "greaterthan", ">=", "ge", "in"])
 
 
 def _checked_filters(filters: dict[str, Any]) -> dict[str, Any]:
-    """The filters that take a size, checking what they would make first."""
-    checks = {"center": _center, "indent": _indent, "wordwrap": _wordwrap, "format": _format, "replace": _replace,
-              "join": _join, "batch": _groups, "slice": _groups}
-    return {name: _guard(filters[name], check) for name, check in checks.items()}
+    """Every filter that makes or compares something, checking what it would make first; a filter
+    not named here (a later jinja's) is measured as one that makes its value's text."""
+    checks: dict[str, Any] = {
+        "center": _center, "indent": _indent, "wordwrap": _wordwrap, "format": _format, "replace": _replace,
+        "join": _join, "batch": _batch, "slice": _slices, "list": _listed, "reverse": _listed, "sum": _sum,
+        "sort": _sorted, "unique": _sorted, "dictsort": _sorted, "groupby": _sorted, "min": _sorted, "max": _sorted,
+        "pprint": _pprint, "escape": _escape, "e": _escape, "forceescape": _escape, "xmlattr": _text_filter(6),
+        "upper": _text_filter(3), "lower": _text_filter(3), "title": _text_filter(3), "capitalize": _text_filter(3),
+        "urlencode": _text_filter(12), "urlize": _text_filter(20), "wordcount": _words,
+        **dict.fromkeys(["map", "select", "reject", "selectattr", "rejectattr", "int", "float"], _reads)}
+    listed = {"join", "batch", "slice", "list", "sum", "sort", "unique", "dictsort", "groupby", "min", "max"}
+    return {name: _guard(original, checks.get(name, _text_filter(1)), listed=name in listed)
+            for name, original in filters.items() if name not in _FREE_FILTERS}
+
+
+def _checked_tests(tests: dict[str, Any]) -> dict[str, Any]:
+    """The tests that compare (``eq``, ``in``...), their values measured first."""
+    def guard(original: Any) -> Any:
+        def guarded(value: Any, other: Any = None) -> bool:
+            if not ((type(value) in _SIMPLE or (type(value) is str and len(value) < _SMALL))
+                    and (type(other) in _SIMPLE or (type(other) is str and len(other) < _SMALL))):
+                _compared(value)
+                if original is tests["in"]:
+                    _members(other)
+                else:
+                    _compared(other)
+            return original(value, other)
+
+        return guarded
+
+    checked = {name: guard(tests[name]) for name in _COMPARING_TESTS if name in tests}
+    checked.update((name, _guard(tests[name], _reads)) for name in ("lower", "upper") if name in tests)  # a scan
+    return checked
+
+
+_SCANS = frozenset(["count", "find", "rfind", "index", "rindex", "startswith", "endswith", "isalnum", "isalpha",
+                    "isascii", "isdecimal", "isdigit", "isidentifier", "islower", "isnumeric", "isprintable",
+                    "isspace", "istitle", "isupper", "maketrans"])
+_COPIES = frozenset(["strip", "lstrip", "rstrip", "removeprefix", "removesuffix"])
+_CASES = frozenset(["lower", "upper", "title", "capitalize", "casefold", "swapcase"])
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, key: str, default: Any) -> Any:
+    return args[i] if len(args) > i else kwargs.get(key, default)
+
+
+def _str_method(s: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, tuple[Any, ...]]:
+    """What the ``str`` (or ``bytes``) method ``name`` of ``s`` would make (characters or items), and
+    its arguments (``join``'s iterator made a list, to be measured)."""
+    n = len(s)
+    if name in _SCANS:
+        _charge(0, n + sum(_sized(a) for a in args))
+        return 0, args
+    if name in _COPIES:
+        return n, args
+    if name in _CASES:
+        made = n if s.isascii() else 3 * n
+    elif name in ("center", "ljust", "rjust", "zfill"):
+        made = max(n, int(_arg(args, kwargs, 0, "width", 0)))
+    elif name == "expandtabs":
+        made = n + s.count("\t" if isinstance(s, str) else b"\t") * max(0, int(_arg(args, kwargs, 0, "tabsize", 8)))
+    elif name == "replace":
+        made = _replaced(s, _arg(args, kwargs, 0, "old", ""), _arg(args, kwargs, 1, "new", ""),
+                         _arg(args, kwargs, 2, "count", -1))
+    elif name == "join":
+        items = _arg(args, kwargs, 0, "iterable", ())
+        if not isinstance(items, (list, tuple)):
+            items = list(items)
+            args = (items, *args[1:])
+        made = _joined(items, s)
+    elif name in ("format", "format_map"):
+        mapping = args[0] if name == "format_map" and args else kwargs
+        made = _formatted(s, args if name == "format" else (), mapping, braces=True)
+    elif name in ("split", "rsplit", "splitlines"):
+        lines = name == "splitlines"
+        sep = None if lines else _arg(args, kwargs, 0, "sep", None)
+        if sep:
+            pieces = s.count(sep) + 1
+        elif lines and isinstance(s, str) and s.replace("\n", "").replace("\r", "").isprintable():
+            pieces = s.count("\n") + s.count("\r") + 1
+        elif not lines and isinstance(s, str) and s.isascii():  # runs of whitespace
+            pieces = min(n // 2, sum(s.count(c) for c in " \t\n\r\x0b\x0c")) + 1
+        else:
+            pieces = n + 1 if lines else n // 2 + 1
+        maxsplit = -1 if lines else _arg(args, kwargs, 1, "maxsplit", -1)
+        if isinstance(maxsplit, int) and maxsplit >= 0:
+            pieces = min(pieces, maxsplit + 1)
+        _check_size(n, "a string")
+        _check_size(pieces, "a list")
+        return n + pieces * (1 + _OBJECT), args
+    elif name in ("partition", "rpartition"):
+        return n + 3 * _OBJECT, args
+    elif name == "translate":
+        table = _arg(args, kwargs, 0, "table", None)
+        widest = max((len(v) for v in table.values() if isinstance(v, (str, bytes))), default=1) \
+            if isinstance(table, dict) else 1
+        made = n * max(1, widest)
+    elif name == "encode":
+        made = 4 * n
+    else:  # a method of a later Python: as if it made a copy
+        made = n
+    _check_size(made, "a string")
+    return made, args
 
 
 def _budgeted(ast: Any) -> Any:
-    """The parsed template with every loop's iterable counted (:func:`_counted`) and every
-    ``~`` concatenation checked (:func:`_concat`)."""
+    """The parsed template with every loop's iterable counted (:func:`_counted`, with the literal text
+    of its body), every ``~`` concatenation checked (:func:`_concat`), every slice's length counted
+    (:func:`_slice`), and the values that a comparison or a dict key walks measured
+    (:func:`_compared`): the right side of a comparison (it reads no more than the smaller side)
+    unless either is a constant (``role == 'user'``), both sides of ``in`` (the left one is hashed,
+    or compared with the right one's items), a subscript or dict key that is not a constant."""
     from jinja2 import nodes
     from jinja2.visitor import NodeTransformer
 
-    def call(name: str, args: list[Any], lineno: int) -> Any:
-        return nodes.Call(nodes.Name(name, "load", lineno=lineno), args, [], None, None, lineno=lineno)
+    def call(name: str, args: list[Any], lineno: int) -> Any:  # a filter: called directly, not through the sandbox
+        return nodes.Filter(args[0], name, args[1:], [], None, None, lineno=lineno)
+
+    def constant(node: Any) -> bool:  # 'user', -1, ['user', 'system']
+        return (isinstance(node, nodes.Const) or (isinstance(node, (nodes.Neg, nodes.Pos)) and constant(node.node))
+                or (isinstance(node, (nodes.List, nodes.Tuple)) and all(constant(item) for item in node.items)))
+
+    def compared(node: Any) -> Any:
+        return node if constant(node) else call("_genkit_compared", [node], node.lineno)
+
+    def literal(node: Any) -> int:  # the template text a node writes, less nested loops' and macros'
+        if isinstance(node, nodes.TemplateData):
+            return len(node.data)
+        if isinstance(node, (nodes.For, nodes.Macro)):
+            return 0
+        return sum(literal(child) for child in node.iter_child_nodes())
 
     class Budget(NodeTransformer):
         def visit_For(self, node: Any) -> Any:
+            text = sum(literal(child) for child in node.body)
             node = self.generic_visit(node)
-            node.iter = call("_genkit_counted", [node.iter], node.lineno)
+            node.iter = call("_genkit_counted", [node.iter, nodes.Const(text, lineno=node.lineno)], node.lineno)
             return node
 
         def visit_Concat(self, node: Any) -> Any:
             node = self.generic_visit(node)
             return call("_genkit_concat", list(node.nodes), node.lineno)
 
+        def visit_Getitem(self, node: Any) -> Any:
+            node = self.generic_visit(node)
+            if not isinstance(node.arg, nodes.Slice):
+                node.arg = compared(node.arg)  # a tuple key is hashed
+                return node
+            bounds = [getattr(node.arg, k) or nodes.Const(None, lineno=node.lineno) for k in ("start", "stop", "step")]
+            return call("_genkit_slice", [node.node, *bounds], node.lineno)
+
+        def visit_Compare(self, node: Any) -> Any:
+            node = self.generic_visit(node)
+            operands = [node.expr] + [op.expr for op in node.ops]
+            for i, op in enumerate(node.ops):
+                left, right = operands[i], operands[i + 1]
+                if op.op in ("in", "notin"):
+                    if not constant(right):
+                        op.expr = call("_genkit_members", [right], right.lineno)
+                    if i == 0:
+                        node.expr = compared(left)
+                elif not constant(left) and not constant(right):  # reads no more than the smaller side
+                    op.expr = compared(right)
+            return node
+
+        def visit_Dict(self, node: Any) -> Any:
+            node = self.generic_visit(node)
+            for pair in node.items:
+                pair.key = compared(pair.key)
+            return node
+
     return Budget().visit(ast)
-
-
-def _json_shape(value: Any) -> tuple[int, int]:
-    """The number of values in ``value`` (a JSON-like structure) and its nesting depth."""
-    count, depth, stack = 0, 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        count, depth = count + 1, max(depth, level)
-        _check_size(count, "a JSON value")
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend((v, level + 1) for v in item)
-    return count, depth
 
 
 def tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None,
            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     """The ``tojson`` filter as transformers defines it (``json.dumps``, not jinja's HTML-escaping
-    one), the indentation and separators it would write checked against :data:`MAX_CHARS` first."""
+    one), the text it would write (indentation and separators included) measured against
+    :data:`MAX_CHARS` first."""
     width = len(indent) if isinstance(indent, str) else int(indent or 0)
     seps = sum(len(str(x)) for x in separators) if isinstance(separators, (list, tuple)) else 0
+    size, count, depth = _measure(value, MAX_CHARS, "json_ascii" if ensure_ascii else "json")
+    _check_size(size, "a JSON text", at_least=True)
     if width or seps:
-        count, depth = _json_shape(value)
-        _check_size(count * (width * depth + seps + 1), "a JSON text")
+        spacing = count * (width * depth + seps + 1)
+        _check_size(spacing, "a JSON text")
+        size += spacing
+        _check_size(size, "a JSON text")
+    _charge(size)
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -239,6 +901,9 @@ def strftime_now(format: str) -> str:  # noqa: A002 (transformers' name)
     """The current local time, formatted (transformers' ``strftime_now``: Llama 3.x's date)."""
     for width in re.findall(r"%[-_0^#]*(\d+)", str(format)):
         _check_size(int(width), "a formatted field")
+    n = len(str(format)) + sum(int(w) for w in re.findall(r"%[-_0^#]*(\d+)", str(format))) + 64 * str(format).count("%")
+    _check_size(n, "a string")  # %c writes 24 characters, a locale's names more
+    _charge(n)
     return datetime.now().strftime(format)
 
 
@@ -258,9 +923,9 @@ def _generation_extension() -> Any:
 
         def _span(self, caller: Any) -> str:
             text = caller()
-            state = _spans.get(None)
-            if state is not None:
-                state[1].append((state[0], state[0] + len(text)))
+            account = _account.get(None)
+            if account is not None:
+                account.spans.append((account.rendered, account.rendered + len(text)))
             return text
 
     return Generation
@@ -280,6 +945,7 @@ def _namespace() -> Any:
     class TemplateNamespace(Namespace):
         def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 (jinja's signature: namespace(self=...))
             self, rest = args[0], args[1:]
+            _charge(sum(len(a) for a in rest if isinstance(a, dict)) + len(kwargs))
             attrs = dict(*rest, **kwargs)
             for name in attrs:
                 check(name)
@@ -293,54 +959,75 @@ def _namespace() -> Any:
 
 
 class _TemplateDict:
-    """``dict(...)`` and ``dict.fromkeys(...)`` without the type's other attributes (transformers')."""
+    """``dict(...)`` and ``dict.fromkeys(...)`` without the type's other attributes (transformers'),
+    the keys they hash measured first."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        _charge(sum(_sized(_compared(a)) for a in args) + len(kwargs))
         return dict(*args, **kwargs)
 
     def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        _charge(sum(_sized(_compared(a)) for a in args))
         return dict.fromkeys(*args, **kwargs)
 
 
 @lru_cache(maxsize=16)
 def _compile(template: str) -> Any:
     from jinja2.exceptions import TemplateError
+    from jinja2.runtime import LoopContext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class Budgeted(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset(["*", "**", "+", "%"])
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-            if operator == "*":
-                for seq, n in ((left, right), (right, left)):
-                    if _sized(seq) and isinstance(n, int):
-                        _check_size(len(seq) * n, "a string or list")
-            elif operator == "+":
-                _check_size(_sized(left) + _sized(right), "a string or list")
-            elif operator == "%":
-                if isinstance(left, str):
-                    _check_widths(left)
-            elif isinstance(right, int) and abs(right) > MAX_EXPONENT and isinstance(left, int) and abs(left) > 1:
-                raise ConfigError(f"the chat template raises to the power {right}; the budget is {MAX_EXPONENT} "
-                                  "(genkit.chat_template.MAX_EXPONENT)")
+            if operator == "+" and type(left) is str and type(right) is str:  # the common case, at once
+                n = len(left) + len(right)
+                if n >= _SMALL:
+                    if n > MAX_CHARS:
+                        _check_size(n, "a string or list")
+                    _charge(n)
+                return left + right
+            _charge(_binop(operator, left, right))
             return super().call_binop(context, operator, left, right)
 
         def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's names)
             inner = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
-            if isinstance(getattr(inner, "__self__", None), str) and getattr(inner, "__name__", "") in (
-                    "format", "format_map"):
-                _check_widths(inner.__self__)
-            return super().call(__context, __obj, *args, **kwargs)
+            owner = getattr(inner, "__self__", None)
+            name = getattr(inner, "__name__", "")
+            if isinstance(owner, (str, bytes)):
+                made, args = _str_method(owner, name, args, kwargs)
+                _charge(made)
+                return super().call(__context, __obj, *args, **kwargs)
+            if isinstance(owner, (list, tuple, dict)):  # count, index, get, items, copy, fromkeys...
+                for a in args:  # compared with the items, or hashed
+                    _compared(a)
+                if name in ("count", "index"):
+                    _compared(owner)
+                _charge(len(owner) if name == "copy" else _sized(args[0]) if name == "fromkeys" and args else 0)
+                return super().call(__context, __obj, *args, **kwargs)
+            if isinstance(owner, LoopContext) and name == "changed":
+                for a in args:
+                    _compared(a)
+            elif isinstance(__obj, LoopContext) and args:  # loop(children) in a recursive for: its iterations count
+                args = (_counted(args[0]), *args[1:])
+            result = super().call(__context, __obj, *args, **kwargs)
+            # a macro's, caller()'s or loop()'s text, made of its body; a call is work like an iteration
+            _charge(len(result) if isinstance(result, str) else 0, _LOOP_WORK)
+            return result
 
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    env = Budgeted(trim_blocks=True, lstrip_blocks=True,
+    env = Budgeted(trim_blocks=True, lstrip_blocks=True, finalize=_finalize,
                    extensions=[_generation_extension(), "jinja2.ext.loopcontrols"])
     env.filters.update(_checked_filters(env.filters))
     env.filters["tojson"] = tojson
+    env.tests.update(_checked_tests(env.tests))
+    env.filters.update(_genkit_counted=_counted, _genkit_concat=_concat, _genkit_slice=_slice,
+                       _genkit_compared=_compared, _genkit_members=_members)
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, dict=_TemplateDict(),
-                       namespace=_namespace(), _genkit_counted=_counted, _genkit_concat=_concat)
+                       namespace=_namespace())
     env.globals.pop("lipsum", None)  # lipsum(n=10**9) writes n paragraphs; no chat template needs it
     return env.from_string(_budgeted(env.parse(template)))
 

@@ -195,6 +195,31 @@ def test_the_template_environment_keeps_its_budgets():
                                 "{{ [1, 2]|tojson(separators=(',', ':')) }}") == '{\n  "é": [\n    1,\n    2\n  ]\n}|"é"|[1,2]'
 
 
+def test_real_templates_make_a_few_times_their_text(monkeypatch):
+    """what a render makes in all (chat_template.MAX_MADE) on a long conversation (400 messages,
+    0.9 MB): within five times the rendered text for every template, so that MAX_MADE (four times
+    MAX_CHARS) leaves real conversations room"""
+    from genkit import chat_template
+
+    para = ("The quick brown fox jumps over the lazy dog. " * 10 + "\n") * 5
+    conversation = [{"role": "system", "content": "Be brief."}]
+    conversation += [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i}: {para}"} for i in range(400)]
+    conversation.append({"role": "user", "content": "last"})
+    rendered = 0
+    for name, template in sorted(TEMPLATES.items()):
+        try:
+            text, _ = chat_template.render_conversation(template, conversation, add_generation_prompt=True,
+                                                        bos_token="<s>", eos_token="</s>")
+        except ConfigError:  # gemma: no system role; llava: content parts; command-r: documents
+            continue
+        with monkeypatch.context() as m:
+            m.setattr(chat_template, "MAX_MADE", 5 * len(text))
+            assert chat_template.render_conversation(template, conversation, add_generation_prompt=True,
+                                                     bos_token="<s>", eos_token="</s>")[0] == text, name
+        rendered += 1
+    assert rendered >= 20
+
+
 def test_what_genkit_does_not_support_is_refused_by_name(pair):
     ours, _ = pair
     with pytest.raises(ConfigError, match="`sanitize_control_tokens=True` is not supported"):

@@ -412,6 +412,33 @@ def test_a_client_never_runs_a_recipe_or_names_a_folder(guarded, tmp_path):
         assert str(tmp_path) not in _error(raw)["message"] or ref == str(tmp_path)
 
 
+def test_a_chat_template_past_its_budget_is_a_400_and_the_server_goes_on(demo_folder, tmp_path):  # noqa: F811
+    """the server's chat template (a model's file, or --chat-template as here) is rendered for each
+    request: one that makes a 16M-character string in each of 100 iterations (each within the
+    per-operation budget; 4.8 hours at range(1000) x range(1000)) is stopped by the render's total,
+    genkit.chat_template.MAX_MADE, in its fifth iteration; on main it rendered (200)"""
+    template = tmp_path / "costly.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                        "{% for i in range(100) %}{% if ('x' * 16000000).count('y') %}{% endif %}{% endfor %}")
+    proc, base = launch(demo_folder, "--chat-template", str(template), "--served-model-name", "m")
+    host, port = base.removeprefix("http://").split(":")
+    server = {"host": host, "port": int(port)}
+    try:
+        start = time.monotonic()
+        status, _, raw = _request(server, "POST", "/v1/chat/completions",
+                                  {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
+                                  key=None)
+        error = _error(raw) if status == 400 else {}
+        assert status == 400 and error["param"] == "messages", raw
+        assert "the chat template is too costly: it would make" in error["message"], error
+        assert "(genkit.chat_template.MAX_MADE)" in error["message"], error
+        assert time.monotonic() - start < 30
+        assert _request(server, "GET", "/health", key=None)[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 # -- lifecycle -------------------------------------------------------------------------------------------
 def _run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "genkit", "serve", *args], capture_output=True, text=True,

@@ -70,6 +70,18 @@ def test_a_chat_template_that_cannot_render_is_a_config_error(tmp_path, template
         tok.apply_chat_template([{"role": "user", "content": "a"}])
 
 
+def test_a_chat_template_past_its_budget_is_a_config_error_naming_it(tmp_path):
+    """the text of a nested list (18 MB from three small lists) was built before its size was looked at"""
+    template = "{% set a = [0] * 1000 %}{% set b = [a] * 1000 %}{% set c = [b] * 6 %}{{ c }}"
+    folder = _folder(tmp_path, {"chat_template.jinja": template.encode()})
+    tok = load_tokenizer(folder)
+    with pytest.raises(ConfigError, match=rf"the chat template of {re.escape(str(folder))} cannot render this "
+                                          r"conversation \(the chat template is too costly: it would make the text of "
+                                          r"a value of at least \d+ characters or items; the budget is 16777216 "
+                                          r"\(genkit.chat_template.MAX_CHARS\)\)"):
+        tok.apply_chat_template([{"role": "user", "content": "a"}])
+
+
 # --- GGUF tokenizer metadata ------------------------------------------------------------------
 
 TOKENS = ["<unk>", "<s>", "</s>", "a", "b", "ab"]
