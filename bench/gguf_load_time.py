@@ -20,6 +20,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     import torch  # noqa: F401 - timed with genkit: what a user's first import costs
+
     import genkit
     from genkit.models.demo import demo_gguf_path, genkit_home
 
