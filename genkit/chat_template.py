@@ -37,6 +37,7 @@ read at each render: a caller may change them (tests lower them to keep their ca
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 import re
 import time
@@ -266,15 +267,7 @@ def _measure(value: Any, limit: int, style: str = "str") -> tuple[int, int, int]
     ``limit``, whatever the value's size. The values visited count as work."""
     Namespace, Undefined = _jinja_types()  # noqa: N806 (classes)
     if not isinstance(value, _CONTAINERS) and not isinstance(value, Namespace):  # holds nothing: at once
-        kind = type(value)
-        if isinstance(value, str):
-            size = len(value) if style == "str" else _quoted(value, style)
-        elif kind is int:
-            size = _int_size(value)
-        else:
-            size = _SCALAR_SIZES.get(kind) or (9 if isinstance(value, Undefined) else 4 * len(value) + 3
-                                               if isinstance(value, (bytes, bytearray)) else 64)
-        return size, 1, 1
+        return _leaf_size(value, style, Undefined), 1, 1
     if type(value) is dict:  # a message, a tool: strings, at once
         flat = _flat_size(value.values(), style, limit)
         if flat is not None:
@@ -299,44 +292,21 @@ def _measure(value: Any, limit: int, style: str = "str") -> tuple[int, int, int]
                 elif kind in _SCALAR_SIZES:
                     size += _SCALAR_SIZES[kind]
                 elif isinstance(item, _CONTAINERS) or isinstance(item, Namespace):
-                    namespace = 0
-                    if isinstance(item, Namespace):
-                        item = object.__getattribute__(item, "_Namespace__attrs")
-                        namespace = id(item)
-                        size += 13  # <Namespace {...}>
-                        if namespace in walking:
-                            continue
-                    if isinstance(item, dict):
-                        size += 2 + 4 * len(item) + _keys_size(item, style, limit - size)
-                        flat = _flat_size(item.values(), style, limit - size)  # a message: strings
-                        if flat is not None:
-                            size, count, depth = size + flat, count + len(item), max(depth, level + 1)
-                            if size > limit:
-                                break
-                            continue
-                        children: Any = item.values()
-                    else:
-                        size += (16 if isinstance(item, _CONTAINERS[5:]) else 2) + 2 * len(item)  # dict_items([...])
-                        if isinstance(item, tuple) and kind is not tuple:
-                            size += 32  # a named tuple's names
-                        flat = _flat_size(item, style, limit - size) if len(item) > 8 else None
-                        if flat is not None:
-                            size, count, depth = size + flat, count + len(item), max(depth, level + 1)
-                            if size > limit:
-                                break
-                            continue
-                        children = item
+                    grown, children, namespace, flat = _opened(item, kind, style, limit - size, Namespace, walking)
+                    size += grown
+                    if children is None:  # measured at once (flat items), or a namespace inside itself (-1)
+                        if flat >= 0:
+                            count, depth = count + flat, max(depth, level + 1)
+                        if size > limit:
+                            break
+                        continue
                     stack.append(iter(children))
                     opened.append(namespace)
                     if namespace:
                         walking.add(namespace)
                     break
-                elif isinstance(item, str):
-                    size += _quoted(item, style) + 8  # Markup('...')
-                elif isinstance(item, (bytes, bytearray)):
-                    size += 4 * len(item) + 3
                 else:
-                    size += 9 if isinstance(item, Undefined) else 64  # an object's repr: <Macro 'x'>, <generator ...>
+                    size += _leaf_size(item, style, Undefined, markup=True)
                 if size > limit:
                     break
             else:
@@ -347,6 +317,43 @@ def _measure(value: Any, limit: int, style: str = "str") -> tuple[int, int, int]
     finally:
         _charge(0, count * _WALK_WORK)
     return size, count, depth
+
+
+def _leaf_size(value: Any, style: str, undefined: Any, markup: bool = False) -> int:
+    """:func:`_measure`'s size of a value that holds nothing: a string's text (quoted but for ``"str"``;
+    ``markup``: inside a container, a str subclass is a ``Markup('...')``), an int's digits, bytes'
+    escapes, an undefined value's, another object's repr (``<Macro 'x'>``, ``<generator ...>``)."""
+    kind = type(value)
+    if isinstance(value, str):
+        return (len(value) if style == "str" and not markup else _quoted(value, style)) + (8 if markup else 0)
+    if kind is int:
+        return _int_size(value)
+    return _SCALAR_SIZES.get(kind) or (9 if isinstance(value, undefined) else 4 * len(value) + 3
+                                       if isinstance(value, (bytes, bytearray)) else 64)
+
+
+def _opened(item: Any, kind: type, style: str, room: int, namespace_type: type,
+            walking: set[int]) -> tuple[int, Any, int, int]:
+    """A container :func:`_measure`'s walk meets: ``(size of its own text, its children to walk or None,
+    the id of the namespace it is (0: none), the items measured at once)``: a message's or a long list's
+    strings measured at once (children None), a namespace being walked met again inside itself
+    (children None, -1 items)."""
+    size = namespace = 0
+    if isinstance(item, namespace_type):
+        item = object.__getattribute__(item, "_Namespace__attrs")
+        namespace = id(item)
+        size += 13  # <Namespace {...}>
+        if namespace in walking:
+            return size, None, namespace, -1
+    if isinstance(item, dict):
+        size += 2 + 4 * len(item) + _keys_size(item, style, room - size)
+        flat = _flat_size(item.values(), style, room - size)  # a message: strings
+        return (size + flat, None, namespace, len(item)) if flat is not None else (size, item.values(), namespace, 0)
+    size += (16 if isinstance(item, _CONTAINERS[5:]) else 2) + 2 * len(item)  # dict_items([...])
+    if isinstance(item, tuple) and kind is not tuple:
+        size += 32  # a named tuple's names
+    flat = _flat_size(item, style, room - size) if len(item) > 8 else None
+    return (size + flat, None, namespace, len(item)) if flat is not None else (size, item, namespace, 0)
 
 
 def _keys_size(d: dict[Any, Any], style: str, room: int) -> int:
@@ -817,44 +824,65 @@ def _budgeted(ast: Any) -> Any:
     (:func:`_compared`): the right side of a comparison (it reads no more than the smaller side)
     unless either is a constant (``role == 'user'``), both sides of ``in`` (the left one is hashed,
     or compared with the right one's items), a subscript or dict key that is not a constant."""
+    return _budget_transformer()().visit(ast)
+
+
+def _filter_call(name: str, args: list[Any], lineno: int) -> Any:
+    """A call of the filter ``name`` on ``args``: called directly, not through the sandbox."""
+    from jinja2 import nodes
+
+    return nodes.Filter(args[0], name, args[1:], [], None, None, lineno=lineno)
+
+
+def _constant_node(node: Any) -> bool:
+    """Whether a node is a constant: ``'user'``, ``-1``, ``['user', 'system']``."""
+    from jinja2 import nodes
+
+    return (isinstance(node, nodes.Const) or (isinstance(node, (nodes.Neg, nodes.Pos)) and _constant_node(node.node))
+            or (isinstance(node, (nodes.List, nodes.Tuple)) and all(_constant_node(item) for item in node.items)))
+
+
+def _measured_node(node: Any) -> Any:
+    """A node whose value a comparison or a hash reads, measured first (a constant as it is)."""
+    return node if _constant_node(node) else _filter_call("_genkit_compared", [node], node.lineno)
+
+
+def _node_text(node: Any) -> int:
+    """The template text a node writes, less nested loops' and macros'."""
+    from jinja2 import nodes
+
+    if isinstance(node, nodes.TemplateData):
+        return len(node.data)
+    if isinstance(node, (nodes.For, nodes.Macro)):
+        return 0
+    return sum(_node_text(child) for child in node.iter_child_nodes())
+
+
+@functools.lru_cache(maxsize=1)
+def _budget_transformer() -> Any:
+    """The node transformer :func:`_budgeted` runs (a class made once: jinja2 is imported on first use)."""
     from jinja2 import nodes
     from jinja2.visitor import NodeTransformer
 
-    def call(name: str, args: list[Any], lineno: int) -> Any:  # a filter: called directly, not through the sandbox
-        return nodes.Filter(args[0], name, args[1:], [], None, None, lineno=lineno)
-
-    def constant(node: Any) -> bool:  # 'user', -1, ['user', 'system']
-        return (isinstance(node, nodes.Const) or (isinstance(node, (nodes.Neg, nodes.Pos)) and constant(node.node))
-                or (isinstance(node, (nodes.List, nodes.Tuple)) and all(constant(item) for item in node.items)))
-
-    def compared(node: Any) -> Any:
-        return node if constant(node) else call("_genkit_compared", [node], node.lineno)
-
-    def literal(node: Any) -> int:  # the template text a node writes, less nested loops' and macros'
-        if isinstance(node, nodes.TemplateData):
-            return len(node.data)
-        if isinstance(node, (nodes.For, nodes.Macro)):
-            return 0
-        return sum(literal(child) for child in node.iter_child_nodes())
-
     class Budget(NodeTransformer):
         def visit_For(self, node: Any) -> Any:
-            text = sum(literal(child) for child in node.body)
+            text = sum(_node_text(child) for child in node.body)
             node = self.generic_visit(node)
-            node.iter = call("_genkit_counted", [node.iter, nodes.Const(text, lineno=node.lineno)], node.lineno)
+            node.iter = _filter_call("_genkit_counted", [node.iter, nodes.Const(text, lineno=node.lineno)],
+                                     node.lineno)
             return node
 
         def visit_Concat(self, node: Any) -> Any:
             node = self.generic_visit(node)
-            return call("_genkit_concat", list(node.nodes), node.lineno)
+            return _filter_call("_genkit_concat", list(node.nodes), node.lineno)
 
         def visit_Getitem(self, node: Any) -> Any:
             node = self.generic_visit(node)
             if not isinstance(node.arg, nodes.Slice):
-                node.arg = compared(node.arg)  # a tuple key is hashed
+                node.arg = _measured_node(node.arg)  # a tuple key is hashed
                 return node
             bounds = [getattr(node.arg, k) or nodes.Const(None, lineno=node.lineno) for k in ("start", "stop", "step")]
-            return call("_genkit_slice", [node.node, *bounds], node.lineno)
+            return _filter_call("_genkit_slice", [node.node, *bounds], node.lineno)
 
         def visit_Compare(self, node: Any) -> Any:
             node = self.generic_visit(node)
@@ -862,21 +890,21 @@ def _budgeted(ast: Any) -> Any:
             for i, op in enumerate(node.ops):
                 left, right = operands[i], operands[i + 1]
                 if op.op in ("in", "notin"):
-                    if not constant(right):
-                        op.expr = call("_genkit_members", [right], right.lineno)
+                    if not _constant_node(right):
+                        op.expr = _filter_call("_genkit_members", [right], right.lineno)
                     if i == 0:
-                        node.expr = compared(left)
-                elif not constant(left) and not constant(right):  # reads no more than the smaller side
-                    op.expr = compared(right)
+                        node.expr = _measured_node(left)
+                elif not _constant_node(left) and not _constant_node(right):  # reads no more than the smaller side
+                    op.expr = _measured_node(right)
             return node
 
         def visit_Dict(self, node: Any) -> Any:
             node = self.generic_visit(node)
             for pair in node.items:
-                pair.key = compared(pair.key)
+                pair.key = _measured_node(pair.key)
             return node
 
-    return Budget().visit(ast)
+    return Budget
 
 
 def tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None,

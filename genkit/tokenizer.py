@@ -427,6 +427,15 @@ class Tokenizer:
         return _batch_encoding(ids, masks, single, return_tensors, return_attention_mask)
 
     # -- chat -------------------------------------------------------------------------------
+    def _template(self, chat_template: str | None) -> str:
+        """The chat template to render: the one given, else the tokenizer's (none: a ConfigError)."""
+        template = chat_template or self.chat_template
+        if template is None:
+            raise ConfigError(f"the tokenizer {self.name_or_path or ''} has no chat template; pass `chat_template=` "
+                              "(`genkit generate` and `genkit serve`: --chat-template) or add one to its "
+                              "tokenizer_config.json")
+        return template
+
     def apply_chat_template(
         self,
         conversation: list[dict[str, Any]] | list[list[dict[str, Any]]],
@@ -458,11 +467,7 @@ class Tokenizer:
         """
         from .chat_template import tool_schemas
 
-        template = chat_template or self.chat_template
-        if template is None:
-            raise ConfigError(f"the tokenizer {self.name_or_path or ''} has no chat template; pass `chat_template=` "
-                              "(`genkit generate` and `genkit serve`: --chat-template) or add one to its "
-                              "tokenizer_config.json")
+        template = self._template(chat_template)
         self._check_chat_options(tokenize, return_dict, continue_final_message, add_generation_prompt,
                                  return_assistant_tokens_mask, sanitize_control_tokens)
         batched = isinstance(conversation, (list, tuple)) and bool(conversation) and \
