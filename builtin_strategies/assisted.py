@@ -37,6 +37,7 @@ from genkit.strategy import (
     StepOutputs,
     Stepper,
     StrategyCall,
+    check_choosable,
 )
 
 logger = logging.getLogger("genkit.assisted")
@@ -215,13 +216,20 @@ def _draft(generator: Any, seqs: torch.Tensor, room: int) -> tuple[torch.Tensor,
 
 def _verify(candidates: torch.Tensor, candidate_logits: torch.Tensor | None, new_scores: list[torch.Tensor],
             do_sample: bool, drafted: int) -> tuple[int, int]:
-    """How many candidates the target accepts, and its own next token after them."""
+    """How many candidates the target accepts, and its own next token after them. A target position
+    the processors left no token at raises, as the sampler does (:func:`~genkit.strategy.check_choosable`)."""
     if do_sample:
-        return _speculative_accept(candidates, candidate_logits, new_scores, drafted=drafted)
+        try:
+            return _speculative_accept(candidates, candidate_logits, new_scores, drafted=drafted)
+        except RuntimeError:  # NaN probabilities: a position with no token allowed?
+            scores = torch.cat(new_scores, dim=0)
+            check_choosable(scores, scores.argmax(dim=-1))
+            raise
     k = candidates.shape[1]
     chosen = torch.stack([s.argmax(dim=-1) for s in new_scores], dim=1)  # (1, k + 1)
     agree = (chosen[0, :k] == candidates[0]).long()
     n_matches = int(agree.cumprod(0).sum()) if k else 0
+    check_choosable(torch.cat(new_scores[:n_matches + 1], dim=0), chosen[0, :n_matches + 1])
     return n_matches, int(chosen[0, n_matches])
 
 

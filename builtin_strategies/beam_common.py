@@ -29,11 +29,21 @@ from genkit.strategy import (
     StepOutputs,
     Stepper,
     StrategyCall,
+    check_choosable,
 )
 
 NEG = -1.0e9  # score given to slots that must not be chosen (finite, so sums stay ordered)
 # float32's largest finite value and smallest normal one: the range of a length normalizer
 _F32_MAX, _F32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38
+
+
+def check_beam_choice(log_probs: torch.Tensor, batch: int) -> torch.Tensor:
+    """Raise where the processed ``log_probs`` ``(batch * beams, vocab)`` of a prompt's beams rule out
+    every candidate (every score ``-inf``: contradicting constraints) or are NaN, as the sampler
+    does for one row (:func:`~genkit.strategy.check_choosable`); ``log_probs`` otherwise."""
+    flat = log_probs.reshape(batch, -1)
+    check_choosable(flat, flat.argmax(dim=-1))
+    return log_probs
 
 
 def length_normalizer(length: int, length_penalty: float) -> float:

@@ -42,7 +42,15 @@ from genkit.errors import ConfigError
 from genkit.strategy import model_vocab_size
 from genkit.strategy.outputs import GenerateBeamDecoderOnlyOutput
 
-from .beam_common import NEG, BeamRun, beam_call, extend, length_normalizer, sequence_buffer
+from .beam_common import (
+    NEG,
+    BeamRun,
+    beam_call,
+    check_beam_choice,
+    extend,
+    length_normalizer,
+    sequence_buffer,
+)
 
 logger = logging.getLogger("genkit.beam")
 
@@ -181,7 +189,7 @@ class _ConstrainedSearch:
         cur = prompt_len
         while True:
             flat_ids = seqs[:, :, :cur].reshape(batch * beams, cur)
-            log_probs = call.logits_processor(flat_ids, run.log_probs())
+            log_probs = check_beam_choice(call.logits_processor(flat_ids, run.log_probs()), batch)
             run.outputs.processed(log_probs, copy=True)
             total = log_probs.view(batch, beams, log_probs.shape[-1]) + run_scores[:, :, None]
             _, _, adv_tok, adv_ok = self.state.evaluate(flat_ids[:, prompt_len:])

@@ -37,7 +37,7 @@ import torch
 
 from genkit.strategy import ConfigError, GenerateBeamDecoderOnlyOutput
 
-from .beam_common import BeamRun, beam_call, take
+from .beam_common import BeamRun, beam_call, check_beam_choice, take
 from .beam_search import BeamTracker, beam_search
 
 
@@ -99,7 +99,8 @@ def group_beam_search(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Gen
         for g, tracker in enumerate(trackers):
             was_done = tracker.done()
             lp = hamming_penalty(log_probs_all[:, g], counts, penalty)
-            lp = call.logits_processor(tracker.running_ids(cur), lp.reshape(batch * per_group, vocab))
+            lp = check_beam_choice(call.logits_processor(tracker.running_ids(cur), lp.reshape(batch * per_group, vocab)),
+                                  batch)
             lp = lp.view(batch, per_group, vocab)
             if step_scores is not None:
                 step_scores[:, g] = lp

@@ -31,7 +31,16 @@ import torch
 
 from genkit.strategy import ConfigError, GenerateBeamDecoderOnlyOutput
 
-from .beam_common import NEG, BeamRun, beam_call, extend, length_normalizer, sequence_buffer, take
+from .beam_common import (
+    NEG,
+    BeamRun,
+    beam_call,
+    check_beam_choice,
+    extend,
+    length_normalizer,
+    sequence_buffer,
+    take,
+)
 
 logger = logging.getLogger("genkit.beam")
 
@@ -177,7 +186,7 @@ def beam_decode(model: Any, input_ids: torch.Tensor, *, do_sample: bool, **kwarg
                           call.config.early_stopping, torch.arange(call.batch, device=call.device) * beams)
     cur = call.prompt_len
     while True:
-        log_probs = call.logits_processor(run.stepper.sequences, run.log_probs())
+        log_probs = check_beam_choice(call.logits_processor(run.stepper.sequences, run.log_probs()), call.batch)
         run.outputs.processed(log_probs, copy=True)
         tokens, parents = tracker.step(log_probs.view(call.batch, beams, -1), cur, do_sample, run.hits)
         cur += 1

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError, NotSupportedError
-from genkit.strategy import eos_token_ids, model_vocab_size
+from genkit.strategy import choose_tokens, eos_token_ids, model_vocab_size
 
 logger = logging.getLogger("genkit.candidates")
 
@@ -188,18 +188,16 @@ class DraftModelCandidateGenerator:
         scores_out: list[torch.Tensor] = []
         for i in range(k):
             scores = self.logits_processor(seq, logits) if self.logits_processor is not None else logits
-            probs = torch.softmax(scores, dim=-1)
-            if self.do_sample:
-                token = torch.multinomial(probs, num_samples=1)
-            else:
-                token = scores.argmax(dim=-1, keepdim=True)
+            token = choose_tokens(scores, self.do_sample)[:, None]  # the sampler's draw and its check
             drafted.append(token)
             scores_out.append(scores)
+            p = (float(torch.softmax(scores, dim=-1).gather(1, token).min())  # the draft's confidence in it
+                 if self.adaptive_threshold or self.confidence_threshold > 0 else 1.0)
             if self.adaptive_threshold:
-                self._probs.append(float(probs.gather(1, token).min()))
+                self._probs.append(p)
             seq = torch.cat([seq, token], dim=1)
             if int(token) in self.eos_token_ids or (self.confidence_threshold > 0 and i < k - 1
-                                                     and float(probs.gather(1, token).min()) < self.confidence_threshold):
+                                                     and p < self.confidence_threshold):
                 break
             if i < k - 1:
                 logits = self._forward(token if self.cache is not None else seq)

@@ -31,6 +31,7 @@ from genkit.strategy import (
     StepOutputs,
     Stepper,
     StrategyCall,
+    check_choosable,
 )
 
 __all__ = ["contrastive_search"]
@@ -93,14 +94,16 @@ def _unit(hidden: torch.Tensor) -> torch.Tensor:
 
 
 def _candidates(call: StrategyCall, logits: torch.Tensor, sequences: torch.Tensor, top_k: int,
-                record: StepOutputs, hidden: Any, attentions: Any = None
+                record: StepOutputs, hidden: Any, attentions: Any = None, live: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Processed scores, and the ``top_k`` candidates' probabilities and ids ``(rows, k)``
-    (``hidden`` / ``attentions``: the forward's that gave ``logits``, for the output)."""
+    (``hidden`` / ``attentions``: the forward's that gave ``logits``, for the output). A row of
+    ``live`` rows whose processors allowed no token raises (the sampler's check)."""
     record.model_step(logits, hidden, attentions)
     scores = call.logits_processor(sequences, logits)
     record.processed(scores, copy=scores.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr())
     top_probs, top_ids = torch.softmax(scores, dim=-1).topk(top_k, dim=-1)
+    check_choosable(scores, top_ids[:, 0], live)
     return scores, top_probs, top_ids
 
 
@@ -141,7 +144,7 @@ def _all_candidates_at_once(call: StrategyCall, alpha: float, top_k: int) -> Gen
         while True:
             sequences = stepper.ids[chosen, :stepper.length]
             scores, top_probs, top_ids = _candidates(call, logits, sequences, top_k, record, step_hidden,
-                                                     step_attentions)
+                                                     step_attentions, finish.unfinished)
             candidate_logits = stepper.step(top_ids.view(-1), rows=rows)
             hidden = stepper.hidden_states
             assert hidden is not None
@@ -186,7 +189,7 @@ def _one_candidate_at_a_time(call: StrategyCall, alpha: float, top_k: int) -> Ge
         step_attentions = stepper.attentions if record.want_attentions else None
         while True:
             scores, top_probs, top_ids = _candidates(call, logits, stepper.sequences, top_k, record, step_hidden,
-                                                     step_attentions)
+                                                     step_attentions, finish.unfinished)
             base = stepper.length
             outs = []
             for j in range(top_k):

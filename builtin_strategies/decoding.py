@@ -58,7 +58,7 @@ def decode_loop(call: StrategyCall, *, do_sample: bool) -> GenerateDecoderOnlyOu
                 if recording:  # kept scores must not share the model's output buffer (a model may reuse it)
                     record.processed(scores,
                                      copy=scores.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr())
-                chosen = choose_tokens(scores, do_sample)
+                chosen = choose_tokens(scores, do_sample, live=finish.unfinished)
             tokens = finish.pad(chosen)
             stepper.push(tokens)
             if finish.update(stepper.sequences, scores, tokens):

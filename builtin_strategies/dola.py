@@ -66,7 +66,7 @@ def dola_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Generat
             record.model_step(logits, hidden, stepper.attentions)
             scores = call.logits_processor(stepper.sequences, contrast(layers, premature, logits, workspace))
             record.processed(scores)
-            tokens = finish.pad(choose_tokens(scores, do_sample))
+            tokens = finish.pad(choose_tokens(scores, do_sample, live=finish.unfinished))
             stepper.push(tokens)
             if finish.update(stepper.sequences, scores, tokens):
                 break

@@ -72,7 +72,7 @@ def assisted_early_exit(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> G
                     draft_logits = stepper.forward(num_layers=layers)
                 scores = call.logits_processor(stepper.sequences, draft_logits)
                 draft_logits = None
-                token = choose_tokens(scores, do_sample)
+                token = choose_tokens(scores, do_sample, live=finish.unfinished)
                 stepper.push(token)
                 drafted.append(token)
                 draft_scores.append(scores)

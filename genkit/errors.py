@@ -8,6 +8,7 @@ knowing genkit (``ValueError`` for a bad value, ``OSError`` for a model that can
     GenkitError
     ├── ConfigError (ValueError)            an argument, generation parameter or input is not acceptable
     │   ├── NotSupportedError               a valid request this model / strategy cannot serve
+    │   ├── NoTokenAllowedError             the constraints of a step (logits processors) allow no token
     │   └── ArgumentTypeError (TypeError)   an argument of the wrong type (a ConfigError that is a TypeError)
     ├── FrozenConfigError (AttributeError)  a resolved (read-only) generation config was written to
     ├── UnknownItemError (ValueError)       no registered strategy/processor/... of that name
@@ -33,7 +34,8 @@ from __future__ import annotations
 
 __all__ = [
     "ArgumentTypeError", "ConfigError", "ConfigFileError", "CorruptModelError", "FrozenConfigError", "GenerationError", "GenkitError",
-    "InvalidStateError", "KernelUnavailableError", "ModelFileError", "ModelLoadError", "NotSupportedError",
+    "InvalidStateError", "KernelUnavailableError", "ModelFileError", "ModelLoadError", "NoTokenAllowedError",
+    "NotSupportedError",
     "PluginError", "QueueFullError", "RecipeError", "UnknownItemError", "UnsupportedModelError",
 ]
 
@@ -54,6 +56,13 @@ class ConfigFileError(ConfigError, OSError):
 
 class NotSupportedError(ConfigError):
     """The request is valid but this model or strategy cannot serve it (e.g. partial depth)."""
+
+
+class NoTokenAllowedError(ConfigError):
+    """The logits processors of a step left no token to choose for a row (every score ``-inf``):
+    constraints that contradict each other, e.g. ``suppress_tokens`` over a ``guided_choice``'s only
+    tokens. Choosing anyway would emit a token the constraints ruled out (transformers' greedy picks
+    token 0, its sampler fails on NaN probabilities)."""
 
 
 class ArgumentTypeError(ConfigError, TypeError):

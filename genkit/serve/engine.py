@@ -298,17 +298,18 @@ class GenerateEngine:
         samples several: choice ``i`` is then generated alone after ``torch.manual_seed(seed + i)``,
         as continuous batching seeds it (vLLM's rule), so it draws what the one-choice request with
         seed ``seed + i`` draws (``n`` rows after one seed would draw other tokens for every choice).
+        A strategy that runs one row (drafting, early exit) generates its choices one after another.
         Prompt log-probabilities asked for are computed first (:meth:`_score`)."""
         request = stream.request
         kwargs = dict(request.generate_kwargs)
-        streams, samples, plain = _plan(self.model, kwargs)
+        streams, samples, plain, one_row = _plan(self.model, kwargs)
         if streams:  # the server cuts the text at a stop string and releases the request there (_Stop)
             kwargs.pop("stop_strings", None)
         if not streams and request.logprobs is not None:
             raise ConfigError("`logprobs` cannot be reported with beam search (num_beams > 1): a token's "
                               "log-probability is its beam's, not the sequence's; drop one of them")
         self.stats.prompt_tokens_total += len(request.prompt_ids) * request.n
-        one_call = request.seed is None or request.n == 1 or not (streams and samples)
+        one_call = request.n == 1 or (not one_row and (request.seed is None or not (streams and samples)))
         if request.prompt_logprobs is not None:
             cache = self._score(stream, kwargs, reuse=plain and request.n == 1)
             if cache is not None:
@@ -321,7 +322,7 @@ class GenerateEngine:
         for i in range(request.n):
             if stream.cancelled.is_set():  # the client left: the choices not begun are not generated
                 return
-            self._generate_rows(stream, kwargs, streams, 1, i, request.seed + i)
+            self._generate_rows(stream, kwargs, streams, 1, i, None if request.seed is None else request.seed + i)
 
     def _score(self, stream: RequestStream, kwargs: dict[str, Any], reuse: bool) -> Any:
         """Push the prompt's :class:`PromptEvent`; the cache its forward filled when ``reuse`` (one
@@ -388,11 +389,12 @@ def _emit(streamer: _Streamer, sequences: torch.Tensor, prompt_len: int, eos: se
     streamer.end()
 
 
-def _plan(model: Any, kwargs: dict[str, Any]) -> tuple[bool, bool, bool]:
+def _plan(model: Any, kwargs: dict[str, Any]) -> tuple[bool, bool, bool, bool]:
     """(whether ``generate`` runs these settings with a streamer, whether it may sample, whether it
-    is plain greedy or sampling, which a prompt cache may be passed to). Beam search knows its
-    tokens only at the end (its rows are hypotheses that change until then). A recipe
-    (``custom_generate``), or settings ``generate`` will refuse, may sample."""
+    is plain greedy or sampling, which a prompt cache may be passed to, whether its strategy runs
+    one row: assisted decoding's drafts and early exit). Beam search knows its tokens only at the
+    end (its rows are hypotheses that change until then). A recipe (``custom_generate``), or
+    settings ``generate`` will refuse, may sample."""
     from genkit.generation.api import merge_config
     from genkit.generation_mode import GenerationMode
 
@@ -400,8 +402,9 @@ def _plan(model: Any, kwargs: dict[str, Any]) -> tuple[bool, bool, bool]:
     try:
         config, _ = merge_config(model, None, settings)
     except ValueError:  # a recipe's own settings, or a bad one: generate reports it
-        return True, True, False
+        return True, True, False, False
     streams = int(config.num_beams or 1) == 1
     recipe = kwargs.get("custom_generate") is not None
-    plain = not recipe and config.get_generation_mode() in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
-    return streams, bool(config.do_sample) or recipe, plain
+    mode = None if recipe else config.get_generation_mode()
+    plain = mode in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
+    return streams, bool(config.do_sample) or recipe, plain, mode == GenerationMode.ASSISTED_GENERATION

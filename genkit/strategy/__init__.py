@@ -14,7 +14,7 @@ streamer, **model_inputs)``; with the kit its loop reads::
             logits = stepper.prefill()
             while True:
                 scores = call.logits_processor(stepper.sequences, logits)
-                tokens = finish.pad(choose_tokens(scores, do_sample=False))
+                tokens = finish.pad(choose_tokens(scores, do_sample=False, live=finish.unfinished))
                 stepper.push(tokens)
                 if finish.update(stepper.sequences, scores, tokens):
                     break
@@ -62,7 +62,7 @@ from .outputs import (
 )
 from .processing import LogitsProcessorList, StoppingCriteriaList
 from .record import StepOutputs
-from .sampling import Choice, choose, choose_tokens, log_probs
+from .sampling import Choice, check_choosable, choose, choose_tokens, log_probs
 from .stepper import Stepper
 
 __all__ = [
@@ -71,6 +71,7 @@ __all__ = [
     "GenerateBeamDecoderOnlyOutput", "GenerateBeamEncoderDecoderOutput", "GenerateDecoderOnlyOutput",
     "GenerateEncoderDecoderOutput", "GenkitError", "LogitsProcessorList",
     "ModelOutput", "NotSupportedError", "PartialDepthLM", "StepOutputs", "Stepper", "StopConditions",
-    "StoppingCriteriaList", "StrategyCall", "Streamer", "StreamerOnce", "choose_tokens", "model_vocab_size",
+    "StoppingCriteriaList", "StrategyCall", "Streamer", "StreamerOnce", "check_choosable", "choose_tokens",
+    "model_vocab_size",
 ]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Choice", "argmax_rows", "choose", "choose_tokens", "log_probs"]
+__all__ = ["Choice", "argmax_rows", "check_choosable", "choose", "choose_tokens", "log_probs"]
 
 
 @dataclass(frozen=True)
@@ -46,13 +46,61 @@ class Choice:
         return int(self.tokens[i]), lp, top
 
 
-def choose_tokens(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None) -> torch.Tensor:
+def choose_tokens(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None, *,
+                  live: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row from processed ``scores`` ``(rows, vocab)``: the argmax, or a draw from
-    their softmax with ``do_sample`` (see the module docstring)."""
-    if do_sample:
-        probs = torch.softmax(scores, dim=-1)
+    their softmax with ``do_sample`` (see the module docstring). A row every score of which is
+    ``-inf`` (the processors allowed no token) or NaN raises (:func:`check_choosable`), unless
+    ``live`` ``(rows,)`` says the row is finished already (its token is replaced by padding)."""
+    if not do_sample:
+        tokens = argmax_rows(scores)
+        check_choosable(scores, tokens, live)
+        return tokens
+    probs = torch.softmax(scores, dim=-1)
+    try:
         return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
-    return argmax_rows(scores)
+    except RuntimeError:  # a row of NaN probabilities: which, and why
+        dead = _dead_rows(scores.amax(dim=-1))
+        if not bool(dead.any()):
+            raise
+        _refuse(scores, dead, live)
+        probs = torch.where(dead[:, None], 1.0, probs)  # finished rows only: any token, padded over
+        return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+
+
+def check_choosable(scores: torch.Tensor, tokens: torch.Tensor, live: torch.Tensor | None = None) -> None:
+    """Raise where the token chosen for a row of ``scores`` is not a choice: its score is ``-inf``
+    (the processors ruled out every token: :class:`~genkit.errors.NoTokenAllowedError`) or NaN (the
+    model's logits or a processor gave NaN: :class:`~genkit.errors.GenerationError`). Rows that
+    ``live`` marks finished are not checked. One gather of the chosen scores."""
+    dead = _dead_rows(scores.gather(-1, tokens.reshape(-1, 1).to(scores.device)).squeeze(-1))
+    if bool(dead.any()):
+        _refuse(scores, dead, live)
+
+
+def _dead_rows(best: torch.Tensor) -> torch.Tensor:
+    """Which rows' best (or chosen) score ``best`` ``(rows,)`` is ``-inf`` or NaN."""
+    return ~(best > float("-inf"))
+
+
+def _refuse(scores: torch.Tensor, dead: torch.Tensor, live: torch.Tensor | None) -> None:
+    """Raise for the first row that ``dead`` marks and ``live`` (when given) does not mark finished."""
+    if live is not None:
+        dead = dead & live.to(dead.device)
+    rows = dead.nonzero().flatten().tolist()
+    if not rows:
+        return
+    from genkit.errors import GenerationError, NoTokenAllowedError
+
+    row = rows[0]
+    if bool(scores[row].isnan().any()):
+        raise GenerationError(f"the scores of row {row} are NaN (the model's logits or a logits processor gave "
+                              "NaN): no token can be chosen")
+    raise NoTokenAllowedError(
+        f"no token is allowed for row {row}: the logits processors set every token's score to -inf. The "
+        "constraints contradict each other (e.g. suppress_tokens / bad_words_ids / allowed_token_ids / "
+        "logit_bias against a guided_* grammar or prefix_allowed_tokens_fn); choosing anyway would emit a "
+        "token they rule out")
 
 
 def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
