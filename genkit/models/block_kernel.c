@@ -98,7 +98,10 @@ void gk_profile(double *out) {
 #define GK_CAT(k) (void)0
 #endif
 
-int gk_block_bytes(int bits) { return bits == 4 ? 320 : (bits == 6 ? 640 : 576); }
+/* bytes of one block of a panel (internal uses inline this one: an exported function is called through
+ * the PLT in a shared library, so its value was unknown to the loops it sizes) */
+static inline int block_bytes(int bits) { return bits == 4 ? 320 : (bits == 6 ? 640 : 576); }
+int gk_block_bytes(int bits) { return block_bytes(bits); }
 
 /* 2: AVX-512 VNNI, 3: AVX2 with AVX-VNNI, 1: AVX2 (+FMA, F16C), 0: the portable loops */
 int gk_simd(void) {
@@ -388,7 +391,7 @@ static inline __attribute__((always_inline)) void panel_vnni(
         accm[i] = _mm512_setzero_ps();
     }
     const __m512i low = _mm512_set1_epi8(0x0F);
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    const int bb = block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb;
         if (pf) fetch_ahead(wb, bb, (size_t)nb * bb);
@@ -497,7 +500,7 @@ static inline __attribute__((always_inline)) void row_vnni(int bits, int two, co
     __m512 acc[2], accm[2];
     for (int k = 0; k < P; k++) acc[k] = accm[k] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(0x0F);
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    const int bb = block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const int8_t *qb = q + (size_t)b * GK_GROUP, *rb = two ? q2 + (size_t)b * GK_GROUP : qb;
         __m512i s1a[2], s1b[2], s2a[2], s2b[2];
@@ -664,7 +667,7 @@ static inline __attribute__((always_inline)) void panel_avx2(
     for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F);
     __attribute__((unused)) const __m256i one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);  /* not with AVX-VNNI */
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    const int bb = block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb + 32 * g;
         if (pf && g == 0) fetch_ahead(wb, bb, (size_t)nb * bb);  /* (the second group of 8 rows finds it cached) */
@@ -785,7 +788,7 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, int two, co
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F);
     __attribute__((unused)) const __m256i one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);  /* not with AVX-VNNI */
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    const int bb = block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb;
         const int8_t *qb = q + (size_t)b * GK_GROUP, *rb = two ? q2 + (size_t)b * GK_GROUP : qb;
@@ -870,7 +873,7 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, int two, co
 __attribute__((unused)) static void panel_portable(int bits, int two, const uint8_t *w, int nb, const int8_t *q,
                                                    const int8_t *q2, const float *dx, const float *sx,
                                                    const float *sx16, int K, int MT, float *y, int ldy) {
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    const int bb = block_bytes(bits), cb = bits == 4 ? 256 : 512;
     const int halves = bits == 6 ? 2 : 1, span = GK_GROUP / halves;
     for (int i = 0; i < MT; i++) {
         float acc[GK_ROWS] = {0};
@@ -956,7 +959,7 @@ static void amx_config(void) {
 static void amx_unpack4(const uint8_t *w, int nb, uint8_t *bt) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int b = 0; b < nb; b++) {
-        const uint8_t *wb = w + (size_t)b * gk_block_bytes(4);
+        const uint8_t *wb = w + (size_t)b * block_bytes(4);
         uint8_t *o = bt + (size_t)b * 512;
         for (int c = 0; c < 4; c++) {
             __m512i p = _mm512_loadu_si512((const void *)(wb + 64 * c));
@@ -987,7 +990,7 @@ static void panel_amx(int bits, int two, const uint8_t *w, const uint8_t *bt, in
                       const int8_t *q2, const float *dx, const float *sx, int MT, float *y, int ldy) {
     __m512 acc[16];
     int32_t cs[2][2][16][16] __attribute__((aligned(64)));
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    const int bb = block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
     for (int b = 0; b <= nb + 1; b++) {
         if (b < nb) {
@@ -1026,7 +1029,7 @@ static void panel_amx(int bits, int two, const uint8_t *w, const uint8_t *bt, in
  * padded to 16. */
 static int matmul_amx(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads, int act) {
     int nb = K / GK_GROUP, panels = N / GK_ROWS, Mp = (M + 15) / 16 * 16;
-    size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
+    size_t panel_bytes = (size_t)nb * block_bytes(bits);
     int8_t *q = (int8_t *)calloc(2 * (size_t)Mp * K + 4 * sizeof(float) * (size_t)Mp * nb + 64, 1);
     if (q == NULL) return -1;
     int8_t *q2 = q + (size_t)Mp * K;
@@ -1107,7 +1110,7 @@ static __attribute__((unused)) void panel_llama(int bits, int act, const uint8_t
     float acc[8][GK_ROWS], summ[GK_ROWS], dw[GK_ROWS], mw[GK_ROWS];
     memset(acc, 0, sizeof acc);
     memset(summ, 0, sizeof summ);
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512, off = bits == 4 ? 8 : 128;
+    const int bb = block_bytes(bits), cb = bits == 4 ? 256 : 512, off = bits == 4 ? 8 : 128;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb;
         const int8_t *qb = q + (size_t)b * GK_GROUP;
@@ -1191,7 +1194,7 @@ static inline __attribute__((always_inline)) __m256i lane_sum_llama(int bits, in
 static inline __attribute__((always_inline)) void panel_llama_avx2(int bits, int act, const uint8_t *w, int nb,
                                                                    const int8_t *q, const float *dx, const float *sx,
                                                                    float *y) {
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    const int bb = block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int g = 0; g < 2; g++) {  /* rows 8g..8g+7 */
         __m256 acc[8], summ = _mm256_setzero_ps();
         for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
@@ -1225,7 +1228,7 @@ static inline __attribute__((always_inline)) void panel_llama_avx2(int bits, int
 static inline __attribute__((always_inline)) void lanes2_llama_avx2(
         int bits, int act, int l0, int g, const uint8_t *w, int nb, const int8_t *q, int K, const float *dx,
         const float *sx, __m256 acc[2][8], __m256 summ[2]) {
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512;
+    const int bb = block_bytes(bits), cb = bits == 4 ? 256 : 512;
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb;
         if (l0 == 0 && g == 0 && GK_PREFETCH > 0)  /* the first of panel2_llama_avx2's four passes */
@@ -1289,7 +1292,7 @@ static inline __attribute__((always_inline)) void panel2_llama_avx2(int bits, in
 static inline __attribute__((always_inline)) void panel_llama_vnni(int bits, int act, const uint8_t *w, int nb,
                                                                    const int8_t *q, const float *dx, const float *sx,
                                                                    float *y) {
-    const int bb = gk_block_bytes(bits), cb = bits == 4 ? 256 : 512, off = bits == 4 ? 8 : 128;
+    const int bb = block_bytes(bits), cb = bits == 4 ? 256 : 512, off = bits == 4 ? 8 : 128;
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[8], summ = _mm512_setzero_ps();
     for (int l = 0; l < 8; l++) acc[l] = _mm512_setzero_ps();
@@ -1354,7 +1357,7 @@ static void panel_llama_rows(int bits, int act, const uint8_t *w, int nb, const 
 static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, int M, int N, int K, int threads,
                         int act) {
     int nb = K / GK_GROUP, panels = N / GK_ROWS;
-    size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
+    size_t panel_bytes = (size_t)nb * block_bytes(bits);
     int8_t *q = (int8_t *)malloc((size_t)M * K + 4 * sizeof(float) * (size_t)M * nb + 64);
     if (q == NULL) return -1;
     float *dx = (float *)(((uintptr_t)(q + (size_t)M * K) + 63) & ~(uintptr_t)63);
@@ -1485,7 +1488,7 @@ int gk_matmul(int bits, const uint8_t *w, const float *x, float *y, int M, int N
         return matmul_amx(bits, w, x, y, M, N, K, threads, act);
 #endif
     int nb = K / GK_GROUP, panels = N / GK_ROWS;
-    size_t panel_bytes = (size_t)nb * gk_block_bytes(bits);
+    size_t panel_bytes = (size_t)nb * block_bytes(bits);
     const int two = act == GK_ACT_TWO;
 #ifdef GK_WIDE
     const size_t wide = two && bits != 4 ? sizeof(int16_t) * (size_t)M * K : 0;  /* the digits combined (gk_dw) */
@@ -2797,7 +2800,7 @@ static int proxy_panel(const float *w, long ldw, int N, int K, int n0, uint8_t *
     const int nb = K / GK_GROUP;
     memset(sums, 0, sizeof(double) * 4 * GK_ROWS);
     for (int b = 0; b < nb; b++) {
-        uint8_t *blk = out + (size_t)b * gk_block_bytes(8);
+        uint8_t *blk = out + (size_t)b * block_bytes(8);
         for (int r = 0; r < GK_ROWS; r++) {
             float v[GK_GROUP], amax = 0.0f;
             for (int k = 0; k < GK_GROUP; k++) {
@@ -2830,7 +2833,7 @@ static int proxy_panel(const float *w, long ldw, int N, int K, int n0, uint8_t *
  * proxy_panel). */
 int gk_head_proxy(const float *w, long ldw, int N, int K, uint8_t *out, float *bound, int threads) {
     const int panels = (N + GK_ROWS - 1) / GK_ROWS;
-    const size_t pbytes = (size_t)(K / GK_GROUP) * gk_block_bytes(8);
+    const size_t pbytes = (size_t)(K / GK_GROUP) * block_bytes(8);
     const double gk = gamma_n(K + 8), gn = gamma_n(3 * (K / GK_GROUP) + 40);
     int rc = 0;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1) reduction(min : rc)
