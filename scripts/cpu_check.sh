@@ -29,7 +29,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=.cpucheck
-MARCH=${LLAMA_MARCH:-sapphirerapids}
+MARCH=${LLAMA_MARCH:-sapphirerapids}  # GCC 12 knows no znver4: LLAMA_MARCH=native on a Zen 4, with LLAMA_ISA
+# leaving out -DGGML_AVX_VNNI=ON (Zen 4 has VNNI's EVEX form only; session 34)
 
 # ggml's own feature options, so that its configure log names the variant it builds (the code itself
 # follows the compiler's macros, which -march sets: the same 102 AMX tile instructions with or without
