@@ -203,7 +203,7 @@ def test_layer_strategies_do_not_combine():
 
 
 def test_contrastive_search_needs_the_cache():
-    with pytest.raises(ConfigError, match="`use_cache` must be True \(or unset\) with `penalty_alpha`"):
+    with pytest.raises(ConfigError, match=r"`use_cache` must be True \(or unset\) with `penalty_alpha`"):
         genkit.generate(_tiny(), torch.tensor([[1, 2, 3]]), max_new_tokens=2, penalty_alpha=0.6, top_k=4,
                         use_cache=False)
 
