@@ -229,7 +229,8 @@ def _verify(candidates: torch.Tensor, candidate_logits: torch.Tensor | None, new
     chosen = torch.stack([s.argmax(dim=-1) for s in new_scores], dim=1)  # (1, k + 1)
     agree = (chosen[0, :k] == candidates[0]).long()
     n_matches = int(agree.cumprod(0).sum()) if k else 0
-    check_choosable(torch.cat(new_scores[:n_matches + 1], dim=0), chosen[0, :n_matches + 1])
+    for i in range(n_matches + 1):  # the positions whose tokens are kept (no copy of their scores)
+        check_choosable(new_scores[i], chosen[:, i])
     return n_matches, int(chosen[0, n_matches])
 
 

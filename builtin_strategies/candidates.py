@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from genkit.errors import ConfigError, NotSupportedError
-from genkit.strategy import choose_tokens, eos_token_ids, model_vocab_size
+from genkit.strategy import check_choosable, eos_token_ids, model_vocab_size
 
 logger = logging.getLogger("genkit.candidates")
 
@@ -163,6 +163,19 @@ class DraftModelCandidateGenerator:
         self.cache = out.past_key_values if out.past_key_values is not None else self.cache
         return out.logits[:, -1, :].float()
 
+    def _choose(self, scores: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """The draft's token ``(rows, 1)`` from its processed ``scores`` and their softmax ``probs``:
+        the argmax or a draw; a row the processors left no token raises (the sampler's check)."""
+        if not self.do_sample:
+            token = scores.argmax(dim=-1, keepdim=True)
+            check_choosable(scores, token[:, 0])
+            return token
+        try:
+            return torch.multinomial(probs, num_samples=1)
+        except RuntimeError:  # NaN probabilities: a row with no token allowed?
+            check_choosable(scores, scores.argmax(dim=-1))
+            raise
+
     def get_candidates(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if input_ids.shape[0] != 1:
             raise NotSupportedError("draft-model drafting supports batch size 1")
@@ -188,16 +201,15 @@ class DraftModelCandidateGenerator:
         scores_out: list[torch.Tensor] = []
         for i in range(k):
             scores = self.logits_processor(seq, logits) if self.logits_processor is not None else logits
-            token = choose_tokens(scores, self.do_sample)[:, None]  # the sampler's draw and its check
+            probs = torch.softmax(scores, dim=-1)
+            token = self._choose(scores, probs)
             drafted.append(token)
             scores_out.append(scores)
-            p = (float(torch.softmax(scores, dim=-1).gather(1, token).min())  # the draft's confidence in it
-                 if self.adaptive_threshold or self.confidence_threshold > 0 else 1.0)
             if self.adaptive_threshold:
-                self._probs.append(p)
+                self._probs.append(float(probs.gather(1, token).min()))
             seq = torch.cat([seq, token], dim=1)
             if int(token) in self.eos_token_ids or (self.confidence_threshold > 0 and i < k - 1
-                                                     and p < self.confidence_threshold):
+                                                     and float(probs.gather(1, token).min()) < self.confidence_threshold):
                 break
             if i < k - 1:
                 logits = self._forward(token if self.cache is not None else seq)

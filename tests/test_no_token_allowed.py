@@ -18,7 +18,8 @@ import urllib.request
 
 import pytest
 import torch
-from test_engine_gate import PROMPT, WORDS, _serving, tokenizer  # noqa: F401
+from test_engine_gate import PROMPT, WORDS, tokenizer  # noqa: F401
+from test_serve_vllm_fields import base  # noqa: F401 - both engines serving this module's `model`
 
 import genkit
 from genkit.errors import GenerationError, NoTokenAllowedError, NotSupportedError
@@ -130,20 +131,7 @@ def test_strategy_needs_are_checked_with_the_config(model, kw, error, message):
 
 # -- genkit serve ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=["ContinuousEngine", "GenerateEngine"])
-def base(request, model, tokenizer):  # noqa: F811
-    pytest.importorskip("uvicorn")
-    pytest.importorskip("starlette")
-    from genkit.serve import build_app
-    from genkit.serve.engine import GenerateEngine
-
-    engine = GenerateEngine(model, tokenizer) if request.param == "GenerateEngine" else None
-    app = build_app(model, tokenizer=tokenizer, model_name="tiny", engine=engine)
-    with _serving(app, engine=request.param) as url:
-        yield url
-
-
-def _post(base: str, body: dict) -> tuple[int, bytes]:
+def _post(base: str, body: dict) -> tuple[int, bytes]:  # noqa: F811
     req = urllib.request.Request(base + "/v1/completions", headers={"Content-Type": "application/json"},
                                  data=json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": 4,
                                                   "temperature": 0, **body}).encode())
@@ -162,7 +150,7 @@ def _strict(text: str):
 CONTRADICTION = {"allowed_token_ids": [40, 41], "bad_words": [WORDS[40], WORDS[41]], "logprobs": 3}
 
 
-def test_serve_contradicting_constraints_are_a_400(base):
+def test_serve_contradicting_constraints_are_a_400(base):  # noqa: F811
     status, raw = _post(base, CONTRADICTION)
     assert status == 400, raw
     error = _strict(raw.decode())["error"]
@@ -170,7 +158,7 @@ def test_serve_contradicting_constraints_are_a_400(base):
     assert "no token is allowed" in error["message"]
 
 
-def test_serve_contradicting_constraints_stream_an_error_event_in_valid_json(base):
+def test_serve_contradicting_constraints_stream_an_error_event_in_valid_json(base):  # noqa: F811
     status, raw = _post(base, {**CONTRADICTION, "stream": True})
     assert status == 200
     events = [_strict(line[6:]) for line in raw.decode().splitlines()
@@ -178,7 +166,7 @@ def test_serve_contradicting_constraints_stream_an_error_event_in_valid_json(bas
     assert any("no token is allowed" in e.get("error", {}).get("message", "") for e in events), events
 
 
-def test_serve_n_choices_of_a_one_row_strategy_run_one_after_another(base):
+def test_serve_n_choices_of_a_one_row_strategy_run_one_after_another(base):  # noqa: F811
     """Prompt lookup drafts for one row: ``n`` = 2 runs it twice (it failed after answering 200:
     "assisted decoding supports batch size 1"); seeded, choice ``i`` is the one-choice request with
     seed ``seed + i``, as for every sampling request."""
@@ -201,7 +189,7 @@ def test_serve_n_choices_of_a_one_row_strategy_run_one_after_another(base):
     ({"use_cache": False, "penalty_alpha": 0.5, "top_k": 3}, "use_cache"),
     ({"guidance_scale": 1.5, "num_beams": 2, "n": 1}, "guidance_scale"),
 ])
-def test_serve_refuses_strategy_contradictions_before_streaming(base, body, param):
+def test_serve_refuses_strategy_contradictions_before_streaming(base, body, param):  # noqa: F811
     status, raw = _post(base, {**body, "stream": True})
     assert status == 400, raw
     error = _strict(raw.decode())["error"]

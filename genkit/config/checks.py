@@ -76,7 +76,9 @@ def check_combinations(c: GenerationConfig) -> None:
             raise ConfigError(f"`{name}` (constrained beam search) needs num_beams > 1 and do_sample=False.")
     _check_forced_not_suppressed(c)
     _check_layer_strategies(c)
-    _check_strategy_needs(c)
+    if c.guidance_scale is not None and c.guidance_scale != 1 and beams > 1:
+        raise NotSupportedError("`guidance_scale` (classifier-free guidance) works with greedy search, sampling and "
+                                f"assisted decoding; not with beam search: num_beams={beams!r}")
 
 
 # special tokens a model's own config may hold outside its vocabulary: transformers' configs keep
@@ -169,7 +171,10 @@ def _check_forced_not_suppressed(c: GenerationConfig) -> None:
 
 def _check_layer_strategies(c: GenerationConfig) -> None:
     """Contrastive search, DoLa and early exit: each needs its companion settings, and none of them
-    combines with beams, with each other or with a draft source (one would be ignored)."""
+    combines with beams, with each other or with a draft source (one would be ignored). Checked with
+    the config rather than once the strategy runs (``genkit serve`` answers a 400 naming the field,
+    not an error event in a stream): contrastive search, drafting and early exit keep entries in the
+    model's cache (``use_cache``); drafting and early exit verify one sequence (``num_return_sequences``)."""
     v = lambda name: _value(c, name)  # noqa: E731
     contrastive = c.penalty_alpha is not None and c.penalty_alpha > 0
     if contrastive and not (is_int(v('top_k')) and v('top_k') > 1):
@@ -189,27 +194,14 @@ def _check_layer_strategies(c: GenerationConfig) -> None:
                           "of them.")
     if (chosen or drafts) and v('num_beams') != 1:  # (transformers warns and drops the setting)
         raise ConfigError(f"`{(chosen + drafts)[0]}` works with num_beams=1; got num_beams={v('num_beams')!r}.")
-
-
-def _check_strategy_needs(c: GenerationConfig) -> None:
-    """What the strategies a config selects need, checked with the config rather than once the
-    strategy runs (``genkit serve`` answers a 400 naming the field, not an error event in a stream):
-    contrastive search, drafting (prompt lookup, a candidate generator) and early exit keep
-    entries in the model's cache (``use_cache``); drafting and early exit verify one sequence
-    (``num_return_sequences``); classifier-free guidance runs without beams."""
-    v = lambda name: _value(c, name)  # noqa: E731
-    contrastive = c.penalty_alpha is not None and c.penalty_alpha > 0
-    drafts = [n for n in ("prompt_lookup_num_tokens", "candidate_generator", "assistant_early_exit")
-              if getattr(c, n) is not None]
-    if c.use_cache is False and (contrastive or drafts):
-        raise ConfigError(f"`use_cache` must be True (or unset) with `{(['penalty_alpha'] if contrastive else drafts)[0]}`:"
-                          " that strategy keeps entries in the model's cache")
-    if drafts and v("num_return_sequences") != 1:
-        raise NotSupportedError(f"`{drafts[0]}` (assisted decoding) returns one sequence per prompt: "
+    cached = [n for n in chosen if n != "dola_layers"] + drafts  # (DoLa runs without the cache)
+    if c.use_cache is False and cached:
+        raise ConfigError(f"`use_cache` must be True (or unset) with `{cached[0]}`: that strategy keeps entries in "
+                          "the model's cache")
+    one_row = [n for n in chosen if n == "assistant_early_exit"] + drafts
+    if one_row and v("num_return_sequences") != 1:
+        raise NotSupportedError(f"`{one_row[0]}` (assisted decoding) returns one sequence per prompt: "
                                 f"`num_return_sequences` must be 1; got {v('num_return_sequences')!r}")
-    if c.guidance_scale is not None and c.guidance_scale != 1 and v("num_beams") > 1:
-        raise NotSupportedError("`guidance_scale` (classifier-free guidance) works with greedy search, sampling and "
-                                f"assisted decoding; not with beam search: num_beams={v('num_beams')!r}")
 
 
 # the fields that act only when sampling (the warpers), each with the value that leaves the
