@@ -50,8 +50,9 @@ def choose_tokens(scores: torch.Tensor, do_sample: bool, generator: torch.Genera
                   live: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row from processed ``scores`` ``(rows, vocab)``: the argmax, or a draw from
     their softmax with ``do_sample`` (see the module docstring). A row every score of which is
-    ``-inf`` (the processors allowed no token) or NaN raises (:func:`check_choosable`), unless
-    ``live`` ``(rows,)`` says the row is finished already (its token is replaced by padding)."""
+    ``-inf`` (the processors allowed no token) raises (:func:`check_choosable`), and so does a draw
+    from NaN scores, unless ``live`` ``(rows,)`` says the row is finished already (its token is
+    replaced by padding). Greedy search takes a NaN score's token, as torch's and numpy's argmax do."""
     if not do_sample:
         tokens = argmax_rows(scores)
         check_choosable(scores, tokens, live)
@@ -69,17 +70,18 @@ def choose_tokens(scores: torch.Tensor, do_sample: bool, generator: torch.Genera
 
 
 def check_choosable(scores: torch.Tensor, tokens: torch.Tensor, live: torch.Tensor | None = None) -> None:
-    """Raise where the token chosen for a row of ``scores`` is not a choice: its score is ``-inf``
-    (the processors ruled out every token: :class:`~genkit.errors.NoTokenAllowedError`) or NaN (the
-    model's logits or a processor gave NaN: :class:`~genkit.errors.GenerationError`). Rows that
-    ``live`` marks finished are not checked. One gather of the chosen scores."""
-    dead = _dead_rows(scores.gather(-1, tokens.reshape(-1, 1).to(scores.device)).squeeze(-1))
+    """Raise where the token chosen for a row of ``scores`` is not a choice: its score is ``-inf``, so
+    the processors ruled out every token (:class:`~genkit.errors.NoTokenAllowedError`; a token chosen
+    as the maximum, or the best candidate). A NaN score is a choice, as argmax makes it (the greedy
+    fast paths pick it too). Rows that ``live`` marks finished are not checked. One gather of the
+    chosen scores."""
+    dead = scores.gather(-1, tokens.reshape(-1, 1).to(scores.device)).squeeze(-1) == float("-inf")
     if bool(dead.any()):
         _refuse(scores, dead, live)
 
 
 def _dead_rows(best: torch.Tensor) -> torch.Tensor:
-    """Which rows' best (or chosen) score ``best`` ``(rows,)`` is ``-inf`` or NaN."""
+    """Which rows' best score ``best`` ``(rows,)`` is ``-inf`` or NaN (no distribution to draw from)."""
     return ~(best > float("-inf"))
 
 
