@@ -31,6 +31,7 @@ from tolerance import (
 )
 
 import genkit
+from genkit.errors import ModelFileError, UnsupportedModelError
 from genkit.models import block_kernel
 from genkit.models.quant import Int4Linear, Int4Part, QuantizedEmbedding, WithBias, kernel_available, quantize
 
@@ -38,7 +39,12 @@ gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-from genkit.models.gguf_blocks import GGUF_BLOCK_TYPES, GGUF_INT4_TYPES, int4_parts_from_gguf  # noqa: E402
+from genkit.models.gguf_blocks import (  # noqa: E402
+    GGUF_BLOCK_TYPES,
+    GGUF_INT4_TYPES,
+    block_layer,
+    int4_parts_from_gguf,
+)
 
 ROOT = Path(__file__).resolve().parent.parent / ".cache" / "genkit-tests"  # shared with test_gguf_smollm2
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="torch build without CPU int4 kernels")
@@ -98,6 +104,46 @@ def test_int4_linear_matches_its_float_weight(type_name, kernel):
         half = [p if p.group == 16 else Int4Part(p.q, p.scale.half().float(), p.minimum.half().float()) for p in parts]
         dense = sum(p.dense() for p in half)
         assert ((got - x @ dense.t()).abs() <= block_product_bound(x, dense)).all()
+
+
+@pytest.mark.skipif(not block_kernel.available(), reason="the block kernel needs a C compiler")
+@pytest.mark.parametrize("rows", [48, 37])
+@pytest.mark.parametrize("type_name", sorted(GGUF_BLOCK_TYPES))
+def test_blocks_converted_in_c_are_the_bytes_the_parts_pack_into(type_name, rows):
+    """block_layer (gk_pack_gguf: GGUF blocks into the kernel's layout in one C call, as load_model does)
+    against the int4 parts packed by block_kernel.pack, byte for byte, with a padded last panel (37 rows)."""
+    cols = 512
+    data = _random_blocks(type_name, rows, cols, seed=rows)
+    want = Int4Linear(cols, rows, int4_parts_from_gguf(type_name, data, (rows, cols)), kernel="blocks")
+    got = block_layer(type_name, data, (rows, cols), source="t")
+    assert got.blocks.dtype == torch.uint8 and torch.equal(got.blocks, want.blocks)
+    assert (got.bits, got.symmetric, got.panel_rows) == (want.bits, want.symmetric, want.panel_rows)
+    assert got.symmetric == (type_name in ("Q4_0", "Q8_0", "Q6_K"))
+    x = torch.randn(4, cols)
+    assert torch.equal(got(x), want(x))
+
+
+@pytest.mark.skipif(not block_kernel.available(), reason="the block kernel needs a C compiler")
+def test_blocks_converted_in_c_find_symmetric_q4_1_and_refuse_what_the_parts_refuse():
+    rows, cols = 16, 256
+    data = _random_blocks("Q4_1", rows, cols).reshape(rows, cols // 32, 20)
+    d = data[..., 0:2].copy().view(np.float16)
+    data[..., 2:4] = (d * np.float16(-8)).view(np.uint8)  # m = -8 d: Q4_0's symmetric blocks, in Q4_1
+    assert block_layer("Q4_1", data.reshape(rows, -1), (rows, cols)).symmetric
+    data[0, 3, 2:4] = np.array([np.float16(-1.0)]).view(np.uint8)
+    assert not block_layer("Q4_1", data.reshape(rows, -1), (rows, cols)).symmetric
+    big = _random_blocks("Q4_K", rows, cols).reshape(rows, 1, 144)
+    big[5, 0, 0:2] = np.array([np.float16(60000.0)]).view(np.uint8)  # d * sc past float16's 65504
+    big[5, 0, 4] = 63
+    parts = int4_parts_from_gguf("Q4_K", big.reshape(rows, -1), (rows, cols))
+    for make in (lambda: Int4Linear(cols, rows, parts, source="Q4_K w", kernel="blocks"),
+                 lambda: block_layer("Q4_K", big.reshape(rows, -1), (rows, cols), source="Q4_K w")):
+        with pytest.raises(UnsupportedModelError, match="Q4_K w: scales overflow float16, which the block kernel stores"):
+            make()
+    with pytest.raises(ModelFileError, match=r"Q4_K w: 2288 bytes do not hold a \(16, 256\) Q4_K tensor"):
+        block_layer("Q4_K", big.reshape(-1)[:-16], (rows, cols), source="Q4_K w")
+    with pytest.raises(ModelFileError, match=r"do not hold a \(16, 320\) Q4_K tensor \(blocks of 256 weights"):
+        block_layer("Q4_K", big.reshape(-1), (rows, 320))
 
 
 def kernel_of(model) -> str:
@@ -235,6 +281,23 @@ def write_quantized_gguf(path, qtype: str, embed_qtype: str = "Q8_0", tied: bool
 
 IDS = torch.tensor([[1, 17, 33, 5, 250, 9], [0, 0, 1, 44, 45, 46]])
 MASK = (torch.arange(6) >= torch.tensor([[0], [2]])).long()
+
+
+def test_loading_and_generating_leave_torch_dynamo_unimported(tmp_path):
+    """Loaders build models on the meta device, where torch's python ops (an embedding's normal_ init,
+    the rotary frequencies' arithmetic) import torch._dynamo: about 1 s of every fresh process's
+    first load_model. A GGUF (with linear rope scaling), a safetensors GPT-2 and their first tokens
+    must not need it."""
+    path = tmp_path / "q.gguf"
+    write_quantized_gguf(path, "Q4_1", "Q8_0", True, rope_scaling=("linear", 2.0))
+    _tiny_gpt2(tmp_path / "gpt2")
+    probe = (f"import sys, torch, genkit\n"
+             f"for ref in {[str(path), str(tmp_path / 'gpt2')]!r}:\n"
+             f"    m = genkit.load_model(ref)\n"
+             f"    print(m.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=3, do_sample=False).shape)\n"
+             f"print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split("\n")[-2] == "False", out.stdout + out.stderr
 
 
 @pytest.mark.parametrize(("qtype", "embed", "tied"), [("Q4_1", "Q8_0", True), ("Q4_0", "Q8_0", True),

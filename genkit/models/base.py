@@ -181,6 +181,16 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batc
     return loss / num_items_in_batch if num_items_in_batch is not None else loss
 
 
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` that leaves a weight on the meta device as it is: loaders build models there and
+    copy the file's weights in, and torch's ``normal_`` on a meta tensor imports ``torch._dynamo`` (about
+    1 s of a fresh process's first ``load_model``) to draw nothing."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                     scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention computed step by step, as transformers' eager implementation does, for the

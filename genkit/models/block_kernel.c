@@ -2851,6 +2851,124 @@ int gk_head_proxy(const float *w, long ldw, int N, int K, uint8_t *out, float *b
     return rc;
 }
 
+/* GGUF blocks straight into gk_matmul's layout (gk_pack_gguf), the same bytes as block_kernel.py's pack() of
+ * gguf_blocks.py's int4 parts: each 32 weights of a row as codes, a scale and an offset (6-bit codes: a float32
+ * scale per 16, offsets -32 d). GGUF types as gguf_blocks.py's GGUF_PACK numbers them. */
+enum { GK_Q4_0, GK_Q4_1, GK_Q8_0, GK_Q4_K, GK_Q6_K, GK_GGUF_TYPES };
+static const int gguf_block_weights[GK_GGUF_TYPES] = {32, 32, 32, 256, 256};
+static const int gguf_block_bytes[GK_GGUF_TYPES] = {18, 20, 34, 144, 210};
+static const int gguf_bits[GK_GGUF_TYPES] = {4, 4, 8, 4, 6};
+
+static inline float gguf_f16(const uint8_t *p) { return f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* Q4_K's 6-bit scale and offset of sub-block j (0-7) from the 12 bytes s */
+static void q4_k_scale(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q6_K's 6-bit codes of weights 32 t .. 32 t + 31 of the super-block blk (t 0-7): low nibbles from ql, two
+ * high bits from qh; its scales d * sc for the two 16-weight halves */
+static void q6_k_group(const uint8_t *blk, int t, uint8_t *codes, float *scale) {
+    const int h = t / 4, k = t % 4;
+    const uint8_t *ql = blk + 64 * h + 32 * (k % 2), *qh = blk + 128 + 32 * h;
+    for (int i = 0; i < GK_GROUP; i++)
+        codes[i] = (uint8_t)((k < 2 ? ql[i] & 0x0F : ql[i] >> 4) | (((qh[i] >> (2 * k)) & 3) << 4));
+    const float d = gguf_f16(blk + 208);
+    for (int u = 0; u < 2; u++) scale[u] = d * (float)(int8_t)blk[192 + 2 * t + u];
+}
+
+/* Weights 32 b .. 32 b + 31 of a GGUF row as codes with w = scale[0] * code + minimum (6-bit: scale[0], scale[1]
+ * per 16 weights, minimum -32 scale) */
+static void gguf_group(int type, const uint8_t *row, int b, uint8_t *codes, float *scale, float *minimum) {
+    const uint8_t *blk = row + (size_t)(b / (gguf_block_weights[type] / GK_GROUP)) * gguf_block_bytes[type];
+    switch (type) {
+    case GK_Q4_0:
+    case GK_Q4_1: {
+        const uint8_t *qs = blk + (type == GK_Q4_0 ? 2 : 4);
+        for (int j = 0; j < 16; j++) codes[j] = qs[j] & 0x0F, codes[j + 16] = qs[j] >> 4;
+        scale[0] = gguf_f16(blk);
+        *minimum = type == GK_Q4_0 ? -8.0f * scale[0] : gguf_f16(blk + 2);
+        break;
+    }
+    case GK_Q8_0:  /* q = 16 (hi - 8) + lo as one code q + 128 */
+        for (int j = 0; j < GK_GROUP; j++) codes[j] = blk[2 + j] ^ 0x80;
+        scale[0] = gguf_f16(blk);
+        *minimum = -128.0f * scale[0];
+        break;
+    case GK_Q4_K: {
+        const int j = b % 8;
+        const uint8_t *qs = blk + 16 + 32 * (j / 2);
+        int sc, mn;
+        for (int i = 0; i < GK_GROUP; i++) codes[i] = j % 2 ? qs[i] >> 4 : qs[i] & 0x0F;
+        q4_k_scale(blk + 4, j, &sc, &mn);
+        scale[0] = gguf_f16(blk) * (float)sc;
+        *minimum = -gguf_f16(blk + 2) * (float)mn;
+        break;
+    }
+    default:
+        q6_k_group(blk, b % 8, codes, scale);
+        *minimum = -32.0f * scale[0];
+    }
+}
+
+/* Row r of a panel block blk: its 32 codes, and its scale and offset (float16; 6-bit: two float32 scales).
+ * Returns 0 where an offset is -2^(bits-1) times the scale (a symmetric block), 1 where it is not, -6 where a
+ * scale or offset leaves float16's range. */
+static int put_group(int bits, uint8_t *blk, int r, const uint8_t *codes, const float *scale, float minimum) {
+    if (bits == 4) {
+        for (int c = 0; c < 4; c++)
+            for (int j = 0; j < 4; j++) blk[c * 64 + r * 4 + j] = codes[8 * c + j] | (uint8_t)(codes[8 * c + 4 + j] << 4);
+    } else {
+        for (int c = 0; c < 8; c++) memcpy(blk + c * 64 + r * 4, codes + 4 * c, 4);
+    }
+    if (bits == 6) {
+        memcpy(blk + 512 + 4 * r, &scale[0], 4);
+        memcpy(blk + 576 + 4 * r, &scale[1], 4);
+        return 0;
+    }
+    float d = round_f16(scale[0]), m = round_f16(minimum);
+    if (!isfinite(d) || !isfinite(m)) return -6;
+    uint16_t dh = f16_bits(d), mh = f16_bits(m);
+    memcpy(blk + 16 * bits * 4 + 2 * r, &dh, 2);
+    memcpy(blk + 16 * bits * 4 + 32 + 2 * r, &mh, 2);
+    return minimum != -(float)(1 << (bits - 1)) * scale[0];
+}
+
+/* The N x K weight of GGUF `type` (rows of K / weights-per-block blocks, from src) in gk_matmul's layout
+ * (out: N rounded up to GK_ROWS rows, the rows past N zero). *symmetric: whether every offset is
+ * -2^(bits-1) times its scale (block_kernel.act_mode). Returns 0; -3 for an unknown type or a K the blocks
+ * do not divide; -6 where a scale or offset leaves float16's range. */
+int gk_pack_gguf(int type, const uint8_t *src, int N, int K, uint8_t *out, int *symmetric, int threads) {
+    if (type < 0 || type >= GK_GGUF_TYPES || K <= 0 || K % gguf_block_weights[type]) return -3;
+    const int bits = gguf_bits[type], nb = K / GK_GROUP, panels = (N + GK_ROWS - 1) / GK_ROWS;
+    const size_t row_bytes = (size_t)(K / gguf_block_weights[type]) * gguf_block_bytes[type];
+    const size_t pbytes = (size_t)nb * block_bytes(bits);
+    int rc = 0, asym = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1) reduction(min : rc) reduction(max : asym)
+    for (int p = 0; p < panels; p++) {
+        memset(out + (size_t)p * pbytes, 0, pbytes);
+        for (int r = 0; r < GK_ROWS && p * GK_ROWS + r < N; r++) {
+            const uint8_t *row = src + (size_t)(p * GK_ROWS + r) * row_bytes;
+            for (int b = 0; b < nb; b++) {
+                uint8_t codes[GK_GROUP];
+                float scale[2], minimum;
+                gguf_group(type, row, b, codes, scale, &minimum);
+                int put = put_group(bits, out + (size_t)p * pbytes + (size_t)b * block_bytes(bits), r, codes, scale, minimum);
+                if (put < rc) rc = put;
+                if (put > asym) asym = put;
+            }
+        }
+    }
+    *symmetric = !asym;
+    return rc;
+}
+
 /* the first index of the largest of v[0..n-1], a NaN counting as the largest (numpy's argmax) */
 static int64_t first_max(const float *v, int n) {
     int64_t best = 0;

@@ -202,6 +202,9 @@ def declare(lib: Any) -> None:
     lib.gk_head_proxy.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                   ctypes.c_void_p, ctypes.c_int]
     lib.gk_head_proxy.restype = ctypes.c_int
+    lib.gk_pack_gguf.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                 ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    lib.gk_pack_gguf.restype = ctypes.c_int
     lib.gk_rope_table_llama.argtypes = [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                         ctypes.c_void_p]
     lib.gk_rope_table_llama.restype = None

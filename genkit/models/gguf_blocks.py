@@ -1,15 +1,22 @@
 """GGUF quantized blocks decoded into int4 parts (:class:`genkit.models.quant.Int4Part`) without
 de-quantizing: the codes stay 4-bit, with one float scale and offset per group of 32 weights.
-Checked against the ``gguf`` package's own de-quantization in tests/test_quantized.py."""
+Checked against the ``gguf`` package's own de-quantization in tests/test_quantized.py.
+
+Where the block kernel runs, :func:`block_layer` converts a tensor's blocks straight into its layout
+in one C call (``gk_pack_gguf``: the bytes :func:`genkit.models.block_kernel.pack` makes of the int4
+parts, without the parts)."""
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
 import torch
 
-from .quant import GROUP, Int4Part, QuantizedEmbedding
+from ..errors import ModelFileError, UnsupportedModelError
+from . import block_kernel
+from .quant import GROUP, Int4Linear, Int4Part, QuantizedEmbedding
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -84,6 +91,35 @@ GGUF_INT4_TYPES: dict[str, tuple[int, int, Any]] = {
 }
 # ... and those only genkit's block kernel runs (6-bit codes in groups of 16)
 GGUF_BLOCK_TYPES: dict[str, tuple[int, int, Any]] = {**GGUF_INT4_TYPES, "Q6_K": (256, 210, _q6_k)}
+
+
+# GGUF type name -> gk_pack_gguf's number for it, and the bits of the kernel's codes
+GGUF_PACK: dict[str, tuple[int, int]] = {"Q4_0": (0, 4), "Q4_1": (1, 4), "Q8_0": (2, 8), "Q4_K": (3, 4), "Q6_K": (4, 6)}
+
+
+def block_layer(type_name: str, data: np.ndarray, shape: tuple[int, int], source: str = "") -> Int4Linear:
+    """A block-kernel layer of the GGUF tensor of ``type_name`` with torch shape ``(out, in)``, its raw
+    blocks ``data`` converted into the kernel's layout in one C call (no int4 parts, no float copy).
+    ModelFileError where ``data`` does not hold those blocks; UnsupportedModelError where a scale leaves
+    float16's range (as :class:`Int4Linear` says for the parts)."""
+    number, bits = GGUF_PACK[type_name]
+    per_block, nbytes, _ = GGUF_BLOCK_TYPES[type_name]
+    out, k = shape
+    raw = np.ascontiguousarray(data, dtype=np.uint8)
+    if out <= 0 or k <= 0 or k % per_block or raw.nbytes != out * (k // per_block) * nbytes:
+        raise ModelFileError(f"{source or type_name}: {raw.nbytes} bytes do not hold a ({out}, {k}) {type_name} "
+                             f"tensor (blocks of {per_block} weights in {nbytes} bytes)")
+    panels = -(-out // block_kernel.ROWS)
+    blocks = torch.empty(panels, k // GROUP, block_kernel.block_bytes(bits), dtype=torch.uint8)
+    symmetric = ctypes.c_int(0)
+    rc = block_kernel.library().gk_pack_gguf(number, raw.ctypes.data, out, k, blocks.data_ptr(),
+                                             ctypes.byref(symmetric), torch.get_num_threads())
+    if rc == -6:
+        raise UnsupportedModelError(f"{source or 'int4 layer'}: scales overflow float16, which the block kernel "
+                                    "stores; set GENKIT_BLOCK_KERNEL=0 to use torch's int4 kernel")
+    if rc:
+        raise ModelFileError(f"{source or type_name}: the block kernel cannot convert {type_name} blocks (code {rc})")
+    return Int4Linear.from_blocks(blocks, k, out, bits, bool(symmetric.value), source)
 
 
 def int4_parts_from_gguf(type_name: str, data: np.ndarray, shape: tuple[int, int]) -> list[Int4Part]:

@@ -23,7 +23,7 @@ from ..errors import ModelFileError
 from . import block_kernel
 from .base import GenkitModel
 from .gguf import GGUFContents
-from .gguf_blocks import GGUF_BLOCK_TYPES, GGUF_INT4_TYPES, int4_parts_from_gguf, q8_0_embedding
+from .gguf_blocks import GGUF_BLOCK_TYPES, GGUF_INT4_TYPES, block_layer, int4_parts_from_gguf, q8_0_embedding
 from .gpt2 import Conv1D
 from .quant import PACK_CHUNK, Int4Linear, Int4Part, WithBias, int4_shape_ok
 
@@ -60,8 +60,9 @@ def build_quantized_model(config: Any, contents: GGUFContents, dtype: torch.dtyp
     for name, (type_name, data, shape) in layers.items():
         module_name = name.rsplit(".", 1)[0]
         out, k = shape
-        layer: nn.Module = Int4Linear(k, out, row_chunks=_row_chunks(type_name, data, out, k),
-                                      source=f"{type_name} {name}")
+        source = f"{type_name} {name}"
+        layer: nn.Module = (block_layer(type_name, data, (out, k), source) if block_kernel.available()
+                            else Int4Linear(k, out, row_chunks=_row_chunks(type_name, data, out, k), source=source))
         if module_name in biases:
             layer = WithBias(layer, biases[module_name].to(dtype))
         _swap(model, module_name, layer)

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from . import weight_arena
-from .base import ModelConfig, eager_attention
+from .base import Embedding, ModelConfig, eager_attention
 from .block_decode import BlockDecoder
 from .cache import KVCache
 from .llama import build_attention_mask
@@ -57,7 +57,8 @@ class Conv1D(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.zeros(out_features))
-        nn.init.normal_(self.weight, std=0.02)
+        if not self.weight.is_meta:  # (see base.Embedding)
+            nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape[:-1] + (self.weight.shape[1],)
@@ -133,8 +134,8 @@ class GPT2Block(nn.Module):
 class GPT2Inner(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.wte = Embedding(config.vocab_size, config.n_embd)
+        self.wpe = Embedding(config.n_positions, config.n_embd)
         self.h = nn.ModuleList(GPT2Block(config, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=float(config.get("layer_norm_epsilon", 1e-5)))
 

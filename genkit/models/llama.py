@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, NotSupportedError, UnsupportedModelError
-from .base import ModelConfig, eager_attention, has_qk_norm, head_dim_of, kv_heads_of
+from .base import Embedding, ModelConfig, eager_attention, has_qk_norm, head_dim_of, kv_heads_of
 from .cache import KVCache
 from .llama_infer import PreparedModel, prepare_layers, rms_norm, run_layers
 from .mixin import GenerationMixin
@@ -48,11 +48,12 @@ def rope_inv_freq(config: ModelConfig, head_dim: int) -> tuple[torch.Tensor, flo
     theta = float(scaling.get("rope_theta", theta)) if scaling else theta
     partial = float(config.get("partial_rotary_factor", 1.0))
     dim = int(head_dim * partial)
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    # (computed on the CPU, then moved: on the meta device loaders build on, the ops would import torch._dynamo)
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     if rope_type == "default":
-        return inv, 1.0
+        return inv.to(torch.get_default_device()), 1.0
     if rope_type == "linear":
-        return inv / float(scaling["factor"]), 1.0
+        return (inv / float(scaling["factor"])).to(torch.get_default_device()), 1.0
     if rope_type == "llama3":
         factor = float(scaling["factor"])
         low = float(scaling.get("low_freq_factor", 1.0))
@@ -65,7 +66,7 @@ def rope_inv_freq(config: ModelConfig, head_dim: int) -> tuple[torch.Tensor, flo
         smooth = (old_ctx / wavelen - low) / (high - low)
         smoothed = (1 - smooth) * inv_llama / factor + smooth * inv_llama
         is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        return torch.where(is_medium, smoothed, inv_llama), 1.0
+        return torch.where(is_medium, smoothed, inv_llama).to(torch.get_default_device()), 1.0
     raise UnsupportedModelError(
                    f"unsupported rope_scaling type {rope_type!r} in config.json; accepted: default, linear, llama3"
                )
@@ -151,7 +152,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaInner(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, float(config.get("rms_norm_eps", 1e-6)))
 

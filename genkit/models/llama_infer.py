@@ -582,6 +582,11 @@ def run_layers(prepared: PreparedModel, x: torch.Tensor, cos: torch.Tensor | Non
     return x
 
 
+# torch.compiler.disable in torch's lazy form: torch._dynamo (about 1 s of imports) is imported at the first
+# call, not when genkit is; the public decorator where a torch lacks it
+_untraced: Callable[[Any], Any] = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
+
+
 def module_path() -> bool:
     """Whether to run the modules rather than the inference path: with autograd on (training), and
     under ``torch.compile`` (preparing edits parameters in place, and inductor cannot lower the
@@ -666,7 +671,7 @@ class InferencePathModel(GenkitModel):
                 self._prepared = None
         return out
 
-    @torch.compiler.disable  # edits parameters in place: never traced
+    @_untraced  # edits parameters in place: never traced
     def _contiguous_for_training(self) -> None:
         """Give trainable parameters their own contiguous storage again (autograd on after a generation).
 
