@@ -133,6 +133,60 @@ def test_a_length_that_does_not_fit_is_refused_naming_the_most_new_tokens(tiny_m
         genkit.generate(tiny_model, ids, max_new_tokens=2)
 
 
+KV = PER_POSITION - 16  # the tiny model's key/value cache per position
+
+
+def _most_new_tokens(per_position: int, per_sequence: int, prompt: int = 3) -> int:
+    return (BUDGET - per_sequence) // per_position - prompt
+
+
+@pytest.mark.parametrize(("settings", "per_position", "per_sequence"), [
+    ({"guidance_scale": 1.5}, PER_POSITION + KV, 2 * PER_SEQUENCE),  # the unconditional branch's cache and logits
+    ({"guidance_scale": 1.5, "negative_prompt_ids": torch.arange(1, 41)[None]},  # 37 positions past the prompt
+     PER_POSITION + KV, 2 * PER_SEQUENCE + 37 * KV),
+    ({"assistant": True}, 2 * PER_POSITION, 2 * PER_SEQUENCE),  # the assistant's ids, cache and logits
+], ids=["guidance", "negative-prompt", "assistant"])
+def test_what_guidance_and_an_assistant_hold_counts_in_the_memory_check(tiny_model, monkeypatch, settings,
+                                                                        per_position, per_sequence):
+    """Classifier-free guidance runs a second branch with its own cache and logits (a negative prompt
+    longer than the prompt holds more), assisted decoding an assistant model with its own: the memory
+    check counted only the model's sequence, so a length that fitted that alone could exhaust memory."""
+    monkeypatch.setenv("GENKIT_MAX_GENERATION_BYTES", str(BUDGET))
+    settings = dict(settings)
+    if settings.pop("assistant", False):
+        settings["assistant_model"] = tiny_model
+    ids = torch.tensor([[1, 2, 3]])
+    most = _most_new_tokens(per_position, per_sequence)
+    assert most < _most_new_tokens(PER_POSITION, PER_SEQUENCE)
+    with pytest.raises(ConfigError, match=rf"^`max_new_tokens` \({most + 1}\) with 1 prompt of 3 tokens holds 1 "
+                                          rf"sequence of up to {most + 4} positions at once: .*; ask for at most {most} "
+                                          rf"new tokens$"):
+        genkit.generate(tiny_model, ids, max_new_tokens=most + 1, **settings)
+    assert genkit.generate(tiny_model, ids, max_new_tokens=most, min_new_tokens=most, **settings).shape == (1, 3 + most)
+
+
+def test_an_encoder_decoders_cross_attention_counts_in_the_memory_check(monkeypatch):
+    """Each sequence of an encoder-decoder model holds its decoder's cross-attention keys and values over
+    every encoder position (per beam): counted beside its own cache."""
+    pytest.importorskip("transformers")
+    from seq2seq_models import build
+
+    from genkit.models.memory import kv_bytes_per_position
+
+    model = build("t5")
+    kv = kv_bytes_per_position(model.config)
+    assert kv == 2 * 2 * 4 * 8 * 4  # 2 decoder layers of 4 heads of 8, keys and values, float32
+    source = torch.arange(3, 3 + 50)[None]
+    budget = 4 * (40 * (kv + 16) + 96 * 4 + 50 * kv)  # 4 beams of 40 positions over 50 encoder positions
+    monkeypatch.setenv("GENKIT_MAX_GENERATION_BYTES", str(budget))
+    # (the decoder's prompt is its start token: 40 new tokens make 41 positions, one more than the budget's 40)
+    with pytest.raises(ConfigError, match=r"^`num_beams` \(4\) with 1 prompt of 1 token and 40 new tokens holds 4 "
+                                          r"sequences of up to 41 positions at once: .*; at most 3 fit: set `num_beams` "
+                                          r"to 3 or less$"):
+        genkit.generate(model, source, num_beams=4, max_new_tokens=40)
+    assert genkit.generate(model, source, num_beams=3, max_new_tokens=40, min_new_tokens=40).shape == (1, 41)
+
+
 def test_a_billion_beams_are_refused_against_the_memory_there_is(tiny_model):
     """The audit's case, against the machine's own memory (MemAvailable, the cgroup, ulimit -v)."""
     with pytest.raises(ConfigError, match=r"^`num_beams` \(1000000000\) with 1 prompt of 3 tokens and 2 new tokens "

@@ -118,7 +118,8 @@ def _run_decoding(model: Any, inputs: torch.Tensor | None, generation_config: Ge
     negative = {k: arguments[k] for k in ("negative_prompt_ids", "negative_prompt_attention_mask")}
     prepared = prepare(model, inputs, generation_config, arguments["logits_processor"],
                        arguments["stopping_criteria"], arguments["prefix_allowed_tokens_fn"], arguments["streamer"],
-                       kwargs, processor_inputs={k: v for k, v in negative.items() if v is not None})
+                       kwargs, processor_inputs={k: v for k, v in negative.items() if v is not None},
+                       assistant_model=arguments["assistant_model"])
     assistant_model = arguments["assistant_model"]
     decode = _pick_strategy(custom_generate, prepared.config, assistant_model)
     extra: dict[str, Any] = {}
@@ -303,10 +304,10 @@ def check_token_ids(model: Any, config: GenerationConfig) -> None:
 def prepare(model: Any, inputs: torch.Tensor | None, generation_config: GenerationConfig | None,
             logits_processor: list[Any] | None, stopping_criteria: list[Any] | None,
             prefix_allowed_tokens_fn: Any, streamer: Any, kwargs: dict[str, Any], *,
-            processor_inputs: dict[str, Any] | None = None) -> Prepared:
+            processor_inputs: dict[str, Any] | None = None, assistant_model: Any = None) -> Prepared:
     """Inputs, config, processors and stop conditions for a strategy, in named steps.
     ``processor_inputs`` (e.g. ``negative_prompt_ids``) reach the processor factories as
-    ``ProcessorContext.extras``."""
+    ``ProcessorContext.extras``; ``assistant_model`` counts in the memory check."""
     kwargs = dict(kwargs)
     seq2seq = take_seq2seq_inputs(model, inputs, kwargs) if is_encoder_decoder(model) else None
     forwarded = ModelInputs() if seq2seq is not None else take_model_inputs(model, kwargs)
@@ -328,10 +329,10 @@ def prepare(model: Any, inputs: torch.Tensor | None, generation_config: Generati
     else:
         input_ids = _start_seq2seq(model, seq2seq, config, model_kwargs, device)
     _adapt_cache(model_kwargs)
-    config = _set_lengths(model, config, input_ids)
+    extras = dict(processor_inputs or {})
+    config = _set_lengths(model, config, input_ids, seq2seq, extras, assistant_model)
     input_ids = _expand_to_sequences(input_ids, config, model_kwargs, seq2seq, forwarded)
     tokenizer = model_kwargs.pop("tokenizer", None)
-    extras = dict(processor_inputs or {})
     if seq2seq is not None:  # the encoder's token ids (None when it read audio, pixels or embeddings)
         extras["encoder_input_ids"] = seq2seq.state.input_ids
     processors = _build_processors(model, config, input_ids, eos_ids, model_kwargs, logits_processor,
@@ -457,16 +458,24 @@ def _adapt_cache(model_kwargs: dict[str, Any]) -> None:
         model_kwargs["past_key_values"] = as_genkit_cache(cache)
 
 
-def _set_lengths(model: Any, config: ResolvedConfig, input_ids: torch.Tensor) -> ResolvedConfig:
+def _set_lengths(model: Any, config: ResolvedConfig, input_ids: torch.Tensor, seq2seq: Seq2SeqInputs | None,
+                 extras: dict[str, Any], assistant_model: Any) -> ResolvedConfig:
     """``max_length`` and ``min_length`` from the ``*_new_tokens`` settings and the prompt length
     (``genkit.config.resolve_lengths``, transformers 5's rules), checked against the model's context
-    and the memory the sequences would hold (``genkit.models.memory.generation_memory``) before any
+    and the memory the sequences would hold (``genkit.models.memory.generation_memory``: with the
+    encoder's cross-attention, classifier-free guidance's branch, the assistant model) before any
     buffer or cache is sized."""
     from ..models.memory import generation_memory
 
+    negative = extras.get("negative_prompt_ids")
+    guidance = config.guidance_scale is not None and config.guidance_scale != 1
+    memory = generation_memory(
+        model, assistant=assistant_model, guidance=guidance,
+        encoder_positions=int(seq2seq.state.hidden.shape[1]) if seq2seq is not None else 0,
+        negative_positions=int(negative.shape[-1]) - int(input_ids.shape[1]) if isinstance(negative, torch.Tensor) else 0)
     return resolve_lengths(config, int(input_ids.shape[1]),
                            getattr(getattr(model, "config", None), "max_position_embeddings", None),
-                           prompts=int(input_ids.shape[0]), memory=generation_memory(model))
+                           prompts=int(input_ids.shape[0]), memory=memory)
 
 
 def _expand_to_sequences(input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict[str, Any],

@@ -62,20 +62,36 @@ def _first(config: Any, names: tuple[str, ...]) -> int:
     return 0
 
 
-def generation_memory(model: Any) -> MemoryBudget | None:
+def generation_memory(model: Any, *, assistant: Any = None, guidance: bool = False, encoder_positions: int = 0,
+                      negative_positions: int = 0) -> MemoryBudget | None:
     """What one sequence of a generation on ``model`` holds (its token ids and attention mask, its
     key/value cache in the model's dtype, a float32 row of logits) and the memory available on the
-    model's device; ``None`` where the memory available is not known."""
+    model's device; ``None`` where the memory available is not known. Also counted: an
+    encoder-decoder model's cross-attention cache over its ``encoder_positions``; with ``guidance``
+    (classifier-free guidance) the unconditional branch's cache and logits on the same model, its
+    negative prompt's ``negative_positions`` beyond the prompt included; an ``assistant`` model's
+    (assisted decoding) token ids, cache (its cross-attention too) and logits."""
     device = torch.device(getattr(model, "device", "cpu"))
     found = available_memory(device)
     if found is None:
         return None
+    kv, logits = _sequence_bytes(model)
+    per_position, per_sequence = kv + _IDS_PER_POSITION, logits + encoder_positions * kv
+    if guidance:
+        per_position, per_sequence = per_position + kv, per_sequence + logits + max(negative_positions, 0) * kv
+    if assistant is not None:
+        assistant_kv, assistant_logits = _sequence_bytes(assistant)
+        per_position += assistant_kv + _IDS_PER_POSITION
+        per_sequence += assistant_logits + (encoder_positions * assistant_kv if encoder_positions else 0)
+    return MemoryBudget(per_position=per_position, per_sequence=per_sequence, available=found[0], source=found[1],
+                        vocab_size=model_vocab_size(model))
+
+
+def _sequence_bytes(model: Any) -> tuple[int, int]:
+    """A sequence's key/value cache per position on ``model`` (in its dtype) and its float32 row of logits."""
     dtype = getattr(model, "dtype", torch.float32)
     itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) and dtype.is_floating_point else 4
-    vocab = model_vocab_size(model)
-    kv = kv_bytes_per_position(getattr(model, "config", None), itemsize)
-    return MemoryBudget(per_position=kv + _IDS_PER_POSITION, per_sequence=4 * (vocab or 0), available=found[0],
-                        source=found[1], vocab_size=vocab)
+    return kv_bytes_per_position(getattr(model, "config", None), itemsize), 4 * (model_vocab_size(model) or 0)
 
 
 def available_memory(device: torch.device | str = "cpu") -> tuple[int, str] | None:
