@@ -181,14 +181,14 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batc
     return loss / num_items_in_batch if num_items_in_batch is not None else loss
 
 
-class Embedding(nn.Embedding):
-    """``nn.Embedding`` that leaves a weight on the meta device as it is: loaders build models there and
-    copy the file's weights in, and torch's ``normal_`` on a meta tensor imports ``torch._dynamo`` (about
-    1 s of a fresh process's first ``load_model``) to draw nothing."""
-
-    def reset_parameters(self) -> None:
-        if not self.weight.is_meta:
-            super().reset_parameters()
+def embedding(num_embeddings: int, embedding_dim: int) -> nn.Embedding:
+    """``nn.Embedding(num_embeddings, embedding_dim)``, its weight left as it is on the meta device:
+    loaders build models there and copy the file's weights in, and torch's ``normal_`` on a meta
+    tensor imports ``torch._dynamo`` (about 1 s of a fresh process's first ``load_model``) to draw
+    nothing. A plain ``nn.Embedding`` either way (the one-call decoder takes that type only)."""
+    if torch.get_default_device().type == "meta":
+        return nn.Embedding(num_embeddings, embedding_dim, _weight=torch.empty(num_embeddings, embedding_dim))
+    return nn.Embedding(num_embeddings, embedding_dim)
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from . import weight_arena
-from .base import Embedding, ModelConfig, eager_attention
+from .base import ModelConfig, eager_attention, embedding
 from .block_decode import BlockDecoder
 from .cache import KVCache
 from .llama import build_attention_mask
@@ -57,7 +57,7 @@ class Conv1D(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.zeros(out_features))
-        if not self.weight.is_meta:  # (see base.Embedding)
+        if not self.weight.is_meta:  # (see base.embedding)
             nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,8 +134,8 @@ class GPT2Block(nn.Module):
 class GPT2Inner(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.wte = Embedding(config.vocab_size, config.n_embd)
-        self.wpe = Embedding(config.n_positions, config.n_embd)
+        self.wte = embedding(config.vocab_size, config.n_embd)
+        self.wpe = embedding(config.n_positions, config.n_embd)
         self.h = nn.ModuleList(GPT2Block(config, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=float(config.get("layer_norm_epsilon", 1e-5)))
 

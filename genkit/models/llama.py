@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, NotSupportedError, UnsupportedModelError
-from .base import Embedding, ModelConfig, eager_attention, has_qk_norm, head_dim_of, kv_heads_of
+from .base import ModelConfig, eager_attention, embedding, has_qk_norm, head_dim_of, kv_heads_of
 from .cache import KVCache
 from .llama_infer import PreparedModel, prepare_layers, rms_norm, run_layers
 from .mixin import GenerationMixin
@@ -152,7 +152,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaInner(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, float(config.get("rms_norm_eps", 1e-6)))
 
