@@ -130,6 +130,32 @@ def test_a_gguf_file_with_a_string_bos_id_is_refused_by_load_tokenizer(tmp_path)
         load_tokenizer(tmp_path / "t.gguf")
 
 
+def test_a_token_array_cut_short_or_not_utf8_names_the_key(tmp_path):
+    """The header reads a string array in one loop (gguf_header._Header.strings); a token cut off by
+    the end of the file, or bytes that are not UTF-8, still name the key and the bytes."""
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(TOKENS + ["zzzz" * 8])
+    w.add_token_scores(META["scores"] + [-3.0])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    whole = path.read_bytes()
+    assert [str(t) for t in load_tokenizer(path).convert_ids_to_tokens([3, 6])] == ["a", "zzzz" * 8]
+    last = whole.rindex(b"zzzz" * 8)
+    path.write_bytes(whole[:last + 5])  # 5 of the last token's 32 bytes
+    with pytest.raises(CorruptModelError, match=rf"t\.gguf: the file is truncated: {last + 5} bytes, but its header "
+                                                rf"describes data up to byte {last + 32} at least \(the value of "
+                                                r"'tokenizer\.ggml\.tokens'\)"):
+        load_tokenizer(path)
+    path.write_bytes(whole.replace(b"ab", b"\xff\xfe", 1))
+    with pytest.raises(CorruptModelError, match=r"t\.gguf: the value of 'tokenizer\.ggml\.tokens' is not valid UTF-8"):
+        load_tokenizer(path)
+
+
 def test_good_gguf_metadata_still_builds_the_tokenizer():
     tok = tokenizer_from_gguf_metadata(dict(META), name_or_path="model.gguf")
     assert tok.encode("ab") == [1, 0, 5]  # BOS, the unknown "\u2581" prefix, "ab"

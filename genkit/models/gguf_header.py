@@ -59,6 +59,9 @@ class UnknownGGUFTypeError(ModelFileError):
     """A tensor's GGUF type is not one the installed ``gguf`` package knows."""
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Header:
     """A cursor over the file's bytes that refuses to read past the end."""
 
@@ -115,7 +118,30 @@ class _Header:
             start = self.take(n * _SCALAR_SIZES[itype], f"the {n} elements of {key!r}")
             return list(struct.unpack_from(f"<{n}{_SCALAR_FORMATS[itype]}", self.data, start))
         self.count(f"the array length of {key!r}", n, 8, "gguf_array_elements")
+        if itype == STRING:
+            return self.strings(key, n)
         return [self.value(key, itype, in_array=True) for _ in range(n)]
+
+    def strings(self, key: str, n: int) -> list[str]:
+        """An array's ``n`` strings (a tokenizer's 49,000 tokens and as many merges): one loop over the
+        bytes; where one does not read, :meth:`string` reads it again to raise its error."""
+        data, pos, size, out = self.data, self.pos, self.size, []
+        unpack = _U64.unpack_from
+        try:
+            for _ in range(n):
+                if size - pos < 8:
+                    break
+                length = unpack(data, pos)[0]
+                if length > size - pos - 8:
+                    break
+                out.append(str(data[pos + 8:pos + 8 + length], "utf-8"))
+                pos += 8 + length
+        except UnicodeDecodeError:
+            pass
+        self.pos = pos
+        while len(out) < n:  # (the slow reads raise: truncated, or not UTF-8)
+            out.append(self.string(f"the value of {key!r}"))
+        return out
 
 
 def _quant_sizes() -> dict[int, tuple[int, int]]:
