@@ -165,6 +165,33 @@ def test_what_guidance_and_an_assistant_hold_counts_in_the_memory_check(tiny_mod
     assert genkit.generate(tiny_model, ids, max_new_tokens=most, min_new_tokens=most, **settings).shape == (1, 3 + most)
 
 
+@pytest.mark.parametrize("outputs", [{"output_scores": True}, {"output_scores": True, "output_logits": True},
+                                     {"output_hidden_states": True}, {"output_attentions": True}],
+                         ids=["scores", "scores-logits", "hidden-states", "attentions"])
+def test_recorded_outputs_count_in_the_memory_check(tiny_model, monkeypatch, outputs):
+    """output_scores / output_logits keep a vocabulary row per step, output_hidden_states every layer's
+    state per position, output_attentions each layer's heads' weights over the positions before (the
+    square of the length): 4,000 new tokens with output_attentions on a 32-layer model were 8 GB
+    the check did not see."""
+    monkeypatch.setenv("GENKIT_MAX_GENERATION_BYTES", str(BUDGET))
+    cfg = tiny_model.config
+    per_position = PER_POSITION + 4 * 128 * (bool(outputs.get("output_scores")) + bool(outputs.get("output_logits")))
+    per_position += 4 * (cfg.num_hidden_layers + 1) * cfg.hidden_size if "output_hidden_states" in outputs else 0
+    per_pair = 4 * cfg.num_hidden_layers * cfg.num_attention_heads if "output_attentions" in outputs else 0
+    most = max(n for n in range(1, 2000) if n * per_position + n * n * per_pair + PER_SEQUENCE <= BUDGET) - 3
+    assert most < _most_new_tokens(PER_POSITION, PER_SEQUENCE)
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ConfigError, match=rf"^`max_new_tokens` \({most + 1}\) with 1 prompt of 3 tokens holds 1 "
+                                          rf"sequence of up to {most + 4} positions at once: about [\d.]+ KiB for their "
+                                          rf"token ids, key/value caches, logits and the outputs recorded, more than "
+                                          rf"the 97.7 KiB of memory available \(GENKIT_MAX_GENERATION_BYTES\); ask for "
+                                          rf"at most {most} new tokens$"):
+        genkit.generate(tiny_model, ids, max_new_tokens=most + 1, return_dict_in_generate=True, **outputs)
+    out = genkit.generate(tiny_model, ids, max_new_tokens=most, min_new_tokens=most, return_dict_in_generate=True,
+                          **outputs)
+    assert out.sequences.shape == (1, 3 + most)
+
+
 def test_an_encoder_decoders_cross_attention_counts_in_the_memory_check(monkeypatch):
     """Each sequence of an encoder-decoder model holds its decoder's cross-attention keys and values over
     every encoder position (per beam): counted beside its own cache."""

@@ -13,6 +13,7 @@ it is resolved):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -169,13 +170,36 @@ class MemoryBudget:
     ``per_position`` bytes for each position (its token id, attention mask and key/value cache),
     ``per_sequence`` bytes whatever its length (its logits), ``available`` bytes in all, as
     ``source`` says (``/proc/meminfo``'s MemAvailable, a device's free memory, a setting), and the
-    model's ``vocab_size`` (contrastive search has at most that many candidates)."""
+    model's ``vocab_size`` (contrastive search has at most that many candidates). ``per_pair``: bytes
+    per square of the length (the attention weights ``output_attentions`` records: each step's row
+    over the positions before it); ``outputs``: whether the figures count outputs the call records
+    (``output_scores``, ...), named in the error."""
 
     per_position: int
     per_sequence: int
     available: int
     source: str
     vocab_size: int | None = None
+    per_pair: int = 0
+    outputs: bool = False
+
+    def sequence_bytes(self, length: int) -> int:
+        """What one sequence of ``length`` positions holds."""
+        return length * self.per_position + length * length * self.per_pair + self.per_sequence
+
+    def longest(self, budget: int) -> int:
+        """The most positions one sequence can have within ``budget`` bytes (0: not one)."""
+        if budget < self.per_sequence or not (self.per_position or self.per_pair):
+            return 0
+        if not self.per_pair:
+            return (budget - self.per_sequence) // self.per_position
+        a, b, c = self.per_pair, self.per_position, self.per_sequence - budget
+        n = int((-b + math.sqrt(b * b - 4 * a * c)) / (2 * a))
+        while n > 0 and self.sequence_bytes(n) > budget:
+            n -= 1
+        while self.sequence_bytes(n + 1) <= budget:
+            n += 1
+        return n
 
 
 def contrastive_candidates(top_k: int, vocab_size: int | None) -> int:
@@ -208,23 +232,22 @@ def check_memory(config: ResolvedConfig, prompts: int, input_length: int, max_le
     width, name = sequences_per_prompt(config, memory.vocab_size)
 
     def need(width: int, length: int) -> int:
-        return prompts * width * (length * memory.per_position + memory.per_sequence)
+        return prompts * width * memory.sequence_bytes(length)
 
     total = need(width, max_length)
     if total <= memory.available:
         return
     held = prompts * width
     over = (f"holds {held} sequence{'s' if held != 1 else ''} of up to {max_length} positions at once: about {_size(total)} for "
-            f"their token ids, key/value caches and logits, more than the {_size(memory.available)} of memory "
-            f"available ({memory.source})")
+            f"their token ids, key/value caches{', logits and the outputs recorded' if memory.outputs else ' and logits'}"
+            f", more than the {_size(memory.available)} of memory available ({memory.source})")
     new = max_length - input_length
     batch = f"{prompts} prompt{'s' if prompts != 1 else ''} of {input_length} token{'s' if input_length != 1 else ''}"
     if name is not None and need(1, max_length) <= memory.available:
         most = memory.available // need(1, max_length)
         raise ConfigError(f"`{name}` ({getattr(config, name)}) with {batch} and {new} new tokens {over}; at most "
                           f"{most} fit: set `{name}` to {most} or less")
-    per_sequence = memory.available // (prompts * width)
-    fit = (per_sequence - memory.per_sequence) // memory.per_position - input_length if memory.per_position else 0
+    fit = memory.longest(memory.available // (prompts * width)) - input_length
     what = "max_new_tokens" if config.max_new_tokens is not None or "max_length" in config.defaulted else "max_length"
     setting = f" (`{name}`={getattr(config, name)})" if name is not None else ""
     if fit >= 1:

@@ -463,8 +463,8 @@ def _set_lengths(model: Any, config: ResolvedConfig, input_ids: torch.Tensor, se
     """``max_length`` and ``min_length`` from the ``*_new_tokens`` settings and the prompt length
     (``genkit.config.resolve_lengths``, transformers 5's rules), checked against the model's context
     and the memory the sequences would hold (``genkit.models.memory.generation_memory``: with the
-    encoder's cross-attention, classifier-free guidance's branch, the assistant model) before any
-    buffer or cache is sized."""
+    encoder's cross-attention, classifier-free guidance's branch, the assistant model, the outputs
+    recorded) before any buffer or cache is sized."""
     from ..models.memory import generation_memory
 
     negative = extras.get("negative_prompt_ids")
@@ -472,7 +472,8 @@ def _set_lengths(model: Any, config: ResolvedConfig, input_ids: torch.Tensor, se
     memory = generation_memory(
         model, assistant=assistant_model, guidance=guidance,
         encoder_positions=int(seq2seq.state.hidden.shape[1]) if seq2seq is not None else 0,
-        negative_positions=int(negative.shape[-1]) - int(input_ids.shape[1]) if isinstance(negative, torch.Tensor) else 0)
+        negative_positions=int(negative.shape[-1]) - int(input_ids.shape[1]) if isinstance(negative, torch.Tensor) else 0,
+        outputs=config)
     return resolve_lengths(config, int(input_ids.shape[1]),
                            getattr(getattr(model, "config", None), "max_position_embeddings", None),
                            prompts=int(input_ids.shape[0]), memory=memory)

@@ -63,14 +63,15 @@ def _first(config: Any, names: tuple[str, ...]) -> int:
 
 
 def generation_memory(model: Any, *, assistant: Any = None, guidance: bool = False, encoder_positions: int = 0,
-                      negative_positions: int = 0) -> MemoryBudget | None:
+                      negative_positions: int = 0, outputs: Any = None) -> MemoryBudget | None:
     """What one sequence of a generation on ``model`` holds (its token ids and attention mask, its
     key/value cache in the model's dtype, a float32 row of logits) and the memory available on the
     model's device; ``None`` where the memory available is not known. Also counted: an
     encoder-decoder model's cross-attention cache over its ``encoder_positions``; with ``guidance``
     (classifier-free guidance) the unconditional branch's cache and logits on the same model, its
     negative prompt's ``negative_positions`` beyond the prompt included; an ``assistant`` model's
-    (assisted decoding) token ids, cache (its cross-attention too) and logits."""
+    (assisted decoding) token ids, cache (its cross-attention too) and logits; and what the config
+    ``outputs`` asks to record (:func:`_recorded`)."""
     device = torch.device(getattr(model, "device", "cpu"))
     found = available_memory(device)
     if found is None:
@@ -83,8 +84,31 @@ def generation_memory(model: Any, *, assistant: Any = None, guidance: bool = Fal
         assistant_kv, assistant_logits = _sequence_bytes(assistant)
         per_position += assistant_kv + _IDS_PER_POSITION
         per_sequence += assistant_logits + (encoder_positions * assistant_kv if encoder_positions else 0)
-    return MemoryBudget(per_position=per_position, per_sequence=per_sequence, available=found[0], source=found[1],
-                        vocab_size=model_vocab_size(model))
+    recorded, per_pair = _recorded(model, outputs, encoder_positions)
+    return MemoryBudget(per_position=per_position + recorded, per_sequence=per_sequence, available=found[0],
+                        source=found[1], vocab_size=model_vocab_size(model), per_pair=per_pair,
+                        outputs=bool(recorded or per_pair))
+
+
+def _recorded(model: Any, config: Any, encoder_positions: int) -> tuple[int, int]:
+    """Bytes per position and per square of positions that the outputs ``config`` asks for hold for
+    one sequence: ``output_scores`` and ``output_logits`` a float32 row of the vocabulary per step,
+    ``output_hidden_states`` each layer's hidden state (and the embeddings') per position,
+    ``output_attentions`` each layer's heads' weights over the positions before (their squares; the
+    cross-attentions over the encoder per position). Float32 counted for every dtype."""
+    if config is None:
+        return 0, 0
+    text = getattr(model, "config", None)
+    text = text.get_text_config(decoder=True) if callable(getattr(text, "get_text_config", None)) else text
+    vocab = 4 * (model_vocab_size(model) or 0)
+    per = vocab * (bool(getattr(config, "output_scores", False)) + bool(getattr(config, "output_logits", False)))
+    layers = _first(text, _LAYERS)
+    if getattr(config, "output_hidden_states", False):
+        per += 4 * (layers + 1) * _first(text, ("hidden_size", "n_embd", "d_model"))
+    if not getattr(config, "output_attentions", False):
+        return per, 0
+    heads = 4 * layers * _first(text, ("num_attention_heads", "n_head", "num_heads"))
+    return per + heads * encoder_positions, heads
 
 
 def _sequence_bytes(model: Any) -> tuple[int, int]:
