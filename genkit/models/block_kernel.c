@@ -2957,7 +2957,7 @@ int gk_pack_gguf(int type, const uint8_t *src, int N, int K, uint8_t *out, int *
             const uint8_t *row = src + (size_t)(p * GK_ROWS + r) * row_bytes;
             for (int b = 0; b < nb; b++) {
                 uint8_t codes[GK_GROUP];
-                float scale[2], minimum;
+                float scale[2] = {0.0f, 0.0f}, minimum = 0.0f;
                 gguf_group(type, row, b, codes, scale, &minimum);
                 int put = put_group(bits, out + (size_t)p * pbytes + (size_t)b * block_bytes(bits), r, codes, scale, minimum);
                 if (put < rc) rc = put;
