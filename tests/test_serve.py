@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -102,6 +103,21 @@ def _greedy(reference, ids, n):
 
 def test_the_server_batches_continuously(server):
     assert _metrics(server)["genkit_cache_blocks"] > 0  # the continuous batching engine's paged cache
+
+
+def test_the_server_freezes_the_heap_it_loaded(demo_folder):
+    """Objects made before serving (model, tokenizer, server stack) are left out of the garbage
+    collector's passes (gc.freeze; genkit.cli.heap), logged at -v before the server says it listens."""
+    proc, _ = launch(demo_folder, "-v")
+    try:
+        proc.terminate()
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    frozen = re.search(r"INFO genkit.cli: (\d+) objects loaded at start-up are left out of the garbage collector's "
+                       r"passes \(gc.freeze\)", out)
+    assert frozen and int(frozen.group(1)) > 10_000, out[-2000:]
+    assert out.index(frozen.group(0)) < out.index("genkit serve: ")
 
 
 def test_models_and_health(server, client):

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .generate_cmd import DEFAULT_MODEL, add_generation_options
+from .heap import freeze_loaded_heap
 
 ENGINES = ("local", "ray")
 BATCHING = ("auto", "continuous", "static")
@@ -184,6 +185,8 @@ def _make_engine(args: argparse.Namespace, kwargs: dict[str, Any]) -> Any:
                               trust_remote_code=trust, activation_digits=args.activation_digits,
                               numerics=args.numerics)
     tokenizer = genkit.load_tokenizer(args.model, revision=args.revision)
-    return make_local_engine(model, tokenizer, kwargs, batch_size=args.batch_size,
-                             custom_generate=args.custom_generate, trust_remote_code=trust, batching=args.batching,
-                             prompt_logprobs=args.prompt_logprobs)
+    engine = make_local_engine(model, tokenizer, kwargs, batch_size=args.batch_size,
+                               custom_generate=args.custom_generate, trust_remote_code=trust, batching=args.batching,
+                               prompt_logprobs=args.prompt_logprobs)
+    freeze_loaded_heap()
+    return engine

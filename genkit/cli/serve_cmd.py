@@ -151,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     check_device_option(args)
     from genkit.serve.lifecycle import DrainingServer, bind, connection_limits
 
+    from .heap import freeze_loaded_heap
+
     sock = bind(args.host, args.port)
     try:
         apply_threads_option(args)
@@ -158,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
+    freeze_loaded_heap()
     config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5,
                             **connection_limits(args.max_connections, args.max_concurrent_requests,
                                                 write_timeout=args.write_timeout))
