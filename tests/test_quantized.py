@@ -144,6 +144,11 @@ def test_blocks_converted_in_c_find_symmetric_q4_1_and_refuse_what_the_parts_ref
         block_layer("Q4_K", big.reshape(-1)[:-16], (rows, cols), source="Q4_K w")
     with pytest.raises(ModelFileError, match=r"do not hold a \(16, 320\) Q4_K tensor \(blocks of 256 weights"):
         block_layer("Q4_K", big.reshape(-1), (rows, 320))
+    huge = 2**31  # rows past a C int (ctypes would wrap them around), on a view that allocates nothing
+    view = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=(huge * 20,), strides=(0,))
+    with pytest.raises(UnsupportedModelError, match=rf"^Q4_1 w: a \({huge}, 32\) tensor; the block kernel takes at most "
+                                                    rf"{huge - 1} rows and columns$"):
+        block_layer("Q4_1", view, (huge, 32), source="Q4_1 w")
 
 
 def kernel_of(model) -> str:

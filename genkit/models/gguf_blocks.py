@@ -93,6 +93,7 @@ GGUF_INT4_TYPES: dict[str, tuple[int, int, Any]] = {
 GGUF_BLOCK_TYPES: dict[str, tuple[int, int, Any]] = {**GGUF_INT4_TYPES, "Q6_K": (256, 210, _q6_k)}
 
 
+_C_INT_MAX = 2**31 - 1
 # GGUF type name -> gk_pack_gguf's number for it, and the bits of the kernel's codes
 GGUF_PACK: dict[str, tuple[int, int]] = {"Q4_0": (0, 4), "Q4_1": (1, 4), "Q8_0": (2, 8), "Q4_K": (3, 4), "Q6_K": (4, 6)}
 
@@ -105,10 +106,14 @@ def block_layer(type_name: str, data: np.ndarray, shape: tuple[int, int], source
     number, bits = GGUF_PACK[type_name]
     per_block, nbytes, _ = GGUF_BLOCK_TYPES[type_name]
     out, k = shape
-    raw = np.ascontiguousarray(data, dtype=np.uint8)
+    raw = np.asarray(data, dtype=np.uint8)
     if out <= 0 or k <= 0 or k % per_block or raw.nbytes != out * (k // per_block) * nbytes:
         raise ModelFileError(f"{source or type_name}: {raw.nbytes} bytes do not hold a ({out}, {k}) {type_name} "
                              f"tensor (blocks of {per_block} weights in {nbytes} bytes)")
+    if max(out, k) > _C_INT_MAX:  # (ctypes would wrap the C int around)
+        raise UnsupportedModelError(f"{source or type_name}: a ({out}, {k}) tensor; the block kernel takes at most "
+                                    f"{_C_INT_MAX} rows and columns")
+    raw = np.ascontiguousarray(raw)
     panels = -(-out // block_kernel.ROWS)
     blocks = torch.empty(panels, k // GROUP, block_kernel.block_bytes(bits), dtype=torch.uint8)
     symmetric = ctypes.c_int(0)
