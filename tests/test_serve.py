@@ -105,19 +105,27 @@ def test_the_server_batches_continuously(server):
     assert _metrics(server)["genkit_cache_blocks"] > 0  # the continuous batching engine's paged cache
 
 
-def test_the_server_freezes_the_heap_it_loaded(demo_folder):
-    """Objects made before serving (model, tokenizer, server stack) are left out of the garbage
-    collector's passes (gc.freeze; genkit.cli.heap), logged at -v before the server says it listens."""
-    proc, _ = launch(demo_folder, "-v")
+def _start_up_log(folder, *extra: str) -> str:
+    proc, _ = launch(folder, "-v", *extra)
     try:
         proc.terminate()
-        out = proc.communicate(timeout=60)[0]
+        return proc.communicate(timeout=60)[0]
     finally:
         proc.kill()
+
+
+def test_the_server_warms_up_and_freezes_the_heap_it_loaded(demo_folder):
+    """Before the server says it listens: one greedy warm-up request through the engine (as
+    llama-server's; --no-warmup skips it), then the objects made so far (model, tokenizer, server stack)
+    left out of the garbage collector's passes (gc.freeze; genkit.cli.heap), both logged at -v."""
+    out = _start_up_log(demo_folder)
+    warm = re.search(r"INFO genkit.cli.serve: warmed up: a greedy request of \d+ prompt tokens in [\d.]+ ms", out)
     frozen = re.search(r"INFO genkit.cli: (\d+) objects loaded at start-up are left out of the garbage collector's "
                        r"passes \(gc.freeze\)", out)
-    assert frozen and int(frozen.group(1)) > 10_000, out[-2000:]
-    assert out.index(frozen.group(0)) < out.index("genkit serve: ")
+    assert warm and frozen and int(frozen.group(1)) > 10_000, out[-2000:]
+    assert out.index(warm.group(0)) < out.index(frozen.group(0)) < out.index("genkit serve: ")
+    out = _start_up_log(demo_folder, "--no-warmup")
+    assert "genkit serve: " in out and "warmed up" not in out and "gc.freeze" in out, out[-2000:]
 
 
 def test_models_and_health(server, client):

@@ -28,6 +28,8 @@ from .options import (
 )
 
 logger = logging.getLogger("genkit.cli.serve")
+# what the warm-up request reads (--no-warmup: none): a few tokens of ordinary text
+WARM_UP_TEXT = "The quick brown fox jumps over the lazy dog."
 
 _API_KEY_ENV = "GENKIT_API_KEY"
 
@@ -84,6 +86,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="token budget of one batching step (continuous batching engine)")
     p.add_argument("--scheduler", default=None, help="continuous batching scheduler: fifo or prefill_first")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the warm-up request run before the server listens (as llama-server's --no-warmup)")
     p.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
                    help="compute every prompt in full: no reuse of cached prompt prefixes between requests (on a "
                         "server shared by parties who must not learn from its timing what the others sent)")
@@ -174,6 +178,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warm_up(engine: Any, tokenizer: Any) -> None:
+    """The engine's warm-up request (:data:`WARM_UP_TEXT`); one that cannot run is logged, not fatal."""
+    from genkit.errors import GenkitError
+
+    ids = list(tokenizer(WARM_UP_TEXT)["input_ids"])
+    try:
+        took = engine.warm_up(ids)
+    except GenkitError as exc:
+        logger.warning("no warm-up request: %s", exc)
+        return
+    if took is not None:
+        logger.info("warmed up: a greedy request of %d prompt tokens in %.1f ms", len(ids), took * 1e3)
+
+
 def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple[Any, Any]:
     import genkit
     from genkit.serve import build_app, default_model_name
@@ -189,6 +207,8 @@ def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple
         raise ConfigError(f"--max-model-len {args.max_model_len} is over the model's context of {context} tokens")
     engine = make_engine(model, tokenizer, scheduler=args.scheduler, max_batch_tokens=args.max_batch_tokens,
                          prompt_cache=args.prompt_cache)
+    if args.warmup:
+        _warm_up(engine, tokenizer)
     policy = ServePolicy(host=args.host, port=args.port, api_key=settings["api_key"],
                          allowed_hosts=settings["hosts"], allowed_origins=settings["origins"],
                          max_body_bytes=args.max_body_size)

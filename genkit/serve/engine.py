@@ -239,6 +239,11 @@ class GenerateEngine:
         release_openmp_workers()
         self._thread.start()
 
+    def warm_up(self, prompt_ids: list[int], new_tokens: int = 4, timeout: float = 300.0) -> float | None:
+        """Nothing (the continuous batching engine's :meth:`ContinuousEngine.warm_up` runs a request;
+        this engine's models, encoder-decoders among them, take other prompts): None."""
+        return None
+
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> RequestStream:
         stream = RequestStream(request, loop)
         with self._lock:
