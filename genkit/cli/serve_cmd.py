@@ -83,6 +83,15 @@ def add_parser(subparsers: Any) -> None:
                         "(default: 30)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "auto"])
     add_device_option(p)
+    _add_engine_options(p)
+    add_threads_option(p)
+    add_activation_digits_option(p)
+    add_numerics_option(p)
+    p.set_defaults(func=run)
+
+
+def _add_engine_options(p: Any) -> None:
+    """The continuous batching engine's options."""
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="token budget of one batching step (continuous batching engine)")
     p.add_argument("--scheduler", default=None, help="continuous batching scheduler: fifo or prefill_first")
@@ -91,10 +100,6 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
                    help="compute every prompt in full: no reuse of cached prompt prefixes between requests (on a "
                         "server shared by parties who must not learn from its timing what the others sent)")
-    add_threads_option(p)
-    add_activation_digits_option(p)
-    add_numerics_option(p)
-    p.set_defaults(func=run)
 
 
 def _listed(values: list[str]) -> list[str]:
