@@ -60,7 +60,8 @@ class ContinuousEngine:
         """One greedy request of ``prompt_ids`` through the manager before the server takes any, as
         llama-server warms up: the first steps' costs (the kernels' thread pools and scratch memory,
         the prompt's and the decode step's first calls, a lone request's draft) are paid here, not by
-        the first client (88 ms to its first token on a 2-core Zen 5, then 8-12 ms). Its tokens go
+        the first client (the demo model in float32: a first request's first text 385 ms after it was
+        sent without it, 59 ms with it; 8-12 ms for the next ones; docs/serve.md). Its tokens go
         nowhere (no route), its prompt stays in the prompt cache. The seconds it took, or None when
         it did not finish within ``timeout``."""
         done = threading.Event()
