@@ -176,7 +176,9 @@ def test_hostile_generation_fields_are_bad_rows_with_their_reason(tmp_path, toke
     engine = LocalEngine(model, tokenizer, {"max_new_tokens": 3}, batch_size=4)
     summary = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", engine)
     assert [r["id"] for r in _read(tmp_path / "out.jsonl")] == ["ok1", "lp", "ok2"]
-    one = 4 * (16 + 512) + 512  # a sequence of the tiny model: 4 positions (ids, mask, cache), its logits
+    # a beam of the tiny model: 4 positions (ids, mask, cache; its candidates' and finished ids), its logits and
+    # 3 more rows of the vocabulary (genkit.models.memory's beam search terms)
+    one = 4 * (16 + 512 + 64) + 4 * 512
     errors = {e["id"]: e["error"] for e in _read(tmp_path / "out.jsonl.errors.jsonl")}
     assert errors == {
         "beams": f"generation failed: `num_beams` (1000000000) with 1 prompt of 1 token and 3 new tokens holds "

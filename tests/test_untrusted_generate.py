@@ -78,6 +78,9 @@ def test_a_length_past_the_context_is_refused_before_anything_is_allocated(tiny_
 # the tiny model's sequence: per position its token id and mask (8 + 8 bytes) and its key/value
 # cache (keys and values, 2 layers, 2 key/value heads of 16 float32s: 512 bytes); its logits, 128 float32s
 PER_POSITION, PER_SEQUENCE, BUDGET = 16 + 2 * 2 * 2 * 16 * 4, 128 * 4, 100_000
+# ... and a beam's: its candidates' and finished hypotheses' ids (8 int64 per position), 3 more rows of
+# vocabulary floats per step (the log-softmax, its sum with the beam's score, beam sampling's softmax)
+BEAM_PER_POSITION, BEAM_PER_SEQUENCE = PER_POSITION + 64, 4 * PER_SEQUENCE
 
 
 def _over(held: int, positions: int, need: int) -> str:
@@ -99,7 +102,9 @@ def test_more_sequences_than_fit_are_refused_naming_the_setting(tiny_model, monk
     setting and the most that fits (GENKIT_MAX_GENERATION_BYTES sets the memory available)."""
     monkeypatch.setenv("GENKIT_MAX_GENERATION_BYTES", str(BUDGET))
     ids = torch.tensor([[1, 2, 3], [1, 4, 5]][:prompts])
-    one = prompts * (8 * PER_POSITION + PER_SEQUENCE)  # each prompt's sequence, of 3 + 5 positions
+    beams = name == "num_beams"
+    per_position, per_sequence = (BEAM_PER_POSITION, BEAM_PER_SEQUENCE) if beams else (PER_POSITION, PER_SEQUENCE)
+    one = prompts * (8 * per_position + per_sequence)  # each prompt's sequence, of 3 + 5 positions
     most = BUDGET // one
     with pytest.raises(ConfigError) as exc:
         genkit.generate(tiny_model, ids, max_new_tokens=5, **settings)
@@ -124,8 +129,8 @@ def test_a_length_that_does_not_fit_is_refused_naming_the_most_new_tokens(tiny_m
     with pytest.raises(ConfigError) as exc:
         genkit.generate(tiny_model, ids, max_new_tokens=400, num_beams=2)
     assert str(exc.value) == (f"`max_new_tokens` (400) with 1 prompt of 3 tokens (`num_beams`=2) "
-                              f"{_over(2, 403, 2 * (403 * PER_POSITION + PER_SEQUENCE))}; ask for at most "
-                              f"{(BUDGET // 2 - PER_SEQUENCE) // PER_POSITION - 3} new tokens")
+                              f"{_over(2, 403, 2 * (403 * BEAM_PER_POSITION + BEAM_PER_SEQUENCE))}; ask for at most "
+                              f"{(BUDGET // 2 - BEAM_PER_SEQUENCE) // BEAM_PER_POSITION - 3} new tokens")
     assert genkit.generate(tiny_model, ids, max_new_tokens=most).shape == (1, 3 + most)
     monkeypatch.setenv("GENKIT_MAX_GENERATION_BYTES", "lots")
     with pytest.raises(ConfigError, match=r"^GENKIT_MAX_GENERATION_BYTES='lots' is not accepted; use a positive "

@@ -28,6 +28,11 @@ __all__ = ["MEMORY_VARIABLE", "available_memory", "generation_memory", "kv_bytes
 MEMORY_VARIABLE = "GENKIT_MAX_GENERATION_BYTES"
 # what a sequence holds per position besides its cache: its token id and attention mask (int64 each)
 _IDS_PER_POSITION = 16
+# beam search, per beam: the ids of its candidates (two per beam), of the finished hypotheses and their
+# merge with the candidates, at most 8 int64 per position at once; and 3 more float32 rows of the
+# vocabulary per step (the log-softmax, its sum with the beam's score, beam sampling's softmax)
+_BEAM_IDS_PER_POSITION = 8 * 8
+_BEAM_SCORE_ROWS = 3
 # transformers' configs name these differently (GPT-2's n_layer, T5's num_decoder_layers and d_kv)
 _LAYERS = ("num_decoder_layers", "num_hidden_layers", "n_layer", "num_layers")
 _KV_HEADS = ("num_key_value_heads", "num_attention_heads", "n_head", "num_heads")
@@ -70,8 +75,9 @@ def generation_memory(model: Any, *, assistant: Any = None, guidance: bool = Fal
     encoder-decoder model's cross-attention cache over its ``encoder_positions``; with ``guidance``
     (classifier-free guidance) the unconditional branch's cache and logits on the same model, its
     negative prompt's ``negative_positions`` beyond the prompt included; an ``assistant`` model's
-    (assisted decoding) token ids, cache (its cross-attention too) and logits; and what the config
-    ``outputs`` asks to record (:func:`_recorded`)."""
+    (assisted decoding) token ids, cache (its cross-attention too) and logits; and with the config
+    ``outputs``, beam search's per-step work (when its ``num_beams`` > 1) and what it asks to record
+    (:func:`_recorded`)."""
     device = torch.device(getattr(model, "device", "cpu"))
     found = available_memory(device)
     if found is None:
@@ -84,6 +90,8 @@ def generation_memory(model: Any, *, assistant: Any = None, guidance: bool = Fal
         assistant_kv, assistant_logits = _sequence_bytes(assistant)
         per_position += assistant_kv + _IDS_PER_POSITION
         per_sequence += assistant_logits + (encoder_positions * assistant_kv if encoder_positions else 0)
+    if isinstance(getattr(outputs, "num_beams", 1), int) and getattr(outputs, "num_beams", 1) > 1:
+        per_position, per_sequence = per_position + _BEAM_IDS_PER_POSITION, per_sequence + _BEAM_SCORE_ROWS * logits
     recorded, per_pair = _recorded(model, outputs, encoder_positions)
     return MemoryBudget(per_position=per_position + recorded, per_sequence=per_sequence, available=found[0],
                         source=found[1], vocab_size=model_vocab_size(model), per_pair=per_pair,
