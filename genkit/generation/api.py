@@ -473,7 +473,7 @@ def _set_lengths(model: Any, config: ResolvedConfig, input_ids: torch.Tensor, se
         model, assistant=assistant_model, guidance=guidance,
         encoder_positions=int(seq2seq.state.hidden.shape[1]) if seq2seq is not None else 0,
         negative_positions=int(negative.shape[-1]) - int(input_ids.shape[1]) if isinstance(negative, torch.Tensor) else 0,
-        outputs=config)
+        config=config)
     return resolve_lengths(config, int(input_ids.shape[1]),
                            getattr(getattr(model, "config", None), "max_position_embeddings", None),
                            prompts=int(input_ids.shape[0]), memory=memory)

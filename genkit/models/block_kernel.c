@@ -2793,6 +2793,29 @@ static uint16_t f16_bits(float f) {
 #endif
 }
 
+/* Row r of a panel block blk (gk_matmul's layout): its 32 codes, and its scale and offset (float16; 6-bit: two float32 scales).
+ * Returns 0 where an offset is -2^(bits-1) times the scale (a symmetric block), 1 where it is not, -6 where a
+ * scale or offset leaves float16's range. */
+static int put_group(int bits, uint8_t *blk, int r, const uint8_t *codes, const float *scale, float minimum) {
+    if (bits == 4) {
+        for (int c = 0; c < 4; c++)
+            for (int j = 0; j < 4; j++) blk[c * 64 + r * 4 + j] = codes[8 * c + j] | (uint8_t)(codes[8 * c + 4 + j] << 4);
+    } else {
+        for (int c = 0; c < 8; c++) memcpy(blk + c * 64 + r * 4, codes + 4 * c, 4);
+    }
+    if (bits == 6) {
+        memcpy(blk + 512 + 4 * r, &scale[0], 4);
+        memcpy(blk + 576 + 4 * r, &scale[1], 4);
+        return 0;
+    }
+    float d = round_f16(scale[0]), m = round_f16(minimum);
+    if (!isfinite(d) || !isfinite(m)) return -6;
+    uint16_t dh = f16_bits(d), mh = f16_bits(m);
+    memcpy(blk + 16 * bits * 4 + 2 * r, &dh, 2);
+    memcpy(blk + 16 * bits * 4 + 32 + 2 * r, &mh, 2);
+    return minimum != -(float)(1 << (bits - 1)) * scale[0];
+}
+
 /* One panel (rows n0.., GK_ROWS of them, those past N zero) of the copy: codes, scales, and per row
  * the sums of squares of the rounding error, the copy's weights, the weights and the scales.
  * Returns -6 when a weight is not finite or a scale leaves float16's range. */
@@ -2810,18 +2833,17 @@ static int proxy_panel(const float *w, long ldw, int N, int K, int n0, uint8_t *
             }
             float d = round_f16(amax / 127.0f), inv = d > 0.0f ? 1.0f / d : 0.0f;
             if (!(d < 511.0f)) return -6; /* m = -128 d must be a float16 too */
+            uint8_t codes[GK_GROUP];
             for (int k = 0; k < GK_GROUP; k++) {
                 float c = fminf(fmaxf(nearbyintf(v[k] * inv), -128.0f), 127.0f);
-                blk[(k / 4) * 64 + r * 4 + k % 4] = (uint8_t)(c + 128.0f);
+                codes[k] = (uint8_t)(c + 128.0f);
                 double wt = (double)d * c, dw = (double)v[k] - wt;
                 sums[r][0] += dw * dw;
                 sums[r][1] += wt * wt;
                 sums[r][2] += (double)v[k] * v[k];
             }
             sums[r][3] += (double)d * d;
-            uint16_t dh = f16_bits(d), mh = f16_bits(-128.0f * d);
-            memcpy(blk + 512 + 2 * r, &dh, 2);
-            memcpy(blk + 544 + 2 * r, &mh, 2);
+            put_group(8, blk, r, codes, &d, -128.0f * d);
         }
     }
     return 0;
@@ -2915,29 +2937,6 @@ static void gguf_group(int type, const uint8_t *row, int b, uint8_t *codes, floa
         q6_k_group(blk, b % 8, codes, scale);
         *minimum = -32.0f * scale[0];
     }
-}
-
-/* Row r of a panel block blk: its 32 codes, and its scale and offset (float16; 6-bit: two float32 scales).
- * Returns 0 where an offset is -2^(bits-1) times the scale (a symmetric block), 1 where it is not, -6 where a
- * scale or offset leaves float16's range. */
-static int put_group(int bits, uint8_t *blk, int r, const uint8_t *codes, const float *scale, float minimum) {
-    if (bits == 4) {
-        for (int c = 0; c < 4; c++)
-            for (int j = 0; j < 4; j++) blk[c * 64 + r * 4 + j] = codes[8 * c + j] | (uint8_t)(codes[8 * c + 4 + j] << 4);
-    } else {
-        for (int c = 0; c < 8; c++) memcpy(blk + c * 64 + r * 4, codes + 4 * c, 4);
-    }
-    if (bits == 6) {
-        memcpy(blk + 512 + 4 * r, &scale[0], 4);
-        memcpy(blk + 576 + 4 * r, &scale[1], 4);
-        return 0;
-    }
-    float d = round_f16(scale[0]), m = round_f16(minimum);
-    if (!isfinite(d) || !isfinite(m)) return -6;
-    uint16_t dh = f16_bits(d), mh = f16_bits(m);
-    memcpy(blk + 16 * bits * 4 + 2 * r, &dh, 2);
-    memcpy(blk + 16 * bits * 4 + 32 + 2 * r, &mh, 2);
-    return minimum != -(float)(1 << (bits - 1)) * scale[0];
 }
 
 /* The N x K weight of GGUF `type` (rows of K / weights-per-block blocks, from src) in gk_matmul's layout

@@ -41,19 +41,25 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(config: ModelConfig, head_dim: int) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and attention scaling for the config's rope settings."""
+    """Inverse frequencies and attention scaling for the config's rope settings, on the default device.
+    (Computed on the CPU, then moved: on the meta device loaders build on, the ops would import
+    torch._dynamo.)"""
+    inv, scaling = _rope_inv_freq_cpu(config, head_dim)
+    return inv.to(torch.get_default_device()), scaling
+
+
+def _rope_inv_freq_cpu(config: ModelConfig, head_dim: int) -> tuple[torch.Tensor, float]:
     theta = float(config.get("rope_theta", 10000.0))
     scaling = config.rope_scaling or config.rope_parameters or {}
     rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
     theta = float(scaling.get("rope_theta", theta)) if scaling else theta
     partial = float(config.get("partial_rotary_factor", 1.0))
     dim = int(head_dim * partial)
-    # (computed on the CPU, then moved: on the meta device loaders build on, the ops would import torch._dynamo)
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     if rope_type == "default":
-        return inv.to(torch.get_default_device()), 1.0
+        return inv, 1.0
     if rope_type == "linear":
-        return (inv / float(scaling["factor"])).to(torch.get_default_device()), 1.0
+        return inv / float(scaling["factor"]), 1.0
     if rope_type == "llama3":
         factor = float(scaling["factor"])
         low = float(scaling.get("low_freq_factor", 1.0))
@@ -66,7 +72,7 @@ def rope_inv_freq(config: ModelConfig, head_dim: int) -> tuple[torch.Tensor, flo
         smooth = (old_ctx / wavelen - low) / (high - low)
         smoothed = (1 - smooth) * inv_llama / factor + smooth * inv_llama
         is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        return torch.where(is_medium, smoothed, inv_llama).to(torch.get_default_device()), 1.0
+        return torch.where(is_medium, smoothed, inv_llama), 1.0
     raise UnsupportedModelError(
                    f"unsupported rope_scaling type {rope_type!r} in config.json; accepted: default, linear, llama3"
                )

@@ -47,8 +47,7 @@ def kv_bytes_per_position(config: Any, itemsize: int = 4) -> int:
     if isinstance(config, ModelConfig):
         layers, heads, head_dim = config.num_hidden_layers, kv_heads_of(config), head_dim_of(config)
     else:
-        get_text_config = getattr(config, "get_text_config", None)
-        text = get_text_config(decoder=True) if callable(get_text_config) else config
+        text = _text_config(config)
         layers, heads = _first(text, _LAYERS), _first(text, _KV_HEADS)
         attention_heads = _first(text, ("num_attention_heads", "n_head", "num_heads"))
         width = _first(text, ("hidden_size", "n_embd", "d_model"))
@@ -56,6 +55,12 @@ def kv_bytes_per_position(config: Any, itemsize: int = 4) -> int:
     if not all(isinstance(v, int) and v > 0 for v in (layers, heads, head_dim)):
         return 0
     return 2 * int(layers) * int(heads) * int(head_dim) * itemsize
+
+
+def _text_config(config: Any) -> Any:
+    """A transformers config's text decoder's (``get_text_config``), else ``config`` itself."""
+    get_text_config = getattr(config, "get_text_config", None)
+    return get_text_config(decoder=True) if callable(get_text_config) else config
 
 
 def _first(config: Any, names: tuple[str, ...]) -> int:
@@ -68,16 +73,16 @@ def _first(config: Any, names: tuple[str, ...]) -> int:
 
 
 def generation_memory(model: Any, *, assistant: Any = None, guidance: bool = False, encoder_positions: int = 0,
-                      negative_positions: int = 0, outputs: Any = None) -> MemoryBudget | None:
+                      negative_positions: int = 0, config: Any = None) -> MemoryBudget | None:
     """What one sequence of a generation on ``model`` holds (its token ids and attention mask, its
     key/value cache in the model's dtype, a float32 row of logits) and the memory available on the
     model's device; ``None`` where the memory available is not known. Also counted: an
     encoder-decoder model's cross-attention cache over its ``encoder_positions``; with ``guidance``
     (classifier-free guidance) the unconditional branch's cache and logits on the same model, its
     negative prompt's ``negative_positions`` beyond the prompt included; an ``assistant`` model's
-    (assisted decoding) token ids, cache (its cross-attention too) and logits; and with the config
-    ``outputs``, beam search's per-step work (when its ``num_beams`` > 1) and what it asks to record
-    (:func:`_recorded`)."""
+    (assisted decoding) token ids, cache (its cross-attention too) and logits; and with the
+    generation ``config``, beam search's per-step work (when its ``num_beams`` > 1) and the outputs
+    it asks to record (:func:`_recorded`)."""
     device = torch.device(getattr(model, "device", "cpu"))
     found = available_memory(device)
     if found is None:
@@ -90,9 +95,10 @@ def generation_memory(model: Any, *, assistant: Any = None, guidance: bool = Fal
         assistant_kv, assistant_logits = _sequence_bytes(assistant)
         per_position += assistant_kv + _IDS_PER_POSITION
         per_sequence += assistant_logits + (encoder_positions * assistant_kv if encoder_positions else 0)
-    if isinstance(getattr(outputs, "num_beams", 1), int) and getattr(outputs, "num_beams", 1) > 1:
+    beams = getattr(config, "num_beams", 1)
+    if isinstance(beams, int) and beams > 1:
         per_position, per_sequence = per_position + _BEAM_IDS_PER_POSITION, per_sequence + _BEAM_SCORE_ROWS * logits
-    recorded, per_pair = _recorded(model, outputs, encoder_positions)
+    recorded, per_pair = _recorded(model, config, encoder_positions)
     return MemoryBudget(per_position=per_position + recorded, per_sequence=per_sequence, available=found[0],
                         source=found[1], vocab_size=model_vocab_size(model), per_pair=per_pair,
                         outputs=bool(recorded or per_pair))
@@ -106,8 +112,7 @@ def _recorded(model: Any, config: Any, encoder_positions: int) -> tuple[int, int
     cross-attentions over the encoder per position). Float32 counted for every dtype."""
     if config is None:
         return 0, 0
-    text = getattr(model, "config", None)
-    text = text.get_text_config(decoder=True) if callable(getattr(text, "get_text_config", None)) else text
+    text = _text_config(getattr(model, "config", None))
     vocab = 4 * (model_vocab_size(model) or 0)
     per = vocab * (bool(getattr(config, "output_scores", False)) + bool(getattr(config, "output_logits", False)))
     layers = _first(text, _LAYERS)
