@@ -143,6 +143,48 @@ def test_two_quantized_models_keep_their_own_amx_thresholds(quantized_file, monk
     assert _thresholds(tiles) == {block_kernel.AMX_PREFILL_MIN_ROWS}
 
 
+def test_a_model_takes_the_choice_of_the_thread_count_it_runs_at(quantized_file):
+    """The kernel choice is made per thread count: a model prepared at 1 thread is prepared again, with
+    the choice for 2, when the process moves to 2 threads, and kept while the count stays (before, it
+    kept its first choice: a benchmark at 1 then 2 threads ran its 2-thread prompts on the 1-thread
+    choice, never probing the 2-thread one; session 36)."""
+    if not _block_paths():
+        pytest.skip("no C compiler or no vector path for the block kernel on this CPU")
+    if threads.cpu_budget() < 2:
+        pytest.skip("one CPU available: no second thread count to move to")
+    model, before = genkit.load_model(quantized_file), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        first = _greedy(model, PROMPTS["prefill"])
+        one = model._prepared[1]
+        torch.set_num_threads(2)
+        assert _greedy(model, PROMPTS["prefill"]) == first
+        two = model._prepared[1]
+        assert two is not one and model._prepared[0][1] == 2 and two.choice is not one.choice
+        assert _greedy(model, PROMPTS["prefill"]) == first and model._prepared[1] is two
+    finally:
+        torch.set_num_threads(before)
+    if len(_block_paths()) > 1:  # a probe at each count (the prefill class has two paths here)
+        assert {key.split("|")[2] for key in kernel_choice.cached_entries()} == {"threads=1", "threads=2"}
+
+
+def test_each_activation_rounding_has_its_own_choice_and_llama_order_no_tiles(quantized_file):
+    """The block kernel's choice is made per activation rounding (AMX's gain over the vector path
+    differs by it: one choice for both had a one-digit probe decide a two-digit model's prefill), and
+    llama.cpp's float order, which never runs on AMX tiles, is not offered them (its probe would time the
+    vector path twice)."""
+    simd = _block_paths()[:1]
+    if not simd:
+        pytest.skip("no C compiler or no vector path for the block kernel on this CPU")
+    for kwargs in ({}, {"activation_digits": 1}, {"numerics": "llama.cpp"}):
+        _greedy(genkit.load_model(quantized_file, **kwargs), PROMPTS["prefill"])
+    acts = {sig.rsplit(";", 1)[1]: choice for (family, sig), choice in kernel_choice.CHOSEN.items() if family == "blocks"}
+    two, one = block_kernel.ACT_TWO, block_kernel.ACT_Q8_1
+    assert set(acts) == {f"act{two}", f"act{one}", f"act{block_kernel.llama_order(one)}"}
+    assert acts[f"act{block_kernel.llama_order(one)}"].paths == dict.fromkeys(kernel_choice.CLASSES, simd[0])
+    assert set(acts[f"act{block_kernel.llama_order(one)}"].reasons.values()) == {"the only path here"}
+
+
 def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:

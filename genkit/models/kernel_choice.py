@@ -100,12 +100,12 @@ PREFERRED = {("dense", "decode"): "gemv"}
 # then moved the AMX threshold from 32 rows to 16)
 PATH_MIN_ROWS = {"amx": 16}
 PREFER_SLACK = 0.15
-PROBE_VERSION = 7  # part of the cache key: choices probed by an older rule (version 1: best of 3, no margin,
+PROBE_VERSION = 8  # part of the cache key: choices probed by an older rule (version 1: best of 3, no margin,
 # taken under any load; version 2: without the gemv path; version 3: the products alone, before the
 # gemv kernel streamed at one core's read speed and took the norms, gate and residuals in; version 4:
 # no preferred path; version 5: the preferred path within 0.05 and beating the default by the margin,
 # before greedy steps speculated; version 6: AMX probed for the decode and small classes too, where it never
-# runs) are never read
+# runs; version 7: one block-kernel choice for every activation rounding) are never read
 
 Runner = Callable[[str, int], None]
 """``run(path, rows)``: one timed unit of work on ``path`` with ``rows`` rows."""

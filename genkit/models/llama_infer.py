@@ -442,7 +442,9 @@ def blocks_choice(prepared: list[PreparedLayer], lm_head: Any = None) -> Any:
     if prepared[0].wgu.kernel != "blocks" or not block_kernel.simd():
         return None
     simd = "vnni" if block_kernel.simd() == "avx512-vnni" else "avx2"
-    available = (simd, "amx") if block_kernel.amx_available() else (simd,)  # the default first: the vector path
+    act = prepared[0].wgu.act  # llama.cpp's float order never runs on AMX tiles (gk_matmul): not offered it
+    tiles = block_kernel.amx_available() and act not in (block_kernel.ACT_LLAMA_Q8_1, block_kernel.ACT_LLAMA_Q8_0)
+    available = (simd, "amx") if tiles else (simd,)  # the default first: the vector path
     inputs = _ProbeInputs()
     probed = [w for p in prepared[:4] for w in (p.wqkv, p.wo, p.wgu, p.wd)]
 
@@ -451,7 +453,9 @@ def blocks_choice(prepared: list[PreparedLayer], lm_head: Any = None) -> Any:
             w.amx_rows = 1 if path == "amx" else 0
             w.forward(inputs(rows, w.in_features))
 
-    signature = f"{prepared[0].wgu.bits}bit;{prepared[0].wgu.out_features}x{prepared[0].wgu.in_features}"
+    # the activation rounding too: AMX's gain differs by it (Xeon guest, session 36: 0.62-0.88x the vector
+    # path's time from 32 rows with two digits, 0.70-1.16x with one), so each rounding is probed on its own
+    signature = f"{prepared[0].wgu.bits}bit;{prepared[0].wgu.out_features}x{prepared[0].wgu.in_features};act{act}"
     choice = kernel_choice.choose("blocks", signature, available, run)
     rows = {**kernel_choice.PROBE_MIN_ROWS, "prefill": block_kernel.AMX_PREFILL_MIN_ROWS}
     first_amx = next((rows[c] for c in kernel_choice.CLASSES if choice.paths[c] == "amx"), 0)
@@ -636,16 +640,23 @@ class InferencePathModel(GenkitModel):
         # parameters made under torch.inference_mode (a model built or loaded there) have no version
         # counter to key them by and cannot be laid out in place: such a model runs its modules
         if not has_hooks(key.modules) and not key.made_in_inference_mode():
-            if self._prepared is None or self._prepared[0] != (self.cpu_weight_packing, key.ids()):
+            if self._prepared is None or self._prepared[0] != self._prepared_key(key.ids(), self._prepared[1]):
                 self._prepared = None  # drop old packed copies first
                 prepared = self._prepare()
                 # laying out changed the parameters' storage: key what they are now
-                self._prepared = ((self.cpu_weight_packing, WeightsKey(self._path_modules()).ids()), prepared)
+                self._prepared = (self._prepared_key(WeightsKey(self._path_modules()).ids(), prepared), prepared)
             prepared = self._prepared[1]
         if cache is not None:  # weakly: a kept cache keeps neither the model nor weights rebuilt since
             cache.prepared = (weakref.ref(self), None if prepared is None else weakref.ref(prepared),
                               RemovableHandle.next_id)
         return prepared
+
+    def _prepared_key(self, ids: tuple[Any, ...], prepared: PreparedModel | None) -> tuple[Any, ...]:
+        """What prepared weights are kept for: the packing setting, the weights' ``ids`` and, where a
+        kernel choice made their routes, the thread count (the choice is per count: weights prepared
+        at 1 thread are prepared again, and their choice taken, when the process runs at 2)."""
+        threads = torch.get_num_threads() if prepared is not None and prepared.choice is not None else None
+        return (self.cpu_weight_packing, threads, ids)
 
     def _weights_on(self, cache: Any) -> tuple[bool, PreparedModel | None]:
         """(True, the prepared weights ``cache`` started with, or None for the module path); (False,
@@ -666,7 +677,7 @@ class InferencePathModel(GenkitModel):
         out = super()._apply(fn, recurse)
         if self._prepared is not None:
             storages = [(id(p), p.data_ptr()) for m in self._path_modules() for p in m.parameters()]
-            _packing, (_tree, params) = self._prepared[0]
+            _packing, _threads, (_tree, params) = self._prepared[0]
             if storages != [entry[:2] for entry in params]:
                 self._prepared = None
         return out
