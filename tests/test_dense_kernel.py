@@ -53,7 +53,7 @@ def _check(threads: int) -> None:
         for layout, w in _layouts(n, k, g).items():
             gemv = dense_kernel.Gemv(w)
             assert gemv.fn is not None, layout
-            for rows in (1, 2, 3, 4):
+            for rows in (1, 2, 3, 4, 8, 16):
                 x = torch.randn(rows, k, generator=g)
                 got, want = gemv(x), F.linear(x, w)
                 bound = matmul_bound(x, w).float() + torch.finfo(torch.float32).tiny
@@ -98,7 +98,7 @@ def test_fused_products_equal_torchs_ops_within_the_float32_bound(threads, pre):
     for n, k in SHAPES:
         for layout, w in _layouts(n, k, g).items():
             gemv = dense_kernel.Gemv(w)
-            for rows in (1, 2, 4):
+            for rows in (1, 2, 4, 8):
                 x = torch.randn(1, rows, 2 * k if code == dense_kernel.PRE_GATE else k, generator=g)
                 norm, residual = torch.randn(k, generator=g), torch.randn(1, rows, n, generator=g)
                 got = gemv.fused(x, code, norm, 1e-5, residual)
@@ -147,6 +147,26 @@ def test_more_rows_than_the_kernel_takes_run_on_torchs_linear():
     w = torch.randn(64, 48).t().contiguous().t()
     x = torch.randn(dense_kernel.MAX_ROWS + 1, 48)
     assert torch.equal(dense_kernel.Gemv(w)(x), F.linear(x, w))  # the same call, bit for bit
+    row_major = torch.randn(64, 48)
+    x = torch.randn(dense_kernel.MAX_ROWS_ROW_MAJOR + 1, 48)
+    assert torch.equal(dense_kernel.Gemv(row_major)(x), F.linear(x, row_major))
+
+
+@needs_cc
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_laid_out_weights_rows_up_to_max_rows_have_the_bits_of_each_row_alone(threads):
+    """Up to MAX_ROWS rows of a laid-out weight run on the kernel (not torch's linear, which a batch of 5-16
+    rows took before session 36 at 1.6-2x the time), each row's product the bits it has alone: a batch's
+    rows (sequences, a speculative check's tokens) get batch-1's products."""
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 80, generator=g).t().contiguous().t()
+    gemv = dense_kernel.Gemv(w)
+    for rows in (5, 8, dense_kernel.MAX_ROWS):
+        x = torch.randn(rows, 80, generator=g)
+        got = gemv(x)
+        assert all(torch.equal(got[i], gemv(x[i:i + 1])[0]) for i in range(rows)), rows
+        assert ((got - F.linear(x, w)).abs() <= matmul_bound(x, w).float() + 1e-6).all()
 
 
 @needs_cc

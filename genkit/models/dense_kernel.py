@@ -37,7 +37,13 @@ from . import block_kernel
 logger = logging.getLogger("genkit.models")
 
 SOURCE = Path(__file__).with_name("dense_kernel.c")
-MAX_ROWS = 4  # products over more rows run on torch's linear (the kernel re-reads W per 4 rows)
+# products over more rows run on torch's linear. A laid-out (column-major) weight: up to the C kernel's
+# EXACT_ROWS (16) it reads each weight vector once for all rows (0.51-0.61x torch's time at 5-16 rows of
+# SmolLM2's layer products on the Xeon guest, 0.60-0.77x on its AVX2 build; session 36), beyond it RT rows
+# per pass (1.0-2.4x torch's time from 17 rows). A row-major one (a tied LM head) takes 4 rows at a time:
+# 0.57-0.89x torch's time at 4-8 rows, 0.96-1.39x at 16
+MAX_ROWS = 16
+MAX_ROWS_ROW_MAJOR = 8
 PRE_NONE, PRE_RMS, PRE_GATE = 0, 1, 2  # what Gemv.fused does to x first (the C kernel's GK_PRE_*)
 
 _libs: dict[tuple[str | None, str | None], Any] = {}  # per (build mode, compiler): the library or None
@@ -84,9 +90,9 @@ def available() -> bool:
 
 
 class Gemv:
-    """An ``(out, in)`` float32 CPU weight whose products over at most MAX_ROWS rows run on the
-    kernel (more rows, or another dtype of input: torch's linear on the same weight). Holds the
-    weight itself, never a copy."""
+    """An ``(out, in)`` float32 CPU weight whose products over at most MAX_ROWS rows (MAX_ROWS_ROW_MAJOR for
+    a row-major weight) run on the kernel (more rows, or another dtype of input: torch's linear on the
+    same weight). Holds the weight itself, never a copy."""
 
     __slots__ = ("column_major", "fn", "ld", "pre", "weight")
 
@@ -110,7 +116,8 @@ class Gemv:
     def _rows(self, x: torch.Tensor, width: int) -> int:
         """The rows of ``x`` (..., width) when the kernel takes them, else 0."""
         rows = x.numel() // width if width else 0
-        if self.fn is None or not 0 < rows <= MAX_ROWS or x.dtype != torch.float32 or x.requires_grad:
+        most = MAX_ROWS if self.column_major else MAX_ROWS_ROW_MAJOR
+        if self.fn is None or not 0 < rows <= most or x.dtype != torch.float32 or x.requires_grad:
             return 0
         return rows
 
