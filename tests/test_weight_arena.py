@@ -112,6 +112,9 @@ def test_a_float_models_prepared_weights_sit_in_huge_pages_and_give_the_same_tok
         assert len(storages) == (1 if env == "1" else 4)  # q and v: rows of one fused tensor either way
         if env == "1":
             assert vma_of(attn.q_proj.weight.data_ptr()).get("THPeligible", "1") == "1"
+            for layer in model._prepared[1].layers:  # the fused weights moved whole: no base tensor keeps the
+                for w in (layer.wqkv, layer.wgu):    # storage they were made in (SmolLM2: 265 MB kept twice)
+                    assert w._base is None or w._base.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
             assert torch.equal(model.generate(ids, max_new_tokens=12, eos_token_id=None), outs["0"])  # kept prepared
             model.save_pretrained(tmp_path / "saved")
             again = genkit.load_model(tmp_path / "saved")
