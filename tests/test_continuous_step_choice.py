@@ -122,6 +122,76 @@ def test_take_all_wakes_on_a_delivery_from_another_thread():
     assert [o.request_id for o in got] == ["x", "y"]  # the step's outputs in one take
 
 
+def _reader(router, seen, pause_after, steps, stop):
+    """A thread's loop reading every output (as ``genkit serve``'s dispatcher does) until ``stop`` is
+    set; after taking output number n (from 1) it works ``pause_after[n]`` seconds before it waits
+    again. ``seen``: [output, ``steps()`` when it was taken, ``steps()`` when the work was done]."""
+    def run():
+        while not stop.is_set():
+            for out in router.take_all(timeout=0.05):
+                seen.append([out, steps(), None])
+                time.sleep(pause_after.get(len(seen), 0))
+                seen[-1][2] = steps()
+    return run
+
+
+def test_yield_to_readers_waits_until_a_waiting_reader_took_the_outputs_and_waits_again():
+    router = OutputRouter(lambda: True)
+    assert router.yield_to_readers(timeout=5) is False  # no reader waits: at once
+    got, taken = [], threading.Event()
+
+    def read():
+        got.extend(router.take_all(timeout=30))
+        time.sleep(0.2)  # the reader's work on them: the yielding thread waits through it
+        taken.set()
+        router.take_all(timeout=0.5)  # waits again
+    reader = threading.Thread(target=read)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while router._waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    router.deliver_all([GenerationOutput("x", generated_tokens=[4])])
+    start = time.monotonic()
+    assert router.yield_to_readers(timeout=30) is True
+    assert taken.is_set() and [o.request_id for o in got] == ["x"] and time.monotonic() - start >= 0.15
+    reader.join(30)
+    # a reader waits, but the output went to a handler: nothing to yield for
+    router.set_handler("h", lambda out: None)
+    reader = threading.Thread(target=lambda: router.take_all(timeout=0.5))
+    reader.start()
+    while router._waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    router.deliver_all([GenerationOutput("h", generated_tokens=[1])])
+    start = time.monotonic()
+    assert router.yield_to_readers(timeout=5) is False and time.monotonic() - start < 0.1
+    reader.join(30)
+
+
+def test_the_loop_waits_for_the_reader_of_a_first_token_before_its_next_step_and_only_then(model):
+    """A streamed request's first token: the manager's next step waits until the thread reading the
+    outputs has taken it and waits again (it gives that thread its core, genkit serve's time to first
+    token); later tokens are not waited for. The tokens are greedy generate's."""
+    manager = model.init_continuous_batching(continuous_batching_config=CB)
+    manager.output_router.yield_timeout = 30.0  # (the reader's pauses decide, not the default 2 ms)
+    prompt, seen = [5, 17, 33, 8], []
+    stop = threading.Event()
+    reader = threading.Thread(target=_reader(manager.output_router, seen, {1: 0.3, 3: 0.3}, lambda: manager.steps, stop))
+    with manager:
+        reader.start()
+        deadline = time.monotonic() + 30
+        while manager.output_router._waiting == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        manager.add_request(prompt, request_id="A", max_new_tokens=12, streaming=True, eos_token_id=None)
+        while not (seen and seen[-1][0].is_finished()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    stop.set()
+    reader.join(30)
+    first, third = seen[0], seen[2]
+    assert len(first[0].generated_tokens) == 1 and first[2] == first[1]  # no step while the reader held it
+    assert len(third[0].generated_tokens) == 3 and third[2] > third[1]  # a later token: the steps went on
+    assert seen[-1][0].generated_tokens == _greedy(model, prompt, 12)
+
+
 def test_a_request_arriving_while_others_decode_gets_its_first_token_after_at_most_one_step(model):
     """Request B arrives while A decodes: between B's arrival and its first token A makes at most
     two tokens (the step in flight, then the step B's prompt rides with A's token); B's tokens are

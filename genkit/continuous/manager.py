@@ -664,6 +664,8 @@ class ContinuousBatchingManager:
             elif r.streaming:
                 streamed.append(r.output())
         self.output_router.deliver_all(streamed)  # the step's tokens, the readers woken once
+        if any(len(out.generated_tokens) == 1 for out in streamed):  # a request's first token: its reader
+            self.output_router.yield_to_readers()  # has it on its way before the next step takes the cores
         for r, error in done:
             if error is not None:
                 self.scheduler.active_requests.pop(r.request_id, None)

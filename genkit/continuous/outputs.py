@@ -1,7 +1,8 @@
 """Where a manager's outputs wait for their reader: each output is taken exactly once, whether it is
 read as "the next output" (``get_result()``, iteration), as "the next output of this request"
 (``get_result(request_id)``, ``request_id_iter``) or handed to a registered handler, from any
-number of threads."""
+number of threads; the thread that delivers can give a reader waiting for outputs its core until it
+has taken them (:meth:`OutputRouter.yield_to_readers`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from typing import Any
 
 from .requests import GenerationOutput
 
-__all__ = ["OutputRouter"]
+__all__ = ["YIELD_TIMEOUT", "OutputRouter"]
+
+# the longest a delivering thread gives its core to a reader (OutputRouter.yield_to_readers): a reader
+# waiting for outputs takes them and is back waiting in 0.1-0.3 ms when it has a core
+YIELD_TIMEOUT = 0.002
 
 
 class _Entry:
@@ -28,7 +33,12 @@ class OutputRouter:
     more outputs may come (a reader stops waiting when it says no and nothing is queued)."""
 
     def __init__(self, alive: Callable[[], bool]) -> None:
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # readers wait here for outputs
+        self._back = threading.Condition(lock)  # a thread in yield_to_readers waits here for a reader
+        self._waiting = 0  # readers waiting in take() now
+        self._waits = 0  # times a reader began to wait
+        self.yield_timeout = YIELD_TIMEOUT  # yield_to_readers' default
         self._all: deque[_Entry] = deque()
         self._by_id: dict[str, deque[_Entry]] = {}
         self._taken_in_all = 0  # entries of _all already taken through _by_id
@@ -57,6 +67,24 @@ class OutputRouter:
         for handler, out in handled:
             handler(out)
 
+    def yield_to_readers(self, timeout: float | None = None) -> bool:
+        """Block the calling thread -- the one that delivers, e.g. continuous batching's loop before
+        its next step -- until a reader that was waiting for outputs has taken what it could and
+        waits again, or ``timeout`` seconds pass (default :attr:`yield_timeout`,
+        :data:`YIELD_TIMEOUT`); at once when no reader is waiting or no output waits for one (a
+        handler's ran already). Whether a reader came back.
+
+        Why: the steps' threads keep every core busy (one computes, its OpenMP workers spin between
+        parallel regions), so a reader woken by :meth:`deliver_all` waited for the scheduler to
+        preempt one of them, 2-5 ms on 2 cores under Linux's EEVDF, before it could pass a
+        request's first token on (``genkit serve``'s time to first token); blocked here, this thread
+        leaves its core to the reader, which took the outputs 0.1-0.2 ms after they were chosen."""
+        with self._cond:
+            if self._waiting == 0 or len(self._all) == self._taken_in_all:  # no reader, or nothing for one
+                return False
+            start = self._waits
+            return self._back.wait_for(lambda: self._waits > start, self.yield_timeout if timeout is None else timeout)
+
     def wake(self) -> None:
         """Wake every waiting reader (the manager stopped)."""
         with self._cond:
@@ -76,7 +104,13 @@ class OutputRouter:
                 wait = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
                 if wait <= 0:
                     return None
-                self._cond.wait(wait)
+                self._waiting += 1
+                self._waits += 1
+                self._back.notify_all()  # a thread yielding to readers goes on: this one has taken what it could
+                try:
+                    self._cond.wait(wait)
+                finally:
+                    self._waiting -= 1
 
     def take_all(self, timeout: float | None = None) -> list[GenerationOutput]:
         """Every output not yet taken, oldest first, once there is one; [] after ``timeout``
