@@ -122,16 +122,16 @@ def test_take_all_wakes_on_a_delivery_from_another_thread():
     assert [o.request_id for o in got] == ["x", "y"]  # the step's outputs in one take
 
 
-def _reader(router, seen, pause_after, steps, stop):
+def _reader(router, seen, pause_after, progress, stop):
     """A thread's loop reading every output (as ``genkit serve``'s dispatcher does) until ``stop`` is
     set; after taking output number n (from 1) it works ``pause_after[n]`` seconds before it waits
-    again. ``seen``: [output, ``steps()`` when it was taken, ``steps()`` when the work was done]."""
+    again. ``seen``: [output, ``progress()`` when it was taken, ``progress()`` when the work was done]."""
     def run():
         while not stop.is_set():
-            for out in router.take_all(timeout=0.05):
-                seen.append([out, steps(), None])
+            for out in router.take_all(timeout=0.5):  # (rarely between two waits: a delivery finds it waiting)
+                seen.append([out, progress(), None])
                 time.sleep(pause_after.get(len(seen), 0))
-                seen[-1][2] = steps()
+                seen[-1][2] = progress()
     return run
 
 
@@ -175,7 +175,8 @@ def test_the_loop_waits_for_the_reader_of_a_first_token_before_its_next_step_and
     manager.output_router.yield_timeout = 30.0  # (the reader's pauses decide, not the default 2 ms)
     prompt, seen = [5, 17, 33, 8], []
     stop = threading.Event()
-    reader = threading.Thread(target=_reader(manager.output_router, seen, {1: 0.3, 3: 0.3}, lambda: manager.steps, stop))
+    progress = lambda: manager.steps + manager.solo.tokens  # noqa: E731  (steps, and tokens decoded alone)
+    reader = threading.Thread(target=_reader(manager.output_router, seen, {1: 0.3, 3: 0.3}, progress, stop))
     with manager:
         reader.start()
         deadline = time.monotonic() + 30
