@@ -124,7 +124,8 @@ run() {
       --skip-transformers --no-sequential --no-concurrency --quantized 2>&1 | grep -v "it/s" | tee "$out/cb.log" || true
   fi
   if [ "${CPU_CHECK_SERVE:-1}" = 1 ] && ! "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-      --upgrade --target /tmp/genkit-site .whl/serve/*.whl; then
+      --upgrade --target /tmp/genkit-site .whl/serve/*.whl \
+      && ! "$py" -c "import openai, starlette, uvicorn" 2> /dev/null; then  # (a venv of `setup.sh dev` has them)
     echo "the serve row is skipped: .whl/serve/ does not install on this Python (CPU_CHECK_PYTHON_VERSION at prepare)"
   elif [ "${CPU_CHECK_SERVE:-1}" = 1 ]; then  # genkit serve against llama-server (AMX off), 1, 8 and 32 clients
     timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_serve_vs_llamacpp.py --llama-server "$PWD/$DIR/bin/llama-server" \
