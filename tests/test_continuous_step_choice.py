@@ -135,6 +135,11 @@ def _reader(router, seen, pause_after, progress, stop):
     return run
 
 
+def _until_a_reader_waits(router, deadline):
+    while router._waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def test_yield_to_readers_waits_until_a_waiting_reader_took_the_outputs_and_waits_again():
     router = OutputRouter(lambda: True)
     assert router.yield_to_readers(timeout=5) is False  # no reader waits: at once
@@ -148,8 +153,7 @@ def test_yield_to_readers_waits_until_a_waiting_reader_took_the_outputs_and_wait
     reader = threading.Thread(target=read)
     reader.start()
     deadline = time.monotonic() + 30
-    while router._waiting == 0 and time.monotonic() < deadline:
-        time.sleep(0.001)
+    _until_a_reader_waits(router, deadline)
     router.deliver_all([GenerationOutput("x", generated_tokens=[4])])
     start = time.monotonic()
     assert router.yield_to_readers(timeout=30) is True
@@ -159,8 +163,7 @@ def test_yield_to_readers_waits_until_a_waiting_reader_took_the_outputs_and_wait
     router.set_handler("h", lambda out: None)
     reader = threading.Thread(target=lambda: router.take_all(timeout=0.5))
     reader.start()
-    while router._waiting == 0 and time.monotonic() < deadline:
-        time.sleep(0.001)
+    _until_a_reader_waits(router, deadline)
     router.deliver_all([GenerationOutput("h", generated_tokens=[1])])
     start = time.monotonic()
     assert router.yield_to_readers(timeout=5) is False and time.monotonic() - start < 0.1
@@ -180,8 +183,7 @@ def test_the_loop_waits_for_the_reader_of_a_first_token_before_its_next_step_and
     with manager:
         reader.start()
         deadline = time.monotonic() + 30
-        while manager.output_router._waiting == 0 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until_a_reader_waits(manager.output_router, deadline)
         manager.add_request(prompt, request_id="A", max_new_tokens=12, streaming=True, eos_token_id=None)
         while not (seen and seen[-1][0].is_finished()) and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -80,7 +80,7 @@ class OutputRouter:
         request's first token on (``genkit serve``'s time to first token); blocked here, this thread
         leaves its core to the reader, which took the outputs 0.1-0.2 ms after they were chosen."""
         with self._cond:
-            if self._waiting == 0 or len(self._all) == self._taken_in_all:  # no reader, or nothing for one
+            if self._waiting == 0 or self.empty():  # no reader, or nothing for one (the lock is re-entrant)
                 return False
             start = self._waits
             return self._back.wait_for(lambda: self._waits > start, self.yield_timeout if timeout is None else timeout)
