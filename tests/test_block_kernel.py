@@ -82,6 +82,41 @@ def test_one_row_at_a_time_gives_the_rows_products_bit_for_bit(bits, out, act):
         assert torch.equal(block_kernel.matmul(x[:m], blocks, bits, out, act), one_by_one[:m])
 
 
+def _digits_reference(x: torch.Tensor, two: bool) -> torch.Tensor:
+    """Each value of ``x`` (rows, K) as its activation digits give it back, computed in float32 by the
+    rounding the kernel's top comment documents: per block of 32, d = amax / 127, q1 = rint(x * (127 /
+    amax)) in [-127, 127]; with two digits q2 = rint((x - q1 * d) * (254 * (127 / amax))) and the value
+    (d / 254) * (254 q1 + q2), with one (llama.cpp's Q8_1) fp16(d) * q1."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    d = amax / 127.0
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q1 = torch.round(blocks * inv).clamp(-127, 127)
+    if not two:
+        return (d.half().float() * q1).reshape(x.shape)
+    q2 = torch.round((blocks - q1 * d) * (254.0 * inv)).clamp(-127, 127)
+    return ((d / 254.0) * (254.0 * q1 + q2)).reshape(x.shape)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("act", [block_kernel.ACT_TWO, block_kernel.ACT_Q8_1])
+def test_activations_are_rounded_to_their_digits_bit_for_bit(act, rows):
+    """Through an identity weight (code 1 on the diagonal, scale 1, offset 0) a product returns each
+    activation as its digits give it back: the kernel's vectorised rounding (16 blocks at a time on
+    AVX-512, then the 2 left of a 576-wide row) is the documented one to the bit, for blocks of very
+    different magnitudes, an all-zero block and values halfway between two digits."""
+    k = 576
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, k, generator=g) * torch.logspace(-3, 3, k)
+    x[0, 64:96] = 0.0  # a block of zeros: scale 0, digits 0
+    x[-1, 128:160] = torch.arange(-16, 16) / 127.0 * 5 + 0.5 * 5 / 127.0  # halfway values: ties to even
+    x[-1, 159] = 5.0
+    blocks = block_kernel.pack(torch.eye(k, dtype=torch.uint8), torch.ones(k, k // 32), torch.zeros(k, k // 32), 4)
+    got = block_kernel.matmul(x, blocks, 4, k, act)
+    assert torch.equal(got, _digits_reference(x, act == block_kernel.ACT_TWO))
+    assert not torch.equal(got, x)  # (the rounding is there to see)
+
+
 @pytest.mark.parametrize("act", [block_kernel.ACT_TWO, block_kernel.ACT_LLAMA_Q8_1])
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("bits", [4, 8])
