@@ -348,7 +348,7 @@ static inline int share_next(gk_share *s, int t, int *r, int *a, int *b) {
  * (session 38), 6 % of a quantized continuous-batching run there. */
 static inline __attribute__((always_inline)) void quantize_blocks512(const float *xb, int8_t *q1, int8_t *q2,
                                                                      int n, float *d, int (*s)[4], int two) {
-    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);  /* (integer AND: AVX-512 F, no DQ needed) */
     const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
     float am[GK_QBLOCKS] __attribute__((aligned(64))), id[GK_QBLOCKS] __attribute__((aligned(64))),
         id2[GK_QBLOCKS] __attribute__((aligned(64)));
@@ -357,8 +357,8 @@ static inline __attribute__((always_inline)) void quantize_blocks512(const float
             am[b] = 0.0f;
             continue;
         }
-        const __m512 a0 = _mm512_and_ps(_mm512_loadu_ps(xb + GK_GROUP * b), absmask);
-        const __m512 a1 = _mm512_and_ps(_mm512_loadu_ps(xb + GK_GROUP * b + 16), absmask);
+        const __m512 a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(xb + GK_GROUP * b), absmask));
+        const __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(xb + GK_GROUP * b + 16), absmask));
         am[b] = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
     }
     const __m512 a = _mm512_load_ps(am);
