@@ -104,12 +104,12 @@ def test_activations_are_rounded_to_their_digits_bit_for_bit(act, rows):
     """Through an identity weight (code 1 on the diagonal, scale 1, offset 0) a product returns each
     activation as its digits give it back: the kernel's vectorised rounding (16 blocks at a time on
     AVX-512, then the 2 left of a 576-wide row) is the documented one to the bit, for blocks of very
-    different magnitudes, an all-zero block and values halfway between two digits."""
+    different magnitudes, an all-zero block and values at or next to halfway between two digits."""
     k = 576
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, k, generator=g) * torch.logspace(-3, 3, k)
     x[0, 64:96] = 0.0  # a block of zeros: scale 0, digits 0
-    x[-1, 128:160] = torch.arange(-16, 16) / 127.0 * 5 + 0.5 * 5 / 127.0  # halfway values: ties to even
+    x[-1, 128:160] = torch.arange(-16, 16) / 127.0 * 5 + 0.5 * 5 / 127.0  # at (or next to) halfway between digits
     x[-1, 159] = 5.0
     blocks = block_kernel.pack(torch.eye(k, dtype=torch.uint8), torch.ones(k, k // 32), torch.zeros(k, k // 32), 4)
     got = block_kernel.matmul(x, blocks, 4, k, act)

@@ -153,12 +153,13 @@ static float f16_to_f32(uint16_t h) {
     return f;
 }
 
+#ifndef GK_VNNI /* (the AVX-512 build rounds 16 blocks at once: quantize_blocks512 below) */
 /* One block of 32 values -> digits q1, q2 (see quantize_rows); returns the scale d, the digit sums
  * over the block (s[0], s[1]) and over its first half (s[2], s[3]). With two == 0 only q1 (q2 is
  * not touched; s[1] = s[3] = 0). */
 static inline __attribute__((always_inline)) float quantize_block(const float *xb, int8_t *q1, int8_t *q2, int *s,
                                                                   int two) {
-#if defined(GK_VNNI) || defined(GK_AVX2)
+#ifdef GK_AVX2
     /* the scalar loop below in vectors: the same roundings (mul, sub, round to nearest even), no FMA */
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
@@ -224,6 +225,7 @@ static inline __attribute__((always_inline)) float quantize_block(const float *x
     return d;
 #endif
 }
+#endif
 
 #if defined(GK_VNNI) || defined(GK_AVX2)
 /* Asks for a block's `bb` bytes of weights GK_PREFETCH bytes ahead (into L1), and two panels (`pbytes` each)
@@ -332,14 +334,9 @@ static inline int share_next(gk_share *s, int t, int *r, int *a, int *b) {
     }
 }
 
-/* x (M, K) float32 -> int8 digits per value, per block the scale dx and the activation sums sx over
- * the block and over each half (sx16). act GK_ACT_TWO: two digits q1, q2, dx = d / 254 (the scale of
- * 254 q1 + q2, q1's scale being d), sx = d * sum(q1) + d / 254 * sum(q2); one digit (llama.cpp's
- * rounding): dx is q1's scale, see the top comment.
- * Rows are shared among `threads` when there are many. */
 #ifdef GK_VNNI
 #define GK_QBLOCKS 16 /* blocks quantize_blocks512 takes at once */
-/* The digits of n (1..GK_QBLOCKS) consecutive blocks, quantize_block's in 512-bit vectors: the same
+/* The digits of n (1..GK_QBLOCKS) consecutive blocks, the AVX2 build's quantize_block in 512-bit vectors: the same
  * roundings, bit for bit (mul, sub, round to nearest even, no FMA; the scales' divisions in one vector,
  * each lane the IEEE quotient the scalar division gives), and the digit sums from the stored bytes (a
  * byte-sum instruction over the digits offset to unsigned: exact integers). d[b] and s[b] as
@@ -396,15 +393,20 @@ static inline __attribute__((always_inline)) void quantize_blocks512(const float
                 s[b + k][t] = first + (int)(lane[4 * k + 2] + lane[4 * k + 3]) - 16 * 128;
             }
         }
-        if (!two)
-            for (int b = 0; b < n; b++) s[b][1] = s[b][3] = 0;
     }
+    if (!two)
+        for (int b = 0; b < n; b++) s[b][1] = s[b][3] = 0;
 }
 #endif
 
+/* x (M, K) float32 -> int8 digits per value, per block the scale dx and the activation sums sx over
+ * the block and over each half (sx16). act GK_ACT_TWO: two digits q1, q2, dx = d / 254 (the scale of
+ * 254 q1 + q2, q1's scale being d), sx = d * sum(q1) + d / 254 * sum(q2); one digit (llama.cpp's
+ * rounding): dx is q1's scale, see the top comment.
+ * Rows are shared among `threads` when there are many. */
 static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, float *dx, float *sx,
                           float *sx16, int threads, int act) {
-    int nb = K / GK_GROUP;
+    const int nb = K / GK_GROUP, two = act == GK_ACT_TWO;
     if ((size_t)M * K < 65536 || threads > M) threads = 1;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int m = 0; m < M; m++) {
@@ -418,15 +420,15 @@ static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, 
 #ifdef GK_VNNI
             const int g = b % GK_QBLOCKS;
             if (g == 0)
-                quantize_blocks512(x + off, q1 + off, act == GK_ACT_TWO ? q2 + off : NULL,
-                                   nb - b < GK_QBLOCKS ? nb - b : GK_QBLOCKS, dq, sq, act == GK_ACT_TWO);
+                quantize_blocks512(x + off, q1 + off, two ? q2 + off : NULL, nb - b < GK_QBLOCKS ? nb - b : GK_QBLOCKS,
+                                   dq, sq, two);
+            const float d = dq[g];
             memcpy(s, sq[g], sizeof s);
-#define GK_QUANTIZED(two) dq[g]
 #else
-#define GK_QUANTIZED(two) quantize_block(x + off, q1 + off, (two) ? q2 + off : NULL, s, (two))
+            const float d = quantize_block(x + off, q1 + off, two ? q2 + off : NULL, s, two);
 #endif
-            if (act != GK_ACT_TWO) {
-                float d = GK_QUANTIZED(0), d16 = round_f16(d);
+            if (!two) {
+                float d16 = round_f16(d);
                 dx[i] = d16;
                 if (act == GK_ACT_Q8_1) {
                     sx[i] = round_f16(d * (float)s[0]);
@@ -439,7 +441,6 @@ static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, 
                 }
                 continue;
             }
-            float d = GK_QUANTIZED(1);
             float d2 = d / 254.0f;  /* the scale of 254 q1 + q2 (see the top comment) */
             dx[i] = d2;
             sx[i] = d * (float)s[0] + d2 * (float)s[1];
@@ -448,7 +449,6 @@ static void quantize_rows(const float *x, int M, int K, int8_t *q1, int8_t *q2, 
         }
     }
 }
-#undef GK_QUANTIZED
 
 #ifdef GK_VNNI
 /* A block's two digit sums as the one integer the float scale multiplies: 254 s1 + s2 (s1 alone with
