@@ -91,7 +91,8 @@ def concurrency(model: Any, prompts: list[list[int]], n: int) -> tuple[float, fl
 
 def quantized_vs_float(dense: Any, prompts: list[list[int]], seq: list[list[int]], repeats: int) -> None:
     """generate_batch on the demo GGUF kept quantized (Q4_1 on the block kernel: a step of decoding
-    requests is one C call) against the float32 model, alternating, best of ``repeats`` each."""
+    requests is one C call) against the float32 model, alternating, ``repeats`` rounds: the median
+    of each, and the median of the rounds' paired ratios (a load that changes between rounds cancels)."""
     from genkit.models.demo import demo_gguf_path, genkit_home
 
     quantized = genkit.load_model(demo_gguf_path(f"{genkit_home()}/bench-gguf"))
@@ -116,6 +117,9 @@ def quantized_vs_float(dense: Any, prompts: list[list[int]], seq: list[list[int]
         what = "as sequential generate" if name == "float32" else "as its own sequential generate (first 4 prompts)"
         print(f"| {name} | {t:.2f} ({', '.join(f'{x:.2f}' for x in times[name])}) | {total / t:.1f} | "
               f"{t_f / t:.2f}x | {same} {what} |", flush=True)
+    paired = [f / q for f, q in zip(times["float32"], times["Q4_1"])]  # a round's pair ran back to back
+    print(f"\nQ4_1 vs float32 per interleaved round: {', '.join(f'{r:.2f}x' for r in paired)}; "
+          f"median {statistics.median(paired):.2f}x", flush=True)
 
 
 def decode_rate(model: Any, prompts: list[list[int]]) -> tuple[float, float, list[list[int]]]:

@@ -23,7 +23,8 @@
 # transformers, SmolLM2 and the 124M Llama, 1 and 2 threads: about 2 min more; with CPU_CHECK_CB=0 and
 # CPU_CHECK_SERVE=0 the float32 rows fit one call with room to spare); CPU_CHECK_FLOAT32=0, CPU_CHECK_CB=0 and
 # CPU_CHECK_SERVE=0 leave out the float32 table, continuous batching (Q4_1 against float32) and
-# genkit serve against llama-server (the AMX-off build; 1, 8 and 32 clients). All of it: about 8 min
+# genkit serve against llama-server (the AMX-off build; 1, 8 and 32 clients); CPU_CHECK_CB_ROUNDS (default 3)
+# interleaved rounds of continuous batching, reported with the median of their paired ratios. All of it: about 8 min
 # on the Xeon host of the GPU loans (session 14), so give the call its 600 s.
 # Results are echoed and, when $OUT is set, written there.
 set -euo pipefail
@@ -120,7 +121,7 @@ run() {
       --threads 1,2 --rounds 3 --tokens 64 2>&1 | grep -v "it/s" | tee "$out/self_speculation.log" || true
   fi
   if [ "${CPU_CHECK_CB:-1}" = 1 ]; then  # continuous batching, Q4_1 against float32
-    timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_continuous_batching.py --threads 2 --repeats 1 \
+    timeout "${CPU_CHECK_LIMIT:-240}" "$py" bench/bench_continuous_batching.py --threads 2 --repeats "${CPU_CHECK_CB_ROUNDS:-3}" \
       --skip-transformers --no-sequential --no-concurrency --quantized 2>&1 | grep -v "it/s" | tee "$out/cb.log" || true
   fi
   if [ "${CPU_CHECK_SERVE:-1}" = 1 ] && ! "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
