@@ -25,7 +25,9 @@
 # CPU_CHECK_SERVE=0 leave out the float32 table, continuous batching (Q4_1 against float32) and
 # genkit serve against llama-server (the AMX-off build; 1, 8 and 32 clients); CPU_CHECK_CB_ROUNDS (default 3)
 # interleaved rounds of continuous batching, reported with the median of their paired ratios. All of it: about 8 min
-# on the Xeon host of the GPU loans (session 14), so give the call its 600 s.
+# on the Xeon host of the GPU loans with one such round (session 14), so give the call its 600 s; each further round
+# adds about a minute on a 2-core guest (--repeats also times float32 generate_batch and the static batch again),
+# so CPU_CHECK_CB_ROUNDS=1 where the serve row must fit the same call.
 # Results are echoed and, when $OUT is set, written there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
