@@ -285,3 +285,25 @@ def test_recipe_on_transformers_sliding_window_and_static_caches_same_tokens(sta
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
     if static:  # (the loop runs past EOS; generate stops there)
         assert torch.equal(genkit.generate(ours, ids, max_new_tokens=8, do_sample=False), outs[0])
+
+
+def test_a_model_repos_recipe_on_generation_mixin_internals_same_tokens(tiny_pair, tmp_path):
+    """A model folder that ships a recipe written for transformers (its own loop on
+    ``GenerationMixin.generate(model, ..., custom_generate=loop)``), loaded with
+    ``trust_remote_code=True``: ``model.generate`` gives transformers' tokens on genkit's model (the
+    recipe is given the transformers view, as transformers gives it its own model; it was given the
+    native model, which has none of GenerationMixin's internals: an AttributeError)."""
+    hf, _ = tiny_pair
+    folder = tmp_path / "model_repo"
+    hf.save_pretrained(folder)
+    write_recipe(folder, {"custom_generate/generate.py": GREEDY})
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    ours = genkit.load_model(folder, trust_remote_code=True)
+    want = theirs.generate(input_ids=IDS, max_new_tokens=6, do_sample=False)
+    assert want.shape == (2, IDS.shape[1] + 6)
+    assert torch.equal(ours.generate(input_ids=IDS, max_new_tokens=6, do_sample=False), want)
+    assert torch.equal(ours.generate(IDS, max_new_tokens=6, do_sample=False), want)
+    banned = int(want[0, 5])
+    want = theirs.generate(input_ids=IDS, max_new_tokens=6, banned_token=banned)
+    assert torch.equal(ours.generate(input_ids=IDS, max_new_tokens=6, banned_token=banned), want)
+    assert banned not in want[0, 4:].tolist()

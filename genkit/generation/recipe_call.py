@@ -18,19 +18,15 @@ generation config (see docs/recipes.md, "Recipes written for transformers").
 from __future__ import annotations
 
 import copy
-import importlib.util
 from typing import Any
 
 
 def recipe_model(model: Any) -> Any:
-    """The model a recipe is given for ``model`` (the caller's)."""
-    from ..models.base import GenkitModel
+    """The model a recipe is given for ``model`` (the caller's):
+    :func:`genkit.models.hf_view.model_for_recipe`."""
+    from ..models.hf_view import model_for_recipe
 
-    if isinstance(model, GenkitModel) and importlib.util.find_spec("transformers") is not None:
-        from ..models.hf_view import transformers_view
-
-        return transformers_view(model)
-    return model
+    return model_for_recipe(model)
 
 
 DEFAULT_NEW_TOKENS = 20  # transformers' default length, counted from the end of the prompt

@@ -34,6 +34,19 @@ def transformers_view(model: Any) -> Any:
     return _view_class()(model)
 
 
+def model_for_recipe(model: Any) -> Any:
+    """The model a ``custom_generate`` recipe is given for ``model``: a native genkit model as its
+    transformers view when transformers is installed (recipes written for transformers call its
+    ``GenerationMixin`` on the model they get), anything else as it is."""
+    import importlib.util
+
+    from .base import GenkitModel
+
+    if isinstance(model, GenkitModel) and importlib.util.find_spec("transformers") is not None:
+        return transformers_view(model)
+    return model
+
+
 def native_model(model: Any) -> Any:
     """The native model behind a view (``model`` itself when it is no view)."""
     return model._modules["genkit_model"] if is_view(model) else model

@@ -692,9 +692,12 @@ def _attach_recipe(model: GenkitModel, ref: str, source: str, revision: str | No
     recipe = load_recipe(recipe_ref, trust_remote_code=True, revision=revision)
 
     def generate(*args: Any, **kwargs: Any) -> Any:
+        # the model as transformers gives it to a repo's recipe: a transformers model (the view)
+        from .hf_view import model_for_recipe
+
         if args:
             kwargs["inputs"] = args[0] if len(args) == 1 else args
-        return recipe.generate(model, **kwargs)
+        return recipe.generate(model_for_recipe(model), **kwargs)
 
     generate.__doc__ = f"generate() from the recipe in {ref}/custom_generate"
     model.generate = generate  # type: ignore[method-assign]
