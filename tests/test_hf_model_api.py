@@ -333,3 +333,25 @@ def test_transformers_generation_config_set_on_a_native_model_is_read(tiny_hf_di
     assert want.shape == (2, IDS.shape[1] + 9)
     assert torch.equal(ours.generate(IDS), want) and torch.equal(genkit.generate(ours, IDS), want)
     assert not torch.equal(genkit.load_model(tiny_hf_dir).generate(IDS, max_new_tokens=9, do_sample=False), want)
+
+
+def test_config_reads_as_transformers_from_pretrained_leaves_it(tiny_hf_dir, tmp_path):
+    """`model.config` of a native model answers what transformers' config answers after
+    `from_pretrained`: `dtype` / `torch_dtype` the weights' torch dtype (it was config.json's string,
+    "float32" even after `dtype=torch.bfloat16`), transformers' defaults of fields config.json leaves
+    out (they read as None), `to_json_string()` / `save_pretrained()` (they raised "'NoneType'
+    object is not callable"), and the model's `name_or_path`."""
+    for kw in ({}, {"dtype": torch.bfloat16}):
+        hf = transformers.LlamaForCausalLM.from_pretrained(tiny_hf_dir, **kw)
+        ours = LlamaForCausalLM.from_pretrained(tiny_hf_dir, **kw)
+        assert ours.config.dtype == hf.config.dtype == ours.dtype and isinstance(ours.config.dtype, torch.dtype)
+        assert ours.config.torch_dtype == hf.config.torch_dtype
+        for name in ("is_encoder_decoder", "return_dict", "use_return_dict", "output_attentions",
+                     "output_hidden_states", "_name_or_path"):
+            assert getattr(ours.config, name) == getattr(hf.config, name), name
+        assert ours.name_or_path == hf.name_or_path == str(tiny_hf_dir)
+    assert json.loads(ours.config.to_json_string())["dtype"] == "bfloat16"
+    ours.config.save_pretrained(tmp_path / "config")
+    back = transformers.AutoConfig.from_pretrained(tmp_path / "config")
+    assert type(back) is type(hf.config) and back.dtype == torch.bfloat16
+    assert (back.num_hidden_layers, back.num_key_value_heads) == (hf.config.num_hidden_layers, 2)

@@ -18,6 +18,10 @@ from .outputs import CausalLMOutput
 # sub-configs of transformers' composite configs: code written for transformers tells a composite
 # config by `hasattr(config, "text_config")`, so absent ones are no attribute (not None)
 _SUB_CONFIGS = frozenset({"text_config", "vision_config", "audio_config"})
+# transformers' PretrainedConfig defaults of fields a config.json leaves out, read by code written for
+# transformers (`if model.config.is_encoder_decoder is False`, `return_dict=config.use_return_dict`)
+_PRETRAINED_DEFAULTS = {"is_encoder_decoder": False, "return_dict": True, "output_attentions": False,
+                        "output_hidden_states": False}
 
 
 class ModelConfig:
@@ -35,6 +39,14 @@ class ModelConfig:
     def __getattr__(self, key: str) -> Any:
         if key.startswith("__") or key in _SUB_CONFIGS:
             raise AttributeError(key)
+        if key in _PRETRAINED_DEFAULTS:
+            return _PRETRAINED_DEFAULTS[key]
+        if key == "use_return_dict":  # transformers' property
+            return self.return_dict
+        if key == "torch_dtype":  # transformers' older name of `dtype`
+            return self.__dict__.get("dtype")
+        if key == "_name_or_path":  # where it was loaded from (transformers' name)
+            return self.__dict__.get("name_or_path") or ""
         return None  # absent fields read as None, like optional fields of transformers' configs
 
     def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> ModelConfig:
@@ -49,6 +61,25 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    def to_diff_dict(self) -> dict[str, Any]:
+        """The fields (transformers' name; a genkit config holds only the fields it was given)."""
+        return self.to_dict()
+
+    def to_json_string(self, use_diff: bool = True) -> str:
+        """The fields as JSON, as transformers writes a config (a dtype by its name)."""
+        data = {k: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
+                for k, v in self.__dict__.items() if k != "name_or_path"}
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    def to_json_file(self, json_file_path: str | os.PathLike[str], use_diff: bool = True) -> None:
+        with open(json_file_path, "w", encoding="utf-8") as fh:
+            fh.write(self.to_json_string(use_diff))
+
+    def save_pretrained(self, save_directory: str | os.PathLike[str]) -> None:
+        """``config.json`` in ``save_directory`` (created when missing), as transformers' method does."""
+        os.makedirs(save_directory, exist_ok=True)
+        self.to_json_file(os.path.join(save_directory, "config.json"))
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike[str]) -> ModelConfig:

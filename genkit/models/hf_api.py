@@ -62,6 +62,11 @@ class PreTrainedAPI:
                                     "layers compute attention one way only")
         self.attn_implementation = attn_implementation
 
+    @property
+    def name_or_path(self) -> str:
+        """Where the model was loaded from ("" for one built in memory), transformers' attribute."""
+        return getattr(self, "config").name_or_path or ""
+
     @classmethod
     def can_generate(cls) -> bool:
         """Native models are causal LMs: always True."""

@@ -66,7 +66,7 @@ def parse_dtype(dtype: torch.dtype | str | None, config: ModelConfig | None = No
         return dtype
     if dtype is None or dtype == "auto":
         saved = None if config is None else (config.dtype or config.torch_dtype)
-        return _DTYPES.get(str(saved), torch.float32) if saved else torch.float32
+        return _DTYPES.get(str(saved).removeprefix("torch."), torch.float32) if saved else torch.float32
     if isinstance(dtype, str) and dtype in _DTYPES:
         return _DTYPES[dtype]
     raise ConfigError(f"`dtype`={dtype!r} is not supported; accepted: float32, bfloat16, float16, 'auto'")
@@ -509,6 +509,7 @@ def load_model(ref: str | os.PathLike[str], revision: str | None = None, dtype: 
         if config is None:  # an encoder-decoder model, loaded by transformers
             return _numerics(_activation_digits(model, activation_digits), numerics)
     config.name_or_path = os.fspath(ref)
+    config.dtype = model.dtype  # the weights' dtype, as transformers' from_pretrained leaves it
     _attach_recipe(model, os.fspath(ref), source, revision, trust_remote_code)
     return _numerics(_activation_digits(model, activation_digits), numerics)
 
