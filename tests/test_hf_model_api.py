@@ -355,3 +355,21 @@ def test_config_reads_as_transformers_from_pretrained_leaves_it(tiny_hf_dir, tmp
     back = transformers.AutoConfig.from_pretrained(tmp_path / "config")
     assert type(back) is type(hf.config) and back.dtype == torch.bfloat16
     assert (back.num_hidden_layers, back.num_key_value_heads) == (hf.config.num_hidden_layers, 2)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("hidden", [False, True])  # the one-call step and the module path
+def test_a_padded_2d_mask_shorter_than_the_keys_is_a_config_error(arch, hidden, tiny_pair, gpt2_pair):
+    """A left-padded 2-D `attention_mask` without a column for every key (the cache's and the new
+    token's) names the parameter and the length it needs; it was torch's "The size of tensor a (6)
+    must match the size of tensor b (4)"."""
+    _, ours = tiny_pair if arch == "llama" else gpt2_pair
+    mask = torch.tensor([[0, 1, 1, 1, 1], [1] * 5])
+    cache = ours(IDS, attention_mask=mask).past_key_values
+    step = torch.tensor([[3], [4]])
+    with pytest.raises(ConfigError, match=r"a 2-D `attention_mask` must have a column for each key: the cache's 5 "
+                                          r"positions and the 1 new ones \(6\) here; got 4"):
+        ours(step, attention_mask=mask[:, :4], past_key_values=cache, output_hidden_states=hidden)
+    assert cache.get_seq_length() == 5  # nothing written
+    full = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+    assert ours(step, attention_mask=full, past_key_values=cache).logits.shape[:2] == (2, 1)

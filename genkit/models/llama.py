@@ -192,6 +192,9 @@ def build_attention_mask(attention_mask: torch.Tensor | None, q_len: int, past_l
     if no_padding:
         return allowed[None, None]
     assert attention_mask is not None
+    if attention_mask.shape[-1] < kv_len:
+        raise ConfigError(f"a 2-D `attention_mask` must have a column for each key: the cache's {past_len} positions "
+                          f"and the {q_len} new ones ({kv_len}) here; got {attention_mask.shape[-1]}")
     am = attention_mask[:, -kv_len:].to(device=device, dtype=torch.bool)
     mask = (allowed[None] & am[:, None, :]) | (k_pos == q_pos)[None]  # (b, q, k)
     return mask[:, None]
