@@ -373,3 +373,46 @@ def test_a_padded_2d_mask_shorter_than_the_keys_is_a_config_error(arch, hidden, 
     assert cache.get_seq_length() == 5  # nothing written
     full = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
     assert ours(step, attention_mask=full, past_key_values=cache).logits.shape[:2] == (2, 1)
+
+
+class _CountingCache(transformers.DynamicCache):
+    """A user's (or a recipe's) subclass of transformers' cache, defined outside transformers."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.updates = 0
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        self.updates += 1
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def test_users_subclasses_of_transformers_classes_are_read_as_transformers_objects(tiny_pair, tiny_hf_dir):
+    """Subclasses of transformers' classes defined outside transformers are transformers objects:
+    a `DynamicCache` subclass written by the native forward (it was handed genkit's argument order:
+    "only integer tensors of a single element can be converted to an index"), a subclass of
+    transformers' `LlamaForCausalLM` driven by genkit's beam search (it was not wrapped: "'DynamicCache'
+    object has no attribute 'repeat_interleave'") and a `GenerationConfig` subclass (refused as not a
+    genkit.GenerationConfig); each gives what transformers gives."""
+    hf, ours = tiny_pair
+    mine, theirs = _CountingCache(config=hf.config), _CountingCache(config=hf.config)
+    for part in (IDS[:, :3], IDS[:, 3:]):
+        got, want = ours(part, past_key_values=mine).logits, hf(part, past_key_values=theirs).logits
+        assert (got - want).abs().max() <= logits_bound(ours, IDS)
+    assert mine.updates == theirs.updates == 4 and mine.get_seq_length() == 5
+    greedy = dict(max_new_tokens=5, do_sample=False)
+    assert torch.equal(ours.generate(IDS, past_key_values=_CountingCache(config=hf.config), **greedy),
+                       hf.generate(IDS, past_key_values=_CountingCache(config=hf.config), **greedy))
+
+    class MyLlama(transformers.LlamaForCausalLM):
+        pass
+
+    theirs_model = MyLlama.from_pretrained(tiny_hf_dir).eval()
+    beams = dict(greedy, num_beams=2)
+    assert torch.equal(genkit.generate(theirs_model, IDS, **beams), hf.generate(IDS, **beams))
+
+    class MyConfig(transformers.GenerationConfig):
+        pass
+
+    assert torch.equal(genkit.generate(ours, IDS, generation_config=MyConfig(**beams)),
+                       hf.generate(IDS, generation_config=transformers.GenerationConfig(**beams)))

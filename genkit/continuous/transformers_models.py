@@ -12,8 +12,11 @@ from .config import ContinuousBatchingConfig
 
 def transformers_model(model: Any) -> Any:
     """The transformers model behind ``model`` (itself, or the one genkit's adapter wraps), or None."""
+    from ..models.adapter import is_transformers_object
+    from ..models.hf_view import is_view
+
     inner = getattr(model, "hf_model", None) if getattr(model, "_genkit_protocol", False) else model
-    if inner is not None and type(inner).__module__.startswith("transformers.") and hasattr(inner, "generate_batch"):
+    if inner is not None and is_transformers_object(inner) and not is_view(inner) and hasattr(inner, "generate_batch"):
         return inner
     return None
 

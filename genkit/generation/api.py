@@ -99,11 +99,12 @@ def _run_recipe(model: Any, ref: str, trust_remote_code: bool | None, forwarded:
 def _from_transformers_objects(model: Any, generation_config: Any) -> tuple[Any, Any]:
     """A transformers view of a native model (what a recipe was given) is that native model; a
     transformers ``GenerationConfig`` (what a recipe may pass on) is read as genkit's."""
+    from ..models.adapter import is_transformers_object
     from ..models.hf_view import is_view, native_model
 
     if is_view(model):
         model = native_model(model)
-    if generation_config is not None and type(generation_config).__module__.startswith("transformers."):
+    if generation_config is not None and is_transformers_object(generation_config):
         from ..models.adapter import genkit_generation_config
 
         generation_config = genkit_generation_config(generation_config, getattr(model, "generation_config", None))
@@ -240,13 +241,15 @@ def _with_assistant(config: ResolvedConfig, assistant_model: Any) -> ResolvedCon
 
 def as_protocol_model(model: Any) -> Any:
     """Native models pass through; a transformers model is wrapped by the adapter."""
+    from ..models.adapter import is_transformers_object, wrap_transformers_model
     from ..models.base import GenkitModel
+    from ..models.hf_view import is_view, native_model
 
     if isinstance(model, GenkitModel) or getattr(model, "_genkit_protocol", False):
         return model
-    if type(model).__module__.startswith("transformers."):
-        from ..models.adapter import wrap_transformers_model
-
+    if is_view(model):  # (the view of a native model derives from transformers' PreTrainedModel)
+        return native_model(model)
+    if is_transformers_object(model):  # transformers' model classes and users' subclasses of them
         return wrap_transformers_model(model)
     return model
 
@@ -276,7 +279,9 @@ def merge_config(model: Any, generation_config: GenerationConfig | None, kwargs:
     ``GenerationConfig`` set on the model is read as genkit's) < defaults < kwargs
     (``genkit.config.merge_for_generate``). Returns (config, model kwargs)."""
     base = getattr(model, "generation_config", None)
-    if base is not None and type(base).__module__.startswith("transformers."):
+    from ..models.adapter import is_transformers_object
+
+    if base is not None and is_transformers_object(base):
         from ..models.adapter import genkit_generation_config
 
         base = genkit_generation_config(base)  # a transformers GenerationConfig set on a native model

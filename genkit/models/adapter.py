@@ -22,6 +22,13 @@ from .outputs import CausalLMOutput
 
 logger = logging.getLogger("genkit.models.adapter")
 
+
+def is_transformers_object(obj: Any) -> bool:
+    """Whether ``obj``'s class is transformers' or derives from one of transformers' classes (a
+    user's ``class MyCache(DynamicCache)`` or ``class MyModel(LlamaForCausalLM)``, a recipe's own
+    ``Cache`` subclass): read from the class's bases, so transformers is never imported here."""
+    return any(c.__module__.startswith("transformers.") for c in type(obj).__mro__)
+
 class TransformersCache:
     """A transformers cache (``DynamicCache`` and friends) seen through genkit's cache protocol
     (:class:`genkit.protocols.Cache`). It wraps the cache rather than subclassing it, so each name
@@ -101,7 +108,7 @@ class TransformersCache:
 def as_genkit_cache(cache: Any) -> Any:
     """The boundary: a transformers cache is wrapped in :class:`TransformersCache`; genkit's own
     caches (and wrapped ones) pass through."""
-    if not isinstance(cache, TransformersCache) and type(cache).__module__.startswith("transformers."):
+    if not isinstance(cache, TransformersCache) and is_transformers_object(cache):
         return TransformersCache(cache)
     return cache
 

@@ -221,10 +221,10 @@ def native_cache(cache: Any) -> Any:
     """The cache a native model's layers write: genkit's own caches as they are; a transformers
     cache (bare, or as the strategies see it, wrapped in the adapter's ``TransformersCache``)
     through :class:`TransformersCacheLayers`."""
-    from .adapter import TransformersCache
+    from .adapter import TransformersCache, is_transformers_object
 
     if isinstance(cache, TransformersCache):
         cache = cache.cache
-    if cache is None or isinstance(cache, KVCache) or not type(cache).__module__.startswith("transformers."):
+    if cache is None or isinstance(cache, KVCache) or not is_transformers_object(cache):
         return cache
     return TransformersCacheLayers(cache)
