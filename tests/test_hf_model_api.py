@@ -416,3 +416,18 @@ def test_users_subclasses_of_transformers_classes_are_read_as_transformers_objec
 
     assert torch.equal(genkit.generate(ours, IDS, generation_config=MyConfig(**beams)),
                        hf.generate(IDS, generation_config=transformers.GenerationConfig(**beams)))
+
+
+def test_native_cache_layers_read_as_transformers_5_cache_layers(tiny_pair):
+    """`cache.layers[i].keys` / `.values` / `.is_initialized` / `.get_seq_length()` (transformers 5's
+    way to read a cache; `key_cache` is gone there) on the cache a native forward returns: what
+    transformers' DynamicCache holds for the same prompt (it was an AttributeError)."""
+    hf, ours = tiny_pair
+    mine, theirs = ours(IDS).past_key_values, hf(IDS).past_key_values
+    assert len(mine.layers) == len(theirs.layers) == hf.config.num_hidden_layers
+    for a, b in zip(mine.layers, theirs.layers):
+        assert a.is_initialized and b.is_initialized and a.get_seq_length() == b.get_seq_length() == 5
+        for x, y in ((a.keys, b.keys), (a.values, b.values)):
+            assert x.shape == y.shape and (x - y).abs().max() <= logits_bound(ours, IDS)
+    empty = ours.new_cache(8).layers[0]
+    assert not empty.is_initialized and empty.keys is None and empty.get_seq_length() == 0

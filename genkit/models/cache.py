@@ -129,6 +129,13 @@ class KVCache:
         """Each filled layer's values (transformers 4's ``Cache.value_cache``)."""
         return [self.layer(i)[1] for i in range(self.num_layers) if self.values[i] is not None]
 
+    @property
+    def layers(self) -> list[CacheLayerView]:
+        """Every layer as transformers 5's ``Cache.layers`` holds it (``.keys``, ``.values``,
+        ``is_initialized``, ``get_seq_length()``), for code written against it: read-only views of
+        the filled positions, made at each read."""
+        return [CacheLayerView(self, i) for i in range(self.num_layers)]
+
     # -- editing ----------------------------------------------------------------------------
     def crop(self, max_length: int) -> None:
         """Keep the first ``max_length`` positions (negative: drop that many from the end)."""
@@ -179,6 +186,30 @@ class KVCache:
     def batch_repeat_interleave(self, repeats: int) -> None:
         """:meth:`repeat_interleave` under transformers' name."""
         self.repeat_interleave(repeats)
+
+
+class CacheLayerView:
+    """One layer of a :class:`KVCache` under transformers 5's layer attribute names: ``keys`` /
+    ``values`` the filled positions ``(batch, kv_heads, length, head_dim)`` (None before the first
+    write), ``is_initialized``, ``get_seq_length()``."""
+
+    def __init__(self, cache: KVCache, index: int) -> None:
+        self._cache, self._index = cache, index
+
+    @property
+    def is_initialized(self) -> bool:
+        return self._cache.keys[self._index] is not None
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self._cache.layer(self._index)[0] if self.is_initialized else None
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self._cache.layer(self._index)[1] if self.is_initialized else None
+
+    def get_seq_length(self) -> int:
+        return self._cache.get_seq_length(self._index)
 
 
 class TransformersCacheLayers:
