@@ -421,3 +421,17 @@ def test_a_quantized_gpt2_makes_the_block_kernel_choice(tmp_path):
     rows = block_kernel.AMX_PREFILL_MIN_ROWS if choice.paths["prefill"] == "amx" else 0
     assert {w.amx_rows for p in prepared.layers for w in (p.wqkv, p.wo, p.wgu, p.wd)} == {rows}
     assert [entry.amx_rows for entry in prepared.decoder.table] == [rows] * len(prepared.layers)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "F32"])
+@pytest.mark.parametrize("output", [False, True])  # a head tied to the embedding, or its own copy
+def test_num_parameters_counts_the_quantized_weights_as_transformers_counts_the_file(tmp_path, qtype, output):
+    """`num_parameters()` of a quantized GGUF counts the matrices its int4/int8 buffers stand for,
+    as transformers counts the file it de-quantizes (a tied head once); it counted the float
+    parameters only (8832 of 128768 for a Q8_0 file)."""
+    path = tmp_path / "m.gguf"
+    write_gpt2_gguf(path, tiny_gpt2(), qtype=qtype, output=output)
+    ours, theirs = genkit.load_model(str(path)), transformers_gguf(path)
+    for kw in ({}, {"exclude_embeddings": True}):
+        assert ours.num_parameters(**kw) == theirs.num_parameters(**kw)
+    assert ours.num_parameters(only_trainable=True) == sum(p.numel() for p in ours.parameters())

@@ -200,6 +200,7 @@ class GPT2LMHeadModel(OneCallModel, PagedModel, GenerationMixin):
     there (:class:`~genkit.models.one_call.OneCallModel`; ``self_speculation``), and continuous
     batching's steps on the paged store (:class:`~genkit.models.paged.PagedModel`)."""
 
+    ties_embeddings_by_default = True  # as transformers' GPT2Config
     supports_partial_depth = True
 
     def __init__(self, config: ModelConfig) -> None:
@@ -218,7 +219,7 @@ class GPT2LMHeadModel(OneCallModel, PagedModel, GenerationMixin):
 
     def tie_weights(self) -> None:
         """GPT-2 always shares the input embedding with the LM head (unless the config says not to)."""
-        if self.config.get("tie_word_embeddings", True):
+        if self.config.get("tie_word_embeddings", self.ties_embeddings_by_default):
             self.lm_head.weight = self.transformer.wte.weight
 
     def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -50,6 +50,8 @@ class PreTrainedAPI:
     #: "eager" (step by step, as transformers' eager implementation: the module path, slower; for
     #: comparisons); set with :meth:`set_attn_implementation` or ``attn_implementation=`` when loading
     attn_implementation = "sdpa"
+    #: whether the LM head shares the input embedding when the config leaves `tie_word_embeddings` out
+    ties_embeddings_by_default = False
 
     def set_attn_implementation(self, attn_implementation: str) -> None:
         """Compute attention with ``"sdpa"`` or ``"eager"`` (transformers' method of that name)."""
@@ -79,8 +81,28 @@ class PreTrainedAPI:
         skip = set()
         if exclude_embeddings:
             skip = {id(m.weight) for m in self.modules() if isinstance(m, torch.nn.Embedding)}
-        return sum(p.numel() for p in self.parameters()
-                   if id(p) not in skip and (p.requires_grad or not only_trainable))
+        floats = sum(p.numel() for p in self.parameters() if id(p) not in skip and (p.requires_grad or not only_trainable))
+        return floats if only_trainable else floats + self._quantized_weights(exclude_embeddings)
+
+    def _quantized_weights(self, exclude_embeddings: bool) -> int:
+        """The values of the weights held quantized (buffers, not parameters: a GGUF's int4/int8
+        matrices, embedding and biases), counted as the matrices they stand for, as transformers
+        counts the GGUF it de-quantizes; a head tied to the embedding once (as the embedding)."""
+        from .quant import Int4Linear, QuantizedEmbedding, WithBias
+
+        assert isinstance(self, torch.nn.Module)
+        head = getattr(self, "get_output_embeddings")()
+        tied = bool(getattr(self, "config").get("tie_word_embeddings", self.ties_embeddings_by_default))
+        tied_head = {id(head), id(getattr(head, "inner", None))} if tied else set()
+        count = 0
+        for module in self.modules():
+            if isinstance(module, Int4Linear) and id(module) not in tied_head:
+                count += module.in_features * module.out_features
+            elif isinstance(module, QuantizedEmbedding) and not exclude_embeddings:
+                count += module.num_embeddings * module.embedding_dim
+            elif isinstance(module, WithBias) and id(module) not in tied_head:
+                count += module.bias.numel()
+        return count
 
     @classmethod
     def _from_config(cls, config: Any, **kwargs: Any) -> Any:

@@ -251,7 +251,7 @@ class LlamaForCausalLM(OneCallModel, PagedModel, GenerationMixin):
 
     def tie_weights(self) -> None:
         """Share the input embedding with the LM head when the config says so."""
-        if self.config.get("tie_word_embeddings", False):
+        if self.config.get("tie_word_embeddings", self.ties_embeddings_by_default):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def reset_buffers(self) -> None:
