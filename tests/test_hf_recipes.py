@@ -307,3 +307,28 @@ def test_a_model_repos_recipe_on_generation_mixin_internals_same_tokens(tiny_pai
     want = theirs.generate(input_ids=IDS, max_new_tokens=6, banned_token=banned)
     assert torch.equal(ours.generate(input_ids=IDS, max_new_tokens=6, banned_token=banned), want)
     assert banned not in want[0, 4:].tolist()
+
+
+# a loop on the decoder and the LM head apart (`model.get_decoder()` returns transformers' base
+# model, e.g. LlamaModel; its output's `last_hidden_state` is the final norm's output)
+DECODER_LOOP = '''import torch
+
+
+def generate(model, input_ids, max_new_tokens=5, **kwargs):
+    decoder, head, ids, step, cache = model.get_decoder(), model.get_output_embeddings(), input_ids, input_ids, None
+    for _ in range(max_new_tokens):
+        out = decoder(input_ids=step, cache=cache, use_cache=True)
+        cache, step = out.cache, head(out.last_hidden_state[:, -1:]).argmax(-1)
+        ids = torch.cat([ids, step], dim=-1)
+    return ids
+'''
+
+
+def test_recipe_on_get_decoder_and_the_lm_head_same_tokens(tiny_pair, tmp_path):
+    """`model.get_decoder()` on the view is the decoder without the head, called as transformers'
+    base model (it was the view itself, whose output has no `last_hidden_state`: an AttributeError)."""
+    folder = _recipe(tmp_path, "decoder", DECODER_LOOP)
+    outs = _three_ways(tiny_pair, folder, input_ids=IDS, max_new_tokens=6)
+    assert outs[0].shape == (2, IDS.shape[1] + 6)
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+    assert torch.equal(outs[1], genkit.generate(tiny_pair[1], IDS, max_new_tokens=6, do_sample=False))
