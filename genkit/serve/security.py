@@ -2,7 +2,7 @@
 
 In this order, each answered with OpenAI's error object:
 
-1. a ``Host`` header that is not the bound name (``localhost`` too on a loopback address) nor in
+1. a ``Host`` header that is not the bound name (``localhost`` too on a loopback or wildcard address) nor in
    ``--allowed-hosts`` — 421 (DNS rebinding: a web page's own name pointing at 127.0.0.1);
 2. a browser's cross-origin request (an ``Origin`` header other than the server's own) whose
    origin ``--allowed-origins`` does not list — 403 (Starlette's ``CORSMiddleware``, outside this
@@ -53,15 +53,17 @@ class ServePolicy:
 
     def host_allowed(self, header: str) -> bool:
         """Whether a ``Host`` header names this server: the bound name, ``localhost`` when bound
-        to a loopback address, a listed name, or any IP literal when bound to every address (an
-        IP literal cannot be a rebound DNS name)."""
+        to a loopback address or to every address (which includes loopback: ``--host 0.0.0.0``, a
+        container's port reached as ``localhost:8000``), a listed name, or any IP literal when bound
+        to every address. Neither ``localhost`` nor an IP literal can be a rebound DNS name: a page
+        can rebind only a name it owns."""
         if "*" in self.allowed_hosts:
             return True
         name = _host_name(header)
         if name is None:
             return False
         names = {self.host.lower(), *(h.lower() for h in self.allowed_hosts)}
-        if _is_loopback(self.host):
+        if _is_loopback(self.host) or self.host in _WILDCARD_BINDS:
             names |= {"localhost", "127.0.0.1", "::1"}
         if name in names:
             return True
