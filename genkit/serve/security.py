@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ConfigError
+
 __all__ = ["Guard", "ServePolicy", "middleware"]
 
 Scope = MutableMapping[str, Any]
@@ -50,6 +52,12 @@ class ServePolicy:
     allowed_origins: list[str] = field(default_factory=list)  # "*": any
     max_body_bytes: int = 4 * 1024 * 1024
     body_timeout: float = 60.0  # seconds a body may take to arrive
+
+    def __post_init__(self) -> None:
+        """The listed names in the form requests carry them, or a :class:`ConfigError` naming the
+        option: an entry that no request could ever match would otherwise be ignored in silence."""
+        self.allowed_hosts = [_listed_host(h) for h in self.allowed_hosts]
+        self.allowed_origins = [_listed_origin(o) for o in self.allowed_origins]
 
     def host_allowed(self, header: str) -> bool:
         """Whether a ``Host`` header names this server: the bound name, ``localhost`` when bound
@@ -99,6 +107,31 @@ def _host_name(header: str) -> str | None:
     if not name or (port and not (port[0] == ":" and digits.isascii() and (digits.isdigit() or not digits))):
         return None
     return name
+
+
+def _listed_host(entry: str) -> str:
+    """An ``--allowed-hosts`` entry as :meth:`ServePolicy.host_allowed` compares it: a name or IP
+    address without a port (a ``Host`` header's port is not compared), lower case; ``*``."""
+    if entry == "*":
+        return entry
+    name = _host_name(entry)
+    if name is not None and entry.strip().lower() in (name, f"[{name}]") and not set("/?#@") & set(name):
+        return name
+    raise ConfigError(f"--allowed-hosts takes host names or IP addresses without a scheme, port or path "
+                      f"(api.example, 10.0.0.5), or '*'; got {entry!r}")
+
+
+def _listed_origin(entry: str) -> str:
+    """An ``--allowed-origins`` entry as a browser sends its ``Origin``: ``scheme://host[:port]``,
+    lower case, no path (not even ``/``); ``*``; ``null``."""
+    if entry in ("*", "null"):
+        return entry
+    scheme, sep, rest = entry.strip().lower().partition("://")
+    if sep and scheme.isascii() and scheme.isalpha() and _host_name(rest) is not None and not set("/?#@") & set(rest):
+        return f"{scheme}://{rest}"
+    raise ConfigError(f"--allowed-origins takes browser origins scheme://host[:port], as a browser sends them: no "
+                      f"path, not even a trailing '/' (https://app.example, http://localhost:3000), or '*'; "
+                      f"got {entry!r}")
 
 
 def _is_ip(name: str) -> bool:
