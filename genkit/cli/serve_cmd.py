@@ -140,9 +140,10 @@ def _check_options(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--allowed-recipes needs --trust-remote-code (recipes run code on this machine)")
     if args.trust_remote_code and not recipes:
         raise ConfigError("--trust-remote-code needs --allowed-recipes: the Hub recipes requests may run")
-    api_key = args.api_key if args.api_key is not None else os.environ.get(_API_KEY_ENV) or None
-    if api_key is not None and not api_key.strip():
-        raise ConfigError("--api-key is empty")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(_API_KEY_ENV)
+    if api_key is not None and not api_key.strip():  # set, but to nothing: never served without a key
+        raise ConfigError("--api-key is empty" if args.api_key is not None else
+                          f"${_API_KEY_ENV} is set but empty: set it to the key, or unset it to serve without one")
     from genkit.serve.security import ServePolicy
 
     policy = ServePolicy(host=args.host, port=args.port, api_key=api_key, allowed_hosts=_listed(args.allowed_hosts),

@@ -56,6 +56,10 @@ class ServePolicy:
     def __post_init__(self) -> None:
         """The listed names in the form requests carry them, or a :class:`ConfigError` naming the
         option: an entry that no request could ever match would otherwise be ignored in silence."""
+        if self.api_key is not None and (not self.api_key.strip() or self.api_key != self.api_key.strip()
+                                         or any(ord(c) < 32 or ord(c) == 127 for c in self.api_key)):
+            raise ConfigError("--api-key must be a non-empty key without spaces at its start or end and without "
+                              "control characters: a client could never send it in its `Authorization` header")
         self.allowed_hosts = [_listed_host(h) for h in self.allowed_hosts]
         self.allowed_origins = [_listed_origin(o) for o in self.allowed_origins]
 
@@ -88,7 +92,9 @@ class ServePolicy:
             return True
         if not authorization or not authorization.lower().startswith("bearer "):
             return False
-        return hmac.compare_digest(authorization[7:].strip().encode(), self.api_key.encode())
+        # the header's bytes (Guard decodes them as latin-1) against the key's UTF-8 bytes, as curl
+        # sends a key that is not ASCII
+        return hmac.compare_digest(authorization[7:].strip().encode("latin-1"), self.api_key.encode())
 
 
 def _host_name(header: str) -> str | None:
