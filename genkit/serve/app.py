@@ -13,6 +13,7 @@ the connection cancels it in the engine, which frees its cache blocks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -257,7 +258,9 @@ def _check_fields(body: dict[str, Any], fields: set[str], route: str, state: Ser
 
 def _tokenize_body(body: dict[str, Any], state: ServerState) -> list[int]:
     if "messages" in body:  # the tools go into the prompt as the chat completion puts them
-        return chat_prompt(body, state.tokenizer, state.limits, state.chat_template, parse_tools(body))
+        # whatever its length, as vLLM's /tokenize: a client counts a prompt over the context too
+        limits = dataclasses.replace(state.limits, max_model_len=None)
+        return chat_prompt(body, state.tokenizer, limits, state.chat_template, parse_tools(body))
     special = body.get("add_special_tokens", True)
     if not isinstance(special, bool):
         raise APIError("`add_special_tokens` must be true or false", "add_special_tokens")
