@@ -6,6 +6,10 @@ tokenizer is never handed more than a window of it; a prompt that fits is tokeni
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
+
 import pytest
 from conftest import write_bpe_tokenizer
 
@@ -87,3 +91,63 @@ def test_tokenize_counts_chat_messages_over_the_context(tokenizer):
     expected = tokenizer.apply_chat_template(body["messages"], tokenize=True, return_dict=False,
                                              add_generation_prompt=True)
     assert _tokenize_body(body, state) == list(expected) and len(expected) > CONTEXT
+
+
+class _Overlap:
+    """The real tokenizer, with how many of its encodes and decodes ran at once."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.now, self.most, self.lock = tokenizer, 0, 0, threading.Lock()
+
+    def _counted(self, work, *args, **kwargs):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            return work(*args, **kwargs)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+    def encode(self, text, **kwargs):
+        return self._counted(self.tokenizer.encode, text, **kwargs)
+
+    def decode(self, ids, **kwargs):
+        return self._counted(self.tokenizer.decode, ids, **kwargs)
+
+    def __len__(self):
+        return len(self.tokenizer)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def test_large_tokenize_and_detokenize_bodies_take_turns(tokenizer):
+    """/tokenize and /detokenize take no admission slot: eight large bodies (4 MiB each could be) were tokenized at once (one
+    worker thread each, 40 of them), each making the tokenizer's memory for all its tokens. Two at a
+    time now."""
+    from starlette.requests import Request
+
+    from genkit.models.tiny import tiny_llama
+    from genkit.serve.app import ServerState, _detokenize, _tokenize
+
+    overlap = _Overlap(tokenizer)
+    state = ServerState(tiny_llama(seed=0, vocab_size=400), overlap, None, "m", max_model_len=CONTEXT)
+    ids = tokenizer.encode("hello world " * 8000, add_special_tokens=False)
+
+    def request(path, body):
+        raw = json.dumps(body).encode()
+
+        async def receive():
+            return {"type": "http.request", "body": raw, "more_body": False}
+        return Request({"type": "http", "method": "POST", "path": path, "headers": []}, receive)
+
+    async def main():
+        calls = [_tokenize(request("/tokenize", {"prompt": "the quick brown fox " * 15000}), state) for _ in range(6)]
+        calls += [_detokenize(request("/detokenize", {"tokens": ids}), state) for _ in range(2)]
+        return await asyncio.gather(*calls)
+
+    answers = asyncio.run(main())
+    assert [a.status_code for a in answers] == [200] * 8
+    assert overlap.most <= 2, overlap.most
+    assert json.loads(answers[-1].body)["prompt"] == tokenizer.decode(ids)
