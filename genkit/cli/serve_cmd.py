@@ -140,11 +140,16 @@ def _check_options(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--allowed-recipes needs --trust-remote-code (recipes run code on this machine)")
     if args.trust_remote_code and not recipes:
         raise ConfigError("--trust-remote-code needs --allowed-recipes: the Hub recipes requests may run")
-    api_key = args.api_key if args.api_key is not None else os.environ.get(_API_KEY_ENV) or None
-    if api_key is not None and not api_key.strip():
-        raise ConfigError("--api-key is empty")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(_API_KEY_ENV)
+    if api_key is not None and not api_key.strip():  # set, but to nothing: never served without a key
+        raise ConfigError("--api-key is empty" if args.api_key is not None else
+                          f"${_API_KEY_ENV} is set but empty: set it to the key, or unset it to serve without one")
+    from genkit.serve.security import ServePolicy
+
+    policy = ServePolicy(host=args.host, port=args.port, api_key=api_key, allowed_hosts=_listed(args.allowed_hosts),
+                         allowed_origins=_listed(args.allowed_origins), max_body_bytes=args.max_body_size)
     return {"recipes": recipes, "api_key": api_key, "chat_template": read_chat_template(args.chat_template),
-            "hosts": _listed(args.allowed_hosts), "origins": _listed(args.allowed_origins)}
+            "policy": policy}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -202,7 +207,6 @@ def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple
     from genkit.serve import build_app, default_model_name
     from genkit.serve.engines import make_engine
     from genkit.serve.limits import position_limit
-    from genkit.serve.security import ServePolicy
 
     model = genkit.load_model(ref, dtype=args.dtype, device=args.device, activation_digits=args.activation_digits,
                               numerics=args.numerics)
@@ -214,11 +218,8 @@ def _load(args: argparse.Namespace, ref: str, settings: dict[str, Any]) -> tuple
                          prompt_cache=args.prompt_cache)
     if args.warmup:
         _warm_up(engine, tokenizer)
-    policy = ServePolicy(host=args.host, port=args.port, api_key=settings["api_key"],
-                         allowed_hosts=settings["hosts"], allowed_origins=settings["origins"],
-                         max_body_bytes=args.max_body_size)
     app: Any = build_app(model, tokenizer=tokenizer, model_name=args.model_name or default_model_name(ref),
-                         trust_remote_code=args.trust_remote_code, engine=engine, policy=policy,
+                         trust_remote_code=args.trust_remote_code, engine=engine, policy=settings["policy"],
                          allowed_recipes=settings["recipes"], max_model_len=args.max_model_len,
                          chat_template=settings["chat_template"],
                          max_concurrent_requests=args.max_concurrent_requests, request_timeout=args.request_timeout,

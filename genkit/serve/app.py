@@ -13,6 +13,7 @@ the connection cancels it in the engine, which frees its cache blocks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -82,11 +83,28 @@ class ServerState:
         self.shutting_down = False  # draining: /health is 503, new requests are refused
         self.inflight: set[_Group] = set()
         self.admission = Admission(max_concurrent_requests, request_timeout)  # genkit.serve.admission
+        self.large_bodies = asyncio.Semaphore(_LARGE_AT_ONCE)  # /tokenize, /detokenize: _in_turn
 
     def cancel_inflight(self) -> None:
         """Cancel every running request (the shutdown timeout passed)."""
         for group in list(self.inflight):
             group.cancel()
+
+
+# /tokenize and /detokenize take no admission slot (probes and clients that count tokens keep answering
+# while the server is saturated), so their large bodies take turns instead: a tokenizer's memory grows
+# with the tokens it makes (a 4 MiB body of "ab ": 1.4 million tokens, ~780 MB) and every worker thread
+# (40) could hold one at once
+_LARGE_BODY = 64 * 1024  # bytes
+_LARGE_AT_ONCE = 2
+
+
+async def _in_turn(request: HTTPRequest, state: ServerState, work: Any, *args: Any) -> Any:
+    """``work(*args)`` on a worker thread; a body over ``_LARGE_BODY`` bytes waits for its turn."""
+    if len(await request.body()) <= _LARGE_BODY:
+        return await run_in_threadpool(work, *args)
+    async with state.large_bodies:
+        return await run_in_threadpool(work, *args)
 
 
 def _error(exc: APIError) -> JSONResponse:
@@ -239,7 +257,7 @@ async def _tokenize(request: HTTPRequest, state: ServerState) -> Response:
             other = "`prompt`" if misplaced[0] == "add_special_tokens" else "chat `messages`"
             raise APIError(f"`{misplaced[0]}` goes with {other} (the chat template adds the special tokens)",
                            misplaced[0])
-        ids = await run_in_threadpool(_tokenize_body, body, state)
+        ids = await _in_turn(request, state, _tokenize_body, body, state)
     except APIError as exc:
         return _error(exc)
     return JSONResponse({"count": len(ids), "max_model_len": state.limits.max_model_len, "tokens": ids})
@@ -257,7 +275,9 @@ def _check_fields(body: dict[str, Any], fields: set[str], route: str, state: Ser
 
 def _tokenize_body(body: dict[str, Any], state: ServerState) -> list[int]:
     if "messages" in body:  # the tools go into the prompt as the chat completion puts them
-        return chat_prompt(body, state.tokenizer, state.limits, state.chat_template, parse_tools(body))
+        # whatever its length, as vLLM's /tokenize: a client counts a prompt over the context too
+        limits = dataclasses.replace(state.limits, max_model_len=None)
+        return chat_prompt(body, state.tokenizer, limits, state.chat_template, parse_tools(body))
     special = body.get("add_special_tokens", True)
     if not isinstance(special, bool):
         raise APIError("`add_special_tokens` must be true or false", "add_special_tokens")
@@ -290,7 +310,7 @@ async def _detokenize(request: HTTPRequest, state: ServerState) -> Response:
         vocab = len(state.tokenizer)
         if not is_token_ids(tokens, vocab):
             raise APIError(f"`/detokenize` takes {{\"tokens\": [ids between 0 and {vocab - 1}]}}", "tokens")
-        text = await run_in_threadpool(state.tokenizer.decode, tokens)
+        text = await _in_turn(request, state, state.tokenizer.decode, tokens)
     except APIError as exc:
         return _error(exc)
     return JSONResponse({"prompt": text})

@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SEQ2SEQ_FALLBACK_LEN", "Limits", "check_width", "default_max_model_len", "load_json", "position_limit"]
+__all__ = ["SEQ2SEQ_FALLBACK_LEN", "Limits", "check_prompt_size", "check_width", "default_max_model_len", "load_json",
+           "position_limit"]
 
 # positions an encoder-decoder checkpoint may name (its own config's, or its encoder's and decoder's)
 _POSITION_FIELDS = ("max_position_embeddings", "max_encoder_position_embeddings", "max_decoder_position_embeddings",
@@ -103,6 +104,33 @@ def default_max_model_len(model: Any, tokenizer: Any) -> int | None:
     if isinstance(length, int) and not isinstance(length, bool) and 0 < length < _NO_TOKENIZER_LIMIT:
         return length
     return SEQ2SEQ_FALLBACK_LEN
+
+
+# a text of more characters than this per token of the context is counted window by window before it
+# is tokenized whole (check_prompt_size); each window is at most this many characters
+_CHARS_PER_CONTEXT_TOKEN = 8
+_WINDOW_CHARS = 16384
+_SLACK_PER_WINDOW = 16  # tokens a window's edges may add or take from the text's own tokenization
+
+
+def check_prompt_size(tokenizer: Any, text: str, context: int | None, param: str) -> None:
+    """Refuse (400 ``context_length_exceeded``) a prompt ``text`` far over ``context`` tokens without
+    tokenizing it whole: a tokenizer's memory grows with the tokens it makes (a 4 MiB body of
+    ``"ab "`` made 2.8 million, 700 MB, for a context of 512). A text of more than
+    ``_CHARS_PER_CONTEXT_TOKEN`` characters per context token is counted a window at a time, and
+    refused once its windows' tokens pass the context (plus what their cut edges may add); a text
+    that fits, or within that length, is left to be tokenized as it was."""
+    if context is None or len(text) <= _CHARS_PER_CONTEXT_TOKEN * context:
+        return
+    from .openai_api import APIError
+
+    count = 0
+    for window, at in enumerate(range(0, len(text), _WINDOW_CHARS), 1):
+        count += len(tokenizer.encode(text[at:at + _WINDOW_CHARS], add_special_tokens=False))
+        if count > context + _SLACK_PER_WINDOW * window:
+            raise APIError(f"the prompt has more than {context} tokens ({count} in its first {at + _WINDOW_CHARS} "
+                           f"of {len(text)} characters); this model's context is {context} tokens", param,
+                           code="context_length_exceeded")
 
 
 def check_width(num_beams: Any, top_k: Any, penalty_alpha: Any, prompts: int, best_of: int, limits: Limits) -> None:

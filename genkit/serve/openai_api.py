@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .limits import Limits
+from .limits import Limits, check_prompt_size
 
 __all__ = ["LOGPROB_FLOOR", "APIError", "ParsedRequest", "TextAssembler", "chat_prompt", "finite_logprob",
            "is_token_ids", "parse_request", "prompt_logprob_entries", "public_message",
@@ -511,7 +511,9 @@ def _completion_prompts(body: dict[str, Any], tokenizer: Any, limits: Limits) ->
     if len(items) > limits.max_prompts:
         raise APIError(f"`prompt` holds {len(items)} prompts; this server takes at most {limits.max_prompts}",
                        "prompt")
-    out = [_one_prompt(p, tokenizer) for p in items]
+    # a prompt vLLM's truncate_prompt_tokens cuts may be longer than the context
+    context = limits.max_model_len if body.get("truncate_prompt_tokens") is None else None
+    out = [_one_prompt(p, tokenizer, context) for p in items]
     if not all(out):
         raise APIError("the prompt is empty", "prompt")
     return out
@@ -525,8 +527,9 @@ def is_token_ids(value: Any, high: int | None = None, low: int | None = 0) -> bo
         for t in value)
 
 
-def _one_prompt(prompt: Any, tokenizer: Any) -> list[int]:
+def _one_prompt(prompt: Any, tokenizer: Any, context: int | None) -> list[int]:
     if isinstance(prompt, str):
+        check_prompt_size(tokenizer, prompt, context, "prompt")
         return list(tokenizer.encode(prompt))
     if prompt and is_token_ids(prompt, low=None):
         bad = [t for t in prompt if t < 0 or t >= len(tokenizer)]
@@ -554,6 +557,7 @@ def chat_prompt(body: dict[str, Any], tokenizer: Any, limits: Limits, chat_templ
     native = template_has_tools(template)
     clean, extra = with_tools([_message(i, m, native) for i, m in enumerate(messages)], tools, native)
     options = _template_options(body, template)
+    _check_rendered_size(clean, tokenizer, limits, chat_template, body, {**options, **extra})
     try:
         ids = tokenizer.apply_chat_template(clean, chat_template=chat_template, tokenize=True, return_dict=False,
                                             **options, **extra)
@@ -563,6 +567,24 @@ def chat_prompt(body: dict[str, Any], tokenizer: Any, limits: Limits, chat_templ
     if not ids:
         raise APIError("the prompt is empty", "messages")
     return ids
+
+
+def _check_rendered_size(messages: list[dict[str, Any]], tokenizer: Any, limits: Limits, chat_template: str | None,
+                         body: dict[str, Any], options: dict[str, Any]) -> None:
+    """:func:`check_prompt_size` on the rendered prompt of ``messages`` whose text is long enough for
+    it to count (rendered once more, as text; a template's failure is left to the render that
+    tokenizes); none with ``truncate_prompt_tokens``, which may cut a longer prompt."""
+    context = limits.max_model_len
+    if context is None or body.get("truncate_prompt_tokens") is not None:
+        return
+    if len(str(messages)) + len(str(options)) <= context:  # far within the size that counts
+        return
+    try:
+        text = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False, **options)
+    except Exception:  # noqa: BLE001 - said by the render that tokenizes
+        return
+    if isinstance(text, str):
+        check_prompt_size(tokenizer, text, context, "messages")
 
 
 # what the server sets itself: chat_template_kwargs may not set these

@@ -2,7 +2,7 @@
 
 In this order, each answered with OpenAI's error object:
 
-1. a ``Host`` header that is not the bound name (``localhost`` too on a loopback address) nor in
+1. a ``Host`` header that is not the bound name (``localhost`` too on a loopback or wildcard address) nor in
    ``--allowed-hosts`` — 421 (DNS rebinding: a web page's own name pointing at 127.0.0.1);
 2. a browser's cross-origin request (an ``Origin`` header other than the server's own) whose
    origin ``--allowed-origins`` does not list — 403 (Starlette's ``CORSMiddleware``, outside this
@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ConfigError
+
 __all__ = ["Guard", "ServePolicy", "middleware"]
 
 Scope = MutableMapping[str, Any]
@@ -51,17 +53,29 @@ class ServePolicy:
     max_body_bytes: int = 4 * 1024 * 1024
     body_timeout: float = 60.0  # seconds a body may take to arrive
 
+    def __post_init__(self) -> None:
+        """The listed names in the form requests carry them, or a :class:`ConfigError` naming the
+        option: an entry that no request could ever match would otherwise be ignored in silence."""
+        if self.api_key is not None and (not self.api_key.strip() or self.api_key != self.api_key.strip()
+                                         or any(ord(c) < 32 or ord(c) == 127 for c in self.api_key)):
+            raise ConfigError("--api-key must be a non-empty key without spaces at its start or end and without "
+                              "control characters: a client could never send it in its `Authorization` header")
+        self.allowed_hosts = [_listed_host(h) for h in self.allowed_hosts]
+        self.allowed_origins = [_listed_origin(o) for o in self.allowed_origins]
+
     def host_allowed(self, header: str) -> bool:
         """Whether a ``Host`` header names this server: the bound name, ``localhost`` when bound
-        to a loopback address, a listed name, or any IP literal when bound to every address (an
-        IP literal cannot be a rebound DNS name)."""
+        to a loopback address or to every address (which includes loopback: ``--host 0.0.0.0``, a
+        container's port reached as ``localhost:8000``), a listed name, or any IP literal when bound
+        to every address. Neither ``localhost`` nor an IP literal can be a rebound DNS name: a page
+        can rebind only a name it owns."""
         if "*" in self.allowed_hosts:
             return True
         name = _host_name(header)
         if name is None:
             return False
         names = {self.host.lower(), *(h.lower() for h in self.allowed_hosts)}
-        if _is_loopback(self.host):
+        if _is_loopback(self.host) or self.host in _WILDCARD_BINDS:
             names |= {"localhost", "127.0.0.1", "::1"}
         if name in names:
             return True
@@ -78,7 +92,9 @@ class ServePolicy:
             return True
         if not authorization or not authorization.lower().startswith("bearer "):
             return False
-        return hmac.compare_digest(authorization[7:].strip().encode(), self.api_key.encode())
+        # the header's bytes (Guard decodes them as latin-1) against the key's UTF-8 bytes, as curl
+        # sends a key that is not ASCII
+        return hmac.compare_digest(authorization[7:].strip().encode("latin-1"), self.api_key.encode())
 
 
 def _host_name(header: str) -> str | None:
@@ -97,6 +113,31 @@ def _host_name(header: str) -> str | None:
     if not name or (port and not (port[0] == ":" and digits.isascii() and (digits.isdigit() or not digits))):
         return None
     return name
+
+
+def _listed_host(entry: str) -> str:
+    """An ``--allowed-hosts`` entry as :meth:`ServePolicy.host_allowed` compares it: a name or IP
+    address without a port (a ``Host`` header's port is not compared), lower case; ``*``."""
+    if entry == "*":
+        return entry
+    name = _host_name(entry)
+    if name is not None and entry.strip().lower() in (name, f"[{name}]") and not set("/?#@") & set(name):
+        return name
+    raise ConfigError(f"--allowed-hosts takes host names or IP addresses without a scheme, port or path "
+                      f"(api.example, 10.0.0.5), or '*'; got {entry!r}")
+
+
+def _listed_origin(entry: str) -> str:
+    """An ``--allowed-origins`` entry as a browser sends its ``Origin``: ``scheme://host[:port]``,
+    lower case, no path (not even ``/``); ``*``; ``null``."""
+    if entry in ("*", "null"):
+        return entry
+    scheme, sep, rest = entry.strip().lower().partition("://")
+    if sep and scheme.isascii() and scheme.isalpha() and _host_name(rest) is not None and not set("/?#@") & set(rest):
+        return f"{scheme}://{rest}"
+    raise ConfigError(f"--allowed-origins takes browser origins scheme://host[:port], as a browser sends them: no "
+                      f"path, not even a trailing '/' (https://app.example, http://localhost:3000), or '*'; "
+                      f"got {entry!r}")
 
 
 def _is_ip(name: str) -> bool:
