@@ -206,3 +206,19 @@ def test_a_rows_return_dict_in_generate_leaves_its_finish_reason(tokenizer):
             row = parse_record(1, {"id": "a", "prompt": prompt, "stop_strings": [WORDS[full[k] - 3]], **extra})
             outs.append(engine.run([row])[0])
     assert [(o["token_ids"], o["finish_reason"]) for o in outs] == [(full[:k + 1], "stop")] * 4
+
+
+def test_a_row_past_the_context_is_generates_error_on_both_engines(tokenizer):
+    """A row whose max_new_tokens runs past the model's context: the static engine wrote generate's
+    error, the continuous engine capped it silently and wrote fewer tokens ("length")."""
+    from genkit.batch.rows import BadRow, parse_record
+
+    model = tiny_llama(seed=1, max_position_embeddings=16)
+    row = parse_record(1, {"id": "a", "prompt": "alpha bravo charlie delta echo", "max_new_tokens": 20})
+    errors = []
+    for batching in ("continuous", "static"):
+        out = make_local_engine(model, tokenizer, {"eos_token_id": None}, batching=batching).run([row])[0]
+        assert isinstance(out, BadRow), out
+        errors.append(out.error)
+    assert all("`max_new_tokens` (20) with a prompt of 5 tokens needs 25 positions; the model's context "
+               "(`max_position_embeddings`) is 16: ask for at most 11 new tokens" in e for e in errors), errors
