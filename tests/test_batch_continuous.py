@@ -186,3 +186,39 @@ def test_a_request_that_fails_is_a_bad_row_and_the_job_goes_on(tmp_path, tokeniz
     assert error == {"line": 2, "id": "long", "error": error["error"]}
     assert error["error"].startswith("generation failed: ") and "the cache holds 16" in error["error"]
     assert (summary.written, summary.bad) == (2, 1)
+
+
+def test_a_rows_return_dict_in_generate_leaves_its_finish_reason(tokenizer):
+    """A row setting ``return_dict_in_generate: false`` made the static engine's generate return bare
+    sequences: a row a stop string ended said ``length``, where the continuous engine says ``stop``."""
+    from genkit.batch.rows import parse_record
+
+    model = tiny_llama(seed=1)
+    prompt = "alpha bravo charlie"
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    full = model.generate(ids, max_new_tokens=16, eos_token_id=None)[0, ids.shape[1]:].tolist()
+    k = next(i for i in range(1, len(full)) if 3 <= full[i] < 3 + len(WORDS) and full[i] not in full[:i])
+    kwargs = {"max_new_tokens": 16, "eos_token_id": None}
+    outs = []
+    for batching in ("continuous", "static"):
+        engine = make_local_engine(model, tokenizer, kwargs, batching=batching)
+        for extra in ({}, {"return_dict_in_generate": False}):
+            row = parse_record(1, {"id": "a", "prompt": prompt, "stop_strings": [WORDS[full[k] - 3]], **extra})
+            outs.append(engine.run([row])[0])
+    assert [(o["token_ids"], o["finish_reason"]) for o in outs] == [(full[:k + 1], "stop")] * 4
+
+
+def test_a_row_past_the_context_is_generates_error_on_both_engines(tokenizer):
+    """A row whose max_new_tokens runs past the model's context: the static engine wrote generate's
+    error, the continuous engine capped it silently and wrote fewer tokens ("length")."""
+    from genkit.batch.rows import BadRow, parse_record
+
+    model = tiny_llama(seed=1, max_position_embeddings=16)
+    row = parse_record(1, {"id": "a", "prompt": "alpha bravo charlie delta echo", "max_new_tokens": 20})
+    errors = []
+    for batching in ("continuous", "static"):
+        out = make_local_engine(model, tokenizer, {"eos_token_id": None}, batching=batching).run([row])[0]
+        assert isinstance(out, BadRow), out
+        errors.append(out.error)
+    assert all("`max_new_tokens` (20) with a prompt of 5 tokens needs 25 positions; the model's context "
+               "(`max_position_embeddings`) is 16: ask for at most 11 new tokens" in e for e in errors), errors

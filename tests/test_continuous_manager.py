@@ -321,8 +321,15 @@ def test_limits_context_cap_cache_fit_and_queue_size(model, caplog):
     context = model.config.max_position_embeddings
     prompt = _prompts(1, seed=14, low=context - 6, high=context - 6)[0]
     with model.init_continuous_batching(continuous_batching_config=CB) as manager:
-        capped = manager.get_result(manager.add_request(prompt, max_new_tokens=50, eos_token_id=None), timeout=60)
+        past = manager.get_result(manager.add_request(prompt, max_new_tokens=50, eos_token_id=None), timeout=60)
+        capped = manager.get_result(manager.add_request(prompt, eos_token_id=None), timeout=60)  # the default, 20
         small = manager.get_result(manager.add_request(prompt[:10], max_new_tokens=5, eos_token_id=None), timeout=60)
+    # past the context: generate's error (it was capped at 6 tokens, where generate refuses)
+    with pytest.raises(ConfigError) as refused:
+        model.generate(torch.tensor([prompt]), max_new_tokens=50, eos_token_id=None)
+    assert past.status == RequestStatus.FAILED and past.error == str(refused.value)
+    assert "ask for at most 6 new tokens" in past.error
+    # the default length is capped by the context, as generate caps it
     assert capped.status == RequestStatus.FINISHED and capped.max_new_tokens == 6
     assert capped.generated_tokens == _greedy(model, prompt, 6) and small.max_new_tokens == 5
     manager = model.init_continuous_batching(continuous_batching_config={"block_size": 8, "num_blocks": 4})

@@ -490,3 +490,19 @@ def test_a_named_strategy_against_do_sample_is_refused(model, server, name, samp
     assert status == 400 and error["param"] == "custom_generate" and "does not run with `do_sample`" in error["message"]
     out = genkit.generate(model, torch.tensor([PROMPT]), max_new_tokens=2, custom_generate=name, eos_token_id=None)
     assert out.shape == (1, 2 + len(PROMPT))
+
+
+def test_a_prompt_holding_the_pad_id_reads_it_on_either_engine(server, generate_server, model):
+    """Every token of a served prompt counts, the model's pad id (0 here) among them, as on continuous
+    batching and in vLLM: the generate engine passed no mask, and generate masked the pad id (its rule
+    for a left-padded batch given without one), so the same request got other tokens there."""
+    prompt = [3, 4, 0, 5, 6]
+    kw = {"max_new_tokens": 6, "eos_token_id": None}
+    want = _reference(model, prompt, attention_mask=torch.ones(1, len(prompt), dtype=torch.long), **kw)[0]
+    assert want != _reference(model, prompt, **kw)[0]  # generate without a mask reads another prompt
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "skip_special_tokens": False}
+    for base in (server, generate_server):
+        status, raw = _post(base, body)
+        assert status == 200, raw.decode()
+        assert json.loads(raw)["choices"][0]["text"].split() == [WORDS[t] for t in want], base

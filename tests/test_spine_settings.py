@@ -254,3 +254,35 @@ def test_a_transformers_models_manager_starts_with_a_max_length_from_its_generat
         assert result is not None and list(result.generated_tokens) == want
     finally:
         hf.generation_config.max_length = saved
+
+
+# -- generate(cache_implementation="paged") reads the special tokens as generate does ---------------
+def test_the_paged_cache_takes_the_padding_generate_infers_without_a_mask(model):
+    """A left-padded batch given without an attention mask: generate masks the pad id (transformers'
+    rule); the paged cache took the pad tokens for prompt tokens, and other tokens came."""
+    ids = torch.tensor([[0, 0, 0, 5, 6], PROMPT])
+    kw = {"max_new_tokens": 6, "eos_token_id": None, "pad_token_id": 0}
+    want = model.generate(ids, **kw)
+    assert torch.equal(want, model.generate(ids, attention_mask=(ids != 0).long(), **kw))  # the mask it infers
+    assert torch.equal(model.generate(ids, cache_implementation="paged", **kw), want)
+
+
+def test_the_paged_cache_pads_finished_rows_with_generates_pad_id():
+    """A model without a pad id: generate fills a finished row with the call's first EOS id (its
+    resolved pad id, as transformers does); the paged cache filled it with 0."""
+    model = tiny_llama(seed=1, pad_token_id=None)
+    ids = torch.tensor([PROMPT, [40, 41, 42, 43, 44]])
+    eos = _generate(model, eos_token_id=None)[1]
+    want = model.generate(ids, max_new_tokens=8, eos_token_id=eos)
+    assert want[0, len(PROMPT) + 2:].tolist() == [eos] * 6  # row 0 ends at its second token
+    assert torch.equal(model.generate(ids, cache_implementation="paged", max_new_tokens=8, eos_token_id=eos), want)
+
+
+def test_a_transformers_models_paged_generate_gives_generates_tokens(tiny_pair):
+    """generate(cache_implementation="paged") on a transformers model ran to the end, then failed with
+    an AttributeError (transformers' config has no ``get``) instead of returning the sequences."""
+    hf, _ = tiny_pair
+    ids = torch.tensor([PROMPT])
+    want = genkit.generate(hf, ids, max_new_tokens=6, eos_token_id=None)
+    assert torch.equal(genkit.generate(hf, ids, max_new_tokens=6, eos_token_id=None, cache_implementation="paged"),
+                       want)

@@ -157,8 +157,10 @@ class LocalEngine:
             rows = [([self.pad] * (width - len(p)) + p, [0] * (width - len(p)) + [1] * len(p)) for p in prompts]
         ids = torch.tensor([r for r, _ in rows], device=self.model.device)
         mask = torch.tensor([m for _, m in rows], device=self.model.device)
+        # the output object whatever the row says: its finish reasons are the rows' (a row's
+        # return_dict_in_generate=False turned a stop string's "stop" into "length")
         out = genkit.generate(self.model, input_ids=ids, attention_mask=mask, tokenizer=self.tokenizer,
-                              **{"pad_token_id": self.pad, "return_dict_in_generate": True, **kwargs}, **self.extra)
+                              **{"pad_token_id": self.pad, **kwargs, "return_dict_in_generate": True}, **self.extra)
         sequences = out.sequences if hasattr(out, "sequences") else out
         reasons = getattr(out, "finish_reasons", None) or [None] * len(prompts)
         eos = self.eos_ids(kwargs)

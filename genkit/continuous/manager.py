@@ -218,8 +218,9 @@ class ContinuousBatchingManager:
         the prompt's own tokens too (the output's ``prompt_logprobs``, ``prompt_logprobs``
         alternatives each: :mod:`genkit.generation.scoring`), computed in the steps that compute the
         prompt (every position's logits; a prompt-cache prefix is reused as far as its tokens' scores were
-        published with as many alternatives: :mod:`genkit.continuous.block_allocator`). ``max_new_tokens`` is capped
-        by the model's context (the output's ``max_new_tokens`` is the limit applied); 0 with
+        published with as many alternatives: :mod:`genkit.continuous.block_allocator`). ``max_new_tokens`` past
+        the model's context is ``generate``'s error; the default length is capped by it (the output's
+        ``max_new_tokens`` is the limit applied); 0 with
         ``prompt_logprobs``: the prompt is only scored (the request finishes once it is computed,
         ``finish_reason`` ``"length"``, no token chosen: OpenAI's ``max_tokens: 0`` with ``echo``). A request
         that cannot run (an empty prompt, ``max_new_tokens`` <= 0 otherwise, a request that can never fit
@@ -421,33 +422,36 @@ class ContinuousBatchingManager:
 
     def _max_new_tokens(self, request_id: str, prompt_len: int, max_new_tokens: int | None,
                         kwargs: dict[str, Any]) -> int:
-        """The request's limit: as asked, else what ``generate`` runs for its settings (``kwargs``)
-        over the manager's config (``max_new_tokens``, or ``max_length`` less the prompt:
-        :func:`genkit.config.resolve_lengths`), capped by the model's context."""
-        max_new = self._configured_max_new(prompt_len, kwargs) if max_new_tokens is None else max_new_tokens
-        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
-            raise ConfigError(f"request {request_id!r}: `max_new_tokens` must be an int >= 1; got {max_new!r}")
+        """The request's limit, read as ``generate`` reads it (:func:`genkit.config.resolve_lengths`
+        with the model's context): as asked, else what ``generate`` runs for its settings
+        (``kwargs``) over the manager's config (``max_new_tokens``, or ``max_length`` less the
+        prompt). A length past the model's context is ``generate``'s error; the default length
+        (no ``max_new_tokens`` nor ``max_length`` set) is capped by the context, as there."""
+        if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+                                           or max_new_tokens <= 0):
+            raise ConfigError(f"request {request_id!r}: `max_new_tokens` must be an int >= 1; got {max_new_tokens!r}")
         context = getattr(self.model.config, "max_position_embeddings", None)
-        if isinstance(context, int) and context > 0:
-            if prompt_len >= context:
-                raise ConfigError(f"request {request_id!r}: the prompt has {prompt_len} tokens; the model's context "
-                                  f"is {context} (max_position_embeddings)")
-            if prompt_len + max_new > context:
-                logger.info("request %r: max_new_tokens %d capped at %d by the model's context (%d)", request_id,
-                            max_new, context - prompt_len, context)
-                max_new = context - prompt_len
+        context = context if isinstance(context, int) and context > 0 else None
+        if context is not None and prompt_len >= context:
+            raise ConfigError(f"request {request_id!r}: the prompt has {prompt_len} tokens; the model's context "
+                              f"is {context} (max_position_embeddings)")
+        settings = kwargs if max_new_tokens is None else {**kwargs, "max_new_tokens": max_new_tokens}
+        max_new = self._configured_max_new(prompt_len, settings, context)  # generate's errors, as they are
+        if max_new <= 0:
+            raise ConfigError(f"request {request_id!r}: `max_new_tokens` must be an int >= 1; got {max_new!r}")
         return max_new
 
-    def _configured_max_new(self, prompt_len: int, kwargs: dict[str, Any]) -> int:
+    def _configured_max_new(self, prompt_len: int, kwargs: dict[str, Any], context: int | None = None) -> int:
         """The new tokens ``generate`` allows a prompt of ``prompt_len`` tokens with these request
         settings: the one reading of ``max_new_tokens`` / ``max_length`` (a ``max_length`` from the
-        call, the manager's config or the model's ``generation_config.json`` counts the prompt)."""
+        call, the manager's config or the model's ``generation_config.json`` counts the prompt) and
+        of the model's ``context``."""
         from genkit.config import field_table, resolve_lengths
         from genkit.generation.api import merge_config
 
         table = field_table()
         config, _ = merge_config(self.model, self._given_config, {k: v for k, v in kwargs.items() if k in table})
-        return int(resolve_lengths(config, prompt_len).max_length) - prompt_len
+        return int(resolve_lengths(config, prompt_len, context).max_length) - prompt_len
 
     def _check_fits(self, request_id: str, prompt_len: int, max_new: int) -> None:
         """Refuse a request whose prompt and new tokens can never fit the cache (its prompt alone

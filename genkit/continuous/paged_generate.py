@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, GenkitError, NotSupportedError
-from ..generation.padding import unpadded_lengths
+from ..generation.padding import inferred_mask, unpadded_lengths
+from ..strategy.finish import special_tokens
 
 
 def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: Any, refused: dict[str, Any],
@@ -31,12 +32,17 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
     if not isinstance(inputs, torch.Tensor) or inputs.dim() not in (1, 2):
         raise ConfigError("cache_implementation=\"paged\" needs `input_ids` as a 1-D or 2-D LongTensor")
     ids = inputs[None] if inputs.dim() == 1 else inputs
+    # the special tokens generate resolves: its pad id fills finished rows and, in a prompt given
+    # without a mask, marks the padding generate infers
+    resolved, eos_ids = special_tokens(model, merged)
     # the lengths generate counts from the batch's width (its padding too), as each row's own
     changes = unpadded_lengths(merged, ids.shape[1])
     if "max_new_tokens" in changes:
         kwargs.pop("max_length", None)
     kwargs.update(changes)
     mask = kwargs.pop("attention_mask", None)
+    if mask is None:
+        mask = inferred_mask(ids, resolved.pad_token_id, eos_ids)
     rows = [row[m.bool()].tolist() if mask is not None else row.tolist() for row, m in
             zip(ids, mask if mask is not None else ids)]
     config = generation_config
@@ -47,9 +53,7 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
     failed = [r for r in out.values() if r.error is not None]
     if failed:
         raise GenkitError(f"request {failed[0].request_id} failed: {failed[0].error}")
-    given = (kwargs.get("pad_token_id"), getattr(config, "pad_token_id", None) if config is not None else None,
-             getattr(model.generation_config, "pad_token_id", None), model.config.get("pad_token_id"))
-    pad = next((p for p in given if p is not None and p >= 0), 0)  # a negative pad id counts as unset
+    pad = resolved.pad_token_id if resolved.pad_token_id is not None else 0  # as generate pads them
     seqs = [row.tolist() + r.generated_tokens for row, r in zip(ids, out.values())]
     width = max(map(len, seqs))
     return torch.tensor([s + [pad] * (width - len(s)) for s in seqs], dtype=torch.long, device=ids.device)

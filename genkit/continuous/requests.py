@@ -68,7 +68,7 @@ class GenerationOutput:
     while it runs or when it failed). ``top_logprobs`` holds, per generated token, the most likely
     alternatives as ``(token id, log-probability)`` pairs, best first, when the request asked for
     them (``add_request(top_logprobs=k)``). ``max_new_tokens`` is the limit the request ran with:
-    what it asked for, capped by the model's context (None for a request refused on arrival).
+    what it asked for (the default length capped by the model's context) (None for a request refused on arrival).
     ``prompt_logprobs``: with ``add_request(prompt_logprobs=k)``, once the prompt is computed, its
     tokens after the first scored (:class:`genkit.generation.scoring.TokenScore`, ``k`` alternatives
     each), as :func:`genkit.generation.scoring.score_prompt` scores them."""

@@ -28,6 +28,7 @@ from ..strategy.processing import LogitsProcessorList, ProcessorContext, merge_l
 from .encoder_decoder import Seq2SeqInputs, is_encoder_decoder, take_seq2seq_inputs
 from .engines import engine_for
 from .model_inputs import ForwardingView, ModelInputs, placeholder_prompt, take_model_inputs
+from .padding import inferred_mask
 
 logger = logging.getLogger("genkit.generation")
 
@@ -437,9 +438,8 @@ def _attention_mask(input_ids: torch.Tensor, config: GenerationConfig, eos_ids: 
                     model_kwargs: dict[str, Any]) -> None:
     """Check the caller's mask, or infer one from pad tokens in the prompt (left padding)."""
     attention_mask = model_kwargs.get("attention_mask")
-    pad = config.pad_token_id
-    if attention_mask is None and pad is not None and pad not in eos_ids and bool((input_ids == pad).any()):
-        attention_mask = (input_ids != pad).long()
+    if attention_mask is None:
+        attention_mask = inferred_mask(input_ids, config.pad_token_id, eos_ids)
     if attention_mask is None:
         return
     if attention_mask.shape != input_ids.shape:

@@ -103,6 +103,15 @@ def padding_group(readers: Mapping[str, int | None], length: int) -> int | None:
     return min(length, farthest)
 
 
+def inferred_mask(input_ids: Any, pad: int | None, eos_ids: list[int]) -> Any:
+    """The attention mask of a prompt given without one (transformers' rule, which ``generate`` and
+    ``generate(cache_implementation="paged")`` both follow): 0 where it holds the call's resolved
+    ``pad_token_id``, when that id is no EOS id; None when every token counts."""
+    if pad is None or pad in eos_ids or not bool((input_ids == pad).any()):
+        return None
+    return (input_ids != pad).long()
+
+
 def unpadded_lengths(config: Any, width: int) -> dict[str, Any]:
     """The settings that give each row of a batch ``width`` tokens wide, computed without its
     padding, the lengths ``generate`` counts from the padded width: a ``max_length`` becomes the

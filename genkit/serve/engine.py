@@ -358,9 +358,11 @@ class GenerateEngine:
             ids = ids.repeat(rows, 1)  # a deterministic strategy (greedy, contrastive, DoLa) runs it too
         elif rows > 1:  # beam search: the n best hypotheses
             kwargs["num_return_sequences"] = rows
+        # every prompt token counts, a pad id among them (as on continuous batching): generate infers
+        # no mask from the pad id of a prompt given with one
         with torch.no_grad(), _seeded(seed, self.model):
-            out = genkit.generate(self.model, ids, tokenizer=self.tokenizer, streamer=streamer if streams else None,
-                                  stopping_criteria=[_Stop(stream)], **kwargs)
+            out = genkit.generate(self.model, ids, attention_mask=torch.ones_like(ids), tokenizer=self.tokenizer,
+                                  streamer=streamer if streams else None, stopping_criteria=[_Stop(stream)], **kwargs)
         if not streams:  # the best hypotheses are known at the end: emit them now, as if streamed
             eos = set(eos_token_ids(kwargs.get("eos_token_id", self.model.generation_config.eos_token_id)))
             # an encoder-decoder model's sequences are the decoder's: its start token, then the new ones
