@@ -199,3 +199,15 @@ def test_a_vocabulary_whose_merges_cost_too_much_is_refused_before_the_work(tmp_
         load_tokenizer(tmp_path / "t.gguf")
     monkeypatch.setenv("GENKIT_MAX_TOKENIZER_MERGE_WORK", str(work))
     assert load_tokenizer(tmp_path / "t.gguf").encode("ab")[-1] == tokens.index("ab")
+
+
+def test_a_tokenizer_json_that_makes_the_tokenizers_library_panic_is_a_corrupt_model_error(tmp_path):
+    """(fuzzing) a BPE continuing-subword prefix longer than a merge's right part made the Rust
+    library panic: pyo3's PanicException, a BaseException that ``except Exception`` let through"""
+    import json
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {
+        "type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"], "continuing_subword_prefix": "#" * 10}}))
+    with pytest.raises(CorruptModelError, match=re.escape(f"{tmp_path / 'tokenizer.json'}: cannot be read as a "
+                                                          "tokenizers file (range end index")):
+        load_tokenizer(tmp_path)
