@@ -120,6 +120,16 @@ def test_a_huge_key_length_is_refused(tmp_path):
     _refused(path, "metadata key #1")
 
 
+@pytest.mark.parametrize("ttype", [0, 2])  # F32, Q4_0
+def test_a_tensor_of_no_dimensions_is_refused(tmp_path, ttype):
+    """(fuzzing) a tensor of 0 dimensions was an IndexError from the gguf package (a quantized type),
+    from the Q/K row check or a RuntimeError from a bias's concatenation (F32)"""
+    path = tmp_path / "scalar.gguf"
+    body = _header([ARCH], [_tensor("blk.0.attn_q.weight", (), 0, ttype)])
+    path.write_bytes(body + bytes(-len(body) % 32) + bytes(4096))
+    _refused(path, "tensor 'blk.0.attn_q.weight' has 0 dimensions; accepted: 1 to 4")
+
+
 # --- GGUF: a real file with one value changed -------------------------------------------------
 
 def _patched(tmp_path: Path, key: str, value: int, name: str, **kw) -> Path:
