@@ -161,6 +161,22 @@ def test_quantized_shapes_are_checked_against_the_config(tmp_path):
         torch_load(path)
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_the_bias_of_a_quantized_projection_is_checked(tmp_path, qtype):
+    """(fuzzing) a Qwen2 v bias of 64 values for 32 rows was a RuntimeError in the first forward"""
+    from test_quantized import HEADS, HIDDEN, KV_HEADS
+    path = tmp_path / "bias.gguf"
+    write_quantized_gguf(path, qtype, arch="qwen2")
+    data = bytearray(path.read_bytes())
+    at = data.index(_s("blk.0.attn_v.bias")) + len(_s("blk.0.attn_v.bias"))
+    rows = HIDDEN // HEADS * KV_HEADS
+    assert struct.unpack_from("<IQ", data, at) == (1, rows)
+    struct.pack_into("<Q", data, at + 4, 2 * rows)
+    path.write_bytes(bytes(data))
+    _refused(path, f"bias.gguf: tensor 'model.layers.0.self_attn.v_proj.bias' has shape ({2 * rows},), but the "
+             f"config implies ({rows},)")
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "F32"])
 def test_q_and_k_rows_are_checked_before_they_are_reordered(tmp_path, qtype):
     """a Q projection of 62 rows for 4 heads of 16 was a RuntimeError from the reshape that puts
