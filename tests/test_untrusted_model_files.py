@@ -161,6 +161,16 @@ def test_quantized_shapes_are_checked_against_the_config(tmp_path):
         torch_load(path)
 
 
+def test_a_gguf_without_its_mlp_width_is_refused(tmp_path):
+    """(fuzzing) no `llama.feed_forward_length`: a TypeError from building the MLP with a width of None"""
+    path = tmp_path / "no_ffn.gguf"
+    write_quantized_gguf(path, "Q8_0")
+    data = path.read_bytes()
+    assert data.count(_s("llama.feed_forward_length")) == 1
+    path.write_bytes(data.replace(_s("llama.feed_forward_length"), _s("llama.feed_forward_lengtX")))
+    _refused(path, "no_ffn.gguf: `intermediate_size` is missing; it must be a positive integer")
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
 def test_the_bias_of_a_quantized_projection_is_checked(tmp_path, qtype):
     """(fuzzing) a Qwen2 v bias of 64 values for 32 rows was a RuntimeError in the first forward"""
@@ -262,6 +272,11 @@ def _folder(tmp_path: Path, name: str = "model", **config) -> Path:
                                          ("num_attention_heads", 0), ("hidden_size", "64")])
 def test_config_json_sizes_are_checked(tmp_path, field, value):
     _refused(_folder(tmp_path, **{field: value}), "config.json", f"`{field}`")
+
+
+def test_a_llama_config_without_its_mlp_width_is_refused(tmp_path):
+    """transformers' default (11008) does not fit the weights either; genkit's MLP got None (TypeError)"""
+    _refused(_folder(tmp_path, intermediate_size=None), "config.json: `intermediate_size` is missing")
 
 
 @pytest.mark.parametrize("field,value,accepted", [
