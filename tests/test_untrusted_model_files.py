@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tolerance import logits_bound
 
 gguf = pytest.importorskip("gguf")
 from test_quantized import write_quantized_gguf  # noqa: E402
@@ -336,6 +337,24 @@ def test_real_config_fields_still_load(tmp_path):
     ids = torch.tensor([[1, 2, 3]])
     expected = tiny_llama(rms_norm_eps=0)(ids).logits
     assert torch.equal(genkit.load_model(folder)(ids).logits, expected)
+
+
+def test_a_partial_rotary_factor_is_ignored_as_transformers_llama_ignores_it(tmp_path, caplog):
+    """(fuzzing config.json) `partial_rotary_factor`=0.5 passed the checks, then every forward failed
+    with a RuntimeError (rope tables for half of each head, applied to all of it). transformers'
+    Llama family turns every dimension whatever the field says: its logits, and a warning."""
+    import genkit
+    transformers = pytest.importorskip("transformers")
+    folder = _folder(tmp_path, partial_rotary_factor=0.5)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with caplog.at_level("WARNING", logger="genkit.models"):
+        model = genkit.load_model(folder)
+    assert "`partial_rotary_factor`=0.5 is ignored, as transformers' LlamaForCausalLM ignores it" in caplog.text
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        assert (model(ids).logits - reference(ids).logits).abs().max() <= logits_bound(reference, ids)
+        assert torch.equal(model.generate(ids, max_new_tokens=4, do_sample=False),
+                           reference.generate(ids, max_new_tokens=4, do_sample=False))
 
 
 def test_config_sizes_are_checked_against_the_embedding(tmp_path):

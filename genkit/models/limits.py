@@ -169,9 +169,8 @@ def check_config(config: Any, where: str, shapes: Mapping[str, tuple[int, ...]] 
     if values.get("head_dim") is None and hidden % heads and not qwen3:
         raise ModelFileError(f"{where}: `{hidden_key}`={hidden} is not a multiple of `{heads_key}`={heads}")
     head_dim = values.get("head_dim") or (QWEN3_HEAD_DIM if qwen3 else hidden // heads)
-    rotary = int(head_dim * config.get("partial_rotary_factor", 1.0))
-    if not gpt2 and rotary % 2:
-        raise ModelFileError(f"{where}: the head size ({rotary} rotary dimensions) must be even: rope turns "
+    if not gpt2 and head_dim % 2:  # (the Llama family's rope turns every dimension, partial_rotary_factor or not)
+        raise ModelFileError(f"{where}: the head size ({head_dim} rotary dimensions) must be even: rope turns "
                              "pairs of dimensions")
     kv = values.get("num_key_value_heads")
     if kv is not None and heads % kv:
