@@ -15,6 +15,9 @@ def _int(v: Any) -> bool:
     return isinstance(v, Integral) and not isinstance(v, bool)
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _num(v: Any) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool)
 
@@ -55,7 +58,13 @@ def _sequence_bias(v: Any) -> bool:
             return False
     else:
         return False
-    return len(items) > 0 and all(_ids(list(k)) and len(k) > 0 and _num(b) for k, b in items)
+    return len(items) > 0 and all(_ids(list(k)) and len(k) > 0 and _bias(b) for k, b in items)
+
+
+def _bias(b: Any) -> bool:
+    """A bias the float32 scores can take: a number of at most float32's largest magnitude, or -inf /
+    +inf (1e308 was a RuntimeError, "value cannot be converted to type float without overflow")."""
+    return _num(b) and (is_finite(b) and abs(b) <= FLOAT32_MAX or b in (float("inf"), float("-inf")))
 
 
 def _bias_ids(v: Any) -> list[Any]:
@@ -114,7 +123,7 @@ BEGIN_SUPPRESS = _switch("begin_suppress_tokens", None, lambda v: _ids(v) and le
                          "a list of token ids >= 0 or None", token_ids_in)
 SEQUENCE_BIAS = _switch("sequence_bias", None, _sequence_bias,
                         "a non-empty dict {tuple of token ids: bias} or a non-empty list of [list of token ids, bias] "
-                        "pairs, or None", _bias_ids)
+                        "pairs (each bias a number within float32's range, or -inf / inf), or None", _bias_ids)
 
 ALL = (TEMPERATURE, TOP_K, TOP_P, MIN_P, TOP_H, TYPICAL_P, EPSILON_CUTOFF, ETA_CUTOFF, REPETITION_PENALTY,
        ENCODER_REPETITION_PENALTY, NO_REPEAT_NGRAM_SIZE, ENCODER_NO_REPEAT_NGRAM_SIZE, BAD_WORDS_IDS,

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from genkit.errors import ConfigError, NotSupportedError
+from genkit.errors import ConfigError, NotSupportedError, is_rust_panic
 from genkit.strategy.processing import LogitsProcessor, ProcessorContext
 
 from .fields import MAX_CHOICES
@@ -119,7 +119,13 @@ def ll_tokenizer(tokenizer: Any, eos_token_ids: list[int]) -> Any:
         backend = copy(backend)
         backend.no_padding()
         backend.no_truncation()
-        cached[eos] = llg.LLTokenizer(backend.to_str(), n_vocab=len(tokenizer), eos_token=list(eos) or None)
+        try:
+            cached[eos] = llg.LLTokenizer(backend.to_str(), n_vocab=len(tokenizer), eos_token=list(eos) or None)
+        except BaseException as exc:  # (a Rust panic, pyo3's PanicException, is a BaseException)
+            if not isinstance(exc, Exception) and not is_rust_panic(exc):
+                raise
+            raise NotSupportedError(f"structured outputs cannot use this tokenizer: llguidance cannot read it ({exc}); "
+                                    "it reads byte-level BPE and SentencePiece-style vocabularies") from exc
     return cached[eos]
 
 

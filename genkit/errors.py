@@ -124,3 +124,10 @@ class QueueFullError(InvalidStateError):
 
 class RecipeError(GenkitError):
     """Root of the recipe loader's and the sandbox's errors; each subclass keeps a builtin base."""
+
+
+def is_rust_panic(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Rust library's panic (``tokenizers``, ``llguidance``): pyo3's
+    ``PanicException``, a ``BaseException`` that ``except Exception`` lets through, raised for input
+    the library did not expect (a hostile ``tokenizer.json``)."""
+    return type(exc).__name__ == "PanicException" and type(exc).__module__ == "pyo3_runtime"

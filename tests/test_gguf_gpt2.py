@@ -87,13 +87,14 @@ def gguf_name(name: str) -> str:
 
 def write_gpt2_gguf(path: Path, hf: Any, *, qtype: str = "F32", embed_qtype: str | None = None,
                     output: bool = False, leave_out: tuple[str, ...] = (), positions: str = "F32",
-                    seed: int = 0) -> None:
+                    seed: int = 0, kinds: dict[str, str] | None = None) -> None:
     """``hf`` (a transformers GPT2LMHeadModel) as llama.cpp's converter writes it: F32 or F16
     (``qtype``), or with its matrices in a quantized type as llama-quantize leaves them (the
     position table and the norms not quantized; the embedding in ``embed_qtype``, default
     ``qtype``; the position table in ``positions``). Q4_0/Q4_1/Q8_0 blocks are quantized from ``hf``'s weights; the K-quants (which the
     gguf package cannot make) are random blocks. ``output``: also an ``output.weight``, a copy of
-    the embedding (older converters); ``leave_out``: tensors (llama.cpp names) not written."""
+    the embedding (older converters); ``leave_out``: tensors (llama.cpp names) not written;
+    ``kinds``: the type of some tensors (llama.cpp names), over the others'."""
     cfg = hf.config
     tokens, types, merges, _ = byte_level_vocab(cfg.vocab_size)
     w = gguf.GGUFWriter(str(path), arch="gpt2")
@@ -122,6 +123,7 @@ def write_gpt2_gguf(path: Path, hf: Any, *, qtype: str = "F32", embed_qtype: str
             kind = positions
         elif target == "token_embd.weight":
             kind = embed_qtype or qtype
+        kind = (kinds or {}).get(target, kind)
         for out in (target, "output.weight") if output and target == "token_embd.weight" else (target,):
             if out not in leave_out:
                 _add(w, out, data, kind, rng)
@@ -226,6 +228,27 @@ def test_a_quantized_gpt2_gguf_runs_on_the_int4_layers(tmp_path, qtype, embed, n
     out = q.generate(IDS, attention_mask=MASK, **GREEDY)
     assert torch.equal(out, ref.generate(IDS, attention_mask=MASK, **GREEDY))
     assert torch.equal(out, f.generate(IDS, attention_mask=MASK, **GREEDY))
+
+
+@quantized
+@pytest.mark.parametrize(("qtype", "embed", "kinds"), [("F32", "Q8_0", None), ("F16", "Q4_1", None),
+                                                       ("Q4_1", "Q4_1", {"blk.1.ffn_up.weight": "F16"})])
+def test_float_and_quantized_matrices_mixed_run_on_the_modules(tmp_path, qtype, embed, kinds):
+    """Float matrices with a quantized tied embedding (its head kept on the codes), or one matrix
+    left F16 among quantized ones (as llama-quantize leaves a tensor it cannot quantize): generate
+    failed with "AttributeError: 'Tensor' object has no attribute 'kernel'" (the block kernel's
+    route took every projection as quantized). Such a model runs on its modules: the tokens of the
+    de-quantized model, its logits within the kernels' rounding."""
+    path = tmp_path / "mixed.gguf"
+    write_gpt2_gguf(path, tiny_gpt2(seed=2), qtype=qtype, embed_qtype=embed, kinds=kinds)
+    q, f = genkit.load_model(path), genkit.load_model(path, dequantize=True)
+    assert type(q.lm_head) is Int4Linear
+    with torch.no_grad():
+        lq, lf = q(IDS, attention_mask=MASK, position_ids=POS).logits, f(IDS, attention_mask=MASK, position_ids=POS).logits
+    bound = logits_bound(f, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
+    assert (lq - lf)[MASK.bool()].abs().max() <= bound
+    assert torch.equal(q.generate(IDS, attention_mask=MASK, **GREEDY), f.generate(IDS, attention_mask=MASK, **GREEDY))
+    assert torch.equal(q.generate(IDS[:1], **GREEDY), f.generate(IDS[:1], **GREEDY))
 
 
 @quantized

@@ -102,6 +102,17 @@ def test_sampling_from_nan_scores_is_a_generation_error(model):
     assert out[0, len(PROMPT):].tolist() == [0, 0, 0, 0]
 
 
+@pytest.mark.parametrize("kw", [{"encoder_repetition_penalty": 1e308}, {"repetition_penalty": 1e-308},
+                                {"guidance_scale": 1e308}])
+def test_sampling_from_overflowed_scores_is_a_generation_error(model, kw):
+    """(fuzzing generation_config.json) a penalty or scale that overflows a score to +inf made the
+    softmax NaN: torch.multinomial's bare RuntimeError ("probability tensor contains either `inf`,
+    `nan` or element < 0"). Greedy search takes the +inf token."""
+    with pytest.raises(GenerationError, match=r"the scores of row 0 hold \+inf, so sampling has no distribution"):
+        _generate(model, do_sample=True, **kw)
+    assert _generate(model, do_sample=False, **kw).shape == (1, len(PROMPT) + 4)
+
+
 def test_continuous_batching_fails_the_request(model):
     from genkit.continuous import generate_batch
 

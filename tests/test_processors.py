@@ -242,6 +242,20 @@ def test_constructor_validation_names_argument_and_accepted_values(make, field, 
     assert f"`{field}`" in msg and accepted in msg
 
 
+@pytest.mark.parametrize("bias", [1e308, -1e39, float("nan")])
+def test_a_sequence_bias_float32_cannot_hold_is_a_config_error(bias):
+    """(fuzzing generation_config.json) a bias of 1e308 was a RuntimeError in the first step ("value
+    cannot be converted to type float without overflow"); -inf / inf still ban / force a token"""
+    from genkit.errors import ConfigError
+    from genkit.models.tiny import tiny_llama
+    model = tiny_llama(seed=0)
+    with pytest.raises(ConfigError, match=r"`sequence_bias` must be .*each bias a number within float32's range"):
+        genkit.generate(model, torch.tensor([[1, 5, 6]]), max_new_tokens=2, sequence_bias={(5,): bias})
+    out = genkit.generate(model, torch.tensor([[1, 5, 6]]), max_new_tokens=2, do_sample=False,
+                          sequence_bias={(5,): float("-inf"), (7,): 3.4e38})
+    assert out[0, 3:].tolist() == [7, 7]
+
+
 def test_sequence_bias_rejects_ids_outside_vocabulary():
     proc = G.SequenceBiasLogitsProcessor({(VOCAB + 5,): 1.0})
     with pytest.raises(ValueError, match=r"sequence_bias.*outside the model's vocabulary"):

@@ -322,6 +322,23 @@ def test_a_quantized_gguf_runs_quantized_and_matches_its_float_version(tmp_path,
     _same_or_near_tie(f, out_q, out_f, MASK)
 
 
+@pytest.mark.parametrize("qtype", ["F32", "F16"])
+def test_float_layers_with_a_quantized_tied_embedding_run(tmp_path, qtype):
+    """Float layers and a Q8_0 embedding table (its tied head on the codes): generate failed with
+    "AttributeError: 'Int4Linear' object has no attribute 'weight'" (the dense route laid out the
+    head's weight). The model runs on its modules: the de-quantized model's tokens, its logits
+    within the kernels' rounding."""
+    path = tmp_path / "e.gguf"
+    write_quantized_gguf(path, qtype, "Q8_0")
+    q, f = genkit.load_model(path), genkit.load_model(path, dequantize=True)
+    assert type(q.lm_head) is Int4Linear and type(q.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    with torch.no_grad():
+        lq, lf = q(IDS, attention_mask=MASK).logits, f(IDS, attention_mask=MASK).logits
+    assert (lq - lf).abs().max() <= logits_bound(f, IDS, MASK, linear_u=quantized_roundoff(kernel_of(q)))
+    kw = {"max_new_tokens": 12, "eos_token_id": None, "pad_token_id": 0}
+    _same_or_near_tie(f, q.generate(IDS, attention_mask=MASK, **kw), f.generate(IDS, attention_mask=MASK, **kw), MASK)
+
+
 @pytest.mark.parametrize("qtype", ["Q6_K", "Q4_K"])
 def test_k_quant_files_run_quantized_and_match_their_float_version(tmp_path, qtype):
     """The K-quants most published files mix in (Q4_K_M: Q4_K and Q6_K), on 256-wide layers."""

@@ -261,3 +261,24 @@ def test_one_grammar_processor_given_to_a_batch_keeps_every_request_in_its_gramm
     paged = genkit.generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
                             cache_implementation="paged", logits_processor=[one])
     assert [row[width:][:len(t)].tolist() for row, t in zip(paged, alone)] == alone
+
+
+@pytest.mark.parametrize("field", [{"guided_choice": ["alpha"]}, {"guided_regex": "a+"},
+                                   {"response_format": {"type": "json_object"}}])
+def test_a_tokenizer_llguidance_cannot_read_is_a_not_supported_error(field):
+    """A WordPiece (BERT-style) tokenizer.json: llguidance's bare ValueError ("can't determine
+    decoder type") came out of generate, and out of every such `genkit batch` row"""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from genkit.errors import NotSupportedError
+    from genkit.models.tiny import tiny_llama
+    from genkit.tokenizer import Tokenizer
+
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "alpha": 3, "a": 4, "##a": 5}
+    backend = Backend(models.WordPiece(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.Whitespace(), decoders.WordPiece()
+    tok = Tokenizer(backend, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "[UNK]"})
+    with pytest.raises(NotSupportedError, match=r"structured outputs cannot use this tokenizer: llguidance cannot read "
+                                                r"it \(can't determine decoder type"):
+        genkit.generate(tiny_llama(seed=0), torch.tensor([[1, 3]]), max_new_tokens=2, tokenizer=tok, **field)

@@ -183,3 +183,21 @@ def test_deeply_nested_parquet_messages_are_a_bad_row(tmp_path, engine):
     assert [r["id"] for r in _read(out)] == ["ok"]
     assert [(e["line"], e["id"]) for e in _errors(out)] == [(1, "deep")]
     assert "`messages` must be a non-empty list" in _errors(out)[0]["error"]
+
+
+@pytest.mark.parametrize(("kind", "value", "why"), [
+    ("date32", 2**31 - 1, "days=2147483647; must have magnitude <= 999999999"),
+    ("duration", 2**62, "Python int too large to convert to C int")])
+def test_a_parquet_value_python_cannot_hold_is_a_bad_row(tmp_path, engine, kind, value, why):
+    """(fuzzing Parquet input) a date past year 9999 or a huge duration made the whole job fail with
+    a bare OverflowError from pyarrow's to_pylist; it is the row's error, the other rows run"""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    kinds = {"date32": pa.date32(), "duration": pa.duration("s")}
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "prompt": ["alpha", "bravo", "charlie"],
+                             "when": pa.array([None, value, None], kinds[kind])}), tmp_path / "in.parquet")
+    out = tmp_path / "out.jsonl"
+    summary = run_batch(tmp_path / "in.parquet", out, engine)
+    assert [r["id"] for r in _read(out)] == ["a", "c"] and (summary.written, summary.bad) == (2, 1)
+    assert _errors(out) == [{"line": 2, "id": None, "error": f"column 'when' holds a {kinds[kind]} value Python cannot "
+                                                            f"represent ({why}); the row was not read"}]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tolerance import logits_bound
 
 gguf = pytest.importorskip("gguf")
 from test_quantized import write_quantized_gguf  # noqa: E402
@@ -120,6 +121,16 @@ def test_a_huge_key_length_is_refused(tmp_path):
     _refused(path, "metadata key #1")
 
 
+@pytest.mark.parametrize("ttype", [0, 2])  # F32, Q4_0
+def test_a_tensor_of_no_dimensions_is_refused(tmp_path, ttype):
+    """(fuzzing) a tensor of 0 dimensions was an IndexError from the gguf package (a quantized type),
+    from the Q/K row check or a RuntimeError from a bias's concatenation (F32)"""
+    path = tmp_path / "scalar.gguf"
+    body = _header([ARCH], [_tensor("blk.0.attn_q.weight", (), 0, ttype)])
+    path.write_bytes(body + bytes(-len(body) % 32) + bytes(4096))
+    _refused(path, "tensor 'blk.0.attn_q.weight' has 0 dimensions; accepted: 1 to 4")
+
+
 # --- GGUF: a real file with one value changed -------------------------------------------------
 
 def _patched(tmp_path: Path, key: str, value: int, name: str, **kw) -> Path:
@@ -149,6 +160,32 @@ def test_quantized_shapes_are_checked_against_the_config(tmp_path):
     path = _patched(tmp_path, "llama.feed_forward_length", FFN + 32, "ffn.gguf")
     with pytest.raises(ModelFileError, match=r"ffn\.gguf: tensor 'model\.layers\.0\.mlp\.\w+_proj\.weight' has shape"):
         torch_load(path)
+
+
+def test_a_gguf_without_its_mlp_width_is_refused(tmp_path):
+    """(fuzzing) no `llama.feed_forward_length`: a TypeError from building the MLP with a width of None"""
+    path = tmp_path / "no_ffn.gguf"
+    write_quantized_gguf(path, "Q8_0")
+    data = path.read_bytes()
+    assert data.count(_s("llama.feed_forward_length")) == 1
+    path.write_bytes(data.replace(_s("llama.feed_forward_length"), _s("llama.feed_forward_lengtX")))
+    _refused(path, "no_ffn.gguf: `intermediate_size` is missing; it must be a positive integer")
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_the_bias_of_a_quantized_projection_is_checked(tmp_path, qtype):
+    """(fuzzing) a Qwen2 v bias of 64 values for 32 rows was a RuntimeError in the first forward"""
+    from test_quantized import HEADS, HIDDEN, KV_HEADS
+    path = tmp_path / "bias.gguf"
+    write_quantized_gguf(path, qtype, arch="qwen2")
+    data = bytearray(path.read_bytes())
+    at = data.index(_s("blk.0.attn_v.bias")) + len(_s("blk.0.attn_v.bias"))
+    rows = HIDDEN // HEADS * KV_HEADS
+    assert struct.unpack_from("<IQ", data, at) == (1, rows)
+    struct.pack_into("<Q", data, at + 4, 2 * rows)
+    path.write_bytes(bytes(data))
+    _refused(path, f"bias.gguf: tensor 'model.layers.0.self_attn.v_proj.bias' has shape ({2 * rows},), but the "
+             f"config implies ({rows},)")
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "F32"])
@@ -238,6 +275,11 @@ def test_config_json_sizes_are_checked(tmp_path, field, value):
     _refused(_folder(tmp_path, **{field: value}), "config.json", f"`{field}`")
 
 
+def test_a_llama_config_without_its_mlp_width_is_refused(tmp_path):
+    """transformers' default (11008) does not fit the weights either; genkit's MLP got None (TypeError)"""
+    _refused(_folder(tmp_path, intermediate_size=None), "config.json: `intermediate_size` is missing")
+
+
 @pytest.mark.parametrize("field,value,accepted", [
     ("rms_norm_eps", float("nan"), "a finite number >= 0"), ("rms_norm_eps", "x", "a finite number >= 0"),
     ("rope_theta", 0, "a finite number > 0"), ("rope_theta", "abc", "a finite number > 0"),
@@ -295,6 +337,24 @@ def test_real_config_fields_still_load(tmp_path):
     ids = torch.tensor([[1, 2, 3]])
     expected = tiny_llama(rms_norm_eps=0)(ids).logits
     assert torch.equal(genkit.load_model(folder)(ids).logits, expected)
+
+
+def test_a_partial_rotary_factor_is_ignored_as_transformers_llama_ignores_it(tmp_path, caplog):
+    """(fuzzing config.json) `partial_rotary_factor`=0.5 passed the checks, then every forward failed
+    with a RuntimeError (rope tables for half of each head, applied to all of it). transformers'
+    Llama family turns every dimension whatever the field says: its logits, and a warning."""
+    import genkit
+    transformers = pytest.importorskip("transformers")
+    folder = _folder(tmp_path, partial_rotary_factor=0.5)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with caplog.at_level("WARNING", logger="genkit.models"):
+        model = genkit.load_model(folder)
+    assert "`partial_rotary_factor`=0.5 is ignored, as transformers' LlamaForCausalLM ignores it" in caplog.text
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        assert (model(ids).logits - reference(ids).logits).abs().max() <= logits_bound(reference, ids)
+        assert torch.equal(model.generate(ids, max_new_tokens=4, do_sample=False),
+                           reference.generate(ids, max_new_tokens=4, do_sample=False))
 
 
 def test_config_sizes_are_checked_against_the_embedding(tmp_path):

@@ -199,3 +199,32 @@ def test_a_vocabulary_whose_merges_cost_too_much_is_refused_before_the_work(tmp_
         load_tokenizer(tmp_path / "t.gguf")
     monkeypatch.setenv("GENKIT_MAX_TOKENIZER_MERGE_WORK", str(work))
     assert load_tokenizer(tmp_path / "t.gguf").encode("ab")[-1] == tokens.index("ab")
+
+
+def test_a_tokenizer_json_that_makes_the_tokenizers_library_panic_is_a_corrupt_model_error(tmp_path):
+    """(fuzzing) a BPE continuing-subword prefix longer than a merge's right part made the Rust
+    library panic: pyo3's PanicException, a BaseException that ``except Exception`` let through"""
+    import json
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {
+        "type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"], "continuing_subword_prefix": "#" * 10}}))
+    with pytest.raises(CorruptModelError, match=re.escape(f"{tmp_path / 'tokenizer.json'}: cannot be read as a "
+                                                          "tokenizers file (range end index")):
+        load_tokenizer(tmp_path)
+
+
+def test_a_post_processor_that_panics_in_every_encode_is_refused_at_load(tmp_path):
+    """(fuzzing) a TemplateProcessing naming a special token it does not define loaded, then every
+    encode (every request of genkit serve) raised pyo3's PanicException: 'no entry found for key'"""
+    import json
+
+    folder = _folder(tmp_path, {})
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "x", "type_id": 0}},
+                                                                       {"Sequence": {"id": "A", "type_id": 0}}],
+                              "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                              "special_tokens": {"<s>": {"id": "<s>", "ids": [2], "tokens": ["<s>"]}}}
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(CorruptModelError, match=re.escape(f"{folder / 'tokenizer.json'}: cannot be read as a "
+                                                          "tokenizers file (no entry found for key")):
+        load_tokenizer(folder)

@@ -133,6 +133,8 @@ def _read_parquet(path: str | os.PathLike[str], max_line_bytes: int) -> Iterator
                     if isinstance(item, int):
                         yield BadRow(n, None, f"the row is over the {max_line_bytes}-byte limit (--max-line-bytes): "
                                               f"its values hold {item} bytes; it was not read")
+                    elif isinstance(item, str):
+                        yield BadRow(n, None, f"{item}; the row was not read")
                     else:
                         yield parse_record(n, _parquet_record(item))
     except (pa.ArrowException, OSError) as exc:  # not Parquet, truncated, or corrupt past row n
@@ -168,9 +170,10 @@ def _check_row_group(path: str | os.PathLike[str], group: Any, index: int, limit
             "--max-line-bytes")
 
 
-def _batch_records(batch: Any, max_line_bytes: int) -> Iterator[dict[str, Any] | int]:
+def _batch_records(batch: Any, max_line_bytes: int) -> Iterator[dict[str, Any] | int | str]:
     """The rows of a record batch in order: each row within ``max_line_bytes`` bytes as a dict, each
-    row over it as its size (never made into Python objects)."""
+    row over it as its size (never made into Python objects), each row holding a value Python cannot
+    represent as why (:func:`_row_or_error`)."""
     import pyarrow as pa
 
     sizes: Any = 0
@@ -188,8 +191,26 @@ def _batch_records(batch: Any, max_line_bytes: int) -> Iterator[dict[str, Any] |
                and (held == 0 or held + per_row[stop] <= _BYTES_AT_ONCE)):
             held += per_row[stop]
             stop += 1
-        yield from batch.slice(start, stop - start).to_pylist()
+        try:
+            rows = batch.slice(start, stop - start).to_pylist()
+        except (OverflowError, ValueError):  # a value Python cannot hold (a date past year 9999): which rows
+            rows = [_row_or_error(batch, i) for i in range(start, stop)]
+        yield from rows
         start = stop
+
+
+def _row_or_error(batch: Any, i: int) -> dict[str, Any] | str:
+    """Row ``i`` of ``batch`` as a dict, or why a value of it cannot become a Python value."""
+    try:
+        return dict(batch.slice(i, 1).to_pylist()[0])
+    except (OverflowError, ValueError):
+        pass
+    for name, column in zip(batch.schema.names, batch.columns):
+        try:
+            column[i].as_py()
+        except (OverflowError, ValueError) as exc:
+            return f"column {name!r} holds a {column.type} value Python cannot represent ({exc})"
+    return "a value cannot be read"
 
 
 def _add(a: Any, b: Any) -> Any:

@@ -153,8 +153,8 @@ def _quant_sizes() -> dict[int, tuple[int, int]]:
 def _tensor_info(h: _Header, i: int, sizes: dict[int, tuple[int, int]], alignment: int) -> GGUFTensorInfo:
     name = h.string(f"the name of tensor #{i}", MAX_NAME_BYTES)
     n_dims = h.u32(f"the dimension count of tensor {name!r}")
-    if n_dims > MAX_DIMS:
-        raise ModelFileError(f"{h.path}: tensor {name!r} has {n_dims} dimensions; the limit is {MAX_DIMS}")
+    if not 1 <= n_dims <= MAX_DIMS:  # (no model's tensor is a scalar)
+        raise ModelFileError(f"{h.path}: tensor {name!r} has {n_dims} dimensions; accepted: 1 to {MAX_DIMS}")
     dims = tuple(h.u64(f"the dimensions of tensor {name!r}") for _ in range(n_dims))
     ttype = h.u32(f"the type of tensor {name!r}")
     offset = h.u64(f"the offset of tensor {name!r}")

@@ -134,7 +134,10 @@ def _linear_layers(model: nn.Module, quantized: dict[str, Entry], state: dict[st
         if module.bias is not None:
             if f"{module_name}.bias" not in state:
                 raise ModelFileError(f"{where}: missing tensor {module_name + '.bias'!r}")
-            biases[module_name] = state.pop(f"{module_name}.bias")
+            bias = biases[module_name] = state.pop(f"{module_name}.bias")
+            if tuple(bias.shape) != tuple(module.bias.shape):  # (not checked with the state: taken out of it)
+                raise ModelFileError(f"{where}: tensor {module_name + '.bias'!r} has shape {tuple(bias.shape)}, but "
+                                     f"the config implies {tuple(module.bias.shape)}")
         _swap(model, module_name, nn.Identity())
         layers[name] = entry
     return layers, biases

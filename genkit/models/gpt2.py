@@ -178,6 +178,8 @@ def prepare_layers(blocks: nn.ModuleList, lm_head: nn.Module, packing: bool | No
     if not blocks or len(projections) != len(blocks):
         return None
     dense = type(lm_head) is nn.Linear and all(type(m) is Conv1D for p in projections for m in p)
+    if not dense and any(type(m) is Conv1D for p in projections for m in p):
+        return None  # float and quantized projections (or a quantized head) mixed: the modules run
     # plain tensors even when the first call comes from inside generate(): the parameters keep them
     with torch.no_grad(), torch.inference_mode(False):
         if dense:

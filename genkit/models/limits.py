@@ -65,6 +65,8 @@ def over(name: str) -> str:
 _LLAMA_FIELDS = {"num_hidden_layers": "layers", "hidden_size": "dimension", "num_attention_heads": "dimension",
                  "vocab_size": "vocab", "num_key_value_heads": "dimension", "intermediate_size": "dimension",
                  "head_dim": "dimension"}
+_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # the native Llama family's model_type values
+_LLAMA_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 _GPT2_FIELDS = {"n_layer": "layers", "n_embd": "dimension", "n_head": "dimension", "vocab_size": "vocab",
                 "n_positions": "dimension", "n_inner": "dimension"}
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.")
@@ -156,7 +158,10 @@ def check_config(config: Any, where: str, shapes: Mapping[str, tuple[int, ...]] 
     _check_fields(config, where)
     gpt2 = config.get("model_type") == "gpt2" or "GPT2LMHeadModel" in (config.get("architectures") or ())
     fields = _GPT2_FIELDS if gpt2 else _LLAMA_FIELDS
-    values = {key: _int_field(config, key, kind, where, i < 4) for i, (key, kind) in enumerate(fields.items())}
+    # (the Llama family's MLP has no default width: a config without one built no model, a TypeError)
+    llama = config.get("model_type") in _LLAMA_TYPES or bool(_LLAMA_ARCHITECTURES & set(config.get("architectures") or ()))
+    required = {*list(fields)[:4], *(("intermediate_size",) if llama else ())}
+    values = {key: _int_field(config, key, kind, where, key in required) for key, kind in fields.items()}
     layers_key, hidden_key, heads_key = list(fields)[:3]
     layers, hidden, heads = values[layers_key], values[hidden_key], values[heads_key]
     assert layers is not None and hidden is not None and heads is not None  # required above
@@ -164,9 +169,8 @@ def check_config(config: Any, where: str, shapes: Mapping[str, tuple[int, ...]] 
     if values.get("head_dim") is None and hidden % heads and not qwen3:
         raise ModelFileError(f"{where}: `{hidden_key}`={hidden} is not a multiple of `{heads_key}`={heads}")
     head_dim = values.get("head_dim") or (QWEN3_HEAD_DIM if qwen3 else hidden // heads)
-    rotary = int(head_dim * config.get("partial_rotary_factor", 1.0))
-    if not gpt2 and rotary % 2:
-        raise ModelFileError(f"{where}: the head size ({rotary} rotary dimensions) must be even: rope turns "
+    if not gpt2 and head_dim % 2:  # (the Llama family's rope turns every dimension, partial_rotary_factor or not)
+        raise ModelFileError(f"{where}: the head size ({head_dim} rotary dimensions) must be even: rope turns "
                              "pairs of dimensions")
     kv = values.get("num_key_value_heads")
     if kv is not None and heads % kv:

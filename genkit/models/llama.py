@@ -53,8 +53,7 @@ def _rope_inv_freq_cpu(config: ModelConfig, head_dim: int) -> tuple[torch.Tensor
     scaling = config.rope_scaling or config.rope_parameters or {}
     rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
     theta = float(scaling.get("rope_theta", theta)) if scaling else theta
-    partial = float(config.get("partial_rotary_factor", 1.0))
-    dim = int(head_dim * partial)
+    dim = head_dim  # (rope turns every dimension of a head: transformers' Llama family ignores partial_rotary_factor)
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     if rope_type == "default":
         return inv, 1.0
@@ -246,6 +245,10 @@ class LlamaForCausalLM(OneCallModel, PagedModel, GenerationMixin):
         self.tie_weights()
         inv_freq, self.attention_scaling = rope_inv_freq(config, head_dim_of(config))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        partial = config.get("partial_rotary_factor")
+        if partial is not None and partial != 1:
+            logger.warning("`partial_rotary_factor`=%s is ignored, as transformers' %s ignores it: rope turns every "
+                           "dimension of each head", partial, (config.architectures or ["LlamaForCausalLM"])[0])
         self.windows = layer_windows(config)
         self._prepared = None
 

@@ -251,8 +251,8 @@ def prepare_layers(layers: nn.ModuleList, windows: list[int | None], lm_head: nn
             return None
     if all(type(int4_of(layer.self_attn.q_proj)) is Int4Linear for layer in layers):
         return _prepare_quantized(layers, windows, lm_head)
-    if any(type(int4_of(layer.self_attn.q_proj)) is Int4Linear for layer in layers):
-        return None
+    if any(type(int4_of(layer.self_attn.q_proj)) is Int4Linear for layer in layers) or type(lm_head) is not nn.Linear:
+        return None  # (float layers with a quantized head, a GGUF's tied Q8_0 embedding: the modules run)
     prepared = []
     # plain tensors even when the first call comes from inside generate(): the parameters keep them
     with torch.no_grad(), torch.inference_mode(False):

@@ -61,10 +61,14 @@ def choose_tokens(scores: torch.Tensor, do_sample: bool, generator: torch.Genera
     try:
         return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
     except RuntimeError:  # a row of NaN probabilities: which, and why
-        dead = _dead_rows(scores.amax(dim=-1))
-        if not bool(dead.any()):
+        best = scores.amax(dim=-1)
+        dead = _dead_rows(best)
+        overflowed = best == float("inf")
+        if not bool(dead.any()) and not bool(overflowed.any()):
             raise
         _refuse(scores, dead, live)
+        _refuse_overflow(overflowed, live)
+        dead = dead | overflowed
         probs = torch.where(dead[:, None], 1.0, probs)  # finished rows only: any token, padded over
         return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
 
@@ -103,6 +107,19 @@ def _refuse(scores: torch.Tensor, dead: torch.Tensor, live: torch.Tensor | None)
         "constraints contradict each other (e.g. suppress_tokens / bad_words_ids / allowed_token_ids / "
         "logit_bias against a guided_* grammar or prefix_allowed_tokens_fn); choosing anyway would emit a "
         "token they rule out")
+
+
+def _refuse_overflow(overflowed: torch.Tensor, live: torch.Tensor | None) -> None:
+    """Raise for the first row that ``overflowed`` marks (a score of +inf: its softmax is NaN) and
+    ``live`` (when given) does not mark finished."""
+    rows = (overflowed if live is None else overflowed & live.to(overflowed.device)).nonzero().flatten().tolist()
+    if rows:
+        from genkit.errors import GenerationError
+
+        raise GenerationError(
+            f"the scores of row {rows[0]} hold +inf, so sampling has no distribution to draw from: a logits "
+            "processor's result overflowed (e.g. a repetition_penalty or encoder_repetition_penalty far from 1, an "
+            "exponential_decay_length_penalty or guidance_scale too large)")
 
 
 def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
