@@ -81,6 +81,33 @@ def test_beam_sampling_matches_transformers(models, name):
     assert torch.equal(genkit.generate(model, **x, **kw), ref)
 
 
+@pytest.mark.parametrize("name", ["moonshine", "switch"])
+def test_encoder_outputs_of_their_own_class_reach_the_decoder(name):
+    """Moonshine's decoder reads the encoder output's own `attention_mask` (downsampled with the
+    audio) and SwitchTransformers' forward its `router_logits`: genkit hands the decoder the
+    encoder's output class with those fields, their rows following the beams (it gave a bare
+    BaseModelOutput: an AttributeError at the first step)."""
+    model, x = S.build(name), S.inputs(name)
+    kw = dict(num_beams=3, num_return_sequences=2, output_scores=True, return_dict_in_generate=True, max_new_tokens=6)
+    ref = reference(model, **x, do_sample=False, **kw)
+    out = genkit.generate(model, **x, **kw)
+    assert torch.equal(out.sequences, ref.sequences) and torch.equal(out.beam_indices, ref.beam_indices)
+    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores, atol=SCORE_ATOL, rtol=SCORE_RTOL)
+    torch.manual_seed(5)
+    ref = reference(model, **x, do_sample=True, num_return_sequences=2, **FIXED)
+    torch.manual_seed(5)
+    assert torch.equal(genkit.generate(model, **x, do_sample=True, num_return_sequences=2, **FIXED), ref)
+    if name == "moonshine":  # the padding changes the padded row's tokens, not the other's
+        unmasked = genkit.generate(model, input_values=x["input_values"], **FIXED)
+        masked = genkit.generate(model, **x, **FIXED)
+        assert torch.equal(unmasked[0], masked[0]) and not torch.equal(unmasked[1], masked[1])
+        encoder_outputs = model.get_encoder()(**x)
+        assert not encoder_outputs.attention_mask.bool().all()
+        got = genkit.generate(model, encoder_outputs=encoder_outputs, attention_mask=x["attention_mask"], num_beams=2,
+                              **FIXED)
+        assert torch.equal(got, genkit.generate(model, **x, num_beams=2, **FIXED))
+
+
 def test_diverse_beams_first_group_is_beam_search(models):
     """The first group takes no diversity penalty: without EOS it is plain beam search with
     num_beams / num_beam_groups beams (the full comparison, against transformers 4.x's algorithm run
