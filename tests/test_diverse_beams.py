@@ -118,3 +118,16 @@ def test_diverse_beams_on_llama_native_and_transformers(tiny_pair, recipe):
     torch.testing.assert_close(native.sequences_scores, ref.sequences_scores, rtol=0,
                                atol=score_bound(ours, native.sequences, native.sequences_scores))
     assert (ref.sequences[:, ids.shape[1]:] == eos).any()
+
+
+@pytest.mark.parametrize("name", ["t5", "whisper"])
+def test_the_recipe_runs_on_a_loaded_encoder_decoder_folder(models, recipe, name, tmp_path):
+    """``genkit.load_model`` of an encoder-decoder folder returns genkit's adapter, whose forward is
+    genkit's protocol: a transformers recipe is given the transformers model inside it (it was given
+    the adapter, and transformers' loop failed calling it: a KeyError 'inputs_embeds')."""
+    model, x = models[name], S.inputs(name)
+    model.save_pretrained(tmp_path)
+    loaded = genkit.load_model(tmp_path)
+    assert type(loaded).__name__ == "TransformersSeq2SeqAdapter"
+    kw = dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.5, num_return_sequences=2, max_new_tokens=6, **DICT)
+    _assert_same(model, loaded.generate(**x, custom_generate=recipe, **kw), _reference(model, recipe, **x, **kw))

@@ -1,7 +1,8 @@
 """What a ``custom_generate`` recipe is given: the model and, when the caller set none, the
 generation config (see docs/recipes.md, "Recipes written for transformers").
 
-- A transformers model is given as it is (the caller's object).
+- A transformers model is given as it is (the caller's object); one wrapped in genkit's adapter
+  (what ``genkit.load_model`` returns for an encoder-decoder checkpoint) is given unwrapped.
 - A native genkit model is given as a transformers view sharing its weights
   (:func:`genkit.models.hf_view.transformers_view`) when transformers is installed, so recipes
   written against transformers' ``GenerationMixin`` run on it unchanged; without transformers, as
@@ -24,8 +25,11 @@ from typing import Any
 
 def recipe_model(model: Any) -> Any:
     """The model a recipe is given for ``model`` (the caller's)."""
+    from ..models.adapter import TransformersModelAdapter
     from ..models.base import GenkitModel
 
+    if isinstance(model, TransformersModelAdapter):  # its forward is genkit's protocol, not transformers'
+        return model.hf_model
     if isinstance(model, GenkitModel) and importlib.util.find_spec("transformers") is not None:
         from ..models.hf_view import transformers_view
 
