@@ -131,3 +131,17 @@ def test_the_recipe_runs_on_a_loaded_encoder_decoder_folder(models, recipe, name
     assert type(loaded).__name__ == "TransformersSeq2SeqAdapter"
     kw = dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.5, num_return_sequences=2, max_new_tokens=6, **DICT)
     _assert_same(model, loaded.generate(**x, custom_generate=recipe, **kw), _reference(model, recipe, **x, **kw))
+
+
+@pytest.mark.parametrize("decoder_prompt", [None, [11, 12], [0, 11, 12]], ids=["start", "prepended", "given"])
+def test_a_recipe_without_a_length_counts_20_new_tokens_after_the_decoders_prompt(models, recipe, decoder_prompt):
+    """transformers' default length (20 new tokens) counts from the decoder's first tokens; genkit
+    counted it from the encoder's input (7 tokens here: 27 decoder tokens instead of 21)."""
+    model, x = models["t5"], S.inputs("t5")
+    kw = dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.5)
+    if decoder_prompt is not None:
+        kw["decoder_input_ids"] = torch.tensor([decoder_prompt] * 2)
+    ours = genkit.generate(model, **x, custom_generate=recipe, **kw)
+    ref = GenerationMixin.generate(model, **x, custom_generate=recipe, trust_remote_code=True, do_sample=False, **kw)
+    assert torch.equal(ours, ref)
+    assert ours.shape[1] == 20 + (1 if decoder_prompt is None else 3)
