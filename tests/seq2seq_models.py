@@ -75,6 +75,12 @@ def build(name: str, seed: int = 0) -> Any:
             vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4, num_experts=2,
             expert_capacity=64, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1, initializer_factor=8.0,
             decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+    elif name == "pix2struct":  # image to text: the encoder reads `flattened_patches`
+        text = dict(vocab_size=V, hidden_size=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, pad_token_id=0,
+                    eos_token_id=1, decoder_start_token_id=0, initializer_factor=4.0)
+        vision = dict(hidden_size=32, patch_embed_hidden_size=12, d_kv=8, d_ff=64, num_hidden_layers=2,
+                      num_attention_heads=4, patch_size=2, initializer_factor=4.0)
+        model = T.Pix2StructForConditionalGeneration(T.Pix2StructConfig(text_config=text, vision_config=vision))
     elif name == "git":  # decoder-only, the image's tokens first
         vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=16,
                       patch_size=8, num_channels=3)
@@ -94,6 +100,12 @@ def inputs(name: str, batch: int = 2, seed: int = 1) -> dict[str, torch.Tensor]:
         return {"input_features": torch.randn(batch, 8, 32, generator=g)}
     if name == "vision":
         return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
+    if name == "pix2struct":  # 16 patches: (row, column, 2x2x3 pixels); the second image has 12
+        patches = torch.randn(batch, 16, 2 + 12, generator=g)
+        patches[:, :, 0], patches[:, :, 1] = torch.arange(16) // 4 + 1, torch.arange(16) % 4 + 1
+        mask = torch.ones(batch, 16, dtype=torch.long)
+        mask[1:, 12:] = 0
+        return {"flattened_patches": patches, "attention_mask": mask}
     if name == "moonshine":  # raw audio; the second row's second half is padding
         mask = torch.ones(batch, 6000, dtype=torch.long)
         mask[1:, 2500:] = 0

@@ -390,6 +390,22 @@ def test_load_model_and_the_cli_run_a_seq2seq_folder(models, tmp_path, capsys):
     assert capsys.readouterr().out.split() == [f"w{i}" for i in want[0, 1:].tolist()]
 
 
+def test_load_model_loads_an_image_text_to_text_encoder_decoder_folder(tmp_path, capsys):
+    """Pix2Struct (and Florence-2) load through AutoModelForImageTextToText, which transformers 5
+    names so (genkit looked for AutoModelForVision2Seq, gone in 5: "transformers has no
+    encoder-decoder class for model_type 'pix2struct'")."""
+    from genkit.cli import main
+
+    model, x = S.build("pix2struct"), S.inputs("pix2struct")
+    S.save_with_tokenizer(model, str(tmp_path))
+    loaded = genkit.load_model(tmp_path)
+    assert type(loaded.hf_model).__name__ == "Pix2StructForConditionalGeneration"
+    kw = dict(num_beams=3, num_return_sequences=2, max_new_tokens=6)
+    assert torch.equal(loaded.generate(**x, **kw), reference(model, **x, do_sample=False, **kw))
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "w5 w6", "--max-new-tokens", "2"]) == 2
+    assert "encoder reads `flattened_patches` (audio or images)" in capsys.readouterr().err
+
+
 # (sampled with a draft model, see test_sampled_assisted_decoding_draws_the_tokens_of_transformers)
 @pytest.mark.parametrize("kw", [{"prompt_lookup_num_tokens": 3}, {"prompt_lookup_num_tokens": 3, "do_sample": True},
                                 {"assistant": "self"}, {"assistant": "other"}])

@@ -294,7 +294,9 @@ def load_seq2seq(folder: str, dtype: torch.dtype | None = None, device: Any = No
     config = transformers.AutoConfig.from_pretrained(folder)
     kwargs: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
     errors = []
-    for auto in ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoModelForVision2Seq", "VisionEncoderDecoderModel"):
+    # (AutoModelForVision2Seq is transformers 4's name of AutoModelForImageTextToText: Pix2Struct, Florence-2)
+    for auto in ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoModelForImageTextToText",
+                 "AutoModelForVision2Seq", "VisionEncoderDecoderModel"):
         cls = getattr(transformers, auto, None)
         if cls is None:
             continue
