@@ -406,6 +406,25 @@ def test_load_model_loads_an_image_text_to_text_encoder_decoder_folder(tmp_path,
     assert "encoder reads `flattened_patches` (audio or images)" in capsys.readouterr().err
 
 
+def test_florence2_reads_the_image_into_the_encoders_input():
+    """Florence-2's `pixel_values` go to the model's own encoder preparation (its image features
+    replace the image tokens in the text encoder's embeddings), as transformers' generate runs it;
+    genkit refused them ("`pixel_values` is not a generation parameter")."""
+    model, x = S.build("florence2"), S.inputs("florence2")
+    kw = dict(num_beams=3, num_return_sequences=2, output_scores=True, return_dict_in_generate=True,
+              output_hidden_states=True, max_new_tokens=6)
+    ref = reference(model, **x, do_sample=False, **kw)
+    out = genkit.generate(model, **x, **kw)
+    assert torch.equal(out.sequences, ref.sequences) and torch.equal(out.beam_indices, ref.beam_indices)
+    torch.testing.assert_close(out.encoder_hidden_states, ref.encoder_hidden_states)
+    torch.manual_seed(3)
+    ref = reference(model, **x, do_sample=True, num_return_sequences=2, **FIXED)
+    torch.manual_seed(3)
+    assert torch.equal(genkit.generate(model, **x, do_sample=True, num_return_sequences=2, **FIXED), ref)
+    text_only = {k: v for k, v in x.items() if k != "pixel_values"}
+    assert not torch.equal(genkit.generate(model, **text_only, **FIXED), genkit.generate(model, **x, **FIXED))
+
+
 # (sampled with a draft model, see test_sampled_assisted_decoding_draws_the_tokens_of_transformers)
 @pytest.mark.parametrize("kw", [{"prompt_lookup_num_tokens": 3}, {"prompt_lookup_num_tokens": 3, "do_sample": True},
                                 {"assistant": "self"}, {"assistant": "other"}])

@@ -205,6 +205,11 @@ class TransformersSeq2SeqAdapter(TransformersModelAdapter):
         encoder = model.get_encoder()
         self.encoder_input_name = getattr(encoder, "main_input_name", None) or model.main_input_name
         self._encoder_params = set(inspect.signature(encoder.forward).parameters)
+        # a model that prepares its encoder's input itself (Florence-2 merges the image's features into
+        # the text encoder's embeddings): transformers' generate runs its override, and so does `encode`
+        self._model_encodes = _overrides_encoder_preparation(model)
+        if self._model_encodes:
+            self._encoder_params |= self._forward_params
 
     @property
     def forward_parameters(self) -> set[str]:
@@ -230,12 +235,29 @@ class TransformersSeq2SeqAdapter(TransformersModelAdapter):
             kwargs["output_attentions"] = True
         if output_hidden_states:
             kwargs["output_hidden_states"] = True
-        out = encoder(**{input_name: inputs}, return_dict=True, **kwargs)
+        if self._model_encodes:
+            out = self._model_encoder_outputs(inputs, input_name, kwargs)
+        else:
+            out = encoder(**{input_name: inputs}, return_dict=True, **kwargs)
         return EncoderState(
             hidden=out.last_hidden_state, attention_mask=attention_mask,
             hidden_states=getattr(out, "hidden_states", None) if output_hidden_states else None,
             attentions=getattr(out, "attentions", None) if output_attentions else None,
             input_ids=inputs if input_name == "input_ids" else None, **_output_fields(out))
+
+    def _model_encoder_outputs(self, inputs: torch.Tensor, input_name: str, kwargs: dict[str, Any]) -> Any:
+        """The encoder's output as the model's own ``_maybe_prepare_encoder_kwargs_for_generation``
+        makes it (``kwargs``: the mask, the other model inputs and the ``output_*`` switches)."""
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(output_attentions=bool(kwargs.pop("output_attentions", False)),
+                                  output_hidden_states=bool(kwargs.pop("output_hidden_states", False)))
+        if input_name == "inputs_embeds":
+            kwargs["inputs_embeds"], tensor, input_name = inputs, None, "input_ids"
+        else:
+            tensor = inputs
+        prepared = self.hf_model._maybe_prepare_encoder_kwargs_for_generation(tensor, kwargs, input_name, config)
+        return prepared["encoder_outputs"]
 
     def decoder(self, state: EncoderState) -> DecoderView:
         """The decoder bound to ``state`` (a causal LM for the strategy)."""
@@ -247,6 +269,17 @@ class TransformersSeq2SeqAdapter(TransformersModelAdapter):
 
     def __repr__(self) -> str:
         return f"TransformersSeq2SeqAdapter({type(self.hf_model).__name__})"
+
+
+def _overrides_encoder_preparation(model: Any) -> bool:
+    """Whether ``model``'s class overrides transformers' ``_maybe_prepare_encoder_kwargs_for_generation``."""
+    try:
+        from transformers.generation.utils import GenerationMixin
+    except ImportError:
+        return False
+    base = getattr(GenerationMixin, "_maybe_prepare_encoder_kwargs_for_generation", None)
+    own = getattr(type(model), "_maybe_prepare_encoder_kwargs_for_generation", None)
+    return base is not None and own is not None and own is not base
 
 
 def encoder_state_from_outputs(encoder_outputs: Any, attention_mask: torch.Tensor | None) -> EncoderState:
