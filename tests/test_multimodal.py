@@ -45,6 +45,18 @@ def test_left_padded_batch_gives_transformers_tokens(models, family, kw):
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("kw", STRATEGIES[:4], ids=["greedy", "sample", "sample-nrs", "beams-nrs"])
+def test_mllama_cross_attention_mask_follows_the_tokens(kw):
+    """Mllama's `cross_attention_mask` gains a row per new token (its row's last, as Mllama's
+    `_update_model_kwargs_for_generation` adds it) and its aspect ratios go with the pixels to the
+    prompt's forward only; genkit passed the prompt's mask to every forward, where the model slices
+    it at the cache's length: 'cannot reshape tensor of 0 elements' at the first new token."""
+    model = VLM.build("mllama")
+    x = VLM.inputs("mllama", model)
+    out, ref = _both(model, x, **kw)
+    assert torch.equal(out, ref)
+
+
 def test_several_images_per_prompt_with_num_return_sequences(models):
     # prompt 0 has two images, prompt 1 one: pixel_values' rows are images, not prompts (before, each
     # image was repeated in place, [A, A, B, B, C, C], giving prompt 0's second sequence image B)
