@@ -130,12 +130,31 @@ def take_model_inputs(model: Any, kwargs: dict[str, Any]) -> ModelInputs:
             taken.prefill[key] = value
         else:
             taken.every[key] = value
+    _refuse_own_generate(model, taken)
     refused = [] if getattr(model, "_genkit_protocol", False) else sorted(set(_given(taken)) - NATIVE_INPUTS)
     if refused:
         raise NotSupportedError(f"model inputs {refused} are forwarded to transformers models only; "
                                 f"{type(model).__name__}'s forward is genkit's own (it takes "
                                 f"{', '.join(sorted(NATIVE_INPUTS))} from generate)")
     return taken
+
+
+def _refuse_own_generate(model: Any, taken: ModelInputs) -> None:
+    """A transformers model whose class has its own ``generate`` (BLIP-2, InstructBLIP, Kosmos-2...)
+    turns its image inputs into its language model's input first; its forward wants them at every
+    step, where genkit (as transformers' plain loop) gives them to the prompt's forward only."""
+    hf = getattr(model, "hf_model", model)
+    if not taken.prefill:
+        return
+    for klass in type(hf).__mro__:
+        if klass.__name__ == "GenerationMixin":
+            return
+        if "generate" in vars(klass):
+            names = ", ".join(f"`{k}`" for k in sorted(taken.prefill))
+            raise NotSupportedError(
+                f"{type(hf).__name__} has its own `generate`, which prepares {names} for its language model before "
+                "decoding; genkit runs transformers' plain generation loop and cannot reproduce it: use the "
+                "model's own `generate`, or pass its language model the embeddings it prepares")
 
 
 def _checked_logits_to_keep(value: Any) -> int:
