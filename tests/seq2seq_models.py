@@ -65,6 +65,31 @@ def build(name: str, seed: int = 0) -> Any:
         model.config.decoder_start_token_id, model.config.pad_token_id, model.config.eos_token_id = 1, 0, 2
         model.generation_config.decoder_start_token_id = 1
         model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 2
+    elif name == "moonshine":  # the encoder's output carries its own (downsampled) attention mask
+        model = T.MoonshineForConditionalGeneration(T.MoonshineConfig(
+            vocab_size=V, hidden_size=32, intermediate_size=64, encoder_num_hidden_layers=2, decoder_num_hidden_layers=2,
+            encoder_num_attention_heads=4, decoder_num_attention_heads=4, max_position_embeddings=128,
+            decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3))
+    elif name == "switch":  # the encoder's output is a MoEModelOutput (router_logits)
+        model = T.SwitchTransformersForConditionalGeneration(T.SwitchTransformersConfig(
+            vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4, num_experts=2,
+            expert_capacity=64, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1, initializer_factor=8.0,
+            decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+    elif name == "pix2struct":  # image to text: the encoder reads `flattened_patches`
+        text = dict(vocab_size=V, hidden_size=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, pad_token_id=0,
+                    eos_token_id=1, decoder_start_token_id=0, initializer_factor=4.0)
+        vision = dict(hidden_size=32, patch_embed_hidden_size=12, d_kv=8, d_ff=64, num_hidden_layers=2,
+                      num_attention_heads=4, patch_size=2, initializer_factor=4.0)
+        model = T.Pix2StructForConditionalGeneration(T.Pix2StructConfig(text_config=text, vision_config=vision))
+    elif name == "florence2":  # the image's features replace its tokens in the text encoder's input
+        text = dict(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                    decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+                    pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, init_std=0.25)
+        vision = dict(in_channels=3, depths=[1, 1], patch_size=[7, 3], patch_stride=[4, 2], patch_padding=[3, 1],
+                      patch_prenorm=[False, True], embed_dim=[16, 32], num_heads=[2, 4], num_groups=[2, 4],
+                      window_size=2, projection_dim=32, max_temporal_embeddings=4, max_position_embeddings=16)
+        model = T.Florence2ForConditionalGeneration(T.Florence2Config(text_config=text, vision_config=vision,
+                                                                      image_token_id=V - 6))
     elif name == "git":  # decoder-only, the image's tokens first
         vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=16,
                       patch_size=8, num_channels=3)
@@ -84,6 +109,23 @@ def inputs(name: str, batch: int = 2, seed: int = 1) -> dict[str, torch.Tensor]:
         return {"input_features": torch.randn(batch, 8, 32, generator=g)}
     if name == "vision":
         return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
+    if name == "pix2struct":  # 16 patches: (row, column, 2x2x3 pixels); the second image has 12
+        patches = torch.randn(batch, 16, 2 + 12, generator=g)
+        patches[:, :, 0], patches[:, :, 1] = torch.arange(16) // 4 + 1, torch.arange(16) % 4 + 1
+        mask = torch.ones(batch, 16, dtype=torch.long)
+        mask[1:, 12:] = 0
+        return {"flattened_patches": patches, "attention_mask": mask}
+    if name == "florence2":  # 17 image tokens (what its vision tower gives a 32x32 image), then text; right-padded
+        pixels = torch.randn(batch, 3, 32, 32, generator=g)
+        rows = [[0] + [V - 6] * 17 + torch.randint(3, V - 8, (3 + b,), generator=g).tolist() + [2] for b in range(batch)]
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [1] * (width - len(r)) for r in rows])
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
+    if name == "moonshine":  # raw audio; the second row's second half is padding
+        mask = torch.ones(batch, 6000, dtype=torch.long)
+        mask[1:, 2500:] = 0
+        return {"input_values": torch.randn(batch, 6000, generator=g), "attention_mask": mask}
     ids = torch.randint(3, V - 2, (batch, 7), generator=g)
     mask = torch.ones_like(ids)
     if batch > 1:  # the second row is shorter: padded on the left
@@ -94,7 +136,7 @@ def inputs(name: str, batch: int = 2, seed: int = 1) -> dict[str, torch.Tensor]:
 
 
 def build_pad(name: str) -> int:
-    return {"t5": 0, "bart": 1, "pegasus": 0, "marian": V - 1}[name]
+    return {"t5": 0, "bart": 1, "pegasus": 0, "marian": V - 1, "switch": 0}[name]
 
 
 TEXT = ("t5", "bart", "pegasus", "marian")

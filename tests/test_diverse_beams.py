@@ -118,3 +118,30 @@ def test_diverse_beams_on_llama_native_and_transformers(tiny_pair, recipe):
     torch.testing.assert_close(native.sequences_scores, ref.sequences_scores, rtol=0,
                                atol=score_bound(ours, native.sequences, native.sequences_scores))
     assert (ref.sequences[:, ids.shape[1]:] == eos).any()
+
+
+@pytest.mark.parametrize("name", ["t5", "whisper"])
+def test_the_recipe_runs_on_a_loaded_encoder_decoder_folder(models, recipe, name, tmp_path):
+    """``genkit.load_model`` of an encoder-decoder folder returns genkit's adapter, whose forward is
+    genkit's protocol: a transformers recipe is given the transformers model inside it (it was given
+    the adapter, and transformers' loop failed calling it: a KeyError 'inputs_embeds')."""
+    model, x = models[name], S.inputs(name)
+    model.save_pretrained(tmp_path)
+    loaded = genkit.load_model(tmp_path)
+    assert type(loaded).__name__ == "TransformersSeq2SeqAdapter"
+    kw = dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.5, num_return_sequences=2, max_new_tokens=6, **DICT)
+    _assert_same(model, loaded.generate(**x, custom_generate=recipe, **kw), _reference(model, recipe, **x, **kw))
+
+
+@pytest.mark.parametrize("decoder_prompt", [None, [11, 12], [0, 11, 12]], ids=["start", "prepended", "given"])
+def test_a_recipe_without_a_length_counts_20_new_tokens_after_the_decoders_prompt(models, recipe, decoder_prompt):
+    """transformers' default length (20 new tokens) counts from the decoder's first tokens; genkit
+    counted it from the encoder's input (7 tokens here: 27 decoder tokens instead of 21)."""
+    model, x = models["t5"], S.inputs("t5")
+    kw = dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.5)
+    if decoder_prompt is not None:
+        kw["decoder_input_ids"] = torch.tensor([decoder_prompt] * 2)
+    ours = genkit.generate(model, **x, custom_generate=recipe, **kw)
+    ref = GenerationMixin.generate(model, **x, custom_generate=recipe, trust_remote_code=True, do_sample=False, **kw)
+    assert torch.equal(ours, ref)
+    assert ours.shape[1] == 20 + (1 if decoder_prompt is None else 3)

@@ -81,6 +81,33 @@ def test_beam_sampling_matches_transformers(models, name):
     assert torch.equal(genkit.generate(model, **x, **kw), ref)
 
 
+@pytest.mark.parametrize("name", ["moonshine", "switch"])
+def test_encoder_outputs_of_their_own_class_reach_the_decoder(name):
+    """Moonshine's decoder reads the encoder output's own `attention_mask` (downsampled with the
+    audio) and SwitchTransformers' forward its `router_logits`: genkit hands the decoder the
+    encoder's output class with those fields, their rows following the beams (it gave a bare
+    BaseModelOutput: an AttributeError at the first step)."""
+    model, x = S.build(name), S.inputs(name)
+    kw = dict(num_beams=3, num_return_sequences=2, output_scores=True, return_dict_in_generate=True, max_new_tokens=6)
+    ref = reference(model, **x, do_sample=False, **kw)
+    out = genkit.generate(model, **x, **kw)
+    assert torch.equal(out.sequences, ref.sequences) and torch.equal(out.beam_indices, ref.beam_indices)
+    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores, atol=SCORE_ATOL, rtol=SCORE_RTOL)
+    torch.manual_seed(5)
+    ref = reference(model, **x, do_sample=True, num_return_sequences=2, **FIXED)
+    torch.manual_seed(5)
+    assert torch.equal(genkit.generate(model, **x, do_sample=True, num_return_sequences=2, **FIXED), ref)
+    if name == "moonshine":  # the padding changes the padded row's tokens, not the other's
+        unmasked = genkit.generate(model, input_values=x["input_values"], **FIXED)
+        masked = genkit.generate(model, **x, **FIXED)
+        assert torch.equal(unmasked[0], masked[0]) and not torch.equal(unmasked[1], masked[1])
+        encoder_outputs = model.get_encoder()(**x)
+        assert not encoder_outputs.attention_mask.bool().all()
+        got = genkit.generate(model, encoder_outputs=encoder_outputs, attention_mask=x["attention_mask"], num_beams=2,
+                              **FIXED)
+        assert torch.equal(got, genkit.generate(model, **x, num_beams=2, **FIXED))
+
+
 def test_diverse_beams_first_group_is_beam_search(models):
     """The first group takes no diversity penalty: without EOS it is plain beam search with
     num_beams / num_beam_groups beams (the full comparison, against transformers 4.x's algorithm run
@@ -361,6 +388,41 @@ def test_load_model_and_the_cli_run_a_seq2seq_folder(models, tmp_path, capsys):
     assert main(["generate", "--model", str(tmp_path), "--prompt", "w5 w6 w7 w8 w1", "--max-new-tokens", "6",
                  "--set", "min_new_tokens=6"]) == 0
     assert capsys.readouterr().out.split() == [f"w{i}" for i in want[0, 1:].tolist()]
+
+
+def test_load_model_loads_an_image_text_to_text_encoder_decoder_folder(tmp_path, capsys):
+    """Pix2Struct (and Florence-2) load through AutoModelForImageTextToText, which transformers 5
+    names so (genkit looked for AutoModelForVision2Seq, gone in 5: "transformers has no
+    encoder-decoder class for model_type 'pix2struct'")."""
+    from genkit.cli import main
+
+    model, x = S.build("pix2struct"), S.inputs("pix2struct")
+    S.save_with_tokenizer(model, str(tmp_path))
+    loaded = genkit.load_model(tmp_path)
+    assert type(loaded.hf_model).__name__ == "Pix2StructForConditionalGeneration"
+    kw = dict(num_beams=3, num_return_sequences=2, max_new_tokens=6)
+    assert torch.equal(loaded.generate(**x, **kw), reference(model, **x, do_sample=False, **kw))
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "w5 w6", "--max-new-tokens", "2"]) == 2
+    assert "encoder reads `flattened_patches` (audio or images)" in capsys.readouterr().err
+
+
+def test_florence2_reads_the_image_into_the_encoders_input():
+    """Florence-2's `pixel_values` go to the model's own encoder preparation (its image features
+    replace the image tokens in the text encoder's embeddings), as transformers' generate runs it;
+    genkit refused them ("`pixel_values` is not a generation parameter")."""
+    model, x = S.build("florence2"), S.inputs("florence2")
+    kw = dict(num_beams=3, num_return_sequences=2, output_scores=True, return_dict_in_generate=True,
+              output_hidden_states=True, max_new_tokens=6)
+    ref = reference(model, **x, do_sample=False, **kw)
+    out = genkit.generate(model, **x, **kw)
+    assert torch.equal(out.sequences, ref.sequences) and torch.equal(out.beam_indices, ref.beam_indices)
+    torch.testing.assert_close(out.encoder_hidden_states, ref.encoder_hidden_states)
+    torch.manual_seed(3)
+    ref = reference(model, **x, do_sample=True, num_return_sequences=2, **FIXED)
+    torch.manual_seed(3)
+    assert torch.equal(genkit.generate(model, **x, do_sample=True, num_return_sequences=2, **FIXED), ref)
+    text_only = {k: v for k, v in x.items() if k != "pixel_values"}
+    assert not torch.equal(genkit.generate(model, **text_only, **FIXED), genkit.generate(model, **x, **FIXED))
 
 
 # (sampled with a draft model, see test_sampled_assisted_decoding_draws_the_tokens_of_transformers)

@@ -45,6 +45,50 @@ def test_left_padded_batch_gives_transformers_tokens(models, family, kw):
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("kw", STRATEGIES[:4], ids=["greedy", "sample", "sample-nrs", "beams-nrs"])
+def test_mllama_cross_attention_mask_follows_the_tokens(kw):
+    """Mllama's `cross_attention_mask` gains a row per new token (its row's last, as Mllama's
+    `_update_model_kwargs_for_generation` adds it) and its aspect ratios go with the pixels to the
+    prompt's forward only; genkit passed the prompt's mask to every forward, where the model slices
+    it at the cache's length: 'cannot reshape tensor of 0 elements' at the first new token."""
+    model = VLM.build("mllama")
+    x = VLM.inputs("mllama", model)
+    out, ref = _both(model, x, **kw)
+    assert torch.equal(out, ref)
+
+
+def _own_generate_models():
+    T = transformers
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=16,
+                  patch_size=8, num_channels=3)
+    torch.manual_seed(0)
+    kosmos = T.Kosmos2ForConditionalGeneration(T.Kosmos2Config(
+        text_config=dict(vocab_size=VLM.V, embed_dim=32, layers=1, attention_heads=4, ffn_dim=64,
+                         max_position_embeddings=64), vision_config=vision, latent_query_num=4))
+    blip2 = T.Blip2ForConditionalGeneration(T.Blip2Config(
+        vision_config=vision, num_query_tokens=4, image_token_index=VLM.IMG,
+        qformer_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                            encoder_hidden_size=32, vocab_size=VLM.V),
+        text_config=T.OPTConfig(vocab_size=VLM.V, hidden_size=32, num_hidden_layers=1, ffn_dim=64, num_attention_heads=4,
+                                max_position_embeddings=64, word_embed_proj_dim=32).to_dict()))
+    return [kosmos.eval(), blip2.eval()]
+
+
+def test_a_model_with_its_own_generate_is_refused_before_decoding():
+    """BLIP-2 and Kosmos-2 prepare their image inputs in their own `generate` (their forward wants
+    `pixel_values` at every step): genkit refuses them by name instead of failing inside the model
+    at the first new token (a TypeError for BLIP-2, a ValueError for Kosmos-2)."""
+    ids = torch.tensor([[VLM.IMG] * 4 + [2, 10, 11]])
+    for model in _own_generate_models():
+        rec = []
+        streamer = type("R", (), {"put": lambda s, v: rec.append(v), "end": lambda s: None})()
+        with pytest.raises(NotSupportedError, match=f"{type(model).__name__} has its own `generate`, which prepares "
+                                                    "`pixel_values` for its language model"):
+            genkit.generate(model, input_ids=ids, pixel_values=torch.randn(1, 3, 16, 16), max_new_tokens=3,
+                            streamer=streamer)
+        assert rec == []
+
+
 def test_several_images_per_prompt_with_num_return_sequences(models):
     # prompt 0 has two images, prompt 1 one: pixel_values' rows are images, not prompts (before, each
     # image was repeated in place, [A, A, B, B, C, C], giving prompt 0's second sequence image B)

@@ -60,6 +60,12 @@ def build(name: str, seed: int = 0, window: int = 8) -> Any:
         model = T.Idefics3ForConditionalGeneration(T.Idefics3Config(
             vision_config=T.Idefics3VisionConfig(**_vision(patch_size=4)), text_config=T.LlamaConfig(**_text()),
             image_token_id=IMG, scale_factor=2))
+    elif name == "mllama":  # cross-attention to the image's tiles
+        vision = T.MllamaVisionConfig(**_vision(num_global_layers=1, max_num_tiles=2, intermediate_layers_indices=[0],
+                                                vision_output_dim=64, supported_aspect_ratios=[[1, 1], [1, 2]]))
+        model = T.MllamaForConditionalGeneration(T.MllamaConfig(
+            vision_config=vision, text_config=T.MllamaTextConfig(**_text(cross_attention_layers=[1])),
+            image_token_index=IMG))
     else:
         raise KeyError(name)
     model.config._attn_implementation = "eager"
@@ -94,6 +100,11 @@ def inputs(name: str, model: Any, batch: int = 2, seed: int = 1) -> dict[str, to
         out["image_grid_thw"] = torch.tensor(grids)
         out["pixel_values"] = torch.randn(sum(t * h * w for t, h, w in grids), 3 * 2 * 4 * 4, generator=g)  # patches
         rows = [[1, 92] + [IMG] * (t * h * w // 4) + [93] + tx for (t, h, w), tx in zip(grids, texts)]
+    elif name == "mllama":  # one image of 1 or 2 tiles per prompt (aspect ratios 1 and 2)
+        out["pixel_values"] = torch.randn(batch, 1, 2, 3, 16, 16, generator=g)
+        out["aspect_ratio_ids"] = torch.tensor([[1], [2]])[:batch]
+        out["aspect_ratio_mask"] = torch.tensor([[[1, 0]], [[1, 1]]])[:batch]
+        rows = [[1, IMG] + t for t in texts]
     else:
         out["pixel_values"] = torch.randn(batch, 3, 16, 16, generator=g)
         if name == "paligemma":
@@ -105,6 +116,12 @@ def inputs(name: str, model: Any, batch: int = 2, seed: int = 1) -> dict[str, to
         if name == "idefics3":
             out["pixel_values"] = out["pixel_values"][:, None]  # (batch, images, channels, height, width)
     out["input_ids"], out["attention_mask"] = padded(rows)
+    if name == "mllama":  # each token from the image on attends to its row's tiles
+        ids = out["input_ids"]
+        mask = torch.zeros(batch, ids.shape[1], 1, 2, dtype=torch.long)
+        for b in range(batch):
+            mask[b, int((ids[b] == IMG).nonzero()[0, 0]):, 0, :b + 1] = 1
+        out["cross_attention_mask"] = mask
     if name == "qwen2_vl":
         out["mm_token_type_ids"] = (out["input_ids"] == IMG).long()
     elif name == "paligemma":

@@ -88,13 +88,22 @@ def _run_recipe(model: Any, ref: str, trust_remote_code: bool | None, forwarded:
     recipe = load_recipe(ref, trust_remote_code=trust_remote_code)
     given = recipe_model(model)
     if forwarded["generation_config"] is None:
-        prompt = forwarded.get("inputs")
-        prompt = kwargs.get("input_ids") if prompt is None else prompt
-        length = int(prompt.shape[-1]) if isinstance(prompt, torch.Tensor) else 0
+        length = _recipe_prompt_length(given, forwarded.get("inputs"), kwargs)
         lengths = {k: kwargs[k] for k in ("max_new_tokens", "max_length") if kwargs.get(k) is not None}
         forwarded["generation_config"] = resolved_generation_config(given, length, lengths)
     with torch.no_grad():
         return recipe.generate(given, **{k: v for k, v in forwarded.items() if v is not None}, **kwargs)
+
+
+def _recipe_prompt_length(model: Any, inputs: Any, kwargs: dict[str, Any]) -> int:
+    """The length a recipe's ``max_length`` counts from: the prompt's, or for an encoder-decoder
+    model the decoder's first tokens (the encoder's input is no part of the output)."""
+    from .encoder_decoder import decoder_prompt_width
+
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return decoder_prompt_width(model, kwargs.get("decoder_input_ids"))
+    prompt = kwargs.get("input_ids") if inputs is None else inputs
+    return int(prompt.shape[-1]) if isinstance(prompt, torch.Tensor) else 0
 
 
 def _from_transformers_objects(model: Any, generation_config: Any) -> tuple[Any, Any]:

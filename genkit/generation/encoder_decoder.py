@@ -23,7 +23,8 @@ from ..errors import ConfigError, NotSupportedError
 
 logger = logging.getLogger("genkit.generation")
 
-__all__ = ["Seq2SeqInputs", "is_encoder_decoder", "new_tokens_start", "take_seq2seq_inputs", "text_prompt_refusal"]
+__all__ = ["Seq2SeqInputs", "decoder_prompt_width", "is_encoder_decoder", "new_tokens_start", "take_seq2seq_inputs",
+           "text_prompt_refusal"]
 
 # names that never reach the encoder (transformers' `irrelevant_prefix`)
 _NOT_FOR_ENCODER = ("decoder_", "cross_attn", "use_cache", "cache", "past_key_values")
@@ -45,6 +46,22 @@ def new_tokens_start(model: Any, prompt_width: int) -> int:
     tokens wide and no decoder prompt: after an encoder-decoder model's decoder start token (its
     sequences are the decoder's), else after the prompt."""
     return 1 if is_encoder_decoder(model) else prompt_width
+
+
+def decoder_prompt_width(model: Any, decoder_input_ids: Any) -> int:
+    """How many tokens a transformers encoder-decoder ``model``'s decoder starts with (what its
+    ``max_length`` counts from): the start token, else the caller's ``decoder_input_ids`` with the
+    start token prepended when their first column lacks it (never for Whisper and Donut)."""
+    if decoder_input_ids is None:
+        return 1
+    ids = torch.as_tensor(decoder_input_ids)
+    width = int(ids.shape[-1]) if ids.dim() else 0
+    config = getattr(model, "generation_config", None)
+    start = getattr(config, "decoder_start_token_id", None)
+    start = getattr(config, "bos_token_id", None) if start is None else start
+    if width == 0 or _keeps_decoder_ids(model) or not isinstance(start, int):
+        return max(width, 1)
+    return width + int(bool((ids.reshape(-1, width)[:, 0] != start).all()))
 
 
 def text_prompt_refusal(model: Any, what: str) -> str | None:

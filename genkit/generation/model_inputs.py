@@ -8,8 +8,9 @@ runs a :class:`ForwardingView` of the model, which adds them to the model's call
 * ``inputs_embeds`` replaces the prompt's ids in the prompt's forward (without ``input_ids`` the
   prompt is a placeholder of pad ids that the output leaves out: ``sequences`` hold the new tokens
   only, as in transformers);
-* ``token_type_ids`` and ``mm_token_type_ids`` follow the tokens: each new token takes the type of
-  its row's last prompt token (``token_type_ids``) or 0, text (``mm_token_type_ids``), as in transformers;
+* ``token_type_ids``, ``mm_token_type_ids`` and Mllama's ``cross_attention_mask`` follow the tokens:
+  each new token takes the type of its row's last prompt token (``token_type_ids``, the mask) or 0,
+  text (``mm_token_type_ids``), as in transformers;
 * the multimodal inputs transformers drops after the prefill (``pixel_values``, ``image_sizes``...)
   go to the prompt's forward only, on one row per prompt (with ``num_return_sequences`` the prompt
   runs once and its cache is repeated: their rows are images or patches, not sequences); any other
@@ -43,10 +44,13 @@ PREFILL_ONLY = frozenset({
     "image_patches_indices", "image_patches", "image_sizes", "image_sizes_videos", "pixel_attention_mask",
     "pixel_values_images", "pixel_values_local", "patches_grid", "image_token_pooling", "image_grids",
     "video_token_pooling", "video_grids",
+    # Mllama drops these with its pixel_values after the prefill (its own prepare_inputs_for_generation)
+    "aspect_ratio_ids", "aspect_ratio_mask",
 })
 # inputs that follow the tokens: name -> the type of a new token (None: its row's last prompt token's),
-# transformers' `_update_model_kwargs_for_generation`
-TOKEN_TYPES: dict[str, int | None] = {"token_type_ids": None, "mm_token_type_ids": 0}
+# transformers' `_update_model_kwargs_for_generation` (Mllama's for its `cross_attention_mask`, of
+# shape (batch, sequence, images, tiles): a new token attends to the tiles its row's last token did)
+TOKEN_TYPES: dict[str, int | None] = {"token_type_ids": None, "mm_token_type_ids": 0, "cross_attention_mask": None}
 _LOOP = {"attention_mask", "position_ids", "past_key_values", "use_cache", "tokenizer", "assistant_tokenizer",
          "input_ids"}
 # the inputs a native model's forward takes from generate (its other forward arguments are the loop's,
@@ -126,12 +130,31 @@ def take_model_inputs(model: Any, kwargs: dict[str, Any]) -> ModelInputs:
             taken.prefill[key] = value
         else:
             taken.every[key] = value
+    _refuse_own_generate(model, taken)
     refused = [] if getattr(model, "_genkit_protocol", False) else sorted(set(_given(taken)) - NATIVE_INPUTS)
     if refused:
         raise NotSupportedError(f"model inputs {refused} are forwarded to transformers models only; "
                                 f"{type(model).__name__}'s forward is genkit's own (it takes "
                                 f"{', '.join(sorted(NATIVE_INPUTS))} from generate)")
     return taken
+
+
+def _refuse_own_generate(model: Any, taken: ModelInputs) -> None:
+    """A transformers model whose class has its own ``generate`` (BLIP-2, InstructBLIP, Kosmos-2...)
+    turns its image inputs into its language model's input first; its forward wants them at every
+    step, where genkit (as transformers' plain loop) gives them to the prompt's forward only."""
+    hf = getattr(model, "hf_model", model)
+    if not taken.prefill:
+        return
+    for klass in type(hf).__mro__:
+        if klass.__name__ == "GenerationMixin":
+            return
+        if "generate" in vars(klass):
+            names = ", ".join(f"`{k}`" for k in sorted(taken.prefill))
+            raise NotSupportedError(
+                f"{type(hf).__name__} has its own `generate`, which prepares {names} for its language model before "
+                "decoding; genkit runs transformers' plain generation loop and cannot reproduce it: use the "
+                "model's own `generate`, or pass its language model the embeddings it prepares")
 
 
 def _checked_logits_to_keep(value: Any) -> int:
@@ -245,7 +268,8 @@ def _types(types: torch.Tensor, fill: int | None, held: int, new: int, rows: int
     """Token types of positions ``held .. held + new`` for ``rows`` rows: a new token's is ``fill``
     (None: its row's last prompt token's)."""
     more = max(0, held + new - types.shape[1])
-    tail = types[:, -1:].expand(-1, more) if fill is None else types.new_full((types.shape[0], more), fill)
+    tail = types[:, -1:].expand(-1, more, *types.shape[2:]) if fill is None else \
+        types.new_full((types.shape[0], more, *types.shape[2:]), fill)
     part = torch.cat([types, tail], dim=1)[:, held:held + new]
     return part.repeat_interleave(rows // part.shape[0], dim=0) if rows > part.shape[0] else part
 

@@ -1,7 +1,8 @@
 """What a ``custom_generate`` recipe is given: the model and, when the caller set none, the
 generation config (see docs/recipes.md, "Recipes written for transformers").
 
-- A transformers model is given as it is (the caller's object).
+- A transformers model is given as it is (the caller's object); one wrapped in genkit's adapter
+  (what ``genkit.load_model`` returns for an encoder-decoder checkpoint) is given unwrapped.
 - A native genkit model is given as a transformers view sharing its weights
   (:func:`genkit.models.hf_view.transformers_view`) when transformers is installed, so recipes
   written against transformers' ``GenerationMixin`` run on it unchanged; without transformers, as
@@ -10,7 +11,8 @@ generation config (see docs/recipes.md, "Recipes written for transformers").
   with transformers' global defaults filled in and the length: the caller's ``max_new_tokens`` /
   ``max_length`` arguments when given (also left in the arguments; ``max_new_tokens`` with the
   ``max_length`` it makes for this prompt, as a recipe reading either expects), else the model's, else
-  ``max_length`` at the prompt's length + 20 (capped by the model's context): transformers' own
+  ``max_length`` at the prompt's length (an encoder-decoder model's: the decoder's) + 20 (capped by
+  the model's context): transformers' own
   ``generate`` resolves an unset length the same way ("by default let's always generate 20 new
   tokens"). A recipe that passes both on to ``generate`` so gives one length, not two that conflict.
 """

@@ -37,11 +37,16 @@ def transformers_view(model: Any) -> Any:
 def model_for_recipe(model: Any) -> Any:
     """The model a ``custom_generate`` recipe is given for ``model``: a native genkit model as its
     transformers view when transformers is installed (recipes written for transformers call its
-    ``GenerationMixin`` on the model they get), anything else as it is."""
+    ``GenerationMixin`` on the model they get), a transformers model wrapped in genkit's adapter (what
+    ``genkit.load_model`` returns for an encoder-decoder checkpoint) unwrapped, since the adapter's
+    forward speaks genkit's protocol, not transformers'; anything else as it is."""
     import importlib.util
 
+    from .adapter import TransformersModelAdapter
     from .base import GenkitModel
 
+    if isinstance(model, TransformersModelAdapter):
+        return model.hf_model
     if isinstance(model, GenkitModel) and importlib.util.find_spec("transformers") is not None:
         return transformers_view(model)
     return model

@@ -36,6 +36,11 @@ class EncoderState:
     #: the encoder's token ids when the encoder read text (encoder-specific processors use them)
     input_ids: torch.Tensor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the encoder's output class and its other fields (Moonshine's downsampled ``attention_mask``,
+    #: SwitchTransformers' ``router_logits``), which the model's forward reads from ``encoder_outputs``;
+    #: a tensor field with one row per encoder row follows the rows as ``hidden`` does
+    output_type: Any = None
+    fields: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -47,20 +52,32 @@ class EncoderState:
         self.hidden = self.hidden.index_select(0, index)
         if self.attention_mask is not None:
             self.attention_mask = self.attention_mask.index_select(0, index.to(self.attention_mask.device))
+        for key in self._row_fields():
+            self.fields[key] = self.fields[key].index_select(0, index.to(self.fields[key].device))
 
     def repeat_interleave(self, repeats: int) -> None:
         """Each row ``repeats`` times (beams, ``num_return_sequences``)."""
         if repeats == 1:
             return
+        rows = self.rows
         self.hidden = self.hidden.repeat_interleave(repeats, dim=0)
         if self.attention_mask is not None:
             self.attention_mask = self.attention_mask.repeat_interleave(repeats, dim=0)
+        for key in self._row_fields(rows):
+            self.fields[key] = self.fields[key].repeat_interleave(repeats, dim=0)
+
+    def _row_fields(self, rows: int | None = None) -> list[str]:
+        """The tensor fields with one row per encoder row (``rows``: the count before a change)."""
+        rows = self.rows if rows is None else rows
+        return [k for k, v in self.fields.items() if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows]
 
     def encoder_outputs(self) -> Any:
-        """The running hidden states as the ``encoder_outputs`` a transformers model takes."""
+        """The running hidden states as the ``encoder_outputs`` a transformers model takes: the
+        encoder's own output class with its other fields (``BaseModelOutput`` when unknown)."""
         from transformers.modeling_outputs import BaseModelOutput
 
-        return BaseModelOutput(last_hidden_state=self.hidden)
+        cls = self.output_type if self.output_type is not None else BaseModelOutput
+        return cls(last_hidden_state=self.hidden, **self.fields)
 
 
 class Seq2SeqCache(TransformersCache):
@@ -188,6 +205,11 @@ class TransformersSeq2SeqAdapter(TransformersModelAdapter):
         encoder = model.get_encoder()
         self.encoder_input_name = getattr(encoder, "main_input_name", None) or model.main_input_name
         self._encoder_params = set(inspect.signature(encoder.forward).parameters)
+        # a model that prepares its encoder's input itself (Florence-2 merges the image's features into
+        # the text encoder's embeddings): transformers' generate runs its override, and so does `encode`
+        self._model_encodes = _overrides_encoder_preparation(model)
+        if self._model_encodes:
+            self._encoder_params |= self._forward_params
 
     @property
     def forward_parameters(self) -> set[str]:
@@ -213,12 +235,29 @@ class TransformersSeq2SeqAdapter(TransformersModelAdapter):
             kwargs["output_attentions"] = True
         if output_hidden_states:
             kwargs["output_hidden_states"] = True
-        out = encoder(**{input_name: inputs}, return_dict=True, **kwargs)
+        if self._model_encodes:
+            out = self._model_encoder_outputs(inputs, input_name, kwargs)
+        else:
+            out = encoder(**{input_name: inputs}, return_dict=True, **kwargs)
         return EncoderState(
             hidden=out.last_hidden_state, attention_mask=attention_mask,
             hidden_states=getattr(out, "hidden_states", None) if output_hidden_states else None,
             attentions=getattr(out, "attentions", None) if output_attentions else None,
-            input_ids=inputs if input_name == "input_ids" else None)
+            input_ids=inputs if input_name == "input_ids" else None, **_output_fields(out))
+
+    def _model_encoder_outputs(self, inputs: torch.Tensor, input_name: str, kwargs: dict[str, Any]) -> Any:
+        """The encoder's output as the model's own ``_maybe_prepare_encoder_kwargs_for_generation``
+        makes it (``kwargs``: the mask, the other model inputs and the ``output_*`` switches)."""
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(output_attentions=bool(kwargs.pop("output_attentions", False)),
+                                  output_hidden_states=bool(kwargs.pop("output_hidden_states", False)))
+        if input_name == "inputs_embeds":
+            kwargs["inputs_embeds"], tensor, input_name = inputs, None, "input_ids"
+        else:
+            tensor = inputs
+        prepared = self.hf_model._maybe_prepare_encoder_kwargs_for_generation(tensor, kwargs, input_name, config)
+        return prepared["encoder_outputs"]
 
     def decoder(self, state: EncoderState) -> DecoderView:
         """The decoder bound to ``state`` (a causal LM for the strategy)."""
@@ -230,6 +269,17 @@ class TransformersSeq2SeqAdapter(TransformersModelAdapter):
 
     def __repr__(self) -> str:
         return f"TransformersSeq2SeqAdapter({type(self.hf_model).__name__})"
+
+
+def _overrides_encoder_preparation(model: Any) -> bool:
+    """Whether ``model``'s class overrides transformers' ``_maybe_prepare_encoder_kwargs_for_generation``."""
+    try:
+        from transformers.generation.utils import GenerationMixin
+    except ImportError:
+        return False
+    base = getattr(GenerationMixin, "_maybe_prepare_encoder_kwargs_for_generation", None)
+    own = getattr(type(model), "_maybe_prepare_encoder_kwargs_for_generation", None)
+    return base is not None and own is not None and own is not base
 
 
 def encoder_state_from_outputs(encoder_outputs: Any, attention_mask: torch.Tensor | None) -> EncoderState:
@@ -246,7 +296,22 @@ def encoder_state_from_outputs(encoder_outputs: Any, attention_mask: torch.Tenso
                           f"{type(encoder_outputs).__name__}")
     return EncoderState(hidden=hidden, attention_mask=attention_mask,
                         hidden_states=getattr(encoder_outputs, "hidden_states", None),
-                        attentions=getattr(encoder_outputs, "attentions", None))
+                        attentions=getattr(encoder_outputs, "attentions", None), **_output_fields(encoder_outputs))
+
+
+# the encoder output's fields the running state holds apart (reported once per input, not per row)
+_OWN_FIELDS = ("last_hidden_state", "hidden_states", "attentions")
+
+
+def _output_fields(out: Any) -> dict[str, Any]:
+    """An encoder output's class and its fields but the hidden states and attentions, for
+    :class:`EncoderState` (nothing for a tuple or a tensor: a plain ``BaseModelOutput`` then)."""
+    from transformers.utils import ModelOutput
+
+    if not isinstance(out, ModelOutput):
+        return {}
+    fields = {k: v for k, v in out.items() if k not in _OWN_FIELDS and v is not None}
+    return {"output_type": type(out), "fields": fields}
 
 
 def load_seq2seq(folder: str, dtype: torch.dtype | None = None, device: Any = None) -> TransformersSeq2SeqAdapter:
@@ -262,7 +327,9 @@ def load_seq2seq(folder: str, dtype: torch.dtype | None = None, device: Any = No
     config = transformers.AutoConfig.from_pretrained(folder)
     kwargs: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
     errors = []
-    for auto in ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoModelForVision2Seq", "VisionEncoderDecoderModel"):
+    # (AutoModelForVision2Seq is transformers 4's name of AutoModelForImageTextToText: Pix2Struct, Florence-2)
+    for auto in ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoModelForImageTextToText",
+                 "AutoModelForVision2Seq", "VisionEncoderDecoderModel"):
         cls = getattr(transformers, auto, None)
         if cls is None:
             continue
