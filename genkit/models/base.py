@@ -66,14 +66,20 @@ class ModelConfig:
         """The fields (transformers' name; a genkit config holds only the fields it was given)."""
         return self.to_dict()
 
+    def json_fields(self) -> dict[str, Any]:
+        """The fields a ``config.json`` holds: a dtype by its name, without where it was loaded from."""
+        return {k: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
+                for k, v in self.__dict__.items() if k not in ("name_or_path", "_name_or_path")}
+
     def to_json_string(self, use_diff: bool = True) -> str:
-        """The fields as JSON, as transformers writes a config (a dtype by its name)."""
-        data = {k: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
-                for k, v in self.__dict__.items() if k != "name_or_path"}
-        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+        """The fields as JSON, as transformers writes a config (:meth:`json_fields`)."""
+        return json.dumps(self.json_fields(), indent=2, sort_keys=True) + "\n"
 
     def to_json_file(self, json_file_path: str | os.PathLike[str], use_diff: bool = True) -> None:
-        with open(json_file_path, "w", encoding="utf-8") as fh:
+        """:meth:`to_json_string` written atomically (``genkit.fileutil.atomic_path``)."""
+        from ..fileutil import atomic_path
+
+        with atomic_path(json_file_path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
             fh.write(self.to_json_string(use_diff))
 
     def save_pretrained(self, save_directory: str | os.PathLike[str]) -> None:

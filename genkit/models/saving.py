@@ -21,7 +21,7 @@ def config_json(model: Any) -> str:
     filled in when absent, and ``dtype`` set to the weights' dtype (transformers' key)."""
     from .loading import MODEL_TYPES
 
-    data = {k: v for k, v in model.config.to_dict().items() if k not in ("name_or_path", "_name_or_path")}
+    data = model.config.json_fields()
     if not data.get("architectures"):
         data["architectures"] = [MODEL_TYPES.get(data.get("model_type") or "", type(model).__name__)]
     if not data.get("model_type"):
