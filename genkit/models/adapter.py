@@ -29,6 +29,7 @@ def is_transformers_object(obj: Any) -> bool:
     ``Cache`` subclass): read from the class's bases, so transformers is never imported here."""
     return any(c.__module__.startswith("transformers.") for c in type(obj).__mro__)
 
+
 class TransformersCache:
     """A transformers cache (``DynamicCache`` and friends) seen through genkit's cache protocol
     (:class:`genkit.protocols.Cache`). It wraps the cache rather than subclassing it, so each name

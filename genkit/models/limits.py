@@ -65,8 +65,6 @@ def over(name: str) -> str:
 _LLAMA_FIELDS = {"num_hidden_layers": "layers", "hidden_size": "dimension", "num_attention_heads": "dimension",
                  "vocab_size": "vocab", "num_key_value_heads": "dimension", "intermediate_size": "dimension",
                  "head_dim": "dimension"}
-_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # the native Llama family's model_type values
-_LLAMA_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 _GPT2_FIELDS = {"n_layer": "layers", "n_embd": "dimension", "n_head": "dimension", "vocab_size": "vocab",
                 "n_positions": "dimension", "n_inner": "dimension"}
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.")
@@ -150,6 +148,15 @@ def _check_fields(config: Any, where: str) -> None:
     _check_rope(config, where)
 
 
+def _llama_family(config: Any) -> bool:
+    """Whether ``config`` names an architecture (or a model_type) that the native Llama class builds
+    (``genkit.models.loading.ARCHITECTURES``)."""
+    from .loading import ARCHITECTURES, MODEL_TYPES
+
+    names = {*(config.get("architectures") or ()), MODEL_TYPES.get(config.get("model_type") or "")}
+    return any(ARCHITECTURES.get(name or "", "").endswith(":LlamaForCausalLM") for name in names)
+
+
 def check_config(config: Any, where: str, shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
     """Check a model config: its sizes positive integers within the limits, consistent with each
     other and, given the ``shapes`` of the file's tensors, with what the file holds (as many
@@ -159,7 +166,7 @@ def check_config(config: Any, where: str, shapes: Mapping[str, tuple[int, ...]] 
     gpt2 = config.get("model_type") == "gpt2" or "GPT2LMHeadModel" in (config.get("architectures") or ())
     fields = _GPT2_FIELDS if gpt2 else _LLAMA_FIELDS
     # (the Llama family's MLP has no default width: a config without one built no model, a TypeError)
-    llama = config.get("model_type") in _LLAMA_TYPES or bool(_LLAMA_ARCHITECTURES & set(config.get("architectures") or ()))
+    llama = _llama_family(config)
     required = {*list(fields)[:4], *(("intermediate_size",) if llama else ())}
     values = {key: _int_field(config, key, kind, where, key in required) for key, kind in fields.items()}
     layers_key, hidden_key, heads_key = list(fields)[:3]
