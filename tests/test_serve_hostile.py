@@ -126,6 +126,51 @@ def test_a_wrong_host_is_refused(guarded, host):
         assert _request(guarded, "GET", "/health", headers={"Host": ok.format(port=guarded["port"])})[0] == 200
 
 
+def _raw_request(server, lines: list[str], body: bytes = b"") -> tuple[int, bytes]:
+    """A request written by hand, so that a header can be sent twice."""
+    with socket.create_connection((server["host"], server["port"]), timeout=120) as sock:
+        sock.sendall(("\r\n".join(lines) + f"\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+        reply = b""
+        while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < _length(reply):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    head, _, rest = reply.partition(b"\r\n\r\n")
+    return int(head.split()[1]), rest
+
+
+def _length(reply: bytes) -> int:
+    for line in reply.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+@pytest.mark.parametrize(("header", "copies", "first_alone"), [
+    ("Origin", ("http://127.0.0.1:{port}", "https://evil.example"), 200),
+    ("Origin", ("https://evil.example", ORIGIN), 403),  # the guard read the last copy, CORS the first
+    ("Content-Type", ("application/json", "text/plain"), 200),
+    ("Authorization", (f"Bearer {KEY}", "Bearer wrong"), 200),
+    ("Host", ("127.0.0.1:{port}", "evil.example"), 200),  # (uvicorn's HTTP parser refuses this one first)
+])
+def test_a_request_that_repeats_a_checked_header_is_refused(guarded, header, copies, first_alone):
+    body = json.dumps(_completion()).encode()
+    fixed = {"Host": "127.0.0.1:{port}", "Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    fixed.pop(header, None)
+    lines = ["POST /v1/completions HTTP/1.1", "Connection: close"]
+    lines += [f"{k}: {v.format(port=guarded['port'])}" for k, v in fixed.items()]
+    lines += [f"{header}: {v.format(port=guarded['port'])}" for v in copies]
+    status, raw = _raw_request(guarded, lines, body)
+    assert status == 400, raw
+    if header != "Host":
+        assert _error(raw)["code"] == "repeated_header" and _error(raw)["param"] == header.lower()
+        assert "more than once" in _error(raw)["message"]
+    once = [line for line in lines if not line.startswith(header + ":")] + [lines[-len(copies)]]
+    assert _raw_request(guarded, once, body)[0] == first_alone  # the same request with the first copy alone
+
+
 @pytest.mark.parametrize(("method", "path"), [("GET", "/v1/models"), ("POST", "/v1/completions"),
                                               ("POST", "/v1/chat/completions"), ("GET", "/metrics"),
                                               ("POST", "/tokenize"), ("GET", "/version")])
@@ -148,6 +193,8 @@ def test_without_the_api_key_every_route_but_health_is_401(guarded, method, path
     ({"prompt": ["a"] * 33}, "prompt", "at most 32"),
     ({"stop": [f"s{i}" for i in range(33)]}, "stop", "up to 32 strings"),
     ({"stop": "x" * 3000}, "stop", "at most 256 characters"),
+    ({"stop": ""}, "stop", "cannot contain an empty string"),  # it was dropped, as if never sent
+    ({"stop": ["end", ""]}, "stop", "cannot contain an empty string"),
     ({"logprobs": 6}, "logprobs", "<= 5"),
     ({"logit_bias": {"5": 101}}, "logit_bias", "between -100 and 100"),
     ({"logit_bias": {"999999": 1}}, "logit_bias", "token ids"),

@@ -313,7 +313,9 @@ def _stops(body: dict[str, Any], limits: Limits) -> list[str]:
             or not all(isinstance(s, str) and len(s) <= limits.max_stop_chars for s in stops)):
         raise APIError(f"`stop` must be a string or a list of up to {limits.max_stops} strings of at most "
                        f"{limits.max_stop_chars} characters; got {_short(stop)}", "stop")
-    return [s for s in stops if s]
+    if "" in stops:  # vLLM's answer too: an empty stop string would end every text before it starts
+        raise APIError("`stop` cannot contain an empty string", "stop")
+    return list(stops)
 
 
 def _penalties(body: dict[str, Any], limits: Limits, fields: dict[str, Any]) -> dict[str, Any]:

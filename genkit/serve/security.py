@@ -2,6 +2,9 @@
 
 In this order, each answered with OpenAI's error object:
 
+0. a request that repeats a header these checks read (``Host``, ``Origin``, ``Authorization``,
+   ``Content-Type``, ``Content-Length``) — 400 naming it (two copies could be read differently here
+   and by the CORS middleware, which reads the first);
 1. a ``Host`` header that is not the bound name (``localhost`` too on a loopback or wildcard address) nor in
    ``--allowed-hosts`` — 421 (DNS rebinding: a web page's own name pointing at 127.0.0.1);
 2. a browser's cross-origin request (an ``Origin`` header other than the server's own) whose
@@ -157,8 +160,21 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _headers(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+# headers a check reads: sent twice, this guard and Starlette's CORS middleware (which reads the first)
+# could decide on different copies, so a request that repeats one is refused (RFC 9110 allows one of each)
+_SINGLE_HEADERS = ("host", "origin", "authorization", "content-type", "content-length")
+
+
+def _headers(scope: Scope) -> tuple[dict[str, str], str | None]:
+    """The request's headers by lower-case name, and the first of :data:`_SINGLE_HEADERS` it repeats."""
+    headers: dict[str, str] = {}
+    repeated = None
+    for k, v in scope.get("headers", []):
+        name = k.decode("latin-1").lower()
+        if name in headers and name in _SINGLE_HEADERS and repeated is None:
+            repeated = name
+        headers.setdefault(name, v.decode("latin-1"))
+    return headers, repeated
 
 
 async def _refuse(send: Send, status: int, message: str, type_: str, param: str | None = None,
@@ -181,8 +197,10 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = _headers(scope)
-        refusal = self._refusal(scope, headers)
+        headers, repeated = _headers(scope)
+        refusal = self._refusal(scope, headers) if repeated is None else (
+            400, f"the request sends the `{repeated}` header more than once; send it once",
+            "invalid_request_error", repeated, "repeated_header")
         if refusal is not None:
             await _refuse(send, *refusal)
             return
