@@ -39,6 +39,7 @@ _LAZY = {
     "set_seed": "genkit.seed:set_seed",
     "generate": "genkit.generation.api:generate",
     "score_prompt": "genkit.generation.scoring:score_prompt",
+    "transformers_method": "genkit.generation.recipe_call:transformers_method",
     "GenerationMixin": "genkit.models.mixin:GenerationMixin",
     "GenerateDecoderOnlyOutput": "genkit.strategy.outputs:GenerateDecoderOnlyOutput",
     "GenerateBeamDecoderOnlyOutput": "genkit.strategy.outputs:GenerateBeamDecoderOnlyOutput",

@@ -171,6 +171,43 @@ def test_greedy_recipe_with_a_custom_argument_same_tokens(tiny_pair, tmp_path):
     assert torch.equal(plain[1], genkit.generate(tiny_pair[1], IDS, max_new_tokens=8, do_sample=False))
 
 
+def _greedy_loop():
+    """GREEDY's decoding loop itself: a transformers ``custom_generate=<callable>`` (it reads
+    ``model_kwargs["cache"]`` and calls GenerationMixin's helpers on the model)."""
+    namespace: dict = {}
+    exec(compile(GREEDY, "greedy_loop", "exec"), namespace)
+    return namespace["_greedy_banning"]
+
+
+def test_a_transformers_decoding_method_runs_marked_with_transformers_method(tiny_pair):
+    hf, ours = tiny_pair
+    loop, marked = _greedy_loop(), genkit.transformers_method(_greedy_loop())
+    reference = hf.generate(IDS, custom_generate=loop, max_new_tokens=8, do_sample=False)
+    banned_token = int(reference[0, 4])
+    banned = hf.generate(IDS, custom_generate=loop, max_new_tokens=8, do_sample=False, banned_token=banned_token)
+    assert not torch.equal(banned, reference)  # the loop's own argument reaches it
+    for model in (ours, hf):  # the native model (on its transformers view) and a transformers model
+        assert torch.equal(genkit.generate(model, IDS, custom_generate=marked, max_new_tokens=8, do_sample=False),
+                           reference)
+        assert torch.equal(genkit.generate(model, IDS, custom_generate=marked, max_new_tokens=8, do_sample=False,
+                                           banned_token=banned_token), banned)
+        # a genkit GenerationConfig is read field by field as transformers' own
+        config = genkit.GenerationConfig(max_new_tokens=5, do_sample=False)
+        assert torch.equal(genkit.generate(model, IDS, generation_config=config, custom_generate=marked),
+                           reference[:, :IDS.shape[1] + 5])
+    assert torch.equal(ours.generate(IDS, custom_generate=marked, max_new_tokens=8, do_sample=False), reference)
+
+
+def test_a_bare_transformers_loop_on_a_native_model_names_transformers_method(tiny_pair):
+    _, ours = tiny_pair
+    with pytest.raises(KeyError) as raised:  # genkit's strategy contract has no model_kwargs["cache"]
+        genkit.generate(ours, IDS, custom_generate=_greedy_loop(), max_new_tokens=3)
+    if hasattr(raised.value, "add_note"):  # (Python 3.11+)
+        assert any("custom_generate=genkit.transformers_method(fn)" in note for note in raised.value.__notes__)
+    with pytest.raises(genkit.errors.ConfigError, match="`transformers_method` takes a decoding function"):
+        genkit.transformers_method("org/repo")
+
+
 def test_group_beam_search_recipe_on_generation_mixin_internals_same_tokens(tiny_pair, tmp_path):
     """transformers 4.x's group beam search as a recipe (tests/group_beam_recipe.py, shared with
     tests/test_diverse_beams.py): the same hypotheses three ways and from genkit's built-in strategy."""

@@ -24,15 +24,9 @@ def transformers_model(model: Any) -> Any:
 def hf_generation_config(model: Any, generation_config: Any, kwargs: dict[str, Any]) -> Any:
     """A transformers ``GenerationConfig``: the given one (a genkit config translated field by
     field) or the model's, with ``kwargs`` applied; a setting transformers does not know is an error."""
-    import transformers
+    from ..models.hf_view import transformers_generation_config
 
-    if generation_config is None:
-        config = transformers.GenerationConfig(**model.generation_config.to_diff_dict())
-    elif isinstance(generation_config, transformers.GenerationConfig):
-        config = transformers.GenerationConfig(**generation_config.to_diff_dict())
-    else:
-        config = transformers.GenerationConfig(**{k: v for k, v in generation_config.to_dict().items()
-                                                  if v is not None})
+    config = transformers_generation_config(model.generation_config if generation_config is None else generation_config)
     unused = config.update(**kwargs)
     if unused:
         raise ConfigError("unknown generation setting(s) for a transformers model's continuous batching: "

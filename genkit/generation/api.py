@@ -29,6 +29,7 @@ from .encoder_decoder import Seq2SeqInputs, is_encoder_decoder, take_seq2seq_inp
 from .engines import engine_for
 from .model_inputs import ForwardingView, ModelInputs, placeholder_prompt, take_model_inputs
 from .padding import inferred_mask
+from .recipe_call import TransformersMethod, run_transformers_method
 
 logger = logging.getLogger("genkit.generation")
 
@@ -57,8 +58,9 @@ def generate(
     """Generate from ``model``. See ``docs/api.md`` for every argument.
 
     ``custom_generate`` may be a Hub recipe (``"org/repo"`` or ``"org/repo@rev"``, needs
-    ``trust_remote_code=True``), a local recipe folder, a registered strategy name, or a callable
-    with the strategy signature.
+    ``trust_remote_code=True``), a local recipe folder, a registered strategy name, a callable
+    with the strategy signature, or a transformers decoding loop marked with
+    :func:`~genkit.generation.recipe_call.transformers_method`.
     """
     from ..recipes.reference import classify
 
@@ -68,6 +70,9 @@ def generate(
         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model, streamer=streamer,
         negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
     )
+    if isinstance(custom_generate, TransformersMethod):  # transformers' generate runs it (docs/recipes.md)
+        return run_transformers_method(model, custom_generate, dict(inputs=inputs, generation_config=generation_config,
+                                                                    **arguments), kwargs)
     if named is not None and named.is_recipe:  # every argument except the two that chose the recipe
         return _run_recipe(model, named.ref, trust_remote_code,
                            dict(inputs=inputs, generation_config=generation_config, **arguments), kwargs)
@@ -141,7 +146,14 @@ def _run_decoding(model: Any, inputs: torch.Tensor | None, generation_config: Ge
     _check_assistant_tokenizer(prepared, assistant_model)
     if prepared.tokenizer is not None:
         extra["tokenizer"] = prepared.tokenizer
-    result = _run_strategy(decode, prepared.model if prepared.model is not None else model, prepared, extra)
+    try:
+        result = _run_strategy(decode, prepared.model if prepared.model is not None else model, prepared, extra)
+    except (AttributeError, KeyError) as error:  # (transformers' helpers, model_kwargs["cache"]...)
+        if callable(custom_generate) and hasattr(error, "add_note"):  # (Python 3.11+)
+            error.add_note("genkit.generate gives a bare `custom_generate` callable genkit's strategy contract (the "
+                           "native model, genkit's GenerationConfig: docs/hooks.md); a loop written for transformers' "
+                           "GenerationMixin runs with custom_generate=genkit.transformers_method(fn)")
+        raise
     if callable(custom_generate):
         return result
     if prepared.hidden_prompt and hasattr(result, "sequences"):  # transformers returns the new tokens only

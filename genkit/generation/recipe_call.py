@@ -15,12 +15,22 @@ generation config (see docs/recipes.md, "Recipes written for transformers").
   the model's context): transformers' own
   ``generate`` resolves an unset length the same way ("by default let's always generate 20 new
   tokens"). A recipe that passes both on to ``generate`` so gives one length, not two that conflict.
+
+A decoding loop written for transformers' ``custom_generate=<callable>`` (it calls
+``model.prepare_inputs_for_generation``, ``model._update_model_kwargs_for_generation``, reads
+``generation_config._pad_token_tensor``, ``model_kwargs["cache"]``...) is marked with
+:func:`transformers_method` and then run by transformers' own ``generate`` on the model a recipe is
+given (:func:`run_transformers_method`): a callable's signature cannot tell the two contracts apart.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Callable
 from typing import Any
+
+from ..errors import ConfigError, NotSupportedError
 
 
 def recipe_model(model: Any) -> Any:
@@ -61,3 +71,45 @@ def resolved_generation_config(model: Any, prompt_length: int = 0, lengths: dict
         max_length = prompt_length + DEFAULT_NEW_TOKENS
         resolved.max_length = max_length if limit is None else min(max_length, limit)
     return resolved
+
+
+class TransformersMethod:
+    """A decoding loop written against transformers' ``custom_generate=<callable>`` contract
+    (:func:`transformers_method`); calling it calls the loop."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        if not callable(fn) or isinstance(fn, TransformersMethod):
+            raise ConfigError("`transformers_method` takes a decoding function (model, input_ids, logits_processor, "
+                              f"stopping_criteria, generation_config, ...); got {type(fn).__name__}")
+        self.fn = fn
+        functools.update_wrapper(self, fn)  # transformers reads the loop's own parameters (inspect.signature)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def transformers_method(fn: Callable[..., Any]) -> TransformersMethod:
+    """``fn`` marked as a transformers decoding method: ``genkit.generate(model, ...,
+    custom_generate=transformers_method(fn))`` runs it as ``model.generate(..., custom_generate=fn)``
+    runs it in transformers (on a native model's transformers view, see :func:`recipe_model`),
+    whereas a bare callable gets genkit's strategy contract (``docs/hooks.md``)."""
+    return TransformersMethod(fn)
+
+
+def run_transformers_method(model: Any, method: TransformersMethod, forwarded: dict[str, Any],
+                            kwargs: dict[str, Any]) -> Any:
+    """transformers' ``generate`` on the model a recipe is given for ``model``, handing the loop over
+    to ``method``; ``forwarded``: ``generate``'s other arguments (``inputs``, ``generation_config``...)."""
+    from ..models.adapter import is_transformers_object
+    from ..models.hf_view import transformers_generation_config
+
+    given = recipe_model(model)
+    if not is_transformers_object(given):
+        raise NotSupportedError("`custom_generate`: a transformers decoding method runs on transformers' "
+                                "GenerationMixin; install transformers (pip install 'genkit[transformers]')")
+    config = forwarded.get("generation_config")
+    if config is not None:
+        forwarded = dict(forwarded, generation_config=transformers_generation_config(config))
+    # the class's generate: an instance may have a model repo's recipe bound to `generate`
+    return type(given).generate(given, **{k: v for k, v in forwarded.items() if v is not None},
+                                custom_generate=method.fn, **kwargs)

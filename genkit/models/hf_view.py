@@ -83,6 +83,16 @@ def hf_generation_config(model: Any) -> Any:
     return GenerationConfig(**data)
 
 
+def transformers_generation_config(config: Any) -> Any:
+    """A transformers ``GenerationConfig`` with the fields a genkit ``config`` sets (field by field;
+    a transformers one is copied)."""
+    import transformers
+
+    if isinstance(config, transformers.GenerationConfig):
+        return transformers.GenerationConfig(**config.to_diff_dict())
+    return transformers.GenerationConfig(**{k: v for k, v in config.to_dict().items() if v is not None})
+
+
 def _view_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None,
                   cache: Any = None, inputs_embeds: Any = None, labels: Any = None, use_cache: bool | None = None,
                   logits_to_keep: Any = 0, output_attentions: bool | None = None,
