@@ -236,6 +236,16 @@ def test_a_transformers_models_continuous_batching_refuses_what_it_would_drop(ti
         genkit.init_continuous_batching(hf, genkit.GenerationConfig(max_new_tokens=4, **setting))
 
 
+def test_a_transformers_models_paged_generate_names_the_setting_the_caller_gave(tiny_pair):
+    """min_length (counting the prompt) is turned into the new tokens it asks for on the way to the
+    engine: the refusal names min_length, as the caller set it, not the derived min_new_tokens."""
+    hf, _ = tiny_pair
+    with pytest.raises(genkit.errors.NotSupportedError, match="`min_length`=8: .* set it to 0 to run without it"):
+        genkit.generate(hf, torch.tensor([PROMPT]), max_new_tokens=6, min_length=8, cache_implementation="paged")
+    with pytest.raises(genkit.errors.NotSupportedError, match="`min_new_tokens`=3"):
+        genkit.generate(hf, torch.tensor([PROMPT]), max_new_tokens=6, min_new_tokens=3, cache_implementation="paged")
+
+
 def test_a_transformers_models_manager_starts_with_a_max_length_from_its_generation_config(tiny_pair):
     """A model file's max_length (Llama 3's generation_config.json has one) counts each prompt: the manager
     still starts, and a request giving max_new_tokens gets generate's tokens."""

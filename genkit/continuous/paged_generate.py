@@ -29,6 +29,7 @@ def paged_generate(model: Any, inputs: torch.Tensor | None, generation_config: A
     if inputs is None:
         inputs = kwargs.pop("input_ids", None)
     merged = _check_gate(model, generation_config, refused, kwargs)
+    _check_transformers_model(model, merged)
     if not isinstance(inputs, torch.Tensor) or inputs.dim() not in (1, 2):
         raise ConfigError("cache_implementation=\"paged\" needs `input_ids` as a 1-D or 2-D LongTensor")
     ids = inputs[None] if inputs.dim() == 1 else inputs
@@ -76,3 +77,14 @@ def _check_gate(model: Any, generation_config: Any, arguments: dict[str, Any], k
         raise NotSupportedError(f"cache_implementation=\"paged\" (continuous batching) cannot run this request: {why}; "
                                 "drop the setting or use another cache_implementation")
     return config
+
+
+def _check_transformers_model(model: Any, merged: Any) -> None:
+    """A transformers model runs transformers' continuous batching: what it cannot run is refused
+    here, naming the setting as the caller gave it (a ``min_length`` is turned into the new tokens it
+    asks for below, and would be named ``min_new_tokens`` there)."""
+    from ..models.hf_view import transformers_generation_config
+    from .transformers_models import check_hf, transformers_model
+
+    if transformers_model(model) is not None:
+        check_hf(transformers_generation_config(merged))

@@ -67,7 +67,8 @@ def hf_refusal(config: Any) -> str | None:
     return None
 
 
-def _check_hf(config: Any) -> None:
+def check_hf(config: Any) -> None:
+    """Refuse, naming the field, what :func:`hf_refusal` says transformers' continuous batching cannot run."""
     why = hf_refusal(config)
     if why is not None:
         raise NotSupportedError(f"continuous batching cannot run this request: {why}")
@@ -108,7 +109,7 @@ def hf_generate_batch(model: Any, inputs: list[list[int]], generation_config: An
     if max_new is not None:
         config.max_new_tokens = max_new
     _new_tokens(config, inputs)
-    _check_hf(config)
+    check_hf(config)
     cb = hf_cb_config(continuous_batching_config, workload_positions(inputs, config))
     if allow_block_sharing is not None:
         cb.allow_block_sharing = allow_block_sharing
@@ -149,5 +150,5 @@ def hf_init_continuous_batching(model: Any, generation_config: Any, continuous_b
     config = hf_generation_config(model, generation_config, {})
     if config.max_length is None:  # a max_length counts each prompt: its requests give max_new_tokens
         _new_tokens(config, [])
-    _check_hf(config)
+    check_hf(config)
     return model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
