@@ -12,7 +12,7 @@ import pickle
 import pytest
 import torch
 from hub_server import hub_server  # noqa: F401
-from tolerance import logits_bound
+from tolerance import hidden_bound, logits_bound
 from windowed_model import windowed_mistral
 
 import genkit
@@ -431,3 +431,31 @@ def test_native_cache_layers_read_as_transformers_5_cache_layers(tiny_pair):
             assert x.shape == y.shape and (x - y).abs().max() <= logits_bound(ours, IDS)
     empty = ours.new_cache(8).layers[0]
     assert not empty.is_initialized and empty.keys is None and empty.get_seq_length() == 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_get_decoder_is_transformers_base_model(arch, tiny_pair, gpt2_pair):
+    """`model.get_decoder()` on a native model is the decoder without the head, called as
+    transformers' base model (`LlamaModel`, `GPT2Model`): its `last_hidden_state` is transformers'
+    (to the derived bound), the cache it returns continues the sequence, and the head on it gives
+    the forward's logits (native models had no `get_decoder`: an AttributeError)."""
+    hf, ours = tiny_pair if arch == "llama" else gpt2_pair
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (transformers' forward counts the pads, genkit's does not)
+    decoder = ours.get_decoder()
+    out = decoder(input_ids=IDS, attention_mask=mask, position_ids=positions, use_cache=True, output_hidden_states=True)
+    want = hf.get_decoder()(input_ids=IDS, attention_mask=mask, position_ids=positions, output_hidden_states=True)
+    real = mask.bool()  # (a padded position's state is nobody's)
+    atol = hidden_bound(ours.config, IDS.shape[1], ours.config.num_hidden_layers, want.last_hidden_state)
+    torch.testing.assert_close(out.last_hidden_state[real], want.last_hidden_state[real], rtol=0, atol=atol)
+    assert len(out.hidden_states) == len(want.hidden_states) and torch.equal(out.hidden_states[-1], out.last_hidden_state)
+    logits = ours(IDS, attention_mask=mask, position_ids=positions).logits
+    torch.testing.assert_close(ours.get_output_embeddings()(out.last_hidden_state), logits, rtol=0, atol=0)
+    step = torch.tensor([[4], [8]])
+    more = decoder(input_ids=step, attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1),
+                   past_key_values=out.cache, use_cache=True)
+    whole = ours(torch.cat([IDS, step], 1), attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1))
+    bound = logits_bound(ours, torch.cat([IDS, step], 1))
+    torch.testing.assert_close(ours.get_output_embeddings()(more.last_hidden_state)[:, -1], whole.logits[:, -1],
+                               rtol=0, atol=bound)
+    assert decoder(input_ids=IDS, return_dict=False)[0].shape == out.last_hidden_state.shape

@@ -284,6 +284,11 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         """The LM head alone (no final norm), under transformers' name (DoLa contrasts raw layers with it)."""
         return self.lm_head  # type: ignore[no-any-return]
 
+    def get_decoder(self) -> DecoderStack:
+        """The decoder without the LM head, as transformers' ``get_decoder()`` gives it (its base
+        model, ``LlamaModel``...): :class:`DecoderStack`."""
+        return DecoderStack(self)
+
     def input_embeddings(self) -> nn.Module:
         """The token embedding module."""
         raise NotImplementedError
@@ -439,3 +444,26 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         if isinstance(context, int) and context > 0:
             max_length = min(max_length, context)
         return KVCache(self.config.num_hidden_layers, capacity=max_length)
+
+
+class DecoderStack(nn.Module):
+    """A native model's decoder without its LM head (``model.get_decoder()``), called as transformers'
+    base model: the model's forward (same arguments: ``input_ids`` or ``inputs_embeds``, the mask,
+    positions, the cache) returning a :class:`~genkit.models.outputs.BaseModelOutputWithPast` whose
+    ``last_hidden_state`` is the final norm's output. It holds the model (its parameters are the
+    model's, the head's included)."""
+
+    def __init__(self, model: GenkitModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                **kwargs: Any) -> Any:
+        from .outputs import BaseModelOutputWithPast
+
+        kwargs.pop("logits_to_keep", None)
+        out = self.model(*args, output_hidden_states=True, logits_to_keep=1, **kwargs)
+        result = BaseModelOutputWithPast(last_hidden_state=out.hidden_states[-1], past_key_values=out.past_key_values,
+                                         hidden_states=out.hidden_states if output_hidden_states else None,
+                                         attentions=out.attentions)
+        return result.to_tuple() if return_dict is False else result

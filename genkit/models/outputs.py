@@ -80,3 +80,24 @@ class CausalLMOutput(ModelOutput):
 
     def __repr__(self) -> str:
         return f"CausalLMOutput(keys={list(self.keys())})"
+
+
+@dataclass(eq=False, repr=False)
+class BaseModelOutputWithPast(ModelOutput):
+    """What a native model's decoder (``model.get_decoder()``) returns, as transformers' base model
+    (``LlamaModel``...): ``last_hidden_state`` (the final norm's output), ``past_key_values`` (also
+    ``cache``), ``hidden_states`` (embeddings first, with ``output_hidden_states=True``) and
+    ``attentions`` (with ``output_attentions=True``)."""
+
+    last_hidden_state: torch.Tensor | None = None
+    past_key_values: Any = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def cache(self) -> Any:
+        """``past_key_values`` under transformers 5.24's name for it."""
+        return self.past_key_values
+
+    def __repr__(self) -> str:
+        return f"BaseModelOutputWithPast(keys={list(self.keys())})"
