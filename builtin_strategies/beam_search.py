@@ -123,16 +123,18 @@ class BeamTracker:
     def _merge_finished(self, cand_seqs: torch.Tensor, cand_scores: torch.Tensor, cand_bidx: torch.Tensor,
                         just_finished: torch.Tensor, cur_len: int) -> None:
         normed = cand_scores / length_normalizer(cur_len + 1 - self.prompt_len, self.length_penalty)
-        allowed = just_finished & self.can_improve
+        # what may not enter is pushed down by NEG, added as transformers adds it: a candidate the
+        # processors ruled out (-inf) stays below an empty slot (NEG), never ties with it
         if self.early_stopping is True:
-            allowed = allowed & ~self.fin_done.all(dim=1, keepdim=True)
-        normed = torch.where(allowed, normed, torch.full_like(normed, NEG))
+            normed = normed + self.fin_done.all(dim=1, keepdim=True).to(torch.float32) * NEG
+        normed = normed + (~self.can_improve).to(torch.float32) * NEG
+        normed = normed + (~just_finished).to(torch.float32) * NEG
         all_scores = torch.cat((self.fin_scores, normed), dim=1)
         best = torch.topk(all_scores, self.beams, dim=1).indices
         self.fin_scores = all_scores.gather(1, best)
         self.fin_seqs = take(torch.cat((self.fin_seqs, cand_seqs), 1), best)
         self.fin_bidx = take(torch.cat((self.fin_bidx, cand_bidx), 1), best)
-        self.fin_done = torch.cat((self.fin_done, allowed), 1).gather(1, best)
+        self.fin_done = torch.cat((self.fin_done, just_finished), 1).gather(1, best)
 
     def best_possible(self) -> torch.Tensor:
         """``(batch, 1)``: the sum of log-probs the early-stop heuristic weighs against the worst

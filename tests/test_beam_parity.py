@@ -195,3 +195,17 @@ def test_custom_stopping_criterion_without_eos_matches_transformers(tiny_pair, p
     got = genkit.generate(ours, ids, attention_mask=mask, stopping_criteria=[StopSecondPrompt()], **kw)
     assert torch.equal(got, ref)
     assert got[1, 10:].tolist() == [-1, -1, -1]
+
+
+def test_a_candidate_the_processors_ruled_out_never_becomes_a_hypothesis(tiny_pair):
+    """More sequences asked than there are candidates: forced_bos_token_id leaves one token at the first
+    step, so with 3 beams and one new token transformers returns the forced token twice (the second
+    from a beam that is not live, score -1e9). genkit set every candidate that may not be finished to
+    -1e9, the score of an empty finished slot, and torch.topk's tie took a token the processor had
+    ruled out (log-probability -inf) for the second hypothesis."""
+    ref, got = _run_both(tiny_pair, torch.tensor([[5]]), max_new_tokens=1, eos_token_id=None, pad_token_id=0,
+                         forced_bos_token_id=3, num_beams=3, num_return_sequences=2)
+    assert ref.sequences.tolist() == [[5, 3], [5, 3]]
+    assert torch.equal(got.sequences, ref.sequences)
+    assert torch.equal(got.sequences_scores, ref.sequences_scores)
+

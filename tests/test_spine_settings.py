@@ -90,6 +90,24 @@ def test_lengths_counted_on_a_left_padded_batch_with_the_paged_cache(model, rows
     assert torch.equal(model.generate(ids, cache_implementation="paged", **kw), want)
 
 
+@pytest.mark.parametrize("settings", [
+    {"max_length": 8, "min_new_tokens": 5},  # max_length leaves 3 new tokens, the minimum is past them
+    {"min_new_tokens": 25},  # the default length: 20 new tokens
+    {"max_new_tokens": 3, "min_length": 20},  # min_length counts the prompt: 15 new tokens
+    {"max_new_tokens": 3, "max_length": 7, "min_length": 9},  # max_new_tokens wins over max_length
+], ids=["max_length", "default_length", "min_length", "max_new_tokens_and_max_length"])
+def test_a_minimum_past_the_length_runs_as_generate_runs_it(model, settings):
+    """generate (as transformers) stops at the length whatever minimum is asked past it: the EOS id
+    never comes. The manager and the paged cache turned the length into `max_new_tokens`, then
+    refused it beside the larger `min_new_tokens` ("must be <= `max_new_tokens`"), a request generate
+    runs; generate_batch checked the settings without the call's `max_new_tokens` and refused
+    `min_length` > `max_length`."""
+    eos = _generate(model, eos_token_id=None)[1]
+    want = _generate(model, eos_token_id=eos, **settings)
+    assert eos not in want
+    assert _cb_engines(model, eos_token_id=eos, **settings) == (want, want, want)
+
+
 def test_a_prompt_as_long_as_max_length_fails_as_generate_does(model):
     with pytest.raises(ConfigError, match=r"`max_length` \(5\) must be larger than the input length \(5\)") as exc:
         _generate(model, max_length=5)

@@ -202,8 +202,9 @@ def _check_request_kwargs(model: Any, generation_config: Any, kwargs: dict[str, 
     from genkit.generation.api import merge_config
 
     fields = {k: v for k, v in kwargs.items() if k not in _REQUEST_ARGUMENTS and k not in UNSUPPORTED_ARGUMENTS}
-    if kwargs.get("eos_token_id") is not None:  # None: no end-of-sequence token
-        fields["eos_token_id"] = kwargs["eos_token_id"]
+    for name in ("eos_token_id", "max_new_tokens"):  # fields too, checked with the others (None: not given)
+        if kwargs.get(name) is not None:
+            fields[name] = kwargs[name]
     merge_config(model, generation_config, fields)
 
 

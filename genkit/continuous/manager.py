@@ -378,8 +378,11 @@ class ContinuousBatchingManager:
             kwargs["eos_token_id"] = eos_token_id
         processors, criteria = kwargs.pop("logits_processor", None), kwargs.pop("stopping_criteria", None)
         _check_request_fields(request_id, kwargs)
+        # the request's own length settings, read by prepare as generate reads them (a max_length made
+        # max_new_tokens here would meet a min_new_tokens beyond it, which generate runs)
+        asked = max_new_tokens is not None or score_only
         prepared = prepare(self.model, torch.tensor([prompt]), self._given_config, processors, criteria, None, None,
-                           {**kwargs, "max_new_tokens": max_new})
+                           {**kwargs, "max_new_tokens": max_new} if asked else kwargs)
         max_new = 0 if score_only else max_new
         config = prepared.config
         _refuse(request_id, refusal(config))  # the one gate (gate.py): no setting is dropped on the way

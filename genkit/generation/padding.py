@@ -115,7 +115,8 @@ def inferred_mask(input_ids: Any, pad: int | None, eos_ids: list[int]) -> Any:
 def unpadded_lengths(config: Any, width: int) -> dict[str, Any]:
     """The settings that give each row of a batch ``width`` tokens wide, computed without its
     padding, the lengths ``generate`` counts from the padded width: a ``max_length`` becomes the
-    new tokens it leaves, a ``min_length`` the new tokens it asks for beyond the width, and a
+    new tokens it leaves, a ``min_length`` the new tokens it asks for beyond the width (a minimum,
+    ``min_new_tokens`` too, at most the new tokens the length leaves: generate stops there), and a
     ``forced_bos_token_id`` is off on a batch wider than one token (``generate`` forces it only where
     the whole sequence is one token). Only the settings to change (on ``config`` resolved); with
     ``max_new_tokens`` among them, a ``max_length`` of the call is to be dropped (it would only warn
@@ -123,12 +124,17 @@ def unpadded_lengths(config: Any, width: int) -> dict[str, Any]:
     from genkit.config import resolve_lengths
 
     changes: dict[str, Any] = {}
+    room = int(resolve_lengths(config, width).max_length) - width  # the new tokens generate runs at most
     if counts_max_length(config):
-        changes["max_new_tokens"] = int(resolve_lengths(config, width).max_length) - width
+        changes["max_new_tokens"] = room
+    # a minimum past the room is the room (generate's length stops first: the same tokens), never
+    # a `min_new_tokens` > `max_new_tokens`, which the config refuses and generate did not ask for
     if counts_min_length(config):
         changes["min_length"] = 0
         if config.min_length > width:
-            changes["min_new_tokens"] = config.min_length - width
+            changes["min_new_tokens"] = min(config.min_length - width, room)
+    elif config.min_new_tokens is not None and config.min_new_tokens > room:
+        changes["min_new_tokens"] = room
     if config.forced_bos_token_id is not None and width > 1:
         changes["forced_bos_token_id"] = None
     return changes
