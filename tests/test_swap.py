@@ -184,8 +184,9 @@ def test_warnings_reach_transformers_logging(tiny_model):
     its verbosity silences them and its handlers capture them."""
     from transformers.utils import logging as tf_logging
 
-    from genkit.config.warn import TRANSFORMERS_LOGGER
+    from genkit.config.warn import TRANSFORMERS_LOGGER, WARNED
 
+    WARNED.clear()  # (another test in this process may have given the warning already: it shows once)
     records: list[logging.LogRecord] = []
 
     class Capture(logging.Handler):
