@@ -411,7 +411,9 @@ def served(words):
     from genkit.serve import build_app
     from genkit.serve.engine import GenerateEngine
 
-    logging.getLogger("genkit").setLevel(logging.ERROR)
+    quiet = logging.getLogger("genkit")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # (restored below: a level left at ERROR silenced other tests' warnings)
     tok, _ = words
     model = tiny_llama(seed=0)
     with ExitStack() as stack:
@@ -419,4 +421,7 @@ def served(words):
                  "generate": stack.enter_context(_serving(build_app(model, tokenizer=tok, model_name="tiny",
                                                                     engine=GenerateEngine(model, tok)),
                                                           engine="GenerateEngine"))}
-        yield model, bases
+        try:
+            yield model, bases
+        finally:
+            quiet.setLevel(level)
