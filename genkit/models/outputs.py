@@ -55,8 +55,26 @@ class ModelOutput(OrderedDict):  # type: ignore[type-arg]
         return (type(self), tuple(getattr(self, f.name) for f in fields(self)))  # type: ignore[arg-type]
 
 
+class _WithCache(ModelOutput):
+    """An output holding ``past_key_values``, also read and set as ``cache`` (transformers 5.24's name)."""
+
+    past_key_values: Any
+
+    @property
+    def cache(self) -> Any:
+        """``past_key_values`` under transformers 5.24's name for it."""
+        return self.past_key_values
+
+    @cache.setter
+    def cache(self, value: Any) -> None:
+        self.past_key_values = value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(keys={list(self.keys())})"
+
+
 @dataclass(eq=False, repr=False)
-class CausalLMOutput(ModelOutput):
+class CausalLMOutput(_WithCache):
     """What a native causal LM's forward returns (transformers' ``CausalLMOutputWithPast``):
     ``loss`` (with ``labels=``), ``logits``, ``past_key_values`` (also read and set as ``cache``,
     transformers 5.24's name), ``hidden_states`` (embeddings
@@ -69,21 +87,9 @@ class CausalLMOutput(ModelOutput):
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
 
-    @property
-    def cache(self) -> Any:
-        """``past_key_values`` under transformers 5.24's name for it."""
-        return self.past_key_values
-
-    @cache.setter
-    def cache(self, value: Any) -> None:
-        self.past_key_values = value
-
-    def __repr__(self) -> str:
-        return f"CausalLMOutput(keys={list(self.keys())})"
-
 
 @dataclass(eq=False, repr=False)
-class BaseModelOutputWithPast(ModelOutput):
+class BaseModelOutputWithPast(_WithCache):
     """What a native model's decoder (``model.get_decoder()``) returns, as transformers' base model
     (``LlamaModel``...): ``last_hidden_state`` (the final norm's output), ``past_key_values`` (also
     ``cache``), ``hidden_states`` (embeddings first, with ``output_hidden_states=True``) and
@@ -93,11 +99,3 @@ class BaseModelOutputWithPast(ModelOutput):
     past_key_values: Any = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
-
-    @property
-    def cache(self) -> Any:
-        """``past_key_values`` under transformers 5.24's name for it."""
-        return self.past_key_values
-
-    def __repr__(self) -> str:
-        return f"BaseModelOutputWithPast(keys={list(self.keys())})"

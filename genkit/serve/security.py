@@ -198,9 +198,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers, repeated = _headers(scope)
-        refusal = self._refusal(scope, headers) if repeated is None else (
-            400, f"the request sends the `{repeated}` header more than once; send it once",
-            "invalid_request_error", repeated, "repeated_header")
+        refusal = self._refusal(scope, headers, repeated)
         if refusal is not None:
             await _refuse(send, *refusal)
             return
@@ -211,7 +209,10 @@ class Guard:
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
 
-    def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[Any, ...] | None:
+    def _refusal(self, scope: Scope, headers: dict[str, str], repeated: str | None) -> tuple[Any, ...] | None:
+        if repeated is not None:
+            return (400, f"the request sends the `{repeated}` header more than once; send it once",
+                    "invalid_request_error", repeated, "repeated_header")
         host = headers.get("host", "")
         if not self.policy.host_allowed(host):
             return (421, "this server does not answer to that Host header; the operator lists other names "
