@@ -12,7 +12,7 @@ import pickle
 import pytest
 import torch
 from hub_server import hub_server  # noqa: F401
-from tolerance import hidden_bound, logits_bound
+from tolerance import hidden_bound, logits_bound, matmul_bound
 from windowed_model import windowed_mistral
 
 import genkit
@@ -450,7 +450,11 @@ def test_get_decoder_is_transformers_base_model(arch, tiny_pair, gpt2_pair):
     torch.testing.assert_close(out.last_hidden_state[real], want.last_hidden_state[real], rtol=0, atol=atol)
     assert len(out.hidden_states) == len(want.hidden_states) and torch.equal(out.hidden_states[-1], out.last_hidden_state)
     logits = ours(IDS, attention_mask=mask, position_ids=positions).logits
-    torch.testing.assert_close(ours.get_output_embeddings()(out.last_hidden_state), logits, rtol=0, atol=0)
+    head = ours.get_output_embeddings()
+    # the forward's head may run on another kernel (packed, gemv: the per-CPU choice) than nn.Linear here:
+    # two evaluations of the same product, within 2 gamma_K |h| |W| elementwise (tolerance.matmul_bound)
+    bound = matmul_bound(out.last_hidden_state, head.weight)
+    assert bool(((head(out.last_hidden_state).double() - logits.double()).abs() <= bound).all())
     step = torch.tensor([[4], [8]])
     more = decoder(input_ids=step, attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1),
                    past_key_values=out.cache, use_cache=True)
