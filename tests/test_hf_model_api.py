@@ -463,3 +463,24 @@ def test_get_decoder_is_transformers_base_model(arch, tiny_pair, gpt2_pair):
     torch.testing.assert_close(ours.get_output_embeddings()(more.last_hidden_state)[:, -1], whole.logits[:, -1],
                                rtol=0, atol=bound)
     assert decoder(input_ids=IDS, return_dict=False)[0].shape == out.last_hidden_state.shape
+
+
+def test_get_decoder_without_the_cache_on_native_models_and_the_view(tiny_pair):
+    """`use_cache=False` on the decoder gives the same last hidden state and no cache, on a native
+    model and on its transformers view (whose decoder returns transformers' own output class; it
+    failed with a KeyError: transformers' outputs drop None fields); the decoder answers `device`
+    and `dtype` as a transformers base model does."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    from genkit.models.hf_view import transformers_view
+
+    hf, ours = tiny_pair
+    for model in (ours, transformers_view(ours)):
+        decoder = model.get_decoder()
+        assert decoder.device == ours.device and decoder.dtype == ours.dtype
+        cached = decoder(input_ids=IDS, use_cache=True)
+        plain = decoder(input_ids=IDS, use_cache=False)
+        assert torch.equal(plain.last_hidden_state, cached.last_hidden_state)
+        assert plain.cache is None and cached.cache is not None
+    assert isinstance(plain, BaseModelOutputWithPast) and not isinstance(cached, CausalLMOutput)
+    assert decoder(input_ids=IDS, use_cache=False, return_dict=False)[0].shape == plain.last_hidden_state.shape

@@ -446,24 +446,44 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         return KVCache(self.config.num_hidden_layers, capacity=max_length)
 
 
-class DecoderStack(nn.Module):
-    """A native model's decoder without its LM head (``model.get_decoder()``), called as transformers'
-    base model: the model's forward (same arguments: ``input_ids`` or ``inputs_embeds``, the mask,
-    positions, the cache) returning a :class:`~genkit.models.outputs.BaseModelOutputWithPast` whose
-    ``last_hidden_state`` is the final norm's output. It holds the model (its parameters are the
-    model's, the head's included)."""
+def _base_model_output(out: Any, output_hidden_states: bool | None) -> Any:
+    """genkit's :class:`~genkit.models.outputs.BaseModelOutputWithPast` from a forward's output run
+    with ``output_hidden_states=True``: the last hidden state (the final norm's output), the cache,
+    the hidden states when asked, the attentions."""
+    from .outputs import BaseModelOutputWithPast
 
-    def __init__(self, model: GenkitModel) -> None:
+    return BaseModelOutputWithPast(last_hidden_state=out.hidden_states[-1], past_key_values=out.past_key_values,
+                                   hidden_states=out.hidden_states if output_hidden_states else None,
+                                   attentions=out.attentions)
+
+
+class DecoderStack(nn.Module):
+    """A model's decoder without its LM head (``model.get_decoder()``), called as transformers'
+    base model: the model's forward (same arguments: ``input_ids`` or ``inputs_embeds``, the mask,
+    positions, the cache) returning a ``BaseModelOutputWithPast`` whose ``last_hidden_state`` is the
+    final norm's output. It holds the model (its parameters are the model's, the head's included).
+    On a native model the output is genkit's :class:`~genkit.models.outputs.BaseModelOutputWithPast`;
+    the transformers view passes ``output`` (a function of the forward's output and
+    ``output_hidden_states``) to return transformers' own."""
+
+    def __init__(self, model: nn.Module, output: Any = None) -> None:
         super().__init__()
         self.model = model
+        self._output = output or _base_model_output
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device (as a transformers base model's ``device``)."""
+        return self.model.device  # type: ignore[no-any-return]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's float dtype (as a transformers base model's ``dtype``)."""
+        return self.model.dtype  # type: ignore[no-any-return]
 
     def forward(self, *args: Any, output_hidden_states: bool | None = None, return_dict: bool | None = None,
                 **kwargs: Any) -> Any:
-        from .outputs import BaseModelOutputWithPast
-
         kwargs.pop("logits_to_keep", None)
         out = self.model(*args, output_hidden_states=True, logits_to_keep=1, **kwargs)
-        result = BaseModelOutputWithPast(last_hidden_state=out.hidden_states[-1], past_key_values=out.past_key_values,
-                                         hidden_states=out.hidden_states if output_hidden_states else None,
-                                         attentions=out.attentions)
+        result = self._output(out, output_hidden_states)
         return result.to_tuple() if return_dict is False else result

@@ -121,27 +121,15 @@ def _view_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, 
     return result.to_tuple() if return_dict is False else result
 
 
-class _DecoderView:
-    """The view's decoder (what ``get_decoder()`` gives on a transformers causal LM: its base
-    model, e.g. ``LlamaModel``): called as one, it runs the view's forward and returns
-    transformers' ``BaseModelOutputWithPast`` (``last_hidden_state``: the final norm's output, the
-    cache, and the hidden states and attentions when asked)."""
+def _transformers_base_output(out: Any, output_hidden_states: bool | None) -> Any:
+    """transformers' ``BaseModelOutputWithPast`` from the view's forward output (run with
+    ``output_hidden_states=True``): what the view's decoder (:class:`~genkit.models.base.DecoderStack`)
+    returns, as a transformers causal LM's base model (``LlamaModel``...) does."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast
 
-    def __init__(self, view: Any) -> None:
-        self.view = view
-
-    def __call__(self, *args: Any, output_hidden_states: bool | None = None, return_dict: bool | None = None,
-                 **kwargs: Any) -> Any:
-        from transformers.modeling_outputs import BaseModelOutputWithPast
-
-        kwargs.pop("logits_to_keep", None)
-        out = self.view(*args, output_hidden_states=True, logits_to_keep=1, **kwargs)
-        result = BaseModelOutputWithPast(last_hidden_state=out.hidden_states[-1],
-                                         hidden_states=out.hidden_states if output_hidden_states else None,
-                                         attentions=out.attentions, **{_CACHE_FIELD: out[_CACHE_FIELD]})
-        return result.to_tuple() if return_dict is False else result
-
-    forward = __call__
+    return BaseModelOutputWithPast(last_hidden_state=out.hidden_states[-1],
+                                   hidden_states=out.hidden_states if output_hidden_states else None,
+                                   attentions=out.attentions, **{_CACHE_FIELD: getattr(out, _CACHE_FIELD)})
 
 
 def _transformers_positions(attention_mask: Any, cache: Any, inputs: Any) -> Any:
@@ -191,8 +179,11 @@ def _view_class() -> type:
             return self.genkit_model.get_output_embeddings()
 
         def get_decoder(self) -> Any:
-            """The decoder without the LM head, as transformers' ``get_decoder()`` gives it (:class:`_DecoderView`)."""
-            return _DecoderView(self)
+            """The decoder without the LM head, as transformers' ``get_decoder()`` gives it
+            (:class:`~genkit.models.base.DecoderStack` returning transformers' output)."""
+            from .base import DecoderStack
+
+            return DecoderStack(self, _transformers_base_output)
 
         def create_masks_for_generate(self, attention_mask: Any = None, **kwargs: Any) -> Any:
             """The mask as given: transformers' ``prepare_inputs_for_generation`` asks for 4-D masks
