@@ -133,10 +133,15 @@ def test_apply_threads_sets_torch_and_the_openmp_environment():
 def test_releasing_the_openmp_workers_lets_this_threads_pool_go():
     """After parallel work at 2 threads, the OpenMP runtime (torch's, already loaded) keeps a worker
     beside this thread; release_openmp_workers() lets it go (the process runs one thread fewer) and
-    the next parallel work makes it again (continuous batching calls it before its thread starts)."""
-    code = ("import os, torch; from genkit.threads import release_openmp_workers; torch.set_num_threads(2); "
+    the next parallel work makes it again (continuous batching calls it before its thread starts).
+    The released worker leaves /proc/self/task when the scheduler next runs it (the runtime does not
+    join it): on a loaded machine that is later than the call's return, so the count is awaited
+    (bounded: 10 s)."""
+    code = ("import os, time, torch; from genkit.threads import release_openmp_workers; torch.set_num_threads(2); "
             "tasks = lambda: len(os.listdir('/proc/self/task')); x = torch.randn(1 << 21); x.exp(); "
-            "before = tasks(); ok = release_openmp_workers(); after = tasks(); x.exp(); "
+            "before = tasks(); ok = release_openmp_workers(); end = time.monotonic() + 10\n"
+            "while tasks() >= before and time.monotonic() < end: time.sleep(0.01)\n"
+            "after = tasks(); x.exp(); "
             "print('OpenMP' in torch.__config__.parallel_info(), ok, before - after, tasks() - after)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["True", "True", "1", "1"], (out.stdout, out.stderr)
