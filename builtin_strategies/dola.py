@@ -105,11 +105,14 @@ def candidate_layers(dola_layers: Any, model: Any) -> list[int]:
 
 
 def _tied(model: Any) -> bool:
-    """Whether the LM head is the word embedding matrix (the config's flag, else the weights themselves)."""
+    """Whether the LM head is the word embedding matrix (the config's flag, else the weights themselves:
+    the modules' own parameters, not ``.weight``, which a quantized layer de-quantizes on each read,
+    genkit.models.quant_weight: a new tensor, never the embedding's)."""
     flag = getattr(model.config, "tie_word_embeddings", None)
     if flag is not None:
         return bool(flag)
-    return model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    head = getattr(model.get_output_embeddings(), "_parameters", {}).get("weight")
+    return head is not None and head is getattr(model.get_input_embeddings(), "_parameters", {}).get("weight")
 
 
 def contrast(layers: list[int], premature: torch.Tensor, final: torch.Tensor,

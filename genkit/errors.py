@@ -8,6 +8,8 @@ knowing genkit (``ValueError`` for a bad value, ``OSError`` for a model that can
     GenkitError
     ├── ConfigError (ValueError)            an argument, generation parameter or input is not acceptable
     │   ├── NotSupportedError               a valid request this model / strategy cannot serve
+    │   │   └── QuantizedWeightError (AttributeError)  a quantized layer's de-quantized ``weight``
+    │   │                                   could not be made, or was written to (it is read-only)
     │   ├── NoTokenAllowedError             the constraints of a step (logits processors) allow no token
     │   └── ArgumentTypeError (TypeError)   an argument of the wrong type (a ConfigError that is a TypeError)
     ├── FrozenConfigError (AttributeError)  a resolved (read-only) generation config was written to
@@ -36,7 +38,7 @@ __all__ = [
     "ArgumentTypeError", "ConfigError", "ConfigFileError", "CorruptModelError", "FrozenConfigError", "GenerationError", "GenkitError",
     "InvalidStateError", "KernelUnavailableError", "ModelFileError", "ModelLoadError", "NoTokenAllowedError",
     "NotSupportedError",
-    "PluginError", "QueueFullError", "RecipeError", "UnknownItemError", "UnsupportedModelError",
+    "PluginError", "QuantizedWeightError", "QueueFullError", "RecipeError", "UnknownItemError", "UnsupportedModelError",
 ]
 
 
@@ -56,6 +58,14 @@ class ConfigFileError(ConfigError, OSError):
 
 class NotSupportedError(ConfigError):
     """The request is valid but this model or strategy cannot serve it (e.g. partial depth)."""
+
+
+class QuantizedWeightError(NotSupportedError, AttributeError):
+    """The ``weight`` of a quantized layer (:class:`~genkit.models.quant.Int4Linear`,
+    :class:`~genkit.models.quant.QuantizedEmbedding`, :class:`~genkit.models.quant.WithBias`), de-quantized
+    on each read, could not be made, or was written to (it is read-only). An ``AttributeError`` too:
+    ``hasattr(layer, "weight")``, as transformers, peft and accelerate probe layers, then answers False
+    instead of raising."""
 
 
 class NoTokenAllowedError(ConfigError):

@@ -305,6 +305,38 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, bits: 
     return torch.cat([body, half(scale), half(minimum)], dim=-1).contiguous()
 
 
+def unpack(blocks: torch.Tensor, bits: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`pack`: ``(codes, scale, minimum)`` of the first ``rows`` rows of
+    ``blocks`` (``(panels, in / 32, block_bytes(bits))`` uint8; rows past ``rows``, a last panel's
+    padding, left out). ``codes``: ``(rows, in)`` uint8; ``scale``/``minimum``: ``(rows, in / group)``
+    float32 (groups of 32, 16 for ``bits=6``), the float16 values stored (float32 for ``bits=6``,
+    whose minimum is ``-32 * scale``), so that ``pack(*unpack(b, bits, panels * 16), bits)`` gives
+    ``b`` byte for byte."""
+    if bits not in BLOCK_BYTES:
+        raise ConfigError(f"`bits` must be 4, 6 or 8; got {bits}")
+    panels, nb, nbytes = blocks.shape
+    if nbytes != BLOCK_BYTES[bits] or not 0 <= rows <= panels * ROWS:
+        raise ConfigError(f"blocks of shape {tuple(blocks.shape)} do not hold {rows} rows of {bits}-bit codes")
+    b = blocks.contiguous()
+    if bits == 4:  # byte (c, r, j): low nibble weight 32 b + 8 c + j, high nibble + 4
+        body = b[..., :256].reshape(panels, nb, 4, ROWS, 4)
+        g = torch.stack([body & 0x0F, body >> 4], dim=3)  # (panels, nb, c, h, r, j)
+        codes = g.permute(0, 4, 1, 2, 3, 5).reshape(panels * ROWS, nb * GROUP)
+    else:
+        codes = b[..., :512].reshape(panels, nb, 8, ROWS, 4).permute(0, 3, 1, 2, 4).reshape(panels * ROWS, nb * GROUP)
+    if bits == 6:
+        d = b[..., 512:].contiguous().view(torch.float32).reshape(panels, nb, 2, ROWS)
+        scale = d.permute(0, 3, 1, 2).reshape(panels * ROWS, nb * 2)
+        return codes[:rows].contiguous(), scale[:rows].contiguous(), -32.0 * scale[:rows]
+
+    def half(at: int) -> torch.Tensor:
+        h = b[..., at:at + 2 * ROWS].contiguous().view(torch.float16).reshape(panels, nb, ROWS)
+        return h.permute(0, 2, 1).reshape(panels * ROWS, nb)[:rows].float()
+
+    body_bytes = BLOCK_BYTES[bits] - 4 * ROWS
+    return codes[:rows].contiguous(), half(body_bytes), half(body_bytes + 2 * ROWS)
+
+
 def fits_float16(*tensors: torch.Tensor) -> bool:
     """Whether scales/offsets survive float16 storage (finite, no overflow)."""
     return all(bool(torch.isfinite(t.float().to(torch.float16)).all()) for t in tensors)

@@ -221,7 +221,8 @@ class GPT2LMHeadModel(OneCallModel, PagedModel, GenerationMixin):
 
     def tie_weights(self) -> None:
         """GPT-2 always shares the input embedding with the LM head (unless the config says not to)."""
-        if self.config.get("tie_word_embeddings", self.ties_embeddings_by_default):
+        # (a quantized head runs on its own codes: its read-only ``weight`` is a de-quantized copy, quant_weight)
+        if self.config.get("tie_word_embeddings", self.ties_embeddings_by_default) and type(self.lm_head) is nn.Linear:
             self.lm_head.weight = self.transformer.wte.weight
 
     def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -254,7 +254,8 @@ class LlamaForCausalLM(OneCallModel, PagedModel, GenerationMixin):
 
     def tie_weights(self) -> None:
         """Share the input embedding with the LM head when the config says so."""
-        if self.config.get("tie_word_embeddings", self.ties_embeddings_by_default):
+        # (a quantized head runs on its own codes: its read-only ``weight`` is a de-quantized copy, quant_weight)
+        if self.config.get("tie_word_embeddings", self.ties_embeddings_by_default) and type(self.lm_head) is nn.Linear:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def reset_buffers(self) -> None:

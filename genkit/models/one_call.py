@@ -167,9 +167,11 @@ class OneCallModel(InferencePathModel):
             return kept[1]  # type: ignore[no-any-return]
         self.__dict__["_self_draft"] = None  # the old draft goes first
         head, modules = prepared.for_rows(1)[1], self._end_modules()
-        head = self.lm_head.weight if head is None else head
+        if head is None:  # the module's float weight; never a quantized head's de-quantized copy (quant_weight)
+            head = self.lm_head.weight if type(self.lm_head) is nn.Linear else None
         draft = None
-        if modules is not None and (self.self_speculation or draft_bytes(prepared, head) <= DRAFT_MAX_BYTES):
+        if (modules is not None and head is not None
+                and (self.self_speculation or draft_bytes(prepared, head) <= DRAFT_MAX_BYTES)):
             embed, norm, _lm_head, positions = modules
             try:
                 draft = build_draft(prepared, embed, norm, head, positions)

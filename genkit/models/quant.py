@@ -38,6 +38,7 @@ from ..errors import (
 )
 from . import block_kernel
 from .numerics import NUMERICS, check_numerics, is_llama_numerics, native_llama_numerics
+from .quant_weight import QuantizedWeightModule, blocks_weight
 
 logger = logging.getLogger("genkit.models")
 
@@ -119,9 +120,12 @@ def part_rows(parts: list[Int4Part], start: int, stop: int) -> list[Int4Part]:
     return [p.rows(slice(start, stop)) for p in parts]
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantizedWeightModule):
     """A bias-free linear layer whose weight is a sum of int4 parts (one for 4-bit formats, two for
-    8-bit ones), run by torch's int4 weight-only CPU kernel. ``(…, in) -> (…, out)``."""
+    8-bit ones), run by torch's int4 weight-only CPU kernel. ``(…, in) -> (…, out)``.
+
+    ``weight`` (read-only; :class:`~genkit.models.quant_weight.QuantizedWeightModule`): the float32
+    ``(out, in)`` weight it computes with, de-quantized on each read (:meth:`dequantized_weight`)."""
 
     # the block kernel's products of this many rows and more run on AMX tiles (0: never); a prepared model's
     # weights take their model's kernel choice (llama_infer.blocks_choice), every way a layer is made starts at 0
@@ -237,6 +241,23 @@ class Int4Linear(nn.Module):
         assert out is not None
         return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
+    def dequantized_weight(self) -> torch.Tensor:
+        """The float32 ``(out_features, in_features)`` weight this layer computes with. On the block
+        kernel: its codes, scales and offsets (:func:`~genkit.models.quant_weight.blocks_weight`). On
+        torch's int4 kernel: the kernel's own weights at its activation dtype's precision (bfloat16),
+        the products of an identity matrix of ``in_features`` rows through :meth:`forward` (an 8-bit
+        weight's two parts summed as there), transposed."""
+        if self.kernel == "blocks":
+            return blocks_weight(self.blocks, self.bits, self.out_features)
+        k = self.in_features
+        weight = torch.empty(self.out_features, k, dtype=torch.float32)
+        for start in range(0, k, PACK_CHUNK):  # (an identity of PACK_CHUNK rows at a time)
+            stop = min(start + PACK_CHUNK, k)
+            eye = torch.zeros(stop - start, k, dtype=ACT_DTYPE)
+            eye[torch.arange(stop - start), torch.arange(start, stop)] = 1
+            weight[:, start:stop] = self.forward(eye).t()
+        return weight
+
     @staticmethod
     def from_blocks(blocks: torch.Tensor, in_features: int, out_features: int, bits: int, symmetric: bool,
                     source: str = "") -> Int4Linear:
@@ -292,9 +313,10 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}, {detail}"
 
 
-class QuantizedEmbedding(nn.Module):
+class QuantizedEmbedding(QuantizedWeightModule):
     """An embedding table kept as int8 codes with one float scale per 32 values (GGUF ``Q8_0``);
-    rows are de-quantized when looked up."""
+    rows are de-quantized when looked up. ``weight`` (read-only): the whole table de-quantized, made
+    on each read (:meth:`dequantized_weight`)."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -308,6 +330,12 @@ class QuantizedEmbedding(nn.Module):
         q = self.codes.index_select(0, flat).view(-1, self.embedding_dim // GROUP, GROUP).float()
         out = torch.mul(q, self.scales.index_select(0, flat).unsqueeze(-1))
         return out.view(*ids.shape, self.embedding_dim).to(self.dtype)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The ``(num_embeddings, embedding_dim)`` table in the embedding's dtype: codes times scales per
+        32 values in float32 (as :meth:`forward` computes the rows it looks up)."""
+        q = self.codes.view(self.num_embeddings, self.embedding_dim // GROUP, GROUP).float()
+        return q.mul_(self.scales.unsqueeze(-1)).view(self.num_embeddings, self.embedding_dim).to(self.dtype)
 
 
 # -- quantizing a float model --------------------------------------------------------------------------
@@ -478,8 +506,8 @@ def quantize(model: nn.Module, mode: str = "int8", activation_digits: int = 2) -
     return set_activation_digits(model, activation_digits) if activation_digits != 2 else model
 
 
-class WithBias(nn.Module):
-    """An int4 layer plus a float bias."""
+class WithBias(QuantizedWeightModule):
+    """An int4 layer plus a float bias; ``weight`` (read-only) is its int4 layer's."""
 
     def __init__(self, inner: Int4Linear, bias: torch.Tensor) -> None:
         super().__init__()
@@ -488,3 +516,6 @@ class WithBias(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x) + self.bias.to(x.dtype)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.inner.dequantized_weight()

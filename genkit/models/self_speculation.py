@@ -229,11 +229,19 @@ class SelfDraft:
     pace: Pace = field(default_factory=Pace)
 
 
+def _dense(weight: Any) -> Any:
+    """The float tensor of a prepared dense weight (a :class:`Gemv`'s, or the tensor itself); anything
+    else as it is. By type, not ``getattr(weight, "weight")``: a quantized layer's ``weight`` is its
+    de-quantized copy (:mod:`genkit.models.quant_weight`), from which no draft is ever made."""
+    return weight.weight if type(weight) is Gemv else weight
+
+
 def _int8(weight: Any, pad: bool = False) -> Int4Linear | None:
     """An 8-bit block-kernel copy of a float32 ``(out, in)`` weight (a Gemv's or a tensor), or None
-    when its shape does not fit the kernel; with ``pad`` (the draft's head), any number of rows (the
-    layer pads its last panel of 16 with rows of zeros: :attr:`Int4Linear.panel_rows`)."""
-    w = getattr(weight, "weight", weight)
+    when its shape does not fit the kernel or it is no tensor (a quantized layer); with ``pad`` (the
+    draft's head), any number of rows (the layer pads its last panel of 16 with rows of zeros:
+    :attr:`Int4Linear.panel_rows`)."""
+    w = _dense(weight)
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] % MIN_ROWS and not pad or w.shape[1] % GROUP:
         return None
     n, k = int(w.shape[0]), int(w.shape[1])
@@ -254,10 +262,11 @@ def _rescorable(head_weight: Any) -> bool:
 
 def draft_bytes(prepared: Any, head_weight: Any) -> int:
     """The memory the draft of ``prepared`` (:func:`build_draft`) takes, in bytes."""
-    weights = [getattr(w, "weight", w) for p in prepared.layers for w in (p.wqkv, p.wo, p.wgu, p.wd)]
-    head = getattr(head_weight, "weight", head_weight)
+    weights = [_dense(w) for p in prepared.layers for w in (p.wqkv, p.wo, p.wgu, p.wd)]
+    head = _dense(head_weight)
     per = HEAD_BYTES_PER_WEIGHT if _rescorable(head_weight) else BYTES_PER_WEIGHT
-    return int(sum(w.numel() for w in weights if isinstance(w, torch.Tensor)) * BYTES_PER_WEIGHT + head.numel() * per)
+    head_numel = head.numel() if isinstance(head, torch.Tensor) else 0  # (no float head: no draft, build_draft)
+    return int(sum(w.numel() for w in weights if isinstance(w, torch.Tensor)) * BYTES_PER_WEIGHT + head_numel * per)
 
 
 def _draft_head(head_weight: Any) -> tuple[Int4Linear | None, bool]:
@@ -265,7 +274,7 @@ def _draft_head(head_weight: Any) -> tuple[Int4Linear | None, bool]:
     and whether it is the 4-bit one. A vocabulary that is not a multiple of 16 (GPT-2's 50,257) gets
     its last panel padded with rows of zeros, which its greedy steps never choose (``gk_ends.live``,
     set by the ends for every block head)."""
-    w = getattr(head_weight, "weight", head_weight)
+    w = _dense(head_weight)
     if not _rescorable(head_weight) or w.shape[1] % GROUP:
         return _int8(head_weight, pad=True), False
     with torch.no_grad():
