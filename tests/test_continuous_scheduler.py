@@ -321,3 +321,18 @@ def test_no_request_waits_without_the_prompt_cache():
     s.add_waiting_request(a)
     s.add_waiting_request(b)
     assert [r.request_id for r, _ in s.schedule_batch(token_budget=64)] == ["a", "b"]
+
+
+def test_the_blocks_given_back_last_are_handed_out_first():
+    """A new allocation takes the blocks given back most recently (their pages mapped and in cache; a
+    block never used costs its first touches, about 1 ms of page faults per SmolLM2 block on a KVM
+    guest), in the order their request held them; never-used blocks come lowest first."""
+    alloc = BlockAllocator(block_size=4, num_blocks=8, allow_block_sharing=False)
+    first = alloc.allocate(3)
+    assert first == [0, 1, 2]
+    second = alloc.allocate(2)
+    assert second == [3, 4]
+    alloc.release(first)
+    assert alloc.allocate(2) == [0, 1]  # (handed out oldest-free-first before: 5, 6)
+    alloc.release(second)
+    assert alloc.allocate(4) == [3, 4, 2, 5] and alloc.free_blocks == 2
