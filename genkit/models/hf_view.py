@@ -179,8 +179,7 @@ def _view_class() -> type:
             return self.genkit_model.get_output_embeddings()
 
         def get_decoder(self) -> Any:
-            """The decoder without the LM head, as transformers' ``get_decoder()`` gives it
-            (:class:`~genkit.models.base.DecoderStack` returning transformers' output)."""
+            """The decoder without the LM head, as transformers' ``get_decoder()`` gives it (its output class)."""
             from .base import DecoderStack
 
             return DecoderStack(self, _transformers_base_output)
