@@ -446,30 +446,21 @@ class GenkitModel(PreTrainedAPI, nn.Module, GenerationMixin):
         return KVCache(self.config.num_hidden_layers, capacity=max_length)
 
 
-def _base_model_output(out: Any, output_hidden_states: bool | None) -> Any:
-    """genkit's :class:`~genkit.models.outputs.BaseModelOutputWithPast` from a forward's output run
-    with ``output_hidden_states=True``: the last hidden state (the final norm's output), the cache,
-    the hidden states when asked, the attentions."""
-    from .outputs import BaseModelOutputWithPast
-
-    return BaseModelOutputWithPast(last_hidden_state=out.hidden_states[-1], past_key_values=out.past_key_values,
-                                   hidden_states=out.hidden_states if output_hidden_states else None,
-                                   attentions=out.attentions)
-
-
 class DecoderStack(nn.Module):
     """A model's decoder without its LM head (``model.get_decoder()``), called as transformers'
     base model: the model's forward (same arguments: ``input_ids`` or ``inputs_embeds``, the mask,
     positions, the cache) returning a ``BaseModelOutputWithPast`` whose ``last_hidden_state`` is the
     final norm's output. It holds the model (its parameters are the model's, the head's included).
-    On a native model the output is genkit's :class:`~genkit.models.outputs.BaseModelOutputWithPast`;
-    the transformers view passes ``output`` (a function of the forward's output and
-    ``output_hidden_states``) to return transformers' own."""
+    ``output``: the output class (genkit's :class:`~genkit.models.outputs.BaseModelOutputWithPast`
+    by default; the transformers view passes transformers' own), whose cache field ``cache_field``
+    names, read from the forward's output under the same name."""
 
-    def __init__(self, model: nn.Module, output: Any = None) -> None:
+    def __init__(self, model: nn.Module, output: type | None = None, cache_field: str = "past_key_values") -> None:
         super().__init__()
+        from .outputs import BaseModelOutputWithPast
+
         self.model = model
-        self._output = output or _base_model_output
+        self._output, self._cache_field = output or BaseModelOutputWithPast, cache_field
 
     @property
     def device(self) -> torch.device:
@@ -485,5 +476,7 @@ class DecoderStack(nn.Module):
                 **kwargs: Any) -> Any:
         kwargs.pop("logits_to_keep", None)
         out = self.model(*args, output_hidden_states=True, logits_to_keep=1, **kwargs)
-        result = self._output(out, output_hidden_states)
+        result = self._output(last_hidden_state=out.hidden_states[-1],
+                              hidden_states=out.hidden_states if output_hidden_states else None,
+                              attentions=out.attentions, **{self._cache_field: getattr(out, self._cache_field)})
         return result.to_tuple() if return_dict is False else result

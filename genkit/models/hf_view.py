@@ -121,17 +121,6 @@ def _view_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, 
     return result.to_tuple() if return_dict is False else result
 
 
-def _transformers_base_output(out: Any, output_hidden_states: bool | None) -> Any:
-    """transformers' ``BaseModelOutputWithPast`` from the view's forward output (run with
-    ``output_hidden_states=True``): what the view's decoder (:class:`~genkit.models.base.DecoderStack`)
-    returns, as a transformers causal LM's base model (``LlamaModel``...) does."""
-    from transformers.modeling_outputs import BaseModelOutputWithPast
-
-    return BaseModelOutputWithPast(last_hidden_state=out.hidden_states[-1],
-                                   hidden_states=out.hidden_states if output_hidden_states else None,
-                                   attentions=out.attentions, **{_CACHE_FIELD: getattr(out, _CACHE_FIELD)})
-
-
 def _transformers_positions(attention_mask: Any, cache: Any, inputs: Any) -> Any:
     """The positions transformers' forward gives where genkit's would differ: with a padded 2-D
     ``attention_mask`` and no ``position_ids``, transformers counts from the cache's length, pads
@@ -149,7 +138,7 @@ def _transformers_positions(attention_mask: Any, cache: Any, inputs: Any) -> Any
 def _view_class() -> type:
     """The view class, made on first use (transformers is imported here, not with genkit)."""
     from transformers import GenerationMixin, PreTrainedModel
-    from transformers.modeling_outputs import CausalLMOutputWithPast
+    from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
     class GenkitTransformersView(PreTrainedModel, GenerationMixin):  # type: ignore[misc]
         """A native genkit model as a transformers causal LM (see the module docstring)."""
@@ -182,7 +171,7 @@ def _view_class() -> type:
             """The decoder without the LM head, as transformers' ``get_decoder()`` gives it (its output class)."""
             from .base import DecoderStack
 
-            return DecoderStack(self, _transformers_base_output)
+            return DecoderStack(self, BaseModelOutputWithPast, _CACHE_FIELD)
 
         def create_masks_for_generate(self, attention_mask: Any = None, **kwargs: Any) -> Any:
             """The mask as given: transformers' ``prepare_inputs_for_generation`` asks for 4-D masks
