@@ -63,7 +63,7 @@ def main() -> None:
             out: dict[str, torch.Tensor] = {}
             for _ in range(args.rounds):
                 for label, lib in libs.items():
-                    use(lib)
+                    use(lib, None)
                     t = time.perf_counter()
                     out[label] = bk.matmul(x, packed, bits, n, args.act)
                     times[label].append(time.perf_counter() - t)

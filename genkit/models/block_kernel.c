@@ -948,6 +948,141 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, int two, co
     _mm256_storeu_ps(y, acc0);
     _mm256_storeu_ps(y + 8, acc1);
 }
+
+#ifdef GK_WIDE
+/* rows2_avx2's step for one 64-byte chunk (each of 16 outputs' next 8 codes) on AVX2 alone, written out
+ * so that its sums stay in registers: gcc's own allocation of the intrinsics kept a sum on the stack,
+ * whose load-add-store chain bounded the loop (about half the speed). The nibbles are taken apart once;
+ * for each activation word at p (the 4 digits of the low codes, then at p + 4 of the high) vpmaddubsw
+ * meets the codes of both groups of 8 outputs and vpaddw adds the int16 pairs into sums A (group 0)
+ * and B (group 1): GK_DOT's operations in GK_DOT's order. */
+#define GK_CHUNK_STEP(p, A, B)                                                                           \
+    "vpbroadcastd (%[" p "]), %t[bc]\n\t"                                                                \
+    "vpmaddubsw %t[bc], %t[la], %t[t]\n\tvpaddw %t[t], %t[" A "], %t[" A "]\n\t"                          \
+    "vpmaddubsw %t[bc], %t[lb], %t[t]\n\tvpaddw %t[t], %t[" B "], %t[" B "]\n\t"                          \
+    "vpbroadcastd 4(%[" p "]), %t[bc]\n\t"                                                               \
+    "vpmaddubsw %t[bc], %t[ha], %t[t]\n\tvpaddw %t[t], %t[" A "], %t[" A "]\n\t"                          \
+    "vpmaddubsw %t[bc], %t[hb], %t[t]\n\tvpaddw %t[t], %t[" B "], %t[" B "]\n\t"
+#define GK_CHUNK_NIBBLES                                                                                 \
+    "vmovdqu (%[pw]), %t[la]\n\tvpsrlw $4, %t[la], %t[ha]\n\t"                                            \
+    "vpand %t[low], %t[la], %t[la]\n\tvpand %t[low], %t[ha], %t[ha]\n\t"                                  \
+    "vmovdqu 32(%[pw]), %t[lb]\n\tvpsrlw $4, %t[lb], %t[hb]\n\t"                                          \
+    "vpand %t[low], %t[lb], %t[lb]\n\tvpand %t[low], %t[hb], %t[hb]\n\t"
+
+/* s[0..3]: row 0's sums (first digit groups 0, 1; second digit groups 0, 1), s[4..7] row 1's */
+static inline __attribute__((always_inline)) void chunk2_two(const uint8_t *pw, const int8_t *q0, const int8_t *q1,
+                                                             const int8_t *r0, const int8_t *r1, __m256i low,
+                                                             __m256i *s) {
+    __m256i la, ha, lb, hb, bc, t;
+    __asm__(GK_CHUNK_NIBBLES GK_CHUNK_STEP("q0", "s0", "s1") GK_CHUNK_STEP("r0", "s2", "s3")
+            GK_CHUNK_STEP("q1", "s4", "s5") GK_CHUNK_STEP("r1", "s6", "s7")
+            : [s0] "+x"(s[0]), [s1] "+x"(s[1]), [s2] "+x"(s[2]), [s3] "+x"(s[3]), [s4] "+x"(s[4]),
+              [s5] "+x"(s[5]), [s6] "+x"(s[6]), [s7] "+x"(s[7]), [la] "=&x"(la), [ha] "=&x"(ha), [lb] "=&x"(lb),
+              [hb] "=&x"(hb), [bc] "=&x"(bc), [t] "=&x"(t)
+            : [low] "x"(low), [pw] "r"(pw), [q0] "r"(q0), [q1] "r"(q1), [r0] "r"(r0), [r1] "r"(r1)
+            : "memory");  /* (reads pw[0..63], q0/q1/r0/r1[0..7]: more operands than an asm takes) */
+}
+
+/* one digit: s[0..1] row 0's sums, s[2..3] row 1's */
+static inline __attribute__((always_inline)) void chunk2_one(const uint8_t *pw, const int8_t *q0, const int8_t *q1,
+                                                             __m256i low, __m256i *s) {
+    __m256i la, ha, lb, hb, bc, t;
+    __asm__(GK_CHUNK_NIBBLES GK_CHUNK_STEP("q0", "s0", "s1") GK_CHUNK_STEP("q1", "s2", "s3")
+            : [s0] "+x"(s[0]), [s1] "+x"(s[1]), [s2] "+x"(s[2]), [s3] "+x"(s[3]), [la] "=&x"(la), [ha] "=&x"(ha),
+              [lb] "=&x"(lb), [hb] "=&x"(hb), [bc] "=&x"(bc), [t] "=&x"(t)
+            : [low] "x"(low), [pw] "r"(pw), [q0] "r"(q0), [q1] "r"(q1)
+            : "memory");
+}
+#undef GK_CHUNK_STEP
+#undef GK_CHUNK_NIBBLES
+#endif
+
+/* Two activation rows against one panel of 4-bit codes (the multi-row products' tile: prompts,
+ * continuous batching's steps): row_avx2's pass for two rows at once, each 64-byte chunk's nibbles
+ * taken apart once for both, each row's digits broadcast once for both groups of 8 outputs. Every
+ * integer sum and float operation per lane is panel_avx2's (254 i1 + i2 through vpmaddwd's pairs), so
+ * the products keep their bits. The loop's live values fit AVX2's 16 registers (8 int16 sums, 4 nibble
+ * vectors, a broadcast, a product; chunk2_two); the float sums live in y, read and written once a block.
+ * panel_avx2 with 4 rows kept 8 sums and 4 float sums live and spilled sums inside its inner loop: on
+ * the Zen 3 EPYC at 1 thread this tile is 1.2-1.5x as fast (SmolLM2's shapes, 2-256 rows; bench/ab_block_products.py). */
+static inline __attribute__((always_inline)) void rows2_avx2(int two, const uint8_t *w, int nb, const int8_t *q,
+                                                            const int8_t *q2, const float *dx, const float *sx,
+                                                            int K, float *y, int ldy, int pf) {
+    for (int i = 0; i < 2; i++)  /* (kept in registers, gcc spilled int16 sums for them) */
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(y + (size_t)i * ldy + 8 * h, _mm256_setzero_ps());
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __attribute__((unused)) const __m256i one = _mm256_set1_epi16(1);  /* not with AVX-VNNI */
+    const size_t pbytes = (size_t)nb * 320;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * 320;
+        if (pf) fetch_ahead(wb, 320, pbytes);
+        __m256i s[2][4];  /* per row: group 0's and group 1's sums of the first digit, then of the second */
+        for (int i = 0; i < 2; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = _mm256_setzero_si256();
+#ifdef GK_WIDE
+        __m256i *sums = &s[0][0];
+        for (int c = 0; c < 4; c++) {
+            const size_t off = (size_t)b * GK_GROUP + 8 * c;
+            if (two)
+                chunk2_two(wb + 64 * c, q + off, q + K + off, q2 + off, q2 + K + off, low, sums);
+            else
+                chunk2_one(wb + 64 * c, q + off, q + K + off, low, sums);
+        }
+        if (!two) { /* (chunk2_one's order: row 0's two sums, then row 1's) */
+            s[1][0] = s[0][2];
+            s[1][1] = s[0][3];
+        }
+#else
+        for (int c = 0; c < 4; c++) {
+            __m256i pa = _mm256_loadu_si256((const __m256i *)(wb + 64 * c));
+            __m256i pb = _mm256_loadu_si256((const __m256i *)(wb + 64 * c + 32));
+            __m256i loa = _mm256_and_si256(pa, low), hia = _mm256_and_si256(_mm256_srli_epi16(pa, 4), low);
+            __m256i lob = _mm256_and_si256(pb, low), hib = _mm256_and_si256(_mm256_srli_epi16(pb, 4), low);
+            for (int i = 0; i < 2; i++) {
+                size_t off = (size_t)i * K + (size_t)b * GK_GROUP + 8 * c;
+                __m256i a0 = gk_bcast(q + off), a1 = gk_bcast(q + off + 4);
+                s[i][0] = GK_DOT(GK_DOT(s[i][0], loa, a0), hia, a1);
+                s[i][1] = GK_DOT(GK_DOT(s[i][1], lob, a0), hib, a1);
+                if (!two) continue;
+                __m256i r0 = gk_bcast(q2 + off), r1 = gk_bcast(q2 + off + 4);
+                s[i][2] = GK_DOT(GK_DOT(s[i][2], loa, r0), hia, r1);
+                s[i][3] = GK_DOT(GK_DOT(s[i][3], lob, r0), hib, r1);
+            }
+        }
+#endif
+        const uint8_t *scales = wb + 256;
+        for (int i = 0; i < 2; i++) {
+            float xd = dx[(size_t)i * nb + b], sxb = sx[(size_t)i * nb + b];
+            for (int h = 0; h < 2; h++) {
+                __m256 a = _mm256_loadu_ps(y + (size_t)i * ldy + 8 * h);
+#ifdef GK_AVXVNNI
+                const int apart = two;
+                __m256i i1 = s[i][h], i2 = two ? s[i][2 + h] : i1;
+#else  /* 254 i1 + i2 (digits256) as vpmaddwd's pairs: the int16 sums times 254 and 1, the same integers */
+                const int apart = 0;
+                __m256i i1 = two ? _mm256_add_epi32(_mm256_madd_epi16(s[i][h], _mm256_set1_epi16(254)),
+                                                    _mm256_madd_epi16(s[i][2 + h], one))
+                                 : _mm256_madd_epi16(s[i][h], one), i2 = i1;
+#endif
+                gk_fold(&a, apart, i1, i2, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16 * h))),
+                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32 + 16 * h))), xd, sxb);
+                _mm256_storeu_ps(y + (size_t)i * ldy + 8 * h, a);
+            }
+        }
+    }
+}
+
+/* rows2_avx2 with the digit count a constant, each its own function: inlined into matmul_panels'
+ * loops, gcc kept that function's constants in registers and spilled the sums */
+static __attribute__((noinline)) void rows2_avx2_one(const uint8_t *w, int nb, const int8_t *q, const float *dx,
+                                                     const float *sx, int K, float *y, int ldy, int pf) {
+    rows2_avx2(0, w, nb, q, q, dx, sx, K, y, ldy, pf);
+}
+
+static __attribute__((noinline)) void rows2_avx2_two(const uint8_t *w, int nb, const int8_t *q, const int8_t *q2,
+                                                     const float *dx, const float *sx, int K, float *y, int ldy,
+                                                     int pf) {
+    rows2_avx2(1, w, nb, q, q2, dx, sx, K, y, ldy, pf);
+}
 #endif
 
 __attribute__((unused)) static void panel_portable(int bits, int two, const uint8_t *w, int nb, const int8_t *q,
@@ -1466,6 +1601,9 @@ static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, in
  * weights, which those prefetchers stream well (4 rows: 5-30 % slower with it, a run of 4 requests
  * 8 %). matmul_llama's panels are bound by their float steps: no gain there, none asked. */
 #define GK_PANEL_PREFETCH_ROWS 8
+#ifndef GK_MB
+#define GK_MB 16
+#endif
 
 /* Asks for the part of the next panel (`next`, panel_bytes long) that rows m0..m0+mt-1 of M stand
  * for, so that the panel's tiles together ask for all of it, spread over their work */
@@ -1484,11 +1622,13 @@ static void matmul_panels(int bits, int two, const uint8_t *w, size_t panel_byte
     share_init(&share, panels, threads);
 #pragma omp parallel num_threads(threads)
     for (int t = omp_get_thread_num(), r = 0, a, b; share_next(&share, t, &r, &a, &b);) {
+        for (int mb = 0; mb < M; mb += GK_MB)
         for (int p = a; p < b; p++) {
             const uint8_t *wp = w + (size_t)p * panel_bytes;
-            for (int m0 = 0; m0 < M; m0 += GK_MT) {
-                int mt = M - m0 < GK_MT ? M - m0 : GK_MT;
-                if (M >= GK_PANEL_PREFETCH_ROWS && p + 1 < b) prefetch_panel_part(wp + panel_bytes, panel_bytes, m0, mt, M);
+            const int me = M - mb < GK_MB ? M : mb + GK_MB;
+            for (int m0 = mb; m0 < me; m0 += GK_MT) {
+                int mt = me - m0 < GK_MT ? me - m0 : GK_MT;
+                if (mb == 0 && M >= GK_PANEL_PREFETCH_ROWS && p + 1 < b) prefetch_panel_part(wp + panel_bytes, panel_bytes, m0, mt, me);
                 const int8_t *qm = q + (size_t)m0 * K, *rm = q2 + (size_t)m0 * K;
                 __attribute__((unused)) const int16_t *am = a16 == NULL ? NULL : a16 + (size_t)m0 * K;
                 const float *dm = dx + (size_t)m0 * nb, *sm = sx + (size_t)m0 * nb, *hm = sx16 + 2 * (size_t)m0 * nb;
@@ -1514,10 +1654,19 @@ static void matmul_panels(int bits, int two, const uint8_t *w, size_t panel_byte
 #define GK_TILES(B, D, F) GK_SWITCH(B, D, F)
 #else /* AVX2: a panel's 16 rows as two groups of 8 */
 #define GK_TILE(B, D, MT, F) panel_avx2(B, D, wp, g, nb, qm, rm, am, dm, sm, hm, K, MT, ym, N, F)
-#define GK_TILES(B, D, F)                                                  \
-    if (mt == 1 && B != 6)                                                 \
-        row_avx2(B, D, wp, nb, qm, rm, am, dm, sm, ym);                    \
-    else                                                                   \
+#define GK_TILES(B, D, F)                                                                             \
+    if (B == 4) { /* 4-bit codes: rows two at a time (rows2_avx2), an odd one as batch-1 decode's */      \
+        int i = 0;                                                                                    \
+        for (; i + 2 <= mt; i += 2)                                                                   \
+            if (D) rows2_avx2_two(wp, nb, qm + (size_t)i * K, rm + (size_t)i * K, dm + (size_t)i * nb,  \
+                                  sm + (size_t)i * nb, K, ym + (size_t)i * N, N, F && i == 0);        \
+            else rows2_avx2_one(wp, nb, qm + (size_t)i * K, dm + (size_t)i * nb, sm + (size_t)i * nb, K, \
+                                ym + (size_t)i * N, N, F && i == 0);                                  \
+        if (i < mt) row_avx2(B, D, wp, nb, qm + (size_t)i * K, rm + (size_t)i * K, am,                \
+                             dm + (size_t)i * nb, sm + (size_t)i * nb, ym + (size_t)i * N);           \
+    } else if (mt == 1 && B != 6)                                                                     \
+        row_avx2(B, D, wp, nb, qm, rm, am, dm, sm, ym);                                               \
+    else                                                                                              \
         for (int g = 0; g < 2; g++) { GK_SWITCH(B, D, F) }
 #endif
 #define GK_BITS(D, F)        \
