@@ -949,7 +949,8 @@ static inline __attribute__((always_inline)) void row_avx2(int bits, int two, co
     _mm256_storeu_ps(y + 8, acc1);
 }
 
-#ifdef GK_WIDE
+#if defined(GK_WIDE) && defined(__GNUC__) && !defined(__clang__)
+#define GK_CHUNK_ASM 1 /* (gcc's operand syntax; other compilers take rows2_avx2's intrinsics) */
 /* rows2_avx2's step for one 64-byte chunk (each of 16 outputs' next 8 codes) on AVX2 alone, written out
  * so that its sums stay in registers: gcc's own allocation of the intrinsics kept a sum on the stack,
  * whose load-add-store chain bounded the loop (about half the speed). The nibbles are taken apart once;
@@ -1018,7 +1019,7 @@ static inline __attribute__((always_inline)) void rows2_avx2(int two, const uint
         if (pf) fetch_ahead(wb, 320, pbytes);
         __m256i s[2][4];  /* per row: group 0's and group 1's sums of the first digit, then of the second */
         for (int i = 0; i < 2; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = _mm256_setzero_si256();
-#ifdef GK_WIDE
+#ifdef GK_CHUNK_ASM
         __m256i *sums = &s[0][0];
         for (int c = 0; c < 4; c++) {
             const size_t off = (size_t)b * GK_GROUP + 8 * c;
