@@ -68,7 +68,8 @@ def test_the_product_equals_the_float_product(bits, m):
 @pytest.mark.parametrize("bits", [4, 6, 8])
 def test_one_row_at_a_time_gives_the_rows_products_bit_for_bit(bits, out, act):
     """The one-row kernel of decode steps (AVX2: both halves of a panel in one pass; AVX-512: two
-    panels at once, and the last one alone when their count is odd, as for 48 outputs) and the
+    panels at once, and the last one alone when their count is odd, as for 48 outputs), AVX2's
+    two-row tile of 4-bit codes (rows2_avx2: 67 rows are 33 pairs and one row alone) and the
     quantization of many rows at once (vectorised, shared among threads) give exactly the bits of
     the row tiles of a prompt (and of a few rows: a continuous-batching step's): a token's logits do
     not depend on how many rows came with it."""

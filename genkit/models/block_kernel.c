@@ -1602,9 +1602,10 @@ static int matmul_llama(int bits, const uint8_t *w, const float *x, float *y, in
  * weights, which those prefetchers stream well (4 rows: 5-30 % slower with it, a run of 4 requests
  * 8 %). matmul_llama's panels are bound by their float steps: no gain there, none asked. */
 #define GK_PANEL_PREFETCH_ROWS 8
-#ifndef GK_MB
+/* matmul_panels takes a product's rows GK_MB at a time through all of a chunk's panels: their activations
+ * (two digits of 16 rows: 18 KB for K = 576) stay in L1 while the chunk's weights come from L2; panel by
+ * panel, a prompt's 256 rows were read from L2 again for each panel (3-12 % slower on the Zen 3 EPYC) */
 #define GK_MB 16
-#endif
 
 /* Asks for the part of the next panel (`next`, panel_bytes long) that rows m0..m0+mt-1 of M stand
  * for, so that the panel's tiles together ask for all of it, spread over their work */
